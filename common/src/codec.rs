@@ -1,0 +1,94 @@
+//! Encoding of protocol messages: one version byte, then the postcard body.
+//!
+//! Decoding never panics: an empty payload, another protocol version, an
+//! oversized payload or a body that does not decode are all [`CodecError`]s.
+
+use serde::{de::DeserializeOwned, Serialize};
+
+/// Version of the wire format. Bumped whenever any message changes shape.
+pub const PROTOCOL_VERSION: u8 = 1;
+
+/// Largest payload either side accepts (logs are truncated well below this).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// Why a payload was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CodecError {
+    #[error("empty payload")]
+    Empty,
+    #[error("protocol version {got}, this build speaks version {expected}")]
+    Version { got: u8, expected: u8 },
+    #[error("payload of {size} bytes exceeds the {max}-byte limit")]
+    TooLarge { size: usize, max: usize },
+    #[error("payload does not decode: {0}")]
+    Decode(String),
+    #[error("message does not encode: {0}")]
+    Encode(String),
+}
+
+/// Encodes `msg` as version byte + postcard body.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
+    let mut out = vec![PROTOCOL_VERSION];
+    postcard::to_io(msg, &mut out).map_err(|e| CodecError::Encode(e.to_string()))?;
+    Ok(out)
+}
+
+/// Decodes a payload produced by [`encode`]. Trailing bytes are an error:
+/// a payload is exactly one message.
+pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
+    if payload.len() > MAX_MESSAGE_BYTES {
+        return Err(CodecError::TooLarge {
+            size: payload.len(),
+            max: MAX_MESSAGE_BYTES,
+        });
+    }
+    let (&version, body) = payload.split_first().ok_or(CodecError::Empty)?;
+    if version != PROTOCOL_VERSION {
+        return Err(CodecError::Version {
+            got: version,
+            expected: PROTOCOL_VERSION,
+        });
+    }
+    let (msg, rest) =
+        postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(CodecError::Decode(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{AgentMessage, WorkRequest};
+
+    #[test]
+    fn rejects_other_version_empty_and_trailing() {
+        let msg = AgentMessage::Request(WorkRequest {
+            seq: 3,
+            free: 2,
+            running: vec![],
+        });
+        let mut bytes = encode(&msg).expect("encodes");
+        assert_eq!(decode::<AgentMessage>(&bytes), Ok(msg));
+        assert_eq!(decode::<AgentMessage>(&[]), Err(CodecError::Empty));
+        bytes.push(0);
+        assert!(matches!(
+            decode::<AgentMessage>(&bytes),
+            Err(CodecError::Decode(_))
+        ));
+        bytes[0] = 9;
+        assert_eq!(
+            decode::<AgentMessage>(&bytes),
+            Err(CodecError::Version {
+                got: 9,
+                expected: PROTOCOL_VERSION
+            })
+        );
+        let big = vec![PROTOCOL_VERSION; MAX_MESSAGE_BYTES + 1];
+        assert!(matches!(
+            decode::<AgentMessage>(&big),
+            Err(CodecError::TooLarge { .. })
+        ));
+    }
+}

@@ -1,0 +1,20 @@
+//! The Tunefleet wire protocol, shared by the agent and the coordinator.
+//!
+//! * [`topic`]: the MQTT topic scheme under one versioned prefix.
+//! * [`message`]: the typed messages that travel on those topics.
+//! * [`measurement`]: the record an agent produces for every trial.
+//! * [`codec`]: postcard encoding behind a one-byte protocol version.
+//! * [`template`]: substitution of trial parameters into a command template.
+//!
+//! `docs/PROTOCOL.md` describes the same thing for people writing other clients.
+
+pub mod broker_url;
+pub mod codec;
+pub mod measurement;
+pub mod message;
+pub mod params;
+pub mod template;
+pub mod topic;
+
+pub use broker_url::BrokerUrl;
+pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};

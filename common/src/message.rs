@@ -1,0 +1,161 @@
+//! Typed protocol messages. [`AgentMessage`] travels from agents to the
+//! coordinator, [`CoordinatorMessage`] the other way. Each variant has its own
+//! topic kind (see [`crate::topic`]); a receiver checks that the two agree.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::measurement::{EnergySourceKind, Measurement, Metrics};
+
+/// Identifies one attempt of one trial of one study.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TrialRef {
+    pub study: String,
+    pub trial: u64,
+    pub attempt: u32,
+}
+
+impl std::fmt::Display for TrialRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}#{}", self.study, self.trial, self.attempt)
+    }
+}
+
+/// An energy source an agent found, and whether it can read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnergySourceInfo {
+    pub kind: EnergySourceKind,
+    /// Domains offered (package-0, dram, BAT0...).
+    pub domains: Vec<String>,
+    pub readable: bool,
+    /// Why it is not readable, or how to make it so.
+    pub note: Option<String>,
+}
+
+/// What an agent is and what it can measure; sent on every (re)connect.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub agent: String,
+    /// Random per process start: tells a restarted agent from a reconnected one.
+    pub instance: u64,
+    pub version: String,
+    pub arch: String,
+    pub os: String,
+    pub kernel: String,
+    pub cores: u32,
+    pub memory_bytes: u64,
+    pub slots: u32,
+    pub energy: Vec<EnergySourceInfo>,
+    /// Counter events this agent can open (hardware and software).
+    pub counters: Vec<String>,
+    pub tags: BTreeMap<String, String>,
+}
+
+/// Retained per agent. The MQTT Last Will publishes `online: false`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub online: bool,
+    pub instance: u64,
+}
+
+/// "I have `free` slots". Sent on connect and whenever a slot frees up.
+/// `seq` grows with every request, so a stale request is recognisable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkRequest {
+    pub seq: u64,
+    pub free: u32,
+    /// Trials the agent is running right now.
+    pub running: Vec<TrialRef>,
+}
+
+/// Metrics of one finished epoch, sent while the trial runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    pub trial: TrialRef,
+    pub epoch: u32,
+    pub elapsed_us: u64,
+    pub metrics: Metrics,
+}
+
+/// The final measurement of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialResult {
+    pub trial: TrialRef,
+    pub measurement: Measurement,
+}
+
+/// An assignment the agent will not run (more than its free slots, or it is draining).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    pub trial: TrialRef,
+    pub reason: String,
+}
+
+/// Agent to coordinator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    Hello(AgentInfo),
+    Status(AgentStatus),
+    Request(WorkRequest),
+    Progress(Progress),
+    Result(TrialResult),
+    Refuse(Refusal),
+}
+
+/// System parameters of a trial, applied by the agent for real.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemParams {
+    /// Pin the process tree to this many CPUs.
+    pub cores: Option<u32>,
+    /// Set OMP_NUM_THREADS and friends to this.
+    pub threads: Option<u32>,
+    /// Limit memory to this many MiB.
+    pub memory_mib: Option<u64>,
+}
+
+/// What to run: the command with parameters already substituted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrialSpec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub system: SystemParams,
+    pub timeout_ms: u64,
+}
+
+/// A trial handed to an agent, answering its request `request_seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub trial: TrialRef,
+    pub request_seq: u64,
+    pub spec: TrialSpec,
+}
+
+/// Stop running this attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cancel {
+    pub trial: TrialRef,
+    pub reason: String,
+}
+
+/// The coordinator stored this result; the agent may forget it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultAck {
+    pub trial: TrialRef,
+}
+
+/// Coordinator to agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum CoordinatorMessage {
+    Assign(Assignment),
+    Cancel(Cancel),
+    Ack(ResultAck),
+}
+
+/// Retained on the coordinator topic; the Last Will sets `online: false`.
+/// Agents re-announce themselves when a new `instance` comes online.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorStatus {
+    pub online: bool,
+    pub instance: u64,
+}

@@ -1,0 +1,263 @@
+//! The topic scheme. Every topic lives under `{root}/v1/`, where `root`
+//! defaults to `tunefleet` and can be changed so several fleets (or tests)
+//! share one broker:
+//!
+//! | topic | direction | payload |
+//! |---|---|---|
+//! | `{root}/v1/agent/{id}/hello` | agent → coordinator | `AgentMessage::Hello` |
+//! | `{root}/v1/agent/{id}/status` | agent → all, retained, Last Will | `AgentMessage::Status` |
+//! | `{root}/v1/agent/{id}/request` | agent → coordinator | `AgentMessage::Request` |
+//! | `{root}/v1/agent/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
+//! | `{root}/v1/agent/{id}/result` | agent → coordinator | `AgentMessage::Result` |
+//! | `{root}/v1/agent/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
+//! | `{root}/v1/agent/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
+//! | `{root}/v1/agent/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
+//! | `{root}/v1/agent/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
+//! | `{root}/v1/coordinator/status` | coordinator → all, retained, Last Will | `CoordinatorStatus` |
+
+use crate::message::{AgentMessage, CoordinatorMessage};
+
+/// Protocol segment of every topic.
+pub const VERSION_SEGMENT: &str = "v1";
+/// Default root of the topic tree.
+pub const DEFAULT_ROOT: &str = "tunefleet";
+/// Longest agent id accepted.
+pub const MAX_AGENT_ID: usize = 64;
+
+/// The last segment of an agent topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AgentTopic {
+    Hello,
+    Status,
+    Request,
+    Progress,
+    Result,
+    Refuse,
+    Assign,
+    Cancel,
+    Ack,
+}
+
+impl AgentTopic {
+    pub const ALL: [AgentTopic; 9] = [
+        AgentTopic::Hello,
+        AgentTopic::Status,
+        AgentTopic::Request,
+        AgentTopic::Progress,
+        AgentTopic::Result,
+        AgentTopic::Refuse,
+        AgentTopic::Assign,
+        AgentTopic::Cancel,
+        AgentTopic::Ack,
+    ];
+    /// Kinds an agent publishes (the coordinator subscribes to these).
+    pub const FROM_AGENT: [AgentTopic; 6] = [
+        AgentTopic::Hello,
+        AgentTopic::Status,
+        AgentTopic::Request,
+        AgentTopic::Progress,
+        AgentTopic::Result,
+        AgentTopic::Refuse,
+    ];
+    /// Kinds the coordinator publishes (an agent subscribes to its own).
+    pub const TO_AGENT: [AgentTopic; 3] = [AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AgentTopic::Hello => "hello",
+            AgentTopic::Status => "status",
+            AgentTopic::Request => "request",
+            AgentTopic::Progress => "progress",
+            AgentTopic::Result => "result",
+            AgentTopic::Refuse => "refuse",
+            AgentTopic::Assign => "assign",
+            AgentTopic::Cancel => "cancel",
+            AgentTopic::Ack => "ack",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+
+    /// The topic kind a message must travel on.
+    pub fn of_agent_message(msg: &AgentMessage) -> Self {
+        match msg {
+            AgentMessage::Hello(_) => AgentTopic::Hello,
+            AgentMessage::Status(_) => AgentTopic::Status,
+            AgentMessage::Request(_) => AgentTopic::Request,
+            AgentMessage::Progress(_) => AgentTopic::Progress,
+            AgentMessage::Result(_) => AgentTopic::Result,
+            AgentMessage::Refuse(_) => AgentTopic::Refuse,
+        }
+    }
+
+    /// The topic kind a message must travel on.
+    pub fn of_coordinator_message(msg: &CoordinatorMessage) -> Self {
+        match msg {
+            CoordinatorMessage::Assign(_) => AgentTopic::Assign,
+            CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
+            CoordinatorMessage::Ack(_) => AgentTopic::Ack,
+        }
+    }
+}
+
+/// A parsed Tunefleet topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Topic {
+    Agent { agent: String, kind: AgentTopic },
+    CoordinatorStatus,
+}
+
+/// Why a string is not a Tunefleet topic or name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic {0:?} is not under this fleet's root")]
+    ForeignRoot(String),
+    #[error("topic {0:?} is not a Tunefleet v1 topic")]
+    Unknown(String),
+    #[error("invalid agent id {0:?}: use 1 to 64 characters of A-Z a-z 0-9 . _ -")]
+    AgentId(String),
+    #[error("invalid topic root {0:?}: no wildcards, no empty levels")]
+    Root(String),
+}
+
+/// Checks an agent id: 1 to 64 characters of `[A-Za-z0-9._-]`.
+pub fn validate_agent_id(id: &str) -> Result<(), TopicError> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_AGENT_ID
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(TopicError::AgentId(id.to_string()))
+    }
+}
+
+/// Builds and parses topics under one root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topics {
+    /// `{root}/v1/`, with the trailing slash.
+    prefix: String,
+}
+
+impl Default for Topics {
+    fn default() -> Self {
+        Topics {
+            prefix: format!("{DEFAULT_ROOT}/{VERSION_SEGMENT}/"),
+        }
+    }
+}
+
+impl Topics {
+    /// Topics under `root`, which may itself contain `/` levels.
+    pub fn new(root: &str) -> Result<Self, TopicError> {
+        let bad = root.is_empty()
+            || root.contains(['+', '#', '\0'])
+            || root.split('/').any(str::is_empty);
+        if bad {
+            return Err(TopicError::Root(root.to_string()));
+        }
+        Ok(Topics {
+            prefix: format!("{root}/{VERSION_SEGMENT}/"),
+        })
+    }
+
+    /// The root this was built with.
+    pub fn root(&self) -> &str {
+        &self.prefix[..self.prefix.len() - VERSION_SEGMENT.len() - 2]
+    }
+
+    pub fn agent(&self, agent: &str, kind: AgentTopic) -> String {
+        format!("{}agent/{agent}/{}", self.prefix, kind.as_str())
+    }
+
+    pub fn coordinator_status(&self) -> String {
+        format!("{}coordinator/status", self.prefix)
+    }
+
+    /// Filter matching one kind of topic for every agent.
+    pub fn all_agents(&self, kind: AgentTopic) -> String {
+        format!("{}agent/+/{}", self.prefix, kind.as_str())
+    }
+
+    pub fn build(&self, topic: &Topic) -> String {
+        match topic {
+            Topic::Agent { agent, kind } => self.agent(agent, *kind),
+            Topic::CoordinatorStatus => self.coordinator_status(),
+        }
+    }
+
+    pub fn parse(&self, topic: &str) -> Result<Topic, TopicError> {
+        let rest = topic
+            .strip_prefix(&self.prefix)
+            .ok_or_else(|| TopicError::ForeignRoot(topic.to_string()))?;
+        if rest == "coordinator/status" {
+            return Ok(Topic::CoordinatorStatus);
+        }
+        let unknown = || TopicError::Unknown(topic.to_string());
+        let rest = rest.strip_prefix("agent/").ok_or_else(unknown)?;
+        let (agent, kind) = rest.split_once('/').ok_or_else(unknown)?;
+        validate_agent_id(agent)?;
+        let kind = AgentTopic::parse(kind).ok_or_else(unknown)?;
+        Ok(Topic::Agent {
+            agent: agent.to_string(),
+            kind,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_known_and_rejects_others() {
+        let t = Topics::new("fleet/a").expect("root");
+        assert_eq!(t.root(), "fleet/a");
+        assert_eq!(
+            t.agent("n1", AgentTopic::Result),
+            "fleet/a/v1/agent/n1/result"
+        );
+        assert_eq!(
+            t.parse("fleet/a/v1/coordinator/status"),
+            Ok(Topic::CoordinatorStatus)
+        );
+        assert!(matches!(
+            t.parse("tunefleet/v1/agent/x/hello"),
+            Err(TopicError::ForeignRoot(_))
+        ));
+        assert!(matches!(
+            t.parse("fleet/a/v1/agent/x/bogus"),
+            Err(TopicError::Unknown(_))
+        ));
+        assert!(matches!(
+            t.parse("fleet/a/v1/agent/x+/hello"),
+            Err(TopicError::AgentId(_))
+        ));
+        assert!(matches!(
+            t.parse("fleet/a/v1/agent/x/y/hello"),
+            Err(TopicError::Unknown(_))
+        ));
+        assert!(Topics::new("a/+/b").is_err());
+        assert!(Topics::new("a//b").is_err());
+        assert!(Topics::new("").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn agent_topics_round_trip(root in "[a-z]{1,8}(/[a-z0-9]{1,6}){0,2}", agent in "[A-Za-z0-9._-]{1,64}", k in 0usize..9) {
+            let topics = Topics::new(&root).expect("valid root");
+            let topic = Topic::Agent { agent, kind: AgentTopic::ALL[k] };
+            prop_assert_eq!(topics.parse(&topics.build(&topic)), Ok(topic));
+        }
+
+        #[test]
+        fn parse_never_panics(s in ".{0,80}") {
+            let _ = Topics::default().parse(&s);
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Property tests: every message survives encode/decode, and arbitrary bytes
+//! decode to an error rather than a panic.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use tunefleet_common::measurement::*;
+use tunefleet_common::message::*;
+use tunefleet_common::{decode, encode};
+
+fn trial_ref() -> impl Strategy<Value = TrialRef> {
+    ("[a-z0-9-]{1,12}", any::<u64>(), any::<u32>()).prop_map(|(study, trial, attempt)| TrialRef {
+        study,
+        trial,
+        attempt,
+    })
+}
+
+fn metrics() -> impl Strategy<Value = Metrics> {
+    prop::collection::btree_map("[a-z_]{1,8}", -1e9f64..1e9, 0..4)
+}
+
+fn measurement() -> impl Strategy<Value = Measurement> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<i32>(),
+        prop::collection::vec((any::<u32>(), metrics()), 0..4),
+        metrics(),
+        prop::collection::vec(
+            ("[a-z-]{1,12}", any::<bool>(), any::<u64>(), any::<u64>()),
+            0..4,
+        ),
+        0.0f64..1e6,
+        ".{0,40}",
+    )
+        .prop_map(
+            |(start, wall, code, epochs, final_metrics, counters, joules, log)| Measurement {
+                started_unix_ms: start,
+                wall_us: wall,
+                user_us: wall / 2,
+                sys_us: wall / 3,
+                max_rss_kib: 1024,
+                exit: if code % 2 == 0 {
+                    ExitOutcome::Exited(code)
+                } else {
+                    ExitOutcome::SpawnFailed(log.clone())
+                },
+                epochs: epochs
+                    .into_iter()
+                    .map(|(epoch, metrics)| EpochMetrics {
+                        epoch,
+                        elapsed_us: 7,
+                        metrics,
+                    })
+                    .collect(),
+                final_metrics,
+                counters: counters
+                    .into_iter()
+                    .map(|(event, hw, value, t)| CounterReading {
+                        event,
+                        kind: if hw {
+                            CounterKind::Hardware
+                        } else {
+                            CounterKind::Software
+                        },
+                        value,
+                        time_enabled_ns: t,
+                        time_running_ns: t / 2,
+                    })
+                    .collect(),
+                counters_missing: vec![MissingCounter {
+                    event: "cycles".into(),
+                    reason: "not supported".into(),
+                }],
+                energy: EnergyReading {
+                    source: EnergySourceKind::Estimated,
+                    joules,
+                    domains: vec![DomainEnergy {
+                        domain: "cpu".into(),
+                        joules,
+                    }],
+                    interval_ms: 1000,
+                    valid: true,
+                    note: None,
+                },
+                limits: AppliedLimits {
+                    cpus: vec![0, 1],
+                    threads: Some(2),
+                    memory: MemoryLimit::Rlimit { bytes: 1 << 30 },
+                },
+                log_tail: log,
+            },
+        )
+}
+
+fn agent_message() -> impl Strategy<Value = AgentMessage> {
+    prop_oneof![
+        (trial_ref(), measurement()).prop_map(|(trial, measurement)| AgentMessage::Result(
+            TrialResult { trial, measurement }
+        )),
+        (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
+            AgentMessage::Progress(Progress {
+                trial,
+                epoch,
+                elapsed_us: 5,
+                metrics,
+            })
+        }),
+        (
+            any::<u64>(),
+            any::<u32>(),
+            prop::collection::vec(trial_ref(), 0..3)
+        )
+            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest {
+                seq,
+                free,
+                running
+            })),
+        (any::<bool>(), any::<u64>())
+            .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
+        (
+            "[a-z0-9-]{1,10}",
+            any::<u64>(),
+            prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)
+        )
+            .prop_map(|(agent, instance, tags)| AgentMessage::Hello(AgentInfo {
+                agent,
+                instance,
+                version: "0.1.0".into(),
+                arch: "aarch64".into(),
+                os: "linux".into(),
+                kernel: "6.1".into(),
+                cores: 8,
+                memory_bytes: 1 << 33,
+                slots: 2,
+                energy: vec![EnergySourceInfo {
+                    kind: EnergySourceKind::Rapl,
+                    domains: vec!["package-0".into()],
+                    readable: false,
+                    note: Some("root only".into())
+                }],
+                counters: vec!["task-clock".into()],
+                tags: tags.into_iter().collect::<BTreeMap<_, _>>(),
+            })),
+    ]
+}
+
+fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
+    prop_oneof![
+        (
+            trial_ref(),
+            any::<u64>(),
+            prop::collection::vec(".{0,10}", 1..5),
+            prop::option::of(1u32..64)
+        )
+            .prop_map(
+                |(trial, request_seq, argv, cores)| CoordinatorMessage::Assign(Assignment {
+                    trial,
+                    request_seq,
+                    spec: TrialSpec {
+                        argv,
+                        env: vec![("OMP_NUM_THREADS".into(), "2".into())],
+                        system: SystemParams {
+                            cores,
+                            threads: cores,
+                            memory_mib: Some(512)
+                        },
+                        timeout_ms: 60_000,
+                    },
+                })
+            ),
+        (trial_ref(), ".{0,20}")
+            .prop_map(|(trial, reason)| CoordinatorMessage::Cancel(Cancel { trial, reason })),
+        trial_ref().prop_map(|trial| CoordinatorMessage::Ack(ResultAck { trial })),
+    ]
+}
+
+proptest! {
+    #[test]
+    fn agent_messages_round_trip(msg in agent_message()) {
+        let bytes = encode(&msg).expect("encodes");
+        prop_assert_eq!(decode::<AgentMessage>(&bytes).expect("decodes"), msg);
+    }
+
+    #[test]
+    fn coordinator_messages_round_trip(msg in coordinator_message()) {
+        let bytes = encode(&msg).expect("encodes");
+        prop_assert_eq!(decode::<CoordinatorMessage>(&bytes).expect("decodes"), msg);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = decode::<AgentMessage>(&bytes);
+        let _ = decode::<CoordinatorMessage>(&bytes);
+    }
+
+    #[test]
+    fn truncated_messages_are_errors(msg in agent_message(), cut in 1usize..64) {
+        let bytes = encode(&msg).expect("encodes");
+        let keep = bytes.len().saturating_sub(cut).max(1);
+        if keep < bytes.len() {
+            prop_assert!(decode::<AgentMessage>(&bytes[..keep]).is_err());
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! The Tunefleet coordinator as a library.
