@@ -24,10 +24,7 @@ impl FromStr for BrokerUrl {
     type Err = BrokerUrlError;
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
-        let err = |why| BrokerUrlError {
-            url: url.to_string(),
-            why,
-        };
+        let err = |why| BrokerUrlError { url: url.to_string(), why };
         let (tls, rest) = if let Some(r) = url.strip_prefix("mqtt://") {
             (false, r)
         } else if let Some(r) = url.strip_prefix("mqtts://") {
@@ -52,19 +49,11 @@ impl FromStr for BrokerUrl {
             return Err(err("empty host"));
         }
         let port = match port {
-            Some(p) => p
-                .parse::<u16>()
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| err("bad port"))?,
+            Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| err("bad port"))?,
             None if tls => 8883,
             None => 1883,
         };
-        Ok(BrokerUrl {
-            host: host.to_string(),
-            port,
-            tls,
-        })
+        Ok(BrokerUrl { host: host.to_string(), port, tls })
     }
 }
 
@@ -87,25 +76,9 @@ mod tests {
     fn parses_and_refuses() {
         let u: BrokerUrl = "mqtt://127.0.0.1:1884".parse().expect("valid");
         assert_eq!((u.host.as_str(), u.port, u.tls), ("127.0.0.1", 1884, false));
-        assert_eq!(
-            "mqtts://broker".parse::<BrokerUrl>().map(|u| u.port),
-            Ok(8883)
-        );
-        assert_eq!(
-            "mqtt://[::1]:99"
-                .parse::<BrokerUrl>()
-                .map(|u| u.to_string())
-                .as_deref(),
-            Ok("mqtt://[::1]:99")
-        );
-        for bad in [
-            "http://x:1",
-            "mqtt://:1",
-            "mqtt://h:0",
-            "mqtt://h:x",
-            "mqtt://u@h:1",
-            "h:1",
-        ] {
+        assert_eq!("mqtts://broker".parse::<BrokerUrl>().map(|u| u.port), Ok(8883));
+        assert_eq!("mqtt://[::1]:99".parse::<BrokerUrl>().map(|u| u.to_string()).as_deref(), Ok("mqtt://[::1]:99"));
+        for bad in ["http://x:1", "mqtt://:1", "mqtt://h:0", "mqtt://h:x", "mqtt://u@h:1", "h:1"] {
             let e = bad.parse::<BrokerUrl>().expect_err(bad);
             assert!(e.to_string().contains(bad), "{e}");
         }

@@ -37,20 +37,13 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 /// a payload is exactly one message.
 pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
     if payload.len() > MAX_MESSAGE_BYTES {
-        return Err(CodecError::TooLarge {
-            size: payload.len(),
-            max: MAX_MESSAGE_BYTES,
-        });
+        return Err(CodecError::TooLarge { size: payload.len(), max: MAX_MESSAGE_BYTES });
     }
     let (&version, body) = payload.split_first().ok_or(CodecError::Empty)?;
     if version != PROTOCOL_VERSION {
-        return Err(CodecError::Version {
-            got: version,
-            expected: PROTOCOL_VERSION,
-        });
+        return Err(CodecError::Version { got: version, expected: PROTOCOL_VERSION });
     }
-    let (msg, rest) =
-        postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;
+    let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;
     if !rest.is_empty() {
         return Err(CodecError::Decode(format!("{} trailing bytes", rest.len())));
     }
@@ -64,31 +57,15 @@ mod tests {
 
     #[test]
     fn rejects_other_version_empty_and_trailing() {
-        let msg = AgentMessage::Request(WorkRequest {
-            seq: 3,
-            free: 2,
-            running: vec![],
-        });
+        let msg = AgentMessage::Request(WorkRequest { seq: 3, free: 2, running: vec![] });
         let mut bytes = encode(&msg).expect("encodes");
         assert_eq!(decode::<AgentMessage>(&bytes), Ok(msg));
         assert_eq!(decode::<AgentMessage>(&[]), Err(CodecError::Empty));
         bytes.push(0);
-        assert!(matches!(
-            decode::<AgentMessage>(&bytes),
-            Err(CodecError::Decode(_))
-        ));
+        assert!(matches!(decode::<AgentMessage>(&bytes), Err(CodecError::Decode(_))));
         bytes[0] = 9;
-        assert_eq!(
-            decode::<AgentMessage>(&bytes),
-            Err(CodecError::Version {
-                got: 9,
-                expected: PROTOCOL_VERSION
-            })
-        );
+        assert_eq!(decode::<AgentMessage>(&bytes), Err(CodecError::Version { got: 9, expected: PROTOCOL_VERSION }));
         let big = vec![PROTOCOL_VERSION; MAX_MESSAGE_BYTES + 1];
-        assert!(matches!(
-            decode::<AgentMessage>(&big),
-            Err(CodecError::TooLarge { .. })
-        ));
+        assert!(matches!(decode::<AgentMessage>(&big), Err(CodecError::TooLarge { .. })));
     }
 }

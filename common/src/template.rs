@@ -34,13 +34,9 @@ fn pieces(template: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
             out.push(Piece::Brace('}'));
             rest = &tail[2..];
         } else if tail.starts_with('}') {
-            return Err(TemplateError::Stray {
-                template: template.into(),
-            });
+            return Err(TemplateError::Stray { template: template.into() });
         } else {
-            let end = tail.find('}').ok_or_else(|| TemplateError::Unclosed {
-                template: template.into(),
-            })?;
+            let end = tail.find('}').ok_or_else(|| TemplateError::Unclosed { template: template.into() })?;
             out.push(Piece::Name(tail[1..end].trim()));
             rest = &tail[end + 1..];
         }
@@ -68,10 +64,9 @@ pub fn render(template: &str, params: &Params) -> Result<String, TemplateError> 
             Piece::Text(t) => out.push_str(t),
             Piece::Brace(c) => out.push(c),
             Piece::Name(n) => {
-                let v = params.get(n).ok_or_else(|| TemplateError::Unknown {
-                    name: n.to_string(),
-                    template: template.into(),
-                })?;
+                let v = params
+                    .get(n)
+                    .ok_or_else(|| TemplateError::Unknown { name: n.to_string(), template: template.into() })?;
                 out.push_str(&v.to_string());
             }
         }
@@ -94,14 +89,8 @@ mod tests {
 
     #[test]
     fn substitutes_and_escapes() {
-        assert_eq!(
-            render("--lr={lr} -b {batch} {opt}", &params()).as_deref(),
-            Ok("--lr=0.05 -b 32 sgd")
-        );
-        assert_eq!(
-            render("{{literal}} {{{batch}}}", &params()).as_deref(),
-            Ok("{literal} {32}")
-        );
+        assert_eq!(render("--lr={lr} -b {batch} {opt}", &params()).as_deref(), Ok("--lr=0.05 -b 32 sgd"));
+        assert_eq!(render("{{literal}} {{{batch}}}", &params()).as_deref(), Ok("{literal} {32}"));
         assert_eq!(placeholders("{a}-{ b }").expect("parses"), vec!["a", "b"]);
     }
 
@@ -109,13 +98,7 @@ mod tests {
     fn errors_name_the_problem() {
         let e = render("--x {nope}", &params()).expect_err("unknown");
         assert!(e.to_string().contains("{nope}"), "{e}");
-        assert!(matches!(
-            render("{lr", &params()),
-            Err(TemplateError::Unclosed { .. })
-        ));
-        assert!(matches!(
-            render("lr}", &params()),
-            Err(TemplateError::Stray { .. })
-        ));
+        assert!(matches!(render("{lr", &params()), Err(TemplateError::Unclosed { .. })));
+        assert!(matches!(render("lr}", &params()), Err(TemplateError::Stray { .. })));
     }
 }

@@ -126,9 +126,7 @@ pub enum TopicError {
 pub fn validate_agent_id(id: &str) -> Result<(), TopicError> {
     let ok = !id.is_empty()
         && id.len() <= MAX_AGENT_ID
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
     if ok {
         Ok(())
     } else {
@@ -145,24 +143,18 @@ pub struct Topics {
 
 impl Default for Topics {
     fn default() -> Self {
-        Topics {
-            prefix: format!("{DEFAULT_ROOT}/{VERSION_SEGMENT}/"),
-        }
+        Topics { prefix: format!("{DEFAULT_ROOT}/{VERSION_SEGMENT}/") }
     }
 }
 
 impl Topics {
     /// Topics under `root`, which may itself contain `/` levels.
     pub fn new(root: &str) -> Result<Self, TopicError> {
-        let bad = root.is_empty()
-            || root.contains(['+', '#', '\0'])
-            || root.split('/').any(str::is_empty);
+        let bad = root.is_empty() || root.contains(['+', '#', '\0']) || root.split('/').any(str::is_empty);
         if bad {
             return Err(TopicError::Root(root.to_string()));
         }
-        Ok(Topics {
-            prefix: format!("{root}/{VERSION_SEGMENT}/"),
-        })
+        Ok(Topics { prefix: format!("{root}/{VERSION_SEGMENT}/") })
     }
 
     /// The root this was built with.
@@ -191,9 +183,7 @@ impl Topics {
     }
 
     pub fn parse(&self, topic: &str) -> Result<Topic, TopicError> {
-        let rest = topic
-            .strip_prefix(&self.prefix)
-            .ok_or_else(|| TopicError::ForeignRoot(topic.to_string()))?;
+        let rest = topic.strip_prefix(&self.prefix).ok_or_else(|| TopicError::ForeignRoot(topic.to_string()))?;
         if rest == "coordinator/status" {
             return Ok(Topic::CoordinatorStatus);
         }
@@ -202,10 +192,7 @@ impl Topics {
         let (agent, kind) = rest.split_once('/').ok_or_else(unknown)?;
         validate_agent_id(agent)?;
         let kind = AgentTopic::parse(kind).ok_or_else(unknown)?;
-        Ok(Topic::Agent {
-            agent: agent.to_string(),
-            kind,
-        })
+        Ok(Topic::Agent { agent: agent.to_string(), kind })
     }
 }
 
@@ -218,30 +205,12 @@ mod tests {
     fn parses_known_and_rejects_others() {
         let t = Topics::new("fleet/a").expect("root");
         assert_eq!(t.root(), "fleet/a");
-        assert_eq!(
-            t.agent("n1", AgentTopic::Result),
-            "fleet/a/v1/agent/n1/result"
-        );
-        assert_eq!(
-            t.parse("fleet/a/v1/coordinator/status"),
-            Ok(Topic::CoordinatorStatus)
-        );
-        assert!(matches!(
-            t.parse("tunefleet/v1/agent/x/hello"),
-            Err(TopicError::ForeignRoot(_))
-        ));
-        assert!(matches!(
-            t.parse("fleet/a/v1/agent/x/bogus"),
-            Err(TopicError::Unknown(_))
-        ));
-        assert!(matches!(
-            t.parse("fleet/a/v1/agent/x+/hello"),
-            Err(TopicError::AgentId(_))
-        ));
-        assert!(matches!(
-            t.parse("fleet/a/v1/agent/x/y/hello"),
-            Err(TopicError::Unknown(_))
-        ));
+        assert_eq!(t.agent("n1", AgentTopic::Result), "fleet/a/v1/agent/n1/result");
+        assert_eq!(t.parse("fleet/a/v1/coordinator/status"), Ok(Topic::CoordinatorStatus));
+        assert!(matches!(t.parse("tunefleet/v1/agent/x/hello"), Err(TopicError::ForeignRoot(_))));
+        assert!(matches!(t.parse("fleet/a/v1/agent/x/bogus"), Err(TopicError::Unknown(_))));
+        assert!(matches!(t.parse("fleet/a/v1/agent/x+/hello"), Err(TopicError::AgentId(_))));
+        assert!(matches!(t.parse("fleet/a/v1/agent/x/y/hello"), Err(TopicError::Unknown(_))));
         assert!(Topics::new("a/+/b").is_err());
         assert!(Topics::new("a//b").is_err());
         assert!(Topics::new("").is_err());

@@ -27,104 +27,60 @@ fn measurement() -> impl Strategy<Value = Measurement> {
         any::<i32>(),
         prop::collection::vec((any::<u32>(), metrics()), 0..4),
         metrics(),
-        prop::collection::vec(
-            ("[a-z-]{1,12}", any::<bool>(), any::<u64>(), any::<u64>()),
-            0..4,
-        ),
+        prop::collection::vec(("[a-z-]{1,12}", any::<bool>(), any::<u64>(), any::<u64>()), 0..4),
         0.0f64..1e6,
         ".{0,40}",
     )
-        .prop_map(
-            |(start, wall, code, epochs, final_metrics, counters, joules, log)| Measurement {
-                started_unix_ms: start,
-                wall_us: wall,
-                user_us: wall / 2,
-                sys_us: wall / 3,
-                max_rss_kib: 1024,
-                exit: if code % 2 == 0 {
-                    ExitOutcome::Exited(code)
-                } else {
-                    ExitOutcome::SpawnFailed(log.clone())
-                },
-                epochs: epochs
-                    .into_iter()
-                    .map(|(epoch, metrics)| EpochMetrics {
-                        epoch,
-                        elapsed_us: 7,
-                        metrics,
-                    })
-                    .collect(),
-                final_metrics,
-                counters: counters
-                    .into_iter()
-                    .map(|(event, hw, value, t)| CounterReading {
-                        event,
-                        kind: if hw {
-                            CounterKind::Hardware
-                        } else {
-                            CounterKind::Software
-                        },
-                        value,
-                        time_enabled_ns: t,
-                        time_running_ns: t / 2,
-                    })
-                    .collect(),
-                counters_missing: vec![MissingCounter {
-                    event: "cycles".into(),
-                    reason: "not supported".into(),
-                }],
-                energy: EnergyReading {
-                    source: EnergySourceKind::Estimated,
-                    joules,
-                    domains: vec![DomainEnergy {
-                        domain: "cpu".into(),
-                        joules,
-                    }],
-                    interval_ms: 1000,
-                    valid: true,
-                    note: None,
-                },
-                limits: AppliedLimits {
-                    cpus: vec![0, 1],
-                    threads: Some(2),
-                    memory: MemoryLimit::Rlimit { bytes: 1 << 30 },
-                },
-                log_tail: log,
+        .prop_map(|(start, wall, code, epochs, final_metrics, counters, joules, log)| Measurement {
+            started_unix_ms: start,
+            wall_us: wall,
+            user_us: wall / 2,
+            sys_us: wall / 3,
+            max_rss_kib: 1024,
+            exit: if code % 2 == 0 { ExitOutcome::Exited(code) } else { ExitOutcome::SpawnFailed(log.clone()) },
+            epochs: epochs.into_iter().map(|(epoch, metrics)| EpochMetrics { epoch, elapsed_us: 7, metrics }).collect(),
+            final_metrics,
+            counters: counters
+                .into_iter()
+                .map(|(event, hw, value, t)| CounterReading {
+                    event,
+                    kind: if hw { CounterKind::Hardware } else { CounterKind::Software },
+                    value,
+                    time_enabled_ns: t,
+                    time_running_ns: t / 2,
+                })
+                .collect(),
+            counters_missing: vec![MissingCounter { event: "cycles".into(), reason: "not supported".into() }],
+            energy: EnergyReading {
+                source: EnergySourceKind::Estimated,
+                joules,
+                domains: vec![DomainEnergy { domain: "cpu".into(), joules }],
+                interval_ms: 1000,
+                valid: true,
+                note: None,
             },
-        )
+            limits: AppliedLimits {
+                cpus: vec![0, 1],
+                threads: Some(2),
+                memory: MemoryLimit::Rlimit { bytes: 1 << 30 },
+            },
+            log_tail: log,
+        })
 }
 
 fn agent_message() -> impl Strategy<Value = AgentMessage> {
     prop_oneof![
-        (trial_ref(), measurement()).prop_map(|(trial, measurement)| AgentMessage::Result(
-            TrialResult { trial, measurement }
-        )),
+        (trial_ref(), measurement())
+            .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
-            AgentMessage::Progress(Progress {
-                trial,
-                epoch,
-                elapsed_us: 5,
-                metrics,
-            })
+            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics })
         }),
-        (
-            any::<u64>(),
-            any::<u32>(),
-            prop::collection::vec(trial_ref(), 0..3)
-        )
-            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest {
-                seq,
-                free,
-                running
-            })),
+        (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
+            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
         (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
-        (
-            "[a-z0-9-]{1,10}",
-            any::<u64>(),
-            prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)
-        )
-            .prop_map(|(agent, instance, tags)| AgentMessage::Hello(AgentInfo {
+        ("[a-z0-9-]{1,10}", any::<u64>(), prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)).prop_map(
+            |(agent, instance, tags)| AgentMessage::Hello(AgentInfo {
                 agent,
                 instance,
                 version: "0.1.0".into(),
@@ -142,36 +98,26 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
                 }],
                 counters: vec!["task-clock".into()],
                 tags: tags.into_iter().collect::<BTreeMap<_, _>>(),
-            })),
+            })
+        ),
     ]
 }
 
 fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
     prop_oneof![
-        (
-            trial_ref(),
-            any::<u64>(),
-            prop::collection::vec(".{0,10}", 1..5),
-            prop::option::of(1u32..64)
-        )
-            .prop_map(
-                |(trial, request_seq, argv, cores)| CoordinatorMessage::Assign(Assignment {
-                    trial,
-                    request_seq,
-                    spec: TrialSpec {
-                        argv,
-                        env: vec![("OMP_NUM_THREADS".into(), "2".into())],
-                        system: SystemParams {
-                            cores,
-                            threads: cores,
-                            memory_mib: Some(512)
-                        },
-                        timeout_ms: 60_000,
-                    },
-                })
-            ),
-        (trial_ref(), ".{0,20}")
-            .prop_map(|(trial, reason)| CoordinatorMessage::Cancel(Cancel { trial, reason })),
+        (trial_ref(), any::<u64>(), prop::collection::vec(".{0,10}", 1..5), prop::option::of(1u32..64)).prop_map(
+            |(trial, request_seq, argv, cores)| CoordinatorMessage::Assign(Assignment {
+                trial,
+                request_seq,
+                spec: TrialSpec {
+                    argv,
+                    env: vec![("OMP_NUM_THREADS".into(), "2".into())],
+                    system: SystemParams { cores, threads: cores, memory_mib: Some(512) },
+                    timeout_ms: 60_000,
+                },
+            })
+        ),
+        (trial_ref(), ".{0,20}").prop_map(|(trial, reason)| CoordinatorMessage::Cancel(Cancel { trial, reason })),
         trial_ref().prop_map(|trial| CoordinatorMessage::Ack(ResultAck { trial })),
     ]
 }
