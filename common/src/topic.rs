@@ -4,16 +4,21 @@
 //!
 //! | topic | direction | payload |
 //! |---|---|---|
-//! | `{root}/v1/agent/{id}/hello` | agent → coordinator | `AgentMessage::Hello` |
-//! | `{root}/v1/agent/{id}/status` | agent → all, retained, Last Will | `AgentMessage::Status` |
-//! | `{root}/v1/agent/{id}/request` | agent → coordinator | `AgentMessage::Request` |
-//! | `{root}/v1/agent/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
-//! | `{root}/v1/agent/{id}/result` | agent → coordinator | `AgentMessage::Result` |
-//! | `{root}/v1/agent/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
-//! | `{root}/v1/agent/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
-//! | `{root}/v1/agent/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
-//! | `{root}/v1/agent/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
+//! | `{root}/v1/up/{id}/hello` | agent → coordinator | `AgentMessage::Hello` |
+//! | `{root}/v1/up/{id}/status` | agent → all, retained, Last Will | `AgentMessage::Status` |
+//! | `{root}/v1/up/{id}/request` | agent → coordinator | `AgentMessage::Request` |
+//! | `{root}/v1/up/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
+//! | `{root}/v1/up/{id}/result` | agent → coordinator | `AgentMessage::Result` |
+//! | `{root}/v1/up/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
+//! | `{root}/v1/down/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
+//! | `{root}/v1/down/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
+//! | `{root}/v1/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
 //! | `{root}/v1/coordinator/status` | coordinator → all, retained, Last Will | `CoordinatorStatus` |
+//!
+//! Each side subscribes with ONE wildcard filter ([`Topics::from_agents`],
+//! [`Topics::to_agent`]): brokers such as rumqttd keep a log per filter, so
+//! only a single filter keeps one publisher's messages in the order sent
+//! (a result before the work request that follows it).
 
 use crate::message::{AgentMessage, CoordinatorMessage};
 
@@ -73,6 +78,15 @@ impl AgentTopic {
             AgentTopic::Assign => "assign",
             AgentTopic::Cancel => "cancel",
             AgentTopic::Ack => "ack",
+        }
+    }
+
+    /// `up` for what agents send, `down` for what the coordinator sends.
+    pub fn direction(self) -> &'static str {
+        if Self::TO_AGENT.contains(&self) {
+            "down"
+        } else {
+            "up"
         }
     }
 
@@ -163,16 +177,21 @@ impl Topics {
     }
 
     pub fn agent(&self, agent: &str, kind: AgentTopic) -> String {
-        format!("{}agent/{agent}/{}", self.prefix, kind.as_str())
+        format!("{}{}/{agent}/{}", self.prefix, kind.direction(), kind.as_str())
     }
 
     pub fn coordinator_status(&self) -> String {
         format!("{}coordinator/status", self.prefix)
     }
 
-    /// Filter matching one kind of topic for every agent.
-    pub fn all_agents(&self, kind: AgentTopic) -> String {
-        format!("{}agent/+/{}", self.prefix, kind.as_str())
+    /// The one filter the coordinator subscribes to: everything agents send.
+    pub fn from_agents(&self) -> String {
+        format!("{}up/+/+", self.prefix)
+    }
+
+    /// The one filter an agent subscribes to: everything sent to it.
+    pub fn to_agent(&self, agent: &str) -> String {
+        format!("{}down/{agent}/+", self.prefix)
     }
 
     pub fn build(&self, topic: &Topic) -> String {
@@ -188,10 +207,10 @@ impl Topics {
             return Ok(Topic::CoordinatorStatus);
         }
         let unknown = || TopicError::Unknown(topic.to_string());
-        let rest = rest.strip_prefix("agent/").ok_or_else(unknown)?;
+        let (direction, rest) = rest.split_once('/').ok_or_else(unknown)?;
         let (agent, kind) = rest.split_once('/').ok_or_else(unknown)?;
         validate_agent_id(agent)?;
-        let kind = AgentTopic::parse(kind).ok_or_else(unknown)?;
+        let kind = AgentTopic::parse(kind).filter(|k| k.direction() == direction).ok_or_else(unknown)?;
         Ok(Topic::Agent { agent: agent.to_string(), kind })
     }
 }
@@ -205,12 +224,16 @@ mod tests {
     fn parses_known_and_rejects_others() {
         let t = Topics::new("fleet/a").expect("root");
         assert_eq!(t.root(), "fleet/a");
-        assert_eq!(t.agent("n1", AgentTopic::Result), "fleet/a/v1/agent/n1/result");
+        assert_eq!(t.agent("n1", AgentTopic::Result), "fleet/a/v1/up/n1/result");
+        assert_eq!(t.agent("n1", AgentTopic::Assign), "fleet/a/v1/down/n1/assign");
+        assert_eq!(t.from_agents(), "fleet/a/v1/up/+/+");
+        assert_eq!(t.to_agent("n1"), "fleet/a/v1/down/n1/+");
+        assert!(matches!(t.parse("fleet/a/v1/down/n1/result"), Err(TopicError::Unknown(_))));
         assert_eq!(t.parse("fleet/a/v1/coordinator/status"), Ok(Topic::CoordinatorStatus));
-        assert!(matches!(t.parse("tunefleet/v1/agent/x/hello"), Err(TopicError::ForeignRoot(_))));
-        assert!(matches!(t.parse("fleet/a/v1/agent/x/bogus"), Err(TopicError::Unknown(_))));
-        assert!(matches!(t.parse("fleet/a/v1/agent/x+/hello"), Err(TopicError::AgentId(_))));
-        assert!(matches!(t.parse("fleet/a/v1/agent/x/y/hello"), Err(TopicError::Unknown(_))));
+        assert!(matches!(t.parse("tunefleet/v1/up/x/hello"), Err(TopicError::ForeignRoot(_))));
+        assert!(matches!(t.parse("fleet/a/v1/up/x/bogus"), Err(TopicError::Unknown(_))));
+        assert!(matches!(t.parse("fleet/a/v1/up/x+/hello"), Err(TopicError::AgentId(_))));
+        assert!(matches!(t.parse("fleet/a/v1/up/x/y/hello"), Err(TopicError::Unknown(_))));
         assert!(Topics::new("a/+/b").is_err());
         assert!(Topics::new("a//b").is_err());
         assert!(Topics::new("").is_err());

@@ -1,0 +1,218 @@
+//! The embedded MQTT broker: rumqttd on a dedicated thread.
+//!
+//! rumqttd's `Broker::start()` blocks forever and has no stop, so it lives on
+//! its own `std::thread` and ends with the process. Its config is built here
+//! in code (its shipped defaults open a console and a metrics port).
+//!
+//! Latency: rumqttd never sets `TCP_NODELAY` on the sockets it accepts, and a
+//! QoS 1 request/reply then waits for Nagle against delayed ACK (about 44 ms).
+//! Linux copies `TCP_NODELAY` from a listening socket to the sockets it
+//! accepts, so once rumqttd has bound its listener we find that socket among
+//! our own descriptors, take a duplicate with `pidfd_getfd` (a duplicate
+//! shares the socket) and set the option on it. The same search tells us the
+//! port when the caller asked for port 0.
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings};
+use rustix::net::{SocketAddrAny, SocketAddrV4, SocketAddrV6};
+use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+
+/// Largest MQTT payload the embedded broker accepts.
+pub const MAX_PAYLOAD: usize = tunefleet_common::MAX_MESSAGE_BYTES + 64 * 1024;
+
+/// Why the broker could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("could not start the broker thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the embedded broker did not start listening on {addr} within {waited:?} (port in use?)")]
+    NotListening { addr: SocketAddr, waited: Duration },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("could not inspect the broker's socket: {0}")]
+    Inspect(#[source] std::io::Error),
+}
+
+/// Settings of the embedded broker.
+#[derive(Debug, Clone)]
+pub struct BrokerSettings {
+    /// Address to listen on; port 0 lets the OS choose.
+    pub listen: SocketAddr,
+    /// username -> password; `None` runs the broker open.
+    pub users: Option<HashMap<String, String>>,
+}
+
+impl Default for BrokerSettings {
+    fn default() -> Self {
+        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None }
+    }
+}
+
+/// A running embedded broker.
+#[derive(Debug)]
+pub struct EmbeddedBroker {
+    /// The address it really listens on (the chosen port when 0 was asked).
+    pub addr: SocketAddr,
+    /// Whether accepted connections get `TCP_NODELAY` (false only if the kernel refused).
+    pub nodelay: bool,
+}
+
+fn rumqttd_config(settings: &BrokerSettings) -> Config {
+    let connections = ConnectionSettings {
+        connection_timeout_ms: 10_000,
+        max_payload_size: MAX_PAYLOAD,
+        max_inflight_count: 500,
+        auth: settings.users.clone(),
+        external_auth: None,
+        dynamic_filters: true,
+    };
+    let server = ServerSettings {
+        name: "tunefleet-v4".into(),
+        listen: settings.listen,
+        tls: None,
+        next_connection_delay_ms: 0,
+        connections,
+    };
+    Config {
+        id: 0,
+        router: RouterConfig {
+            max_connections: 10_000,
+            max_outgoing_packet_count: 1_000,
+            max_segment_size: 64 * 1024 * 1024,
+            max_segment_count: 4,
+            custom_segment: None,
+            initialized_filters: None,
+            shared_subscriptions_strategy: Default::default(),
+        },
+        v4: Some(HashMap::from([("1".to_string(), server)])),
+        ..Default::default()
+    }
+}
+
+/// Starts rumqttd and returns once it accepts connections.
+pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
+    if settings.listen.port() != 0 {
+        // rumqttd only logs a failed bind on its own thread; find out here, at once.
+        std::net::TcpListener::bind(settings.listen)
+            .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
+    }
+    let before: HashSet<u64> = socket_fds().into_iter().map(|(_, ino)| ino).collect();
+    let config = rumqttd_config(settings);
+    std::thread::Builder::new()
+        .name("tunefleet-broker".into())
+        .spawn(move || {
+            let mut broker = rumqttd::Broker::new(config);
+            if let Err(e) = broker.start() {
+                tracing::error!(error = %e, "embedded broker stopped");
+            }
+        })
+        .map_err(BrokerError::Thread)?;
+
+    let waited = Duration::from_secs(5);
+    let deadline = Instant::now() + waited;
+    loop {
+        if let Some((fd, addr)) = find_listener(&before, settings.listen).map_err(BrokerError::Inspect)? {
+            let nodelay = rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_ok();
+            if !nodelay {
+                tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
+            }
+            return Ok(EmbeddedBroker { addr, nodelay });
+        }
+        if Instant::now() > deadline {
+            return Err(BrokerError::NotListening { addr: settings.listen, waited });
+        }
+        // Waiting on a condition (the listener exists) that no event announces.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// `(fd number, socket inode)` for every socket this process holds.
+fn socket_fds() -> Vec<(i32, u64)> {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|entry| {
+            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let target = std::fs::read_link(entry.path()).ok()?;
+            let ino = target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
+            Some((fd, ino))
+        })
+        .collect()
+}
+
+fn to_std(addr: &SocketAddrAny) -> Option<SocketAddr> {
+    if let Ok(v4) = SocketAddrV4::try_from(addr.clone()) {
+        return Some(SocketAddr::V4(v4));
+    }
+    SocketAddrV6::try_from(addr.clone()).ok().map(SocketAddr::V6)
+}
+
+/// A new listening TCP socket bound to `want` (any port when `want`'s is 0).
+fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Option<(OwnedFd, SocketAddr)>> {
+    let pidfd = pidfd_open(getpid(), PidfdFlags::empty())?;
+    for (fd, ino) in socket_fds() {
+        if before.contains(&ino) {
+            continue;
+        }
+        let Ok(dup) = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()) else { continue };
+        if !rustix::net::sockopt::socket_acceptconn(&dup).unwrap_or(false) {
+            continue;
+        }
+        let Some(local) = rustix::net::getsockname(&dup).ok().as_ref().and_then(to_std) else { continue };
+        let ip_ok = local.ip() == want.ip() || want.ip().is_unspecified() && local.ip().is_unspecified();
+        let port_ok = want.port() == 0 || local.port() == want.port();
+        if ip_ok && port_ok {
+            return Ok(Some((dup, local)));
+        }
+    }
+    Ok(None)
+}
+
+/// True when `ip` is reachable only from this machine.
+pub fn is_loopback(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpStream;
+
+    #[test]
+    fn chooses_a_port_and_accepted_sockets_have_nodelay() {
+        let broker = start(&BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), users: None })
+            .expect("broker starts");
+        assert_ne!(broker.addr.port(), 0);
+        assert!(broker.nodelay);
+        let before: HashSet<u64> = socket_fds().into_iter().map(|(_, i)| i).collect();
+        let client = TcpStream::connect(broker.addr).expect("connects");
+        let client_port = client.local_addr().expect("addr").port();
+        // The accepted socket is ours too (same process): find it and read its option.
+        let pidfd = pidfd_open(getpid(), PidfdFlags::empty()).expect("pidfd");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let accepted = socket_fds().into_iter().filter(|(_, i)| !before.contains(i)).find_map(|(fd, _)| {
+                let dup = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).ok()?;
+                let peer = rustix::net::getpeername(&dup).ok()??;
+                (to_std(&peer)?.port() == client_port).then_some(dup)
+            });
+            if let Some(sock) = accepted {
+                assert!(rustix::net::sockopt::tcp_nodelay(&sock).expect("getsockopt"), "accepted socket lacks nodelay");
+                break;
+            }
+            assert!(Instant::now() < deadline, "broker never accepted the connection");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn a_taken_port_is_a_clear_error() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = taken.local_addr().expect("addr");
+        let err = start(&BrokerSettings { listen: addr, users: None }).expect_err("port is taken");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+}

@@ -1,0 +1,639 @@
+//! Scheduling decisions, as a pure state machine: plain values in, plain
+//! [`Effect`]s out, no sockets and no clocks (time is passed in as `now_ms`).
+//!
+//! * Pull: an agent's latest [`WorkRequest`] gives it credit (free slots);
+//!   every assignment spends one. An agent never gets more than it asked for.
+//! * Every assignment is a lease on one attempt of one trial. An agent that
+//!   goes offline, or comes back as a new process, loses its leases and the
+//!   trials go back to the queue at once; a lease past its deadline is
+//!   cancelled and requeued. After `max_attempts` failed attempts a trial fails.
+//! * Results are idempotent by trial and attempt. The first result of any
+//!   attempt really handed to that agent completes the trial (a result that
+//!   arrives after its agent was presumed dead is still a good result; the
+//!   newer attempt is then cancelled); any later one is a duplicate or superseded.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
+
+/// Which agents may run a study's trials.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selector {
+    /// Any of these architectures; empty means any.
+    pub arch: Vec<String>,
+    /// All of these tags must match.
+    pub tags: BTreeMap<String, String>,
+}
+
+impl Selector {
+    pub fn matches(&self, info: &AgentInfo) -> bool {
+        (self.arch.is_empty() || self.arch.iter().any(|a| *a == info.arch))
+            && self.tags.iter().all(|(k, v)| info.tags.get(k) == Some(v))
+    }
+}
+
+/// What the scheduler needs to know of a study.
+#[derive(Debug, Clone)]
+pub struct StudyPolicy {
+    pub name: String,
+    pub selector: Selector,
+    pub max_attempts: u32,
+    /// How long an attempt may hold its lease (trial timeout plus a grace).
+    pub lease_ms: u64,
+}
+
+/// A trial's state when a study is (re)loaded from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restored {
+    Pending { last_attempt: u32, failures: u32 },
+    Running { agent: String, attempt: u32, failures: u32 },
+    Done,
+    Failed,
+}
+
+/// What the engine must do because of a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this attempt to this agent (and record the assignment).
+    Assign { agent: String, trial: TrialRef, request_seq: u64 },
+    /// Tell this agent to stop this attempt.
+    Cancel { agent: String, trial: TrialRef, reason: String },
+    /// This attempt ended without a usable result; the trial is queued again.
+    Requeued { trial: TrialRef, reason: String },
+    /// The trial has used up its attempts.
+    Failed { trial: TrialRef, reason: String },
+}
+
+/// How a result relates to what the scheduler knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The trial is complete with this result.
+    Accepted,
+    /// This very attempt's result was already accepted.
+    Duplicate,
+    /// Another attempt's result was accepted first; keep this one as such.
+    Superseded,
+    /// The attempt failed for reasons of its own (could not start, cancelled): retried.
+    Retried,
+    /// No such study, trial, or attempt of this agent: refuse it.
+    Unknown,
+}
+
+/// Whether a result completes its trial or asks for another attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResultKind {
+    Complete,
+    Retry(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Lease {
+    agent: String,
+    attempt: u32,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    Pending,
+    Running(Lease),
+    Done { agent: String, attempt: u32 },
+    Failed,
+}
+
+#[derive(Debug, Clone)]
+struct TrialSlot {
+    state: State,
+    last_attempt: u32,
+    failures: u32,
+    /// Which agent ran which attempt: only these may deliver results.
+    history: Vec<(u32, String)>,
+}
+
+#[derive(Debug)]
+struct StudyState {
+    policy: StudyPolicy,
+    trials: Vec<TrialSlot>,
+    queue: VecDeque<u64>,
+    finished: u64,
+    failed: u64,
+}
+
+#[derive(Debug)]
+struct AgentState {
+    info: Option<AgentInfo>,
+    online: bool,
+    instance: u64,
+    credit: u32,
+    last_seq: Option<u64>,
+}
+
+/// Progress of one study.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StudyCounts {
+    pub total: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub running: u64,
+}
+
+impl StudyCounts {
+    pub fn finished(&self) -> bool {
+        self.done + self.failed == self.total
+    }
+}
+
+/// The scheduler.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    studies: Vec<StudyState>,
+    agents: BTreeMap<String, AgentState>,
+    /// Round-robin start among agents, so work spreads across the fleet.
+    next_agent: usize,
+}
+
+fn trial_ref(study: &str, trial: u64, attempt: u32) -> TrialRef {
+    TrialRef { study: study.to_string(), trial, attempt }
+}
+
+impl Scheduler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a study whose trials `0..states.len()` are in the given states.
+    pub fn add_study(&mut self, policy: StudyPolicy, states: Vec<Restored>, now_ms: u64) {
+        self.studies.retain(|s| s.policy.name != policy.name);
+        let mut study = StudyState { trials: Vec::with_capacity(states.len()), queue: VecDeque::new(), finished: 0, failed: 0, policy };
+        for (i, restored) in states.into_iter().enumerate() {
+            let slot = match restored {
+                Restored::Pending { last_attempt, failures } => {
+                    study.queue.push_back(i as u64);
+                    TrialSlot { state: State::Pending, last_attempt, failures, history: Vec::new() }
+                }
+                Restored::Running { agent, attempt, failures } => TrialSlot {
+                    state: State::Running(Lease {
+                        agent: agent.clone(),
+                        attempt,
+                        deadline_ms: now_ms + study.policy.lease_ms,
+                    }),
+                    last_attempt: attempt,
+                    failures,
+                    history: vec![(attempt, agent)],
+                },
+                Restored::Done => {
+                    study.finished += 1;
+                    TrialSlot { state: State::Done { agent: String::new(), attempt: 0 }, last_attempt: 0, failures: 0, history: Vec::new() }
+                }
+                Restored::Failed => {
+                    study.failed += 1;
+                    TrialSlot { state: State::Failed, last_attempt: 0, failures: 0, history: Vec::new() }
+                }
+            };
+            study.trials.push(slot);
+        }
+        self.studies.push(study);
+    }
+
+    /// Drops a finished study from memory.
+    pub fn remove_study(&mut self, name: &str) {
+        self.studies.retain(|s| s.policy.name != name);
+    }
+
+    pub fn counts(&self, study: &str) -> Option<StudyCounts> {
+        let s = self.studies.iter().find(|s| s.policy.name == study)?;
+        let running = s.trials.iter().filter(|t| matches!(t.state, State::Running(_))).count() as u64;
+        Some(StudyCounts { total: s.trials.len() as u64, done: s.finished, failed: s.failed, running })
+    }
+
+    /// Agents that are online and have said who they are.
+    pub fn live_agents(&self) -> usize {
+        self.agents.values().filter(|a| a.online && a.info.is_some()).count()
+    }
+
+    /// Agents connected and matching `study`'s selector.
+    pub fn eligible_agents(&self, study: &str) -> usize {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
+        self.agents.values().filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i))).count()
+    }
+
+    /// An agent announced itself. A new `instance` means the agent process
+    /// restarted: whatever it was running is gone.
+    pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
+        let name = info.agent.clone();
+        let instance = info.instance;
+        let agent = self.agents.entry(name.clone()).or_insert(AgentState {
+            info: None,
+            online: true,
+            instance,
+            credit: 0,
+            last_seq: None,
+        });
+        let restarted = agent.instance != instance;
+        agent.instance = instance;
+        agent.online = true;
+        agent.info = Some(info);
+        if restarted {
+            agent.credit = 0;
+            agent.last_seq = None;
+            self.release_leases(&name, "agent restarted")
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// An agent's retained status, or its Last Will.
+    pub fn status(&mut self, agent: &str, status: &AgentStatus) -> Vec<Effect> {
+        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
+        if status.instance != state.instance {
+            // A stale status of an earlier process (the retained one, or a late will).
+            return Vec::new();
+        }
+        state.online = status.online;
+        if status.online {
+            return Vec::new();
+        }
+        state.credit = 0;
+        self.release_leases(agent, "agent went offline")
+    }
+
+    /// An agent's request for work: its credit becomes `free`.
+    pub fn request(&mut self, agent: &str, req: &WorkRequest) {
+        let Some(state) = self.agents.get_mut(agent) else { return };
+        if state.last_seq.is_some_and(|seq| req.seq <= seq) {
+            return;
+        }
+        state.last_seq = Some(req.seq);
+        state.credit = req.free;
+        state.online = true;
+    }
+
+    /// The agent will not run this attempt: queue it again without counting a failure.
+    pub fn refuse(&mut self, agent: &str, trial: &TrialRef, reason: &str) -> Vec<Effect> {
+        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else { return Vec::new() };
+        let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return Vec::new() };
+        match &slot.state {
+            State::Running(l) if l.agent == agent && l.attempt == trial.attempt => {
+                slot.state = State::Pending;
+                study.queue.push_front(trial.trial);
+                vec![Effect::Requeued { trial: trial.clone(), reason: format!("refused by {agent}: {reason}") }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A result from `agent` for `trial`.
+    pub fn result(&mut self, agent: &str, trial: &TrialRef, kind: ResultKind) -> (Verdict, Vec<Effect>) {
+        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else {
+            return (Verdict::Unknown, Vec::new());
+        };
+        let name = study.policy.name.clone();
+        let max_attempts = study.policy.max_attempts;
+        let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return (Verdict::Unknown, Vec::new()) };
+        let ran_it = slot.history.iter().any(|(a, who)| *a == trial.attempt && who == agent);
+        match &slot.state {
+            State::Done { agent: a, attempt } if a == agent && *attempt == trial.attempt => {
+                return (Verdict::Duplicate, Vec::new())
+            }
+            State::Done { .. } | State::Failed => {
+                return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new())
+            }
+            _ if !ran_it => return (Verdict::Unknown, Vec::new()),
+            _ => {}
+        }
+        let live = match &slot.state {
+            State::Running(l) => Some(l.clone()),
+            _ => None,
+        };
+        let this_is_live = live.as_ref().is_some_and(|l| l.agent == agent && l.attempt == trial.attempt);
+        match kind {
+            ResultKind::Retry(reason) => {
+                if !this_is_live {
+                    // An old attempt failed after the trial had moved on: nothing to do.
+                    return (Verdict::Superseded, Vec::new());
+                }
+                slot.failures += 1;
+                let mut effects = Vec::new();
+                if slot.failures >= max_attempts {
+                    slot.state = State::Failed;
+                    study.failed += 1;
+                    let reason = format!("{} attempts failed, last: {reason}", slot.failures);
+                    effects.push(Effect::Failed { trial: trial.clone(), reason });
+                } else {
+                    slot.state = State::Pending;
+                    study.queue.push_back(trial.trial);
+                    effects.push(Effect::Requeued { trial: trial.clone(), reason });
+                }
+                (Verdict::Retried, effects)
+            }
+            ResultKind::Complete => {
+                slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
+                study.finished += 1;
+                let mut effects = Vec::new();
+                if let Some(l) = live.filter(|_| !this_is_live) {
+                    effects.push(Effect::Cancel {
+                        agent: l.agent,
+                        trial: trial_ref(&name, trial.trial, l.attempt),
+                        reason: format!("attempt {} already delivered a result", trial.attempt),
+                    });
+                }
+                (Verdict::Accepted, effects)
+            }
+        }
+    }
+
+    /// Whether `trial` is the live attempt of `agent` (progress worth recording).
+    pub fn is_live(&self, agent: &str, trial: &TrialRef) -> bool {
+        self.studies
+            .iter()
+            .find(|s| s.policy.name == trial.study)
+            .and_then(|s| s.trials.get(trial.trial as usize))
+            .is_some_and(|slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt))
+    }
+
+    /// Cancels and requeues every lease past its deadline.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            let name = study.policy.name.clone();
+            for (i, slot) in study.trials.iter_mut().enumerate() {
+                let State::Running(lease) = &slot.state else { continue };
+                if lease.deadline_ms > now_ms {
+                    continue;
+                }
+                let tr = trial_ref(&name, i as u64, lease.attempt);
+                let reason = "lease expired".to_string();
+                effects.push(Effect::Cancel { agent: lease.agent.clone(), trial: tr.clone(), reason: reason.clone() });
+                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason));
+            }
+        }
+        effects
+    }
+
+    /// Hands queued trials to agents with credit.
+    pub fn assign(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let names: Vec<String> = self.agents.keys().cloned().collect();
+        if names.is_empty() {
+            return effects;
+        }
+        let start = self.next_agent % names.len();
+        for name in names[start..].iter().chain(&names[..start]) {
+            let Some(agent) = self.agents.get_mut(name) else { continue };
+            let Some(info) = agent.info.as_ref().filter(|_| agent.online) else { continue };
+            let seq = agent.last_seq.unwrap_or(0);
+            'credit: while agent.credit > 0 {
+                for study in self.studies.iter_mut().filter(|s| s.policy.selector.matches(info)) {
+                    while let Some(t) = study.queue.pop_front() {
+                        let slot = &mut study.trials[t as usize];
+                        if slot.state != State::Pending {
+                            continue;
+                        }
+                        slot.last_attempt += 1;
+                        slot.history.push((slot.last_attempt, name.clone()));
+                        slot.state = State::Running(Lease {
+                            agent: name.clone(),
+                            attempt: slot.last_attempt,
+                            deadline_ms: now_ms + study.policy.lease_ms,
+                        });
+                        agent.credit -= 1;
+                        effects.push(Effect::Assign {
+                            agent: name.clone(),
+                            trial: trial_ref(&study.policy.name, t, slot.last_attempt),
+                            request_seq: seq,
+                        });
+                        continue 'credit;
+                    }
+                }
+                break;
+            }
+        }
+        self.next_agent = self.next_agent.wrapping_add(1);
+        effects
+    }
+
+    fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            let name = study.policy.name.clone();
+            for (i, slot) in study.trials.iter_mut().enumerate() {
+                let attempt = match &slot.state {
+                    State::Running(l) if l.agent == agent => l.attempt,
+                    _ => continue,
+                };
+                let tr = trial_ref(&name, i as u64, attempt);
+                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason.into()));
+            }
+        }
+        effects
+    }
+}
+
+fn fail_or_requeue(
+    slot: &mut TrialSlot,
+    queue: &mut VecDeque<u64>,
+    failed: &mut u64,
+    max_attempts: u32,
+    trial: TrialRef,
+    reason: String,
+) -> Option<Effect> {
+    slot.failures += 1;
+    if slot.failures >= max_attempts {
+        slot.state = State::Failed;
+        *failed += 1;
+        Some(Effect::Failed { reason: format!("{} attempts failed, last: {reason}", slot.failures), trial })
+    } else {
+        slot.state = State::Pending;
+        // At the front: a recycled trial should not wait behind the whole study.
+        queue.push_front(trial.trial);
+        Some(Effect::Requeued { trial, reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentInfo {
+        AgentInfo {
+            agent: name.into(),
+            instance,
+            version: "t".into(),
+            arch: arch.into(),
+            os: "linux".into(),
+            kernel: "6".into(),
+            cores: 2,
+            memory_bytes: 1 << 30,
+            slots: 2,
+            energy: vec![],
+            counters: vec![],
+            tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
+        let mut s = Scheduler::new();
+        let policy = StudyPolicy { name: "s".into(), selector, max_attempts, lease_ms: 1_000 };
+        s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
+        s
+    }
+
+    fn req(seq: u64, free: u32) -> WorkRequest {
+        WorkRequest { seq, free, running: vec![] }
+    }
+
+    fn assigned(effects: &[Effect]) -> Vec<(String, TrialRef)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Assign { agent, trial, .. } => Some((agent.clone(), trial.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn never_assigns_more_than_requested() {
+        let mut s = sched(10, 3, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        assert!(s.assign(0).is_empty(), "no request yet, no work");
+        s.request("a", &req(1, 2));
+        assert_eq!(assigned(&s.assign(0)).len(), 2);
+        assert!(s.assign(0).is_empty());
+        // A stale (older) request grants nothing.
+        s.request("a", &req(1, 5));
+        assert!(s.assign(0).is_empty());
+        s.request("a", &req(2, 1));
+        assert_eq!(assigned(&s.assign(0)).len(), 1);
+    }
+
+    #[test]
+    fn selector_is_respected() {
+        let sel = Selector { arch: vec!["aarch64".into()], tags: [("pool".to_string(), "gpu".to_string())].into() };
+        let mut s = sched(4, 3, sel);
+        s.hello(info("wrong-tag", 1, "aarch64", &[("pool", "cpu")]));
+        s.hello(info("wrong-arch", 1, "x86_64", &[("pool", "gpu")]));
+        s.hello(info("good", 1, "aarch64", &[("pool", "gpu"), ("x", "y")]));
+        for a in ["wrong-tag", "wrong-arch", "good"] {
+            s.request(a, &req(1, 4));
+        }
+        let got = assigned(&s.assign(0));
+        assert_eq!(got.len(), 4);
+        assert!(got.iter().all(|(a, _)| a == "good"));
+        assert_eq!(s.eligible_agents("s"), 1);
+    }
+
+    #[test]
+    fn offline_agent_trials_are_requeued_and_late_results_win_once() {
+        let mut s = sched(1, 5, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.hello(info("b", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let first = assigned(&s.assign(0));
+        assert_eq!(first[0].0, "a");
+        let t1 = first[0].1.clone();
+        let eff = s.status("a", &AgentStatus { online: false, instance: 1 });
+        assert!(matches!(&eff[..], [Effect::Requeued { .. }]), "{eff:?}");
+        s.request("b", &req(1, 1));
+        let second = assigned(&s.assign(0));
+        assert_eq!(second[0].0, "b");
+        let t2 = second[0].1.clone();
+        assert_eq!(t2.attempt, t1.attempt + 1);
+        // The presumed-dead agent delivers after all: accepted, b is told to stop.
+        let (v, eff) = s.result("a", &t1, ResultKind::Complete);
+        assert_eq!(v, Verdict::Accepted);
+        assert!(matches!(&eff[..], [Effect::Cancel { agent, .. }] if agent == "b"));
+        assert_eq!(s.result("a", &t1, ResultKind::Complete).0, Verdict::Duplicate);
+        assert_eq!(s.result("b", &t2, ResultKind::Complete).0, Verdict::Superseded);
+        assert_eq!(s.counts("s").map(|c| (c.done, c.finished())), Some((1, true)));
+    }
+
+    #[test]
+    fn forged_or_unknown_results_are_refused() {
+        let mut s = sched(2, 3, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let t = assigned(&s.assign(0))[0].1.clone();
+        assert_eq!(s.result("mallory", &t, ResultKind::Complete).0, Verdict::Unknown);
+        let other_attempt = TrialRef { attempt: 7, ..t.clone() };
+        assert_eq!(s.result("a", &other_attempt, ResultKind::Complete).0, Verdict::Unknown);
+        let other_study = TrialRef { study: "nope".into(), ..t.clone() };
+        assert_eq!(s.result("a", &other_study, ResultKind::Complete).0, Verdict::Unknown);
+        let out_of_range = TrialRef { trial: 99, ..t.clone() };
+        assert_eq!(s.result("a", &out_of_range, ResultKind::Complete).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t, ResultKind::Complete).0, Verdict::Accepted);
+    }
+
+    #[test]
+    fn retries_until_max_attempts_then_fails() {
+        let mut s = sched(1, 2, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        for seq in 1..=2 {
+            s.request("a", &req(seq, 1));
+            let t = assigned(&s.assign(0))[0].1.clone();
+            let (v, eff) = s.result("a", &t, ResultKind::Retry("no such program".into()));
+            assert_eq!(v, Verdict::Retried);
+            if seq == 1 {
+                assert!(matches!(&eff[..], [Effect::Requeued { .. }]));
+            } else {
+                assert!(matches!(&eff[..], [Effect::Failed { reason, .. }] if reason.contains("2 attempts")));
+            }
+        }
+        assert_eq!(s.counts("s").map(|c| (c.failed, c.finished())), Some((1, true)));
+    }
+
+    #[test]
+    fn restarted_agent_loses_leases_and_expired_leases_are_cancelled() {
+        let mut s = sched(2, 5, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 2));
+        assert_eq!(assigned(&s.assign(0)).len(), 2);
+        let eff = s.hello(info("a", 2, "x86_64", &[]));
+        assert_eq!(eff.iter().filter(|e| matches!(e, Effect::Requeued { .. })).count(), 2);
+        // The restarted agent's old retained status does not take it offline.
+        assert!(s.status("a", &AgentStatus { online: false, instance: 1 }).is_empty());
+        assert_eq!(s.live_agents(), 1);
+        s.request("a", &req(1, 1));
+        let t = assigned(&s.assign(100))[0].1.clone();
+        assert!(s.expire(1_099).is_empty());
+        let eff = s.expire(1_100);
+        assert!(matches!(&eff[0], Effect::Cancel { trial, .. } if *trial == t));
+        assert!(matches!(&eff[1], Effect::Requeued { .. }));
+    }
+
+    #[test]
+    fn refusal_requeues_without_counting_a_failure() {
+        let mut s = sched(1, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let t = assigned(&s.assign(0))[0].1.clone();
+        assert!(matches!(&s.refuse("a", &t, "busy")[..], [Effect::Requeued { .. }]));
+        s.request("a", &req(2, 1));
+        let t2 = assigned(&s.assign(0))[0].1.clone();
+        assert_eq!(t2.attempt, 2);
+        assert_eq!(s.result("a", &t2, ResultKind::Complete).0, Verdict::Accepted);
+    }
+
+    #[test]
+    fn work_spreads_round_robin() {
+        let mut s = sched(4, 3, Selector::default());
+        for a in ["a", "b"] {
+            s.hello(info(a, 1, "x86_64", &[]));
+            s.request(a, &req(1, 1));
+        }
+        let got = assigned(&s.assign(0));
+        assert_eq!(got.len(), 2);
+        assert_ne!(got[0].0, got[1].0);
+    }
+
+    #[test]
+    fn restored_running_trial_accepts_its_result() {
+        let mut s = Scheduler::new();
+        let policy = StudyPolicy { name: "s".into(), selector: Selector::default(), max_attempts: 3, lease_ms: 10 };
+        let states = vec![Restored::Done, Restored::Running { agent: "a".into(), attempt: 2, failures: 1 }];
+        s.add_study(policy, states, 0);
+        let t = TrialRef { study: "s".into(), trial: 1, attempt: 2 };
+        assert_eq!(s.result("a", &t, ResultKind::Complete).0, Verdict::Accepted);
+        assert!(s.counts("s").is_some_and(|c| c.finished()));
+    }
+}
