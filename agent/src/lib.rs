@@ -1,2 +1,324 @@
-//! The Tunefleet agent as a library: `run(config, shutdown)` connects to the
-//! broker, takes trials and measures them. `main.rs` only parses flags.
+//! The Tunefleet agent as a library: [`run`] connects to the broker, takes
+//! trials and measures them until `shutdown` completes. `main.rs` only parses
+//! flags, sets up logging and waits for signals.
+//!
+//! * [`protocol`]: the pure state machine (slots, refusals, unacked results).
+//! * [`transport`]: MQTT (the only module that knows rumqttc).
+//! * [`runner`]: runs one trial through the [`exec`] wrapper and measures it
+//!   with [`counters`], [`procfs`], [`energy`] and [`cgroup`] limits.
+//! * [`metrics`] and [`output`]: what the workload prints.
+//! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
+
+pub mod caps;
+pub mod cgroup;
+pub mod counters;
+pub mod energy;
+pub mod exec;
+pub mod metrics;
+pub mod options;
+pub mod output;
+pub mod pending;
+pub mod procfs;
+pub mod protocol;
+pub mod runner;
+pub mod sched;
+pub mod transport;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tunefleet_common::measurement::{EpochMetrics, Measurement};
+use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
+use tunefleet_common::topic::Topics;
+use tunefleet_common::BrokerUrl;
+
+use crate::energy::{EnergySource, Estimate, EstimateModel};
+use crate::pending::PendingResults;
+use crate::protocol::{Action, AgentState, StartTrial};
+use crate::runner::{RunnerConfig, TrialRun};
+use crate::transport::{Inbound, Transport, TransportConfig};
+
+/// Everything the agent needs to run.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub broker: BrokerUrl,
+    /// Agent id, valid per `tunefleet_common::topic::validate_agent_id`.
+    pub name: String,
+    pub tags: BTreeMap<String, String>,
+    pub slots: u32,
+    pub topics: Topics,
+    pub keepalive: Duration,
+    /// Where unacknowledged results survive a restart; none: memory only.
+    pub state_dir: Option<PathBuf>,
+    /// Stop after this many trials finished (and their results acked).
+    pub max_trials: Option<u64>,
+    /// Stop after no trial ran for this long.
+    pub exit_when_idle: Option<Duration>,
+    /// Bound of the shutdown drain.
+    pub grace: Duration,
+    pub cgroup_root: PathBuf,
+    pub energy_model: EstimateModel,
+    /// Executable re-run as the exec wrapper; none: this executable.
+    pub wrapper: Option<PathBuf>,
+}
+
+impl AgentConfig {
+    /// A configuration with the documented defaults.
+    pub fn new(broker: BrokerUrl, name: String, topics: Topics) -> Self {
+        AgentConfig {
+            broker,
+            name,
+            tags: BTreeMap::new(),
+            slots: 1,
+            topics,
+            keepalive: Duration::from_secs(5),
+            state_dir: None,
+            max_trials: None,
+            exit_when_idle: None,
+            grace: Duration::from_secs(10),
+            cgroup_root: PathBuf::from(cgroup::DEFAULT_ROOT),
+            energy_model: EstimateModel::default(),
+            wrapper: None,
+        }
+    }
+}
+
+/// Why the agent stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid agent name: {0}")]
+    Name(#[from] tunefleet_common::topic::TopicError),
+    #[error("cannot find this executable to use as the exec wrapper: {0}")]
+    WrapperExe(std::io::Error),
+    #[error("state directory: {0}")]
+    State(#[from] pending::PendingError),
+    #[error("MQTT transport: {0}")]
+    Transport(#[from] transport::TransportError),
+    #[error("the MQTT event loop stopped unexpectedly")]
+    TransportClosed,
+}
+
+/// Carries out the state machine's actions.
+struct Executor {
+    transport: Transport,
+    runner: Arc<RunnerConfig>,
+    pending: Option<PendingResults>,
+    cancels: HashMap<TrialRef, CancellationToken>,
+    done_tx: mpsc::Sender<(TrialRef, Measurement)>,
+    progress_tx: mpsc::Sender<(TrialRef, EpochMetrics)>,
+    publish_failures: u64,
+}
+
+impl Executor {
+    fn apply(&mut self, actions: Vec<Action>) {
+        for action in actions {
+            match action {
+                Action::Publish(msg) => self.publish(&msg),
+                Action::Start(start) => self.start(start),
+                Action::Cancel(trial) => {
+                    if let Some(token) = self.cancels.get(&trial) {
+                        tracing::info!(%trial, "cancelling trial");
+                        token.cancel();
+                    }
+                }
+                Action::Forget(trial) => {
+                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.remove(&trial)) {
+                        tracing::warn!(%trial, error = %e, "cannot forget a stored result");
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish(&mut self, msg: &AgentMessage) {
+        if let AgentMessage::Result(result) = msg {
+            if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(result)) {
+                tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
+            }
+        }
+        if let Err(e) = self.transport.publish(msg) {
+            self.publish_failures += 1;
+            tracing::warn!(error = %e, failures = self.publish_failures, "publish failed");
+        }
+    }
+
+    fn start(&mut self, start: StartTrial) {
+        let StartTrial { trial, spec, cpus } = start;
+        tracing::info!(%trial, argv = ?spec.argv, ?cpus, "starting trial");
+        let token = CancellationToken::new();
+        self.cancels.insert(trial.clone(), token.clone());
+        let label = format!("{}-{:x}", pending::file_name(&trial).trim_end_matches(".bin"), rand::random::<u32>());
+        let run = TrialRun { spec, cpus, label };
+        let runner = Arc::clone(&self.runner);
+        let done = self.done_tx.clone();
+        let progress = self.progress_tx.clone();
+        tokio::spawn(async move {
+            let (ptx, mut prx) = mpsc::channel::<EpochMetrics>(256);
+            let forward = async {
+                while let Some(epoch) = prx.recv().await {
+                    // Progress is advisory; dropped if the agent loop lags.
+                    let _ = progress.try_send((trial.clone(), epoch));
+                }
+            };
+            let (measurement, ()) = tokio::join!(runner::run_trial(&runner, &run, Some(ptx), token), forward);
+            tracing::info!(%trial, exit = ?measurement.exit, wall_us = measurement.wall_us, "trial ended");
+            let _ = done.send((trial, measurement)).await;
+        });
+    }
+}
+
+fn on_inbound(state: &mut AgentState, inbound: Inbound, decode_errors: &mut u64) -> Vec<Action> {
+    match inbound {
+        Inbound::Connected => state.on_connected(),
+        Inbound::Coordinator(CoordinatorMessage::Assign(a)) => state.on_assign(a),
+        Inbound::Coordinator(CoordinatorMessage::Cancel(c)) => state.on_cancel(c),
+        Inbound::Coordinator(CoordinatorMessage::Ack(a)) => state.on_ack(a),
+        Inbound::CoordinatorStatus { status, retained } => {
+            tracing::info!(online = status.online, instance = status.instance, retained, "coordinator status");
+            state.on_coordinator_status(status, retained)
+        }
+        Inbound::Undecodable { topic, error } => {
+            *decode_errors += 1;
+            tracing::warn!(%topic, %error, count = *decode_errors, "ignoring a message that does not decode");
+            Vec::new()
+        }
+    }
+}
+
+/// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
+/// then drains within the grace period: running trials are cancelled and
+/// their results published, the retained status goes offline, and the
+/// connection is closed. Losing the broker is never an error.
+pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
+    tunefleet_common::topic::validate_agent_id(&config.name)?;
+    let wrapper = match &config.wrapper {
+        Some(w) => w.clone(),
+        None => std::env::current_exe().map_err(AgentError::WrapperExe)?,
+    };
+    let instance = rand::random::<u64>();
+    let cpus = sched::allowed_cpus();
+    let estimate = Estimate { model: config.energy_model };
+    let info = caps::agent_info(caps::CapsInput {
+        agent: config.name.clone(),
+        instance,
+        slots: config.slots,
+        cpus: cpus.clone(),
+        energy: vec![estimate.info()],
+        tags: config.tags.clone(),
+    });
+    tracing::info!(agent = %config.name, instance, slots = config.slots, counters = ?info.counters, "agent starting");
+    let mut runner_config = RunnerConfig::new(wrapper);
+    runner_config.cgroup = cgroup::CgroupV2::detect(&config.cgroup_root);
+    runner_config.energy = Arc::new(estimate);
+    let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
+    let mut state = AgentState::new(info, cpus, config.max_trials);
+    for result in pending.iter().flat_map(PendingResults::load) {
+        tracing::info!(trial = %result.trial, "restored an unacknowledged result");
+        state.restore_unacked(result);
+    }
+    let (transport, mut inbound) = Transport::start(TransportConfig {
+        broker: config.broker.clone(),
+        agent: config.name.clone(),
+        keepalive: config.keepalive,
+        topics: config.topics.clone(),
+        will: state.status(false),
+    })?;
+    let (done_tx, mut done_rx) = mpsc::channel(64);
+    let (progress_tx, mut progress_rx) = mpsc::channel(1024);
+    let mut exec = Executor {
+        transport,
+        runner: Arc::new(runner_config),
+        pending,
+        cancels: HashMap::new(),
+        done_tx,
+        progress_tx,
+        publish_failures: 0,
+    };
+    let mut decode_errors = 0u64;
+    let mut idle_since = Instant::now();
+    let far = Duration::from_secs(365 * 86_400);
+    tokio::pin!(shutdown);
+
+    let outcome = loop {
+        let idle_at = idle_since + config.exit_when_idle.unwrap_or(far);
+        let idle = config.exit_when_idle.is_some() && state.running().next().is_none();
+        tokio::select! {
+            () = &mut shutdown => {
+                tracing::info!("shutdown requested");
+                break Ok(());
+            }
+            event = inbound.recv() => match event {
+                Some(event) => {
+                    let was_running = state.running().count();
+                    let actions = on_inbound(&mut state, event, &mut decode_errors);
+                    exec.apply(actions);
+                    if state.running().count() != was_running {
+                        idle_since = Instant::now();
+                    }
+                }
+                None => break Err(AgentError::TransportClosed),
+            },
+            Some((trial, measurement)) = done_rx.recv() => {
+                exec.cancels.remove(&trial);
+                exec.apply(state.on_finished(trial, measurement));
+                idle_since = Instant::now();
+                if state.max_trials_done() {
+                    tracing::info!("--max-trials reached");
+                    break Ok(());
+                }
+            }
+            Some((trial, epoch)) = progress_rx.recv() => {
+                exec.apply(vec![state.progress(trial, epoch)]);
+            }
+            () = tokio::time::sleep_until(idle_at), if idle => {
+                tracing::info!("idle for the --exit-when-idle period");
+                break Ok(());
+            }
+        }
+    };
+
+    // Drain: refuse new work, cancel what runs, publish results, wait for acks.
+    let deadline = Instant::now() + config.grace;
+    exec.apply(state.begin_drain());
+    let mut transport_open = outcome.is_ok();
+    while !state.is_quiet() {
+        tokio::select! {
+            () = tokio::time::sleep_until(deadline) => {
+                tracing::warn!(
+                    running = state.running().count(),
+                    unacked = state.unacked_count(),
+                    "grace period over; stopping anyway"
+                );
+                break;
+            }
+            Some((trial, measurement)) = done_rx.recv() => {
+                exec.cancels.remove(&trial);
+                exec.apply(state.on_finished(trial, measurement));
+            }
+            event = inbound.recv(), if transport_open => match event {
+                Some(event) => {
+                    let actions = on_inbound(&mut state, event, &mut decode_errors);
+                    exec.apply(actions);
+                }
+                None => transport_open = false,
+            },
+            Some((trial, epoch)) = progress_rx.recv() => {
+                exec.apply(vec![state.progress(trial, epoch)]);
+            }
+        }
+    }
+    for token in exec.cancels.values() {
+        token.cancel();
+    }
+    exec.apply(vec![Action::Publish(state.status(false))]);
+    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
+    exec.transport.disconnect(remaining).await;
+    tracing::info!(decode_errors, "agent stopped");
+    outcome
+}

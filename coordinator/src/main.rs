@@ -1,1 +1,47 @@
-fn main() {}
+//! `tunefleet`: parses flags, sets up logging and signals, runs the command.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tunefleet_coordinator::cli::{execute, Cli};
+use tunefleet_coordinator::study::StudyError;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TUNEFLEET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,tunefleet_coordinator=info,rumqttd=off"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tunefleet: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(execute(cli, shutdown_signal()));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tunefleet: {e:#}");
+            // A bad study file or bad input is a usage error.
+            if e.downcast_ref::<StudyError>().is_some() || e.downcast_ref::<tunefleet_common::topic::TopicError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => std::future::pending::<()>().await,
+    }
+}

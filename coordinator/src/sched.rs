@@ -16,21 +16,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
-/// Which agents may run a study's trials.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Selector {
-    /// Any of these architectures; empty means any.
-    pub arch: Vec<String>,
-    /// All of these tags must match.
-    pub tags: BTreeMap<String, String>,
-}
-
-impl Selector {
-    pub fn matches(&self, info: &AgentInfo) -> bool {
-        (self.arch.is_empty() || self.arch.iter().any(|a| *a == info.arch))
-            && self.tags.iter().all(|(k, v)| info.tags.get(k) == Some(v))
-    }
-}
+pub use crate::study::Selector;
 
 /// What the scheduler needs to know of a study.
 #[derive(Debug, Clone)]
@@ -82,7 +68,8 @@ pub enum Verdict {
 /// Whether a result completes its trial or asks for another attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResultKind {
-    Complete,
+    /// The workload ran; `success` is false when it exited non-zero or was killed.
+    Complete { success: bool },
     Retry(String),
 }
 
@@ -91,6 +78,8 @@ struct Lease {
     agent: String,
     attempt: u32,
     deadline_ms: u64,
+    /// Loaded from the store after a coordinator restart, not assigned by this process.
+    restored: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,6 +165,7 @@ impl Scheduler {
                         agent: agent.clone(),
                         attempt,
                         deadline_ms: now_ms + study.policy.lease_ms,
+                        restored: true,
                     }),
                     last_attempt: attempt,
                     failures,
@@ -244,7 +234,10 @@ impl Scheduler {
 
     /// An agent's retained status, or its Last Will.
     pub fn status(&mut self, agent: &str, status: &AgentStatus) -> Vec<Effect> {
-        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
+        let Some(state) = self.agents.get_mut(agent) else {
+            // Not seen by this process: only leases restored from the store can be affected.
+            return if status.online { Vec::new() } else { self.release_leases(agent, "agent is offline") };
+        };
         if status.instance != state.instance {
             // A stale status of an earlier process (the retained one, or a late will).
             return Vec::new();
@@ -257,15 +250,34 @@ impl Scheduler {
         self.release_leases(agent, "agent went offline")
     }
 
-    /// An agent's request for work: its credit becomes `free`.
-    pub fn request(&mut self, agent: &str, req: &WorkRequest) {
-        let Some(state) = self.agents.get_mut(agent) else { return };
+    /// An agent's request for work: its credit becomes `free`. Trials that a
+    /// previous coordinator handed to this agent and that it no longer lists as
+    /// running are lost (their results, had there been any, came first).
+    pub fn request(&mut self, agent: &str, req: &WorkRequest) -> Vec<Effect> {
+        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
         if state.last_seq.is_some_and(|seq| req.seq <= seq) {
-            return;
+            return Vec::new();
         }
         state.last_seq = Some(req.seq);
         state.credit = req.free;
         state.online = true;
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            let name = study.policy.name.clone();
+            for (i, slot) in study.trials.iter_mut().enumerate() {
+                let attempt = match &slot.state {
+                    State::Running(l) if l.restored && l.agent == agent => l.attempt,
+                    _ => continue,
+                };
+                let tr = trial_ref(&name, i as u64, attempt);
+                if req.running.contains(&tr) {
+                    continue;
+                }
+                let reason = "the agent no longer runs it".to_string();
+                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason));
+            }
+        }
+        effects
     }
 
     /// The agent will not run this attempt: queue it again without counting a failure.
@@ -326,9 +338,13 @@ impl Scheduler {
                 }
                 (Verdict::Retried, effects)
             }
-            ResultKind::Complete => {
+            ResultKind::Complete { success } => {
                 slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
-                study.finished += 1;
+                if success {
+                    study.finished += 1;
+                } else {
+                    study.failed += 1;
+                }
                 let mut effects = Vec::new();
                 if let Some(l) = live.filter(|_| !this_is_live) {
                     effects.push(Effect::Cancel {
@@ -395,6 +411,7 @@ impl Scheduler {
                             agent: name.clone(),
                             attempt: slot.last_attempt,
                             deadline_ms: now_ms + study.policy.lease_ms,
+                            restored: false,
                         });
                         agent.credit -= 1;
                         effects.push(Effect::Assign {
@@ -540,11 +557,11 @@ mod tests {
         let t2 = second[0].1.clone();
         assert_eq!(t2.attempt, t1.attempt + 1);
         // The presumed-dead agent delivers after all: accepted, b is told to stop.
-        let (v, eff) = s.result("a", &t1, ResultKind::Complete);
+        let (v, eff) = s.result("a", &t1, ResultKind::Complete { success: true });
         assert_eq!(v, Verdict::Accepted);
         assert!(matches!(&eff[..], [Effect::Cancel { agent, .. }] if agent == "b"));
-        assert_eq!(s.result("a", &t1, ResultKind::Complete).0, Verdict::Duplicate);
-        assert_eq!(s.result("b", &t2, ResultKind::Complete).0, Verdict::Superseded);
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
+        assert_eq!(s.result("b", &t2, ResultKind::Complete { success: true }).0, Verdict::Superseded);
         assert_eq!(s.counts("s").map(|c| (c.done, c.finished())), Some((1, true)));
     }
 
@@ -554,14 +571,14 @@ mod tests {
         s.hello(info("a", 1, "x86_64", &[]));
         s.request("a", &req(1, 1));
         let t = assigned(&s.assign(0))[0].1.clone();
-        assert_eq!(s.result("mallory", &t, ResultKind::Complete).0, Verdict::Unknown);
+        assert_eq!(s.result("mallory", &t, ResultKind::Complete { success: true }).0, Verdict::Unknown);
         let other_attempt = TrialRef { attempt: 7, ..t.clone() };
-        assert_eq!(s.result("a", &other_attempt, ResultKind::Complete).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &other_attempt, ResultKind::Complete { success: true }).0, Verdict::Unknown);
         let other_study = TrialRef { study: "nope".into(), ..t.clone() };
-        assert_eq!(s.result("a", &other_study, ResultKind::Complete).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &other_study, ResultKind::Complete { success: true }).0, Verdict::Unknown);
         let out_of_range = TrialRef { trial: 99, ..t.clone() };
-        assert_eq!(s.result("a", &out_of_range, ResultKind::Complete).0, Verdict::Unknown);
-        assert_eq!(s.result("a", &t, ResultKind::Complete).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &out_of_range, ResultKind::Complete { success: true }).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }).0, Verdict::Accepted);
     }
 
     #[test]
@@ -611,7 +628,7 @@ mod tests {
         s.request("a", &req(2, 1));
         let t2 = assigned(&s.assign(0))[0].1.clone();
         assert_eq!(t2.attempt, 2);
-        assert_eq!(s.result("a", &t2, ResultKind::Complete).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t2, ResultKind::Complete { success: true }).0, Verdict::Accepted);
     }
 
     #[test]
@@ -633,7 +650,27 @@ mod tests {
         let states = vec![Restored::Done, Restored::Running { agent: "a".into(), attempt: 2, failures: 1 }];
         s.add_study(policy, states, 0);
         let t = TrialRef { study: "s".into(), trial: 1, attempt: 2 };
-        assert_eq!(s.result("a", &t, ResultKind::Complete).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }).0, Verdict::Accepted);
         assert!(s.counts("s").is_some_and(|c| c.finished()));
+    }
+
+    #[test]
+    fn restored_lease_not_listed_by_the_agent_is_requeued() {
+        let mut s = Scheduler::new();
+        let policy = StudyPolicy { name: "s".into(), selector: Selector::default(), max_attempts: 3, lease_ms: 10_000 };
+        let states = vec![
+            Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
+            Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
+            Restored::Running { agent: "gone".into(), attempt: 1, failures: 0 },
+        ];
+        s.add_study(policy, states, 0);
+        s.hello(info("a", 9, "x86_64", &[]));
+        let still = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
+        let eff = s.request("a", &WorkRequest { seq: 1, free: 0, running: vec![still.clone()] });
+        assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 1), "{eff:?}");
+        // The retained offline status of an agent this process never met releases its restored lease.
+        let eff = s.status("gone", &AgentStatus { online: false, instance: 4 });
+        assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 2), "{eff:?}");
+        assert_eq!(s.result("a", &still, ResultKind::Complete { success: true }).0, Verdict::Accepted);
     }
 }

@@ -1,1 +1,205 @@
-//! Helpers for the integration tests: temp dirs, free ports, processes.
+//! Helpers for the integration tests: the built binaries, temp dirs, free
+//! ports, child processes that die with the test, and waiting on conditions
+//! under a deadline (never a fixed sleep).
+
+use std::io::{BufRead, BufReader};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Directory holding the workspace's built binaries (`target/debug`).
+pub fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/test-hash -> target/debug
+    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+}
+
+/// Path of a workspace binary; panics with a hint when it was not built.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(p.exists(), "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)", p.display());
+    p
+}
+
+/// A PATH with the workspace binaries first, so studies find the workloads.
+pub fn path_with_bins() -> std::ffi::OsString {
+    let old = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(bin_dir()).chain(std::env::split_paths(&old))).expect("PATH")
+}
+
+/// A loopback port that was free a moment ago (for servers that cannot bind port 0 and tell us).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
+}
+
+/// Polls `cond` every 20 ms until it is true or `timeout` passes.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until something accepts TCP connections on `port`.
+pub fn wait_for_port(port: u16, timeout: Duration) {
+    wait_for(&format!("port {port}"), timeout, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+}
+
+/// A child process killed (with its process group) when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+    lines: Option<mpsc::Receiver<String>>,
+}
+
+impl Proc {
+    /// Spawns `cmd` in its own process group with stdout piped and readable line by line.
+    pub fn spawn(name: &str, mut cmd: Command) -> Proc {
+        use std::os::unix::process::CommandExt;
+        cmd.stdout(Stdio::piped()).stdin(Stdio::null()).process_group(0);
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {name}: {e}"));
+        let out: ChildStdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        let tag = name.to_string();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                eprintln!("[{tag}] {line}");
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Proc { child, name: name.to_string(), lines: Some(rx) }
+    }
+
+    /// Reads stdout until a line satisfies `pred`; returns it.
+    pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let rx = self.lines.as_ref().expect("stdout reader");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if pred(&line) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("{}: no matching line on stdout within {timeout:?}", self.name),
+            }
+        }
+    }
+
+    /// All stdout lines that arrive until the process exits.
+    pub fn rest_of_stdout(&mut self) -> Vec<String> {
+        self.lines.take().map(|rx| rx.iter().collect()).unwrap_or_default()
+    }
+
+    /// Waits for exit under a deadline.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "{} did not exit within {timeout:?}", self.name);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a signal to the whole process group.
+    pub fn signal(&self, sig: &str) {
+        let _ = Command::new("kill").args([&format!("-{sig}"), "--", &format!("-{}", self.child.id())]).status();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.signal("KILL");
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Runs a command to completion, returning (exit code, stdout, stderr).
+pub fn run(mut cmd: Command) -> (Option<i32>, String, String) {
+    let out = cmd.stdin(Stdio::null()).output().expect("runs");
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// A unique topic root for one test, so tests sharing a broker never meet.
+pub fn unique_root(test: &str) -> String {
+    format!("t-{test}-{}-{}", std::process::id(), rand_suffix())
+}
+
+fn rand_suffix() -> u32 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    t ^ std::process::id().rotate_left(16)
+}
+
+/// Starts `tunefleet run STUDY` with the embedded broker on a port the OS
+/// chooses; returns the process and the broker URL it printed.
+pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.arg("run").arg(study).arg("--store").arg(store).args(["--root", root, "--quiet"]).args(extra);
+    if !extra.contains(&"--broker") {
+        cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    let mut p = Proc::spawn("coordinator", cmd);
+    let line = p.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let url = line.trim_start_matches("broker: ").trim().to_string();
+    (p, url)
+}
+
+/// Starts an agent process.
+pub fn start_agent(url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
+    Proc::spawn(name, cmd)
+}
+
+/// A study file using the real training workload, with `trials` trials.
+pub fn train_study(dir: &Path, name: &str, trials: u32, selector: &str) -> PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+command = ["tunefleet-train", "--lr", "{{lr}}", "--batch-size", "{{batch_size}}", "--epochs", "3", "--threads", "{{threads}}"]
+env = {{ TUNEFLEET_TRIAL = "{{trial}}" }}
+timeout = 120
+
+[objective]
+metric = "accuracy"
+direction = "maximize"
+
+[budget]
+trials = {trials}
+
+[strategy]
+kind = "random"
+seed = 11
+
+{selector}
+
+[hyper.lr]
+kind = "log_float"
+low = 0.02
+high = 0.3
+
+[hyper.batch_size]
+kind = "categorical"
+values = [32, 64]
+
+[system.threads]
+kind = "int"
+low = 1
+high = 2
+
+[system.cores]
+kind = "int"
+low = 1
+high = 2
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("write study");
+    path
+}

@@ -1,0 +1,248 @@
+//! Command-line options and their validation into an [`AgentConfig`].
+//! Every refusal names the flag and the problem; `main.rs` exits with 2.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use tunefleet_common::topic::{validate_agent_id, Topics, TopicError, DEFAULT_ROOT, MAX_AGENT_ID};
+use tunefleet_common::BrokerUrl;
+
+use crate::energy::EstimateModel;
+use crate::AgentConfig;
+
+/// `tunefleet-agent`: runs trials handed out by a Tunefleet coordinator.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "tunefleet-agent", version, about)]
+pub struct Cli {
+    /// Broker URL, mqtt://HOST:PORT
+    #[arg(long, env = "TUNEFLEET_BROKER", value_name = "URL")]
+    pub broker: String,
+    /// Agent name (default: the host name, sanitised)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A tag announced to the coordinator, KEY=VALUE (repeatable)
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub tags: Vec<String>,
+    /// Trials run at the same time
+    #[arg(long, default_value_t = 1)]
+    pub slots: u32,
+    /// Topic root shared with the coordinator
+    #[arg(long, default_value = DEFAULT_ROOT)]
+    pub root: String,
+    /// MQTT keepalive in seconds
+    #[arg(long, default_value_t = 5, value_name = "SECS")]
+    pub keepalive: u64,
+    /// Directory for state kept across restarts (unacknowledged results)
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Exit after this many trials have finished and been acknowledged
+    #[arg(long, value_name = "N")]
+    pub max_trials: Option<u64>,
+    /// Exit after being idle (no trial running) this long [default: 30s]
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "30s")]
+    pub exit_when_idle: Option<String>,
+    /// Shutdown grace period (cancel trials, publish results, go offline)
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub grace: String,
+    /// cgroup v2 mount point used for memory limits
+    #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR")]
+    pub cgroup_root: PathBuf,
+    /// Energy estimate: watts per pinned core while idle
+    #[arg(long, default_value_t = 1.0, value_name = "WATTS")]
+    pub idle_watts_per_core: f64,
+    /// Energy estimate: watts per core-second of CPU time
+    #[arg(long, default_value_t = 4.0, value_name = "WATTS")]
+    pub busy_watts_per_core: f64,
+}
+
+/// Why the options were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--broker: {0}")]
+    Broker(#[from] tunefleet_common::broker_url::BrokerUrlError),
+    #[error("--broker {0}: TLS (mqtts://) is not supported by this build yet")]
+    Tls(String),
+    #[error("--tag {0:?}: expected KEY=VALUE with a non-empty KEY")]
+    Tag(String),
+    #[error("--slots must be at least 1")]
+    Slots,
+    #[error("--name: {0}")]
+    Name(TopicError),
+    #[error("cannot find a host name for the default --name; pass --name")]
+    NoHostname,
+    #[error("--root: {0}")]
+    Root(TopicError),
+    #[error("--{flag} {value:?}: expected a duration such as 500ms, 30s, 5m or 1h")]
+    Duration { flag: &'static str, value: String },
+    #[error("--{flag} {value}: expected a finite number of watts, 0 or more")]
+    Watts { flag: &'static str, value: f64 },
+    #[error("--max-trials must be at least 1")]
+    MaxTrials,
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(text.len());
+    let (num, unit) = text.split_at(split);
+    let value: f64 = num.parse().ok()?;
+    let secs = match unit {
+        "" | "s" => value,
+        "ms" => value / 1000.0,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return None,
+    };
+    Duration::try_from_secs_f64(secs).ok()
+}
+
+/// Turns a host name into a valid agent id: characters outside
+/// `[A-Za-z0-9._-]` become `-`, at most 64 characters.
+pub fn sanitize_name(raw: &str) -> String {
+    raw.chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .take(MAX_AGENT_ID)
+        .collect()
+}
+
+/// Parses `KEY=VALUE`.
+pub fn parse_tag(text: &str) -> Result<(String, String), ConfigError> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(ConfigError::Tag(text.to_string())),
+    }
+}
+
+fn hostname() -> Option<String> {
+    let name = rustix::system::uname().nodename().to_string_lossy().into_owned();
+    let name = sanitize_name(&name);
+    (!name.is_empty()).then_some(name)
+}
+
+impl Cli {
+    /// Validates the options.
+    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+        let broker: BrokerUrl = self.broker.parse()?;
+        if broker.tls {
+            return Err(ConfigError::Tls(self.broker));
+        }
+        let name = match self.name {
+            Some(n) => n,
+            None => hostname().ok_or(ConfigError::NoHostname)?,
+        };
+        validate_agent_id(&name).map_err(ConfigError::Name)?;
+        if self.slots == 0 {
+            return Err(ConfigError::Slots);
+        }
+        if self.max_trials == Some(0) {
+            return Err(ConfigError::MaxTrials);
+        }
+        let topics = Topics::new(&self.root).map_err(ConfigError::Root)?;
+        let tags = self.tags.iter().map(|t| parse_tag(t)).collect::<Result<BTreeMap<_, _>, _>>()?;
+        let duration = |flag: &'static str, value: &str| {
+            parse_duration(value).ok_or_else(|| ConfigError::Duration { flag, value: value.to_string() })
+        };
+        let exit_when_idle = self.exit_when_idle.as_deref().map(|v| duration("exit-when-idle", v)).transpose()?;
+        let grace = duration("grace", &self.grace)?;
+        for (flag, value) in
+            [("idle-watts-per-core", self.idle_watts_per_core), ("busy-watts-per-core", self.busy_watts_per_core)]
+        {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ConfigError::Watts { flag, value });
+            }
+        }
+        let mut config = AgentConfig::new(broker, name, topics);
+        config.tags = tags;
+        config.slots = self.slots;
+        config.keepalive = Duration::from_secs(self.keepalive);
+        config.state_dir = self.state_dir;
+        config.max_trials = self.max_trials;
+        config.exit_when_idle = exit_when_idle;
+        config.grace = grace;
+        config.cgroup_root = self.cgroup_root;
+        config.energy_model = EstimateModel {
+            idle_watts_per_core: self.idle_watts_per_core,
+            busy_watts_per_core: self.busy_watts_per_core,
+        };
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("tunefleet-agent").chain(args.iter().copied()))
+    }
+
+    fn config(args: &[&str]) -> Result<AgentConfig, ConfigError> {
+        cli(args).expect("clap accepts").into_config()
+    }
+
+    #[test]
+    fn full_command_line() {
+        let c = config(&[
+            "--broker=mqtt://127.0.0.1:1884",
+            "--name",
+            "n-1",
+            "--tag",
+            "rack=a",
+            "--tag",
+            "gpu=",
+            "--slots",
+            "3",
+            "--root",
+            "t/x",
+            "--keepalive",
+            "9",
+            "--exit-when-idle",
+            "--max-trials",
+            "4",
+        ])
+        .expect("valid");
+        assert_eq!((c.broker.port, c.name.as_str(), c.slots), (1884, "n-1", 3));
+        assert_eq!(c.tags.get("rack").map(String::as_str), Some("a"));
+        assert_eq!(c.tags.get("gpu").map(String::as_str), Some(""));
+        assert_eq!(c.topics.root(), "t/x");
+        assert_eq!(c.keepalive, Duration::from_secs(9));
+        assert_eq!(c.exit_when_idle, Some(Duration::from_secs(30)));
+        assert_eq!(c.max_trials, Some(4));
+        let c = config(&["--broker", "mqtt://h", "--name", "x", "--exit-when-idle=250ms"]).expect("valid");
+        assert_eq!(c.exit_when_idle, Some(Duration::from_millis(250)));
+        assert_eq!(c.slots, 1);
+        assert_eq!(c.grace, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn refusals_name_the_problem() {
+        let err = |args: &[&str]| config(args).expect_err("refused").to_string();
+        assert!(err(&["--broker", "http://x:1", "--name", "a"]).contains("--broker"));
+        assert!(err(&["--broker", "mqtts://x:1", "--name", "a"]).contains("TLS"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--tag", "novalue"]).contains("--tag"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--tag", "=v"]).contains("--tag"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--slots", "0"]).contains("--slots"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a/b"]).contains("--name"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--root", "a/+"]).contains("--root"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--grace", "soon"]).contains("--grace"));
+        assert!(cli(&["--name", "a", "--slots", "x", "--broker", "mqtt://x"]).is_err());
+    }
+
+    #[test]
+    fn durations_names_and_tags() {
+        assert_eq!(parse_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("1.5s"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+        for bad in ["", "s", "5x", "-1s", "1e999"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
+        assert_eq!(sanitize_name("my host.local/x"), "my-host.local-x");
+        assert_eq!(sanitize_name(&"a".repeat(100)).len(), MAX_AGENT_ID);
+        assert!(validate_agent_id(&sanitize_name("wéird näme")).is_ok());
+        assert_eq!(parse_tag("k=v=w").expect("ok"), ("k".into(), "v=w".into()));
+    }
+}

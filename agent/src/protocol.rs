@@ -1,0 +1,417 @@
+//! The agent's side of the protocol as a pure state machine: it takes
+//! typed events (connected, a coordinator message, a trial finished...) and
+//! returns [`Action`]s (publish this, start that, cancel this). No sockets,
+//! no clocks, no processes: `lib.rs` carries the actions out.
+//!
+//! Rules it enforces:
+//! * never more trials running than slots; an assignment without a free slot,
+//!   while draining, after `max_trials`, or for a trial already running is
+//!   refused (an already finished trial awaiting its ack is refused and its
+//!   result published again);
+//! * on every (re)connect: retained online status, Hello, Request, then every
+//!   result not yet acknowledged;
+//! * a live coordinator status coming online as a new instance (or after
+//!   being offline) triggers Hello, Request and unacked results again;
+//! * a result is kept until the coordinator acknowledges it.
+
+use std::collections::BTreeMap;
+
+use tunefleet_common::measurement::{EpochMetrics, Measurement};
+use tunefleet_common::message::{
+    AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal, ResultAck,
+    TrialRef, TrialResult, TrialSpec, WorkRequest,
+};
+
+use crate::sched;
+
+/// A trial to start now.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartTrial {
+    pub trial: TrialRef,
+    pub spec: TrialSpec,
+    pub cpus: Vec<u32>,
+}
+
+/// What the agent must do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Publish(AgentMessage),
+    Start(StartTrial),
+    Cancel(TrialRef),
+    /// The result of this trial was acknowledged and may be forgotten.
+    Forget(TrialRef),
+}
+
+/// The agent's protocol state.
+#[derive(Debug, Clone)]
+pub struct AgentState {
+    info: AgentInfo,
+    allowed_cpus: Vec<u32>,
+    seq: u64,
+    running: BTreeMap<TrialRef, Vec<u32>>,
+    unacked: BTreeMap<TrialRef, TrialResult>,
+    draining: bool,
+    coordinator: Option<CoordinatorStatus>,
+    max_trials: Option<u64>,
+    started: u64,
+    finished: u64,
+}
+
+impl AgentState {
+    pub fn new(info: AgentInfo, allowed_cpus: Vec<u32>, max_trials: Option<u64>) -> Self {
+        AgentState {
+            info,
+            allowed_cpus,
+            seq: 0,
+            running: BTreeMap::new(),
+            unacked: BTreeMap::new(),
+            draining: false,
+            coordinator: None,
+            max_trials,
+            started: 0,
+            finished: 0,
+        }
+    }
+
+    pub fn instance(&self) -> u64 {
+        self.info.instance
+    }
+
+    /// Slots free for new work (0 while draining or after `max_trials`).
+    pub fn free(&self) -> u32 {
+        if self.draining {
+            return 0;
+        }
+        let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
+        let mut free = self.info.slots.saturating_sub(running);
+        if let Some(max) = self.max_trials {
+            free = free.min(u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX));
+        }
+        free
+    }
+
+    pub fn running(&self) -> impl Iterator<Item = &TrialRef> {
+        self.running.keys()
+    }
+
+    pub fn unacked_count(&self) -> usize {
+        self.unacked.len()
+    }
+
+    /// Nothing running and nothing waiting for an ack.
+    pub fn is_quiet(&self) -> bool {
+        self.running.is_empty() && self.unacked.is_empty()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining
+    }
+
+    /// All of `max_trials` have finished.
+    pub fn max_trials_done(&self) -> bool {
+        self.max_trials.is_some_and(|max| self.finished >= max)
+    }
+
+    /// Restores a result kept from an earlier run (state dir) as unacked.
+    pub fn restore_unacked(&mut self, result: TrialResult) {
+        self.unacked.insert(result.trial.clone(), result);
+    }
+
+    fn request(&mut self) -> Action {
+        self.seq += 1;
+        Action::Publish(AgentMessage::Request(WorkRequest {
+            seq: self.seq,
+            free: self.free(),
+            running: self.running.keys().cloned().collect(),
+        }))
+    }
+
+    fn unacked_results(&self) -> impl Iterator<Item = Action> + '_ {
+        self.unacked.values().map(|r| Action::Publish(AgentMessage::Result(r.clone())))
+    }
+
+    fn announce(&mut self) -> Vec<Action> {
+        let mut out = vec![Action::Publish(AgentMessage::Hello(self.info.clone())), self.request()];
+        out.extend(self.unacked_results());
+        out
+    }
+
+    /// The retained status published on connect (and on shutdown, offline).
+    pub fn status(&self, online: bool) -> AgentMessage {
+        AgentMessage::Status(AgentStatus { online, instance: self.info.instance })
+    }
+
+    /// Connected (first time or again), subscriptions already requested.
+    pub fn on_connected(&mut self) -> Vec<Action> {
+        let mut out = vec![Action::Publish(self.status(true))];
+        out.extend(self.announce());
+        out
+    }
+
+    /// The coordinator's retained status. `retained` is true when the broker
+    /// delivered it because we just subscribed: we announced ourselves right
+    /// after subscribing, so only a live change calls for a new announce.
+    pub fn on_coordinator_status(&mut self, status: CoordinatorStatus, retained: bool) -> Vec<Action> {
+        let changed = match &self.coordinator {
+            None => true,
+            Some(prev) => !prev.online || prev.instance != status.instance,
+        };
+        let online = status.online;
+        self.coordinator = Some(status);
+        if online && changed && !retained {
+            self.announce()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn refuse(trial: TrialRef, reason: impl Into<String>) -> Action {
+        Action::Publish(AgentMessage::Refuse(Refusal { trial, reason: reason.into() }))
+    }
+
+    pub fn on_assign(&mut self, assignment: Assignment) -> Vec<Action> {
+        let trial = assignment.trial;
+        if self.running.contains_key(&trial) {
+            return vec![Self::refuse(trial, "already running")];
+        }
+        if let Some(result) = self.unacked.get(&trial) {
+            let again = Action::Publish(AgentMessage::Result(result.clone()));
+            return vec![Self::refuse(trial, "already finished; result awaiting ack"), again];
+        }
+        if self.free() == 0 {
+            let reason = if self.draining {
+                "agent is shutting down"
+            } else if self.max_trials.is_some_and(|max| self.started >= max) {
+                "agent reached its --max-trials"
+            } else {
+                "no free slot"
+            };
+            return vec![Self::refuse(trial, reason)];
+        }
+        let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
+        let cpus = sched::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
+        self.running.insert(trial.clone(), cpus.clone());
+        self.started += 1;
+        vec![Action::Start(StartTrial { trial, spec: assignment.spec, cpus })]
+    }
+
+    pub fn on_cancel(&mut self, cancel: Cancel) -> Vec<Action> {
+        if self.running.contains_key(&cancel.trial) {
+            vec![Action::Cancel(cancel.trial)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    pub fn on_ack(&mut self, ack: ResultAck) -> Vec<Action> {
+        match self.unacked.remove(&ack.trial) {
+            Some(_) => vec![Action::Forget(ack.trial)],
+            None => Vec::new(),
+        }
+    }
+
+    pub fn progress(&self, trial: TrialRef, epoch: EpochMetrics) -> Action {
+        Action::Publish(AgentMessage::Progress(Progress {
+            trial,
+            epoch: epoch.epoch,
+            elapsed_us: epoch.elapsed_us,
+            metrics: epoch.metrics,
+        }))
+    }
+
+    /// A trial ended: publish its result, keep it until acked, ask for more.
+    pub fn on_finished(&mut self, trial: TrialRef, measurement: Measurement) -> Vec<Action> {
+        if self.running.remove(&trial).is_some() {
+            self.finished += 1;
+        }
+        let result = TrialResult { trial: trial.clone(), measurement };
+        self.unacked.insert(trial, result.clone());
+        let mut out = vec![Action::Publish(AgentMessage::Result(result))];
+        if !self.draining && self.free() > 0 {
+            out.push(self.request());
+        }
+        out
+    }
+
+    /// Stops taking work and cancels everything running.
+    pub fn begin_drain(&mut self) -> Vec<Action> {
+        if self.draining {
+            return Vec::new();
+        }
+        self.draining = true;
+        self.running.keys().cloned().map(Action::Cancel).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tunefleet_common::measurement::{
+        AppliedLimits, EnergyReading, EnergySourceKind, ExitOutcome, MemoryLimit, Metrics,
+    };
+    use tunefleet_common::message::SystemParams;
+
+    fn info(slots: u32) -> AgentInfo {
+        AgentInfo {
+            agent: "a1".into(),
+            instance: 42,
+            version: "0".into(),
+            arch: "x".into(),
+            os: "linux".into(),
+            kernel: "6".into(),
+            cores: 4,
+            memory_bytes: 1,
+            slots,
+            energy: vec![],
+            counters: vec![],
+            tags: Default::default(),
+        }
+    }
+
+    fn tref(n: u64) -> TrialRef {
+        TrialRef { study: "s".into(), trial: n, attempt: 0 }
+    }
+
+    fn assign(n: u64, cores: Option<u32>) -> Assignment {
+        Assignment {
+            trial: tref(n),
+            request_seq: 1,
+            spec: TrialSpec {
+                argv: vec!["true".into()],
+                env: vec![],
+                system: SystemParams { cores, ..SystemParams::default() },
+                timeout_ms: 1000,
+            },
+        }
+    }
+
+    fn measurement() -> Measurement {
+        Measurement {
+            started_unix_ms: 0,
+            wall_us: 1,
+            user_us: 0,
+            sys_us: 0,
+            max_rss_kib: 0,
+            exit: ExitOutcome::Exited(0),
+            epochs: vec![],
+            final_metrics: Metrics::new(),
+            counters: vec![],
+            counters_missing: vec![],
+            energy: EnergyReading {
+                source: EnergySourceKind::Estimated,
+                joules: 0.0,
+                domains: vec![],
+                interval_ms: 0,
+                valid: true,
+                note: None,
+            },
+            limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
+            log_tail: String::new(),
+        }
+    }
+
+    fn kinds(actions: &[Action]) -> Vec<&'static str> {
+        actions
+            .iter()
+            .map(|a| match a {
+                Action::Publish(AgentMessage::Hello(_)) => "hello",
+                Action::Publish(AgentMessage::Status(s)) if s.online => "online",
+                Action::Publish(AgentMessage::Status(_)) => "offline",
+                Action::Publish(AgentMessage::Request(_)) => "request",
+                Action::Publish(AgentMessage::Progress(_)) => "progress",
+                Action::Publish(AgentMessage::Result(_)) => "result",
+                Action::Publish(AgentMessage::Refuse(_)) => "refuse",
+                Action::Start(_) => "start",
+                Action::Cancel(_) => "cancel",
+                Action::Forget(_) => "forget",
+            })
+            .collect()
+    }
+
+    fn request_of(actions: &[Action]) -> Option<WorkRequest> {
+        actions.iter().find_map(|a| match a {
+            Action::Publish(AgentMessage::Request(r)) => Some(r.clone()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn connect_announces_in_order_with_growing_seq() {
+        let mut st = AgentState::new(info(2), vec![0, 1, 2, 3], None);
+        let first = st.on_connected();
+        assert_eq!(kinds(&first), ["online", "hello", "request"]);
+        let again = st.on_connected();
+        let (r1, r2) = (request_of(&first).expect("req"), request_of(&again).expect("req"));
+        assert!(r2.seq > r1.seq);
+        assert_eq!(r2.free, 2);
+    }
+
+    #[test]
+    fn never_more_than_slots_and_no_duplicates() {
+        let mut st = AgentState::new(info(2), vec![0, 1, 2, 3], None);
+        assert_eq!(kinds(&st.on_assign(assign(1, Some(2)))), ["start"]);
+        assert_eq!(kinds(&st.on_assign(assign(1, Some(2)))), ["refuse"]);
+        let second = st.on_assign(assign(2, Some(2)));
+        match &second[..] {
+            [Action::Start(s)] => assert_eq!(s.cpus, vec![2, 3], "distinct CPUs for concurrent trials"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(st.free(), 0);
+        assert_eq!(kinds(&st.on_assign(assign(3, None))), ["refuse"]);
+        let done = st.on_finished(tref(1), measurement());
+        assert_eq!(kinds(&done), ["result", "request"]);
+        assert_eq!(request_of(&done).map(|r| (r.free, r.running)), Some((1, vec![tref(2)])));
+    }
+
+    #[test]
+    fn results_stay_until_acked_and_are_republished() {
+        let mut st = AgentState::new(info(1), vec![0], None);
+        st.on_assign(assign(1, None));
+        st.on_finished(tref(1), measurement());
+        assert_eq!(kinds(&st.on_connected()), ["online", "hello", "request", "result"]);
+        assert_eq!(kinds(&st.on_assign(assign(1, None))), ["refuse", "result"]);
+        assert_eq!(kinds(&st.on_ack(ResultAck { trial: tref(1) })), ["forget"]);
+        assert!(st.on_ack(ResultAck { trial: tref(1) }).is_empty());
+        assert_eq!(kinds(&st.on_connected()), ["online", "hello", "request"]);
+        assert!(st.is_quiet());
+    }
+
+    #[test]
+    fn coordinator_restart_triggers_announce() {
+        let mut st = AgentState::new(info(1), vec![0], None);
+        st.on_assign(assign(1, None));
+        st.on_finished(tref(1), measurement());
+        let status = |online, instance| CoordinatorStatus { online, instance };
+        assert!(st.on_coordinator_status(status(true, 1), true).is_empty(), "retained on subscribe");
+        assert!(st.on_coordinator_status(status(true, 1), false).is_empty(), "same instance");
+        assert!(st.on_coordinator_status(status(false, 1), false).is_empty(), "offline");
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1), false)), ["hello", "request", "result"]);
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2), false)), ["hello", "request", "result"]);
+    }
+
+    #[test]
+    fn cancel_and_drain() {
+        let mut st = AgentState::new(info(2), vec![0, 1], None);
+        st.on_assign(assign(1, None));
+        assert!(st.on_cancel(Cancel { trial: tref(9), reason: "x".into() }).is_empty());
+        assert_eq!(st.on_cancel(Cancel { trial: tref(1), reason: "x".into() }), vec![Action::Cancel(tref(1))]);
+        assert_eq!(st.begin_drain(), vec![Action::Cancel(tref(1))]);
+        assert_eq!(st.free(), 0);
+        match &st.on_assign(assign(2, None))[..] {
+            [Action::Publish(AgentMessage::Refuse(r))] => assert!(r.reason.contains("shutting down")),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["result"], "no request while draining");
+    }
+
+    #[test]
+    fn max_trials_limits_requests() {
+        let mut st = AgentState::new(info(2), vec![0, 1], Some(1));
+        assert_eq!(request_of(&st.on_connected()).map(|r| r.free), Some(1));
+        st.on_assign(assign(1, None));
+        assert_eq!(kinds(&st.on_assign(assign(2, None))), ["refuse"]);
+        assert!(!st.max_trials_done());
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["result"]);
+        assert!(st.max_trials_done());
+    }
+}

@@ -1,0 +1,465 @@
+//! Runs one trial for real and measures it.
+//!
+//! The workload is started through the exec wrapper ([`crate::exec`]) in its
+//! own process group. Before the wrapper is let go the runner opens the perf
+//! counters on it ([`crate::counters`]) and moves it into the trial's cgroup
+//! when cgroup v2 limits memory ([`crate::cgroup`]); otherwise the wrapper
+//! applies `RLIMIT_AS` itself. Standard output and error are read line by
+//! line on two threads with bounded memory ([`crate::output`]); metric lines
+//! ([`crate::metrics`]) become epochs, forwarded as progress while the trial
+//! runs, and the rest feeds the log tail.
+//!
+//! Wall time runs from "go" to the exit of the workload's top process. CPU
+//! time is read from `/proc/PID/stat` of that process while it is a zombie
+//! (after `waitid(WNOWAIT)`, before reaping): its own user/system time plus
+//! that of the children it waited for; orphans it did not wait for are not
+//! included there (the perf `task-clock` counter includes them). Then the
+//! remaining members of the process group are killed and the zombie reaped;
+//! since the leader stays a zombie until then, its process group id cannot be
+//! reused by an unrelated process while the group is signalled.
+//!
+//! `max_rss_kib` is best effort: the runner samples `VmHWM` (the kernel's
+//! peak resident set) of every live member of the process group every
+//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. Growth in the last interval
+//! before a process exits and processes shorter than one interval are missed;
+//! 0 means no sample could be taken.
+//!
+//! Timeout or cancel: SIGTERM to the whole group, SIGKILL after the grace.
+
+use std::io::{BufReader, Read, Write};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tunefleet_common::measurement::{
+    AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter,
+};
+use tunefleet_common::message::TrialSpec;
+
+use crate::cgroup::{CgroupV2, TrialCgroup};
+use crate::counters::CounterSet;
+use crate::energy::{EnergySource, Estimate, Usage};
+use crate::exec::{ExecPlan, EXEC_FAILED_MARKER, EXIT_EXEC_FAILED};
+use crate::metrics::{parse_metric_line, MetricLine};
+use crate::output::{LineReader, LogTail, MAX_LINE_BYTES};
+use crate::procfs;
+
+/// Environment variables set to the trial's thread count.
+pub const THREAD_VARS: [&str; 5] =
+    ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS", "TUNEFLEET_THREADS"];
+/// Epochs kept in one measurement (the message must stay far below 1 MiB).
+pub const MAX_EPOCHS: usize = 2000;
+/// How often the peak resident set of the process tree is sampled.
+pub const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How trials are run on this machine.
+#[derive(Clone)]
+pub struct RunnerConfig {
+    /// The agent executable, re-executed as the exec wrapper.
+    pub wrapper: PathBuf,
+    /// cgroup v2 memory limits, when usable.
+    pub cgroup: Option<CgroupV2>,
+    /// Where `/proc` is (a parameter for tests).
+    pub proc_root: PathBuf,
+    /// Between SIGTERM and SIGKILL on timeout or cancel.
+    pub kill_grace: Duration,
+    /// How long output may still be read after the workload exited.
+    pub output_grace: Duration,
+    pub energy: Arc<dyn EnergySource>,
+    /// CPUs the agent may use (the "cores" of an unpinned trial).
+    pub machine_cpus: u32,
+}
+
+impl std::fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("wrapper", &self.wrapper)
+            .field("cgroup", &self.cgroup)
+            .field("energy", &self.energy.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunnerConfig {
+    /// Defaults: no cgroup, `/proc`, 500 ms kill grace, estimated energy.
+    pub fn new(wrapper: PathBuf) -> Self {
+        RunnerConfig {
+            wrapper,
+            cgroup: None,
+            proc_root: PathBuf::from("/proc"),
+            kill_grace: Duration::from_millis(500),
+            output_grace: Duration::from_secs(2),
+            energy: Arc::new(Estimate::default()),
+            machine_cpus: u32::try_from(crate::sched::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
+        }
+    }
+}
+
+/// One trial to run.
+#[derive(Debug, Clone)]
+pub struct TrialRun {
+    pub spec: TrialSpec,
+    /// CPUs to pin to (see [`crate::sched::choose_cpus`]); empty: not pinned.
+    pub cpus: Vec<u32>,
+    /// Short name for the trial's cgroup, `[A-Za-z0-9._-]` only.
+    pub label: String,
+}
+
+/// A line of output, classified on the reader thread.
+#[derive(Debug)]
+enum OutputEvent {
+    Epoch { epoch: u32, metrics: Metrics, elapsed_us: u64 },
+    Final(Metrics),
+    Log { text: String, truncated: bool },
+    ExecFailed(String),
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sender<OutputEvent>) {
+    let mut reader = LineReader::new(BufReader::new(pipe), MAX_LINE_BYTES);
+    while let Ok(Some(line)) = reader.next_line() {
+        let event = match (is_stderr, line.text.strip_prefix(EXEC_FAILED_MARKER)) {
+            (true, Some(reason)) => OutputEvent::ExecFailed(reason.to_string()),
+            _ => match parse_metric_line(&line.text) {
+                MetricLine::Epoch { epoch, metrics } => {
+                    OutputEvent::Epoch { epoch, metrics, elapsed_us: micros(start.elapsed()) }
+                }
+                MetricLine::Final { metrics } => OutputEvent::Final(metrics),
+                MetricLine::Log => OutputEvent::Log { text: line.text, truncated: line.truncated },
+            },
+        };
+        if tx.blocking_send(event).is_err() {
+            break;
+        }
+    }
+}
+
+fn spawn_reader(pipe: Option<impl Read + Send + 'static>, is_stderr: bool, start: Instant, tx: &mpsc::Sender<OutputEvent>) {
+    let Some(pipe) = pipe else { return };
+    let tx = tx.clone();
+    let name = if is_stderr { "tf-stderr" } else { "tf-stdout" };
+    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx)) {
+        tracing::warn!(error = %e, "cannot start an output reader thread; that stream is ignored");
+    }
+}
+
+/// What the workload's output added up to.
+#[derive(Debug, Default)]
+struct Collected {
+    epochs: Vec<EpochMetrics>,
+    epochs_dropped: u64,
+    final_metrics: Option<Metrics>,
+    tail: LogTail,
+    exec_failed: Option<String>,
+}
+
+impl Collected {
+    fn take(&mut self, event: OutputEvent, progress: Option<&mpsc::Sender<EpochMetrics>>) {
+        match event {
+            OutputEvent::Epoch { epoch, metrics, elapsed_us } => {
+                let e = EpochMetrics { epoch, elapsed_us, metrics };
+                if let Some(tx) = progress {
+                    // Progress is advisory: dropped when the agent lags.
+                    let _ = tx.try_send(e.clone());
+                }
+                if self.epochs.len() < MAX_EPOCHS {
+                    self.epochs.push(e);
+                } else {
+                    self.epochs_dropped += 1;
+                }
+            }
+            OutputEvent::Final(m) => self.final_metrics = Some(m),
+            OutputEvent::Log { text, truncated } => self.tail.push(&text, truncated),
+            OutputEvent::ExecFailed(reason) => self.exec_failed = Some(reason),
+        }
+    }
+}
+
+/// The top process's end, observed on a blocking thread.
+#[derive(Debug)]
+struct Exited {
+    status: ExitStatus,
+    at: Instant,
+    stat: Option<procfs::StatFields>,
+}
+
+/// Waits for the leader to exit, reads its CPU times as a zombie, kills what
+/// is left of its process group, then reaps it.
+fn wait_exit(mut child: Child, pid: Pid, proc_root: PathBuf) -> std::io::Result<Exited> {
+    loop {
+        match waitid(WaitId::Pid(pid), WaitIdOptions::EXITED | WaitIdOptions::NOWAIT) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "waitid failed; CPU times will be missing");
+                break;
+            }
+        }
+    }
+    let at = Instant::now();
+    let stat = procfs::read_stat(&proc_root, pid.as_raw_nonzero().get());
+    // The leader is an unreaped zombie, so its group id is still reserved.
+    let _ = kill_process_group(pid, Signal::KILL);
+    let status = child.wait()?;
+    Ok(Exited { status, at, stat })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+fn signal_group(pid: Pid, sig: Signal) {
+    if let Err(e) = kill_process_group(pid, sig) {
+        if e != rustix::io::Errno::SRCH {
+            tracing::warn!(pgid = pid.as_raw_nonzero().get(), error = %e, "cannot signal the trial's process group");
+        }
+    }
+}
+
+struct Prepared {
+    limits: AppliedLimits,
+    cgroup: Option<TrialCgroup>,
+    rlimit_as: Option<u64>,
+}
+
+fn prepare_limits(cfg: &RunnerConfig, run: &TrialRun) -> Prepared {
+    let mut prepared = Prepared {
+        limits: AppliedLimits { cpus: run.cpus.clone(), threads: run.spec.system.threads, memory: MemoryLimit::None },
+        cgroup: None,
+        rlimit_as: None,
+    };
+    let Some(bytes) = run.spec.system.memory_mib.map(|m| m.saturating_mul(1 << 20)) else {
+        return prepared;
+    };
+    match cfg.cgroup.as_ref().map(|c| c.create_trial(&run.label, bytes)) {
+        Some(Ok(cg)) => {
+            prepared.cgroup = Some(cg);
+            prepared.limits.memory = MemoryLimit::Cgroup { bytes };
+        }
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::warn!(error = %e, "cgroup memory limit failed; using RLIMIT_AS");
+            }
+            prepared.rlimit_as = Some(bytes);
+            prepared.limits.memory = MemoryLimit::Rlimit { bytes };
+        }
+    }
+    prepared
+}
+
+/// A measurement of a trial that never ran.
+fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, energy: &dyn EnergySource) -> Measurement {
+    let usage = Usage { wall: Duration::ZERO, cpu: Duration::ZERO, cores: 0 };
+    let (_, counters_missing) = CounterSet::all_missing("the workload did not start").finish();
+    Measurement {
+        started_unix_ms,
+        wall_us: 0,
+        user_us: 0,
+        sys_us: 0,
+        max_rss_kib: 0,
+        exit: ExitOutcome::SpawnFailed(reason),
+        epochs: Vec::new(),
+        final_metrics: Metrics::new(),
+        counters: Vec::new(),
+        counters_missing,
+        energy: energy.start().stop(&usage),
+        limits,
+        log_tail: String::new(),
+    }
+}
+
+/// Runs `run` to completion (or timeout, or `cancel`) and measures it.
+/// Epochs are also sent to `progress` as they are printed. Never fails: a
+/// workload that cannot start is a measurement with `SpawnFailed`.
+pub async fn run_trial(
+    cfg: &RunnerConfig,
+    run: &TrialRun,
+    progress: Option<mpsc::Sender<EpochMetrics>>,
+    cancel: CancellationToken,
+) -> Measurement {
+    let spec = &run.spec;
+    let prepared = prepare_limits(cfg, run);
+    let energy = cfg.energy.as_ref();
+    if spec.argv.is_empty() {
+        return not_started(unix_ms(SystemTime::now()), prepared.limits, "empty argv".into(), energy);
+    }
+    let plan = ExecPlan { cpus: run.cpus.clone(), rlimit_as: prepared.rlimit_as, argv: spec.argv.iter().map(Into::into).collect() };
+    let mut cmd = Command::new(&cfg.wrapper);
+    cmd.args(plan.to_args())
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if let Some(t) = spec.system.threads {
+        for var in THREAD_VARS {
+            cmd.env(var, t.to_string());
+        }
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            let reason = format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display());
+            return not_started(unix_ms(SystemTime::now()), prepared.limits, reason, energy);
+        }
+    };
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+        // A child pid is always a positive i32 on Linux.
+        let _ = child.kill();
+        let _ = child.wait();
+        return not_started(unix_ms(SystemTime::now()), prepared.limits, "invalid child pid".into(), energy);
+    };
+    if let Some(cg) = &prepared.cgroup {
+        if let Err(e) = cg.add(child.id()) {
+            // Closing stdin without a byte makes the wrapper exit.
+            drop(child.stdin.take());
+            let _ = child.wait();
+            let limits = prepared.limits;
+            if let Some(cg) = prepared.cgroup {
+                cg.remove();
+            }
+            return not_started(unix_ms(SystemTime::now()), limits, e.to_string(), energy);
+        }
+    }
+    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
+    let (tx, mut rx) = mpsc::channel::<OutputEvent>(1024);
+    let meter = energy.start();
+    let started_unix_ms = unix_ms(SystemTime::now());
+    let start = Instant::now();
+    let go = child.stdin.take().map(|mut stdin| stdin.write_all(&[1]));
+    if let Some(Err(e)) = go {
+        tracing::warn!(error = %e, "cannot let the exec wrapper go");
+    }
+    spawn_reader(child.stdout.take(), false, start, &tx);
+    spawn_reader(child.stderr.take(), true, start, &tx);
+    drop(tx);
+    let proc_root = cfg.proc_root.clone();
+    let mut waiter = tokio::task::spawn_blocking(move || wait_exit(child, pid, proc_root));
+
+    let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+    let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
+    tokio::pin!(deadline);
+    let mut sampler = tokio::time::interval(RSS_SAMPLE_INTERVAL);
+    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut output_deadline: Option<tokio::time::Instant> = None;
+    let mut stopped: Option<ExitOutcome> = None;
+    let mut exited: Option<Result<Exited, String>> = None;
+    let mut readers_open = true;
+    let mut peak_rss: Option<u64> = None;
+    let mut collected = Collected::default();
+    let pgid = pid.as_raw_nonzero().get();
+
+    loop {
+        if exited.is_some() && !readers_open {
+            break;
+        }
+        tokio::select! {
+            res = &mut waiter, if exited.is_none() => {
+                exited = Some(match res {
+                    Ok(Ok(e)) => Ok(e),
+                    Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
+                    Err(e) => Err(format!("the waiting task failed: {e}")),
+                });
+                output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
+            }
+            event = rx.recv(), if readers_open => match event {
+                Some(event) => collected.take(event, progress.as_ref()),
+                None => readers_open = false,
+            },
+            _ = &mut deadline, if timeout.is_some() && stopped.is_none() && exited.is_none() => {
+                tracing::info!(pgid, "trial timed out; stopping its process group");
+                stopped = Some(ExitOutcome::TimedOut);
+                signal_group(pid, Signal::TERM);
+                kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+            }
+            _ = cancel.cancelled(), if stopped.is_none() && exited.is_none() => {
+                tracing::info!(pgid, "trial cancelled; stopping its process group");
+                stopped = Some(ExitOutcome::Cancelled);
+                signal_group(pid, Signal::TERM);
+                kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+            }
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && exited.is_none() => {
+                signal_group(pid, Signal::KILL);
+                kill_at = None;
+            }
+            _ = sampler.tick(), if exited.is_none() => {
+                if let Some(kib) = procfs::group_peak_rss_kib(&cfg.proc_root, pgid) {
+                    peak_rss = Some(peak_rss.map_or(kib, |p| p.max(kib)));
+                }
+            }
+            _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
+                tracing::warn!(pgid, "workload output still open after exit (an escaped process?); not waiting");
+                break;
+            }
+        }
+    }
+    drop(rx);
+
+    let (counters, mut counters_missing) = counters.finish();
+    if let Some(cg) = prepared.cgroup {
+        cg.remove();
+    }
+    let ticks = rustix::param::clock_ticks_per_second();
+    let (wall, user_us, sys_us, status) = match &exited {
+        Some(Ok(e)) => {
+            let (user, sys) = e.stat.map_or((0, 0), |s| {
+                (procfs::ticks_to_us(s.utime + s.cutime, ticks), procfs::ticks_to_us(s.stime + s.cstime, ticks))
+            });
+            (e.at.saturating_duration_since(start), user, sys, Some(e.status))
+        }
+        _ => (start.elapsed(), 0, 0, None),
+    };
+    let exit = match (stopped, status, &exited) {
+        (Some(outcome), _, _) => outcome,
+        (None, Some(status), _) => match (status.code(), collected.exec_failed.take()) {
+            (Some(EXIT_EXEC_FAILED), Some(reason)) => ExitOutcome::SpawnFailed(reason),
+            (Some(code), _) => ExitOutcome::Exited(code),
+            (None, _) => ExitOutcome::Signaled(status.signal().unwrap_or(0)),
+        },
+        (None, None, Some(Err(reason))) => ExitOutcome::SpawnFailed(reason.clone()),
+        (None, None, _) => ExitOutcome::SpawnFailed("the workload's end was not observed".into()),
+    };
+    if matches!(exit, ExitOutcome::SpawnFailed(_)) {
+        // Counters of a workload that never ran say nothing.
+        counters_missing = CounterSet::all_missing("the workload did not start").finish().1;
+    }
+    let counters = if matches!(exit, ExitOutcome::SpawnFailed(_)) { Vec::new() } else { counters };
+    let cores = if run.cpus.is_empty() { cfg.machine_cpus } else { u32::try_from(run.cpus.len()).unwrap_or(u32::MAX) };
+    let usage = Usage { wall, cpu: Duration::from_micros(user_us + sys_us), cores };
+    let energy = meter.stop(&usage);
+    if collected.epochs_dropped > 0 {
+        let note = format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
+        collected.tail.push(&note, false);
+    }
+    let final_metrics = collected
+        .final_metrics
+        .take()
+        .or_else(|| collected.epochs.last().map(|e| e.metrics.clone()))
+        .unwrap_or_default();
+    let missing: Vec<MissingCounter> = counters_missing;
+    Measurement {
+        started_unix_ms,
+        wall_us: micros(wall),
+        user_us,
+        sys_us,
+        max_rss_kib: peak_rss.unwrap_or(0),
+        exit,
+        epochs: collected.epochs,
+        final_metrics,
+        counters,
+        counters_missing: missing,
+        energy,
+        limits: prepared.limits,
+        log_tail: collected.tail.render(),
+    }
+}

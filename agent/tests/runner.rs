@@ -1,0 +1,234 @@
+//! The real runner on real commands: the exec wrapper is the built
+//! `tunefleet-agent` binary, workloads are `sh` scripts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tunefleet_agent::counters::{HARDWARE_EVENTS, SOFTWARE_EVENTS};
+use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialRun, MAX_EPOCHS};
+use tunefleet_agent::sched::{allowed_cpus, choose_cpus};
+use tunefleet_common::measurement::{EnergySourceKind, ExitOutcome, Measurement, MemoryLimit};
+use tunefleet_common::message::{SystemParams, TrialSpec};
+
+fn config() -> RunnerConfig {
+    RunnerConfig::new(PathBuf::from(env!("CARGO_BIN_EXE_tunefleet-agent")))
+}
+
+fn spec(argv: &[&str]) -> TrialSpec {
+    TrialSpec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: vec![],
+        system: SystemParams::default(),
+        timeout_ms: 60_000,
+    }
+}
+
+fn sh(script: &str) -> TrialSpec {
+    spec(&["sh", "-c", script])
+}
+
+async fn run(spec: TrialSpec, cpus: Vec<u32>) -> Measurement {
+    let run = TrialRun { spec, cpus, label: "test".into() };
+    run_trial(&config(), &run, None, CancellationToken::new()).await
+}
+
+#[tokio::test]
+async fn epoch_lines_become_metrics_in_order() {
+    let script = r#"
+        for i in 1 2 3; do echo "TUNEFLEET epoch=$i loss=0.$i"; done
+        echo '{"event":"epoch","epoch":4,"loss":0.05}'
+        echo 'some log line'
+        echo 'an error line' >&2
+    "#;
+    let (tx, mut rx) = mpsc::channel(16);
+    let run = TrialRun { spec: sh(script), cpus: vec![], label: "t".into() };
+    let m = run_trial(&config(), &run, Some(tx), CancellationToken::new()).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    let epochs: Vec<u32> = m.epochs.iter().map(|e| e.epoch).collect();
+    assert_eq!(epochs, vec![1, 2, 3, 4]);
+    assert_eq!(m.epochs[1].metrics.get("loss"), Some(&0.2));
+    assert!(m.epochs.windows(2).all(|w| w[0].elapsed_us <= w[1].elapsed_us));
+    // No final line: the last epoch's metrics are final.
+    assert_eq!(m.final_metrics.get("loss"), Some(&0.05));
+    assert!(m.log_tail.contains("some log line") && m.log_tail.contains("an error line"), "{}", m.log_tail);
+    assert!(!m.log_tail.contains("TUNEFLEET"));
+    let mut progressed = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        progressed.push(e.epoch);
+    }
+    assert_eq!(progressed, vec![1, 2, 3, 4]);
+    assert!(m.wall_us > 0);
+    assert_eq!(m.energy.source, EnergySourceKind::Estimated);
+}
+
+#[tokio::test]
+async fn final_line_wins() {
+    let m = run(sh("echo 'TUNEFLEET epoch=1 accuracy=0.5'; echo 'TUNEFLEET final accuracy=0.93'"), vec![]).await;
+    assert_eq!(m.final_metrics.get("accuracy"), Some(&0.93));
+}
+
+#[tokio::test]
+async fn exit_codes_and_signals() {
+    assert_eq!(run(spec(&["true"]), vec![]).await.exit, ExitOutcome::Exited(0));
+    assert_eq!(run(spec(&["false"]), vec![]).await.exit, ExitOutcome::Exited(1));
+    assert_eq!(run(sh("exit 3"), vec![]).await.exit, ExitOutcome::Exited(3));
+    assert_eq!(run(sh("kill -9 $$"), vec![]).await.exit, ExitOutcome::Signaled(9));
+}
+
+#[tokio::test]
+async fn missing_program_is_a_spawn_failure() {
+    let m = run(spec(&["/nonexistent/tunefleet-test-program"]), vec![]).await;
+    match &m.exit {
+        ExitOutcome::SpawnFailed(reason) => assert!(reason.contains("nonexistent"), "{reason}"),
+        other => panic!("expected SpawnFailed, got {other:?}"),
+    }
+    assert!(m.counters.is_empty());
+    // A plain exit status 127 from the workload is not a spawn failure.
+    assert_eq!(run(sh("exit 127"), vec![]).await.exit, ExitOutcome::Exited(127));
+    let empty = run(spec(&[]), vec![]).await;
+    assert!(matches!(empty.exit, ExitOutcome::SpawnFailed(_)));
+}
+
+fn process_gone(pid: &str) -> bool {
+    // Gone, or a zombie waiting for an init that does not reap.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn timeout_kills_the_whole_process_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("grandchild.pid");
+    let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+    let mut s = sh(&script);
+    s.timeout_ms = 300;
+    let started = std::time::Instant::now();
+    let m = run(s, vec![]).await;
+    assert_eq!(m.exit, ExitOutcome::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(m.wall_us >= 300_000, "wall {}", m.wall_us);
+    let pid = std::fs::read_to_string(&pidfile).expect("grandchild pid written");
+    let pid = pid.trim();
+    // The kill is synchronous, but the kernel finishes tearing down a killed
+    // process asynchronously: wait for it under a deadline.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !process_gone(pid) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(process_gone(pid), "grandchild {pid} survived");
+}
+
+#[tokio::test]
+async fn sigterm_ignored_means_sigkill_after_grace() {
+    let mut s = sh("trap '' TERM; sleep 30");
+    s.timeout_ms = 200;
+    let started = std::time::Instant::now();
+    let m = run(s, vec![]).await;
+    assert_eq!(m.exit, ExitOutcome::TimedOut);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    // Timeout (200 ms) plus the default SIGTERM grace (500 ms) at least.
+    assert!(m.wall_us >= 700_000, "wall {}", m.wall_us);
+}
+
+#[tokio::test]
+async fn cancel_stops_the_trial() {
+    let token = CancellationToken::new();
+    let run = TrialRun { spec: sh("sleep 30"), cpus: vec![], label: "c".into() };
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        cancel.cancel();
+    });
+    let m = run_trial(&config(), &run, None, token).await;
+    assert_eq!(m.exit, ExitOutcome::Cancelled);
+    assert!(m.wall_us < 10_000_000);
+}
+
+#[tokio::test]
+async fn one_core_really_pins() {
+    let allowed = allowed_cpus();
+    let cpus = choose_cpus(&allowed, &[], 1);
+    assert_eq!(cpus.len(), 1);
+    let mut s = spec(&["grep", "Cpus_allowed_list", "/proc/self/status"]);
+    s.system.cores = Some(1);
+    let m = run(s, cpus.clone()).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    assert_eq!(m.limits.cpus, cpus);
+    let line = m.log_tail.lines().find(|l| l.starts_with("Cpus_allowed_list")).expect("grep printed the line");
+    assert_eq!(line.split_whitespace().nth(1), Some(cpus[0].to_string().as_str()), "{line}");
+}
+
+#[tokio::test]
+async fn memory_limit_makes_a_big_allocation_fail() {
+    // The shell keeps a 200 MB string in memory.
+    let script = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}";
+    let mut limited = sh(script);
+    limited.system.memory_mib = Some(64);
+    let m = run(limited, vec![]).await;
+    assert_eq!(m.limits.memory, MemoryLimit::Rlimit { bytes: 64 << 20 }, "no cgroup v2 in the default config");
+    assert_ne!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    assert!(!m.log_tail.contains("200000000"), "{}", m.log_tail);
+
+    let free = run(sh(script), vec![]).await;
+    assert_eq!(free.exit, ExitOutcome::Exited(0), "{}", free.log_tail);
+    assert!(free.log_tail.contains("200000000"), "{}", free.log_tail);
+    assert_eq!(free.limits.memory, MemoryLimit::None);
+    assert!(free.max_rss_kib > 100_000, "peak rss {} KiB", free.max_rss_kib);
+}
+
+#[tokio::test]
+async fn threads_set_the_thread_variables() {
+    let mut s = sh("echo $OMP_NUM_THREADS $MKL_NUM_THREADS $OPENBLAS_NUM_THREADS $RAYON_NUM_THREADS $TUNEFLEET_THREADS $MINE");
+    s.system.threads = Some(3);
+    s.env = vec![("MINE".into(), "mine".into())];
+    let m = run(s, vec![]).await;
+    assert_eq!(m.limits.threads, Some(3));
+    assert!(m.log_tail.contains("3 3 3 3 3 mine"), "{}", m.log_tail);
+}
+
+#[tokio::test]
+async fn counters_measure_a_busy_loop() {
+    let m = run(sh("i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done"), vec![]).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0));
+    assert!(m.user_us + m.sys_us > 0, "cpu time");
+    assert!(m.energy.joules > 0.0);
+    let task_clock = m.counters.iter().find(|c| c.event.starts_with("task-clock")).expect("task-clock measured");
+    assert!(task_clock.value > 0 && task_clock.time_enabled_ns > 0);
+    for event in SOFTWARE_EVENTS.iter().chain(HARDWARE_EVENTS.iter()) {
+        let measured = m.counters.iter().filter(|c| c.event.trim_end_matches(":u") == *event).count();
+        let missing: Vec<_> = m.counters_missing.iter().filter(|c| c.event == *event).collect();
+        assert_eq!(measured + missing.len(), 1, "{event} is either measured or missing");
+        assert!(missing.iter().all(|c| !c.reason.is_empty()), "{event} missing without a reason");
+    }
+}
+
+/// Runs only where the kernel exposes no hardware counters (like the CI
+/// machine); elsewhere the general test above covers both cases.
+#[tokio::test]
+async fn hardware_counters_missing_here_have_a_reason() {
+    let m = run(spec(&["true"]), vec![]).await;
+    if m.counters.iter().any(|c| c.kind == tunefleet_common::measurement::CounterKind::Hardware) {
+        return;
+    }
+    for event in HARDWARE_EVENTS {
+        let missing = m.counters_missing.iter().find(|c| c.event == event).expect("listed as missing");
+        let errnos = ["ENOENT", "EOPNOTSUPP", "ENOSYS", "ENODEV", "EACCES"];
+        assert!(errnos.iter().any(|e| missing.reason.contains(e)), "{}", missing.reason);
+    }
+}
+
+#[tokio::test]
+async fn output_flood_stays_bounded() {
+    let script = "head -c 20000000 /dev/zero | tr '\\0' x; echo; yes 'a log line' | head -n 200000; \
+                  seq 1 3000 | sed 's/.*/TUNEFLEET epoch=& loss=1/'";
+    let m = run(sh(script), vec![]).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0));
+    assert!(m.log_tail.len() <= 8 * 1024, "tail {} bytes", m.log_tail.len());
+    assert!(m.log_tail.lines().count() <= 50);
+    assert_eq!(m.epochs.len(), MAX_EPOCHS);
+    assert!(m.log_tail.contains("not kept"), "{}", m.log_tail);
+}

@@ -1,0 +1,323 @@
+//! The `tunefleet` command line: flags parsed by clap, then one function per
+//! subcommand. Every subcommand that reads results takes `--store PATH`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tunefleet_common::topic::Topics;
+use tunefleet_common::BrokerUrl;
+
+use crate::broker::{self, BrokerSettings};
+use crate::engine::{Engine, Summary};
+use crate::progress::Progress;
+use crate::store::{ExportFormat, Store};
+use crate::study::{self, Study};
+use crate::transport::{self, TransportConfig};
+
+/// The demo study, bundled so `tunefleet demo` works from any directory.
+pub const DEMO_STUDY: &str = include_str!("../../examples/studies/demo.toml");
+
+/// Tunefleet coordinator: runs tuning studies on a fleet of agents over MQTT.
+#[derive(Debug, Parser)]
+#[command(name = "tunefleet", version, about, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a study from start to finish (resumes it if the store has it already).
+    Run(RunArgs),
+    /// Run the bundled example study on an embedded broker with two local agents.
+    Demo(DemoArgs),
+    /// Check a study file and print its trials without running anything.
+    Check {
+        /// The study file (TOML).
+        study: PathBuf,
+    },
+    /// List the agents the store has seen.
+    Agents(StoreArg),
+    /// List the studies in the store.
+    Studies(StoreArg),
+    /// Show the N best trials of a study.
+    Best {
+        study: String,
+        /// How many.
+        #[arg(short = 'n', long, default_value_t = 5)]
+        n: usize,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Export every trial of a study.
+    Export {
+        study: String,
+        #[arg(long, value_enum, default_value_t = Format::Csv)]
+        format: Format,
+        /// Write here instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArg {
+    /// The local store (SQLite).
+    #[arg(long, env = "TUNEFLEET_STORE", default_value = "tunefleet.db")]
+    pub store: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// Use this external broker (mqtt://HOST:PORT) instead of the embedded one.
+    #[arg(long, env = "TUNEFLEET_BROKER")]
+    pub broker: Option<BrokerUrl>,
+    /// Where the embedded broker listens (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub listen: SocketAddr,
+    /// Topic root, so several fleets can share a broker.
+    #[arg(long, default_value = tunefleet_common::topic::DEFAULT_ROOT)]
+    pub root: String,
+    /// MQTT keepalive in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub keepalive: u64,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The study file (TOML).
+    pub study: PathBuf,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The store the demo writes (recreated on every run).
+    #[arg(long, default_value = "tunefleet-demo.db")]
+    pub store: PathBuf,
+    /// How many local agents to start.
+    #[arg(long, default_value_t = 2)]
+    pub agents: u32,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// Runs one subcommand.
+pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Run(args) => {
+            let study = study::load(&args.study)?;
+            let summary = run_study(study, &args.broker, &args.store.store, !args.quiet, shutdown).await?;
+            print_summary(&summary, &args.store.store);
+            Ok(())
+        }
+        Command::Demo(args) => demo(args, shutdown).await,
+        Command::Check { study } => {
+            let study = study::load(&study)?;
+            let plans = crate::search::plan(&study);
+            println!("{}: {} trials, objective {} ({})", study.name, plans.len(), study.objective.metric, study.objective.direction.as_str());
+            for p in &plans {
+                let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "));
+            }
+            Ok(())
+        }
+        Command::Agents(s) => {
+            let store = open_existing(&s.store)?;
+            println!("{:<24} {:<8} {:>5} {:>9} {:>5} {:<7} tags", "agent", "arch", "cores", "mem GiB", "slots", "online");
+            for a in store.agents()? {
+                let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!(
+                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<7} {}",
+                    a.info.agent,
+                    a.info.arch,
+                    a.info.cores,
+                    a.info.memory_bytes as f64 / (1u64 << 30) as f64,
+                    a.info.slots,
+                    if a.online { "yes" } else { "no" },
+                    tags.join(",")
+                );
+            }
+            Ok(())
+        }
+        Command::Studies(s) => {
+            let store = open_existing(&s.store)?;
+            for st in store.studies()? {
+                println!("{:<24} {:<9} {}/{} done, {} failed", st.name, st.state, st.done, st.total, st.failed);
+            }
+            Ok(())
+        }
+        Command::Best { study, n, store } => {
+            let store = open_existing(&store.store)?;
+            let rows = store.best(&study, n)?;
+            if rows.is_empty() {
+                bail!("study {study:?} has no successful trial in {}", store_path_display(&store));
+            }
+            for r in rows {
+                let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("trial {:>4}  {:>12.6}  agent {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+            }
+            Ok(())
+        }
+        Command::Export { study, format, output, store } => {
+            let store = open_existing(&store.store)?;
+            let format = match format {
+                Format::Csv => ExportFormat::Csv,
+                Format::Json => ExportFormat::Json,
+            };
+            match output {
+                Some(path) => {
+                    let mut f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+                    store.export(&study, format, &mut f)?;
+                }
+                None => store.export(&study, format, &mut std::io::stdout().lock())?,
+            }
+            Ok(())
+        }
+    }
+}
+
+fn store_path_display(_store: &Store) -> &'static str {
+    "the store"
+}
+
+fn open_existing(path: &Path) -> anyhow::Result<Store> {
+    if !path.exists() {
+        bail!("no store at {} (give --store PATH)", path.display());
+    }
+    Ok(Store::open(path)?)
+}
+
+/// Connects to the broker (starting the embedded one unless `--broker` is
+/// given) and runs `study` to the end.
+pub async fn run_study(
+    study: Study,
+    args: &BrokerArgs,
+    store_path: &Path,
+    progress: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Summary> {
+    let topics = Topics::new(&args.root)?;
+    let url = match &args.broker {
+        Some(url) => url.clone(),
+        None => {
+            if !args.listen.ip().is_loopback() {
+                tracing::warn!(listen = %args.listen, "the embedded broker is open to the network without credentials");
+            }
+            let b = broker::start(&BrokerSettings { listen: args.listen, users: None })?;
+            tracing::info!(addr = %b.addr, "embedded broker listening");
+            BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls: false }
+        }
+    };
+    // Scripts and tests read this line to find a broker on a port the OS chose.
+    println!("broker: {url}");
+    let store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
+    let instance: u64 = rand::random();
+    let (outbox, inbound) = transport::connect(TransportConfig {
+        url,
+        client_id: format!("tf-coordinator-{instance:016x}"),
+        topics,
+        keepalive: Duration::from_secs(args.keepalive),
+        credentials: None,
+        instance,
+    })?;
+    let mut engine = Engine::new(store, outbox, Progress::new(progress));
+    let name = study.name.clone();
+    engine.start_study(study)?;
+    Ok(engine.run_study(&name, inbound, shutdown).await?)
+}
+
+fn print_summary(s: &Summary, store: &Path) {
+    println!(
+        "study {}: {}/{} trials done, {} failed, in {:.1} s on {} agent(s)",
+        s.study,
+        s.done,
+        s.total,
+        s.failed,
+        s.elapsed.as_secs_f64(),
+        s.agents_seen
+    );
+    if let Some(b) = &s.best {
+        println!("best: trial {} = {:.6} (agent {})", b.trial, b.value, b.agent);
+    }
+    if s.stats.rejected_messages + s.stats.unknown_results > 0 {
+        println!("rejected messages: {}, refused results: {}", s.stats.rejected_messages, s.stats.unknown_results);
+    }
+    println!("store: {}", store.display());
+}
+
+/// The demo: embedded broker on a free loopback port, local agent
+/// processes, the bundled study.
+async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
+    let study = study::parse(DEMO_STUDY, "examples/studies/demo.toml")?;
+    let exe = std::env::current_exe().context("locating the tunefleet executable")?;
+    let bin_dir = exe.parent().context("the executable has no directory")?.to_path_buf();
+    let agent_exe = bin_dir.join("tunefleet-agent");
+    if !agent_exe.exists() {
+        bail!("{} not found: build the whole workspace first (cargo build --release)", agent_exe.display());
+    }
+    for f in [args.store.clone(), args.store.with_extension("db-wal"), args.store.with_extension("db-shm")] {
+        if f.exists() {
+            std::fs::remove_file(&f).with_context(|| format!("removing the old demo store {}", f.display()))?;
+        }
+    }
+    let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse()?, users: None })?;
+    let url = format!("mqtt://{}", b.addr);
+    let path = std::env::join_paths(
+        std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
+    )?;
+    let root = format!("tunefleet-demo-{}", std::process::id());
+    let mut agents = Vec::new();
+    for i in 1..=args.agents {
+        let child = tokio::process::Command::new(&agent_exe)
+            .args(["--broker", &url, "--name", &format!("demo-agent-{i}"), "--root", &root])
+            .args(["--tag", "pool=demo"])
+            .env("PATH", &path)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", agent_exe.display()))?;
+        agents.push(child);
+    }
+    println!("demo: embedded broker on {}, {} agents, study {:?} ({} trials)", b.addr, args.agents, study.name, study.budget);
+    let broker_args = BrokerArgs {
+        broker: Some(url.parse()?),
+        listen: b.addr,
+        root,
+        keepalive: 5,
+    };
+    let result = run_study(study, &broker_args, &args.store, !args.quiet, shutdown).await;
+    for child in &mut agents {
+        if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    for child in &mut agents {
+        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+    let summary = result?;
+    print_summary(&summary, &args.store);
+    println!("look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv", args.store.display());
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! `tunefleet-stream`: a memory-bound job, a blocked out-of-place matrix
+//! transpose; prints one JSON line per epoch, then a final line, on stdout,
+//! and checks every element of its result.
+//!
+//! Exit codes: 0 correct, 1 wrong result or other failure, 2 bad flags or a
+//! bad `TUNEFLEET_THREADS`/`OMP_NUM_THREADS`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tunefleet_workloads::threads::{self, MAX_THREADS};
+use tunefleet_workloads::transpose::{self, side_for, StreamConfig};
+
+/// Transpose a square f64 matrix back and forth between two buffers, tile by tile.
+#[derive(Debug, Parser)]
+#[command(name = "tunefleet-stream", version)]
+struct Cli {
+    /// Size of both buffers together, in MiB.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    size_mib: u32,
+    /// Tile edge, in elements.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    block_size: u32,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    epochs: u32,
+    /// Transposes per epoch.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    passes: u32,
+    /// Worker threads [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
+    threads: Option<u64>,
+    /// Corrupt one element before the check (to test the failure path).
+    #[arg(long, hide = true)]
+    inject_fault: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The range parser bounds the flag by MAX_THREADS, so it fits in usize.
+    let flag = cli.threads.map(|t| usize::try_from(t).unwrap_or(MAX_THREADS));
+    let threads = match threads::from_env(flag) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("tunefleet-stream: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = StreamConfig {
+        size_mib: cli.size_mib as usize,
+        block_size: cli.block_size as usize,
+        threads,
+        epochs: cli.epochs,
+        passes: cli.passes,
+        inject_fault: cli.inject_fault,
+    };
+    let n = side_for(config.size_mib);
+    eprintln!(
+        "tunefleet-stream: transposing {n}x{n} f64 ({} MiB in two buffers), block {}, {} thread(s)",
+        config.size_mib, config.block_size, config.threads
+    );
+    match transpose::run(&config, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tunefleet-stream: {:#}", anyhow::Error::from(e));
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! `tunefleet-train`: trains a small MLP on the bundled handwritten digits and
+//! prints one JSON line per epoch, then a final line, on stdout.
+//!
+//! Exit codes: 0 trained, 1 failed (diverged, cannot write), 2 bad flags or a
+//! bad `TUNEFLEET_THREADS`/`OMP_NUM_THREADS`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use tunefleet_workloads::digits;
+use tunefleet_workloads::threads::{self, MAX_THREADS};
+use tunefleet_workloads::train::{self, TrainConfig};
+
+/// Train a 64 -> hidden -> 10 perceptron on the UCI digits with SGD and momentum.
+#[derive(Debug, Parser)]
+#[command(name = "tunefleet-train", version)]
+struct Cli {
+    /// Learning rate (> 0).
+    #[arg(long, default_value_t = 0.05, value_parser = positive_f32)]
+    lr: f32,
+    /// Momentum, in [0, 1).
+    #[arg(long, default_value_t = 0.9, value_parser = momentum)]
+    momentum: f32,
+    /// Samples per mini-batch.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    batch_size: u32,
+    /// Width of the hidden layer.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=16_384))]
+    hidden: u32,
+    /// Number of epochs.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    epochs: u32,
+    /// Passes over the training split per epoch.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    passes: u32,
+    /// Seed of the split, the initial weights and the sample order.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Gradient workers per mini-batch [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS, else 1].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
+    threads: Option<u64>,
+}
+
+fn positive_f32(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("{s:?} is not a finite number > 0")),
+    }
+}
+
+fn momentum(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(x) if (0.0..1.0).contains(&x) => Ok(x),
+        _ => Err(format!("{s:?} is not a number in [0, 1)")),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The range parser bounds the flag by MAX_THREADS, so it fits in usize.
+    let flag = cli.threads.map(|t| usize::try_from(t).unwrap_or(MAX_THREADS));
+    let threads = match threads::from_env(flag) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("tunefleet-train: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let config = TrainConfig {
+        lr: cli.lr,
+        momentum: cli.momentum,
+        batch_size: cli.batch_size as usize,
+        hidden: cli.hidden as usize,
+        epochs: cli.epochs,
+        passes: cli.passes,
+        threads,
+        seed: cli.seed,
+        ..TrainConfig::default()
+    };
+    match run(&config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tunefleet-train: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: &TrainConfig) -> anyhow::Result<()> {
+    let data = digits::load_bundled().context("loading the bundled digits")?;
+    eprintln!(
+        "tunefleet-train: {} samples, hidden {}, batch {}, lr {}, momentum {}, {} thread(s), seed {}",
+        data.len(),
+        config.hidden,
+        config.batch_size,
+        config.lr,
+        config.momentum,
+        config.threads,
+        config.seed
+    );
+    let result = train::run(config, &data, &mut std::io::stdout().lock())?;
+    eprintln!("tunefleet-train: validation accuracy {:.4}, loss {:.4}", result.accuracy, result.loss);
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! End to end with real processes: a coordinator (embedded broker on a port
+//! the OS chose, or Debian's mosquitto), agent processes, the real training
+//! workload, and the SQLite store read back with plain SQL.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use rusqlite::Connection;
+use tunefleet_tests::*;
+
+struct StoredResult {
+    trial: i64,
+    agent: String,
+    objective: Option<f64>,
+    measurement: serde_json::Value,
+}
+
+fn stored_results(store: &Path, study: &str) -> Vec<StoredResult> {
+    let db = Connection::open(store).expect("open store");
+    let mut stmt = db
+        .prepare("SELECT trial, agent, objective, measurement FROM results WHERE study = ?1 ORDER BY trial")
+        .expect("prepare");
+    stmt.query_map([study], |r| {
+        let m: String = r.get(3)?;
+        Ok(StoredResult {
+            trial: r.get(0)?,
+            agent: r.get(1)?,
+            objective: r.get(2)?,
+            measurement: serde_json::from_str(&m).expect("measurement json"),
+        })
+    })
+    .expect("query")
+    .map(|r| r.expect("row"))
+    .collect()
+}
+
+fn attempts_by(store: &Path, agent: &str) -> i64 {
+    let db = Connection::open(store).expect("open store");
+    db.query_row("SELECT COUNT(*) FROM attempts WHERE agent = ?1", [agent], |r| r.get(0)).expect("count")
+}
+
+/// Every trial stored exactly once, with metrics, counters and energy.
+fn assert_complete(store: &Path, study: &str, trials: i64, allowed_agents: &[&str]) {
+    let results = stored_results(store, study);
+    let ids: Vec<i64> = results.iter().map(|r| r.trial).collect();
+    assert_eq!(ids, (0..trials).collect::<Vec<_>>(), "each trial exactly once");
+    for r in &results {
+        assert!(allowed_agents.contains(&r.agent.as_str()), "trial {} ran on {}", r.trial, r.agent);
+        let m = &r.measurement;
+        assert_eq!(m["exit"], serde_json::json!({"Exited": 0}), "trial {}: {m}", r.trial);
+        let acc = m["final_metrics"]["accuracy"].as_f64().expect("accuracy reported");
+        assert!((0.0..=1.0).contains(&acc));
+        assert_eq!(r.objective, Some(acc), "objective is the reported accuracy");
+        assert_eq!(m["epochs"].as_array().map(Vec::len), Some(3), "three epochs reported");
+        let counters = m["counters"].as_array().expect("counters");
+        let task_clock = counters.iter().find(|c| c["event"] == "task-clock").expect("task-clock counted");
+        assert!(task_clock["value"].as_u64().unwrap_or(0) > 0, "task-clock > 0");
+        assert_eq!(task_clock["kind"], "Software");
+        assert_eq!(m["energy"]["source"], "Estimated", "no meter here: labelled estimate");
+        assert!(m["energy"]["joules"].as_f64().unwrap_or(0.0) > 0.0);
+        assert!(m["wall_us"].as_u64().unwrap_or(0) > 0);
+    }
+}
+
+#[test]
+fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("embedded");
+    let study = train_study(dir.path(), "e2e", 12, "[selector]\ntags = { pool = \"it\" }");
+    let store = dir.path().join("store.db");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let _a1 = start_agent(&url, "it-agent-1", &root, &["--tag", "pool=it"]);
+    let _a2 = start_agent(&url, "it-agent-2", &root, &["--tag", "pool=it", "--tag", "extra=yes"]);
+    let _outsider = start_agent(&url, "other-pool", &root, &["--tag", "pool=batch"]);
+    let status = coord.wait_exit(Duration::from_secs(240));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    assert!(out.contains("12/12 trials done, 0 failed"), "{out}");
+    assert_complete(&store, "e2e", 12, &["it-agent-1", "it-agent-2"]);
+    assert_eq!(attempts_by(&store, "other-pool"), 0, "the agent with the wrong tag got nothing");
+    let db = Connection::open(&store).expect("open");
+    let agents: i64 = db.query_row("SELECT COUNT(*) FROM agents", [], |r| r.get(0)).expect("agents");
+    assert_eq!(agents, 3, "all three agents announced themselves");
+    let progress: i64 = db.query_row("SELECT COUNT(*) FROM progress", [], |r| r.get(0)).expect("progress");
+    assert!(progress >= 12 * 3, "per-epoch progress stored ({progress})");
+
+    // The results can be read back through the CLI.
+    let (code, best, err) = run({
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["best", "e2e", "-n", "3", "--store"]).arg(&store);
+        c
+    });
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(best.lines().count(), 3, "{best}");
+    let (code, csv, err) = run({
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["export", "e2e", "--format", "csv", "--store"]).arg(&store);
+        c
+    });
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(csv.lines().count(), 13, "header + 12 rows:\n{csv}");
+}
+
+fn mosquitto_available() -> bool {
+    Command::new("mosquitto").arg("-h").output().is_ok()
+}
+
+#[test]
+fn same_study_against_an_external_mosquitto() {
+    assert!(mosquitto_available(), "mosquitto is not installed: scripts/test.sh installs it");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let conf = dir.path().join("mosquitto.conf");
+    // What the protocol needs: no cap on queued QoS 1 messages (the default 1000
+    // drops under fan-in), no Nagle, nothing persisted between runs.
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\npersistence false\n"
+        ),
+    )
+    .expect("conf");
+    let mut mcmd = Command::new("mosquitto");
+    mcmd.arg("-c").arg(&conf);
+    let _mosquitto = Proc::spawn("mosquitto", mcmd);
+    wait_for_port(port, Duration::from_secs(10));
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let root = unique_root("mosquitto");
+    let study = train_study(dir.path(), "ext", 12, "");
+    let store = dir.path().join("store.db");
+    let (mut coord, printed) = start_coordinator(&study, &store, &root, &["--broker", &url]);
+    assert_eq!(printed, url);
+    let _a1 = start_agent(&url, "m-agent-1", &root, &[]);
+    let _a2 = start_agent(&url, "m-agent-2", &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(240));
+    assert!(status.success(), "coordinator failed: {status:?}");
+    assert_complete(&store, "ext", 12, &["m-agent-1", "m-agent-2"]);
+}
