@@ -103,7 +103,9 @@ pub fn kind_of(event: &str) -> CounterKind {
 /// Explains a `perf_event_open` failure.
 pub fn explain_open_error(err: &std::io::Error) -> String {
     let why = match err.raw_os_error().map(rustix::io::Errno::from_raw_os_error) {
-        Some(rustix::io::Errno::NOSYS) => "perf_event_open is not implemented here (ENOSYS; qemu-user or a kernel without perf)",
+        Some(rustix::io::Errno::NOSYS) => {
+            "perf_event_open is not implemented here (ENOSYS; qemu-user or a kernel without perf)"
+        }
         Some(rustix::io::Errno::NOENT) => "the kernel does not offer this event (ENOENT; no PMU access, e.g. in a VM)",
         Some(rustix::io::Errno::OPNOTSUPP) => "the PMU does not support this event (EOPNOTSUPP)",
         Some(rustix::io::Errno::ACCESS) | Some(rustix::io::Errno::PERM) => {

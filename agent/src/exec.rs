@@ -67,10 +67,7 @@ impl ExecPlan {
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             let mut value = |name: &str| -> Result<String, String> {
-                it.next()
-                    .and_then(|v| v.to_str())
-                    .map(str::to_string)
-                    .ok_or_else(|| format!("{name} needs a value"))
+                it.next().and_then(|v| v.to_str()).map(str::to_string).ok_or_else(|| format!("{name} needs a value"))
             };
             match arg.to_str() {
                 Some("--") => {

@@ -265,6 +265,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 None => break Err(AgentError::TransportClosed),
             },
             Some((trial, measurement)) = done_rx.recv() => {
+                // A trial's progress is queued before its end: publish it first.
+                while let Ok((trial, epoch)) = progress_rx.try_recv() {
+                    exec.apply(vec![state.progress(trial, epoch)]);
+                }
                 exec.cancels.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
                 idle_since = Instant::now();
@@ -287,7 +291,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let deadline = Instant::now() + config.grace;
     exec.apply(state.begin_drain());
     let mut transport_open = outcome.is_ok();
-    while !state.is_quiet() {
+    // Acks are only awaited while connected; unacked results stay in the state dir.
+    while state.running().next().is_some() || (state.unacked_count() > 0 && exec.transport.is_connected()) {
         tokio::select! {
             () = tokio::time::sleep_until(deadline) => {
                 tracing::warn!(
@@ -298,6 +303,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 break;
             }
             Some((trial, measurement)) = done_rx.recv() => {
+                while let Ok((trial, epoch)) = progress_rx.try_recv() {
+                    exec.apply(vec![state.progress(trial, epoch)]);
+                }
                 exec.cancels.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
             }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
-use tunefleet_common::topic::{validate_agent_id, Topics, TopicError, DEFAULT_ROOT, MAX_AGENT_ID};
+use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, DEFAULT_ROOT, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
 use crate::energy::EstimateModel;

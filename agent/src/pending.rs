@@ -35,12 +35,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 
 /// The file name of a trial's result.
 pub fn file_name(trial: &TrialRef) -> String {
-    let study: String = trial
-        .study
-        .chars()
-        .take(40)
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
-        .collect();
+    let study: String =
+        trial.study.chars().take(40).map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
     let hash = fnv1a(format!("{}\0{}\0{}", trial.study, trial.trial, trial.attempt).as_bytes());
     format!("{study}-{}-{}-{hash:016x}.bin", trial.trial, trial.attempt)
 }
@@ -54,8 +50,7 @@ impl PendingResults {
     }
 
     pub fn save(&self, result: &TrialResult) -> Result<(), PendingError> {
-        let bytes =
-            encode(result).map_err(|source| PendingError::Encode { trial: result.trial.clone(), source })?;
+        let bytes = encode(result).map_err(|source| PendingError::Encode { trial: result.trial.clone(), source })?;
         let path = self.dir.join(file_name(&result.trial));
         let tmp = path.with_extension("tmp");
         fs::write(&tmp, bytes).map_err(|source| PendingError::Io { action: "write", path: tmp.clone(), source })?;
@@ -80,7 +75,10 @@ impl PendingResults {
             if path.extension().and_then(|e| e.to_str()) != Some("bin") {
                 continue;
             }
-            match fs::read(&path).map_err(|e| e.to_string()).and_then(|b| decode::<TrialResult>(&b).map_err(|e| e.to_string())) {
+            match fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|b| decode::<TrialResult>(&b).map_err(|e| e.to_string()))
+            {
                 Ok(r) => out.push(r),
                 Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable stored result"),
             }

@@ -142,11 +142,17 @@ fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sende
     }
 }
 
-fn spawn_reader(pipe: Option<impl Read + Send + 'static>, is_stderr: bool, start: Instant, tx: &mpsc::Sender<OutputEvent>) {
+fn spawn_reader(
+    pipe: Option<impl Read + Send + 'static>,
+    is_stderr: bool,
+    start: Instant,
+    tx: &mpsc::Sender<OutputEvent>,
+) {
     let Some(pipe) = pipe else { return };
     let tx = tx.clone();
     let name = if is_stderr { "tf-stderr" } else { "tf-stdout" };
-    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx)) {
+    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx))
+    {
         tracing::warn!(error = %e, "cannot start an output reader thread; that stream is ignored");
     }
 }
@@ -291,7 +297,11 @@ pub async fn run_trial(
     if spec.argv.is_empty() {
         return not_started(unix_ms(SystemTime::now()), prepared.limits, "empty argv".into(), energy);
     }
-    let plan = ExecPlan { cpus: run.cpus.clone(), rlimit_as: prepared.rlimit_as, argv: spec.argv.iter().map(Into::into).collect() };
+    let plan = ExecPlan {
+        cpus: run.cpus.clone(),
+        rlimit_as: prepared.rlimit_as,
+        argv: spec.argv.iter().map(Into::into).collect(),
+    };
     let mut cmd = Command::new(&cfg.wrapper);
     cmd.args(plan.to_args())
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -438,7 +448,8 @@ pub async fn run_trial(
     let usage = Usage { wall, cpu: Duration::from_micros(user_us + sys_us), cores };
     let energy = meter.stop(&usage);
     if collected.epochs_dropped > 0 {
-        let note = format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
+        let note =
+            format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
         collected.tail.push(&note, false);
     }
     let final_metrics = collected

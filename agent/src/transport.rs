@@ -3,11 +3,14 @@
 //! incoming publishes into typed [`Inbound`] events and publishes typed
 //! [`AgentMessage`]s on their topics with QoS 1.
 //!
-//! On every ConnAck it subscribes to the agent's assign, cancel and ack
-//! topics and to the coordinator status, then reports [`Inbound::Connected`]
+//! On every ConnAck it subscribes to the agent's `down/{id}/+` filter (one
+//! filter, so the broker keeps the coordinator's messages in order) and to
+//! the coordinator status, then reports [`Inbound::Connected`]
 //! so the agent announces itself (subscriptions are queued first, so they
 //! reach the broker before the announce).
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, NetworkOptions, Outgoing, Packet, QoS};
@@ -34,9 +37,15 @@ pub enum Inbound {
     Connected,
     Coordinator(CoordinatorMessage),
     /// `retained` is set when the broker delivered it on subscription.
-    CoordinatorStatus { status: CoordinatorStatus, retained: bool },
+    CoordinatorStatus {
+        status: CoordinatorStatus,
+        retained: bool,
+    },
     /// A payload that does not decode, or arrived on the wrong topic.
-    Undecodable { topic: String, error: String },
+    Undecodable {
+        topic: String,
+        error: String,
+    },
 }
 
 /// Transport failures.
@@ -67,6 +76,7 @@ pub struct Transport {
     agent: String,
     task: JoinHandle<()>,
     stop: CancellationToken,
+    connected: Arc<AtomicBool>,
 }
 
 /// The reconnect delay after `failures` consecutive failures (1 or more):
@@ -86,8 +96,7 @@ impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
         let TransportConfig { broker, agent, keepalive, topics, will } = config;
-        let will_payload =
-            encode(&will).map_err(|source| TransportError::Encode { kind: kind_name(&will), source })?;
+        let will_payload = encode(&will).map_err(|source| TransportError::Encode { kind: kind_name(&will), source })?;
         let mut opts = MqttOptions::new(format!("tf-agent-{agent}"), broker.host.clone(), broker.port);
         opts.set_keep_alive(keepalive)
             .set_clean_session(true)
@@ -107,9 +116,16 @@ impl Transport {
         eventloop.set_network_options(net);
         let (tx, rx) = mpsc::channel(256);
         let stop = CancellationToken::new();
-        let poller = Poller { client: client.clone(), topics: topics.clone(), agent: agent.clone(), tx };
+        let connected = Arc::new(AtomicBool::new(false));
+        let poller = Poller {
+            client: client.clone(),
+            topics: topics.clone(),
+            agent: agent.clone(),
+            tx,
+            connected: Arc::clone(&connected),
+        };
         let task = tokio::spawn(poller.run(eventloop, stop.clone()));
-        Ok((Transport { client, topics, agent, task, stop }, rx))
+        Ok((Transport { client, topics, agent, task, stop, connected }, rx))
     }
 
     /// Publishes `msg` on its topic, QoS 1; the agent status is retained.
@@ -124,9 +140,21 @@ impl Transport {
             .map_err(|_| TransportError::Queue { kind: kind.as_str() })
     }
 
+    /// True between a ConnAck and the next connection error.
+    pub fn is_connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
     /// Sends DISCONNECT after everything queued, and waits (at most `within`)
     /// for it to be written; then stops the event loop.
+    /// Without a connection there is nothing to flush: it stops at once.
     pub async fn disconnect(self, within: Duration) {
+        if !self.connected.load(Ordering::Relaxed) {
+            tracing::info!("not connected to the broker; nothing to flush");
+            self.stop.cancel();
+            let _ = self.task.await;
+            return;
+        }
         if self.client.try_disconnect().is_err() {
             tracing::debug!("disconnect request could not be queued");
         }
@@ -144,6 +172,7 @@ struct Poller {
     topics: Topics,
     agent: String,
     tx: mpsc::Sender<Inbound>,
+    connected: Arc<AtomicBool>,
 }
 
 impl Poller {
@@ -154,9 +183,11 @@ impl Poller {
                 _ = stop.cancelled() => return,
                 event = eventloop.poll() => event,
             };
+            tracing::trace!(?event, "mqtt event");
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     failures = 0;
+                    self.connected.store(true, Ordering::Relaxed);
                     tracing::info!(agent = %self.agent, "connected to the broker");
                     self.subscribe();
                     if self.tx.send(Inbound::Connected).await.is_err() {
@@ -173,6 +204,7 @@ impl Poller {
                 Ok(_) => {}
                 Err(e) => {
                     failures = failures.saturating_add(1);
+                    self.connected.store(false, Ordering::Relaxed);
                     let delay = backoff_delay(failures, rand::random::<f64>());
                     tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "broker connection failed");
                     tokio::select! {
@@ -185,10 +217,8 @@ impl Poller {
     }
 
     fn subscribe(&self) {
-        let mut filters: Vec<String> =
-            AgentTopic::TO_AGENT.iter().map(|&kind| self.topics.agent(&self.agent, kind)).collect();
-        filters.push(self.topics.coordinator_status());
-        for filter in filters {
+        // One filter for everything sent to this agent keeps it in order.
+        for filter in [self.topics.to_agent(&self.agent), self.topics.coordinator_status()] {
             if let Err(e) = self.client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                 tracing::error!(%filter, error = %e, "cannot queue a subscription");
             }

@@ -80,15 +80,17 @@ impl Coordinator {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = oneshot::channel();
         let sub_client = client.clone();
-        let filter = format!("{}/v1/agent/+/+", topics.root());
+        let filters = [topics.from_agents()];
         tokio::spawn(async move {
             let mut ready = Some(ready_tx);
             loop {
                 match eventloop.poll().await {
                     Ok(Event::Incoming(Packet::ConnAck(_))) => {
-                        sub_client.subscribe(filter.clone(), QoS::AtLeastOnce).await.expect("subscribe");
+                        for filter in &filters {
+                            sub_client.subscribe(filter.clone(), QoS::AtLeastOnce).await.expect("subscribe");
+                        }
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
+                    Ok(Event::Incoming(Packet::SubAck(ack))) if usize::from(ack.pkid) == filters.len() => {
                         if let Some(r) = ready.take() {
                             let _ = r.send(());
                         }
@@ -120,7 +122,9 @@ impl Coordinator {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(15), wait).await.unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+        tokio::time::timeout(Duration::from_secs(15), wait)
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
     }
 
     async fn send(&self, agent: &str, msg: CoordinatorMessage) {
@@ -157,6 +161,9 @@ fn is_result_of(n: u64) -> impl Fn(&AgentMessage) -> bool {
 
 #[tokio::test]
 async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TUNEFLEET_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("tunefleet_agent=debug"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
     let addr = start_broker().await;
     let topics = Topics::new("agent-mqtt-test").expect("root");
     let mut coord = Coordinator::connect(addr, topics.clone()).await;

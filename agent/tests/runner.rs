@@ -182,7 +182,8 @@ async fn memory_limit_makes_a_big_allocation_fail() {
 
 #[tokio::test]
 async fn threads_set_the_thread_variables() {
-    let mut s = sh("echo $OMP_NUM_THREADS $MKL_NUM_THREADS $OPENBLAS_NUM_THREADS $RAYON_NUM_THREADS $TUNEFLEET_THREADS $MINE");
+    let mut s =
+        sh("echo $OMP_NUM_THREADS $MKL_NUM_THREADS $OPENBLAS_NUM_THREADS $RAYON_NUM_THREADS $TUNEFLEET_THREADS $MINE");
     s.system.threads = Some(3);
     s.env = vec![("MINE".into(), "mine".into())];
     let m = run(s, vec![]).await;

@@ -27,12 +27,12 @@ fn pieces(template: &str) -> Result<Vec<Piece<'_>>, TemplateError> {
     while let Some(i) = rest.find(['{', '}']) {
         out.push(Piece::Text(&rest[..i]));
         let tail = &rest[i..];
-        if tail.starts_with("{{") {
+        if let Some(after) = tail.strip_prefix("{{") {
             out.push(Piece::Brace('{'));
-            rest = &tail[2..];
-        } else if tail.starts_with("}}") {
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("}}") {
             out.push(Piece::Brace('}'));
-            rest = &tail[2..];
+            rest = after;
         } else if tail.starts_with('}') {
             return Err(TemplateError::Stray { template: template.into() });
         } else {

@@ -44,11 +44,13 @@ pub struct BrokerSettings {
     pub listen: SocketAddr,
     /// username -> password; `None` runs the broker open.
     pub users: Option<HashMap<String, String>>,
+    /// Give accepted connections `TCP_NODELAY` (off only to measure what it buys).
+    pub nodelay: bool,
 }
 
 impl Default for BrokerSettings {
     fn default() -> Self {
-        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None }
+        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None, nodelay: true }
     }
 }
 
@@ -116,8 +118,8 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     let deadline = Instant::now() + waited;
     loop {
         if let Some((fd, addr)) = find_listener(&before, settings.listen).map_err(BrokerError::Inspect)? {
-            let nodelay = rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_ok();
-            if !nodelay {
+            let nodelay = settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_ok();
+            if settings.nodelay && !nodelay {
                 tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
             }
             return Ok(EmbeddedBroker { addr, nodelay });
@@ -183,8 +185,9 @@ mod tests {
 
     #[test]
     fn chooses_a_port_and_accepted_sockets_have_nodelay() {
-        let broker = start(&BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), users: None })
-            .expect("broker starts");
+        let broker =
+            start(&BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), users: None, nodelay: true })
+                .expect("broker starts");
         assert_ne!(broker.addr.port(), 0);
         assert!(broker.nodelay);
         let before: HashSet<u64> = socket_fds().into_iter().map(|(_, i)| i).collect();
@@ -212,7 +215,7 @@ mod tests {
     fn a_taken_port_is_a_clear_error() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = taken.local_addr().expect("addr");
-        let err = start(&BrokerSettings { listen: addr, users: None }).expect_err("port is taken");
+        let err = start(&BrokerSettings { listen: addr, users: None, nodelay: true }).expect_err("port is taken");
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
     }
 }

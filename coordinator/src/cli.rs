@@ -134,7 +134,13 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Check { study } => {
             let study = study::load(&study)?;
             let plans = crate::search::plan(&study);
-            println!("{}: {} trials, objective {} ({})", study.name, plans.len(), study.objective.metric, study.objective.direction.as_str());
+            println!(
+                "{}: {} trials, objective {} ({})",
+                study.name,
+                plans.len(),
+                study.objective.metric,
+                study.objective.direction.as_str()
+            );
             for p in &plans {
                 let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!("  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "));
@@ -143,7 +149,10 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         }
         Command::Agents(s) => {
             let store = open_existing(&s.store)?;
-            println!("{:<24} {:<8} {:>5} {:>9} {:>5} {:<7} tags", "agent", "arch", "cores", "mem GiB", "slots", "online");
+            println!(
+                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<7} tags",
+                "agent", "arch", "cores", "mem GiB", "slots", "online"
+            );
             for a in store.agents()? {
                 let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!(
@@ -223,7 +232,7 @@ pub async fn run_study(
             if !args.listen.ip().is_loopback() {
                 tracing::warn!(listen = %args.listen, "the embedded broker is open to the network without credentials");
             }
-            let b = broker::start(&BrokerSettings { listen: args.listen, users: None })?;
+            let b = broker::start(&BrokerSettings { listen: args.listen, users: None, nodelay: true })?;
             tracing::info!(addr = %b.addr, "embedded broker listening");
             BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls: false }
         }
@@ -280,7 +289,7 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             std::fs::remove_file(&f).with_context(|| format!("removing the old demo store {}", f.display()))?;
         }
     }
-    let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse()?, users: None })?;
+    let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse()?, users: None, nodelay: true })?;
     let url = format!("mqtt://{}", b.addr);
     let path = std::env::join_paths(
         std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
@@ -298,13 +307,11 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             .with_context(|| format!("starting {}", agent_exe.display()))?;
         agents.push(child);
     }
-    println!("demo: embedded broker on {}, {} agents, study {:?} ({} trials)", b.addr, args.agents, study.name, study.budget);
-    let broker_args = BrokerArgs {
-        broker: Some(url.parse()?),
-        listen: b.addr,
-        root,
-        keepalive: 5,
-    };
+    println!(
+        "demo: embedded broker on {}, {} agents, study {:?} ({} trials)",
+        b.addr, args.agents, study.name, study.budget
+    );
+    let broker_args = BrokerArgs { broker: Some(url.parse()?), listen: b.addr, root, keepalive: 5 };
     let result = run_study(study, &broker_args, &args.store, !args.quiet, shutdown).await;
     for child in &mut agents {
         if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
@@ -318,6 +325,9 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
     }
     let summary = result?;
     print_summary(&summary, &args.store);
-    println!("look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv", args.store.display());
+    println!(
+        "look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv",
+        args.store.display()
+    );
     Ok(())
 }

@@ -10,11 +10,11 @@ use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
-use tunefleet_common::message::{AgentMessage, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialResult};
 use tunefleet_common::measurement::ExitOutcome;
+use tunefleet_common::message::{AgentMessage, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialResult};
 
 use crate::progress::Progress;
-use crate::sched::{Effect, ResultKind, Restored, Scheduler, StudyPolicy, Verdict};
+use crate::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
 use crate::search::{self, TrialPlan};
 use crate::store::{Batch, Store, StoreError, TrialState};
 use crate::study::{Direction, Study};
@@ -228,15 +228,18 @@ impl Engine {
             let mut batch = self.store.batch()?;
             let mut effects = Vec::new();
             for ev in events.drain(..) {
-                handle(&mut Ctx {
-                    sched: &mut self.sched,
-                    batch: &mut batch,
-                    studies: &mut self.studies,
-                    stats: &mut self.stats,
-                    agents_seen: &mut self.agents_seen,
-                    out: &mut out,
-                    effects: &mut effects,
-                }, ev)?;
+                handle(
+                    &mut Ctx {
+                        sched: &mut self.sched,
+                        batch: &mut batch,
+                        studies: &mut self.studies,
+                        stats: &mut self.stats,
+                        agents_seen: &mut self.agents_seen,
+                        out: &mut out,
+                        effects: &mut effects,
+                    },
+                    ev,
+                )?;
             }
             if tick {
                 effects.extend(self.sched.expire(now));
@@ -290,7 +293,7 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             }
             return Ok(());
         }
-        Inbound::Agent { agent, msg } => (agent, msg),
+        Inbound::Agent { agent, msg } => (agent, *msg),
     };
     let now = unix_ms();
     match msg {

@@ -24,7 +24,9 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("tunefleet: {e:#}");
             // A bad study file or bad input is a usage error.
-            if e.downcast_ref::<StudyError>().is_some() || e.downcast_ref::<tunefleet_common::topic::TopicError>().is_some() {
+            if e.downcast_ref::<StudyError>().is_some()
+                || e.downcast_ref::<tunefleet_common::topic::TopicError>().is_some()
+            {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE

@@ -23,7 +23,9 @@ impl Progress {
             return;
         }
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(4));
-        if let Ok(style) = ProgressStyle::with_template("{prefix} [{bar:30.cyan/blue}] {pos}/{len} trials {elapsed} {msg}") {
+        if let Ok(style) =
+            ProgressStyle::with_template("{prefix} [{bar:30.cyan/blue}] {pos}/{len} trials {elapsed} {msg}")
+        {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_prefix(study.to_string());

@@ -69,7 +69,9 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResultKind {
     /// The workload ran; `success` is false when it exited non-zero or was killed.
-    Complete { success: bool },
+    Complete {
+        success: bool,
+    },
     Retry(String),
 }
 
@@ -153,7 +155,13 @@ impl Scheduler {
     /// Adds a study whose trials `0..states.len()` are in the given states.
     pub fn add_study(&mut self, policy: StudyPolicy, states: Vec<Restored>, now_ms: u64) {
         self.studies.retain(|s| s.policy.name != policy.name);
-        let mut study = StudyState { trials: Vec::with_capacity(states.len()), queue: VecDeque::new(), finished: 0, failed: 0, policy };
+        let mut study = StudyState {
+            trials: Vec::with_capacity(states.len()),
+            queue: VecDeque::new(),
+            finished: 0,
+            failed: 0,
+            policy,
+        };
         for (i, restored) in states.into_iter().enumerate() {
             let slot = match restored {
                 Restored::Pending { last_attempt, failures } => {
@@ -173,7 +181,12 @@ impl Scheduler {
                 },
                 Restored::Done => {
                     study.finished += 1;
-                    TrialSlot { state: State::Done { agent: String::new(), attempt: 0 }, last_attempt: 0, failures: 0, history: Vec::new() }
+                    TrialSlot {
+                        state: State::Done { agent: String::new(), attempt: 0 },
+                        last_attempt: 0,
+                        failures: 0,
+                        history: Vec::new(),
+                    }
                 }
                 Restored::Failed => {
                     study.failed += 1;
@@ -204,7 +217,10 @@ impl Scheduler {
     /// Agents connected and matching `study`'s selector.
     pub fn eligible_agents(&self, study: &str) -> usize {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
-        self.agents.values().filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i))).count()
+        self.agents
+            .values()
+            .filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
+            .count()
     }
 
     /// An agent announced itself. A new `instance` means the agent process
@@ -274,7 +290,14 @@ impl Scheduler {
                     continue;
                 }
                 let reason = "the agent no longer runs it".to_string();
-                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason));
+                effects.extend(fail_or_requeue(
+                    slot,
+                    &mut study.queue,
+                    &mut study.failed,
+                    study.policy.max_attempts,
+                    tr,
+                    reason,
+                ));
             }
         }
         effects
@@ -364,7 +387,9 @@ impl Scheduler {
             .iter()
             .find(|s| s.policy.name == trial.study)
             .and_then(|s| s.trials.get(trial.trial as usize))
-            .is_some_and(|slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt))
+            .is_some_and(
+                |slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt),
+            )
     }
 
     /// Cancels and requeues every lease past its deadline.
@@ -380,7 +405,14 @@ impl Scheduler {
                 let tr = trial_ref(&name, i as u64, lease.attempt);
                 let reason = "lease expired".to_string();
                 effects.push(Effect::Cancel { agent: lease.agent.clone(), trial: tr.clone(), reason: reason.clone() });
-                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason));
+                effects.extend(fail_or_requeue(
+                    slot,
+                    &mut study.queue,
+                    &mut study.failed,
+                    study.policy.max_attempts,
+                    tr,
+                    reason,
+                ));
             }
         }
         effects
@@ -439,7 +471,14 @@ impl Scheduler {
                     _ => continue,
                 };
                 let tr = trial_ref(&name, i as u64, attempt);
-                effects.extend(fail_or_requeue(slot, &mut study.queue, &mut study.failed, study.policy.max_attempts, tr, reason.into()));
+                effects.extend(fail_or_requeue(
+                    slot,
+                    &mut study.queue,
+                    &mut study.failed,
+                    study.policy.max_attempts,
+                    tr,
+                    reason.into(),
+                ));
             }
         }
         effects

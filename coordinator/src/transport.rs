@@ -32,8 +32,8 @@ pub enum Inbound {
     Connected,
     /// Lost the broker; the transport keeps reconnecting.
     Disconnected(String),
-    /// A well-formed message from an agent.
-    Agent { agent: String, msg: AgentMessage },
+    /// A well-formed message from an agent (boxed: a result is large, a status small).
+    Agent { agent: String, msg: Box<AgentMessage> },
     /// A payload that was refused, with the reason.
     Rejected { topic: String, reason: String },
 }
@@ -96,7 +96,7 @@ pub fn classify(topics: &Topics, topic: &str, payload: &[u8]) -> Inbound {
             return rejected(format!("agent {:?} announced itself on the topic of {agent:?}", info.agent));
         }
     }
-    Inbound::Agent { agent, msg }
+    Inbound::Agent { agent, msg: Box::new(msg) }
 }
 
 /// Connects (in the background, reconnecting forever) and returns the sending
@@ -172,7 +172,7 @@ mod tests {
         let req = encode(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] })).expect("enc");
         assert!(matches!(
             classify(&topics, &topics.agent("a1", AgentTopic::Request), &req),
-            Inbound::Agent { ref agent, msg: AgentMessage::Request(_) } if agent == "a1"
+            Inbound::Agent { ref agent, ref msg } if agent == "a1" && matches!(**msg, AgentMessage::Request(_))
         ));
         // Right payload, wrong topic kind.
         assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Result), &req), Inbound::Rejected { .. }));

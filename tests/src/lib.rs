@@ -19,7 +19,11 @@ pub fn bin_dir() -> PathBuf {
 /// Path of a workspace binary; panics with a hint when it was not built.
 pub fn bin(name: &str) -> PathBuf {
     let p = bin_dir().join(name);
-    assert!(p.exists(), "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        p.display()
+    );
     p
 }
 
@@ -124,7 +128,11 @@ impl Drop for Proc {
 /// Runs a command to completion, returning (exit code, stdout, stderr).
 pub fn run(mut cmd: Command) -> (Option<i32>, String, String) {
     let out = cmd.stdin(Stdio::null()).output().expect("runs");
-    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// A unique topic root for one test, so tests sharing a broker never meet.

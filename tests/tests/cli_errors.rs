@@ -44,7 +44,7 @@ fn bad_study_files_are_refused_with_the_line_before_anything_starts() {
     let store = dir.path().join("never-created.db");
     let cases = [
         ("unknown-key.toml", GOOD.replace("trials = 2", "trials = 2\ntrails = 3"), "trails", ":8"),
-        ("bad-range.toml", GOOD.replace("high = 2", "high = 0"), "low", ":13"),
+        ("bad-range.toml", GOOD.replace("high = 2", "high = 0"), "low", ":12"),
         ("typo.toml", GOOD.replace("{x}", "{y}"), "{y}", ""),
         ("no-space.toml", GOOD.split("[hyper.x]").next().unwrap_or_default().to_string(), "space", ""),
         ("syntax.toml", GOOD.replace("trials = 2", "trials = "), "syntax.toml", ":7"),
