@@ -150,19 +150,23 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Agents(s) => {
             let store = open_existing(&s.store)?;
             println!(
-                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<7} tags",
-                "agent", "arch", "cores", "mem GiB", "slots", "online"
+                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<20} tags",
+                "agent", "arch", "cores", "mem GiB", "slots", "last status"
             );
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             for a in store.agents()? {
+                let ago = now.saturating_sub(a.last_seen_ms) / 1000;
+                let status = format!("{} {ago} s ago", if a.online { "online" } else { "offline" });
                 let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 println!(
-                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<7} {}",
+                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<20} {}",
                     a.info.agent,
                     a.info.arch,
                     a.info.cores,
                     a.info.memory_bytes as f64 / (1u64 << 30) as f64,
                     a.info.slots,
-                    if a.online { "yes" } else { "no" },
+                    status,
                     tags.join(",")
                 );
             }
@@ -179,7 +183,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             let store = open_existing(&store.store)?;
             let rows = store.best(&study, n)?;
             if rows.is_empty() {
-                bail!("study {study:?} has no successful trial in {}", store_path_display(&store));
+                bail!("study {study:?} has no successful trial in {}", store.path());
             }
             for r in rows {
                 let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -205,15 +209,11 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
     }
 }
 
-fn store_path_display(_store: &Store) -> &'static str {
-    "the store"
-}
-
 fn open_existing(path: &Path) -> anyhow::Result<Store> {
     if !path.exists() {
         bail!("no store at {} (give --store PATH)", path.display());
     }
-    Ok(Store::open(path)?)
+    Ok(Store::open_read_only(path)?)
 }
 
 /// Connects to the broker (starting the embedded one unless `--broker` is
@@ -265,11 +265,19 @@ fn print_summary(s: &Summary, store: &Path) {
         s.elapsed.as_secs_f64(),
         s.agents_seen
     );
-    if let Some(b) = &s.best {
-        println!("best: trial {} = {:.6} (agent {})", b.trial, b.value, b.agent);
-    }
     if s.stats.rejected_messages + s.stats.unknown_results > 0 {
         println!("rejected messages: {}, refused results: {}", s.stats.rejected_messages, s.stats.unknown_results);
+    }
+    match Store::open_read_only(store).and_then(|st| st.best(&s.study, 3)) {
+        Ok(best) if !best.is_empty() => {
+            println!("best trials:");
+            for r in best {
+                let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("  trial {:>4}  {:>10.6}  on {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+            }
+        }
+        Ok(_) => println!("no successful trial"),
+        Err(e) => tracing::warn!(error = %e, "cannot read the best trials back"),
     }
     println!("store: {}", store.display());
 }
@@ -301,6 +309,7 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             .args(["--broker", &url, "--name", &format!("demo-agent-{i}"), "--root", &root])
             .args(["--tag", "pool=demo"])
             .env("PATH", &path)
+            .env("TUNEFLEET_LOG", std::env::var("TUNEFLEET_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()

@@ -3,13 +3,19 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tunefleet_coordinator::cli::{execute, Cli};
+use tunefleet_coordinator::cli::{execute, Cli, Command};
 use tunefleet_coordinator::study::StudyError;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo shows its progress bar and summary; other commands log what the coordinator does.
+    let default = if matches!(cli.command, Command::Demo(_)) {
+        "warn,rumqttd=off"
+    } else {
+        "warn,tunefleet_coordinator=info,rumqttd=off"
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_env("TUNEFLEET_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,tunefleet_coordinator=info,rumqttd=off"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
