@@ -8,17 +8,43 @@
 //! says what was measured. Events the kernel does not offer (hardware events
 //! in VMs, everything under qemu-user) are listed as missing with the reason.
 //!
-//! Only Linux on x86_64 and aarch64 has the perf backend; elsewhere every
-//! event is reported missing.
+//! Hardware events the kernel refuses (no PMU here) are recorded missing
+//! with the reason and the run carries on with the software events.
+//! Multiplexed counters keep their enabled and running times, so
+//! [`CounterReading::scaled`] and [`CounterReading::multiplexed`] say what
+//! happened.
+//!
+//! While the workload runs the runner calls [`CounterSet::sample`] at an
+//! interval (default 1 s): the scaled increments since the previous sample
+//! form the measurement's counter series, from which (with the totals) the
+//! profile vector is derived ([`tunefleet_common::profile`]).
+//!
+//! Only Linux on x86_64 and aarch64 has the perf backend (perf-event2 has
+//! no 32-bit ARM bindings); elsewhere every event is reported missing.
 
-use tunefleet_common::measurement::{CounterKind, CounterReading, MissingCounter};
+use std::time::Duration;
+
+use tunefleet_common::measurement::{push_counter_sample, CounterKind, CounterReading, CounterSample, MissingCounter};
 
 /// Software events, always asked for.
 pub const SOFTWARE_EVENTS: [&str; 6] =
     ["task-clock", "context-switches", "cpu-migrations", "page-faults", "minor-faults", "major-faults"];
 /// Hardware events, asked for when the kernel offers them.
-pub const HARDWARE_EVENTS: [&str; 6] =
-    ["instructions", "cycles", "cache-references", "cache-misses", "branch-instructions", "branch-misses"];
+pub const HARDWARE_EVENTS: [&str; 10] = [
+    "instructions",
+    "cycles",
+    "cache-references",
+    "cache-misses",
+    "branch-instructions",
+    "branch-misses",
+    "LLC-loads",
+    "LLC-load-misses",
+    "stalled-cycles-frontend",
+    "stalled-cycles-backend",
+];
+
+/// Default interval between counter samples.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Counters attached to one workload.
 #[derive(Debug)]
@@ -26,6 +52,24 @@ pub struct CounterSet {
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     open: Vec<backend::OpenCounter>,
     missing: Vec<MissingCounter>,
+    /// Scaled totals at the previous sample, one per open counter.
+    previous: Vec<f64>,
+    series: Vec<CounterSample>,
+}
+
+/// What the counters of one run add up to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CounterOutcome {
+    pub readings: Vec<CounterReading>,
+    pub missing: Vec<MissingCounter>,
+    /// Scaled increments per interval, in the order of `readings`.
+    pub series: Vec<CounterSample>,
+}
+
+/// Scaled increments from `previous` to `now` (a counter never goes down;
+/// a scaled estimate that does is clamped to 0).
+pub fn scaled_deltas(previous: &[f64], now: &[f64]) -> Vec<f64> {
+    now.iter().enumerate().map(|(i, n)| (n - previous.get(i).copied().unwrap_or(0.0)).max(0.0)).collect()
 }
 
 impl CounterSet {
@@ -40,6 +84,8 @@ impl CounterSet {
             #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
             open: Vec::new(),
             missing,
+            previous: Vec::new(),
+            series: Vec::new(),
         }
     }
 
@@ -47,7 +93,65 @@ impl CounterSet {
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub fn open_for_exec(pid: i32) -> Self {
         let (open, missing) = backend::open_all(Some(pid));
-        CounterSet { open, missing }
+        let previous = vec![0.0; open.len()];
+        CounterSet { open, missing, previous, series: Vec::new() }
+    }
+
+    /// Opens every event on this process (for benchmarks and `probe`).
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub fn open_for_self() -> Self {
+        let (open, missing) = backend::open_all(None);
+        let previous = vec![0.0; open.len()];
+        CounterSet { open, missing, previous, series: Vec::new() }
+    }
+
+    /// Opens every event on this process (for benchmarks and `probe`).
+    #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    pub fn open_for_self() -> Self {
+        CounterSet::all_missing("perf counters are not supported on this platform")
+    }
+
+    /// Names of the events being counted.
+    pub fn open_events(&self) -> Vec<String> {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            self.open.iter().map(|c| c.name.clone()).collect()
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            Vec::new()
+        }
+    }
+
+    /// Events asked for and not counted, with the reason.
+    pub fn missing(&self) -> &[MissingCounter] {
+        &self.missing
+    }
+
+    /// Reads every open counter at `elapsed` since the start and appends the
+    /// scaled increments to the series. A counter that fails to read counts
+    /// as unchanged in this sample.
+    pub fn sample(&mut self, elapsed: Duration) {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            if self.open.is_empty() {
+                return;
+            }
+            let now: Vec<f64> = self
+                .open
+                .iter_mut()
+                .zip(&self.previous)
+                .map(|(c, prev)| c.peek().map_or(*prev, |r| r.scaled()))
+                .collect();
+            let deltas = scaled_deltas(&self.previous, &now);
+            self.previous = now;
+            let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+            push_counter_sample(&mut self.series, CounterSample { elapsed_ms, deltas });
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            let _ = elapsed;
+        }
     }
 
     /// Opens every event on `pid` (disabled until it execs).
@@ -56,23 +160,42 @@ impl CounterSet {
         CounterSet::all_missing("perf counters are not supported on this platform")
     }
 
-    /// Reads the counters; call after the process tree has exited.
-    pub fn finish(self) -> (Vec<CounterReading>, Vec<MissingCounter>) {
+    /// Takes a last sample at `elapsed` and reads the totals; call after the
+    /// process tree has exited. A counter that cannot be read is moved to
+    /// the missing list, and its column is dropped from the series.
+    pub fn finish(mut self, elapsed: Duration) -> CounterOutcome {
+        let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+        if self.series.last().is_none_or(|s| s.elapsed_ms < elapsed_ms) {
+            self.sample(elapsed);
+        }
         #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             let mut readings = Vec::new();
             let mut missing = self.missing;
-            for counter in self.open {
-                match counter.read() {
-                    Ok(r) => readings.push(r),
-                    Err(m) => missing.push(m),
+            let mut keep = Vec::new();
+            for mut counter in self.open {
+                match counter.peek() {
+                    Ok(r) => {
+                        readings.push(r);
+                        keep.push(true);
+                    }
+                    Err(m) => {
+                        missing.push(m);
+                        keep.push(false);
+                    }
                 }
             }
-            (readings, missing)
+            let mut series = self.series;
+            if keep.iter().any(|k| !k) {
+                for s in &mut series {
+                    s.deltas = s.deltas.iter().zip(&keep).filter(|(_, k)| **k).map(|(d, _)| *d).collect();
+                }
+            }
+            CounterOutcome { readings, missing, series }
         }
         #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
         {
-            (Vec::new(), self.missing)
+            CounterOutcome { readings: Vec::new(), missing: self.missing, series: Vec::new() }
         }
     }
 }
@@ -121,7 +244,7 @@ pub fn explain_open_error(err: &std::io::Error) -> String {
 mod backend {
     //! The perf-event2 backend.
 
-    use perf_event::events::{Event, Hardware, Software};
+    use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Software};
     use perf_event::{Builder, Counter};
     use tunefleet_common::measurement::{CounterReading, MissingCounter};
 
@@ -135,28 +258,30 @@ mod backend {
     }
 
     impl OpenCounter {
-        pub fn read(mut self) -> Result<CounterReading, MissingCounter> {
+        pub fn peek(&mut self) -> Result<CounterReading, MissingCounter> {
             match self.counter.read_count_and_time() {
                 Ok(ct) => Ok(CounterReading {
                     kind: kind_of(&self.name),
-                    event: self.name,
+                    event: self.name.clone(),
                     value: ct.count,
                     time_enabled_ns: ct.time_enabled,
                     time_running_ns: ct.time_running,
                 }),
-                Err(e) => Err(MissingCounter { event: self.name, reason: format!("reading the counter failed: {e}") }),
+                Err(e) => {
+                    Err(MissingCounter { event: self.name.clone(), reason: format!("reading the counter failed: {e}") })
+                }
             }
         }
     }
 
-    fn build<E: Event + Copy>(event: E, pid: Option<i32>, include_kernel: bool) -> std::io::Result<Counter> {
+    fn build<E: Event + Clone>(event: E, pid: Option<i32>, include_kernel: bool) -> std::io::Result<Counter> {
         let mut b = Builder::new(event);
         match pid {
             Some(pid) => {
                 b.observe_pid(pid).enable_on_exec(true).inherit(true);
             }
             None => {
-                b.observe_self();
+                b.observe_self().enabled(true);
             }
         }
         b.any_cpu().exclude_kernel(!include_kernel).exclude_hv(true);
@@ -171,8 +296,8 @@ mod backend {
     }
 
     /// Opens `event` including kernel mode when permitted, else user mode only.
-    fn open_one<E: Event + Copy>(name: &str, event: E, pid: Option<i32>) -> Result<OpenCounter, MissingCounter> {
-        match build(event, pid, true) {
+    fn open_one<E: Event + Clone>(name: &str, event: E, pid: Option<i32>) -> Result<OpenCounter, MissingCounter> {
+        match build(event.clone(), pid, true) {
             Ok(counter) => Ok(OpenCounter { name: name.to_string(), counter }),
             Err(e) if is_permission(&e) => match build(event, pid, false) {
                 Ok(counter) => Ok(OpenCounter { name: format!("{name}:u"), counter }),
@@ -202,8 +327,19 @@ mod backend {
             "cache-misses" => Hardware::CACHE_MISSES,
             "branch-instructions" => Hardware::BRANCH_INSTRUCTIONS,
             "branch-misses" => Hardware::BRANCH_MISSES,
+            "stalled-cycles-frontend" => Hardware::STALLED_CYCLES_FRONTEND,
+            "stalled-cycles-backend" => Hardware::STALLED_CYCLES_BACKEND,
             _ => return None,
         })
+    }
+
+    fn cache(name: &str) -> Option<Cache> {
+        let result = match name {
+            "LLC-loads" => CacheResult::ACCESS,
+            "LLC-load-misses" => CacheResult::MISS,
+            _ => return None,
+        };
+        Some(Cache { which: CacheId::LL, operation: CacheOp::READ, result })
     }
 
     /// Opens every known event on `pid` (or on this process when `None`).
@@ -218,10 +354,11 @@ mod backend {
                 missing.push(MissingCounter { event: name.to_string(), reason: reason.clone() });
                 continue;
             }
-            let result = match (software(name), hardware(name)) {
-                (Some(ev), _) => open_one(name, ev, pid),
-                (None, Some(ev)) => open_one(name, ev, pid),
-                (None, None) => continue,
+            let result = match (software(name), hardware(name), cache(name)) {
+                (Some(ev), _, _) => open_one(name, ev, pid),
+                (None, Some(ev), _) => open_one(name, ev, pid),
+                (None, None, Some(ev)) => open_one(name, ev, pid),
+                (None, None, None) => continue,
             };
             match result {
                 Ok(c) => open.push(c),
@@ -249,9 +386,43 @@ mod tests {
         let nosys = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSYS.raw_os_error());
         assert!(explain_open_error(&nosys).contains("ENOSYS"));
         let all = CounterSet::all_missing("because");
-        let (readings, missing) = all.finish();
-        assert!(readings.is_empty());
-        assert_eq!(missing.len(), SOFTWARE_EVENTS.len() + HARDWARE_EVENTS.len());
+        let outcome = all.finish(Duration::from_secs(1));
+        assert!(outcome.readings.is_empty());
+        assert!(outcome.series.is_empty());
+        assert_eq!(outcome.missing.len(), SOFTWARE_EVENTS.len() + HARDWARE_EVENTS.len());
+    }
+
+    #[test]
+    fn deltas_are_increments_never_negative() {
+        assert_eq!(scaled_deltas(&[0.0, 10.0], &[5.0, 12.5]), vec![5.0, 2.5]);
+        // A multiplexing estimate may step back a little: clamped, not negative.
+        assert_eq!(scaled_deltas(&[10.0], &[9.0]), vec![0.0]);
+        assert_eq!(scaled_deltas(&[], &[3.0]), vec![3.0]);
+    }
+
+    #[test]
+    fn self_counters_sample_a_series_with_software_events() {
+        let mut set = CounterSet::open_for_self();
+        let events = set.open_events();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        set.sample(Duration::from_millis(10));
+        let outcome = set.finish(Duration::from_millis(20));
+        assert_eq!(outcome.readings.len(), events.len());
+        assert_eq!(outcome.series.len(), 2);
+        assert!(outcome.series.iter().all(|s| s.deltas.len() == events.len()));
+        if let Some(i) = outcome.readings.iter().position(|r| r.event.starts_with("task-clock")) {
+            let summed: f64 = outcome.series.iter().map(|s| s.deltas[i]).sum();
+            assert!(summed > 0.0, "task-clock advanced");
+            // The totals are read just after the last sample, on a running process.
+            assert!(summed <= outcome.readings[i].scaled() + 1.0);
+        }
+        // Every asked-for event is either counted or missing with a reason.
+        assert_eq!(outcome.readings.len() + outcome.missing.len(), SOFTWARE_EVENTS.len() + HARDWARE_EVENTS.len());
+        assert!(outcome.missing.iter().all(|m| !m.reason.is_empty()));
     }
 
     #[test]

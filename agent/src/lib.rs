@@ -7,6 +7,8 @@
 //! * [`runner`]: runs one trial through the [`exec`] wrapper and measures it
 //!   with [`counters`], [`procfs`], [`energy`] and [`cgroup`] limits.
 //! * [`metrics`] and [`output`]: what the workload prints.
+//! * [`telemetry`]: CPU, memory and power published at an interval.
+//! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
 //! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
 
 pub mod caps;
@@ -14,14 +16,17 @@ pub mod cgroup;
 pub mod counters;
 pub mod energy;
 pub mod exec;
+pub mod measure;
 pub mod metrics;
 pub mod options;
 pub mod output;
 pub mod pending;
+pub mod probe;
 pub mod procfs;
 pub mod protocol;
 pub mod runner;
 pub mod sched;
+pub mod telemetry;
 pub mod transport;
 
 use std::collections::{BTreeMap, HashMap};
@@ -38,7 +43,7 @@ use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
-use crate::energy::{EnergySource, Estimate, EstimateModel};
+use crate::energy::{EnergyRoots, EstimateModel};
 use crate::pending::PendingResults;
 use crate::protocol::{Action, AgentState, StartTrial};
 use crate::runner::{RunnerConfig, TrialRun};
@@ -64,8 +69,16 @@ pub struct AgentConfig {
     pub grace: Duration,
     pub cgroup_root: PathBuf,
     pub energy_model: EstimateModel,
+    /// Where the metered energy sources are looked for.
+    pub energy_roots: EnergyRoots,
+    /// Interval between energy and counter samples while a trial runs.
+    pub sample_interval: Duration,
+    /// Interval between telemetry messages.
+    pub telemetry_interval: Duration,
     /// Executable re-run as the exec wrapper; none: this executable.
     pub wrapper: Option<PathBuf>,
+    /// Broker login and TLS.
+    pub security: tunefleet_common::security::ClientSecurity,
 }
 
 impl AgentConfig {
@@ -84,7 +97,11 @@ impl AgentConfig {
             grace: Duration::from_secs(10),
             cgroup_root: PathBuf::from(cgroup::DEFAULT_ROOT),
             energy_model: EstimateModel::default(),
+            energy_roots: EnergyRoots::default(),
+            sample_interval: counters::DEFAULT_SAMPLE_INTERVAL,
+            telemetry_interval: Duration::from_secs(1),
             wrapper: None,
+            security: Default::default(),
         }
     }
 }
@@ -127,6 +144,11 @@ impl Executor {
                         token.cancel();
                     }
                 }
+                Action::Keep(result) => {
+                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(&result)) {
+                        tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
+                    }
+                }
                 Action::Forget(trial) => {
                     if let Some(Err(e)) = self.pending.as_ref().map(|p| p.remove(&trial)) {
                         tracing::warn!(%trial, error = %e, "cannot forget a stored result");
@@ -137,11 +159,6 @@ impl Executor {
     }
 
     fn publish(&mut self, msg: &AgentMessage) {
-        if let AgentMessage::Result(result) = msg {
-            if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(result)) {
-                tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
-            }
-        }
         if let Err(e) = self.transport.publish(msg) {
             self.publish_failures += 1;
             tracing::warn!(error = %e, failures = self.publish_failures, "publish failed");
@@ -176,6 +193,7 @@ impl Executor {
 fn on_inbound(state: &mut AgentState, inbound: Inbound, decode_errors: &mut u64) -> Vec<Action> {
     match inbound {
         Inbound::Connected => state.on_connected(),
+        Inbound::Coordinator(CoordinatorMessage::Welcome(w)) => state.on_welcome(w),
         Inbound::Coordinator(CoordinatorMessage::Assign(a)) => state.on_assign(a),
         Inbound::Coordinator(CoordinatorMessage::Cancel(c)) => state.on_cancel(c),
         Inbound::Coordinator(CoordinatorMessage::Ack(a)) => state.on_ack(a),
@@ -203,19 +221,25 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     };
     let instance = rand::random::<u64>();
     let cpus = sched::allowed_cpus();
-    let estimate = Estimate { model: config.energy_model };
+    let selection = energy::select(&config.energy_roots, config.energy_model);
     let info = caps::agent_info(caps::CapsInput {
         agent: config.name.clone(),
         instance,
         slots: config.slots,
         cpus: cpus.clone(),
-        energy: vec![estimate.info()],
+        energy: selection.found.clone(),
         tags: config.tags.clone(),
     });
     tracing::info!(agent = %config.name, instance, slots = config.slots, counters = ?info.counters, "agent starting");
     let mut runner_config = RunnerConfig::new(wrapper);
     runner_config.cgroup = cgroup::CgroupV2::detect(&config.cgroup_root);
-    runner_config.energy = Arc::new(estimate);
+    runner_config.energy = Arc::clone(&selection.source);
+    runner_config.energy_model = config.energy_model;
+    runner_config.sample_interval = config.sample_interval;
+    let mut telemetry =
+        telemetry::TelemetrySampler::new(std::path::Path::new("/proc"), selection.source.as_ref(), config.energy_model);
+    let mut telemetry_tick = tokio::time::interval(config.telemetry_interval);
+    telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
     let mut state = AgentState::new(info, cpus, config.max_trials);
     for result in pending.iter().flat_map(PendingResults::load) {
@@ -228,6 +252,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         keepalive: config.keepalive,
         topics: config.topics.clone(),
         will: state.status(false),
+        security: config.security.clone(),
     })?;
     let (done_tx, mut done_rx) = mpsc::channel(64);
     let (progress_tx, mut progress_rx) = mpsc::channel(1024);
@@ -267,7 +292,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             Some((trial, measurement)) = done_rx.recv() => {
                 // A trial's progress is queued before its end: publish it first.
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
-                    exec.apply(vec![state.progress(trial, epoch)]);
+                    exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
                 exec.cancels.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
@@ -278,7 +303,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
             }
             Some((trial, epoch)) = progress_rx.recv() => {
-                exec.apply(vec![state.progress(trial, epoch)]);
+                exec.apply(state.progress(trial, epoch).into_iter().collect());
+            }
+            _ = telemetry_tick.tick() => {
+                let sample = telemetry.sample(u32::try_from(state.running().count()).unwrap_or(u32::MAX));
+                if exec.transport.is_connected() {
+                    exec.publish(&AgentMessage::Telemetry(sample));
+                }
             }
             () = tokio::time::sleep_until(idle_at), if idle => {
                 tracing::info!("idle for the --exit-when-idle period");
@@ -304,7 +335,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
             Some((trial, measurement)) = done_rx.recv() => {
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
-                    exec.apply(vec![state.progress(trial, epoch)]);
+                    exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
                 exec.cancels.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
@@ -317,7 +348,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 None => transport_open = false,
             },
             Some((trial, epoch)) = progress_rx.recv() => {
-                exec.apply(vec![state.progress(trial, epoch)]);
+                exec.apply(state.progress(trial, epoch).into_iter().collect());
             }
         }
     }

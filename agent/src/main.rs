@@ -1,8 +1,10 @@
 //! `tunefleet-agent`: parses flags, sets up logging and signals, and runs
-//! the agent library. `tunefleet-agent __exec ...` is the exec wrapper
-//! (see `tunefleet_agent::exec`), dispatched before any runtime exists.
+//! the agent library, or one of its stand-alone subcommands (`probe`,
+//! `measure`). `tunefleet-agent __exec ...` is the exec wrapper (see
+//! `tunefleet_agent::exec`), dispatched before any runtime exists.
 //!
-//! Exit codes: 0 after a clean stop, 1 on a runtime error, 2 on a usage error.
+//! Exit codes: 0 after a clean stop, 1 on a runtime error, 2 on a usage
+//! error; `measure` exits with the measured command's status.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -10,9 +12,12 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tunefleet_agent::exec;
-use tunefleet_agent::options::Cli;
+use tunefleet_agent::measure::{self, MeasureConfig};
+use tunefleet_agent::options::{Cli, Mode};
+use tunefleet_agent::probe;
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
@@ -21,21 +26,41 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
     let cli = Cli::parse(); // exits with 2 on usage errors, 0 for --help
-    let config = match cli.into_config() {
-        Ok(c) => c,
+    let mode = match cli.into_mode() {
+        Ok(m) => m,
         Err(e) => {
             eprintln!("tunefleet-agent: {e}");
             return ExitCode::from(2);
         }
     };
-    let filter = EnvFilter::try_from_env("TUNEFLEET_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The subcommands are quiet unless asked: their report is the output.
+    let default_filter = if matches!(mode, Mode::Agent(_)) { "info" } else { "error" };
+    let filter = EnvFilter::try_from_env("TUNEFLEET_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match run(config) {
-        Ok(()) => ExitCode::SUCCESS,
+    let result = match mode {
+        Mode::Agent(config) => run(*config).map(|()| ExitCode::SUCCESS),
+        Mode::Probe { json, roots, model } => {
+            let report = probe::probe(&roots, model);
+            if json {
+                serde_json::to_string_pretty(&report)
+                    .context("cannot encode the probe report")
+                    .map(|text| println!("{text}"))
+            } else {
+                print!("{}", report.render_table());
+                Ok(())
+            }
+            .map(|()| ExitCode::SUCCESS)
+        }
+        Mode::Measure { argv, interval, json, roots, model } => {
+            run_measure(argv, interval, json, roots, model).map(ExitCode::from)
+        }
+    };
+    match result {
+        Ok(code) => code,
         Err(e) => {
             eprintln!("tunefleet-agent: {e:#}");
             ExitCode::FAILURE
@@ -43,10 +68,12 @@ fn main() -> ExitCode {
     }
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
+}
+
 fn run(config: tunefleet_agent::AgentConfig) -> anyhow::Result<()> {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")?;
-    runtime.block_on(async {
+    runtime()?.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot install the SIGTERM handler")?;
         let shutdown = async move {
@@ -57,4 +84,32 @@ fn run(config: tunefleet_agent::AgentConfig) -> anyhow::Result<()> {
         };
         tunefleet_agent::run(config, shutdown).await.context("agent failed")
     })
+}
+
+fn run_measure(
+    argv: Vec<String>,
+    interval: std::time::Duration,
+    json: bool,
+    energy_roots: tunefleet_agent::energy::EnergyRoots,
+    model: tunefleet_agent::energy::EstimateModel,
+) -> anyhow::Result<u8> {
+    let wrapper = std::env::current_exe().context("cannot find this executable to use as the exec wrapper")?;
+    let cfg = MeasureConfig { argv, interval, energy_roots, model, wrapper };
+    let measurement = runtime()?.block_on(async {
+        let cancel = CancellationToken::new();
+        let on_signal = cancel.clone();
+        // Ctrl-C reaches the command too (same terminal); the runner then stops its group.
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                on_signal.cancel();
+            }
+        });
+        measure::measure(&cfg, cancel).await
+    });
+    if json {
+        eprintln!("{}", serde_json::to_string(&measurement).context("cannot encode the measurement")?);
+    } else {
+        eprint!("{}", measure::render_table(&cfg.argv, &measurement));
+    }
+    Ok(measure::exit_status(&measurement.exit))
 }

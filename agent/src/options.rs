@@ -1,24 +1,28 @@
-//! Command-line options and their validation into an [`AgentConfig`].
-//! Every refusal names the flag and the problem; `main.rs` exits with 2.
+//! Command-line options and their validation into a [`Mode`]: the agent
+//! (`--broker ...`, the default), `probe` or `measure`. Every refusal names
+//! the flag and the problem; `main.rs` exits with 2.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, DEFAULT_ROOT, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
-use crate::energy::EstimateModel;
+use crate::energy::{EnergyRoots, EstimateModel};
 use crate::AgentConfig;
 
-/// `tunefleet-agent`: runs trials handed out by a Tunefleet coordinator.
+/// `tunefleet-agent`: runs trials handed out by a Tunefleet coordinator
+/// (with `--broker`), or probes and measures this machine on its own.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "tunefleet-agent", version, about)]
+#[command(name = "tunefleet-agent", version, about, args_conflicts_with_subcommands = true)]
 pub struct Cli {
-    /// Broker URL, mqtt://HOST:PORT
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Broker URL, mqtt://HOST:PORT (required to run as an agent)
     #[arg(long, env = "TUNEFLEET_BROKER", value_name = "URL")]
-    pub broker: String,
+    pub broker: Option<String>,
     /// Agent name (default: the host name, sanitised)
     #[arg(long)]
     pub name: Option<String>,
@@ -35,6 +39,7 @@ pub struct Cli {
     #[arg(long, default_value_t = 5, value_name = "SECS")]
     pub keepalive: u64,
     /// Directory for state kept across restarts (unacknowledged results)
+    /// [default: $STATE_DIRECTORY, else $XDG_STATE_HOME or ~/.local/state, /tunefleet-agent/NAME]
     #[arg(long, value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
     /// Exit after this many trials have finished and been acknowledged
@@ -49,12 +54,114 @@ pub struct Cli {
     /// cgroup v2 mount point used for memory limits
     #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR")]
     pub cgroup_root: PathBuf,
+    /// Interval between energy and counter samples while a trial runs
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub sample_interval: String,
+    /// Interval between telemetry messages (CPU, memory, power)
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub telemetry_interval: String,
+    #[command(flatten)]
+    pub energy: EnergyArgs,
+    #[command(flatten)]
+    pub security: tunefleet_common::security::SecurityArgs,
+}
+
+/// Where energy comes from; shared by the agent and its subcommands.
+#[derive(Debug, Clone, Args)]
+pub struct EnergyArgs {
     /// Energy estimate: watts per pinned core while idle
     #[arg(long, default_value_t = 1.0, value_name = "WATTS")]
     pub idle_watts_per_core: f64,
     /// Energy estimate: watts per core-second of CPU time
     #[arg(long, default_value_t = 4.0, value_name = "WATTS")]
     pub busy_watts_per_core: f64,
+    /// RAPL powercap root
+    #[arg(long, default_value = crate::energy::POWERCAP_ROOT, value_name = "DIR")]
+    pub powercap_root: PathBuf,
+    /// hwmon root
+    #[arg(long, default_value = crate::energy::HWMON_ROOT, value_name = "DIR")]
+    pub hwmon_root: PathBuf,
+    /// Battery (power_supply) root
+    #[arg(long, default_value = crate::energy::POWER_SUPPLY_ROOT, value_name = "DIR")]
+    pub power_supply_root: PathBuf,
+}
+
+/// The subcommands usable without a coordinator.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Show what this machine offers: energy sources, perf counters, cores, memory
+    Probe {
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        energy: EnergyArgs,
+    },
+    /// Run a command once and report time, energy per domain and counters
+    Measure {
+        /// Interval between energy and counter samples
+        #[arg(long, default_value = "1s", value_name = "DURATION")]
+        interval: String,
+        /// Print the report as one line of JSON (on standard error)
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        energy: EnergyArgs,
+        /// The command and its arguments (after --)
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+}
+
+/// What the command line asks for.
+#[derive(Debug, Clone)]
+pub enum Mode {
+    Agent(Box<AgentConfig>),
+    Probe { json: bool, roots: EnergyRoots, model: EstimateModel },
+    Measure { argv: Vec<String>, interval: Duration, json: bool, roots: EnergyRoots, model: EstimateModel },
+}
+
+impl EnergyArgs {
+    /// The estimate model and the roots, validated.
+    pub fn validate(&self) -> Result<(EstimateModel, EnergyRoots), ConfigError> {
+        for (flag, value) in
+            [("idle-watts-per-core", self.idle_watts_per_core), ("busy-watts-per-core", self.busy_watts_per_core)]
+        {
+            if !value.is_finite() || value < 0.0 {
+                return Err(ConfigError::Watts { flag, value });
+            }
+        }
+        let model = EstimateModel {
+            idle_watts_per_core: self.idle_watts_per_core,
+            busy_watts_per_core: self.busy_watts_per_core,
+        };
+        let roots = EnergyRoots {
+            powercap: self.powercap_root.clone(),
+            hwmon: self.hwmon_root.clone(),
+            power_supply: self.power_supply_root.clone(),
+            ..EnergyRoots::default()
+        };
+        Ok((model, roots))
+    }
+}
+
+/// Where unacknowledged results are kept when `--state-dir` is not given:
+/// systemd's `StateDirectory=`, else the XDG state home, per agent name.
+pub fn default_state_dir(
+    name: &str,
+    systemd: Option<PathBuf>,
+    xdg_state: Option<PathBuf>,
+    home: Option<PathBuf>,
+) -> Option<PathBuf> {
+    systemd.or_else(|| {
+        xdg_state.or_else(|| home.map(|h| h.join(".local/state"))).map(|d| d.join("tunefleet-agent").join(name))
+    })
+}
+
+fn positive_duration(flag: &'static str, value: &str) -> Result<Duration, ConfigError> {
+    parse_duration(value)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| ConfigError::Duration { flag, value: value.to_string() })
 }
 
 /// Why the options were refused.
@@ -62,8 +169,8 @@ pub struct Cli {
 pub enum ConfigError {
     #[error("--broker: {0}")]
     Broker(#[from] tunefleet_common::broker_url::BrokerUrlError),
-    #[error("--broker {0}: TLS (mqtts://) is not supported by this build yet")]
-    Tls(String),
+    #[error(transparent)]
+    Security(#[from] tunefleet_common::security::SecurityError),
     #[error("--tag {0:?}: expected KEY=VALUE with a non-empty KEY")]
     Tag(String),
     #[error("--slots must be at least 1")]
@@ -80,6 +187,8 @@ pub enum ConfigError {
     Watts { flag: &'static str, value: f64 },
     #[error("--max-trials must be at least 1")]
     MaxTrials,
+    #[error("--broker (or TUNEFLEET_BROKER) is required to run as an agent; or use a subcommand: probe, measure")]
+    NoBroker,
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a bare number of seconds.
@@ -122,12 +231,28 @@ fn hostname() -> Option<String> {
 }
 
 impl Cli {
-    /// Validates the options.
-    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
-        let broker: BrokerUrl = self.broker.parse()?;
-        if broker.tls {
-            return Err(ConfigError::Tls(self.broker));
+    /// Validates the options into what to do.
+    pub fn into_mode(self) -> Result<Mode, ConfigError> {
+        match self.command.clone() {
+            None => Ok(Mode::Agent(Box::new(self.into_config()?))),
+            Some(Command::Probe { json, energy }) => {
+                let (model, roots) = energy.validate()?;
+                Ok(Mode::Probe { json, roots, model })
+            }
+            Some(Command::Measure { interval, json, energy, command }) => {
+                let (model, roots) = energy.validate()?;
+                let interval = positive_duration("interval", &interval)?;
+                Ok(Mode::Measure { argv: command, interval, json, roots, model })
+            }
         }
+    }
+
+    /// Validates the options of the agent mode.
+    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
+        let broker_text = self.broker.ok_or(ConfigError::NoBroker)?;
+        let broker: BrokerUrl = broker_text.parse()?;
+        let password = std::env::var(tunefleet_common::security::PASSWORD_ENV).ok();
+        let security = self.security.resolve(&broker, password)?;
         let name = match self.name {
             Some(n) => n,
             None => hostname().ok_or(ConfigError::NoHostname)?,
@@ -146,26 +271,27 @@ impl Cli {
         };
         let exit_when_idle = self.exit_when_idle.as_deref().map(|v| duration("exit-when-idle", v)).transpose()?;
         let grace = duration("grace", &self.grace)?;
-        for (flag, value) in
-            [("idle-watts-per-core", self.idle_watts_per_core), ("busy-watts-per-core", self.busy_watts_per_core)]
-        {
-            if !value.is_finite() || value < 0.0 {
-                return Err(ConfigError::Watts { flag, value });
-            }
-        }
+        let (energy_model, energy_roots) = self.energy.validate()?;
+        let sample_interval = positive_duration("sample-interval", &self.sample_interval)?;
+        let telemetry_interval = positive_duration("telemetry-interval", &self.telemetry_interval)?;
+        let name_for_state = name.clone();
         let mut config = AgentConfig::new(broker, name, topics);
         config.tags = tags;
         config.slots = self.slots;
         config.keepalive = Duration::from_secs(self.keepalive);
-        config.state_dir = self.state_dir;
+        config.state_dir = self.state_dir.or_else(|| {
+            let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+            default_state_dir(&name_for_state, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
+        });
         config.max_trials = self.max_trials;
         config.exit_when_idle = exit_when_idle;
         config.grace = grace;
         config.cgroup_root = self.cgroup_root;
-        config.energy_model = EstimateModel {
-            idle_watts_per_core: self.idle_watts_per_core,
-            busy_watts_per_core: self.busy_watts_per_core,
-        };
+        config.energy_model = energy_model;
+        config.energy_roots = energy_roots;
+        config.sample_interval = sample_interval;
+        config.telemetry_interval = telemetry_interval;
+        config.security = security;
         Ok(config)
     }
 }
@@ -220,7 +346,7 @@ mod tests {
     fn refusals_name_the_problem() {
         let err = |args: &[&str]| config(args).expect_err("refused").to_string();
         assert!(err(&["--broker", "http://x:1", "--name", "a"]).contains("--broker"));
-        assert!(err(&["--broker", "mqtts://x:1", "--name", "a"]).contains("TLS"));
+        assert!(err(&["--broker", "mqtts://x:1", "--name", "a"]).contains("--ca"), "mqtts needs the CA");
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--tag", "novalue"]).contains("--tag"));
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--tag", "=v"]).contains("--tag"));
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--slots", "0"]).contains("--slots"));
@@ -228,6 +354,43 @@ mod tests {
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--root", "a/+"]).contains("--root"));
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--grace", "soon"]).contains("--grace"));
         assert!(cli(&["--name", "a", "--slots", "x", "--broker", "mqtt://x"]).is_err());
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--telemetry-interval", "0s"])
+            .contains("--telemetry-interval"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--busy-watts-per-core=-1"]).contains("--busy-watts"));
+    }
+
+    fn mode(args: &[&str]) -> Result<Mode, ConfigError> {
+        cli(args).expect("clap accepts").into_mode()
+    }
+
+    #[test]
+    fn subcommands() {
+        match mode(&["probe", "--json", "--powercap-root", "/x/powercap"]).expect("probe") {
+            Mode::Probe { json, roots, .. } => {
+                assert!(json);
+                assert_eq!(roots.powercap, PathBuf::from("/x/powercap"));
+                assert_eq!(roots.hwmon, PathBuf::from(crate::energy::HWMON_ROOT));
+            }
+            other => panic!("not probe: {other:?}"),
+        }
+        match mode(&["measure", "--interval", "100ms", "--", "ls", "-l", "--all"]).expect("measure") {
+            Mode::Measure { argv, interval, json, .. } => {
+                assert_eq!(argv, ["ls", "-l", "--all"]);
+                assert_eq!(interval, Duration::from_millis(100));
+                assert!(!json);
+            }
+            other => panic!("not measure: {other:?}"),
+        }
+        assert!(cli(&["measure"]).is_err(), "a command is required");
+        assert!(cli(&["probe", "--broker", "mqtt://x"]).is_err());
+        assert!(mode(&["measure", "--interval", "soon", "--", "true"])
+            .expect_err("bad")
+            .to_string()
+            .contains("--interval"));
+        let no_broker = Cli::try_parse_from(["tunefleet-agent", "--name", "a"]).expect("parses");
+        if std::env::var_os("TUNEFLEET_BROKER").is_none() {
+            assert!(matches!(no_broker.into_mode(), Err(ConfigError::NoBroker)));
+        }
     }
 
     #[test]
@@ -244,5 +407,14 @@ mod tests {
         assert_eq!(sanitize_name(&"a".repeat(100)).len(), MAX_AGENT_ID);
         assert!(validate_agent_id(&sanitize_name("wéird näme")).is_ok());
         assert_eq!(parse_tag("k=v=w").expect("ok"), ("k".into(), "v=w".into()));
+    }
+
+    #[test]
+    fn default_state_dir_prefers_systemd_then_xdg_then_home() {
+        let p = |s: &str| Some(PathBuf::from(s));
+        assert_eq!(default_state_dir("a", p("/var/lib/x"), p("/xdg"), p("/home/u")), p("/var/lib/x"));
+        assert_eq!(default_state_dir("a", None, p("/xdg"), p("/home/u")), p("/xdg/tunefleet-agent/a"));
+        assert_eq!(default_state_dir("a", None, None, p("/home/u")), p("/home/u/.local/state/tunefleet-agent/a"));
+        assert_eq!(default_state_dir("a", None, None, None), None);
     }
 }

@@ -97,6 +97,7 @@ mod tests {
 
     fn result(study: &str, trial: u64) -> TrialResult {
         TrialResult {
+            token: 0,
             trial: TrialRef { study: study.into(), trial, attempt: 1 },
             measurement: Measurement {
                 started_unix_ms: 5,
@@ -109,6 +110,8 @@ mod tests {
                 final_metrics: Default::default(),
                 counters: vec![],
                 counters_missing: vec![],
+                counter_series: vec![],
+                profile: Default::default(),
                 energy: EnergyReading {
                     source: EnergySourceKind::Estimated,
                     joules: 1.5,
@@ -116,6 +119,7 @@ mod tests {
                     interval_ms: 0,
                     valid: true,
                     note: None,
+                    series: vec![],
                 },
                 limits: AppliedLimits { cpus: vec![1], threads: Some(2), memory: MemoryLimit::None },
                 log_tail: "x\n".into(),

@@ -8,10 +8,11 @@
 //!   while draining, after `max_trials`, or for a trial already running is
 //!   refused (an already finished trial awaiting its ack is refused and its
 //!   result published again);
-//! * on every (re)connect: retained online status, Hello, Request, then every
-//!   result not yet acknowledged;
+//! * on every (re)connect: retained online status and Hello; once the
+//!   coordinator answers with a [`Welcome`] (the session token), a Request and
+//!   every result not yet acknowledged, all stamped with that token;
 //! * a live coordinator status coming online as a new instance (or after
-//!   being offline) triggers Hello, Request and unacked results again;
+//!   being offline) triggers Hello again (and so a new session);
 //! * a result is kept until the coordinator acknowledges it.
 
 use std::collections::BTreeMap;
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 use tunefleet_common::measurement::{EpochMetrics, Measurement};
 use tunefleet_common::message::{
     AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal, ResultAck,
-    TrialRef, TrialResult, TrialSpec, WorkRequest,
+    SessionToken, TrialRef, TrialResult, TrialSpec, Welcome, WorkRequest,
 };
 
 use crate::sched;
@@ -38,6 +39,8 @@ pub enum Action {
     Publish(AgentMessage),
     Start(StartTrial),
     Cancel(TrialRef),
+    /// Keep this result on disk until it is acknowledged.
+    Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
     Forget(TrialRef),
 }
@@ -52,6 +55,8 @@ pub struct AgentState {
     unacked: BTreeMap<TrialRef, TrialResult>,
     draining: bool,
     coordinator: Option<CoordinatorStatus>,
+    /// The current session's token; `None` until welcomed.
+    token: Option<SessionToken>,
     max_trials: Option<u64>,
     started: u64,
     finished: u64,
@@ -67,6 +72,7 @@ impl AgentState {
             unacked: BTreeMap::new(),
             draining: false,
             coordinator: None,
+            token: None,
             max_trials,
             started: 0,
             finished: 0,
@@ -117,22 +123,43 @@ impl AgentState {
         self.unacked.insert(result.trial.clone(), result);
     }
 
-    fn request(&mut self) -> Action {
+    /// Whether the coordinator has welcomed this session.
+    pub fn welcomed(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// A work request, once welcomed (nothing can be asked for before).
+    fn request(&mut self) -> Option<Action> {
+        let token = self.token?;
         self.seq += 1;
-        Action::Publish(AgentMessage::Request(WorkRequest {
+        Some(Action::Publish(AgentMessage::Request(WorkRequest {
+            token,
             seq: self.seq,
             free: self.free(),
             running: self.running.keys().cloned().collect(),
-        }))
+        })))
     }
 
-    fn unacked_results(&self) -> impl Iterator<Item = Action> + '_ {
-        self.unacked.values().map(|r| Action::Publish(AgentMessage::Result(r.clone())))
+    /// A result stamped with the current session's token, if welcomed.
+    fn publish_result(&self, result: &TrialResult) -> Option<Action> {
+        let token = self.token?;
+        Some(Action::Publish(AgentMessage::Result(TrialResult { token, ..result.clone() })))
     }
 
     fn announce(&mut self) -> Vec<Action> {
-        let mut out = vec![Action::Publish(AgentMessage::Hello(self.info.clone())), self.request()];
-        out.extend(self.unacked_results());
+        // A new Hello starts a new session: the old token is no longer good.
+        self.token = None;
+        vec![Action::Publish(AgentMessage::Hello(self.info.clone()))]
+    }
+
+    /// The coordinator accepted our Hello: ask for work, deliver what is owed.
+    pub fn on_welcome(&mut self, welcome: Welcome) -> Vec<Action> {
+        if welcome.instance != self.info.instance {
+            return Vec::new();
+        }
+        self.token = Some(welcome.token);
+        let mut out: Vec<Action> = self.request().into_iter().collect();
+        out.extend(self.unacked.values().filter_map(|r| self.publish_result(r)));
         out
     }
 
@@ -165,18 +192,21 @@ impl AgentState {
         }
     }
 
-    fn refuse(trial: TrialRef, reason: impl Into<String>) -> Action {
-        Action::Publish(AgentMessage::Refuse(Refusal { trial, reason: reason.into() }))
+    fn refuse(&self, trial: TrialRef, reason: impl Into<String>) -> Action {
+        let token = self.token.unwrap_or_default();
+        Action::Publish(AgentMessage::Refuse(Refusal { token, trial, reason: reason.into() }))
     }
 
     pub fn on_assign(&mut self, assignment: Assignment) -> Vec<Action> {
         let trial = assignment.trial;
         if self.running.contains_key(&trial) {
-            return vec![Self::refuse(trial, "already running")];
+            return vec![self.refuse(trial, "already running")];
         }
         if let Some(result) = self.unacked.get(&trial) {
-            let again = Action::Publish(AgentMessage::Result(result.clone()));
-            return vec![Self::refuse(trial, "already finished; result awaiting ack"), again];
+            let again = self.publish_result(result);
+            let mut out = vec![self.refuse(trial, "already finished; result awaiting ack")];
+            out.extend(again);
+            return out;
         }
         if self.free() == 0 {
             let reason = if self.draining {
@@ -186,7 +216,7 @@ impl AgentState {
             } else {
                 "no free slot"
             };
-            return vec![Self::refuse(trial, reason)];
+            return vec![self.refuse(trial, reason)];
         }
         let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
         let cpus = sched::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
@@ -210,13 +240,16 @@ impl AgentState {
         }
     }
 
-    pub fn progress(&self, trial: TrialRef, epoch: EpochMetrics) -> Action {
-        Action::Publish(AgentMessage::Progress(Progress {
+    /// Progress of a running trial (dropped while not welcomed: it is advisory).
+    pub fn progress(&self, trial: TrialRef, epoch: EpochMetrics) -> Option<Action> {
+        let token = self.token?;
+        Some(Action::Publish(AgentMessage::Progress(Progress {
+            token,
             trial,
             epoch: epoch.epoch,
             elapsed_us: epoch.elapsed_us,
             metrics: epoch.metrics,
-        }))
+        })))
     }
 
     /// A trial ended: publish its result, keep it until acked, ask for more.
@@ -224,11 +257,13 @@ impl AgentState {
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
         }
-        let result = TrialResult { trial: trial.clone(), measurement };
-        self.unacked.insert(trial, result.clone());
-        let mut out = vec![Action::Publish(AgentMessage::Result(result))];
+        let result = TrialResult { token: 0, trial: trial.clone(), measurement };
+        // Kept on disk first, whether or not it can be published now.
+        let mut out = vec![Action::Keep(result.clone())];
+        out.extend(self.publish_result(&result));
+        self.unacked.insert(trial, result);
         if !self.draining && self.free() > 0 {
-            out.push(self.request());
+            out.extend(self.request());
         }
         out
     }
@@ -297,6 +332,8 @@ mod tests {
             final_metrics: Metrics::new(),
             counters: vec![],
             counters_missing: vec![],
+            counter_series: vec![],
+            profile: Default::default(),
             energy: EnergyReading {
                 source: EnergySourceKind::Estimated,
                 joules: 0.0,
@@ -304,6 +341,7 @@ mod tests {
                 interval_ms: 0,
                 valid: true,
                 note: None,
+                series: vec![],
             },
             limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
             log_tail: String::new(),
@@ -321,11 +359,17 @@ mod tests {
                 Action::Publish(AgentMessage::Progress(_)) => "progress",
                 Action::Publish(AgentMessage::Result(_)) => "result",
                 Action::Publish(AgentMessage::Refuse(_)) => "refuse",
+                Action::Publish(AgentMessage::Telemetry(_)) => "telemetry",
                 Action::Start(_) => "start",
                 Action::Cancel(_) => "cancel",
+                Action::Keep(_) => "keep",
                 Action::Forget(_) => "forget",
             })
             .collect()
+    }
+
+    fn welcome(st: &mut AgentState) -> Vec<Action> {
+        st.on_welcome(Welcome { instance: 42, token: 77 })
     }
 
     fn request_of(actions: &[Action]) -> Option<WorkRequest> {
@@ -336,19 +380,24 @@ mod tests {
     }
 
     #[test]
-    fn connect_announces_in_order_with_growing_seq() {
+    fn connect_announces_then_asks_once_welcomed_with_growing_seq() {
         let mut st = AgentState::new(info(2), vec![0, 1, 2, 3], None);
-        let first = st.on_connected();
-        assert_eq!(kinds(&first), ["online", "hello", "request"]);
-        let again = st.on_connected();
+        assert_eq!(kinds(&st.on_connected()), ["online", "hello"]);
+        assert!(st.on_welcome(Welcome { instance: 41, token: 1 }).is_empty(), "another process's welcome");
+        let first = welcome(&mut st);
+        assert_eq!(kinds(&first), ["request"]);
+        assert_eq!(kinds(&st.on_connected()), ["online", "hello"]);
+        assert!(!st.welcomed(), "a new Hello ends the session");
+        let again = welcome(&mut st);
         let (r1, r2) = (request_of(&first).expect("req"), request_of(&again).expect("req"));
         assert!(r2.seq > r1.seq);
-        assert_eq!(r2.free, 2);
+        assert_eq!((r2.free, r2.token), (2, 77));
     }
 
     #[test]
     fn never_more_than_slots_and_no_duplicates() {
         let mut st = AgentState::new(info(2), vec![0, 1, 2, 3], None);
+        welcome(&mut st);
         assert_eq!(kinds(&st.on_assign(assign(1, Some(2)))), ["start"]);
         assert_eq!(kinds(&st.on_assign(assign(1, Some(2)))), ["refuse"]);
         let second = st.on_assign(assign(2, Some(2)));
@@ -359,39 +408,48 @@ mod tests {
         assert_eq!(st.free(), 0);
         assert_eq!(kinds(&st.on_assign(assign(3, None))), ["refuse"]);
         let done = st.on_finished(tref(1), measurement());
-        assert_eq!(kinds(&done), ["result", "request"]);
+        assert_eq!(kinds(&done), ["keep", "result", "request"]);
         assert_eq!(request_of(&done).map(|r| (r.free, r.running)), Some((1, vec![tref(2)])));
     }
 
     #[test]
-    fn results_stay_until_acked_and_are_republished() {
+    fn results_stay_until_acked_and_are_republished_with_the_new_token() {
         let mut st = AgentState::new(info(1), vec![0], None);
+        welcome(&mut st);
         st.on_assign(assign(1, None));
-        st.on_finished(tref(1), measurement());
-        assert_eq!(kinds(&st.on_connected()), ["online", "hello", "request", "result"]);
+        st.on_connected();
+        // Finished while not welcomed: kept, not published.
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep"]);
+        let again = st.on_welcome(Welcome { instance: 42, token: 99 });
+        assert_eq!(kinds(&again), ["request", "result"]);
+        assert!(matches!(&again[1], Action::Publish(AgentMessage::Result(r)) if r.token == 99));
         assert_eq!(kinds(&st.on_assign(assign(1, None))), ["refuse", "result"]);
         assert_eq!(kinds(&st.on_ack(ResultAck { trial: tref(1) })), ["forget"]);
         assert!(st.on_ack(ResultAck { trial: tref(1) }).is_empty());
-        assert_eq!(kinds(&st.on_connected()), ["online", "hello", "request"]);
+        st.on_connected();
+        assert_eq!(kinds(&welcome(&mut st)), ["request"]);
         assert!(st.is_quiet());
     }
 
     #[test]
     fn coordinator_restart_triggers_announce() {
         let mut st = AgentState::new(info(1), vec![0], None);
+        welcome(&mut st);
         st.on_assign(assign(1, None));
         st.on_finished(tref(1), measurement());
         let status = |online, instance| CoordinatorStatus { online, instance };
         assert!(st.on_coordinator_status(status(true, 1), true).is_empty(), "retained on subscribe");
         assert!(st.on_coordinator_status(status(true, 1), false).is_empty(), "same instance");
         assert!(st.on_coordinator_status(status(false, 1), false).is_empty(), "offline");
-        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1), false)), ["hello", "request", "result"]);
-        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2), false)), ["hello", "request", "result"]);
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1), false)), ["hello"]);
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2), false)), ["hello"]);
+        assert_eq!(kinds(&welcome(&mut st)), ["request", "result"]);
     }
 
     #[test]
     fn cancel_and_drain() {
         let mut st = AgentState::new(info(2), vec![0, 1], None);
+        welcome(&mut st);
         st.on_assign(assign(1, None));
         assert!(st.on_cancel(Cancel { trial: tref(9), reason: "x".into() }).is_empty());
         assert_eq!(st.on_cancel(Cancel { trial: tref(1), reason: "x".into() }), vec![Action::Cancel(tref(1))]);
@@ -401,17 +459,18 @@ mod tests {
             [Action::Publish(AgentMessage::Refuse(r))] => assert!(r.reason.contains("shutting down")),
             other => panic!("{other:?}"),
         }
-        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["result"], "no request while draining");
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "no request while draining");
     }
 
     #[test]
     fn max_trials_limits_requests() {
         let mut st = AgentState::new(info(2), vec![0, 1], Some(1));
-        assert_eq!(request_of(&st.on_connected()).map(|r| r.free), Some(1));
+        st.on_connected();
+        assert_eq!(request_of(&welcome(&mut st)).map(|r| r.free), Some(1));
         st.on_assign(assign(1, None));
         assert_eq!(kinds(&st.on_assign(assign(2, None))), ["refuse"]);
         assert!(!st.max_trials_done());
-        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["result"]);
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"]);
         assert!(st.max_trials_done());
     }
 }

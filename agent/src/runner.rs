@@ -24,6 +24,13 @@
 //! before a process exits and processes shorter than one interval are missed;
 //! 0 means no sample could be taken.
 //!
+//! Energy and counters are sampled every [`RunnerConfig::sample_interval`]
+//! (shortened when the energy source's counters could wrap faster, see
+//! [`crate::energy::sampling_interval`]) and once more when the exit is
+//! seen: the measurement gets a power series, a counter series and the
+//! profile vector derived from them. An energy source that fails to start
+//! falls back to the estimate, and the reading says so.
+//!
 //! Timeout or cancel: SIGTERM to the whole group, SIGKILL after the grace.
 
 use std::io::{BufReader, Read, Write};
@@ -40,10 +47,11 @@ use tunefleet_common::measurement::{
     AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter,
 };
 use tunefleet_common::message::TrialSpec;
+use tunefleet_common::profile::Profile;
 
 use crate::cgroup::{CgroupV2, TrialCgroup};
 use crate::counters::CounterSet;
-use crate::energy::{EnergySource, Estimate, Usage};
+use crate::energy::{self, EnergySource, Estimate, EstimateModel, Usage};
 use crate::exec::{ExecPlan, EXEC_FAILED_MARKER, EXIT_EXEC_FAILED};
 use crate::metrics::{parse_metric_line, MetricLine};
 use crate::output::{LineReader, LogTail, MAX_LINE_BYTES};
@@ -71,8 +79,15 @@ pub struct RunnerConfig {
     /// How long output may still be read after the workload exited.
     pub output_grace: Duration,
     pub energy: Arc<dyn EnergySource>,
+    /// The model used when `energy` fails to start.
+    pub energy_model: EstimateModel,
+    /// Interval between energy and counter samples while a trial runs.
+    pub sample_interval: Duration,
     /// CPUs the agent may use (the "cores" of an unpinned trial).
     pub machine_cpus: u32,
+    /// Let the workload write to the agent's own stdout and stderr (for
+    /// `measure`) instead of reading them for metrics and the log tail.
+    pub inherit_output: bool,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -86,7 +101,8 @@ impl std::fmt::Debug for RunnerConfig {
 }
 
 impl RunnerConfig {
-    /// Defaults: no cgroup, `/proc`, 500 ms kill grace, estimated energy.
+    /// Defaults: no cgroup, `/proc`, 500 ms kill grace, estimated energy,
+    /// samples every second.
     pub fn new(wrapper: PathBuf) -> Self {
         RunnerConfig {
             wrapper,
@@ -95,7 +111,10 @@ impl RunnerConfig {
             kill_grace: Duration::from_millis(500),
             output_grace: Duration::from_secs(2),
             energy: Arc::new(Estimate::default()),
+            energy_model: EstimateModel::default(),
+            sample_interval: crate::counters::DEFAULT_SAMPLE_INTERVAL,
             machine_cpus: u32::try_from(crate::sched::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
+            inherit_output: false,
         }
     }
 }
@@ -264,7 +283,8 @@ fn prepare_limits(cfg: &RunnerConfig, run: &TrialRun) -> Prepared {
 /// A measurement of a trial that never ran.
 fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, energy: &dyn EnergySource) -> Measurement {
     let usage = Usage { wall: Duration::ZERO, cpu: Duration::ZERO, cores: 0 };
-    let (_, counters_missing) = CounterSet::all_missing("the workload did not start").finish();
+    let counters_missing = CounterSet::all_missing("the workload did not start").finish(Duration::ZERO).missing;
+    let model = EstimateModel::default();
     Measurement {
         started_unix_ms,
         wall_us: 0,
@@ -276,7 +296,9 @@ fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, ener
         final_metrics: Metrics::new(),
         counters: Vec::new(),
         counters_missing,
-        energy: energy.start().stop(&usage),
+        counter_series: Vec::new(),
+        profile: Profile::empty(),
+        energy: energy::start_or_estimate(energy, model).stop(Duration::ZERO, &usage),
         limits,
         log_tail: String::new(),
     }
@@ -303,12 +325,12 @@ pub async fn run_trial(
         argv: spec.argv.iter().map(Into::into).collect(),
     };
     let mut cmd = Command::new(&cfg.wrapper);
-    cmd.args(plan.to_args())
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+    cmd.args(plan.to_args()).envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::piped()).process_group(0);
+    if cfg.inherit_output {
+        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
     if let Some(t) = spec.system.threads {
         for var in THREAD_VARS {
             cmd.env(var, t.to_string());
@@ -339,9 +361,10 @@ pub async fn run_trial(
             return not_started(unix_ms(SystemTime::now()), limits, e.to_string(), energy);
         }
     }
-    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
+    let mut counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
     let (tx, mut rx) = mpsc::channel::<OutputEvent>(1024);
-    let meter = energy.start();
+    let mut meter = energy::start_or_estimate(energy, cfg.energy_model);
+    let interval = energy::sampling_interval(cfg.sample_interval, energy);
     let started_unix_ms = unix_ms(SystemTime::now());
     let start = Instant::now();
     let go = child.stdin.take().map(|mut stdin| stdin.write_all(&[1]));
@@ -357,6 +380,8 @@ pub async fn run_trial(
     let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
     let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
     tokio::pin!(deadline);
+    let mut measure_tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    measure_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sampler = tokio::time::interval(RSS_SAMPLE_INTERVAL);
     sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
@@ -380,6 +405,9 @@ pub async fn run_trial(
                     Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
                     Err(e) => Err(format!("the waiting task failed: {e}")),
                 });
+                let at_exit = start.elapsed();
+                meter.sample(at_exit);
+                counters.sample(at_exit);
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
             }
             event = rx.recv(), if readers_open => match event {
@@ -402,6 +430,11 @@ pub async fn run_trial(
                 signal_group(pid, Signal::KILL);
                 kill_at = None;
             }
+            _ = measure_tick.tick(), if exited.is_none() => {
+                let elapsed = start.elapsed();
+                meter.sample(elapsed);
+                counters.sample(elapsed);
+            }
             _ = sampler.tick(), if exited.is_none() => {
                 if let Some(kib) = procfs::group_peak_rss_kib(&cfg.proc_root, pgid) {
                     peak_rss = Some(peak_rss.map_or(kib, |p| p.max(kib)));
@@ -415,7 +448,6 @@ pub async fn run_trial(
     }
     drop(rx);
 
-    let (counters, mut counters_missing) = counters.finish();
     if let Some(cg) = prepared.cgroup {
         cg.remove();
     }
@@ -429,6 +461,8 @@ pub async fn run_trial(
         }
         _ => (start.elapsed(), 0, 0, None),
     };
+    let crate::counters::CounterOutcome { readings: counters, missing: mut counters_missing, series: counter_series } =
+        counters.finish(wall);
     let exit = match (stopped, status, &exited) {
         (Some(outcome), _, _) => outcome,
         (None, Some(status), _) => match (status.code(), collected.exec_failed.take()) {
@@ -441,12 +475,15 @@ pub async fn run_trial(
     };
     if matches!(exit, ExitOutcome::SpawnFailed(_)) {
         // Counters of a workload that never ran say nothing.
-        counters_missing = CounterSet::all_missing("the workload did not start").finish().1;
+        counters_missing = CounterSet::all_missing("the workload did not start").finish(Duration::ZERO).missing;
     }
-    let counters = if matches!(exit, ExitOutcome::SpawnFailed(_)) { Vec::new() } else { counters };
+    let spawn_failed = matches!(exit, ExitOutcome::SpawnFailed(_));
+    let counters = if spawn_failed { Vec::new() } else { counters };
+    let counter_series = if spawn_failed { Vec::new() } else { counter_series };
+    let profile = Profile::derive(&counters, &counter_series, micros(wall));
     let cores = if run.cpus.is_empty() { cfg.machine_cpus } else { u32::try_from(run.cpus.len()).unwrap_or(u32::MAX) };
     let usage = Usage { wall, cpu: Duration::from_micros(user_us + sys_us), cores };
-    let energy = meter.stop(&usage);
+    let energy = meter.stop(wall, &usage);
     if collected.epochs_dropped > 0 {
         let note =
             format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
@@ -469,6 +506,8 @@ pub async fn run_trial(
         final_metrics,
         counters,
         counters_missing: missing,
+        counter_series,
+        profile,
         energy,
         limits: prepared.limits,
         log_tail: collected.tail.render(),

@@ -55,6 +55,8 @@ pub enum TransportError {
     Encode { kind: &'static str, source: CodecError },
     #[error("the MQTT request queue is full or closed; {kind} message dropped")]
     Queue { kind: &'static str },
+    #[error(transparent)]
+    Security(tunefleet_common::security::SecurityError),
 }
 
 /// Connection settings.
@@ -66,6 +68,8 @@ pub struct TransportConfig {
     pub topics: Topics,
     /// Published by the broker (retained) if the connection is lost.
     pub will: AgentMessage,
+    /// Login and TLS.
+    pub security: tunefleet_common::security::ClientSecurity,
 }
 
 /// A running MQTT connection.
@@ -95,7 +99,7 @@ fn kind_name(msg: &AgentMessage) -> &'static str {
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
-        let TransportConfig { broker, agent, keepalive, topics, will } = config;
+        let TransportConfig { broker, agent, keepalive, topics, will, security } = config;
         let will_payload = encode(&will).map_err(|source| TransportError::Encode { kind: kind_name(&will), source })?;
         let mut opts = MqttOptions::new(format!("tf-agent-{agent}"), broker.host.clone(), broker.port);
         opts.set_keep_alive(keepalive)
@@ -108,6 +112,13 @@ impl Transport {
                 QoS::AtLeastOnce,
                 true,
             ));
+        if let Some((user, pass)) = &security.credentials {
+            opts.set_credentials(user.clone(), pass.clone());
+        }
+        if let Some(files) = &security.tls {
+            let tls = tunefleet_common::security::client_config(files).map_err(TransportError::Security)?;
+            opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls)));
+        }
         let (client, mut eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
         let mut net = NetworkOptions::new();
         // Without TCP_NODELAY, Nagle's algorithm delays small request/reply exchanges by ~40 ms.

@@ -13,6 +13,7 @@ use tunefleet_agent::AgentConfig;
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
     AgentMessage, Assignment, CoordinatorMessage, CoordinatorStatus, ResultAck, SystemParams, TrialRef, TrialSpec,
+    Welcome,
 };
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode, BrokerUrl};
@@ -177,17 +178,20 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
         let _ = stop_rx.await;
     }));
 
-    // Announce on connect: online status (retained), hello, request.
+    // Announce on connect: online status (retained), hello; a request only once welcomed.
     let status = coord.expect("online status", |m| matches!(m, AgentMessage::Status(s) if s.online)).await;
     let AgentMessage::Status(status) = status else { unreachable!() };
     let hello = coord.expect("hello", |m| matches!(m, AgentMessage::Hello(_))).await;
     let AgentMessage::Hello(info) = hello else { unreachable!() };
     assert_eq!((info.agent.as_str(), info.instance, info.slots), ("a1", status.instance, 1));
-    coord.expect("request", |m| matches!(m, AgentMessage::Request(r) if r.free == 1)).await;
+    let instance = info.instance;
+    let welcome = |token| CoordinatorMessage::Welcome(Welcome { instance, token });
+    coord.send("a1", welcome(500)).await;
+    coord.expect("request", |m| matches!(m, AgentMessage::Request(r) if r.free == 1 && r.token == 500)).await;
 
     // One trial: progress, then the result, then a new request.
     coord.send("a1", assign(1, "echo 'TUNEFLEET epoch=1 loss=0.5'; echo 'TUNEFLEET final loss=0.25'")).await;
-    coord.expect("progress", |m| matches!(m, AgentMessage::Progress(p) if p.epoch == 1)).await;
+    coord.expect("progress", |m| matches!(m, AgentMessage::Progress(p) if p.epoch == 1 && p.token == 500)).await;
     let result = coord.expect("result 1", is_result_of(1)).await;
     let AgentMessage::Result(result) = result else { unreachable!() };
     assert_eq!(result.measurement.exit, ExitOutcome::Exited(0));
@@ -197,12 +201,15 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     // Not acked: a coordinator restart makes the agent publish it again.
     coord.status(true, 77).await;
     coord.expect("hello again", |m| matches!(m, AgentMessage::Hello(_))).await;
-    coord.expect("result 1 again", is_result_of(1)).await;
+    coord.send("a1", welcome(501)).await;
+    let again = coord.expect("result 1 again", is_result_of(1)).await;
+    assert!(matches!(again, AgentMessage::Result(r) if r.token == 501), "stamped with the new session's token");
 
     // Acked: after another restart only trial 2's result arrives, not 1's.
     coord.send("a1", CoordinatorMessage::Ack(ResultAck { trial: trial(1) })).await;
     coord.status(true, 78).await;
     coord.expect("hello after ack", |m| matches!(m, AgentMessage::Hello(_))).await;
+    coord.send("a1", welcome(502)).await;
     coord.send("a1", assign(2, "true")).await;
     let next = coord.expect("next result", |m| matches!(m, AgentMessage::Result(_))).await;
     assert!(is_result_of(2)(&next), "trial 1 was acked and must not come back: {next:?}");

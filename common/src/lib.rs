@@ -3,6 +3,7 @@
 //! * [`topic`]: the MQTT topic scheme under one versioned prefix.
 //! * [`message`]: the typed messages that travel on those topics.
 //! * [`measurement`]: the record an agent produces for every trial.
+//! * [`profile`]: the versioned workload profile vector derived from counters.
 //! * [`codec`]: postcard encoding behind a one-byte protocol version.
 //! * [`template`]: substitution of trial parameters into a command template.
 //!
@@ -13,6 +14,9 @@ pub mod codec;
 pub mod measurement;
 pub mod message;
 pub mod params;
+pub mod profile;
+#[cfg(feature = "security")]
+pub mod security;
 pub mod template;
 pub mod topic;
 

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::profile::Profile;
+
 /// Named metric values reported by the workload (`loss`, `accuracy`, ...).
 pub type Metrics = BTreeMap<String, f64>;
 
@@ -77,6 +79,42 @@ impl CounterReading {
     }
 }
 
+/// Counter increments over one sampling interval of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterSample {
+    /// Milliseconds since the workload started, at the end of the interval.
+    pub elapsed_ms: u64,
+    /// Scaled increments, one per entry of [`Measurement::counters`], same order.
+    pub deltas: Vec<f64>,
+}
+
+/// Longest counter series kept in one measurement; longer runs are thinned
+/// by merging neighbouring samples (see [`push_counter_sample`]).
+pub const MAX_COUNTER_SAMPLES: usize = 512;
+
+/// Appends `sample` to `series`, keeping at most [`MAX_COUNTER_SAMPLES`]:
+/// when full, neighbouring pairs are merged (increments added, later end
+/// time), so the series covers the whole run at a coarser step.
+pub fn push_counter_sample(series: &mut Vec<CounterSample>, sample: CounterSample) {
+    if series.len() >= MAX_COUNTER_SAMPLES {
+        let merged: Vec<CounterSample> = series
+            .chunks(2)
+            .map(|pair| {
+                let last = &pair[pair.len() - 1];
+                let mut deltas = pair[0].deltas.clone();
+                for other in &pair[1..] {
+                    for (d, o) in deltas.iter_mut().zip(&other.deltas) {
+                        *d += o;
+                    }
+                }
+                CounterSample { elapsed_ms: last.elapsed_ms, deltas }
+            })
+            .collect();
+        *series = merged;
+    }
+    series.push(sample);
+}
+
 /// A counter that was asked for and could not be measured, with the reason.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MissingCounter {
@@ -114,11 +152,45 @@ impl std::fmt::Display for EnergySourceKind {
     }
 }
 
-/// Energy of one domain (package-0, dram, battery, cpu-estimate...).
+/// Energy of one domain (package-0, package-0/core, dram, BAT0, cpu-estimate...).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DomainEnergy {
     pub domain: String,
     pub joules: f64,
+    /// True when this domain is part of [`EnergyReading::joules`]; false for
+    /// a part of another domain (a package's `core` sub-zone, a socket's
+    /// cores), reported for detail but not added again.
+    pub in_total: bool,
+}
+
+/// Average power over one sampling interval of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PowerSample {
+    /// Milliseconds since the workload started, at the end of the interval.
+    pub elapsed_ms: u64,
+    /// Average power of the counted domains over the interval.
+    pub watts: f64,
+}
+
+/// Longest power series kept in one reading; longer runs are thinned by
+/// merging neighbouring samples (see [`push_power_sample`]).
+pub const MAX_POWER_SAMPLES: usize = 512;
+
+/// Appends `sample` to `series`, keeping at most [`MAX_POWER_SAMPLES`]: when
+/// full, neighbouring pairs are merged into one sample (mean power, later
+/// end time), so the series always covers the whole run at a coarser step.
+pub fn push_power_sample(series: &mut Vec<PowerSample>, sample: PowerSample) {
+    if series.len() >= MAX_POWER_SAMPLES {
+        let merged: Vec<PowerSample> = series
+            .chunks(2)
+            .map(|pair| PowerSample {
+                elapsed_ms: pair[pair.len() - 1].elapsed_ms,
+                watts: pair.iter().map(|p| p.watts).sum::<f64>() / pair.len() as f64,
+            })
+            .collect();
+        *series = merged;
+    }
+    series.push(sample);
 }
 
 /// Energy used while the workload ran, with its provenance.
@@ -128,12 +200,16 @@ pub struct EnergyReading {
     /// Total over the domains, counted once (sub-zones are not added to their package).
     pub joules: f64,
     pub domains: Vec<DomainEnergy>,
-    /// Sampling interval used while the workload ran.
+    /// Sampling interval used while the workload ran (0: not sampled, a model).
     pub interval_ms: u32,
     /// False when the figure cannot be trusted (battery charging, a zone vanished...).
     pub valid: bool,
-    /// Why the figure is invalid, or a note on how it was made.
+    /// Why the figure is invalid, or a note on how it was made (and which
+    /// sources were skipped on the way to this one).
     pub note: Option<String>,
+    /// Power of the counted domains over the run, one sample per interval
+    /// (bounded, see [`MAX_POWER_SAMPLES`]); empty for a model estimate.
+    pub series: Vec<PowerSample>,
 }
 
 /// How the memory limit of a trial was enforced.
@@ -172,6 +248,10 @@ pub struct Measurement {
     pub final_metrics: Metrics,
     pub counters: Vec<CounterReading>,
     pub counters_missing: Vec<MissingCounter>,
+    /// The counters sampled at an interval while the workload ran.
+    pub counter_series: Vec<CounterSample>,
+    /// The workload's profile vector, derived from the counters.
+    pub profile: Profile,
     pub energy: EnergyReading,
     pub limits: AppliedLimits,
     /// The last lines of the workload's output that were not metric lines.
@@ -188,5 +268,58 @@ impl Measurement {
             "energy" => Some(self.energy.joules),
             other => self.final_metrics.get(other).copied(),
         }
+    }
+}
+
+/// What an agent reports about itself at a fixed interval, for placement
+/// and offloading decisions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Telemetry {
+    /// Unix time in milliseconds of the sample.
+    pub unix_ms: u64,
+    /// Interval the figures are averaged over, in milliseconds.
+    pub interval_ms: u32,
+    /// Busy fraction of all CPUs the agent may use, 0 to 1.
+    pub cpu_utilisation: f64,
+    /// Busy fraction of each CPU, 0 to 1, by CPU number order.
+    pub per_cpu: Vec<f64>,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Average power over the interval, when a meter (or the model) gives one.
+    pub power_watts: Option<f64>,
+    /// Where `power_watts` came from.
+    pub power_source: EnergySourceKind,
+    /// Trials running on the agent.
+    pub running: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn power_series_is_bounded_and_covers_the_run() {
+        let mut series = Vec::new();
+        for i in 0..(3 * MAX_POWER_SAMPLES as u64) {
+            push_power_sample(&mut series, PowerSample { elapsed_ms: (i + 1) * 100, watts: 10.0 });
+        }
+        assert!(series.len() <= MAX_POWER_SAMPLES);
+        assert_eq!(series.last().map(|p| p.elapsed_ms), Some(3 * MAX_POWER_SAMPLES as u64 * 100));
+        assert!(series.iter().all(|p| (p.watts - 10.0).abs() < 1e-12));
+        assert!(series.windows(2).all(|w| w[0].elapsed_ms < w[1].elapsed_ms));
+    }
+
+    #[test]
+    fn counter_series_merges_keep_the_sum() {
+        let mut series = Vec::new();
+        let n = 2 * MAX_COUNTER_SAMPLES as u64 + 7;
+        for i in 0..n {
+            push_counter_sample(&mut series, CounterSample { elapsed_ms: i, deltas: vec![1.0, 2.0] });
+        }
+        assert!(series.len() <= MAX_COUNTER_SAMPLES);
+        let total: f64 = series.iter().map(|s| s.deltas[0]).sum();
+        assert_eq!(total, n as f64);
+        let total2: f64 = series.iter().map(|s| s.deltas[1]).sum();
+        assert_eq!(total2, 2.0 * n as f64);
     }
 }

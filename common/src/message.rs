@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measurement::{EnergySourceKind, Measurement, Metrics};
+use crate::measurement::{EnergySourceKind, Measurement, Metrics, Telemetry};
 
 /// Identifies one attempt of one trial of one study.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -59,10 +59,17 @@ pub struct AgentStatus {
     pub instance: u64,
 }
 
-/// "I have `free` slots". Sent on connect and whenever a slot frees up.
+/// The session token the coordinator gave an agent in its [`Welcome`]. Every
+/// request, progress report, result and refusal carries it; the coordinator
+/// refuses messages with a token it did not issue to that agent, or one that
+/// has expired (the agent went offline or registered again).
+pub type SessionToken = u64;
+
+/// "I have `free` slots". Sent once welcomed and whenever a slot frees up.
 /// `seq` grows with every request, so a stale request is recognisable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkRequest {
+    pub token: SessionToken,
     pub seq: u64,
     pub free: u32,
     /// Trials the agent is running right now.
@@ -72,6 +79,7 @@ pub struct WorkRequest {
 /// Metrics of one finished epoch, sent while the trial runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
+    pub token: SessionToken,
     pub trial: TrialRef,
     pub epoch: u32,
     pub elapsed_us: u64,
@@ -81,6 +89,9 @@ pub struct Progress {
 /// The final measurement of one attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialResult {
+    /// Stamped when published: a result kept across a reconnect or restart
+    /// carries the token of the session that delivers it.
+    pub token: SessionToken,
     pub trial: TrialRef,
     pub measurement: Measurement,
 }
@@ -88,11 +99,15 @@ pub struct TrialResult {
 /// An assignment the agent will not run (more than its free slots, or it is draining).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
+    pub token: SessionToken,
     pub trial: TrialRef,
     pub reason: String,
 }
 
 /// Agent to coordinator.
+// A result (with its series and profile) is the largest variant by far; the
+// messages are short-lived, so boxing it would only add an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentMessage {
     Hello(AgentInfo),
@@ -101,6 +116,8 @@ pub enum AgentMessage {
     Progress(Progress),
     Result(TrialResult),
     Refuse(Refusal),
+    /// The agent's CPU, memory and power, at `--telemetry-interval`.
+    Telemetry(Telemetry),
 }
 
 /// System parameters of a trial, applied by the agent for real.
@@ -144,9 +161,18 @@ pub struct ResultAck {
     pub trial: TrialRef,
 }
 
+/// The coordinator accepted an agent's `Hello`: its session token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The agent process (`AgentInfo::instance`) this session belongs to.
+    pub instance: u64,
+    pub token: SessionToken,
+}
+
 /// Coordinator to agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CoordinatorMessage {
+    Welcome(Welcome),
     Assign(Assignment),
     Cancel(Cancel),
     Ack(ResultAck),

@@ -10,6 +10,8 @@
 //! | `{root}/v1/up/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
 //! | `{root}/v1/up/{id}/result` | agent → coordinator | `AgentMessage::Result` |
 //! | `{root}/v1/up/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
+//! | `{root}/v1/up/{id}/telemetry` | agent → coordinator | `AgentMessage::Telemetry` |
+//! | `{root}/v1/down/{id}/welcome` | coordinator → agent | `CoordinatorMessage::Welcome` |
 //! | `{root}/v1/down/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
 //! | `{root}/v1/down/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
 //! | `{root}/v1/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
@@ -38,34 +40,40 @@ pub enum AgentTopic {
     Progress,
     Result,
     Refuse,
+    Telemetry,
+    Welcome,
     Assign,
     Cancel,
     Ack,
 }
 
 impl AgentTopic {
-    pub const ALL: [AgentTopic; 9] = [
+    pub const ALL: [AgentTopic; 11] = [
         AgentTopic::Hello,
         AgentTopic::Status,
         AgentTopic::Request,
         AgentTopic::Progress,
         AgentTopic::Result,
         AgentTopic::Refuse,
+        AgentTopic::Telemetry,
+        AgentTopic::Welcome,
         AgentTopic::Assign,
         AgentTopic::Cancel,
         AgentTopic::Ack,
     ];
     /// Kinds an agent publishes (the coordinator subscribes to these).
-    pub const FROM_AGENT: [AgentTopic; 6] = [
+    pub const FROM_AGENT: [AgentTopic; 7] = [
         AgentTopic::Hello,
         AgentTopic::Status,
         AgentTopic::Request,
         AgentTopic::Progress,
         AgentTopic::Result,
         AgentTopic::Refuse,
+        AgentTopic::Telemetry,
     ];
     /// Kinds the coordinator publishes (an agent subscribes to its own).
-    pub const TO_AGENT: [AgentTopic; 3] = [AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack];
+    pub const TO_AGENT: [AgentTopic; 4] =
+        [AgentTopic::Welcome, AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -75,6 +83,8 @@ impl AgentTopic {
             AgentTopic::Progress => "progress",
             AgentTopic::Result => "result",
             AgentTopic::Refuse => "refuse",
+            AgentTopic::Telemetry => "telemetry",
+            AgentTopic::Welcome => "welcome",
             AgentTopic::Assign => "assign",
             AgentTopic::Cancel => "cancel",
             AgentTopic::Ack => "ack",
@@ -103,12 +113,14 @@ impl AgentTopic {
             AgentMessage::Progress(_) => AgentTopic::Progress,
             AgentMessage::Result(_) => AgentTopic::Result,
             AgentMessage::Refuse(_) => AgentTopic::Refuse,
+            AgentMessage::Telemetry(_) => AgentTopic::Telemetry,
         }
     }
 
     /// The topic kind a message must travel on.
     pub fn of_coordinator_message(msg: &CoordinatorMessage) -> Self {
         match msg {
+            CoordinatorMessage::Welcome(_) => AgentTopic::Welcome,
             CoordinatorMessage::Assign(_) => AgentTopic::Assign,
             CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
@@ -241,7 +253,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn agent_topics_round_trip(root in "[a-z]{1,8}(/[a-z0-9]{1,6}){0,2}", agent in "[A-Za-z0-9._-]{1,64}", k in 0usize..9) {
+        fn agent_topics_round_trip(root in "[a-z]{1,8}(/[a-z0-9]{1,6}){0,2}", agent in "[A-Za-z0-9._-]{1,64}", k in 0usize..AgentTopic::ALL.len()) {
             let topics = Topics::new(&root).expect("valid root");
             let topic = Topic::Agent { agent, kind: AgentTopic::ALL[k] };
             prop_assert_eq!(topics.parse(&topics.build(&topic)), Ok(topic));

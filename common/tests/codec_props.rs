@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
+use tunefleet_common::profile::{Profile, PROFILE_VERSION};
 use tunefleet_common::{decode, encode};
 
 fn trial_ref() -> impl Strategy<Value = TrialRef> {
@@ -51,13 +52,16 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 })
                 .collect(),
             counters_missing: vec![MissingCounter { event: "cycles".into(), reason: "not supported".into() }],
+            counter_series: vec![CounterSample { elapsed_ms: 1000, deltas: vec![joules, 2.0] }],
+            profile: Profile { version: PROFILE_VERSION, values: vec![Some(joules), None, Some(0.5)] },
             energy: EnergyReading {
                 source: EnergySourceKind::Estimated,
                 joules,
-                domains: vec![DomainEnergy { domain: "cpu".into(), joules }],
+                domains: vec![DomainEnergy { domain: "cpu".into(), joules, in_total: true }],
                 interval_ms: 1000,
                 valid: true,
                 note: None,
+                series: vec![PowerSample { elapsed_ms: 1000, watts: joules }],
             },
             limits: AppliedLimits {
                 cpus: vec![0, 1],
@@ -70,15 +74,31 @@ fn measurement() -> impl Strategy<Value = Measurement> {
 
 fn agent_message() -> impl Strategy<Value = AgentMessage> {
     prop_oneof![
-        (trial_ref(), measurement())
-            .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
+        (trial_ref(), measurement()).prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult {
+            token: 7,
+            trial,
+            measurement
+        })),
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
-            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics })
+            AgentMessage::Progress(Progress { token: 7, trial, epoch, elapsed_us: 5, metrics })
         }),
         (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
-            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
+            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { token: 7, seq, free, running })),
         (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
+        (any::<u64>(), 0.0f64..1.0, prop::option::of(0.0f64..500.0), any::<u64>()).prop_map(
+            |(unix_ms, cpu, power_watts, mem)| AgentMessage::Telemetry(Telemetry {
+                unix_ms,
+                interval_ms: 1000,
+                cpu_utilisation: cpu,
+                per_cpu: vec![cpu, 1.0 - cpu],
+                memory_used_bytes: mem / 2,
+                memory_total_bytes: mem,
+                power_watts,
+                power_source: EnergySourceKind::Rapl,
+                running: 1,
+            })
+        ),
         ("[a-z0-9-]{1,10}", any::<u64>(), prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)).prop_map(
             |(agent, instance, tags)| AgentMessage::Hello(AgentInfo {
                 agent,
@@ -119,6 +139,8 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
         ),
         (trial_ref(), ".{0,20}").prop_map(|(trial, reason)| CoordinatorMessage::Cancel(Cancel { trial, reason })),
         trial_ref().prop_map(|trial| CoordinatorMessage::Ack(ResultAck { trial })),
+        (any::<u64>(), any::<u64>())
+            .prop_map(|(instance, token)| CoordinatorMessage::Welcome(Welcome { instance, token })),
     ]
 }
 

@@ -11,13 +11,20 @@
 //! our own descriptors, take a duplicate with `pidfd_getfd` (a duplicate
 //! shares the socket) and set the option on it. The same search tells us the
 //! port when the caller asked for port 0.
+//!
+//! Security: with `users`, every connection must log in. With `tls`, the
+//! public listener speaks TLS and requires a client certificate signed by
+//! `client_ca` (rumqttd checks client certificates whenever TLS is on; it also
+//! reads a certificate's Organization as a tenant namespace, so fleet
+//! certificates carry none). The coordinator itself then connects through a
+//! second, loopback-only listener with a credential made up at start.
 
 use std::collections::{HashMap, HashSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
-use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings};
+use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfig};
 use rustix::net::{SocketAddrAny, SocketAddrV4, SocketAddrV6};
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 
@@ -33,6 +40,10 @@ pub enum BrokerError {
     NotListening { addr: SocketAddr, waited: Duration },
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("TLS file {path}: {source}")]
+    TlsFile { path: std::path::PathBuf, source: std::io::Error },
+    #[error("no free loopback port: {0}")]
+    NoPort(#[source] std::io::Error),
     #[error("could not inspect the broker's socket: {0}")]
     Inspect(#[source] std::io::Error),
 }
@@ -46,11 +57,31 @@ pub struct BrokerSettings {
     pub users: Option<HashMap<String, String>>,
     /// Give accepted connections `TCP_NODELAY` (off only to measure what it buys).
     pub nodelay: bool,
+    /// Serve TLS (with client certificates) on `listen`.
+    pub tls: Option<BrokerTls>,
+}
+
+/// The embedded broker's TLS files (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerTls {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// CA that signs the client certificates the broker accepts.
+    pub client_ca: std::path::PathBuf,
+}
+
+/// How the coordinator itself connects to its embedded broker.
+#[derive(Debug, Clone)]
+pub struct InternalAccess {
+    /// Plain MQTT on loopback: the public address, or a second listener when the public one is TLS.
+    pub addr: SocketAddr,
+    /// A credential made up at start, when the broker requires one.
+    pub credentials: Option<(String, String)>,
 }
 
 impl Default for BrokerSettings {
     fn default() -> Self {
-        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None, nodelay: true }
+        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None, nodelay: true, tls: None }
     }
 }
 
@@ -61,24 +92,33 @@ pub struct EmbeddedBroker {
     pub addr: SocketAddr,
     /// Whether accepted connections get `TCP_NODELAY` (false only if the kernel refused).
     pub nodelay: bool,
+    /// How the coordinator reaches it.
+    pub internal: InternalAccess,
 }
 
-fn rumqttd_config(settings: &BrokerSettings) -> Config {
-    let connections = ConnectionSettings {
-        connection_timeout_ms: 10_000,
-        max_payload_size: MAX_PAYLOAD,
-        max_inflight_count: 500,
-        auth: settings.users.clone(),
-        external_auth: None,
-        dynamic_filters: true,
-    };
-    let server = ServerSettings {
-        name: "tunefleet-v4".into(),
-        listen: settings.listen,
-        tls: None,
+fn server(
+    name: &str,
+    listen: SocketAddr,
+    auth: Option<HashMap<String, String>>,
+    tls: Option<TlsConfig>,
+) -> ServerSettings {
+    ServerSettings {
+        name: name.into(),
+        listen,
+        tls,
         next_connection_delay_ms: 0,
-        connections,
-    };
+        connections: ConnectionSettings {
+            connection_timeout_ms: 10_000,
+            max_payload_size: MAX_PAYLOAD,
+            max_inflight_count: 500,
+            auth,
+            external_auth: None,
+            dynamic_filters: true,
+        },
+    }
+}
+
+fn rumqttd_config(servers: Vec<ServerSettings>) -> Config {
     Config {
         id: 0,
         router: RouterConfig {
@@ -90,20 +130,55 @@ fn rumqttd_config(settings: &BrokerSettings) -> Config {
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
         },
-        v4: Some(HashMap::from([("1".to_string(), server)])),
+        v4: Some(servers.into_iter().enumerate().map(|(i, s)| (i.to_string(), s)).collect()),
         ..Default::default()
     }
 }
 
 /// Starts rumqttd and returns once it accepts connections.
 pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
-    if settings.listen.port() != 0 {
-        // rumqttd only logs a failed bind on its own thread; find out here, at once.
-        std::net::TcpListener::bind(settings.listen)
-            .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
-    }
+    // rumqttd only logs a failed bind on its own thread: bind here first, which
+    // finds a taken port at once and turns port 0 into a real port to look for.
+    let listen = std::net::TcpListener::bind(settings.listen)
+        .and_then(|l| l.local_addr())
+        .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
+    let mut servers = Vec::new();
+    let mut wanted = vec![listen];
+    let internal = match &settings.tls {
+        Some(tls) => {
+            for path in [&tls.cert, &tls.key, &tls.client_ca] {
+                std::fs::metadata(path).map_err(|source| BrokerError::TlsFile { path: path.clone(), source })?;
+            }
+            let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+            let tls_config = TlsConfig::Rustls {
+                capath: Some(path(&tls.client_ca)),
+                certpath: path(&tls.cert),
+                keypath: path(&tls.key),
+            };
+            servers.push(server("tunefleet-tls", listen, settings.users.clone(), Some(tls_config)));
+            let addr = std::net::TcpListener::bind(("127.0.0.1", 0))
+                .and_then(|l| l.local_addr())
+                .map_err(BrokerError::NoPort)?;
+            let credentials = internal_credential();
+            let auth = HashMap::from([credentials.clone()]);
+            servers.push(server("tunefleet-internal", addr, Some(auth), None));
+            wanted.push(addr);
+            InternalAccess { addr, credentials: Some(credentials) }
+        }
+        None => {
+            let credentials = settings.users.as_ref().map(|_| internal_credential());
+            let mut users = settings.users.clone();
+            if let (Some(map), Some((u, p))) = (users.as_mut(), &credentials) {
+                map.insert(u.clone(), p.clone());
+            }
+            servers.push(server("tunefleet", listen, users, None));
+            let local =
+                if listen.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], listen.port())) } else { listen };
+            InternalAccess { addr: local, credentials }
+        }
+    };
     let before: HashSet<u64> = socket_fds().into_iter().map(|(_, ino)| ino).collect();
-    let config = rumqttd_config(settings);
+    let config = rumqttd_config(servers);
     std::thread::Builder::new()
         .name("tunefleet-broker".into())
         .spawn(move || {
@@ -116,20 +191,50 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
 
     let waited = Duration::from_secs(5);
     let deadline = Instant::now() + waited;
-    loop {
-        if let Some((fd, addr)) = find_listener(&before, settings.listen).map_err(BrokerError::Inspect)? {
-            let nodelay = settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_ok();
-            if settings.nodelay && !nodelay {
-                tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
+    let mut nodelay = settings.nodelay;
+    for want in wanted {
+        loop {
+            if let Some((fd, _)) = find_listener(&before, want).map_err(BrokerError::Inspect)? {
+                if settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
+                    tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
+                    nodelay = false;
+                }
+                break;
             }
-            return Ok(EmbeddedBroker { addr, nodelay });
+            if Instant::now() > deadline {
+                return Err(BrokerError::NotListening { addr: want, waited });
+            }
+            // Waiting on a condition (the listener exists) that no event announces.
+            std::thread::sleep(Duration::from_millis(2));
         }
-        if Instant::now() > deadline {
-            return Err(BrokerError::NotListening { addr: settings.listen, waited });
-        }
-        // Waiting on a condition (the listener exists) that no event announces.
-        std::thread::sleep(Duration::from_millis(2));
     }
+    Ok(EmbeddedBroker { addr: listen, nodelay, internal })
+}
+
+/// A user name and random password for the coordinator's own connection.
+fn internal_credential() -> (String, String) {
+    (format!("tf-coordinator-{:08x}", rand::random::<u32>()), format!("{:032x}", rand::random::<u128>()))
+}
+
+/// Reads a users file: one `user:password` per line, `#` comments.
+pub fn read_users(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut users = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (user, pass) = line
+            .split_once(':')
+            .filter(|(u, p)| !u.is_empty() && !p.is_empty())
+            .ok_or_else(|| format!("{}:{}: expected user:password", path.display(), i + 1))?;
+        users.insert(user.to_string(), pass.to_string());
+    }
+    if users.is_empty() {
+        return Err(format!("{}: no user:password line", path.display()));
+    }
+    Ok(users)
 }
 
 /// `(fd number, socket inode)` for every socket this process holds.
@@ -173,11 +278,6 @@ fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Opt
     Ok(None)
 }
 
-/// True when `ip` is reachable only from this machine.
-pub fn is_loopback(ip: IpAddr) -> bool {
-    ip.is_loopback()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,9 +285,13 @@ mod tests {
 
     #[test]
     fn chooses_a_port_and_accepted_sockets_have_nodelay() {
-        let broker =
-            start(&BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), users: None, nodelay: true })
-                .expect("broker starts");
+        let broker = start(&BrokerSettings {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            users: None,
+            nodelay: true,
+            tls: None,
+        })
+        .expect("broker starts");
         assert_ne!(broker.addr.port(), 0);
         assert!(broker.nodelay);
         let before: HashSet<u64> = socket_fds().into_iter().map(|(_, i)| i).collect();
@@ -215,7 +319,8 @@ mod tests {
     fn a_taken_port_is_a_clear_error() {
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = taken.local_addr().expect("addr");
-        let err = start(&BrokerSettings { listen: addr, users: None, nodelay: true }).expect_err("port is taken");
+        let err =
+            start(&BrokerSettings { listen: addr, users: None, nodelay: true, tls: None }).expect_err("port is taken");
         assert!(err.to_string().contains(&addr.to_string()), "{err}");
     }
 }

@@ -7,13 +7,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use clap::builder::NonEmptyStringValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tunefleet_common::security::{ClientSecurity, SecurityArgs, PASSWORD_ENV};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
-use crate::broker::{self, BrokerSettings};
+use crate::broker::{self, BrokerSettings, BrokerTls};
 use crate::engine::{Engine, Summary};
 use crate::progress::Progress;
+use crate::sink::{Flusher, InfluxUrl, SinkConfig};
 use crate::store::{ExportFormat, Store};
 use crate::study::{self, Study};
 use crate::transport::{self, TransportConfig};
@@ -32,7 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a study from start to finish (resumes it if the store has it already).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Run the bundled example study on an embedded broker with two local agents.
     Demo(DemoArgs),
     /// Check a study file and print its trials without running anything.
@@ -93,6 +96,96 @@ pub struct BrokerArgs {
     /// MQTT keepalive in seconds.
     #[arg(long, default_value_t = 5)]
     pub keepalive: u64,
+    /// Embedded broker: require these logins (a file of user:password lines).
+    #[arg(long, value_name = "FILE")]
+    pub broker_users: Option<PathBuf>,
+    /// Embedded broker: serve TLS with this certificate (PEM); needs --broker-key and --broker-client-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["broker_key", "broker_client_ca"])]
+    pub broker_cert: Option<PathBuf>,
+    /// Embedded broker: private key (PEM) of --broker-cert.
+    #[arg(long, value_name = "FILE", requires = "broker_cert")]
+    pub broker_key: Option<PathBuf>,
+    /// Embedded broker: CA (PEM) that signs the client certificates it accepts (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "broker_cert")]
+    pub broker_client_ca: Option<PathBuf>,
+    /// How to log in to an external broker (--broker).
+    #[command(flatten)]
+    pub security: SecurityArgs,
+}
+
+impl BrokerArgs {
+    /// Starts the embedded broker unless `--broker` names an external one;
+    /// returns the URL agents use and how the coordinator itself connects.
+    fn connect_to(&self) -> anyhow::Result<(BrokerUrl, BrokerUrl, ClientSecurity)> {
+        if let Some(url) = &self.broker {
+            let password = std::env::var(PASSWORD_ENV).ok();
+            let security = self.security.resolve(url, password)?;
+            return Ok((url.clone(), url.clone(), security));
+        }
+        let users = self.broker_users.as_deref().map(broker::read_users).transpose().map_err(anyhow::Error::msg)?;
+        let tls = match (&self.broker_cert, &self.broker_key, &self.broker_client_ca) {
+            (Some(cert), Some(key), Some(client_ca)) => {
+                Some(BrokerTls { cert: cert.clone(), key: key.clone(), client_ca: client_ca.clone() })
+            }
+            _ => None,
+        };
+        if !self.listen.ip().is_loopback() && users.is_none() && tls.is_none() {
+            eprintln!(
+                "WARNING: the embedded broker listens on {} with no login and no TLS: anyone who reaches it can join \
+                 the fleet or send it data. Use --broker-users and/or --broker-cert.",
+                self.listen
+            );
+        }
+        let secure = tls.is_some();
+        let b = broker::start(&BrokerSettings { listen: self.listen, users, nodelay: true, tls })?;
+        tracing::info!(addr = %b.addr, tls = secure, "embedded broker listening");
+        let public = BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls: secure };
+        let internal = BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
+        Ok((public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None }))
+    }
+}
+
+/// Where results go besides the store. No URL: no InfluxDB output.
+#[derive(Args)]
+pub struct InfluxArgs {
+    /// Also write energy, power and per-trial summaries to this InfluxDB v2 server (http://HOST:8086).
+    #[arg(long, env = "TUNEFLEET_INFLUX_URL", value_name = "URL")]
+    pub influx_url: Option<InfluxUrl>,
+    /// InfluxDB organisation.
+    #[arg(long, env = "TUNEFLEET_INFLUX_ORG", default_value = "tunefleet", value_name = "ORG")]
+    #[arg(value_parser = NonEmptyStringValueParser::new())]
+    pub influx_org: String,
+    /// InfluxDB bucket.
+    #[arg(long, env = "TUNEFLEET_INFLUX_BUCKET", default_value = "tunefleet", value_name = "BUCKET")]
+    #[arg(value_parser = NonEmptyStringValueParser::new())]
+    pub influx_bucket: String,
+    /// InfluxDB API token (prefer the environment variable: flags show in `ps`).
+    #[arg(long, env = "TUNEFLEET_INFLUX_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub influx_token: Option<String>,
+    /// On exit, how long to keep delivering points still waiting (they stay in the store otherwise).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub influx_grace: u64,
+}
+
+impl std::fmt::Debug for InfluxArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InfluxArgs")
+            .field("influx_url", &self.influx_url)
+            .field("influx_org", &self.influx_org)
+            .field("influx_bucket", &self.influx_bucket)
+            .field("influx_token", &self.influx_token.as_ref().map(|_| "<hidden>"))
+            .field("influx_grace", &self.influx_grace)
+            .finish()
+    }
+}
+
+impl InfluxArgs {
+    /// The sink settings, when a URL is given.
+    pub fn config(&self) -> Option<SinkConfig> {
+        let url = self.influx_url.clone()?;
+        let token = self.influx_token.clone().filter(|t| !t.is_empty());
+        Some(SinkConfig::new(url, &self.influx_org, &self.influx_bucket, token))
+    }
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +194,8 @@ pub struct RunArgs {
     pub study: PathBuf,
     #[command(flatten)]
     pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
     #[command(flatten)]
     pub store: StoreArg,
     /// No progress bar.
@@ -116,6 +211,8 @@ pub struct DemoArgs {
     /// How many local agents to start.
     #[arg(long, default_value_t = 2)]
     pub agents: u32,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -126,7 +223,8 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
     match cli.command {
         Command::Run(args) => {
             let study = study::load(&args.study)?;
-            let summary = run_study(study, &args.broker, &args.store.store, !args.quiet, shutdown).await?;
+            let summary =
+                run_study(study, &args.broker, &args.influx, &args.store.store, !args.quiet, shutdown).await?;
             print_summary(&summary, &args.store.store);
             Ok(())
         }
@@ -217,42 +315,51 @@ fn open_existing(path: &Path) -> anyhow::Result<Store> {
 }
 
 /// Connects to the broker (starting the embedded one unless `--broker` is
-/// given) and runs `study` to the end.
+/// given) and runs `study` to the end. With an InfluxDB URL, a sink delivers
+/// the results' points meanwhile and for up to `--influx-grace` after.
 pub async fn run_study(
     study: Study,
     args: &BrokerArgs,
+    influx: &InfluxArgs,
     store_path: &Path,
     progress: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
     let topics = Topics::new(&args.root)?;
-    let url = match &args.broker {
-        Some(url) => url.clone(),
-        None => {
-            if !args.listen.ip().is_loopback() {
-                tracing::warn!(listen = %args.listen, "the embedded broker is open to the network without credentials");
-            }
-            let b = broker::start(&BrokerSettings { listen: args.listen, users: None, nodelay: true })?;
-            tracing::info!(addr = %b.addr, "embedded broker listening");
-            BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls: false }
-        }
-    };
+    let (url, connect_url, security) = args.connect_to()?;
     // Scripts and tests read this line to find a broker on a port the OS chose.
     println!("broker: {url}");
     let store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
     let instance: u64 = rand::random();
     let (outbox, inbound) = transport::connect(TransportConfig {
-        url,
+        url: connect_url,
         client_id: format!("tf-coordinator-{instance:016x}"),
         topics,
         keepalive: Duration::from_secs(args.keepalive),
-        credentials: None,
+        security,
         instance,
     })?;
-    let mut engine = Engine::new(store, outbox, Progress::new(progress));
+    let sink = influx.config().map(|c| Flusher::spawn(c, store_path)).transpose()?;
+    let mut engine = Engine::new(store, outbox, Progress::new(progress)).with_influx(sink.is_some());
     let name = study.name.clone();
     engine.start_study(study)?;
-    Ok(engine.run_study(&name, inbound, shutdown).await?)
+    let result = engine.run_study(&name, inbound, shutdown).await;
+    if let Some(sink) = sink {
+        let stats = sink.drain(Duration::from_secs(influx.influx_grace)).await?;
+        // Scripts and tests read this line.
+        println!(
+            "influx: {} points delivered, {} waiting in the store, {} refused",
+            stats.delivered, stats.waiting, stats.parked
+        );
+        if stats.waiting > 0 {
+            tracing::warn!(
+                waiting = stats.waiting,
+                error = stats.last_error.as_deref().unwrap_or("none"),
+                "InfluxDB points not delivered yet; the next run with this store delivers them"
+            );
+        }
+    }
+    Ok(result?)
 }
 
 fn print_summary(s: &Summary, store: &Path) {
@@ -265,8 +372,11 @@ fn print_summary(s: &Summary, store: &Path) {
         s.elapsed.as_secs_f64(),
         s.agents_seen
     );
-    if s.stats.rejected_messages + s.stats.unknown_results > 0 {
-        println!("rejected messages: {}, refused results: {}", s.stats.rejected_messages, s.stats.unknown_results);
+    if s.stats.rejected_messages + s.stats.unknown_results + s.stats.bad_tokens > 0 {
+        println!(
+            "refused: {} malformed messages, {} with a bad session token, {} results for attempts never assigned",
+            s.stats.rejected_messages, s.stats.bad_tokens, s.stats.unknown_results
+        );
     }
     match Store::open_read_only(store).and_then(|st| st.best(&s.study, 3)) {
         Ok(best) if !best.is_empty() => {
@@ -297,7 +407,7 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
             std::fs::remove_file(&f).with_context(|| format!("removing the old demo store {}", f.display()))?;
         }
     }
-    let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse()?, users: None, nodelay: true })?;
+    let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse()?, ..BrokerSettings::default() })?;
     let url = format!("mqtt://{}", b.addr);
     let path = std::env::join_paths(
         std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
@@ -320,8 +430,18 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         "demo: embedded broker on {}, {} agents, study {:?} ({} trials)",
         b.addr, args.agents, study.name, study.budget
     );
-    let broker_args = BrokerArgs { broker: Some(url.parse()?), listen: b.addr, root, keepalive: 5 };
-    let result = run_study(study, &broker_args, &args.store, !args.quiet, shutdown).await;
+    let broker_args = BrokerArgs {
+        broker: Some(url.parse()?),
+        listen: b.addr,
+        root,
+        keepalive: 5,
+        broker_users: None,
+        broker_cert: None,
+        broker_key: None,
+        broker_client_ca: None,
+        security: SecurityArgs::default(),
+    };
+    let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
     for child in &mut agents {
         if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);

@@ -11,12 +11,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
 use tunefleet_common::measurement::ExitOutcome;
-use tunefleet_common::message::{AgentMessage, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialResult};
+use tunefleet_common::message::{
+    AgentMessage, Assignment, Cancel, CoordinatorMessage, ResultAck, SessionToken, TrialResult, Welcome,
+};
 
 use crate::progress::Progress;
 use crate::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
 use crate::search::{self, TrialPlan};
-use crate::store::{Batch, Store, StoreError, TrialState};
+use crate::store::{Batch, RecordOutcome, Store, StoreError, TrialState};
 use crate::study::{Direction, Study};
 use crate::transport::{Inbound, Outbox};
 
@@ -38,6 +40,8 @@ pub enum EngineError {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {
     pub rejected_messages: u64,
+    /// Messages with a session token the coordinator did not give that agent (or that expired).
+    pub bad_tokens: u64,
     pub unknown_results: u64,
     pub duplicate_results: u64,
     pub superseded_results: u64,
@@ -83,6 +87,8 @@ pub struct Engine {
     epoch: Instant,
     progress: Progress,
     agents_seen: std::collections::HashSet<String>,
+    /// Queue each stored result's points for InfluxDB (see [`crate::sink`]).
+    influx: bool,
 }
 
 fn unix_ms() -> u64 {
@@ -100,7 +106,15 @@ impl Engine {
             epoch: Instant::now(),
             progress,
             agents_seen: Default::default(),
+            influx: false,
         }
+    }
+
+    /// Queues the points of every stored result in the store's InfluxDB
+    /// outbox, in the same transaction as the result.
+    pub fn with_influx(mut self, on: bool) -> Self {
+        self.influx = on;
+        self
     }
 
     fn now_ms(&self) -> u64 {
@@ -237,6 +251,7 @@ impl Engine {
                         agents_seen: &mut self.agents_seen,
                         out: &mut out,
                         effects: &mut effects,
+                        influx: self.influx,
                     },
                     ev,
                 )?;
@@ -273,6 +288,7 @@ struct Ctx<'a, 'b> {
     agents_seen: &'a mut std::collections::HashSet<String>,
     out: &'a mut Vec<(String, CoordinatorMessage)>,
     effects: &'a mut Vec<Effect>,
+    influx: bool,
 }
 
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
@@ -296,12 +312,25 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         Inbound::Agent { agent, msg } => (agent, *msg),
     };
     let now = unix_ms();
+    if let Some(token) = session_token(&msg) {
+        if !cx.sched.token_ok(&agent, token) {
+            cx.stats.bad_tokens += 1;
+            let n = cx.stats.bad_tokens;
+            if n <= 10 || n.is_power_of_two() {
+                tracing::warn!(agent = %agent, refused = n, "message with an unknown or expired session token refused");
+            }
+            return Ok(());
+        }
+    }
     match msg {
         AgentMessage::Hello(info) => {
             tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, "agent announced");
             cx.batch.upsert_agent(&info, now)?;
-            cx.agents_seen.insert(agent);
-            cx.effects.extend(cx.sched.hello(info));
+            cx.agents_seen.insert(agent.clone());
+            let token: SessionToken = rand::random();
+            let instance = info.instance;
+            cx.effects.extend(cx.sched.hello(info, token));
+            cx.out.push((agent, CoordinatorMessage::Welcome(Welcome { instance, token })));
         }
         AgentMessage::Status(status) => {
             if !status.online {
@@ -318,12 +347,25 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         }
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
+        // Telemetry is for offloading decisions; not used by the engine yet.
+        AgentMessage::Telemetry(_) => {}
     }
     Ok(())
 }
 
+/// The session token a message carries, for the messages that need one.
+fn session_token(msg: &AgentMessage) -> Option<SessionToken> {
+    match msg {
+        AgentMessage::Hello(_) | AgentMessage::Status(_) | AgentMessage::Telemetry(_) => None,
+        AgentMessage::Request(r) => Some(r.token),
+        AgentMessage::Progress(p) => Some(p.token),
+        AgentMessage::Result(r) => Some(r.token),
+        AgentMessage::Refuse(r) => Some(r.token),
+    }
+}
+
 fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64) -> Result<(), EngineError> {
-    let TrialResult { trial, measurement } = result;
+    let TrialResult { trial, measurement, .. } = result;
     let kind = match &measurement.exit {
         ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
         ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),
@@ -346,7 +388,11 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             let objective = active.as_ref().and_then(|a| {
                 measurement.exit.success().then(|| measurement.objective_value(&a.study.objective.metric)).flatten()
             });
-            cx.batch.record_result(&trial, &agent, &measurement, objective, now)?;
+            let stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)?;
+            if cx.influx && stored == RecordOutcome::Stored {
+                let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
+                cx.batch.enqueue_points(&points, now)?;
+            }
             match verdict {
                 Verdict::Duplicate => cx.stats.duplicate_results += 1,
                 Verdict::Superseded => cx.stats.superseded_results += 1,

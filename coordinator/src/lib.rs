@@ -6,6 +6,7 @@ pub mod engine;
 pub mod progress;
 pub mod sched;
 pub mod search;
+pub mod sink;
 pub mod store;
 pub mod study;
 pub mod transport;

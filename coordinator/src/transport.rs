@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
-use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS};
+use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
 use tokio::sync::mpsc;
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus};
+use tunefleet_common::security::{self, ClientSecurity, SecurityError};
 use tunefleet_common::topic::{AgentTopic, Topic, Topics};
 use tunefleet_common::{decode, encode, BrokerUrl, CodecError};
 
@@ -20,7 +21,7 @@ pub struct TransportConfig {
     pub client_id: String,
     pub topics: Topics,
     pub keepalive: Duration,
-    pub credentials: Option<(String, String)>,
+    pub security: ClientSecurity,
     /// Random per coordinator start; agents re-announce when it changes.
     pub instance: u64,
 }
@@ -43,6 +44,8 @@ pub enum Inbound {
 pub enum TransportError {
     #[error("message does not encode: {0}")]
     Encode(#[from] CodecError),
+    #[error(transparent)]
+    Security(#[from] SecurityError),
     #[error("the MQTT client is gone: {0}")]
     Closed(String),
 }
@@ -108,8 +111,11 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
         .set_inflight(1000)
         .set_request_channel_capacity(4096)
         .set_max_packet_size(crate::broker::MAX_PAYLOAD, crate::broker::MAX_PAYLOAD);
-    if let Some((user, pass)) = &config.credentials {
+    if let Some((user, pass)) = &config.security.credentials {
         opts.set_credentials(user.clone(), pass.clone());
+    }
+    if let Some(files) = &config.security.tls {
+        opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(security::client_config(files)?)));
     }
     let will = encode(&CoordinatorStatus { online: false, instance: config.instance })?;
     opts.set_last_will(LastWill::new(config.topics.coordinator_status(), will, QoS::AtLeastOnce, true));
@@ -152,7 +158,8 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
                     if tx.send(Inbound::Disconnected(e.to_string())).await.is_err() {
                         return;
                     }
-                    tokio::time::sleep(backoff).await;
+                    // Jitter, so a fleet that lost its broker does not come back in lockstep.
+                    tokio::time::sleep(backoff.mul_f64(0.5 + rand::random::<f64>())).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
             }
@@ -169,7 +176,8 @@ mod tests {
     #[test]
     fn classify_rejects_mismatches_and_garbage() {
         let topics = Topics::new("t").expect("root");
-        let req = encode(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] })).expect("enc");
+        let req =
+            encode(&AgentMessage::Request(WorkRequest { token: 1, seq: 1, free: 1, running: vec![] })).expect("enc");
         assert!(matches!(
             classify(&topics, &topics.agent("a1", AgentTopic::Request), &req),
             Inbound::Agent { ref agent, ref msg } if agent == "a1" && matches!(**msg, AgentMessage::Request(_))
@@ -179,7 +187,8 @@ mod tests {
         // A topic the coordinator itself publishes on.
         assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Assign), &req), Inbound::Rejected { .. }));
         // Garbage.
-        let Inbound::Rejected { reason, .. } = classify(&topics, &topics.agent("a1", AgentTopic::Status), &[1, 255, 3])
+        let Inbound::Rejected { reason, .. } =
+            classify(&topics, &topics.agent("a1", AgentTopic::Status), &[tunefleet_common::PROTOCOL_VERSION, 255, 3])
         else {
             panic!("garbage accepted")
         };

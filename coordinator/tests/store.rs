@@ -55,6 +55,8 @@ fn measurement(loss: f64, exit: ExitOutcome) -> Measurement {
         final_metrics: BTreeMap::from([("loss".to_string(), loss)]),
         counters: vec![],
         counters_missing: vec![],
+        counter_series: vec![],
+        profile: Default::default(),
         energy: EnergyReading {
             source: EnergySourceKind::Estimated,
             joules: 12.5,
@@ -62,6 +64,7 @@ fn measurement(loss: f64, exit: ExitOutcome) -> Measurement {
             interval_ms: 100,
             valid: true,
             note: Some("model estimate".into()),
+            series: vec![],
         },
         limits: AppliedLimits { cpus: vec![0], threads: Some(1), memory: MemoryLimit::None },
         log_tail: "ok".into(),
@@ -364,6 +367,7 @@ fn a_file_store_keeps_everything_across_reopen() {
         let mut b = store.batch().expect("batch");
         for epoch in 0..3 {
             let p = Progress {
+                token: 1,
                 trial: tref("file", 1, 1),
                 epoch,
                 elapsed_us: u64::from(epoch) * 1000,

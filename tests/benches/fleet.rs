@@ -20,7 +20,7 @@ use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use tokio::sync::mpsc;
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
-use tunefleet_common::topic::{AgentTopic, Topic, Topics};
+use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode};
 use tunefleet_coordinator::broker::{self, BrokerSettings};
 use tunefleet_tests::*;
@@ -116,8 +116,13 @@ async fn bench_rtt() {
         ("embedded rumqttd, TCP_NODELAY set (default)", true, 2000),
         ("embedded rumqttd, as shipped (no TCP_NODELAY)", false, 40),
     ] {
-        let b = broker::start(&BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), users: None, nodelay })
-            .expect("broker");
+        let b = broker::start(&BrokerSettings {
+            listen: "127.0.0.1:0".parse().expect("addr"),
+            users: None,
+            nodelay,
+            tls: None,
+        })
+        .expect("broker");
         let (med, p99) = rtt(b.addr.port(), n).await;
         println!("| {label} | {n} | {med:.3} | {p99:.3} |");
     }
@@ -166,6 +171,8 @@ fn fake_measurement() -> Measurement {
             time_running_ns: 500_000,
         }],
         counters_missing: vec![],
+        counter_series: vec![],
+        profile: Default::default(),
         energy: EnergyReading {
             source: EnergySourceKind::Estimated,
             joules: 0.01,
@@ -173,6 +180,7 @@ fn fake_measurement() -> Measurement {
             interval_ms: 1000,
             valid: true,
             note: None,
+            series: vec![],
         },
         limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
         log_tail: String::new(),
@@ -203,6 +211,7 @@ async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
             c.try_publish(topic, QoS::AtLeastOnce, matches!(msg, AgentMessage::Status(_)), encode(&msg).expect("enc"));
     };
     let mut seq = 0u64;
+    let mut token = 0;
     let mut asked = Instant::now();
     let mut lat = Vec::new();
     let m = fake_measurement();
@@ -217,22 +226,24 @@ async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
                 if decode::<CoordinatorStatus>(&p.payload).is_ok_and(|s| s.online) {
                     pub_msg(&c, AgentMessage::Status(AgentStatus { online: true, instance: info.instance }));
                     pub_msg(&c, AgentMessage::Hello(info.clone()));
+                }
+            }
+            Ok(Event::Incoming(Packet::Publish(p))) => match decode::<CoordinatorMessage>(&p.payload) {
+                Ok(CoordinatorMessage::Welcome(w)) => {
+                    token = w.token;
                     seq += 1;
                     asked = Instant::now();
-                    pub_msg(&c, AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] }));
+                    pub_msg(&c, AgentMessage::Request(WorkRequest { token, seq, free: 1, running: vec![] }));
                 }
-            }
-            Ok(Event::Incoming(Packet::Publish(p))) => {
-                if !matches!(topics.parse(&p.topic), Ok(Topic::Agent { kind: AgentTopic::Assign, .. })) {
-                    continue;
+                Ok(CoordinatorMessage::Assign(a)) => {
+                    lat.push(asked.elapsed().as_secs_f64() * 1e3);
+                    pub_msg(&c, AgentMessage::Result(TrialResult { token, trial: a.trial, measurement: m.clone() }));
+                    seq += 1;
+                    asked = Instant::now();
+                    pub_msg(&c, AgentMessage::Request(WorkRequest { token, seq, free: 1, running: vec![] }));
                 }
-                let Ok(CoordinatorMessage::Assign(a)) = decode::<CoordinatorMessage>(&p.payload) else { continue };
-                lat.push(asked.elapsed().as_secs_f64() * 1e3);
-                pub_msg(&c, AgentMessage::Result(TrialResult { trial: a.trial, measurement: m.clone() }));
-                seq += 1;
-                asked = Instant::now();
-                pub_msg(&c, AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] }));
-            }
+                _ => {}
+            },
             Ok(_) => {}
             Err(_) => return lat,
         }

@@ -2,6 +2,8 @@
 //! ports, child processes that die with the test, and waiting on conditions
 //! under a deadline (never a fixed sleep).
 
+pub mod victoria;
+
 use std::io::{BufRead, BufReader};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -150,7 +152,7 @@ fn rand_suffix() -> u32 {
 pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.arg("run").arg(study).arg("--store").arg(store).args(["--root", root, "--quiet"]).args(extra);
-    if !extra.contains(&"--broker") {
+    if !extra.contains(&"--broker") && !extra.contains(&"--listen") {
         cmd.args(["--listen", "127.0.0.1:0"]);
     }
     let mut p = Proc::spawn("coordinator", cmd);
@@ -161,9 +163,16 @@ pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str])
 
 /// Starts an agent process.
 pub fn start_agent(url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
-    let mut cmd = Command::new(bin("tunefleet-agent"));
-    cmd.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
-    Proc::spawn(name, cmd)
+    start_agent_with(Command::new(bin("tunefleet-agent")), url, name, root, extra)
+}
+
+/// Starts an agent through `launcher`: an agent binary given by path, or an
+/// emulator with the agent as its first argument (`qemu-aarch64-static AGENT`).
+pub fn start_agent_with(mut launcher: Command, url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
+    launcher.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
+    // Agents spool results under the XDG state home by default: keep tests' spools out of $HOME.
+    launcher.env("XDG_STATE_HOME", std::env::temp_dir().join(format!("tunefleet-test-state-{}", std::process::id())));
+    Proc::spawn(name, launcher)
 }
 
 /// A study file using the real training workload, with `trials` trials.

@@ -1,0 +1,290 @@
+//! Fault injection with real processes. Every test ends by checking that each
+//! trial of the study has exactly one accepted result.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension};
+use tunefleet_tests::*;
+
+fn unix_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// A study of `trials` trials that each sleep `secs` and report `v`.
+fn sleep_study(dir: &Path, name: &str, trials: u32, secs: f64) -> std::path::PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+command = ["sh", "-c", "sleep {secs}; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
+timeout = 60
+max_attempts = 5
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "grid"
+[hyper.v]
+kind = "int"
+low = 1
+high = {trials}
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+fn db(store: &Path) -> Connection {
+    Connection::open(store).expect("store")
+}
+
+/// Each trial has exactly one accepted result, and it is the value the trial reported.
+fn assert_exactly_once(store: &Path, study: &str, trials: i64) {
+    let c = db(store);
+    let rows: Vec<(i64, f64)> = c
+        .prepare("SELECT trial, objective FROM results WHERE study = ?1 ORDER BY trial")
+        .expect("prepare")
+        .query_map([study], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert_eq!(rows.len() as i64, trials, "one result per trial: {rows:?}");
+    for (i, (trial, v)) in rows.iter().enumerate() {
+        assert_eq!(*trial, i as i64);
+        assert_eq!(*v, (i + 1) as f64, "trial {trial} stored its own value");
+    }
+    let done: i64 = c
+        .query_row("SELECT COUNT(*) FROM trials WHERE study = ?1 AND state = 'done'", [study], |r| r.get(0))
+        .expect("n");
+    assert_eq!(done, trials);
+}
+
+/// (trial, attempt) of an attempt `agent` is running now, if any.
+fn running_on(store: &Path, agent: &str) -> Option<(i64, i64)> {
+    let c = Connection::open(store).ok()?;
+    c.query_row(
+        "SELECT a.trial, a.attempt FROM attempts a JOIN trials t ON t.study = a.study AND t.trial = a.trial
+         WHERE a.agent = ?1 AND a.ended_ms IS NULL AND t.state = 'running' LIMIT 1",
+        [agent],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
+    .optional()
+    .ok()
+    .flatten()
+}
+
+fn results_count(store: &Path) -> i64 {
+    Connection::open(store)
+        .ok()
+        .and_then(|c| c.query_row("SELECT COUNT(*) FROM results", [], |r| r.get(0)).ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn agent_killed_mid_trial_is_requeued_at_once_and_completes_elsewhere() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("killagent");
+    let store = dir.path().join("s.db");
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "k", 6, 1.0), &store, &root, &[]);
+    let victim = start_agent(&url, "victim", &root, &["--keepalive", "5"]);
+    let mut running = None;
+    wait_for("the victim to run a trial", Duration::from_secs(90), || {
+        running = running_on(&store, "victim");
+        running.is_some()
+    });
+    let (trial, attempt) = running.expect("running");
+    let killed_at = unix_ms();
+    victim.signal("KILL");
+    let _other = start_agent(&url, "survivor", &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    assert!(status.success());
+    assert_exactly_once(&store, "k", 6);
+    let c = db(&store);
+    let (ended, outcome): (i64, String) = c
+        .query_row(
+            "SELECT ended_ms, outcome FROM attempts WHERE study = 'k' AND trial = ?1 AND attempt = ?2",
+            [trial, attempt],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the killed attempt");
+    assert!(outcome.contains("offline"), "requeued because the agent went offline: {outcome}");
+    let winner: String =
+        c.query_row("SELECT agent FROM results WHERE study = 'k' AND trial = ?1", [trial], |r| r.get(0)).expect("r");
+    assert_eq!(winner, "survivor");
+    let latency = ended - killed_at;
+    eprintln!("requeue latency after SIGKILL: {latency} ms (keepalive 5 s)");
+    // The Last Will fires on the TCP reset, not after 1.5 x keepalive (7.5 s) nor the lease (90 s).
+    assert!(latency < 5_000, "requeue took {latency} ms");
+}
+
+#[test]
+fn silent_agent_is_requeued_after_its_keepalive_runs_out() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("silent");
+    let store = dir.path().join("s.db");
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "q", 4, 1.0), &store, &root, &[]);
+    // keepalive 2 s: the broker gives up on a silent client after 1.5 x 2 s.
+    let frozen = start_agent(&url, "frozen", &root, &["--keepalive", "2"]);
+    let mut running = None;
+    wait_for("the agent to run a trial", Duration::from_secs(90), || {
+        running = running_on(&store, "frozen");
+        running.is_some()
+    });
+    let (trial, attempt) = running.expect("running");
+    // SIGSTOP: the process and its socket stay, it just stops talking (a partition, a frozen phone).
+    let stopped_at = unix_ms();
+    frozen.signal("STOP");
+    let _other = start_agent(&url, "awake", &root, &[]);
+    let mut ended = None;
+    wait_for("the frozen agent's attempt to be requeued", Duration::from_secs(30), || {
+        ended = db(&store)
+            .query_row(
+                "SELECT ended_ms FROM attempts WHERE study = 'q' AND trial = ?1 AND attempt = ?2 AND ended_ms IS NOT NULL",
+                [trial, attempt],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .ok()
+            .flatten();
+        ended.is_some()
+    });
+    let latency = ended.expect("ended") - stopped_at;
+    eprintln!("requeue latency after SIGSTOP: {latency} ms (keepalive 2 s)");
+    frozen.signal("CONT");
+    let status = coord.wait_exit(Duration::from_secs(120));
+    assert!(status.success());
+    assert_exactly_once(&store, "q", 4);
+    // Not before the broker could know (1.5 x keepalive), not as late as the lease (90 s).
+    assert!((2_000..20_000).contains(&latency), "requeue after {latency} ms");
+}
+
+#[test]
+fn coordinator_killed_mid_study_resumes_from_its_store() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("killcoord");
+    let store = dir.path().join("s.db");
+    let study = sleep_study(dir.path(), "c", 10, 0.3);
+    let (coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let _a1 = start_agent(&url, "c-agent-1", &root, &[]);
+    let _a2 = start_agent(&url, "c-agent-2", &root, &[]);
+    wait_for("a few results", Duration::from_secs(60), || results_count(&store) >= 3);
+    coord.signal("KILL");
+    drop(coord);
+    let before: Vec<(i64, i64)> = db(&store)
+        .prepare("SELECT trial, attempt FROM results ORDER BY trial")
+        .expect("p")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("q")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert!(before.len() >= 3 && before.len() < 10, "{before:?}");
+    // Same port, so the agents find it again.
+    let listen = url.trim_start_matches("mqtt://").to_string();
+    let (mut again, _) = start_coordinator(&study, &store, &root, &["--listen", &listen]);
+    let status = again.wait_exit(Duration::from_secs(120));
+    assert!(status.success());
+    assert_exactly_once(&store, "c", 10);
+    let c = db(&store);
+    for (trial, attempt) in before {
+        let now: i64 = c.query_row("SELECT attempt FROM results WHERE trial = ?1", [trial], |r| r.get(0)).expect("r");
+        assert_eq!(now, attempt, "a finished trial was not run again");
+        let attempts: i64 =
+            c.query_row("SELECT COUNT(*) FROM attempts WHERE trial = ?1", [trial], |r| r.get(0)).expect("n");
+        assert_eq!(attempts, 1, "trial {trial} finished before the crash ran once");
+    }
+}
+
+fn mosquitto(dir: &Path, port: u16) -> Proc {
+    let conf = dir.join("mosquitto.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\npersistence false\n"
+        ),
+    )
+    .expect("conf");
+    let mut c = Command::new("mosquitto");
+    c.arg("-c").arg(&conf);
+    let p = Proc::spawn("mosquitto", c);
+    wait_for_port(port, Duration::from_secs(10));
+    p
+}
+
+#[test]
+fn broker_down_for_30_seconds_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let broker = mosquitto(dir.path(), port);
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let root = unique_root("outage");
+    let store = dir.path().join("s.db");
+    let (mut coord, _) = start_coordinator(&sleep_study(dir.path(), "o", 8, 2.0), &store, &root, &["--broker", &url]);
+    let s1 = dir.path().join("state1");
+    let s2 = dir.path().join("state2");
+    let _a1 = start_agent(&url, "o-agent-1", &root, &["--state-dir", s1.to_str().unwrap_or_default()]);
+    let _a2 = start_agent(&url, "o-agent-2", &root, &["--state-dir", s2.to_str().unwrap_or_default()]);
+    wait_for("both agents running trials", Duration::from_secs(90), || {
+        running_on(&store, "o-agent-1").is_some() && running_on(&store, "o-agent-2").is_some()
+    });
+    broker.signal("KILL");
+    drop(broker);
+    let down = Instant::now();
+    // The outage itself: the trials in flight finish while no broker exists.
+    wait_for("the agents to finish their trials offline", Duration::from_secs(30), || spooled(&s1) + spooled(&s2) >= 2);
+    while down.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _broker = mosquitto(dir.path(), port);
+    let status = coord.wait_exit(Duration::from_secs(180));
+    assert!(status.success());
+    assert_exactly_once(&store, "o", 8);
+}
+
+/// Results an agent holds in its state directory, not yet acknowledged.
+fn spooled(state: &Path) -> usize {
+    std::fs::read_dir(state.join("unacked")).map(|d| d.count()).unwrap_or(0)
+}
+
+#[test]
+fn agent_restarted_with_spooled_results_delivers_them() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let broker = mosquitto(dir.path(), port);
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let root = unique_root("spool");
+    let store = dir.path().join("s.db");
+    let (mut coord, _) = start_coordinator(&sleep_study(dir.path(), "p", 3, 1.0), &store, &root, &["--broker", &url]);
+    let state = dir.path().join("state");
+    let args = ["--state-dir", state.to_str().unwrap_or_default()];
+    let agent = start_agent(&url, "p-agent", &root, &args);
+    let mut running = None;
+    wait_for("a trial on the agent", Duration::from_secs(90), || {
+        running = running_on(&store, "p-agent");
+        running.is_some()
+    });
+    let (trial, attempt) = running.expect("running");
+    broker.signal("KILL");
+    drop(broker);
+    wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
+    agent.signal("KILL");
+    drop(agent);
+    let _broker = mosquitto(dir.path(), port);
+    let _agent = start_agent(&url, "p-agent", &root, &args);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    assert!(status.success());
+    assert_exactly_once(&store, "p", 3);
+    let accepted: i64 =
+        db(&store).query_row("SELECT attempt FROM results WHERE trial = ?1", [trial], |r| r.get(0)).expect("result");
+    assert_eq!(accepted, attempt, "the spooled result of the killed agent was the one accepted");
+    // Its file leaves the spool once acknowledged. (A newer attempt cancelled because this one
+    // delivered first may stay spooled if the study ended first; the next coordinator takes it.)
+    let prefix = format!("p-{trial}-{attempt}-");
+    wait_for("the accepted result to leave the spool", Duration::from_secs(30), || {
+        std::fs::read_dir(state.join("unacked"))
+            .map(|d| !d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
+            .unwrap_or(true)
+    });
+}
