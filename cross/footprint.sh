@@ -7,8 +7,9 @@
 # Builds (cross/build.sh) the static agents for x86_64 and aarch64, starts a
 # coordinator (a debug build: it only waits) on a loopback port
 # with a study no agent matches, so every agent connects, announces itself
-# and waits. After SECONDS (default 20) it prints VmRSS and VmHWM of each
-# agent from /proc. The x86_64 agent runs natively; the aarch64 one runs
+# and waits; a second coordinator serves mutual TLS (certificates from
+# scripts/fleet-certs.sh) for a TLS-connected pair. After SECONDS (default
+# 20) it prints VmRSS and VmHWM of each agent from /proc. The x86_64 agent runs natively; the aarch64 one runs
 # under qemu-aarch64-static, whose figure includes the emulator and is shown
 # for reference only.
 set -euo pipefail
@@ -52,16 +53,24 @@ kind = "categorical"
 values = [1]
 EOF
 
-"$target_dir/debug/tunefleet" run "$work/idle.toml" --store "$work/store.db" --listen 127.0.0.1:0 --quiet \
-  >"$work/coordinator.out" 2>"$work/coordinator.err" &
-pids+=($!)
-url=
-for _ in $(seq 1 150); do
-  url=$(sed -n 's/^broker: //p' "$work/coordinator.out")
-  [ -n "$url" ] && break
-  sleep 0.1
-done
-[ -n "$url" ] || { echo "footprint.sh: the coordinator did not start:" >&2; cat "$work/coordinator.err" >&2; exit 1; }
+scripts/fleet-certs.sh "$work/certs" 127.0.0.1 fp-x86-tls fp-arm-tls >/dev/null
+
+start_coordinator() { # start_coordinator NAME FLAGS...; sets url
+  local name=$1
+  shift
+  "$target_dir/debug/tunefleet" run "$work/idle.toml" --store "$work/$name.db" --listen 127.0.0.1:0 --quiet "$@" \
+    >"$work/$name.out" 2>"$work/$name.err" &
+  pids+=($!)
+  url=
+  for _ in $(seq 1 150); do
+    url=$(sed -n 's/^broker: //p' "$work/$name.out")
+    [ -n "$url" ] && return 0
+    sleep 0.1
+  done
+  echo "footprint.sh: the coordinator did not start:" >&2
+  cat "$work/$name.err" >&2
+  exit 1
+}
 
 start_agent() { # start_agent NAME COMMAND...
   local name=$1
@@ -69,21 +78,38 @@ start_agent() { # start_agent NAME COMMAND...
   TUNEFLEET_LOG=warn "$@" --broker "$url" --name "$name" --state-dir "$work/$name" 2>"$work/$name.err" &
   pids+=($!)
 }
+
+start_coordinator plain
 start_agent fp-x86 "$x86"
 x86_pid=$!
 start_agent fp-arm qemu-aarch64-static "$arm"
 arm_pid=$!
+c=$work/certs
+start_coordinator tls --broker-cert "$c/broker.pem" --broker-key "$c/broker.key" --broker-client-ca "$c/ca.pem"
+start_agent fp-x86-tls "$x86" --ca "$c/ca.pem" --cert "$c/fp-x86-tls.pem" --key "$c/fp-x86-tls.key"
+x86_tls_pid=$!
+start_agent fp-arm-tls qemu-aarch64-static "$arm" --ca "$c/ca.pem" --cert "$c/fp-arm-tls.pem" --key "$c/fp-arm-tls.key"
+arm_tls_pid=$!
 
-# Connected: the coordinator stored both agents' announcements.
+# Connected: each coordinator stored both of its agents' announcements.
+announced() { sqlite3 "$work/$1.db" "SELECT COUNT(*) FROM agents" 2>/dev/null || echo 0; }
 for _ in $(seq 1 300); do
-  n=$(sqlite3 "$work/store.db" "SELECT COUNT(*) FROM agents WHERE name LIKE 'fp-%'" 2>/dev/null || echo 0)
-  [ "$n" = 2 ] && break
+  [ "$(announced plain)" = 2 ] && [ "$(announced tls)" = 2 ] && break
   sleep 0.1
 done
-[ "$n" = 2 ] || { echo "footprint.sh: the agents did not announce themselves" >&2; cat "$work"/fp-*.err >&2; exit 1; }
+if [ "$(announced plain)" != 2 ] || [ "$(announced tls)" != 2 ]; then
+  echo "footprint.sh: the agents did not announce themselves" >&2
+  tail -n 5 "$work"/fp-*.err >&2
+  exit 1
+fi
 sleep "$wait_s"
 
 kib() { awk -v k="$2" '$1 == k":" { print $2 }' "/proc/$1/status"; }
-printf '%-34s %12s %10s %10s\n' binary bytes "VmRSS KiB" "VmHWM KiB"
-printf '%-34s %12s %10s %10s\n' "x86_64-unknown-linux-musl" "$(stat -c %s "$x86")" "$(kib $x86_pid VmRSS)" "$(kib $x86_pid VmHWM)"
-printf '%-34s %12s %10s %10s\n' "aarch64-unknown-linux-musl (qemu)" "$(stat -c %s "$arm")" "$(kib $arm_pid VmRSS)" "$(kib $arm_pid VmHWM)"
+row() { # row LABEL BINARY PID
+  printf '%-40s %10s %10s %10s\n' "$1" "$(stat -c %s "$2")" "$(kib "$3" VmRSS)" "$(kib "$3" VmHWM)"
+}
+printf '%-40s %10s %10s %10s\n' "agent, connection" bytes "VmRSS KiB" "VmHWM KiB"
+row "x86_64 static, mqtt://" "$x86" $x86_pid
+row "x86_64 static, mqtts:// (mutual TLS)" "$x86" $x86_tls_pid
+row "aarch64 static under qemu, mqtt://" "$arm" $arm_pid
+row "aarch64 static under qemu, mqtts://" "$arm" $arm_tls_pid

@@ -108,6 +108,30 @@ struct StudyState {
     queue: VecDeque<u64>,
     finished: u64,
     failed: u64,
+    /// Trials in `State::Running`, kept up to date so that no event scans every trial.
+    running: u64,
+    /// Leases restored from the store, by agent, until that agent's first request.
+    restored: BTreeMap<String, Vec<u64>>,
+}
+
+impl StudyState {
+    /// Ends the running attempt of trial `i` without a result: the trial is
+    /// queued again, or failed once it has used up its attempts.
+    fn end_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<Effect> {
+        let slot = self.trials.get_mut(i as usize)?;
+        self.running -= 1;
+        slot.failures += 1;
+        if slot.failures >= self.policy.max_attempts {
+            slot.state = State::Failed;
+            self.failed += 1;
+            Some(Effect::Failed { reason: format!("{} attempts failed, last: {reason}", slot.failures), trial })
+        } else {
+            slot.state = State::Pending;
+            // At the front: a recycled trial should not wait behind the whole study.
+            self.queue.push_front(i);
+            Some(Effect::Requeued { trial, reason })
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -162,6 +186,8 @@ impl Scheduler {
             queue: VecDeque::new(),
             finished: 0,
             failed: 0,
+            running: 0,
+            restored: BTreeMap::new(),
             policy,
         };
         for (i, restored) in states.into_iter().enumerate() {
@@ -170,17 +196,21 @@ impl Scheduler {
                     study.queue.push_back(i as u64);
                     TrialSlot { state: State::Pending, last_attempt, failures, history: Vec::new() }
                 }
-                Restored::Running { agent, attempt, failures } => TrialSlot {
-                    state: State::Running(Lease {
-                        agent: agent.clone(),
-                        attempt,
-                        deadline_ms: now_ms + study.policy.lease_ms,
-                        restored: true,
-                    }),
-                    last_attempt: attempt,
-                    failures,
-                    history: vec![(attempt, agent)],
-                },
+                Restored::Running { agent, attempt, failures } => {
+                    study.running += 1;
+                    study.restored.entry(agent.clone()).or_default().push(i as u64);
+                    TrialSlot {
+                        state: State::Running(Lease {
+                            agent: agent.clone(),
+                            attempt,
+                            deadline_ms: now_ms + study.policy.lease_ms,
+                            restored: true,
+                        }),
+                        last_attempt: attempt,
+                        failures,
+                        history: vec![(attempt, agent)],
+                    }
+                }
                 Restored::Done => {
                     study.finished += 1;
                     TrialSlot {
@@ -207,8 +237,7 @@ impl Scheduler {
 
     pub fn counts(&self, study: &str) -> Option<StudyCounts> {
         let s = self.studies.iter().find(|s| s.policy.name == study)?;
-        let running = s.trials.iter().filter(|t| matches!(t.state, State::Running(_))).count() as u64;
-        Some(StudyCounts { total: s.trials.len() as u64, done: s.finished, failed: s.failed, running })
+        Some(StudyCounts { total: s.trials.len() as u64, done: s.finished, failed: s.failed, running: s.running })
     }
 
     /// Agents that are online and have said who they are.
@@ -291,24 +320,16 @@ impl Scheduler {
         let mut effects = Vec::new();
         for study in &mut self.studies {
             let name = study.policy.name.clone();
-            for (i, slot) in study.trials.iter_mut().enumerate() {
-                let attempt = match &slot.state {
-                    State::Running(l) if l.restored && l.agent == agent => l.attempt,
+            for i in study.restored.remove(agent).unwrap_or_default() {
+                let attempt = match study.trials.get(i as usize).map(|t| &t.state) {
+                    Some(State::Running(l)) if l.restored && l.agent == agent => l.attempt,
                     _ => continue,
                 };
-                let tr = trial_ref(&name, i as u64, attempt);
+                let tr = trial_ref(&name, i, attempt);
                 if req.running.contains(&tr) {
                     continue;
                 }
-                let reason = "the agent no longer runs it".to_string();
-                effects.extend(fail_or_requeue(
-                    slot,
-                    &mut study.queue,
-                    &mut study.failed,
-                    study.policy.max_attempts,
-                    tr,
-                    reason,
-                ));
+                effects.extend(study.end_attempt(i, tr, "the agent no longer runs it".into()));
             }
         }
         effects
@@ -321,6 +342,7 @@ impl Scheduler {
         match &slot.state {
             State::Running(l) if l.agent == agent && l.attempt == trial.attempt => {
                 slot.state = State::Pending;
+                study.running -= 1;
                 study.queue.push_front(trial.trial);
                 vec![Effect::Requeued { trial: trial.clone(), reason: format!("refused by {agent}: {reason}") }]
             }
@@ -334,7 +356,6 @@ impl Scheduler {
             return (Verdict::Unknown, Vec::new());
         };
         let name = study.policy.name.clone();
-        let max_attempts = study.policy.max_attempts;
         let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return (Verdict::Unknown, Vec::new()) };
         let ran_it = slot.history.iter().any(|(a, who)| *a == trial.attempt && who == agent);
         match &slot.state {
@@ -358,22 +379,13 @@ impl Scheduler {
                     // An old attempt failed after the trial had moved on: nothing to do.
                     return (Verdict::Superseded, Vec::new());
                 }
-                slot.failures += 1;
-                let mut effects = Vec::new();
-                if slot.failures >= max_attempts {
-                    slot.state = State::Failed;
-                    study.failed += 1;
-                    let reason = format!("{} attempts failed, last: {reason}", slot.failures);
-                    effects.push(Effect::Failed { trial: trial.clone(), reason });
-                } else {
-                    slot.state = State::Pending;
-                    study.queue.push_back(trial.trial);
-                    effects.push(Effect::Requeued { trial: trial.clone(), reason });
-                }
-                (Verdict::Retried, effects)
+                (Verdict::Retried, study.end_attempt(trial.trial, trial.clone(), reason).into_iter().collect())
             }
             ResultKind::Complete { success } => {
                 slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
+                if live.is_some() {
+                    study.running -= 1;
+                }
                 if success {
                     study.finished += 1;
                 } else {
@@ -408,22 +420,20 @@ impl Scheduler {
         let mut effects = Vec::new();
         for study in &mut self.studies {
             let name = study.policy.name.clone();
-            for (i, slot) in study.trials.iter_mut().enumerate() {
-                let State::Running(lease) = &slot.state else { continue };
-                if lease.deadline_ms > now_ms {
-                    continue;
-                }
-                let tr = trial_ref(&name, i as u64, lease.attempt);
+            let expired: Vec<(u64, String, u32)> = study
+                .trials
+                .iter()
+                .enumerate()
+                .filter_map(|(i, slot)| match &slot.state {
+                    State::Running(l) if l.deadline_ms <= now_ms => Some((i as u64, l.agent.clone(), l.attempt)),
+                    _ => None,
+                })
+                .collect();
+            for (i, agent, attempt) in expired {
+                let tr = trial_ref(&name, i, attempt);
                 let reason = "lease expired".to_string();
-                effects.push(Effect::Cancel { agent: lease.agent.clone(), trial: tr.clone(), reason: reason.clone() });
-                effects.extend(fail_or_requeue(
-                    slot,
-                    &mut study.queue,
-                    &mut study.failed,
-                    study.policy.max_attempts,
-                    tr,
-                    reason,
-                ));
+                effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
+                effects.extend(study.end_attempt(i, tr, reason));
             }
         }
         effects
@@ -456,6 +466,7 @@ impl Scheduler {
                             deadline_ms: now_ms + study.policy.lease_ms,
                             restored: false,
                         });
+                        study.running += 1;
                         agent.credit -= 1;
                         effects.push(Effect::Assign {
                             agent: name.clone(),
@@ -476,44 +487,20 @@ impl Scheduler {
         let mut effects = Vec::new();
         for study in &mut self.studies {
             let name = study.policy.name.clone();
-            for (i, slot) in study.trials.iter_mut().enumerate() {
-                let attempt = match &slot.state {
-                    State::Running(l) if l.agent == agent => l.attempt,
-                    _ => continue,
-                };
-                let tr = trial_ref(&name, i as u64, attempt);
-                effects.extend(fail_or_requeue(
-                    slot,
-                    &mut study.queue,
-                    &mut study.failed,
-                    study.policy.max_attempts,
-                    tr,
-                    reason.into(),
-                ));
+            let held: Vec<(u64, u32)> = study
+                .trials
+                .iter()
+                .enumerate()
+                .filter_map(|(i, slot)| match &slot.state {
+                    State::Running(l) if l.agent == agent => Some((i as u64, l.attempt)),
+                    _ => None,
+                })
+                .collect();
+            for (i, attempt) in held {
+                effects.extend(study.end_attempt(i, trial_ref(&name, i, attempt), reason.into()));
             }
         }
         effects
-    }
-}
-
-fn fail_or_requeue(
-    slot: &mut TrialSlot,
-    queue: &mut VecDeque<u64>,
-    failed: &mut u64,
-    max_attempts: u32,
-    trial: TrialRef,
-    reason: String,
-) -> Option<Effect> {
-    slot.failures += 1;
-    if slot.failures >= max_attempts {
-        slot.state = State::Failed;
-        *failed += 1;
-        Some(Effect::Failed { reason: format!("{} attempts failed, last: {reason}", slot.failures), trial })
-    } else {
-        slot.state = State::Pending;
-        // At the front: a recycled trial should not wait behind the whole study.
-        queue.push_front(trial.trial);
-        Some(Effect::Requeued { trial, reason })
     }
 }
 
@@ -735,5 +722,53 @@ mod tests {
         let eff = s.status("gone", &AgentStatus { online: false, instance: 4 });
         assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 2), "{eff:?}");
         assert_eq!(s.result("a", &still, ResultKind::Complete { success: true }).0, Verdict::Accepted);
+    }
+
+    #[test]
+    fn running_count_matches_the_trials_through_random_events() {
+        let mut s = sched(30, 3, Selector::default());
+        let agents = ["a", "b", "c"];
+        let mut instances = [1u64, 1, 1];
+        for a in agents {
+            s.hello(info(a, 1, "x86_64", &[]), 1);
+        }
+        let mut held: Vec<(String, TrialRef)> = Vec::new();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..2_000u64 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let who = (seed % 3) as usize;
+            let agent = agents[who];
+            match (seed >> 8) % 7 {
+                0 | 1 => s.request(agent, &req(step + 1, 2)).len(),
+                2 if !held.is_empty() => {
+                    let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
+                    s.result(&a, &t, ResultKind::Complete { success: seed % 2 == 0 }).1.len()
+                }
+                3 if !held.is_empty() => {
+                    let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
+                    s.result(&a, &t, ResultKind::Retry("x".into())).1.len()
+                }
+                4 if !held.is_empty() => {
+                    let (a, t) = held[(seed >> 16) as usize % held.len()].clone();
+                    s.refuse(&a, &t, "busy").len()
+                }
+                5 => s.status(agent, &AgentStatus { online: false, instance: instances[who] }).len(),
+                6 => {
+                    instances[who] += (seed >> 20) % 2;
+                    s.hello(info(agent, instances[who], "x86_64", &[]), 1).len()
+                }
+                _ => s.expire(step * 10).len(),
+            };
+            for e in s.assign(step * 10) {
+                if let Effect::Assign { agent, trial, .. } = e {
+                    held.push((agent, trial));
+                }
+            }
+            let study = &s.studies[0];
+            let truth = study.trials.iter().filter(|t| matches!(t.state, State::Running(_))).count() as u64;
+            assert_eq!(study.running, truth, "after step {step}");
+        }
     }
 }

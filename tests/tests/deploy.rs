@@ -289,3 +289,17 @@ fn agent_unit_outlasts_the_drain_and_its_flags_are_real() {
     let status = agent.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "the agent accepts the unit's flags");
 }
+
+#[test]
+fn spark_example_study_is_valid() {
+    let study = workspace_root().join("examples/studies/spark-submit.toml");
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.arg("check").arg(&study);
+    let (code, out, err) = run(cmd);
+    assert_eq!(code, Some(0), "tunefleet check {}: {err}", study.display());
+    assert!(out.starts_with("spark-pi: 12 trials"), "{out}");
+    assert!(
+        out.contains("cores=") && out.contains("memory="),
+        "executor cores and memory are system parameters: {out}"
+    );
+}
