@@ -24,7 +24,9 @@
 
 use std::time::Duration;
 
-use tunefleet_common::measurement::{push_counter_sample, CounterKind, CounterReading, CounterSample, MissingCounter};
+#[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+use tunefleet_common::measurement::push_counter_sample;
+use tunefleet_common::measurement::{CounterKind, CounterReading, CounterSample, MissingCounter};
 
 /// Software events, always asked for.
 pub const SOFTWARE_EVENTS: [&str; 6] =
@@ -53,6 +55,7 @@ pub struct CounterSet {
     open: Vec<backend::OpenCounter>,
     missing: Vec<MissingCounter>,
     /// Scaled totals at the previous sample, one per open counter.
+    #[cfg_attr(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))), allow(dead_code))]
     previous: Vec<f64>,
     series: Vec<CounterSample>,
 }

@@ -102,27 +102,15 @@ mod tests {
             measurement: Measurement {
                 started_unix_ms: 5,
                 wall_us: 7,
-                user_us: 1,
-                sys_us: 1,
                 max_rss_kib: 3,
-                exit: ExitOutcome::Cancelled,
-                epochs: vec![],
-                final_metrics: Default::default(),
-                counters: vec![],
-                counters_missing: vec![],
-                counter_series: vec![],
-                profile: Default::default(),
                 energy: EnergyReading {
-                    source: EnergySourceKind::Estimated,
                     joules: 1.5,
-                    domains: vec![],
-                    interval_ms: 0,
                     valid: true,
-                    note: None,
-                    series: vec![],
+                    ..EnergyReading::none(EnergySourceKind::Estimated, "")
                 },
                 limits: AppliedLimits { cpus: vec![1], threads: Some(2), memory: MemoryLimit::None },
                 log_tail: "x\n".into(),
+                ..Measurement::unmeasured(ExitOutcome::Cancelled, EnergyReading::none(EnergySourceKind::Estimated, ""))
             },
         }
     }

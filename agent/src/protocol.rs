@@ -281,9 +281,7 @@ impl AgentState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tunefleet_common::measurement::{
-        AppliedLimits, EnergyReading, EnergySourceKind, ExitOutcome, MemoryLimit, Metrics,
-    };
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome};
     use tunefleet_common::message::SystemParams;
 
     fn info(slots: u32) -> AgentInfo {
@@ -322,29 +320,8 @@ mod tests {
 
     fn measurement() -> Measurement {
         Measurement {
-            started_unix_ms: 0,
             wall_us: 1,
-            user_us: 0,
-            sys_us: 0,
-            max_rss_kib: 0,
-            exit: ExitOutcome::Exited(0),
-            epochs: vec![],
-            final_metrics: Metrics::new(),
-            counters: vec![],
-            counters_missing: vec![],
-            counter_series: vec![],
-            profile: Default::default(),
-            energy: EnergyReading {
-                source: EnergySourceKind::Estimated,
-                joules: 0.0,
-                domains: vec![],
-                interval_ms: 0,
-                valid: true,
-                note: None,
-                series: vec![],
-            },
-            limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-            log_tail: String::new(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, "test"))
         }
     }
 

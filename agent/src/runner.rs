@@ -287,20 +287,12 @@ fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, ener
     let model = EstimateModel::default();
     Measurement {
         started_unix_ms,
-        wall_us: 0,
-        user_us: 0,
-        sys_us: 0,
-        max_rss_kib: 0,
-        exit: ExitOutcome::SpawnFailed(reason),
-        epochs: Vec::new(),
-        final_metrics: Metrics::new(),
-        counters: Vec::new(),
         counters_missing,
-        counter_series: Vec::new(),
-        profile: Profile::empty(),
-        energy: energy::start_or_estimate(energy, model).stop(Duration::ZERO, &usage),
         limits,
-        log_tail: String::new(),
+        ..Measurement::unmeasured(
+            ExitOutcome::SpawnFailed(reason),
+            energy::start_or_estimate(energy, model).stop(Duration::ZERO, &usage),
+        )
     }
 }
 

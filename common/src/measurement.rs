@@ -258,7 +258,44 @@ pub struct Measurement {
     pub log_tail: String,
 }
 
+impl EnergyReading {
+    /// No figure at all from `source` (nothing ran, or nothing could be read), with why.
+    pub fn none(source: EnergySourceKind, note: impl Into<String>) -> Self {
+        EnergyReading {
+            source,
+            joules: 0.0,
+            domains: Vec::new(),
+            series: Vec::new(),
+            interval_ms: 0,
+            valid: false,
+            note: Some(note.into()),
+        }
+    }
+}
+
 impl Measurement {
+    /// A record with nothing measured: how a workload that never ran is
+    /// recorded, and a base to fill in with `..Measurement::unmeasured(..)`.
+    pub fn unmeasured(exit: ExitOutcome, energy: EnergyReading) -> Self {
+        Measurement {
+            started_unix_ms: 0,
+            wall_us: 0,
+            user_us: 0,
+            sys_us: 0,
+            max_rss_kib: 0,
+            exit,
+            epochs: Vec::new(),
+            final_metrics: Metrics::new(),
+            counters: Vec::new(),
+            counters_missing: Vec::new(),
+            counter_series: Vec::new(),
+            profile: Profile::empty(),
+            energy,
+            limits: AppliedLimits { cpus: Vec::new(), threads: None, memory: MemoryLimit::None },
+            log_tail: String::new(),
+        }
+    }
+
     /// The value an objective refers to: `wall_time` (seconds), `energy`
     /// (joules), `cpu_time` (seconds), or a reported metric by name.
     pub fn objective_value(&self, name: &str) -> Option<f64> {

@@ -1,6 +1,7 @@
 //! The `tunefleet` command line: flags parsed by clap, then one function per
 //! subcommand. Every subcommand that reads results takes `--store PATH`.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -232,32 +233,37 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Check { study } => {
             let study = study::load(&study)?;
             let plans = crate::search::plan(&study);
-            println!(
+            let mut out = String::new();
+            writeln!(
+                out,
                 "{}: {} trials, objective {} ({})",
                 study.name,
                 plans.len(),
                 study.objective.metric,
                 study.objective.direction.as_str()
-            );
+            )?;
             for p in &plans {
                 let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "));
+                writeln!(out, "  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "))?;
             }
-            Ok(())
+            emit(&out)
         }
         Command::Agents(s) => {
             let store = open_existing(&s.store)?;
-            println!(
+            let mut out = String::new();
+            writeln!(
+                out,
                 "{:<24} {:<8} {:>5} {:>9} {:>5} {:<20} tags",
                 "agent", "arch", "cores", "mem GiB", "slots", "last status"
-            );
+            )?;
             let now =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
             for a in store.agents()? {
                 let ago = now.saturating_sub(a.last_seen_ms) / 1000;
                 let status = format!("{} {ago} s ago", if a.online { "online" } else { "offline" });
                 let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!(
+                writeln!(
+                    out,
                     "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<20} {}",
                     a.info.agent,
                     a.info.arch,
@@ -266,16 +272,17 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     a.info.slots,
                     status,
                     tags.join(",")
-                );
+                )?;
             }
-            Ok(())
+            emit(&out)
         }
         Command::Studies(s) => {
             let store = open_existing(&s.store)?;
+            let mut out = String::new();
             for st in store.studies()? {
-                println!("{:<24} {:<9} {}/{} done, {} failed", st.name, st.state, st.done, st.total, st.failed);
+                writeln!(out, "{:<24} {:<9} {}/{} done, {} failed", st.name, st.state, st.done, st.total, st.failed)?;
             }
-            Ok(())
+            emit(&out)
         }
         Command::Best { study, n, store } => {
             let store = open_existing(&store.store)?;
@@ -283,11 +290,19 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             if rows.is_empty() {
                 bail!("study {study:?} has no successful trial in {}", store.path());
             }
+            let mut out = String::new();
             for r in rows {
                 let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("trial {:>4}  {:>12.6}  agent {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+                writeln!(
+                    out,
+                    "trial {:>4}  {:>12.6}  agent {:<16} {}",
+                    r.trial,
+                    r.objective,
+                    r.agent,
+                    params.join(" ")
+                )?;
             }
-            Ok(())
+            emit(&out)
         }
         Command::Export { study, format, output, store } => {
             let store = open_existing(&store.store)?;
@@ -304,6 +319,15 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             Ok(())
         }
+    }
+}
+
+/// Writes a command's output to stdout; a reader that went away (`| head`) ends it quietly.
+fn emit(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
 }
 

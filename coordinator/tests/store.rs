@@ -50,24 +50,16 @@ fn measurement(loss: f64, exit: ExitOutcome) -> Measurement {
         user_us: 1_000_000,
         sys_us: 100_000,
         max_rss_kib: 20_480,
-        exit,
-        epochs: vec![],
         final_metrics: BTreeMap::from([("loss".to_string(), loss)]),
-        counters: vec![],
-        counters_missing: vec![],
-        counter_series: vec![],
-        profile: Default::default(),
         energy: EnergyReading {
-            source: EnergySourceKind::Estimated,
             joules: 12.5,
-            domains: vec![],
             interval_ms: 100,
             valid: true,
-            note: Some("model estimate".into()),
-            series: vec![],
+            ..EnergyReading::none(EnergySourceKind::Estimated, "model estimate")
         },
         limits: AppliedLimits { cpus: vec![0], threads: Some(1), memory: MemoryLimit::None },
         log_tail: "ok".into(),
+        ..Measurement::unmeasured(exit, EnergyReading::none(EnergySourceKind::Estimated, ""))
     }
 }
 

@@ -155,14 +155,10 @@ fn noop_study(dir: &Path, trials: u64) -> std::path::PathBuf {
 
 fn fake_measurement() -> Measurement {
     Measurement {
-        started_unix_ms: 0,
         wall_us: 900,
         user_us: 300,
         sys_us: 200,
         max_rss_kib: 1000,
-        exit: ExitOutcome::Exited(0),
-        epochs: vec![],
-        final_metrics: BTreeMap::new(),
         counters: vec![CounterReading {
             event: "task-clock".into(),
             kind: CounterKind::Software,
@@ -170,20 +166,14 @@ fn fake_measurement() -> Measurement {
             time_enabled_ns: 500_000,
             time_running_ns: 500_000,
         }],
-        counters_missing: vec![],
-        counter_series: vec![],
-        profile: Default::default(),
         energy: EnergyReading {
-            source: EnergySourceKind::Estimated,
             joules: 0.01,
-            domains: vec![],
             interval_ms: 1000,
             valid: true,
             note: None,
-            series: vec![],
+            ..EnergyReading::none(EnergySourceKind::Estimated, "")
         },
-        limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-        log_tail: String::new(),
+        ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
     }
 }
 

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use tunefleet_common::measurement::{
-    AppliedLimits, DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, MemoryLimit, PowerSample,
+    DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, PowerSample,
 };
 use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::sink::{trial_points, Flusher, InfluxUrl, SinkConfig};
@@ -33,15 +33,7 @@ fn measurement(started_unix_ms: u64, i: u64) -> Measurement {
         user_us: 9_000_000,
         sys_us: 400_000,
         max_rss_kib: 50_000,
-        exit: ExitOutcome::Exited(0),
-        epochs: vec![],
-        final_metrics: Default::default(),
-        counters: vec![],
-        counters_missing: vec![],
-        counter_series: vec![],
-        profile: Default::default(),
         energy: EnergyReading {
-            source: EnergySourceKind::Rapl,
             joules,
             domains: vec![
                 DomainEnergy { domain: "package-0".into(), joules, in_total: true },
@@ -52,9 +44,9 @@ fn measurement(started_unix_ms: u64, i: u64) -> Measurement {
             valid: true,
             note: None,
             series: (1..=SAMPLES).map(|s| PowerSample { elapsed_ms: s * 100, watts: 20.0 + (s % 7) as f64 }).collect(),
+            ..EnergyReading::none(EnergySourceKind::Rapl, "")
         },
-        limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-        log_tail: String::new(),
+        ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
     }
 }
 

@@ -89,3 +89,26 @@ fn bad_command_lines_exit_2_with_a_message() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("bad/name"), "{err}");
 }
+
+#[test]
+fn regression_check_piped_into_head_does_not_panic() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Enough trials that the output overflows the pipe after the reader is gone.
+    let big = GOOD.replace("trials = 2", "trials = 50000").replace("high = 2", "high = 100000");
+    let path = write(dir.path(), "big.toml", &big);
+    let mut child = Command::new(bin("tunefleet"))
+        .args(["check", &path])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first).expect("a line");
+    assert!(first.contains("50000 trials"), "{first}");
+    // The reader is gone now, like `| head -1`.
+    let out = child.wait_with_output().expect("exit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 use tunefleet_common::measurement::{
-    AppliedLimits, DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, MemoryLimit, PowerSample,
+    DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, PowerSample,
 };
 use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::sink::{trial_points, Backoff, Flusher, InfluxUrl, SinkConfig};
@@ -52,15 +52,7 @@ fn measurement(started_unix_ms: u64, joules: f64, samples: u64) -> Measurement {
         user_us: 70_000 * samples,
         sys_us: 5_000 * samples,
         max_rss_kib: 2048,
-        exit: ExitOutcome::Exited(0),
-        epochs: vec![],
-        final_metrics: Default::default(),
-        counters: vec![],
-        counters_missing: vec![],
-        counter_series: vec![],
-        profile: Default::default(),
         energy: EnergyReading {
-            source: EnergySourceKind::Rapl,
             joules,
             domains: vec![
                 DomainEnergy { domain: "package-0".into(), joules, in_total: true },
@@ -70,9 +62,9 @@ fn measurement(started_unix_ms: u64, joules: f64, samples: u64) -> Measurement {
             valid: true,
             note: None,
             series: (1..=samples).map(|i| PowerSample { elapsed_ms: i * 100, watts: 3.0 + i as f64 / 8.0 }).collect(),
+            ..EnergyReading::none(EnergySourceKind::Rapl, "")
         },
-        limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-        log_tail: String::new(),
+        ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
     }
 }
 

@@ -155,29 +155,9 @@ fn forged_result(trial: u64, token: u64) -> AgentMessage {
         token,
         trial: TrialRef { study: "hostile".into(), trial, attempt: 1 },
         measurement: Measurement {
-            started_unix_ms: 0,
             wall_us: 1,
-            user_us: 0,
-            sys_us: 0,
-            max_rss_kib: 0,
-            exit: ExitOutcome::Exited(0),
-            epochs: vec![],
             final_metrics: [("v".to_string(), 1e9)].into(),
-            counters: vec![],
-            counters_missing: vec![],
-            energy: EnergyReading {
-                source: EnergySourceKind::Estimated,
-                joules: 0.0,
-                domains: vec![],
-                series: vec![],
-                interval_ms: 0,
-                valid: true,
-                note: None,
-            },
-            counter_series: vec![],
-            profile: Default::default(),
-            limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-            log_tail: String::new(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
         },
     })
 }

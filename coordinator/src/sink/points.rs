@@ -151,9 +151,7 @@ impl Point {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tunefleet_common::measurement::{
-        AppliedLimits, DomainEnergy, EnergyReading, EnergySourceKind, MemoryLimit, PowerSample,
-    };
+    use tunefleet_common::measurement::{DomainEnergy, EnergyReading, EnergySourceKind, PowerSample};
 
     fn measurement() -> Measurement {
         Measurement {
@@ -162,15 +160,7 @@ mod tests {
             user_us: 1_000_000,
             sys_us: 250_000,
             max_rss_kib: 4096,
-            exit: ExitOutcome::Exited(0),
-            epochs: vec![],
-            final_metrics: Default::default(),
-            counters: vec![],
-            counters_missing: vec![],
-            counter_series: vec![],
-            profile: Default::default(),
             energy: EnergyReading {
-                source: EnergySourceKind::Rapl,
                 joules: 12.5,
                 domains: vec![
                     DomainEnergy { domain: "package-0".into(), joules: 12.5, in_total: true },
@@ -184,9 +174,9 @@ mod tests {
                     PowerSample { elapsed_ms: 2000, watts: f64::NAN },
                     PowerSample { elapsed_ms: 2500, watts: 4.0 },
                 ],
+                ..EnergyReading::none(EnergySourceKind::Rapl, "")
             },
-            limits: AppliedLimits { cpus: vec![], threads: None, memory: MemoryLimit::None },
-            log_tail: String::new(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
         }
     }
 
