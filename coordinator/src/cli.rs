@@ -291,11 +291,15 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                 bail!("study {study:?} has no successful trial in {}", store.path());
             }
             let mut out = String::new();
-            for r in rows {
+            if let Some(note) = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
+                writeln!(out, "{note}")?;
+            }
+            for r in &rows {
                 let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let source = r.energy_source.as_deref().unwrap_or("no energy");
                 writeln!(
                     out,
-                    "trial {:>4}  {:>12.6}  agent {:<16} {}",
+                    "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
                     r.trial,
                     r.objective,
                     r.agent,
@@ -320,6 +324,17 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             Ok(())
         }
     }
+}
+
+/// A warning when ranked trials took their energy from different sources
+/// (a RAPL joule and an estimated one are not the same quantity).
+pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Option<String> {
+    let mut seen: Vec<&str> = sources.map(|s| s.unwrap_or("none")).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    (seen.len() > 1).then(|| {
+        format!("note: these trials were measured with different energy sources ({}); energy figures are not comparable across them", seen.join(", "))
+    })
 }
 
 /// Writes a command's output to stdout; a reader that went away (`| head`) ends it quietly.
@@ -404,6 +419,9 @@ fn print_summary(s: &Summary, store: &Path) {
     }
     match Store::open_read_only(store).and_then(|st| st.best(&s.study, 3)) {
         Ok(best) if !best.is_empty() => {
+            if let Some(note) = mixed_sources(best.iter().map(|r| r.energy_source.as_deref())) {
+                println!("{note}");
+            }
             println!("best trials:");
             for r in best {
                 let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
@@ -483,4 +501,16 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         args.store.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mixed_sources;
+
+    #[test]
+    fn mixed_energy_sources_are_called_out() {
+        assert_eq!(mixed_sources([Some("rapl"), Some("rapl")].into_iter()), None);
+        let note = mixed_sources([Some("rapl"), Some("estimated"), None].into_iter()).expect("mixed");
+        assert!(note.contains("estimated, none, rapl"), "{note}");
+    }
 }
