@@ -220,3 +220,29 @@ high = 2
     std::fs::write(&path, text).expect("write study");
     path
 }
+
+/// A study of `trials` trials that each sleep `secs` and report `v` = trial + 1
+/// (the objective), so every stored result can be checked against its trial.
+pub fn sleep_study(dir: &Path, name: &str, trials: u32, secs: f64) -> PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+command = ["sh", "-c", "sleep {secs}; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
+timeout = 60
+max_attempts = 5
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "grid"
+[hyper.v]
+kind = "int"
+low = 1
+high = {trials}
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}

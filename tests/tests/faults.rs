@@ -12,31 +12,6 @@ fn unix_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// A study of `trials` trials that each sleep `secs` and report `v`.
-fn sleep_study(dir: &Path, name: &str, trials: u32, secs: f64) -> std::path::PathBuf {
-    let text = format!(
-        r#"name = "{name}"
-command = ["sh", "-c", "sleep {secs}; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
-timeout = 60
-max_attempts = 5
-[objective]
-metric = "v"
-direction = "maximize"
-[budget]
-trials = {trials}
-[strategy]
-kind = "grid"
-[hyper.v]
-kind = "int"
-low = 1
-high = {trials}
-"#
-    );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).expect("study");
-    path
-}
-
 fn db(store: &Path) -> Connection {
     Connection::open(store).expect("store")
 }

@@ -4,7 +4,6 @@
 //! loopback port with its own storage directory, stops it, restarts it, and
 //! checks that every point arrived once with the value the store holds.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -174,29 +173,6 @@ fn points_wait_while_the_server_is_down_and_arrive_exactly_once() {
     }
 }
 
-fn sleep_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
-    let text = format!(
-        r#"name = "{name}"
-command = ["sh", "-c", "sleep 0.3; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
-timeout = 60
-[objective]
-metric = "v"
-direction = "maximize"
-[budget]
-trials = {trials}
-[strategy]
-kind = "grid"
-[hyper.v]
-kind = "int"
-low = 1
-high = {trials}
-"#
-    );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).expect("study");
-    path
-}
-
 /// The `influx: N points delivered, M waiting...` line of a finished run.
 fn influx_line(lines: &[String]) -> (u64, u64) {
     let line =
@@ -212,7 +188,7 @@ fn a_study_run_while_influx_is_down_is_delivered_by_the_next_run() {
     let url = format!("http://127.0.0.1:{port}");
     let root = unique_root("influx");
     let store = dir.path().join("s.db");
-    let study = sleep_study(dir.path(), "energy", 4);
+    let study = sleep_study(dir.path(), "energy", 4, 0.3);
     let influx = ["--influx-url", &url, "--influx-bucket", "tests", "--influx-grace", "1"];
 
     // Nothing listens on the port yet: the study runs, its points wait in the store.
@@ -311,7 +287,7 @@ fn a_study_run_while_influx_is_down_is_delivered_by_the_next_run() {
 #[test]
 fn a_bad_influx_url_is_a_usage_error_from_the_flag_or_the_environment() {
     let dir = tempfile::tempdir().expect("tmp");
-    let study = sleep_study(dir.path(), "bad-url", 1);
+    let study = sleep_study(dir.path(), "bad-url", 1, 0.3);
     let store = dir.path().join("s.db");
     let mut by_flag = Command::new(bin("tunefleet"));
     by_flag.arg("run").arg(&study).arg("--store").arg(&store).args(["--influx-url", "ftp://influx:8086"]);

@@ -22,15 +22,6 @@ fn certs(dir: &Path, clients: &[&str]) -> PathBuf {
     out
 }
 
-fn study(dir: &Path, name: &str, trials: u32) -> PathBuf {
-    let text = format!(
-        "name = \"{name}\"\ncommand = [\"sh\", \"-c\", \"sleep 0.15; echo '{{{{\\\"event\\\":\\\"final\\\",\\\"v\\\":{{v}}}}}}'\"]\ntimeout = 30\n[objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = {trials}\n[strategy]\nkind = \"grid\"\n[hyper.v]\nkind = \"int\"\nlow = 1\nhigh = {trials}\n"
-    );
-    let p = dir.join(format!("{name}.toml"));
-    std::fs::write(&p, text).expect("study");
-    p
-}
-
 fn results(store: &Path) -> Vec<(i64, String, f64)> {
     let c = Connection::open(store).expect("store");
     let mut st = c.prepare("SELECT trial, agent, objective FROM results ORDER BY trial").expect("prepare");
@@ -77,7 +68,7 @@ fn embedded_broker_with_logins_and_mutual_tls_lets_only_the_fleet_in() {
         "--listen",
         "127.0.0.1:0",
     ];
-    let (mut coord, url) = start_coordinator(&study(dir.path(), "sec", 4), &store, &root, &tls);
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "sec", 4, 0.15), &store, &root, &tls);
     assert!(url.starts_with("mqtts://"), "{url}");
     let ca = format!("{}/ca.pem", s(&c));
     let client = |n: &str| [format!("{}/{n}.pem", s(&c)), format!("{}/{n}.key", s(&c))];
@@ -134,7 +125,7 @@ fn agent_and_coordinator_through_mosquitto_requiring_client_certificates() {
     let ca = format!("{}/ca.pem", s(&c));
     let (cc, ck) = (format!("{}/coordinator.pem", s(&c)), format!("{}/coordinator.key", s(&c)));
     let (mut coord, _) = start_coordinator(
-        &study(dir.path(), "mtls", 3),
+        &sleep_study(dir.path(), "mtls", 3, 0.15),
         &store,
         &root,
         &["--broker", &url, "--ca", &ca, "--cert", &cc, "--key", &ck],
@@ -168,7 +159,7 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
     let store = dir.path().join("s.db");
     let root = unique_root("hostile");
     let trials = 12;
-    let (mut coord, url) = start_coordinator(&study(dir.path(), "hostile", trials), &store, &root, &[]);
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "hostile", trials, 0.15), &store, &root, &[]);
     let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
     let names = ["h-agent-1", "h-agent-2"];
     let _agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
