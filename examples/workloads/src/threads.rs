@@ -43,6 +43,17 @@ pub fn from_env(flag: Option<usize>) -> Result<usize, ThreadsError> {
     resolve(flag, |var| std::env::var(var).ok())
 }
 
+/// The thread count a workload binary runs with: its `--threads` flag (bounded
+/// to 1..=MAX_THREADS by the flag's parser), else the environment. A bad
+/// environment value is reported as `{program}: {error}` with exit code 2.
+pub fn for_program(program: &str, flag: Option<u64>) -> Result<usize, std::process::ExitCode> {
+    let flag = flag.map(|t| usize::try_from(t).unwrap_or(MAX_THREADS));
+    from_env(flag).map_err(|e| {
+        eprintln!("{program}: {e}");
+        std::process::ExitCode::from(2)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,27 +1,15 @@
 //! Runs the built `tunefleet-stream` binary: its stdout protocol, its result
 //! check and its exit codes.
 
-use std::process::{Command, Output};
+mod common;
 
+use std::process::Output;
+
+use common::json_lines;
 use serde_json::{Map, Value};
 
 fn stream(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tunefleet-stream"))
-        .args(args)
-        .env_remove("TUNEFLEET_THREADS")
-        .env_remove("OMP_NUM_THREADS")
-        .output()
-        .expect("tunefleet-stream runs")
-}
-
-fn json_lines(output: &Output) -> Vec<Map<String, Value>> {
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| match serde_json::from_str(line) {
-            Ok(Value::Object(map)) => map,
-            other => panic!("not a JSON object: {line:?} ({other:?})"),
-        })
-        .collect()
+    common::run(env!("CARGO_BIN_EXE_tunefleet-stream"), args)
 }
 
 fn number(line: &Map<String, Value>, key: &str) -> f64 {

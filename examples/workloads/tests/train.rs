@@ -1,27 +1,15 @@
 //! Runs the built `tunefleet-train` binary: its stdout protocol, that it
 //! learns, and its exit codes.
 
+mod common;
+
 use std::process::{Command, Output};
 
+use common::json_lines;
 use serde_json::{Map, Value};
 
 fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tunefleet-train"))
-        .args(args)
-        .env_remove("TUNEFLEET_THREADS")
-        .env_remove("OMP_NUM_THREADS")
-        .output()
-        .expect("tunefleet-train runs")
-}
-
-fn json_lines(output: &Output) -> Vec<Map<String, Value>> {
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(|line| match serde_json::from_str(line) {
-            Ok(Value::Object(map)) => map,
-            other => panic!("not a JSON object: {line:?} ({other:?})"),
-        })
-        .collect()
+    common::run(env!("CARGO_BIN_EXE_tunefleet-train"), args)
 }
 
 fn keys(line: &Map<String, Value>) -> Vec<&str> {

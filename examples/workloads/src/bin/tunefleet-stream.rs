@@ -37,14 +37,9 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The range parser bounds the flag by MAX_THREADS, so it fits in usize.
-    let flag = cli.threads.map(|t| usize::try_from(t).unwrap_or(MAX_THREADS));
-    let threads = match threads::from_env(flag) {
+    let threads = match threads::for_program("tunefleet-stream", cli.threads) {
         Ok(n) => n,
-        Err(e) => {
-            eprintln!("tunefleet-stream: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let config = StreamConfig {
         size_mib: cli.size_mib as usize,

@@ -58,14 +58,9 @@ fn momentum(s: &str) -> Result<f32, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // The range parser bounds the flag by MAX_THREADS, so it fits in usize.
-    let flag = cli.threads.map(|t| usize::try_from(t).unwrap_or(MAX_THREADS));
-    let threads = match threads::from_env(flag) {
+    let threads = match threads::for_program("tunefleet-train", cli.threads) {
         Ok(n) => n,
-        Err(e) => {
-            eprintln!("tunefleet-train: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let config = TrainConfig {
         lr: cli.lr,
