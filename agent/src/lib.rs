@@ -3,6 +3,7 @@
 //! flags, sets up logging and waits for signals.
 //!
 //! * [`protocol`]: the pure state machine (slots, refusals, unacked results).
+//! * [`auth`]: keys, the pinned coordinator, the session that seals and opens.
 //! * [`transport`]: MQTT (the only module that knows rumqttc).
 //! * [`runner`]: runs one trial through the [`exec`] wrapper and measures it
 //!   with [`counters`], [`procfs`], [`energy`] and [`cgroup`] limits.
@@ -11,6 +12,8 @@
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
 //! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
 
+pub mod allow;
+pub mod auth;
 pub mod caps;
 pub mod cgroup;
 pub mod counters;
@@ -38,6 +41,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tunefleet_common::auth::DownFrame;
 use tunefleet_common::measurement::{EpochMetrics, Measurement};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
 use tunefleet_common::topic::Topics;
@@ -79,6 +83,11 @@ pub struct AgentConfig {
     pub wrapper: Option<PathBuf>,
     /// Broker login and TLS.
     pub security: tunefleet_common::security::ClientSecurity,
+    /// The coordinator's public key; none: pinned on first use.
+    pub coordinator_key: Option<tunefleet_common::auth::PublicKey>,
+    /// Programs the agent may run (glob patterns on the program, argv[0]);
+    /// empty: any.
+    pub allow_commands: Vec<glob::Pattern>,
 }
 
 impl AgentConfig {
@@ -102,6 +111,8 @@ impl AgentConfig {
             telemetry_interval: Duration::from_secs(1),
             wrapper: None,
             security: Default::default(),
+            coordinator_key: None,
+            allow_commands: Vec::new(),
         }
     }
 }
@@ -115,6 +126,8 @@ pub enum AgentError {
     WrapperExe(std::io::Error),
     #[error("state directory: {0}")]
     State(#[from] pending::PendingError),
+    #[error("keys: {0}")]
+    Keys(#[from] tunefleet_common::auth::KeyFileError),
     #[error("MQTT transport: {0}")]
     Transport(#[from] transport::TransportError),
     #[error("the MQTT event loop stopped unexpectedly")]
@@ -124,18 +137,25 @@ pub enum AgentError {
 /// Carries out the state machine's actions.
 struct Executor {
     transport: Transport,
+    auth: auth::AgentAuth,
     runner: Arc<RunnerConfig>,
     pending: Option<PendingResults>,
     cancels: HashMap<TrialRef, CancellationToken>,
     done_tx: mpsc::Sender<(TrialRef, Measurement)>,
     progress_tx: mpsc::Sender<(TrialRef, EpochMetrics)>,
     publish_failures: u64,
+    /// Results the coordinator refused, moved aside.
+    parked: u64,
 }
+
+/// How long the agent waits for a Welcome before it says Hello again.
+const HELLO_RETRY: Duration = Duration::from_secs(3);
 
 impl Executor {
     fn apply(&mut self, actions: Vec<Action>) {
         for action in actions {
             match action {
+                Action::Hello(info) => self.hello(&info),
                 Action::Publish(msg) => self.publish(&msg),
                 Action::Start(start) => self.start(start),
                 Action::Cancel(trial) => {
@@ -154,12 +174,40 @@ impl Executor {
                         tracing::warn!(%trial, error = %e, "cannot forget a stored result");
                     }
                 }
+                Action::Park(trial, reason) => {
+                    self.parked += 1;
+                    tracing::warn!(
+                        %trial,
+                        %reason,
+                        parked = self.parked,
+                        "the coordinator refused a result: kept aside (tunefleet-agent spool lists it)"
+                    );
+                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.park(&trial, &reason)) {
+                        tracing::error!(%trial, error = %e, "cannot move a refused result aside");
+                    }
+                }
             }
         }
     }
 
+    fn hello(&mut self, info: &tunefleet_common::message::AgentInfo) {
+        match self.auth.hello(info) {
+            Ok(Some(payload)) => self.send(tunefleet_common::topic::AgentTopic::Hello, payload),
+            Ok(None) => tracing::debug!("no coordinator online yet: Hello deferred"),
+            Err(e) => tracing::error!(error = %e, "cannot build a Hello"),
+        }
+    }
+
     fn publish(&mut self, msg: &AgentMessage) {
-        if let Err(e) = self.transport.publish(msg) {
+        match self.auth.seal(msg) {
+            Some(Ok((kind, payload))) => self.send(kind, payload),
+            Some(Err(e)) => tracing::error!(error = %e, "cannot seal a message"),
+            None => tracing::debug!("no session: message not sent"),
+        }
+    }
+
+    fn send(&mut self, kind: tunefleet_common::topic::AgentTopic, payload: Vec<u8>) {
+        if let Err(e) = self.transport.publish(kind, payload) {
             self.publish_failures += 1;
             tracing::warn!(error = %e, failures = self.publish_failures, "publish failed");
         }
@@ -190,20 +238,84 @@ impl Executor {
     }
 }
 
-fn on_inbound(state: &mut AgentState, inbound: Inbound, decode_errors: &mut u64) -> Vec<Action> {
+/// What the agent refused, by kind.
+#[derive(Debug, Default)]
+struct Refused {
+    /// Payloads that do not decode or do not belong on their topic.
+    undecodable: u64,
+    /// Frames that fail authentication (forged, replayed, another session).
+    unauthenticated: u64,
+    /// Coordinator statuses with another key, or older than the newest.
+    statuses: u64,
+    /// Assignments of programs outside `--allow-command`.
+    disallowed: u64,
+}
+
+/// Logs the first ten of a kind of refusal, then at powers of two.
+fn loud(n: u64) -> bool {
+    n <= 10 || n.is_power_of_two()
+}
+
+fn on_inbound(
+    state: &mut AgentState,
+    auth: &mut auth::AgentAuth,
+    allow: &[glob::Pattern],
+    inbound: Inbound,
+    refused: &mut Refused,
+) -> Vec<Action> {
     match inbound {
-        Inbound::Connected => state.on_connected(),
-        Inbound::Coordinator(CoordinatorMessage::Welcome(w)) => state.on_welcome(w),
-        Inbound::Coordinator(CoordinatorMessage::Assign(a)) => state.on_assign(a),
-        Inbound::Coordinator(CoordinatorMessage::Cancel(c)) => state.on_cancel(c),
-        Inbound::Coordinator(CoordinatorMessage::Ack(a)) => state.on_ack(a),
-        Inbound::CoordinatorStatus { status, retained } => {
-            tracing::info!(online = status.online, instance = status.instance, retained, "coordinator status");
-            state.on_coordinator_status(status, retained)
+        Inbound::Connected { will_hash } => {
+            auth.on_connected(will_hash);
+            state.on_connected()
         }
+        Inbound::Coordinator { kind, frame } => {
+            let opened = match &frame {
+                DownFrame::Welcome(signed) => auth.welcome(signed).map(|()| None),
+                DownFrame::Sealed(sealed) => auth.open(kind, sealed).map(Some),
+            };
+            match opened {
+                Ok(None) => {
+                    tracing::info!("welcomed by the coordinator: session open");
+                    state.on_welcome()
+                }
+                Ok(Some(CoordinatorMessage::Assign(a))) => match allow::allowed(allow, &a.spec.argv) {
+                    Ok(()) => state.on_assign(a),
+                    Err(why) => {
+                        refused.disallowed += 1;
+                        tracing::warn!(trial = %a.trial, reason = %why, refused = refused.disallowed, "assignment refused by --allow-command");
+                        state.refuse_assignment(a.trial, why)
+                    }
+                },
+                Ok(Some(CoordinatorMessage::Cancel(c))) => state.on_cancel(c),
+                Ok(Some(CoordinatorMessage::Ack(a))) => state.on_ack(a),
+                Ok(Some(CoordinatorMessage::Sync(n))) => state.on_sync(n),
+                Err(e) => {
+                    refused.unauthenticated += 1;
+                    if loud(refused.unauthenticated) {
+                        tracing::warn!(topic = kind.as_str(), error = %e, refused = refused.unauthenticated, "unauthenticated message refused");
+                    }
+                    Vec::new()
+                }
+            }
+        }
+        Inbound::CoordinatorStatus { signed, retained } => match auth.coordinator_status(&signed) {
+            Ok(status) => {
+                tracing::info!(online = status.online, instance = status.instance, retained, "coordinator status");
+                state.on_coordinator_status(status)
+            }
+            Err(e) => {
+                refused.statuses += 1;
+                if loud(refused.statuses) {
+                    tracing::warn!(error = %e, refused = refused.statuses, "coordinator status ignored");
+                }
+                Vec::new()
+            }
+        },
         Inbound::Undecodable { topic, error } => {
-            *decode_errors += 1;
-            tracing::warn!(%topic, %error, count = *decode_errors, "ignoring a message that does not decode");
+            refused.undecodable += 1;
+            if loud(refused.undecodable) {
+                tracing::warn!(%topic, %error, count = refused.undecodable, "ignoring a message that does not decode");
+            }
             Vec::new()
         }
     }
@@ -241,6 +353,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let mut telemetry_tick = tokio::time::interval(config.telemetry_interval);
     telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
+    let identity = auth::load_identity(config.state_dir.as_deref())?;
+    let pin = match config.coordinator_key {
+        Some(k) => auth::Pin::Given(k),
+        None => auth::Pin::FirstUse(config.state_dir.as_ref().map(|d| d.join(auth::COORDINATOR_KEY_FILE))),
+    };
+    let agent_auth = auth::AgentAuth::new(&config.name, identity, pin)?;
+    tracing::info!(key = %tunefleet_common::auth::hex(&agent_auth.public_key()), "this agent's public key");
     let mut state = AgentState::new(info, cpus, config.max_trials);
     for result in pending.iter().flat_map(PendingResults::load) {
         tracing::info!(trial = %result.trial, "restored an unacknowledged result");
@@ -251,13 +370,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         agent: config.name.clone(),
         keepalive: config.keepalive,
         topics: config.topics.clone(),
-        will: state.status(false),
+        instance,
         security: config.security.clone(),
     })?;
     let (done_tx, mut done_rx) = mpsc::channel(64);
     let (progress_tx, mut progress_rx) = mpsc::channel(1024);
     let mut exec = Executor {
         transport,
+        auth: agent_auth,
+        parked: 0,
         runner: Arc::new(runner_config),
         pending,
         cancels: HashMap::new(),
@@ -265,7 +386,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         progress_tx,
         publish_failures: 0,
     };
-    let mut decode_errors = 0u64;
+    let mut refused = Refused::default();
+    // A Hello that got no Welcome (lost, rate-limited, or answered by a
+    // coordinator that restarted meanwhile) is sent again.
+    let mut hello_retry = tokio::time::interval(HELLO_RETRY);
+    hello_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut idle_since = Instant::now();
     let far = Duration::from_secs(365 * 86_400);
     tokio::pin!(shutdown);
@@ -281,7 +406,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             event = inbound.recv() => match event {
                 Some(event) => {
                     let was_running = state.running().count();
-                    let actions = on_inbound(&mut state, event, &mut decode_errors);
+                    let actions = on_inbound(&mut state, &mut exec.auth, &config.allow_commands, event, &mut refused);
+                    if actions.iter().any(|a| matches!(a, Action::Hello(_))) {
+                        hello_retry.reset();
+                    }
                     exec.apply(actions);
                     if state.running().count() != was_running {
                         idle_since = Instant::now();
@@ -304,6 +432,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
             Some((trial, epoch)) = progress_rx.recv() => {
                 exec.apply(state.progress(trial, epoch).into_iter().collect());
+            }
+            _ = hello_retry.tick() => {
+                if exec.transport.is_connected() {
+                    exec.apply(state.hello_again());
+                }
             }
             _ = telemetry_tick.tick() => {
                 let sample = telemetry.sample(u32::try_from(state.running().count()).unwrap_or(u32::MAX));
@@ -342,7 +475,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
             event = inbound.recv(), if transport_open => match event {
                 Some(event) => {
-                    let actions = on_inbound(&mut state, event, &mut decode_errors);
+                    let actions = on_inbound(&mut state, &mut exec.auth, &config.allow_commands, event, &mut refused);
                     exec.apply(actions);
                 }
                 None => transport_open = false,
@@ -358,6 +491,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     exec.apply(vec![Action::Publish(state.status(false))]);
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
     exec.transport.disconnect(remaining).await;
-    tracing::info!(decode_errors, "agent stopped");
+    tracing::info!(
+        undecodable = refused.undecodable,
+        unauthenticated = refused.unauthenticated,
+        statuses_ignored = refused.statuses,
+        disallowed = refused.disallowed,
+        parked = exec.parked,
+        "agent stopped"
+    );
     outcome
 }

@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tunefleet_agent::exec;
 use tunefleet_agent::measure::{self, MeasureConfig};
-use tunefleet_agent::options::{Cli, Mode};
+use tunefleet_agent::options::{Cli, Mode, SpoolAction};
+use tunefleet_agent::pending::PendingResults;
 use tunefleet_agent::probe;
 
 fn main() -> ExitCode {
@@ -58,6 +59,11 @@ fn main() -> ExitCode {
         Mode::Measure { argv, interval, json, roots, model } => {
             run_measure(argv, interval, json, roots, model).map(ExitCode::from)
         }
+        Mode::Key { state_dir } => tunefleet_agent::auth::load_identity(Some(&state_dir))
+            .map(|id| println!("{}", tunefleet_common::auth::hex(&id.public())))
+            .context("loading the agent's key")
+            .map(|()| ExitCode::SUCCESS),
+        Mode::Spool { state_dir, action } => spool(&state_dir, action).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -66,6 +72,37 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tunefleet-agent spool`: what the state directory keeps.
+fn spool(state_dir: &std::path::Path, action: SpoolAction) -> anyhow::Result<()> {
+    let pending = PendingResults::open(state_dir).context("opening the state directory")?;
+    match action {
+        SpoolAction::List => {
+            let unacked = pending.load();
+            let parked = pending.parked();
+            println!(
+                "{}: {} awaiting an acknowledgement, {} kept aside",
+                state_dir.display(),
+                unacked.len(),
+                parked.len()
+            );
+            for r in &unacked {
+                println!("unacked {}  exit {:?}", r.trial, r.measurement.exit);
+            }
+            for p in &parked {
+                println!("parked  {}  {}  ({})", p.trial, p.reason, p.path.display());
+            }
+            if !parked.is_empty() {
+                println!("to deliver them to the coordinator that runs their study: tunefleet-agent spool requeue, then start the agent against it");
+            }
+        }
+        SpoolAction::Requeue => {
+            let n = pending.requeue().context("moving parked results back")?;
+            println!("{n} results moved back; the agent delivers them on its next run");
+        }
+    }
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -60,10 +60,56 @@ pub struct Cli {
     /// Interval between telemetry messages (CPU, memory, power)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub telemetry_interval: String,
+    /// The coordinator's public key (64 hex digits, from `tunefleet key`): the
+    /// agent obeys only the coordinator holding it [default: the first one
+    /// seen, pinned in the state directory]
+    #[arg(long, env = "TUNEFLEET_COORDINATOR_KEY", value_name = "HEX")]
+    pub coordinator_key: Option<String>,
+    /// Run only programs (argv[0], as the study writes it) matching this
+    /// shell-style pattern (repeatable) [default: any program]
+    #[arg(long = "allow-command", value_name = "PATTERN")]
+    pub allow_commands: Vec<String>,
     #[command(flatten)]
     pub energy: EnergyArgs,
     #[command(flatten)]
     pub security: tunefleet_common::security::SecurityArgs,
+}
+
+/// Which agent's state directory a subcommand looks at.
+#[derive(Debug, Clone, Args)]
+pub struct StateArgs {
+    /// Agent name (default: the host name, sanitised)
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The agent's state directory
+    /// [default: $STATE_DIRECTORY, else $XDG_STATE_HOME or ~/.local/state, /tunefleet-agent/NAME]
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl StateArgs {
+    /// The state directory these flags name.
+    pub fn resolve(&self) -> Result<PathBuf, ConfigError> {
+        if let Some(d) = &self.state_dir {
+            return Ok(d.clone());
+        }
+        let name = match &self.name {
+            Some(n) => n.clone(),
+            None => hostname().ok_or(ConfigError::NoHostname)?,
+        };
+        validate_agent_id(&name).map_err(ConfigError::Name)?;
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        default_state_dir(&name, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME")).ok_or(ConfigError::NoState)
+    }
+}
+
+/// What `spool` does.
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum SpoolAction {
+    /// List results awaiting an acknowledgement and results kept aside (the default)
+    List,
+    /// Move results kept aside back, to be delivered on the next run (to the coordinator that runs their study)
+    Requeue,
 }
 
 /// Where energy comes from; shared by the agent and its subcommands.
@@ -111,6 +157,18 @@ pub enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// Print this agent's public key (created when missing), for `tunefleet agents trust`
+    Key {
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Show the results this agent keeps: awaiting an acknowledgement, and kept aside (refused by a coordinator)
+    Spool {
+        #[command(subcommand)]
+        action: Option<SpoolAction>,
+        #[command(flatten)]
+        state: StateArgs,
+    },
 }
 
 /// What the command line asks for.
@@ -119,6 +177,8 @@ pub enum Mode {
     Agent(Box<AgentConfig>),
     Probe { json: bool, roots: EnergyRoots, model: EstimateModel },
     Measure { argv: Vec<String>, interval: Duration, json: bool, roots: EnergyRoots, model: EstimateModel },
+    Key { state_dir: PathBuf },
+    Spool { state_dir: PathBuf, action: SpoolAction },
 }
 
 impl EnergyArgs {
@@ -187,8 +247,14 @@ pub enum ConfigError {
     Watts { flag: &'static str, value: f64 },
     #[error("--max-trials must be at least 1")]
     MaxTrials,
-    #[error("--broker (or TUNEFLEET_BROKER) is required to run as an agent; or use a subcommand: probe, measure")]
+    #[error("--broker (or TUNEFLEET_BROKER) is required to run as an agent; or use a subcommand: probe, measure, key, spool")]
     NoBroker,
+    #[error("--coordinator-key {0:?}: expected the 64 hex digits that `tunefleet key` prints")]
+    CoordinatorKey(String),
+    #[error("{0}")]
+    AllowCommand(String),
+    #[error("no state directory: give --state-dir (or set HOME, XDG_STATE_HOME or STATE_DIRECTORY)")]
+    NoState,
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a bare number of seconds.
@@ -244,6 +310,10 @@ impl Cli {
                 let interval = positive_duration("interval", &interval)?;
                 Ok(Mode::Measure { argv: command, interval, json, roots, model })
             }
+            Some(Command::Key { state }) => Ok(Mode::Key { state_dir: state.resolve()? }),
+            Some(Command::Spool { action, state }) => {
+                Ok(Mode::Spool { state_dir: state.resolve()?, action: action.unwrap_or(SpoolAction::List) })
+            }
         }
     }
 
@@ -292,6 +362,11 @@ impl Cli {
         config.sample_interval = sample_interval;
         config.telemetry_interval = telemetry_interval;
         config.security = security;
+        config.coordinator_key = self
+            .coordinator_key
+            .map(|k| tunefleet_common::auth::parse_public_key(&k).ok_or(ConfigError::CoordinatorKey(k)))
+            .transpose()?;
+        config.allow_commands = crate::allow::parse(&self.allow_commands).map_err(ConfigError::AllowCommand)?;
         Ok(config)
     }
 }
@@ -299,6 +374,12 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
 
     fn cli(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("tunefleet-agent").chain(args.iter().copied()))

@@ -3,8 +3,16 @@
 //!
 //! Layout: `{state_dir}/unacked/{study}-{trial}-{attempt}-{hash}.bin`, each
 //! file one encoded `TrialResult` (the wire codec, version byte included).
-//! Writes go through a temporary file and a rename, so a crash never leaves
-//! half a result behind; a file that does not decode is logged and skipped.
+//! Writes go through a temporary file, fsync, a rename and an fsync of the
+//! directory, so a result is on disk (power cut included) before it is sent
+//! and a crash never leaves half a result behind; a file that does not
+//! decode is logged and skipped.
+//!
+//! A result the coordinator refuses (a study it does not run, a value it
+//! cannot store) moves to `{state_dir}/parked/`, with a `.why` file beside
+//! it: never re-sent on its own, never deleted. `tunefleet-agent spool`
+//! lists both, and `tunefleet-agent spool requeue` moves parked results
+//! back, to be delivered to the coordinator that runs their study.
 
 use std::fs;
 use std::io;
@@ -26,6 +34,35 @@ pub enum PendingError {
 #[derive(Debug, Clone)]
 pub struct PendingResults {
     dir: PathBuf,
+    parked: PathBuf,
+}
+
+/// A result kept aside, as `tunefleet-agent spool` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parked {
+    pub trial: TrialRef,
+    pub reason: String,
+    pub path: PathBuf,
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PendingError {
+    let path = path.to_path_buf();
+    move |source| PendingError::Io { action, path, source }
+}
+
+/// Makes a rename or removal in `dir` durable.
+fn sync_dir(dir: &Path) -> Result<(), PendingError> {
+    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync", dir))
+}
+
+/// Writes `bytes` to `path` durably: temporary file, fsync, rename, fsync of the directory.
+fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), PendingError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = fs::File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(bytes).and_then(|()| f.sync_all()).map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename", path))?;
+    sync_dir(dir)
 }
 
 /// FNV-1a, stable across builds (file names must survive upgrades).
@@ -42,19 +79,20 @@ pub fn file_name(trial: &TrialRef) -> String {
 }
 
 impl PendingResults {
-    /// Opens (creating) `{state_dir}/unacked`.
+    /// Opens (creating) `{state_dir}/unacked` and `{state_dir}/parked`.
     pub fn open(state_dir: &Path) -> Result<Self, PendingError> {
         let dir = state_dir.join("unacked");
-        fs::create_dir_all(&dir).map_err(|source| PendingError::Io { action: "create", path: dir.clone(), source })?;
-        Ok(PendingResults { dir })
+        let parked = state_dir.join("parked");
+        for d in [&dir, &parked] {
+            fs::create_dir_all(d).map_err(io_err("create", d))?;
+        }
+        Ok(PendingResults { dir, parked })
     }
 
+    /// Keeps `result` on disk (durably) until it is acknowledged.
     pub fn save(&self, result: &TrialResult) -> Result<(), PendingError> {
         let bytes = encode(result).map_err(|source| PendingError::Encode { trial: result.trial.clone(), source })?;
-        let path = self.dir.join(file_name(&result.trial));
-        let tmp = path.with_extension("tmp");
-        fs::write(&tmp, bytes).map_err(|source| PendingError::Io { action: "write", path: tmp.clone(), source })?;
-        fs::rename(&tmp, &path).map_err(|source| PendingError::Io { action: "rename", path, source })
+        write_durably(&self.dir, &self.dir.join(file_name(&result.trial)), &bytes)
     }
 
     pub fn remove(&self, trial: &TrialRef) -> Result<(), PendingError> {
@@ -67,25 +105,66 @@ impl PendingResults {
         }
     }
 
+    /// Moves a refused result aside with the reason.
+    pub fn park(&self, trial: &TrialRef, reason: &str) -> Result<(), PendingError> {
+        let name = file_name(trial);
+        let why = self.parked.join(&name).with_extension("why");
+        write_durably(&self.parked, &why, format!("{trial}: {reason}\n").as_bytes())?;
+        let (from, to) = (self.dir.join(&name), self.parked.join(&name));
+        fs::rename(&from, &to).map_err(io_err("move aside", &from))?;
+        sync_dir(&self.parked).and_then(|()| sync_dir(&self.dir))
+    }
+
+    /// Every parked result that decodes, with why it was refused.
+    pub fn parked(&self) -> Vec<Parked> {
+        read_results(&self.parked)
+            .into_iter()
+            .map(|(result, path)| {
+                let why = fs::read_to_string(path.with_extension("why")).unwrap_or_default();
+                let reason = why.trim().split_once(": ").map_or(why.trim(), |(_, r)| r).to_string();
+                Parked { trial: result.trial, reason, path }
+            })
+            .collect()
+    }
+
+    /// Moves every parked result back to the results awaiting an ack (the
+    /// next agent run delivers them); returns how many.
+    pub fn requeue(&self) -> Result<usize, PendingError> {
+        let parked = self.parked();
+        for p in &parked {
+            let to = self.dir.join(file_name(&p.trial));
+            fs::rename(&p.path, &to).map_err(io_err("move back", &p.path))?;
+            let _ = fs::remove_file(p.path.with_extension("why"));
+        }
+        sync_dir(&self.dir)?;
+        sync_dir(&self.parked)?;
+        Ok(parked.len())
+    }
+
     /// Every stored result that decodes.
     pub fn load(&self) -> Vec<TrialResult> {
-        let Ok(entries) = fs::read_dir(&self.dir) else { return Vec::new() };
-        let mut out = Vec::new();
-        for path in entries.flatten().map(|e| e.path()) {
-            if path.extension().and_then(|e| e.to_str()) != Some("bin") {
-                continue;
-            }
-            match fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| decode::<TrialResult>(&b).map_err(|e| e.to_string()))
-            {
-                Ok(r) => out.push(r),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable stored result"),
-            }
-        }
-        out.sort_by(|a, b| a.trial.cmp(&b.trial));
-        out
+        read_results(&self.dir).into_iter().map(|(r, _)| r).collect()
     }
+}
+
+/// The results in `dir` that decode, by trial, with their paths.
+fn read_results(dir: &Path) -> Vec<(TrialResult, PathBuf)> {
+    let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
+    let mut out = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().and_then(|e| e.to_str()) != Some("bin") {
+            continue;
+        }
+        match fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| decode::<TrialResult>(&b).map_err(|e| e.to_string()))
+        {
+            Ok(r) => out.push((r, path)),
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable stored result"),
+        }
+    }
+    out.sort_by(|a, b| a.0.trial.cmp(&b.0.trial));
+    out
 }
 
 #[cfg(test)]
@@ -97,7 +176,6 @@ mod tests {
 
     fn result(study: &str, trial: u64) -> TrialResult {
         TrialResult {
-            token: 0,
             trial: TrialRef { study: study.into(), trial, attempt: 1 },
             measurement: Measurement {
                 started_unix_ms: 5,
@@ -128,5 +206,23 @@ mod tests {
         store.remove(&a.trial).expect("removing twice is fine");
         assert_eq!(PendingResults::open(dir.path()).expect("reopen").load(), vec![b]);
         assert_ne!(file_name(&a.trial), file_name(&result("st_.._x", 1).trial));
+    }
+
+    #[test]
+    fn refused_results_are_parked_listed_and_requeued() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = PendingResults::open(dir.path()).expect("open");
+        let (a, b) = (result("other", 1), result("mine", 2));
+        store.save(&a).expect("save");
+        store.save(&b).expect("save");
+        store.park(&a.trial, "this coordinator does not run that study").expect("park");
+        assert_eq!(store.load(), vec![b.clone()], "parked results are not sent again");
+        let parked = store.parked();
+        assert_eq!(parked.len(), 1);
+        assert_eq!(parked[0].trial, a.trial);
+        assert_eq!(parked[0].reason, "this coordinator does not run that study");
+        assert_eq!(store.requeue().expect("requeue"), 1);
+        assert!(store.parked().is_empty());
+        assert_eq!(store.load(), vec![b, a]);
     }
 }

@@ -8,19 +8,23 @@
 //!   while draining, after `max_trials`, or for a trial already running is
 //!   refused (an already finished trial awaiting its ack is refused and its
 //!   result published again);
-//! * on every (re)connect: retained online status and Hello; once the
-//!   coordinator answers with a [`Welcome`] (the session token), a Request and
-//!   every result not yet acknowledged, all stamped with that token;
-//! * a live coordinator status coming online as a new instance (or after
-//!   being offline) triggers Hello again (and so a new session);
-//! * a result is kept until the coordinator acknowledges it.
+//! * on every (re)connect the session ends; a Hello goes out when the
+//!   coordinator's (verified) status says it is online: the retained one
+//!   delivered on subscription, or a live one for a new instance. Once the
+//!   coordinator welcomes us: the online status, a Request and every result
+//!   not yet acknowledged, all sealed in that session (by `lib.rs`);
+//! * a result is kept until the coordinator acknowledges it (stored or a
+//!   duplicate: forget it) or refuses it (park it: kept aside on disk,
+//!   never re-sent on its own, never deleted);
+//! * a Sync is answered at once, so the coordinator knows everything it sent
+//!   before has arrived.
 
 use std::collections::BTreeMap;
 
 use tunefleet_common::measurement::{EpochMetrics, Measurement};
 use tunefleet_common::message::{
-    AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal, ResultAck,
-    SessionToken, TrialRef, TrialResult, TrialSpec, Welcome, WorkRequest,
+    AckOutcome, AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal,
+    ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
 };
 
 use crate::sched;
@@ -36,6 +40,8 @@ pub struct StartTrial {
 /// What the agent must do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
+    /// Ask for a session: a signed Hello with this information (built by `lib.rs`).
+    Hello(Box<AgentInfo>),
     Publish(AgentMessage),
     Start(StartTrial),
     Cancel(TrialRef),
@@ -43,6 +49,8 @@ pub enum Action {
     Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
     Forget(TrialRef),
+    /// The coordinator refused this result: keep it aside, with the reason.
+    Park(TrialRef, String),
 }
 
 /// The agent's protocol state.
@@ -55,8 +63,8 @@ pub struct AgentState {
     unacked: BTreeMap<TrialRef, TrialResult>,
     draining: bool,
     coordinator: Option<CoordinatorStatus>,
-    /// The current session's token; `None` until welcomed.
-    token: Option<SessionToken>,
+    /// Whether the current connection has a session.
+    welcomed: bool,
     max_trials: Option<u64>,
     started: u64,
     finished: u64,
@@ -72,7 +80,7 @@ impl AgentState {
             unacked: BTreeMap::new(),
             draining: false,
             coordinator: None,
-            token: None,
+            welcomed: false,
             max_trials,
             started: 0,
             finished: 0,
@@ -123,42 +131,61 @@ impl AgentState {
         self.unacked.insert(result.trial.clone(), result);
     }
 
-    /// Whether the coordinator has welcomed this session.
+    /// Whether the coordinator has welcomed this connection.
     pub fn welcomed(&self) -> bool {
-        self.token.is_some()
+        self.welcomed
+    }
+
+    /// Whether a Hello is due: not welcomed while the coordinator is online
+    /// (`lib.rs` asks again when a Welcome does not come).
+    pub fn wants_session(&self) -> bool {
+        !self.welcomed && self.coordinator.as_ref().is_some_and(|c| c.online)
     }
 
     /// A work request, once welcomed (nothing can be asked for before).
     fn request(&mut self) -> Option<Action> {
-        let token = self.token?;
+        if !self.welcomed {
+            return None;
+        }
         self.seq += 1;
         Some(Action::Publish(AgentMessage::Request(WorkRequest {
-            token,
             seq: self.seq,
             free: self.free(),
             running: self.running.keys().cloned().collect(),
         })))
     }
 
-    /// A result stamped with the current session's token, if welcomed.
+    /// A result, if welcomed.
     fn publish_result(&self, result: &TrialResult) -> Option<Action> {
-        let token = self.token?;
-        Some(Action::Publish(AgentMessage::Result(TrialResult { token, ..result.clone() })))
+        self.welcomed.then(|| Action::Publish(AgentMessage::Result(result.clone())))
     }
 
     fn announce(&mut self) -> Vec<Action> {
-        // A new Hello starts a new session: the old token is no longer good.
-        self.token = None;
-        vec![Action::Publish(AgentMessage::Hello(self.info.clone()))]
+        // A new Hello starts a new session.
+        self.welcomed = false;
+        vec![Action::Hello(Box::new(self.info.clone()))]
     }
 
-    /// The coordinator accepted our Hello: ask for work, deliver what is owed.
-    pub fn on_welcome(&mut self, welcome: Welcome) -> Vec<Action> {
-        if welcome.instance != self.info.instance {
-            return Vec::new();
+    /// A Hello again, when one is due (no Welcome came for the last one).
+    pub fn hello_again(&mut self) -> Vec<Action> {
+        if self.wants_session() {
+            self.announce()
+        } else {
+            Vec::new()
         }
-        self.token = Some(welcome.token);
-        let mut out: Vec<Action> = self.request().into_iter().collect();
+    }
+
+    /// Refuses an assignment this agent will not run (see `--allow-command`).
+    pub fn refuse_assignment(&self, trial: TrialRef, reason: String) -> Vec<Action> {
+        vec![self.refuse(trial, reason)]
+    }
+
+    /// The coordinator opened a session: say we are online, ask for work,
+    /// deliver what is owed.
+    pub fn on_welcome(&mut self) -> Vec<Action> {
+        self.welcomed = true;
+        let mut out = vec![Action::Publish(self.status(true))];
+        out.extend(self.request());
         out.extend(self.unacked.values().filter_map(|r| self.publish_result(r)));
         out
     }
@@ -168,24 +195,24 @@ impl AgentState {
         AgentMessage::Status(AgentStatus { online, instance: self.info.instance })
     }
 
-    /// Connected (first time or again), subscriptions already requested.
+    /// Connected (first time or again), subscriptions already requested:
+    /// the session is over; the coordinator's retained status, delivered on
+    /// subscription, brings the Hello.
     pub fn on_connected(&mut self) -> Vec<Action> {
-        let mut out = vec![Action::Publish(self.status(true))];
-        out.extend(self.announce());
-        out
+        self.welcomed = false;
+        Vec::new()
     }
 
-    /// The coordinator's retained status. `retained` is true when the broker
-    /// delivered it because we just subscribed: we announced ourselves right
-    /// after subscribing, so only a live change calls for a new announce.
-    pub fn on_coordinator_status(&mut self, status: CoordinatorStatus, retained: bool) -> Vec<Action> {
+    /// The coordinator's (verified) status: announce when it is online and
+    /// we have no session, or when it is a new instance or back online.
+    pub fn on_coordinator_status(&mut self, status: CoordinatorStatus) -> Vec<Action> {
         let changed = match &self.coordinator {
             None => true,
             Some(prev) => !prev.online || prev.instance != status.instance,
         };
         let online = status.online;
         self.coordinator = Some(status);
-        if online && changed && !retained {
+        if online && (changed || !self.welcomed) {
             self.announce()
         } else {
             Vec::new()
@@ -193,8 +220,7 @@ impl AgentState {
     }
 
     fn refuse(&self, trial: TrialRef, reason: impl Into<String>) -> Action {
-        let token = self.token.unwrap_or_default();
-        Action::Publish(AgentMessage::Refuse(Refusal { token, trial, reason: reason.into() }))
+        Action::Publish(AgentMessage::Refuse(Refusal { trial, reason: reason.into() }))
     }
 
     pub fn on_assign(&mut self, assignment: Assignment) -> Vec<Action> {
@@ -234,17 +260,30 @@ impl AgentState {
     }
 
     pub fn on_ack(&mut self, ack: ResultAck) -> Vec<Action> {
-        match self.unacked.remove(&ack.trial) {
-            Some(_) => vec![Action::Forget(ack.trial)],
-            None => Vec::new(),
+        if self.unacked.remove(&ack.trial).is_none() {
+            return Vec::new();
+        }
+        match ack.outcome {
+            AckOutcome::Stored | AckOutcome::Duplicate => vec![Action::Forget(ack.trial)],
+            AckOutcome::Refused(reason) => vec![Action::Park(ack.trial, reason)],
+        }
+    }
+
+    /// Everything the coordinator sent before its Sync `n` has arrived.
+    pub fn on_sync(&self, n: u64) -> Vec<Action> {
+        if self.welcomed {
+            vec![Action::Publish(AgentMessage::Synced(n))]
+        } else {
+            Vec::new()
         }
     }
 
     /// Progress of a running trial (dropped while not welcomed: it is advisory).
     pub fn progress(&self, trial: TrialRef, epoch: EpochMetrics) -> Option<Action> {
-        let token = self.token?;
+        if !self.welcomed {
+            return None;
+        }
         Some(Action::Publish(AgentMessage::Progress(Progress {
-            token,
             trial,
             epoch: epoch.epoch,
             elapsed_us: epoch.elapsed_us,
@@ -257,7 +296,7 @@ impl AgentState {
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
         }
-        let result = TrialResult { token: 0, trial: trial.clone(), measurement };
+        let result = TrialResult { trial: trial.clone(), measurement };
         // Kept on disk first, whether or not it can be published now.
         let mut out = vec![Action::Keep(result.clone())];
         out.extend(self.publish_result(&result));
@@ -329,7 +368,7 @@ mod tests {
         actions
             .iter()
             .map(|a| match a {
-                Action::Publish(AgentMessage::Hello(_)) => "hello",
+                Action::Hello(_) => "hello",
                 Action::Publish(AgentMessage::Status(s)) if s.online => "online",
                 Action::Publish(AgentMessage::Status(_)) => "offline",
                 Action::Publish(AgentMessage::Request(_)) => "request",
@@ -337,16 +376,26 @@ mod tests {
                 Action::Publish(AgentMessage::Result(_)) => "result",
                 Action::Publish(AgentMessage::Refuse(_)) => "refuse",
                 Action::Publish(AgentMessage::Telemetry(_)) => "telemetry",
+                Action::Publish(AgentMessage::Synced(_)) => "synced",
                 Action::Start(_) => "start",
                 Action::Cancel(_) => "cancel",
                 Action::Keep(_) => "keep",
                 Action::Forget(_) => "forget",
+                Action::Park(..) => "park",
             })
             .collect()
     }
 
     fn welcome(st: &mut AgentState) -> Vec<Action> {
-        st.on_welcome(Welcome { instance: 42, token: 77 })
+        st.on_welcome()
+    }
+
+    fn status(online: bool, instance: u64) -> CoordinatorStatus {
+        CoordinatorStatus { online, instance, started_unix_ms: 1, key: [0; 32] }
+    }
+
+    fn ack(n: u64, outcome: AckOutcome) -> ResultAck {
+        ResultAck { trial: tref(n), outcome }
     }
 
     fn request_of(actions: &[Action]) -> Option<WorkRequest> {
@@ -357,18 +406,26 @@ mod tests {
     }
 
     #[test]
-    fn connect_announces_then_asks_once_welcomed_with_growing_seq() {
+    fn connect_announces_when_the_coordinator_is_online_then_asks_with_growing_seq() {
         let mut st = AgentState::new(info(2), vec![0, 1, 2, 3], None);
-        assert_eq!(kinds(&st.on_connected()), ["online", "hello"]);
-        assert!(st.on_welcome(Welcome { instance: 41, token: 1 }).is_empty(), "another process's welcome");
+        assert!(st.on_connected().is_empty(), "nothing before the coordinator's status");
+        assert!(st.on_coordinator_status(status(false, 1)).is_empty(), "coordinator offline: wait");
+        assert!(!st.wants_session());
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1))), ["hello"]);
+        assert!(st.wants_session());
+        assert_eq!(kinds(&st.hello_again()), ["hello"], "asked again when no Welcome came");
         let first = welcome(&mut st);
-        assert_eq!(kinds(&first), ["request"]);
-        assert_eq!(kinds(&st.on_connected()), ["online", "hello"]);
-        assert!(!st.welcomed(), "a new Hello ends the session");
+        assert_eq!(kinds(&first), ["online", "request"]);
+        assert!(st.hello_again().is_empty() && !st.wants_session());
+        assert!(st.on_connected().is_empty());
+        assert!(!st.welcomed(), "a new connection ends the session");
+        // The retained status delivered on subscription brings the Hello.
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1))), ["hello"]);
         let again = welcome(&mut st);
         let (r1, r2) = (request_of(&first).expect("req"), request_of(&again).expect("req"));
         assert!(r2.seq > r1.seq);
-        assert_eq!((r2.free, r2.token), (2, 77));
+        assert_eq!(r2.free, 2);
+        assert_eq!(kinds(&st.on_sync(5)), ["synced"]);
     }
 
     #[test]
@@ -390,22 +447,37 @@ mod tests {
     }
 
     #[test]
-    fn results_stay_until_acked_and_are_republished_with_the_new_token() {
+    fn results_stay_until_acked_and_are_republished_in_the_next_session() {
         let mut st = AgentState::new(info(1), vec![0], None);
         welcome(&mut st);
         st.on_assign(assign(1, None));
         st.on_connected();
         // Finished while not welcomed: kept, not published.
         assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep"]);
-        let again = st.on_welcome(Welcome { instance: 42, token: 99 });
-        assert_eq!(kinds(&again), ["request", "result"]);
-        assert!(matches!(&again[1], Action::Publish(AgentMessage::Result(r)) if r.token == 99));
+        let again = st.on_welcome();
+        assert_eq!(kinds(&again), ["online", "request", "result"]);
         assert_eq!(kinds(&st.on_assign(assign(1, None))), ["refuse", "result"]);
-        assert_eq!(kinds(&st.on_ack(ResultAck { trial: tref(1) })), ["forget"]);
-        assert!(st.on_ack(ResultAck { trial: tref(1) }).is_empty());
+        assert_eq!(kinds(&st.on_ack(ack(1, AckOutcome::Stored))), ["forget"]);
+        assert!(st.on_ack(ack(1, AckOutcome::Stored)).is_empty());
         st.on_connected();
-        assert_eq!(kinds(&welcome(&mut st)), ["request"]);
+        assert_eq!(kinds(&welcome(&mut st)), ["online", "request"]);
         assert!(st.is_quiet());
+    }
+
+    #[test]
+    fn duplicates_are_forgotten_and_refused_results_parked() {
+        let mut st = AgentState::new(info(2), vec![0, 1], None);
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        st.on_assign(assign(2, None));
+        st.on_finished(tref(1), measurement());
+        st.on_finished(tref(2), measurement());
+        assert_eq!(kinds(&st.on_ack(ack(1, AckOutcome::Duplicate))), ["forget"]);
+        let parked = st.on_ack(ack(2, AckOutcome::Refused("no such study".into())));
+        assert_eq!(parked, vec![Action::Park(tref(2), "no such study".into())]);
+        assert!(st.is_quiet(), "a parked result is no longer sent");
+        st.on_connected();
+        assert_eq!(kinds(&welcome(&mut st)), ["online", "request"]);
     }
 
     #[test]
@@ -414,13 +486,14 @@ mod tests {
         welcome(&mut st);
         st.on_assign(assign(1, None));
         st.on_finished(tref(1), measurement());
-        let status = |online, instance| CoordinatorStatus { online, instance };
-        assert!(st.on_coordinator_status(status(true, 1), true).is_empty(), "retained on subscribe");
-        assert!(st.on_coordinator_status(status(true, 1), false).is_empty(), "same instance");
-        assert!(st.on_coordinator_status(status(false, 1), false).is_empty(), "offline");
-        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1), false)), ["hello"]);
-        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2), false)), ["hello"]);
-        assert_eq!(kinds(&welcome(&mut st)), ["request", "result"]);
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1))), ["hello"], "first status seen");
+        welcome(&mut st);
+        assert!(st.on_coordinator_status(status(true, 1)).is_empty(), "same instance, session open");
+        assert!(st.on_coordinator_status(status(false, 1)).is_empty(), "offline");
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 1))), ["hello"]);
+        welcome(&mut st);
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2))), ["hello"]);
+        assert_eq!(kinds(&welcome(&mut st)), ["online", "request", "result"]);
     }
 
     #[test]

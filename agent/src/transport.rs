@@ -1,13 +1,14 @@
 //! MQTT transport, the only module that knows rumqttc. It owns the event
 //! loop (polled on its own task, reconnecting with backoff forever), turns
-//! incoming publishes into typed [`Inbound`] events and publishes typed
-//! [`AgentMessage`]s on their topics with QoS 1.
+//! incoming publishes into [`Inbound`] frames (authenticated by
+//! [`crate::auth`]) and publishes encoded frames on their topics with QoS 1.
 //!
-//! On every ConnAck it subscribes to the agent's `down/{id}/+` filter (one
-//! filter, so the broker keeps the coordinator's messages in order) and to
-//! the coordinator status, then reports [`Inbound::Connected`]
-//! so the agent announces itself (subscriptions are queued first, so they
-//! reach the broker before the announce).
+//! Every connection gets a Last Will of its own (a fresh secret, see
+//! [`crate::auth::will_payload`]); [`Inbound::Connected`] says which, so the
+//! Hello can commit to it. On every ConnAck it subscribes to the agent's
+//! `down/{id}/+` filter (one filter, so the broker keeps the coordinator's
+//! messages in order) and to the coordinator status; the agent announces
+//! itself when that (retained) status arrives.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -17,9 +18,9 @@ use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, NetworkOptio
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus};
+use tunefleet_common::auth::{Digest, DownFrame, Signed};
 use tunefleet_common::topic::{AgentTopic, Topic, Topics};
-use tunefleet_common::{decode, encode, BrokerUrl, CodecError, MAX_MESSAGE_BYTES};
+use tunefleet_common::{decode, BrokerUrl, CodecError, MAX_MESSAGE_BYTES};
 
 /// Requests the client may queue while the connection is down.
 const REQUEST_CAPACITY: usize = 1024;
@@ -33,19 +34,16 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// What the broker delivered, decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
-    /// A ConnAck: subscriptions are requested, announce now.
-    Connected,
-    Coordinator(CoordinatorMessage),
-    /// `retained` is set when the broker delivered it on subscription.
-    CoordinatorStatus {
-        status: CoordinatorStatus,
-        retained: bool,
-    },
+    /// A ConnAck: subscriptions are requested. `will_hash` is the hash of
+    /// this connection's Last Will secret.
+    Connected { will_hash: Digest },
+    /// A frame on one of this agent's down topics, not yet authenticated.
+    Coordinator { kind: AgentTopic, frame: DownFrame },
+    /// The signed coordinator status; `retained` is set when the broker
+    /// delivered it on subscription.
+    CoordinatorStatus { signed: Signed, retained: bool },
     /// A payload that does not decode, or arrived on the wrong topic.
-    Undecodable {
-        topic: String,
-        error: String,
-    },
+    Undecodable { topic: String, error: String },
 }
 
 /// Transport failures.
@@ -66,8 +64,8 @@ pub struct TransportConfig {
     pub agent: String,
     pub keepalive: Duration,
     pub topics: Topics,
-    /// Published by the broker (retained) if the connection is lost.
-    pub will: AgentMessage,
+    /// The agent process; each connection's Last Will names it.
+    pub instance: u64,
     /// Login and TLS.
     pub security: tunefleet_common::security::ClientSecurity,
 }
@@ -92,26 +90,15 @@ pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
     base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
-fn kind_name(msg: &AgentMessage) -> &'static str {
-    AgentTopic::of_agent_message(msg).as_str()
-}
-
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
-        let TransportConfig { broker, agent, keepalive, topics, will, security } = config;
-        let will_payload = encode(&will).map_err(|source| TransportError::Encode { kind: kind_name(&will), source })?;
+        let TransportConfig { broker, agent, keepalive, topics, instance, security } = config;
         let mut opts = MqttOptions::new(format!("tf-agent-{agent}"), broker.host.clone(), broker.port);
         opts.set_keep_alive(keepalive)
             .set_clean_session(true)
             .set_max_packet_size(MAX_MESSAGE_BYTES + 64 * 1024, MAX_MESSAGE_BYTES + 64 * 1024)
-            .set_inflight(INFLIGHT)
-            .set_last_will(LastWill::new(
-                topics.agent(&agent, AgentTopic::Status),
-                will_payload,
-                QoS::AtLeastOnce,
-                true,
-            ));
+            .set_inflight(INFLIGHT);
         if let Some((user, pass)) = &security.credentials {
             opts.set_credentials(user.clone(), pass.clone());
         }
@@ -132,6 +119,7 @@ impl Transport {
             client: client.clone(),
             topics: topics.clone(),
             agent: agent.clone(),
+            instance,
             tx,
             connected: Arc::clone(&connected),
         };
@@ -139,12 +127,11 @@ impl Transport {
         Ok((Transport { client, topics, agent, task, stop, connected }, rx))
     }
 
-    /// Publishes `msg` on its topic, QoS 1; the agent status is retained.
-    /// Never waits: when the queue is full (broker gone for long) the message
-    /// is dropped; everything that matters is published again on reconnect.
-    pub fn publish(&self, msg: &AgentMessage) -> Result<(), TransportError> {
-        let kind = AgentTopic::of_agent_message(msg);
-        let payload = encode(msg).map_err(|source| TransportError::Encode { kind: kind.as_str(), source })?;
+    /// Publishes an encoded frame on this agent's `kind` topic, QoS 1; the
+    /// agent status is retained. Never waits: when the queue is full (broker
+    /// gone for long) the frame is dropped; everything that matters is
+    /// published again in the next session.
+    pub fn publish(&self, kind: AgentTopic, payload: Vec<u8>) -> Result<(), TransportError> {
         let retain = kind == AgentTopic::Status;
         self.client
             .try_publish(self.topics.agent(&self.agent, kind), QoS::AtLeastOnce, retain, payload)
@@ -182,13 +169,30 @@ struct Poller {
     client: AsyncClient,
     topics: Topics,
     agent: String,
+    instance: u64,
     tx: mpsc::Sender<Inbound>,
     connected: Arc<AtomicBool>,
 }
 
 impl Poller {
+    /// Gives the next connection a Last Will of its own; returns its hash.
+    fn new_will(&self, eventloop: &mut EventLoop) -> Digest {
+        match crate::auth::will_payload(self.instance) {
+            Ok((payload, hash)) => {
+                let topic = self.topics.agent(&self.agent, AgentTopic::Status);
+                eventloop.mqtt_options.set_last_will(LastWill::new(topic, payload, QoS::AtLeastOnce, true));
+                hash
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot make a Last Will: this connection has none");
+                [0; 32]
+            }
+        }
+    }
+
     async fn run(self, mut eventloop: EventLoop, stop: CancellationToken) {
         let mut failures: u32 = 0;
+        let mut will_hash = self.new_will(&mut eventloop);
         loop {
             let event = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -201,7 +205,7 @@ impl Poller {
                     self.connected.store(true, Ordering::Relaxed);
                     tracing::info!(agent = %self.agent, "connected to the broker");
                     self.subscribe();
-                    if self.tx.send(Inbound::Connected).await.is_err() {
+                    if self.tx.send(Inbound::Connected { will_hash }).await.is_err() {
                         return;
                     }
                 }
@@ -216,6 +220,7 @@ impl Poller {
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     self.connected.store(false, Ordering::Relaxed);
+                    will_hash = self.new_will(&mut eventloop);
                     let delay = backoff_delay(failures, rand::random::<f64>());
                     tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "broker connection failed");
                     tokio::select! {
@@ -239,18 +244,19 @@ impl Poller {
     fn classify(&self, topic: &str, payload: &[u8], retained: bool) -> Inbound {
         let bad = |error: String| Inbound::Undecodable { topic: topic.to_string(), error };
         match self.topics.parse(topic) {
-            Ok(Topic::CoordinatorStatus) => match decode::<CoordinatorStatus>(payload) {
-                Ok(status) => Inbound::CoordinatorStatus { status, retained },
+            Ok(Topic::CoordinatorStatus) => match decode::<Signed>(payload) {
+                Ok(signed) => Inbound::CoordinatorStatus { signed, retained },
                 Err(e) => bad(e.to_string()),
             },
             Ok(Topic::Agent { agent, kind }) if agent == self.agent && AgentTopic::TO_AGENT.contains(&kind) => {
-                match decode::<CoordinatorMessage>(payload) {
-                    Ok(msg) if AgentTopic::of_coordinator_message(&msg) == kind => Inbound::Coordinator(msg),
-                    Ok(msg) => bad(format!(
-                        "a {} message on the {} topic",
-                        AgentTopic::of_coordinator_message(&msg).as_str(),
-                        kind.as_str()
-                    )),
+                match decode::<DownFrame>(payload) {
+                    Ok(frame @ DownFrame::Welcome(_)) if kind == AgentTopic::Welcome => {
+                        Inbound::Coordinator { kind, frame }
+                    }
+                    Ok(frame @ DownFrame::Sealed(_)) if kind != AgentTopic::Welcome => {
+                        Inbound::Coordinator { kind, frame }
+                    }
+                    Ok(_) => bad(format!("a frame that does not belong on the {} topic", kind.as_str())),
                     Err(e) => bad(e.to_string()),
                 }
             }

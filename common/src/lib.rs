@@ -4,11 +4,13 @@
 //! * [`message`]: the typed messages that travel on those topics.
 //! * [`measurement`]: the record an agent produces for every trial.
 //! * [`profile`]: the versioned workload profile vector derived from counters.
+//! * [`auth`]: keys, signed handshakes and sealed (MAC'd) session frames.
 //! * [`codec`]: postcard encoding behind a one-byte protocol version.
 //! * [`template`]: substitution of trial parameters into a command template.
 //!
 //! `docs/PROTOCOL.md` describes the same thing for people writing other clients.
 
+pub mod auth;
 pub mod broker_url;
 pub mod codec;
 pub mod measurement;

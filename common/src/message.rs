@@ -52,24 +52,25 @@ pub struct AgentInfo {
     pub tags: BTreeMap<String, String>,
 }
 
-/// Retained per agent. The MQTT Last Will publishes `online: false`.
+/// Retained per agent, sealed in the agent's session. A connection lost
+/// without a goodbye ends with the agent's Last Will instead
+/// ([`crate::auth::Will`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentStatus {
     pub online: bool,
     pub instance: u64,
 }
 
-/// The session token the coordinator gave an agent in its [`Welcome`]. Every
-/// request, progress report, result and refusal carries it; the coordinator
-/// refuses messages with a token it did not issue to that agent, or one that
-/// has expired (the agent went offline or registered again).
+/// The session token the coordinator gave an agent in its
+/// [`crate::auth::Welcome`]. Every sealed frame carries it (see
+/// [`crate::auth::Sealed`]); the coordinator refuses frames with a token it
+/// did not issue to that agent, or one that has expired.
 pub type SessionToken = u64;
 
 /// "I have `free` slots". Sent once welcomed and whenever a slot frees up.
 /// `seq` grows with every request, so a stale request is recognisable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkRequest {
-    pub token: SessionToken,
     pub seq: u64,
     pub free: u32,
     /// Trials the agent is running right now.
@@ -79,7 +80,6 @@ pub struct WorkRequest {
 /// Metrics of one finished epoch, sent while the trial runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
-    pub token: SessionToken,
     pub trial: TrialRef,
     pub epoch: u32,
     pub elapsed_us: u64,
@@ -89,9 +89,6 @@ pub struct Progress {
 /// The final measurement of one attempt.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrialResult {
-    /// Stamped when published: a result kept across a reconnect or restart
-    /// carries the token of the session that delivers it.
-    pub token: SessionToken,
     pub trial: TrialRef,
     pub measurement: Measurement,
 }
@@ -99,7 +96,6 @@ pub struct TrialResult {
 /// An assignment the agent will not run (more than its free slots, or it is draining).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
-    pub token: SessionToken,
     pub trial: TrialRef,
     pub reason: String,
 }
@@ -110,7 +106,6 @@ pub struct Refusal {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentMessage {
-    Hello(AgentInfo),
     Status(AgentStatus),
     Request(WorkRequest),
     Progress(Progress),
@@ -118,6 +113,9 @@ pub enum AgentMessage {
     Refuse(Refusal),
     /// The agent's CPU, memory and power, at `--telemetry-interval`.
     Telemetry(Telemetry),
+    /// Answers [`CoordinatorMessage::Sync`] with its number: everything the
+    /// coordinator sent before it has arrived.
+    Synced(u64),
 }
 
 /// System parameters of a trial, applied by the agent for real.
@@ -155,33 +153,49 @@ pub struct Cancel {
     pub reason: String,
 }
 
-/// The coordinator stored this result; the agent may forget it.
+/// What the coordinator did with a result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AckOutcome {
+    /// Stored now: the agent may forget it.
+    Stored,
+    /// The coordinator had it already (or the trial is done): forget it.
+    Duplicate,
+    /// The coordinator cannot place it (a study it does not run, an attempt
+    /// it never gave) or cannot store it (a value out of range). The agent
+    /// moves it aside (`tunefleet-agent spool`), never re-sends it on its
+    /// own, and never deletes it.
+    Refused(String),
+}
+
+/// The coordinator's answer to a result.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultAck {
     pub trial: TrialRef,
+    pub outcome: AckOutcome,
 }
 
-/// The coordinator accepted an agent's `Hello`: its session token.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Welcome {
-    /// The agent process (`AgentInfo::instance`) this session belongs to.
-    pub instance: u64,
-    pub token: SessionToken,
-}
-
-/// Coordinator to agent.
+/// Coordinator to agent (sealed in the session; the session itself starts
+/// with [`crate::auth::Welcome`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum CoordinatorMessage {
-    Welcome(Welcome),
     Assign(Assignment),
     Cancel(Cancel),
     Ack(ResultAck),
+    /// Answer with [`AgentMessage::Synced`]: sent before the coordinator
+    /// exits, so it knows every acknowledgement before it has arrived.
+    Sync(u64),
 }
 
-/// Retained on the coordinator topic; the Last Will sets `online: false`.
-/// Agents re-announce themselves when a new `instance` comes online.
+/// Retained on the coordinator topic, signed with the coordinator's key
+/// (the Last Will carries the signed `online: false`). Agents pin `key`,
+/// ignore statuses older than the newest they have seen, and announce
+/// themselves again when a new `instance` comes online.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CoordinatorStatus {
     pub online: bool,
     pub instance: u64,
+    /// When this coordinator instance started (Unix ms): newer wins.
+    pub started_unix_ms: u64,
+    /// The coordinator's Ed25519 public key.
+    pub key: [u8; 32],
 }

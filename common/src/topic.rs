@@ -1,21 +1,26 @@
-//! The topic scheme. Every topic lives under `{root}/v1/`, where `root`
+//! The topic scheme. Every topic lives under `{root}/v2/`, where `root`
 //! defaults to `tunefleet` and can be changed so several fleets (or tests)
 //! share one broker:
 //!
 //! | topic | direction | payload |
 //! |---|---|---|
-//! | `{root}/v1/up/{id}/hello` | agent → coordinator | `AgentMessage::Hello` |
-//! | `{root}/v1/up/{id}/status` | agent → all, retained, Last Will | `AgentMessage::Status` |
-//! | `{root}/v1/up/{id}/request` | agent → coordinator | `AgentMessage::Request` |
-//! | `{root}/v1/up/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
-//! | `{root}/v1/up/{id}/result` | agent → coordinator | `AgentMessage::Result` |
-//! | `{root}/v1/up/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
-//! | `{root}/v1/up/{id}/telemetry` | agent → coordinator | `AgentMessage::Telemetry` |
-//! | `{root}/v1/down/{id}/welcome` | coordinator → agent | `CoordinatorMessage::Welcome` |
-//! | `{root}/v1/down/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
-//! | `{root}/v1/down/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
-//! | `{root}/v1/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
-//! | `{root}/v1/coordinator/status` | coordinator → all, retained, Last Will | `CoordinatorStatus` |
+//! | `{root}/v2/up/{id}/hello` | agent → coordinator | `UpFrame::Hello` (signed) |
+//! | `{root}/v2/up/{id}/status` | agent → all, retained | `AgentMessage::Status`, or the Last Will `UpFrame::Will` |
+//! | `{root}/v2/up/{id}/request` | agent → coordinator | `AgentMessage::Request` |
+//! | `{root}/v2/up/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
+//! | `{root}/v2/up/{id}/result` | agent → coordinator | `AgentMessage::Result` |
+//! | `{root}/v2/up/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
+//! | `{root}/v2/up/{id}/telemetry` | agent → coordinator | `AgentMessage::Telemetry` |
+//! | `{root}/v2/up/{id}/synced` | agent → coordinator | `AgentMessage::Synced` |
+//! | `{root}/v2/down/{id}/welcome` | coordinator → agent | `DownFrame::Welcome` (signed) |
+//! | `{root}/v2/down/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
+//! | `{root}/v2/down/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
+//! | `{root}/v2/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
+//! | `{root}/v2/down/{id}/sync` | coordinator → agent | `CoordinatorMessage::Sync` |
+//! | `{root}/v2/coordinator/status` | coordinator → all, retained, Last Will | signed `CoordinatorStatus` |
+//!
+//! Every `AgentMessage` and `CoordinatorMessage` travels sealed in its
+//! session ([`crate::auth`]).
 //!
 //! Each side subscribes with ONE wildcard filter ([`Topics::from_agents`],
 //! [`Topics::to_agent`]): brokers such as rumqttd keep a log per filter, so
@@ -25,7 +30,7 @@
 use crate::message::{AgentMessage, CoordinatorMessage};
 
 /// Protocol segment of every topic.
-pub const VERSION_SEGMENT: &str = "v1";
+pub const VERSION_SEGMENT: &str = "v2";
 /// Default root of the topic tree.
 pub const DEFAULT_ROOT: &str = "tunefleet";
 /// Longest agent id accepted.
@@ -41,14 +46,16 @@ pub enum AgentTopic {
     Result,
     Refuse,
     Telemetry,
+    Synced,
     Welcome,
     Assign,
     Cancel,
     Ack,
+    Sync,
 }
 
 impl AgentTopic {
-    pub const ALL: [AgentTopic; 11] = [
+    pub const ALL: [AgentTopic; 13] = [
         AgentTopic::Hello,
         AgentTopic::Status,
         AgentTopic::Request,
@@ -56,13 +63,15 @@ impl AgentTopic {
         AgentTopic::Result,
         AgentTopic::Refuse,
         AgentTopic::Telemetry,
+        AgentTopic::Synced,
         AgentTopic::Welcome,
         AgentTopic::Assign,
         AgentTopic::Cancel,
         AgentTopic::Ack,
+        AgentTopic::Sync,
     ];
     /// Kinds an agent publishes (the coordinator subscribes to these).
-    pub const FROM_AGENT: [AgentTopic; 7] = [
+    pub const FROM_AGENT: [AgentTopic; 8] = [
         AgentTopic::Hello,
         AgentTopic::Status,
         AgentTopic::Request,
@@ -70,10 +79,11 @@ impl AgentTopic {
         AgentTopic::Result,
         AgentTopic::Refuse,
         AgentTopic::Telemetry,
+        AgentTopic::Synced,
     ];
     /// Kinds the coordinator publishes (an agent subscribes to its own).
-    pub const TO_AGENT: [AgentTopic; 4] =
-        [AgentTopic::Welcome, AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack];
+    pub const TO_AGENT: [AgentTopic; 5] =
+        [AgentTopic::Welcome, AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack, AgentTopic::Sync];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -84,10 +94,12 @@ impl AgentTopic {
             AgentTopic::Result => "result",
             AgentTopic::Refuse => "refuse",
             AgentTopic::Telemetry => "telemetry",
+            AgentTopic::Synced => "synced",
             AgentTopic::Welcome => "welcome",
             AgentTopic::Assign => "assign",
             AgentTopic::Cancel => "cancel",
             AgentTopic::Ack => "ack",
+            AgentTopic::Sync => "sync",
         }
     }
 
@@ -107,23 +119,23 @@ impl AgentTopic {
     /// The topic kind a message must travel on.
     pub fn of_agent_message(msg: &AgentMessage) -> Self {
         match msg {
-            AgentMessage::Hello(_) => AgentTopic::Hello,
             AgentMessage::Status(_) => AgentTopic::Status,
             AgentMessage::Request(_) => AgentTopic::Request,
             AgentMessage::Progress(_) => AgentTopic::Progress,
             AgentMessage::Result(_) => AgentTopic::Result,
             AgentMessage::Refuse(_) => AgentTopic::Refuse,
             AgentMessage::Telemetry(_) => AgentTopic::Telemetry,
+            AgentMessage::Synced(_) => AgentTopic::Synced,
         }
     }
 
     /// The topic kind a message must travel on.
     pub fn of_coordinator_message(msg: &CoordinatorMessage) -> Self {
         match msg {
-            CoordinatorMessage::Welcome(_) => AgentTopic::Welcome,
             CoordinatorMessage::Assign(_) => AgentTopic::Assign,
             CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
+            CoordinatorMessage::Sync(_) => AgentTopic::Sync,
         }
     }
 }
@@ -163,7 +175,7 @@ pub fn validate_agent_id(id: &str) -> Result<(), TopicError> {
 /// Builds and parses topics under one root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Topics {
-    /// `{root}/v1/`, with the trailing slash.
+    /// `{root}/v2/`, with the trailing slash.
     prefix: String,
 }
 
@@ -236,16 +248,16 @@ mod tests {
     fn parses_known_and_rejects_others() {
         let t = Topics::new("fleet/a").expect("root");
         assert_eq!(t.root(), "fleet/a");
-        assert_eq!(t.agent("n1", AgentTopic::Result), "fleet/a/v1/up/n1/result");
-        assert_eq!(t.agent("n1", AgentTopic::Assign), "fleet/a/v1/down/n1/assign");
-        assert_eq!(t.from_agents(), "fleet/a/v1/up/+/+");
-        assert_eq!(t.to_agent("n1"), "fleet/a/v1/down/n1/+");
-        assert!(matches!(t.parse("fleet/a/v1/down/n1/result"), Err(TopicError::Unknown(_))));
-        assert_eq!(t.parse("fleet/a/v1/coordinator/status"), Ok(Topic::CoordinatorStatus));
-        assert!(matches!(t.parse("tunefleet/v1/up/x/hello"), Err(TopicError::ForeignRoot(_))));
-        assert!(matches!(t.parse("fleet/a/v1/up/x/bogus"), Err(TopicError::Unknown(_))));
-        assert!(matches!(t.parse("fleet/a/v1/up/x+/hello"), Err(TopicError::AgentId(_))));
-        assert!(matches!(t.parse("fleet/a/v1/up/x/y/hello"), Err(TopicError::Unknown(_))));
+        assert_eq!(t.agent("n1", AgentTopic::Result), "fleet/a/v2/up/n1/result");
+        assert_eq!(t.agent("n1", AgentTopic::Assign), "fleet/a/v2/down/n1/assign");
+        assert_eq!(t.from_agents(), "fleet/a/v2/up/+/+");
+        assert_eq!(t.to_agent("n1"), "fleet/a/v2/down/n1/+");
+        assert!(matches!(t.parse("fleet/a/v2/down/n1/result"), Err(TopicError::Unknown(_))));
+        assert_eq!(t.parse("fleet/a/v2/coordinator/status"), Ok(Topic::CoordinatorStatus));
+        assert!(matches!(t.parse("tunefleet/v2/up/x/hello"), Err(TopicError::ForeignRoot(_))));
+        assert!(matches!(t.parse("fleet/a/v2/up/x/bogus"), Err(TopicError::Unknown(_))));
+        assert!(matches!(t.parse("fleet/a/v2/up/x+/hello"), Err(TopicError::AgentId(_))));
+        assert!(matches!(t.parse("fleet/a/v2/up/x/y/hello"), Err(TopicError::Unknown(_))));
         assert!(Topics::new("a/+/b").is_err());
         assert!(Topics::new("a//b").is_err());
         assert!(Topics::new("").is_err());

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
+use tunefleet_common::auth::{DownFrame, Hello, Sealed, Signed, UpFrame, Will};
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::profile::{Profile, PROFILE_VERSION};
@@ -74,16 +75,13 @@ fn measurement() -> impl Strategy<Value = Measurement> {
 
 fn agent_message() -> impl Strategy<Value = AgentMessage> {
     prop_oneof![
-        (trial_ref(), measurement()).prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult {
-            token: 7,
-            trial,
-            measurement
-        })),
+        (trial_ref(), measurement())
+            .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
-            AgentMessage::Progress(Progress { token: 7, trial, epoch, elapsed_us: 5, metrics })
+            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics })
         }),
         (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
-            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { token: 7, seq, free, running })),
+            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
         (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
         (any::<u64>(), 0.0f64..1.0, prop::option::of(0.0f64..500.0), any::<u64>()).prop_map(
@@ -100,7 +98,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
             })
         ),
         ("[a-z0-9-]{1,10}", any::<u64>(), prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)).prop_map(
-            |(agent, instance, tags)| AgentMessage::Hello(AgentInfo {
+            |(agent, instance, tags)| agent_info(AgentInfo {
                 agent,
                 instance,
                 version: "0.1.0".into(),
@@ -138,9 +136,34 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
             })
         ),
         (trial_ref(), ".{0,20}").prop_map(|(trial, reason)| CoordinatorMessage::Cancel(Cancel { trial, reason })),
-        trial_ref().prop_map(|trial| CoordinatorMessage::Ack(ResultAck { trial })),
-        (any::<u64>(), any::<u64>())
-            .prop_map(|(instance, token)| CoordinatorMessage::Welcome(Welcome { instance, token })),
+        (trial_ref(), 0u8..3, ".{0,20}").prop_map(|(trial, o, why)| CoordinatorMessage::Ack(ResultAck {
+            trial,
+            outcome: match o {
+                0 => AckOutcome::Stored,
+                1 => AckOutcome::Duplicate,
+                _ => AckOutcome::Refused(why),
+            }
+        })),
+        any::<u64>().prop_map(CoordinatorMessage::Sync),
+    ]
+}
+
+/// An agent's description travels inside its signed Hello; this carries it
+/// through the codec as a Synced message plus the Hello body round trip.
+fn agent_info(info: AgentInfo) -> AgentMessage {
+    let hello = Hello { info, key: [1; 32], exchange: [2; 32], coordinator_instance: 3, seq: 4, will_hash: [5; 32] };
+    let bytes = encode(&hello).expect("encodes");
+    assert_eq!(decode::<Hello>(&bytes).expect("decodes"), hello);
+    AgentMessage::Synced(hello.seq)
+}
+
+fn up_frame() -> impl Strategy<Value = UpFrame> {
+    prop_oneof![
+        (any::<u64>(), any::<u64>(), prop::collection::vec(any::<u8>(), 0..64), any::<[u8; 32]>())
+            .prop_map(|(token, seq, body, mac)| UpFrame::Sealed(Sealed { token, seq, body, mac })),
+        (any::<u64>(), any::<[u8; 32]>()).prop_map(|(instance, secret)| UpFrame::Will(Will { instance, secret })),
+        (prop::collection::vec(any::<u8>(), 0..64), prop::collection::vec(any::<u8>(), 0..64))
+            .prop_map(|(body, signature)| UpFrame::Hello(Signed { body, signature })),
     ]
 }
 
@@ -158,9 +181,18 @@ proptest! {
     }
 
     #[test]
+    fn frames_round_trip(frame in up_frame()) {
+        let bytes = encode(&frame).expect("encodes");
+        prop_assert_eq!(decode::<UpFrame>(&bytes).expect("decodes"), frame);
+    }
+
+    #[test]
     fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
         let _ = decode::<AgentMessage>(&bytes);
         let _ = decode::<CoordinatorMessage>(&bytes);
+        let _ = decode::<UpFrame>(&bytes);
+        let _ = decode::<DownFrame>(&bytes);
+        let _ = decode::<Signed>(&bytes);
     }
 
     #[test]

@@ -10,7 +10,9 @@
 //! accepts, so once rumqttd has bound its listener we find that socket among
 //! our own descriptors, take a duplicate with `pidfd_getfd` (a duplicate
 //! shares the socket) and set the option on it. The same search tells us the
-//! port when the caller asked for port 0.
+//! port when the caller asked for port 0: rumqttd binds port 0 itself and the
+//! OS chooses, so no other process can take the port between a choice and
+//! its use.
 //!
 //! Security: with `users`, every connection must log in. With `tls`, the
 //! public listener speaks TLS and requires a client certificate signed by
@@ -20,8 +22,9 @@
 //! second, loopback-only listener with a credential made up at start.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::OwnedFd;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfig};
@@ -42,8 +45,6 @@ pub enum BrokerError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("TLS file {path}: {source}")]
     TlsFile { path: std::path::PathBuf, source: std::io::Error },
-    #[error("no free loopback port: {0}")]
-    NoPort(#[source] std::io::Error),
     #[error("could not inspect the broker's socket: {0}")]
     Inspect(#[source] std::io::Error),
 }
@@ -135,16 +136,27 @@ fn rumqttd_config(servers: Vec<ServerSettings>) -> Config {
     }
 }
 
+/// Held by a start from its snapshot of this process's sockets until it has
+/// found rumqttd's listeners among the new ones: two starts at once (tests
+/// run brokers side by side in one process) would otherwise each take the
+/// other's port-0 listener for its own. Other code of this process that opens
+/// a listener on the same address at that moment could still be mistaken for
+/// rumqttd's; the coordinator opens none, and tests that do hold this lock.
+static STARTING: Mutex<()> = Mutex::new(());
+
 /// Starts rumqttd and returns once it accepts connections.
 pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
-    // rumqttd only logs a failed bind on its own thread: bind here first, which
-    // finds a taken port at once and turns port 0 into a real port to look for.
-    let listen = std::net::TcpListener::bind(settings.listen)
-        .and_then(|l| l.local_addr())
-        .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
+    // rumqttd only logs a failed bind on its own thread: a fixed port is
+    // bound here first, which finds a taken one at once. Port 0 goes to
+    // rumqttd as it is: the OS chooses the port of the socket that listens,
+    // and the port is read back from that socket (a port chosen here and
+    // handed over could be taken by any other process in between).
+    if settings.listen.port() != 0 {
+        std::net::TcpListener::bind(settings.listen)
+            .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
+    }
     let mut servers = Vec::new();
-    let mut wanted = vec![listen];
-    let internal = match &settings.tls {
+    let (internal_listen, credentials) = match &settings.tls {
         Some(tls) => {
             for path in [&tls.cert, &tls.key, &tls.client_ca] {
                 std::fs::metadata(path).map_err(|source| BrokerError::TlsFile { path: path.clone(), source })?;
@@ -155,15 +167,12 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
                 certpath: path(&tls.cert),
                 keypath: path(&tls.key),
             };
-            servers.push(server("tunefleet-tls", listen, settings.users.clone(), Some(tls_config)));
-            let addr = std::net::TcpListener::bind(("127.0.0.1", 0))
-                .and_then(|l| l.local_addr())
-                .map_err(BrokerError::NoPort)?;
+            servers.push(server("tunefleet-tls", settings.listen, settings.users.clone(), Some(tls_config)));
+            let addr = internal_listen_addr(settings.listen);
             let credentials = internal_credential();
             let auth = HashMap::from([credentials.clone()]);
             servers.push(server("tunefleet-internal", addr, Some(auth), None));
-            wanted.push(addr);
-            InternalAccess { addr, credentials: Some(credentials) }
+            (Some(addr), Some(credentials))
         }
         None => {
             let credentials = settings.users.as_ref().map(|_| internal_credential());
@@ -171,12 +180,13 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
             if let (Some(map), Some((u, p))) = (users.as_mut(), &credentials) {
                 map.insert(u.clone(), p.clone());
             }
-            servers.push(server("tunefleet", listen, users, None));
-            let local =
-                if listen.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], listen.port())) } else { listen };
-            InternalAccess { addr: local, credentials }
+            servers.push(server("tunefleet", settings.listen, users, None));
+            (None, credentials)
         }
     };
+
+    // A poisoned lock guards nothing broken: the data is ().
+    let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
     let before: HashSet<u64> = socket_fds().into_iter().map(|(_, ino)| ino).collect();
     let config = rumqttd_config(servers);
     std::thread::Builder::new()
@@ -192,14 +202,14 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     let waited = Duration::from_secs(5);
     let deadline = Instant::now() + waited;
     let mut nodelay = settings.nodelay;
-    for want in wanted {
+    let mut listening = |want: SocketAddr| -> Result<SocketAddr, BrokerError> {
         loop {
-            if let Some((fd, _)) = find_listener(&before, want).map_err(BrokerError::Inspect)? {
+            if let Some((fd, local)) = find_listener(&before, want).map_err(BrokerError::Inspect)? {
                 if settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
                     tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
                     nodelay = false;
                 }
-                break;
+                return Ok(local);
             }
             if Instant::now() > deadline {
                 return Err(BrokerError::NotListening { addr: want, waited });
@@ -207,8 +217,22 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
             // Waiting on a condition (the listener exists) that no event announces.
             std::thread::sleep(Duration::from_millis(2));
         }
-    }
-    Ok(EmbeddedBroker { addr: listen, nodelay, internal })
+    };
+    let addr = listening(settings.listen)?;
+    let internal = match internal_listen {
+        Some(want) => listening(want)?,
+        None if addr.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
+        None => addr,
+    };
+    Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials } })
+}
+
+/// Where the coordinator's own listener goes beside a TLS one: loopback, a
+/// port the OS chooses, and an address the public listener does not use, so
+/// that the two new sockets are told apart by their address.
+fn internal_listen_addr(public: SocketAddr) -> SocketAddr {
+    let ip = if public.ip() == Ipv4Addr::LOCALHOST { Ipv4Addr::new(127, 0, 0, 2) } else { Ipv4Addr::LOCALHOST };
+    SocketAddr::from((ip, 0))
 }
 
 /// A user name and random password for the coordinator's own connection.
@@ -316,8 +340,28 @@ mod tests {
     }
 
     #[test]
+    fn brokers_started_at_once_each_find_their_own_port() {
+        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
+        let starts: Vec<_> = (0..3)
+            .map(|_| std::thread::spawn(move || start(&BrokerSettings { listen: any, ..BrokerSettings::default() })))
+            .collect();
+        let mut ports: Vec<u16> =
+            starts.into_iter().map(|t| t.join().expect("thread").expect("broker starts").addr.port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 3, "three brokers, three ports: {ports:?}");
+        for port in ports {
+            TcpStream::connect(("127.0.0.1", port)).expect("each broker accepts");
+        }
+    }
+
+    #[test]
     fn a_taken_port_is_a_clear_error() {
-        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        // Opened under STARTING, so a broker starting in another test cannot take it for its own.
+        let taken = {
+            let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind")
+        };
         let addr = taken.local_addr().expect("addr");
         let err =
             start(&BrokerSettings { listen: addr, users: None, nodelay: true, tls: None }).expect_err("port is taken");

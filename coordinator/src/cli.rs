@@ -44,8 +44,18 @@ pub enum Command {
         /// The study file (TOML).
         study: PathBuf,
     },
-    /// List the agents the store has seen.
-    Agents(StoreArg),
+    /// List the agents the store has seen, or change whose keys it trusts.
+    Agents {
+        #[command(subcommand)]
+        action: Option<AgentsAction>,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Print the coordinator's public key (give it to agents as --coordinator-key), creating the key when missing.
+    Key {
+        #[command(flatten)]
+        key: KeyArg,
+    },
     /// List the studies in the store.
     Studies(StoreArg),
     /// Show the N best trials of a study.
@@ -68,6 +78,45 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsAction {
+    /// Pin KEY (64 hex digits, from `tunefleet-agent key`) for agent NAME,
+    /// replacing the key pinned before: for a re-installed agent, or to
+    /// register agents ahead of time.
+    Trust { name: String, key: String },
+    /// Forget the key pinned for NAME: its next Hello pins a new one.
+    Forget { name: String },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeyArg {
+    /// The coordinator's Ed25519 key (PKCS#8), created when missing
+    /// [default: $STATE_DIRECTORY/coordinator.key, else $XDG_STATE_HOME/tunefleet/coordinator.key,
+    /// else ~/.local/state/tunefleet/coordinator.key]
+    #[arg(long = "identity", env = "TUNEFLEET_IDENTITY", value_name = "FILE")]
+    pub path: Option<PathBuf>,
+}
+
+impl KeyArg {
+    /// The key file to use with the store at `store`.
+    pub fn resolve(&self, store: &Path) -> PathBuf {
+        self.path.clone().unwrap_or_else(|| {
+            let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+            crate::auth::default_key_path(store, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
+        })
+    }
+
+    /// Loads the key, creating it (and saying so) when missing.
+    pub fn load(&self, store: &Path) -> anyhow::Result<tunefleet_common::auth::Identity> {
+        let path = self.resolve(store);
+        let (identity, created) = tunefleet_common::auth::Identity::load_or_create(&path)?;
+        if created {
+            tracing::warn!(path = %path.display(), key = %tunefleet_common::auth::hex(&identity.public()), "created the coordinator's key");
+        }
+        Ok(identity)
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -112,6 +161,11 @@ pub struct BrokerArgs {
     /// How to log in to an external broker (--broker).
     #[command(flatten)]
     pub security: SecurityArgs,
+    #[command(flatten)]
+    pub key: KeyArg,
+    /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
+    #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
+    pub max_agents: u64,
 }
 
 impl BrokerArgs {
@@ -248,7 +302,42 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             emit(&out)
         }
-        Command::Agents(s) => {
+        Command::Key { key } => {
+            let identity = key.load(Path::new("tunefleet.db"))?;
+            println!("{}", tunefleet_common::auth::hex(&identity.public()));
+            Ok(())
+        }
+        Command::Agents { action: Some(action), store } => {
+            let mut store =
+                Store::open(&store.store).with_context(|| format!("opening the store {}", store.store.display()))?;
+            let now =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            match action {
+                AgentsAction::Trust { name, key } => {
+                    tunefleet_common::topic::validate_agent_id(&name)?;
+                    let Some(key) = tunefleet_common::auth::parse_public_key(&key) else {
+                        bail!("not a public key: give the 64 hex digits that `tunefleet-agent key` prints")
+                    };
+                    match store.trust_agent(&name, &key, now)? {
+                        Some(old) if old != key => println!(
+                            "{name}: key {} pinned, replacing {}",
+                            tunefleet_common::auth::hex(&key),
+                            tunefleet_common::auth::hex(&old)
+                        ),
+                        _ => println!("{name}: key {} pinned", tunefleet_common::auth::hex(&key)),
+                    }
+                }
+                AgentsAction::Forget { name } => {
+                    if store.forget_agent_key(&name)? {
+                        println!("{name}: key forgotten; its next Hello pins a new one");
+                    } else {
+                        println!("{name}: no key was pinned");
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::Agents { action: None, store: s } => {
             let store = open_existing(&s.store)?;
             let mut out = String::new();
             writeln!(
@@ -369,17 +458,23 @@ pub async fn run_study(
     // Scripts and tests read this line to find a broker on a port the OS chose.
     println!("broker: {url}");
     let store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
+    let identity = args.key.load(store_path)?;
     let instance: u64 = rand::random();
+    let started =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut sessions = crate::auth::Sessions::new(identity, instance, started);
+    sessions.max_agents = args.max_agents;
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect_url,
         client_id: format!("tf-coordinator-{instance:016x}"),
         topics,
         keepalive: Duration::from_secs(args.keepalive),
         security,
-        instance,
+        online_status: sessions.status_payload(true)?,
+        offline_status: sessions.status_payload(false)?,
     })?;
     let sink = influx.config().map(|c| Flusher::spawn(c, store_path)).transpose()?;
-    let mut engine = Engine::new(store, outbox, Progress::new(progress)).with_influx(sink.is_some());
+    let mut engine = Engine::new(store, outbox, Progress::new(progress), sessions).with_influx(sink.is_some());
     let name = study.name.clone();
     engine.start_study(study)?;
     let result = engine.run_study(&name, inbound, shutdown).await;
@@ -411,11 +506,23 @@ fn print_summary(s: &Summary, store: &Path) {
         s.elapsed.as_secs_f64(),
         s.agents_seen
     );
-    if s.stats.rejected_messages + s.stats.unknown_results + s.stats.bad_tokens > 0 {
-        println!(
-            "refused: {} malformed messages, {} with a bad session token, {} results for attempts never assigned",
-            s.stats.rejected_messages, s.stats.bad_tokens, s.stats.unknown_results
-        );
+    let st = &s.stats;
+    let refused = [
+        (st.rejected_messages, "malformed messages"),
+        (st.bad_tokens, "unauthenticated messages"),
+        (st.refused_hellos, "Hellos refused"),
+        (st.rate_limited_hellos, "Hellos over the rate limit"),
+        (st.forged_wills, "forged Last Wills"),
+        (st.invalid_messages, "messages with values out of range"),
+        (st.unknown_results, "results for attempts never assigned"),
+    ];
+    if refused.iter().any(|(n, _)| *n > 0) {
+        // Scripts and tests read this line: "refused: N what, N what, ...".
+        let parts: Vec<String> = refused.iter().map(|(n, what)| format!("{n} {what}")).collect();
+        println!("refused: {}", parts.join(", "));
+    }
+    if st.requeued > 0 || st.duplicate_results > 0 {
+        println!("requeued: {} trials; duplicate results acknowledged: {}", st.requeued, st.duplicate_results);
     }
     match Store::open_read_only(store).and_then(|st| st.best(&s.study, 3)) {
         Ok(best) if !best.is_empty() => {
@@ -482,6 +589,8 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         broker_key: None,
         broker_client_ca: None,
         security: SecurityArgs::default(),
+        key: KeyArg { path: None },
+        max_agents: crate::auth::DEFAULT_MAX_AGENTS,
     };
     let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
     for child in &mut agents {
@@ -506,6 +615,12 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 #[cfg(test)]
 mod tests {
     use super::mixed_sources;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 
     #[test]
     fn mixed_energy_sources_are_called_out() {

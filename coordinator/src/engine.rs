@@ -4,17 +4,26 @@
 //! Each turn takes every event that is waiting (up to a batch), applies them
 //! in one store transaction, commits, and only then sends assignments and
 //! result acknowledgements: an agent forgets a result only once it is on disk.
+//!
+//! Every frame is authenticated first ([`crate::auth`]); every message that
+//! passes is validated before it reaches the scheduler or the store
+//! ([`crate::validate`]). Bad input is counted, logged at a bounded rate and
+//! answered where the agent must act (a refused result is parked by the
+//! agent); it never ends the run.
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
+use tunefleet_common::auth::{self, Signed, UpFrame, Will};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
-    AgentMessage, Assignment, Cancel, CoordinatorMessage, ResultAck, SessionToken, TrialResult, Welcome,
+    AckOutcome, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialResult,
 };
+use tunefleet_common::topic::AgentTopic;
 
+use crate::auth::{HelloRefusal, Sessions, WillCheck};
 use crate::progress::Progress;
 use crate::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
 use crate::search::{self, TrialPlan};
@@ -26,6 +35,9 @@ use crate::transport::{Inbound, Outbox};
 pub const LEASE_GRACE: Duration = Duration::from_secs(30);
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;
+/// How long a finishing coordinator waits for its agents to confirm that
+/// every acknowledgement it sent has arrived.
+pub const SYNC_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the engine stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +51,21 @@ pub enum EngineError {
 /// Counters a user (or a test) can read after a run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// Payloads that do not decode or do not belong on their topic.
     pub rejected_messages: u64,
-    /// Messages with a session token the coordinator did not give that agent (or that expired).
+    /// Sealed frames that fail authentication: no session, another
+    /// session's token, a bad MAC, a replayed sequence number.
     pub bad_tokens: u64,
+    /// Hellos refused: bad signature, wrong name or instance, replayed,
+    /// changed key, too many agents.
+    pub refused_hellos: u64,
+    /// Hellos dropped by the rate limit.
+    pub rate_limited_hellos: u64,
+    /// Last Wills that match no session of the agent (forged or replayed).
+    pub forged_wills: u64,
+    /// Authenticated messages whose values cannot be stored (out of range).
+    pub invalid_messages: u64,
+    /// Results the coordinator cannot place, answered so the agent parks them.
     pub unknown_results: u64,
     pub duplicate_results: u64,
     pub superseded_results: u64,
@@ -89,6 +113,9 @@ pub struct Engine {
     agents_seen: std::collections::HashSet<String>,
     /// Queue each stored result's points for InfluxDB (see [`crate::sink`]).
     influx: bool,
+    sessions: Sessions,
+    /// Agents asked to confirm delivery ([`CoordinatorMessage::Sync`]) that have not yet.
+    unsynced: HashMap<String, u64>,
 }
 
 fn unix_ms() -> u64 {
@@ -96,8 +123,10 @@ fn unix_ms() -> u64 {
 }
 
 impl Engine {
-    pub fn new(store: Store, outbox: Outbox, progress: Progress) -> Self {
+    pub fn new(store: Store, outbox: Outbox, progress: Progress, sessions: Sessions) -> Self {
         Engine {
+            sessions,
+            unsynced: HashMap::new(),
             store,
             sched: Scheduler::new(),
             outbox,
@@ -204,6 +233,7 @@ impl Engine {
             }
             self.turn(&mut events, tick).await?;
         }
+        self.sync(&mut inbound, SYNC_GRACE).await?;
         let summary = self.summary(study);
         {
             let mut batch = self.store.batch()?;
@@ -213,10 +243,62 @@ impl Engine {
             batch.commit()?;
         }
         self.progress.finish();
-        if let Err(e) = self.outbox.close().await {
-            tracing::debug!(error = %e, "closing the MQTT connection");
+        if let Err(e) = self.outbox.close(SYNC_GRACE).await {
+            tracing::warn!(error = %e, "closing the MQTT connection");
         }
         Ok(summary)
+    }
+
+    /// Asks every agent with a session to confirm that all sent before has
+    /// arrived (the acknowledgements above all), and waits for the answers
+    /// (at most `grace`), handling whatever else comes meanwhile.
+    async fn sync(&mut self, inbound: &mut mpsc::Receiver<Inbound>, grace: Duration) -> Result<(), EngineError> {
+        let nonce: u64 = rand::random();
+        let agents: Vec<String> = self.sessions.live_agents().map(str::to_string).collect();
+        let msgs: Vec<_> = agents.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
+        self.unsynced = agents.into_iter().map(|a| (a, nonce)).collect();
+        self.send(Vec::new(), msgs).await;
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut events = Vec::new();
+        while !self.unsynced.is_empty() {
+            tokio::select! {
+                ev = inbound.recv() => match ev {
+                    Some(ev) => events.push(ev),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(agents = ?self.unsynced.keys().collect::<Vec<_>>(), "agents did not confirm delivery in time");
+                    break;
+                }
+            }
+            self.turn(&mut events, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes Welcomes, then seals and publishes `msgs`.
+    async fn send(&mut self, welcomes: Vec<(String, Vec<u8>)>, msgs: Vec<(String, CoordinatorMessage)>) {
+        for (agent, payload) in welcomes {
+            if let Err(e) = self.outbox.send(&agent, AgentTopic::Welcome, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
+        for (agent, msg) in msgs {
+            let (kind, payload) = match self.sessions.seal(&agent, &msg) {
+                Some(Ok(sealed)) => sealed,
+                Some(Err(e)) => {
+                    tracing::error!(agent = %agent, error = %e, "cannot seal a message");
+                    continue;
+                }
+                None => {
+                    tracing::debug!(agent = %agent, "no session: message not sent");
+                    continue;
+                }
+            };
+            if let Err(e) = self.outbox.send(&agent, kind, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
     }
 
     fn summary(&self, study: &str) -> Summary {
@@ -238,6 +320,7 @@ impl Engine {
     async fn turn(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<(), EngineError> {
         let now = self.now_ms();
         let mut out: Vec<(String, CoordinatorMessage)> = Vec::new();
+        let mut welcomes: Vec<(String, Vec<u8>)> = Vec::new();
         {
             let mut batch = self.store.batch()?;
             let mut effects = Vec::new();
@@ -250,8 +333,11 @@ impl Engine {
                         stats: &mut self.stats,
                         agents_seen: &mut self.agents_seen,
                         out: &mut out,
+                        welcomes: &mut welcomes,
                         effects: &mut effects,
                         influx: self.influx,
+                        sessions: &mut self.sessions,
+                        unsynced: &mut self.unsynced,
                     },
                     ev,
                 )?;
@@ -265,11 +351,7 @@ impl Engine {
             }
             batch.commit()?;
         }
-        for (agent, msg) in out {
-            if let Err(e) = self.outbox.send(&agent, &msg).await {
-                tracing::warn!(agent = %agent, error = %e, "could not send");
-            }
-        }
+        self.send(welcomes, out).await;
         for (name, active) in &self.studies {
             if let Some(c) = self.sched.counts(name) {
                 let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
@@ -287,12 +369,20 @@ struct Ctx<'a, 'b> {
     stats: &'a mut EngineStats,
     agents_seen: &'a mut std::collections::HashSet<String>,
     out: &'a mut Vec<(String, CoordinatorMessage)>,
+    welcomes: &'a mut Vec<(String, Vec<u8>)>,
     effects: &'a mut Vec<Effect>,
     influx: bool,
+    sessions: &'a mut Sessions,
+    unsynced: &'a mut HashMap<String, u64>,
+}
+
+/// Logs the first ten of a kind of refusal, then at powers of two.
+fn loud(n: u64) -> bool {
+    n <= 10 || n.is_power_of_two()
 }
 
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
-    let (agent, msg) = match ev {
+    let (agent, kind, frame) = match ev {
         Inbound::Connected => {
             tracing::info!("connected to the broker");
             return Ok(());
@@ -304,37 +394,43 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         Inbound::Rejected { topic, reason } => {
             cx.stats.rejected_messages += 1;
             let n = cx.stats.rejected_messages;
-            if n <= 10 || n.is_power_of_two() {
+            if loud(n) {
                 tracing::warn!(topic = %topic, reason = %reason, rejected = n, "rejected a message");
             }
             return Ok(());
         }
-        Inbound::Agent { agent, msg } => (agent, *msg),
+        Inbound::Agent { agent, kind, frame } => (agent, kind, *frame),
     };
     let now = unix_ms();
-    if let Some(token) = session_token(&msg) {
-        if !cx.sched.token_ok(&agent, token) {
-            cx.stats.bad_tokens += 1;
-            let n = cx.stats.bad_tokens;
-            if n <= 10 || n.is_power_of_two() {
-                tracing::warn!(agent = %agent, refused = n, "message with an unknown or expired session token refused");
+    let (agent, msg) = match frame {
+        UpFrame::Hello(signed) => return on_hello(cx, agent, &signed, now),
+        UpFrame::Will(will) => return on_will(cx, agent, &will, now),
+        UpFrame::Sealed(sealed) => match cx.sessions.open(&agent, kind, &sealed) {
+            Ok(msg) => (agent, msg),
+            Err(e) => {
+                cx.stats.bad_tokens += 1;
+                if loud(cx.stats.bad_tokens) {
+                    tracing::warn!(agent = %agent, topic = kind.as_str(), error = %e, refused = cx.stats.bad_tokens, "unauthenticated message refused");
+                }
+                return Ok(());
             }
-            return Ok(());
+        },
+    };
+    if let Err(why) = crate::validate::message(&msg) {
+        cx.stats.invalid_messages += 1;
+        tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: cannot be stored");
+        if let AgentMessage::Result(r) = msg {
+            let outcome = AckOutcome::Refused(format!("cannot be stored: {why}"));
+            cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial: r.trial, outcome })));
         }
+        return Ok(());
     }
     match msg {
-        AgentMessage::Hello(info) => {
-            tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, "agent announced");
-            cx.batch.upsert_agent(&info, now)?;
-            cx.agents_seen.insert(agent.clone());
-            let token: SessionToken = rand::random();
-            let instance = info.instance;
-            cx.effects.extend(cx.sched.hello(info, token));
-            cx.out.push((agent, CoordinatorMessage::Welcome(Welcome { instance, token })));
-        }
         AgentMessage::Status(status) => {
             if !status.online {
                 tracing::info!(agent = %agent, "agent offline");
+                cx.sessions.end(&agent);
+                cx.batch.set_will_hash(&agent, None)?;
             }
             cx.batch.set_agent_online(&agent, status.online, now)?;
             cx.effects.extend(cx.sched.status(&agent, &status));
@@ -349,19 +445,90 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
         // Telemetry is for offloading decisions; not used by the engine yet.
         AgentMessage::Telemetry(_) => {}
+        AgentMessage::Synced(n) => {
+            if cx.unsynced.get(&agent) == Some(&n) {
+                cx.unsynced.remove(&agent);
+            }
+        }
     }
     Ok(())
 }
 
-/// The session token a message carries, for the messages that need one.
-fn session_token(msg: &AgentMessage) -> Option<SessionToken> {
-    match msg {
-        AgentMessage::Hello(_) | AgentMessage::Status(_) | AgentMessage::Telemetry(_) => None,
-        AgentMessage::Request(r) => Some(r.token),
-        AgentMessage::Progress(p) => Some(p.token),
-        AgentMessage::Result(r) => Some(r.token),
-        AgentMessage::Refuse(r) => Some(r.token),
+/// A signed Hello: checked, the agent's key pinned (or compared with its
+/// pin), then a session and its Welcome.
+fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
+    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal| {
+        if e == HelloRefusal::RateLimited {
+            cx.stats.rate_limited_hellos += 1;
+            if loud(cx.stats.rate_limited_hellos) {
+                tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
+            }
+        } else {
+            cx.stats.refused_hellos += 1;
+            if loud(cx.stats.refused_hellos) || matches!(e, HelloRefusal::KeyChanged { .. }) {
+                tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
+            }
+        }
+    };
+    let (hello, digest) = match cx.sessions.check_hello(&agent, signed, std::time::Instant::now()) {
+        Ok(h) => h,
+        Err(e) => {
+            refused(cx, e);
+            return Ok(());
+        }
+    };
+    let pin = cx.batch.agent_key(&agent)?;
+    let pinned = if pin.is_none() { cx.batch.pinned_agents()? } else { 0 };
+    match cx.sessions.check_pin(&agent, &hello, pin, pinned) {
+        Err(e) => {
+            refused(cx, e);
+            return Ok(());
+        }
+        Ok(true) => {
+            cx.batch.pin_agent_key(&agent, &hello.key, now)?;
+            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), "new agent: its key is pinned from now on (trust on first use)");
+        }
+        Ok(false) => {}
     }
+    let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(agent = %agent, error = %e, "cannot open a session");
+            return Ok(());
+        }
+    };
+    let info = hello.info;
+    tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
+    cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
+    cx.batch.upsert_agent(&info, now)?;
+    cx.agents_seen.insert(agent.clone());
+    cx.effects.extend(cx.sched.hello(info));
+    cx.welcomes.push((agent, payload));
+    Ok(())
+}
+
+/// An agent's Last Will: offline only if it is the will its session (or,
+/// after a coordinator restart, its last recorded session) committed to.
+fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result<(), EngineError> {
+    let genuine = match cx.sessions.will(&agent, will) {
+        WillCheck::Live => true,
+        WillCheck::NoSession => cx.batch.will_hash(&agent)?.is_some_and(|h| auth::will_matches(will, &h)),
+        WillCheck::Forged => {
+            cx.stats.forged_wills += 1;
+            tracing::warn!(agent = %agent, forged = cx.stats.forged_wills, "a Last Will that is not this session's: ignored");
+            return Ok(());
+        }
+    };
+    if !genuine {
+        // The retained will of an earlier session, seen again after a restart.
+        tracing::debug!(agent = %agent, "stale Last Will ignored");
+        return Ok(());
+    }
+    tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
+    cx.batch.set_will_hash(&agent, None)?;
+    cx.batch.set_agent_online(&agent, false, now)?;
+    cx.effects.extend(cx.sched.status(&agent, &AgentStatus { online: false, instance: will.instance }));
+    Ok(())
 }
 
 fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64) -> Result<(), EngineError> {
@@ -374,11 +541,22 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     let (verdict, effects) = cx.sched.result(&agent, &trial, kind);
     cx.effects.extend(effects);
     let active = cx.studies.get_mut(&trial.study);
+    let mut outcome = AckOutcome::Stored;
     match verdict {
+        Verdict::Unknown if cx.sched.is_finished(&trial.study, trial.trial) => {
+            cx.stats.duplicate_results += 1;
+            tracing::info!(agent = %agent, trial = %trial, "result for a trial already finished: acknowledged as a duplicate");
+            outcome = AckOutcome::Duplicate;
+        }
         Verdict::Unknown => {
             cx.stats.unknown_results += 1;
-            tracing::warn!(agent = %agent, trial = %trial, "result for no attempt this agent holds: refused");
-            return Ok(());
+            let why = if active.is_some() {
+                "this coordinator never gave that attempt to this agent"
+            } else {
+                "this coordinator does not run that study"
+            };
+            tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
+            outcome = AckOutcome::Refused(why.to_string());
         }
         Verdict::Retried => {
             tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
@@ -394,7 +572,10 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 cx.batch.enqueue_points(&points, now)?;
             }
             match verdict {
-                Verdict::Duplicate => cx.stats.duplicate_results += 1,
+                Verdict::Duplicate => {
+                    cx.stats.duplicate_results += 1;
+                    outcome = AckOutcome::Duplicate;
+                }
                 Verdict::Superseded => cx.stats.superseded_results += 1,
                 _ => {
                     if let (Some(a), Some(v)) = (active, objective) {
@@ -407,7 +588,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             }
         }
     }
-    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial })));
+    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
     Ok(())
 }
 

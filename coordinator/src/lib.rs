@@ -1,5 +1,6 @@
 //! The Tunefleet coordinator as a library.
 
+pub mod auth;
 pub mod broker;
 pub mod cli;
 pub mod engine;
@@ -10,3 +11,4 @@ pub mod sink;
 pub mod store;
 pub mod study;
 pub mod transport;
+pub mod validate;

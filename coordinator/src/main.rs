@@ -1,5 +1,6 @@
 //! `tunefleet`: parses flags, sets up logging and signals, runs the command.
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -16,7 +17,12 @@ fn main() -> ExitCode {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("TUNEFLEET_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // Colours only on a terminal: a log file or journald gets plain text.
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use tunefleet_common::message::{AgentInfo, AgentStatus, SessionToken, TrialRef, WorkRequest};
+use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
 pub use crate::study::Selector;
 
@@ -139,8 +139,6 @@ struct AgentState {
     info: Option<AgentInfo>,
     online: bool,
     instance: u64,
-    /// The session token of the last Welcome; `None` once the agent is offline.
-    token: Option<SessionToken>,
     credit: u32,
     last_seq: Option<u64>,
 }
@@ -254,24 +252,22 @@ impl Scheduler {
             .count()
     }
 
-    /// An agent announced itself and is given session `token` (any earlier
-    /// token of the agent expires). A new `instance` means the agent process
+    /// An agent announced itself (its session is authenticated by
+    /// [`crate::auth`]). A new `instance` means the agent process
     /// restarted: whatever it was running is gone.
-    pub fn hello(&mut self, info: AgentInfo, token: SessionToken) -> Vec<Effect> {
+    pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
         let name = info.agent.clone();
         let instance = info.instance;
         let agent = self.agents.entry(name.clone()).or_insert(AgentState {
             info: None,
             online: true,
             instance,
-            token: None,
             credit: 0,
             last_seq: None,
         });
         let restarted = agent.instance != instance;
         agent.instance = instance;
         agent.online = true;
-        agent.token = Some(token);
         agent.info = Some(info);
         if restarted {
             agent.credit = 0;
@@ -297,13 +293,7 @@ impl Scheduler {
             return Vec::new();
         }
         state.credit = 0;
-        state.token = None;
         self.release_leases(agent, "agent went offline")
-    }
-
-    /// Whether `token` is the live session token of `agent`.
-    pub fn token_ok(&self, agent: &str, token: SessionToken) -> bool {
-        self.agents.get(agent).is_some_and(|a| a.token == Some(token))
     }
 
     /// An agent's request for work: its credit becomes `free`. Trials that a
@@ -413,6 +403,15 @@ impl Scheduler {
             .is_some_and(
                 |slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt),
             )
+    }
+
+    /// Whether trial `trial` of `study` is done or failed for good.
+    pub fn is_finished(&self, study: &str, trial: u64) -> bool {
+        self.studies
+            .iter()
+            .find(|s| s.policy.name == study)
+            .and_then(|s| s.trials.get(usize::try_from(trial).ok()?))
+            .is_some_and(|slot| matches!(slot.state, State::Done { .. } | State::Failed))
     }
 
     /// Cancels and requeues every lease past its deadline.
@@ -533,7 +532,7 @@ mod tests {
     }
 
     fn req(seq: u64, free: u32) -> WorkRequest {
-        WorkRequest { token: 1, seq, free, running: vec![] }
+        WorkRequest { seq, free, running: vec![] }
     }
 
     fn assigned(effects: &[Effect]) -> Vec<(String, TrialRef)> {
@@ -549,7 +548,7 @@ mod tests {
     #[test]
     fn never_assigns_more_than_requested() {
         let mut s = sched(10, 3, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
         assert!(s.assign(0).is_empty(), "no request yet, no work");
         s.request("a", &req(1, 2));
         assert_eq!(assigned(&s.assign(0)).len(), 2);
@@ -565,9 +564,9 @@ mod tests {
     fn selector_is_respected() {
         let sel = Selector { arch: vec!["aarch64".into()], tags: [("pool".to_string(), "gpu".to_string())].into() };
         let mut s = sched(4, 3, sel);
-        s.hello(info("wrong-tag", 1, "aarch64", &[("pool", "cpu")]), 1);
-        s.hello(info("wrong-arch", 1, "x86_64", &[("pool", "gpu")]), 1);
-        s.hello(info("good", 1, "aarch64", &[("pool", "gpu"), ("x", "y")]), 1);
+        s.hello(info("wrong-tag", 1, "aarch64", &[("pool", "cpu")]));
+        s.hello(info("wrong-arch", 1, "x86_64", &[("pool", "gpu")]));
+        s.hello(info("good", 1, "aarch64", &[("pool", "gpu"), ("x", "y")]));
         for a in ["wrong-tag", "wrong-arch", "good"] {
             s.request(a, &req(1, 4));
         }
@@ -580,8 +579,8 @@ mod tests {
     #[test]
     fn offline_agent_trials_are_requeued_and_late_results_win_once() {
         let mut s = sched(1, 5, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
-        s.hello(info("b", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.hello(info("b", 1, "x86_64", &[]));
         s.request("a", &req(1, 1));
         let first = assigned(&s.assign(0));
         assert_eq!(first[0].0, "a");
@@ -605,7 +604,7 @@ mod tests {
     #[test]
     fn forged_or_unknown_results_are_refused() {
         let mut s = sched(2, 3, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
         s.request("a", &req(1, 1));
         let t = assigned(&s.assign(0))[0].1.clone();
         assert_eq!(s.result("mallory", &t, ResultKind::Complete { success: true }).0, Verdict::Unknown);
@@ -621,7 +620,7 @@ mod tests {
     #[test]
     fn retries_until_max_attempts_then_fails() {
         let mut s = sched(1, 2, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
         for seq in 1..=2 {
             s.request("a", &req(seq, 1));
             let t = assigned(&s.assign(0))[0].1.clone();
@@ -639,10 +638,10 @@ mod tests {
     #[test]
     fn restarted_agent_loses_leases_and_expired_leases_are_cancelled() {
         let mut s = sched(2, 5, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
         s.request("a", &req(1, 2));
         assert_eq!(assigned(&s.assign(0)).len(), 2);
-        let eff = s.hello(info("a", 2, "x86_64", &[]), 1);
+        let eff = s.hello(info("a", 2, "x86_64", &[]));
         assert_eq!(eff.iter().filter(|e| matches!(e, Effect::Requeued { .. })).count(), 2);
         // The restarted agent's old retained status does not take it offline.
         assert!(s.status("a", &AgentStatus { online: false, instance: 1 }).is_empty());
@@ -658,7 +657,7 @@ mod tests {
     #[test]
     fn refusal_requeues_without_counting_a_failure() {
         let mut s = sched(1, 1, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 1);
+        s.hello(info("a", 1, "x86_64", &[]));
         s.request("a", &req(1, 1));
         let t = assigned(&s.assign(0))[0].1.clone();
         assert!(matches!(&s.refuse("a", &t, "busy")[..], [Effect::Requeued { .. }]));
@@ -669,23 +668,10 @@ mod tests {
     }
 
     #[test]
-    fn tokens_expire_on_new_hello_and_offline() {
-        let mut s = sched(1, 3, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]), 10);
-        assert!(s.token_ok("a", 10));
-        assert!(!s.token_ok("a", 11) && !s.token_ok("b", 10));
-        s.hello(info("a", 1, "x86_64", &[]), 12);
-        assert!(!s.token_ok("a", 10), "a new session replaces the old token");
-        assert!(s.token_ok("a", 12));
-        s.status("a", &AgentStatus { online: false, instance: 1 });
-        assert!(!s.token_ok("a", 12), "offline ends the session");
-    }
-
-    #[test]
     fn work_spreads_round_robin() {
         let mut s = sched(4, 3, Selector::default());
         for a in ["a", "b"] {
-            s.hello(info(a, 1, "x86_64", &[]), 1);
+            s.hello(info(a, 1, "x86_64", &[]));
             s.request(a, &req(1, 1));
         }
         let got = assigned(&s.assign(0));
@@ -714,9 +700,9 @@ mod tests {
             Restored::Running { agent: "gone".into(), attempt: 1, failures: 0 },
         ];
         s.add_study(policy, states, 0);
-        s.hello(info("a", 9, "x86_64", &[]), 1);
+        s.hello(info("a", 9, "x86_64", &[]));
         let still = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
-        let eff = s.request("a", &WorkRequest { token: 1, seq: 1, free: 0, running: vec![still.clone()] });
+        let eff = s.request("a", &WorkRequest { seq: 1, free: 0, running: vec![still.clone()] });
         assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 1), "{eff:?}");
         // The retained offline status of an agent this process never met releases its restored lease.
         let eff = s.status("gone", &AgentStatus { online: false, instance: 4 });
@@ -730,7 +716,7 @@ mod tests {
         let agents = ["a", "b", "c"];
         let mut instances = [1u64, 1, 1];
         for a in agents {
-            s.hello(info(a, 1, "x86_64", &[]), 1);
+            s.hello(info(a, 1, "x86_64", &[]));
         }
         let mut held: Vec<(String, TrialRef)> = Vec::new();
         let mut seed = 0x2545_f491_4f6c_dd1du64;
@@ -757,7 +743,7 @@ mod tests {
                 5 => s.status(agent, &AgentStatus { online: false, instance: instances[who] }).len(),
                 6 => {
                     instances[who] += (seed >> 20) % 2;
-                    s.hello(info(agent, instances[who], "x86_64", &[]), 1).len()
+                    s.hello(info(agent, instances[who], "x86_64", &[])).len()
                 }
                 _ => s.expire(step * 10).len(),
             };

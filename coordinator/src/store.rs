@@ -29,6 +29,8 @@ use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 use tunefleet_common::params::{ParamValue, Params};
 
+mod keys;
+
 use crate::search::TrialPlan;
 use crate::study::{self, Direction, Study};
 
@@ -467,6 +469,7 @@ impl Store {
             found => return Err(StoreError::SchemaVersion { path, found }),
         }
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
+        tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.commit().ctx(|| format!("{path}: committing schema"))
     }
 

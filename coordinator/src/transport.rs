@@ -1,18 +1,19 @@
 //! The coordinator's MQTT transport: the only module that knows rumqttc.
 //!
-//! It turns broker traffic into typed [`Inbound`] events and typed
-//! [`CoordinatorMessage`]s into publishes. Payloads that fail to decode, or
-//! that arrive on a topic that does not match what they claim to be, become
-//! [`Inbound::Rejected`]: counted and logged by the engine, never a panic.
+//! It turns broker traffic into typed [`Inbound`] frames (still to be
+//! authenticated by [`crate::auth`]) and publishes sealed payloads. Payloads
+//! that fail to decode, or whose frame does not belong on their topic,
+//! become [`Inbound::Rejected`]: counted and logged by the engine, never a
+//! panic.
 
 use std::time::Duration;
 
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
-use tokio::sync::mpsc;
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus};
+use tokio::sync::{mpsc, watch};
+use tunefleet_common::auth::UpFrame;
 use tunefleet_common::security::{self, ClientSecurity, SecurityError};
 use tunefleet_common::topic::{AgentTopic, Topic, Topics};
-use tunefleet_common::{decode, encode, BrokerUrl, CodecError};
+use tunefleet_common::{decode, BrokerUrl, CodecError};
 
 /// How to reach the broker.
 #[derive(Debug, Clone)]
@@ -22,8 +23,10 @@ pub struct TransportConfig {
     pub topics: Topics,
     pub keepalive: Duration,
     pub security: ClientSecurity,
-    /// Random per coordinator start; agents re-announce when it changes.
-    pub instance: u64,
+    /// The signed coordinator status, online (retained on every connect)
+    /// and offline (the Last Will, and published by [`Outbox::close`]).
+    pub online_status: Vec<u8>,
+    pub offline_status: Vec<u8>,
 }
 
 /// What the transport hands to the engine.
@@ -33,8 +36,9 @@ pub enum Inbound {
     Connected,
     /// Lost the broker; the transport keeps reconnecting.
     Disconnected(String),
-    /// A well-formed message from an agent (boxed: a result is large, a status small).
-    Agent { agent: String, msg: Box<AgentMessage> },
+    /// A well-formed frame from an agent, not yet authenticated (boxed: a
+    /// result is large, a status small).
+    Agent { agent: String, kind: AgentTopic, frame: Box<UpFrame> },
     /// A payload that was refused, with the reason.
     Rejected { topic: String, reason: String },
 }
@@ -55,31 +59,39 @@ pub enum TransportError {
 pub struct Outbox {
     client: AsyncClient,
     topics: Topics,
-    instance: u64,
+    offline_status: Vec<u8>,
+    /// Becomes true when the event loop has ended (after DISCONNECT is written).
+    stopped: watch::Receiver<bool>,
 }
 
 impl Outbox {
-    /// Publishes `msg` to `agent` at QoS 1.
-    pub async fn send(&self, agent: &str, msg: &CoordinatorMessage) -> Result<(), TransportError> {
-        let topic = self.topics.agent(agent, AgentTopic::of_coordinator_message(msg));
-        let payload = encode(msg)?;
+    /// Publishes an encoded frame to `agent`'s `kind` topic at QoS 1.
+    pub async fn send(&self, agent: &str, kind: AgentTopic, payload: Vec<u8>) -> Result<(), TransportError> {
         self.client
-            .publish(topic, QoS::AtLeastOnce, false, payload)
+            .publish(self.topics.agent(agent, kind), QoS::AtLeastOnce, false, payload)
             .await
             .map_err(|e| TransportError::Closed(e.to_string()))
     }
 
-    /// Says the coordinator is going away, then disconnects.
-    pub async fn close(&self) -> Result<(), TransportError> {
-        let status = encode(&CoordinatorStatus { online: false, instance: self.instance })?;
+    /// Says the coordinator is going away, disconnects, and waits (at most
+    /// `within`) until everything queued before has been written and the
+    /// DISCONNECT has left.
+    pub async fn close(&self, within: Duration) -> Result<(), TransportError> {
         let closed = |e: rumqttc::ClientError| TransportError::Closed(e.to_string());
-        self.client.publish(self.topics.coordinator_status(), QoS::AtLeastOnce, true, status).await.map_err(closed)?;
-        self.client.disconnect().await.map_err(closed)
+        self.client
+            .publish(self.topics.coordinator_status(), QoS::AtLeastOnce, true, self.offline_status.clone())
+            .await
+            .map_err(closed)?;
+        self.client.disconnect().await.map_err(closed)?;
+        let mut stopped = self.stopped.clone();
+        let done = tokio::time::timeout(within, async move { stopped.wait_for(|s| *s).await.is_ok() }).await;
+        done.map(|_| ()).map_err(|_| TransportError::Closed(format!("the disconnect did not leave within {within:?}")))
     }
 }
 
-/// Checks that a payload on `topic` is a message of the kind the topic says,
-/// from the agent the topic names.
+/// Checks that a payload on `topic` is a frame that belongs there: a Hello
+/// on the hello topic, a Last Will on the status topic, sealed frames on
+/// every other topic agents publish on (and on the status topic).
 pub fn classify(topics: &Topics, topic: &str, payload: &[u8]) -> Inbound {
     let rejected = |reason: String| Inbound::Rejected { topic: topic.to_string(), reason };
     let (agent, kind) = match topics.parse(topic) {
@@ -87,19 +99,27 @@ pub fn classify(topics: &Topics, topic: &str, payload: &[u8]) -> Inbound {
         Ok(_) => return rejected("not a topic agents publish on".into()),
         Err(e) => return rejected(e.to_string()),
     };
-    let msg: AgentMessage = match decode(payload) {
+    let frame: UpFrame = match decode(payload) {
         Ok(m) => m,
         Err(e) => return rejected(e.to_string()),
     };
-    if AgentTopic::of_agent_message(&msg) != kind {
-        return rejected(format!("a {:?} message on a {} topic", AgentTopic::of_agent_message(&msg), kind.as_str()));
+    let fits = match &frame {
+        UpFrame::Hello(_) => kind == AgentTopic::Hello,
+        UpFrame::Will(_) => kind == AgentTopic::Status,
+        UpFrame::Sealed(_) => kind != AgentTopic::Hello,
+    };
+    if !fits {
+        return rejected(format!("a {} frame on a {} topic", frame_name(&frame), kind.as_str()));
     }
-    if let AgentMessage::Hello(info) = &msg {
-        if info.agent != agent {
-            return rejected(format!("agent {:?} announced itself on the topic of {agent:?}", info.agent));
-        }
+    Inbound::Agent { agent, kind, frame: Box::new(frame) }
+}
+
+fn frame_name(frame: &UpFrame) -> &'static str {
+    match frame {
+        UpFrame::Hello(_) => "hello",
+        UpFrame::Will(_) => "will",
+        UpFrame::Sealed(_) => "sealed",
     }
-    Inbound::Agent { agent, msg: Box::new(msg) }
 }
 
 /// Connects (in the background, reconnecting forever) and returns the sending
@@ -117,9 +137,13 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
     if let Some(files) = &config.security.tls {
         opts.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(security::client_config(files)?)));
     }
-    let will = encode(&CoordinatorStatus { online: false, instance: config.instance })?;
-    opts.set_last_will(LastWill::new(config.topics.coordinator_status(), will, QoS::AtLeastOnce, true));
-    let online = encode(&CoordinatorStatus { online: true, instance: config.instance })?;
+    opts.set_last_will(LastWill::new(
+        config.topics.coordinator_status(),
+        config.offline_status.clone(),
+        QoS::AtLeastOnce,
+        true,
+    ));
+    let online = config.online_status.clone();
 
     let (client, mut eventloop) = AsyncClient::new(opts, 4096);
     let mut net = rumqttc::NetworkOptions::new();
@@ -130,7 +154,9 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
     let (tx, rx) = mpsc::channel(8192);
     let topics = config.topics.clone();
     let loop_client = client.clone();
+    let (stopped_tx, stopped) = watch::channel(false);
     tokio::spawn(async move {
+        let _stopped = Stopped(stopped_tx);
         let mut backoff = Duration::from_millis(50);
         loop {
             match eventloop.poll().await {
@@ -165,25 +191,40 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
             }
         }
     });
-    Ok((Outbox { client, topics: config.topics, instance: config.instance }, rx))
+    Ok((Outbox { client, topics: config.topics, offline_status: config.offline_status, stopped }, rx))
+}
+
+/// Says the event loop has ended, however it ends.
+struct Stopped(watch::Sender<bool>);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = self.0.send(true);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tunefleet_common::message::{AgentStatus, WorkRequest};
+    use tunefleet_common::auth::{Sealed, Signed, Will};
+    use tunefleet_common::encode;
 
     #[test]
     fn classify_rejects_mismatches_and_garbage() {
         let topics = Topics::new("t").expect("root");
-        let req =
-            encode(&AgentMessage::Request(WorkRequest { token: 1, seq: 1, free: 1, running: vec![] })).expect("enc");
+        let req = encode(&UpFrame::Sealed(Sealed { token: 1, seq: 1, body: vec![], mac: [0; 32] })).expect("enc");
         assert!(matches!(
             classify(&topics, &topics.agent("a1", AgentTopic::Request), &req),
-            Inbound::Agent { ref agent, ref msg } if agent == "a1" && matches!(**msg, AgentMessage::Request(_))
+            Inbound::Agent { ref agent, kind: AgentTopic::Request, ref frame }
+                if agent == "a1" && matches!(**frame, UpFrame::Sealed(_))
         ));
-        // Right payload, wrong topic kind.
-        assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Result), &req), Inbound::Rejected { .. }));
+        // A sealed frame on the hello topic; a Hello or a will elsewhere.
+        assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Hello), &req), Inbound::Rejected { .. }));
+        let hello = encode(&UpFrame::Hello(Signed { body: vec![], signature: vec![] })).expect("enc");
+        assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Result), &hello), Inbound::Rejected { .. }));
+        let will = encode(&UpFrame::Will(Will { instance: 1, secret: [0; 32] })).expect("enc");
+        assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Request), &will), Inbound::Rejected { .. }));
+        assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Status), &will), Inbound::Agent { .. }));
         // A topic the coordinator itself publishes on.
         assert!(matches!(classify(&topics, &topics.agent("a1", AgentTopic::Assign), &req), Inbound::Rejected { .. }));
         // Garbage.
@@ -193,7 +234,6 @@ mod tests {
             panic!("garbage accepted")
         };
         assert!(reason.contains("decode"), "{reason}");
-        let st = encode(&AgentMessage::Status(AgentStatus { online: true, instance: 1 })).expect("enc");
-        assert!(matches!(classify(&topics, "other/v1/up/a1/status", &st), Inbound::Rejected { .. }));
+        assert!(matches!(classify(&topics, "other/v2/up/a1/status", &will), Inbound::Rejected { .. }));
     }
 }

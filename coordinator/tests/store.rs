@@ -359,7 +359,6 @@ fn a_file_store_keeps_everything_across_reopen() {
         let mut b = store.batch().expect("batch");
         for epoch in 0..3 {
             let p = Progress {
-                token: 1,
                 trial: tref("file", 1, 1),
                 epoch,
                 elapsed_us: u64::from(epoch) * 1000,

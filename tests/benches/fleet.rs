@@ -18,11 +18,13 @@ use std::time::{Duration, Instant};
 
 use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use tokio::sync::mpsc;
+use tunefleet_common::auth;
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode};
 use tunefleet_coordinator::broker::{self, BrokerSettings};
+use tunefleet_tests::mosquitto::Mosquitto;
 use tunefleet_tests::*;
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -128,15 +130,8 @@ async fn bench_rtt() {
     }
     if Command::new("mosquitto").arg("-h").output().is_ok() {
         let dir = tempfile::tempdir().expect("tmp");
-        let port = free_port();
-        let conf = dir.path().join("m.conf");
-        std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\nset_tcp_nodelay true\n"))
-            .expect("conf");
-        let mut c = Command::new("mosquitto");
-        c.arg("-c").arg(&conf).stderr(std::process::Stdio::null());
-        let _m = Proc::spawn("mosquitto", c);
-        wait_for_port(port, Duration::from_secs(10));
-        let (med, p99) = rtt(port, 2000).await;
+        let m = Mosquitto::start(dir.path(), "allow_anonymous true\nset_tcp_nodelay true\n");
+        let (med, p99) = rtt(m.port, 2000).await;
         println!("| mosquitto 2.0, set_tcp_nodelay true | 2000 | {med:.3} | {p99:.3} |");
     }
 }
@@ -195,13 +190,17 @@ async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
         counters: vec![],
         tags: BTreeMap::new(),
     };
-    let pub_msg = |c: &AsyncClient, msg: AgentMessage| {
-        let topic = topics.agent(&name, AgentTopic::of_agent_message(&msg));
-        let _ =
-            c.try_publish(topic, QoS::AtLeastOnce, matches!(msg, AgentMessage::Status(_)), encode(&msg).expect("enc"));
+    // Authenticated like the real agent: its own key, a signed Hello, sealed messages.
+    let identity = auth::Identity::generate().expect("key").0;
+    let (_, will_hash) = auth::new_will(info.instance).expect("will");
+    let send = |c: &AsyncClient, kind: AgentTopic, payload: Vec<u8>| {
+        let _ = c.try_publish(topics.agent(&name, kind), QoS::AtLeastOnce, kind == AgentTopic::Status, payload);
     };
+    let mut pending: Option<auth::PendingHello> = None;
+    let mut coordinator_key: Option<auth::PublicKey> = None;
+    let mut session: Option<auth::Session> = None;
+    let mut hello_seq = 0u64;
     let mut seq = 0u64;
-    let mut token = 0;
     let mut asked = Instant::now();
     let mut lat = Vec::new();
     let m = fake_measurement();
@@ -213,27 +212,51 @@ async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
             }
             Ok(Event::Incoming(Packet::Publish(p))) if p.topic == topics.coordinator_status() => {
                 // Announce to every coordinator that comes online, as the real agent does.
-                if decode::<CoordinatorStatus>(&p.payload).is_ok_and(|s| s.online) {
-                    pub_msg(&c, AgentMessage::Status(AgentStatus { online: true, instance: info.instance }));
-                    pub_msg(&c, AgentMessage::Hello(info.clone()));
+                // The bench pins nothing: it trusts the key the status names.
+                let status = decode::<auth::Signed>(&p.payload).ok().and_then(|s| auth::open_status(&s).ok());
+                if let Some(s) = &status {
+                    coordinator_key = Some(s.key);
+                }
+                if let Some(status) = status.filter(|s| s.online) {
+                    hello_seq += 1;
+                    let (signed, half) =
+                        auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash).expect("hello");
+                    pending = Some(half);
+                    session = None;
+                    send(&c, AgentTopic::Hello, encode(&auth::UpFrame::Hello(signed)).expect("enc"));
                 }
             }
-            Ok(Event::Incoming(Packet::Publish(p))) => match decode::<CoordinatorMessage>(&p.payload) {
-                Ok(CoordinatorMessage::Welcome(w)) => {
-                    token = w.token;
-                    seq += 1;
-                    asked = Instant::now();
-                    pub_msg(&c, AgentMessage::Request(WorkRequest { token, seq, free: 1, running: vec![] }));
+            Ok(Event::Incoming(Packet::Publish(p))) => {
+                let kind = p.topic.rsplit('/').next().unwrap_or_default();
+                let Some(kind) = AgentTopic::ALL.into_iter().find(|k| k.as_str() == kind) else { continue };
+                match decode::<auth::DownFrame>(&p.payload) {
+                    Ok(auth::DownFrame::Welcome(w)) => {
+                        let (Some(half), Some(key)) = (pending.take(), coordinator_key) else { continue };
+                        let Ok(mut s) = half.finish(&name, &key, &w) else { continue };
+                        seq += 1;
+                        asked = Instant::now();
+                        let req = AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] });
+                        let (k, payload) = s.seal_agent(&req).expect("seal");
+                        send(&c, k, payload);
+                        session = Some(s);
+                    }
+                    Ok(auth::DownFrame::Sealed(sealed)) => {
+                        let Some(s) = session.as_mut() else { continue };
+                        if let Ok(CoordinatorMessage::Assign(a)) = s.open_coordinator(kind, &sealed) {
+                            lat.push(asked.elapsed().as_secs_f64() * 1e3);
+                            let result = AgentMessage::Result(TrialResult { trial: a.trial, measurement: m.clone() });
+                            let (k, payload) = s.seal_agent(&result).expect("seal");
+                            send(&c, k, payload);
+                            seq += 1;
+                            asked = Instant::now();
+                            let req = AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] });
+                            let (k, payload) = s.seal_agent(&req).expect("seal");
+                            send(&c, k, payload);
+                        }
+                    }
+                    Err(_) => {}
                 }
-                Ok(CoordinatorMessage::Assign(a)) => {
-                    lat.push(asked.elapsed().as_secs_f64() * 1e3);
-                    pub_msg(&c, AgentMessage::Result(TrialResult { token, trial: a.trial, measurement: m.clone() }));
-                    seq += 1;
-                    asked = Instant::now();
-                    pub_msg(&c, AgentMessage::Request(WorkRequest { token, seq, free: 1, running: vec![] }));
-                }
-                _ => {}
-            },
+            }
             Ok(_) => {}
             Err(_) => return lat,
         }

@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use rumqttc::{AsyncClient, MqttOptions, QoS};
 use rusqlite::Connection;
+use tunefleet_common::auth::{Sealed, UpFrame};
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
+use tunefleet_tests::mosquitto::Mosquitto;
 use tunefleet_tests::*;
 
 fn certs(dir: &Path, clients: &[&str]) -> PathBuf {
@@ -97,29 +99,19 @@ fn embedded_broker_with_logins_and_mutual_tls_lets_only_the_fleet_in() {
 
 #[test]
 fn agent_and_coordinator_through_mosquitto_requiring_client_certificates() {
-    assert!(Command::new("mosquitto").arg("-h").output().is_ok(), "mosquitto missing: scripts/test.sh installs it");
     let dir = tempfile::tempdir().expect("tmp");
     let c = certs(dir.path(), &["coordinator", "edge-1"]);
     // Started as root, mosquitto drops to its own user, which must read the key.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(c.join("broker.key"), std::fs::Permissions::from_mode(0o644)).expect("chmod");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let port = free_port();
-    let conf = dir.path().join("m.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nset_tcp_nodelay true\n\
-             cafile {0}/ca.pem\ncertfile {0}/broker.pem\nkeyfile {0}/broker.key\nrequire_certificate true\n",
-            s(&c)
-        ),
-    )
-    .expect("conf");
-    let mut m = Command::new("mosquitto");
-    m.arg("-c").arg(&conf);
-    let _mosquitto = Proc::spawn("mosquitto", m);
-    wait_for_port(port, Duration::from_secs(10));
-    let url = format!("mqtts://127.0.0.1:{port}");
+    let options = format!(
+        "allow_anonymous true\nmax_queued_messages 0\nset_tcp_nodelay true\n\
+         cafile {0}/ca.pem\ncertfile {0}/broker.pem\nkeyfile {0}/broker.key\nrequire_certificate true\n",
+        s(&c)
+    );
+    let mosquitto = Mosquitto::start(dir.path(), &options);
+    let url = format!("mqtts://127.0.0.1:{}", mosquitto.port);
     let store = dir.path().join("s.db");
     let root = unique_root("mosq-tls");
     let ca = format!("{}/ca.pem", s(&c));
@@ -141,16 +133,19 @@ fn agent_and_coordinator_through_mosquitto_requiring_client_certificates() {
     assert_eq!(known_agents(&store), ["edge-1"]);
 }
 
-fn forged_result(trial: u64, token: u64) -> AgentMessage {
-    AgentMessage::Result(TrialResult {
-        token,
+/// A result in an agent's name, sealed with a session key the forger made up.
+fn forged_result(trial: u64, token: u64) -> Vec<u8> {
+    let msg = AgentMessage::Result(TrialResult {
         trial: TrialRef { study: "hostile".into(), trial, attempt: 1 },
         measurement: Measurement {
             wall_us: 1,
             final_metrics: [("v".to_string(), 1e9)].into(),
             ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
         },
-    })
+    });
+    let body = tunefleet_common::encode(&msg).expect("enc");
+    let sealed = Sealed { token, seq: token % 1000, body, mac: [(token % 251) as u8; 32] };
+    tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc")
 }
 
 #[test]
@@ -199,7 +194,7 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
             let big = vec![tunefleet_common::PROTOCOL_VERSION; tunefleet_common::MAX_MESSAGE_BYTES + 10];
             let _ = client.publish(topics.agent(names[0], AgentTopic::Result), QoS::AtLeastOnce, false, big).await;
             for trial in 0..trials as u64 {
-                let forged = tunefleet_common::encode(&forged_result(trial, next())).expect("enc");
+                let forged = forged_result(trial, next());
                 let t = topics.agent(names[(trial % 2) as usize], AgentTopic::Result);
                 let _ = client.publish(t, QoS::AtLeastOnce, false, forged).await;
             }
@@ -217,7 +212,7 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
     assert!(refused.contains("malformed"), "the flood was counted: {out}");
     let bad_tokens: u64 = refused
         .split(", ")
-        .find(|p| p.contains("bad session token"))
+        .find(|p| p.contains("unauthenticated"))
         .and_then(|p| p.split(' ').next()?.parse().ok())
         .unwrap_or(0);
     assert!(bad_tokens > 0, "forged results were refused: {refused}");
