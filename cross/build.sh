@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds tunefleet-agent for each TARGET with local toolchains (no container
-# engine), installing what is missing, and prints where each binary is.
+# engine), installing what fails its check (scripts/needs.sh checks each
+# need by using it), and prints where each binary is.
 #
 #   cross/build.sh [--profile PROFILE] [--no-install] [TARGET...]
 #
@@ -15,9 +16,10 @@
 # The musl targets link with rust-lld (.cargo/config.toml): no C cross
 # compiler is needed unless a dependency compiles C. When one does (ring,
 # for TLS), the distribution's cross gcc compiles it (.cargo/config.toml
-# names it; set CC_<target> to use another), and the glibc targets always
-# link with it. With --no-install nothing is installed: a missing piece is an
-# error naming it.
+# names it; set CC_<target> to use another) with the C library's headers
+# (libc6-dev-arm64-cross), and the glibc targets always link with it. With
+# --no-install nothing is installed: a need that fails its check is an error
+# naming it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,32 +38,11 @@ while [ $# -gt 0 ]; do
 done
 [ ${#targets[@]} -gt 0 ] || targets=(aarch64-unknown-linux-musl)
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
-
-apt_updated=0
-need_package() { # need_package COMMAND DEBIAN-PACKAGE
-  command -v "$1" >/dev/null 2>&1 && return 0
-  if [ $install = 0 ]; then
-    echo "build.sh: $1 is missing (Debian package $2); run without --no-install to install it" >&2
-    return 1
-  fi
-  echo "build.sh: installing $2 for $1" >&2
-  if [ $apt_updated = 0 ]; then as_root apt-get update -qq; apt_updated=1; fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2" >&2
-}
-
-need_target() { # need_target TARGET
-  rustup target list --installed | grep -qx "$1" && return 0
-  if [ $install = 0 ]; then
-    echo "build.sh: the Rust standard library for $1 is missing; run: rustup target add $1" >&2
-    return 1
-  fi
-  echo "build.sh: rustup target add $1" >&2
-  if ! RUST_BACKTRACE=0 rustup target add "$1" >&2; then
-    echo "build.sh: rustup cannot install the standard library for $1 from this machine" >&2
-    return 1
-  fi
-}
+# Each need is checked by using it; what fails is installed (scripts/needs.sh).
+# shellcheck source=scripts/needs.sh
+. scripts/needs.sh
+no_install=()
+[ $install = 1 ] || no_install=(--no-install)
 
 # Does the agent, built for $1, compile C (the `cc` crate: ring for TLS)?
 compiles_c() {
@@ -73,18 +54,15 @@ failed=()
 built=()
 for target in "${targets[@]}"; do
   case "$target" in
-    aarch64-unknown-linux-musl | aarch64-unknown-linux-gnu) gcc=aarch64-linux-gnu-gcc; pkg=gcc-aarch64-linux-gnu ;;
-    armv7-unknown-linux-musleabihf | armv7-unknown-linux-gnueabihf) gcc=arm-linux-gnueabihf-gcc; pkg=gcc-arm-linux-gnueabihf ;;
-    x86_64-unknown-linux-musl) gcc=gcc; pkg=gcc ;;
+    aarch64-unknown-linux-musl | aarch64-unknown-linux-gnu | armv7-unknown-linux-musleabihf | \
+      armv7-unknown-linux-gnueabihf | x86_64-unknown-linux-musl) ;;
     *) echo "build.sh: unsupported target $target (see --help)" >&2; failed+=("$target"); continue ;;
   esac
-  if ! need_target "$target"; then failed+=("$target"); continue; fi
-  # .cargo/config.toml names $gcc as the target's C compiler (CC_<target>);
-  # a CC_<target> already in the environment wins, so then nothing is installed.
-  var=CC_${target//-/_}
-  if [ -z "${!var:-}" ] && { [[ "$target" == *-gnu* ]] || compiles_c "$target"; }; then
-    if ! need_package "$gcc" "$pkg"; then failed+=("$target"); continue; fi
-  fi
+  wanted=("rust-target:$target")
+  # The glibc targets link with the cross gcc; the musl ones need it only
+  # when a dependency compiles C.
+  if [[ "$target" == *-gnu* ]] || compiles_c "$target"; then wanted+=("cc:$target"); fi
+  if ! needs "${no_install[@]}" "${wanted[@]}"; then failed+=("$target"); continue; fi
   echo "build.sh: building tunefleet-agent for $target (profile $profile)" >&2
   if ! cargo build --quiet -p tunefleet-agent --profile "$profile" --target "$target"; then
     failed+=("$target")

@@ -1,0 +1,185 @@
+# Sourced by scripts/test.sh and cross/build.sh: checks what the tests and the
+# cross builds need by using it (a command that exists but cannot do the job
+# fails its check), and installs only what failed.
+#
+#   needs [--no-install] NEED...
+#
+# NEED is one of:
+#   mosquitto            `mosquitto -h` starts (the external-broker tests)
+#   victoria-metrics     `victoria-metrics -version` starts (the InfluxDB sink tests)
+#   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
+#   rust-target:TARGET   rustc compiles a crate that uses std for TARGET
+#   cc:TARGET            the C compiler cargo uses for TARGET (CC_<target> from the
+#                        environment, else the one .cargo/config.toml names)
+#                        compiles a file that includes <stdint.h> (ring's C); for
+#                        the glibc targets, which it links, it links a program too
+#   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
+#                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
+#                        which the kernel hands to qemu through binfmt_misc (the
+#                        aarch64 agent re-executes itself for every trial)
+#
+# Installing runs `apt-get update` once, then `apt-get install` of the Debian
+# packages of every failed need together, `rustup target add` for a missing
+# target, and registers qemu-aarch64 with binfmt_misc; then each failed need
+# is checked again. With --no-install nothing is installed and each failure
+# is reported. Returns non-zero when a need still fails; prints on stderr.
+#
+# Debian's recommended packages are installed too (no --no-install-recommends):
+# every package a check needs is named below all the same, so what is
+# installed does not hang on what Debian recommends.
+
+needs_as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+# The C compiler cargo uses for Rust target $1, as `.cargo/config.toml` sets
+# it (kept in step with its [env] section) unless CC_<target> is set.
+needs_cc_for() {
+  local var=CC_${1//-/_}
+  if [ -n "${!var:-}" ]; then echo "${!var}"; return; fi
+  case "$1" in
+    aarch64-*) echo aarch64-linux-gnu-gcc ;;
+    armv7-*) echo arm-linux-gnueabihf-gcc ;;
+    x86_64-*) echo gcc ;;
+  esac
+}
+
+# What the last failed check printed, shown when a need still fails.
+needs_output=
+
+# needs_check NEED: 0 when NEED does its job on this machine.
+needs_check() {
+  local need=$1 dir status=0
+  case "$need" in
+    mosquitto)
+      # Debian installs it in /usr/sbin; `-h` prints its usage and version
+      # and exits non-zero, so the check reads what it printed.
+      needs_output=$(PATH="$PATH:/usr/sbin" mosquitto -h 2>&1) || true
+      grep -q '^mosquitto version' <<<"$needs_output"
+      ;;
+    victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
+    systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
+    rust-target:*)
+      dir=$(mktemp -d)
+      echo 'pub fn f() -> String { std::env::args().collect() }' >"$dir/probe.rs"
+      needs_output=$(rustc --edition 2021 --crate-type rlib --target "${need#rust-target:}" \
+        --out-dir "$dir" "$dir/probe.rs" 2>&1) || status=$?
+      rm -rf "$dir"
+      return $status
+      ;;
+    cc:*)
+      local target=${need#cc:} cc
+      cc=$(needs_cc_for "$target")
+      [ -n "$cc" ] || { needs_output="no C compiler is known for $target"; return 1; }
+      dir=$(mktemp -d)
+      printf '#include <stdint.h>\nint main(void) { uint32_t x = 42; return (int)(x - 42); }\n' >"$dir/probe.c"
+      # CC_<target> may hold a command with arguments ("zig cc --target ..."): split on purpose.
+      # shellcheck disable=SC2086
+      needs_output=$(cd "$dir" && $cc -c probe.c -o probe.o 2>&1) || status=$?
+      if [ $status = 0 ] && [[ "$target" == *-gnu* ]]; then
+        # shellcheck disable=SC2086
+        needs_output=$(cd "$dir" && $cc probe.o -o probe 2>&1) || status=$?
+      fi
+      rm -rf "$dir"
+      return $status
+      ;;
+    qemu-aarch64)
+      dir=$(mktemp -d)
+      printf '#include <stdio.h>\nint main(void) { puts("aarch64 runs"); return 0; }\n' >"$dir/probe.c"
+      needs_output=$(cd "$dir" && aarch64-linux-gnu-gcc -static probe.c -o probe 2>&1 \
+        && qemu-aarch64-static ./probe 2>&1 && ./probe 2>&1) || status=$?
+      rm -rf "$dir"
+      [ $status = 0 ] && [ "$needs_output" = $'aarch64 runs\naarch64 runs' ] && return 0
+      [ $status = 0 ] && needs_output="the aarch64 probe printed: $needs_output"
+      return 1
+      ;;
+    *)
+      needs_output="unknown need $need (see scripts/needs.sh)"
+      return 1
+      ;;
+  esac
+}
+
+# needs_packages NEED: the Debian packages that make NEED pass its check.
+needs_packages() {
+  local var
+  case "$1" in
+    mosquitto) echo mosquitto ;;
+    victoria-metrics) echo victoria-metrics ;;
+    systemd-analyze) echo systemd ;;
+    cc:*)
+      var=CC_${1#cc:}
+      var=${var//-/_}
+      # A compiler the environment chose is not Debian's to fix.
+      if [ -n "${!var:-}" ]; then
+        echo "needs: $var is set, so nothing is installed for $1: fix that compiler or unset it" >&2
+        return 0
+      fi
+      case "${1#cc:}" in
+        aarch64-*) echo gcc-aarch64-linux-gnu libc6-dev-arm64-cross ;;
+        armv7-*) echo gcc-arm-linux-gnueabihf libc6-dev-armhf-cross ;;
+        x86_64-*) echo gcc libc6-dev ;;
+      esac
+      ;;
+    # The probe is built with the cross gcc and its static C library.
+    qemu-aarch64) echo qemu-user-static binfmt-support gcc-aarch64-linux-gnu libc6-dev-arm64-cross ;;
+  esac
+}
+
+# Registers qemu-aarch64 with binfmt_misc when it is not: in a container
+# nothing at boot mounts binfmt_misc or imports Debian's qemu formats.
+needs_binfmt_aarch64() {
+  [ -e /proc/sys/fs/binfmt_misc/register ] \
+    || needs_as_root mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc || return 1
+  local entry=/proc/sys/fs/binfmt_misc/qemu-aarch64
+  grep -qx enabled "$entry" 2>/dev/null && return 0
+  # Registered but switched off: update-binfmts would call it enabled.
+  if [ -e "$entry" ]; then echo 1 | needs_as_root tee "$entry" >/dev/null; return; fi
+  # binfmt-support imports the formats qemu-user-static ships when it is
+  # installed after it; not when it came first.
+  [ -e /var/lib/binfmts/qemu-aarch64 ] || needs_as_root update-binfmts --import qemu-aarch64 || return 1
+  [ -e "$entry" ] || needs_as_root update-binfmts --enable qemu-aarch64
+}
+
+needs() {
+  local install=1 need failed=() packages=() more=() targets=() still=()
+  if [ "${1:-}" = --no-install ]; then install=0; shift; fi
+  for need in "$@"; do
+    needs_check "$need" || failed+=("$need")
+  done
+  [ ${#failed[@]} -gt 0 ] || return 0
+  if [ $install = 0 ]; then
+    for need in "${failed[@]}"; do
+      needs_check "$need" || true
+      echo "needs: $need fails its check${needs_output:+: $needs_output}" >&2
+    done
+    echo "needs: run without --no-install to install: ${failed[*]}" >&2
+    return 1
+  fi
+  for need in "${failed[@]}"; do
+    case "$need" in
+      rust-target:*) targets+=("${need#rust-target:}") ;;
+      *)
+        read -ra more <<<"$(needs_packages "$need")"
+        packages+=("${more[@]}")
+        ;;
+    esac
+  done
+  if [ ${#packages[@]} -gt 0 ]; then
+    # One package can serve two needs (cc:aarch64-... and qemu-aarch64).
+    mapfile -t packages < <(printf '%s\n' "${packages[@]}" | sort -u)
+    echo "needs: failed: ${failed[*]}; installing ${packages[*]}" >&2
+    needs_as_root apt-get update -qq >&2
+    needs_as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${packages[@]}" >&2
+  fi
+  for need in "${targets[@]}"; do
+    echo "needs: rustup target add $need" >&2
+    RUST_BACKTRACE=0 rustup target add "$need" >&2 || true
+  done
+  for need in "${failed[@]}"; do
+    if [ "$need" = qemu-aarch64 ]; then needs_binfmt_aarch64 >&2 || true; fi
+    if ! needs_check "$need"; then
+      echo "needs: $need still fails its check${needs_output:+: $needs_output}" >&2
+      still+=("$need")
+    fi
+  done
+  [ ${#still[@]} -eq 0 ]
+}
