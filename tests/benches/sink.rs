@@ -19,7 +19,7 @@ use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::sink::{trial_points, Flusher, InfluxUrl, SinkConfig};
 use tunefleet_coordinator::store::Store;
 use tunefleet_tests::victoria::Victoria;
-use tunefleet_tests::{free_port, wait_for};
+use tunefleet_tests::wait_for;
 
 const RESULTS: u64 = 2000;
 const SAMPLES: u64 = 100;
@@ -75,7 +75,7 @@ fn main() {
     let queue_time = started.elapsed();
 
     // Delivery.
-    let vm = Victoria::start(&dir.path().join("vm"), free_port());
+    let vm = Victoria::start(&dir.path().join("vm"));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let started = Instant::now();
     let flusher = {

@@ -2,6 +2,8 @@
 //! ports, child processes that die with the test, and waiting on conditions
 //! under a deadline (never a fixed sleep).
 
+pub mod mosquitto;
+pub mod ports;
 pub mod victoria;
 
 use std::io::{BufRead, BufReader};
@@ -35,7 +37,12 @@ pub fn path_with_bins() -> std::ffi::OsString {
     std::env::join_paths(std::iter::once(bin_dir()).chain(std::env::split_paths(&old))).expect("PATH")
 }
 
-/// A loopback port that was free a moment ago (for servers that cannot bind port 0 and tell us).
+/// A loopback port that was free a moment ago. Any process may bind it
+/// before the server it was meant for: give a server port 0 and read its
+/// port back when it can listen there (`ports::listening_ports`), and use
+/// this only for one that cannot, through a start that tries another port
+/// when it lost that race (`mosquitto::Mosquitto::start`). For a port where
+/// nothing may listen, hold a `ports::ClosedPort`.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("bind").port()
 }

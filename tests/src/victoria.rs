@@ -1,16 +1,17 @@
 //! A VictoriaMetrics server for tests and benchmarks: Debian's
-//! `victoria-metrics` on a loopback port, with its own storage directory. It
-//! takes the influxdb2 client's `/api/v2/write` (ignoring org, bucket and
-//! token) and gives samples back through `/api/v1/export` at once (its query
-//! API lags by seconds).
+//! `victoria-metrics` on a loopback port the OS chose for it (see `ports`),
+//! with its own storage directory. It takes the influxdb2 client's
+//! `/api/v2/write` (ignoring org, bucket and token) and gives samples back
+//! through `/api/v1/export` at once (its query API lags by seconds).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::ports::listening_ports;
 use crate::{wait_for, Proc};
 
 /// A VictoriaMetrics server, stopped (killed) when dropped.
@@ -21,16 +22,52 @@ pub struct Victoria {
 }
 
 impl Victoria {
-    /// Starts a server on `port` storing into `data`; waits until it answers.
-    pub fn start(data: &Path, port: u16) -> Victoria {
-        let mut v = Victoria { proc: None, port, data: data.to_path_buf() };
-        v.restart();
+    /// Starts a server storing into `data` on a port the OS chooses for it
+    /// (it is given port 0; its log says `:0`, the kernel says the port);
+    /// waits until it answers.
+    pub fn start(data: &Path) -> Victoria {
+        let mut v = Victoria { proc: None, port: 0, data: data.to_path_buf() };
+        let p = v.launch().unwrap_or_else(|status| panic!("victoria-metrics exited with {status} on port 0"));
+        let ports = listening_ports(p.child.id());
+        v.port = match ports[..] {
+            [port] => port,
+            _ => panic!("victoria-metrics listens on {ports:?}: expected its one HTTP port"),
+        };
+        v.proc = Some(p);
+        v.wait_healthy();
         v
     }
 
-    /// Starts the stopped server again on the same port and storage.
+    /// Starts the stopped server again on the same port (its clients know
+    /// it) and storage. The port was free while it was stopped: another
+    /// process may hold it for a while (an outgoing connection's local
+    /// port), so this retries for 30 s before failing.
     pub fn restart(&mut self) {
         assert!(self.proc.is_none(), "already running");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.launch() {
+                Ok(p) => {
+                    self.proc = Some(p);
+                    break;
+                }
+                // It logs why on stderr (the test's output); a taken port is the one reason to retry,
+                // and the deadline ends a retry for another one.
+                Err(status) => assert!(
+                    Instant::now() < deadline,
+                    "victoria-metrics kept exiting ({status}) on port {}: taken by another process while \
+                     it was stopped?",
+                    self.port
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        self.wait_healthy();
+    }
+
+    /// Starts victoria-metrics on `self.port` (0: the OS chooses) and waits
+    /// until it listens, or returns how it exited (a taken port ends it).
+    fn launch(&self) -> Result<Proc, std::process::ExitStatus> {
         if Command::new("victoria-metrics").arg("-version").output().is_err() {
             panic!("victoria-metrics is not installed: apt-get install victoria-metrics (scripts/test.sh does)");
         }
@@ -38,7 +75,23 @@ impl Victoria {
         cmd.arg(format!("-storageDataPath={}", self.data.display()))
             .arg(format!("-httpListenAddr=127.0.0.1:{}", self.port))
             .arg("-loggerLevel=ERROR");
-        self.proc = Some(Proc::spawn("victoria-metrics", cmd));
+        let mut p = Proc::spawn("victoria-metrics", cmd);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ports = listening_ports(p.child.id());
+            if !ports.is_empty() && (self.port == 0 || ports.contains(&self.port)) {
+                return Ok(p);
+            }
+            if let Some(status) = p.child.try_wait().expect("try_wait") {
+                return Err(status);
+            }
+            assert!(Instant::now() < deadline, "victoria-metrics did not listen within 20 s");
+            // Waiting on a condition (its socket exists) that no event announces.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_healthy(&self) {
         let port = self.port;
         wait_for("victoria-metrics to answer /health", Duration::from_secs(20), || {
             http_get(port, "/health").is_some_and(|(status, _)| status == 200)

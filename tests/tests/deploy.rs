@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
+use tunefleet_tests::ports::ClosedPort;
 use tunefleet_tests::*;
 
 const AARCH64: &str = "aarch64-unknown-linux-musl";
@@ -284,7 +285,8 @@ fn agent_unit_outlasts_the_drain_and_its_flags_are_real() {
             w => cmd.arg(w),
         };
     }
-    cmd.env("TUNEFLEET_BROKER", format!("mqtt://127.0.0.1:{}", free_port())).args(["--name", "unit-flags"]);
+    let no_broker = ClosedPort::new();
+    cmd.env("TUNEFLEET_BROKER", format!("mqtt://127.0.0.1:{}", no_broker.port)).args(["--name", "unit-flags"]);
     let mut agent = Proc::spawn("unit-flags", cmd);
     let status = agent.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "the agent accepts the unit's flags");

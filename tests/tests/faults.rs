@@ -2,10 +2,10 @@
 //! trial of the study has exactly one accepted result.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension};
+use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
 use tunefleet_tests::*;
 
 fn unix_ms() -> i64 {
@@ -172,28 +172,11 @@ fn coordinator_killed_mid_study_resumes_from_its_store() {
     }
 }
 
-fn mosquitto(dir: &Path, port: u16) -> Proc {
-    let conf = dir.join("mosquitto.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\npersistence false\n"
-        ),
-    )
-    .expect("conf");
-    let mut c = Command::new("mosquitto");
-    c.arg("-c").arg(&conf);
-    let p = Proc::spawn("mosquitto", c);
-    wait_for_port(port, Duration::from_secs(10));
-    p
-}
-
 #[test]
 fn broker_down_for_30_seconds_loses_nothing() {
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let broker = mosquitto(dir.path(), port);
-    let url = format!("mqtt://127.0.0.1:{port}");
+    let mut broker = Mosquitto::start(dir.path(), FLEET_OPTIONS);
+    let url = broker.url();
     let root = unique_root("outage");
     let store = dir.path().join("s.db");
     let (mut coord, _) = start_coordinator(&sleep_study(dir.path(), "o", 8, 2.0), &store, &root, &["--broker", &url]);
@@ -204,15 +187,14 @@ fn broker_down_for_30_seconds_loses_nothing() {
     wait_for("both agents running trials", Duration::from_secs(90), || {
         running_on(&store, "o-agent-1").is_some() && running_on(&store, "o-agent-2").is_some()
     });
-    broker.signal("KILL");
-    drop(broker);
+    broker.kill();
     let down = Instant::now();
     // The outage itself: the trials in flight finish while no broker exists.
     wait_for("the agents to finish their trials offline", Duration::from_secs(30), || spooled(&s1) + spooled(&s2) >= 2);
     while down.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    let _broker = mosquitto(dir.path(), port);
+    broker.restart();
     let status = coord.wait_exit(Duration::from_secs(180));
     assert!(status.success());
     assert_exactly_once(&store, "o", 8);
@@ -226,9 +208,8 @@ fn spooled(state: &Path) -> usize {
 #[test]
 fn agent_restarted_with_spooled_results_delivers_them() {
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let broker = mosquitto(dir.path(), port);
-    let url = format!("mqtt://127.0.0.1:{port}");
+    let mut broker = Mosquitto::start(dir.path(), FLEET_OPTIONS);
+    let url = broker.url();
     let root = unique_root("spool");
     let store = dir.path().join("s.db");
     let (mut coord, _) = start_coordinator(&sleep_study(dir.path(), "p", 3, 1.0), &store, &root, &["--broker", &url]);
@@ -241,12 +222,11 @@ fn agent_restarted_with_spooled_results_delivers_them() {
         running.is_some()
     });
     let (trial, attempt) = running.expect("running");
-    broker.signal("KILL");
-    drop(broker);
+    broker.kill();
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
     agent.signal("KILL");
     drop(agent);
-    let _broker = mosquitto(dir.path(), port);
+    broker.restart();
     let _agent = start_agent(&url, "p-agent", &root, &args);
     let status = coord.wait_exit(Duration::from_secs(120));
     assert!(status.success());

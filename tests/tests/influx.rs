@@ -1,7 +1,7 @@
 //! The InfluxDB sink against a real server: Debian's VictoriaMetrics, which
 //! takes the influxdb2 client's `/api/v2/write` and gives the points back
-//! through `/api/v1/export`. Each test starts its own server on a free
-//! loopback port with its own storage directory, stops it, restarts it, and
+//! through `/api/v1/export`. Each test starts its own server on a loopback
+//! port the OS chose, with its own storage directory, stops it, restarts it, and
 //! checks that every point arrived once with the value the store holds.
 
 use std::process::Command;
@@ -14,6 +14,7 @@ use tunefleet_common::measurement::{
 use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::sink::{trial_points, Backoff, Flusher, InfluxUrl, SinkConfig};
 use tunefleet_coordinator::store::Store;
+use tunefleet_tests::ports::ClosedPort;
 use tunefleet_tests::victoria::{Series, Victoria};
 use tunefleet_tests::*;
 
@@ -104,8 +105,7 @@ fn results(study: &str, trials: std::ops::Range<u64>, samples: u64) -> Vec<(Tria
 #[test]
 fn points_wait_while_the_server_is_down_and_arrive_exactly_once() {
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let mut vm = Victoria::start(&dir.path().join("vm"), port);
+    let mut vm = Victoria::start(&dir.path().join("vm"));
     let store_path = dir.path().join("s.db");
     let mut store = Store::open(&store_path).expect("store");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -173,6 +173,11 @@ fn points_wait_while_the_server_is_down_and_arrive_exactly_once() {
     }
 }
 
+/// The coordinator's flags for an InfluxDB at `url`, flushing for at most 1 s at exit.
+fn influx_flags(url: &str) -> [&str; 6] {
+    ["--influx-url", url, "--influx-bucket", "tests", "--influx-grace", "1"]
+}
+
 /// The `influx: N points delivered, M waiting...` line of a finished run.
 fn influx_line(lines: &[String]) -> (u64, u64) {
     let line =
@@ -184,15 +189,14 @@ fn influx_line(lines: &[String]) -> (u64, u64) {
 #[test]
 fn a_study_run_while_influx_is_down_is_delivered_by_the_next_run() {
     let dir = tempfile::tempdir().expect("tmp");
-    let port = free_port();
-    let url = format!("http://127.0.0.1:{port}");
     let root = unique_root("influx");
     let store = dir.path().join("s.db");
     let study = sleep_study(dir.path(), "energy", 4, 0.3);
-    let influx = ["--influx-url", &url, "--influx-bucket", "tests", "--influx-grace", "1"];
 
-    // Nothing listens on the port yet: the study runs, its points wait in the store.
-    let (mut coord, broker) = start_coordinator(&study, &store, &root, &influx);
+    // Nothing listens on the port: the study runs, its points wait in the store.
+    let down = ClosedPort::new();
+    let down_url = format!("http://127.0.0.1:{}", down.port);
+    let (mut coord, broker) = start_coordinator(&study, &store, &root, &influx_flags(&down_url));
     let agent = start_agent(&broker, "influx-agent", &root, &[]);
     let status = coord.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "coordinator: {status}");
@@ -223,10 +227,11 @@ fn a_study_run_while_influx_is_down_is_delivered_by_the_next_run() {
         .sum();
     assert_eq!(outbox, per_result, "the outbox holds exactly the results' points");
 
-    // The server comes up; the next run (the study is finished: nothing to
-    // schedule) delivers what waited.
-    let vm = Victoria::start(&dir.path().join("vm"), port);
-    let (mut again, _) = start_coordinator(&study, &store, &root, &influx);
+    // A server comes up; the next run (the study is finished: nothing to
+    // schedule) delivers what waited there.
+    let vm = Victoria::start(&dir.path().join("vm"));
+    let vm_url = vm.url();
+    let (mut again, _) = start_coordinator(&study, &store, &root, &influx_flags(&vm_url));
     assert!(again.wait_exit(Duration::from_secs(60)).success());
     assert_eq!(influx_line(&again.rest_of_stdout()), (waiting, 0));
     let outbox: i64 = db.query_row("SELECT COUNT(*) FROM influx_outbox", [], |r| r.get(0)).expect("outbox");

@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use rusqlite::Connection;
+use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
 use tunefleet_tests::*;
 
 struct StoredResult {
@@ -102,30 +103,11 @@ fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
     assert_eq!(csv.lines().count(), 13, "header + 12 rows:\n{csv}");
 }
 
-fn mosquitto_available() -> bool {
-    Command::new("mosquitto").arg("-h").output().is_ok()
-}
-
 #[test]
 fn same_study_against_an_external_mosquitto() {
-    assert!(mosquitto_available(), "mosquitto is not installed: scripts/test.sh installs it");
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = free_port();
-    let conf = dir.path().join("mosquitto.conf");
-    // What the protocol needs: no cap on queued QoS 1 messages (the default 1000
-    // drops under fan-in), no Nagle, nothing persisted between runs.
-    std::fs::write(
-        &conf,
-        format!(
-            "listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\npersistence false\n"
-        ),
-    )
-    .expect("conf");
-    let mut mcmd = Command::new("mosquitto");
-    mcmd.arg("-c").arg(&conf);
-    let _mosquitto = Proc::spawn("mosquitto", mcmd);
-    wait_for_port(port, Duration::from_secs(10));
-    let url = format!("mqtt://127.0.0.1:{port}");
+    let mosquitto = Mosquitto::start(dir.path(), FLEET_OPTIONS);
+    let url = mosquitto.url();
     let root = unique_root("mosquitto");
     let study = train_study(dir.path(), "ext", 12, "");
     let store = dir.path().join("store.db");
