@@ -21,6 +21,13 @@ fn refused(name: &str) -> (String, usize) {
     (msg, line)
 }
 
+/// `program` is one of the example workloads the workspace builds.
+fn assert_is_a_workload(program: &str) {
+    let bins = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/workloads/src/bin");
+    let source = bins.join(format!("{program}.rs"));
+    assert!(source.is_file(), "{program} is not a workload of examples/workloads ({} is missing)", source.display());
+}
+
 #[test]
 fn documented_example_loads_and_plans() {
     let s = study::load(&fixture("train.toml")).expect("loads");
@@ -43,6 +50,7 @@ fn documented_example_loads_and_plans() {
     let t = &plan[5];
     let spec = search::render(&s, t, &TrialRef { study: s.name.clone(), trial: t.trial, attempt: 1 }).expect("renders");
     assert_eq!(spec.argv[0], "tunefleet-train");
+    assert_is_a_workload(&spec.argv[0]);
     assert_eq!(spec.argv[2], t.params["lr"].to_string());
     assert_eq!(spec.argv[4], t.params["batch_size"].to_string());
     assert_eq!(spec.env, vec![("TUNEFLEET_SEED".to_string(), "5".to_string())]);
@@ -57,17 +65,22 @@ fn grid_example_runs_every_configuration_twice() {
     let plan = search::plan(&s);
     assert_eq!(plan.len(), 16);
     let first: &TrialPlan = &plan[0];
-    assert_eq!(first.params["size"], ParamValue::Int(512));
+    assert_eq!(first.params["block_size"], ParamValue::Int(16));
     assert_eq!(first.params["threads"], ParamValue::Int(1));
     assert_eq!(first.params["memory"], ParamValue::Int(256));
     // The last system parameter (memory) varies fastest; each configuration twice.
     assert_eq!(plan[1].params, plan[0].params);
     assert_eq!(plan[2].params["memory"], ParamValue::Int(1024));
-    assert_eq!(plan[15].params["size"], ParamValue::Int(1024));
+    assert_eq!(plan[15].params["block_size"], ParamValue::Int(64));
 
     let t = &plan[3];
     let spec = search::render(&s, t, &TrialRef { study: s.name.clone(), trial: 3, attempt: 2 }).expect("renders");
-    assert_eq!(spec.argv, vec!["tunefleet-transpose", "--size", "512", "--threads", "1", "--run", "grid-example-3-1"]);
+    assert_eq!(
+        spec.argv,
+        ["tunefleet-stream", "--size-mib", "64", "--block-size", "16", "--epochs", "2", "--threads", "1"]
+    );
+    assert_eq!(spec.env, [("TUNEFLEET_RUN".to_string(), "grid-example-3-1".to_string())]);
+    assert_is_a_workload(&spec.argv[0]);
     assert_eq!(spec.system, SystemParams { cores: None, threads: Some(1), memory_mib: Some(1024) });
     assert_eq!(spec.timeout_ms, study::DEFAULT_TIMEOUT_S * 1000);
 }
