@@ -297,12 +297,15 @@ impl Measurement {
     }
 
     /// The value an objective refers to: `wall_time` (seconds), `energy`
-    /// (joules), `cpu_time` (seconds), or a reported metric by name.
+    /// (joules), `cpu_time` (seconds), or a reported metric by name. `None`
+    /// when there is no such value, and for `energy` when the reading is not
+    /// valid (a battery charging, a zone that vanished...): such a trial has
+    /// no energy to rank.
     pub fn objective_value(&self, name: &str) -> Option<f64> {
         match name {
             "wall_time" => Some(self.wall_us as f64 / 1e6),
             "cpu_time" => Some((self.user_us + self.sys_us) as f64 / 1e6),
-            "energy" => Some(self.energy.joules),
+            "energy" => self.energy.valid.then_some(self.energy.joules),
             other => self.final_metrics.get(other).copied(),
         }
     }
@@ -333,6 +336,23 @@ pub struct Telemetry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 8: an invalid energy reading was ranked like a valid one.
+    #[test]
+    fn regression_invalid_energy_reading_has_no_energy_objective() {
+        let valid = EnergyReading {
+            joules: 12.5,
+            valid: true,
+            ..EnergyReading::none(EnergySourceKind::Battery, "discharging")
+        };
+        let mut m = Measurement::unmeasured(ExitOutcome::Exited(0), valid);
+        m.wall_us = 2_000_000;
+        assert_eq!(m.objective_value("energy"), Some(12.5));
+        m.energy.valid = false;
+        m.energy.note = Some("battery charging".into());
+        assert_eq!(m.objective_value("energy"), None, "an invalid reading ranks nowhere");
+        assert_eq!(m.objective_value("wall_time"), Some(2.0), "other objectives do not depend on it");
+    }
 
     #[test]
     fn power_series_is_bounded_and_covers_the_run() {

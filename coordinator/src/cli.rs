@@ -18,7 +18,7 @@ use crate::broker::{self, BrokerSettings, BrokerTls};
 use crate::engine::{Engine, Summary};
 use crate::progress::Progress;
 use crate::sink::{Flusher, InfluxUrl, SinkConfig};
-use crate::store::{ExportFormat, Store};
+use crate::store::{BestRow, ExportFormat, Store, Unranked};
 use crate::study::{self, Study};
 use crate::transport::{self, TransportConfig};
 
@@ -376,8 +376,12 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Best { study, n, store } => {
             let store = open_existing(&store.store)?;
             let rows = store.best(&study, n)?;
+            let left_out = unranked_note(&store.unranked(&study)?);
             if rows.is_empty() {
-                bail!("study {study:?} has no successful trial in {}", store.path());
+                match left_out {
+                    Some(note) => bail!("study {study:?} has no trial to rank in {}: {note}", store.path()),
+                    None => bail!("study {study:?} has no successful trial in {}", store.path()),
+                }
             }
             let mut out = String::new();
             if let Some(note) = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
@@ -394,6 +398,9 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     r.agent,
                     params.join(" ")
                 )?;
+            }
+            if let Some(note) = left_out {
+                writeln!(out, "note: {note}")?;
             }
             emit(&out)
         }
@@ -424,6 +431,19 @@ pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Opti
     (seen.len() > 1).then(|| {
         format!("note: these trials were measured with different energy sources ({}); energy figures are not comparable across them", seen.join(", "))
     })
+}
+
+/// What `best` left out and why, when it left anything out.
+pub fn unranked_note(u: &Unranked) -> Option<String> {
+    let mut why = Vec::new();
+    if u.invalid_energy > 0 {
+        why.push(format!("{} with an invalid energy reading", u.invalid_energy));
+    }
+    if u.no_value > 0 {
+        why.push(format!("{} without a value for the objective", u.no_value));
+    }
+    let plural = if u.total() == 1 { "" } else { "s" };
+    (!why.is_empty()).then(|| format!("{} successful trial{plural} not ranked: {}", u.total(), why.join(", ")))
 }
 
 /// Writes a command's output to stdout; a reader that went away (`| head`) ends it quietly.
@@ -524,21 +544,32 @@ fn print_summary(s: &Summary, store: &Path) {
     if st.requeued > 0 || st.duplicate_results > 0 {
         println!("requeued: {} trials; duplicate results acknowledged: {}", st.requeued, st.duplicate_results);
     }
-    match Store::open_read_only(store).and_then(|st| st.best(&s.study, 3)) {
-        Ok(best) if !best.is_empty() => {
-            if let Some(note) = mixed_sources(best.iter().map(|r| r.energy_source.as_deref())) {
-                println!("{note}");
+    let ranked = Store::open_read_only(store).and_then(|st| Ok((st.best(&s.study, 3)?, st.unranked(&s.study)?)));
+    match ranked {
+        Ok((best, unranked)) => {
+            if let Some(note) = unranked_note(&unranked) {
+                println!("note: {note}");
             }
-            println!("best trials:");
-            for r in best {
-                let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                println!("  trial {:>4}  {:>10.6}  on {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+            if best.is_empty() {
+                println!("{}", if unranked.total() > 0 { "no trial to rank" } else { "no successful trial" });
+            } else {
+                print_best(&best);
             }
         }
-        Ok(_) => println!("no successful trial"),
         Err(e) => tracing::warn!(error = %e, "cannot read the best trials back"),
     }
     println!("store: {}", store.display());
+}
+
+fn print_best(best: &[BestRow]) {
+    if let Some(note) = mixed_sources(best.iter().map(|r| r.energy_source.as_deref())) {
+        println!("{note}");
+    }
+    println!("best trials:");
+    for r in best {
+        let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("  trial {:>4}  {:>10.6}  on {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+    }
 }
 
 /// The demo: embedded broker on a free loopback port, local agent
@@ -614,7 +645,20 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 
 #[cfg(test)]
 mod tests {
-    use super::mixed_sources;
+    use super::{mixed_sources, unranked_note};
+    use crate::store::Unranked;
+
+    #[test]
+    fn unranked_trials_are_counted_with_why() {
+        assert_eq!(unranked_note(&Unranked::default()), None);
+        let one = unranked_note(&Unranked { invalid_energy: 1, no_value: 0 }).expect("a note");
+        assert_eq!(one, "1 successful trial not ranked: 1 with an invalid energy reading");
+        let both = unranked_note(&Unranked { invalid_energy: 2, no_value: 1 }).expect("a note");
+        assert!(
+            both.starts_with("3 successful trials not ranked: 2 with an invalid energy reading, 1 without"),
+            "{both}"
+        );
+    }
 
     #[test]
     fn the_command_line_definition_is_consistent() {

@@ -11,6 +11,8 @@
 //!   attempt really handed to that agent completes the trial (a result that
 //!   arrives after its agent was presumed dead is still a good result; the
 //!   newer attempt is then cancelled); any later one is a duplicate or superseded.
+//!   A trial failed because its attempts ran out has no result yet: the late
+//!   result of one of those attempts completes it too, once.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -352,10 +354,13 @@ impl Scheduler {
             State::Done { agent: a, attempt } if a == agent && *attempt == trial.attempt => {
                 return (Verdict::Duplicate, Vec::new())
             }
-            State::Done { .. } | State::Failed => {
-                return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new())
-            }
+            State::Done { .. } => return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new()),
             _ if !ran_it => return (Verdict::Unknown, Vec::new()),
+            // Failed for want of a result (attempts ran out, e.g. its agent was
+            // presumed dead): a workload that really ran delivers after all.
+            State::Failed if matches!(kind, ResultKind::Complete { .. }) => {
+                study.failed -= 1;
+            }
             _ => {}
         }
         let live = match &slot.state {
@@ -599,6 +604,32 @@ mod tests {
         assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
         assert_eq!(s.result("b", &t2, ResultKind::Complete { success: true }).0, Verdict::Superseded);
         assert_eq!(s.counts("s").map(|c| (c.done, c.finished())), Some((1, true)));
+    }
+
+    /// Issue 8: a good result that arrived after its trial had run out of
+    /// attempts was kept as superseded, and the trial stayed failed.
+    #[test]
+    fn regression_late_result_of_a_failed_trial_completes_it_once() {
+        let mut s = sched(2, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 2));
+        let got = assigned(&s.assign(0));
+        let (t0, t1) = (got[0].1.clone(), got[1].1.clone());
+        // The agent is presumed dead: with one attempt allowed, both trials fail.
+        let eff = s.status("a", &AgentStatus { online: false, instance: 1 });
+        assert_eq!(eff.iter().filter(|e| matches!(e, Effect::Failed { .. })).count(), 2, "{eff:?}");
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((0, 2)));
+        assert_eq!(s.result("mallory", &t0, ResultKind::Complete { success: true }).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t0, ResultKind::Retry("cancelled".into())).0, Verdict::Superseded);
+        // It was alive after all: its real results count, once each.
+        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }), (Verdict::Accepted, vec![]));
+        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((1, 1)));
+        // A run that failed on its own is the failed trial's result: still failed, counted once.
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: false }).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
+        let c = s.counts("s").expect("study");
+        assert_eq!((c.done, c.failed, c.running, c.finished()), (1, 1, 0, true));
     }
 
     #[test]

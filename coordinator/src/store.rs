@@ -190,7 +190,8 @@ impl TrialState {
             .find(|t| t.as_str() == s)
     }
 
-    /// Done or failed: nothing more will happen to the trial.
+    /// Done or failed: no more attempts are assigned (a trial failed without
+    /// a result may still take the late result of an attempt it had).
     pub fn is_final(self) -> bool {
         matches!(self, TrialState::Done | TrialState::Failed)
     }
@@ -368,6 +369,22 @@ pub struct BestRow {
     pub wall_us: u64,
     pub energy_j: Option<f64>,
     pub energy_source: Option<String>,
+}
+
+/// Successful results [`Store::best`] does not rank (see [`Store::unranked`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Unranked {
+    /// The objective is `energy` and the energy reading is invalid (a
+    /// battery charging or on external power, a zone that vanished...).
+    pub invalid_energy: u64,
+    /// No value for the objective (the workload did not report the metric).
+    pub no_value: u64,
+}
+
+impl Unranked {
+    pub fn total(&self) -> u64 {
+        self.invalid_energy + self.no_value
+    }
 }
 
 /// A point waiting in the InfluxDB outbox.
@@ -578,7 +595,10 @@ impl Store {
     }
 
     /// The `n` best successful results with an objective, in the study's
-    /// direction; ties go to the lower trial id.
+    /// direction; ties go to the lower trial id. In an `energy` study only
+    /// valid energy readings are ranked (stores written before objectives
+    /// left invalid readings out hold their joules anyway); [`Store::unranked`]
+    /// counts what was left out.
     pub fn best(&self, study: &str, n: usize) -> Result<Vec<BestRow>> {
         let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
         let order = match row.direction {
@@ -590,13 +610,14 @@ impl Store {
                     r.energy_source
              FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
              WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
+                   AND (?3 != 'energy' OR r.energy_valid = 1)
              ORDER BY r.objective {order}, r.trial ASC LIMIT ?2"
         );
         let context = || format!("reading the best results of study {study:?}");
         let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;
         let limit = i64::try_from(n).unwrap_or(i64::MAX);
         let rows = stmt
-            .query_map(params![study, limit], |row| {
+            .query_map(params![study, limit, row.metric], |row| {
                 Ok(BestRow {
                     trial: get_u64(row, 0)?,
                     repeat: row.get(1)?,
@@ -611,6 +632,23 @@ impl Store {
             })
             .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Successful results of `study` that [`Store::best`] leaves out, by why.
+    pub fn unranked(&self, study: &str) -> Result<Unranked> {
+        let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
+        let context = || format!("counting the unranked results of study {study:?}");
+        self.conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(?2 = 'energy' AND COALESCE(energy_valid, 0) = 0), 0),
+                        COALESCE(SUM(objective IS NULL AND NOT (?2 = 'energy' AND COALESCE(energy_valid, 0) = 0)), 0)
+                 FROM results WHERE study = ?1 AND success = 1",
+            )
+            .ctx(context)?
+            .query_row(params![study, row.metric], |r| {
+                Ok(Unranked { invalid_energy: get_u64(r, 0)?, no_value: get_u64(r, 1)? })
+            })
+            .ctx(context)
     }
 
     /// Progress reports of one attempt, by epoch: `(epoch, elapsed_us, metrics)`.
@@ -873,7 +911,9 @@ impl Batch<'_> {
     /// Records the measurement of one attempt; at most one result per trial
     /// is ever accepted. An accepted result makes the trial `done` when the
     /// workload exited with status 0 and `failed` otherwise (an engine that
-    /// wants to retry a failed run calls [`Batch::requeue`] instead).
+    /// wants to retry a failed run calls [`Batch::requeue`] instead). A trial
+    /// failed without a result ([`Batch::fail_trial`]) still takes the late
+    /// result of an attempt it had.
     pub fn record_result(
         &mut self,
         trial: &TrialRef,
@@ -897,10 +937,12 @@ impl Batch<'_> {
         if accepted == Some(trial.attempt) {
             return Ok(RecordOutcome::Duplicate);
         }
-        let (state, _attempts) = self.trial_state(trial)?;
-        // Any attempt really handed to this agent may complete a trial that is not
-        // complete yet (a result that arrives after its agent was presumed dead is
-        // still a good result); everything after that is superseded.
+        // An unknown trial is an error.
+        self.trial_state(trial)?;
+        // Any attempt really handed to this agent may complete a trial that has
+        // no result yet, a trial failed because its attempts ran out included (a
+        // result that arrives after its agent was presumed dead is still a good
+        // result); everything after that is superseded.
         let held: bool = self
             .tx
             .prepare_cached(
@@ -909,7 +951,7 @@ impl Batch<'_> {
             .ctx(context)?
             .query_row(params![trial.study, id, trial.attempt, agent], |r| r.get(0))
             .ctx(context)?;
-        if accepted.is_some() || state.is_final() || !held {
+        if accepted.is_some() || !held {
             self.tx
                 .prepare_cached(
                     "INSERT OR IGNORE INTO attempts (study, trial, attempt, agent, assigned_ms, superseded)

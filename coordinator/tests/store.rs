@@ -12,7 +12,7 @@ use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 use tunefleet_common::params::ParamValue;
 use tunefleet_coordinator::search;
 use tunefleet_coordinator::store::{
-    ExportFormat, RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState,
+    ExportFormat, RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked,
 };
 use tunefleet_coordinator::study::{self, Study};
 
@@ -171,6 +171,52 @@ fn late_result_of_a_requeued_attempt_completes_the_trial_once() {
     assert_eq!((row.agent.as_deref(), row.objective), (Some("a1"), Some(0.9)));
 }
 
+/// Issue 8: the late good result of a trial failed for want of results
+/// (its agent presumed dead until its attempts ran out) was kept as superseded.
+#[test]
+fn regression_late_result_completes_a_trial_failed_without_a_result_once() {
+    let s = study("gaveup", "minimize", 2);
+    let mut store = store_with(&s);
+    let first = tref("gaveup", 0, 1);
+    let mut b = store.batch().expect("batch");
+    b.record_assignment(&first, "a1", 10).expect("assigns");
+    assert!(b.fail_trial_at("gaveup", 0, "1 attempts failed, last: agent went offline", 20).expect("fails"));
+    assert_eq!(
+        b.record_result(&first, "a2", &measurement(0.3, ExitOutcome::Exited(0)), Some(0.3), 30).expect("ok"),
+        RecordOutcome::Superseded,
+        "only the agent that held the attempt"
+    );
+    assert_eq!(
+        b.record_result(&first, "a1", &measurement(0.3, ExitOutcome::Exited(0)), Some(0.3), 40).expect("ok"),
+        RecordOutcome::Stored
+    );
+    assert_eq!(
+        b.record_result(&first, "a1", &measurement(0.2, ExitOutcome::Exited(0)), Some(0.2), 50).expect("ok"),
+        RecordOutcome::Duplicate
+    );
+    // A trial failed by its own result keeps it: a later attempt's result is superseded.
+    let r = tref("gaveup", 1, 1);
+    b.record_assignment(&r, "a1", 10).expect("assigns");
+    b.record_result(&r, "a1", &measurement(0.1, ExitOutcome::Exited(2)), None, 20).expect("records");
+    assert_eq!(
+        b.record_result(&tref("gaveup", 1, 2), "a1", &measurement(0.1, ExitOutcome::Exited(0)), Some(0.1), 30)
+            .expect("ok"),
+        RecordOutcome::Superseded
+    );
+    b.commit().expect("commits");
+
+    let trials = store.trials("gaveup").expect("trials");
+    assert_eq!(
+        (trials[0].state, trials[0].reason.as_deref(), trials[0].objective),
+        (TrialState::Done, None, Some(0.3))
+    );
+    assert_eq!((trials[1].state, trials[1].reason.as_deref()), (TrialState::Failed, Some("exited 2")));
+    let results = store.results("gaveup").expect("results");
+    assert_eq!(results.len(), 2, "one result per trial");
+    assert_eq!((results[0].attempt, results[0].agent.as_str()), (1, "a1"));
+    assert_eq!(store.attempts("gaveup", 0).expect("attempts")[0].outcome.as_deref(), Some("exited 0"));
+}
+
 #[test]
 fn end_attempt_closes_an_attempt_and_counts_as_a_failure() {
     let s = study("ended", "minimize", 2);
@@ -287,6 +333,53 @@ fn results_without_an_objective_are_not_ranked() {
     b.commit().expect("commits");
     assert_eq!(store.results("noobj").expect("results")[0].objective, None);
     assert!(store.best("noobj", 1).expect("best").is_empty());
+}
+
+/// Issue 8: `best` of an `energy` study ranked trials whose energy reading
+/// was invalid (a battery charging, a zone that vanished).
+#[test]
+fn regression_best_energy_ranks_only_valid_readings_and_counts_the_rest() {
+    let text = study_text("energy", "minimize", 6).replace("metric = \"loss\"", "metric = \"energy\"");
+    let s = study::parse(&text, "energy.toml").expect("parses");
+    let mut store = store_with(&s);
+    let mut b = store.batch().expect("batch");
+    // trial -> (joules, valid); the invalid readings are the lowest of all.
+    for (trial, joules, valid) in [(0, 30.0, true), (1, 1.0, false), (2, 20.0, true), (3, 2.0, false), (4, 25.0, true)]
+    {
+        let r = tref("energy", trial, 1);
+        let mut m = measurement(0.5, ExitOutcome::Exited(0));
+        m.energy.joules = joules;
+        m.energy.valid = valid;
+        b.record_assignment(&r, "a1", 10).expect("assigns");
+        b.record_result(&r, "a1", &m, m.objective_value("energy"), 20).expect("records");
+    }
+    // A store written before invalid readings lost their objective holds the joules anyway.
+    let r = tref("energy", 5, 1);
+    let mut m = measurement(0.5, ExitOutcome::Exited(0));
+    (m.energy.joules, m.energy.valid) = (0.5, false);
+    b.record_assignment(&r, "a1", 10).expect("assigns");
+    b.record_result(&r, "a1", &m, Some(0.5), 20).expect("records");
+    b.commit().expect("commits");
+
+    let best: Vec<(u64, f64)> =
+        store.best("energy", 10).expect("best").iter().map(|r| (r.trial, r.objective)).collect();
+    assert_eq!(best, vec![(2, 20.0), (4, 25.0), (0, 30.0)]);
+    assert_eq!(store.unranked("energy").expect("counts"), Unranked { invalid_energy: 3, no_value: 0 });
+    // Another objective does not care about the energy reading.
+    let s = study("loss", "minimize", 2);
+    let mut store = store_with(&s);
+    let mut m = measurement(0.5, ExitOutcome::Exited(0));
+    m.energy.valid = false;
+    let mut b = store.batch().expect("batch");
+    for trial in 0..2 {
+        let r = tref("loss", trial, 1);
+        b.record_assignment(&r, "a1", 10).expect("assigns");
+        let objective = if trial == 0 { m.objective_value("loss") } else { None };
+        b.record_result(&r, "a1", &m, objective, 20).expect("records");
+    }
+    b.commit().expect("commits");
+    assert_eq!(store.best("loss", 10).expect("best").len(), 1);
+    assert_eq!(store.unranked("loss").expect("counts"), Unranked { invalid_energy: 0, no_value: 1 });
 }
 
 #[test]

@@ -1,0 +1,82 @@
+//! The `tunefleet` binary as a user runs it: what it prints, and what it
+//! logs to standard error when that is not a terminal (a file, a pipe,
+//! journald): plain text, no colour codes.
+
+use std::process::{Command, Stdio};
+
+use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
+use tunefleet_common::message::TrialRef;
+use tunefleet_coordinator::store::Store;
+use tunefleet_coordinator::{search, study};
+
+fn study_text(metric: &str) -> String {
+    format!(
+        "name = \"plain\"\ncommand = [\"true\", \"{{x}}\"]\n[objective]\nmetric = \"{metric}\"\n\
+         direction = \"minimize\"\n[budget]\ntrials = 4\n[strategy]\nkind = \"grid\"\n[hyper.x]\n\
+         kind = \"int\"\nlow = 1\nhigh = 4\n"
+    )
+}
+
+/// Issue 8: the coordinator coloured its log even into a file or journald.
+#[test]
+fn regression_log_into_a_pipe_has_no_ansi_colour_codes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = dir.path().join("s.toml");
+    std::fs::write(&study, study_text("wall_time")).expect("write study");
+    // The embedded broker starts (and logs that at info), then the store
+    // cannot be created: the run ends at once, after one log line.
+    let store = dir.path().join("missing-dir").join("t.db");
+    let out = Command::new(env!("CARGO_BIN_EXE_tunefleet"))
+        .arg("run")
+        .arg(&study)
+        .args(["--listen", "127.0.0.1:0", "--quiet", "--store"])
+        .arg(&store)
+        .env_remove("TUNEFLEET_LOG")
+        .env_remove("TUNEFLEET_STORE")
+        .env_remove("TUNEFLEET_BROKER")
+        .stdin(Stdio::null())
+        .output()
+        .expect("tunefleet runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("embedded broker listening"), "the log line must be there to be checked: {err}");
+    assert!(!out.stderr.contains(&0x1b), "ANSI escape in a piped log: {err:?}");
+}
+
+/// Issue 8: `tunefleet best` ranked energy readings that were invalid, and
+/// did not say that some trials were left out.
+#[test]
+fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    let s = study::parse(&study_text("energy"), "s.toml").expect("parses");
+    let mut store = Store::open(&path).expect("store");
+    let mut b = store.batch().expect("batch");
+    b.create_study(&s, &search::plan(&s)).expect("creates");
+    for (trial, joules, valid) in [(0, 9.0, true), (1, 1.0, false), (2, 5.0, true), (3, 2.0, false)] {
+        let energy = EnergyReading {
+            joules,
+            valid,
+            ..EnergyReading::none(EnergySourceKind::Battery, if valid { "discharging" } else { "charging" })
+        };
+        let m = Measurement::unmeasured(ExitOutcome::Exited(0), energy);
+        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        b.record_assignment(&r, "a1", 10).expect("assigns");
+        b.record_result(&r, "a1", &m, m.objective_value("energy"), 20).expect("records");
+    }
+    b.commit().expect("commits");
+    drop(store);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tunefleet"))
+        .args(["best", "plain", "-n", "10", "--store"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .expect("tunefleet runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let trials: Vec<&str> = text.lines().filter(|l| l.starts_with("trial")).collect();
+    assert_eq!(trials.len(), 2, "{text}");
+    assert!(trials[0].starts_with("trial    2") && trials[1].starts_with("trial    0"), "{text}");
+    assert!(text.contains("2 successful trials not ranked: 2 with an invalid energy reading"), "{text}");
+}
