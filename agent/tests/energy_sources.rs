@@ -1,7 +1,8 @@
 //! Every energy source against fixture sysfs trees: Intel and AMD RAPL
 //! layouts, several packages, sub-zones, wrap-around, permission denied, an
 //! unreadable file, a zone that disappears, hwmon counters and power
-//! sensors, batteries discharging and charging, and the fallback order.
+//! sensors (rails that overlap counted once), batteries discharging,
+//! charging and plugged in, an unreadable battery, and the fallback order.
 
 mod sysfs;
 
@@ -259,11 +260,60 @@ fn hwmon_power_sensors_are_integrated_over_time() {
     meter.sample(secs(1));
     fx.write("hwmon/hwmon0/power1_input", "20000000"); // ramps to 20 W over the next second
     let r = meter.stop(secs(2), &NO_USAGE);
-    // Trapezoids: 10 W for 1 s, then 15 W average for 1 s; plus 2 W for 2 s.
+    // Trapezoids: 10 W for 1 s, then 15 W average for 1 s; plus 2 W for 2 s,
+    // reported but not added: two rails of one device may overlap.
     assert_eq!(domain(&r, "ina3221/VDD_CPU"), (25.0, true));
-    assert_eq!(domain(&r, "ina3221/power2"), (4.0, true));
-    assert!(close(r.joules, 29.0));
+    assert_eq!(domain(&r, "ina3221/power2"), (4.0, false));
+    assert!(close(r.joules, 25.0));
     assert_eq!(r.series.len(), 2);
+}
+
+fn hwmon_power(fx: &Sysfs, dev: &str, name: &str, rails: &[(&str, u64)]) {
+    fx.write(&format!("hwmon/{dev}/name"), name);
+    for (i, (label, watts)) in rails.iter().enumerate() {
+        fx.write(&format!("hwmon/{dev}/power{}_input", i + 1), &(watts * 1_000_000).to_string());
+        fx.write(&format!("hwmon/{dev}/power{}_label", i + 1), label);
+    }
+}
+
+/// Issue 8: every hwmon power sensor was added to the total, so a rail and
+/// the input that feeds it were counted twice.
+#[test]
+fn regression_hwmon_overlapping_rails_are_counted_once() {
+    // A Jetson: the module input and two of its rails on one INA3221, more
+    // rails (also fed by the input) on a second one.
+    let fx = Sysfs::new();
+    hwmon_power(&fx, "hwmon0", "ina3221", &[("VDD_CPU_GPU_CV", 4), ("VDD_IN", 10), ("VDD_SOC", 3)]);
+    hwmon_power(&fx, "hwmon1", "ina3221b", &[("VDDQ_VDD2_1V8AO", 1)]);
+    let source = energy::hwmon::discover(&fx.path("hwmon"), fx.roots().fs).expect("found");
+    let r = source.start().expect("starts").stop(secs(2), &NO_USAGE);
+    assert!(r.valid, "{:?}", r.note);
+    assert_eq!(domain(&r, "ina3221/VDD_IN"), (20.0, true));
+    assert_eq!(domain(&r, "ina3221/VDD_CPU_GPU_CV"), (8.0, false));
+    assert_eq!(domain(&r, "ina3221/VDD_SOC"), (6.0, false));
+    assert_eq!(domain(&r, "ina3221b/VDDQ_VDD2_1V8AO"), (2.0, false), "downstream of the input");
+    assert!(close(r.joules, 20.0), "the input alone: {}", r.joules);
+    let note = source.info().note.unwrap_or_default();
+    assert!(note.contains("counted: ina3221/VDD_IN (input)"), "{note}");
+
+    // Two PSUs, each with its input and output: the inputs add up.
+    let fx = Sysfs::new();
+    hwmon_power(&fx, "hwmon0", "psu0", &[("pin", 100), ("pout1", 90)]);
+    hwmon_power(&fx, "hwmon1", "psu1", &[("pin", 50), ("pout1", 45)]);
+    let source = energy::hwmon::discover(&fx.path("hwmon"), fx.roots().fs).expect("found");
+    let r = source.start().expect("starts").stop(secs(1), &NO_USAGE);
+    assert!(close(r.joules, 150.0), "{}", r.joules);
+
+    // No input anywhere, topology unknown: one sensor per device, named.
+    let fx = Sysfs::new();
+    hwmon_power(&fx, "hwmon0", "zenpower", &[("SVI2_P_Core", 20), ("SVI2_P_SoC", 5)]);
+    hwmon_power(&fx, "hwmon1", "amdgpu", &[("PPT", 30)]);
+    let source = energy::hwmon::discover(&fx.path("hwmon"), fx.roots().fs).expect("found");
+    let r = source.start().expect("starts").stop(secs(1), &NO_USAGE);
+    assert_eq!(domain(&r, "zenpower/SVI2_P_SoC"), (5.0, false));
+    assert!(close(r.joules, 50.0), "{}", r.joules);
+    let note = source.info().note.unwrap_or_default();
+    assert!(note.contains("zenpower/SVI2_P_Core (first of several rails), amdgpu/PPT"), "{note}");
 }
 
 fn battery(fx: &Sysfs, name: &str, status: &str) {
@@ -316,6 +366,59 @@ fn charging_or_full_battery_makes_the_reading_invalid() {
     let r = meter.stop(secs(2), &NO_USAGE);
     assert!(!r.valid);
     assert!(r.note.unwrap_or_default().contains("Full"));
+}
+
+/// Issue 8: a battery "Not charging" (plugged in, charging paused or
+/// capped) was taken as a valid reading of the machine's energy.
+#[test]
+fn regression_battery_not_charging_makes_the_reading_invalid() {
+    let fx = Sysfs::new();
+    battery(&fx, "BAT0", "Not charging");
+    let source = energy::battery::discover(&fx.path("power_supply"), fx.roots().fs).expect("found");
+    let r = source.start().expect("starts").stop(secs(1), &NO_USAGE);
+    assert!(!r.valid);
+    let note = r.note.unwrap_or_default();
+    assert!(note.contains("BAT0 was Not charging: on external power"), "{note}");
+
+    // Only Discharging is the machine running on its battery.
+    for status in ["Unknown", "Discharging"] {
+        battery(&fx, "BAT0", status);
+        let r = source.start().expect("starts").stop(secs(1), &NO_USAGE);
+        assert_eq!(r.valid, status == "Discharging", "{status}: {:?}", r.note);
+    }
+}
+
+/// Issue 8: a battery whose `power_now` could not be read was reported as
+/// no battery at all, instead of permission denied with how to fix it.
+#[test]
+fn regression_unreadable_battery_power_now_is_permission_denied_not_absent() {
+    let fx = Sysfs::new();
+    fx.write("power_supply/BAT0/type", "Battery");
+    fx.write("power_supply/BAT0/status", "Discharging");
+    fx.write("power_supply/BAT0/power_now", "3000000");
+    // Running as root, chmod 000 would not stop a read: the seam denies it.
+    let roots = fx.roots_denying(&["power_supply/BAT0/power_now"]);
+    let err = energy::battery::discover(&roots.power_supply, roots.fs.clone()).expect_err("denied");
+    assert!(err.is_permission(), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("BAT0/power_now: permission denied"), "{msg}");
+    assert!(msg.contains("chmod g+r") && msg.contains("BAT0/power_now'"), "the hint names the file: {msg}");
+    let sel = energy::select(&roots, EstimateModel::default());
+    assert_eq!(sel.source.kind(), EnergySourceKind::Estimated);
+    let battery = sel.found.iter().find(|i| i.kind == EnergySourceKind::Battery).expect("listed, not absent");
+    assert!(!battery.readable);
+    assert!(
+        sel.skipped.iter().any(|s| s.starts_with("battery:") && s.contains("permission denied")),
+        "{:?}",
+        sel.skipped
+    );
+
+    // With current and voltage readable, the battery is measured through them.
+    fx.write("power_supply/BAT0/current_now", "500000");
+    fx.write("power_supply/BAT0/voltage_now", "4000000");
+    let source = energy::battery::discover(&roots.power_supply, roots.fs.clone()).expect("found");
+    let r = source.start().expect("starts").stop(secs(1), &NO_USAGE);
+    assert!(r.valid && close(r.joules, 2.0), "{r:?}");
 }
 
 #[test]

@@ -2,16 +2,37 @@
 //! `Battery` (peripheral batteries, `scope` = `Device`, are ignored). Power
 //! is `power_now` (microwatts) where present, else `current_now`
 //! (microamperes) times `voltage_now` (microvolts); it is integrated over
-//! time between samples. A fuel gauge sees the workload only while the
-//! battery discharges: the reading is invalid if `status` says `Charging` or
-//! `Full` at any sample.
+//! time between samples.
+//!
+//! A fuel gauge sees the workload only while the machine runs on its
+//! battery, so the reading is valid only if `status` says `Discharging` at
+//! every sample. `Charging`, `Full` and `Not charging` all mean external
+//! power (`Not charging`: plugged in, but charging is paused or capped), and
+//! whatever the battery gives or takes then is not the machine's energy;
+//! `Unknown` cannot be told apart from them.
+//!
+//! A power file that is there but may not be read is `PermissionDenied`
+//! with how to grant access, never taken for a missing battery.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use tunefleet_common::measurement::EnergySourceKind;
 
-use super::{read_text, Channel, ChannelRead, EnergyError, MeteredSource, SysfsRead};
+use super::{read_i64, read_text, Channel, ChannelRead, EnergyError, MeteredSource, SysfsRead};
+
+/// The one `status` under which a fuel gauge measures the machine.
+pub const DISCHARGING: &str = "Discharging";
+
+/// What a battery `status` other than `Discharging` says about the power supply.
+pub fn status_meaning(status: &str) -> &'static str {
+    match status {
+        "Charging" => "on external power, charging",
+        "Full" => "on external power, full",
+        "Not charging" => "on external power, not charging",
+        _ => "the power supply cannot be told",
+    }
+}
 
 /// Finds battery fuel gauges under `root`.
 pub fn discover(root: &Path, fs: Arc<dyn SysfsRead>) -> Result<MeteredSource, EnergyError> {
@@ -25,11 +46,7 @@ pub fn discover(root: &Path, fs: Arc<dyn SysfsRead>) -> Result<MeteredSource, En
             continue;
         }
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "battery".into());
-        let read = if text("power_now").is_some() {
-            ChannelRead::PowerUw { path: dir.join("power_now") }
-        } else if text("current_now").is_some() && text("voltage_now").is_some() {
-            ChannelRead::CurrentVoltage { current: dir.join("current_now"), voltage: dir.join("voltage_now") }
-        } else {
+        let Some(read) = power_files(fs.as_ref(), &dir)? else {
             tracing::debug!(battery = %name, "battery without power_now or current_now/voltage_now; ignored");
             continue;
         };
@@ -44,9 +61,45 @@ pub fn discover(root: &Path, fs: Arc<dyn SysfsRead>) -> Result<MeteredSource, En
         channels,
         status,
         max_interval: None,
-        note: Some("fuel gauge power integrated over time; invalid while charging or full".into()),
+        note: Some("fuel gauge power integrated over time; valid only while discharging".into()),
         fs,
     };
     source.check_readable()?;
     Ok(source)
+}
+
+/// How a battery's power is read: `power_now` when it reads, else
+/// `current_now` × `voltage_now`. Files that are there decide, not files
+/// that read: when no way reads, the error is returned (a permission error
+/// first, with how to grant access); `None` when the battery has neither.
+fn power_files(fs: &dyn SysfsRead, dir: &Path) -> Result<Option<ChannelRead>, EnergyError> {
+    let present: Vec<String> = fs
+        .list(dir)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    let has = |f: &str| present.iter().any(|p| p == f);
+    let mut ways = Vec::new();
+    if has("power_now") {
+        ways.push((ChannelRead::PowerUw { path: dir.join("power_now") }, vec![dir.join("power_now")]));
+    }
+    if has("current_now") && has("voltage_now") {
+        let (current, voltage) = (dir.join("current_now"), dir.join("voltage_now"));
+        ways.push((
+            ChannelRead::CurrentVoltage { current: current.clone(), voltage: voltage.clone() },
+            vec![current, voltage],
+        ));
+    }
+    let mut errors = Vec::new();
+    for (way, files) in ways {
+        match files.iter().try_for_each(|f| read_i64(fs, f).map(drop)) {
+            Ok(()) => return Ok(Some(way)),
+            Err(e) => errors.push(e),
+        }
+    }
+    match errors.iter().position(EnergyError::is_permission) {
+        Some(i) => Err(errors.swap_remove(i)),
+        None => errors.into_iter().next().map_or(Ok(None), Err),
+    }
 }

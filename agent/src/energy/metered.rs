@@ -6,7 +6,8 @@
 //!
 //! A channel that cannot be read any more (its zone disappeared) keeps the
 //! energy counted so far and makes the reading invalid with the reason; a
-//! battery status of `Charging` or `Full` at any sample does the same.
+//! battery status other than `Discharging` at any sample does the same (see
+//! [`super::battery`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -66,8 +67,8 @@ fn read_channel(fs: &dyn SysfsRead, read: &ChannelRead) -> Result<Raw, EnergyErr
 pub struct MeteredSource {
     pub kind: EnergySourceKind,
     pub channels: Vec<Channel>,
-    /// `(name, path)` of status files: the reading is invalid while one says
-    /// `Charging` or `Full`.
+    /// `(name, path)` of battery status files: the reading is invalid unless
+    /// every one says `Discharging` at every sample.
     pub status: Vec<(String, PathBuf)>,
     pub max_interval: Option<Duration>,
     /// How the total is formed, for `probe` and the Hello.
@@ -162,11 +163,14 @@ impl Meter {
     fn check_status(&mut self, elapsed: Duration) {
         for (name, path) in self.status.clone() {
             match read_text(self.fs.as_ref(), &path) {
-                Ok(s) if s == "Charging" || s == "Full" => {
+                Ok(s) if s == super::battery::DISCHARGING => {}
+                Ok(s) => {
                     let _ = elapsed;
-                    self.invalid(format!("{name} was {s}: a fuel gauge measures the workload only while discharging"));
+                    self.invalid(format!(
+                        "{name} was {s}: {}; a fuel gauge measures the workload only while discharging",
+                        super::battery::status_meaning(&s)
+                    ));
                 }
-                Ok(_) => {}
                 Err(e) => self.invalid(format!("{name} status unreadable: {e}")),
             }
         }

@@ -46,6 +46,20 @@ ExecStartPre=+/bin/sh -c 'chgrp powercap /sys/class/powercap/intel-rapl:*/energy
 /sys/class/powercap/intel-rapl:*:*/energy_uj && chmod g+r /sys/class/powercap/intel-rapl:*/energy_uj \
 /sys/class/powercap/intel-rapl:*:*/energy_uj' with SupplementaryGroups=powercap (or run the agent as root)";
 
+/// How to let a non-root agent read `path`: [`GRANT_HINT`] for RAPL, the
+/// same recipe for that very file otherwise (a hwmon counter, a battery).
+pub fn grant_hint(path: &Path) -> String {
+    if path.components().any(|c| c.as_os_str() == "powercap") {
+        return GRANT_HINT.to_string();
+    }
+    let p = path.display();
+    format!(
+        "the agent's user may not read it; to let the agent read it, give a group read access at boot, e.g. in \
+         the agent's systemd unit: ExecStartPre=+/bin/sh -c 'chgrp powercap {p} && chmod g+r {p}' with \
+         SupplementaryGroups=powercap (or run the agent as root)"
+    )
+}
+
 /// What the workload used, for sources that model rather than measure.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Usage {
@@ -59,7 +73,7 @@ pub struct Usage {
 /// Why a source cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum EnergyError {
-    #[error("{}: permission denied; {GRANT_HINT}", path.display())]
+    #[error("{}: permission denied; {}", path.display(), grant_hint(path))]
     PermissionDenied { path: PathBuf },
     #[error("cannot read {}: {source}", path.display())]
     Read { path: PathBuf, source: std::io::Error },
