@@ -19,10 +19,13 @@
 //! reused by an unrelated process while the group is signalled.
 //!
 //! `max_rss_kib` is best effort: the runner samples `VmHWM` (the kernel's
-//! peak resident set) of every live member of the process group every
-//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. Growth in the last interval
-//! before a process exits and processes shorter than one interval are missed;
-//! 0 means no sample could be taken.
+//! peak resident set) of every live process of the trial (those listed by
+//! its cgroup when it has one, else the members of its process group) every
+//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. That is blocking `/proc`
+//! I/O, so it runs on a thread of its own ([`procfs::RssSampler`]), not on
+//! the runtime thread. Growth in the last interval before a process exits
+//! and processes shorter than one interval are missed; 0 means no sample
+//! could be taken.
 //!
 //! Energy and counters are sampled every [`RunnerConfig::sample_interval`]
 //! (shortened when the energy source's counters could wrap faster, see
@@ -374,8 +377,6 @@ pub async fn run_trial(
     tokio::pin!(deadline);
     let mut measure_tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     measure_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sampler = tokio::time::interval(RSS_SAMPLE_INTERVAL);
-    sampler.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut output_deadline: Option<tokio::time::Instant> = None;
@@ -385,6 +386,11 @@ pub async fn run_trial(
     let mut peak_rss: Option<u64> = None;
     let mut collected = Collected::default();
     let pgid = pid.as_raw_nonzero().get();
+    let members = match &prepared.cgroup {
+        Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
+        None => procfs::Members::Group(pgid),
+    };
+    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members, RSS_SAMPLE_INTERVAL);
 
     loop {
         if exited.is_some() && !readers_open {
@@ -397,6 +403,7 @@ pub async fn run_trial(
                     Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
                     Err(e) => Err(format!("the waiting task failed: {e}")),
                 });
+                peak_rss = rss.stop();
                 let at_exit = start.elapsed();
                 meter.sample(at_exit);
                 counters.sample(at_exit);
@@ -427,11 +434,6 @@ pub async fn run_trial(
                 meter.sample(elapsed);
                 counters.sample(elapsed);
             }
-            _ = sampler.tick(), if exited.is_none() => {
-                if let Some(kib) = procfs::group_peak_rss_kib(&cfg.proc_root, pgid) {
-                    peak_rss = Some(peak_rss.map_or(kib, |p| p.max(kib)));
-                }
-            }
             _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
                 tracing::warn!(pgid, "workload output still open after exit (an escaped process?); not waiting");
                 break;
@@ -439,6 +441,7 @@ pub async fn run_trial(
         }
     }
     drop(rx);
+    let peak_rss = peak_rss.or_else(|| rss.stop());
 
     if let Some(cg) = prepared.cgroup {
         cg.remove();

@@ -233,3 +233,30 @@ async fn output_flood_stays_bounded() {
     assert_eq!(m.epochs.len(), MAX_EPOCHS);
     assert!(m.log_tail.contains("not kept"), "{}", m.log_tail);
 }
+
+/// Issue 8: the `/proc` scan for the peak RSS ran on the agent's only
+/// runtime thread, which also drives MQTT: a slow `/proc` stalled both. Here
+/// reading `/proc` blocks for good (a FIFO no one writes), and the trial
+/// must still end on a current-thread runtime.
+#[test]
+fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
+    let proc_root = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(proc_root.path().join("1")).expect("mkdir");
+    let fifo = proc_root.path().join("1").join("stat");
+    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::RUSR, 0).expect("mkfifo");
+    let mut cfg = config();
+    cfg.proc_root = proc_root.path().to_path_buf();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let run = TrialRun { spec: sh("echo TUNEFLEET final loss=0.5"), cpus: vec![], label: "blocked".into() };
+        let m = rt.block_on(run_trial(&cfg, &run, None, CancellationToken::new()));
+        let _ = done.send(m);
+    });
+    let m = finished.recv_timeout(Duration::from_secs(30)).expect("the trial ends while /proc blocks");
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    assert_eq!(m.final_metrics.get("loss"), Some(&0.5));
+    assert_eq!(m.max_rss_kib, 0, "no sample could be taken");
+    // Let the sampling thread go.
+    let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+}
