@@ -199,6 +199,12 @@ impl Executor {
     }
 
     fn publish(&mut self, msg: &AgentMessage) {
+        if !self.transport.is_connected() {
+            // Sealed in a session the next connection will not have: what
+            // matters (results, requests) is sent again once welcomed.
+            tracing::debug!("not connected: message not sent");
+            return;
+        }
         match self.auth.seal(msg) {
             Some(Ok((kind, payload))) => self.send(kind, payload),
             Some(Err(e)) => tracing::error!(error = %e, "cannot seal a message"),

@@ -79,11 +79,11 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct StateArgs {
     /// Agent name (default: the host name, sanitised)
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub name: Option<String>,
     /// The agent's state directory
     /// [default: $STATE_DIRECTORY, else $XDG_STATE_HOME or ~/.local/state, /tunefleet-agent/NAME]
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", global = true)]
     pub state_dir: Option<PathBuf>,
 }
 

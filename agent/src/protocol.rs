@@ -65,6 +65,10 @@ pub struct AgentState {
     coordinator: Option<CoordinatorStatus>,
     /// Whether the current connection has a session.
     welcomed: bool,
+    /// Running trials the coordinator told us to cancel (or the drain did).
+    cancelling: std::collections::BTreeSet<TrialRef>,
+    /// A Sync answered once `cancelling` is empty.
+    sync_waiting: Option<u64>,
     max_trials: Option<u64>,
     started: u64,
     finished: u64,
@@ -81,6 +85,8 @@ impl AgentState {
             draining: false,
             coordinator: None,
             welcomed: false,
+            cancelling: Default::default(),
+            sync_waiting: None,
             max_trials,
             started: 0,
             finished: 0,
@@ -253,6 +259,7 @@ impl AgentState {
 
     pub fn on_cancel(&mut self, cancel: Cancel) -> Vec<Action> {
         if self.running.contains_key(&cancel.trial) {
+            self.cancelling.insert(cancel.trial.clone());
             vec![Action::Cancel(cancel.trial)]
         } else {
             Vec::new()
@@ -269,11 +276,17 @@ impl AgentState {
         }
     }
 
-    /// Everything the coordinator sent before its Sync `n` has arrived.
-    pub fn on_sync(&self, n: u64) -> Vec<Action> {
-        if self.welcomed {
+    /// Everything the coordinator sent before its Sync `n` has arrived. The
+    /// answer waits until no trial we were told to cancel still runs, so
+    /// their results go out (and get acknowledged) before it.
+    pub fn on_sync(&mut self, n: u64) -> Vec<Action> {
+        if !self.welcomed {
+            return Vec::new();
+        }
+        if self.cancelling.is_empty() {
             vec![Action::Publish(AgentMessage::Synced(n))]
         } else {
+            self.sync_waiting = Some(n);
             Vec::new()
         }
     }
@@ -296,6 +309,7 @@ impl AgentState {
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
         }
+        self.cancelling.remove(&trial);
         let result = TrialResult { trial: trial.clone(), measurement };
         // Kept on disk first, whether or not it can be published now.
         let mut out = vec![Action::Keep(result.clone())];
@@ -303,6 +317,11 @@ impl AgentState {
         self.unacked.insert(trial, result);
         if !self.draining && self.free() > 0 {
             out.extend(self.request());
+        }
+        if self.cancelling.is_empty() && self.welcomed {
+            if let Some(n) = self.sync_waiting.take() {
+                out.push(Action::Publish(AgentMessage::Synced(n)));
+            }
         }
         out
     }
@@ -313,6 +332,7 @@ impl AgentState {
             return Vec::new();
         }
         self.draining = true;
+        self.cancelling.extend(self.running.keys().cloned());
         self.running.keys().cloned().map(Action::Cancel).collect()
     }
 }
@@ -426,6 +446,17 @@ mod tests {
         assert!(r2.seq > r1.seq);
         assert_eq!(r2.free, 2);
         assert_eq!(kinds(&st.on_sync(5)), ["synced"]);
+    }
+
+    #[test]
+    fn sync_waits_for_the_results_of_cancelled_trials() {
+        let mut st = AgentState::new(info(1), vec![0], None);
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        assert_eq!(kinds(&st.on_cancel(Cancel { trial: tref(1), reason: "superseded".into() })), ["cancel"]);
+        assert!(st.on_sync(7).is_empty(), "not before the cancelled trial's result");
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result", "request", "synced"]);
+        assert_eq!(kinds(&st.on_sync(8)), ["synced"]);
     }
 
     #[test]

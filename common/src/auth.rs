@@ -155,8 +155,12 @@ impl Identity {
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let (identity, pkcs8) = Identity::generate().map_err(|_| KeyFileError::Random)?;
-                write_private(path, &pkcs8)?;
-                Ok((identity, true))
+                if write_private(path, &pkcs8, false)? {
+                    Ok((identity, true))
+                } else {
+                    // Another process created it meanwhile: use theirs.
+                    Identity::load_or_create(path)
+                }
             }
             Err(source) => Err(KeyFileError::Io { action: "read", path: path.to_path_buf(), source }),
         }
@@ -176,14 +180,18 @@ impl Identity {
     }
 }
 
-/// Writes a secret file: temporary file (0600), fsync, rename, fsync of the directory.
-fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeyFileError> {
+/// Writes a secret file: a temporary file of its own (0600), fsync,
+/// then a rename (`replace`) or a hard link that fails when the file exists
+/// (not `replace`: two processes creating the same key agree on one), and
+/// an fsync of the directory. Returns false when the file existed.
+fn write_private(path: &Path, bytes: &[u8], replace: bool) -> Result<bool, KeyFileError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let io = |action, source| KeyFileError::Io { action, path: path.to_path_buf(), source };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
-    let tmp = path.with_extension("tmp");
+    let unique = random_bytes::<8>().map_err(|_| KeyFileError::Random)?;
+    let tmp = path.with_extension(format!("tmp-{}", hex(&unique)));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -192,8 +200,20 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<(), KeyFileError> {
         .open(&tmp)
         .map_err(|e| io("create", e))?;
     f.write_all(bytes).and_then(|()| f.sync_all()).map_err(|e| io("write", e))?;
-    std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("sync the directory of", e))
+    let created = if replace {
+        std::fs::rename(&tmp, path).map_err(|e| io("rename", e))?;
+        true
+    } else {
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(io("create", e)),
+        }
+    };
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io("sync the directory of", e))?;
+    Ok(created)
 }
 
 /// Reads a pinned public key file (64 hex digits); `None` when there is none.
@@ -209,7 +229,7 @@ pub fn read_public_key(path: &Path) -> Result<Option<PublicKey>, KeyFileError> {
 
 /// Writes a public key file (64 hex digits and a newline), durably.
 pub fn write_public_key(path: &Path, key: &PublicKey) -> Result<(), KeyFileError> {
-    write_private(path, format!("{}\n", hex(key)).as_bytes())
+    write_private(path, format!("{}\n", hex(key)).as_bytes(), true).map(|_| ())
 }
 
 fn verify(key: &PublicKey, domain: &[u8], body: &[u8], signature: &[u8]) -> Result<(), AuthError> {
@@ -676,6 +696,14 @@ mod tests {
         assert_eq!(a.public(), b.public());
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777, 0o600);
+        // Processes racing to create one key agree on one.
+        let racing = dir.join("race.key");
+        let keys: Vec<PublicKey> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                (0..8).map(|_| s.spawn(|| Identity::load_or_create(&racing).expect("create").0.public())).collect();
+            handles.into_iter().map(|h| h.join().expect("thread")).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]), "one key for all");
         std::fs::write(&path, b"junk").expect("write");
         assert!(matches!(Identity::load_or_create(&path), Err(KeyFileError::Parse { .. })));
         let pubfile = dir.join("c.pub");

@@ -128,7 +128,7 @@ pub enum Format {
 #[derive(Debug, Args)]
 pub struct StoreArg {
     /// The local store (SQLite).
-    #[arg(long, env = "TUNEFLEET_STORE", default_value = "tunefleet.db")]
+    #[arg(long, env = "TUNEFLEET_STORE", default_value = "tunefleet.db", global = true)]
     pub store: PathBuf,
 }
 

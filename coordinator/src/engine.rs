@@ -116,6 +116,8 @@ pub struct Engine {
     sessions: Sessions,
     /// Agents asked to confirm delivery ([`CoordinatorMessage::Sync`]) that have not yet.
     unsynced: HashMap<String, u64>,
+    /// Agents sent something other than a Sync since this was last cleared.
+    sent_to: std::collections::HashSet<String>,
 }
 
 fn unix_ms() -> u64 {
@@ -127,6 +129,7 @@ impl Engine {
         Engine {
             sessions,
             unsynced: HashMap::new(),
+            sent_to: Default::default(),
             store,
             sched: Scheduler::new(),
             outbox,
@@ -251,16 +254,26 @@ impl Engine {
 
     /// Asks every agent with a session to confirm that all sent before has
     /// arrived (the acknowledgements above all), and waits for the answers
-    /// (at most `grace`), handling whatever else comes meanwhile.
+    /// (at most `grace`), handling whatever else comes meanwhile: an agent
+    /// sent anything after it confirmed (the ack of a cancelled attempt's
+    /// result) is asked again. Agents answer once no trial they were told
+    /// to cancel is still running.
     async fn sync(&mut self, inbound: &mut mpsc::Receiver<Inbound>, grace: Duration) -> Result<(), EngineError> {
-        let nonce: u64 = rand::random();
         let agents: Vec<String> = self.sessions.live_agents().map(str::to_string).collect();
-        let msgs: Vec<_> = agents.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
-        self.unsynced = agents.into_iter().map(|a| (a, nonce)).collect();
-        self.send(Vec::new(), msgs).await;
+        self.sent_to = agents.into_iter().collect();
         let deadline = tokio::time::Instant::now() + grace;
         let mut events = Vec::new();
-        while !self.unsynced.is_empty() {
+        loop {
+            // Agents sent anything since their last Sync are asked (again): a
+            // newer Sync replaces the one still awaited.
+            let again: Vec<String> = self.sent_to.drain().collect();
+            let nonce: u64 = rand::random();
+            let msgs: Vec<_> = again.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
+            self.unsynced.extend(again.into_iter().map(|a| (a, nonce)));
+            self.send(Vec::new(), msgs).await;
+            if self.unsynced.is_empty() {
+                break;
+            }
             tokio::select! {
                 ev = inbound.recv() => match ev {
                     Some(ev) => events.push(ev),
@@ -284,6 +297,9 @@ impl Engine {
             }
         }
         for (agent, msg) in msgs {
+            if !matches!(msg, CoordinatorMessage::Sync(_)) {
+                self.sent_to.insert(agent.clone());
+            }
             let (kind, payload) = match self.sessions.seal(&agent, &msg) {
                 Some(Ok(sealed)) => sealed,
                 Some(Err(e)) => {

@@ -159,6 +159,7 @@ fn rand_suffix() -> u32 {
 pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.arg("run").arg(study).arg("--store").arg(store).args(["--root", root, "--quiet"]).args(extra);
+    cmd.env("XDG_STATE_HOME", state_home());
     if !extra.contains(&"--broker") && !extra.contains(&"--listen") {
         cmd.args(["--listen", "127.0.0.1:0"]);
     }
@@ -178,8 +179,43 @@ pub fn start_agent(url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
 pub fn start_agent_with(mut launcher: Command, url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
     launcher.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
     // Agents spool results under the XDG state home by default: keep tests' spools out of $HOME.
-    launcher.env("XDG_STATE_HOME", std::env::temp_dir().join(format!("tunefleet-test-state-{}", std::process::id())));
+    launcher.env("XDG_STATE_HOME", state_home());
     Proc::spawn(name, launcher)
+}
+
+/// The XDG state home of this test process's agents and coordinators (their
+/// keys, pins and spools), so tests never touch `$HOME`.
+pub fn state_home() -> PathBuf {
+    std::env::temp_dir().join(format!("tunefleet-test-state-{}", std::process::id()))
+}
+
+/// The state directory of an agent started by [`start_agent`] without `--state-dir`.
+pub fn agent_state_dir(name: &str) -> PathBuf {
+    state_home().join("tunefleet-agent").join(name)
+}
+
+/// Files in an agent's spool of results awaiting an acknowledgement.
+pub fn spool(state_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(state_dir.join("unacked"))
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+/// Every test ends here: each agent's spool is empty (everything it measured
+/// was acknowledged), waiting at most a few seconds for the last ack.
+pub fn assert_spools_empty(state_dirs: &[PathBuf]) {
+    for dir in state_dirs {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !spool(dir).is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(spool(dir), Vec::<String>::new(), "results left in the spool of {}", dir.display());
+    }
+}
+
+/// [`assert_spools_empty`] for agents started by [`start_agent`] under these names.
+pub fn assert_agents_spools_empty(names: &[&str]) {
+    assert_spools_empty(&names.iter().map(|n| agent_state_dir(n)).collect::<Vec<_>>());
 }
 
 /// A study file using the real training workload, with `trials` trials.

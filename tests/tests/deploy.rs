@@ -168,6 +168,7 @@ fn static_aarch64_agent_under_qemu_completes_a_study_against_the_x86_coordinator
     assert!(out.contains("3/3 trials done, 0 failed"), "{out}");
     let agent_status = arm.wait_exit(Duration::from_secs(60));
     assert!(agent_status.success(), "the ARM agent exits 0 after --max-trials 3: {agent_status:?}");
+    assert_spools_empty(&[PathBuf::from(state)]);
 
     let db = Connection::open(&store).expect("open store");
     let info: String =

@@ -93,6 +93,7 @@ fn agent_killed_mid_trial_is_requeued_at_once_and_completes_elsewhere() {
     eprintln!("requeue latency after SIGKILL: {latency} ms (keepalive 5 s)");
     // The Last Will fires on the TCP reset, not after 1.5 x keepalive (7.5 s) nor the lease (90 s).
     assert!(latency < 5_000, "requeue took {latency} ms");
+    assert_agents_spools_empty(&["victim", "survivor"]);
 }
 
 #[test]
@@ -134,6 +135,7 @@ fn silent_agent_is_requeued_after_its_keepalive_runs_out() {
     assert_exactly_once(&store, "q", 4);
     // Not before the broker could know (1.5 x keepalive), not as late as the lease (90 s).
     assert!((2_000..20_000).contains(&latency), "requeue after {latency} ms");
+    assert_agents_spools_empty(&["frozen", "awake"]);
 }
 
 #[test]
@@ -170,6 +172,7 @@ fn coordinator_killed_mid_study_resumes_from_its_store() {
             c.query_row("SELECT COUNT(*) FROM attempts WHERE trial = ?1", [trial], |r| r.get(0)).expect("n");
         assert_eq!(attempts, 1, "trial {trial} finished before the crash ran once");
     }
+    assert_agents_spools_empty(&["c-agent-1", "c-agent-2"]);
 }
 
 #[test]
@@ -198,11 +201,13 @@ fn broker_down_for_30_seconds_loses_nothing() {
     let status = coord.wait_exit(Duration::from_secs(180));
     assert!(status.success());
     assert_exactly_once(&store, "o", 8);
+    assert_spools_empty(&[s1.clone(), s2.clone()]);
 }
 
-/// Results an agent holds in its state directory, not yet acknowledged.
+/// Results an agent holds in its state directory, not yet acknowledged
+/// (whole files only: a `.tmp` is a result still being written).
 fn spooled(state: &Path) -> usize {
-    std::fs::read_dir(state.join("unacked")).map(|d| d.count()).unwrap_or(0)
+    spool(state).iter().filter(|f| f.ends_with(".bin")).count()
 }
 
 #[test]
@@ -234,12 +239,57 @@ fn agent_restarted_with_spooled_results_delivers_them() {
     let accepted: i64 =
         db(&store).query_row("SELECT attempt FROM results WHERE trial = ?1", [trial], |r| r.get(0)).expect("result");
     assert_eq!(accepted, attempt, "the spooled result of the killed agent was the one accepted");
-    // Its file leaves the spool once acknowledged. (A newer attempt cancelled because this one
-    // delivered first may stay spooled if the study ended first; the next coordinator takes it.)
-    let prefix = format!("p-{trial}-{attempt}-");
-    wait_for("the accepted result to leave the spool", Duration::from_secs(30), || {
-        std::fs::read_dir(state.join("unacked"))
-            .map(|d| !d.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&prefix)))
-            .unwrap_or(true)
-    });
+    // Its file leaves the spool once acknowledged, and so does the result of a newer attempt
+    // cancelled because this one delivered first: the coordinator waits for it before it exits.
+    assert_spools_empty(&[state]);
+}
+
+/// Runs `tunefleet-agent ARGS` to the end; its stdout.
+fn agent_cli(args: &[&str]) -> String {
+    let out = std::process::Command::new(bin("tunefleet-agent")).args(args).output().expect("tunefleet-agent runs");
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coordinator() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("parked");
+    let (store_a, store_b) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let study_a = sleep_study(dir.path(), "other", 2, 1.5);
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_string();
+    let args = ["--state-dir", state_arg.as_str()];
+    // The agent holds a result of study "other" whose coordinator died.
+    let (coord_a, url) = start_coordinator(&study_a, &store_a, &root, &[]);
+    let agent = start_agent(&url, "x-agent", &root, &args);
+    wait_for("a trial on the agent", Duration::from_secs(60), || running_on(&store_a, "x-agent").is_some());
+    coord_a.signal("KILL");
+    drop(coord_a);
+    wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
+    // Another coordinator, another study, same address: it cannot place that result.
+    let listen = url.trim_start_matches("mqtt://").to_string();
+    let (mut coord_b, _) =
+        start_coordinator(&sleep_study(dir.path(), "mine", 2, 0.1), &store_b, &root, &["--listen", &listen]);
+    assert!(coord_b.wait_exit(Duration::from_secs(60)).success());
+    let out = coord_b.rest_of_stdout().join("\n");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    assert!(out.contains("1 results for attempts never assigned"), "refused and counted: {out}");
+    assert_spools_empty(std::slice::from_ref(&state));
+    agent.signal("TERM");
+    let mut agent = agent;
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    let listing = agent_cli(&["spool", "--state-dir", &state_arg]);
+    assert!(listing.contains("0 awaiting an acknowledgement, 1 kept aside"), "{listing}");
+    assert!(listing.contains("parked  other/"), "{listing}");
+    assert!(listing.contains("does not run that study"), "{listing}");
+    // Handed back to the coordinator that runs "other": delivered, accepted once.
+    assert!(agent_cli(&["spool", "requeue", "--state-dir", &state_arg]).starts_with("1 results moved back"));
+    let (mut coord_a, _) = start_coordinator(&study_a, &store_a, &root, &["--listen", &listen]);
+    let _agent = start_agent(&url, "x-agent", &root, &args);
+    assert!(coord_a.wait_exit(Duration::from_secs(90)).success());
+    assert_exactly_once(&store_a, "other", 2);
+    assert_spools_empty(std::slice::from_ref(&state));
+    let listing = agent_cli(&["spool", "--state-dir", &state_arg]);
+    assert!(listing.contains("0 awaiting an acknowledgement, 0 kept aside"), "{listing}");
 }

@@ -201,6 +201,7 @@ fn a_study_run_while_influx_is_down_is_delivered_by_the_next_run() {
     let status = coord.wait_exit(Duration::from_secs(120));
     assert!(status.success(), "coordinator: {status}");
     drop(agent);
+    assert_agents_spools_empty(&["influx-agent"]);
     let (delivered, waiting) = influx_line(&coord.rest_of_stdout());
     assert_eq!(delivered, 0);
     let db = Connection::open(&store).expect("store");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rumqttc::{AsyncClient, MqttOptions, QoS};
 use rusqlite::Connection;
-use tunefleet_common::auth::{Sealed, UpFrame};
+use tunefleet_common::auth::{self, Sealed, UpFrame};
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
@@ -39,6 +39,7 @@ fn known_agents(store: &Path) -> Vec<String> {
 fn agent_with(url: &str, name: &str, root: &str, args: &[&str], password: Option<&str>) -> Proc {
     let mut cmd = Command::new(bin("tunefleet-agent"));
     cmd.args(["--broker", url, "--name", name, "--root", root]).args(args).env("PATH", path_with_bins());
+    cmd.env("XDG_STATE_HOME", state_home());
     match password {
         Some(p) => cmd.env("TUNEFLEET_PASSWORD", p),
         None => cmd.env_remove("TUNEFLEET_PASSWORD"),
@@ -95,6 +96,7 @@ fn embedded_broker_with_logins_and_mutual_tls_lets_only_the_fleet_in() {
     assert_eq!(rows.len(), 4);
     assert!(rows.iter().all(|(_, agent, _)| agent == "good"), "{rows:?}");
     assert_eq!(known_agents(&store), ["good"], "no one else got in");
+    assert_agents_spools_empty(&["good"]);
 }
 
 #[test]
@@ -131,6 +133,7 @@ fn agent_and_coordinator_through_mosquitto_requiring_client_certificates() {
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|(_, a, _)| a == "edge-1"));
     assert_eq!(known_agents(&store), ["edge-1"]);
+    assert_agents_spools_empty(&["edge-1"]);
 }
 
 /// A result in an agent's name, sealed with a session key the forger made up.
@@ -222,4 +225,305 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
         assert_eq!((*trial, *v), (i as i64, (i + 1) as f64), "no forged value stored");
         assert!(names.contains(&agent.as_str()));
     }
+    assert_agents_spools_empty(&names);
+}
+
+/// What a fleet member (a client with its own key and a real session, as a
+/// stolen phone would have) can try against the others.
+#[test]
+fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("member");
+    let trials = 8;
+    let marker = dir.path().join("forged-command-ran");
+    let (mut coord, url) =
+        start_coordinator(&sleep_study(dir.path(), "member", trials, 0.4), &store, &root, &["--max-agents", "4"]);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let names = ["v-agent-1", "v-agent-2"];
+    let topics = Topics::new(&root).expect("root");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+
+    // Mallory connects first and listens to everything the victims publish.
+    let (client, mut frames, mut flushed) = rt.block_on(async {
+        let mut opts = MqttOptions::new("mallory-client", "127.0.0.1", port);
+        opts.set_max_packet_size(1 << 22, 1 << 22);
+        let (client, mut el) = AsyncClient::new(opts, 1024);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, Vec<u8>)>();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
+        let sub = client.clone();
+        let filters = [format!("{}/v2/up/+/+", root), topics.coordinator_status(), topics.to_agent("mallory")];
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut flushed_tx = Some(flushed_tx);
+            let mut acks = 0;
+            while let Ok(ev) = el.poll().await {
+                match ev {
+                    rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
+                        for f in &filters {
+                            let _ = sub.subscribe(f.clone(), QoS::AtLeastOnce).await;
+                        }
+                    }
+                    rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
+                        acks += 1;
+                        if acks == filters.len() {
+                            if let Some(r) = ready.take() {
+                                let _ = r.send(());
+                            }
+                        }
+                    }
+                    rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
+                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                    }
+                    // Everything queued before the DISCONNECT has been written.
+                    rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect) => {
+                        if let Some(f) = flushed_tx.take() {
+                            let _ = f.send(());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
+        (client, rx, flushed)
+    });
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
+
+    rt.block_on(async {
+        let publish = |topic: String, payload: Vec<u8>| {
+            let c = client.clone();
+            async move { c.publish(topic, QoS::AtLeastOnce, false, payload).await.expect("publish") }
+        };
+        // Collect: the coordinator's signed status, one Hello and one sealed Request of v-agent-1.
+        let (mut status, mut hello, mut request) = (None, None, None);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while status.is_none() || hello.is_none() || request.is_none() {
+            let (topic, payload) = tokio::time::timeout_at(deadline, frames.recv())
+                .await
+                .expect("the victims' traffic in time")
+                .expect("frames");
+            if topic == topics.coordinator_status() {
+                let signed: auth::Signed = tunefleet_common::decode(&payload).expect("signed status");
+                status = Some(auth::open_status(&signed).expect("verifies"));
+            } else if topic == topics.agent(names[0], AgentTopic::Hello) {
+                hello = Some(payload);
+            } else if topic == topics.agent(names[0], AgentTopic::Request) {
+                request = Some(payload);
+            }
+        }
+        let status = status.expect("status");
+
+        // Mallory's own, legitimate session: a key, a signed Hello, a Welcome.
+        let me = auth::Identity::generate().expect("key").0;
+        let info = AgentInfo { agent: "mallory".into(), instance: 666, ..flood_info() };
+        let (_, will_hash) = auth::new_will(666).expect("will");
+        let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash).expect("hello");
+        publish(
+            topics.agent("mallory", AgentTopic::Hello),
+            tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
+        )
+        .await;
+        let mut session = loop {
+            let (topic, payload) = tokio::time::timeout_at(deadline, frames.recv()).await.expect("welcome").expect("f");
+            if topic == topics.agent("mallory", AgentTopic::Welcome) {
+                let Ok(auth::DownFrame::Welcome(w)) = tunefleet_common::decode(&payload) else { continue };
+                break pending.finish("mallory", &status.key, &w).expect("mallory is a fleet member");
+            }
+        };
+
+        // 1. Work for a victim, sealed with Mallory's own session keys, and in the old plain format.
+        let touch = CoordinatorMessage::Assign(Assignment {
+            trial: TrialRef { study: "member".into(), trial: 0, attempt: 99 },
+            request_seq: 1,
+            spec: TrialSpec {
+                argv: vec!["touch".into(), marker.display().to_string()],
+                env: vec![],
+                system: SystemParams::default(),
+                timeout_ms: 10_000,
+            },
+        });
+        let cancel = CoordinatorMessage::Cancel(Cancel {
+            trial: TrialRef { study: "member".into(), trial: 0, attempt: 1 },
+            reason: "mallory".into(),
+        });
+        for victim in names {
+            for msg in [&touch, &cancel] {
+                let kind = AgentTopic::of_coordinator_message(msg);
+                let body = tunefleet_common::encode(msg).expect("enc");
+                let sealed = session.seal(kind, body.clone());
+                publish(
+                    topics.agent(victim, kind),
+                    tunefleet_common::encode(&auth::DownFrame::Sealed(sealed)).expect("enc"),
+                )
+                .await;
+                publish(topics.agent(victim, kind), body).await;
+            }
+        }
+        // 2. A result and an offline status in a victim's name, with Mallory's keys; a forged will.
+        for trial in 0..trials as u64 {
+            let result = AgentMessage::Result(TrialResult {
+                trial: TrialRef { study: "member".into(), trial, attempt: 1 },
+                measurement: Measurement {
+                    final_metrics: [("v".to_string(), 1e9)].into(),
+                    ..Measurement::unmeasured(
+                        ExitOutcome::Exited(0),
+                        EnergyReading::none(EnergySourceKind::Estimated, ""),
+                    )
+                },
+            });
+            let sealed = session.seal(AgentTopic::Result, tunefleet_common::encode(&result).expect("enc"));
+            publish(
+                topics.agent(names[0], AgentTopic::Result),
+                tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
+            )
+            .await;
+        }
+        let offline = AgentMessage::Status(AgentStatus { online: false, instance: 1 });
+        let sealed = session.seal(AgentTopic::Status, tunefleet_common::encode(&offline).expect("enc"));
+        publish(
+            topics.agent(names[1], AgentTopic::Status),
+            tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
+        )
+        .await;
+        let (fake_will, _) = auth::new_will(1).expect("will");
+        for victim in names {
+            publish(
+                topics.agent(victim, AgentTopic::Status),
+                tunefleet_common::encode(&UpFrame::Will(fake_will.clone())).expect("enc"),
+            )
+            .await;
+        }
+        // 3. Replays: v-agent-1's captured Hello and Request.
+        publish(topics.agent(names[0], AgentTopic::Hello), hello.expect("hello")).await;
+        publish(topics.agent(names[0], AgentTopic::Request), request.expect("request")).await;
+        // 4. A flood of Hellos under new names, each with a key of its own.
+        for i in 0..40 {
+            let id = auth::Identity::generate().expect("key").0;
+            let info = AgentInfo { agent: format!("flood-{i}"), instance: i, ..flood_info() };
+            let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32]).expect("hello");
+            publish(
+                topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
+                tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
+            )
+            .await;
+        }
+        client.disconnect().await.expect("disconnect queued");
+        tokio::time::timeout(Duration::from_secs(10), &mut flushed).await.expect("flushed in time").expect("flushed");
+    });
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
+    let refused = out.lines().find(|l| l.starts_with("refused:")).unwrap_or_default().to_string();
+    let count = |what: &str| -> u64 {
+        refused
+            .split(", ")
+            .find(|p| p.contains(what))
+            .and_then(|p| p.trim_start_matches("refused: ").split(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        count("unauthenticated") >= trials as u64 + 2,
+        "forged results, status and the replayed request: {refused}"
+    );
+    // 40 flooders + the replayed Hello; the bound (4: two victims, Mallory, one flooder) stops the rest.
+    assert!(count("Hellos refused") >= 40, "{refused}");
+    assert!(count("forged Last Wills") >= 2, "{refused}");
+    assert!(!out.contains("requeued:"), "no lease was released by a forgery: {out}");
+    assert!(!marker.exists(), "a forged assignment ran");
+    let rows = results(&store);
+    assert_eq!(rows.len(), trials as usize);
+    for (i, (trial, agent, v)) in rows.iter().enumerate() {
+        assert_eq!((*trial, *v), (i as i64, (i + 1) as f64), "no forged value stored");
+        assert!(names.contains(&agent.as_str()), "{agent}");
+    }
+    let pinned: i64 = Connection::open(&store)
+        .expect("store")
+        .query_row("SELECT COUNT(*) FROM agent_keys", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(pinned, 4, "the bound on agents held");
+    let attempts: i64 = Connection::open(&store)
+        .expect("store")
+        .query_row("SELECT COUNT(*) FROM attempts", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(attempts, i64::from(trials), "one attempt per trial: the forged Cancels stopped nothing");
+    drop(agents);
+    assert_agents_spools_empty(&names);
+}
+
+fn flood_info() -> AgentInfo {
+    AgentInfo {
+        agent: String::new(),
+        instance: 0,
+        version: "0".into(),
+        arch: "x86_64".into(),
+        os: "linux".into(),
+        kernel: String::new(),
+        cores: 1,
+        memory_bytes: 1,
+        slots: 1,
+        energy: vec![],
+        counters: vec![],
+        tags: Default::default(),
+    }
+}
+
+#[test]
+fn a_reinstalled_agent_with_a_new_key_is_refused_until_trusted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("rekey");
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "one", 2, 0.1), &store, &root, &[]);
+    let agent = start_agent(&url, "k-agent", &root, &["--state-dir", s(&first)]);
+    assert!(coord.wait_exit(Duration::from_secs(60)).success());
+    drop(agent);
+    let pinned = |store: &Path| -> Vec<u8> {
+        Connection::open(store)
+            .expect("store")
+            .query_row("SELECT key FROM agent_keys WHERE name = 'k-agent'", [], |r| r.get(0))
+            .expect("pinned")
+    };
+    let key_of = |state: &Path| -> String {
+        let out = Command::new(bin("tunefleet-agent")).args(["key", "--state-dir", s(state)]).output().expect("runs");
+        assert!(out.status.success());
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let old_key = key_of(&first);
+    assert_eq!(auth::hex(&pinned(&store)), old_key, "pinned on first use");
+
+    // Same name, a fresh install (new state directory, new key): refused,
+    // with the command that accepts it in the coordinator's log.
+    let log = dir.path().join("coordinator.log");
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["run", s(&sleep_study(dir.path(), "two", 2, 0.1)), "--store", s(&store), "--root", &root, "--quiet"])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state_home())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut coord = Proc::spawn("coordinator", cmd);
+    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let _agent = start_agent(&url, "k-agent", &root, &["--state-dir", s(&second)]);
+    let new_key = key_of(&second);
+    assert_ne!(new_key, old_key);
+    wait_for("the changed key to be refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains(&format!("tunefleet agents trust k-agent {new_key}")))
+    });
+    // The operator accepts the re-installed agent; its next Hello is welcomed.
+    let out = Command::new(bin("tunefleet"))
+        .args(["agents", "trust", "k-agent", &new_key, "--store"])
+        .arg(&store)
+        .output()
+        .expect("runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("replacing {old_key}")));
+    assert!(coord.wait_exit(Duration::from_secs(60)).success());
+    let summary = coord.rest_of_stdout().join("\n");
+    assert!(summary.contains("2/2 trials done"), "{summary}");
+    let refused = summary.lines().find(|l| l.starts_with("refused:")).unwrap_or_default();
+    assert!(!refused.contains(" 0 Hellos refused") && refused.contains("Hellos refused"), "{summary}");
+    assert_eq!(auth::hex(&pinned(&store)), new_key);
+    assert_spools_empty(&[first, second]);
 }

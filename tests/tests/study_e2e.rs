@@ -80,6 +80,7 @@ fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
     assert!(out.contains("12/12 trials done, 0 failed"), "{out}");
     assert_complete(&store, "e2e", 12, &["it-agent-1", "it-agent-2"]);
     assert_eq!(attempts_by(&store, "other-pool"), 0, "the agent with the wrong tag got nothing");
+    assert_agents_spools_empty(&["it-agent-1", "it-agent-2", "other-pool"]);
     let db = Connection::open(&store).expect("open");
     let agents: i64 = db.query_row("SELECT COUNT(*) FROM agents", [], |r| r.get(0)).expect("agents");
     assert_eq!(agents, 3, "all three agents announced themselves");
@@ -118,4 +119,5 @@ fn same_study_against_an_external_mosquitto() {
     let status = coord.wait_exit(Duration::from_secs(240));
     assert!(status.success(), "coordinator failed: {status:?}");
     assert_complete(&store, "ext", 12, &["m-agent-1", "m-agent-2"]);
+    assert_agents_spools_empty(&["m-agent-1", "m-agent-2"]);
 }
