@@ -649,3 +649,229 @@ fn apply(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use tunefleet_common::auth::{self, Identity, Session};
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, Measurement};
+    use tunefleet_common::message::{AgentInfo, Progress, Refusal, TrialRef, WorkRequest};
+
+    const STUDY: &str = r#"
+name = "s"
+command = ["true", "{x}"]
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = 4
+[strategy]
+kind = "grid"
+[hyper.x]
+kind = "int"
+low = 1
+high = 4
+"#;
+
+    /// The engine's state without its transport: what a turn touches.
+    struct Rig {
+        store: Store,
+        sched: Scheduler,
+        studies: HashMap<String, ActiveStudy>,
+        stats: EngineStats,
+        sessions: Sessions,
+        agent: Option<Session>,
+    }
+
+    fn info() -> AgentInfo {
+        AgentInfo {
+            agent: "a".into(),
+            instance: 1,
+            version: "0".into(),
+            arch: "x86_64".into(),
+            os: "linux".into(),
+            kernel: String::new(),
+            cores: 2,
+            memory_bytes: 1 << 30,
+            slots: 2,
+            energy: vec![],
+            counters: vec![],
+            tags: Default::default(),
+        }
+    }
+
+    impl Rig {
+        /// A store with study `s`, and agent `a` welcomed through a real handshake.
+        fn new() -> Rig {
+            let study = crate::study::parse(STUDY, "test.toml").expect("study");
+            let plans = search::plan(&study);
+            let mut store = Store::open_in_memory().expect("store");
+            let mut batch = store.batch().expect("batch");
+            batch.create_study(&study, &plans).expect("create");
+            batch.commit().expect("commit");
+            let mut sched = Scheduler::new();
+            let policy = StudyPolicy {
+                name: "s".into(),
+                selector: study.selector.clone(),
+                max_attempts: study.max_attempts,
+                lease_ms: 60_000,
+            };
+            sched.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()], 0);
+            let mut studies = HashMap::new();
+            studies.insert("s".into(), ActiveStudy { study, plans, best: None, started: Instant::now() });
+            let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
+            let coordinator_key = sessions.public_key();
+            let me = Identity::generate().expect("key").0;
+            let (signed, pending) = auth::hello(&me, info(), 9, 1, [0; 32]).expect("hello");
+            let mut rig = Rig { store, sched, studies, stats: EngineStats::default(), sessions, agent: None };
+            let hello = UpFrame::Hello(signed);
+            let out =
+                rig.turn(vec![Inbound::Agent { agent: "a".into(), kind: AgentTopic::Hello, frame: Box::new(hello) }]);
+            let (_, welcome) = out.0.into_iter().next().expect("a Welcome");
+            let Ok(auth::DownFrame::Welcome(w)) = tunefleet_common::decode(&welcome) else { panic!("not a Welcome") };
+            rig.agent = Some(pending.finish("a", &coordinator_key, &w).expect("session"));
+            rig
+        }
+
+        /// One turn as the engine takes it: handle, schedule, apply, commit.
+        fn turn(&mut self, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Vec<(String, CoordinatorMessage)>) {
+            let (mut out, mut welcomes, mut effects) = (Vec::new(), Vec::new(), Vec::new());
+            let mut batch = self.store.batch().expect("batch");
+            let mut seen = Default::default();
+            let mut unsynced = HashMap::new();
+            for ev in events {
+                let mut cx = Ctx {
+                    sched: &mut self.sched,
+                    batch: &mut batch,
+                    studies: &mut self.studies,
+                    stats: &mut self.stats,
+                    agents_seen: &mut seen,
+                    out: &mut out,
+                    welcomes: &mut welcomes,
+                    effects: &mut effects,
+                    influx: true,
+                    sessions: &mut self.sessions,
+                    unsynced: &mut unsynced,
+                };
+                handle(&mut cx, ev).expect("a message never ends the run");
+            }
+            effects.extend(self.sched.expire(u64::MAX / 2));
+            effects.extend(self.sched.assign(0));
+            for effect in effects {
+                apply(&mut batch, &self.studies, &mut self.stats, &mut out, effect).expect("effects apply");
+            }
+            batch.commit().expect("the batch commits");
+            (welcomes, out)
+        }
+
+        fn sealed(&mut self, msg: &AgentMessage) -> Inbound {
+            let kind = AgentTopic::of_agent_message(msg);
+            let session = self.agent.as_mut().expect("welcomed");
+            let sealed = session.seal(kind, tunefleet_common::encode(msg).expect("encode"));
+            Inbound::Agent { agent: "a".into(), kind, frame: Box::new(UpFrame::Sealed(sealed)) }
+        }
+    }
+
+    fn trial_ref() -> impl Strategy<Value = TrialRef> {
+        (prop_oneof![Just("s".to_string()), "[a-z]{1,3}"], prop_oneof![0u64..6, any::<u64>()], 0u32..4)
+            .prop_map(|(study, trial, attempt)| TrialRef { study, trial, attempt })
+    }
+
+    fn big() -> impl Strategy<Value = u64> {
+        prop_oneof![0u64..1_000_000, any::<u64>()]
+    }
+
+    fn message() -> impl Strategy<Value = AgentMessage> {
+        let measurement = (big(), big(), big(), big(), big(), any::<i32>(), prop::option::of(-1e300f64..1e300))
+            .prop_map(|(start, wall, user, sys, rss, code, v)| Measurement {
+                started_unix_ms: start,
+                wall_us: wall,
+                user_us: user,
+                sys_us: sys,
+                max_rss_kib: rss,
+                epochs: vec![EpochMetrics { epoch: 1, elapsed_us: wall, metrics: Default::default() }],
+                final_metrics: v.map(|v| [("v".to_string(), v)].into()).unwrap_or_default(),
+                ..Measurement::unmeasured(
+                    ExitOutcome::Exited(code),
+                    EnergyReading::none(EnergySourceKind::Estimated, ""),
+                )
+            });
+        prop_oneof![
+            (trial_ref(), measurement)
+                .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
+            (trial_ref(), any::<u32>(), big()).prop_map(|(trial, epoch, elapsed_us)| AgentMessage::Progress(
+                Progress { trial, epoch, elapsed_us, metrics: [("loss".to_string(), 0.5)].into() }
+            )),
+            (big(), 0u32..4, prop::collection::vec(trial_ref(), 0..3))
+                .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
+            (trial_ref(), ".{0,12}").prop_map(|(trial, reason)| AgentMessage::Refuse(Refusal { trial, reason })),
+            (any::<bool>(), any::<u64>())
+                .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
+            any::<u64>().prop_map(AgentMessage::Synced),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Authenticated messages with any values (out of range, for studies
+        /// and attempts that do not exist, in any order) never stop the
+        /// engine or the store, and every result is answered.
+        #[test]
+        fn any_authenticated_message_leaves_the_coordinator_running(msgs in prop::collection::vec(message(), 1..24)) {
+            let mut rig = Rig::new();
+            // An offline status ends the session: what follows is refused unanswered.
+            let results = msgs
+                .iter()
+                .take_while(|m| !matches!(m, AgentMessage::Status(s) if !s.online))
+                .filter(|m| matches!(m, AgentMessage::Result(_)))
+                .count();
+            // One message a turn, so work handed out in one turn can be answered in the next.
+            let mut acks = 0;
+            for m in &msgs {
+                let ev = rig.sealed(m);
+                let (_, out) = rig.turn(vec![ev]);
+                acks += out.iter().filter(|(_, m)| matches!(m, CoordinatorMessage::Ack(_))).count();
+            }
+            prop_assert_eq!(acks, results, "every result gets an answer the agent acts on");
+            let c = rig.sched.counts("s").expect("study");
+            prop_assert!(c.done + c.failed <= c.total);
+            // The store still answers.
+            prop_assert_eq!(rig.store.trials("s").expect("trials").len(), 4);
+        }
+    }
+
+    #[test]
+    fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
+        let mut rig = Rig::new();
+        let req = rig.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+        let (_, out) = rig.turn(vec![req]);
+        let Some(CoordinatorMessage::Assign(a)) = out.into_iter().map(|(_, m)| m).next() else { panic!("no work") };
+        let huge = Measurement {
+            wall_us: u64::MAX,
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+        };
+        let bad = rig.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: huge }));
+        let (_, out) = rig.turn(vec![bad]);
+        let answer = out.into_iter().find_map(|(_, m)| match m {
+            CoordinatorMessage::Ack(ack) => Some(ack),
+            _ => None,
+        });
+        let answer = answer.expect("answered");
+        assert!(matches!(&answer.outcome, AckOutcome::Refused(why) if why.contains("wall_us")), "{answer:?}");
+        assert_eq!(rig.stats.invalid_messages, 1);
+        // A good result for the same attempt is still taken.
+        let good = Measurement {
+            wall_us: 5,
+            final_metrics: [("v".to_string(), 1.0)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+        };
+        let ok = rig.sealed(&AgentMessage::Result(TrialResult { trial: a.trial, measurement: good }));
+        let (_, out) = rig.turn(vec![ok]);
+        assert!(out
+            .iter()
+            .any(|(_, m)| matches!(m, CoordinatorMessage::Ack(ResultAck { outcome: AckOutcome::Stored, .. }))));
+        assert_eq!(rig.sched.counts("s").expect("study").done, 1);
+    }
+}
