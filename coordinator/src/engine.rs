@@ -674,6 +674,9 @@ low = 1
 high = 4
 "#;
 
+    /// Messages for agents, by agent name.
+    type Outgoing = Vec<(String, CoordinatorMessage)>;
+
     /// The engine's state without its transport: what a turn touches.
     struct Rig {
         store: Store,
@@ -735,7 +738,7 @@ high = 4
         }
 
         /// One turn as the engine takes it: handle, schedule, apply, commit.
-        fn turn(&mut self, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Vec<(String, CoordinatorMessage)>) {
+        fn turn(&mut self, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Outgoing) {
             let (mut out, mut welcomes, mut effects) = (Vec::new(), Vec::new(), Vec::new());
             let mut batch = self.store.batch().expect("batch");
             let mut seen = Default::default();
