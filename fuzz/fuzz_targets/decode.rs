@@ -4,7 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus};
+use tunefleet_common::auth::{self, DownFrame, Signed, UpFrame};
+use tunefleet_common::message::{AgentMessage, CoordinatorMessage};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::{decode, encode};
 
@@ -19,7 +20,14 @@ fuzz_target!(|data: &[u8]| {
         let again = decode::<CoordinatorMessage>(&bytes).expect("its encoding decodes");
         assert_eq!(encode(&again).expect("encodes"), bytes);
     }
-    let _ = decode::<CoordinatorStatus>(data);
+    // Frames, and the signature checks a stranger's bytes reach first.
+    if let Ok(UpFrame::Hello(signed)) = decode::<UpFrame>(data) {
+        let _ = auth::open_hello(&signed);
+    }
+    let _ = decode::<DownFrame>(data);
+    if let Ok(signed) = decode::<Signed>(data) {
+        let _ = auth::open_status(&signed);
+    }
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = Topics::default().parse(text);
     }
