@@ -250,6 +250,11 @@ impl Sessions {
         self.live.remove(agent);
     }
 
+    /// Whether `agent` has a live session.
+    pub fn is_live(&self, agent: &str) -> bool {
+        self.live.contains_key(agent)
+    }
+
     /// Agents with a live session.
     pub fn live_agents(&self) -> impl Iterator<Item = &str> {
         self.live.keys().map(String::as_str)

@@ -266,11 +266,13 @@ impl Engine {
         loop {
             // Agents sent anything since their last Sync are asked (again): a
             // newer Sync replaces the one still awaited.
-            let again: Vec<String> = self.sent_to.drain().collect();
+            let again: Vec<String> = self.sent_to.drain().filter(|a| self.sessions.is_live(a)).collect();
             let nonce: u64 = rand::random();
             let msgs: Vec<_> = again.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
             self.unsynced.extend(again.into_iter().map(|a| (a, nonce)));
             self.send(Vec::new(), msgs).await;
+            // An agent whose session ended (it went offline) has nothing more to confirm.
+            self.unsynced.retain(|a, _| self.sessions.is_live(a));
             if self.unsynced.is_empty() {
                 break;
             }
