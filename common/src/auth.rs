@@ -246,7 +246,9 @@ const DOMAIN_STATUS: &[u8] = b"tunefleet v3 coordinator status\0";
 /// A signed body: the encoded message and the Ed25519 signature over it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Signed {
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub signature: Vec<u8>,
 }
 
@@ -292,6 +294,7 @@ pub struct Sealed {
     pub token: SessionToken,
     pub seq: u64,
     /// The encoded message.
+    #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
     pub mac: [u8; 32],
 }
@@ -666,6 +669,20 @@ mod tests {
         let (w, _) = welcome(&coord_id, "a1", &h, digest, 1).expect("welcome");
         assert!(!pending2.answers(&w));
         assert!(matches!(pending2.finish("a1", &coord_id.public(), &w), Err(AuthError::OtherHello)));
+    }
+
+    #[test]
+    fn byte_strings_keep_the_wire_format_of_a_plain_sequence() {
+        #[derive(Serialize)]
+        struct Plain {
+            token: u64,
+            seq: u64,
+            body: Vec<u8>,
+            mac: [u8; 32],
+        }
+        let sealed = Sealed { token: 7, seq: 300, body: (0..=255).collect(), mac: [9; 32] };
+        let plain = Plain { token: 7, seq: 300, body: sealed.body.clone(), mac: [9; 32] };
+        assert_eq!(encode(&sealed).expect("enc"), encode(&plain).expect("enc"));
     }
 
     #[test]

@@ -242,7 +242,13 @@ async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
                     }
                     Ok(auth::DownFrame::Sealed(sealed)) => {
                         let Some(s) = session.as_mut() else { continue };
-                        if let Ok(CoordinatorMessage::Assign(a)) = s.open_coordinator(kind, &sealed) {
+                        let msg = s.open_coordinator(kind, &sealed);
+                        if let Ok(CoordinatorMessage::Sync(n)) = msg {
+                            // Confirm delivery, as the real agent does, so the coordinator exits at once.
+                            let (k, payload) = s.seal_agent(&AgentMessage::Synced(n)).expect("seal");
+                            send(&c, k, payload);
+                        }
+                        if let Ok(CoordinatorMessage::Assign(a)) = msg {
                             lat.push(asked.elapsed().as_secs_f64() * 1e3);
                             let result = AgentMessage::Result(TrialResult { trial: a.trial, measurement: m.clone() });
                             let (k, payload) = s.seal_agent(&result).expect("seal");
