@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tunefleet_common::auth::DownFrame;
 use tunefleet_common::measurement::{EpochMetrics, Measurement};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
@@ -140,7 +139,8 @@ struct Executor {
     auth: auth::AgentAuth,
     runner: Arc<RunnerConfig>,
     pending: Option<PendingResults>,
-    cancels: HashMap<TrialRef, CancellationToken>,
+    /// Every running trial's handle (its control input).
+    trials: HashMap<TrialRef, runner::TrialHandle>,
     done_tx: mpsc::Sender<(TrialRef, Measurement)>,
     progress_tx: mpsc::Sender<(TrialRef, EpochMetrics)>,
     publish_failures: u64,
@@ -159,9 +159,9 @@ impl Executor {
                 Action::Publish(msg) => self.publish(&msg),
                 Action::Start(start) => self.start(start),
                 Action::Cancel(trial) => {
-                    if let Some(token) = self.cancels.get(&trial) {
+                    if let Some(handle) = self.trials.get(&trial) {
                         tracing::info!(%trial, "cancelling trial");
-                        token.cancel();
+                        handle.cancel();
                     }
                 }
                 Action::Keep(result) => {
@@ -222,8 +222,8 @@ impl Executor {
     fn start(&mut self, start: StartTrial) {
         let StartTrial { trial, spec, cpus } = start;
         tracing::info!(%trial, argv = ?spec.argv, ?cpus, "starting trial");
-        let token = CancellationToken::new();
-        self.cancels.insert(trial.clone(), token.clone());
+        let (handle, control) = runner::TrialHandle::new();
+        self.trials.insert(trial.clone(), handle);
         let label = format!("{}-{:x}", pending::file_name(&trial).trim_end_matches(".bin"), rand::random::<u32>());
         let run = TrialRun { spec, cpus, label };
         let runner = Arc::clone(&self.runner);
@@ -237,7 +237,7 @@ impl Executor {
                     let _ = progress.try_send((trial.clone(), epoch));
                 }
             };
-            let (measurement, ()) = tokio::join!(runner::run_trial(&runner, &run, Some(ptx), token), forward);
+            let (measurement, ()) = tokio::join!(runner::run_trial(&runner, &run, Some(ptx), control), forward);
             tracing::info!(%trial, exit = ?measurement.exit, wall_us = measurement.wall_us, "trial ended");
             let _ = done.send((trial, measurement)).await;
         });
@@ -387,7 +387,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         parked: 0,
         runner: Arc::new(runner_config),
         pending,
-        cancels: HashMap::new(),
+        trials: HashMap::new(),
         done_tx,
         progress_tx,
         publish_failures: 0,
@@ -428,7 +428,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
-                exec.cancels.remove(&trial);
+                exec.trials.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
                 idle_since = Instant::now();
                 if state.max_trials_done() {
@@ -476,7 +476,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
-                exec.cancels.remove(&trial);
+                exec.trials.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
             }
             event = inbound.recv(), if transport_open => match event {
@@ -491,8 +491,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
         }
     }
-    for token in exec.cancels.values() {
-        token.cancel();
+    for handle in exec.trials.values() {
+        handle.cancel();
     }
     exec.apply(vec![Action::Publish(state.status(false))]);
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));

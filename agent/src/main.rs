@@ -12,7 +12,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tunefleet_agent::exec;
 use tunefleet_agent::measure::{self, MeasureConfig};
@@ -133,15 +132,14 @@ fn run_measure(
     let wrapper = std::env::current_exe().context("cannot find this executable to use as the exec wrapper")?;
     let cfg = MeasureConfig { argv, interval, energy_roots, model, wrapper };
     let measurement = runtime()?.block_on(async {
-        let cancel = CancellationToken::new();
-        let on_signal = cancel.clone();
+        let (handle, control) = tunefleet_agent::runner::TrialHandle::new();
         // Ctrl-C reaches the command too (same terminal); the runner then stops its group.
         tokio::spawn(async move {
             if tokio::signal::ctrl_c().await.is_ok() {
-                on_signal.cancel();
+                handle.cancel();
             }
         });
-        measure::measure(&cfg, cancel).await
+        measure::measure(&cfg, control).await
     });
     if json {
         eprintln!("{}", serde_json::to_string(&measurement).context("cannot encode the measurement")?);

@@ -13,13 +13,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
 use tunefleet_common::measurement::{EnergySourceKind, ExitOutcome, Measurement};
 use tunefleet_common::message::{SystemParams, TrialSpec};
 use tunefleet_common::profile::FEATURES;
 
 use crate::energy::{self, EnergyRoots, EstimateModel};
-use crate::runner::{run_trial, RunnerConfig, TrialRun};
+use crate::runner::{run_trial, ControlInput, RunnerConfig, TrialRun};
 
 /// What to measure and how.
 #[derive(Debug, Clone)]
@@ -33,7 +32,8 @@ pub struct MeasureConfig {
 }
 
 /// Runs the command once and measures it.
-pub async fn measure(cfg: &MeasureConfig, cancel: CancellationToken) -> Measurement {
+/// `control` is the input of a [`crate::runner::TrialHandle`] (Ctrl-C cancels through it).
+pub async fn measure(cfg: &MeasureConfig, control: ControlInput) -> Measurement {
     let selection = energy::select(&cfg.energy_roots, cfg.model);
     let mut runner = RunnerConfig::new(cfg.wrapper.clone());
     runner.energy = selection.source;
@@ -45,7 +45,7 @@ pub async fn measure(cfg: &MeasureConfig, cancel: CancellationToken) -> Measurem
         cpus: Vec::new(),
         label: format!("measure-{}", std::process::id()),
     };
-    run_trial(&runner, &run, None, cancel).await
+    run_trial(&runner, &run, None, control).await
 }
 
 /// The exit status `measure` passes on for the command's outcome.

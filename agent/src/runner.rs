@@ -45,7 +45,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tunefleet_common::measurement::{
     AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter,
 };
@@ -299,20 +298,111 @@ fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, ener
     }
 }
 
-/// Runs `run` to completion (or timeout, or `cancel`) and measures it.
+/// What the agent can tell a running trial through its [`TrialHandle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// Stop it: SIGTERM to its process group, SIGKILL after the grace; the
+    /// measurement says `Cancelled`.
+    Cancel,
+}
+
+/// The agent's handle on one running trial: the sending side of its
+/// control input. Dropping every handle leaves the trial running.
+#[derive(Debug, Clone)]
+pub struct TrialHandle {
+    tx: mpsc::UnboundedSender<Control>,
+}
+
+/// The trial's side of its control input (see [`run_trial`]).
+#[derive(Debug)]
+pub struct ControlInput {
+    rx: mpsc::UnboundedReceiver<Control>,
+    open: bool,
+}
+
+impl TrialHandle {
+    /// A handle and the control input it drives.
+    pub fn new() -> (TrialHandle, ControlInput) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (TrialHandle { tx }, ControlInput { rx, open: true })
+    }
+
+    /// Sends `control`; false when the trial has ended.
+    pub fn send(&self, control: Control) -> bool {
+        self.tx.send(control).is_ok()
+    }
+
+    pub fn cancel(&self) -> bool {
+        self.send(Control::Cancel)
+    }
+}
+
+impl ControlInput {
+    /// The next control; pending forever once every handle is gone.
+    async fn next(&mut self) -> Control {
+        if self.open {
+            if let Some(c) = self.rx.recv().await {
+                return c;
+            }
+            self.open = false;
+        }
+        std::future::pending().await
+    }
+}
+
+/// A workload started through the exec wrapper and let go: what the monitor
+/// watches and the assembly reads.
+struct Spawned {
+    pid: Pid,
+    prepared: Prepared,
+    counters: CounterSet,
+    meter: Box<dyn energy::EnergyMeter>,
+    interval: Duration,
+    started_unix_ms: u64,
+    start: Instant,
+    output: mpsc::Receiver<OutputEvent>,
+    waiter: tokio::task::JoinHandle<std::io::Result<Exited>>,
+    rss: procfs::RssSampler,
+}
+
+/// What the monitor saw until the workload ended and its output closed.
+struct Monitored {
+    exited: Option<Result<Exited, String>>,
+    stopped: Option<ExitOutcome>,
+    collected: Collected,
+    peak_rss: Option<u64>,
+}
+
+/// Runs `run` to completion (or timeout, or [`Control::Cancel`] from its
+/// [`TrialHandle`]) and measures it: [`spawn`], [`monitor`], [`assemble`].
 /// Epochs are also sent to `progress` as they are printed. Never fails: a
 /// workload that cannot start is a measurement with `SpawnFailed`.
 pub async fn run_trial(
     cfg: &RunnerConfig,
     run: &TrialRun,
     progress: Option<mpsc::Sender<EpochMetrics>>,
-    cancel: CancellationToken,
+    control: ControlInput,
 ) -> Measurement {
+    match spawn(cfg, run) {
+        Ok(mut spawned) => {
+            let monitored = monitor(cfg, &run.spec, &mut spawned, progress, control).await;
+            assemble(cfg, run, spawned, monitored)
+        }
+        Err(not_started) => *not_started,
+    }
+}
+
+/// Starts the workload held by the exec wrapper, moves it into its cgroup,
+/// opens its counters, starts the energy meter, lets it go, and starts the
+/// output readers, the exit waiter and the RSS sampler. A workload that
+/// cannot start is its measurement already.
+fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>> {
     let spec = &run.spec;
     let prepared = prepare_limits(cfg, run);
     let energy = cfg.energy.as_ref();
+    let refused = |limits, reason| Box::new(not_started(unix_ms(SystemTime::now()), limits, reason, energy));
     if spec.argv.is_empty() {
-        return not_started(unix_ms(SystemTime::now()), prepared.limits, "empty argv".into(), energy);
+        return Err(refused(prepared.limits, "empty argv".into()));
     }
     let plan = ExecPlan {
         cpus: run.cpus.clone(),
@@ -335,14 +425,14 @@ pub async fn run_trial(
         Ok(c) => c,
         Err(e) => {
             let reason = format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display());
-            return not_started(unix_ms(SystemTime::now()), prepared.limits, reason, energy);
+            return Err(refused(prepared.limits, reason));
         }
     };
     let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
         // A child pid is always a positive i32 on Linux.
         let _ = child.kill();
         let _ = child.wait();
-        return not_started(unix_ms(SystemTime::now()), prepared.limits, "invalid child pid".into(), energy);
+        return Err(refused(prepared.limits, "invalid child pid".into()));
     };
     if let Some(cg) = &prepared.cgroup {
         if let Err(e) = cg.add(child.id()) {
@@ -353,12 +443,12 @@ pub async fn run_trial(
             if let Some(cg) = prepared.cgroup {
                 cg.remove();
             }
-            return not_started(unix_ms(SystemTime::now()), limits, e.to_string(), energy);
+            return Err(refused(limits, e.to_string()));
         }
     }
-    let mut counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
-    let (tx, mut rx) = mpsc::channel::<OutputEvent>(1024);
-    let mut meter = energy::start_or_estimate(energy, cfg.energy_model);
+    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
+    let (tx, output) = mpsc::channel::<OutputEvent>(1024);
+    let meter = energy::start_or_estimate(energy, cfg.energy_model);
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
     let started_unix_ms = unix_ms(SystemTime::now());
     let start = Instant::now();
@@ -370,69 +460,80 @@ pub async fn run_trial(
     spawn_reader(child.stderr.take(), true, start, &tx);
     drop(tx);
     let proc_root = cfg.proc_root.clone();
-    let mut waiter = tokio::task::spawn_blocking(move || wait_exit(child, pid, proc_root));
+    let waiter = tokio::task::spawn_blocking(move || wait_exit(child, pid, proc_root));
+    let members = match &prepared.cgroup {
+        Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
+        None => procfs::Members::Group(pid.as_raw_nonzero().get()),
+    };
+    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members, RSS_SAMPLE_INTERVAL);
+    Ok(Spawned { pid, prepared, counters, meter, interval, started_unix_ms, start, output, waiter, rss })
+}
 
+/// Watches a running workload until it has exited and its output closed:
+/// metric lines (forwarded as progress), energy and counter samples, the
+/// timeout, and the control input; stops the process group when told to or
+/// when time is up.
+async fn monitor(
+    cfg: &RunnerConfig,
+    spec: &TrialSpec,
+    t: &mut Spawned,
+    progress: Option<mpsc::Sender<EpochMetrics>>,
+    mut control: ControlInput,
+) -> Monitored {
     let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
     let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
     tokio::pin!(deadline);
-    let mut measure_tick = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    let mut measure_tick = tokio::time::interval_at(tokio::time::Instant::now() + t.interval, t.interval);
     measure_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut output_deadline: Option<tokio::time::Instant> = None;
-    let mut stopped: Option<ExitOutcome> = None;
-    let mut exited: Option<Result<Exited, String>> = None;
+    let mut m = Monitored { exited: None, stopped: None, collected: Collected::default(), peak_rss: None };
     let mut readers_open = true;
-    let mut peak_rss: Option<u64> = None;
-    let mut collected = Collected::default();
-    let pgid = pid.as_raw_nonzero().get();
-    let members = match &prepared.cgroup {
-        Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
-        None => procfs::Members::Group(pgid),
-    };
-    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members, RSS_SAMPLE_INTERVAL);
-
+    let (pid, pgid) = (t.pid, t.pid.as_raw_nonzero().get());
     loop {
-        if exited.is_some() && !readers_open {
+        if m.exited.is_some() && !readers_open {
             break;
         }
         tokio::select! {
-            res = &mut waiter, if exited.is_none() => {
-                exited = Some(match res {
+            res = &mut t.waiter, if m.exited.is_none() => {
+                m.exited = Some(match res {
                     Ok(Ok(e)) => Ok(e),
                     Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
                     Err(e) => Err(format!("the waiting task failed: {e}")),
                 });
-                peak_rss = rss.stop();
-                let at_exit = start.elapsed();
-                meter.sample(at_exit);
-                counters.sample(at_exit);
+                m.peak_rss = t.rss.stop();
+                let at_exit = t.start.elapsed();
+                t.meter.sample(at_exit);
+                t.counters.sample(at_exit);
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
             }
-            event = rx.recv(), if readers_open => match event {
-                Some(event) => collected.take(event, progress.as_ref()),
+            event = t.output.recv(), if readers_open => match event {
+                Some(event) => m.collected.take(event, progress.as_ref()),
                 None => readers_open = false,
             },
-            _ = &mut deadline, if timeout.is_some() && stopped.is_none() && exited.is_none() => {
+            _ = &mut deadline, if timeout.is_some() && m.stopped.is_none() && m.exited.is_none() => {
                 tracing::info!(pgid, "trial timed out; stopping its process group");
-                stopped = Some(ExitOutcome::TimedOut);
+                m.stopped = Some(ExitOutcome::TimedOut);
                 signal_group(pid, Signal::TERM);
                 kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
             }
-            _ = cancel.cancelled(), if stopped.is_none() && exited.is_none() => {
-                tracing::info!(pgid, "trial cancelled; stopping its process group");
-                stopped = Some(ExitOutcome::Cancelled);
-                signal_group(pid, Signal::TERM);
-                kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
-            }
-            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && exited.is_none() => {
+            c = control.next(), if m.stopped.is_none() && m.exited.is_none() => match c {
+                Control::Cancel => {
+                    tracing::info!(pgid, "trial cancelled; stopping its process group");
+                    m.stopped = Some(ExitOutcome::Cancelled);
+                    signal_group(pid, Signal::TERM);
+                    kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+                }
+            },
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && m.exited.is_none() => {
                 signal_group(pid, Signal::KILL);
                 kill_at = None;
             }
-            _ = measure_tick.tick(), if exited.is_none() => {
-                let elapsed = start.elapsed();
-                meter.sample(elapsed);
-                counters.sample(elapsed);
+            _ = measure_tick.tick(), if m.exited.is_none() => {
+                let elapsed = t.start.elapsed();
+                t.meter.sample(elapsed);
+                t.counters.sample(elapsed);
             }
             _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
                 tracing::warn!(pgid, "workload output still open after exit (an escaped process?); not waiting");
@@ -440,9 +541,16 @@ pub async fn run_trial(
             }
         }
     }
-    drop(rx);
-    let peak_rss = peak_rss.or_else(|| rss.stop());
+    m
+}
 
+/// The measurement of a trial that ran: times, exit, counters, profile,
+/// energy, metrics and the log tail.
+fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Measurement {
+    let Spawned { prepared, counters, meter, started_unix_ms, start, output, rss, .. } = t;
+    let Monitored { exited, stopped, mut collected, peak_rss } = m;
+    drop(output);
+    let peak_rss = peak_rss.or_else(|| rss.stop());
     if let Some(cg) = prepared.cgroup {
         cg.remove();
     }

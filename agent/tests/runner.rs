@@ -5,9 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio_util::sync::CancellationToken;
 use tunefleet_agent::counters::{HARDWARE_EVENTS, SOFTWARE_EVENTS};
-use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialRun, MAX_EPOCHS};
+use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialHandle, TrialRun, MAX_EPOCHS};
 use tunefleet_agent::sched::{allowed_cpus, choose_cpus};
 use tunefleet_common::measurement::{EnergySourceKind, ExitOutcome, Measurement, MemoryLimit};
 use tunefleet_common::message::{SystemParams, TrialSpec};
@@ -31,7 +30,7 @@ fn sh(script: &str) -> TrialSpec {
 
 async fn run(spec: TrialSpec, cpus: Vec<u32>) -> Measurement {
     let run = TrialRun { spec, cpus, label: "test".into() };
-    run_trial(&config(), &run, None, CancellationToken::new()).await
+    run_trial(&config(), &run, None, TrialHandle::new().1).await
 }
 
 #[tokio::test]
@@ -44,7 +43,7 @@ async fn epoch_lines_become_metrics_in_order() {
     "#;
     let (tx, mut rx) = mpsc::channel(16);
     let run = TrialRun { spec: sh(script), cpus: vec![], label: "t".into() };
-    let m = run_trial(&config(), &run, Some(tx), CancellationToken::new()).await;
+    let m = run_trial(&config(), &run, Some(tx), TrialHandle::new().1).await;
     assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
     let epochs: Vec<u32> = m.epochs.iter().map(|e| e.epoch).collect();
     assert_eq!(epochs, vec![1, 2, 3, 4]);
@@ -136,16 +135,25 @@ async fn sigterm_ignored_means_sigkill_after_grace() {
 
 #[tokio::test]
 async fn cancel_stops_the_trial() {
-    let token = CancellationToken::new();
+    let (handle, control) = TrialHandle::new();
     let run = TrialRun { spec: sh("sleep 30"), cpus: vec![], label: "c".into() };
-    let cancel = token.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        cancel.cancel();
+        handle.cancel();
     });
-    let m = run_trial(&config(), &run, None, token).await;
+    let m = run_trial(&config(), &run, None, control).await;
     assert_eq!(m.exit, ExitOutcome::Cancelled);
     assert!(m.wall_us < 10_000_000);
+}
+
+#[tokio::test]
+async fn dropping_the_handle_leaves_the_trial_running() {
+    let (handle, control) = TrialHandle::new();
+    drop(handle);
+    let run = TrialRun { spec: sh("sleep 0.2; echo 'TUNEFLEET final v=3'"), cpus: vec![], label: "d".into() };
+    let m = run_trial(&config(), &run, None, control).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0));
+    assert_eq!(m.final_metrics.get("v"), Some(&3.0));
 }
 
 #[tokio::test]
@@ -250,7 +258,7 @@ fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let run = TrialRun { spec: sh("echo TUNEFLEET final loss=0.5"), cpus: vec![], label: "blocked".into() };
-        let m = rt.block_on(run_trial(&cfg, &run, None, CancellationToken::new()));
+        let m = rt.block_on(run_trial(&cfg, &run, None, TrialHandle::new().1));
         let _ = done.send(m);
     });
     let m = finished.recv_timeout(Duration::from_secs(30)).expect("the trial ends while /proc blocks");
