@@ -1,0 +1,465 @@
+//! The write batch: creating studies, recording assignments, results,
+//! progress, requeues and failures, and the agents seen.
+
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use tunefleet_common::measurement::Measurement;
+use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
+
+use super::queries::study_by_name;
+use super::{
+    exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, SqlContext, Store, StoreError, TrialState,
+};
+use crate::search::TrialPlan;
+use crate::study::{self, Study};
+
+/// What [`Batch::create_study`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StudyOpened {
+    /// A new study with all its trials pending.
+    Created,
+    /// The study existed with the same configuration; its rows are kept.
+    Resumed,
+}
+
+/// What [`Batch::record_result`] did with a result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// The trial's one accepted result.
+    Stored,
+    /// This attempt's result was already stored (a retransmission).
+    Duplicate,
+    /// Another attempt owns the trial (or already delivered its result): the
+    /// attempt is marked superseded and nothing is added to `results`.
+    Superseded,
+}
+
+impl Store {
+    /// Starts a write transaction. Dropping the batch without
+    /// [`Batch::commit`] rolls everything in it back.
+    pub fn batch(&mut self) -> Result<Batch<'_>> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .ctx(|| format!("{}: starting a write transaction", self.path))?;
+        Ok(Batch { tx })
+    }
+}
+
+impl Batch<'_> {
+    /// Commits everything recorded in this batch.
+    pub fn commit(self) -> Result<()> {
+        self.tx.commit().ctx(|| "committing a batch".into())
+    }
+
+    /// Creates `study` with the trials of `plan`, all pending. If a study of
+    /// that name exists with the same configuration it is kept as it is
+    /// (resume); with a different configuration it is refused.
+    ///
+    /// Configurations are the same when the file text is identical, or when
+    /// both texts parse to the same study (comments and layout may differ).
+    pub fn create_study(&mut self, study: &Study, plan: &[TrialPlan]) -> Result<StudyOpened> {
+        self.create_study_at(study, plan, unix_ms())
+    }
+
+    /// [`Batch::create_study`] with an explicit creation time.
+    pub fn create_study_at(&mut self, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened> {
+        if let Some(existing) = study_by_name(&self.tx, &study.name)? {
+            return if same_config(&existing.config, study) {
+                Ok(StudyOpened::Resumed)
+            } else {
+                Err(StoreError::ConfigMismatch { study: study.name.clone() })
+            };
+        }
+        let context = || format!("creating study {:?}", study.name);
+        self.tx
+            .prepare_cached(
+                "INSERT INTO studies (name, config, metric, direction, created_ms, finished_ms, state)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL, 'running')",
+            )
+            .ctx(context)?
+            .execute(params![
+                study.name,
+                study.source,
+                study.objective.metric,
+                study.objective.direction.as_str(),
+                to_i64("time", at_ms)?
+            ])
+            .ctx(context)?;
+        let mut insert = self
+            .tx
+            .prepare_cached(
+                "INSERT INTO trials (study, trial, params, repeat, state, attempts)
+                 VALUES (?1, ?2, ?3, ?4, 'pending', 0)",
+            )
+            .ctx(context)?;
+        for t in plan {
+            let params = params_json(&t.params);
+            insert.execute(params![study.name, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
+        }
+        Ok(StudyOpened::Created)
+    }
+
+    /// Marks `trial` running as attempt `trial.attempt` on `agent`. Earlier
+    /// attempts still open are closed as reassigned.
+    pub fn record_assignment(&mut self, trial: &TrialRef, agent: &str, at_ms: u64) -> Result<()> {
+        let context = || format!("recording the assignment of {trial} to {agent}");
+        let (state, _) = self.trial_state(trial)?;
+        if state.is_final() {
+            return Err(StoreError::TrialClosed { study: trial.study.clone(), trial: trial.trial, state });
+        }
+        let id = to_i64("trial", trial.trial)?;
+        let at = to_i64("time", at_ms)?;
+        self.tx
+            .prepare_cached("UPDATE trials SET state = 'running', attempts = ?3 WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt])
+            .ctx(context)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?4, outcome = 'reassigned'
+                 WHERE study = ?1 AND trial = ?2 AND attempt <> ?3 AND ended_ms IS NULL",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, at])
+            .ctx(context)?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO attempts (study, trial, attempt, agent, assigned_ms, ended_ms, outcome, superseded)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL, NULL, 0)
+                 ON CONFLICT (study, trial, attempt) DO UPDATE SET
+                     agent = excluded.agent, assigned_ms = excluded.assigned_ms,
+                     ended_ms = NULL, outcome = NULL, superseded = 0",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, agent, at])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Records the measurement of one attempt; at most one result per trial
+    /// is ever accepted. An accepted result makes the trial `done` when the
+    /// workload exited with status 0 and `failed` otherwise (an engine that
+    /// wants to retry a failed run calls [`Batch::requeue`] instead). A trial
+    /// failed without a result ([`Batch::fail_trial`]) still takes the late
+    /// result of an attempt it had.
+    pub fn record_result(
+        &mut self,
+        trial: &TrialRef,
+        agent: &str,
+        measurement: &Measurement,
+        objective: Option<f64>,
+        at_ms: u64,
+    ) -> Result<RecordOutcome> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        let id = to_i64("trial", trial.trial)?;
+        let at = to_i64("time", at_ms)?;
+        let exit = exit_text(&measurement.exit);
+
+        let accepted: Option<u32> = self
+            .tx
+            .prepare_cached("SELECT attempt FROM results WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .query_row(params![trial.study, id], |r| r.get(0))
+            .optional()
+            .ctx(context)?;
+        if accepted == Some(trial.attempt) {
+            return Ok(RecordOutcome::Duplicate);
+        }
+        // An unknown trial is an error.
+        self.trial_state(trial)?;
+        // Any attempt really handed to this agent may complete a trial that has
+        // no result yet, a trial failed because its attempts ran out included (a
+        // result that arrives after its agent was presumed dead is still a good
+        // result); everything after that is superseded.
+        let held: bool = self
+            .tx
+            .prepare_cached(
+                "SELECT EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)",
+            )
+            .ctx(context)?
+            .query_row(params![trial.study, id, trial.attempt, agent], |r| r.get(0))
+            .ctx(context)?;
+        if accepted.is_some() || !held {
+            self.tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO attempts (study, trial, attempt, agent, assigned_ms, superseded)
+                     VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+                )
+                .ctx(context)?
+                .execute(params![trial.study, id, trial.attempt, agent, at])
+                .ctx(context)?;
+            self.tx
+                .prepare_cached(
+                    "UPDATE attempts SET superseded = 1, ended_ms = COALESCE(ended_ms, ?4),
+                         outcome = COALESCE(outcome || '; ', '') || 'superseded result: ' || ?5
+                     WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?6 AND superseded = 0",
+                )
+                .ctx(context)?
+                .execute(params![trial.study, id, trial.attempt, at, exit, agent])
+                .ctx(context)?;
+            return Ok(RecordOutcome::Superseded);
+        }
+
+        let success = measurement.exit.success();
+        let objective = objective.filter(|v| v.is_finite());
+        let json =
+            serde_json::to_string(measurement).map_err(|source| StoreError::Json { context: context(), source })?;
+        let energy = &measurement.energy;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
+                     max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+            )
+            .ctx(context)?
+            .execute(params![
+                trial.study,
+                id,
+                trial.attempt,
+                agent,
+                success,
+                objective,
+                to_i64("wall_us", measurement.wall_us)?,
+                to_i64("user_us", measurement.user_us)?,
+                to_i64("sys_us", measurement.sys_us)?,
+                to_i64("max_rss_kib", measurement.max_rss_kib)?,
+                exit,
+                energy.joules.is_finite().then_some(energy.joules),
+                energy.source.as_str(),
+                energy.valid,
+                json,
+                at
+            ])
+            .ctx(context)?;
+        let (new_state, reason) =
+            if success { (TrialState::Done, None) } else { (TrialState::Failed, Some(exit.as_str())) };
+        self.tx
+            .prepare_cached("UPDATE trials SET state = ?3, reason = ?4 WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .execute(params![trial.study, id, new_state.as_str(), reason])
+            .ctx(context)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?4, outcome = ?5 WHERE study = ?1 AND trial = ?2 AND attempt = ?3",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, at, exit])
+            .ctx(context)?;
+        // A newer attempt still open is cancelled: this result came first.
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?4, outcome = 'cancelled: attempt ' || ?3 || ' delivered first'
+                 WHERE study = ?1 AND trial = ?2 AND attempt != ?3 AND ended_ms IS NULL",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, at])
+            .ctx(context)?;
+        Ok(RecordOutcome::Stored)
+    }
+
+    /// Closes an attempt that ended without a result (the workload could not
+    /// start, was cancelled...) with `outcome`; the trial state is left to
+    /// [`Batch::requeue`] or [`Batch::fail_trial`]. An attempt already closed
+    /// keeps its first outcome. Returns false for an attempt never assigned.
+    pub fn end_attempt(&mut self, trial: &TrialRef, agent: &str, outcome: &str, at_ms: u64) -> Result<bool> {
+        let context = || format!("ending attempt {trial} on {agent}");
+        let n = self
+            .tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = COALESCE(ended_ms, ?4), outcome = COALESCE(outcome, ?5)
+                 WHERE study = ?1 AND trial = ?2 AND attempt = ?3",
+            )
+            .ctx(context)?
+            .execute(params![
+                trial.study,
+                to_i64("trial", trial.trial)?,
+                trial.attempt,
+                to_i64("time", at_ms)?,
+                outcome
+            ])
+            .ctx(context)?;
+        Ok(n > 0)
+    }
+
+    /// Stores one epoch's metrics; a repeated report of the same epoch is ignored.
+    pub fn record_progress(&mut self, progress: &Progress) -> Result<()> {
+        let t = &progress.trial;
+        let context = || format!("recording progress of {t}");
+        let metrics = serde_json::to_string(&progress.metrics)
+            .map_err(|source| StoreError::Json { context: context(), source })?;
+        self.tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO progress (study, trial, attempt, epoch, metrics, elapsed_us)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .ctx(context)?
+            .execute(params![
+                t.study,
+                to_i64("trial", t.trial)?,
+                t.attempt,
+                progress.epoch,
+                metrics,
+                to_i64("elapsed_us", progress.elapsed_us)?
+            ])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// The attempt ended without a result (timeout of the agent, refusal,
+    /// agent gone): the attempt is closed with `reason` and the trial is
+    /// pending again. Returns false (and changes no trial) when the trial is
+    /// not running this attempt any more.
+    pub fn requeue(&mut self, trial: &TrialRef, reason: &str) -> Result<bool> {
+        self.requeue_at(trial, reason, unix_ms())
+    }
+
+    /// [`Batch::requeue`] with an explicit time.
+    pub fn requeue_at(&mut self, trial: &TrialRef, reason: &str, at_ms: u64) -> Result<bool> {
+        let context = || format!("requeueing {trial}");
+        let id = to_i64("trial", trial.trial)?;
+        self.trial_state(trial)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = COALESCE(ended_ms, ?4), outcome = COALESCE(outcome, ?5)
+                 WHERE study = ?1 AND trial = ?2 AND attempt = ?3",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, reason])
+            .ctx(context)?;
+        let changed = self
+            .tx
+            .prepare_cached(
+                "UPDATE trials SET state = 'pending'
+                 WHERE study = ?1 AND trial = ?2 AND state = 'running' AND attempts = ?3",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt])
+            .ctx(context)?;
+        Ok(changed > 0)
+    }
+
+    /// Gives up on a trial (attempts exhausted, study cancelled). Open
+    /// attempts are closed with `reason`. A trial that already has its final
+    /// outcome is left as it is; returns whether the trial changed.
+    pub fn fail_trial(&mut self, study: &str, trial: u64, reason: &str) -> Result<bool> {
+        self.fail_trial_at(study, trial, reason, unix_ms())
+    }
+
+    /// [`Batch::fail_trial`] with an explicit time.
+    pub fn fail_trial_at(&mut self, study: &str, trial: u64, reason: &str, at_ms: u64) -> Result<bool> {
+        let context = || format!("failing trial {study}/{trial}");
+        let r = TrialRef { study: study.to_string(), trial, attempt: 0 };
+        self.trial_state(&r)?;
+        let id = to_i64("trial", trial)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?3, outcome = ?4
+                 WHERE study = ?1 AND trial = ?2 AND ended_ms IS NULL",
+            )
+            .ctx(context)?
+            .execute(params![study, id, to_i64("time", at_ms)?, reason])
+            .ctx(context)?;
+        let changed = self
+            .tx
+            .prepare_cached(
+                "UPDATE trials SET state = 'failed', reason = ?3
+                 WHERE study = ?1 AND trial = ?2 AND state IN ('pending', 'running')",
+            )
+            .ctx(context)?
+            .execute(params![study, id, reason])
+            .ctx(context)?;
+        Ok(changed > 0)
+    }
+
+    /// On resume: every running trial of `study` goes back to pending and its
+    /// open attempt is closed with `reason`. Returns how many trials changed.
+    pub fn reset_running(&mut self, study: &str, reason: &str, at_ms: u64) -> Result<u64> {
+        let context = || format!("resetting running trials of study {study:?}");
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?2, outcome = ?3
+                 WHERE study = ?1 AND ended_ms IS NULL
+                   AND trial IN (SELECT trial FROM trials WHERE study = ?1 AND state = 'running')",
+            )
+            .ctx(context)?
+            .execute(params![study, to_i64("time", at_ms)?, reason])
+            .ctx(context)?;
+        let n = self
+            .tx
+            .prepare_cached("UPDATE trials SET state = 'pending' WHERE study = ?1 AND state = 'running'")
+            .ctx(context)?
+            .execute([study])
+            .ctx(context)?;
+        Ok(n as u64)
+    }
+
+    /// Records an agent's announcement; it is online from now on.
+    pub fn upsert_agent(&mut self, info: &AgentInfo, at_ms: u64) -> Result<()> {
+        let context = || format!("recording agent {}", info.agent);
+        let json = serde_json::to_string(info).map_err(|source| StoreError::Json { context: context(), source })?;
+        let at = to_i64("time", at_ms)?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO agents (name, info, first_seen_ms, last_seen_ms, online) VALUES (?1, ?2, ?3, ?3, 1)
+                 ON CONFLICT (name) DO UPDATE SET info = excluded.info, last_seen_ms = excluded.last_seen_ms,
+                     online = 1",
+            )
+            .ctx(context)?
+            .execute(params![info.agent, json, at])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Sets an agent's online flag; returns false for an agent never announced.
+    pub fn set_agent_online(&mut self, name: &str, online: bool, at_ms: u64) -> Result<bool> {
+        let context = || format!("setting agent {name} online={online}");
+        let n = self
+            .tx
+            .prepare_cached("UPDATE agents SET online = ?2, last_seen_ms = MAX(last_seen_ms, ?3) WHERE name = ?1")
+            .ctx(context)?
+            .execute(params![name, online, to_i64("time", at_ms)?])
+            .ctx(context)?;
+        Ok(n > 0)
+    }
+
+    /// Marks the study finished.
+    pub fn finish_study(&mut self, name: &str, at_ms: u64) -> Result<()> {
+        let context = || format!("finishing study {name:?}");
+        let n = self
+            .tx
+            .prepare_cached("UPDATE studies SET state = 'finished', finished_ms = ?2 WHERE name = ?1")
+            .ctx(context)?
+            .execute(params![name, to_i64("time", at_ms)?])
+            .ctx(context)?;
+        if n == 0 {
+            return Err(StoreError::UnknownStudy(name.to_string()));
+        }
+        Ok(())
+    }
+
+    /// The state and highest attempt of a trial, or `UnknownTrial`.
+    fn trial_state(&self, trial: &TrialRef) -> Result<(TrialState, u32)> {
+        let context = || format!("reading the state of trial {}/{}", trial.study, trial.trial);
+        self.tx
+            .prepare_cached("SELECT state, attempts FROM trials WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .query_row(params![trial.study, to_i64("trial", trial.trial)?], |r| Ok((trial_state(r, 0)?, r.get(1)?)))
+            .optional()
+            .ctx(context)?
+            .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })
+    }
+}
+
+/// True when the stored study text describes the same study as `study`.
+fn same_config(stored: &str, study: &Study) -> bool {
+    if stored == study.source {
+        return true;
+    }
+    match study::parse(stored, &study.origin) {
+        Ok(mut old) => {
+            old.source.clone_from(&study.source);
+            old == *study
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,296 @@
+//! The study store: one SQLite file holding studies, their trials, every
+//! attempt, the one accepted result of each trial, progress reports and the
+//! agents seen.
+//!
+//! Columns are plain and readable from the `sqlite3` shell; nested data
+//! (parameters, the measurement record, agent info, metrics) is JSON text.
+//! Writes go through a [`Batch`], one transaction for many events, so the
+//! engine can record thousands of events per second on a small machine.
+//!
+//! Results are accepted exactly once per trial: a result repeated for the same
+//! attempt is a [`RecordOutcome::Duplicate`], a result of an attempt that is
+//! no longer the running one is kept in `attempts` as superseded and never
+//! becomes a second row in `results`.
+//!
+//! The `influx_outbox` table holds points for InfluxDB that are not delivered
+//! yet (see [`crate::sink`]): the engine queues them in the same batch as the
+//! result they describe, and the sink deletes them once the server took them.
+//!
+//! One file per concern: `schema` opens and migrates, `queries` reads,
+//! `batch` writes, `outbox` queues points for InfluxDB, `export` writes CSV
+//! and JSON, `keys` pins agent keys. This file holds the types and column
+//! helpers they share.
+
+use std::fmt;
+
+use rusqlite::types::Type;
+use rusqlite::{Connection, Row, Transaction};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tunefleet_common::measurement::ExitOutcome;
+use tunefleet_common::params::{ParamValue, Params};
+
+mod batch;
+mod export;
+mod keys;
+mod outbox;
+mod queries;
+mod schema;
+
+pub use batch::{RecordOutcome, StudyOpened};
+pub use export::ExportFormat;
+pub use outbox::{OutboxCounts, OutboxRow};
+pub use queries::{AgentRow, AttemptRow, BestRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
+pub use schema::SCHEMA_VERSION;
+
+/// What went wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{context}: {source}")]
+    Sqlite { context: String, source: rusqlite::Error },
+    #[error("{context}: {source}")]
+    Json { context: String, source: serde_json::Error },
+    #[error(
+        "study {study:?} already exists in the store with a different configuration \
+         (give the study a new name, or resume it with its original file)"
+    )]
+    ConfigMismatch { study: String },
+    #[error("unknown study {0:?}")]
+    UnknownStudy(String),
+    #[error("unknown trial {study}/{trial}")]
+    UnknownTrial { study: String, trial: u64 },
+    #[error("trial {study}/{trial} is {state}: it cannot be assigned again")]
+    TrialClosed { study: String, trial: u64, state: TrialState },
+    #[error("{path}: schema version {found} is not one this program knows (it knows {SCHEMA_VERSION})")]
+    SchemaVersion { path: String, found: i64 },
+    #[error("{what} {value} is too large for the store")]
+    OutOfRange { what: &'static str, value: u64 },
+    #[error("exporting study {study:?}: {source}")]
+    Csv { study: String, source: csv::Error },
+    #[error("exporting study {study:?}: {source}")]
+    Write { study: String, source: std::io::Error },
+}
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Adds what the store was doing to a SQLite error.
+trait SqlContext<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> SqlContext<T> for rusqlite::Result<T> {
+    fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| StoreError::Sqlite { context: context(), source })
+    }
+}
+
+/// Where a trial is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TrialState {
+    Pending,
+    Running,
+    Done,
+    Failed,
+}
+
+impl TrialState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrialState::Pending => "pending",
+            TrialState::Running => "running",
+            TrialState::Done => "done",
+            TrialState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [TrialState::Pending, TrialState::Running, TrialState::Done, TrialState::Failed]
+            .into_iter()
+            .find(|t| t.as_str() == s)
+    }
+
+    /// Done or failed: no more attempts are assigned (a trial failed without
+    /// a result may still take the late result of an attempt it had).
+    pub fn is_final(self) -> bool {
+        matches!(self, TrialState::Done | TrialState::Failed)
+    }
+}
+
+impl fmt::Display for TrialState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether a study still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StudyState {
+    Running,
+    Finished,
+}
+
+impl StudyState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StudyState::Running => "running",
+            StudyState::Finished => "finished",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "running" => Some(StudyState::Running),
+            "finished" => Some(StudyState::Finished),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for StudyState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The SQLite study store.
+pub struct Store {
+    conn: Connection,
+    path: String,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+/// A write transaction over the store; see [`Store::batch`].
+pub struct Batch<'a> {
+    tx: Transaction<'a>,
+}
+
+impl fmt::Debug for Batch<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batch").finish_non_exhaustive()
+    }
+}
+
+/// How the workload ended, as readable text.
+pub fn exit_text(exit: &ExitOutcome) -> String {
+    match exit {
+        ExitOutcome::Exited(code) => format!("exited {code}"),
+        ExitOutcome::Signaled(sig) => format!("signal {sig}"),
+        ExitOutcome::TimedOut => "timed out".into(),
+        ExitOutcome::Cancelled => "cancelled".into(),
+        ExitOutcome::SpawnFailed(why) => format!("spawn failed: {why}"),
+    }
+}
+
+/// Parameters as a plain JSON object (`{"lr": 0.1, "opt": "sgd"}`).
+pub fn params_json(params: &Params) -> String {
+    let map: serde_json::Map<String, serde_json::Value> =
+        params.iter().map(|(k, v)| (k.clone(), param_value_json(v))).collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+fn param_value_json(v: &ParamValue) -> serde_json::Value {
+    match v {
+        ParamValue::Int(i) => serde_json::Value::from(*i),
+        ParamValue::Float(f) => serde_json::Number::from_f64(*f).map_or(serde_json::Value::Null, Into::into),
+        ParamValue::Text(s) => serde_json::Value::from(s.clone()),
+    }
+}
+
+/// Parses what [`params_json`] wrote.
+pub fn params_from_json(text: &str) -> Result<Params, serde_json::Error> {
+    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
+    let mut out = Params::new();
+    for (k, v) in map {
+        let value = match v {
+            serde_json::Value::Number(n) => match n.as_i64() {
+                Some(i) => ParamValue::Int(i),
+                None => ParamValue::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(s) => ParamValue::Text(s),
+            other => ParamValue::Text(other.to_string()),
+        };
+        out.insert(k, value);
+    }
+    Ok(out)
+}
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn to_i64(what: &'static str, value: u64) -> Result<i64> {
+    i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
+}
+
+fn get_u64(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
+    let v: i64 = row.get(idx)?;
+    u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Integer, Box::new(e)))
+}
+
+fn get_opt_u64(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u64>> {
+    let v: Option<i64> = row.get(idx)?;
+    v.map(|v| u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Integer, Box::new(e))))
+        .transpose()
+}
+
+fn json_col<T: DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+}
+
+fn params_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Params> {
+    let text: String = row.get(idx)?;
+    params_from_json(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+}
+
+fn bad_text(idx: usize, what: &str, value: &str) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, format!("unknown {what} {value:?}").into())
+}
+
+fn trial_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<TrialState> {
+    let text: String = row.get(idx)?;
+    TrialState::parse(&text).ok_or_else(|| bad_text(idx, "trial state", &text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_json_round_trips_plain_values() {
+        let mut p = Params::new();
+        p.insert("lr".into(), ParamValue::Float(0.05));
+        p.insert("whole".into(), ParamValue::Float(2.0));
+        p.insert("batch".into(), ParamValue::Int(32));
+        p.insert("opt".into(), ParamValue::Text("sgd".into()));
+        let text = params_json(&p);
+        assert_eq!(text, r#"{"batch":32,"lr":0.05,"opt":"sgd","whole":2.0}"#);
+        assert_eq!(params_from_json(&text).expect("parses"), p);
+    }
+
+    #[test]
+    fn exit_text_is_readable() {
+        assert_eq!(exit_text(&ExitOutcome::Exited(0)), "exited 0");
+        assert_eq!(exit_text(&ExitOutcome::Signaled(9)), "signal 9");
+        assert_eq!(exit_text(&ExitOutcome::TimedOut), "timed out");
+        assert_eq!(exit_text(&ExitOutcome::SpawnFailed("no such file".into())), "spawn failed: no such file");
+    }
+
+    #[test]
+    fn trial_state_text_round_trips() {
+        for s in [TrialState::Pending, TrialState::Running, TrialState::Done, TrialState::Failed] {
+            assert_eq!(TrialState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(TrialState::parse("lost"), None);
+    }
+}

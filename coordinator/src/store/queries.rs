@@ -1,0 +1,420 @@
+//! Read queries over a store: studies, trials, attempts, results, the best
+//! and unranked results, progress and agents.
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+use serde::Serialize;
+use tunefleet_common::measurement::Measurement;
+use tunefleet_common::message::{AgentInfo, TrialRef};
+use tunefleet_common::params::Params;
+
+use super::{
+    bad_text, get_opt_u64, get_u64, json_col, params_col, to_i64, trial_state, Result, SqlContext, Store, StoreError,
+    StudyState, TrialState,
+};
+use crate::search::TrialPlan;
+use crate::study::Direction;
+
+/// A study as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StudyRow {
+    pub name: String,
+    /// The study file text it was created from.
+    pub config: String,
+    pub metric: String,
+    pub direction: Direction,
+    pub created_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub state: StudyState,
+    /// Trials of the study, repeats included.
+    pub total: u64,
+    pub pending: u64,
+    pub running: u64,
+    pub done: u64,
+    pub failed: u64,
+}
+
+/// A trial as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialRow {
+    pub trial: u64,
+    pub repeat: u32,
+    pub params: Params,
+    pub state: TrialState,
+    /// The highest attempt number assigned so far (0: never assigned).
+    pub attempts: u32,
+    /// Why the trial failed, when it did.
+    pub reason: Option<String>,
+    /// The agent of the accepted result, else of the latest attempt.
+    pub agent: Option<String>,
+    /// The objective of the accepted result, when it succeeded and had one.
+    pub objective: Option<f64>,
+    /// Attempts that ended without becoming the trial's result (requeued,
+    /// reassigned, ended by [`Batch::end_attempt`]...).
+    pub failures: u32,
+}
+
+impl TrialRow {
+    /// The plan this trial came from, to render it again on resume.
+    pub fn plan(&self) -> TrialPlan {
+        TrialPlan { trial: self.trial, params: self.params.clone(), repeat: self.repeat }
+    }
+}
+
+/// Counts of a study's trials by state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TrialCounts {
+    pub pending: u64,
+    pub running: u64,
+    pub done: u64,
+    pub failed: u64,
+}
+
+impl TrialCounts {
+    pub fn total(&self) -> u64 {
+        self.pending + self.running + self.done + self.failed
+    }
+}
+
+/// One attempt of a trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttemptRow {
+    pub trial: u64,
+    pub attempt: u32,
+    pub agent: String,
+    pub assigned_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub outcome: Option<String>,
+    pub superseded: bool,
+}
+
+/// The accepted result of a trial.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResultRow {
+    pub trial: u64,
+    pub repeat: u32,
+    pub params: Params,
+    pub attempt: u32,
+    pub agent: String,
+    pub success: bool,
+    pub objective: Option<f64>,
+    pub wall_us: u64,
+    pub user_us: u64,
+    pub sys_us: u64,
+    pub exit: String,
+    pub energy_j: Option<f64>,
+    pub energy_source: Option<String>,
+    pub received_ms: u64,
+    pub measurement: Measurement,
+}
+
+/// One of the best results of a study (see [`Store::best`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BestRow {
+    pub trial: u64,
+    pub repeat: u32,
+    pub params: Params,
+    pub objective: f64,
+    pub attempt: u32,
+    pub agent: String,
+    pub wall_us: u64,
+    pub energy_j: Option<f64>,
+    pub energy_source: Option<String>,
+}
+
+/// Successful results [`Store::best`] does not rank (see [`Store::unranked`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Unranked {
+    /// The objective is `energy` and the energy reading is invalid (a
+    /// battery charging or on external power, a zone that vanished...).
+    pub invalid_energy: u64,
+    /// No value for the objective (the workload did not report the metric).
+    pub no_value: u64,
+}
+
+impl Unranked {
+    pub fn total(&self) -> u64 {
+        self.invalid_energy + self.no_value
+    }
+}
+
+/// An agent the coordinator has seen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentRow {
+    pub name: String,
+    pub info: AgentInfo,
+    pub first_seen_ms: u64,
+    pub last_seen_ms: u64,
+    pub online: bool,
+}
+
+impl Store {
+    /// Every study, oldest first.
+    pub fn studies(&self) -> Result<Vec<StudyRow>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&format!("{STUDY_SELECT} ORDER BY s.created_ms, s.name"))
+            .ctx(|| "listing studies".into())?;
+        let rows = stmt.query_map([], study_row).ctx(|| "listing studies".into())?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(|| "listing studies".into())
+    }
+
+    /// One study, if it exists.
+    pub fn study(&self, name: &str) -> Result<Option<StudyRow>> {
+        study_by_name(&self.conn, name)
+    }
+
+    /// Every trial of `study`, by trial id.
+    pub fn trials(&self, study: &str) -> Result<Vec<TrialRow>> {
+        self.trial_rows(study, &format!("{TRIAL_SELECT} ORDER BY t.trial"))
+    }
+
+    /// Trials without a final outcome (pending or running), by trial id: what
+    /// a resumed study still has to run. Running trials were interrupted;
+    /// [`Batch::reset_running`] turns them back into pending ones.
+    pub fn pending_trials(&self, study: &str) -> Result<Vec<TrialRow>> {
+        self.trial_rows(study, &format!("{TRIAL_SELECT} AND t.state IN ('pending', 'running') ORDER BY t.trial"))
+    }
+
+    fn trial_rows(&self, study: &str, sql: &str) -> Result<Vec<TrialRow>> {
+        let context = || format!("reading trials of study {study:?}");
+        let mut stmt = self.conn.prepare_cached(sql).ctx(context)?;
+        let rows = stmt.query_map([study], trial_row).ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// How many trials of `study` are in each state.
+    pub fn trial_counts(&self, study: &str) -> Result<TrialCounts> {
+        let context = || format!("counting trials of study {study:?}");
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT state, COUNT(*) FROM trials WHERE study = ?1 GROUP BY state")
+            .ctx(context)?;
+        let mut rows = stmt.query([study]).ctx(context)?;
+        let mut counts = TrialCounts::default();
+        while let Some(row) = rows.next().ctx(context)? {
+            let n = get_u64(row, 1).ctx(context)?;
+            match trial_state(row, 0).ctx(context)? {
+                TrialState::Pending => counts.pending = n,
+                TrialState::Running => counts.running = n,
+                TrialState::Done => counts.done = n,
+                TrialState::Failed => counts.failed = n,
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Every attempt of one trial, in order.
+    pub fn attempts(&self, study: &str, trial: u64) -> Result<Vec<AttemptRow>> {
+        let context = || format!("reading attempts of {study}/{trial}");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT trial, attempt, agent, assigned_ms, ended_ms, outcome, superseded
+                 FROM attempts WHERE study = ?1 AND trial = ?2 ORDER BY attempt",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map(params![study, to_i64("trial", trial)?], |row| {
+                Ok(AttemptRow {
+                    trial: get_u64(row, 0)?,
+                    attempt: row.get(1)?,
+                    agent: row.get(2)?,
+                    assigned_ms: get_u64(row, 3)?,
+                    ended_ms: get_opt_u64(row, 4)?,
+                    outcome: row.get(5)?,
+                    superseded: row.get(6)?,
+                })
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Every accepted result of `study`, by trial id.
+    pub fn results(&self, study: &str) -> Result<Vec<ResultRow>> {
+        let context = || format!("reading results of study {study:?}");
+        let mut stmt = self.conn.prepare_cached(&format!("{RESULT_SELECT} ORDER BY r.trial")).ctx(context)?;
+        let rows = stmt.query_map(params![study], result_row).ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// The `n` best successful results with an objective, in the study's
+    /// direction; ties go to the lower trial id. In an `energy` study only
+    /// valid energy readings are ranked (stores written before objectives
+    /// left invalid readings out hold their joules anyway); [`Store::unranked`]
+    /// counts what was left out.
+    pub fn best(&self, study: &str, n: usize) -> Result<Vec<BestRow>> {
+        let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
+        let order = match row.direction {
+            Direction::Minimize => "ASC",
+            Direction::Maximize => "DESC",
+        };
+        let sql = format!(
+            "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
+                    r.energy_source
+             FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
+             WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
+                   AND (?3 != 'energy' OR r.energy_valid = 1)
+             ORDER BY r.objective {order}, r.trial ASC LIMIT ?2"
+        );
+        let context = || format!("reading the best results of study {study:?}");
+        let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;
+        let limit = i64::try_from(n).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![study, limit, row.metric], |row| {
+                Ok(BestRow {
+                    trial: get_u64(row, 0)?,
+                    repeat: row.get(1)?,
+                    params: params_col(row, 2)?,
+                    objective: row.get(3)?,
+                    attempt: row.get(4)?,
+                    agent: row.get(5)?,
+                    wall_us: get_u64(row, 6)?,
+                    energy_j: row.get(7)?,
+                    energy_source: row.get(8)?,
+                })
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Successful results of `study` that [`Store::best`] leaves out, by why.
+    pub fn unranked(&self, study: &str) -> Result<Unranked> {
+        let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
+        let context = || format!("counting the unranked results of study {study:?}");
+        self.conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(?2 = 'energy' AND COALESCE(energy_valid, 0) = 0), 0),
+                        COALESCE(SUM(objective IS NULL AND NOT (?2 = 'energy' AND COALESCE(energy_valid, 0) = 0)), 0)
+                 FROM results WHERE study = ?1 AND success = 1",
+            )
+            .ctx(context)?
+            .query_row(params![study, row.metric], |r| {
+                Ok(Unranked { invalid_energy: get_u64(r, 0)?, no_value: get_u64(r, 1)? })
+            })
+            .ctx(context)
+    }
+
+    /// Progress reports of one attempt, by epoch: `(epoch, elapsed_us, metrics)`.
+    pub fn progress(&self, trial: &TrialRef) -> Result<Vec<(u32, u64, tunefleet_common::measurement::Metrics)>> {
+        let context = || format!("reading progress of {trial}");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT epoch, elapsed_us, metrics FROM progress
+                 WHERE study = ?1 AND trial = ?2 AND attempt = ?3 ORDER BY epoch",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt], |row| {
+                Ok((row.get(0)?, get_u64(row, 1)?, json_col(row, 2)?))
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Every agent seen, by name.
+    pub fn agents(&self) -> Result<Vec<AgentRow>> {
+        let context = || "listing agents".to_string();
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT name, info, first_seen_ms, last_seen_ms, online FROM agents ORDER BY name")
+            .ctx(context)?;
+        let rows = stmt
+            .query_map([], |row| {
+                Ok(AgentRow {
+                    name: row.get(0)?,
+                    info: json_col(row, 1)?,
+                    first_seen_ms: get_u64(row, 2)?,
+                    last_seen_ms: get_u64(row, 3)?,
+                    online: row.get(4)?,
+                })
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+}
+
+const STUDY_SELECT: &str = "SELECT s.name, s.config, s.metric, s.direction, s.created_ms, s.finished_ms, s.state,
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name),
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'pending'),
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'running'),
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'done'),
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'failed')
+    FROM studies s";
+
+fn study_row(row: &Row<'_>) -> rusqlite::Result<StudyRow> {
+    let direction: String = row.get(3)?;
+    let state: String = row.get(6)?;
+    Ok(StudyRow {
+        name: row.get(0)?,
+        config: row.get(1)?,
+        metric: row.get(2)?,
+        direction: Direction::parse(&direction).ok_or_else(|| bad_text(3, "direction", &direction))?,
+        created_ms: get_u64(row, 4)?,
+        finished_ms: get_opt_u64(row, 5)?,
+        state: StudyState::parse(&state).ok_or_else(|| bad_text(6, "study state", &state))?,
+        total: get_u64(row, 7)?,
+        pending: get_u64(row, 8)?,
+        running: get_u64(row, 9)?,
+        done: get_u64(row, 10)?,
+        failed: get_u64(row, 11)?,
+    })
+}
+
+pub(super) fn study_by_name(conn: &Connection, name: &str) -> Result<Option<StudyRow>> {
+    let context = || format!("reading study {name:?}");
+    conn.prepare_cached(&format!("{STUDY_SELECT} WHERE s.name = ?1"))
+        .ctx(context)?
+        .query_row([name], study_row)
+        .optional()
+        .ctx(context)
+}
+
+const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attempts, t.reason,
+        COALESCE(r.agent, a.agent),
+        CASE WHEN r.success = 1 THEN r.objective END,
+        (SELECT COUNT(*) FROM attempts f
+         WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt)
+    FROM trials t
+    LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
+    LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
+    WHERE t.study = ?1";
+
+fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
+    Ok(TrialRow {
+        trial: get_u64(row, 0)?,
+        repeat: row.get(1)?,
+        params: params_col(row, 2)?,
+        state: trial_state(row, 3)?,
+        attempts: row.get(4)?,
+        reason: row.get(5)?,
+        agent: row.get(6)?,
+        objective: row.get(7)?,
+        failures: row.get(8)?,
+    })
+}
+
+const RESULT_SELECT: &str = "SELECT r.trial, t.repeat, t.params, r.attempt, r.agent, r.success, r.objective,
+        r.wall_us, r.user_us, r.sys_us, r.exit, r.energy_j, r.energy_source, r.received_ms, r.measurement
+    FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
+    WHERE r.study = ?1";
+
+fn result_row(row: &Row<'_>) -> rusqlite::Result<ResultRow> {
+    Ok(ResultRow {
+        trial: get_u64(row, 0)?,
+        repeat: row.get(1)?,
+        params: params_col(row, 2)?,
+        attempt: row.get(3)?,
+        agent: row.get(4)?,
+        success: row.get(5)?,
+        objective: row.get(6)?,
+        wall_us: get_u64(row, 7)?,
+        user_us: get_u64(row, 8)?,
+        sys_us: get_u64(row, 9)?,
+        exit: row.get(10)?,
+        energy_j: row.get(11)?,
+        energy_source: row.get(12)?,
+        received_ms: get_u64(row, 13)?,
+        measurement: json_col(row, 14)?,
+    })
+}

@@ -1,0 +1,176 @@
+//! Opening a store: the SQLite schema, its version and the migration that
+//! creates it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+use super::outbox::OUTBOX_SCHEMA;
+use super::{keys, Result, SqlContext, Store, StoreError};
+
+/// Version of the schema below, kept in `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// How long a writer waits for another connection's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS studies (
+    name        TEXT PRIMARY KEY NOT NULL,
+    config      TEXT NOT NULL,
+    metric      TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('minimize', 'maximize')),
+    created_ms  INTEGER NOT NULL,
+    finished_ms INTEGER,
+    state       TEXT NOT NULL CHECK (state IN ('running', 'finished'))
+);
+CREATE TABLE IF NOT EXISTS trials (
+    study    TEXT NOT NULL,
+    trial    INTEGER NOT NULL,
+    params   TEXT NOT NULL,
+    repeat   INTEGER NOT NULL,
+    state    TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reason   TEXT,
+    PRIMARY KEY (study, trial)
+);
+CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
+CREATE TABLE IF NOT EXISTS attempts (
+    study       TEXT NOT NULL,
+    trial       INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    agent       TEXT NOT NULL,
+    assigned_ms INTEGER NOT NULL,
+    ended_ms    INTEGER,
+    outcome     TEXT,
+    superseded  INTEGER NOT NULL DEFAULT 0 CHECK (superseded IN (0, 1)),
+    PRIMARY KEY (study, trial, attempt)
+);
+CREATE TABLE IF NOT EXISTS results (
+    study         TEXT NOT NULL,
+    trial         INTEGER NOT NULL,
+    attempt       INTEGER NOT NULL,
+    agent         TEXT NOT NULL,
+    success       INTEGER NOT NULL CHECK (success IN (0, 1)),
+    objective     REAL,
+    wall_us       INTEGER NOT NULL,
+    user_us       INTEGER NOT NULL,
+    sys_us        INTEGER NOT NULL,
+    max_rss_kib   INTEGER NOT NULL,
+    exit          TEXT NOT NULL,
+    energy_j      REAL,
+    energy_source TEXT,
+    energy_valid  INTEGER,
+    measurement   TEXT NOT NULL,
+    received_ms   INTEGER NOT NULL,
+    PRIMARY KEY (study, trial)
+);
+CREATE INDEX IF NOT EXISTS results_by_objective ON results (study, success, objective);
+CREATE TABLE IF NOT EXISTS progress (
+    study      TEXT NOT NULL,
+    trial      INTEGER NOT NULL,
+    attempt    INTEGER NOT NULL,
+    epoch      INTEGER NOT NULL,
+    metrics    TEXT NOT NULL,
+    elapsed_us INTEGER NOT NULL,
+    PRIMARY KEY (study, trial, attempt, epoch)
+);
+CREATE TABLE IF NOT EXISTS agents (
+    name          TEXT PRIMARY KEY NOT NULL,
+    info          TEXT NOT NULL,
+    first_seen_ms INTEGER NOT NULL,
+    last_seen_ms  INTEGER NOT NULL,
+    online        INTEGER NOT NULL CHECK (online IN (0, 1))
+);
+"#;
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, in WAL mode.
+    pub fn open(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        let conn = Connection::open(path).ctx(|| format!("{shown}: cannot open store"))?;
+        conn.busy_timeout(BUSY_TIMEOUT).ctx(|| format!("{shown}: setting busy_timeout"))?;
+        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
+            .ctx(|| format!("{shown}: switching to WAL"))?;
+        Self::prepare(conn, shown)
+    }
+
+    /// Opens an existing store for queries only.
+    pub fn open_read_only(path: &Path) -> Result<Self> {
+        let shown = path.display().to_string();
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(path, flags).ctx(|| format!("{shown}: cannot open store"))?;
+        conn.busy_timeout(BUSY_TIMEOUT).ctx(|| format!("{shown}: setting busy_timeout"))?;
+        let found: i64 =
+            conn.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{shown}: reading schema"))?;
+        if found != SCHEMA_VERSION {
+            return Err(StoreError::SchemaVersion { path: shown, found });
+        }
+        conn.set_prepared_statement_cache_capacity(32);
+        Ok(Store { conn, path: shown })
+    }
+
+    /// A store in memory, for tests and dry runs.
+    pub fn open_in_memory() -> Result<Self> {
+        let conn = Connection::open_in_memory().ctx(|| "opening an in-memory store".to_string())?;
+        Self::prepare(conn, ":memory:".to_string())
+    }
+
+    fn prepare(conn: Connection, path: String) -> Result<Self> {
+        conn.pragma_update(None, "synchronous", "NORMAL").ctx(|| format!("{path}: setting synchronous"))?;
+        conn.set_prepared_statement_cache_capacity(32);
+        let mut store = Store { conn, path };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Creates the schema in a fresh file; refuses a file from a newer version.
+    fn migrate(&mut self) -> Result<()> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .ctx(|| format!("{path}: starting schema transaction"))?;
+        let found: i64 =
+            tx.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{path}: reading schema"))?;
+        match found {
+            0 => {
+                tx.execute_batch(SCHEMA).ctx(|| format!("{path}: creating schema"))?;
+                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .ctx(|| format!("{path}: setting schema version"))?;
+            }
+            SCHEMA_VERSION => {}
+            found => return Err(StoreError::SchemaVersion { path, found }),
+        }
+        tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
+        tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
+        tx.commit().ctx(|| format!("{path}: committing schema"))
+    }
+
+    /// Where the store lives (`:memory:` for an in-memory store).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_is_idempotent_and_versioned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.db");
+        drop(Store::open(&path).expect("creates"));
+        let store = Store::open(&path).expect("reopens");
+        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        assert_eq!(v, SCHEMA_VERSION);
+        let mode: String = store.conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).expect("mode");
+        assert_eq!(mode.to_lowercase(), "wal");
+        store.conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).expect("bump");
+        drop(store);
+        let e = Store::open(&path).expect_err("newer schema refused");
+        assert!(matches!(e, StoreError::SchemaVersion { found, .. } if found == SCHEMA_VERSION + 1), "{e}");
+    }
+}
