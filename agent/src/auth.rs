@@ -212,20 +212,7 @@ mod tests {
     use tunefleet_common::decode;
 
     fn info() -> AgentInfo {
-        AgentInfo {
-            agent: "a1".into(),
-            instance: 5,
-            version: "0".into(),
-            arch: "x86_64".into(),
-            os: "linux".into(),
-            kernel: "6".into(),
-            cores: 2,
-            memory_bytes: 1,
-            slots: 1,
-            energy: vec![],
-            counters: vec![],
-            tags: Default::default(),
-        }
+        AgentInfo::minimal("a1", 5)
     }
 
     fn status(id: &Identity, online: bool, instance: u64, started: u64) -> Signed {

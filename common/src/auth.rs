@@ -577,20 +577,7 @@ mod tests {
     use crate::message::{AgentStatus, Cancel, TrialRef, WorkRequest};
 
     fn info(instance: u64) -> AgentInfo {
-        AgentInfo {
-            agent: "a1".into(),
-            instance,
-            version: "0".into(),
-            arch: "x86_64".into(),
-            os: "linux".into(),
-            kernel: "6".into(),
-            cores: 2,
-            memory_bytes: 1,
-            slots: 1,
-            energy: vec![],
-            counters: vec![],
-            tags: Default::default(),
-        }
+        AgentInfo::minimal("a1", instance)
     }
 
     fn handshake() -> (Session, Session, Identity) {

@@ -52,6 +52,28 @@ pub struct AgentInfo {
     pub tags: BTreeMap<String, String>,
 }
 
+impl AgentInfo {
+    /// An agent that says nothing about itself but its name and process
+    /// instance (one slot, no energy source, no counters): for simulators
+    /// and tests, which change the fields they care about.
+    pub fn minimal(agent: &str, instance: u64) -> Self {
+        AgentInfo {
+            agent: agent.to_string(),
+            instance,
+            version: String::new(),
+            arch: std::env::consts::ARCH.to_string(),
+            os: std::env::consts::OS.to_string(),
+            kernel: String::new(),
+            cores: 1,
+            memory_bytes: 0,
+            slots: 1,
+            energy: Vec::new(),
+            counters: Vec::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+}
+
 /// Retained per agent, sealed in the agent's session. A connection lost
 /// without a goodbye ends with the agent's Last Will instead
 /// ([`crate::auth::Will`]).

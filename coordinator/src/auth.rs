@@ -269,20 +269,7 @@ mod tests {
     use tunefleet_common::message::{AgentInfo, WorkRequest};
 
     fn info(agent: &str, instance: u64) -> AgentInfo {
-        AgentInfo {
-            agent: agent.into(),
-            instance,
-            version: "0".into(),
-            arch: "x86_64".into(),
-            os: "linux".into(),
-            kernel: "6".into(),
-            cores: 2,
-            memory_bytes: 1,
-            slots: 1,
-            energy: vec![],
-            counters: vec![],
-            tags: Default::default(),
-        }
+        AgentInfo::minimal(agent, instance)
     }
 
     fn sessions() -> Sessions {

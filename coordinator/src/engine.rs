@@ -690,20 +690,7 @@ high = 4
     }
 
     fn info() -> AgentInfo {
-        AgentInfo {
-            agent: "a".into(),
-            instance: 1,
-            version: "0".into(),
-            arch: "x86_64".into(),
-            os: "linux".into(),
-            kernel: String::new(),
-            cores: 2,
-            memory_bytes: 1 << 30,
-            slots: 2,
-            energy: vec![],
-            counters: vec![],
-            tags: Default::default(),
-        }
+        AgentInfo { slots: 2, ..AgentInfo::minimal("a", 1) }
     }
 
     impl Rig {

@@ -11,7 +11,6 @@
 //! * `real`: the whole path: 1, 4 and 16 `tunefleet-agent` processes running
 //!   `true` as the workload (wrapper, perf counters, energy estimate, store).
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -176,20 +175,7 @@ fn fake_measurement() -> Measurement {
 /// Returns the assignment latencies it saw, in milliseconds.
 async fn sim_agent(name: String, port: u16, topics: Topics) -> Vec<f64> {
     let (c, mut el) = client(&format!("tf-agent-{name}"), port);
-    let info = AgentInfo {
-        agent: name.clone(),
-        instance: rand_instance(&name),
-        version: "bench".into(),
-        arch: std::env::consts::ARCH.into(),
-        os: "linux".into(),
-        kernel: String::new(),
-        cores: 2,
-        memory_bytes: 1 << 30,
-        slots: 1,
-        energy: vec![],
-        counters: vec![],
-        tags: BTreeMap::new(),
-    };
+    let info = AgentInfo { cores: 2, memory_bytes: 1 << 30, ..AgentInfo::minimal(&name, rand_instance(&name)) };
     // Authenticated like the real agent: its own key, a signed Hello, sealed messages.
     let identity = auth::Identity::generate().expect("key").0;
     let (_, will_hash) = auth::new_will(info.instance).expect("will");

@@ -317,7 +317,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
 
         // Mallory's own, legitimate session: a key, a signed Hello, a Welcome.
         let me = auth::Identity::generate().expect("key").0;
-        let info = AgentInfo { agent: "mallory".into(), instance: 666, ..flood_info() };
+        let info = AgentInfo::minimal("mallory", 666);
         let (_, will_hash) = auth::new_will(666).expect("will");
         let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash).expect("hello");
         publish(
@@ -401,7 +401,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         // 4. A flood of Hellos under new names, each with a key of its own.
         for i in 0..40 {
             let id = auth::Identity::generate().expect("key").0;
-            let info = AgentInfo { agent: format!("flood-{i}"), instance: i, ..flood_info() };
+            let info = AgentInfo::minimal(&format!("flood-{i}"), i);
             let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32]).expect("hello");
             publish(
                 topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
@@ -451,23 +451,6 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     assert_eq!(attempts, i64::from(trials), "one attempt per trial: the forged Cancels stopped nothing");
     drop(agents);
     assert_agents_spools_empty(&names);
-}
-
-fn flood_info() -> AgentInfo {
-    AgentInfo {
-        agent: String::new(),
-        instance: 0,
-        version: "0".into(),
-        arch: "x86_64".into(),
-        os: "linux".into(),
-        kernel: String::new(),
-        cores: 1,
-        memory_bytes: 1,
-        slots: 1,
-        energy: vec![],
-        counters: vec![],
-        tags: Default::default(),
-    }
 }
 
 #[test]
