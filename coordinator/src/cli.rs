@@ -10,17 +10,16 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::builder::NonEmptyStringValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use tunefleet_common::security::{ClientSecurity, SecurityArgs, PASSWORD_ENV};
+use tunefleet_common::security::{SecurityArgs, PASSWORD_ENV};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
 use crate::broker::{self, BrokerSettings, BrokerTls};
-use crate::engine::{Engine, Summary};
-use crate::progress::Progress;
-use crate::sink::{Flusher, InfluxUrl, SinkConfig};
+use crate::engine::Summary;
+use crate::run::{BrokerChoice, RunConfig};
+use crate::sink::{InfluxUrl, SinkConfig};
 use crate::store::{BestRow, ExportFormat, Store, Unranked};
 use crate::study::{self, Study};
-use crate::transport::{self, TransportConfig};
 
 /// The demo study, bundled so `tunefleet demo` works from any directory.
 pub const DEMO_STUDY: &str = include_str!("../../examples/studies/demo.toml");
@@ -169,13 +168,12 @@ pub struct BrokerArgs {
 }
 
 impl BrokerArgs {
-    /// Starts the embedded broker unless `--broker` names an external one;
-    /// returns the URL agents use and how the coordinator itself connects.
-    fn connect_to(&self) -> anyhow::Result<(BrokerUrl, BrokerUrl, ClientSecurity)> {
+    /// The embedded broker's settings, unless `--broker` names an external one.
+    fn choice(&self) -> anyhow::Result<BrokerChoice> {
         if let Some(url) = &self.broker {
             let password = std::env::var(PASSWORD_ENV).ok();
             let security = self.security.resolve(url, password)?;
-            return Ok((url.clone(), url.clone(), security));
+            return Ok(BrokerChoice::External { url: url.clone(), security });
         }
         let users = self.broker_users.as_deref().map(broker::read_users).transpose().map_err(anyhow::Error::msg)?;
         let tls = match (&self.broker_cert, &self.broker_key, &self.broker_client_ca) {
@@ -191,12 +189,7 @@ impl BrokerArgs {
                 self.listen
             );
         }
-        let secure = tls.is_some();
-        let b = broker::start(&BrokerSettings { listen: self.listen, users, nodelay: true, tls })?;
-        tracing::info!(addr = %b.addr, tls = secure, "embedded broker listening");
-        let public = BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls: secure };
-        let internal = BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
-        Ok((public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None }))
+        Ok(BrokerChoice::Embedded(BrokerSettings { listen: self.listen, users, nodelay: true, tls }))
     }
 }
 
@@ -462,9 +455,8 @@ fn open_existing(path: &Path) -> anyhow::Result<Store> {
     Ok(Store::open_read_only(path)?)
 }
 
-/// Connects to the broker (starting the embedded one unless `--broker` is
-/// given) and runs `study` to the end. With an InfluxDB URL, a sink delivers
-/// the results' points meanwhile and for up to `--influx-grace` after.
+/// Runs `study` through [`crate::run::run`] with the flags' settings, and
+/// prints what scripts read: the broker URL first, the InfluxDB figures last.
 pub async fn run_study(
     study: Study,
     args: &BrokerArgs,
@@ -473,33 +465,21 @@ pub async fn run_study(
     progress: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
-    let topics = Topics::new(&args.root)?;
-    let (url, connect_url, security) = args.connect_to()?;
-    // Scripts and tests read this line to find a broker on a port the OS chose.
-    println!("broker: {url}");
-    let store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
-    let identity = args.key.load(store_path)?;
-    let instance: u64 = rand::random();
-    let started =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let mut sessions = crate::auth::Sessions::new(identity, instance, started);
-    sessions.max_agents = args.max_agents;
-    let (outbox, inbound) = transport::connect(TransportConfig {
-        url: connect_url,
-        client_id: format!("tf-coordinator-{instance:016x}"),
-        topics,
+    let config = RunConfig {
+        study,
+        broker: args.choice()?,
+        topics: Topics::new(&args.root)?,
         keepalive: Duration::from_secs(args.keepalive),
-        security,
-        online_status: sessions.status_payload(true)?,
-        offline_status: sessions.status_payload(false)?,
-    })?;
-    let sink = influx.config().map(|c| Flusher::spawn(c, store_path)).transpose()?;
-    let mut engine = Engine::new(store, outbox, Progress::new(progress), sessions).with_influx(sink.is_some());
-    let name = study.name.clone();
-    engine.start_study(study)?;
-    let result = engine.run_study(&name, inbound, shutdown).await;
-    if let Some(sink) = sink {
-        let stats = sink.drain(Duration::from_secs(influx.influx_grace)).await?;
+        store: store_path.to_path_buf(),
+        identity: args.key.resolve(store_path),
+        max_agents: args.max_agents,
+        influx: influx.config().map(|c| (c, Duration::from_secs(influx.influx_grace))),
+        progress,
+        // Scripts and tests read this line to find a broker on a port the OS chose.
+        on_broker: Some(Box::new(|url| println!("broker: {url}"))),
+    };
+    let outcome = crate::run::run(config, shutdown).await?;
+    if let Some(stats) = outcome.influx {
         // Scripts and tests read this line.
         println!(
             "influx: {} points delivered, {} waiting in the store, {} refused",
@@ -513,7 +493,7 @@ pub async fn run_study(
             );
         }
     }
-    Ok(result?)
+    Ok(outcome.summary)
 }
 
 fn print_summary(s: &Summary, store: &Path) {

@@ -1,10 +1,14 @@
-//! The Tunefleet coordinator as a library.
+//! The Tunefleet coordinator as a library: [`run`] runs a study; `main.rs`
+//! parses flags ([`cli`]) and waits for signals.
+
+pub use run::{run, RunConfig, RunError, RunOutcome};
 
 pub mod auth;
 pub mod broker;
 pub mod cli;
 pub mod engine;
 pub mod progress;
+pub mod run;
 pub mod sched;
 pub mod search;
 pub mod sink;

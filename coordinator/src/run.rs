@@ -1,0 +1,144 @@
+//! The coordinator as a library: [`run`] starts the embedded broker (or
+//! connects to an external one), opens the store, loads the coordinator's
+//! key, runs one study until it ends or `shutdown` completes, and drains the
+//! InfluxDB sink. `cli.rs` only turns flags into a [`RunConfig`] and prints;
+//! tests and other programs call [`run`] directly.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tunefleet_common::auth::{self, Identity, KeyFileError};
+use tunefleet_common::security::ClientSecurity;
+use tunefleet_common::topic::Topics;
+use tunefleet_common::{BrokerUrl, CodecError};
+
+use crate::auth::Sessions;
+use crate::broker::{self, BrokerError, BrokerSettings};
+use crate::engine::{Engine, EngineError, Summary};
+use crate::progress::Progress;
+use crate::sink::{Flusher, SinkConfig, SinkError, SinkStats};
+use crate::store::{Store, StoreError};
+use crate::study::Study;
+use crate::transport::{self, TransportConfig, TransportError};
+
+/// Which broker the fleet meets on.
+#[derive(Debug, Clone)]
+pub enum BrokerChoice {
+    /// Start rumqttd in this process with these settings.
+    Embedded(BrokerSettings),
+    /// Use a broker that already runs: its URL and how to log in.
+    External { url: BrokerUrl, security: ClientSecurity },
+}
+
+/// Everything one run needs.
+pub struct RunConfig {
+    pub study: Study,
+    pub broker: BrokerChoice,
+    pub topics: Topics,
+    pub keepalive: Duration,
+    /// The SQLite store (created when missing; a study in it is resumed).
+    pub store: PathBuf,
+    /// The coordinator's Ed25519 key (created when missing).
+    pub identity: PathBuf,
+    /// Bound on the agents whose keys are pinned.
+    pub max_agents: u64,
+    /// Where results' points go besides the store, and how long to keep
+    /// delivering them after the study.
+    pub influx: Option<(SinkConfig, Duration)>,
+    /// Show a progress bar (a terminal) or plain lines.
+    pub progress: bool,
+    /// Told the URL agents use once the broker is up (`tunefleet run`
+    /// prints it: scripts read it to find a port the OS chose).
+    pub on_broker: Option<OnBroker>,
+}
+
+/// A callback given the broker URL agents use.
+pub type OnBroker = Box<dyn FnOnce(&BrokerUrl) + Send>;
+
+/// What a run did.
+#[derive(Debug)]
+pub struct RunOutcome {
+    pub summary: Summary,
+    /// The InfluxDB sink's final figures, when there was one.
+    pub influx: Option<SinkStats>,
+}
+
+/// Why a run stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("embedded broker: {0}")]
+    Broker(#[from] BrokerError),
+    #[error("opening the store {path}: {source}")]
+    Store { path: PathBuf, source: StoreError },
+    #[error("the coordinator's key: {0}")]
+    Key(#[from] KeyFileError),
+    #[error("signing the coordinator status: {0}")]
+    Codec(#[from] CodecError),
+    #[error("MQTT: {0}")]
+    Transport(#[from] TransportError),
+    #[error("InfluxDB sink: {0}")]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+/// Runs `config.study` to the end (or until `shutdown`).
+pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Result<RunOutcome, RunError> {
+    let RunConfig {
+        study,
+        broker,
+        topics,
+        keepalive,
+        store,
+        identity: key_path,
+        max_agents,
+        influx,
+        progress,
+        on_broker,
+    } = config;
+    let (public, connect, security) = match broker {
+        BrokerChoice::External { url, security } => (url.clone(), url, security),
+        BrokerChoice::Embedded(settings) => {
+            let b = broker::start(&settings)?;
+            let tls = settings.tls.is_some();
+            tracing::info!(addr = %b.addr, tls, "embedded broker listening");
+            let public = BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls };
+            let internal =
+                BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
+            (public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None })
+        }
+    };
+    if let Some(tell) = on_broker {
+        tell(&public);
+    }
+    let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
+    let (identity, created) = Identity::load_or_create(&key_path)?;
+    if created {
+        tracing::warn!(path = %key_path.display(), key = %auth::hex(&identity.public()), "created the coordinator's key");
+    }
+    let instance: u64 = rand::random();
+    let started =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut sessions = Sessions::new(identity, instance, started);
+    sessions.max_agents = max_agents;
+    let (outbox, inbound) = transport::connect(TransportConfig {
+        url: connect,
+        client_id: format!("tf-coordinator-{instance:016x}"),
+        topics,
+        keepalive,
+        security,
+        online_status: sessions.status_payload(true)?,
+        offline_status: sessions.status_payload(false)?,
+    })?;
+    let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
+    let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some());
+    let name = study.name.clone();
+    engine.start_study(study)?;
+    let result = engine.run_study(&name, inbound, shutdown).await;
+    let influx = match (sink, influx) {
+        (Some(sink), Some((_, grace))) => Some(sink.drain(grace).await?),
+        _ => None,
+    };
+    Ok(RunOutcome { summary: result?, influx })
+}
