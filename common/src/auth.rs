@@ -545,12 +545,7 @@ impl Session {
 
     /// Opens an agent's message (coordinator side) that came on a `kind` topic.
     pub fn open_agent(&mut self, kind: AgentTopic, sealed: &Sealed) -> Result<AgentMessage, AuthError> {
-        let msg: AgentMessage = decode(self.open(kind, sealed)?)?;
-        let got = AgentTopic::of_agent_message(&msg);
-        if got != kind {
-            return Err(AuthError::WrongTopic { got: got.as_str(), topic: kind.as_str() });
-        }
-        Ok(msg)
+        self.open_as(kind, sealed, AgentTopic::of_agent_message)
     }
 
     /// Seals a coordinator message (coordinator side): its topic kind and payload.
@@ -562,8 +557,19 @@ impl Session {
 
     /// Opens a coordinator message (agent side) that came on a `kind` topic.
     pub fn open_coordinator(&mut self, kind: AgentTopic, sealed: &Sealed) -> Result<CoordinatorMessage, AuthError> {
-        let msg: CoordinatorMessage = decode(self.open(kind, sealed)?)?;
-        let got = AgentTopic::of_coordinator_message(&msg);
+        self.open_as(kind, sealed, AgentTopic::of_coordinator_message)
+    }
+
+    /// Opens a sealed frame and decodes its message, which must be of the
+    /// kind its topic says (`kind_of`).
+    fn open_as<T: serde::de::DeserializeOwned>(
+        &mut self,
+        kind: AgentTopic,
+        sealed: &Sealed,
+        kind_of: fn(&T) -> AgentTopic,
+    ) -> Result<T, AuthError> {
+        let msg: T = decode(self.open(kind, sealed)?)?;
+        let got = kind_of(&msg);
         if got != kind {
             return Err(AuthError::WrongTopic { got: got.as_str(), topic: kind.as_str() });
         }
