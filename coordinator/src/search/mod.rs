@@ -16,6 +16,8 @@ use tunefleet_common::template::{self, TemplateError};
 
 use crate::study::{ParamSpec, Strategy, Study, SystemParam};
 
+pub mod tpe;
+
 /// One planned trial: a configuration and which repetition of it this is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialPlan {

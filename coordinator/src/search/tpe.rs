@@ -1,0 +1,1 @@
+//! The Tree-structured Parzen Estimator (to be written).
