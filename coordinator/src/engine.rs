@@ -26,7 +26,7 @@ use tunefleet_common::topic::AgentTopic;
 use crate::auth::{HelloRefusal, Sessions, WillCheck};
 use crate::progress::Progress;
 use crate::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
-use crate::search::{self, TrialPlan};
+use crate::search::{self, Search, TrialPlan};
 use crate::store::{Batch, RecordOutcome, Store, StoreError, TrialState};
 use crate::study::{Direction, Study};
 use crate::transport::{Inbound, Outbox};
@@ -96,6 +96,9 @@ pub struct Summary {
 
 struct ActiveStudy {
     study: Study,
+    /// Asked for trials as agents have room, told every result.
+    search: Search,
+    /// The trials created so far, by id.
     plans: Vec<TrialPlan>,
     best: Option<Best>,
     started: Instant,
@@ -156,18 +159,23 @@ impl Engine {
     /// Creates the study in the store, or resumes it if it is there already
     /// with the same configuration, and starts scheduling its trials.
     pub fn start_study(&mut self, study: Study) -> Result<(), EngineError> {
-        let plans = search::plan(&study);
         {
             let mut batch = self.store.batch()?;
-            batch.create_study(&study, &plans)?;
+            batch.create_study(&study, &[])?;
             batch.commit()?;
         }
         let rows = self.store.trials(&study.name)?;
-        let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()];
+        let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan()).collect();
+        let mut search = Search::new(&study);
+        search.resume(&plans);
+        let mut states = Vec::with_capacity(rows.len());
         let mut best: Option<Best> = None;
         for row in rows {
-            let Some(slot) = states.get_mut(row.trial as usize) else { continue };
-            *slot = match row.state {
+            if row.trial != states.len() as u64 {
+                tracing::error!(study = %study.name, trial = row.trial, "trial ids in the store are not dense; later trials ignored");
+                break;
+            }
+            states.push(match row.state {
                 TrialState::Pending => Restored::Pending { last_attempt: row.attempts, failures: row.failures },
                 TrialState::Running => Restored::Running {
                     agent: row.agent.clone().unwrap_or_default(),
@@ -176,8 +184,9 @@ impl Engine {
                 },
                 TrialState::Done => Restored::Done,
                 TrialState::Failed => Restored::Failed,
-            };
+            });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
+                search.tell(&row.params, value);
                 if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
                     best = Some(Best { trial: row.trial, value, agent });
                 }
@@ -191,10 +200,11 @@ impl Engine {
         };
         let now = self.now_ms();
         self.sched.add_study(policy, states, now);
+        self.sched.set_open(&study.name, !search.exhausted());
         if let Some(c) = self.sched.counts(&study.name) {
-            self.progress.start(&study.name, c.total, c.done + c.failed);
+            self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed);
         }
-        self.studies.insert(study.name.clone(), ActiveStudy { study, plans, best, started: Instant::now() });
+        self.studies.insert(study.name.clone(), ActiveStudy { study, search, plans, best, started: Instant::now() });
         Ok(())
     }
 
@@ -363,6 +373,7 @@ impl Engine {
             if tick {
                 effects.extend(self.sched.expire(now));
             }
+            top_up(&mut self.sched, &mut batch, &mut self.studies)?;
             effects.extend(self.sched.assign(now));
             for effect in effects {
                 apply(&mut batch, &self.studies, &mut self.stats, &mut out, effect)?;
@@ -392,6 +403,33 @@ struct Ctx<'a, 'b> {
     influx: bool,
     sessions: &'a mut Sessions,
     unsynced: &'a mut HashMap<String, u64>,
+}
+
+/// Creates as many trials as the agents that match each study have room
+/// for, asking its search; closes a study in the scheduler once its search
+/// has nothing more.
+fn top_up(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    studies: &mut HashMap<String, ActiveStudy>,
+) -> Result<(), EngineError> {
+    for (name, active) in studies.iter_mut() {
+        let mut want = sched.demand(name);
+        while want > 0 {
+            let Some(trials) = active.search.next() else { break };
+            batch.add_trials(name, &trials)?;
+            for t in &trials {
+                let id = sched.add_trial(name);
+                debug_assert_eq!(id, Some(t.trial), "the scheduler and the search number trials alike");
+            }
+            want = want.saturating_sub(trials.len() as u64);
+            active.plans.extend(trials);
+        }
+        if active.search.exhausted() {
+            sched.set_open(name, false);
+        }
+    }
+    Ok(())
 }
 
 /// Logs the first ten of a kind of refusal, then at powers of two.
@@ -597,6 +635,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 Verdict::Superseded => cx.stats.superseded_results += 1,
                 _ => {
                     if let (Some(a), Some(v)) = (active, objective) {
+                        if let Some(plan) = a.plans.get(trial.trial as usize) {
+                            a.search.tell(&plan.params, v);
+                        }
                         let dir: Direction = a.study.objective.direction;
                         if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
                             a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
@@ -697,7 +738,11 @@ high = 4
         /// A store with study `s`, and agent `a` welcomed through a real handshake.
         fn new() -> Rig {
             let study = crate::study::parse(STUDY, "test.toml").expect("study");
-            let plans = search::plan(&study);
+            let mut search = Search::new(&study);
+            let mut plans = Vec::new();
+            while let Some(trials) = search.next() {
+                plans.extend(trials);
+            }
             let mut store = Store::open_in_memory().expect("store");
             let mut batch = store.batch().expect("batch");
             batch.create_study(&study, &plans).expect("create");
@@ -711,7 +756,7 @@ high = 4
             };
             sched.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()], 0);
             let mut studies = HashMap::new();
-            studies.insert("s".into(), ActiveStudy { study, plans, best: None, started: Instant::now() });
+            studies.insert("s".into(), ActiveStudy { study, search, plans, best: None, started: Instant::now() });
             let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
             let coordinator_key = sessions.public_key();
             let me = Identity::generate().expect("key").0;

@@ -114,6 +114,9 @@ struct StudyState {
     running: u64,
     /// Leases restored from the store, by agent, until that agent's first request.
     restored: BTreeMap<String, Vec<u64>>,
+    /// More trials may still be added ([`Scheduler::add_trial`]): the study
+    /// is not finished even when every trial it has is.
+    open: bool,
 }
 
 impl StudyState {
@@ -152,11 +155,14 @@ pub struct StudyCounts {
     pub done: u64,
     pub failed: u64,
     pub running: u64,
+    /// More trials may still come.
+    pub open: bool,
 }
 
 impl StudyCounts {
+    /// Every trial is final and no more will be added.
     pub fn finished(&self) -> bool {
-        self.done + self.failed == self.total
+        !self.open && self.done + self.failed == self.total
     }
 }
 
@@ -188,6 +194,7 @@ impl Scheduler {
             failed: 0,
             running: 0,
             restored: BTreeMap::new(),
+            open: false,
             policy,
         };
         for (i, restored) in states.into_iter().enumerate() {
@@ -230,6 +237,36 @@ impl Scheduler {
         self.studies.push(study);
     }
 
+    /// Says whether trials may still be added to `study` (a study is
+    /// closed when added: all its trials are known).
+    pub fn set_open(&mut self, study: &str, open: bool) {
+        if let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) {
+            s.open = open;
+        }
+    }
+
+    /// Adds a pending trial to `study` and returns its id (the next one).
+    pub fn add_trial(&mut self, study: &str) -> Option<u64> {
+        let s = self.studies.iter_mut().find(|s| s.policy.name == study)?;
+        let id = s.trials.len() as u64;
+        s.trials.push(TrialSlot { state: State::Pending, last_attempt: 0, failures: 0, history: Vec::new() });
+        s.queue.push_back(id);
+        Some(id)
+    }
+
+    /// How many more trials `study` could hand out now: the free slots of
+    /// the live agents that match it, less the trials already queued.
+    pub fn demand(&self, study: &str) -> u64 {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
+        let credit: u64 = self
+            .agents
+            .values()
+            .filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
+            .map(|a| u64::from(a.credit))
+            .sum();
+        credit.saturating_sub(s.queue.len() as u64)
+    }
+
     /// Drops a finished study from memory.
     pub fn remove_study(&mut self, name: &str) {
         self.studies.retain(|s| s.policy.name != name);
@@ -237,7 +274,13 @@ impl Scheduler {
 
     pub fn counts(&self, study: &str) -> Option<StudyCounts> {
         let s = self.studies.iter().find(|s| s.policy.name == study)?;
-        Some(StudyCounts { total: s.trials.len() as u64, done: s.finished, failed: s.failed, running: s.running })
+        Some(StudyCounts {
+            total: s.trials.len() as u64,
+            done: s.finished,
+            failed: s.failed,
+            running: s.running,
+            open: s.open,
+        })
     }
 
     /// Agents that are online and have said who they are.
@@ -548,6 +591,25 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_open_study_takes_trials_added_later_and_finishes_only_once_closed() {
+        let mut s = sched(0, 3, Selector::default());
+        s.set_open("s", true);
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 2));
+        assert_eq!(s.demand("s"), 2, "two free slots, nothing queued");
+        assert_eq!(s.add_trial("s"), Some(0));
+        assert_eq!(s.demand("s"), 1);
+        let a = assigned(&s.assign(0));
+        assert_eq!(a.len(), 1);
+        let (v, _) = s.result("a", &a[0].1, ResultKind::Complete { success: true });
+        assert_eq!(v, Verdict::Accepted);
+        assert!(!s.counts("s").expect("study").finished(), "open: more trials may come");
+        s.set_open("s", false);
+        assert!(s.counts("s").expect("study").finished());
+        assert_eq!(s.add_trial("nope"), None);
     }
 
     #[test]

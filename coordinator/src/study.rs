@@ -238,6 +238,12 @@ impl Study {
         self.hyper.iter().map(|(k, v)| (k.as_str(), v)).chain(self.system.iter().map(|(k, v)| (k.as_str(), v)))
     }
 
+    /// The parameters the search strategy chooses, in the order of
+    /// [`Study::parameters`].
+    pub fn searched(&self) -> Vec<(String, ParamSpec)> {
+        self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
+    }
+
     /// Timeout of one attempt in milliseconds.
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_s.saturating_mul(1000)

@@ -1,12 +1,20 @@
-//! Search strategies: which parameter configurations a study runs, and how a
-//! planned trial becomes the [`TrialSpec`] an agent executes.
+//! Search strategies: which configurations a study runs, chosen as the
+//! study goes, and how a trial becomes the [`TrialSpec`] an agent executes.
 //!
-//! Everything here is pure: the plan depends only on the study (and its seed),
-//! so a resumed study plans exactly the same trials.
+//! A study owns a [`Search`]: the engine asks it for the next trials when
+//! agents have room for them ([`Search::next`]) and tells it each result
+//! ([`Search::tell`]). Behind it a [`SearchStrategy`] proposes
+//! configurations: [`Grid`] walks the cartesian product, [`Random`] samples
+//! with a seed; adaptive strategies learn from what they are told. Trials are
+//! numbered in the order they are created.
 //!
 //! Each configuration is run `repeats` times as consecutive trial ids; the
 //! budget counts trials, repeats included, and only whole configurations are
-//! planned (`budget / repeats` of them).
+//! created (`budget / repeats` of them).
+//!
+//! Grid and random are pure functions of the study (and its seed), so a
+//! resumed study re-creates exactly the same trials: [`Search::resume`]
+//! replays the configurations already in the store.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -18,7 +26,7 @@ use crate::study::{ParamSpec, Strategy, Study, SystemParam};
 
 pub mod tpe;
 
-/// One planned trial: a configuration and which repetition of it this is.
+/// One trial: a configuration and which repetition of it this is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialPlan {
     pub trial: u64,
@@ -26,19 +34,173 @@ pub struct TrialPlan {
     pub repeat: u32,
 }
 
-/// The trials of `study`, with ids `0..n`.
-pub fn plan(study: &Study) -> Vec<TrialPlan> {
-    let repeats = study.repeats.max(1);
-    let wanted = study.budget / u64::from(repeats);
-    let configs = match study.strategy {
-        Strategy::Grid => grid(study, wanted),
-        Strategy::Random { seed } => random(study, wanted, seed),
-    };
-    let mut out = Vec::with_capacity(configs.len().saturating_mul(repeats as usize));
-    for params in configs {
-        for repeat in 0..repeats {
-            out.push(TrialPlan { trial: out.len() as u64, params: params.clone(), repeat });
+/// Proposes configurations one at a time and may learn from results.
+pub trait SearchStrategy: Send + std::fmt::Debug {
+    /// The next configuration to try; `None` when there is nothing left.
+    fn ask(&mut self) -> Option<Params>;
+    /// The objective value a configuration reached (finite, in the study's
+    /// direction). Strategies that do not learn ignore it.
+    fn tell(&mut self, _params: &Params, _value: f64) {}
+}
+
+/// The cartesian product of every parameter's grid, the last parameter
+/// varying fastest; the `i`-th configuration is computed, never the list.
+#[derive(Debug)]
+pub struct Grid {
+    axes: Vec<(String, ParamSpec, u64)>,
+    next: u64,
+    size: u64,
+}
+
+impl Grid {
+    pub fn new(space: &[(String, ParamSpec)]) -> Self {
+        let axes: Vec<_> = space.iter().map(|(n, s)| (n.clone(), s.clone(), grid_len(s))).collect();
+        let size = axes.iter().fold(1u64, |acc, (_, _, len)| acc.saturating_mul(*len));
+        Grid { axes, next: 0, size }
+    }
+}
+
+impl SearchStrategy for Grid {
+    fn ask(&mut self) -> Option<Params> {
+        if self.next >= self.size {
+            return None;
         }
+        let mut rest = self.next;
+        self.next += 1;
+        let mut out = Params::new();
+        for (name, spec, len) in self.axes.iter().rev() {
+            let len = (*len).max(1);
+            out.insert(name.clone(), grid_value(spec, rest % len));
+            rest /= len;
+        }
+        Some(out)
+    }
+}
+
+/// Configurations sampled with ChaCha8 seeded by the study's seed.
+#[derive(Debug)]
+pub struct Random {
+    space: Vec<(String, ParamSpec)>,
+    rng: ChaCha8Rng,
+}
+
+impl Random {
+    pub fn new(space: &[(String, ParamSpec)], seed: u64) -> Self {
+        Random { space: space.to_vec(), rng: ChaCha8Rng::seed_from_u64(seed) }
+    }
+}
+
+impl SearchStrategy for Random {
+    fn ask(&mut self) -> Option<Params> {
+        Some(self.space.iter().map(|(name, spec)| (name.clone(), sample(spec, &mut self.rng))).collect())
+    }
+}
+
+/// A study's search: its strategy, its budget and the trials created so far.
+#[derive(Debug)]
+pub struct Search {
+    strategy: Box<dyn SearchStrategy>,
+    repeats: u32,
+    /// Configurations still to create.
+    configs_left: u64,
+    /// Trials created so far (the next trial id).
+    created: u64,
+    exhausted: bool,
+}
+
+impl Search {
+    /// The search of a study that has created no trial yet.
+    pub fn new(study: &Study) -> Self {
+        let space = study.searched();
+        let strategy: Box<dyn SearchStrategy> = match study.strategy {
+            Strategy::Grid => Box::new(Grid::new(&space)),
+            Strategy::Random { seed } => Box::new(Random::new(&space, seed)),
+        };
+        let repeats = study.repeats.max(1);
+        let mut configs_left = study.budget / u64::from(repeats);
+        if study.strategy == Strategy::Grid {
+            configs_left = configs_left.min(grid_size(study));
+        }
+        Search { strategy, repeats, configs_left, created: 0, exhausted: false }
+    }
+
+    /// Replays the trials a study created before (in trial order, as read
+    /// from the store), so the next trial continues where they ended.
+    /// Values are told separately ([`Search::tell`]).
+    pub fn resume(&mut self, existing: &[TrialPlan]) {
+        for plan in existing {
+            if plan.repeat == 0 {
+                self.configs_left = self.configs_left.saturating_sub(1);
+                if self.strategy.ask().is_none() {
+                    self.exhausted = true;
+                }
+            }
+            self.created = self.created.max(plan.trial.saturating_add(1));
+        }
+        if self.configs_left == 0 {
+            self.exhausted = true;
+        }
+    }
+
+    /// The trials of the next configuration (its repeats), numbered from
+    /// [`Search::created`]; `None` once the budget is spent or the strategy
+    /// has nothing more.
+    pub fn next(&mut self) -> Option<Vec<TrialPlan>> {
+        if self.exhausted || self.configs_left == 0 {
+            self.exhausted = true;
+            return None;
+        }
+        let Some(params) = self.strategy.ask() else {
+            self.exhausted = true;
+            return None;
+        };
+        self.configs_left -= 1;
+        let first = self.created;
+        self.created += u64::from(self.repeats);
+        Some(
+            (0..self.repeats)
+                .map(|repeat| TrialPlan { trial: first + u64::from(repeat), params: params.clone(), repeat })
+                .collect(),
+        )
+    }
+
+    /// A trial's objective value; ignored when not finite.
+    pub fn tell(&mut self, params: &Params, value: f64) {
+        if value.is_finite() {
+            self.strategy.tell(params, value);
+        }
+    }
+
+    /// True once no more trials will be created.
+    pub fn exhausted(&self) -> bool {
+        self.exhausted || self.configs_left == 0
+    }
+
+    /// Trials the study will have when its search is exhausted, as far as
+    /// known now (for progress displays).
+    pub fn planned(&self) -> u64 {
+        self.created.saturating_add(self.configs_left.saturating_mul(u64::from(self.repeats)))
+    }
+
+    /// Trials created so far.
+    pub fn created(&self) -> u64 {
+        self.created
+    }
+
+    /// Whether the strategy's choices depend on results (so the trials
+    /// cannot be listed before the study runs).
+    pub fn adaptive(study: &Study) -> bool {
+        !matches!(study.strategy, Strategy::Grid | Strategy::Random { .. })
+    }
+}
+
+/// Every trial a non-adaptive study creates, in order (what `check` lists;
+/// the engine creates the same trials one configuration at a time).
+pub fn plan(study: &Study) -> Vec<TrialPlan> {
+    let mut search = Search::new(study);
+    let mut out = Vec::new();
+    while let Some(trials) = search.next() {
+        out.extend(trials);
     }
     out
 }
@@ -92,39 +254,7 @@ pub fn grid_values(spec: &ParamSpec) -> Vec<ParamValue> {
 
 /// Number of configurations of the full grid (saturating).
 pub fn grid_size(study: &Study) -> u64 {
-    study.parameters().fold(1u64, |acc, (_, spec)| acc.saturating_mul(grid_len(spec)))
-}
-
-/// The first `limit` configurations of the cartesian product, the last
-/// parameter varying fastest.
-fn grid(study: &Study, limit: u64) -> Vec<Params> {
-    let axes: Vec<(&str, &ParamSpec, u64)> =
-        study.parameters().map(|(name, spec)| (name, spec, grid_len(spec))).collect();
-    let n = grid_size(study).min(limit);
-    let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
-    let mut index = vec![0u64; axes.len()];
-    for _ in 0..n {
-        out.push(
-            axes.iter().zip(&index).map(|((name, spec, _), &i)| (name.to_string(), grid_value(spec, i))).collect(),
-        );
-        // Advance the odometer.
-        for (pos, (_, _, len)) in axes.iter().enumerate().rev() {
-            index[pos] += 1;
-            if index[pos] < *len {
-                break;
-            }
-            index[pos] = 0;
-        }
-    }
-    out
-}
-
-/// `count` configurations sampled with ChaCha8 seeded by `seed`.
-fn random(study: &Study, count: u64, seed: u64) -> Vec<Params> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..count)
-        .map(|_| study.parameters().map(|(name, spec)| (name.to_string(), sample(spec, &mut rng))).collect())
-        .collect()
+    study.searched().iter().fold(1u64, |acc, (_, spec)| acc.saturating_mul(grid_len(spec)))
 }
 
 /// One value of `spec` drawn from `rng`.
@@ -409,6 +539,42 @@ step = 4
                 proptest::prop_assert!(i >= low && i <= low + span && (i - low) % step == 0);
             }
         }
+    }
+
+    #[test]
+    fn a_resumed_search_creates_the_trials_an_uninterrupted_one_would() {
+        for strategy in ["kind = \"grid\"", "kind = \"random\"\nseed = 4"] {
+            let s = study(SPACE, strategy, 11, 2);
+            let all = plan(&s);
+            assert_eq!(all.len(), 10, "{strategy}: five whole configurations of two");
+            for cut in [0, 2, 4, 10] {
+                let mut search = Search::new(&s);
+                search.resume(&all[..cut]);
+                let mut rest = Vec::new();
+                while let Some(trials) = search.next() {
+                    rest.extend(trials);
+                }
+                assert_eq!(rest, all[cut..].to_vec(), "{strategy}, resumed after {cut} trials");
+                assert!(search.exhausted());
+            }
+        }
+    }
+
+    #[test]
+    fn trials_are_created_one_configuration_at_a_time() {
+        let s = study(SPACE, "kind = \"grid\"", 100, 3);
+        let mut search = Search::new(&s);
+        assert_eq!(search.planned(), 36);
+        let first = search.next().expect("a configuration");
+        assert_eq!(first.iter().map(|t| (t.trial, t.repeat)).collect::<Vec<_>>(), vec![(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(search.created(), 3);
+        assert!(!search.exhausted());
+        let mut n = 1;
+        while search.next().is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 12, "the whole grid, no more");
+        assert!(search.exhausted());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::study::{self, Study};
 /// What [`Batch::create_study`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StudyOpened {
-    /// A new study with all its trials pending.
+    /// A new study.
     Created,
     /// The study existed with the same configuration; its rows are kept.
     Resumed,
@@ -51,7 +51,8 @@ impl Batch<'_> {
         self.tx.commit().ctx(|| "committing a batch".into())
     }
 
-    /// Creates `study` with the trials of `plan`, all pending. If a study of
+    /// Creates `study` with the trials of `plan` (often none: see
+    /// [`Batch::add_trials`]), all pending. If a study of
     /// that name exists with the same configuration it is kept as it is
     /// (resume); with a different configuration it is refused.
     ///
@@ -85,6 +86,14 @@ impl Batch<'_> {
                 to_i64("time", at_ms)?
             ])
             .ctx(context)?;
+        self.add_trials(&study.name, plan)?;
+        Ok(StudyOpened::Created)
+    }
+
+    /// Adds trials to a study, all pending (a search creates them as the
+    /// study goes).
+    pub fn add_trials(&mut self, study: &str, plan: &[TrialPlan]) -> Result<()> {
+        let context = || format!("adding trials to study {study:?}");
         let mut insert = self
             .tx
             .prepare_cached(
@@ -94,9 +103,9 @@ impl Batch<'_> {
             .ctx(context)?;
         for t in plan {
             let params = params_json(&t.params);
-            insert.execute(params![study.name, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
+            insert.execute(params![study, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
         }
-        Ok(StudyOpened::Created)
+        Ok(())
     }
 
     /// Marks `trial` running as attempt `trial.attempt` on `agent`. Earlier
