@@ -7,8 +7,11 @@
 //!   matrix transpose that checks its own result.
 //!
 //! Both print one JSON line per epoch and a final line on stdout ([`report`]);
-//! everything else goes to stderr.
+//! everything else goes to stderr. Both speak the control channel
+//! ([`control`]): with `TUNEFLEET_CONTROL=stdin` the agent can change their
+//! thread count between epochs.
 
+pub mod control;
 pub mod digits;
 pub mod mlp;
 pub mod report;

@@ -9,8 +9,9 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum TrainEvent {
-    /// Validation loss and accuracy after an epoch, and its wall time.
-    Epoch { epoch: u32, loss: f64, accuracy: f64, epoch_seconds: f64 },
+    /// Validation loss and accuracy after an epoch, its wall time, and the
+    /// gradient workers it ran with.
+    Epoch { epoch: u32, loss: f64, accuracy: f64, epoch_seconds: f64, threads: usize },
     /// Validation loss and accuracy of the final model.
     Final { loss: f64, accuracy: f64 },
 }
@@ -19,8 +20,9 @@ pub enum TrainEvent {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum StreamEvent {
-    /// Bytes read plus bytes written per second (GB/s, 10^9) in one epoch.
-    Epoch { epoch: u32, bandwidth_gbs: f64, seconds: f64 },
+    /// Bytes read plus bytes written per second (GB/s, 10^9) in one epoch,
+    /// and the transpose workers it ran with.
+    Epoch { epoch: u32, bandwidth_gbs: f64, seconds: f64, threads: usize },
     /// Over all epochs: aggregate and best bandwidth, total kernel time.
     Final { bandwidth_gbs: f64, best_bandwidth_gbs: f64, seconds: f64 },
 }
@@ -30,6 +32,17 @@ pub fn emit(out: &mut impl Write, event: &impl Serialize) -> io::Result<()> {
     serde_json::to_writer(&mut *out, event).map_err(io::Error::other)?;
     out.write_all(b"\n")?;
     out.flush()
+}
+
+/// The `threads` of every epoch line in `out`, in order (for the workloads' tests).
+#[cfg(test)]
+pub(crate) fn epoch_threads(out: &[u8]) -> Vec<u64> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|line| line["event"] == "epoch")
+        .filter_map(|line| line["threads"].as_u64())
+        .collect()
 }
 
 #[cfg(test)]
@@ -44,10 +57,10 @@ mod tests {
 
     #[test]
     fn train_lines_have_the_documented_shape() {
-        let epoch = TrainEvent::Epoch { epoch: 1, loss: 0.91, accuracy: 0.73, epoch_seconds: 0.12 };
+        let epoch = TrainEvent::Epoch { epoch: 1, loss: 0.91, accuracy: 0.73, epoch_seconds: 0.12, threads: 2 };
         assert_eq!(
             line(&epoch),
-            "{\"event\":\"epoch\",\"epoch\":1,\"loss\":0.91,\"accuracy\":0.73,\"epoch_seconds\":0.12}\n"
+            "{\"event\":\"epoch\",\"epoch\":1,\"loss\":0.91,\"accuracy\":0.73,\"epoch_seconds\":0.12,\"threads\":2}\n"
         );
         let last = TrainEvent::Final { loss: 0.1, accuracy: 0.97 };
         assert_eq!(line(&last), "{\"event\":\"final\",\"loss\":0.1,\"accuracy\":0.97}\n");
@@ -55,7 +68,10 @@ mod tests {
 
     #[test]
     fn stream_lines_have_the_documented_shape() {
-        let epoch = StreamEvent::Epoch { epoch: 2, bandwidth_gbs: 5.5, seconds: 0.25 };
-        assert_eq!(line(&epoch), "{\"event\":\"epoch\",\"epoch\":2,\"bandwidth_gbs\":5.5,\"seconds\":0.25}\n");
+        let epoch = StreamEvent::Epoch { epoch: 2, bandwidth_gbs: 5.5, seconds: 0.25, threads: 3 };
+        assert_eq!(
+            line(&epoch),
+            "{\"event\":\"epoch\",\"epoch\":2,\"bandwidth_gbs\":5.5,\"seconds\":0.25,\"threads\":3}\n"
+        );
     }
 }

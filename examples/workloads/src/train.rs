@@ -1,6 +1,8 @@
 //! The training loop of `tunefleet-train`: mini-batch SGD with momentum on
 //! the digits, each mini-batch's gradient computed by `threads` scoped
-//! workers, validation loss and accuracy reported after every epoch.
+//! workers, validation loss and accuracy reported after every epoch. The
+//! workers are started for each epoch, so the control channel
+//! ([`crate::control`]) can change their number between epochs.
 //!
 //! Everything random (the train/validation split, the initial weights, the
 //! order of each pass) comes from one ChaCha8 stream seeded by `seed`, so a
@@ -17,6 +19,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::control::{Settings, Steer};
 use crate::digits::Dataset;
 use crate::mlp::{param_count, Evaluation, Mlp, Workspace};
 use crate::report::{emit, TrainEvent};
@@ -31,6 +34,7 @@ pub struct TrainConfig {
     pub epochs: u32,
     /// Passes over the training split per epoch (1 is a classic epoch).
     pub passes: u32,
+    /// Gradient workers of the first epoch (the control channel may change it).
     pub threads: usize,
     pub seed: u64,
     /// Share of the samples held out for validation.
@@ -69,19 +73,26 @@ pub enum TrainError {
 /// Trains on `data` as `config` says, printing one JSON line per epoch and a
 /// final line to `out`; returns the final validation loss and accuracy.
 ///
-/// The `threads - 1` helper threads live for the whole run; the calling
-/// thread is the first worker.
-pub fn run(config: &TrainConfig, data: &Dataset, out: &mut impl Write) -> Result<Evaluation, TrainError> {
+/// After each epoch line but the last, `steer` says what the next epoch runs
+/// with. Each epoch starts `threads - 1` helper threads and ends them; the
+/// calling thread is the first worker.
+pub fn run(
+    config: &TrainConfig,
+    data: &Dataset,
+    out: &mut impl Write,
+    steer: &mut dyn Steer,
+) -> Result<Evaluation, TrainError> {
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
     let (train, validation) = data.split(config.validation_fraction, &mut rng);
     let model = RwLock::new(Mlp::new(config.hidden, &mut rng));
-    thread::scope(|scope| {
-        let mut pool = GradientPool::start(scope, &model, &train, config.threads, config.hidden)?;
-        let mut velocity = vec![0.0; param_count(config.hidden)];
-        let mut order: Vec<usize> = (0..train.len()).collect();
-        let mut last = read(&model).evaluate(&validation);
-        for epoch in 1..=config.epochs {
-            let start = Instant::now();
+    let mut velocity = vec![0.0; param_count(config.hidden)];
+    let mut order: Vec<usize> = (0..train.len()).collect();
+    let mut settings = Settings { threads: config.threads };
+    let mut last = read(&model).evaluate(&validation);
+    for epoch in 1..=config.epochs {
+        let start = Instant::now();
+        thread::scope(|scope| {
+            let mut pool = GradientPool::start(scope, &model, &train, settings.threads, config.hidden)?;
             for _ in 0..config.passes {
                 order.shuffle(&mut rng);
                 for batch in order.chunks(config.batch_size.max(1)) {
@@ -89,19 +100,30 @@ pub fn run(config: &TrainConfig, data: &Dataset, out: &mut impl Write) -> Result
                     write(&model).step(grad, batch.len(), &mut velocity, config.lr, config.momentum);
                 }
             }
-            let trained = read(&model);
-            last = trained.evaluate(&validation);
-            let epoch_seconds = start.elapsed().as_secs_f64();
-            if !trained.is_finite() || !last.loss.is_finite() {
-                return Err(TrainError::Diverged { epoch });
-            }
-            drop(trained);
-            let line = TrainEvent::Epoch { epoch, loss: last.loss, accuracy: last.accuracy, epoch_seconds };
-            emit(out, &line).map_err(TrainError::Write)?;
+            // Dropping the pool ends the helpers; the scope then joins them.
+            Ok::<(), TrainError>(())
+        })?;
+        let trained = read(&model);
+        last = trained.evaluate(&validation);
+        let epoch_seconds = start.elapsed().as_secs_f64();
+        if !trained.is_finite() || !last.loss.is_finite() {
+            return Err(TrainError::Diverged { epoch });
         }
-        emit(out, &TrainEvent::Final { loss: last.loss, accuracy: last.accuracy }).map_err(TrainError::Write)?;
-        Ok(last)
-    })
+        drop(trained);
+        let line = TrainEvent::Epoch {
+            epoch,
+            loss: last.loss,
+            accuracy: last.accuracy,
+            epoch_seconds,
+            threads: settings.threads,
+        };
+        emit(out, &line).map_err(TrainError::Write)?;
+        if epoch < config.epochs {
+            settings = settings.apply(&steer.between_epochs());
+        }
+    }
+    emit(out, &TrainEvent::Final { loss: last.loss, accuracy: last.accuracy }).map_err(TrainError::Write)?;
+    Ok(last)
 }
 
 /// The model is only written between mini-batches, when no helper holds it,
@@ -205,7 +227,9 @@ fn accumulate(model: &Mlp, data: &Dataset, indices: &[usize], ws: &mut Workspace
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::{Unsteered, Update};
     use crate::digits::load_bundled;
+    use crate::report::epoch_threads;
 
     fn config() -> TrainConfig {
         TrainConfig { hidden: 32, epochs: 3, ..TrainConfig::default() }
@@ -238,7 +262,7 @@ mod tests {
     fn learns_and_reports_each_epoch() {
         let data = load_bundled().expect("bundled data");
         let mut out = Vec::new();
-        let result = run(&config(), &data, &mut out).expect("trains");
+        let result = run(&config(), &data, &mut out, &mut Unsteered).expect("trains");
         let text = String::from_utf8(out).expect("UTF-8");
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 4);
@@ -248,9 +272,28 @@ mod tests {
     }
 
     #[test]
+    fn each_epoch_runs_with_the_threads_the_steer_gave_after_the_previous_one() {
+        let data = load_bundled().expect("bundled data");
+        let mut asked = vec![Some(3), None, Some(2)].into_iter();
+        let mut calls = 0;
+        let mut steer = || {
+            calls += 1;
+            Update { threads: asked.next().flatten() }
+        };
+        let mut out = Vec::new();
+        let config = TrainConfig { epochs: 4, passes: 1, threads: 1, ..config() };
+        let result = run(&config, &data, &mut out, &mut steer).expect("trains");
+        assert_eq!(calls, 3, "asked after every epoch but the last");
+        assert_eq!(epoch_threads(&out), [1, 3, 3, 2]);
+        assert!(result.loss.is_finite() && result.accuracy > 0.5, "{result:?}");
+    }
+
+    #[test]
     fn same_seed_same_result_other_seed_other_result() {
         let data = load_bundled().expect("bundled data");
-        let go = |seed| run(&TrainConfig { seed, epochs: 1, ..config() }, &data, &mut Vec::new()).expect("trains");
+        let go = |seed| {
+            run(&TrainConfig { seed, epochs: 1, ..config() }, &data, &mut Vec::new(), &mut Unsteered).expect("trains")
+        };
         assert_eq!(go(5), go(5));
         assert_ne!(go(5), go(6));
     }
@@ -259,7 +302,7 @@ mod tests {
     fn a_huge_learning_rate_is_reported_as_divergence() {
         let data = load_bundled().expect("bundled data");
         let wild = TrainConfig { lr: f32::MAX, momentum: 0.99, ..config() };
-        let e = run(&wild, &data, &mut Vec::new()).expect_err("diverges");
+        let e = run(&wild, &data, &mut Vec::new(), &mut Unsteered).expect_err("diverges");
         assert!(matches!(e, TrainError::Diverged { .. }), "{e}");
     }
 }

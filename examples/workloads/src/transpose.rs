@@ -7,11 +7,15 @@
 //! The source starts as `a[i][j] = i * n + j` (exact in `f64`), so after any
 //! number of epochs every element's value is known and [`verify`] checks all
 //! of them.
+//!
+//! Each transpose starts its worker threads and ends them, so the control
+//! channel ([`crate::control`]) can change their number between epochs.
 
 use std::io::{self, Write};
 use std::thread;
 use std::time::Instant;
 
+use crate::control::{Settings, Steer};
 use crate::report::{emit, StreamEvent};
 
 const BYTES_PER_ELEMENT: usize = std::mem::size_of::<f64>();
@@ -24,6 +28,7 @@ pub struct StreamConfig {
     pub size_mib: usize,
     /// Tile edge, in elements.
     pub block_size: usize,
+    /// Workers of the first epoch (the control channel may change it).
     pub threads: usize,
     pub epochs: u32,
     /// Transposes per epoch.
@@ -75,15 +80,18 @@ pub fn initial(n: usize) -> Vec<f64> {
 }
 
 /// `dst = src^T` for `n x n` matrices, tiled `block x block`; the rows of
-/// `dst` are split into contiguous bands, one per thread.
-pub fn transpose(src: &[f64], dst: &mut [f64], n: usize, block: usize, threads: usize) -> Result<(), StreamError> {
+/// `dst` are split into contiguous bands, one per thread. Returns the number
+/// of bands, the threads that worked (fewer than `threads` when there are
+/// not enough rows to share).
+pub fn transpose(src: &[f64], dst: &mut [f64], n: usize, block: usize, threads: usize) -> Result<usize, StreamError> {
     debug_assert_eq!(src.len(), n * n);
     debug_assert_eq!(dst.len(), n * n);
     if n == 0 {
-        return Ok(());
+        return Ok(0);
     }
     let block = block.clamp(1, n);
     let band_rows = n.div_ceil(threads.max(1));
+    let workers = n.div_ceil(band_rows);
     thread::scope(|scope| {
         let mut bands = dst.chunks_mut(band_rows * n).enumerate();
         let first = bands.next();
@@ -96,7 +104,7 @@ pub fn transpose(src: &[f64], dst: &mut [f64], n: usize, block: usize, threads: 
         if let Some((_, band)) = first {
             transpose_band(src, band, n, 0, block);
         }
-        Ok(())
+        Ok(workers)
     })
 }
 
@@ -131,9 +139,11 @@ pub fn verify(m: &[f64], n: usize, transposed: bool) -> Result<(), Mismatch> {
     Ok(())
 }
 
-/// Runs `config.epochs` transposes, printing one JSON line per epoch and a
-/// final line to `out`, then checks every element of the result.
-pub fn run(config: &StreamConfig, out: &mut impl Write) -> Result<(), StreamError> {
+/// Runs `config.epochs` epochs of `config.passes` transposes, printing one
+/// JSON line per epoch and a final line to `out`, then checks every element
+/// of the result. After each epoch line but the last, `steer` says what the
+/// next epoch runs with.
+pub fn run(config: &StreamConfig, out: &mut impl Write, steer: &mut dyn Steer) -> Result<(), StreamError> {
     let n = side_for(config.size_mib);
     let mut src = initial(n);
     // Written (not calloc'ed) so the first epoch does not pay for page faults.
@@ -141,17 +151,22 @@ pub fn run(config: &StreamConfig, out: &mut impl Write) -> Result<(), StreamErro
     let bytes = bytes_per_transpose(n);
     let mut total_seconds = 0.0;
     let mut best = 0.0_f64;
+    let mut settings = Settings { threads: config.threads };
     for epoch in 1..=config.epochs {
         let start = Instant::now();
+        let mut threads = settings.threads;
         for _ in 0..config.passes {
-            transpose(&src, &mut dst, n, config.block_size, config.threads)?;
+            threads = transpose(&src, &mut dst, n, config.block_size, settings.threads)?;
             std::mem::swap(&mut src, &mut dst);
         }
         let seconds = start.elapsed().as_secs_f64();
         total_seconds += seconds;
         let bandwidth_gbs = bytes * f64::from(config.passes) / seconds.max(1e-9) / 1e9;
         best = best.max(bandwidth_gbs);
-        emit(out, &StreamEvent::Epoch { epoch, bandwidth_gbs, seconds }).map_err(StreamError::Write)?;
+        emit(out, &StreamEvent::Epoch { epoch, bandwidth_gbs, seconds, threads }).map_err(StreamError::Write)?;
+        if epoch < config.epochs {
+            settings = settings.apply(&steer.between_epochs());
+        }
     }
     if config.inject_fault {
         if let Some(x) = src.last_mut() {
@@ -170,6 +185,8 @@ pub fn run(config: &StreamConfig, out: &mut impl Write) -> Result<(), StreamErro
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::{Unsteered, Update};
+    use crate::report::epoch_threads;
 
     #[test]
     fn sizes_follow_the_mib_budget() {
@@ -185,7 +202,8 @@ mod tests {
         for (n, block, threads) in [(1, 1, 1), (7, 3, 2), (33, 8, 3), (10, 64, 16), (16, 4, 1)] {
             let src = initial(n);
             let mut dst = vec![f64::NAN; n * n];
-            transpose(&src, &mut dst, n, block, threads).expect("transposes");
+            let workers = transpose(&src, &mut dst, n, block, threads).expect("transposes");
+            assert_eq!(workers, threads.min(n), "n={n} threads={threads}");
             assert_eq!(verify(&dst, n, true), Ok(()), "n={n} block={block} threads={threads}");
             let mut back = vec![f64::NAN; n * n];
             transpose(&dst, &mut back, n, block, threads).expect("transposes");
@@ -210,13 +228,24 @@ mod tests {
             let config =
                 StreamConfig { size_mib: 1, block_size: 32, threads: 2, epochs: 3, passes, inject_fault: false };
             let mut out = Vec::new();
-            run(&config, &mut out).expect("correct result");
+            run(&config, &mut out, &mut Unsteered).expect("correct result");
             let text = String::from_utf8(out).expect("UTF-8");
             assert_eq!(text.lines().count(), 4);
             assert!(text.lines().last().is_some_and(|l| l.starts_with("{\"event\":\"final\"")), "{text}");
             let faulty = StreamConfig { inject_fault: true, ..config };
-            let e = run(&faulty, &mut Vec::new()).expect_err("corrupted result");
+            let e = run(&faulty, &mut Vec::new(), &mut Unsteered).expect_err("corrupted result");
             assert!(matches!(e, StreamError::Check { transposes, .. } if transposes == 3 * u64::from(passes)), "{e}");
         }
+    }
+
+    #[test]
+    fn each_epoch_runs_with_the_threads_the_steer_gave_after_the_previous_one() {
+        let mut asked = vec![Some(2), Some(3)].into_iter();
+        let mut steer = || Update { threads: asked.next().flatten() };
+        let config =
+            StreamConfig { size_mib: 1, block_size: 16, threads: 1, epochs: 4, passes: 3, inject_fault: false };
+        let mut out = Vec::new();
+        run(&config, &mut out, &mut steer).expect("correct result");
+        assert_eq!(epoch_threads(&out), [1, 2, 3, 3]);
     }
 }

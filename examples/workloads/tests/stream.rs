@@ -29,6 +29,7 @@ fn reports_bandwidth_per_epoch_and_a_checked_result() {
         assert_eq!(line["epoch"].as_u64(), Some(i as u64 + 1));
         assert!(number(line, "bandwidth_gbs") > 0.0);
         assert!(number(line, "seconds") > 0.0);
+        assert_eq!(line["threads"].as_u64(), Some(2), "as --threads says");
     }
     let last = &lines[3];
     assert_eq!(last["event"], "final");

@@ -31,7 +31,8 @@ fn learns_and_prints_one_json_line_per_epoch() {
 
     let (epochs, last) = lines.split_at(4);
     for (i, line) in epochs.iter().enumerate() {
-        assert_eq!(keys(line), ["accuracy", "epoch", "epoch_seconds", "event", "loss"]);
+        assert_eq!(keys(line), ["accuracy", "epoch", "epoch_seconds", "event", "loss", "threads"]);
+        assert_eq!(line["threads"].as_u64(), Some(1), "one thread without --threads or a variable");
         assert_eq!(line["event"], "epoch");
         assert_eq!(line["epoch"].as_u64(), Some(i as u64 + 1));
         assert!(number(line, "epoch_seconds") > 0.0);

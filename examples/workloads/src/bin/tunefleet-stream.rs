@@ -1,6 +1,8 @@
 //! `tunefleet-stream`: a memory-bound job, a blocked out-of-place matrix
 //! transpose; prints one JSON line per epoch, then a final line, on stdout,
-//! and checks every element of its result.
+//! and checks every element of its result. With `TUNEFLEET_CONTROL=stdin`
+//! it reads a control line on stdin after each epoch but the last
+//! ([`tunefleet_workloads::control`]).
 //!
 //! Exit codes: 0 correct, 1 wrong result or other failure, 2 bad flags or a
 //! bad `TUNEFLEET_THREADS`/`OMP_NUM_THREADS`.
@@ -8,6 +10,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use tunefleet_workloads::control;
 use tunefleet_workloads::threads::{self, MAX_THREADS};
 use tunefleet_workloads::transpose::{self, side_for, StreamConfig};
 
@@ -27,7 +30,8 @@ struct Cli {
     /// Transposes per epoch.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1_000))]
     passes: u32,
-    /// Worker threads [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS, else 1].
+    /// Worker threads of the first epoch [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS, else 1].
+    /// With TUNEFLEET_CONTROL=stdin, a `threads=N` line on stdin after an epoch changes it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     threads: Option<u64>,
     /// Corrupt one element before the check (to test the failure path).
@@ -54,7 +58,8 @@ fn main() -> ExitCode {
         "tunefleet-stream: transposing {n}x{n} f64 ({} MiB in two buffers), block {}, {} thread(s)",
         config.size_mib, config.block_size, config.threads
     );
-    match transpose::run(&config, &mut std::io::stdout().lock()) {
+    let mut steer = control::from_env("tunefleet-stream");
+    match transpose::run(&config, &mut std::io::stdout().lock(), steer.as_mut()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tunefleet-stream: {:#}", anyhow::Error::from(e));

@@ -1,5 +1,7 @@
 //! `tunefleet-train`: trains a small MLP on the bundled handwritten digits and
-//! prints one JSON line per epoch, then a final line, on stdout.
+//! prints one JSON line per epoch, then a final line, on stdout. With
+//! `TUNEFLEET_CONTROL=stdin` it reads a control line on stdin after each epoch
+//! but the last ([`tunefleet_workloads::control`]).
 //!
 //! Exit codes: 0 trained, 1 failed (diverged, cannot write), 2 bad flags or a
 //! bad `TUNEFLEET_THREADS`/`OMP_NUM_THREADS`.
@@ -8,9 +10,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use tunefleet_workloads::digits;
 use tunefleet_workloads::threads::{self, MAX_THREADS};
 use tunefleet_workloads::train::{self, TrainConfig};
+use tunefleet_workloads::{control, digits};
 
 /// Train a 64 -> hidden -> 10 perceptron on the UCI digits with SGD and momentum.
 #[derive(Debug, Parser)]
@@ -37,7 +39,8 @@ struct Cli {
     /// Seed of the split, the initial weights and the sample order.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Gradient workers per mini-batch [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS, else 1].
+    /// Gradient workers per mini-batch in the first epoch [default: $TUNEFLEET_THREADS, else $OMP_NUM_THREADS,
+    /// else 1]. With TUNEFLEET_CONTROL=stdin, a `threads=N` line on stdin after an epoch changes it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     threads: Option<u64>,
 }
@@ -94,7 +97,8 @@ fn run(config: &TrainConfig) -> anyhow::Result<()> {
         config.threads,
         config.seed
     );
-    let result = train::run(config, &data, &mut std::io::stdout().lock())?;
+    let mut steer = control::from_env("tunefleet-train");
+    let result = train::run(config, &data, &mut std::io::stdout().lock(), steer.as_mut())?;
     eprintln!("tunefleet-train: validation accuracy {:.4}, loss {:.4}", result.accuracy, result.loss);
     Ok(())
 }

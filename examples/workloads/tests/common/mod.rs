@@ -4,12 +4,14 @@ use std::process::{Command, Output};
 
 use serde_json::{Map, Value};
 
-/// Runs a workload binary with `args`, its thread count left to the flags.
+/// Runs a workload binary with `args`, its thread count left to the flags,
+/// without a control channel.
 pub fn run(binary: &str, args: &[&str]) -> Output {
     Command::new(binary)
         .args(args)
         .env_remove("TUNEFLEET_THREADS")
         .env_remove("OMP_NUM_THREADS")
+        .env_remove("TUNEFLEET_CONTROL")
         .output()
         .unwrap_or_else(|e| panic!("{binary} runs: {e}"))
 }
