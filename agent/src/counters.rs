@@ -126,6 +126,20 @@ impl CounterSet {
         }
     }
 
+    /// The scaled total of `event` at the last [`CounterSet::sample`], when it is counted.
+    pub fn total(&self, event: &str) -> Option<f64> {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            let i = self.open.iter().position(|c| c.name == event)?;
+            self.previous.get(i).copied()
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            let _ = event;
+            None
+        }
+    }
+
     /// Events asked for and not counted, with the reason.
     pub fn missing(&self) -> &[MissingCounter] {
         &self.missing

@@ -4,7 +4,8 @@
 //! group with a pipe on its standard input, opens perf counters on it and
 //! moves it into a cgroup, then writes one byte: "go". The wrapper then pins
 //! itself to the CPUs, applies `RLIMIT_AS`, replaces standard input with
-//! `/dev/null` and execs the workload, which therefore is measured from its
+//! `/dev/null` (or, with `--keep-stdin`, leaves the pipe to the workload as
+//! its control channel) and execs the workload, which therefore is measured from its
 //! first instruction. When the pipe closes without a byte, the agent gave up:
 //! the wrapper exits with [`EXIT_NO_GO`].
 //!
@@ -15,7 +16,7 @@
 //! `main.rs` dispatches to [`main`] before any runtime or logging exists.
 
 use std::ffi::{OsStr, OsString};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -40,6 +41,9 @@ pub struct ExecPlan {
     pub cpus: Vec<u32>,
     /// `RLIMIT_AS` in bytes.
     pub rlimit_as: Option<u64>,
+    /// Leave standard input (the agent's pipe) to the workload: the
+    /// control channel of a pipelined trial (docs/PROTOCOL.md).
+    pub keep_stdin: bool,
     pub argv: Vec<OsString>,
 }
 
@@ -55,6 +59,9 @@ impl ExecPlan {
         if let Some(bytes) = self.rlimit_as {
             args.push("--rlimit-as".into());
             args.push(bytes.to_string().into());
+        }
+        if self.keep_stdin {
+            args.push("--keep-stdin".into());
         }
         args.push("--".into());
         args.extend(self.argv.iter().cloned());
@@ -84,6 +91,7 @@ impl ExecPlan {
                         .map(|c| c.parse::<u32>().map_err(|_| format!("bad CPU number {c:?}")))
                         .collect::<Result<_, _>>()?;
                 }
+                Some("--keep-stdin") => plan.keep_stdin = true,
                 Some("--rlimit-as") => {
                     let v = value("--rlimit-as")?;
                     plan.rlimit_as = Some(v.parse().map_err(|_| format!("bad --rlimit-as {v:?}"))?);
@@ -131,8 +139,10 @@ pub fn main(args: &[OsString]) -> i32 {
             return EXIT_USAGE;
         }
     };
+    // One byte straight from the pipe (no buffering): whatever the agent
+    // writes later is the workload's to read.
     let mut go = [0u8; 1];
-    match std::io::stdin().read(&mut go) {
+    match rustix::io::read(std::io::stdin(), &mut go) {
         Ok(1) => {}
         _ => return EXIT_NO_GO,
     }
@@ -143,7 +153,8 @@ pub fn main(args: &[OsString]) -> i32 {
     let Some((program, rest)) = plan.argv.split_first() else {
         return fail("empty argv");
     };
-    let err = Command::new(program).args(rest).stdin(Stdio::null()).exec();
+    let stdin = if plan.keep_stdin { Stdio::inherit() } else { Stdio::null() };
+    let err = Command::new(program).args(rest).stdin(stdin).exec();
     fail(&format!("cannot execute {:?}: {err}", OsStr::new(program)))
 }
 
@@ -153,7 +164,12 @@ mod tests {
 
     #[test]
     fn args_round_trip() {
-        let plan = ExecPlan { cpus: vec![0, 3], rlimit_as: Some(1 << 30), argv: vec!["sh".into(), "--cpus".into()] };
+        let plan = ExecPlan {
+            cpus: vec![0, 3],
+            rlimit_as: Some(1 << 30),
+            keep_stdin: true,
+            argv: vec!["sh".into(), "--cpus".into()],
+        };
         let args = plan.to_args();
         assert_eq!(args[0], SUBCOMMAND);
         assert_eq!(ExecPlan::parse(&args[1..]), Ok(plan));

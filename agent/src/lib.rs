@@ -19,11 +19,13 @@ pub mod cgroup;
 pub mod counters;
 pub mod energy;
 pub mod exec;
+pub mod live;
 pub mod measure;
 pub mod metrics;
 pub mod options;
 pub mod output;
 pub mod pending;
+pub mod pipeline;
 pub mod probe;
 pub mod procfs;
 pub mod protocol;
@@ -164,6 +166,12 @@ impl Executor {
                         handle.cancel();
                     }
                 }
+                Action::Reconfigure(trial, system) => {
+                    if let Some(handle) = self.trials.get(&trial) {
+                        tracing::info!(%trial, ?system, "reconfiguring trial");
+                        handle.send(runner::Control::Apply(system));
+                    }
+                }
                 Action::Keep(result) => {
                     if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(&result)) {
                         tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
@@ -295,6 +303,7 @@ fn on_inbound(
                 Ok(Some(CoordinatorMessage::Cancel(c))) => state.on_cancel(c),
                 Ok(Some(CoordinatorMessage::Ack(a))) => state.on_ack(a),
                 Ok(Some(CoordinatorMessage::Sync(n))) => state.on_sync(n),
+                Ok(Some(CoordinatorMessage::Reconfigure(r))) => state.on_reconfigure(r),
                 Err(e) => {
                     refused.unauthenticated += 1;
                     if loud(refused.unauthenticated) {

@@ -41,7 +41,13 @@ pub async fn measure(cfg: &MeasureConfig, control: ControlInput) -> Measurement 
     runner.sample_interval = cfg.interval;
     runner.inherit_output = true;
     let run = TrialRun {
-        spec: TrialSpec { argv: cfg.argv.clone(), env: Vec::new(), system: SystemParams::default(), timeout_ms: 0 },
+        spec: TrialSpec {
+            argv: cfg.argv.clone(),
+            env: Vec::new(),
+            system: SystemParams::default(),
+            timeout_ms: 0,
+            probe: None,
+        },
         cpus: Vec::new(),
         label: format!("measure-{}", std::process::id()),
     };

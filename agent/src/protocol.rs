@@ -45,6 +45,8 @@ pub enum Action {
     Publish(AgentMessage),
     Start(StartTrial),
     Cancel(TrialRef),
+    /// Apply this system configuration to a running trial.
+    Reconfigure(TrialRef, tunefleet_common::message::SystemParams),
     /// Keep this result on disk until it is acknowledged.
     Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
@@ -266,6 +268,16 @@ impl AgentState {
         }
     }
 
+    /// A new system configuration for a running trial; ignored for a trial
+    /// not running here (it ended, or never ran).
+    pub fn on_reconfigure(&mut self, r: tunefleet_common::message::Reconfigure) -> Vec<Action> {
+        if self.running.contains_key(&r.trial) && !self.cancelling.contains(&r.trial) {
+            vec![Action::Reconfigure(r.trial, r.system)]
+        } else {
+            Vec::new()
+        }
+    }
+
     pub fn on_ack(&mut self, ack: ResultAck) -> Vec<Action> {
         if self.unacked.remove(&ack.trial).is_none() {
             return Vec::new();
@@ -373,6 +385,7 @@ mod tests {
                 env: vec![],
                 system: SystemParams { cores, ..SystemParams::default() },
                 timeout_ms: 1000,
+                probe: None,
             },
         }
     }
@@ -399,6 +412,7 @@ mod tests {
                 Action::Publish(AgentMessage::Synced(_)) => "synced",
                 Action::Start(_) => "start",
                 Action::Cancel(_) => "cancel",
+                Action::Reconfigure(..) => "reconfigure",
                 Action::Keep(_) => "keep",
                 Action::Forget(_) => "forget",
                 Action::Park(..) => "park",

@@ -39,7 +39,7 @@
 use std::io::{BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -48,7 +48,7 @@ use tokio::sync::mpsc;
 use tunefleet_common::measurement::{
     AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter,
 };
-use tunefleet_common::message::TrialSpec;
+use tunefleet_common::message::{SystemParams, TrialSpec};
 use tunefleet_common::profile::Profile;
 
 use crate::cgroup::{CgroupV2, TrialCgroup};
@@ -57,6 +57,7 @@ use crate::energy::{self, EnergySource, Estimate, EstimateModel, Usage};
 use crate::exec::{ExecPlan, EXEC_FAILED_MARKER, EXIT_EXEC_FAILED};
 use crate::metrics::{parse_metric_line, MetricLine};
 use crate::output::{LineReader, LogTail, MAX_LINE_BYTES};
+use crate::pipeline::{Boundary, Pipeline, Step};
 use crate::procfs;
 
 /// Environment variables set to the trial's thread count.
@@ -304,7 +305,13 @@ pub enum Control {
     /// Stop it: SIGTERM to its process group, SIGKILL after the grace; the
     /// measurement says `Cancelled`.
     Cancel,
+    /// Run under this system configuration from now on (a new segment).
+    Apply(SystemParams),
 }
+
+/// The environment variable that tells a workload the control channel is
+/// open on its standard input (docs/PROTOCOL.md, "Control channel").
+pub const CONTROL_VAR: &str = "TUNEFLEET_CONTROL";
 
 /// The agent's handle on one running trial: the sending side of its
 /// control input. Dropping every handle leaves the trial running.
@@ -363,6 +370,19 @@ struct Spawned {
     output: mpsc::Receiver<OutputEvent>,
     waiter: tokio::task::JoinHandle<std::io::Result<Exited>>,
     rss: procfs::RssSampler,
+    /// The trial's processes, for live changes.
+    members: procfs::Members,
+    /// Probe windows and segments.
+    pipeline: Pipeline,
+    /// The workload's standard input when it speaks the control channel.
+    control: Option<ChildStdin>,
+    /// Settings for the workload's next control line (the coordinator's
+    /// threads, waiting for an epoch boundary).
+    pending_line: Vec<String>,
+    /// The last epoch boundary seen.
+    last_boundary: Option<Boundary>,
+    /// CPUs this trial started on, then the others the agent may use.
+    cpu_pool: Vec<u32>,
 }
 
 /// What the monitor saw until the workload ended and its output closed.
@@ -404,13 +424,18 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     if spec.argv.is_empty() {
         return Err(refused(prepared.limits, "empty argv".into()));
     }
+    let control = spec.probe.as_ref().is_some_and(|p| p.control);
     let plan = ExecPlan {
         cpus: run.cpus.clone(),
         rlimit_as: prepared.rlimit_as,
+        keep_stdin: control,
         argv: spec.argv.iter().map(Into::into).collect(),
     };
     let mut cmd = Command::new(&cfg.wrapper);
     cmd.args(plan.to_args()).envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::piped()).process_group(0);
+    if control {
+        cmd.env(CONTROL_VAR, "stdin");
+    }
     if cfg.inherit_output {
         cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
     } else {
@@ -452,10 +477,12 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
     let started_unix_ms = unix_ms(SystemTime::now());
     let start = Instant::now();
-    let go = child.stdin.take().map(|mut stdin| stdin.write_all(&[1]));
-    if let Some(Err(e)) = go {
+    let mut stdin = child.stdin.take();
+    if let Some(Err(e)) = stdin.as_mut().map(|s| s.write_all(&[1])) {
         tracing::warn!(error = %e, "cannot let the exec wrapper go");
     }
+    // Kept open as the control channel, or closed: the workload reads /dev/null.
+    let control = stdin.filter(|_| control);
     spawn_reader(child.stdout.take(), false, start, &tx);
     spawn_reader(child.stderr.take(), true, start, &tx);
     drop(tx);
@@ -465,8 +492,28 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
         None => procfs::Members::Group(pid.as_raw_nonzero().get()),
     };
-    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members, RSS_SAMPLE_INTERVAL);
-    Ok(Spawned { pid, prepared, counters, meter, interval, started_unix_ms, start, output, waiter, rss })
+    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
+    let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
+    let mut cpu_pool = run.cpus.clone();
+    cpu_pool.extend(crate::sched::allowed_cpus().into_iter().filter(|c| !run.cpus.contains(c)));
+    Ok(Spawned {
+        pid,
+        prepared,
+        counters,
+        meter,
+        interval,
+        started_unix_ms,
+        start,
+        output,
+        waiter,
+        rss,
+        members,
+        pipeline,
+        control,
+        pending_line: Vec::new(),
+        last_boundary: None,
+        cpu_pool,
+    })
 }
 
 /// Watches a running workload until it has exited and its output closed:
@@ -509,7 +556,12 @@ async fn monitor(
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
             }
             event = t.output.recv(), if readers_open => match event {
-                Some(event) => m.collected.take(event, progress.as_ref()),
+                Some(event) => {
+                    if let OutputEvent::Epoch { epoch, elapsed_us, .. } = &event {
+                        on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
+                    }
+                    m.collected.take(event, progress.as_ref())
+                }
                 None => readers_open = false,
             },
             _ = &mut deadline, if timeout.is_some() && m.stopped.is_none() && m.exited.is_none() => {
@@ -524,6 +576,15 @@ async fn monitor(
                     m.stopped = Some(ExitOutcome::Cancelled);
                     signal_group(pid, Signal::TERM);
                     kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+                }
+                Control::Apply(system) => {
+                    let at = t.start.elapsed();
+                    let epoch = t.last_boundary.map_or(0, |b| b.epoch);
+                    let b = boundary(cfg, t, epoch, micros(at));
+                    let step = t.pipeline.reconfigure(b, system);
+                    let line = apply_step(cfg, t, step);
+                    // Thread counts change when the workload next listens.
+                    t.pending_line.extend(line);
                 }
             },
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && m.exited.is_none() => {
@@ -544,10 +605,86 @@ async fn monitor(
     m
 }
 
+/// Energy and CPU time counted so far, sampled now, at epoch `epoch`
+/// that ended `at_us` after the start.
+fn boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u64) -> Boundary {
+    let now = t.start.elapsed();
+    t.meter.sample(now);
+    t.counters.sample(now);
+    // task-clock counts nanoseconds of CPU time of the whole trial.
+    let cpu_us = t.counters.total("task-clock").map(|ns| (ns / 1000.0) as u64);
+    let cores = match t.pipeline.current().cores {
+        Some(n) => n,
+        None => cfg.machine_cpus,
+    };
+    let usage = Usage { wall: now, cpu: Duration::from_micros(cpu_us.unwrap_or(0)), cores };
+    Boundary { at_us, epoch, joules: t.meter.so_far(&usage), cpu_us }
+}
+
+/// An epoch line: the pipeline may end a window and switch configuration;
+/// the change is applied to the live process tree before the workload,
+/// when it speaks the control channel, is told to go on.
+fn on_epoch_boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u64) {
+    let b = boundary(cfg, t, epoch, at_us);
+    t.last_boundary = Some(b);
+    let step = t.pipeline.on_epoch(b);
+    let mut line = std::mem::take(&mut t.pending_line);
+    line.extend(apply_step(cfg, t, step));
+    if let Some(w) = t.control.as_mut() {
+        let text = format!("{}\n", line.join(" "));
+        if let Err(e) = w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
+            tracing::warn!(error = %e, "the workload's control channel closed; no more live thread changes");
+            t.control = None;
+        }
+    }
+}
+
+/// Applies `step` to the running trial: CPU affinity of every thread (and
+/// the cgroup's cpuset), the memory limit (cgroup or `RLIMIT_AS`), and the
+/// thread count as control-channel settings (returned, to be sent when the
+/// workload next listens). What cannot be applied is logged, never fatal.
+fn apply_step(cfg: &RunnerConfig, t: &mut Spawned, step: Step) -> Vec<String> {
+    let Step::Apply(system) = step else { return Vec::new() };
+    let mut line = Vec::new();
+    if let Some(n) = system.cores {
+        let cpus: Vec<u32> = t.cpu_pool.iter().copied().take(n.max(1) as usize).collect();
+        if let Some(cg) = &t.prepared.cgroup {
+            if cg.controllers().cpuset {
+                if let Err(e) = cg.set_cpus(&cpus) {
+                    tracing::warn!(error = %e, "cannot set the trial cgroup's cpuset");
+                }
+            }
+        }
+        match crate::live::set_affinity(&cfg.proc_root, &t.members, &cpus) {
+            Ok(threads) => {
+                tracing::debug!(?cpus, threads, "trial re-pinned");
+                t.pipeline.set_cpus(cpus);
+            }
+            Err(e) => tracing::warn!(error = %e, ?cpus, "cannot re-pin the trial"),
+        }
+    }
+    if let Some(threads) = system.threads {
+        line.push(format!("threads={threads}"));
+    }
+    if let Some(mib) = system.memory_mib {
+        let bytes = mib.saturating_mul(1 << 20);
+        let done = match &t.prepared.cgroup {
+            Some(cg) => cg.set_memory_max(Some(bytes)).map_err(|e| e.to_string()),
+            None => crate::live::set_memory_rlimit(&cfg.proc_root, &t.members, Some(bytes))
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+        };
+        if let Err(e) = done {
+            tracing::warn!(error = %e, mib, "cannot change the trial's memory limit");
+        }
+    }
+    line
+}
+
 /// The measurement of a trial that ran: times, exit, counters, profile,
 /// energy, metrics and the log tail.
 fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Measurement {
-    let Spawned { prepared, counters, meter, started_unix_ms, start, output, rss, .. } = t;
+    let Spawned { prepared, counters, meter, started_unix_ms, start, output, rss, pipeline, last_boundary, .. } = t;
     let Monitored { exited, stopped, mut collected, peak_rss } = m;
     drop(output);
     let peak_rss = peak_rss.or_else(|| rss.stop());
@@ -586,6 +723,13 @@ fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Mea
     let profile = Profile::derive(&counters, &counter_series, micros(wall));
     let cores = if run.cpus.is_empty() { cfg.machine_cpus } else { u32::try_from(run.cpus.len()).unwrap_or(u32::MAX) };
     let usage = Usage { wall, cpu: Duration::from_micros(user_us + sys_us), cores };
+    let end = last_boundary.unwrap_or_else(|| Boundary {
+        at_us: micros(wall),
+        epoch: 0,
+        joules: meter.so_far(&usage),
+        cpu_us: Some(user_us + sys_us),
+    });
+    let (segments, selected) = pipeline.finish(end);
     let energy = meter.stop(wall, &usage);
     if collected.epochs_dropped > 0 {
         let note =
@@ -614,5 +758,7 @@ fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Mea
         energy,
         limits: prepared.limits,
         log_tail: collected.tail.render(),
+        segments,
+        selected,
     }
 }

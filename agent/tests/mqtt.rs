@@ -171,6 +171,7 @@ fn assign(n: u64, script: &str) -> CoordinatorMessage {
             env: vec![],
             system: SystemParams::default(),
             timeout_ms: 60_000,
+            probe: None,
         },
     })
 }

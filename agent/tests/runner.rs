@@ -21,6 +21,7 @@ fn spec(argv: &[&str]) -> TrialSpec {
         env: vec![],
         system: SystemParams::default(),
         timeout_ms: 60_000,
+        probe: None,
     }
 }
 

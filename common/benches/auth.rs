@@ -159,6 +159,8 @@ fn trial_result() -> AgentMessage {
         },
         limits: AppliedLimits { cpus: vec![0, 1], threads: Some(2), memory: MemoryLimit::Cgroup { bytes: 2 << 30 } },
         log_tail,
+        segments: Vec::new(),
+        selected: None,
     };
     AgentMessage::Result(TrialResult { trial: trial(), measurement })
 }
@@ -174,6 +176,7 @@ fn assignment() -> CoordinatorMessage {
             env: vec![("OMP_NUM_THREADS".into(), "2".into())],
             system: SystemParams { cores: Some(2), threads: Some(2), memory_mib: Some(2048) },
             timeout_ms: 600_000,
+            probe: None,
         },
     })
 }

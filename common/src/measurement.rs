@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::message::SystemParams;
 use crate::profile::Profile;
 
 /// Named metric values reported by the workload (`loss`, `accuracy`, ...).
@@ -256,6 +257,63 @@ pub struct Measurement {
     pub limits: AppliedLimits,
     /// The last lines of the workload's output that were not metric lines.
     pub log_tail: String,
+    /// The trial's stretches under one system configuration each: the probe
+    /// windows of a pipelined trial, then the rest. Empty for a trial that
+    /// ran under one configuration throughout.
+    pub segments: Vec<Segment>,
+    /// The configuration a pipelined trial selected after probing.
+    pub selected: Option<SystemParams>,
+}
+
+/// Why a segment ran under its configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SegmentRole {
+    /// Epochs before the first probe window.
+    Warmup,
+    /// A probe window.
+    Probe,
+    /// The rest of the trial under the selected configuration.
+    Selected,
+    /// Under a configuration the coordinator sent ([`crate::message::Reconfigure`]).
+    Reconfigured,
+}
+
+/// One stretch of a trial under one system configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub role: SegmentRole,
+    pub system: SystemParams,
+    /// The CPUs the trial's threads were pinned to (empty: not pinned).
+    pub cpus: Vec<u32>,
+    /// First and last epoch that ended in this segment (1-based).
+    pub first_epoch: u32,
+    pub last_epoch: u32,
+    /// Since the workload started, in microseconds.
+    pub start_us: u64,
+    pub wall_us: u64,
+    /// Energy of the segment from the trial's energy source
+    /// ([`Measurement::energy`] says which); `None` when it gives none.
+    pub energy_j: Option<f64>,
+    /// CPU time of the trial's processes in the segment (the task-clock
+    /// software counter), when counted.
+    pub cpu_us: Option<u64>,
+}
+
+impl Segment {
+    /// Epochs that ended in the segment.
+    pub fn epochs(&self) -> u32 {
+        self.last_epoch.saturating_sub(self.first_epoch).saturating_add(1)
+    }
+
+    /// Wall time per epoch, in microseconds.
+    pub fn us_per_epoch(&self) -> f64 {
+        self.wall_us as f64 / f64::from(self.epochs().max(1))
+    }
+
+    /// Energy per epoch, in joules.
+    pub fn joules_per_epoch(&self) -> Option<f64> {
+        self.energy_j.map(|j| j / f64::from(self.epochs().max(1)))
+    }
 }
 
 impl EnergyReading {
@@ -293,6 +351,8 @@ impl Measurement {
             energy,
             limits: AppliedLimits { cpus: Vec::new(), threads: None, memory: MemoryLimit::None },
             log_tail: String::new(),
+            segments: Vec::new(),
+            selected: None,
         }
     }
 

@@ -156,8 +156,54 @@ pub struct SystemParams {
 pub struct TrialSpec {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
+    /// What the trial starts under (the first probe configuration of a
+    /// pipelined trial).
     pub system: SystemParams,
     pub timeout_ms: u64,
+    /// Pipelined mode: the system configurations to probe inside the trial.
+    pub probe: Option<ProbePlan>,
+}
+
+/// How a pipelined trial probes system configurations inside itself,
+/// window by window, without a round trip per window: the agent runs
+/// `warmup` epochs and then one window under each configuration in order
+/// (the first is [`TrialSpec::system`]), keeps the best by `select` for
+/// the rest of the trial, and reports one [`crate::measurement::Segment`]
+/// per window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbePlan {
+    pub configs: Vec<SystemParams>,
+    /// Epochs per probe window (at least 1).
+    pub window_epochs: u32,
+    /// Epochs before the first window, run under the first configuration
+    /// and not measured as a probe (start-up, caches, data loading).
+    pub warmup_epochs: u32,
+    pub select: Select,
+    /// The workload speaks the control channel (`TUNEFLEET_CONTROL=stdin`,
+    /// docs/PROTOCOL.md), so thread counts can change live.
+    pub control: bool,
+}
+
+/// Which probed configuration wins (Zeus's rules, per epoch of each window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Select {
+    /// Shortest time per epoch.
+    Time,
+    /// Least energy per epoch.
+    Energy,
+    /// Least energy x time per epoch.
+    Edp,
+    /// Least `eta * energy + (1 - eta) * max_power * time`, eta in thousandths.
+    Cost { eta_permille: u16 },
+    /// Least energy among those at most this much slower than the fastest, in thousandths.
+    MaxSlowdown { permille: u32 },
+}
+
+/// A new system configuration for a running trial.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reconfigure {
+    pub trial: TrialRef,
+    pub system: SystemParams,
 }
 
 /// A trial handed to an agent, answering its request `request_seq`.
@@ -206,6 +252,9 @@ pub enum CoordinatorMessage {
     /// Answer with [`AgentMessage::Synced`]: sent before the coordinator
     /// exits, so it knows every acknowledgement before it has arrived.
     Sync(u64),
+    /// Apply this system configuration to a running trial from now on
+    /// (it ends the trial's current segment).
+    Reconfigure(Reconfigure),
 }
 
 /// Retained on the coordinator topic, signed with the coordinator's key

@@ -52,10 +52,12 @@ pub enum AgentTopic {
     Cancel,
     Ack,
     Sync,
+    /// Live changes to a running trial ([`CoordinatorMessage::Reconfigure`]).
+    Control,
 }
 
 impl AgentTopic {
-    pub const ALL: [AgentTopic; 13] = [
+    pub const ALL: [AgentTopic; 14] = [
         AgentTopic::Hello,
         AgentTopic::Status,
         AgentTopic::Request,
@@ -69,6 +71,7 @@ impl AgentTopic {
         AgentTopic::Cancel,
         AgentTopic::Ack,
         AgentTopic::Sync,
+        AgentTopic::Control,
     ];
     /// Kinds an agent publishes (the coordinator subscribes to these).
     pub const FROM_AGENT: [AgentTopic; 8] = [
@@ -82,8 +85,14 @@ impl AgentTopic {
         AgentTopic::Synced,
     ];
     /// Kinds the coordinator publishes (an agent subscribes to its own).
-    pub const TO_AGENT: [AgentTopic; 5] =
-        [AgentTopic::Welcome, AgentTopic::Assign, AgentTopic::Cancel, AgentTopic::Ack, AgentTopic::Sync];
+    pub const TO_AGENT: [AgentTopic; 6] = [
+        AgentTopic::Welcome,
+        AgentTopic::Assign,
+        AgentTopic::Cancel,
+        AgentTopic::Ack,
+        AgentTopic::Sync,
+        AgentTopic::Control,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -100,6 +109,7 @@ impl AgentTopic {
             AgentTopic::Cancel => "cancel",
             AgentTopic::Ack => "ack",
             AgentTopic::Sync => "sync",
+            AgentTopic::Control => "control",
         }
     }
 
@@ -136,6 +146,7 @@ impl AgentTopic {
             CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
             CoordinatorMessage::Sync(_) => AgentTopic::Sync,
+            CoordinatorMessage::Reconfigure(_) => AgentTopic::Control,
         }
     }
 }

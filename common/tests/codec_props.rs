@@ -70,6 +70,18 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 memory: MemoryLimit::Rlimit { bytes: 1 << 30 },
             },
             log_tail: log,
+            segments: vec![tunefleet_common::measurement::Segment {
+                role: tunefleet_common::measurement::SegmentRole::Probe,
+                system: SystemParams { cores: Some(2), threads: Some(1), memory_mib: None },
+                cpus: vec![0, 1],
+                first_epoch: 1,
+                last_epoch: 2,
+                start_us: 5,
+                wall_us: wall,
+                energy_j: Some(joules),
+                cpu_us: None,
+            }],
+            selected: Some(SystemParams { cores: Some(2), threads: Some(1), memory_mib: None }),
         })
 }
 
@@ -132,6 +144,16 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
                     env: vec![("OMP_NUM_THREADS".into(), "2".into())],
                     system: SystemParams { cores, threads: cores, memory_mib: Some(512) },
                     timeout_ms: 60_000,
+                    probe: Some(tunefleet_common::message::ProbePlan {
+                        configs: vec![
+                            SystemParams::default(),
+                            SystemParams { cores: Some(1), ..SystemParams::default() }
+                        ],
+                        window_epochs: 1,
+                        warmup_epochs: 0,
+                        select: tunefleet_common::message::Select::Cost { eta_permille: 500 },
+                        control: true,
+                    }),
                 },
             })
         ),

@@ -71,6 +71,8 @@ pub struct EngineStats {
     pub superseded_results: u64,
     pub requeued: u64,
     pub assignments: u64,
+    /// Trials stopped early (ASHA).
+    pub stopped: u64,
 }
 
 /// The best result so far, for the progress display and the summary.
@@ -100,6 +102,8 @@ struct ActiveStudy {
     search: Search,
     /// The trials created so far, by id.
     plans: Vec<TrialPlan>,
+    /// Early stopping on the epochs trials report, when the study asks for it.
+    asha: Option<search::asha::Asha>,
     best: Option<Best>,
     started: Instant,
 }
@@ -184,6 +188,7 @@ impl Engine {
                 },
                 TrialState::Done => Restored::Done,
                 TrialState::Failed => Restored::Failed,
+                TrialState::Stopped => Restored::Stopped,
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 search.tell(&row.params, value);
@@ -204,7 +209,10 @@ impl Engine {
         if let Some(c) = self.sched.counts(&study.name) {
             self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed);
         }
-        self.studies.insert(study.name.clone(), ActiveStudy { study, search, plans, best, started: Instant::now() });
+        let asha =
+            study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+        self.studies
+            .insert(study.name.clone(), ActiveStudy { study, search, plans, asha, best, started: Instant::now() });
         Ok(())
     }
 
@@ -416,7 +424,7 @@ fn top_up(
     for (name, active) in studies.iter_mut() {
         let mut want = sched.demand(name);
         while want > 0 {
-            let Some(trials) = active.search.next() else { break };
+            let Some(trials) = active.search.next_trials() else { break };
             batch.add_trials(name, &trials)?;
             for t in &trials {
                 let id = sched.add_trial(name);
@@ -495,6 +503,7 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         AgentMessage::Progress(p) => {
             if cx.sched.is_live(&agent, &p.trial) {
                 cx.batch.record_progress(&p)?;
+                early_stop(cx, &p);
             }
         }
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
@@ -587,6 +596,19 @@ fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result
     Ok(())
 }
 
+/// ASHA's verdict on a live attempt's epoch report.
+fn early_stop(cx: &mut Ctx<'_, '_>, p: &tunefleet_common::message::Progress) {
+    let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
+    let Some(asha) = active.asha.as_mut() else { return };
+    let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
+    if let search::asha::Decision::Stop { rung, value, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+        let metric = &active.study.objective.metric;
+        let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
+        tracing::info!(trial = %p.trial, %reason);
+        cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
+    }
+}
+
 fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64) -> Result<(), EngineError> {
     let TrialResult { trial, measurement, .. } = result;
     let kind = match &measurement.exit {
@@ -623,6 +645,14 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 measurement.exit.success().then(|| measurement.objective_value(&a.study.objective.metric)).flatten()
             });
             let stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)?;
+            if stored == RecordOutcome::Stored {
+                let system = measurement.selected.clone().or_else(|| {
+                    let a = active.as_ref()?;
+                    let plan = a.plans.get(trial.trial as usize)?;
+                    Some(search::system_params(&plan.params))
+                });
+                cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
+            }
             if cx.influx && stored == RecordOutcome::Stored {
                 let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
                 cx.batch.enqueue_points(&points, now)?;
@@ -636,7 +666,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 _ => {
                     if let (Some(a), Some(v)) = (active, objective) {
                         if let Some(plan) = a.plans.get(trial.trial as usize) {
-                            a.search.tell(&plan.params, v);
+                            if measurement.exit != ExitOutcome::Cancelled {
+                                a.search.tell(&plan.params, v);
+                            }
                         }
                         let dir: Direction = a.study.objective.direction;
                         if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
@@ -689,6 +721,10 @@ fn apply(
             tracing::warn!(trial = %trial, reason = %reason, "trial failed");
             batch.fail_trial(&trial.study, trial.trial, &reason)?;
         }
+        Effect::Stopped { trial, reason } => {
+            stats.stopped += 1;
+            batch.stop_trial(&trial, &reason, now)?;
+        }
     }
     Ok(())
 }
@@ -740,7 +776,7 @@ high = 4
             let study = crate::study::parse(STUDY, "test.toml").expect("study");
             let mut search = Search::new(&study);
             let mut plans = Vec::new();
-            while let Some(trials) = search.next() {
+            while let Some(trials) = search.next_trials() {
                 plans.extend(trials);
             }
             let mut store = Store::open_in_memory().expect("store");
@@ -756,7 +792,10 @@ high = 4
             };
             sched.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()], 0);
             let mut studies = HashMap::new();
-            studies.insert("s".into(), ActiveStudy { study, search, plans, best: None, started: Instant::now() });
+            studies.insert(
+                "s".into(),
+                ActiveStudy { study, search, plans, asha: None, best: None, started: Instant::now() },
+            );
             let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
             let coordinator_key = sessions.public_key();
             let me = Identity::generate().expect("key").0;

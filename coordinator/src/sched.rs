@@ -37,6 +37,7 @@ pub enum Restored {
     Running { agent: String, attempt: u32, failures: u32 },
     Done,
     Failed,
+    Stopped,
 }
 
 /// What the engine must do because of a decision.
@@ -50,6 +51,8 @@ pub enum Effect {
     Requeued { trial: TrialRef, reason: String },
     /// The trial has used up its attempts.
     Failed { trial: TrialRef, reason: String },
+    /// The trial was stopped early (final, not a failure, never retried).
+    Stopped { trial: TrialRef, reason: String },
 }
 
 /// How a result relates to what the scheduler knows.
@@ -90,8 +93,17 @@ struct Lease {
 enum State {
     Pending,
     Running(Lease),
-    Done { agent: String, attempt: u32 },
+    Done {
+        agent: String,
+        attempt: u32,
+    },
     Failed,
+    /// Stopped early; `delivered` once the stopped attempt's result arrived.
+    Stopped {
+        agent: String,
+        attempt: u32,
+        delivered: bool,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +122,7 @@ struct StudyState {
     queue: VecDeque<u64>,
     finished: u64,
     failed: u64,
+    stopped: u64,
     /// Trials in `State::Running`, kept up to date so that no event scans every trial.
     running: u64,
     /// Leases restored from the store, by agent, until that agent's first request.
@@ -155,6 +168,8 @@ pub struct StudyCounts {
     pub done: u64,
     pub failed: u64,
     pub running: u64,
+    /// Stopped early: final, neither done nor failed.
+    pub stopped: u64,
     /// More trials may still come.
     pub open: bool,
 }
@@ -162,7 +177,7 @@ pub struct StudyCounts {
 impl StudyCounts {
     /// Every trial is final and no more will be added.
     pub fn finished(&self) -> bool {
-        !self.open && self.done + self.failed == self.total
+        !self.open && self.done + self.failed + self.stopped == self.total
     }
 }
 
@@ -192,6 +207,7 @@ impl Scheduler {
             queue: VecDeque::new(),
             finished: 0,
             failed: 0,
+            stopped: 0,
             running: 0,
             restored: BTreeMap::new(),
             open: false,
@@ -230,6 +246,11 @@ impl Scheduler {
                 Restored::Failed => {
                     study.failed += 1;
                     TrialSlot { state: State::Failed, last_attempt: 0, failures: 0, history: Vec::new() }
+                }
+                Restored::Stopped => {
+                    study.stopped += 1;
+                    let state = State::Stopped { agent: String::new(), attempt: 0, delivered: true };
+                    TrialSlot { state, last_attempt: 0, failures: 0, history: Vec::new() }
                 }
             };
             study.trials.push(slot);
@@ -279,6 +300,7 @@ impl Scheduler {
             done: s.finished,
             failed: s.failed,
             running: s.running,
+            stopped: s.stopped,
             open: s.open,
         })
     }
@@ -397,6 +419,14 @@ impl Scheduler {
             State::Done { agent: a, attempt } if a == agent && *attempt == trial.attempt => {
                 return (Verdict::Duplicate, Vec::new())
             }
+            // The stopped attempt's own result (cut short, or complete if it
+            // ended before the cancel arrived) is kept for the record, once.
+            State::Stopped { agent: a, attempt, delivered } if a == agent && *attempt == trial.attempt => {
+                let verdict = if *delivered { Verdict::Duplicate } else { Verdict::Accepted };
+                slot.state = State::Stopped { agent: a.clone(), attempt: *attempt, delivered: true };
+                return (verdict, Vec::new());
+            }
+            State::Stopped { .. } => return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new()),
             State::Done { .. } => return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new()),
             _ if !ran_it => return (Verdict::Unknown, Vec::new()),
             // Failed for want of a result (attempts ran out, e.g. its agent was
@@ -459,7 +489,29 @@ impl Scheduler {
             .iter()
             .find(|s| s.policy.name == study)
             .and_then(|s| s.trials.get(usize::try_from(trial).ok()?))
-            .is_some_and(|slot| matches!(slot.state, State::Done { .. } | State::Failed))
+            .is_some_and(|slot| matches!(slot.state, State::Done { .. } | State::Failed | State::Stopped { .. }))
+    }
+
+    /// Stops trial `trial` of `study` early: its running attempt is
+    /// cancelled, and it ends in a state of its own (neither done nor
+    /// failed, never retried). Nothing happens to a trial already final.
+    pub fn stop(&mut self, study: &str, trial: u64, reason: &str) -> Vec<Effect> {
+        let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) else { return Vec::new() };
+        let Some(slot) = s.trials.get_mut(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
+        let mut effects = Vec::new();
+        let tr = trial_ref(study, trial, slot.last_attempt);
+        match &slot.state {
+            State::Running(l) => {
+                effects.push(Effect::Cancel { agent: l.agent.clone(), trial: tr.clone(), reason: reason.to_string() });
+                slot.state = State::Stopped { agent: l.agent.clone(), attempt: l.attempt, delivered: false };
+                s.running -= 1;
+            }
+            State::Pending => slot.state = State::Stopped { agent: String::new(), attempt: 0, delivered: true },
+            _ => return effects,
+        }
+        s.stopped += 1;
+        effects.push(Effect::Stopped { trial: tr, reason: reason.to_string() });
+        effects
     }
 
     /// Cancels and requeues every lease past its deadline.

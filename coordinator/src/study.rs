@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
-use tunefleet_common::message::AgentInfo;
+use tunefleet_common::message::{AgentInfo, Select};
 use tunefleet_common::params::ParamValue;
 use tunefleet_common::template;
 
@@ -204,6 +204,41 @@ impl fmt::Display for SystemParam {
     }
 }
 
+/// Which system configurations a pipelined trial probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProbeOrder {
+    /// PipeTune's: the default configuration, then each other value of one
+    /// parameter at a time with the others at their default.
+    OneAtATime,
+    /// Every combination, the default first.
+    Grid,
+}
+
+/// `[pipeline] mode = "pipelined"`: system parameters are probed inside
+/// each trial instead of being searched across trials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pipelined {
+    pub probe: ProbeOrder,
+    /// Epochs per probe window.
+    pub window_epochs: u32,
+    /// Epochs under the default configuration before the first window.
+    pub warmup_epochs: u32,
+    pub select: Select,
+    /// The workload speaks the control channel (live thread counts).
+    pub control: bool,
+}
+
+/// `[early_stopping] kind = "asha"`: asynchronous successive halving on
+/// the objective as trials report it epoch by epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EarlyStopping {
+    /// Keep the best `1 / reduction` at each rung (default 3).
+    pub reduction: u32,
+    /// Epochs before the first rung (default 1).
+    pub grace: u32,
+}
+
 /// A validated study.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Study {
@@ -225,6 +260,9 @@ pub struct Study {
     pub selector: Selector,
     pub hyper: BTreeMap<String, ParamSpec>,
     pub system: BTreeMap<SystemParam, ParamSpec>,
+    pub early_stopping: Option<EarlyStopping>,
+    /// Pipelined mode; `None`: sequential (a trial per hyper x system configuration).
+    pub pipeline: Option<Pipelined>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.
@@ -240,7 +278,12 @@ impl Study {
 
     /// The parameters the search strategy chooses, in the order of
     /// [`Study::parameters`].
+    /// In pipelined mode only the hyper-parameters: system parameters are
+    /// probed inside each trial.
     pub fn searched(&self) -> Vec<(String, ParamSpec)> {
+        if self.pipeline.is_some() {
+            return self.hyper.iter().map(|(name, spec)| (name.clone(), spec.clone())).collect();
+        }
         self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
     }
 
@@ -281,6 +324,49 @@ struct RawStudy {
     selector: Option<RawSelector>,
     hyper: Option<Spanned<BTreeMap<Spanned<String>, Spanned<RawParam>>>>,
     system: Option<Spanned<BTreeMap<Spanned<String>, Spanned<RawParam>>>>,
+    pipeline: Option<Spanned<RawPipeline>>,
+    early_stopping: Option<RawEarlyStopping>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum EarlyStoppingKind {
+    Asha,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEarlyStopping {
+    #[allow(dead_code)]
+    kind: EarlyStoppingKind,
+    reduction: Option<Spanned<i64>>,
+    grace: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+enum PipelineMode {
+    Pipelined,
+    Sequential,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPipeline {
+    mode: PipelineMode,
+    probe: Option<Spanned<String>>,
+    window: Option<Spanned<RawWindow>>,
+    select: Option<Spanned<toml::Value>>,
+    #[serde(default)]
+    control: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWindow {
+    epochs: Option<Spanned<i64>>,
+    warmup: Option<Spanned<i64>>,
+    steps: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -516,6 +602,29 @@ impl Ctx<'_> {
             }
         }
 
+        let pipeline = match &raw.pipeline {
+            Some(p) => self.pipeline(p, &system)?,
+            None => None,
+        };
+
+        let early_stopping = match &raw.early_stopping {
+            None => None,
+            Some(e) => {
+                let reduction = match &e.reduction {
+                    Some(r) if *r.get_ref() < 2 => {
+                        return Err(self.at(r.span(), "early_stopping.reduction: must be 2 or more"))
+                    }
+                    Some(r) => positive_u32(self, r, "early_stopping.reduction")?,
+                    None => 3,
+                };
+                let grace = match &e.grace {
+                    Some(g) => positive_u32(self, g, "early_stopping.grace")?,
+                    None => 1,
+                };
+                Some(EarlyStopping { reduction, grace })
+            }
+        };
+
         Ok(Study {
             name: name.clone(),
             command,
@@ -529,9 +638,98 @@ impl Ctx<'_> {
             selector,
             hyper,
             system,
+            pipeline,
+            early_stopping,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
+    }
+
+    fn pipeline(
+        &self,
+        raw: &Spanned<RawPipeline>,
+        system: &BTreeMap<SystemParam, ParamSpec>,
+    ) -> Result<Option<Pipelined>, StudyError> {
+        let p = raw.get_ref();
+        if p.mode == PipelineMode::Sequential {
+            return Ok(None);
+        }
+        if system.is_empty() {
+            return Err(self.at(
+                raw.span(),
+                "pipeline: pipelined mode probes system parameters: define at least one [system.NAME]",
+            ));
+        }
+        let probe = match &p.probe {
+            None => ProbeOrder::OneAtATime,
+            Some(s) => match s.get_ref().as_str() {
+                "one-at-a-time" => ProbeOrder::OneAtATime,
+                "grid" => ProbeOrder::Grid,
+                other => {
+                    return Err(self.at(s.span(), format!("pipeline.probe: {other:?} is not one-at-a-time or grid")))
+                }
+            },
+        };
+        let (mut window_epochs, mut warmup_epochs) = (1, 0);
+        if let Some(w) = &p.window {
+            let w = w.get_ref();
+            if let Some(steps) = &w.steps {
+                return Err(self.at(
+                    steps.span(),
+                    "pipeline.window: windows of steps need workloads that report steps, which the metric \
+                     lines cannot say yet; use { epochs = N }",
+                ));
+            }
+            if let Some(e) = &w.epochs {
+                window_epochs = positive_u32(self, e, "pipeline.window.epochs")?;
+            }
+            if let Some(e) = &w.warmup {
+                warmup_epochs = u32::try_from(*e.get_ref())
+                    .map_err(|_| self.at(e.span(), "pipeline.window.warmup: must be 0 or more"))?;
+            }
+        }
+        let select = match &p.select {
+            None => Select::Time,
+            Some(v) => self.select(v)?,
+        };
+        if system.contains_key(&SystemParam::Threads) && !p.control {
+            return Err(self.at(
+                raw.span(),
+                "pipeline: system.threads is read by a workload when it starts, so probing it inside a trial \
+                 needs the workload's control channel: set pipeline.control = true if the workload speaks it \
+                 (docs/PROTOCOL.md, \"Control channel\"; both bundled workloads do), or use mode = \"sequential\"",
+            ));
+        }
+        Ok(Some(Pipelined { probe, window_epochs, warmup_epochs, select, control: p.control }))
+    }
+
+    fn select(&self, v: &Spanned<toml::Value>) -> Result<Select, StudyError> {
+        let bad = || {
+            self.at(
+                v.span(),
+                "pipeline.select: expected \"time\", \"energy\", \"edp\", { cost = ETA } with ETA in [0, 1], \
+                 or { max_slowdown = FRACTION } with FRACTION >= 0",
+            )
+        };
+        let fraction = |x: &toml::Value| x.as_float().or_else(|| x.as_integer().map(|i| i as f64));
+        match v.get_ref() {
+            toml::Value::String(s) => match s.as_str() {
+                "time" => Ok(Select::Time),
+                "energy" => Ok(Select::Energy),
+                "edp" => Ok(Select::Edp),
+                _ => Err(bad()),
+            },
+            toml::Value::Table(t) if t.len() == 1 => {
+                let (k, x) = t.iter().next().ok_or_else(bad)?;
+                let x = fraction(x).filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(bad)?;
+                match k.as_str() {
+                    "cost" if x <= 1.0 => Ok(Select::Cost { eta_permille: (x * 1000.0).round() as u16 }),
+                    "max_slowdown" if x <= 1000.0 => Ok(Select::MaxSlowdown { permille: (x * 1000.0).round() as u32 }),
+                    _ => Err(bad()),
+                }
+            }
+            _ => Err(bad()),
+        }
     }
 
     fn check_template(&self, what: &str, t: &Spanned<String>, known: &BTreeSet<&str>) -> Result<(), StudyError> {
@@ -790,6 +988,40 @@ step = 1
         let json = serde_json::to_value(&s).expect("serialises");
         assert_eq!(json["hyper"]["lr"]["kind"], "log_float");
         assert_eq!(json["system"]["threads"]["kind"], "int");
+    }
+
+    #[test]
+    fn pipelined_mode_is_checked_before_anything_runs() {
+        let with = |p: &str| format!("{EXAMPLE}\n[pipeline]\n{p}\n");
+        let s = parse(&with("mode = \"pipelined\"\ncontrol = true\nwindow = { epochs = 2, warmup = 1 }\nselect = { max_slowdown = 0.1 }"), "s.toml")
+            .expect("parses");
+        let p = s.pipeline.clone().expect("pipelined");
+        assert_eq!(
+            (p.window_epochs, p.warmup_epochs, p.select, p.probe),
+            (2, 1, Select::MaxSlowdown { permille: 100 }, ProbeOrder::OneAtATime)
+        );
+        assert_eq!(s.searched().len(), 2, "system parameters are probed, not searched");
+        assert_eq!(
+            parse(&with("mode = \"pipelined\"\ncontrol = true\nselect = { cost = 0.25 }"), "s.toml")
+                .expect("parses")
+                .pipeline
+                .map(|p| p.select),
+            Some(Select::Cost { eta_permille: 250 })
+        );
+        let e = parse(&with("mode = \"pipelined\""), "s.toml").expect_err("threads without the control channel");
+        assert!(e.to_string().contains("control channel"), "{e}");
+        let e =
+            parse(&with("mode = \"pipelined\"\ncontrol = true\nwindow = { steps = 50 }"), "s.toml").expect_err("steps");
+        assert!(e.to_string().contains("steps"), "{e}");
+        let e =
+            parse(&with("mode = \"pipelined\"\ncontrol = true\nselect = { cost = 2 }"), "s.toml").expect_err("eta > 1");
+        assert!(e.to_string().contains("pipeline.select"), "{e}");
+        let e =
+            parse(&with("mode = \"pipelined\"\ncontrol = true\nprobe = \"sometimes\""), "s.toml").expect_err("probe");
+        assert!(e.to_string().contains("one-at-a-time"), "{e}");
+        let sequential = parse(&with("mode = \"sequential\""), "s.toml").expect("parses");
+        assert_eq!(sequential.pipeline, None);
+        assert_eq!(sequential.searched().len(), 3);
     }
 
     #[test]

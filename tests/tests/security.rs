@@ -342,6 +342,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                 env: vec![],
                 system: SystemParams::default(),
                 timeout_ms: 10_000,
+                probe: None,
             },
         });
         let cancel = CoordinatorMessage::Cancel(Cancel {

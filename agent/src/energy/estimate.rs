@@ -110,6 +110,10 @@ impl EnergyMeter for EstimateMeter {
         None
     }
 
+    fn so_far(&self, usage: &Usage) -> Option<f64> {
+        Some(self.model.joules(usage))
+    }
+
     fn stop(self: Box<Self>, _elapsed: Duration, usage: &Usage) -> EnergyReading {
         let joules = self.model.joules(usage);
         EnergyReading {

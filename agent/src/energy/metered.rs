@@ -178,6 +178,10 @@ impl Meter {
 }
 
 impl EnergyMeter for Meter {
+    fn so_far(&self, _usage: &Usage) -> Option<f64> {
+        Some(self.states.iter().filter(|s| s.channel.in_total).map(|s| s.joules).sum())
+    }
+
     fn sample(&mut self, elapsed: Duration) {
         let dt = elapsed.saturating_sub(self.last_elapsed).as_secs_f64();
         let mut interval_joules = 0.0;

@@ -152,6 +152,11 @@ pub trait EnergyMeter: Send {
     fn last_watts(&self) -> Option<f64>;
     /// Takes a last sample and returns the reading; `usage` feeds models.
     fn stop(self: Box<Self>, elapsed: Duration, usage: &Usage) -> EnergyReading;
+    /// Joules counted from the start to the last sample (for a model, at
+    /// `usage`); `None` when the meter cannot say before it stops.
+    fn so_far(&self, _usage: &Usage) -> Option<f64> {
+        None
+    }
 }
 
 /// The sampling interval to use: the one asked for, shortened when the
@@ -295,6 +300,9 @@ impl EnergyMeter for AnnotatedMeter {
     }
     fn last_watts(&self) -> Option<f64> {
         self.inner.last_watts()
+    }
+    fn so_far(&self, usage: &Usage) -> Option<f64> {
+        self.inner.so_far(usage)
     }
     fn stop(self: Box<Self>, elapsed: Duration, usage: &Usage) -> EnergyReading {
         let mut reading = self.inner.stop(elapsed, usage);

@@ -2,7 +2,7 @@
 //! study goes, and how a trial becomes the [`TrialSpec`] an agent executes.
 //!
 //! A study owns a [`Search`]: the engine asks it for the next trials when
-//! agents have room for them ([`Search::next`]) and tells it each result
+//! agents have room for them ([`Search::next_trials`]) and tells it each result
 //! ([`Search::tell`]). Behind it a [`SearchStrategy`] proposes
 //! configurations: [`Grid`] walks the cartesian product, [`Random`] samples
 //! with a seed; adaptive strategies learn from what they are told. Trials are
@@ -18,12 +18,13 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use tunefleet_common::message::{SystemParams, TrialRef, TrialSpec};
+use tunefleet_common::message::{ProbePlan, SystemParams, TrialRef, TrialSpec};
 use tunefleet_common::params::{ParamValue, Params};
 use tunefleet_common::template::{self, TemplateError};
 
-use crate::study::{ParamSpec, Strategy, Study, SystemParam};
+use crate::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 
+pub mod asha;
 pub mod tpe;
 
 /// One trial: a configuration and which repetition of it this is.
@@ -145,7 +146,7 @@ impl Search {
     /// The trials of the next configuration (its repeats), numbered from
     /// [`Search::created`]; `None` once the budget is spent or the strategy
     /// has nothing more.
-    pub fn next(&mut self) -> Option<Vec<TrialPlan>> {
+    pub fn next_trials(&mut self) -> Option<Vec<TrialPlan>> {
         if self.exhausted || self.configs_left == 0 {
             self.exhausted = true;
             return None;
@@ -199,7 +200,7 @@ impl Search {
 pub fn plan(study: &Study) -> Vec<TrialPlan> {
     let mut search = Search::new(study);
     let mut out = Vec::new();
-    while let Some(trials) = search.next() {
+    while let Some(trials) = search.next_trials() {
         out.extend(trials);
     }
     out
@@ -289,13 +290,74 @@ pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<Trial
     values.insert("trial".into(), ParamValue::Int(clamp_i64(trial.trial)));
     values.insert("attempt".into(), ParamValue::Int(i64::from(trial.attempt)));
     values.insert("repeat".into(), ParamValue::Int(i64::from(plan.repeat)));
+    let probe = probe_plan(study);
+    if let Some(first) = probe.as_ref().and_then(|p| p.configs.first()) {
+        // The placeholders of system parameters render their default.
+        for (param, value) in [
+            (SystemParam::Cores, first.cores.map(u64::from)),
+            (SystemParam::Threads, first.threads.map(u64::from)),
+            (SystemParam::Memory, first.memory_mib),
+        ] {
+            if let Some(v) = value {
+                values.insert(param.as_str().into(), ParamValue::Int(clamp_i64(v)));
+            }
+        }
+    }
     let argv = study.command.iter().map(|arg| template::render(arg, &values)).collect::<Result<Vec<_>, _>>()?;
     let env = study
         .env
         .iter()
         .map(|(k, v)| Ok((k.clone(), template::render(v, &values)?)))
         .collect::<Result<Vec<_>, TemplateError>>()?;
-    Ok(TrialSpec { argv, env, system: system_params(&plan.params), timeout_ms: study.timeout_ms() })
+    let system = match probe.as_ref().and_then(|p| p.configs.first()) {
+        Some(first) => first.clone(),
+        None => system_params(&plan.params),
+    };
+    Ok(TrialSpec { argv, env, system, timeout_ms: study.timeout_ms(), probe })
+}
+
+/// The probe plan of a pipelined study's trials: the default configuration
+/// (every system parameter at its largest value: what a machine gives a job
+/// that asks for nothing) first, then the others in the study's order.
+pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
+    let pipeline = study.pipeline.as_ref()?;
+    let axes: Vec<(SystemParam, Vec<ParamValue>)> =
+        study.system.iter().map(|(p, spec)| (*p, grid_values(spec))).collect();
+    let default: Params = axes
+        .iter()
+        .filter_map(|(p, values)| Some((p.as_str().to_string(), values.iter().max_by_key(|v| v.as_u64())?.clone())))
+        .collect();
+    let mut configs = vec![default.clone()];
+    match pipeline.probe {
+        ProbeOrder::OneAtATime => {
+            for (p, values) in &axes {
+                for v in values {
+                    if default.get(p.as_str()) != Some(v) {
+                        let mut c = default.clone();
+                        c.insert(p.as_str().to_string(), v.clone());
+                        configs.push(c);
+                    }
+                }
+            }
+        }
+        ProbeOrder::Grid => {
+            let space: Vec<(String, ParamSpec)> =
+                study.system.iter().map(|(p, spec)| (p.as_str().to_string(), spec.clone())).collect();
+            let mut grid = Grid::new(&space);
+            while let Some(c) = grid.ask() {
+                if c != default {
+                    configs.push(c);
+                }
+            }
+        }
+    }
+    Some(ProbePlan {
+        configs: configs.iter().map(system_params).collect(),
+        window_epochs: pipeline.window_epochs,
+        warmup_epochs: pipeline.warmup_epochs,
+        select: pipeline.select,
+        control: pipeline.control,
+    })
 }
 
 /// The system parameters present in `params`.
@@ -551,7 +613,7 @@ step = 4
                 let mut search = Search::new(&s);
                 search.resume(&all[..cut]);
                 let mut rest = Vec::new();
-                while let Some(trials) = search.next() {
+                while let Some(trials) = search.next_trials() {
                     rest.extend(trials);
                 }
                 assert_eq!(rest, all[cut..].to_vec(), "{strategy}, resumed after {cut} trials");
@@ -565,16 +627,55 @@ step = 4
         let s = study(SPACE, "kind = \"grid\"", 100, 3);
         let mut search = Search::new(&s);
         assert_eq!(search.planned(), 36);
-        let first = search.next().expect("a configuration");
+        let first = search.next_trials().expect("a configuration");
         assert_eq!(first.iter().map(|t| (t.trial, t.repeat)).collect::<Vec<_>>(), vec![(0, 0), (1, 1), (2, 2)]);
         assert_eq!(search.created(), 3);
         assert!(!search.exhausted());
         let mut n = 1;
-        while search.next().is_some() {
+        while search.next_trials().is_some() {
             n += 1;
         }
         assert_eq!(n, 12, "the whole grid, no more");
         assert!(search.exhausted());
+    }
+
+    const PIPELINED: &str = r#"
+[hyper.a]
+kind = "categorical"
+values = ["x", "y"]
+[system.cores]
+kind = "int"
+low = 1
+high = 2
+[system.threads]
+kind = "categorical"
+values = [1, 2]
+[pipeline]
+mode = "pipelined"
+control = true
+"#;
+
+    #[test]
+    fn pipelined_studies_search_hyper_parameters_and_probe_system_ones_inside_trials() {
+        let s = study(PIPELINED, "kind = \"grid\"", 100, 1);
+        let p = plan(&s);
+        assert_eq!(p.len(), 2, "one trial per hyper-parameter configuration");
+        assert!(p.iter().all(|t| !t.params.contains_key("cores")));
+        let sys = |c, t| SystemParams { cores: Some(c), threads: Some(t), memory_mib: None };
+        let probe = probe_plan(&s).expect("pipelined");
+        assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 2), sys(2, 1)], "default first, one factor at a time");
+        assert_eq!((probe.window_epochs, probe.warmup_epochs, probe.control), (1, 0, true));
+        let r = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
+        let spec = render(&s, &p[0], &r).expect("renders");
+        assert_eq!(spec.system, sys(2, 2), "a trial starts under the default");
+        assert_eq!(spec.probe, Some(probe));
+        let grid = PIPELINED.replace("control = true", "control = true\nprobe = \"grid\"");
+        let probe = probe_plan(&study(&grid, "kind = \"grid\"", 100, 1)).expect("pipelined");
+        assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 1), sys(1, 2), sys(2, 1)]);
+        let sequential = PIPELINED.replace("\"pipelined\"", "\"sequential\"");
+        let s = study(&sequential, "kind = \"grid\"", 100, 1);
+        assert_eq!(plan(&s).len(), 8, "sequential: every hyper x system combination is a trial");
+        assert_eq!(probe_plan(&s), None);
     }
 
     #[test]

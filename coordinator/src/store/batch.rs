@@ -3,7 +3,7 @@
 
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 use tunefleet_common::measurement::Measurement;
-use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
+use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 
 use super::queries::study_by_name;
 use super::{
@@ -104,6 +104,71 @@ impl Batch<'_> {
         for t in plan {
             let params = params_json(&t.params);
             insert.execute(params![study, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
+        }
+        Ok(())
+    }
+
+    /// Marks a trial stopped early (final, not failed, never retried); its
+    /// running attempt is closed with `reason`.
+    pub fn stop_trial(&mut self, trial: &TrialRef, reason: &str, at_ms: u64) -> Result<()> {
+        let context = || format!("stopping {trial}");
+        let id = to_i64("trial", trial.trial)?;
+        self.tx
+            .prepare_cached("UPDATE trials SET state = 'stopped', reason = ?3 WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .execute(params![trial.study, id, reason])
+            .ctx(context)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET ended_ms = ?4, outcome = ?5
+                 WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND ended_ms IS NULL",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, format!("stopped: {reason}")])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Records a result's system configuration (the one its pipelined trial
+    /// selected, else the one it ran under) and its segments.
+    pub fn record_segments(
+        &mut self,
+        trial: &TrialRef,
+        measurement: &Measurement,
+        system: &SystemParams,
+    ) -> Result<()> {
+        let context = || format!("recording the segments of {trial}");
+        let id = to_i64("trial", trial.trial)?;
+        self.tx
+            .prepare_cached("UPDATE results SET system = ?3 WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .execute(params![trial.study, id, json_text(system, context)?])
+            .ctx(context)?;
+        let mut insert = self
+            .tx
+            .prepare_cached(
+                "INSERT OR REPLACE INTO segments (study, trial, idx, role, system, cpus, first_epoch, last_epoch,
+                     start_us, wall_us, energy_j, cpu_us)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .ctx(context)?;
+        for (i, s) in measurement.segments.iter().enumerate() {
+            insert
+                .execute(params![
+                    trial.study,
+                    id,
+                    i as i64,
+                    format!("{:?}", s.role).to_lowercase(),
+                    json_text(&s.system, context)?,
+                    json_text(&s.cpus, context)?,
+                    s.first_epoch,
+                    s.last_epoch,
+                    to_i64("start_us", s.start_us)?,
+                    to_i64("wall_us", s.wall_us)?,
+                    s.energy_j.filter(|j| j.is_finite()),
+                    s.cpu_us.map(|c| to_i64("cpu_us", c)).transpose()?,
+                ])
+                .ctx(context)?;
         }
         Ok(())
     }
@@ -243,7 +308,10 @@ impl Batch<'_> {
         let (new_state, reason) =
             if success { (TrialState::Done, None) } else { (TrialState::Failed, Some(exit.as_str())) };
         self.tx
-            .prepare_cached("UPDATE trials SET state = ?3, reason = ?4 WHERE study = ?1 AND trial = ?2")
+            // A trial stopped early stays stopped: its result is kept for the record.
+            .prepare_cached(
+                "UPDATE trials SET state = ?3, reason = ?4 WHERE study = ?1 AND trial = ?2 AND state != 'stopped'",
+            )
             .ctx(context)?
             .execute(params![trial.study, id, new_state.as_str(), reason])
             .ctx(context)?;
@@ -471,4 +539,9 @@ fn same_config(stored: &str, study: &Study) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// `value` as JSON text, for a column.
+fn json_text<T: serde::Serialize>(value: &T, context: impl Fn() -> String) -> Result<String> {
+    serde_json::to_string(value).map_err(|source| StoreError::Json { context: context(), source })
 }

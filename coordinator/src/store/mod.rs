@@ -92,6 +92,9 @@ pub enum TrialState {
     Running,
     Done,
     Failed,
+    /// Stopped early by the search (its epochs trailed): final, not a
+    /// failure, never retried.
+    Stopped,
 }
 
 impl TrialState {
@@ -101,11 +104,12 @@ impl TrialState {
             TrialState::Running => "running",
             TrialState::Done => "done",
             TrialState::Failed => "failed",
+            TrialState::Stopped => "stopped",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [TrialState::Pending, TrialState::Running, TrialState::Done, TrialState::Failed]
+        [TrialState::Pending, TrialState::Running, TrialState::Done, TrialState::Failed, TrialState::Stopped]
             .into_iter()
             .find(|t| t.as_str() == s)
     }
@@ -113,7 +117,7 @@ impl TrialState {
     /// Done or failed: no more attempts are assigned (a trial failed without
     /// a result may still take the late result of an attempt it had).
     pub fn is_final(self) -> bool {
-        matches!(self, TrialState::Done | TrialState::Failed)
+        matches!(self, TrialState::Done | TrialState::Failed | TrialState::Stopped)
     }
 }
 

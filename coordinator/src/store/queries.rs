@@ -67,11 +67,12 @@ pub struct TrialCounts {
     pub running: u64,
     pub done: u64,
     pub failed: u64,
+    pub stopped: u64,
 }
 
 impl TrialCounts {
     pub fn total(&self) -> u64 {
-        self.pending + self.running + self.done + self.failed
+        self.pending + self.running + self.done + self.failed + self.stopped
     }
 }
 
@@ -198,6 +199,7 @@ impl Store {
                 TrialState::Running => counts.running = n,
                 TrialState::Done => counts.done = n,
                 TrialState::Failed => counts.failed = n,
+                TrialState::Stopped => counts.stopped = n,
             }
         }
         Ok(counts)

@@ -10,7 +10,7 @@ use super::outbox::OUTBOX_SCHEMA;
 use super::{keys, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS trials (
     trial    INTEGER NOT NULL,
     params   TEXT NOT NULL,
     repeat   INTEGER NOT NULL,
-    state    TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed')),
+    state    TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed', 'stopped')),
     attempts INTEGER NOT NULL DEFAULT 0,
     reason   TEXT,
     PRIMARY KEY (study, trial)
@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS results (
     energy_valid  INTEGER,
     measurement   TEXT NOT NULL,
     received_ms   INTEGER NOT NULL,
+    system        TEXT,
     PRIMARY KEY (study, trial)
 );
 CREATE INDEX IF NOT EXISTS results_by_objective ON results (study, success, objective);
@@ -76,12 +77,63 @@ CREATE TABLE IF NOT EXISTS progress (
     elapsed_us INTEGER NOT NULL,
     PRIMARY KEY (study, trial, attempt, epoch)
 );
+CREATE TABLE IF NOT EXISTS segments (
+    study       TEXT NOT NULL,
+    trial       INTEGER NOT NULL,
+    idx         INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    system      TEXT NOT NULL,
+    cpus        TEXT NOT NULL,
+    first_epoch INTEGER NOT NULL,
+    last_epoch  INTEGER NOT NULL,
+    start_us    INTEGER NOT NULL,
+    wall_us     INTEGER NOT NULL,
+    energy_j    REAL,
+    cpu_us      INTEGER,
+    PRIMARY KEY (study, trial, idx)
+);
 CREATE TABLE IF NOT EXISTS agents (
     name          TEXT PRIMARY KEY NOT NULL,
     info          TEXT NOT NULL,
     first_seen_ms INTEGER NOT NULL,
     last_seen_ms  INTEGER NOT NULL,
     online        INTEGER NOT NULL CHECK (online IN (0, 1))
+);
+"#;
+
+/// Version 2: trials stopped early (`stopped`), the system configuration
+/// of each result (the one a pipelined trial selected), and segments.
+const MIGRATE_1_TO_2: &str = r#"
+ALTER TABLE trials RENAME TO trials_v1;
+CREATE TABLE trials (
+    study    TEXT NOT NULL,
+    trial    INTEGER NOT NULL,
+    params   TEXT NOT NULL,
+    repeat   INTEGER NOT NULL,
+    state    TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed', 'stopped')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reason   TEXT,
+    PRIMARY KEY (study, trial)
+);
+INSERT INTO trials (study, trial, params, repeat, state, attempts, reason)
+    SELECT study, trial, params, repeat, state, attempts, reason FROM trials_v1;
+DROP TABLE trials_v1;
+CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
+ALTER TABLE results ADD COLUMN system TEXT;
+CREATE TABLE IF NOT EXISTS segments (
+    study       TEXT NOT NULL,
+    trial       INTEGER NOT NULL,
+    idx         INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    system      TEXT NOT NULL,
+    cpus        TEXT NOT NULL,
+    first_epoch INTEGER NOT NULL,
+    last_epoch  INTEGER NOT NULL,
+    start_us    INTEGER NOT NULL,
+    wall_us     INTEGER NOT NULL,
+    energy_j    REAL,
+    cpu_us      INTEGER,
+    PRIMARY KEY (study, trial, idx)
 );
 "#;
 
@@ -140,6 +192,11 @@ impl Store {
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
+            1 => {
+                tx.execute_batch(MIGRATE_1_TO_2).ctx(|| format!("{path}: migrating the schema from version 1"))?;
+                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .ctx(|| format!("{path}: setting schema version"))?;
+            }
             SCHEMA_VERSION => {}
             found => return Err(StoreError::SchemaVersion { path, found }),
         }
@@ -157,6 +214,35 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_version_1_store_is_migrated_and_keeps_its_trials() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v1.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            let v1 = SCHEMA.replace(", 'stopped'", "").replace(
+                "    received_ms   INTEGER NOT NULL,\n    system        TEXT,",
+                "    received_ms   INTEGER NOT NULL,",
+            );
+            conn.execute_batch(&v1).expect("v1 schema");
+            conn.pragma_update(None, "user_version", 1).expect("version");
+            conn.execute(
+                "INSERT INTO trials (study, trial, params, repeat, state) VALUES ('s', 0, '{}', 0, 'done')",
+                [],
+            )
+            .expect("a v1 trial");
+            assert!(conn.execute("UPDATE trials SET state = 'stopped'", []).is_err(), "v1 refuses 'stopped'");
+        }
+        let store = Store::open(&path).expect("migrates");
+        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        assert_eq!(v, SCHEMA_VERSION);
+        assert_eq!(store.trials("s").expect("trials").len(), 1);
+        store.conn.execute("UPDATE trials SET state = 'stopped'", []).expect("v2 takes 'stopped'");
+        store.conn.execute("SELECT system FROM results", []).ok();
+        let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", [], |r| r.get(0)).expect("segments table");
+        assert_eq!(n, 0);
+    }
 
     #[test]
     fn schema_is_idempotent_and_versioned() {

@@ -1,0 +1,363 @@
+//! Pipelined trials: the probe windows inside one trial, the rule that picks
+//! the configuration to keep, and the segments the measurement reports.
+//!
+//! Pure: the runner feeds it one [`Boundary`] per epoch line (when it ended,
+//! the energy and CPU time counted so far) and applies the [`Step`] it
+//! returns to the live process tree before the workload goes on. The plan
+//! ([`ProbePlan`]) comes with the trial, so no window waits for the
+//! coordinator:
+//!
+//! 1. `warmup_epochs` under the first configuration (a `Warmup` segment, not
+//!    a probe: start-up and cold caches would make it look slow);
+//! 2. one window of `window_epochs` under each configuration, in order
+//!    (`Probe` segments), every epoch real work;
+//! 3. the best probe by the plan's [`Select`] rule for the rest of the trial
+//!    (a `Selected` segment).
+//!
+//! Every probe is compared per epoch, so windows cut short by the end of the
+//! trial still count. Energy rules fall back to time when a probe has no
+//! energy figure, and say so in the log. A configuration sent by the
+//! coordinator while the trial runs ends the current segment and starts a
+//! `Reconfigured` one (probing stops there).
+
+use tunefleet_common::measurement::{Segment, SegmentRole};
+use tunefleet_common::message::{ProbePlan, Select, SystemParams};
+
+/// What was counted when an epoch ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Boundary {
+    /// Microseconds since the workload started.
+    pub at_us: u64,
+    /// The epoch that just ended (0 for the start of the trial).
+    pub epoch: u32,
+    /// Energy counted since the start, when the meter can say.
+    pub joules: Option<f64>,
+    /// CPU time of the trial since the start, when counted.
+    pub cpu_us: Option<u64>,
+}
+
+impl Boundary {
+    /// The start of the trial.
+    pub fn start() -> Self {
+        Boundary { at_us: 0, epoch: 0, joules: Some(0.0), cpu_us: Some(0) }
+    }
+}
+
+/// What the runner must do now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Go on under the current configuration.
+    Stay,
+    /// Switch the live trial to this configuration.
+    Apply(SystemParams),
+}
+
+#[derive(Debug, Clone)]
+struct Open {
+    role: SegmentRole,
+    system: SystemParams,
+    cpus: Vec<u32>,
+    start: Boundary,
+    first_epoch: Option<u32>,
+    epochs: u32,
+    /// Index into the plan's configurations of a probe window.
+    probe: Option<usize>,
+}
+
+/// The state of one trial's segments.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    plan: Option<ProbePlan>,
+    open: Open,
+    segments: Vec<Segment>,
+    /// Probe windows closed, by configuration index.
+    probes: Vec<(usize, Segment)>,
+    selected: Option<SystemParams>,
+    reconfigured: bool,
+}
+
+impl Pipeline {
+    /// A trial that starts under `system` on `cpus`; `plan` when pipelined.
+    pub fn new(plan: Option<ProbePlan>, system: SystemParams, cpus: Vec<u32>) -> Self {
+        let plan = plan.filter(|p| !p.configs.is_empty());
+        let (role, probe) = match &plan {
+            Some(p) if p.warmup_epochs > 0 => (SegmentRole::Warmup, None),
+            Some(_) => (SegmentRole::Probe, Some(0)),
+            None => (SegmentRole::Selected, None),
+        };
+        let open = Open { role, system, cpus, start: Boundary::start(), first_epoch: None, epochs: 0, probe };
+        Pipeline { plan, open, segments: Vec::new(), probes: Vec::new(), selected: None, reconfigured: false }
+    }
+
+    /// The configuration the trial runs under now.
+    pub fn current(&self) -> &SystemParams {
+        &self.open.system
+    }
+
+    /// The CPUs the live trial was actually pinned to for the open segment.
+    pub fn set_cpus(&mut self, cpus: Vec<u32>) {
+        self.open.cpus = cpus;
+    }
+
+    /// Still probing: more windows to come.
+    pub fn probing(&self) -> bool {
+        matches!(self.open.role, SegmentRole::Warmup | SegmentRole::Probe)
+    }
+
+    /// An epoch ended at `b`.
+    pub fn on_epoch(&mut self, b: Boundary) -> Step {
+        self.open.first_epoch.get_or_insert(b.epoch);
+        self.open.epochs += 1;
+        let Some(plan) = self.plan.clone() else { return Step::Stay };
+        match (self.open.role, self.open.probe) {
+            (SegmentRole::Warmup, _) if self.open.epochs >= plan.warmup_epochs => {
+                let system = self.open.system.clone();
+                self.close_and_open(b, SegmentRole::Probe, system, Some(0));
+                Step::Stay
+            }
+            (SegmentRole::Probe, Some(k)) if self.open.epochs >= plan.window_epochs.max(1) => {
+                if let Some(next) = plan.configs.get(k + 1).cloned() {
+                    self.close_and_open(b, SegmentRole::Probe, next.clone(), Some(k + 1));
+                    return Step::Apply(next);
+                }
+                self.close_and_open(b, SegmentRole::Selected, SystemParams::default(), None);
+                let best = select(&self.probes, plan.select);
+                let chosen = plan.configs.get(best).cloned().unwrap_or_default();
+                self.selected = Some(chosen.clone());
+                self.open.system = chosen.clone();
+                if Some(&chosen) == plan.configs.get(k) {
+                    Step::Stay
+                } else {
+                    Step::Apply(chosen)
+                }
+            }
+            _ => Step::Stay,
+        }
+    }
+
+    /// The coordinator sent `system` for this trial at `b`: probing (if
+    /// any) ends, and a `Reconfigured` segment starts.
+    pub fn reconfigure(&mut self, b: Boundary, system: SystemParams) -> Step {
+        if system == self.open.system && self.reconfigured {
+            return Step::Stay;
+        }
+        self.reconfigured = true;
+        self.plan = None;
+        self.close_and_open(b, SegmentRole::Reconfigured, system.clone(), None);
+        Step::Apply(system)
+    }
+
+    fn close_and_open(&mut self, b: Boundary, role: SegmentRole, system: SystemParams, probe: Option<usize>) {
+        let cpus = self.open.cpus.clone();
+        let next = Open { role, system, cpus, start: b, first_epoch: None, epochs: 0, probe };
+        let closed = std::mem::replace(&mut self.open, next);
+        if let Some(segment) = segment(&closed, &b) {
+            if let (SegmentRole::Probe, Some(k)) = (closed.role, closed.probe) {
+                self.probes.push((k, segment.clone()));
+            }
+            self.segments.push(segment);
+        }
+    }
+
+    /// The segments and the selected configuration, with the open segment
+    /// closed at `end` (the trial's last epoch, or its exit). A trial that
+    /// was neither pipelined nor reconfigured has no segments.
+    pub fn finish(mut self, end: Boundary) -> (Vec<Segment>, Option<SystemParams>) {
+        if self.plan.is_none() && !self.reconfigured {
+            return (Vec::new(), None);
+        }
+        let open = self.open.clone();
+        if let Some(s) = segment(&open, &end) {
+            self.segments.push(s);
+        }
+        (self.segments, self.selected)
+    }
+}
+
+/// The segment of `open` ended at `end`; `None` when no epoch ended in it.
+fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
+    let first_epoch = open.first_epoch?;
+    let energy_j = match (open.start.joules, end.joules) {
+        (Some(a), Some(b)) if b >= a => Some(b - a),
+        _ => None,
+    };
+    let cpu_us = match (open.start.cpu_us, end.cpu_us) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a)),
+        _ => None,
+    };
+    Some(Segment {
+        role: open.role,
+        system: open.system.clone(),
+        cpus: open.cpus.clone(),
+        first_epoch,
+        last_epoch: first_epoch.saturating_add(open.epochs.saturating_sub(1)),
+        start_us: open.start.at_us,
+        wall_us: end.at_us.saturating_sub(open.start.at_us),
+        energy_j,
+        cpu_us,
+    })
+}
+
+/// The index (into the plan's configurations) of the best probe by `rule`,
+/// per epoch; ties go to the earlier configuration. Rules that need energy
+/// use time when any probe has no energy figure.
+pub fn select(probes: &[(usize, Segment)], rule: Select) -> usize {
+    let time = |s: &Segment| s.us_per_epoch() / 1e6;
+    let energy: Option<Vec<f64>> = probes.iter().map(|(_, s)| s.joules_per_epoch()).collect();
+    let Some(energy) = energy.filter(|_| rule != Select::Time) else {
+        if rule != Select::Time {
+            tracing::warn!(?rule, "a probe window has no energy figure: selecting by time");
+        }
+        return argmin(probes.iter().map(|(k, s)| (*k, time(s))));
+    };
+    let fastest = probes.iter().map(|(_, s)| time(s)).fold(f64::INFINITY, f64::min);
+    let max_power =
+        probes.iter().zip(&energy).map(|((_, s), e)| if time(s) > 0.0 { e / time(s) } else { 0.0 }).fold(0.0, f64::max);
+    let scored = probes.iter().zip(&energy).filter_map(|((k, s), &e)| {
+        let t = time(s);
+        let score = match rule {
+            Select::Time => t,
+            Select::Energy => e,
+            Select::Edp => e * t,
+            Select::Cost { eta_permille } => {
+                let eta = f64::from(eta_permille.min(1000)) / 1000.0;
+                eta * e + (1.0 - eta) * max_power * t
+            }
+            Select::MaxSlowdown { permille } => {
+                if t > fastest * (1.0 + f64::from(permille) / 1000.0) {
+                    return None;
+                }
+                e
+            }
+        };
+        Some((*k, score))
+    });
+    argmin(scored)
+}
+
+fn argmin(scored: impl Iterator<Item = (usize, f64)>) -> usize {
+    let mut best: Option<(usize, f64)> = None;
+    for (k, v) in scored {
+        if v.is_finite() && best.is_none_or(|(bk, bv)| v < bv || (v == bv && k < bk)) {
+            best = Some((k, v));
+        }
+    }
+    best.map_or(0, |(k, _)| k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sys(cores: u32, threads: u32) -> SystemParams {
+        SystemParams { cores: Some(cores), threads: Some(threads), memory_mib: None }
+    }
+
+    fn plan(configs: Vec<SystemParams>, warmup: u32, window: u32, select: Select) -> ProbePlan {
+        ProbePlan { configs, window_epochs: window, warmup_epochs: warmup, select, control: false }
+    }
+
+    /// Epoch `e` ends at `t` seconds, with `j` joules counted so far.
+    fn at(e: u32, t: f64, j: f64) -> Boundary {
+        Boundary { at_us: (t * 1e6) as u64, epoch: e, joules: Some(j), cpu_us: Some((t * 1e6) as u64) }
+    }
+
+    #[test]
+    fn probes_each_configuration_for_a_window_then_keeps_the_fastest() {
+        let configs = vec![sys(2, 2), sys(1, 2), sys(2, 1), sys(1, 1)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 1, 2, Select::Time)), configs[0].clone(), vec![0, 1]);
+        // Warm-up epoch 1, then windows of two epochs: 2-3, 4-5, 6-7, 8-9.
+        assert_eq!(p.on_epoch(at(1, 5.0, 0.0)), Step::Stay, "warm-up ends; the first window keeps its config");
+        assert_eq!(p.on_epoch(at(2, 6.0, 0.0)), Step::Stay);
+        assert_eq!(p.on_epoch(at(3, 7.0, 0.0)), Step::Apply(configs[1].clone()), "1 s per epoch under (2,2)");
+        assert_eq!(p.on_epoch(at(4, 7.5, 0.0)), Step::Stay);
+        assert_eq!(p.on_epoch(at(5, 8.0, 0.0)), Step::Apply(configs[2].clone()), "0.5 s per epoch under (1,2)");
+        p.on_epoch(at(6, 9.5, 0.0));
+        assert_eq!(p.on_epoch(at(7, 11.0, 0.0)), Step::Apply(configs[3].clone()), "1.5 s under (2,1)");
+        assert!(p.probing());
+        p.on_epoch(at(8, 11.6, 0.0));
+        assert_eq!(p.on_epoch(at(9, 12.2, 0.0)), Step::Apply(configs[1].clone()), "0.6 s under (1,1): (1,2) wins");
+        assert!(!p.probing());
+        p.on_epoch(at(10, 12.7, 0.0));
+        let (segments, selected) = p.finish(at(10, 12.7, 0.0));
+        assert_eq!(selected, Some(configs[1].clone()));
+        let roles: Vec<_> = segments.iter().map(|s| (s.role, s.first_epoch, s.last_epoch)).collect();
+        assert_eq!(
+            roles,
+            vec![
+                (SegmentRole::Warmup, 1, 1),
+                (SegmentRole::Probe, 2, 3),
+                (SegmentRole::Probe, 4, 5),
+                (SegmentRole::Probe, 6, 7),
+                (SegmentRole::Probe, 8, 9),
+                (SegmentRole::Selected, 10, 10)
+            ]
+        );
+        assert_eq!(segments[2].system, configs[1]);
+        assert_eq!(segments[2].wall_us, 1_000_000);
+        assert_eq!(segments[5].system, configs[1]);
+    }
+
+    #[test]
+    fn energy_rules_pick_by_energy_and_respect_the_slowdown_bound() {
+        // Probe k: seconds per epoch and joules per epoch.
+        let probes = |v: &[(f64, f64)]| -> Vec<(usize, Segment)> {
+            v.iter()
+                .enumerate()
+                .map(|(k, &(t, j))| {
+                    let s = Segment {
+                        role: SegmentRole::Probe,
+                        system: SystemParams::default(),
+                        cpus: vec![],
+                        first_epoch: 1,
+                        last_epoch: 2,
+                        start_us: 0,
+                        wall_us: (2.0 * t * 1e6) as u64,
+                        energy_j: Some(2.0 * j),
+                        cpu_us: None,
+                    };
+                    (k, s)
+                })
+                .collect()
+        };
+        let p = probes(&[(1.0, 50.0), (2.0, 30.0), (1.05, 40.0)]);
+        assert_eq!(select(&p, Select::Time), 0);
+        assert_eq!(select(&p, Select::Energy), 1);
+        assert_eq!(select(&p, Select::Edp), 2, "1.05 x 40 = 42 < 50 < 60");
+        assert_eq!(select(&p, Select::MaxSlowdown { permille: 100 }), 2, "within 10 % of the fastest, least energy");
+        assert_eq!(select(&p, Select::MaxSlowdown { permille: 1000 }), 1);
+        // eta = 1: energy only; eta = 0: time only.
+        assert_eq!(select(&p, Select::Cost { eta_permille: 1000 }), 1);
+        assert_eq!(select(&p, Select::Cost { eta_permille: 0 }), 0);
+        // No energy figure for one probe: by time.
+        let mut q = p.clone();
+        q[0].1.energy_j = None;
+        assert_eq!(select(&q, Select::Energy), 0);
+    }
+
+    #[test]
+    fn a_trial_without_a_plan_has_no_segments_unless_reconfigured() {
+        let mut p = Pipeline::new(None, sys(2, 2), vec![]);
+        assert_eq!(p.on_epoch(at(1, 1.0, 1.0)), Step::Stay);
+        assert_eq!(p.clone().finish(at(1, 1.0, 1.0)), (vec![], None));
+        assert_eq!(p.reconfigure(at(1, 1.0, 1.0), sys(1, 1)), Step::Apply(sys(1, 1)));
+        p.on_epoch(at(2, 3.0, 4.0));
+        let (segments, selected) = p.finish(at(2, 3.0, 4.0));
+        assert_eq!(selected, None);
+        assert_eq!(segments.len(), 2);
+        assert_eq!(
+            (segments[1].role, segments[1].energy_j, segments[1].wall_us),
+            (SegmentRole::Reconfigured, Some(3.0), 2_000_000)
+        );
+    }
+
+    #[test]
+    fn a_trial_shorter_than_its_plan_selects_nothing() {
+        let configs = vec![sys(2, 2), sys(1, 1)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 0, 1, Select::Time)), configs[0].clone(), vec![]);
+        assert_eq!(p.on_epoch(at(1, 1.0, 0.0)), Step::Apply(configs[1].clone()));
+        let (segments, selected) = p.finish(at(1, 1.2, 0.0));
+        assert_eq!(selected, None);
+        assert_eq!(segments.len(), 1, "the second window saw no epoch");
+    }
+}

@@ -1,0 +1,176 @@
+//! Pipelined tuning with real processes: a coordinator, an agent and the
+//! training workload, whose system configuration changes inside the trial.
+//! The test reads the workload's threads from `/proc` while it runs.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tunefleet_tests::*;
+
+/// The `/proc` entries of processes whose environment holds `marker`.
+fn processes_with(marker: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == marker.as_bytes()))
+                && std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "tunefleet-train")
+        })
+        .collect()
+}
+
+/// `Cpus_allowed_list` of every thread of `pid`.
+fn thread_masks(pid: u32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.ok()?.path().join("status")).ok()?;
+            status.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).map(|v| v.trim().to_string())
+        })
+        .collect()
+}
+
+fn cpu_count(mask: &str) -> usize {
+    mask.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap_or(0) + 1 - a.parse::<usize>().unwrap_or(0),
+            None => 1,
+        })
+        .sum()
+}
+
+fn pipelined_study(dir: &Path, name: &str, marker: &str) -> std::path::PathBuf {
+    let (key, value) = marker.split_once('=').expect("KEY=VALUE");
+    let text = format!(
+        r#"name = "{name}"
+command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "7", "--passes", "8", "--threads", "{{threads}}"]
+env = {{ {key} = "{value}" }}
+timeout = 120
+
+[objective]
+metric = "accuracy"
+direction = "maximize"
+
+[budget]
+trials = 1
+
+[strategy]
+kind = "grid"
+
+[hyper.lr]
+kind = "categorical"
+values = [0.05]
+
+[system.cores]
+kind = "int"
+low = 1
+high = 2
+
+[system.threads]
+kind = "int"
+low = 1
+high = 2
+
+[pipeline]
+mode = "pipelined"
+probe = "grid"
+window = {{ epochs = 1, warmup = 1 }}
+select = "time"
+control = true
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("write study");
+    path
+}
+
+#[test]
+fn a_pipelined_trial_probes_each_configuration_live_and_keeps_the_fastest() {
+    if std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) < 2 {
+        eprintln!("skipped: probing cores needs 2 CPUs");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("pipelined");
+    let marker = format!("TUNEFLEET_PIPELINE_TEST={root}");
+    let study = pipelined_study(dir.path(), "pipe", &marker);
+    let store = dir.path().join("store.db");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let agent_name = format!("{root}-agent");
+    let _agent = start_agent(&url, &agent_name, &root, &[]);
+
+    // Watch the workload's threads while it runs: which CPU masks they have,
+    // in the order seen.
+    let mut seen: Vec<(Vec<String>, usize)> = Vec::new();
+    let start = Instant::now();
+    let mut ran = false;
+    while start.elapsed() < Duration::from_secs(120) {
+        let pids = processes_with(&marker);
+        if pids.is_empty() && ran {
+            break;
+        }
+        for pid in pids {
+            ran = true;
+            let masks: Vec<String> = thread_masks(pid).into_iter().collect::<BTreeSet<_>>().into_iter().collect();
+            let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+            if !masks.is_empty() && seen.last().map(|(m, _)| m) != Some(&masks) {
+                seen.push((masks, threads));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    assert!(out.contains("1/1 trials done"), "{out}");
+
+    // The measurement: warm-up, four probe windows, then the selected configuration.
+    let db = Connection::open(&store).expect("store");
+    let (m, system): (String, Option<String>) = db
+        .query_row("SELECT measurement, system FROM results WHERE study = 'pipe'", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("one result");
+    let m: serde_json::Value = serde_json::from_str(&m).expect("json");
+    let segments = m["segments"].as_array().expect("segments").clone();
+    let roles: Vec<&str> = segments.iter().map(|s| s["role"].as_str().unwrap_or("?")).collect();
+    assert_eq!(roles, vec!["Warmup", "Probe", "Probe", "Probe", "Probe", "Selected"], "{m}");
+    let sys = |s: &serde_json::Value| (s["system"]["cores"].as_u64(), s["system"]["threads"].as_u64());
+    let probes: Vec<_> = segments.iter().filter(|s| s["role"] == "Probe").collect();
+    assert_eq!(
+        probes.iter().map(|s| sys(s)).collect::<Vec<_>>(),
+        vec![(Some(2), Some(2)), (Some(1), Some(1)), (Some(1), Some(2)), (Some(2), Some(1))],
+        "the default first, then the grid"
+    );
+    // The selected configuration is the fastest probe per epoch.
+    let per_epoch = |s: &serde_json::Value| {
+        s["wall_us"].as_f64().unwrap_or(f64::MAX)
+            / (s["last_epoch"].as_f64().unwrap_or(0.0) - s["first_epoch"].as_f64().unwrap_or(0.0) + 1.0)
+    };
+    let fastest = probes.iter().min_by(|a, b| per_epoch(a).total_cmp(&per_epoch(b))).expect("probes");
+    assert_eq!(m["selected"], fastest["system"], "selected by time: {m}");
+    assert_eq!(sys(&segments[5]), sys(fastest));
+    let stored: serde_json::Value = serde_json::from_str(&system.expect("system recorded")).expect("json");
+    assert_eq!(stored, m["selected"]);
+    // Each window's CPUs match its cores, and every epoch ran with the
+    // threads its window asked for (the control channel).
+    let epochs = m["epochs"].as_array().expect("epochs");
+    for s in &segments {
+        let (cores, threads) = sys(s);
+        assert_eq!(s["cpus"].as_array().map(|c| c.len() as u64), cores, "{s}");
+        for e in s["first_epoch"].as_u64().unwrap_or(0)..=s["last_epoch"].as_u64().unwrap_or(0) {
+            let reported = epochs.iter().find(|x| x["epoch"].as_u64() == Some(e)).expect("epoch reported");
+            let ran_with = reported["metrics"]["threads"].as_f64().map(|t| t as u64);
+            // The warm-up epoch runs with the thread count the workload started with.
+            assert_eq!(ran_with, threads, "epoch {e} in {s}");
+        }
+    }
+    // What the test saw in /proc: all threads on both CPUs, then on one,
+    // and in the end on as many as the selected configuration has.
+    let masks: Vec<usize> = seen.iter().map(|(m, _)| m.iter().map(|x| cpu_count(x)).max().unwrap_or(0)).collect();
+    assert!(masks.contains(&2) && masks.contains(&1), "affinity changed while running: {seen:?}");
+    let (last, _) = seen.last().expect("observed");
+    let selected_cores = m["selected"]["cores"].as_u64().expect("cores") as usize;
+    assert!(last.iter().all(|x| cpu_count(x) == selected_cores), "stays at the selection: {seen:?}");
+    assert_agents_spools_empty(&[&agent_name]);
+}
