@@ -279,8 +279,19 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Demo(args) => demo(args, shutdown).await,
         Command::Check { study } => {
             let study = study::load(&study)?;
-            let plans = crate::search::plan(&study);
             let mut out = String::new();
+            if crate::search::Search::adaptive(&study) {
+                let planned = crate::search::Search::new(&study).planned();
+                writeln!(
+                    out,
+                    "{}: up to {planned} trials chosen as the study goes (adaptive), objective {} ({})",
+                    study.name,
+                    study.objective.metric,
+                    study.objective.direction.as_str()
+                )?;
+                return emit(&out);
+            }
+            let plans = crate::search::plan(&study);
             writeln!(
                 out,
                 "{}: {} trials, objective {} ({})",
@@ -497,8 +508,9 @@ pub async fn run_study(
 }
 
 fn print_summary(s: &Summary, store: &Path) {
+    let stopped = if s.stopped > 0 { format!(", {} stopped early", s.stopped) } else { String::new() };
     println!(
-        "study {}: {}/{} trials done, {} failed, in {:.1} s on {} agent(s)",
+        "study {}: {}/{} trials done, {} failed{stopped}, in {:.1} s on {} agent(s)",
         s.study,
         s.done,
         s.total,

@@ -90,6 +90,8 @@ pub struct Summary {
     pub total: u64,
     pub done: u64,
     pub failed: u64,
+    /// Stopped early by ASHA: neither done nor failed.
+    pub stopped: u64,
     pub best: Option<Best>,
     pub elapsed: Duration,
     pub stats: EngineStats,
@@ -207,7 +209,7 @@ impl Engine {
         self.sched.add_study(policy, states, now);
         self.sched.set_open(&study.name, !search.exhausted());
         if let Some(c) = self.sched.counts(&study.name) {
-            self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed);
+            self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed + c.stopped);
         }
         let asha =
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
@@ -258,7 +260,7 @@ impl Engine {
         let summary = self.summary(study);
         {
             let mut batch = self.store.batch()?;
-            if summary.done + summary.failed == summary.total {
+            if summary.done + summary.failed + summary.stopped == summary.total {
                 batch.finish_study(study, unix_ms())?;
             }
             batch.commit()?;
@@ -345,6 +347,7 @@ impl Engine {
             total: c.total,
             done: c.done,
             failed: c.failed,
+            stopped: c.stopped,
             best: active.and_then(|a| a.best.clone()),
             elapsed: active.map(|a| a.started.elapsed()).unwrap_or_default(),
             stats: self.stats.clone(),
@@ -392,7 +395,7 @@ impl Engine {
         for (name, active) in &self.studies {
             if let Some(c) = self.sched.counts(name) {
                 let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
-                self.progress.update(c.done + c.failed, c.running, self.sched.live_agents(), best);
+                self.progress.update(c.done + c.failed + c.stopped, c.running, self.sched.live_agents(), best);
             }
         }
         Ok(())

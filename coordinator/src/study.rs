@@ -137,6 +137,9 @@ pub enum Strategy {
     Grid,
     /// Seeded sampling: the same seed gives the same trials.
     Random { seed: u64 },
+    /// Tree-structured Parzen Estimator (Optuna's default), seeded: learns
+    /// from each result which regions to sample next.
+    Tpe { seed: u64 },
 }
 
 /// Which agents may run the trials of a study.
@@ -387,6 +390,7 @@ struct RawBudget {
 enum StrategyKind {
     Grid,
     Random,
+    Tpe,
 }
 
 #[derive(Deserialize)]
@@ -508,7 +512,7 @@ impl Ctx<'_> {
 
         let strategy = match (raw.strategy.kind, &raw.strategy.seed) {
             (StrategyKind::Grid, Some(seed)) => {
-                return Err(self.at(seed.span(), "strategy.seed: only the random strategy takes a seed"))
+                return Err(self.at(seed.span(), "strategy.seed: only the random and tpe strategies take a seed"))
             }
             (StrategyKind::Grid, None) => Strategy::Grid,
             (StrategyKind::Random, None) => Strategy::Random { seed: 0 },
@@ -516,6 +520,12 @@ impl Ctx<'_> {
                 let s = u64::try_from(*seed.get_ref())
                     .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?;
                 Strategy::Random { seed: s }
+            }
+            (StrategyKind::Tpe, None) => Strategy::Tpe { seed: 0 },
+            (StrategyKind::Tpe, Some(seed)) => {
+                let s = u64::try_from(*seed.get_ref())
+                    .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?;
+                Strategy::Tpe { seed: s }
             }
         };
 
