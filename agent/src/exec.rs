@@ -123,7 +123,10 @@ fn apply(plan: &ExecPlan) -> Result<(), String> {
         sched_setaffinity(None, &set).map_err(|e| format!("cannot pin to CPUs {:?}: {e}", plan.cpus))?;
     }
     if let Some(bytes) = plan.rlimit_as {
-        setrlimit(Resource::As, Rlimit { current: Some(bytes), maximum: Some(bytes) })
+        // The soft limit only: the hard one stays as inherited, so a probe
+        // of a pipelined trial may raise the limit later (live::set_memory_rlimit).
+        let hard = rustix::process::getrlimit(Resource::As).maximum;
+        setrlimit(Resource::As, Rlimit { current: Some(bytes), maximum: hard })
             .map_err(|e| format!("cannot set RLIMIT_AS to {bytes} bytes: {e}"))?;
     }
     Ok(())
