@@ -654,8 +654,10 @@ mod tests {
     }
 
     /// TPE against the best of as many random draws ([`sample`] with ChaCha8
-    /// seeded the same), over ten seeds. Measured (best of 60, TPE vs random):
-    /// see the printed table with `--nocapture`.
+    /// seeded the same), over ten seeds (the table prints with `--nocapture`).
+    /// Measured when written: mean best 0.156 (TPE) vs 0.322 (random), TPE
+    /// better in 9 of 10; over seeds 100..200 as a check that 0..10 is not a
+    /// lucky pick, 0.109 vs 0.459 and 89 of 100.
     #[test]
     fn tpe_beats_random_search() {
         let budget = 60;
