@@ -19,8 +19,9 @@
 //!   only through the workload's control channel, not here.
 //!
 //! Sending these calls to another process needs the same user (or
-//! `CAP_SYS_NICE` / `CAP_SYS_RESOURCE`); raising a hard `RLIMIT_AS`, which
-//! the exec wrapper sets equal to the soft one, needs `CAP_SYS_RESOURCE`.
+//! `CAP_SYS_NICE` / `CAP_SYS_RESOURCE`). The exec wrapper sets only the soft
+//! `RLIMIT_AS`, so it can be raised again without `CAP_SYS_RESOURCE`; raising
+//! a hard limit needs it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -376,7 +377,7 @@ mod tests {
         assert_eq!(set_memory_rlimit(proc_root, &members, Some(1 << 30)).expect("prlimit"), 1);
         let gib = (1u64 << 30).to_string();
         assert_eq!(address_space_limit(pid), (gib, "unlimited".into()), "soft limit set, hard left unlimited");
-        // Raised again without any capability (this container has no CAP_SYS_RESOURCE).
+        // Raised again: a soft limit needs no CAP_SYS_RESOURCE (this container has none).
         assert_eq!(set_memory_rlimit(proc_root, &members, None).expect("prlimit"), 1);
         assert_eq!(address_space_limit(pid), ("unlimited".into(), "unlimited".into()));
     }
