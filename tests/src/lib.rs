@@ -61,6 +61,21 @@ pub fn wait_for_port(port: u16, timeout: Duration) {
     wait_for(&format!("port {port}"), timeout, || TcpStream::connect(("127.0.0.1", port)).is_ok());
 }
 
+/// The children of process `pid` as (pid, command name), read from `/proc`.
+pub fn children(pid: u32) -> Vec<(u32, String)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| {
+        let child: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        // "pid (comm) state ppid ...": comm may hold spaces, so split at the last ')'.
+        let (head, rest) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_string();
+        let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == pid).then_some((child, comm))
+    })
+    .collect()
+}
+
 /// A child process killed (with its process group) when dropped.
 pub struct Proc {
     pub child: Child,

@@ -227,6 +227,12 @@ fn agent_restarted_with_spooled_results_delivers_them() {
         running.is_some()
     });
     let (trial, attempt) = running.expect("running");
+    // The store says "running" when the assignment is sent; the workload
+    // running under the agent proves it arrived.
+    let agent_pid = agent.child.id();
+    wait_for("the workload under the agent", Duration::from_secs(30), || {
+        children(agent_pid).iter().any(|(_, comm)| comm == "sh" || comm == "sleep")
+    });
     broker.kill();
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
     agent.signal("KILL");
