@@ -57,12 +57,16 @@ pub enum Command {
     },
     /// List the studies in the store.
     Studies(StoreArg),
-    /// Show the N best trials of a study.
+    /// Show the N best trials of a study, or its Pareto front.
     Best {
         study: String,
         /// How many.
         #[arg(short = 'n', long, default_value_t = 5)]
         n: usize,
+        /// The Pareto front of the objective and the study's `objective.also`
+        /// (energy when it names none): every trial no other beats on all of them.
+        #[arg(long)]
+        pareto: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -377,8 +381,11 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             emit(&out)
         }
-        Command::Best { study, n, store } => {
+        Command::Best { study, n, pareto, store } => {
             let store = open_existing(&store.store)?;
+            if pareto {
+                return emit(&pareto_front(&store, &study)?);
+            }
             let rows = store.best(&study, n)?;
             let left_out = unranked_note(&store.unranked(&study)?);
             if rows.is_empty() {
@@ -392,7 +399,6 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                 writeln!(out, "{note}")?;
             }
             for r in &rows {
-                let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 let source = r.energy_source.as_deref().unwrap_or("no energy");
                 writeln!(
                     out,
@@ -400,7 +406,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     r.trial,
                     r.objective,
                     r.agent,
-                    params.join(" ")
+                    describe(r)
                 )?;
             }
             if let Some(note) = left_out {
@@ -424,6 +430,81 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             Ok(())
         }
     }
+}
+
+/// A result's parameters, and the system configuration it ran (or, when
+/// pipelined, selected) when that is not already among them.
+fn describe(r: &crate::store::BestRow) -> String {
+    let mut words: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if let Some(sys) = &r.system {
+        for (name, value) in
+            [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]
+        {
+            if let (Some(v), false) = (value, r.params.contains_key(name)) {
+                words.push(format!("{name}={v} (selected)"));
+            }
+        }
+    }
+    words.join(" ")
+}
+
+/// The Pareto front of a study: its objective (in its direction) against
+/// the objectives of `objective.also` (energy when none), all trials with a
+/// successful result and every figure valid.
+fn pareto_front(store: &Store, study: &str) -> anyhow::Result<String> {
+    use crate::study::Secondary;
+    let row = store.study(study)?.with_context(|| format!("no study {study:?} in {}", store.path()))?;
+    let parsed = study::parse(&row.config, &format!("study {study:?} in the store"))?;
+    let mut axes = parsed.objective.also.clone();
+    if axes.is_empty() {
+        axes.push(Secondary::Energy);
+    }
+    let rows: Vec<_> = store
+        .best(study, usize::MAX)?
+        .into_iter()
+        .filter(|r| !axes.contains(&Secondary::Energy) || (r.energy_valid && r.energy_j.is_some()))
+        .collect();
+    let sign = if parsed.objective.direction == study::Direction::Maximize { -1.0 } else { 1.0 };
+    let points: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| {
+            let mut p = vec![sign * r.objective];
+            for a in &axes {
+                p.push(match a {
+                    Secondary::Energy => r.energy_j.unwrap_or(f64::NAN),
+                    Secondary::WallTime => r.wall_us as f64 / 1e6,
+                });
+            }
+            p
+        })
+        .collect();
+    let front = crate::pareto::front(&points);
+    let mut out = String::new();
+    let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
+    writeln!(
+        out,
+        "Pareto front of {study}: {} ({}) against {} (minimised): {} of {} trials",
+        parsed.objective.metric,
+        parsed.objective.direction,
+        names.join(", "),
+        front.len(),
+        rows.len()
+    )?;
+    if let Some(note) = mixed_sources(front.iter().map(|&i| rows[i].energy_source.as_deref())) {
+        writeln!(out, "{note}")?;
+    }
+    for &i in &front {
+        let r = &rows[i];
+        let figures: Vec<String> = axes
+            .iter()
+            .map(|a| match a {
+                Secondary::Energy => format!("{:.3} J", r.energy_j.unwrap_or(f64::NAN)),
+                Secondary::WallTime => format!("{:.3} s", r.wall_us as f64 / 1e6),
+            })
+            .collect();
+        writeln!(out, "trial {:>4}  {:>12.6}  {}  {}", r.trial, r.objective, figures.join("  "), describe(r))?;
+    }
+    Ok(out)
 }
 
 /// A warning when ranked trials took their energy from different sources

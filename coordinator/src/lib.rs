@@ -7,6 +7,7 @@ pub mod auth;
 pub mod broker;
 pub mod cli;
 pub mod engine;
+pub mod pareto;
 pub mod progress;
 pub mod run;
 pub mod sched;

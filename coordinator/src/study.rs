@@ -127,6 +127,29 @@ pub struct Objective {
     /// A metric the workload reports, or `wall_time`, `cpu_time`, `energy`.
     pub metric: String,
     pub direction: Direction,
+    /// Further objectives, minimised: the study's result is then the Pareto
+    /// front of the metric and these (`tunefleet best --pareto`). Search
+    /// strategies and early stopping follow `metric` alone.
+    pub also: Vec<Secondary>,
+}
+
+/// A measured quantity a multi-objective study also minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Secondary {
+    /// Joules of the trial (valid readings only).
+    Energy,
+    /// Seconds of the trial, start to exit.
+    WallTime,
+}
+
+impl Secondary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Secondary::Energy => "energy",
+            Secondary::WallTime => "wall_time",
+        }
+    }
 }
 
 /// How trial configurations are chosen.
@@ -377,6 +400,8 @@ struct RawWindow {
 struct RawObjective {
     metric: Spanned<String>,
     direction: Direction,
+    #[serde(default)]
+    also: Vec<Secondary>,
 }
 
 #[derive(Deserialize)]
@@ -495,7 +520,15 @@ impl Ctx<'_> {
         if metric.is_empty() {
             return Err(self.at(raw.objective.metric.span(), "objective.metric: must not be empty"));
         }
-        let objective = Objective { metric: metric.to_string(), direction: raw.objective.direction };
+        let mut also = raw.objective.also.clone();
+        also.dedup();
+        if also.iter().any(|s| s.as_str() == metric) || also.len() != raw.objective.also.len() {
+            return Err(self.at(
+                raw.objective.metric.span(),
+                "objective.also: each of energy and wall_time at most once, and not the metric itself",
+            ));
+        }
+        let objective = Objective { metric: metric.to_string(), direction: raw.objective.direction, also };
 
         let budget = positive(self, &raw.budget.trials, "budget.trials")?;
         if budget > MAX_BUDGET {
@@ -982,7 +1015,16 @@ step = 1
         assert_eq!(s.command.len(), 7);
         assert_eq!(s.env.get("TUNEFLEET_SEED").map(String::as_str), Some("{trial}"));
         assert_eq!((s.timeout_s, s.repeats, s.max_attempts, s.budget), (120, 1, 3, 12));
-        assert_eq!(s.objective, Objective { metric: "accuracy".into(), direction: Direction::Maximize });
+        assert_eq!(s.objective, Objective { metric: "accuracy".into(), direction: Direction::Maximize, also: vec![] });
+        let multi = parse(
+            &edited("direction = \"maximize\"", "direction = \"maximize\"\nalso = [\"energy\", \"wall_time\"]"),
+            "s.toml",
+        )
+        .expect("multi-objective parses");
+        assert_eq!(multi.objective.also, vec![Secondary::Energy, Secondary::WallTime]);
+        let e = parse(&edited("direction = \"maximize\"", "direction = \"maximize\"\nalso = [\"power\"]"), "s.toml")
+            .expect_err("unknown secondary");
+        assert!(e.to_string().contains("power"), "{e}");
         assert_eq!(s.strategy, Strategy::Random { seed: 7 });
         assert_eq!(s.selector.arch, vec!["x86_64", "aarch64"]);
         assert_eq!(s.selector.tags.get("pool").map(String::as_str), Some("demo"));

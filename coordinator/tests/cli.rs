@@ -17,6 +17,20 @@ fn study_text(metric: &str) -> String {
     )
 }
 
+/// `tunefleet best plain ARGS --store PATH`: its standard output, once it succeeded.
+fn best(args: &[&str], store: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tunefleet"))
+        .args(["best", "plain"])
+        .args(args)
+        .arg("--store")
+        .arg(store)
+        .stdin(Stdio::null())
+        .output()
+        .expect("tunefleet runs");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Issue 8: the coordinator coloured its log even into a file or journald.
 #[test]
 fn regression_log_into_a_pipe_has_no_ansi_colour_codes() {
@@ -67,16 +81,47 @@ fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
     b.commit().expect("commits");
     drop(store);
 
-    let out = Command::new(env!("CARGO_BIN_EXE_tunefleet"))
-        .args(["best", "plain", "-n", "10", "--store"])
-        .arg(&path)
-        .stdin(Stdio::null())
-        .output()
-        .expect("tunefleet runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = best(&["-n", "10"], &path);
     let trials: Vec<&str> = text.lines().filter(|l| l.starts_with("trial")).collect();
     assert_eq!(trials.len(), 2, "{text}");
     assert!(trials[0].starts_with("trial    2") && trials[1].starts_with("trial    0"), "{text}");
     assert!(text.contains("2 successful trials not ranked: 2 with an invalid energy reading"), "{text}");
+}
+
+/// Issue 9: a multi-objective study's result is a Pareto front, and `best
+/// --pareto` shows it: the trade-offs kept, the dominated and the invalid left out.
+#[test]
+fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    let text = study_text("loss")
+        .replace("direction = \"minimize\"", "direction = \"minimize\"\nalso = [\"energy\", \"wall_time\"]");
+    let s = study::parse(&text, "s.toml").expect("parses");
+    assert_eq!(s.objective.also.len(), 2);
+    let mut store = Store::open(&path).expect("store");
+    let mut b = store.batch().expect("batch");
+    b.create_study(&s, &search::plan(&s)).expect("creates");
+    // (loss, joules, seconds, valid): 0 and 1 trade loss for energy, 2 is
+    // beaten by 1 everywhere, 3 would win but its energy is invalid.
+    for (trial, loss, joules, secs, valid) in
+        [(0, 0.1, 9.0, 2.0, true), (1, 0.3, 2.0, 1.0, true), (2, 0.4, 3.0, 1.5, true), (3, 0.05, 1.0, 0.5, false)]
+    {
+        let energy = EnergyReading { joules, valid, ..EnergyReading::none(EnergySourceKind::Estimated, "model") };
+        let m = Measurement {
+            wall_us: (secs * 1e6) as u64,
+            final_metrics: [("loss".to_string(), loss)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), energy)
+        };
+        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        b.record_assignment(&r, "a1", 10).expect("assigns");
+        b.record_result(&r, "a1", &m, m.objective_value("loss"), 20).expect("records");
+    }
+    b.commit().expect("commits");
+    drop(store);
+    let text = best(&["--pareto"], &path);
+    assert!(text.contains("against energy, wall_time (minimised): 2 of 3 trials"), "{text}");
+    let trials: Vec<&str> = text.lines().filter(|l| l.starts_with("trial")).collect();
+    assert_eq!(trials.len(), 2, "{text}");
+    assert!(trials[0].starts_with("trial    0") && trials[1].starts_with("trial    1"), "{text}");
+    assert!(trials[1].contains("2.000 J") && trials[1].contains("1.000 s"), "{text}");
 }

@@ -4,6 +4,7 @@
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
 use tunefleet_common::measurement::Measurement;
+use tunefleet_common::message::SystemParams;
 use tunefleet_common::message::{AgentInfo, TrialRef};
 use tunefleet_common::params::Params;
 
@@ -120,6 +121,10 @@ pub struct BestRow {
     pub wall_us: u64,
     pub energy_j: Option<f64>,
     pub energy_source: Option<String>,
+    pub energy_valid: bool,
+    /// The system configuration of the result: the one its pipelined trial
+    /// selected, else the one it ran under (`None` in a store from before).
+    pub system: Option<SystemParams>,
 }
 
 /// Successful results [`Store::best`] does not rank (see [`Store::unranked`]).
@@ -252,7 +257,7 @@ impl Store {
         };
         let sql = format!(
             "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
-                    r.energy_source
+                    r.energy_source, COALESCE(r.energy_valid, 0), r.system
              FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
              WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
                    AND (?3 != 'energy' OR r.energy_valid = 1)
@@ -273,6 +278,10 @@ impl Store {
                     wall_us: get_u64(row, 6)?,
                     energy_j: row.get(7)?,
                     energy_source: row.get(8)?,
+                    energy_valid: row.get(9)?,
+                    system: row
+                        .get::<_, Option<String>>(10)?
+                        .and_then(|text| serde_json::from_str::<SystemParams>(&text).ok()),
                 })
             })
             .ctx(context)?;
