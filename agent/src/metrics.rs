@@ -20,6 +20,10 @@
 //!   TUNEFLEET final accuracy=0.93
 //!   ```
 //!
+//! A workload asked for steps (`TUNEFLEET_STEPS=1`, set for pipelined
+//! trials whose probe windows count steps) also prints one line per
+//! training step: `{"event":"step","step":N}` or `TUNEFLEET step=N`.
+//!
 //! Rules common to both forms: the epoch is an integer from 0 to 2^32-1;
 //! a metric name is 1 to 64 characters without spaces, `=` or control
 //! characters; a value that is not a finite number (`NaN`, `inf`, `abc`) is
@@ -42,8 +46,18 @@ pub const PLAIN_PREFIX: &str = "TUNEFLEET";
 /// What one line of workload output means.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MetricLine {
-    Epoch { epoch: u32, metrics: Metrics },
-    Final { metrics: Metrics },
+    Epoch {
+        epoch: u32,
+        metrics: Metrics,
+    },
+    /// A training step ended (the windows of a pipelined trial that probes
+    /// within epochs); its metrics are not kept.
+    Step {
+        step: u64,
+    },
+    Final {
+        metrics: Metrics,
+    },
     Log,
 }
 
@@ -95,6 +109,10 @@ fn parse_json(line: &str) -> MetricLine {
             _ => MetricLine::Log,
         },
         Some("final") => MetricLine::Final { metrics },
+        Some("step") => match map.get("step").and_then(serde_json::Value::as_u64) {
+            Some(step) => MetricLine::Step { step },
+            None => MetricLine::Log,
+        },
         _ => MetricLine::Log,
     }
 }
@@ -117,13 +135,18 @@ fn parse_plain(rest: &str) -> MetricLine {
             pairs(words);
             MetricLine::Final { metrics }
         }
-        Some(first) => match first.strip_prefix("epoch=").map(str::parse::<u32>) {
-            Some(Ok(epoch)) => {
-                pairs(words);
-                MetricLine::Epoch { epoch, metrics }
+        Some(first) => {
+            if let Some(step) = first.strip_prefix("step=").and_then(|v| v.parse::<u64>().ok()) {
+                return MetricLine::Step { step };
             }
-            _ => MetricLine::Log,
-        },
+            match first.strip_prefix("epoch=").map(str::parse::<u32>) {
+                Some(Ok(epoch)) => {
+                    pairs(words);
+                    MetricLine::Epoch { epoch, metrics }
+                }
+                _ => MetricLine::Log,
+            }
+        }
         None => MetricLine::Log,
     }
 }
@@ -134,6 +157,14 @@ mod tests {
 
     fn m(pairs: &[(&str, f64)]) -> Metrics {
         pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    #[test]
+    fn step_lines_in_both_forms() {
+        assert_eq!(parse_metric_line(r#"{"event":"step","step":42,"loss":0.1}"#), MetricLine::Step { step: 42 });
+        assert_eq!(parse_metric_line("TUNEFLEET step=7"), MetricLine::Step { step: 7 });
+        assert_eq!(parse_metric_line(r#"{"event":"step","step":-1}"#), MetricLine::Log);
+        assert_eq!(parse_metric_line("TUNEFLEET step=x"), MetricLine::Log);
     }
 
     #[test]
@@ -171,7 +202,7 @@ mod tests {
             "TUNEFLEET epoch=x loss=1",
             "TUNEFLEET epoch=-1 loss=1",
             "TUNEFLEET epoch=99999999999 loss=1",
-            "TUNEFLEET step=1 loss=1",
+            "TUNEFLEET stepx=1 loss=1",
             "tunefleet epoch=1 loss=1",
             "{not json",
             r#"{"epoch":1,"loss":1}"#,

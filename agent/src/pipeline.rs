@@ -7,9 +7,9 @@
 //! ([`ProbePlan`]) comes with the trial, so no window waits for the
 //! coordinator:
 //!
-//! 1. `warmup_epochs` under the first configuration (a `Warmup` segment, not
+//! 1. `warmup` under the first configuration (a `Warmup` segment, not
 //!    a probe: start-up and cold caches would make it look slow);
-//! 2. one window of `window_epochs` under each configuration, in order
+//! 2. one window of `window` under each configuration, in order
 //!    (`Probe` segments), every epoch real work;
 //! 3. the best probe by the plan's [`Select`] rule for the rest of the trial
 //!    (a `Selected` segment).
@@ -21,14 +21,14 @@
 //! `Reconfigured` one (probing stops there).
 
 use tunefleet_common::measurement::{Segment, SegmentRole};
-use tunefleet_common::message::{ProbePlan, Select, SystemParams};
+use tunefleet_common::message::{ProbePlan, Select, SystemParams, WindowUnit};
 
 /// What was counted when an epoch ended.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Boundary {
     /// Microseconds since the workload started.
     pub at_us: u64,
-    /// The epoch that just ended (0 for the start of the trial).
+    /// The last epoch that ended (0 before the first).
     pub epoch: u32,
     /// Energy counted since the start, when the meter can say.
     pub joules: Option<f64>,
@@ -58,8 +58,8 @@ struct Open {
     system: SystemParams,
     cpus: Vec<u32>,
     start: Boundary,
-    first_epoch: Option<u32>,
     epochs: u32,
+    steps: u32,
     /// Index into the plan's configurations of a probe window.
     probe: Option<usize>,
 }
@@ -81,11 +81,11 @@ impl Pipeline {
     pub fn new(plan: Option<ProbePlan>, system: SystemParams, cpus: Vec<u32>) -> Self {
         let plan = plan.filter(|p| !p.configs.is_empty());
         let (role, probe) = match &plan {
-            Some(p) if p.warmup_epochs > 0 => (SegmentRole::Warmup, None),
+            Some(p) if p.warmup > 0 => (SegmentRole::Warmup, None),
             Some(_) => (SegmentRole::Probe, Some(0)),
             None => (SegmentRole::Selected, None),
         };
-        let open = Open { role, system, cpus, start: Boundary::start(), first_epoch: None, epochs: 0, probe };
+        let open = Open { role, system, cpus, start: Boundary::start(), epochs: 0, steps: 0, probe };
         Pipeline { plan, open, segments: Vec::new(), probes: Vec::new(), selected: None, reconfigured: false }
     }
 
@@ -104,18 +104,49 @@ impl Pipeline {
         matches!(self.open.role, SegmentRole::Warmup | SegmentRole::Probe)
     }
 
+    /// What the plan's windows count, when there is a plan.
+    pub fn unit(&self) -> Option<WindowUnit> {
+        self.plan.as_ref().map(|p| p.unit)
+    }
+
     /// An epoch ended at `b`.
     pub fn on_epoch(&mut self, b: Boundary) -> Step {
-        self.open.first_epoch.get_or_insert(b.epoch);
         self.open.epochs += 1;
+        match self.unit() {
+            Some(WindowUnit::Epochs) => self.advance(b, self.open.epochs),
+            Some(WindowUnit::Steps) => {
+                // An epoch end (evaluation, checkpoints) inside a probe
+                // window of steps spoils it: measure that configuration again.
+                if self.open.role == SegmentRole::Probe && self.open.steps > 0 {
+                    self.open.role = SegmentRole::Cut;
+                    let (system, probe) = (self.open.system.clone(), self.open.probe);
+                    self.close_and_open(b, SegmentRole::Probe, system, probe);
+                }
+                Step::Stay
+            }
+            None => Step::Stay,
+        }
+    }
+
+    /// A step ended at `b` (counted only when the windows count steps).
+    pub fn on_step(&mut self, b: Boundary) -> Step {
+        if self.unit() != Some(WindowUnit::Steps) {
+            return Step::Stay;
+        }
+        self.open.steps += 1;
+        self.advance(b, self.open.steps)
+    }
+
+    /// The open segment has `count` units: close its window when it is full.
+    fn advance(&mut self, b: Boundary, count: u32) -> Step {
         let Some(plan) = self.plan.clone() else { return Step::Stay };
         match (self.open.role, self.open.probe) {
-            (SegmentRole::Warmup, _) if self.open.epochs >= plan.warmup_epochs => {
+            (SegmentRole::Warmup, _) if count >= plan.warmup => {
                 let system = self.open.system.clone();
                 self.close_and_open(b, SegmentRole::Probe, system, Some(0));
                 Step::Stay
             }
-            (SegmentRole::Probe, Some(k)) if self.open.epochs >= plan.window_epochs.max(1) => {
+            (SegmentRole::Probe, Some(k)) if count >= plan.window.max(1) => {
                 if let Some(next) = plan.configs.get(k + 1).cloned() {
                     self.close_and_open(b, SegmentRole::Probe, next.clone(), Some(k + 1));
                     return Step::Apply(next);
@@ -149,7 +180,7 @@ impl Pipeline {
 
     fn close_and_open(&mut self, b: Boundary, role: SegmentRole, system: SystemParams, probe: Option<usize>) {
         let cpus = self.open.cpus.clone();
-        let next = Open { role, system, cpus, start: b, first_epoch: None, epochs: 0, probe };
+        let next = Open { role, system, cpus, start: b, epochs: 0, steps: 0, probe };
         let closed = std::mem::replace(&mut self.open, next);
         if let Some(segment) = segment(&closed, &b) {
             if let (SegmentRole::Probe, Some(k)) = (closed.role, closed.probe) {
@@ -174,9 +205,12 @@ impl Pipeline {
     }
 }
 
-/// The segment of `open` ended at `end`; `None` when no epoch ended in it.
+/// The segment of `open` ended at `end`; `None` when no epoch and no
+/// step ended in it.
 fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
-    let first_epoch = open.first_epoch?;
+    if open.epochs == 0 && open.steps == 0 {
+        return None;
+    }
     let energy_j = match (open.start.joules, end.joules) {
         (Some(a), Some(b)) if b >= a => Some(b - a),
         _ => None,
@@ -185,12 +219,14 @@ fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
         (Some(a), Some(b)) => Some(b.saturating_sub(a)),
         _ => None,
     };
+    let first_epoch = open.start.epoch.saturating_add(1);
     Some(Segment {
         role: open.role,
         system: open.system.clone(),
         cpus: open.cpus.clone(),
         first_epoch,
-        last_epoch: first_epoch.saturating_add(open.epochs.saturating_sub(1)),
+        last_epoch: end.epoch.max(first_epoch),
+        steps: open.steps,
         start_us: open.start.at_us,
         wall_us: end.at_us.saturating_sub(open.start.at_us),
         energy_j,
@@ -199,11 +235,11 @@ fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
 }
 
 /// The index (into the plan's configurations) of the best probe by `rule`,
-/// per epoch; ties go to the earlier configuration. Rules that need energy
+/// per unit (epoch or step); ties go to the earlier configuration. Rules that need energy
 /// use time when any probe has no energy figure.
 pub fn select(probes: &[(usize, Segment)], rule: Select) -> usize {
-    let time = |s: &Segment| s.us_per_epoch() / 1e6;
-    let energy: Option<Vec<f64>> = probes.iter().map(|(_, s)| s.joules_per_epoch()).collect();
+    let time = |s: &Segment| s.us_per_unit() / 1e6;
+    let energy: Option<Vec<f64>> = probes.iter().map(|(_, s)| s.joules_per_unit()).collect();
     let Some(energy) = energy.filter(|_| rule != Select::Time) else {
         if rule != Select::Time {
             tracing::warn!(?rule, "a probe window has no energy figure: selecting by time");
@@ -254,7 +290,7 @@ mod tests {
     }
 
     fn plan(configs: Vec<SystemParams>, warmup: u32, window: u32, select: Select) -> ProbePlan {
-        ProbePlan { configs, window_epochs: window, warmup_epochs: warmup, select, control: false }
+        ProbePlan { configs, window, warmup, unit: WindowUnit::Epochs, select, control: false }
     }
 
     /// Epoch `e` ends at `t` seconds, with `j` joules counted so far.
@@ -311,6 +347,7 @@ mod tests {
                         cpus: vec![],
                         first_epoch: 1,
                         last_epoch: 2,
+                        steps: 0,
                         start_us: 0,
                         wall_us: (2.0 * t * 1e6) as u64,
                         energy_j: Some(2.0 * j),
@@ -349,6 +386,50 @@ mod tests {
             (segments[1].role, segments[1].energy_j, segments[1].wall_us),
             (SegmentRole::Reconfigured, Some(3.0), 2_000_000)
         );
+    }
+
+    #[test]
+    fn windows_of_steps_probe_within_epochs_and_an_epoch_end_cuts_a_window_short() {
+        let configs = vec![sys(2, 2), sys(1, 2)];
+        let plan = ProbePlan { unit: WindowUnit::Steps, ..plan(configs.clone(), 2, 3, Select::Time) };
+        let mut p = Pipeline::new(Some(plan), configs[0].clone(), vec![0, 1]);
+        let t = std::cell::Cell::new(0.0);
+        let step = |p: &mut Pipeline, epoch: u32, dt: f64| {
+            t.set(t.get() + dt);
+            p.on_step(at(epoch, t.get(), 0.0))
+        };
+        // Two warm-up steps, then three under (2, 2) at 0.1 s a step.
+        step(&mut p, 0, 0.5);
+        assert_eq!(step(&mut p, 0, 0.5), Step::Stay, "warm-up over");
+        step(&mut p, 0, 0.1);
+        step(&mut p, 0, 0.1);
+        assert_eq!(step(&mut p, 0, 0.1), Step::Apply(configs[1].clone()));
+        // One step under (1, 2), then the epoch ends: that window is cut and measured again.
+        step(&mut p, 0, 0.3);
+        t.set(t.get() + 1.0);
+        assert_eq!(p.on_epoch(at(1, t.get(), 0.0)), Step::Stay);
+        assert!(p.probing());
+        step(&mut p, 1, 0.3);
+        step(&mut p, 1, 0.3);
+        assert_eq!(step(&mut p, 1, 0.3), Step::Apply(configs[0].clone()), "(2, 2) at 0.1 s a step beats 0.3 s");
+        let (segments, selected) = p.finish(at(1, t.get(), 0.0));
+        assert_eq!(selected, Some(configs[0].clone()));
+        let roles: Vec<_> = segments.iter().map(|s| (s.role, s.steps)).collect();
+        assert_eq!(
+            roles,
+            vec![(SegmentRole::Warmup, 2), (SegmentRole::Probe, 3), (SegmentRole::Cut, 1), (SegmentRole::Probe, 3)],
+            "the selected segment saw no step yet: not reported"
+        );
+        assert!((segments[1].us_per_unit() - 100_000.0).abs() < 1.0, "{:?}", segments[1]);
+        assert_eq!((segments[3].first_epoch, segments[3].last_epoch), (2, 2), "within epoch 2");
+        // Epoch lines do not count when windows count steps, nor steps when they count epochs.
+        let mut e = Pipeline::new(Some(plan_epochs()), configs[0].clone(), vec![]);
+        assert_eq!(e.on_step(at(0, 0.1, 0.0)), Step::Stay);
+        assert!(e.probing());
+    }
+
+    fn plan_epochs() -> ProbePlan {
+        plan(vec![sys(2, 2), sys(1, 1)], 0, 1, Select::Time)
     }
 
     #[test]

@@ -136,6 +136,7 @@ pub struct TrialRun {
 #[derive(Debug)]
 enum OutputEvent {
     Epoch { epoch: u32, metrics: Metrics, elapsed_us: u64 },
+    Step { elapsed_us: u64 },
     Final(Metrics),
     Log { text: String, truncated: bool },
     ExecFailed(String),
@@ -154,6 +155,7 @@ fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sende
                 MetricLine::Epoch { epoch, metrics } => {
                     OutputEvent::Epoch { epoch, metrics, elapsed_us: micros(start.elapsed()) }
                 }
+                MetricLine::Step { .. } => OutputEvent::Step { elapsed_us: micros(start.elapsed()) },
                 MetricLine::Final { metrics } => OutputEvent::Final(metrics),
                 MetricLine::Log => OutputEvent::Log { text: line.text, truncated: line.truncated },
             },
@@ -204,6 +206,7 @@ impl Collected {
                     self.epochs_dropped += 1;
                 }
             }
+            OutputEvent::Step { .. } => {}
             OutputEvent::Final(m) => self.final_metrics = Some(m),
             OutputEvent::Log { text, truncated } => self.tail.push(&text, truncated),
             OutputEvent::ExecFailed(reason) => self.exec_failed = Some(reason),
@@ -312,6 +315,9 @@ pub enum Control {
 /// The environment variable that tells a workload the control channel is
 /// open on its standard input (docs/PROTOCOL.md, "Control channel").
 pub const CONTROL_VAR: &str = "TUNEFLEET_CONTROL";
+/// The environment variable that asks a workload for step lines (the
+/// probe windows of its trial count steps).
+pub const STEPS_VAR: &str = "TUNEFLEET_STEPS";
 
 /// The agent's handle on one running trial: the sending side of its
 /// control input. Dropping every handle leaves the trial running.
@@ -436,6 +442,9 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     if control {
         cmd.env(CONTROL_VAR, "stdin");
     }
+    if spec.probe.as_ref().is_some_and(|p| p.unit == tunefleet_common::message::WindowUnit::Steps) {
+        cmd.env(STEPS_VAR, "1");
+    }
     if cfg.inherit_output {
         cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
     } else {
@@ -557,8 +566,10 @@ async fn monitor(
             }
             event = t.output.recv(), if readers_open => match event {
                 Some(event) => {
-                    if let OutputEvent::Epoch { epoch, elapsed_us, .. } = &event {
-                        on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
+                    match &event {
+                        OutputEvent::Epoch { epoch, elapsed_us, .. } => on_epoch_boundary(cfg, t, *epoch, *elapsed_us),
+                        OutputEvent::Step { elapsed_us } => on_step_boundary(cfg, t, *elapsed_us),
+                        _ => {}
                     }
                     m.collected.take(event, progress.as_ref())
                 }
@@ -637,6 +648,20 @@ fn on_epoch_boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u64
             t.control = None;
         }
     }
+}
+
+/// A step line of a trial whose probe windows count steps: a window may
+/// end and the configuration change (applied at once; the workload does
+/// not wait, so the switch lands within the next step).
+fn on_step_boundary(cfg: &RunnerConfig, t: &mut Spawned, at_us: u64) {
+    if t.pipeline.unit() != Some(tunefleet_common::message::WindowUnit::Steps) || !t.pipeline.probing() {
+        return;
+    }
+    let epoch = t.last_boundary.map_or(0, |b| b.epoch);
+    let b = boundary(cfg, t, epoch, at_us);
+    let step = t.pipeline.on_step(b);
+    // Thread counts cannot change within an epoch (refused at check time).
+    let _ = apply_step(cfg, t, step);
 }
 
 /// Applies `step` to the running trial: CPU affinity of every thread (and

@@ -276,6 +276,9 @@ pub enum SegmentRole {
     Selected,
     /// Under a configuration the coordinator sent ([`crate::message::Reconfigure`]).
     Reconfigured,
+    /// A probe window of steps that an epoch end cut short (its
+    /// configuration is measured again in the next window).
+    Cut,
 }
 
 /// One stretch of a trial under one system configuration.
@@ -285,9 +288,13 @@ pub struct Segment {
     pub system: SystemParams,
     /// The CPUs the trial's threads were pinned to (empty: not pinned).
     pub cpus: Vec<u32>,
-    /// First and last epoch that ended in this segment (1-based).
+    /// The epochs the segment spans (1-based): from the one running when it
+    /// started to the last one that ended in it (or the one running, when
+    /// a window of steps ended within an epoch).
     pub first_epoch: u32,
     pub last_epoch: u32,
+    /// Steps in the segment, when its windows count steps; else 0.
+    pub steps: u32,
     /// Since the workload started, in microseconds.
     pub start_us: u64,
     pub wall_us: u64,
@@ -305,14 +312,24 @@ impl Segment {
         self.last_epoch.saturating_sub(self.first_epoch).saturating_add(1)
     }
 
-    /// Wall time per epoch, in microseconds.
-    pub fn us_per_epoch(&self) -> f64 {
-        self.wall_us as f64 / f64::from(self.epochs().max(1))
+    /// What the segment's time and energy are compared per: its steps when
+    /// it counted steps, else its epochs.
+    pub fn units(&self) -> u32 {
+        if self.steps > 0 {
+            self.steps
+        } else {
+            self.epochs().max(1)
+        }
     }
 
-    /// Energy per epoch, in joules.
-    pub fn joules_per_epoch(&self) -> Option<f64> {
-        self.energy_j.map(|j| j / f64::from(self.epochs().max(1)))
+    /// Wall time per unit (epoch or step), in microseconds.
+    pub fn us_per_unit(&self) -> f64 {
+        self.wall_us as f64 / f64::from(self.units())
+    }
+
+    /// Energy per unit (epoch or step), in joules.
+    pub fn joules_per_unit(&self) -> Option<f64> {
+        self.energy_j.map(|j| j / f64::from(self.units()))
     }
 }
 

@@ -166,22 +166,35 @@ pub struct TrialSpec {
 
 /// How a pipelined trial probes system configurations inside itself,
 /// window by window, without a round trip per window: the agent runs
-/// `warmup` epochs and then one window under each configuration in order
-/// (the first is [`TrialSpec::system`]), keeps the best by `select` for
-/// the rest of the trial, and reports one [`crate::measurement::Segment`]
-/// per window.
+/// `warmup` units and then one window of `window` units under each
+/// configuration in order (the first is [`TrialSpec::system`]), keeps the
+/// best by `select` for the rest of the trial, and reports one
+/// [`crate::measurement::Segment`] per window.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbePlan {
     pub configs: Vec<SystemParams>,
-    /// Epochs per probe window (at least 1).
-    pub window_epochs: u32,
-    /// Epochs before the first window, run under the first configuration
+    /// Units per probe window (at least 1).
+    pub window: u32,
+    /// Units before the first window, run under the first configuration
     /// and not measured as a probe (start-up, caches, data loading).
-    pub warmup_epochs: u32,
+    pub warmup: u32,
+    /// What a window counts.
+    pub unit: WindowUnit,
     pub select: Select,
     /// The workload speaks the control channel (`TUNEFLEET_CONTROL=stdin`,
     /// docs/PROTOCOL.md), so thread counts can change live.
     pub control: bool,
+}
+
+/// What probe windows count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WindowUnit {
+    /// Epoch lines.
+    Epochs,
+    /// Step lines (Zeus's granularity, inside an epoch); the agent asks the
+    /// workload for them with `TUNEFLEET_STEPS=1`. A window an epoch end
+    /// cuts short is measured again.
+    Steps,
 }
 
 /// Which probed configuration wins (Zeus's rules, per epoch of each window).

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
-use tunefleet_common::message::{AgentInfo, Select};
+use tunefleet_common::message::{AgentInfo, Select, WindowUnit};
 use tunefleet_common::params::ParamValue;
 use tunefleet_common::template;
 
@@ -246,10 +246,11 @@ pub enum ProbeOrder {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pipelined {
     pub probe: ProbeOrder,
-    /// Epochs per probe window.
-    pub window_epochs: u32,
-    /// Epochs under the default configuration before the first window.
-    pub warmup_epochs: u32,
+    /// Units (epochs or steps) per probe window.
+    pub window: u32,
+    /// Units under the default configuration before the first window.
+    pub warmup: u32,
+    pub unit: WindowUnit,
     pub select: Select,
     /// The workload speaks the control channel (live thread counts).
     pub control: bool,
@@ -713,23 +714,32 @@ impl Ctx<'_> {
                 }
             },
         };
-        let (mut window_epochs, mut warmup_epochs) = (1, 0);
+        let (mut window, mut warmup, mut unit) = (1, 0, WindowUnit::Epochs);
         if let Some(w) = &p.window {
+            let span = w.span();
             let w = w.get_ref();
-            if let Some(steps) = &w.steps {
-                return Err(self.at(
-                    steps.span(),
-                    "pipeline.window: windows of steps need workloads that report steps, which the metric \
-                     lines cannot say yet; use { epochs = N }",
-                ));
-            }
-            if let Some(e) = &w.epochs {
-                window_epochs = positive_u32(self, e, "pipeline.window.epochs")?;
+            match (&w.epochs, &w.steps) {
+                (Some(_), Some(_)) => {
+                    return Err(self.at(span, "pipeline.window: give epochs or steps, not both"));
+                }
+                (Some(e), None) => window = positive_u32(self, e, "pipeline.window.epochs")?,
+                (None, Some(st)) => {
+                    window = positive_u32(self, st, "pipeline.window.steps")?;
+                    unit = WindowUnit::Steps;
+                }
+                (None, None) => {}
             }
             if let Some(e) = &w.warmup {
-                warmup_epochs = u32::try_from(*e.get_ref())
+                warmup = u32::try_from(*e.get_ref())
                     .map_err(|_| self.at(e.span(), "pipeline.window.warmup: must be 0 or more"))?;
             }
+        }
+        if unit == WindowUnit::Steps && system.contains_key(&SystemParam::Threads) {
+            return Err(self.at(
+                raw.span(),
+                "pipeline: windows of steps cannot probe system.threads: a workload changes its thread \
+                 count only between epochs (the control channel); use { epochs = N } windows",
+            ));
         }
         let select = match &p.select {
             None => Select::Time,
@@ -743,7 +753,7 @@ impl Ctx<'_> {
                  (docs/PROTOCOL.md, \"Control channel\"; both bundled workloads do), or use mode = \"sequential\"",
             ));
         }
-        Ok(Some(Pipelined { probe, window_epochs, warmup_epochs, select, control: p.control }))
+        Ok(Some(Pipelined { probe, window, warmup, unit, select, control: p.control }))
     }
 
     fn select(&self, v: &Spanned<toml::Value>) -> Result<Select, StudyError> {
@@ -1049,7 +1059,7 @@ step = 1
             .expect("parses");
         let p = s.pipeline.clone().expect("pipelined");
         assert_eq!(
-            (p.window_epochs, p.warmup_epochs, p.select, p.probe),
+            (p.window, p.warmup, p.select, p.probe),
             (2, 1, Select::MaxSlowdown { permille: 100 }, ProbeOrder::OneAtATime)
         );
         assert_eq!(s.searched().len(), 2, "system parameters are probed, not searched");

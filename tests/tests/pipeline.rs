@@ -41,32 +41,31 @@ fn cpu_count(mask: &str) -> usize {
         .sum()
 }
 
+/// The shared part of the study files below: one trial, maximise accuracy,
+/// cores probed between 1 and 2.
+const ONE_TRIAL_ON_CORES: &str = r#"timeout = 120
+[objective]
+metric = "accuracy"
+direction = "maximize"
+[budget]
+trials = 1
+[strategy]
+kind = "grid"
+[system.cores]
+kind = "int"
+low = 1
+high = 2"#;
+
 fn pipelined_study(dir: &Path, name: &str, marker: &str) -> std::path::PathBuf {
     let (key, value) = marker.split_once('=').expect("KEY=VALUE");
     let text = format!(
         r#"name = "{name}"
 command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "7", "--passes", "8", "--threads", "{{threads}}"]
 env = {{ {key} = "{value}" }}
-timeout = 120
-
-[objective]
-metric = "accuracy"
-direction = "maximize"
-
-[budget]
-trials = 1
-
-[strategy]
-kind = "grid"
-
+{ONE_TRIAL_ON_CORES}
 [hyper.lr]
 kind = "categorical"
 values = [0.05]
-
-[system.cores]
-kind = "int"
-low = 1
-high = 2
 
 [system.threads]
 kind = "int"
@@ -233,5 +232,56 @@ values = [6, 5, 4, 3, 2, 1]
     assert_eq!(epochs(0), 4);
     assert!(stopped.iter().all(|r| epochs(r.0) < 4), "{rows:?}");
     assert!(out.contains("0 failed") && out.contains("stopped early"), "{out}");
+    assert_agents_spools_empty(&[&agent_name]);
+}
+
+#[test]
+fn windows_of_steps_probe_inside_the_first_epoch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("steps");
+    let text = format!(
+        r#"name = "steps"
+command = ["tunefleet-train", "--epochs", "3", "--passes", "4", "--batch-size", "{{batch}}"]
+{ONE_TRIAL_ON_CORES}
+[hyper.batch]
+kind = "categorical"
+values = [32]
+[pipeline]
+mode = "pipelined"
+window = {{ steps = 40, warmup = 10 }}
+select = "time"
+"#
+    );
+    let study = dir.path().join("steps.toml");
+    std::fs::write(&study, text).expect("study");
+    let store = dir.path().join("store.db");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let agent_name = format!("{root}-agent");
+    let _agent = start_agent(&url, &agent_name, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    let db = Connection::open(&store).expect("store");
+    let m: String =
+        db.query_row("SELECT measurement FROM results WHERE study = 'steps'", [], |r| r.get(0)).expect("result");
+    let m: serde_json::Value = serde_json::from_str(&m).expect("json");
+    let segments = m["segments"].as_array().expect("segments");
+    let shape: Vec<(&str, u64, u64)> = segments
+        .iter()
+        .map(|s| {
+            (s["role"].as_str().unwrap_or("?"), s["steps"].as_u64().unwrap_or(0), s["last_epoch"].as_u64().unwrap_or(0))
+        })
+        .collect();
+    // 1438 training samples in batches of 32: 45 steps a pass, 180 an epoch:
+    // the warm-up and both windows end inside epoch 1.
+    assert_eq!(shape, vec![("Warmup", 10, 1), ("Probe", 40, 1), ("Probe", 40, 1), ("Selected", 0, 3)], "{m}");
+    let cores = |s: &serde_json::Value| s["system"]["cores"].as_u64();
+    assert_eq!((cores(&segments[1]), cores(&segments[2])), (Some(2), Some(1)));
+    let per_step = |s: &serde_json::Value| s["wall_us"].as_f64().unwrap_or(f64::MAX) / 40.0;
+    let fastest = if per_step(&segments[1]) <= per_step(&segments[2]) { &segments[1] } else { &segments[2] };
+    assert_eq!(m["selected"], fastest["system"], "{m}");
+    assert_eq!(segments[3]["cpus"].as_array().map(|c| c.len() as u64), cores(fastest));
+    // Step lines are not epochs: the measurement keeps three epochs.
+    assert_eq!(m["epochs"].as_array().map(Vec::len), Some(3));
     assert_agents_spools_empty(&[&agent_name]);
 }

@@ -377,8 +377,9 @@ pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
     }
     Some(ProbePlan {
         configs: configs.iter().map(system_params).collect(),
-        window_epochs: pipeline.window_epochs,
-        warmup_epochs: pipeline.warmup_epochs,
+        window: pipeline.window,
+        warmup: pipeline.warmup,
+        unit: pipeline.unit,
         select: pipeline.select,
         control: pipeline.control,
     })
@@ -688,7 +689,7 @@ control = true
         let sys = |c, t| SystemParams { cores: Some(c), threads: Some(t), memory_mib: None };
         let probe = probe_plan(&s).expect("pipelined");
         assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 2), sys(2, 1)], "default first, one factor at a time");
-        assert_eq!((probe.window_epochs, probe.warmup_epochs, probe.control), (1, 0, true));
+        assert_eq!((probe.window, probe.warmup, probe.control), (1, 0, true));
         let r = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
         let spec = render(&s, &p[0], &r).expect("renders");
         assert_eq!(spec.system, sys(2, 2), "a trial starts under the default");

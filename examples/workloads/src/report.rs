@@ -12,6 +12,8 @@ pub enum TrainEvent {
     /// Validation loss and accuracy after an epoch, its wall time, and the
     /// gradient workers it ran with.
     Epoch { epoch: u32, loss: f64, accuracy: f64, epoch_seconds: f64, threads: usize },
+    /// A mini-batch done (only with `TUNEFLEET_STEPS=1`), counted over the run.
+    Step { step: u64 },
     /// Validation loss and accuracy of the final model.
     Final { loss: f64, accuracy: f64 },
 }

@@ -39,6 +39,9 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Share of the samples held out for validation.
     pub validation_fraction: f64,
+    /// Print a step line after every mini-batch (`TUNEFLEET_STEPS=1`: the
+    /// agent's probe windows count steps).
+    pub report_steps: bool,
 }
 
 impl Default for TrainConfig {
@@ -53,6 +56,7 @@ impl Default for TrainConfig {
             threads: 1,
             seed: 0,
             validation_fraction: 0.2,
+            report_steps: false,
         }
     }
 }
@@ -89,6 +93,7 @@ pub fn run(
     let mut order: Vec<usize> = (0..train.len()).collect();
     let mut settings = Settings { threads: config.threads };
     let mut last = read(&model).evaluate(&validation);
+    let mut step: u64 = 0;
     for epoch in 1..=config.epochs {
         let start = Instant::now();
         thread::scope(|scope| {
@@ -98,6 +103,10 @@ pub fn run(
                 for batch in order.chunks(config.batch_size.max(1)) {
                     let grad = pool.gradient(batch)?;
                     write(&model).step(grad, batch.len(), &mut velocity, config.lr, config.momentum);
+                    step += 1;
+                    if config.report_steps {
+                        emit(out, &TrainEvent::Step { step }).map_err(TrainError::Write)?;
+                    }
                 }
             }
             // Dropping the pool ends the helpers; the scope then joins them.
@@ -286,6 +295,26 @@ mod tests {
         assert_eq!(calls, 3, "asked after every epoch but the last");
         assert_eq!(epoch_threads(&out), [1, 3, 3, 2]);
         assert!(result.loss.is_finite() && result.accuracy > 0.5, "{result:?}");
+    }
+
+    #[test]
+    fn step_lines_count_every_mini_batch_when_asked_and_never_otherwise() {
+        let data = load_bundled().expect("bundled data");
+        let lines = |report_steps| {
+            let mut out = Vec::new();
+            let config = TrainConfig { epochs: 2, passes: 2, batch_size: 64, report_steps, ..config() };
+            run(&config, &data, &mut out, &mut Unsteered).expect("trains");
+            let text = String::from_utf8(out).expect("utf-8");
+            text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).collect::<Vec<_>>()
+        };
+        let with = lines(true);
+        let steps: Vec<u64> = with.iter().filter(|l| l["event"] == "step").filter_map(|l| l["step"].as_u64()).collect();
+        // 80 % of the 1797 samples train: 1438, in batches of 64 = 23 per pass.
+        let per_epoch = 2 * 1438usize.div_ceil(64) as u64;
+        assert_eq!(steps, (1..=2 * per_epoch).collect::<Vec<_>>(), "numbered over the run");
+        let epoch_at = with.iter().position(|l| l["event"] == "epoch").expect("an epoch line");
+        assert_eq!(epoch_at as u64, per_epoch, "the first epoch line follows its steps");
+        assert!(lines(false).iter().all(|l| l["event"] != "step"));
     }
 
     #[test]

@@ -74,6 +74,7 @@ fn main() -> ExitCode {
         passes: cli.passes,
         threads,
         seed: cli.seed,
+        report_steps: std::env::var("TUNEFLEET_STEPS").is_ok_and(|v| v == "1"),
         ..TrainConfig::default()
     };
     match run(&config) {
