@@ -644,9 +644,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
         }
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
-            let objective = active.as_ref().and_then(|a| {
-                measurement.exit.success().then(|| measurement.objective_value(&a.study.objective.metric)).flatten()
-            });
+            let objective = active
+                .as_ref()
+                .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
             let stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)?;
             if stored == RecordOutcome::Stored {
                 let system = measurement.selected.clone().or_else(|| {

@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
+use tunefleet_common::measurement::{Measurement, SegmentRole};
 use tunefleet_common::message::{AgentInfo, Select, WindowUnit};
 use tunefleet_common::params::ParamValue;
 use tunefleet_common::template;
@@ -131,6 +132,24 @@ pub struct Objective {
     /// front of the metric and these (`tunefleet best --pareto`). Search
     /// strategies and early stopping follow `metric` alone.
     pub also: Vec<Secondary>,
+    /// How a trial's value of `metric` is read.
+    pub aggregate: Aggregate,
+}
+
+/// How a trial's objective is read from its measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    /// The workload's final value (its `final` line, else its last epoch):
+    /// a model's accuracy or loss.
+    #[default]
+    Final,
+    /// The mean of the metric over the epochs run under the configuration
+    /// the trial kept: a pipelined trial's `Selected` segment, every epoch
+    /// but the first of any other trial (the first carries start-up). For a
+    /// performance metric (bandwidth, throughput), which the probe windows
+    /// of a pipelined trial would otherwise mix in.
+    KeptMean,
 }
 
 /// A measured quantity a multi-objective study also minimises.
@@ -314,6 +333,32 @@ impl Study {
         self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
     }
 
+    /// A successful measurement's objective value, as `objective.aggregate` says.
+    pub fn objective_value(&self, m: &Measurement) -> Option<f64> {
+        let metric = &self.objective.metric;
+        match self.objective.aggregate {
+            Aggregate::Final => m.objective_value(metric),
+            Aggregate::KeptMean => {
+                let kept = m.segments.iter().rev().find(|s| s.role == SegmentRole::Selected);
+                let (first, last) = match kept {
+                    Some(s) => (s.first_epoch, s.last_epoch),
+                    None => (2, u32::MAX),
+                };
+                let values: Vec<f64> = m
+                    .epochs
+                    .iter()
+                    .filter(|e| (first..=last).contains(&e.epoch))
+                    .filter_map(|e| e.metrics.get(metric).copied())
+                    .collect();
+                if values.is_empty() {
+                    // Too short to have kept epochs: the final value.
+                    return m.objective_value(metric);
+                }
+                Some(values.iter().sum::<f64>() / values.len() as f64)
+            }
+        }
+    }
+
     /// Timeout of one attempt in milliseconds.
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_s.saturating_mul(1000)
@@ -403,6 +448,8 @@ struct RawObjective {
     direction: Direction,
     #[serde(default)]
     also: Vec<Secondary>,
+    #[serde(default)]
+    aggregate: Aggregate,
 }
 
 #[derive(Deserialize)]
@@ -529,7 +576,12 @@ impl Ctx<'_> {
                 "objective.also: each of energy and wall_time at most once, and not the metric itself",
             ));
         }
-        let objective = Objective { metric: metric.to_string(), direction: raw.objective.direction, also };
+        let objective = Objective {
+            metric: metric.to_string(),
+            direction: raw.objective.direction,
+            also,
+            aggregate: raw.objective.aggregate,
+        };
 
         let budget = positive(self, &raw.budget.trials, "budget.trials")?;
         if budget > MAX_BUDGET {
@@ -1025,7 +1077,15 @@ step = 1
         assert_eq!(s.command.len(), 7);
         assert_eq!(s.env.get("TUNEFLEET_SEED").map(String::as_str), Some("{trial}"));
         assert_eq!((s.timeout_s, s.repeats, s.max_attempts, s.budget), (120, 1, 3, 12));
-        assert_eq!(s.objective, Objective { metric: "accuracy".into(), direction: Direction::Maximize, also: vec![] });
+        assert_eq!(
+            s.objective,
+            Objective {
+                metric: "accuracy".into(),
+                direction: Direction::Maximize,
+                also: vec![],
+                aggregate: Aggregate::Final
+            }
+        );
         let multi = parse(
             &edited("direction = \"maximize\"", "direction = \"maximize\"\nalso = [\"energy\", \"wall_time\"]"),
             "s.toml",
@@ -1084,6 +1144,44 @@ step = 1
         let sequential = parse(&with("mode = \"sequential\""), "s.toml").expect("parses");
         assert_eq!(sequential.pipeline, None);
         assert_eq!(sequential.searched().len(), 3);
+    }
+
+    #[test]
+    fn kept_mean_reads_the_epochs_of_the_kept_configuration() {
+        use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, ExitOutcome, Segment};
+        let text = edited("direction = \"maximize\"", "direction = \"maximize\"\naggregate = \"kept_mean\"");
+        let s = parse(&text, "s.toml").expect("parses");
+        assert_eq!(s.objective.aggregate, Aggregate::KeptMean);
+        let epochs = [10.0, 1.0, 2.0, 6.0, 8.0];
+        let mut m = Measurement {
+            epochs: epochs
+                .iter()
+                .enumerate()
+                .map(|(i, v)| EpochMetrics {
+                    epoch: i as u32 + 1,
+                    elapsed_us: 0,
+                    metrics: [("accuracy".to_string(), *v)].into(),
+                })
+                .collect(),
+            final_metrics: [("accuracy".to_string(), 8.0)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+        };
+        assert_eq!(s.objective_value(&m), Some(17.0 / 4.0), "every epoch but the first");
+        m.segments.push(Segment {
+            role: SegmentRole::Selected,
+            system: Default::default(),
+            cpus: vec![],
+            first_epoch: 4,
+            last_epoch: 5,
+            steps: 0,
+            start_us: 0,
+            wall_us: 1,
+            energy_j: None,
+            cpu_us: None,
+        });
+        assert_eq!(s.objective_value(&m), Some(7.0), "the Selected segment's epochs");
+        let final_only = parse(EXAMPLE, "s.toml").expect("parses");
+        assert_eq!(final_only.objective_value(&m), Some(8.0));
     }
 
     #[test]
