@@ -83,7 +83,7 @@ impl Pipeline {
         let (role, probe) = match &plan {
             Some(p) if p.warmup > 0 => (SegmentRole::Warmup, None),
             Some(_) => (SegmentRole::Probe, Some(0)),
-            None => (SegmentRole::Selected, None),
+            None => (SegmentRole::Initial, None),
         };
         let open = Open { role, system, cpus, start: Boundary::start(), epochs: 0, steps: 0, probe };
         Pipeline { plan, open, segments: Vec::new(), probes: Vec::new(), selected: None, reconfigured: false }

@@ -269,3 +269,39 @@ fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
     // Let the sampling thread go.
     let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
 }
+
+/// Issue 9: a configuration sent to a running trial (the coordinator's
+/// Reconfigure) re-pins it live and starts a segment of its own.
+#[tokio::test]
+async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
+    if allowed_cpus().len() < 2 {
+        eprintln!("skipped: needs 2 CPUs");
+        return;
+    }
+    // The workload waits until it runs on one CPU: only the live change ends it.
+    let script = r#"
+        echo "TUNEFLEET epoch=1 cpus=$(nproc)"
+        while [ "$(nproc)" != 1 ]; do sleep 0.01; done
+        echo "TUNEFLEET epoch=2 cpus=$(nproc)"
+    "#;
+    let mut s = sh(script);
+    s.timeout_ms = 30_000;
+    let (tx, mut rx) = mpsc::channel(16);
+    let (handle, control) = TrialHandle::new();
+    let run = TrialRun { spec: s, cpus: vec![], label: "reconf".into() };
+    let cfg = config();
+    let trial = run_trial(&cfg, &run, Some(tx), control);
+    let steer = async {
+        let first = rx.recv().await.expect("epoch 1");
+        assert_eq!(first.metrics.get("cpus"), Some(&(allowed_cpus().len() as f64)));
+        let one = SystemParams { cores: Some(1), ..SystemParams::default() };
+        assert!(handle.send(tunefleet_agent::runner::Control::Apply(one)));
+    };
+    let (m, ()) = tokio::join!(trial, steer);
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    assert_eq!(m.epochs[1].metrics.get("cpus"), Some(&1.0));
+    let roles: Vec<_> = m.segments.iter().map(|s| (s.role, s.cpus.len())).collect();
+    use tunefleet_common::measurement::SegmentRole;
+    assert_eq!(roles, vec![(SegmentRole::Initial, 0), (SegmentRole::Reconfigured, 1)], "{:?}", m.segments);
+    assert_eq!(m.segments[1].system.cores, Some(1));
+}

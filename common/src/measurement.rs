@@ -276,6 +276,9 @@ pub enum SegmentRole {
     Selected,
     /// Under a configuration the coordinator sent ([`crate::message::Reconfigure`]).
     Reconfigured,
+    /// What a trial without a probe plan started under (reported once the
+    /// coordinator reconfigured it).
+    Initial,
     /// A probe window of steps that an epoch end cut short (its
     /// configuration is measured again in the next window).
     Cut,
