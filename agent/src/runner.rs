@@ -785,5 +785,6 @@ fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Mea
         log_tail: collected.tail.render(),
         segments,
         selected,
+        interference: Vec::new(),
     }
 }

@@ -165,6 +165,9 @@ impl TelemetrySampler {
             power_watts,
             power_source: self.kind,
             running,
+            // Not told apart yet: filled in by the agent when it knows its trials' CPU time.
+            foreign_cpu: None,
+            conditions: Default::default(),
         }
     }
 

@@ -263,6 +263,10 @@ pub struct Measurement {
     pub segments: Vec<Segment>,
     /// The configuration a pipelined trial selected after probing.
     pub selected: Option<SystemParams>,
+    /// Why this measurement may not represent its configuration: load from
+    /// outside the trial above the agent's threshold while it ran, the
+    /// device charging, throttled... Empty: clean.
+    pub interference: Vec<String>,
 }
 
 /// Why a segment ran under its configuration.
@@ -373,6 +377,7 @@ impl Measurement {
             log_tail: String::new(),
             segments: Vec::new(),
             selected: None,
+            interference: Vec::new(),
         }
     }
 
@@ -411,6 +416,26 @@ pub struct Telemetry {
     pub power_source: EnergySourceKind,
     /// Trials running on the agent.
     pub running: u32,
+    /// Busy fraction of the agent's CPUs spent by processes that are not
+    /// its trials' (0 to 1): load from outside that would disturb a
+    /// measurement. `None` when it cannot be told apart.
+    pub foreign_cpu: Option<f64>,
+    /// Battery, charging and thermal state, where the device has them.
+    pub conditions: Conditions,
+}
+
+/// The state of a phone or laptop that makes measurements unrepresentative.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Conditions {
+    /// On external power (a fuel gauge then says nothing of the workload).
+    pub charging: Option<bool>,
+    /// Battery charge, 0 to 100.
+    pub battery_percent: Option<f64>,
+    /// Some CPU runs below its maximum frequency for heat (or a thermal
+    /// zone is past its passive trip point).
+    pub throttled: Option<bool>,
+    /// Hottest thermal zone, degrees Celsius.
+    pub temperature_c: Option<f64>,
 }
 
 #[cfg(test)]

@@ -83,6 +83,7 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 cpu_us: None,
             }],
             selected: Some(SystemParams { cores: Some(2), threads: Some(1), memory_mib: None }),
+            interference: vec!["foreign load 0.8 of the agent's CPUs".into()],
         })
 }
 
@@ -108,6 +109,13 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
                 power_watts,
                 power_source: EnergySourceKind::Rapl,
                 running: 1,
+                foreign_cpu: Some(1.0 - cpu),
+                conditions: Conditions {
+                    charging: Some(false),
+                    battery_percent: power_watts,
+                    throttled: None,
+                    temperature_c: Some(41.5),
+                },
             })
         ),
         ("[a-z0-9-]{1,10}", any::<u64>(), prop::collection::btree_map("[a-z]{1,5}", "[a-z]{0,5}", 0..3)).prop_map(
