@@ -161,6 +161,7 @@ fn trial_result() -> AgentMessage {
         log_tail,
         segments: Vec::new(),
         selected: None,
+        interference: Vec::new(),
     };
     AgentMessage::Result(TrialResult { trial: trial(), measurement })
 }
