@@ -169,6 +169,46 @@ pub struct BrokerArgs {
     /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
     #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
     pub max_agents: u64,
+    /// Move work off overloaded agents: an agent whose load from outside its
+    /// own trials (or memory use) passes the thresholds below gets no trials
+    /// and its running ones move to other agents; a measurement an agent
+    /// flags as disturbed is taken again elsewhere. Off by default: agents
+    /// that share a machine without --cpus load each other.
+    #[arg(long)]
+    pub offload: bool,
+    /// Overloaded when load from outside its trials reaches this share of
+    /// its CPUs (averaged over --offload-window).
+    #[arg(long, default_value_t = 0.5, value_name = "RATIO")]
+    pub offload_cpu: f64,
+    /// ... or when this share of its memory is in use.
+    #[arg(long, default_value_t = 0.95, value_name = "RATIO")]
+    pub offload_memory: f64,
+    /// Seconds of telemetry the overload averages are taken over.
+    #[arg(long, default_value_t = 3, value_name = "SECONDS")]
+    pub offload_window: u64,
+}
+
+impl BrokerArgs {
+    /// The overload policy of these flags (`None` without --offload).
+    pub fn offload(&self) -> anyhow::Result<Option<crate::decide::Policy>> {
+        if !self.offload {
+            return Ok(None);
+        }
+        for (name, v) in [("--offload-cpu", self.offload_cpu), ("--offload-memory", self.offload_memory)] {
+            if !(v > 0.0 && v <= 1.0) {
+                bail!("{name} must be in (0, 1], not {v}");
+            }
+        }
+        if self.offload_window == 0 {
+            bail!("--offload-window must be at least 1 second");
+        }
+        Ok(Some(crate::decide::Policy {
+            cpu_ratio: self.offload_cpu,
+            memory_ratio: self.offload_memory,
+            window_ms: self.offload_window.saturating_mul(1000),
+            ..crate::decide::Policy::default()
+        }))
+    }
 }
 
 impl BrokerArgs {
@@ -567,6 +607,7 @@ pub async fn run_study(
         max_agents: args.max_agents,
         influx: influx.config().map(|c| (c, Duration::from_secs(influx.influx_grace))),
         progress,
+        offload: args.offload()?,
         // Scripts and tests read this line to find a broker on a port the OS chose.
         on_broker: Some(Box::new(|url| println!("broker: {url}"))),
     };
@@ -613,6 +654,9 @@ fn print_summary(s: &Summary, store: &Path) {
         // Scripts and tests read this line: "refused: N what, N what, ...".
         let parts: Vec<String> = refused.iter().map(|(n, what)| format!("{n} {what}")).collect();
         println!("refused: {}", parts.join(", "));
+    }
+    if st.moved > 0 {
+        println!("moved: {} attempts off overloaded agents or disturbed measurements", st.moved);
     }
     if st.requeued > 0 || st.duplicate_results > 0 {
         println!("requeued: {} trials; duplicate results acknowledged: {}", st.requeued, st.duplicate_results);
@@ -695,6 +739,12 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         security: SecurityArgs::default(),
         key: KeyArg { path: None },
         max_agents: crate::auth::DEFAULT_MAX_AGENTS,
+        // The demo's agents share this machine with the coordinator: their
+        // trials load each other's CPUs, which is not overload.
+        offload_cpu: 0.5,
+        offload_memory: 0.95,
+        offload_window: 3,
+        offload: false,
     };
     let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
     for child in &mut agents {

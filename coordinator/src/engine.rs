@@ -73,6 +73,9 @@ pub struct EngineStats {
     pub assignments: u64,
     /// Trials stopped early (ASHA).
     pub stopped: u64,
+    /// Attempts moved off an overloaded agent, or measured again because
+    /// their measurement was disturbed.
+    pub moved: u64,
 }
 
 /// The best result so far, for the progress display and the summary.
@@ -127,6 +130,10 @@ pub struct Engine {
     unsynced: HashMap<String, u64>,
     /// Agents sent something other than a Sync since this was last cleared.
     sent_to: std::collections::HashSet<String>,
+    /// Agents' recent telemetry, for the overload decider.
+    telemetry: crate::decide::Telemetry,
+    offload: Option<crate::decide::Policy>,
+    last_decision_ms: u64,
 }
 
 fn unix_ms() -> u64 {
@@ -148,7 +155,16 @@ impl Engine {
             progress,
             agents_seen: Default::default(),
             influx: false,
+            telemetry: Default::default(),
+            offload: None,
+            last_decision_ms: 0,
         }
+    }
+
+    /// Moves trials off agents the decider finds overloaded ([`crate::decide`]).
+    pub fn with_offload(mut self, policy: Option<crate::decide::Policy>) -> Self {
+        self.offload = policy;
+        self
     }
 
     /// Queues the points of every stored result in the store's InfluxDB
@@ -377,12 +393,19 @@ impl Engine {
                         influx: self.influx,
                         sessions: &mut self.sessions,
                         unsynced: &mut self.unsynced,
+                        telemetry: &mut self.telemetry,
+                        now_ms: now,
+                        remeasure: self.offload.is_some(),
                     },
                     ev,
                 )?;
             }
             if tick {
                 effects.extend(self.sched.expire(now));
+                if let Some(policy) = self.offload.filter(|p| now >= self.last_decision_ms + p.interval_ms) {
+                    self.last_decision_ms = now;
+                    effects.extend(offload(&mut self.sched, &self.telemetry, &policy, now));
+                }
             }
             top_up(&mut self.sched, &mut batch, &mut self.studies)?;
             effects.extend(self.sched.assign(now));
@@ -414,6 +437,35 @@ struct Ctx<'a, 'b> {
     influx: bool,
     sessions: &'a mut Sessions,
     unsynced: &'a mut HashMap<String, u64>,
+    telemetry: &'a mut crate::decide::Telemetry,
+    /// The engine's clock (milliseconds since it started), for the scheduler.
+    now_ms: u64,
+    /// Measurements agents flag as disturbed are taken again (with offloading).
+    remeasure: bool,
+}
+
+/// The decider's verdicts, applied: overloaded agents get no trials and
+/// their running ones move.
+fn offload(
+    sched: &mut Scheduler,
+    telemetry: &crate::decide::Telemetry,
+    policy: &crate::decide::Policy,
+    now: u64,
+) -> Vec<Effect> {
+    let mut effects = Vec::new();
+    for decision in crate::decide::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
+        match decision {
+            crate::decide::Decision::Overloaded { agent, why } => {
+                tracing::warn!(agent = %agent, reason = %why, "agent overloaded: no new trials, its trials move");
+                effects.extend(sched.set_overloaded(&agent, Some(why), now));
+            }
+            crate::decide::Decision::Recovered { agent } => {
+                tracing::info!(agent = %agent, "agent no longer overloaded");
+                effects.extend(sched.set_overloaded(&agent, None, now));
+            }
+        }
+    }
+    effects
 }
 
 /// Creates as many trials as the agents that match each study have room
@@ -496,6 +548,7 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         AgentMessage::Status(status) => {
             if !status.online {
                 tracing::info!(agent = %agent, "agent offline");
+                cx.telemetry.forget(&agent);
                 cx.sessions.end(&agent);
                 cx.batch.set_will_hash(&agent, None)?;
             }
@@ -511,8 +564,7 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         }
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
-        // Telemetry is for offloading decisions; not used by the engine yet.
-        AgentMessage::Telemetry(_) => {}
+        AgentMessage::Telemetry(t) => cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms)),
         AgentMessage::Synced(n) => {
             if cx.unsynced.get(&agent) == Some(&n) {
                 cx.unsynced.remove(&agent);
@@ -593,6 +645,7 @@ fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result
         return Ok(());
     }
     tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
+    cx.telemetry.forget(&agent);
     cx.batch.set_will_hash(&agent, None)?;
     cx.batch.set_agent_online(&agent, false, now)?;
     cx.effects.extend(cx.sched.status(&agent, &AgentStatus { online: false, instance: will.instance }));
@@ -617,9 +670,13 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     let kind = match &measurement.exit {
         ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
         ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),
+        // A disturbed measurement is taken again only when the coordinator moves work.
+        _ if cx.remeasure && !measurement.interference.is_empty() => {
+            ResultKind::Interfered { success: measurement.exit.success(), reason: measurement.interference.join("; ") }
+        }
         _ => ResultKind::Complete { success: measurement.exit.success() },
     };
-    let (verdict, effects) = cx.sched.result(&agent, &trial, kind);
+    let (verdict, effects) = cx.sched.result(&agent, &trial, kind, cx.now_ms);
     cx.effects.extend(effects);
     let active = cx.studies.get_mut(&trial.study);
     let mut outcome = AckOutcome::Stored;
@@ -638,6 +695,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             };
             tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
             outcome = AckOutcome::Refused(why.to_string());
+        }
+        Verdict::Remeasured => {
+            tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
         }
         Verdict::Retried => {
             tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
@@ -723,6 +783,11 @@ fn apply(
         Effect::Failed { trial, reason } => {
             tracing::warn!(trial = %trial, reason = %reason, "trial failed");
             batch.fail_trial(&trial.study, trial.trial, &reason)?;
+        }
+        Effect::Moved { trial, from, reason } => {
+            stats.moved += 1;
+            tracing::warn!(trial = %trial, from = %from, reason = %reason, "trial moved");
+            batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
         }
         Effect::Stopped { trial, reason } => {
             stats.stopped += 1;
@@ -832,6 +897,9 @@ high = 4
                     influx: true,
                     sessions: &mut self.sessions,
                     unsynced: &mut unsynced,
+                    telemetry: &mut Default::default(),
+                    now_ms: 0,
+                    remeasure: true,
                 };
                 handle(&mut cx, ev).expect("a message never ends the run");
             }

@@ -6,6 +6,7 @@ pub use run::{run, RunConfig, RunError, RunOutcome};
 pub mod auth;
 pub mod broker;
 pub mod cli;
+pub mod decide;
 pub mod engine;
 pub mod pareto;
 pub mod progress;

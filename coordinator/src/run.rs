@@ -48,6 +48,9 @@ pub struct RunConfig {
     pub influx: Option<(SinkConfig, Duration)>,
     /// Show a progress bar (a terminal) or plain lines.
     pub progress: bool,
+    /// When agents count as overloaded (their trials are then moved);
+    /// `None`: never.
+    pub offload: Option<crate::decide::Policy>,
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,
@@ -95,6 +98,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         max_agents,
         influx,
         progress,
+        offload,
         on_broker,
     } = config;
     let (public, connect, security) = match broker {
@@ -132,7 +136,8 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         offline_status: sessions.status_payload(false)?,
     })?;
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
-    let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some());
+    let mut engine =
+        Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some()).with_offload(offload);
     let name = study.name.clone();
     engine.start_study(study)?;
     let result = engine.run_study(&name, inbound, shutdown).await;

@@ -53,6 +53,10 @@ pub enum Effect {
     Failed { trial: TrialRef, reason: String },
     /// The trial was stopped early (final, not a failure, never retried).
     Stopped { trial: TrialRef, reason: String },
+    /// This attempt was taken off `from` (overloaded, or its measurement
+    /// disturbed): the trial is queued again, not counted as a failure, and
+    /// kept off `from` for a while.
+    Moved { trial: TrialRef, from: String, reason: String },
 }
 
 /// How a result relates to what the scheduler knows.
@@ -68,6 +72,9 @@ pub enum Verdict {
     Retried,
     /// No such study, trial, or attempt of this agent: refuse it.
     Unknown,
+    /// The measurement was disturbed (load from outside, the device's
+    /// conditions): the trial is measured again elsewhere.
+    Remeasured,
 }
 
 /// Whether a result completes its trial or asks for another attempt.
@@ -78,7 +85,17 @@ pub enum ResultKind {
         success: bool,
     },
     Retry(String),
+    /// The workload ran, but its measurement says it was disturbed.
+    Interfered {
+        success: bool,
+        reason: String,
+    },
 }
+
+/// Measurements refused for interference before a disturbed one is taken.
+pub const MAX_REMEASURES: u32 = 2;
+/// How long a trial moved off an agent stays off it.
+pub const AVOID_MS: u64 = 60_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Lease {
@@ -113,6 +130,10 @@ struct TrialSlot {
     failures: u32,
     /// Which agent ran which attempt: only these may deliver results.
     history: Vec<(u32, String)>,
+    /// Agents this trial was moved off, and until when (ms) it stays off them.
+    avoid: Vec<(String, u64)>,
+    /// Measurements refused for interference so far.
+    remeasures: u32,
 }
 
 #[derive(Debug)]
@@ -159,6 +180,8 @@ struct AgentState {
     instance: u64,
     credit: u32,
     last_seq: Option<u64>,
+    /// Why the agent gets no trials now (the decider found it overloaded).
+    overloaded: Option<String>,
 }
 
 /// Progress of one study.
@@ -217,7 +240,14 @@ impl Scheduler {
             let slot = match restored {
                 Restored::Pending { last_attempt, failures } => {
                     study.queue.push_back(i as u64);
-                    TrialSlot { state: State::Pending, last_attempt, failures, history: Vec::new() }
+                    TrialSlot {
+                        state: State::Pending,
+                        last_attempt,
+                        failures,
+                        history: Vec::new(),
+                        avoid: Vec::new(),
+                        remeasures: 0,
+                    }
                 }
                 Restored::Running { agent, attempt, failures } => {
                     study.running += 1;
@@ -232,6 +262,8 @@ impl Scheduler {
                         last_attempt: attempt,
                         failures,
                         history: vec![(attempt, agent)],
+                        avoid: Vec::new(),
+                        remeasures: 0,
                     }
                 }
                 Restored::Done => {
@@ -241,16 +273,32 @@ impl Scheduler {
                         last_attempt: 0,
                         failures: 0,
                         history: Vec::new(),
+                        avoid: Vec::new(),
+                        remeasures: 0,
                     }
                 }
                 Restored::Failed => {
                     study.failed += 1;
-                    TrialSlot { state: State::Failed, last_attempt: 0, failures: 0, history: Vec::new() }
+                    TrialSlot {
+                        state: State::Failed,
+                        last_attempt: 0,
+                        failures: 0,
+                        history: Vec::new(),
+                        avoid: Vec::new(),
+                        remeasures: 0,
+                    }
                 }
                 Restored::Stopped => {
                     study.stopped += 1;
                     let state = State::Stopped { agent: String::new(), attempt: 0, delivered: true };
-                    TrialSlot { state, last_attempt: 0, failures: 0, history: Vec::new() }
+                    TrialSlot {
+                        state,
+                        last_attempt: 0,
+                        failures: 0,
+                        history: Vec::new(),
+                        avoid: Vec::new(),
+                        remeasures: 0,
+                    }
                 }
             };
             study.trials.push(slot);
@@ -270,7 +318,14 @@ impl Scheduler {
     pub fn add_trial(&mut self, study: &str) -> Option<u64> {
         let s = self.studies.iter_mut().find(|s| s.policy.name == study)?;
         let id = s.trials.len() as u64;
-        s.trials.push(TrialSlot { state: State::Pending, last_attempt: 0, failures: 0, history: Vec::new() });
+        s.trials.push(TrialSlot {
+            state: State::Pending,
+            last_attempt: 0,
+            failures: 0,
+            history: Vec::new(),
+            avoid: Vec::new(),
+            remeasures: 0,
+        });
         s.queue.push_back(id);
         Some(id)
     }
@@ -331,6 +386,7 @@ impl Scheduler {
             instance,
             credit: 0,
             last_seq: None,
+            overloaded: None,
         });
         let restarted = agent.instance != instance;
         agent.instance = instance;
@@ -408,7 +464,7 @@ impl Scheduler {
     }
 
     /// A result from `agent` for `trial`.
-    pub fn result(&mut self, agent: &str, trial: &TrialRef, kind: ResultKind) -> (Verdict, Vec<Effect>) {
+    pub fn result(&mut self, agent: &str, trial: &TrialRef, kind: ResultKind, now_ms: u64) -> (Verdict, Vec<Effect>) {
         let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else {
             return (Verdict::Unknown, Vec::new());
         };
@@ -441,7 +497,28 @@ impl Scheduler {
             _ => None,
         };
         let this_is_live = live.as_ref().is_some_and(|l| l.agent == agent && l.attempt == trial.attempt);
+        let kind = match kind {
+            ResultKind::Interfered { success, reason } => {
+                if !this_is_live || slot.remeasures >= MAX_REMEASURES {
+                    // Measured again often enough (or an old attempt): take it, flagged.
+                    ResultKind::Complete { success }
+                } else {
+                    slot.remeasures += 1;
+                    slot.state = State::Pending;
+                    slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
+                    study.running -= 1;
+                    study.queue.push_front(trial.trial);
+                    let reason = format!("measured again ({} of {MAX_REMEASURES}): {reason}", slot.remeasures);
+                    return (
+                        Verdict::Remeasured,
+                        vec![Effect::Moved { trial: trial.clone(), from: agent.to_string(), reason }],
+                    );
+                }
+            }
+            other => other,
+        };
         match kind {
+            ResultKind::Interfered { .. } => (Verdict::Unknown, Vec::new()),
             ResultKind::Retry(reason) => {
                 if !this_is_live {
                     // An old attempt failed after the trial had moved on: nothing to do.
@@ -514,6 +591,41 @@ impl Scheduler {
         effects
     }
 
+    /// The decider found `agent` overloaded (`Some(why)`) or well again
+    /// (`None`). An overloaded agent gets no trials, and the attempts it runs
+    /// are moved: cancelled there and queued again without counting a
+    /// failure, kept off it for [`AVOID_MS`].
+    pub fn set_overloaded(&mut self, agent: &str, why: Option<String>, now_ms: u64) -> Vec<Effect> {
+        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
+        let newly = why.is_some() && state.overloaded.is_none();
+        state.overloaded = why.clone();
+        let Some(why) = why.filter(|_| newly) else { return Vec::new() };
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            let name = study.policy.name.clone();
+            for (i, slot) in study.trials.iter_mut().enumerate() {
+                let State::Running(l) = &slot.state else { continue };
+                if l.agent != agent {
+                    continue;
+                }
+                let tr = trial_ref(&name, i as u64, l.attempt);
+                let reason = format!("agent overloaded: {why}");
+                effects.push(Effect::Cancel { agent: agent.to_string(), trial: tr.clone(), reason: reason.clone() });
+                effects.push(Effect::Moved { trial: tr, from: agent.to_string(), reason });
+                slot.state = State::Pending;
+                slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
+                study.running -= 1;
+                study.queue.push_front(i as u64);
+            }
+        }
+        effects
+    }
+
+    /// Whether `agent` is overloaded now (and why).
+    pub fn overloaded(&self, agent: &str) -> Option<&str> {
+        self.agents.get(agent).and_then(|a| a.overloaded.as_deref())
+    }
+
     /// Cancels and requeues every lease past its deadline.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut effects = Vec::new();
@@ -548,14 +660,26 @@ impl Scheduler {
         let start = self.next_agent % names.len();
         for name in names[start..].iter().chain(&names[..start]) {
             let Some(agent) = self.agents.get_mut(name) else { continue };
-            let Some(info) = agent.info.as_ref().filter(|_| agent.online) else { continue };
+            let Some(info) = agent.info.as_ref().filter(|_| agent.online && agent.overloaded.is_none()) else {
+                continue;
+            };
             let seq = agent.last_seq.unwrap_or(0);
             'credit: while agent.credit > 0 {
                 for study in self.studies.iter_mut().filter(|s| s.policy.selector.matches(info)) {
+                    // Trials kept off this agent wait for another one.
+                    let mut kept_off = Vec::new();
                     while let Some(t) = study.queue.pop_front() {
                         let slot = &mut study.trials[t as usize];
                         if slot.state != State::Pending {
                             continue;
+                        }
+                        slot.avoid.retain(|(_, until)| *until > now_ms);
+                        if slot.avoid.iter().any(|(a, _)| a == name) {
+                            kept_off.push(t);
+                            continue;
+                        }
+                        for k in kept_off.drain(..).rev() {
+                            study.queue.push_front(k);
                         }
                         slot.last_attempt += 1;
                         slot.history.push((slot.last_attempt, name.clone()));
@@ -573,6 +697,9 @@ impl Scheduler {
                             request_seq: seq,
                         });
                         continue 'credit;
+                    }
+                    for k in kept_off.into_iter().rev() {
+                        study.queue.push_front(k);
                     }
                 }
                 break;
@@ -631,6 +758,14 @@ mod tests {
         s
     }
 
+    /// A study of `trials` and agents `a` and `b`, both announced.
+    fn agents_a_and_b(trials: usize, max_attempts: u32) -> Scheduler {
+        let mut s = sched(trials, max_attempts, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.hello(info("b", 1, "x86_64", &[]));
+        s
+    }
+
     fn req(seq: u64, free: u32) -> WorkRequest {
         WorkRequest { seq, free, running: vec![] }
     }
@@ -656,12 +791,76 @@ mod tests {
         assert_eq!(s.demand("s"), 1);
         let a = assigned(&s.assign(0));
         assert_eq!(a.len(), 1);
-        let (v, _) = s.result("a", &a[0].1, ResultKind::Complete { success: true });
+        let (v, _) = s.result("a", &a[0].1, ResultKind::Complete { success: true }, 0);
         assert_eq!(v, Verdict::Accepted);
         assert!(!s.counts("s").expect("study").finished(), "open: more trials may come");
         s.set_open("s", false);
         assert!(s.counts("s").expect("study").finished());
         assert_eq!(s.add_trial("nope"), None);
+    }
+
+    #[test]
+    fn an_overloaded_agent_gets_nothing_and_its_trials_move_without_counting_a_failure() {
+        let mut s = agents_a_and_b(2, 1);
+        s.request("a", &req(1, 2));
+        let on_a = assigned(&s.assign(0));
+        assert_eq!(on_a.len(), 2);
+        let effects = s.set_overloaded("a", Some("busy".into()), 1_000);
+        let moved: Vec<_> = effects.iter().filter(|e| matches!(e, Effect::Moved { from, .. } if from == "a")).collect();
+        let cancelled = effects.iter().filter(|e| matches!(e, Effect::Cancel { agent, .. } if agent == "a")).count();
+        assert_eq!((moved.len(), cancelled), (2, 2), "{effects:?}");
+        assert!(s.set_overloaded("a", Some("still busy".into()), 1_500).is_empty(), "said once");
+        // a asks again: nothing while overloaded; b takes both (max_attempts 1: a failure would fail them).
+        s.request("a", &req(2, 2));
+        assert!(assigned(&s.assign(2_000)).is_empty());
+        s.request("b", &req(1, 2));
+        let on_b = assigned(&s.assign(2_000));
+        assert_eq!(on_b.iter().map(|(a, t)| (a.as_str(), t.attempt)).collect::<Vec<_>>(), vec![("b", 2), ("b", 2)]);
+        for (_, t) in &on_b {
+            assert_eq!(s.result("b", t, ResultKind::Complete { success: true }, 3_000).0, Verdict::Accepted);
+        }
+        let c = s.counts("s").expect("study");
+        assert_eq!((c.done, c.failed), (2, 0));
+    }
+
+    #[test]
+    fn a_moved_trial_stays_off_its_agent_for_a_while_even_when_it_recovers() {
+        let mut s = sched(1, 3, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        assert_eq!(assigned(&s.assign(0)).len(), 1);
+        s.set_overloaded("a", Some("busy".into()), 0);
+        assert!(s.set_overloaded("a", None, 10).is_empty());
+        assert_eq!(s.overloaded("a"), None);
+        s.request("a", &req(2, 1));
+        assert!(assigned(&s.assign(100)).is_empty(), "kept off a");
+        let later = assigned(&s.assign(AVOID_MS + 1));
+        assert_eq!(later.len(), 1, "back on a once the avoidance ends");
+    }
+
+    #[test]
+    fn a_disturbed_measurement_is_taken_again_then_accepted_flagged() {
+        let mut s = agents_a_and_b(1, 1);
+        let mut now = 0;
+        for round in 0..=MAX_REMEASURES {
+            for agent in ["a", "b"] {
+                s.request(agent, &req(u64::from(round) + 1, 1));
+            }
+            now += AVOID_MS + 1;
+            let a = assigned(&s.assign(now));
+            assert_eq!(a.len(), 1, "round {round}");
+            let (agent, t) = &a[0];
+            let kind = ResultKind::Interfered { success: true, reason: "outside load".into() };
+            let (v, effects) = s.result(agent, t, kind, now);
+            if round < MAX_REMEASURES {
+                assert_eq!(v, Verdict::Remeasured);
+                assert!(matches!(&effects[..], [Effect::Moved { reason, .. }] if reason.contains("measured again")));
+            } else {
+                assert_eq!(v, Verdict::Accepted, "after {MAX_REMEASURES} re-measurements the flagged one is kept");
+            }
+        }
+        let c = s.counts("s").expect("study");
+        assert_eq!((c.done, c.failed), (1, 0), "max_attempts 1: re-measuring is no failure");
     }
 
     #[test]
@@ -697,9 +896,7 @@ mod tests {
 
     #[test]
     fn offline_agent_trials_are_requeued_and_late_results_win_once() {
-        let mut s = sched(1, 5, Selector::default());
-        s.hello(info("a", 1, "x86_64", &[]));
-        s.hello(info("b", 1, "x86_64", &[]));
+        let mut s = agents_a_and_b(1, 5);
         s.request("a", &req(1, 1));
         let first = assigned(&s.assign(0));
         assert_eq!(first[0].0, "a");
@@ -712,11 +909,11 @@ mod tests {
         let t2 = second[0].1.clone();
         assert_eq!(t2.attempt, t1.attempt + 1);
         // The presumed-dead agent delivers after all: accepted, b is told to stop.
-        let (v, eff) = s.result("a", &t1, ResultKind::Complete { success: true });
+        let (v, eff) = s.result("a", &t1, ResultKind::Complete { success: true }, 0);
         assert_eq!(v, Verdict::Accepted);
         assert!(matches!(&eff[..], [Effect::Cancel { agent, .. }] if agent == "b"));
-        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
-        assert_eq!(s.result("b", &t2, ResultKind::Complete { success: true }).0, Verdict::Superseded);
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
+        assert_eq!(s.result("b", &t2, ResultKind::Complete { success: true }, 0).0, Verdict::Superseded);
         assert_eq!(s.counts("s").map(|c| (c.done, c.finished())), Some((1, true)));
     }
 
@@ -733,15 +930,15 @@ mod tests {
         let eff = s.status("a", &AgentStatus { online: false, instance: 1 });
         assert_eq!(eff.iter().filter(|e| matches!(e, Effect::Failed { .. })).count(), 2, "{eff:?}");
         assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((0, 2)));
-        assert_eq!(s.result("mallory", &t0, ResultKind::Complete { success: true }).0, Verdict::Unknown);
-        assert_eq!(s.result("a", &t0, ResultKind::Retry("cancelled".into())).0, Verdict::Superseded);
+        assert_eq!(s.result("mallory", &t0, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t0, ResultKind::Retry("cancelled".into()), 0).0, Verdict::Superseded);
         // It was alive after all: its real results count, once each.
-        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }), (Verdict::Accepted, vec![]));
-        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
+        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }, 0), (Verdict::Accepted, vec![]));
+        assert_eq!(s.result("a", &t0, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
         assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((1, 1)));
         // A run that failed on its own is the failed trial's result: still failed, counted once.
-        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: false }).0, Verdict::Accepted);
-        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }).0, Verdict::Duplicate);
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: false }, 0).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
         let c = s.counts("s").expect("study");
         assert_eq!((c.done, c.failed, c.running, c.finished()), (1, 1, 0, true));
     }
@@ -752,14 +949,14 @@ mod tests {
         s.hello(info("a", 1, "x86_64", &[]));
         s.request("a", &req(1, 1));
         let t = assigned(&s.assign(0))[0].1.clone();
-        assert_eq!(s.result("mallory", &t, ResultKind::Complete { success: true }).0, Verdict::Unknown);
+        assert_eq!(s.result("mallory", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
         let other_attempt = TrialRef { attempt: 7, ..t.clone() };
-        assert_eq!(s.result("a", &other_attempt, ResultKind::Complete { success: true }).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &other_attempt, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
         let other_study = TrialRef { study: "nope".into(), ..t.clone() };
-        assert_eq!(s.result("a", &other_study, ResultKind::Complete { success: true }).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &other_study, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
         let out_of_range = TrialRef { trial: 99, ..t.clone() };
-        assert_eq!(s.result("a", &out_of_range, ResultKind::Complete { success: true }).0, Verdict::Unknown);
-        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &out_of_range, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     }
 
     #[test]
@@ -769,7 +966,7 @@ mod tests {
         for seq in 1..=2 {
             s.request("a", &req(seq, 1));
             let t = assigned(&s.assign(0))[0].1.clone();
-            let (v, eff) = s.result("a", &t, ResultKind::Retry("no such program".into()));
+            let (v, eff) = s.result("a", &t, ResultKind::Retry("no such program".into()), 0);
             assert_eq!(v, Verdict::Retried);
             if seq == 1 {
                 assert!(matches!(&eff[..], [Effect::Requeued { .. }]));
@@ -809,7 +1006,7 @@ mod tests {
         s.request("a", &req(2, 1));
         let t2 = assigned(&s.assign(0))[0].1.clone();
         assert_eq!(t2.attempt, 2);
-        assert_eq!(s.result("a", &t2, ResultKind::Complete { success: true }).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t2, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     }
 
     #[test]
@@ -831,7 +1028,7 @@ mod tests {
         let states = vec![Restored::Done, Restored::Running { agent: "a".into(), attempt: 2, failures: 1 }];
         s.add_study(policy, states, 0);
         let t = TrialRef { study: "s".into(), trial: 1, attempt: 2 };
-        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
         assert!(s.counts("s").is_some_and(|c| c.finished()));
     }
 
@@ -852,7 +1049,7 @@ mod tests {
         // The retained offline status of an agent this process never met releases its restored lease.
         let eff = s.status("gone", &AgentStatus { online: false, instance: 4 });
         assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 2), "{eff:?}");
-        assert_eq!(s.result("a", &still, ResultKind::Complete { success: true }).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &still, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     }
 
     #[test]
@@ -875,11 +1072,11 @@ mod tests {
                 0 | 1 => s.request(agent, &req(step + 1, 2)).len(),
                 2 if !held.is_empty() => {
                     let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
-                    s.result(&a, &t, ResultKind::Complete { success: seed % 2 == 0 }).1.len()
+                    s.result(&a, &t, ResultKind::Complete { success: seed % 2 == 0 }, 0).1.len()
                 }
                 3 if !held.is_empty() => {
                     let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
-                    s.result(&a, &t, ResultKind::Retry("x".into())).1.len()
+                    s.result(&a, &t, ResultKind::Retry("x".into()), 0).1.len()
                 }
                 4 if !held.is_empty() => {
                     let (a, t) = held[(seed >> 16) as usize % held.len()].clone();

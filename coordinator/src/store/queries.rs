@@ -385,7 +385,8 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
         COALESCE(r.agent, a.agent),
         CASE WHEN r.success = 1 THEN r.objective END,
         (SELECT COUNT(*) FROM attempts f
-         WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt)
+         WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
+           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %')
     FROM trials t
     LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
     LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
