@@ -880,7 +880,11 @@ mod tests {
 
     #[test]
     fn selector_is_respected() {
-        let sel = Selector { arch: vec!["aarch64".into()], tags: [("pool".to_string(), "gpu".to_string())].into() };
+        let sel = Selector {
+            arch: vec!["aarch64".into()],
+            tags: [("pool".to_string(), "gpu".to_string())].into(),
+            ..Selector::default()
+        };
         let mut s = sched(4, 3, sel);
         s.hello(info("wrong-tag", 1, "aarch64", &[("pool", "cpu")]));
         s.hello(info("wrong-arch", 1, "x86_64", &[("pool", "gpu")]));

@@ -191,13 +191,26 @@ pub struct Selector {
     pub arch: Vec<String>,
     /// All of these tags must match the agent's tags.
     pub tags: BTreeMap<String, String>,
+    /// Any of these energy sources, readable on the agent; empty means any.
+    pub energy: Vec<String>,
+    /// At least this many CPUs.
+    pub min_cores: Option<u32>,
+    /// At least this much memory, in MiB.
+    pub min_memory_mib: Option<u64>,
 }
+
+/// Energy source names a selector may ask for.
+pub const ENERGY_SOURCES: [&str; 5] = ["rapl", "hwmon", "battery", "estimated", "external"];
 
 impl Selector {
     /// True when `agent` may run trials of the study.
     pub fn matches(&self, agent: &AgentInfo) -> bool {
         (self.arch.is_empty() || self.arch.contains(&agent.arch))
             && self.tags.iter().all(|(k, v)| agent.tags.get(k) == Some(v))
+            && (self.energy.is_empty()
+                || agent.energy.iter().any(|e| e.readable && self.energy.iter().any(|n| n == e.kind.as_str())))
+            && self.min_cores.is_none_or(|n| agent.cores >= n)
+            && self.min_memory_mib.is_none_or(|m| agent.memory_bytes >= m.saturating_mul(1 << 20))
     }
 }
 
@@ -480,6 +493,10 @@ struct RawSelector {
     arch: Vec<String>,
     #[serde(default)]
     tags: BTreeMap<String, String>,
+    #[serde(default)]
+    energy: Vec<Spanned<String>>,
+    min_cores: Option<Spanned<i64>>,
+    min_memory_mib: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -615,7 +632,26 @@ impl Ctx<'_> {
             }
         };
 
-        let selector = raw.selector.map(|s| Selector { arch: s.arch, tags: s.tags }).unwrap_or_default();
+        let selector = match raw.selector {
+            None => Selector::default(),
+            Some(s) => {
+                let mut energy = Vec::new();
+                for e in &s.energy {
+                    if !ENERGY_SOURCES.contains(&e.get_ref().as_str()) {
+                        return Err(self.at(
+                            e.span(),
+                            format!("selector.energy: {:?} is not one of {}", e.get_ref(), ENERGY_SOURCES.join(", ")),
+                        ));
+                    }
+                    energy.push(e.get_ref().clone());
+                }
+                let min_cores =
+                    s.min_cores.as_ref().map(|c| positive_u32(self, c, "selector.min_cores")).transpose()?;
+                let min_memory_mib =
+                    s.min_memory_mib.as_ref().map(|m| positive(self, m, "selector.min_memory_mib")).transpose()?;
+                Selector { arch: s.arch, tags: s.tags, energy, min_cores, min_memory_mib }
+            }
+        };
 
         let mut hyper = BTreeMap::new();
         let mut hyper_spans = BTreeMap::new();
@@ -1182,6 +1218,34 @@ step = 1
         assert_eq!(s.objective_value(&m), Some(7.0), "the Selected segment's epochs");
         let final_only = parse(EXAMPLE, "s.toml").expect("parses");
         assert_eq!(final_only.objective_value(&m), Some(8.0));
+    }
+
+    #[test]
+    fn selectors_match_energy_sources_cores_and_memory() {
+        use tunefleet_common::measurement::EnergySourceKind;
+        use tunefleet_common::message::EnergySourceInfo;
+        let text = edited(
+            "tags = { pool = \"demo\" }",
+            "tags = { pool = \"demo\" }\nenergy = [\"rapl\", \"hwmon\"]\nmin_cores = 4\nmin_memory_mib = 2048",
+        );
+        let s = parse(&text, "s.toml").expect("parses");
+        let mut agent = AgentInfo::minimal("a", 1);
+        agent.arch = "aarch64".into();
+        agent.tags.insert("pool".into(), "demo".into());
+        agent.cores = 8;
+        agent.memory_bytes = 4 << 30;
+        let source = |kind, readable| EnergySourceInfo { kind, domains: vec![], readable, note: None };
+        agent.energy = vec![source(EnergySourceKind::Rapl, false), source(EnergySourceKind::Estimated, true)];
+        assert!(!s.selector.matches(&agent), "RAPL present but not readable");
+        agent.energy.push(source(EnergySourceKind::Hwmon, true));
+        assert!(s.selector.matches(&agent));
+        agent.cores = 2;
+        assert!(!s.selector.matches(&agent), "too few cores");
+        agent.cores = 4;
+        agent.memory_bytes = 1 << 30;
+        assert!(!s.selector.matches(&agent), "too little memory");
+        let e = err(&edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"nuclear\"]"));
+        assert!(e.to_string().contains("selector.energy"), "{e}");
     }
 
     #[test]
