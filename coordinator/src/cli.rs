@@ -426,6 +426,9 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             if pareto {
                 return emit(&pareto_front(&store, &study)?);
             }
+            if let Some(text) = repeated_configurations(&store, &study, n)? {
+                return emit(&text);
+            }
             let rows = store.best(&study, n)?;
             let left_out = unranked_note(&store.unranked(&study)?);
             if rows.is_empty() {
@@ -486,6 +489,49 @@ fn describe(r: &crate::store::BestRow) -> String {
         }
     }
     words.join(" ")
+}
+
+/// For a study that runs each configuration more than once: its
+/// configurations ranked by their mean objective, with spread and count.
+fn repeated_configurations(store: &Store, study: &str, n: usize) -> anyhow::Result<Option<String>> {
+    let Some(row) = store.study(study)? else { return Ok(None) };
+    let Ok(parsed) = study::parse(&row.config, &format!("study {study:?} in the store")) else { return Ok(None) };
+    if parsed.repeats < 2 && parsed.stability.is_none() {
+        return Ok(None);
+    }
+    let mut groups: Vec<(crate::store::BestRow, Vec<f64>)> = Vec::new();
+    for r in store.best(study, usize::MAX)? {
+        match groups.iter_mut().find(|(g, _)| g.params == r.params) {
+            Some((_, values)) => values.push(r.objective),
+            None => {
+                let v = r.objective;
+                groups.push((r, vec![v]));
+            }
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    let dir = parsed.objective.direction;
+    groups.sort_by(|a, b| {
+        let (x, y) = (mean(&a.1), mean(&b.1));
+        if dir.better(x, y) {
+            std::cmp::Ordering::Less
+        } else if dir.better(y, x) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    let mut out = String::new();
+    writeln!(
+        out,
+        "configurations of {study} by mean {} ({dir}): mean, spread (sd / |mean|), runs",
+        parsed.objective.metric
+    )?;
+    for (r, values) in groups.iter().take(n) {
+        let spread = crate::search::spread(values).map_or_else(|| "-".to_string(), |s| format!("{:.2} %", s * 100.0));
+        writeln!(out, "{:>12.6}  {spread:>9}  {:>3} runs  {}", mean(values), values.len(), describe(r))?;
+    }
+    Ok(Some(out))
 }
 
 /// The Pareto front of a study: its objective (in its direction) against

@@ -109,6 +109,8 @@ struct ActiveStudy {
     plans: Vec<TrialPlan>,
     /// Early stopping on the epochs trials report, when the study asks for it.
     asha: Option<search::asha::Asha>,
+    /// Objective values of successful trials, for `[stability]`.
+    values: HashMap<u64, f64>,
     best: Option<Best>,
     started: Instant,
 }
@@ -191,6 +193,7 @@ impl Engine {
         let mut search = Search::new(&study);
         search.resume(&plans);
         let mut states = Vec::with_capacity(rows.len());
+        let mut values = HashMap::new();
         let mut best: Option<Best> = None;
         for row in rows {
             if row.trial != states.len() as u64 {
@@ -209,6 +212,7 @@ impl Engine {
                 TrialState::Stopped => Restored::Stopped,
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
+                values.insert(row.trial, value);
                 search.tell(&row.params, value);
                 if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
                     best = Some(Best { trial: row.trial, value, agent });
@@ -229,8 +233,10 @@ impl Engine {
         }
         let asha =
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
-        self.studies
-            .insert(study.name.clone(), ActiveStudy { study, search, plans, asha, best, started: Instant::now() });
+        self.studies.insert(
+            study.name.clone(),
+            ActiveStudy { study, search, plans, asha, values, best, started: Instant::now() },
+        );
         Ok(())
     }
 
@@ -652,6 +658,33 @@ fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result
     Ok(())
 }
 
+/// `[stability]`: once every run of a trial's configuration has ended, one
+/// more while their objectives spread more than the study allows (and it
+/// has runs left).
+fn repeat_until_stable(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    a: &mut ActiveStudy,
+    trial: u64,
+) -> Result<(), EngineError> {
+    let Some(stability) = a.study.stability else { return Ok(()) };
+    let Some(params) = a.plans.get(trial as usize).map(|p| p.params.clone()) else { return Ok(()) };
+    let runs: Vec<u64> = a.plans.iter().filter(|p| p.params == params).map(|p| p.trial).collect();
+    let name = a.study.name.clone();
+    if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| sched.is_finished(&name, t)) {
+        return Ok(());
+    }
+    let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
+    let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
+    let plan = a.search.extra_repeat(&params, runs.len() as u32);
+    tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
+    batch.add_trials(&name, std::slice::from_ref(&plan))?;
+    let id = sched.add_trial(&name);
+    debug_assert_eq!(id, Some(plan.trial), "the scheduler and the search number trials alike");
+    a.plans.push(plan);
+    Ok(())
+}
+
 /// ASHA's verdict on a live attempt's epoch report.
 fn early_stop(cx: &mut Ctx<'_, '_>, p: &tunefleet_common::message::Progress) {
     let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
@@ -733,6 +766,8 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                                 a.search.tell(&plan.params, v);
                             }
                         }
+                        a.values.insert(trial.trial, v);
+                        repeat_until_stable(cx.sched, cx.batch, a, trial.trial)?;
                         let dir: Direction = a.study.objective.direction;
                         if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
                             a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
@@ -862,7 +897,15 @@ high = 4
             let mut studies = HashMap::new();
             studies.insert(
                 "s".into(),
-                ActiveStudy { study, search, plans, asha: None, best: None, started: Instant::now() },
+                ActiveStudy {
+                    study,
+                    search,
+                    plans,
+                    asha: None,
+                    values: HashMap::new(),
+                    best: None,
+                    started: Instant::now(),
+                },
             );
             let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
             let coordinator_key = sessions.public_key();

@@ -298,6 +298,16 @@ pub struct EarlyStopping {
     pub grace: u32,
 }
 
+/// `[stability]`: measure each configuration again until its objective is
+/// stable: after `repeats` runs, another one while the coefficient of
+/// variation (standard deviation over the absolute mean) of its values is
+/// above `spread`, up to `max_repeats` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stability {
+    pub spread: f64,
+    pub max_repeats: u32,
+}
+
 /// A validated study.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Study {
@@ -320,6 +330,7 @@ pub struct Study {
     pub hyper: BTreeMap<String, ParamSpec>,
     pub system: BTreeMap<SystemParam, ParamSpec>,
     pub early_stopping: Option<EarlyStopping>,
+    pub stability: Option<Stability>,
     /// Pipelined mode; `None`: sequential (a trial per hyper x system configuration).
     pub pipeline: Option<Pipelined>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
@@ -411,6 +422,14 @@ struct RawStudy {
     system: Option<Spanned<BTreeMap<Spanned<String>, Spanned<RawParam>>>>,
     pipeline: Option<Spanned<RawPipeline>>,
     early_stopping: Option<RawEarlyStopping>,
+    stability: Option<Spanned<RawStability>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStability {
+    spread: f64,
+    max_repeats: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
@@ -757,6 +776,30 @@ impl Ctx<'_> {
             }
         };
 
+        let stability = match &raw.stability {
+            None => None,
+            Some(st) => {
+                let spread = st.get_ref().spread;
+                if !(spread.is_finite() && spread > 0.0) {
+                    return Err(self.at(st.span(), format!("stability.spread: must be above 0 (got {spread})")));
+                }
+                if repeats < 2 {
+                    return Err(self.at(
+                        st.span(),
+                        "stability: a spread needs at least two runs of each configuration: set repeats = 2 or more",
+                    ));
+                }
+                let max_repeats = match &st.get_ref().max_repeats {
+                    Some(m) => positive_u32(self, m, "stability.max_repeats")?,
+                    None => repeats.saturating_mul(5).max(10),
+                };
+                if max_repeats < repeats {
+                    return Err(self.at(st.span(), "stability.max_repeats: must not be below repeats"));
+                }
+                Some(Stability { spread, max_repeats })
+            }
+        };
+
         Ok(Study {
             name: name.clone(),
             command,
@@ -772,6 +815,7 @@ impl Ctx<'_> {
             system,
             pipeline,
             early_stopping,
+            stability,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
@@ -1246,6 +1290,18 @@ step = 1
         assert!(!s.selector.matches(&agent), "too little memory");
         let e = err(&edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"nuclear\"]"));
         assert!(e.to_string().contains("selector.energy"), "{e}");
+    }
+
+    #[test]
+    fn stability_needs_repeats_and_a_positive_spread() {
+        let with = |repeats: u32, st: &str| {
+            format!("{}\n[stability]\n{st}\n", edited("repeats = 1", &format!("repeats = {repeats}")))
+        };
+        let s = parse(&with(3, "spread = 0.05\nmax_repeats = 8"), "s.toml").expect("parses");
+        assert_eq!(s.stability, Some(Stability { spread: 0.05, max_repeats: 8 }));
+        assert!(err(&with(1, "spread = 0.05")).to_string().contains("at least two runs"));
+        assert!(err(&with(3, "spread = 0")).to_string().contains("above 0"));
+        assert!(err(&with(3, "spread = 0.1\nmax_repeats = 2")).to_string().contains("below repeats"));
     }
 
     #[test]

@@ -121,3 +121,46 @@ fn same_study_against_an_external_mosquitto() {
     assert_complete(&store, "ext", 12, &["m-agent-1", "m-agent-2"]);
     assert_agents_spools_empty(&["m-agent-1", "m-agent-2"]);
 }
+
+/// Issue 11: a configuration is measured again until its objective is stable.
+#[test]
+fn repeats_until_the_spread_is_below_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("stable");
+    // Runs 0 and 1 report 90 and 110 (spread 14 %), run 2 reports 100:
+    // three runs have a spread of 10 %, under the bound of 12 %.
+    let text = r#"name = "stable"
+command = ["sh", "-c", "echo TUNEFLEET final v=$(( {repeat} == 0 ? 90 : ({repeat} == 1 ? 110 : 100) ))"]
+timeout = 30
+repeats = 2
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = 2
+[strategy]
+kind = "grid"
+[hyper.x]
+kind = "categorical"
+values = [1]
+[stability]
+spread = 0.12
+max_repeats = 6
+"#;
+    let study = dir.path().join("stable.toml");
+    std::fs::write(&study, text).expect("study");
+    let store = dir.path().join("s.db");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let name = format!("{root}-agent");
+    let _agent = start_agent(&url, &name, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("3/3 trials done"), "two planned runs and one more: {out}");
+    let mut best = Command::new(bin("tunefleet"));
+    best.args(["best", "stable", "--store"]).arg(&store);
+    let (code, text, err) = run(best);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("100.000000") && text.contains("10.00 %") && text.contains("3 runs"), "{text}");
+    assert_agents_spools_empty(&[&name]);
+}

@@ -189,6 +189,14 @@ impl Search {
         )
     }
 
+    /// One more run of `params` (a configuration not yet stable), numbered
+    /// after every trial created so far.
+    pub fn extra_repeat(&mut self, params: &Params, repeat: u32) -> TrialPlan {
+        let plan = TrialPlan { trial: self.created, params: params.clone(), repeat };
+        self.created += 1;
+        plan
+    }
+
     /// A trial's objective value; ignored when not finite.
     pub fn tell(&mut self, params: &Params, value: f64) {
         if value.is_finite() {
@@ -338,6 +346,19 @@ pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<Trial
         None => system_params(&plan.params),
     };
     Ok(TrialSpec { argv, env, system, timeout_ms: study.timeout_ms(), probe })
+}
+
+/// The coefficient of variation of `values` (sample standard deviation
+/// over the absolute mean; the standard deviation itself when the mean is
+/// 0); `None` for fewer than two values.
+pub fn spread(values: &[f64]) -> Option<f64> {
+    if values.len() < 2 {
+        return None;
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = (values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (n - 1.0)).sqrt();
+    Some(if mean == 0.0 { sd } else { sd / mean.abs() })
 }
 
 /// The probe plan of a pipelined study's trials: the default configuration
@@ -728,6 +749,15 @@ control = true
         assert_eq!(n, 60);
         // Uniform: 20 % of the 40 later draws (8) within 0.1 of 0.8.
         assert!(near >= 16, "{near} of 40 TPE draws near the optimum");
+    }
+
+    #[test]
+    fn spread_is_the_coefficient_of_variation() {
+        assert_eq!(spread(&[1.0]), None);
+        assert_eq!(spread(&[2.0, 2.0, 2.0]), Some(0.0));
+        let s = spread(&[9.0, 11.0]).expect("two values");
+        assert!((s - 2f64.sqrt() / 10.0).abs() < 1e-12, "{s}");
+        assert_eq!(spread(&[-1.0, 1.0]), Some(2f64.sqrt()), "mean 0: the standard deviation");
     }
 
     #[test]
