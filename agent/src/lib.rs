@@ -8,7 +8,9 @@
 //! * [`runner`]: runs one trial through the [`exec`] wrapper and measures it
 //!   with [`counters`], [`procfs`], [`energy`] and [`cgroup`] limits.
 //! * [`metrics`] and [`output`]: what the workload prints.
-//! * [`telemetry`]: CPU, memory and power published at an interval.
+//! * [`telemetry`]: CPU, memory and power published at an interval;
+//!   [`foreign`]: the load from outside the trials in it, and the
+//!   interference flag on measurements taken under it.
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
 //! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
 
@@ -19,6 +21,7 @@ pub mod cgroup;
 pub mod counters;
 pub mod energy;
 pub mod exec;
+pub mod foreign;
 pub mod live;
 pub mod measure;
 pub mod metrics;
@@ -78,8 +81,17 @@ pub struct AgentConfig {
     pub energy_roots: EnergyRoots,
     /// Interval between energy and counter samples while a trial runs.
     pub sample_interval: Duration,
-    /// Interval between telemetry messages.
+    /// Interval between telemetry messages. Load from outside a trial is
+    /// judged per interval, in the samples taken while the trial runs.
     pub telemetry_interval: Duration,
+    /// The CPUs the agent is confined to (`--cpus`); none: every CPU it
+    /// may use. Confining the process itself is the caller's part
+    /// ([`sched::pin_self`], as `main` does before the runtime starts).
+    pub cpus: Option<Vec<u32>>,
+    /// A trial's measurement is flagged when load from outside it exceeded
+    /// this fraction of the agent's CPUs in a telemetry sample taken while
+    /// it ran.
+    pub interference_threshold: f64,
     /// Executable re-run as the exec wrapper; none: this executable.
     pub wrapper: Option<PathBuf>,
     /// Broker login and TLS.
@@ -110,6 +122,8 @@ impl AgentConfig {
             energy_roots: EnergyRoots::default(),
             sample_interval: counters::DEFAULT_SAMPLE_INTERVAL,
             telemetry_interval: Duration::from_secs(1),
+            cpus: None,
+            interference_threshold: foreign::DEFAULT_THRESHOLD,
             wrapper: None,
             security: Default::default(),
             coordinator_key: None,
@@ -347,7 +361,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         None => std::env::current_exe().map_err(AgentError::WrapperExe)?,
     };
     let instance = rand::random::<u64>();
-    let cpus = sched::allowed_cpus();
+    let cpus = match &config.cpus {
+        Some(set) => {
+            if !sched::allowed_cpus().iter().all(|c| set.contains(c)) {
+                tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
+            }
+            set.clone()
+        }
+        None => sched::allowed_cpus(),
+    };
     let selection = energy::select(&config.energy_roots, config.energy_model);
     let info = caps::agent_info(caps::CapsInput {
         agent: config.name.clone(),
@@ -363,8 +385,14 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     runner_config.energy = Arc::clone(&selection.source);
     runner_config.energy_model = config.energy_model;
     runner_config.sample_interval = config.sample_interval;
+    runner_config.machine_cpus = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
+    let trials = foreign::TrialRegistry::default();
+    runner_config.trials = trials.clone();
     let mut telemetry =
-        telemetry::TelemetrySampler::new(std::path::Path::new("/proc"), selection.source.as_ref(), config.energy_model);
+        telemetry::TelemetrySampler::new(std::path::Path::new("/proc"), selection.source.as_ref(), config.energy_model)
+            .with_cpus(cpus.clone())
+            .with_trials(trials);
+    let mut foreign_peaks = foreign::ForeignPeaks::default();
     let mut telemetry_tick = tokio::time::interval(config.telemetry_interval);
     telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
@@ -432,11 +460,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 None => break Err(AgentError::TransportClosed),
             },
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some((trial, mut measurement)) = done_rx.recv() => {
                 // A trial's progress is queued before its end: publish it first.
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
+                let peak = foreign_peaks.take(&trial);
+                measurement.interference.extend(foreign::interference_reason(peak, config.interference_threshold));
                 exec.trials.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
                 idle_since = Instant::now();
@@ -455,6 +485,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
             _ = telemetry_tick.tick() => {
                 let sample = telemetry.sample(u32::try_from(state.running().count()).unwrap_or(u32::MAX));
+                foreign_peaks.observe(state.running(), sample.foreign_cpu);
                 if exec.transport.is_connected() {
                     exec.publish(&AgentMessage::Telemetry(sample));
                 }
@@ -481,10 +512,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 );
                 break;
             }
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some((trial, mut measurement)) = done_rx.recv() => {
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
+                let peak = foreign_peaks.take(&trial);
+                measurement.interference.extend(foreign::interference_reason(peak, config.interference_threshold));
                 exec.trials.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
             }

@@ -125,7 +125,9 @@ pub fn trial_tasks(proc_root: &Path, members: &Members) -> Vec<i32> {
     tids
 }
 
-fn cpu_set(cpus: &[u32]) -> Result<CpuSet, LiveError> {
+/// The kernel's CPU set of `cpus`; refuses an empty list and CPUs beyond
+/// what the kernel takes.
+pub(crate) fn cpu_set(cpus: &[u32]) -> Result<CpuSet, LiveError> {
     if cpus.is_empty() {
         return Err(LiveError::NoCpus);
     }

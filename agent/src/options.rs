@@ -57,9 +57,21 @@ pub struct Cli {
     /// Interval between energy and counter samples while a trial runs
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub sample_interval: String,
-    /// Interval between telemetry messages (CPU, memory, power)
+    /// Interval between telemetry messages (CPU, memory, power, load from
+    /// outside the trials); each is checked for interference with the
+    /// trials running
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub telemetry_interval: String,
+    /// Confine the agent, its trials and its load measurement to these CPUs
+    /// (a list such as 0-3 or 2,5-7), so several agents can share a machine
+    /// [default: every CPU this process may use]
+    #[arg(long, env = "TUNEFLEET_CPUS", value_name = "LIST")]
+    pub cpus: Option<String>,
+    /// Flag a trial's measurement when load from outside the trial (other
+    /// processes than the agent's trials and itself) exceeded this fraction
+    /// of the agent's CPUs in a telemetry sample taken while it ran
+    #[arg(long, default_value_t = crate::foreign::DEFAULT_THRESHOLD, value_name = "FRACTION")]
+    pub interference_threshold: f64,
     /// The coordinator's public key (64 hex digits, from `tunefleet key`): the
     /// agent obeys only the coordinator holding it [default: the first one
     /// seen, pinned in the state directory]
@@ -255,6 +267,16 @@ pub enum ConfigError {
     AllowCommand(String),
     #[error("no state directory: give --state-dir (or set HOME, XDG_STATE_HOME or STATE_DIRECTORY)")]
     NoState,
+    #[error("--cpus {0:?}: expected a non-empty CPU list such as 0, 0-3 or 2,5-7")]
+    CpuList(String),
+    #[error("--cpus {value}: {source}")]
+    Cpus {
+        value: String,
+        #[source]
+        source: crate::sched::OutsideCpus,
+    },
+    #[error("--interference-threshold {0}: expected a fraction of the agent's CPUs, from 0 to 1")]
+    InterferenceThreshold(f64),
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h` or a bare number of seconds.
@@ -280,6 +302,14 @@ pub fn sanitize_name(raw: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
         .take(MAX_AGENT_ID)
         .collect()
+}
+
+/// The `--cpus` set: a CPU list, every CPU of it among `allowed`.
+pub fn parse_cpus(text: &str, allowed: &[u32]) -> Result<Vec<u32>, ConfigError> {
+    let cpus = crate::live::parse_cpu_list(text)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| ConfigError::CpuList(text.to_string()))?;
+    crate::sched::confine(&cpus, allowed).map_err(|source| ConfigError::Cpus { value: text.to_string(), source })
 }
 
 /// Parses `KEY=VALUE`.
@@ -344,6 +374,10 @@ impl Cli {
         let (energy_model, energy_roots) = self.energy.validate()?;
         let sample_interval = positive_duration("sample-interval", &self.sample_interval)?;
         let telemetry_interval = positive_duration("telemetry-interval", &self.telemetry_interval)?;
+        let cpus = self.cpus.map(|text| parse_cpus(&text, &crate::sched::allowed_cpus())).transpose()?;
+        if !(0.0..=1.0).contains(&self.interference_threshold) {
+            return Err(ConfigError::InterferenceThreshold(self.interference_threshold));
+        }
         let name_for_state = name.clone();
         let mut config = AgentConfig::new(broker, name, topics);
         config.tags = tags;
@@ -361,6 +395,8 @@ impl Cli {
         config.energy_roots = energy_roots;
         config.sample_interval = sample_interval;
         config.telemetry_interval = telemetry_interval;
+        config.cpus = cpus;
+        config.interference_threshold = self.interference_threshold;
         config.security = security;
         config.coordinator_key = self
             .coordinator_key
@@ -438,6 +474,29 @@ mod tests {
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--telemetry-interval", "0s"])
             .contains("--telemetry-interval"));
         assert!(err(&["--broker", "mqtt://x", "--name", "a", "--busy-watts-per-core=-1"]).contains("--busy-watts"));
+        assert!(err(&["--broker", "mqtt://x", "--name", "a", "--interference-threshold", "1.5"])
+            .contains("--interference-threshold"));
+        assert!(
+            err(&["--broker", "mqtt://x", "--name", "a", "--cpus", "4096"]).contains("--cpus 4096: CPU 4096 is not")
+        );
+    }
+
+    #[test]
+    fn cpus_and_interference_threshold() {
+        let allowed = crate::sched::allowed_cpus();
+        let c = config(&["--broker", "mqtt://x", "--name", "a"]).expect("valid");
+        assert_eq!((c.cpus, c.interference_threshold), (None, 0.25));
+        let first = allowed[0].to_string();
+        let c = config(&["--broker", "mqtt://x", "--name", "a", "--cpus", &first, "--interference-threshold", "0.5"])
+            .expect("valid");
+        assert_eq!((c.cpus, c.interference_threshold), (Some(vec![allowed[0]]), 0.5));
+        let machine = [0, 1, 2, 3, 5];
+        assert_eq!(parse_cpus("3,0-1,1", &machine).expect("valid"), [0, 1, 3]);
+        for bad in ["", "x", "3-1", "1,,a"] {
+            assert!(matches!(parse_cpus(bad, &machine), Err(ConfigError::CpuList(_))), "{bad:?}");
+        }
+        let outside = parse_cpus("2-5", &machine).expect_err("4 is not allowed").to_string();
+        assert_eq!(outside, "--cpus 2-5: CPU 4 is not among those this process may use (0-3,5)");
     }
 
     fn mode(args: &[&str]) -> Result<Mode, ConfigError> {

@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 /// Fields of `/proc/PID/stat` the runner uses, in clock ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFields {
+    /// The parent's process id.
+    pub ppid: i32,
     pub pgrp: i32,
     pub utime: u64,
     pub stime: u64,
@@ -43,6 +45,7 @@ pub fn parse_stat(contents: &str) -> Option<StatFields> {
     let fields: Vec<&str> = after.split_whitespace().collect();
     let num = |n: usize| fields.get(n - 3).and_then(|f| f.parse::<u64>().ok());
     Some(StatFields {
+        ppid: fields.get(4 - 3)?.parse().ok()?,
         pgrp: fields.get(5 - 3)?.parse().ok()?,
         utime: num(14)?,
         stime: num(15)?,
@@ -244,6 +247,23 @@ pub fn ticks_to_us(ticks: u64, ticks_per_second: u64) -> u64 {
     (u128::from(ticks) * 1_000_000 / u128::from(ticks_per_second)) as u64
 }
 
+/// Fixture `/proc` trees for the tests of this crate.
+#[cfg(test)]
+pub(crate) mod fixture {
+    use std::path::Path;
+
+    /// Writes `{root}/{name}/stat` of a process with parent `ppid` in group
+    /// `pgrp`; `ticks` are its user, system, waited-for children's user and
+    /// children's system time.
+    pub(crate) fn stat(root: &Path, name: &str, ppid: i32, pgrp: i32, ticks: [u64; 4]) {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let [u, s, cu, cs] = ticks;
+        let text = format!("1 (w) R {ppid} {pgrp} {pgrp} 0 -1 0 0 0 0 0 {u} {s} {cu} {cs} 20 0 1 0 1 1 1");
+        std::fs::write(dir.join("stat"), text).expect("write stat");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,7 +273,7 @@ mod tests {
     #[test]
     fn parses_stat_with_odd_names() {
         let s = parse_stat(STAT).expect("parses");
-        assert_eq!(s, StatFields { pgrp: 4242, utime: 250, stime: 30, cutime: 7, cstime: 2 });
+        assert_eq!(s, StatFields { ppid: 1, pgrp: 4242, utime: 250, stime: 30, cutime: 7, cstime: 2 });
         assert_eq!(parse_stat("12 (x) R 1"), None);
         assert_eq!(parse_stat("garbage"), None);
     }

@@ -35,6 +35,10 @@
 //! falls back to the estimate, and the reading says so.
 //!
 //! Timeout or cancel: SIGTERM to the whole group, SIGKILL after the grace.
+//!
+//! While the workload runs its processes are registered in
+//! [`RunnerConfig::trials`], so that telemetry counts their CPU time as the
+//! trial's and not as load from outside ([`crate::foreign`]).
 
 use std::io::{BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -91,6 +95,9 @@ pub struct RunnerConfig {
     /// Let the workload write to the agent's own stdout and stderr (for
     /// `measure`) instead of reading them for metrics and the log tail.
     pub inherit_output: bool,
+    /// Where each trial's processes are registered while it runs, so that
+    /// telemetry tells its CPU time from load from outside.
+    pub trials: crate::foreign::TrialRegistry,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -118,6 +125,7 @@ impl RunnerConfig {
             sample_interval: crate::counters::DEFAULT_SAMPLE_INTERVAL,
             machine_cpus: u32::try_from(crate::sched::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
             inherit_output: false,
+            trials: crate::foreign::TrialRegistry::default(),
         }
     }
 }
@@ -378,6 +386,8 @@ struct Spawned {
     rss: procfs::RssSampler,
     /// The trial's processes, for live changes.
     members: procfs::Members,
+    /// The same, registered for telemetry until the workload exits.
+    registration: crate::foreign::Registration,
     /// Probe windows and segments.
     pipeline: Pipeline,
     /// The workload's standard input when it speaks the control channel.
@@ -502,6 +512,7 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         None => procfs::Members::Group(pid.as_raw_nonzero().get()),
     };
     let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
+    let registration = cfg.trials.register(members.clone());
     let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
     let mut cpu_pool = run.cpus.clone();
     cpu_pool.extend(crate::sched::allowed_cpus().into_iter().filter(|c| !run.cpus.contains(c)));
@@ -517,6 +528,7 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         waiter,
         rss,
         members,
+        registration,
         pipeline,
         control,
         pending_line: Vec::new(),
@@ -559,6 +571,12 @@ async fn monitor(
                     Err(e) => Err(format!("the waiting task failed: {e}")),
                 });
                 m.peak_rss = t.rss.stop();
+                // The leader as a zombie: its CPU time and its waited-for children's.
+                let final_ticks = match &m.exited {
+                    Some(Ok(Exited { stat: Some(s), .. })) => Some(s.utime + s.stime + s.cutime + s.cstime),
+                    _ => None,
+                };
+                t.registration.end(final_ticks);
                 let at_exit = t.start.elapsed();
                 t.meter.sample(at_exit);
                 t.counters.sample(at_exit);

@@ -1,7 +1,55 @@
 //! CPU placement: which CPUs a trial is pinned to. The choice is a pure
 //! function of the CPUs the agent may use and those busy with other trials.
+//!
+//! An agent given `--cpus` pins itself ([`pin_self`]) before its runtime
+//! starts: every thread and process it starts inherits the mask, so
+//! [`allowed_cpus`] then returns that set, its trials are placed in it and
+//! an unpinned trial runs on it.
 
-use rustix::thread::{sched_getaffinity, CpuSet};
+use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
+
+use crate::live::{self, LiveError};
+
+/// The CPUs of a `--cpus` list that the agent may not use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{} not among those this process may use ({})", cpus_are(.outside), live::format_cpu_list(.allowed))]
+pub struct OutsideCpus {
+    pub outside: Vec<u32>,
+    pub allowed: Vec<u32>,
+}
+
+fn cpus_are(cpus: &[u32]) -> String {
+    match cpus {
+        [one] => format!("CPU {one} is"),
+        _ => format!("CPUs {} are", live::format_cpu_list(cpus)),
+    }
+}
+
+/// The set `requested` (ascending, each once) when every CPU in it is
+/// `allowed`; else which are not.
+pub fn confine(requested: &[u32], allowed: &[u32]) -> Result<Vec<u32>, OutsideCpus> {
+    let mut set = requested.to_vec();
+    set.sort_unstable();
+    set.dedup();
+    let outside: Vec<u32> = set.iter().copied().filter(|c| !allowed.contains(c)).collect();
+    if outside.is_empty() {
+        Ok(set)
+    } else {
+        Err(OutsideCpus { outside, allowed: allowed.to_vec() })
+    }
+}
+
+/// Pins the calling thread to `cpus`. Called first thing in `main`, while
+/// it is the process's only thread, it confines the whole agent: threads
+/// and processes inherit the mask of the thread that creates them.
+pub fn pin_self(cpus: &[u32]) -> Result<(), LiveError> {
+    let set = live::cpu_set(cpus)?;
+    sched_setaffinity(None, &set).map_err(|source| LiveError::Affinity {
+        tid: rustix::thread::gettid().as_raw_nonzero().get(),
+        cpus: live::format_cpu_list(cpus),
+        source,
+    })
+}
 
 /// CPUs this process may run on, ascending. Falls back to `0..n` from the
 /// available parallelism when the affinity mask cannot be read.
@@ -57,6 +105,30 @@ mod tests {
         assert_eq!(choose_cpus(&[4, 6], &[], 8), vec![4, 6]);
         assert_eq!(choose_cpus(&[], &[], 2), Vec::<u32>::new());
         assert_eq!(choose_cpus(&[5], &[5, 5], 1), vec![5]);
+    }
+
+    #[test]
+    fn confine_to_allowed_cpus_only() {
+        assert_eq!(confine(&[3, 1, 1], &[0, 1, 2, 3]), Ok(vec![1, 3]));
+        let err = confine(&[1, 4, 7, 8], &[0, 1, 2, 3]).expect_err("outside");
+        assert_eq!(err.outside, [4, 7, 8]);
+        assert_eq!(err.to_string(), "CPUs 4,7-8 are not among those this process may use (0-3)");
+    }
+
+    #[test]
+    fn pin_self_confines_the_thread_and_what_it_starts() {
+        let allowed = allowed_cpus();
+        let last = *allowed.last().expect("a CPU");
+        let seen = std::thread::spawn(move || {
+            pin_self(&[last]).expect("pin");
+            let inherited = std::thread::spawn(allowed_cpus).join().expect("joins");
+            (allowed_cpus(), inherited)
+        })
+        .join()
+        .expect("joins");
+        assert_eq!(seen, (vec![last], vec![last]));
+        assert_eq!(allowed_cpus(), allowed, "other threads keep their mask");
+        assert!(matches!(pin_self(&[]), Err(LiveError::NoCpus)));
     }
 
     #[test]
