@@ -736,6 +736,12 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
             cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
         }
+        // An attempt the trial moved on from (moved, lease expired) that was
+        // cancelled or never started: it ends; it is no result of the trial.
+        Verdict::Superseded if matches!(measurement.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
+            cx.stats.superseded_results += 1;
+            cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+        }
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
             let objective = active
                 .as_ref()

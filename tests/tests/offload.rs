@@ -1,0 +1,171 @@
+//! Overload offloading with real processes (issue 11): two agents confined
+//! to different CPUs; burner processes started by the test load one agent's
+//! CPU; the coordinator finds it overloaded and moves its trial, or takes a
+//! disturbed measurement again elsewhere.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+use tunefleet_tests::*;
+
+/// Busy loops pinned to `cpu`, killed when dropped.
+struct Burners(Vec<Child>);
+
+impl Burners {
+    fn start(cpu: u32, n: usize) -> Burners {
+        Burners(
+            (0..n)
+                .map(|_| {
+                    Command::new("taskset")
+                        .args(["-c", &cpu.to_string(), "sh", "-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("taskset starts a burner")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Burners {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A study of `trials` trials, each reporting an epoch every half second
+/// for `epochs` epochs and using almost no CPU itself.
+fn slow_study(dir: &Path, name: &str, trials: u32, epochs: u32) -> std::path::PathBuf {
+    let values: Vec<String> = (1..=trials).map(|v| v.to_string()).collect();
+    let values = values.join(", ");
+    let text = format!(
+        r#"name = "{name}"
+command = ["sh", "-c", "for e in $(seq 1 {epochs}); do sleep 0.5; echo TUNEFLEET epoch=$e v={{v}}; done"]
+timeout = 120
+max_attempts = 1
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "grid"
+[hyper.v]
+kind = "categorical"
+values = [{values}]
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+fn attempts(store: &Path) -> Vec<(i64, i64, String, Option<String>)> {
+    let Ok(db) = Connection::open(store) else { return Vec::new() };
+    let Ok(mut stmt) = db.prepare("SELECT trial, attempt, agent, outcome FROM attempts ORDER BY trial, attempt") else {
+        return Vec::new();
+    };
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .map(|rows| rows.filter_map(Result::ok).collect())
+        .unwrap_or_default()
+}
+
+fn two_cpus() -> bool {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if n < 2 {
+        eprintln!("skipped: needs 2 CPUs to confine two agents apart");
+    }
+    n >= 2
+}
+
+#[test]
+fn an_agent_loaded_from_outside_loses_its_trial_to_another_and_it_completes_there() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("offload");
+    let store = dir.path().join("s.db");
+    let study = slow_study(dir.path(), "off", 2, 16);
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--offload"]);
+    let (a, b) = (format!("{root}-a"), format!("{root}-b"));
+    // This machine also runs the coordinator, the broker and the test: a
+    // threshold above their share keeps b's measurements clean.
+    let fast = ["--slots", "1", "--telemetry-interval", "500ms", "--interference-threshold", "0.5"];
+    let _agent_a = start_agent(&url, &a, &root, &[&["--cpus", "0"][..], &fast[..]].concat());
+    // Agent b joins once a runs a trial, so the first trial is a's.
+    wait_for("a trial on agent a", Duration::from_secs(60), || attempts(&store).iter().any(|r| r.2 == a));
+    let _agent_b = start_agent(&url, &b, &root, &[&["--cpus", "1"][..], &fast[..]].concat());
+    let load_started = Instant::now();
+    let burners = Burners::start(0, 2);
+    let mut moved_after = None;
+    wait_for("the trial moved off agent a", Duration::from_secs(30), || {
+        let moved =
+            attempts(&store).iter().any(|r| r.2 == a && r.3.as_deref().is_some_and(|o| o.starts_with("moved off")));
+        if moved {
+            moved_after = Some(load_started.elapsed());
+        }
+        moved
+    });
+    drop(burners);
+    eprintln!("load start -> decision and move recorded in the store: {:?}", moved_after.expect("moved"));
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("2/2 trials done, 0 failed"), "max_attempts 1: a move is no failure\n{out}");
+    assert!(out.contains("moved: 1 attempts"), "{out}");
+    let rows = attempts(&store);
+    let moved: Vec<_> = rows.iter().filter(|r| r.3.as_deref().is_some_and(|o| o.starts_with("moved off"))).collect();
+    assert_eq!(moved.len(), 1, "{rows:?}");
+    let why = moved[0].3.as_deref().unwrap_or_default();
+    assert!(why.contains("load from outside its trials"), "the move is recorded with the telemetry: {why}");
+    let db = Connection::open(&store).expect("store");
+    let (agent, attempt): (String, i64) = db
+        .query_row("SELECT agent, attempt FROM results WHERE trial = ?1", [moved[0].0], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("the moved trial has a result");
+    assert_eq!((agent.as_str(), attempt), (b.as_str(), moved[0].1 + 1), "completed on the other agent");
+    assert_agents_spools_empty(&[&a, &b]);
+}
+
+#[test]
+fn a_measurement_taken_under_outside_load_is_flagged_and_taken_again_elsewhere() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("interfere");
+    let store = dir.path().join("s.db");
+    let study = slow_study(dir.path(), "int", 1, 4);
+    // A window far longer than the trial: the agent is never found overloaded,
+    // so the trial ends under the load and its measurement says so.
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--offload", "--offload-window", "600"]);
+    let (a, b) = (format!("{root}-a"), format!("{root}-b"));
+    let fast = ["--slots", "1", "--telemetry-interval", "250ms", "--interference-threshold", "0.5"];
+    let burners = Burners::start(0, 2);
+    let _agent_a = start_agent(&url, &a, &root, &[&["--cpus", "0"][..], &fast[..]].concat());
+    wait_for("the trial on agent a", Duration::from_secs(60), || attempts(&store).iter().any(|r| r.2 == a));
+    let _agent_b = start_agent(&url, &b, &root, &[&["--cpus", "1"][..], &fast[..]].concat());
+    wait_for("the disturbed measurement refused", Duration::from_secs(60), || {
+        attempts(&store).iter().any(|r| r.2 == a && r.3.as_deref().is_some_and(|o| o.contains("measured again")))
+    });
+    drop(burners);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("1/1 trials done, 0 failed"), "{out}");
+    let rows = attempts(&store);
+    let first = rows.iter().find(|r| r.2 == a).expect("a's attempt");
+    let why = first.3.as_deref().unwrap_or_default();
+    assert!(why.contains("outside"), "the reason quotes the agent's flag: {why}");
+    let db = Connection::open(&store).expect("store");
+    let (agent, m): (String, String) =
+        db.query_row("SELECT agent, measurement FROM results", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("result");
+    assert_eq!(agent, b, "measured again on the agent nobody loads: {rows:?}");
+    let m: serde_json::Value = serde_json::from_str(&m).expect("json");
+    assert_eq!(m["interference"], serde_json::json!([]), "the kept measurement is clean: {m}");
+    assert_agents_spools_empty(&[&a, &b]);
+}
