@@ -390,8 +390,17 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             let mut out = String::new();
             writeln!(
                 out,
-                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<20} tags",
-                "agent", "arch", "cores", "mem GiB", "slots", "last status"
+                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} tags",
+                "agent",
+                "arch",
+                "cores",
+                "mem GiB",
+                "slots",
+                "energy",
+                "last status",
+                "outside",
+                "conditions",
+                "running"
             )?;
             let now =
                 std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -399,15 +408,28 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                 let ago = now.saturating_sub(a.last_seen_ms) / 1000;
                 let status = format!("{} {ago} s ago", if a.online { "online" } else { "offline" });
                 let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                let energy = a.info.energy.iter().find(|e| e.readable).map_or("none", |e| e.kind.as_str());
+                let outside = a
+                    .telemetry
+                    .as_ref()
+                    .and_then(|t| t.foreign_cpu)
+                    .map_or_else(|| "-".to_string(), |f| format!("{:.0} %", f * 100.0));
+                let conditions =
+                    a.telemetry.as_ref().map_or_else(|| "-".to_string(), |t| describe_conditions(&t.conditions));
+                let running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
                 writeln!(
                     out,
-                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<20} {}",
+                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",
                     a.info.agent,
                     a.info.arch,
                     a.info.cores,
                     a.info.memory_bytes as f64 / (1u64 << 30) as f64,
                     a.info.slots,
+                    energy,
                     status,
+                    outside,
+                    conditions,
+                    running,
                     tags.join(",")
                 )?;
             }
@@ -489,6 +511,30 @@ fn describe(r: &crate::store::BestRow) -> String {
         }
     }
     words.join(" ")
+}
+
+/// A device's conditions in a few words (`-` when it reports none).
+fn describe_conditions(c: &tunefleet_common::measurement::Conditions) -> String {
+    let mut words = Vec::new();
+    match c.charging {
+        Some(true) => words.push("charging".to_string()),
+        Some(false) => words.push("on battery".to_string()),
+        None => {}
+    }
+    if let Some(p) = c.battery_percent {
+        words.push(format!("{p:.0} %"));
+    }
+    if c.throttled == Some(true) {
+        words.push("throttled".to_string());
+    }
+    if let Some(t) = c.temperature_c {
+        words.push(format!("{t:.0} C"));
+    }
+    if words.is_empty() {
+        "-".to_string()
+    } else {
+        words.join(", ")
+    }
 }
 
 /// For a study that runs each configuration more than once: its

@@ -570,7 +570,10 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         }
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
-        AgentMessage::Telemetry(t) => cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms)),
+        AgentMessage::Telemetry(t) => {
+            cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms));
+            cx.batch.record_telemetry(&agent, &t)?;
+        }
         AgentMessage::Synced(n) => {
             if cx.unsynced.get(&agent) == Some(&n) {
                 cx.unsynced.remove(&agent);

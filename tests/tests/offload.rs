@@ -128,6 +128,17 @@ fn an_agent_loaded_from_outside_loses_its_trial_to_another_and_it_completes_ther
         .query_row("SELECT agent, attempt FROM results WHERE trial = ?1", [moved[0].0], |r| Ok((r.get(0)?, r.get(1)?)))
         .expect("the moved trial has a result");
     assert_eq!((agent.as_str(), attempt), (b.as_str(), moved[0].1 + 1), "completed on the other agent");
+    // `tunefleet agents` shows each agent's class and its last telemetry.
+    let mut list = Command::new(bin("tunefleet"));
+    list.args(["agents", "--store"]).arg(&store);
+    let (code, text, err) = run(list);
+    assert_eq!(code, Some(0), "{err}");
+    for name in [&a, &b] {
+        let line = text.lines().find(|l| l.starts_with(name.as_str())).unwrap_or_else(|| panic!("{name}: {text}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(cols.get(2), Some(&"1"), "one CPU each (--cpus): {line}");
+        assert!(line.contains("estimated") && line.contains(" %"), "energy source and outside load: {line}");
+    }
     assert_agents_spools_empty(&[&a, &b]);
 }
 

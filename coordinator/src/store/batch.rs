@@ -108,6 +108,21 @@ impl Batch<'_> {
         Ok(())
     }
 
+    /// Keeps `agent`'s latest telemetry (for `tunefleet agents`).
+    pub fn record_telemetry(
+        &mut self,
+        agent: &str,
+        telemetry: &tunefleet_common::measurement::Telemetry,
+    ) -> Result<()> {
+        let context = || format!("recording the telemetry of {agent}");
+        self.tx
+            .prepare_cached("UPDATE agents SET telemetry = ?2 WHERE name = ?1")
+            .ctx(context)?
+            .execute(params![agent, json_text(telemetry, context)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
     /// Marks a trial stopped early (final, not failed, never retried); its
     /// running attempt is closed with `reason`.
     pub fn stop_trial(&mut self, trial: &TrialRef, reason: &str, at_ms: u64) -> Result<()> {

@@ -151,6 +151,10 @@ pub struct AgentRow {
     pub first_seen_ms: u64,
     pub last_seen_ms: u64,
     pub online: bool,
+    /// Its latest telemetry, when it sent any.
+    pub telemetry: Option<tunefleet_common::measurement::Telemetry>,
+    /// Attempts it holds now, as `study/trial#attempt`.
+    pub running: Vec<String>,
 }
 
 impl Store {
@@ -328,7 +332,13 @@ impl Store {
         let context = || "listing agents".to_string();
         let mut stmt = self
             .conn
-            .prepare_cached("SELECT name, info, first_seen_ms, last_seen_ms, online FROM agents ORDER BY name")
+            .prepare_cached(
+                "SELECT a.name, a.info, a.first_seen_ms, a.last_seen_ms, a.online, a.telemetry,
+                        (SELECT group_concat(t.study || '/' || t.trial || '#' || t.attempts, ' ') FROM trials t
+                         JOIN attempts x ON x.study = t.study AND x.trial = t.trial AND x.attempt = t.attempts
+                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL)
+                 FROM agents a ORDER BY a.name",
+            )
             .ctx(context)?;
         let rows = stmt
             .query_map([], |row| {
@@ -338,6 +348,11 @@ impl Store {
                     first_seen_ms: get_u64(row, 2)?,
                     last_seen_ms: get_u64(row, 3)?,
                     online: row.get(4)?,
+                    telemetry: row.get::<_, Option<String>>(5)?.and_then(|text| serde_json::from_str(&text).ok()),
+                    running: row
+                        .get::<_, Option<String>>(6)?
+                        .map(|text| text.split(' ').map(str::to_string).collect())
+                        .unwrap_or_default(),
                 })
             })
             .ctx(context)?;

@@ -10,7 +10,7 @@ use super::outbox::OUTBOX_SCHEMA;
 use super::{keys, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,7 +97,8 @@ CREATE TABLE IF NOT EXISTS agents (
     info          TEXT NOT NULL,
     first_seen_ms INTEGER NOT NULL,
     last_seen_ms  INTEGER NOT NULL,
-    online        INTEGER NOT NULL CHECK (online IN (0, 1))
+    online        INTEGER NOT NULL CHECK (online IN (0, 1)),
+    telemetry     TEXT
 );
 "#;
 
@@ -136,6 +137,9 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (study, trial, idx)
 );
 "#;
+
+/// Version 3: each agent's latest telemetry (load, conditions).
+const MIGRATE_2_TO_3: &str = "ALTER TABLE agents ADD COLUMN telemetry TEXT;";
 
 impl Store {
     /// Opens (creating if needed) the store at `path`, in WAL mode.
@@ -192,8 +196,11 @@ impl Store {
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
-            1 => {
-                tx.execute_batch(MIGRATE_1_TO_2).ctx(|| format!("{path}: migrating the schema from version 1"))?;
+            1 | 2 => {
+                if found == 1 {
+                    tx.execute_batch(MIGRATE_1_TO_2).ctx(|| format!("{path}: migrating the schema from version 1"))?;
+                }
+                tx.execute_batch(MIGRATE_2_TO_3).ctx(|| format!("{path}: migrating the schema from version 2"))?;
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
@@ -221,10 +228,13 @@ mod tests {
         let path = dir.path().join("v1.db");
         {
             let conn = Connection::open(&path).expect("open");
-            let v1 = SCHEMA.replace(", 'stopped'", "").replace(
-                "    received_ms   INTEGER NOT NULL,\n    system        TEXT,",
-                "    received_ms   INTEGER NOT NULL,",
-            );
+            let v1 = SCHEMA
+                .replace(", 'stopped'", "")
+                .replace(
+                    "    received_ms   INTEGER NOT NULL,\n    system        TEXT,",
+                    "    received_ms   INTEGER NOT NULL,",
+                )
+                .replace(",\n    telemetry     TEXT\n", "\n");
             conn.execute_batch(&v1).expect("v1 schema");
             conn.pragma_update(None, "user_version", 1).expect("version");
             conn.execute(
