@@ -11,6 +11,8 @@
 //! * [`telemetry`]: CPU, memory and power published at an interval;
 //!   [`foreign`]: the load from outside the trials in it, and the
 //!   interference flag on measurements taken under it.
+//! * [`conditions`]: charging, battery and throttling, which stop the agent
+//!   taking trials and flag the measurements they disturb.
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
 //! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
 
@@ -18,6 +20,7 @@ pub mod allow;
 pub mod auth;
 pub mod caps;
 pub mod cgroup;
+pub mod conditions;
 pub mod counters;
 pub mod energy;
 pub mod exec;
@@ -92,6 +95,8 @@ pub struct AgentConfig {
     /// this fraction of the agent's CPUs in a telemetry sample taken while
     /// it ran.
     pub interference_threshold: f64,
+    /// Where the device's conditions are read, and the battery threshold.
+    pub conditions: conditions::ConditionsConfig,
     /// Executable re-run as the exec wrapper; none: this executable.
     pub wrapper: Option<PathBuf>,
     /// Broker login and TLS.
@@ -124,6 +129,7 @@ impl AgentConfig {
             telemetry_interval: Duration::from_secs(1),
             cpus: None,
             interference_threshold: foreign::DEFAULT_THRESHOLD,
+            conditions: conditions::ConditionsConfig::default(),
             wrapper: None,
             security: Default::default(),
             coordinator_key: None,
@@ -391,7 +397,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let mut telemetry =
         telemetry::TelemetrySampler::new(std::path::Path::new("/proc"), selection.source.as_ref(), config.energy_model)
             .with_cpus(cpus.clone())
-            .with_trials(trials);
+            .with_trials(trials)
+            .with_conditions(conditions::ConditionsReader::new(config.conditions.clone()));
+    let mut conditions_gate = conditions::Gate::new(conditions::Policy {
+        min_battery: config.conditions.min_battery,
+        battery_energy: selection.source.kind() == tunefleet_common::measurement::EnergySourceKind::Battery,
+    });
     let mut foreign_peaks = foreign::ForeignPeaks::default();
     let mut telemetry_tick = tokio::time::interval(config.telemetry_interval);
     telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -486,6 +497,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             _ = telemetry_tick.tick() => {
                 let sample = telemetry.sample(u32::try_from(state.running().count()).unwrap_or(u32::MAX));
                 foreign_peaks.observe(state.running(), sample.foreign_cpu);
+                if let Some(reasons) = conditions_gate.check(&sample.conditions) {
+                    exec.apply(state.on_conditions(reasons));
+                }
                 if exec.transport.is_connected() {
                     exec.publish(&AgentMessage::Telemetry(sample));
                 }

@@ -10,6 +10,7 @@ use clap::{Args, Parser, Subcommand};
 use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, DEFAULT_ROOT, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
+use crate::energy::external::{ExternalConfig, Target};
 use crate::energy::{EnergyRoots, EstimateModel};
 use crate::AgentConfig;
 
@@ -81,6 +82,15 @@ pub struct Cli {
     /// shell-style pattern (repeatable) [default: any program]
     #[arg(long = "allow-command", value_name = "PATTERN")]
     pub allow_commands: Vec<String>,
+    /// Take no trials while on battery below this charge, in percent (0: no check)
+    #[arg(long, default_value_t = crate::conditions::DEFAULT_MIN_BATTERY, value_name = "PERCENT")]
+    pub min_battery: f64,
+    /// Thermal zones and cooling devices root (throttling, temperature)
+    #[arg(long, default_value = crate::conditions::THERMAL_ROOT, value_name = "DIR")]
+    pub thermal_root: PathBuf,
+    /// CPU sysfs root (x86 thermal_throttle counters)
+    #[arg(long, default_value = crate::conditions::CPU_ROOT, value_name = "DIR")]
+    pub cpu_sysfs_root: PathBuf,
     #[command(flatten)]
     pub energy: EnergyArgs,
     #[command(flatten)]
@@ -142,6 +152,21 @@ pub struct EnergyArgs {
     /// Battery (power_supply) root
     #[arg(long, default_value = crate::energy::POWER_SUPPLY_ROOT, value_name = "DIR")]
     pub power_supply_root: PathBuf,
+    /// External meter: a shell command printing watts or joules (a PDU, a
+    /// smart plug), e.g. "12.5 W" or {"joules": 3600}; used instead of the
+    /// sources found here
+    #[arg(long, value_name = "CMD", conflicts_with = "energy_url")]
+    pub energy_command: Option<String>,
+    /// External meter: a plain http:// URL answering watts or joules
+    #[arg(long, value_name = "URL")]
+    pub energy_url: Option<String>,
+    /// What a bare number from the external meter means: watts (power,
+    /// integrated over time) or joules (a cumulative counter)
+    #[arg(long, default_value = "watts", value_parser = ["watts", "joules"], value_name = "UNIT")]
+    pub energy_unit: String,
+    /// Longest an external meter reading may take
+    #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub energy_timeout: String,
 }
 
 /// The subcommands usable without a coordinator.
@@ -211,9 +236,23 @@ impl EnergyArgs {
             powercap: self.powercap_root.clone(),
             hwmon: self.hwmon_root.clone(),
             power_supply: self.power_supply_root.clone(),
+            external: self.external()?,
             ..EnergyRoots::default()
         };
         Ok((model, roots))
+    }
+
+    /// The external meter, when `--energy-command` or `--energy-url` is given.
+    fn external(&self) -> Result<Option<ExternalConfig>, ConfigError> {
+        let target = match (&self.energy_command, &self.energy_url) {
+            (Some(c), _) if c.trim().is_empty() => return Err(ConfigError::EnergyCommand),
+            (Some(c), _) => Target::Command(c.clone()),
+            (None, Some(u)) => Target::Url(u.parse().map_err(ConfigError::EnergyUrl)?),
+            (None, None) => return Ok(None),
+        };
+        let unit = self.energy_unit.parse().map_err(ConfigError::EnergyUnit)?;
+        let timeout = positive_duration("energy-timeout", &self.energy_timeout)?;
+        Ok(Some(ExternalConfig { target, unit, timeout }))
     }
 }
 
@@ -267,6 +306,14 @@ pub enum ConfigError {
     AllowCommand(String),
     #[error("no state directory: give --state-dir (or set HOME, XDG_STATE_HOME or STATE_DIRECTORY)")]
     NoState,
+    #[error("--energy-command: empty command")]
+    EnergyCommand,
+    #[error("--energy-url {0}")]
+    EnergyUrl(String),
+    #[error("--energy-unit {0}")]
+    EnergyUnit(String),
+    #[error("--min-battery {0}: expected a percentage from 0 to 100")]
+    MinBattery(f64),
     #[error("--cpus {0:?}: expected a non-empty CPU list such as 0, 0-3 or 2,5-7")]
     CpuList(String),
     #[error("--cpus {value}: {source}")]
@@ -372,6 +419,9 @@ impl Cli {
         let exit_when_idle = self.exit_when_idle.as_deref().map(|v| duration("exit-when-idle", v)).transpose()?;
         let grace = duration("grace", &self.grace)?;
         let (energy_model, energy_roots) = self.energy.validate()?;
+        if !(0.0..=100.0).contains(&self.min_battery) {
+            return Err(ConfigError::MinBattery(self.min_battery));
+        }
         let sample_interval = positive_duration("sample-interval", &self.sample_interval)?;
         let telemetry_interval = positive_duration("telemetry-interval", &self.telemetry_interval)?;
         let cpus = self.cpus.map(|text| parse_cpus(&text, &crate::sched::allowed_cpus())).transpose()?;
@@ -391,6 +441,13 @@ impl Cli {
         config.exit_when_idle = exit_when_idle;
         config.grace = grace;
         config.cgroup_root = self.cgroup_root;
+        config.conditions = crate::conditions::ConditionsConfig {
+            power_supply: energy_roots.power_supply.clone(),
+            thermal: self.thermal_root,
+            cpu: self.cpu_sysfs_root,
+            min_battery: self.min_battery,
+            ..Default::default()
+        };
         config.energy_model = energy_model;
         config.energy_roots = energy_roots;
         config.sample_interval = sample_interval;
@@ -497,6 +554,39 @@ mod tests {
         }
         let outside = parse_cpus("2-5", &machine).expect_err("4 is not allowed").to_string();
         assert_eq!(outside, "--cpus 2-5: CPU 4 is not among those this process may use (0-3,5)");
+    }
+
+    #[test]
+    fn external_meter_and_conditions() {
+        let base = ["--broker", "mqtt://x", "--name", "a"];
+        let with = |extra: &[&str]| config(&[&base[..], extra].concat());
+        let c = with(&[]).expect("valid");
+        assert!(c.energy_roots.external.is_none());
+        assert_eq!(c.conditions.min_battery, crate::conditions::DEFAULT_MIN_BATTERY);
+        assert_eq!(c.conditions.thermal, PathBuf::from(crate::conditions::THERMAL_ROOT));
+        let c =
+            with(&["--energy-command", "pdu-read 7", "--energy-unit", "joules", "--min-battery", "35"]).expect("valid");
+        let ext = c.energy_roots.external.expect("external meter");
+        assert_eq!(ext.target, Target::Command("pdu-read 7".into()));
+        assert_eq!((ext.unit, ext.timeout), (crate::energy::external::Unit::Joules, Duration::from_secs(2)));
+        assert_eq!(c.conditions.min_battery, 35.0);
+        let c = with(&["--energy-url", "http://plug.lab/power", "--energy-timeout", "500ms"]).expect("valid");
+        let ext = c.energy_roots.external.expect("external meter");
+        assert_eq!(ext.target.to_string(), "GET http://plug.lab:80/power");
+        assert_eq!((ext.unit, ext.timeout), (crate::energy::external::Unit::Watts, Duration::from_millis(500)));
+        let c = with(&["--power-supply-root", "/x/ps", "--thermal-root", "/x/th"]).expect("valid");
+        assert_eq!((c.conditions.power_supply, c.conditions.thermal), ("/x/ps".into(), "/x/th".into()));
+        let err = |extra: &[&str]| with(extra).expect_err("refused").to_string();
+        assert!(err(&["--energy-url", "https://plug/"]).starts_with("--energy-url"));
+        assert!(err(&["--energy-command", " "]).starts_with("--energy-command"));
+        assert!(err(&["--energy-command", "x", "--energy-timeout", "0s"]).contains("--energy-timeout"));
+        assert!(err(&["--min-battery", "120"]).starts_with("--min-battery"));
+        assert!(cli(&[&base[..], &["--energy-command", "x", "--energy-url", "http://h/"]].concat()).is_err());
+        assert!(cli(&[&base[..], &["--energy-unit", "kwh"]].concat()).is_err());
+        match mode(&["measure", "--energy-command", "echo 3 W", "--", "true"]).expect("measure") {
+            Mode::Measure { roots, .. } => assert!(roots.external.is_some()),
+            other => panic!("not measure: {other:?}"),
+        }
     }
 
     fn mode(args: &[&str]) -> Result<Mode, ConfigError> {

@@ -17,7 +17,10 @@
 //!   duplicate: forget it) or refuses it (park it: kept aside on disk,
 //!   never re-sent on its own, never deleted);
 //! * a Sync is answered at once, so the coordinator knows everything it sent
-//!   before has arrived.
+//!   before has arrived;
+//! * while the device's conditions are bad for measuring ([`AgentState::on_conditions`]:
+//!   charging, low battery, throttled) no slot is free, and every trial
+//!   running through them has the reasons in its measurement's `interference`.
 
 use std::collections::BTreeMap;
 
@@ -74,6 +77,10 @@ pub struct AgentState {
     max_trials: Option<u64>,
     started: u64,
     finished: u64,
+    /// Why the device's conditions are bad for measuring; empty: good.
+    conditions: Vec<String>,
+    /// The condition reasons each running trial ran through.
+    flagged: BTreeMap<TrialRef, Vec<String>>,
 }
 
 impl AgentState {
@@ -92,6 +99,8 @@ impl AgentState {
             max_trials,
             started: 0,
             finished: 0,
+            conditions: Vec::new(),
+            flagged: BTreeMap::new(),
         }
     }
 
@@ -99,9 +108,10 @@ impl AgentState {
         self.info.instance
     }
 
-    /// Slots free for new work (0 while draining or after `max_trials`).
+    /// Slots free for new work (0 while draining, after `max_trials`, or
+    /// while conditions are bad).
     pub fn free(&self) -> u32 {
-        if self.draining {
+        if self.draining || !self.conditions.is_empty() {
             return 0;
         }
         let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
@@ -244,11 +254,13 @@ impl AgentState {
         }
         if self.free() == 0 {
             let reason = if self.draining {
-                "agent is shutting down"
+                "agent is shutting down".to_string()
+            } else if !self.conditions.is_empty() {
+                format!("device conditions bad for measuring: {}", self.conditions.join("; "))
             } else if self.max_trials.is_some_and(|max| self.started >= max) {
-                "agent reached its --max-trials"
+                "agent reached its --max-trials".to_string()
             } else {
-                "no free slot"
+                "no free slot".to_string()
             };
             return vec![self.refuse(trial, reason)];
         }
@@ -316,10 +328,37 @@ impl AgentState {
         })))
     }
 
+    /// The device's conditions changed (see [`crate::conditions::Gate`]):
+    /// `reasons` why they are bad for measuring, empty when good. Running
+    /// trials are flagged with them; when the agent stops or resumes
+    /// taking trials, a Request says how many slots it now offers.
+    pub fn on_conditions(&mut self, reasons: Vec<String>) -> Vec<Action> {
+        for trial in self.running.keys() {
+            let flags = self.flagged.entry(trial.clone()).or_default();
+            for reason in &reasons {
+                if !flags.contains(reason) {
+                    flags.push(reason.clone());
+                }
+            }
+        }
+        let changed = self.conditions.is_empty() != reasons.is_empty();
+        self.conditions = reasons;
+        if changed && !self.draining {
+            self.request().into_iter().collect()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// A trial ended: publish its result, keep it until acked, ask for more.
-    pub fn on_finished(&mut self, trial: TrialRef, measurement: Measurement) -> Vec<Action> {
+    pub fn on_finished(&mut self, trial: TrialRef, mut measurement: Measurement) -> Vec<Action> {
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
+        }
+        for reason in self.flagged.remove(&trial).unwrap_or_default() {
+            if !measurement.interference.contains(&reason) {
+                measurement.interference.push(reason);
+            }
         }
         self.cancelling.remove(&trial);
         let result = TrialResult { trial: trial.clone(), measurement };
@@ -555,6 +594,36 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "no request while draining");
+    }
+
+    #[test]
+    fn no_slots_while_conditions_are_bad_and_running_trials_flagged() {
+        let mut st = AgentState::new(info(2), vec![0, 1], None);
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        assert_eq!(st.free(), 1);
+        let bad = st.on_conditions(vec!["device charging".into()]);
+        assert_eq!(request_of(&bad).map(|r| r.free), Some(0), "the coordinator hears at once");
+        assert_eq!(st.free(), 0);
+        match &st.on_assign(assign(2, None))[..] {
+            [Action::Publish(AgentMessage::Refuse(r))] => {
+                assert_eq!(r.reason, "device conditions bad for measuring: device charging")
+            }
+            other => panic!("{other:?}"),
+        }
+        // Worse, still bad: no new request; the running trial gets the new reason too.
+        let worse = vec!["device charging".to_string(), "CPU throttled".to_string()];
+        assert!(st.on_conditions(worse).is_empty());
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "no request while bad");
+        let flagged = st.unacked.get(&tref(1)).map(|r| r.measurement.interference.clone());
+        assert_eq!(flagged, Some(vec!["device charging".to_string(), "CPU throttled".to_string()]));
+        // Good again: slots offered, and trials taken.
+        let good = st.on_conditions(Vec::new());
+        assert_eq!(request_of(&good).map(|r| r.free), Some(2));
+        assert_eq!(kinds(&st.on_assign(assign(3, None))), ["start"]);
+        let done = st.on_finished(tref(3), measurement());
+        assert!(st.unacked.get(&tref(3)).is_some_and(|r| r.measurement.interference.is_empty()), "a clean run");
+        assert_eq!(request_of(&done).map(|r| r.free), Some(2));
     }
 
     #[test]

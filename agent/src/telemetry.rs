@@ -100,6 +100,8 @@ pub struct TelemetrySampler {
     cpus: Option<Vec<u32>>,
     /// The trials' and the agent's CPU time, when the trials are known.
     foreign: Option<ForeignMeter>,
+    /// Battery, charging and thermal state, when read.
+    conditions: Option<crate::conditions::ConditionsReader>,
     meter: Option<Box<dyn EnergyMeter>>,
     kind: EnergySourceKind,
     model: EstimateModel,
@@ -136,6 +138,7 @@ impl TelemetrySampler {
             prev: None,
             cpus: None,
             foreign: None,
+            conditions: None,
             meter,
             kind,
             model,
@@ -156,6 +159,12 @@ impl TelemetrySampler {
     /// `registry` and of this process is not foreign.
     pub fn with_trials(mut self, registry: TrialRegistry) -> Self {
         self.foreign = Some(ForeignMeter::new(&self.proc_root, registry));
+        self
+    }
+
+    /// Reads the device's conditions with every sample.
+    pub fn with_conditions(mut self, reader: crate::conditions::ConditionsReader) -> Self {
+        self.conditions = Some(reader);
         self
     }
 
@@ -225,7 +234,7 @@ impl TelemetrySampler {
             power_source: self.kind,
             running,
             foreign_cpu,
-            conditions: Default::default(),
+            conditions: self.conditions.as_mut().map(crate::conditions::ConditionsReader::read).unwrap_or_default(),
         }
     }
 

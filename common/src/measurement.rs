@@ -134,6 +134,9 @@ pub enum EnergySourceKind {
     Battery,
     /// A model estimate from CPU utilisation; no meter was read.
     Estimated,
+    /// An external meter (a PDU, a smart plug, a lab meter) read through a
+    /// command or an HTTP endpoint; the reading's note names which.
+    External,
 }
 
 impl EnergySourceKind {
@@ -143,6 +146,7 @@ impl EnergySourceKind {
             EnergySourceKind::Hwmon => "hwmon",
             EnergySourceKind::Battery => "battery",
             EnergySourceKind::Estimated => "estimated",
+            EnergySourceKind::External => "external",
         }
     }
 }

@@ -7,6 +7,9 @@
 //!
 //! Sources, tried in this order by [`select`]:
 //!
+//! * [`external`]: a meter read through a command or an HTTP endpoint (a
+//!   PDU, a smart plug), used whenever one is configured (`--energy-command`,
+//!   `--energy-url`); the others are then only listed.
 //! * [`rapl`]: RAPL through powercap (`/sys/class/powercap`), Intel and AMD.
 //! * [`hwmon`]: hwmon energy counters and power sensors (`/sys/class/hwmon`).
 //! * [`battery`]: battery fuel gauges (`/sys/class/power_supply`).
@@ -20,6 +23,7 @@
 
 pub mod battery;
 pub mod estimate;
+pub mod external;
 pub mod hwmon;
 mod metered;
 pub mod rapl;
@@ -81,6 +85,8 @@ pub enum EnergyError {
     Parse { path: PathBuf, text: String },
     #[error("no {kind} energy domains under {}", root.display())]
     NotFound { kind: EnergySourceKind, root: PathBuf },
+    #[error("cannot start the meter's reading thread: {0}")]
+    Thread(String),
 }
 
 impl EnergyError {
@@ -175,6 +181,8 @@ pub struct EnergyRoots {
     pub hwmon: PathBuf,
     pub power_supply: PathBuf,
     pub fs: Arc<dyn SysfsRead>,
+    /// An external meter; when set, it is the source.
+    pub external: Option<external::ExternalConfig>,
 }
 
 impl Default for EnergyRoots {
@@ -184,6 +192,7 @@ impl Default for EnergyRoots {
             hwmon: PathBuf::from(HWMON_ROOT),
             power_supply: PathBuf::from(POWER_SUPPLY_ROOT),
             fs: Arc::new(RealFs),
+            external: None,
         }
     }
 }
@@ -196,6 +205,7 @@ impl EnergyRoots {
             hwmon: dir.join("hwmon"),
             power_supply: dir.join("power_supply"),
             fs: Arc::new(RealFs),
+            external: None,
         }
     }
 }
@@ -220,9 +230,11 @@ impl std::fmt::Debug for Selection {
     }
 }
 
-/// Tries RAPL, hwmon, battery, then the estimate, and uses the first that is
-/// present and readable. Present but unreadable sources are logged with how
-/// to grant access, listed in `skipped`, and named in every reading's note.
+/// Uses the external meter when one is configured (readable now or not: its
+/// readings then say why they are invalid); else tries RAPL, hwmon,
+/// battery, then the estimate, and uses the first that is present and
+/// readable. Present but unreadable sources are logged with how to grant
+/// access, listed in `skipped`, and named in every reading's note.
 pub fn select(roots: &EnergyRoots, model: EstimateModel) -> Selection {
     let fs = &roots.fs;
     let candidates: [(EnergySourceKind, Result<MeteredSource, EnergyError>); 3] = [
@@ -233,6 +245,18 @@ pub fn select(roots: &EnergyRoots, model: EstimateModel) -> Selection {
     let mut found = Vec::new();
     let mut skipped = Vec::new();
     let mut chosen: Option<Arc<dyn EnergySource>> = None;
+    if let Some(config) = &roots.external {
+        let source = external::ExternalSource { config: config.clone() };
+        let info = source.info();
+        if !info.readable {
+            tracing::warn!(
+                note = info.note.as_deref().unwrap_or(""),
+                "external energy meter does not read now; its readings will be invalid until it does"
+            );
+        }
+        found.push(info);
+        chosen = Some(Arc::new(source));
+    }
     for (kind, result) in candidates {
         match result {
             Ok(source) => {
