@@ -67,6 +67,10 @@ pub enum Command {
         /// (energy when it names none): every trial no other beats on all of them.
         #[arg(long)]
         pareto: bool,
+        /// The N best per device class (architecture, cores, energy source):
+        /// a study run on phones, Graviton and x86 at once ranks each apart.
+        #[arg(long, conflicts_with = "pareto")]
+        by_class: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -443,10 +447,13 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             emit(&out)
         }
-        Command::Best { study, n, pareto, store } => {
+        Command::Best { study, n, pareto, by_class, store } => {
             let store = open_existing(&store.store)?;
             if pareto {
                 return emit(&pareto_front(&store, &study)?);
+            }
+            if by_class {
+                return emit(&best_by_class(&store, &study, n)?);
             }
             if let Some(text) = repeated_configurations(&store, &study, n)? {
                 return emit(&text);
@@ -511,6 +518,35 @@ fn describe(r: &crate::store::BestRow) -> String {
         }
     }
     words.join(" ")
+}
+
+/// An agent's device class: what makes its measurements comparable with
+/// another's (`x86_64, 2 cores, rapl`).
+pub fn device_class(info: &tunefleet_common::message::AgentInfo) -> String {
+    let energy = info.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
+    format!("{}, {} cores, {energy}", info.arch, info.cores)
+}
+
+/// The `n` best trials of `study` in each device class of the agents that ran them.
+fn best_by_class(store: &Store, study: &str, n: usize) -> anyhow::Result<String> {
+    let classes: std::collections::HashMap<String, String> =
+        store.agents()?.into_iter().map(|a| (a.name, device_class(&a.info))).collect();
+    let mut groups: std::collections::BTreeMap<String, Vec<crate::store::BestRow>> = Default::default();
+    for r in store.best(study, usize::MAX)? {
+        let class = classes.get(&r.agent).cloned().unwrap_or_else(|| "unknown agent".to_string());
+        groups.entry(class).or_default().push(r);
+    }
+    if groups.is_empty() {
+        bail!("study {study:?} has no successful trial in {}", store.path());
+    }
+    let mut out = String::new();
+    for (class, rows) in &groups {
+        writeln!(out, "{class}: {} ranked trials", rows.len())?;
+        for r in rows.iter().take(n) {
+            writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {}", r.trial, r.objective, r.agent, describe(r))?;
+        }
+    }
+    Ok(out)
 }
 
 /// A device's conditions in a few words (`-` when it reports none).

@@ -125,3 +125,38 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
     assert!(trials[0].starts_with("trial    0") && trials[1].starts_with("trial    1"), "{text}");
     assert!(trials[1].contains("2.000 J") && trials[1].contains("1.000 s"), "{text}");
 }
+
+/// Issue 11: a study run on several kinds of device ranks each class apart.
+#[test]
+fn best_by_class_ranks_each_device_class_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    let s = study::parse(&study_text("loss"), "s.toml").expect("parses");
+    let mut store = Store::open(&path).expect("store");
+    let mut b = store.batch().expect("batch");
+    b.create_study(&s, &search::plan(&s)).expect("creates");
+    let mut phone = tunefleet_common::message::AgentInfo::minimal("phone", 1);
+    phone.arch = "aarch64".into();
+    phone.cores = 8;
+    let mut server = tunefleet_common::message::AgentInfo::minimal("server", 1);
+    server.arch = "x86_64".into();
+    server.cores = 64;
+    b.upsert_agent(&phone, 1).expect("agent");
+    b.upsert_agent(&server, 1).expect("agent");
+    for (trial, agent, loss) in [(0, "phone", 0.5), (1, "server", 0.2), (2, "phone", 0.3), (3, "server", 0.4)] {
+        let m = Measurement {
+            final_metrics: [("loss".to_string(), loss)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, "m"))
+        };
+        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        b.record_assignment(&r, agent, 10).expect("assigns");
+        b.record_result(&r, agent, &m, m.objective_value("loss"), 20).expect("records");
+    }
+    b.commit().expect("commits");
+    drop(store);
+    let text = best(&["--by-class", "-n", "1"], &path);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert!(lines[0].starts_with("aarch64, 8 cores") && lines[1].contains("trial    2"), "{text}");
+    assert!(lines[2].starts_with("x86_64, 64 cores") && lines[3].contains("trial    1"), "{text}");
+}
