@@ -11,6 +11,7 @@
 //! ([`control`]): with `TUNEFLEET_CONTROL=stdin` the agent can change their
 //! thread count between epochs.
 
+pub mod checkpoint;
 pub mod control;
 pub mod digits;
 pub mod mlp;

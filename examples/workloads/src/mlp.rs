@@ -115,6 +115,17 @@ impl Mlp {
         self.hidden
     }
 
+    /// Every weight and bias, flat (what a checkpoint keeps).
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    /// A model from the flat parameters of [`Mlp::params`]; `None` when
+    /// their number does not fit `hidden`.
+    pub fn from_params(hidden: usize, params: Vec<f32>) -> Option<Self> {
+        (params.len() == param_count(hidden)).then_some(Mlp { hidden, params })
+    }
+
     /// Hidden activations (after ReLU) and output logits for `x`.
     fn forward(&self, x: &[f32], activations: &mut [f32]) -> [f32; CLASSES] {
         let h = self.hidden;

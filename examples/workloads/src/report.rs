@@ -11,7 +11,16 @@ use serde::Serialize;
 pub enum TrainEvent {
     /// Validation loss and accuracy after an epoch, its wall time, and the
     /// gradient workers it ran with.
-    Epoch { epoch: u32, loss: f64, accuracy: f64, epoch_seconds: f64, threads: usize },
+    Epoch {
+        epoch: u32,
+        loss: f64,
+        accuracy: f64,
+        epoch_seconds: f64,
+        threads: usize,
+        /// Where the state after this epoch was saved (`--checkpoint-dir`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<String>,
+    },
     /// A mini-batch done (only with `TUNEFLEET_STEPS=1`), counted over the run.
     Step { step: u64 },
     /// Validation loss and accuracy of the final model.
@@ -59,7 +68,14 @@ mod tests {
 
     #[test]
     fn train_lines_have_the_documented_shape() {
-        let epoch = TrainEvent::Epoch { epoch: 1, loss: 0.91, accuracy: 0.73, epoch_seconds: 0.12, threads: 2 };
+        let epoch = TrainEvent::Epoch {
+            epoch: 1,
+            loss: 0.91,
+            accuracy: 0.73,
+            epoch_seconds: 0.12,
+            threads: 2,
+            checkpoint: None,
+        };
         assert_eq!(
             line(&epoch),
             "{\"event\":\"epoch\",\"epoch\":1,\"loss\":0.91,\"accuracy\":0.73,\"epoch_seconds\":0.12,\"threads\":2}\n"

@@ -42,6 +42,10 @@ pub struct TrainConfig {
     /// Print a step line after every mini-batch (`TUNEFLEET_STEPS=1`: the
     /// agent's probe windows count steps).
     pub report_steps: bool,
+    /// Save the state after every epoch here and name the file on the epoch line.
+    pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Go on from this state (the run's other flags must be those it was saved with).
+    pub resume: Option<crate::checkpoint::Checkpoint>,
 }
 
 impl Default for TrainConfig {
@@ -57,6 +61,8 @@ impl Default for TrainConfig {
             seed: 0,
             validation_fraction: 0.2,
             report_steps: false,
+            checkpoint_dir: None,
+            resume: None,
         }
     }
 }
@@ -72,6 +78,8 @@ pub enum TrainError {
     WorkerLost,
     #[error("cannot write the epoch report")]
     Write(#[source] io::Error),
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// Trains on `data` as `config` says, printing one JSON line per epoch and a
@@ -88,13 +96,25 @@ pub fn run(
 ) -> Result<Evaluation, TrainError> {
     let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
     let (train, validation) = data.split(config.validation_fraction, &mut rng);
-    let model = RwLock::new(Mlp::new(config.hidden, &mut rng));
+    let mut model = Mlp::new(config.hidden, &mut rng);
     let mut velocity = vec![0.0; param_count(config.hidden)];
     let mut order: Vec<usize> = (0..train.len()).collect();
+    let mut first = 1;
+    if let Some(c) = &config.resume {
+        let resumed = Mlp::from_params(config.hidden, c.params.clone())
+            .filter(|_| c.velocity.len() == velocity.len() && c.order.len() == order.len())
+            .ok_or(TrainError::Checkpoint("it was saved with other --hidden or data".into()))?;
+        model = resumed;
+        velocity.clone_from(&c.velocity);
+        order = c.order.iter().map(|&i| i as usize).collect();
+        rng.set_word_pos(c.rng_word_pos);
+        first = c.epoch + 1;
+    }
+    let model = RwLock::new(model);
     let mut settings = Settings { threads: config.threads };
     let mut last = read(&model).evaluate(&validation);
     let mut step: u64 = 0;
-    for epoch in 1..=config.epochs {
+    for epoch in first..=config.epochs {
         let start = Instant::now();
         thread::scope(|scope| {
             let mut pool = GradientPool::start(scope, &model, &train, settings.threads, config.hidden)?;
@@ -118,6 +138,20 @@ pub fn run(
         if !trained.is_finite() || !last.loss.is_finite() {
             return Err(TrainError::Diverged { epoch });
         }
+        let checkpoint = match &config.checkpoint_dir {
+            Some(dir) => {
+                let c = crate::checkpoint::Checkpoint {
+                    epoch,
+                    rng_word_pos: rng.get_word_pos(),
+                    order: order.iter().map(|&i| i as u32).collect(),
+                    params: trained.params().to_vec(),
+                    velocity: velocity.clone(),
+                };
+                let path = c.save(dir).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
+                Some(path.display().to_string())
+            }
+            None => None,
+        };
         drop(trained);
         let line = TrainEvent::Epoch {
             epoch,
@@ -125,6 +159,7 @@ pub fn run(
             accuracy: last.accuracy,
             epoch_seconds,
             threads: settings.threads,
+            checkpoint,
         };
         emit(out, &line).map_err(TrainError::Write)?;
         if epoch < config.epochs {
@@ -315,6 +350,35 @@ mod tests {
         let epoch_at = with.iter().position(|l| l["event"] == "epoch").expect("an epoch line");
         assert_eq!(epoch_at as u64, per_epoch, "the first epoch line follows its steps");
         assert!(lines(false).iter().all(|l| l["event"] != "step"));
+    }
+
+    #[test]
+    fn a_run_resumed_from_a_checkpoint_ends_where_the_whole_run_ends() {
+        let data = load_bundled().expect("bundled data");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let whole =
+            run(&TrainConfig { epochs: 4, ..config() }, &data, &mut Vec::new(), &mut Unsteered).expect("trains");
+        let mut out = Vec::new();
+        let saving = TrainConfig { epochs: 2, checkpoint_dir: Some(dir.path().to_path_buf()), ..config() };
+        run(&saving, &data, &mut out, &mut Unsteered).expect("trains");
+        let text = String::from_utf8(out).expect("utf-8");
+        let last: serde_json::Value =
+            serde_json::from_str(text.lines().filter(|l| l.contains("\"epoch\"")).last().expect("epoch 2"))
+                .expect("json");
+        let path = last["checkpoint"].as_str().expect("the epoch line names its checkpoint");
+        let c = crate::checkpoint::Checkpoint::load(std::path::Path::new(path)).expect("loads");
+        assert_eq!(c.epoch, 2);
+        let mut out = Vec::new();
+        let resumed = TrainConfig { epochs: 4, resume: Some(c), ..config() };
+        let end = run(&resumed, &data, &mut out, &mut Unsteered).expect("trains");
+        let epochs: Vec<u64> = String::from_utf8(out)
+            .expect("utf-8")
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|l| l["epoch"].as_u64())
+            .collect();
+        assert_eq!(epochs, [3, 4], "goes on after the saved epoch");
+        assert_eq!(end, whole, "the same model as a run that never stopped");
     }
 
     #[test]

@@ -43,6 +43,14 @@ struct Cli {
     /// else 1]. With TUNEFLEET_CONTROL=stdin, a `threads=N` line on stdin after an epoch changes it.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_THREADS as u64))]
     threads: Option<u64>,
+    /// Save the state after every epoch in this directory and name the file
+    /// on the epoch line ("checkpoint"), so the run can go on elsewhere.
+    #[arg(long, value_name = "DIR")]
+    checkpoint_dir: Option<std::path::PathBuf>,
+    /// Go on after the epoch saved in this checkpoint (give the flags it was
+    /// saved with); an empty value starts from scratch.
+    #[arg(long, value_name = "FILE")]
+    resume: Option<std::path::PathBuf>,
 }
 
 fn positive_f32(s: &str) -> Result<f32, String> {
@@ -75,6 +83,17 @@ fn main() -> ExitCode {
         threads,
         seed: cli.seed,
         report_steps: std::env::var("TUNEFLEET_STEPS").is_ok_and(|v| v == "1"),
+        checkpoint_dir: cli.checkpoint_dir,
+        resume: match cli.resume.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => match tunefleet_workloads::checkpoint::Checkpoint::load(&path) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    eprintln!("tunefleet-train: cannot resume: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            None => None,
+        },
         ..TrainConfig::default()
     };
     match run(&config) {
