@@ -363,8 +363,7 @@ mod tests {
         run(&saving, &data, &mut out, &mut Unsteered).expect("trains");
         let text = String::from_utf8(out).expect("utf-8");
         let last: serde_json::Value =
-            serde_json::from_str(text.lines().filter(|l| l.contains("\"epoch\"")).last().expect("epoch 2"))
-                .expect("json");
+            serde_json::from_str(text.lines().rfind(|l| l.contains("\"epoch\"")).expect("epoch 2")).expect("json");
         let path = last["checkpoint"].as_str().expect("the epoch line names its checkpoint");
         let c = crate::checkpoint::Checkpoint::load(std::path::Path::new(path)).expect("loads");
         assert_eq!(c.epoch, 2);
