@@ -20,6 +20,11 @@
 //!   TUNEFLEET final accuracy=0.93
 //!   ```
 //!
+//! An epoch line may name where the workload saved its state after that
+//! epoch: a string field `"checkpoint"` (JSON) or a word
+//! `checkpoint=PATH` (plain; no spaces): a trial moved to another agent
+//! resumes from it when its study has a `resume` template.
+//!
 //! A workload asked for steps (`TUNEFLEET_STEPS=1`, set for pipelined
 //! trials whose probe windows count steps) also prints one line per
 //! training step: `{"event":"step","step":N}` or `TUNEFLEET step=N`.
@@ -49,6 +54,7 @@ pub enum MetricLine {
     Epoch {
         epoch: u32,
         metrics: Metrics,
+        checkpoint: Option<String>,
     },
     /// A training step ended (the windows of a pipelined trial that probes
     /// within epochs); its metrics are not kept.
@@ -75,6 +81,16 @@ pub fn parse_metric_line(line: &str) -> MetricLine {
     } else {
         MetricLine::Log
     }
+}
+
+/// Longest checkpoint reference kept (a path or a URL).
+pub const MAX_CHECKPOINT_LEN: usize = 1024;
+
+/// A checkpoint reference as the workload gave it, when it is usable: not
+/// empty, not too long, no control characters.
+fn checkpoint(text: &str) -> Option<String> {
+    (!text.is_empty() && text.len() <= MAX_CHECKPOINT_LEN && !text.chars().any(char::is_control))
+        .then(|| text.to_string())
 }
 
 fn valid_name(name: &str) -> bool {
@@ -105,7 +121,11 @@ fn parse_json(line: &str) -> MetricLine {
     }
     match event {
         Some("epoch") => match map.get("epoch").and_then(serde_json::Value::as_u64).map(u32::try_from) {
-            Some(Ok(epoch)) => MetricLine::Epoch { epoch, metrics },
+            Some(Ok(epoch)) => MetricLine::Epoch {
+                epoch,
+                metrics,
+                checkpoint: map.get("checkpoint").and_then(serde_json::Value::as_str).and_then(checkpoint),
+            },
             _ => MetricLine::Log,
         },
         Some("final") => MetricLine::Final { metrics },
@@ -141,8 +161,10 @@ fn parse_plain(rest: &str) -> MetricLine {
             }
             match first.strip_prefix("epoch=").map(str::parse::<u32>) {
                 Some(Ok(epoch)) => {
-                    pairs(words);
-                    MetricLine::Epoch { epoch, metrics }
+                    let words: Vec<&str> = words.collect();
+                    let saved = words.iter().find_map(|w| w.strip_prefix("checkpoint=")).and_then(checkpoint);
+                    pairs(words.join(" ").split_whitespace());
+                    MetricLine::Epoch { epoch, metrics, checkpoint: saved }
                 }
                 _ => MetricLine::Log,
             }
@@ -160,6 +182,22 @@ mod tests {
     }
 
     #[test]
+    fn epoch_lines_may_name_their_checkpoint() {
+        let json = parse_metric_line(r#"{"event":"epoch","epoch":2,"loss":0.5,"checkpoint":"/ckpt/epoch-2"}"#);
+        assert_eq!(
+            json,
+            MetricLine::Epoch { epoch: 2, metrics: m(&[("loss", 0.5)]), checkpoint: Some("/ckpt/epoch-2".into()) }
+        );
+        let plain = parse_metric_line("TUNEFLEET epoch=3 checkpoint=s3://b/k loss=0.4");
+        assert_eq!(
+            plain,
+            MetricLine::Epoch { epoch: 3, metrics: m(&[("loss", 0.4)]), checkpoint: Some("s3://b/k".into()) }
+        );
+        let bad = parse_metric_line(&format!(r#"{{"event":"epoch","epoch":1,"checkpoint":"{}"}}"#, "x".repeat(5000)));
+        assert!(matches!(bad, MetricLine::Epoch { checkpoint: None, .. }), "too long: dropped, the epoch kept");
+    }
+
+    #[test]
     fn step_lines_in_both_forms() {
         assert_eq!(parse_metric_line(r#"{"event":"step","step":42,"loss":0.1}"#), MetricLine::Step { step: 42 });
         assert_eq!(parse_metric_line("TUNEFLEET step=7"), MetricLine::Step { step: 7 });
@@ -171,7 +209,7 @@ mod tests {
     fn plain_epoch_and_final() {
         assert_eq!(
             parse_metric_line("TUNEFLEET epoch=3 loss=0.42 accuracy=0.91"),
-            MetricLine::Epoch { epoch: 3, metrics: m(&[("loss", 0.42), ("accuracy", 0.91)]) }
+            MetricLine::Epoch { epoch: 3, metrics: m(&[("loss", 0.42), ("accuracy", 0.91)]), checkpoint: None }
         );
         assert_eq!(
             parse_metric_line("  TUNEFLEET final accuracy=0.93\r"),
@@ -184,7 +222,7 @@ mod tests {
     fn json_epoch_and_final() {
         assert_eq!(
             parse_metric_line(r#"{"event":"epoch","epoch":1,"loss":2,"note":"x","ok":true,"v":[1]}"#),
-            MetricLine::Epoch { epoch: 1, metrics: m(&[("loss", 2.0)]) }
+            MetricLine::Epoch { epoch: 1, metrics: m(&[("loss", 2.0)]), checkpoint: None }
         );
         assert_eq!(
             parse_metric_line(r#"{"event":"final","accuracy":0.5,"epoch":9}"#),
@@ -220,7 +258,7 @@ mod tests {
     fn non_finite_and_bad_pairs_are_dropped() {
         assert_eq!(
             parse_metric_line("TUNEFLEET epoch=2 loss=NaN acc=inf x=abc y= =3 noeq z=1e3"),
-            MetricLine::Epoch { epoch: 2, metrics: m(&[("z", 1000.0)]) }
+            MetricLine::Epoch { epoch: 2, metrics: m(&[("z", 1000.0)]), checkpoint: None }
         );
         // JSON has no NaN: such a line does not parse and is log.
         assert_eq!(parse_metric_line(r#"{"event":"final","loss":NaN}"#), MetricLine::Log);
@@ -234,7 +272,7 @@ mod tests {
         }
         line.push_str(&format!(" {}=1", "n".repeat(10_000)));
         match parse_metric_line(&line) {
-            MetricLine::Epoch { epoch: 1, metrics } => assert_eq!(metrics.len(), MAX_METRICS_PER_LINE),
+            MetricLine::Epoch { epoch: 1, metrics, .. } => assert_eq!(metrics.len(), MAX_METRICS_PER_LINE),
             other => panic!("unexpected {other:?}"),
         }
         let long_name = format!("TUNEFLEET final {}=1", "n".repeat(MAX_METRIC_NAME + 1));

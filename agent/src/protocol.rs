@@ -325,6 +325,7 @@ impl AgentState {
             epoch: epoch.epoch,
             elapsed_us: epoch.elapsed_us,
             metrics: epoch.metrics,
+            checkpoint: epoch.checkpoint,
         })))
     }
 

@@ -143,7 +143,7 @@ pub struct TrialRun {
 /// A line of output, classified on the reader thread.
 #[derive(Debug)]
 enum OutputEvent {
-    Epoch { epoch: u32, metrics: Metrics, elapsed_us: u64 },
+    Epoch { epoch: u32, metrics: Metrics, checkpoint: Option<String>, elapsed_us: u64 },
     Step { elapsed_us: u64 },
     Final(Metrics),
     Log { text: String, truncated: bool },
@@ -160,8 +160,8 @@ fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sende
         let event = match (is_stderr, line.text.strip_prefix(EXEC_FAILED_MARKER)) {
             (true, Some(reason)) => OutputEvent::ExecFailed(reason.to_string()),
             _ => match parse_metric_line(&line.text) {
-                MetricLine::Epoch { epoch, metrics } => {
-                    OutputEvent::Epoch { epoch, metrics, elapsed_us: micros(start.elapsed()) }
+                MetricLine::Epoch { epoch, metrics, checkpoint } => {
+                    OutputEvent::Epoch { epoch, metrics, checkpoint, elapsed_us: micros(start.elapsed()) }
                 }
                 MetricLine::Step { .. } => OutputEvent::Step { elapsed_us: micros(start.elapsed()) },
                 MetricLine::Final { metrics } => OutputEvent::Final(metrics),
@@ -202,8 +202,8 @@ struct Collected {
 impl Collected {
     fn take(&mut self, event: OutputEvent, progress: Option<&mpsc::Sender<EpochMetrics>>) {
         match event {
-            OutputEvent::Epoch { epoch, metrics, elapsed_us } => {
-                let e = EpochMetrics { epoch, elapsed_us, metrics };
+            OutputEvent::Epoch { epoch, metrics, checkpoint, elapsed_us } => {
+                let e = EpochMetrics { epoch, elapsed_us, metrics, checkpoint };
                 if let Some(tx) = progress {
                     // Progress is advisory: dropped when the agent lags.
                     let _ = tx.try_send(e.clone());

@@ -122,6 +122,7 @@ fn trial_result() -> AgentMessage {
                 ("loss".into(), 1.0 / f64::from(e + 1)),
                 ("accuracy".into(), 0.5 + 0.04 * f64::from(e)),
             ]),
+            checkpoint: None,
         })
         .collect();
     let log_tail: String =

@@ -43,6 +43,9 @@ pub struct EpochMetrics {
     /// Microseconds since the workload started.
     pub elapsed_us: u64,
     pub metrics: Metrics,
+    /// Where the workload saved its state after this epoch (its epoch
+    /// line's `checkpoint`): a moved trial resumes from it.
+    pub checkpoint: Option<String>,
 }
 
 /// Whether a counter came from the PMU or from the kernel's software events.

@@ -106,6 +106,8 @@ pub struct Progress {
     pub epoch: u32,
     pub elapsed_us: u64,
     pub metrics: Metrics,
+    /// The checkpoint the workload saved after this epoch, if it said.
+    pub checkpoint: Option<String>,
 }
 
 /// The final measurement of one attempt.

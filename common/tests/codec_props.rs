@@ -40,7 +40,15 @@ fn measurement() -> impl Strategy<Value = Measurement> {
             sys_us: wall / 3,
             max_rss_kib: 1024,
             exit: if code % 2 == 0 { ExitOutcome::Exited(code) } else { ExitOutcome::SpawnFailed(log.clone()) },
-            epochs: epochs.into_iter().map(|(epoch, metrics)| EpochMetrics { epoch, elapsed_us: 7, metrics }).collect(),
+            epochs: epochs
+                .into_iter()
+                .map(|(epoch, metrics)| EpochMetrics {
+                    epoch,
+                    elapsed_us: 7,
+                    metrics,
+                    checkpoint: Some("/ckpt".into()),
+                })
+                .collect(),
             final_metrics,
             counters: counters
                 .into_iter()
@@ -92,7 +100,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
         (trial_ref(), measurement())
             .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
-            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics })
+            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics, checkpoint: None })
         }),
         (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
             .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),

@@ -111,6 +111,8 @@ struct ActiveStudy {
     asha: Option<search::asha::Asha>,
     /// Objective values of successful trials, for `[stability]`.
     values: HashMap<u64, f64>,
+    /// The last checkpoint each trial's live attempt reported (epoch, reference).
+    checkpoints: HashMap<u64, (u32, String)>,
     best: Option<Best>,
     started: Instant,
 }
@@ -235,7 +237,16 @@ impl Engine {
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
         self.studies.insert(
             study.name.clone(),
-            ActiveStudy { study, search, plans, asha, values, best, started: Instant::now() },
+            ActiveStudy {
+                study,
+                search,
+                plans,
+                asha,
+                values,
+                checkpoints: HashMap::new(),
+                best,
+                started: Instant::now(),
+            },
         );
         Ok(())
     }
@@ -565,6 +576,9 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         AgentMessage::Progress(p) => {
             if cx.sched.is_live(&agent, &p.trial) {
                 cx.batch.record_progress(&p)?;
+                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
+                    a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
+                }
                 early_stop(cx, &p);
             }
         }
@@ -802,7 +816,11 @@ fn apply(
         Effect::Assign { agent, trial, request_seq } => {
             let Some(active) = studies.get(&trial.study) else { return Ok(()) };
             let Some(plan) = active.plans.get(trial.trial as usize) else { return Ok(()) };
-            match search::render(&active.study, plan, &trial) {
+            let checkpoint = active.checkpoints.get(&trial.trial);
+            if let Some((epoch, _)) = checkpoint.filter(|_| !active.study.resume.is_empty()) {
+                tracing::info!(trial = %trial, agent = %agent, epoch, "goes on from its last checkpoint");
+            }
+            match search::render_resumed(&active.study, plan, &trial, checkpoint) {
                 Ok(spec) => {
                     batch.record_assignment(&trial, &agent, now)?;
                     stats.assignments += 1;
@@ -912,6 +930,7 @@ high = 4
                     plans,
                     asha: None,
                     values: HashMap::new(),
+                    checkpoints: HashMap::new(),
                     best: None,
                     started: Instant::now(),
                 },
@@ -989,7 +1008,12 @@ high = 4
                 user_us: user,
                 sys_us: sys,
                 max_rss_kib: rss,
-                epochs: vec![EpochMetrics { epoch: 1, elapsed_us: wall, metrics: Default::default() }],
+                epochs: vec![EpochMetrics {
+                    epoch: 1,
+                    elapsed_us: wall,
+                    metrics: Default::default(),
+                    checkpoint: None,
+                }],
                 final_metrics: v.map(|v| [("v".to_string(), v)].into()).unwrap_or_default(),
                 ..Measurement::unmeasured(
                     ExitOutcome::Exited(code),
@@ -1000,7 +1024,7 @@ high = 4
             (trial_ref(), measurement)
                 .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
             (trial_ref(), any::<u32>(), big()).prop_map(|(trial, epoch, elapsed_us)| AgentMessage::Progress(
-                Progress { trial, epoch, elapsed_us, metrics: [("loss".to_string(), 0.5)].into() }
+                Progress { trial, epoch, elapsed_us, metrics: [("loss".to_string(), 0.5)].into(), checkpoint: None }
             )),
             (big(), 0u32..4, prop::collection::vec(trial_ref(), 0..3))
                 .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),

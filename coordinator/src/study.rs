@@ -23,6 +23,9 @@ use tunefleet_common::template;
 /// Placeholders every command template may use besides the parameters.
 pub const BUILTINS: [&str; 4] = ["study", "trial", "attempt", "repeat"];
 
+/// Placeholders a `resume` template may use besides the command's.
+pub const RESUME_BUILTINS: [&str; 2] = ["checkpoint", "checkpoint_epoch"];
+
 /// Default seconds per trial attempt.
 pub const DEFAULT_TIMEOUT_S: u64 = 600;
 /// Default attempts before a trial is failed.
@@ -316,6 +319,10 @@ pub struct Study {
     pub command: Vec<String>,
     /// Environment templates, added to the workload's environment.
     pub env: BTreeMap<String, String>,
+    /// Arguments appended to `command` when a trial goes on from the
+    /// checkpoint its workload reported (a trial moved off an overloaded
+    /// agent); they may use `{checkpoint}` and `{checkpoint_epoch}`.
+    pub resume: Vec<String>,
     /// Seconds per trial attempt.
     pub timeout_s: u64,
     /// Runs of each configuration.
@@ -411,6 +418,7 @@ struct RawStudy {
     name: Spanned<String>,
     command: Spanned<Vec<Spanned<String>>>,
     env: Option<Spanned<BTreeMap<Spanned<String>, Spanned<String>>>>,
+    resume: Option<Spanned<Vec<Spanned<String>>>>,
     timeout: Option<Spanned<i64>>,
     repeats: Option<Spanned<i64>>,
     max_attempts: Option<Spanned<i64>>,
@@ -741,6 +749,16 @@ impl Ctx<'_> {
             command.push(arg.get_ref().clone());
         }
 
+        let mut resume = Vec::new();
+        if let Some(args) = &raw.resume {
+            let mut with_checkpoint = known.clone();
+            with_checkpoint.extend(RESUME_BUILTINS);
+            for (i, arg) in args.get_ref().iter().enumerate() {
+                self.check_template(&format!("resume[{i}]"), arg, &with_checkpoint)?;
+                resume.push(arg.get_ref().clone());
+            }
+        }
+
         let mut env = BTreeMap::new();
         if let Some(table) = &raw.env {
             for (key, value) in table.get_ref() {
@@ -804,6 +822,7 @@ impl Ctx<'_> {
             name: name.clone(),
             command,
             env,
+            resume,
             timeout_s,
             repeats,
             max_attempts,
@@ -1241,6 +1260,7 @@ step = 1
                     epoch: i as u32 + 1,
                     elapsed_us: 0,
                     metrics: [("accuracy".to_string(), *v)].into(),
+                    checkpoint: None,
                 })
                 .collect(),
             final_metrics: [("accuracy".to_string(), 8.0)].into(),

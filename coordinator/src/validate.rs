@@ -79,6 +79,7 @@ mod tests {
             epoch: 1,
             elapsed_us: 1 << 63,
             metrics: Default::default(),
+            checkpoint: None,
         });
         assert_eq!(message(&p).map_err(|e| e.field), Err("elapsed_us"));
     }

@@ -180,3 +180,75 @@ fn a_measurement_taken_under_outside_load_is_flagged_and_taken_again_elsewhere()
     assert_eq!(m["interference"], serde_json::json!([]), "the kept measurement is clean: {m}");
     assert_agents_spools_empty(&[&a, &b]);
 }
+
+#[test]
+fn a_moved_trial_goes_on_from_its_last_checkpoint_on_the_other_agent() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = unique_root("resume");
+    let store = dir.path().join("s.db");
+    let ckpt = dir.path().join("ckpt");
+    let text = format!(
+        r#"name = "res"
+command = ["tunefleet-train", "--epochs", "40", "--passes", "8", "--lr", "{{lr}}", "--checkpoint-dir", "{}/t{{trial}}"]
+resume = ["--resume", "{{checkpoint}}"]
+timeout = 120
+max_attempts = 1
+[objective]
+metric = "accuracy"
+direction = "maximize"
+[budget]
+trials = 1
+[strategy]
+kind = "grid"
+[hyper.lr]
+kind = "categorical"
+values = [0.05]
+"#,
+        ckpt.display()
+    );
+    let study = dir.path().join("res.toml");
+    std::fs::write(&study, text).expect("study");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--offload"]);
+    let (a, b) = (format!("{root}-a"), format!("{root}-b"));
+    let fast = ["--slots", "1", "--telemetry-interval", "500ms", "--interference-threshold", "0.5"];
+    let _agent_a = start_agent(&url, &a, &root, &[&["--cpus", "0"][..], &fast[..]].concat());
+    let epochs_done = || -> i64 {
+        Connection::open(&store)
+            .and_then(|db| db.query_row("SELECT COUNT(*) FROM progress WHERE study = 'res'", [], |r| r.get(0)))
+            .unwrap_or(0)
+    };
+    wait_for("two epochs on agent a", Duration::from_secs(60), || epochs_done() >= 2);
+    let _agent_b = start_agent(&url, &b, &root, &[&["--cpus", "1"][..], &fast[..]].concat());
+    let burners = Burners::start(0, 2);
+    wait_for("the trial moved off agent a", Duration::from_secs(30), || {
+        attempts(&store).iter().any(|r| r.2 == a && r.3.as_deref().is_some_and(|o| o.starts_with("moved off")))
+    });
+    drop(burners);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("1/1 trials done, 0 failed"), "{out}");
+    let db = Connection::open(&store).expect("store");
+    let (agent, m): (String, String) =
+        db.query_row("SELECT agent, measurement FROM results", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("result");
+    assert_eq!(agent, b);
+    let m: serde_json::Value = serde_json::from_str(&m).expect("json");
+    let epochs: Vec<u64> = m["epochs"].as_array().expect("epochs").iter().filter_map(|e| e["epoch"].as_u64()).collect();
+    let first = *epochs.first().expect("epochs");
+    assert!(first > 1, "went on from a checkpoint, not from epoch 1: {epochs:?}");
+    assert_eq!(epochs, (first..=40).collect::<Vec<_>>(), "the rest of the epochs, each once");
+    // The checkpoint it resumed from is the last one agent a reported before the move.
+    let reported: i64 = db
+        .query_row("SELECT MAX(epoch) FROM progress p JOIN attempts x ON x.study = p.study AND x.trial = p.trial AND x.attempt = p.attempt WHERE x.agent = ?1", [&a], |r| r.get(0))
+        .expect("a's epochs");
+    assert!(
+        first as i64 <= reported + 1 && first >= 2,
+        "resumed after epoch {} of {reported} reported by a",
+        first - 1
+    );
+    assert!(m["final_metrics"]["accuracy"].as_f64().is_some_and(|acc| acc > 0.9), "{m}");
+    assert_agents_spools_empty(&[&a, &b]);
+}

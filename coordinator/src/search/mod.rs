@@ -317,6 +317,18 @@ pub fn sample(spec: &ParamSpec, rng: &mut impl Rng) -> ParamValue {
 /// The concrete command, environment, system parameters and timeout of one
 /// attempt of a planned trial.
 pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<TrialSpec, TemplateError> {
+    render_resumed(study, plan, trial, None)
+}
+
+/// [`render`] for an attempt that goes on from `checkpoint` (the epoch and
+/// the reference its workload reported): the study's `resume` arguments are
+/// appended. Without a `resume` template the trial starts over.
+pub fn render_resumed(
+    study: &Study,
+    plan: &TrialPlan,
+    trial: &TrialRef,
+    checkpoint: Option<&(u32, String)>,
+) -> Result<TrialSpec, TemplateError> {
     let mut values = plan.params.clone();
     values.insert("study".into(), ParamValue::Text(study.name.clone()));
     values.insert("trial".into(), ParamValue::Int(clamp_i64(trial.trial)));
@@ -335,7 +347,15 @@ pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<Trial
             }
         }
     }
-    let argv = study.command.iter().map(|arg| template::render(arg, &values)).collect::<Result<Vec<_>, _>>()?;
+    let mut argv = study.command.iter().map(|arg| template::render(arg, &values)).collect::<Result<Vec<_>, _>>()?;
+    if let Some((epoch, reference)) = checkpoint.filter(|_| !study.resume.is_empty()) {
+        let mut with = values.clone();
+        with.insert("checkpoint".into(), ParamValue::Text(reference.clone()));
+        with.insert("checkpoint_epoch".into(), ParamValue::Int(i64::from(*epoch)));
+        for arg in &study.resume {
+            argv.push(template::render(arg, &with)?);
+        }
+    }
     let env = study
         .env
         .iter()
@@ -758,6 +778,20 @@ control = true
         let s = spread(&[9.0, 11.0]).expect("two values");
         assert!((s - 2f64.sqrt() / 10.0).abs() < 1e-12, "{s}");
         assert_eq!(spread(&[-1.0, 1.0]), Some(2f64.sqrt()), "mean 0: the standard deviation");
+    }
+
+    #[test]
+    fn a_resumed_attempt_gets_the_resume_arguments_with_its_checkpoint() {
+        let mut s = study(SPACE, "kind = \"grid\"", 1, 1);
+        let p = plan(&s);
+        let r = TrialRef { study: "s".into(), trial: 0, attempt: 2 };
+        let ckpt = (3, "/ckpt/epoch-3".to_string());
+        let plain = render_resumed(&s, &p[0], &r, Some(&ckpt)).expect("renders");
+        assert_eq!(plain.argv, render(&s, &p[0], &r).expect("renders").argv, "no resume template: starts over");
+        s.resume = vec!["--resume".into(), "{checkpoint}".into(), "--from={checkpoint_epoch}".into()];
+        let resumed = render_resumed(&s, &p[0], &r, Some(&ckpt)).expect("renders");
+        assert_eq!(resumed.argv[resumed.argv.len() - 3..], ["--resume", "/ckpt/epoch-3", "--from=3"]);
+        assert_eq!(render_resumed(&s, &p[0], &r, None).expect("renders").argv.len(), resumed.argv.len() - 3);
     }
 
     #[test]
