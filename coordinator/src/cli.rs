@@ -520,17 +520,10 @@ fn describe(r: &crate::store::BestRow) -> String {
     words.join(" ")
 }
 
-/// An agent's device class: what makes its measurements comparable with
-/// another's (`x86_64, 2 cores, rapl`).
-pub fn device_class(info: &tunefleet_common::message::AgentInfo) -> String {
-    let energy = info.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
-    format!("{}, {} cores, {energy}", info.arch, info.cores)
-}
-
 /// The `n` best trials of `study` in each device class of the agents that ran them.
 fn best_by_class(store: &Store, study: &str, n: usize) -> anyhow::Result<String> {
     let classes: std::collections::HashMap<String, String> =
-        store.agents()?.into_iter().map(|a| (a.name, device_class(&a.info))).collect();
+        store.agents()?.into_iter().map(|a| (a.name, crate::sched::device_class(&a.info))).collect();
     let mut groups: std::collections::BTreeMap<String, Vec<crate::store::BestRow>> = Default::default();
     for r in store.best(study, usize::MAX)? {
         let class = classes.get(&r.agent).cloned().unwrap_or_else(|| "unknown agent".to_string());

@@ -92,6 +92,13 @@ pub enum ResultKind {
     },
 }
 
+/// An agent's device class: what makes its measurements comparable with
+/// another's (`x86_64, 2 cores, rapl`).
+pub fn device_class(info: &AgentInfo) -> String {
+    let energy = info.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
+    format!("{}, {} cores, {energy}", info.arch, info.cores)
+}
+
 /// Measurements refused for interference before a disturbed one is taken.
 pub const MAX_REMEASURES: u32 = 2;
 /// How long a trial moved off an agent stays off it.
@@ -134,6 +141,9 @@ struct TrialSlot {
     avoid: Vec<(String, u64)>,
     /// Measurements refused for interference so far.
     remeasures: u32,
+    /// Once moved or measured again: the device class it must stay in, so
+    /// its measurements stay comparable (and a checkpoint fits).
+    class: Option<String>,
 }
 
 #[derive(Debug)]
@@ -247,6 +257,7 @@ impl Scheduler {
                         history: Vec::new(),
                         avoid: Vec::new(),
                         remeasures: 0,
+                        class: None,
                     }
                 }
                 Restored::Running { agent, attempt, failures } => {
@@ -264,6 +275,7 @@ impl Scheduler {
                         history: vec![(attempt, agent)],
                         avoid: Vec::new(),
                         remeasures: 0,
+                        class: None,
                     }
                 }
                 Restored::Done => {
@@ -275,6 +287,7 @@ impl Scheduler {
                         history: Vec::new(),
                         avoid: Vec::new(),
                         remeasures: 0,
+                        class: None,
                     }
                 }
                 Restored::Failed => {
@@ -286,6 +299,7 @@ impl Scheduler {
                         history: Vec::new(),
                         avoid: Vec::new(),
                         remeasures: 0,
+                        class: None,
                     }
                 }
                 Restored::Stopped => {
@@ -298,6 +312,7 @@ impl Scheduler {
                         history: Vec::new(),
                         avoid: Vec::new(),
                         remeasures: 0,
+                        class: None,
                     }
                 }
             };
@@ -325,6 +340,7 @@ impl Scheduler {
             history: Vec::new(),
             avoid: Vec::new(),
             remeasures: 0,
+            class: None,
         });
         s.queue.push_back(id);
         Some(id)
@@ -504,6 +520,7 @@ impl Scheduler {
                     ResultKind::Complete { success }
                 } else {
                     slot.remeasures += 1;
+                    slot.class = self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class);
                     slot.state = State::Pending;
                     slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
                     study.running -= 1;
@@ -597,6 +614,7 @@ impl Scheduler {
     /// failure, kept off it for [`AVOID_MS`].
     pub fn set_overloaded(&mut self, agent: &str, why: Option<String>, now_ms: u64) -> Vec<Effect> {
         let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
+        let class = state.info.as_ref().map(device_class);
         let newly = why.is_some() && state.overloaded.is_none();
         state.overloaded = why.clone();
         let Some(why) = why.filter(|_| newly) else { return Vec::new() };
@@ -614,6 +632,7 @@ impl Scheduler {
                 effects.push(Effect::Moved { trial: tr, from: agent.to_string(), reason });
                 slot.state = State::Pending;
                 slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
+                slot.class.clone_from(&class);
                 study.running -= 1;
                 study.queue.push_front(i as u64);
             }
@@ -674,7 +693,8 @@ impl Scheduler {
                             continue;
                         }
                         slot.avoid.retain(|(_, until)| *until > now_ms);
-                        if slot.avoid.iter().any(|(a, _)| a == name) {
+                        let other_class = slot.class.as_ref().is_some_and(|c| *c != device_class(info));
+                        if other_class || slot.avoid.iter().any(|(a, _)| a == name) {
                             kept_off.push(t);
                             continue;
                         }
@@ -836,6 +856,22 @@ mod tests {
         assert!(assigned(&s.assign(100)).is_empty(), "kept off a");
         let later = assigned(&s.assign(AVOID_MS + 1));
         assert_eq!(later.len(), 1, "back on a once the avoidance ends");
+    }
+
+    #[test]
+    fn a_moved_trial_stays_in_its_device_class() {
+        let mut s = sched(1, 3, Selector::default());
+        s.hello(info("x86", 1, "x86_64", &[]));
+        s.hello(info("arm", 1, "aarch64", &[]));
+        s.hello(info("x86-2", 1, "x86_64", &[]));
+        s.request("x86", &req(1, 1));
+        assert_eq!(assigned(&s.assign(0)).len(), 1);
+        s.set_overloaded("x86", Some("busy".into()), 0);
+        s.request("arm", &req(1, 1));
+        assert!(assigned(&s.assign(10)).is_empty(), "another class would not measure the same thing");
+        s.request("x86-2", &req(1, 1));
+        let a = assigned(&s.assign(20));
+        assert_eq!(a.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(), vec!["x86-2"]);
     }
 
     #[test]
