@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 use rusqlite::Connection;
 use tunefleet_tests::*;
 
+/// The tests of this file load CPUs on purpose and measure load from
+/// outside: run alone, one after the other, they do not disturb each other.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Busy loops pinned to `cpu`, killed when dropped.
 struct Burners(Vec<Child>);
 
@@ -87,6 +95,7 @@ fn an_agent_loaded_from_outside_loses_its_trial_to_another_and_it_completes_ther
     if !two_cpus() {
         return;
     }
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tempdir");
     let root = unique_root("offload");
     let store = dir.path().join("s.db");
@@ -147,6 +156,7 @@ fn a_measurement_taken_under_outside_load_is_flagged_and_taken_again_elsewhere()
     if !two_cpus() {
         return;
     }
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tempdir");
     let root = unique_root("interfere");
     let store = dir.path().join("s.db");
@@ -186,6 +196,7 @@ fn a_moved_trial_goes_on_from_its_last_checkpoint_on_the_other_agent() {
     if !two_cpus() {
         return;
     }
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tempdir");
     let root = unique_root("resume");
     let store = dir.path().join("s.db");
