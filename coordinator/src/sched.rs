@@ -146,6 +146,21 @@ struct TrialSlot {
     class: Option<String>,
 }
 
+impl TrialSlot {
+    /// A trial in `state` that no attempt has touched yet.
+    fn new(state: State) -> Self {
+        TrialSlot {
+            state,
+            last_attempt: 0,
+            failures: 0,
+            history: Vec::new(),
+            avoid: Vec::new(),
+            remeasures: 0,
+            class: None,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct StudyState {
     policy: StudyPolicy,
@@ -250,70 +265,35 @@ impl Scheduler {
             let slot = match restored {
                 Restored::Pending { last_attempt, failures } => {
                     study.queue.push_back(i as u64);
-                    TrialSlot {
-                        state: State::Pending,
-                        last_attempt,
-                        failures,
-                        history: Vec::new(),
-                        avoid: Vec::new(),
-                        remeasures: 0,
-                        class: None,
-                    }
+                    TrialSlot { last_attempt, failures, ..TrialSlot::new(State::Pending) }
                 }
                 Restored::Running { agent, attempt, failures } => {
                     study.running += 1;
                     study.restored.entry(agent.clone()).or_default().push(i as u64);
+                    let lease = Lease {
+                        agent: agent.clone(),
+                        attempt,
+                        deadline_ms: now_ms + study.policy.lease_ms,
+                        restored: true,
+                    };
                     TrialSlot {
-                        state: State::Running(Lease {
-                            agent: agent.clone(),
-                            attempt,
-                            deadline_ms: now_ms + study.policy.lease_ms,
-                            restored: true,
-                        }),
                         last_attempt: attempt,
                         failures,
                         history: vec![(attempt, agent)],
-                        avoid: Vec::new(),
-                        remeasures: 0,
-                        class: None,
+                        ..TrialSlot::new(State::Running(lease))
                     }
                 }
                 Restored::Done => {
                     study.finished += 1;
-                    TrialSlot {
-                        state: State::Done { agent: String::new(), attempt: 0 },
-                        last_attempt: 0,
-                        failures: 0,
-                        history: Vec::new(),
-                        avoid: Vec::new(),
-                        remeasures: 0,
-                        class: None,
-                    }
+                    TrialSlot::new(State::Done { agent: String::new(), attempt: 0 })
                 }
                 Restored::Failed => {
                     study.failed += 1;
-                    TrialSlot {
-                        state: State::Failed,
-                        last_attempt: 0,
-                        failures: 0,
-                        history: Vec::new(),
-                        avoid: Vec::new(),
-                        remeasures: 0,
-                        class: None,
-                    }
+                    TrialSlot::new(State::Failed)
                 }
                 Restored::Stopped => {
                     study.stopped += 1;
-                    let state = State::Stopped { agent: String::new(), attempt: 0, delivered: true };
-                    TrialSlot {
-                        state,
-                        last_attempt: 0,
-                        failures: 0,
-                        history: Vec::new(),
-                        avoid: Vec::new(),
-                        remeasures: 0,
-                        class: None,
-                    }
+                    TrialSlot::new(State::Stopped { agent: String::new(), attempt: 0, delivered: true })
                 }
             };
             study.trials.push(slot);
@@ -333,15 +313,7 @@ impl Scheduler {
     pub fn add_trial(&mut self, study: &str) -> Option<u64> {
         let s = self.studies.iter_mut().find(|s| s.policy.name == study)?;
         let id = s.trials.len() as u64;
-        s.trials.push(TrialSlot {
-            state: State::Pending,
-            last_attempt: 0,
-            failures: 0,
-            history: Vec::new(),
-            avoid: Vec::new(),
-            remeasures: 0,
-            class: None,
-        });
+        s.trials.push(TrialSlot::new(State::Pending));
         s.queue.push_back(id);
         Some(id)
     }

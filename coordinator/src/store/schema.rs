@@ -15,16 +15,8 @@ pub const SCHEMA_VERSION: i64 = 3;
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-const SCHEMA: &str = r#"
-CREATE TABLE IF NOT EXISTS studies (
-    name        TEXT PRIMARY KEY NOT NULL,
-    config      TEXT NOT NULL,
-    metric      TEXT NOT NULL,
-    direction   TEXT NOT NULL CHECK (direction IN ('minimize', 'maximize')),
-    created_ms  INTEGER NOT NULL,
-    finished_ms INTEGER,
-    state       TEXT NOT NULL CHECK (state IN ('running', 'finished'))
-);
+/// The trials table (its `state` check changed in version 2).
+const TRIALS: &str = r#"
 CREATE TABLE IF NOT EXISTS trials (
     study    TEXT NOT NULL,
     trial    INTEGER NOT NULL,
@@ -36,6 +28,38 @@ CREATE TABLE IF NOT EXISTS trials (
     PRIMARY KEY (study, trial)
 );
 CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
+"#;
+
+/// The segments of each result (version 2).
+const SEGMENTS: &str = r#"
+CREATE TABLE IF NOT EXISTS segments (
+    study       TEXT NOT NULL,
+    trial       INTEGER NOT NULL,
+    idx         INTEGER NOT NULL,
+    role        TEXT NOT NULL,
+    system      TEXT NOT NULL,
+    cpus        TEXT NOT NULL,
+    first_epoch INTEGER NOT NULL,
+    last_epoch  INTEGER NOT NULL,
+    start_us    INTEGER NOT NULL,
+    wall_us     INTEGER NOT NULL,
+    energy_j    REAL,
+    cpu_us      INTEGER,
+    PRIMARY KEY (study, trial, idx)
+);
+"#;
+
+/// Every other table.
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS studies (
+    name        TEXT PRIMARY KEY NOT NULL,
+    config      TEXT NOT NULL,
+    metric      TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('minimize', 'maximize')),
+    created_ms  INTEGER NOT NULL,
+    finished_ms INTEGER,
+    state       TEXT NOT NULL CHECK (state IN ('running', 'finished'))
+);
 CREATE TABLE IF NOT EXISTS attempts (
     study       TEXT NOT NULL,
     trial       INTEGER NOT NULL,
@@ -77,21 +101,6 @@ CREATE TABLE IF NOT EXISTS progress (
     elapsed_us INTEGER NOT NULL,
     PRIMARY KEY (study, trial, attempt, epoch)
 );
-CREATE TABLE IF NOT EXISTS segments (
-    study       TEXT NOT NULL,
-    trial       INTEGER NOT NULL,
-    idx         INTEGER NOT NULL,
-    role        TEXT NOT NULL,
-    system      TEXT NOT NULL,
-    cpus        TEXT NOT NULL,
-    first_epoch INTEGER NOT NULL,
-    last_epoch  INTEGER NOT NULL,
-    start_us    INTEGER NOT NULL,
-    wall_us     INTEGER NOT NULL,
-    energy_j    REAL,
-    cpu_us      INTEGER,
-    PRIMARY KEY (study, trial, idx)
-);
 CREATE TABLE IF NOT EXISTS agents (
     name          TEXT PRIMARY KEY NOT NULL,
     info          TEXT NOT NULL,
@@ -106,36 +115,16 @@ CREATE TABLE IF NOT EXISTS agents (
 /// of each result (the one a pipelined trial selected), and segments.
 const MIGRATE_1_TO_2: &str = r#"
 ALTER TABLE trials RENAME TO trials_v1;
-CREATE TABLE trials (
-    study    TEXT NOT NULL,
-    trial    INTEGER NOT NULL,
-    params   TEXT NOT NULL,
-    repeat   INTEGER NOT NULL,
-    state    TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed', 'stopped')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    reason   TEXT,
-    PRIMARY KEY (study, trial)
-);
+DROP INDEX IF EXISTS trials_by_state;
+"#;
+
+/// After [`TRIALS`] exists again: the rows of version 1, and the rest of
+/// version 2.
+const MIGRATE_1_TO_2_ROWS: &str = r#"
 INSERT INTO trials (study, trial, params, repeat, state, attempts, reason)
     SELECT study, trial, params, repeat, state, attempts, reason FROM trials_v1;
 DROP TABLE trials_v1;
-CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
 ALTER TABLE results ADD COLUMN system TEXT;
-CREATE TABLE IF NOT EXISTS segments (
-    study       TEXT NOT NULL,
-    trial       INTEGER NOT NULL,
-    idx         INTEGER NOT NULL,
-    role        TEXT NOT NULL,
-    system      TEXT NOT NULL,
-    cpus        TEXT NOT NULL,
-    first_epoch INTEGER NOT NULL,
-    last_epoch  INTEGER NOT NULL,
-    start_us    INTEGER NOT NULL,
-    wall_us     INTEGER NOT NULL,
-    energy_j    REAL,
-    cpu_us      INTEGER,
-    PRIMARY KEY (study, trial, idx)
-);
 "#;
 
 /// Version 3: each agent's latest telemetry (load, conditions).
@@ -192,13 +181,17 @@ impl Store {
             tx.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{path}: reading schema"))?;
         match found {
             0 => {
-                tx.execute_batch(SCHEMA).ctx(|| format!("{path}: creating schema"))?;
+                for sql in [SCHEMA, TRIALS, SEGMENTS] {
+                    tx.execute_batch(sql).ctx(|| format!("{path}: creating schema"))?;
+                }
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
             1 | 2 => {
                 if found == 1 {
-                    tx.execute_batch(MIGRATE_1_TO_2).ctx(|| format!("{path}: migrating the schema from version 1"))?;
+                    for sql in [MIGRATE_1_TO_2, TRIALS, MIGRATE_1_TO_2_ROWS, SEGMENTS] {
+                        tx.execute_batch(sql).ctx(|| format!("{path}: migrating the schema from version 1"))?;
+                    }
                 }
                 tx.execute_batch(MIGRATE_2_TO_3).ctx(|| format!("{path}: migrating the schema from version 2"))?;
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -228,7 +221,7 @@ mod tests {
         let path = dir.path().join("v1.db");
         {
             let conn = Connection::open(&path).expect("open");
-            let v1 = SCHEMA
+            let v1 = format!("{SCHEMA}{TRIALS}")
                 .replace(", 'stopped'", "")
                 .replace(
                     "    received_ms   INTEGER NOT NULL,\n    system        TEXT,",
@@ -250,6 +243,15 @@ mod tests {
         assert_eq!(store.trials("s").expect("trials").len(), 1);
         store.conn.execute("UPDATE trials SET state = 'stopped'", []).expect("v2 takes 'stopped'");
         store.conn.execute("SELECT system FROM results", []).ok();
+        let index: i64 = store
+            .conn
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'trials_by_state'",
+                [],
+                |r| r.get(0),
+            )
+            .expect("index");
+        assert_eq!(index, 1, "the rebuilt trials table keeps its index");
         let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", [], |r| r.get(0)).expect("segments table");
         assert_eq!(n, 0);
     }
