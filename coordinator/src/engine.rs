@@ -113,8 +113,58 @@ struct ActiveStudy {
     values: HashMap<u64, f64>,
     /// The last checkpoint each trial's live attempt reported (epoch, reference).
     checkpoints: HashMap<u64, (u32, String)>,
+    /// With `[stability]`: the trials of each configuration, by its JSON.
+    runs: HashMap<String, Vec<u64>>,
     best: Option<Best>,
     started: Instant,
+}
+
+impl ActiveStudy {
+    fn new(study: Study, search: Search, plans: Vec<TrialPlan>, values: HashMap<u64, f64>, best: Option<Best>) -> Self {
+        let asha =
+            study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+        let mut active = ActiveStudy {
+            study,
+            search,
+            plans: Vec::new(),
+            asha,
+            values,
+            checkpoints: HashMap::new(),
+            runs: HashMap::new(),
+            best,
+            started: Instant::now(),
+        };
+        active.remember(plans);
+        active
+    }
+
+    /// Keeps `trials` as created (and indexes them by configuration when
+    /// the study repeats until stable).
+    fn remember(&mut self, trials: Vec<TrialPlan>) {
+        if self.study.stability.is_some() {
+            for t in &trials {
+                self.runs.entry(crate::store::params_json(&t.params)).or_default().push(t.trial);
+            }
+        }
+        self.plans.extend(trials);
+    }
+
+    /// Creates `trials` in the store and the scheduler, and remembers them.
+    fn create(
+        &mut self,
+        sched: &mut Scheduler,
+        batch: &mut Batch<'_>,
+        trials: Vec<TrialPlan>,
+    ) -> Result<(), EngineError> {
+        let name = &self.study.name;
+        batch.add_trials(name, &trials)?;
+        for t in &trials {
+            let id = sched.add_trial(name);
+            debug_assert_eq!(id, Some(t.trial), "the scheduler and the search number trials alike");
+        }
+        self.remember(trials);
+        Ok(())
+    }
 }
 
 /// The coordinator's state while it runs.
@@ -233,21 +283,7 @@ impl Engine {
         if let Some(c) = self.sched.counts(&study.name) {
             self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed + c.stopped);
         }
-        let asha =
-            study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
-        self.studies.insert(
-            study.name.clone(),
-            ActiveStudy {
-                study,
-                search,
-                plans,
-                asha,
-                values,
-                checkpoints: HashMap::new(),
-                best,
-                started: Instant::now(),
-            },
-        );
+        self.studies.insert(study.name.clone(), ActiveStudy::new(study, search, plans, values, best));
         Ok(())
     }
 
@@ -497,13 +533,8 @@ fn top_up(
         let mut want = sched.demand(name);
         while want > 0 {
             let Some(trials) = active.search.next_trials() else { break };
-            batch.add_trials(name, &trials)?;
-            for t in &trials {
-                let id = sched.add_trial(name);
-                debug_assert_eq!(id, Some(t.trial), "the scheduler and the search number trials alike");
-            }
             want = want.saturating_sub(trials.len() as u64);
-            active.plans.extend(trials);
+            active.create(sched, batch, trials)?;
         }
         if active.search.exhausted() {
             sched.set_open(name, false);
@@ -686,7 +717,7 @@ fn repeat_until_stable(
 ) -> Result<(), EngineError> {
     let Some(stability) = a.study.stability else { return Ok(()) };
     let Some(params) = a.plans.get(trial as usize).map(|p| p.params.clone()) else { return Ok(()) };
-    let runs: Vec<u64> = a.plans.iter().filter(|p| p.params == params).map(|p| p.trial).collect();
+    let runs = a.runs.get(&crate::store::params_json(&params)).cloned().unwrap_or_default();
     let name = a.study.name.clone();
     if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| sched.is_finished(&name, t)) {
         return Ok(());
@@ -695,11 +726,7 @@ fn repeat_until_stable(
     let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
     let plan = a.search.extra_repeat(&params, runs.len() as u32);
     tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
-    batch.add_trials(&name, std::slice::from_ref(&plan))?;
-    let id = sched.add_trial(&name);
-    debug_assert_eq!(id, Some(plan.trial), "the scheduler and the search number trials alike");
-    a.plans.push(plan);
-    Ok(())
+    a.create(sched, batch, vec![plan])
 }
 
 /// ASHA's verdict on a live attempt's epoch report.
@@ -922,19 +949,7 @@ high = 4
             };
             sched.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()], 0);
             let mut studies = HashMap::new();
-            studies.insert(
-                "s".into(),
-                ActiveStudy {
-                    study,
-                    search,
-                    plans,
-                    asha: None,
-                    values: HashMap::new(),
-                    checkpoints: HashMap::new(),
-                    best: None,
-                    started: Instant::now(),
-                },
-            );
+            studies.insert("s".into(), ActiveStudy::new(study, search, plans, HashMap::new(), None));
             let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
             let coordinator_key = sessions.public_key();
             let me = Identity::generate().expect("key").0;
