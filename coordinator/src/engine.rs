@@ -115,6 +115,8 @@ struct ActiveStudy {
     checkpoints: HashMap<u64, (u32, String)>,
     /// With `[stability]`: the trials of each configuration, by its JSON.
     runs: HashMap<String, Vec<u64>>,
+    /// What every trial of a pipelined study probes (computed once).
+    probe: Option<tunefleet_common::message::ProbePlan>,
     best: Option<Best>,
     started: Instant,
 }
@@ -123,6 +125,7 @@ impl ActiveStudy {
     fn new(study: Study, search: Search, plans: Vec<TrialPlan>, values: HashMap<u64, f64>, best: Option<Best>) -> Self {
         let asha =
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+        let probe = search::probe_plan(&study);
         let mut active = ActiveStudy {
             study,
             search,
@@ -131,6 +134,7 @@ impl ActiveStudy {
             values,
             checkpoints: HashMap::new(),
             runs: HashMap::new(),
+            probe,
             best,
             started: Instant::now(),
         };
@@ -847,7 +851,7 @@ fn apply(
             if let Some((epoch, _)) = checkpoint.filter(|_| !active.study.resume.is_empty()) {
                 tracing::info!(trial = %trial, agent = %agent, epoch, "goes on from its last checkpoint");
             }
-            match search::render_resumed(&active.study, plan, &trial, checkpoint) {
+            match search::render_resumed(&active.study, active.probe.as_ref(), plan, &trial, checkpoint) {
                 Ok(spec) => {
                     batch.record_assignment(&trial, &agent, now)?;
                     stats.assignments += 1;

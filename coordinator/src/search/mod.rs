@@ -317,14 +317,17 @@ pub fn sample(spec: &ParamSpec, rng: &mut impl Rng) -> ParamValue {
 /// The concrete command, environment, system parameters and timeout of one
 /// attempt of a planned trial.
 pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<TrialSpec, TemplateError> {
-    render_resumed(study, plan, trial, None)
+    render_resumed(study, probe_plan(study).as_ref(), plan, trial, None)
 }
 
-/// [`render`] for an attempt that goes on from `checkpoint` (the epoch and
-/// the reference its workload reported): the study's `resume` arguments are
-/// appended. Without a `resume` template the trial starts over.
+/// [`render`] with the study's probe plan computed once by the caller
+/// ([`probe_plan`]), for an attempt that may go on from `checkpoint` (the
+/// epoch and the reference its workload reported): the study's `resume`
+/// arguments are then appended. Without a `resume` template the trial
+/// starts over.
 pub fn render_resumed(
     study: &Study,
+    probe: Option<&ProbePlan>,
     plan: &TrialPlan,
     trial: &TrialRef,
     checkpoint: Option<&(u32, String)>,
@@ -334,7 +337,7 @@ pub fn render_resumed(
     values.insert("trial".into(), ParamValue::Int(clamp_i64(trial.trial)));
     values.insert("attempt".into(), ParamValue::Int(i64::from(trial.attempt)));
     values.insert("repeat".into(), ParamValue::Int(i64::from(plan.repeat)));
-    let probe = probe_plan(study);
+    let probe = probe.cloned();
     if let Some(first) = probe.as_ref().and_then(|p| p.configs.first()) {
         // The placeholders of system parameters render their default.
         for (param, value) in [
@@ -786,12 +789,12 @@ control = true
         let p = plan(&s);
         let r = TrialRef { study: "s".into(), trial: 0, attempt: 2 };
         let ckpt = (3, "/ckpt/epoch-3".to_string());
-        let plain = render_resumed(&s, &p[0], &r, Some(&ckpt)).expect("renders");
+        let plain = render_resumed(&s, None, &p[0], &r, Some(&ckpt)).expect("renders");
         assert_eq!(plain.argv, render(&s, &p[0], &r).expect("renders").argv, "no resume template: starts over");
         s.resume = vec!["--resume".into(), "{checkpoint}".into(), "--from={checkpoint_epoch}".into()];
-        let resumed = render_resumed(&s, &p[0], &r, Some(&ckpt)).expect("renders");
+        let resumed = render_resumed(&s, None, &p[0], &r, Some(&ckpt)).expect("renders");
         assert_eq!(resumed.argv[resumed.argv.len() - 3..], ["--resume", "/ckpt/epoch-3", "--from=3"]);
-        assert_eq!(render_resumed(&s, &p[0], &r, None).expect("renders").argv.len(), resumed.argv.len() - 3);
+        assert_eq!(render_resumed(&s, None, &p[0], &r, None).expect("renders").argv.len(), resumed.argv.len() - 3);
     }
 
     #[test]
