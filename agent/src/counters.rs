@@ -140,6 +140,30 @@ impl CounterSet {
         }
     }
 
+    /// Every open counter's scaled total at the last
+    /// [`CounterSet::sample`], as readings (already scaled: enabled and
+    /// running times are both 1).
+    pub fn totals(&self) -> Vec<CounterReading> {
+        #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            self.open
+                .iter()
+                .zip(&self.previous)
+                .map(|(c, total)| CounterReading {
+                    event: c.name.clone(),
+                    kind: kind_of(&c.name),
+                    value: *total as u64,
+                    time_enabled_ns: 1,
+                    time_running_ns: 1,
+                })
+                .collect()
+        }
+        #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+        {
+            Vec::new()
+        }
+    }
+
     /// Events asked for and not counted, with the reason.
     pub fn missing(&self) -> &[MissingCounter] {
         &self.missing

@@ -49,7 +49,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
-use tunefleet_common::measurement::{EpochMetrics, Measurement};
+use tunefleet_common::measurement::{Measurement, SegmentRole};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
@@ -164,7 +164,7 @@ struct Executor {
     /// Every running trial's handle (its control input).
     trials: HashMap<TrialRef, runner::TrialHandle>,
     done_tx: mpsc::Sender<(TrialRef, Measurement)>,
-    progress_tx: mpsc::Sender<(TrialRef, EpochMetrics)>,
+    progress_tx: mpsc::Sender<(TrialRef, runner::EpochReport)>,
     publish_failures: u64,
     /// Results the coordinator refused, moved aside.
     parked: u64,
@@ -186,10 +186,14 @@ impl Executor {
                         handle.cancel();
                     }
                 }
-                Action::Reconfigure(trial, system) => {
+                Action::Reconfigure(trial, system, reason) => {
                     if let Some(handle) = self.trials.get(&trial) {
-                        tracing::info!(%trial, ?system, "reconfiguring trial");
-                        handle.send(runner::Control::Apply(system));
+                        tracing::info!(%trial, ?system, ?reason, "reconfiguring trial");
+                        let role = match reason {
+                            tunefleet_common::message::ReconfigureReason::Requested => SegmentRole::Reconfigured,
+                            tunefleet_common::message::ReconfigureReason::Reuse => SegmentRole::Reused,
+                        };
+                        handle.send(runner::Control::Apply(system, role));
                     }
                 }
                 Action::Keep(result) => {
@@ -258,7 +262,7 @@ impl Executor {
         let done = self.done_tx.clone();
         let progress = self.progress_tx.clone();
         tokio::spawn(async move {
-            let (ptx, mut prx) = mpsc::channel::<EpochMetrics>(256);
+            let (ptx, mut prx) = mpsc::channel::<runner::EpochReport>(256);
             let forward = async {
                 while let Some(epoch) = prx.recv().await {
                     // Progress is advisory; dropped if the agent loop lags.

@@ -74,6 +74,8 @@ pub struct Pipeline {
     probes: Vec<(usize, Segment)>,
     selected: Option<SystemParams>,
     reconfigured: bool,
+    /// Started with a probe plan (its first window is profiled).
+    pipelined: bool,
 }
 
 impl Pipeline {
@@ -86,7 +88,16 @@ impl Pipeline {
             None => (SegmentRole::Initial, None),
         };
         let open = Open { role, system, cpus, start: Boundary::start(), epochs: 0, steps: 0, probe };
-        Pipeline { plan, open, segments: Vec::new(), probes: Vec::new(), selected: None, reconfigured: false }
+        let pipelined = plan.is_some();
+        Pipeline {
+            plan,
+            open,
+            segments: Vec::new(),
+            probes: Vec::new(),
+            selected: None,
+            reconfigured: false,
+            pipelined,
+        }
     }
 
     /// The configuration the trial runs under now.
@@ -97,6 +108,12 @@ impl Pipeline {
     /// The CPUs the live trial was actually pinned to for the open segment.
     pub fn set_cpus(&mut self, cpus: Vec<u32>) {
         self.open.cpus = cpus;
+    }
+
+    /// The first window of a pipelined trial, once it has closed: what the
+    /// job's profile is taken over.
+    pub fn first_window(&self) -> Option<&Segment> {
+        self.segments.first().filter(|_| self.pipelined)
     }
 
     /// Still probing: more windows to come.
@@ -167,14 +184,15 @@ impl Pipeline {
     }
 
     /// The coordinator sent `system` for this trial at `b`: probing (if
-    /// any) ends, and a `Reconfigured` segment starts.
-    pub fn reconfigure(&mut self, b: Boundary, system: SystemParams) -> Step {
+    /// any) ends, and a segment of `role` (`Reconfigured`, or `Reused` for a
+    /// configuration reused from similar jobs) starts.
+    pub fn reconfigure(&mut self, b: Boundary, system: SystemParams, role: SegmentRole) -> Step {
         if system == self.open.system && self.reconfigured {
             return Step::Stay;
         }
         self.reconfigured = true;
         self.plan = None;
-        self.close_and_open(b, SegmentRole::Reconfigured, system.clone(), None);
+        self.close_and_open(b, role, system.clone(), None);
         Step::Apply(system)
     }
 
@@ -377,7 +395,7 @@ mod tests {
         let mut p = Pipeline::new(None, sys(2, 2), vec![]);
         assert_eq!(p.on_epoch(at(1, 1.0, 1.0)), Step::Stay);
         assert_eq!(p.clone().finish(at(1, 1.0, 1.0)), (vec![], None));
-        assert_eq!(p.reconfigure(at(1, 1.0, 1.0), sys(1, 1)), Step::Apply(sys(1, 1)));
+        assert_eq!(p.reconfigure(at(1, 1.0, 1.0), sys(1, 1), SegmentRole::Reconfigured), Step::Apply(sys(1, 1)));
         p.on_epoch(at(2, 3.0, 4.0));
         let (segments, selected) = p.finish(at(2, 3.0, 4.0));
         assert_eq!(selected, None);

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use tunefleet_common::profile::ProcCounts;
+
 /// Fields of `/proc/PID/stat` the runner uses, in clock ticks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFields {
@@ -239,6 +241,68 @@ impl Drop for RssSampler {
     }
 }
 
+/// Adds the fields of a `/proc/PID/io` file to `c` (`rchar`, `wchar`,
+/// `syscr`, `syscw`); false when none was there.
+pub fn add_io(c: &mut ProcCounts, io: &str) -> bool {
+    let mut found = false;
+    for line in io.lines() {
+        let Some((key, value)) = line.split_once(':') else { continue };
+        let Ok(v) = value.trim().parse::<u64>() else { continue };
+        let field = match key.trim() {
+            "rchar" => &mut c.rchar,
+            "wchar" => &mut c.wchar,
+            "syscr" => &mut c.syscr,
+            "syscw" => &mut c.syscw,
+            _ => continue,
+        };
+        *field = field.saturating_add(v);
+        found = true;
+    }
+    found
+}
+
+/// The value of `key:` in a `/proc/PID/status` text (the number before any unit).
+fn status_field(status: &str, key: &str) -> Option<u64> {
+    status.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.split_whitespace().next()?.parse().ok())
+}
+
+/// Adds a process's `/proc/PID/status` (resident set, threads) to `c`.
+pub fn add_process_status(c: &mut ProcCounts, status: &str) {
+    c.rss_kib = c.rss_kib.saturating_add(status_field(status, "VmRSS").unwrap_or(0));
+    c.threads = c.threads.saturating_add(status_field(status, "Threads").unwrap_or(0));
+}
+
+/// Adds a thread's context switches (its `/proc/PID/task/TID/status`) to `c`.
+pub fn add_thread_switches(c: &mut ProcCounts, status: &str) {
+    c.voluntary = c.voluntary.saturating_add(status_field(status, "voluntary_ctxt_switches").unwrap_or(0));
+    c.involuntary = c.involuntary.saturating_add(status_field(status, "nonvoluntary_ctxt_switches").unwrap_or(0));
+}
+
+/// `/proc` counts of the processes `pids` (and all their threads). A
+/// process that vanished in between is left out; `processes` says how many
+/// were read. Threads that already exited take their context switches with
+/// them (their I/O stays in the process's `io`).
+pub fn proc_counts(proc_root: &Path, pids: &[i32]) -> ProcCounts {
+    let mut c = ProcCounts::default();
+    for pid in pids {
+        let dir = proc_root.join(pid.to_string());
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else { continue };
+        add_process_status(&mut c, &status);
+        if let Ok(io) = std::fs::read_to_string(dir.join("io")) {
+            add_io(&mut c, &io);
+        }
+        if let Ok(tasks) = std::fs::read_dir(dir.join("task")) {
+            for task in tasks.flatten() {
+                if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+                    add_thread_switches(&mut c, &status);
+                }
+            }
+        }
+        c.processes += 1;
+    }
+    c
+}
+
 /// Converts clock ticks to microseconds.
 pub fn ticks_to_us(ticks: u64, ticks_per_second: u64) -> u64 {
     if ticks_per_second == 0 {
@@ -369,5 +433,46 @@ mod tests {
         let stopped = sampler.samples();
         std::thread::sleep(Duration::from_millis(50));
         assert!(sampler.samples() <= stopped + 1, "stop ends the sampling");
+    }
+}
+
+#[cfg(test)]
+mod counts_tests {
+    use super::*;
+
+    #[test]
+    fn proc_counts_of_a_fixture_process_with_two_threads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("42");
+        std::fs::create_dir_all(p.join("task/42")).expect("mkdir");
+        std::fs::create_dir_all(p.join("task/43")).expect("mkdir");
+        std::fs::write(p.join("status"), "Name:\tw\nVmRSS:\t  2048 kB\nThreads:\t2\n").expect("write");
+        std::fs::write(p.join("io"), "rchar: 100\nwchar: 50\nsyscr: 7\nsyscw: 3\nread_bytes: 0\n").expect("write");
+        std::fs::write(p.join("task/42/status"), "voluntary_ctxt_switches:\t5\nnonvoluntary_ctxt_switches:\t1\n")
+            .expect("write");
+        std::fs::write(p.join("task/43/status"), "voluntary_ctxt_switches:\t2\nnonvoluntary_ctxt_switches:\t4\n")
+            .expect("write");
+        let c = proc_counts(dir.path(), &[42, 77]);
+        let want = ProcCounts {
+            rss_kib: 2048,
+            rchar: 100,
+            wchar: 50,
+            syscr: 7,
+            syscw: 3,
+            voluntary: 7,
+            involuntary: 5,
+            threads: 2,
+            processes: 1,
+        };
+        assert_eq!(c, want, "pid 77 does not exist and is left out");
+        assert!(!add_io(&mut ProcCounts::default(), "garbage\nrchar: x\n"));
+    }
+
+    #[test]
+    fn proc_counts_of_this_process_are_real() {
+        let c = proc_counts(Path::new("/proc"), &[std::process::id() as i32]);
+        assert_eq!(c.processes, 1);
+        assert!(c.threads >= 1 && c.rss_kib > 0, "{c:?}");
+        assert!(c.voluntary + c.involuntary > 0, "{c:?}");
     }
 }

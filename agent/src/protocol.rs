@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 
-use tunefleet_common::measurement::{EpochMetrics, Measurement};
+use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{
     AckOutcome, AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal,
     ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
@@ -49,7 +49,7 @@ pub enum Action {
     Start(StartTrial),
     Cancel(TrialRef),
     /// Apply this system configuration to a running trial.
-    Reconfigure(TrialRef, tunefleet_common::message::SystemParams),
+    Reconfigure(TrialRef, tunefleet_common::message::SystemParams, tunefleet_common::message::ReconfigureReason),
     /// Keep this result on disk until it is acknowledged.
     Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
@@ -284,7 +284,7 @@ impl AgentState {
     /// not running here (it ended, or never ran).
     pub fn on_reconfigure(&mut self, r: tunefleet_common::message::Reconfigure) -> Vec<Action> {
         if self.running.contains_key(&r.trial) && !self.cancelling.contains(&r.trial) {
-            vec![Action::Reconfigure(r.trial, r.system)]
+            vec![Action::Reconfigure(r.trial, r.system, r.reason)]
         } else {
             Vec::new()
         }
@@ -316,16 +316,18 @@ impl AgentState {
     }
 
     /// Progress of a running trial (dropped while not welcomed: it is advisory).
-    pub fn progress(&self, trial: TrialRef, epoch: EpochMetrics) -> Option<Action> {
+    pub fn progress(&self, trial: TrialRef, report: crate::runner::EpochReport) -> Option<Action> {
         if !self.welcomed {
             return None;
         }
+        let crate::runner::EpochReport { metrics: epoch, profile } = report;
         Some(Action::Publish(AgentMessage::Progress(Progress {
             trial,
             epoch: epoch.epoch,
             elapsed_us: epoch.elapsed_us,
             metrics: epoch.metrics,
             checkpoint: epoch.checkpoint,
+            profile,
         })))
     }
 

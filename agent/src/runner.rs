@@ -50,7 +50,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
 use tokio::sync::mpsc;
 use tunefleet_common::measurement::{
-    AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter,
+    AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter, SegmentRole,
+    WindowProfile,
 };
 use tunefleet_common::message::{SystemParams, TrialSpec};
 use tunefleet_common::profile::Profile;
@@ -199,14 +200,27 @@ struct Collected {
     exec_failed: Option<String>,
 }
 
+/// One finished epoch, as the trial reports it while it runs; the first
+/// after a pipelined trial's first window closed carries its profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochReport {
+    pub metrics: EpochMetrics,
+    pub profile: Option<WindowProfile>,
+}
+
 impl Collected {
-    fn take(&mut self, event: OutputEvent, progress: Option<&mpsc::Sender<EpochMetrics>>) {
+    fn take(
+        &mut self,
+        event: OutputEvent,
+        progress: Option<&mpsc::Sender<EpochReport>>,
+        profile: Option<WindowProfile>,
+    ) {
         match event {
             OutputEvent::Epoch { epoch, metrics, checkpoint, elapsed_us } => {
                 let e = EpochMetrics { epoch, elapsed_us, metrics, checkpoint };
                 if let Some(tx) = progress {
                     // Progress is advisory: dropped when the agent lags.
-                    let _ = tx.try_send(e.clone());
+                    let _ = tx.try_send(EpochReport { metrics: e.clone(), profile });
                 }
                 if self.epochs.len() < MAX_EPOCHS {
                     self.epochs.push(e);
@@ -317,7 +331,7 @@ pub enum Control {
     /// measurement says `Cancelled`.
     Cancel,
     /// Run under this system configuration from now on (a new segment).
-    Apply(SystemParams),
+    Apply(SystemParams, SegmentRole),
 }
 
 /// The environment variable that tells a workload the control channel is
@@ -399,6 +413,12 @@ struct Spawned {
     last_boundary: Option<Boundary>,
     /// CPUs this trial started on, then the others the agent may use.
     cpu_pool: Vec<u32>,
+    /// `/proc` counts of the trial's processes just after it started.
+    proc_start: Option<procfs::ProcCounts>,
+    /// The profile of a pipelined trial's first window, once it closed.
+    window_profile: Option<WindowProfile>,
+    /// ... and not yet sent with an epoch's progress.
+    profile_unsent: bool,
 }
 
 /// What the monitor saw until the workload ended and its output closed.
@@ -416,7 +436,7 @@ struct Monitored {
 pub async fn run_trial(
     cfg: &RunnerConfig,
     run: &TrialRun,
-    progress: Option<mpsc::Sender<EpochMetrics>>,
+    progress: Option<mpsc::Sender<EpochReport>>,
     control: ControlInput,
 ) -> Measurement {
     match spawn(cfg, run) {
@@ -514,6 +534,10 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
     let registration = cfg.trials.register(members.clone());
     let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
+    let proc_start = pipeline.probing().then(|| {
+        let pids = crate::live::trial_processes(&cfg.proc_root, &members);
+        procfs::proc_counts(&cfg.proc_root, &pids)
+    });
     let mut cpu_pool = run.cpus.clone();
     cpu_pool.extend(crate::sched::allowed_cpus().into_iter().filter(|c| !run.cpus.contains(c)));
     Ok(Spawned {
@@ -534,6 +558,9 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         pending_line: Vec::new(),
         last_boundary: None,
         cpu_pool,
+        proc_start: proc_start.filter(|c| c.processes > 0),
+        window_profile: None,
+        profile_unsent: false,
     })
 }
 
@@ -545,7 +572,7 @@ async fn monitor(
     cfg: &RunnerConfig,
     spec: &TrialSpec,
     t: &mut Spawned,
-    progress: Option<mpsc::Sender<EpochMetrics>>,
+    progress: Option<mpsc::Sender<EpochReport>>,
     mut control: ControlInput,
 ) -> Monitored {
     let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
@@ -584,12 +611,23 @@ async fn monitor(
             }
             event = t.output.recv(), if readers_open => match event {
                 Some(event) => {
+                    let mut profile = None;
                     match &event {
-                        OutputEvent::Epoch { epoch, elapsed_us, .. } => on_epoch_boundary(cfg, t, *epoch, *elapsed_us),
-                        OutputEvent::Step { elapsed_us } => on_step_boundary(cfg, t, *elapsed_us),
+                        OutputEvent::Epoch { epoch, elapsed_us, .. } => {
+                            on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
+                            profile_first_window(cfg, t);
+                            if t.profile_unsent {
+                                t.profile_unsent = false;
+                                profile = t.window_profile.clone();
+                            }
+                        }
+                        OutputEvent::Step { elapsed_us } => {
+                            on_step_boundary(cfg, t, *elapsed_us);
+                            profile_first_window(cfg, t);
+                        }
                         _ => {}
                     }
-                    m.collected.take(event, progress.as_ref())
+                    m.collected.take(event, progress.as_ref(), profile)
                 }
                 None => readers_open = false,
             },
@@ -606,11 +644,11 @@ async fn monitor(
                     signal_group(pid, Signal::TERM);
                     kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
                 }
-                Control::Apply(system) => {
+                Control::Apply(system, role) => {
                     let at = t.start.elapsed();
                     let epoch = t.last_boundary.map_or(0, |b| b.epoch);
                     let b = boundary(cfg, t, epoch, micros(at));
-                    let step = t.pipeline.reconfigure(b, system);
+                    let step = t.pipeline.reconfigure(b, system, role);
                     let line = apply_step(cfg, t, step);
                     // Thread counts change when the workload next listens.
                     t.pending_line.extend(line);
@@ -632,6 +670,28 @@ async fn monitor(
         }
     }
     m
+}
+
+/// Once a pipelined trial's first window has closed: its profile, from the
+/// counters (sampled at the window's end) and `/proc`, kept for the
+/// measurement and sent with the next epoch's progress.
+fn profile_first_window(cfg: &RunnerConfig, t: &mut Spawned) {
+    if t.window_profile.is_some() {
+        return;
+    }
+    let Some(window) = t.pipeline.first_window() else { return };
+    let pids = crate::live::trial_processes(&cfg.proc_root, &t.members);
+    let after = procfs::proc_counts(&cfg.proc_root, &pids);
+    let profile = Profile::window(&t.counters.totals(), t.proc_start.as_ref(), &after, window.wall_us);
+    tracing::debug!(epochs = window.epochs(), wall_us = window.wall_us, "first window profiled");
+    t.window_profile = Some(WindowProfile {
+        system: window.system.clone(),
+        epochs: window.epochs(),
+        steps: window.steps,
+        wall_us: window.wall_us,
+        profile,
+    });
+    t.profile_unsent = true;
 }
 
 /// Energy and CPU time counted so far, sampled now, at epoch `epoch`
@@ -727,7 +787,19 @@ fn apply_step(cfg: &RunnerConfig, t: &mut Spawned, step: Step) -> Vec<String> {
 /// The measurement of a trial that ran: times, exit, counters, profile,
 /// energy, metrics and the log tail.
 fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Measurement {
-    let Spawned { prepared, counters, meter, started_unix_ms, start, output, rss, pipeline, last_boundary, .. } = t;
+    let Spawned {
+        prepared,
+        counters,
+        meter,
+        started_unix_ms,
+        start,
+        output,
+        rss,
+        pipeline,
+        last_boundary,
+        window_profile,
+        ..
+    } = t;
     let Monitored { exited, stopped, mut collected, peak_rss } = m;
     drop(output);
     let peak_rss = peak_rss.or_else(|| rss.stop());
@@ -803,6 +875,7 @@ fn assemble(cfg: &RunnerConfig, run: &TrialRun, t: Spawned, m: Monitored) -> Mea
         log_tail: collected.tail.render(),
         segments,
         selected,
+        window_profile,
         interference: Vec::new(),
     }
 }

@@ -56,7 +56,8 @@ async fn epoch_lines_become_metrics_in_order() {
     assert!(!m.log_tail.contains("TUNEFLEET"));
     let mut progressed = Vec::new();
     while let Ok(e) = rx.try_recv() {
-        progressed.push(e.epoch);
+        assert_eq!(e.profile, None, "no probe plan, no window profile");
+        progressed.push(e.metrics.epoch);
     }
     assert_eq!(progressed, vec![1, 2, 3, 4]);
     assert!(m.wall_us > 0);
@@ -293,9 +294,10 @@ async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
     let trial = run_trial(&cfg, &run, Some(tx), control);
     let steer = async {
         let first = rx.recv().await.expect("epoch 1");
-        assert_eq!(first.metrics.get("cpus"), Some(&(allowed_cpus().len() as f64)));
+        assert_eq!(first.metrics.metrics.get("cpus"), Some(&(allowed_cpus().len() as f64)));
         let one = SystemParams { cores: Some(1), ..SystemParams::default() };
-        assert!(handle.send(tunefleet_agent::runner::Control::Apply(one)));
+        let role = tunefleet_common::measurement::SegmentRole::Reconfigured;
+        assert!(handle.send(tunefleet_agent::runner::Control::Apply(one, role)));
     };
     let (m, ()) = tokio::join!(trial, steer);
     assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
@@ -304,4 +306,77 @@ async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
     use tunefleet_common::measurement::SegmentRole;
     assert_eq!(roles, vec![(SegmentRole::Initial, 0), (SegmentRole::Reconfigured, 1)], "{:?}", m.segments);
     assert_eq!(m.segments[1].system.cores, Some(1));
+}
+
+/// Issue 10: a pipelined trial profiles its first window (counters and
+/// `/proc`), sends the profile with the next epoch's progress and keeps it
+/// in the measurement; a configuration reused from similar jobs ends the
+/// probing in a `Reused` segment.
+#[tokio::test]
+async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() {
+    use tunefleet_common::measurement::SegmentRole;
+    use tunefleet_common::message::{ProbePlan, Select, WindowUnit};
+    // Each epoch reads and writes a little through syscalls; epoch 2 waits
+    // for the test's go (a marker file), so the reuse lands before probing ends.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let go = dir.path().join("go");
+    let script = format!(
+        r#"
+        for i in 1 2 3 4 5; do
+            head -c 65536 /dev/zero > /dev/null
+            if [ $i = 2 ]; then while [ ! -e {go} ]; do sleep 0.01; done; fi
+            echo "TUNEFLEET epoch=$i loss=0.$i"
+        done
+    "#,
+        go = go.display()
+    );
+    let mut s = sh(&script);
+    s.timeout_ms = 30_000;
+    let configs = vec![
+        SystemParams { threads: Some(1), ..SystemParams::default() },
+        SystemParams { threads: Some(2), ..SystemParams::default() },
+        SystemParams { threads: Some(3), ..SystemParams::default() },
+    ];
+    s.system = configs[0].clone();
+    s.probe = Some(ProbePlan {
+        configs: configs.clone(),
+        window: 1,
+        warmup: 1,
+        unit: WindowUnit::Epochs,
+        select: Select::Time,
+        control: false,
+    });
+    let (tx, mut rx) = mpsc::channel(16);
+    let (handle, control) = TrialHandle::new();
+    let run = TrialRun { spec: s, cpus: vec![], label: "profiled".into() };
+    let cfg = config();
+    let trial = run_trial(&cfg, &run, Some(tx), control);
+    let reused = SystemParams { threads: Some(2), ..SystemParams::default() };
+    let steer = async {
+        let first = rx.recv().await.expect("epoch 1");
+        assert_eq!(first.metrics.epoch, 1);
+        let wp = first.profile.expect("the warm-up window closed at epoch 1: its profile comes with it");
+        assert_eq!(wp.system, configs[0]);
+        assert_eq!(wp.epochs, 1);
+        assert!(wp.profile.get("log2_threads").is_some(), "{:?}", wp.profile);
+        assert!(wp.profile.get("log_io_kib_per_s").is_some_and(|v| v > 0.0), "{:?}", wp.profile);
+        assert!(wp.profile.get("cpus_busy").is_some(), "task-clock is a software counter");
+        assert!(handle.send(tunefleet_agent::runner::Control::Apply(reused.clone(), SegmentRole::Reused)));
+        // The change is applied at once; then epoch 2 may end.
+        std::fs::write(&go, b"").expect("go");
+        let mut later = Vec::new();
+        while let Some(r) = rx.recv().await {
+            later.push(r.profile.is_some());
+        }
+        assert!(later.iter().all(|p| !p), "the profile is sent once");
+        wp.profile
+    };
+    let (m, sent) = tokio::join!(trial, steer);
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    let kept = m.window_profile.as_ref().expect("the measurement keeps the window profile");
+    assert_eq!(kept.profile, sent);
+    let roles: Vec<_> = m.segments.iter().map(|s| s.role).collect();
+    assert_eq!(roles, vec![SegmentRole::Warmup, SegmentRole::Reused], "{:?}", m.segments);
+    assert_eq!(m.segments[1].system, reused);
+    assert_eq!(m.segments[1].last_epoch, 5);
 }

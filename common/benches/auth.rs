@@ -162,6 +162,7 @@ fn trial_result() -> AgentMessage {
         log_tail,
         segments: Vec::new(),
         selected: None,
+        window_profile: None,
         interference: Vec::new(),
     };
     AgentMessage::Result(TrialResult { trial: trial(), measurement })

@@ -270,6 +270,9 @@ pub struct Measurement {
     pub segments: Vec<Segment>,
     /// The configuration a pipelined trial selected after probing.
     pub selected: Option<SystemParams>,
+    /// A pipelined trial's first-window profile (also sent early in
+    /// [`crate::message::Progress`]); kept here because progress may be lost.
+    pub window_profile: Option<WindowProfile>,
     /// Why this measurement may not represent its configuration: load from
     /// outside the trial above the agent's threshold while it ran, the
     /// device charging, throttled... Empty: clean.
@@ -290,9 +293,25 @@ pub enum SegmentRole {
     /// What a trial without a probe plan started under (reported once the
     /// coordinator reconfigured it).
     Initial,
+    /// Under a configuration reused from jobs that profiled alike
+    /// ([`crate::message::ReconfigureReason::Reuse`]); probing stopped.
+    Reused,
     /// A probe window of steps that an epoch end cut short (its
     /// configuration is measured again in the next window).
     Cut,
+}
+
+/// The profile of the first window of a pipelined trial: what a recurring
+/// job is recognised by.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowProfile {
+    /// The configuration the window ran under (the probe plan's first).
+    pub system: crate::message::SystemParams,
+    /// Epochs that ended in it, and its steps when it counted steps.
+    pub epochs: u32,
+    pub steps: u32,
+    pub wall_us: u64,
+    pub profile: Profile,
 }
 
 /// One stretch of a trial under one system configuration.
@@ -384,6 +403,7 @@ impl Measurement {
             log_tail: String::new(),
             segments: Vec::new(),
             selected: None,
+            window_profile: None,
             interference: Vec::new(),
         }
     }

@@ -108,6 +108,11 @@ pub struct Progress {
     pub metrics: Metrics,
     /// The checkpoint the workload saved after this epoch, if it said.
     pub checkpoint: Option<String>,
+    /// The profile of a pipelined trial's first window, sent with the first
+    /// epoch that ended once the window had: the coordinator may answer with
+    /// a configuration known good for jobs like it
+    /// ([`ReconfigureReason::Reuse`]), and the trial stops probing.
+    pub profile: Option<crate::measurement::WindowProfile>,
 }
 
 /// The final measurement of one attempt.
@@ -219,6 +224,18 @@ pub enum Select {
 pub struct Reconfigure {
     pub trial: TrialRef,
     pub system: SystemParams,
+    pub reason: ReconfigureReason,
+}
+
+/// Why a running trial's configuration changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReconfigureReason {
+    /// Asked for (an operator, a test).
+    Requested,
+    /// The job's first window profiled like a cluster of jobs whose best
+    /// configuration is known: the trial skips the rest of its probing and
+    /// runs under it (a `Reused` segment).
+    Reuse,
 }
 
 /// A trial handed to an agent, answering its request `request_seq`.

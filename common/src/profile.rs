@@ -22,6 +22,23 @@
 //! | 13 | `llc_load_miss_ratio` | LLC load misses / LLC loads |
 //! | 14 | `stalled_frontend_per_cycle` | stalled-cycles-frontend / cycles |
 //! | 15 | `stalled_backend_per_cycle` | stalled-cycles-backend / cycles |
+//! | 16 | `log_rss_mib` | log10(1 + resident MiB of the trial's processes at the window's end) |
+//! | 17 | `rss_growth_mib_per_s` | resident MiB gained per wall second over the window, signed log10(1 + \|x\|) |
+//! | 18 | `log_io_kib_per_s` | log10(1 + KiB read and written through syscalls per wall second) (`rchar + wchar`) |
+//! | 19 | `log_io_syscalls_per_s` | log10(1 + read and write syscalls per wall second) (`syscr + syscw`) |
+//! | 20 | `voluntary_switch_share` | voluntary / all context switches of the trial's threads |
+//! | 21 | `log_switches_per_s` | log10(1 + context switches per wall second), from `/proc` |
+//! | 22 | `log2_threads` | log2 of the trial's threads at the window's end |
+//! | 23 | `speedup_best` | time per unit under the first probed configuration / under the best one |
+//! | 24 | `energy_ratio_best` | energy per unit under the best configuration / under the first one |
+//!
+//! Features 0 to 15 come from perf counters, 16 to 22 from `/proc` (every
+//! Linux has them, no PMU needed): together they are the *window profile*
+//! an agent derives at the end of a pipelined trial's first window
+//! ([`Profile::window`]). Features 23 and 24 are the scaling signature, known
+//! only once the probe windows have run; the coordinator adds them
+//! ([`Profile::set`]). A whole-run profile ([`Profile::derive`]) has no
+//! `/proc` features.
 //!
 //! A feature whose counters were not measured (no PMU, qemu-user, a zero
 //! denominator) is `None`: missing, never an invented zero. Counts are scaled
@@ -33,10 +50,10 @@ use serde::{Deserialize, Serialize};
 use crate::measurement::{CounterReading, CounterSample};
 
 /// Version of the feature list below.
-pub const PROFILE_VERSION: u16 = 1;
+pub const PROFILE_VERSION: u16 = 2;
 
 /// Feature names, in vector order.
-pub const FEATURES: [&str; 16] = [
+pub const FEATURES: [&str; 25] = [
     "cpus_busy",
     "cpus_busy_cv",
     "log_ctx_switches_per_cpu_s",
@@ -53,7 +70,40 @@ pub const FEATURES: [&str; 16] = [
     "llc_load_miss_ratio",
     "stalled_frontend_per_cycle",
     "stalled_backend_per_cycle",
+    "log_rss_mib",
+    "rss_growth_mib_per_s",
+    "log_io_kib_per_s",
+    "log_io_syscalls_per_s",
+    "voluntary_switch_share",
+    "log_switches_per_s",
+    "log2_threads",
+    "speedup_best",
+    "energy_ratio_best",
 ];
+
+/// The features known at the end of a first window (everything but the
+/// scaling signature): what the coordinator classifies a new job on.
+pub const WINDOW_FEATURES: std::ops::Range<usize> = 0..23;
+
+/// What `/proc` says about a trial's processes, summed over them: counts
+/// since each process started, and sizes now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcCounts {
+    /// Resident set, KiB (`VmRSS`).
+    pub rss_kib: u64,
+    /// Bytes read and written through syscalls (`/proc/PID/io`).
+    pub rchar: u64,
+    pub wchar: u64,
+    /// Read and write syscalls.
+    pub syscr: u64,
+    pub syscw: u64,
+    /// Context switches of every thread (`/proc/PID/task/TID/status`).
+    pub voluntary: u64,
+    pub involuntary: u64,
+    pub threads: u64,
+    /// Processes counted (0: nothing could be read).
+    pub processes: u32,
+}
 
 /// A profile vector: `values[i]` is feature `FEATURES[i]` of `version`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,6 +150,44 @@ impl Profile {
         self.values.get(i).copied().flatten()
     }
 
+    /// Sets feature `name` (the coordinator adds the scaling signature);
+    /// false when no feature has that name.
+    pub fn set(&mut self, name: &str, value: Option<f64>) -> bool {
+        let Some(i) = FEATURES.iter().position(|f| *f == name) else { return false };
+        if self.values.len() < FEATURES.len() {
+            self.values.resize(FEATURES.len(), None);
+        }
+        self.values[i] = value.filter(|v| v.is_finite());
+        true
+    }
+
+    /// The profile of a window that started with the trial: counters
+    /// counted from the start (totals at the window's end), `/proc` at the
+    /// start (`before`, `None` when it could not be read: growth is then
+    /// missing) and at the end (`after`), and the window's wall time.
+    pub fn window(counters: &[CounterReading], before: Option<&ProcCounts>, after: &ProcCounts, wall_us: u64) -> Self {
+        let mut p = Profile::derive(counters, &[], wall_us);
+        let wall_s = wall_us as f64 / 1e6;
+        if after.processes == 0 || wall_s <= 0.0 {
+            return p;
+        }
+        let base = before.copied().unwrap_or_default();
+        let per_s = |now: u64, then: u64| now.saturating_sub(then) as f64 / wall_s;
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let growth = before.map(|b| (mib(after.rss_kib) - mib(b.rss_kib)) / wall_s);
+        let switches = (after.voluntary + after.involuntary).saturating_sub(base.voluntary + base.involuntary);
+        let voluntary = after.voluntary.saturating_sub(base.voluntary);
+        let io_kib = per_s(after.rchar + after.wchar, base.rchar + base.wchar) / 1024.0;
+        p.set("log_rss_mib", Some(log1p10(mib(after.rss_kib))));
+        p.set("rss_growth_mib_per_s", growth.map(|g| g.signum() * log1p10(g.abs())));
+        p.set("log_io_kib_per_s", Some(log1p10(io_kib)));
+        p.set("log_io_syscalls_per_s", Some(log1p10(per_s(after.syscr + after.syscw, base.syscr + base.syscw))));
+        p.set("voluntary_switch_share", ratio(Some(voluntary as f64), Some(switches as f64)));
+        p.set("log_switches_per_s", Some(log1p10(switches as f64 / wall_s)));
+        p.set("log2_threads", (after.threads > 0).then(|| (after.threads as f64).log2()));
+        p
+    }
+
     /// Derives the profile from the run's counter totals, its sampled
     /// series (same counter order as `counters`) and its wall time.
     pub fn derive(counters: &[CounterReading], series: &[CounterSample], wall_us: u64) -> Self {
@@ -115,7 +203,7 @@ impl Profile {
         let per_cpu_s = |event: &str| ratio(total(event), cpu_s).map(log1p10);
         let per_kilo_instr = |event: &str| ratio(total(event), total("instructions")).map(|r| log1p10(r * 1000.0));
         let cv = index("task-clock").and_then(|i| busy_cv(series, i));
-        let values = vec![
+        let mut values = vec![
             ratio(task_ns.map(|ns| ns / 1e9), Some(wall_s)),
             cv,
             per_cpu_s("context-switches"),
@@ -133,6 +221,7 @@ impl Profile {
             ratio(total("stalled-cycles-frontend"), total("cycles")),
             ratio(total("stalled-cycles-backend"), total("cycles")),
         ];
+        values.resize(FEATURES.len(), None);
         Profile { version: PROFILE_VERSION, values }
     }
 
@@ -237,6 +326,53 @@ mod tests {
             CounterSample { elapsed_ms: 2000, deltas: vec![0.0] },
         ];
         assert_eq!(Profile::derive(&counters, &bursty, 2_000_000).get("cpus_busy_cv"), Some(1.0));
+    }
+
+    #[test]
+    fn window_profile_from_proc_counts() {
+        let counters = [counter("task-clock", 500_000_000)];
+        let before = ProcCounts { rss_kib: 1024, processes: 1, ..Default::default() };
+        let after = ProcCounts {
+            rss_kib: 3 * 1024,
+            rchar: 1024 * 1024,
+            wchar: 1024 * 1024,
+            syscr: 90,
+            syscw: 9,
+            voluntary: 30,
+            involuntary: 10,
+            threads: 4,
+            processes: 1,
+        };
+        let p = Profile::window(&counters, Some(&before), &after, 2_000_000);
+        assert_eq!(p.values.len(), FEATURES.len());
+        assert_eq!(p.get("cpus_busy"), Some(0.25));
+        assert_eq!(p.get("log_rss_mib"), Some(4f64.log10()));
+        // 2 MiB more in 2 s: +1 MiB/s.
+        assert_eq!(p.get("rss_growth_mib_per_s"), Some(2f64.log10()));
+        assert_eq!(p.get("log_io_kib_per_s"), Some(1025f64.log10()));
+        assert_eq!(p.get("log_io_syscalls_per_s"), Some(50.5f64.log10()));
+        assert_eq!(p.get("voluntary_switch_share"), Some(0.75));
+        assert_eq!(p.get("log_switches_per_s"), Some(21f64.log10()));
+        assert_eq!(p.get("log2_threads"), Some(2.0));
+        assert_eq!(p.get("speedup_best"), None, "known only after probing");
+        // Shrinking memory is negative growth; no first reading, no growth.
+        let shrunk = Profile::window(&counters, Some(&after), &before, 1_000_000);
+        assert!(shrunk.get("rss_growth_mib_per_s").is_some_and(|g| g < 0.0));
+        assert_eq!(Profile::window(&counters, None, &after, 1).get("rss_growth_mib_per_s"), None);
+        // Nothing read from /proc: those features are missing, not zero.
+        let none = Profile::window(&counters, None, &ProcCounts::default(), 1_000_000);
+        assert_eq!(none.get("log_io_kib_per_s"), None);
+        assert_eq!(none.get("log2_threads"), None);
+    }
+
+    #[test]
+    fn set_refuses_unknown_names_and_non_finite_values() {
+        let mut p = Profile::empty();
+        assert!(p.set("speedup_best", Some(1.5)));
+        assert_eq!(p.get("speedup_best"), Some(1.5));
+        assert!(p.set("speedup_best", Some(f64::NAN)));
+        assert_eq!(p.get("speedup_best"), None);
+        assert!(!p.set("no such feature", Some(1.0)));
     }
 
     #[test]

@@ -91,6 +91,13 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 cpu_us: None,
             }],
             selected: Some(SystemParams { cores: Some(2), threads: Some(1), memory_mib: None }),
+            window_profile: Some(tunefleet_common::measurement::WindowProfile {
+                system: SystemParams { cores: Some(2), threads: None, memory_mib: None },
+                epochs: 1,
+                steps: 0,
+                wall_us: wall,
+                profile: Profile { version: PROFILE_VERSION, values: vec![None, Some(joules)] },
+            }),
             interference: vec!["foreign load 0.8 of the agent's CPUs".into()],
         })
 }
@@ -100,7 +107,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
         (trial_ref(), measurement())
             .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
-            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics, checkpoint: None })
+            AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics, checkpoint: None, profile: None })
         }),
         (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
             .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),

@@ -1043,7 +1043,14 @@ high = 4
             (trial_ref(), measurement)
                 .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
             (trial_ref(), any::<u32>(), big()).prop_map(|(trial, epoch, elapsed_us)| AgentMessage::Progress(
-                Progress { trial, epoch, elapsed_us, metrics: [("loss".to_string(), 0.5)].into(), checkpoint: None }
+                Progress {
+                    trial,
+                    epoch,
+                    elapsed_us,
+                    metrics: [("loss".to_string(), 0.5)].into(),
+                    checkpoint: None,
+                    profile: None
+                }
             )),
             (big(), 0u32..4, prop::collection::vec(trial_ref(), 0..3))
                 .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),

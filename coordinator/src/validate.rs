@@ -80,6 +80,7 @@ mod tests {
             elapsed_us: 1 << 63,
             metrics: Default::default(),
             checkpoint: None,
+            profile: None,
         });
         assert_eq!(message(&p).map_err(|e| e.field), Err("elapsed_us"));
     }

@@ -457,6 +457,7 @@ fn a_file_store_keeps_everything_across_reopen() {
                 elapsed_us: u64::from(epoch) * 1000,
                 metrics: BTreeMap::from([("loss".to_string(), 1.0 / f64::from(epoch + 1))]),
                 checkpoint: None,
+                profile: None,
             };
             b.record_progress(&p).expect("progress");
             b.record_progress(&p).expect("a repeated report is ignored");
