@@ -5,6 +5,8 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
+use crate::disk::Checksum;
+
 /// A line of `tunefleet-train`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -36,6 +38,30 @@ pub enum StreamEvent {
     Epoch { epoch: u32, bandwidth_gbs: f64, seconds: f64, threads: usize },
     /// Over all epochs: aggregate and best bandwidth, total kernel time.
     Final { bandwidth_gbs: f64, best_bandwidth_gbs: f64, seconds: f64 },
+}
+
+/// A line of `tunefleet-io`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum IoEvent {
+    /// Bytes written plus bytes read back per second (MiB/s, 2^20) in one
+    /// epoch, the checksum of what was read, and the file workers it ran with.
+    Epoch {
+        epoch: u32,
+        throughput_mibs: f64,
+        checksum: Checksum,
+        seconds: f64,
+        threads: usize,
+        /// Where the state after this epoch was saved (`--checkpoint-dir`).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        checkpoint: Option<String>,
+    },
+    /// A file written, synced, read back and checked (only with
+    /// `TUNEFLEET_STEPS=1`), counted over the run.
+    Step { step: u64 },
+    /// Over all epochs: aggregate and best throughput, the checksum of the
+    /// whole run, total time.
+    Final { throughput_mibs: f64, best_throughput_mibs: f64, checksum: Checksum, seconds: f64 },
 }
 
 /// Writes `event` as one JSON line and flushes.
@@ -91,5 +117,23 @@ mod tests {
             line(&epoch),
             "{\"event\":\"epoch\",\"epoch\":2,\"bandwidth_gbs\":5.5,\"seconds\":0.25,\"threads\":3}\n"
         );
+    }
+
+    #[test]
+    fn io_lines_have_the_documented_shape() {
+        let epoch = IoEvent::Epoch {
+            epoch: 1,
+            throughput_mibs: 80.5,
+            checksum: Checksum(0xab),
+            seconds: 0.1,
+            threads: 2,
+            checkpoint: Some("/c/epoch-1.ckpt".into()),
+        };
+        assert_eq!(
+            line(&epoch),
+            "{\"event\":\"epoch\",\"epoch\":1,\"throughput_mibs\":80.5,\"checksum\":\"00000000000000ab\",\
+             \"seconds\":0.1,\"threads\":2,\"checkpoint\":\"/c/epoch-1.ckpt\"}\n"
+        );
+        assert_eq!(line(&IoEvent::Step { step: 7 }), "{\"event\":\"step\",\"step\":7}\n");
     }
 }

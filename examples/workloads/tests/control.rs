@@ -1,4 +1,4 @@
-//! Runs both workload binaries with their standard input a pipe: with
+//! Runs the workload binaries with their standard input a pipe: with
 //! `TUNEFLEET_CONTROL=stdin` they follow the `threads=N` lines written after
 //! each epoch line, keep going when the pipe closes or a line is bad, and
 //! without the variable they never read it.
@@ -16,9 +16,11 @@ use serde_json::{Map, Value};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_tunefleet-train");
 const STREAM: &str = env!("CARGO_BIN_EXE_tunefleet-stream");
+const IO: &str = env!("CARGO_BIN_EXE_tunefleet-io");
 /// Five short epochs, starting with one thread.
 const TRAIN_ARGS: [&str; 8] = ["--hidden", "16", "--passes", "1", "--epochs", "5", "--threads", "1"];
 const STREAM_ARGS: [&str; 8] = ["--size-mib", "1", "--passes", "2", "--epochs", "5", "--threads", "1"];
+const IO_ARGS: [&str; 8] = ["--files", "4", "--file-kib", "16", "--epochs", "5", "--threads", "1"];
 const EPOCHS: u64 = 5;
 
 /// Longest wait for one line: far beyond a short epoch even on a busy machine.
@@ -176,6 +178,9 @@ macro_rules! per_binary {
         }
         mod stream {
             $(#[test] fn $scenario() { super::$scenario(super::STREAM, &super::STREAM_ARGS); })*
+        }
+        mod io {
+            $(#[test] fn $scenario() { super::$scenario(super::IO, &super::IO_ARGS); })*
         }
     };
 }
