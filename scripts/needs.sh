@@ -8,6 +8,8 @@
 #   mosquitto            `mosquitto -h` starts (the external-broker tests)
 #   victoria-metrics     `victoria-metrics -version` starts (the InfluxDB sink tests)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
+#   chromium             headless `chromium --dump-dom` loads a page and runs its
+#                        script (the HTML report's browser test and benchmark)
 #   rust-target:TARGET   rustc compiles a crate that uses std for TARGET
 #   cc:TARGET            the C compiler cargo uses for TARGET (CC_<target> from the
 #                        environment, else the one .cargo/config.toml names)
@@ -57,6 +59,21 @@ needs_check() {
       ;;
     victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
     systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
+    chromium)
+      # The page's script writes the answer: found only if chromium ran it.
+      # --no-sandbox: chromium refuses to run as root with its sandbox.
+      dir=$(mktemp -d)
+      printf '<!DOCTYPE html><title>probe</title><p id="out"></p><script>document.getElementById("out").textContent = "chromium " + 6 * 7;</script>\n' >"$dir/probe.html"
+      needs_output=$(chromium --headless=new --no-sandbox --disable-gpu --user-data-dir="$dir/profile" \
+        --dump-dom "file://$dir/probe.html" 2>"$dir/stderr") || status=$?
+      if [ $status = 0 ] && grep -q '>chromium 42<' <<<"$needs_output"; then
+        rm -rf "$dir"
+        return 0
+      fi
+      needs_output="$needs_output $(tail -n 5 "$dir/stderr" 2>/dev/null)"
+      rm -rf "$dir"
+      return 1
+      ;;
     rust-target:*)
       dir=$(mktemp -d)
       echo 'pub fn f() -> String { std::env::args().collect() }' >"$dir/probe.rs"
@@ -105,6 +122,7 @@ needs_packages() {
     mosquitto) echo mosquitto ;;
     victoria-metrics) echo victoria-metrics ;;
     systemd-analyze) echo systemd ;;
+    chromium) echo chromium ;;
     cc:*)
       var=CC_${1#cc:}
       var=${var//-/_}

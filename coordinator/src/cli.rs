@@ -74,6 +74,19 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Write a self-contained HTML report of a study (charts, device
+    /// classes, the best configurations and where their figures came from).
+    Report {
+        study: String,
+        /// The HTML file to write.
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+        /// How many best configurations to list.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        n: usize,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Export every trial of a study.
     Export {
         study: String,
@@ -486,6 +499,14 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             emit(&out)
         }
+        Command::Report { study, output, n, store } => {
+            let store = open_existing(&store.store)?;
+            let options = crate::report::Options { best: n, ..crate::report::Options::default() };
+            let bytes = crate::report::write(&store, &study, options, &output)?;
+            // Scripts and tests read this line.
+            println!("report: {} ({bytes} bytes)", output.display());
+            Ok(())
+        }
         Command::Export { study, format, output, store } => {
             let store = open_existing(&store.store)?;
             let format = match format {
@@ -522,13 +543,8 @@ fn describe(r: &crate::store::BestRow) -> String {
 
 /// The `n` best trials of `study` in each device class of the agents that ran them.
 fn best_by_class(store: &Store, study: &str, n: usize) -> anyhow::Result<String> {
-    let classes: std::collections::HashMap<String, String> =
-        store.agents()?.into_iter().map(|a| (a.name, crate::sched::device_class(&a.info))).collect();
-    let mut groups: std::collections::BTreeMap<String, Vec<crate::store::BestRow>> = Default::default();
-    for r in store.best(study, usize::MAX)? {
-        let class = classes.get(&r.agent).cloned().unwrap_or_else(|| "unknown agent".to_string());
-        groups.entry(class).or_default().push(r);
-    }
+    let rows = store.best(study, usize::MAX)?;
+    let groups = crate::report::by_class(&rows, &store.agents()?);
     if groups.is_empty() {
         bail!("study {study:?} has no successful trial in {}", store.path());
     }

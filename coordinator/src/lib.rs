@@ -10,6 +10,7 @@ pub mod decide;
 pub mod engine;
 pub mod pareto;
 pub mod progress;
+pub mod report;
 pub mod run;
 pub mod sched;
 pub mod search;

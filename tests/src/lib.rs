@@ -2,6 +2,7 @@
 //! ports, child processes that die with the test, and waiting on conditions
 //! under a deadline (never a fixed sleep).
 
+pub mod chromium;
 pub mod mosquitto;
 pub mod ports;
 pub mod victoria;
@@ -232,6 +233,15 @@ pub fn assert_spools_empty(state_dirs: &[PathBuf]) {
 pub fn assert_agents_spools_empty(names: &[&str]) {
     assert_spools_empty(&names.iter().map(|n| agent_state_dir(n)).collect::<Vec<_>>());
 }
+
+/// The `[pipeline]` section of a study whose trials probe each system
+/// configuration for one epoch, after a warm-up epoch, and keep the fastest.
+pub const PIPELINE_EPOCH_WINDOWS: &str = r#"[pipeline]
+mode = "pipelined"
+probe = "grid"
+window = { epochs = 1, warmup = 1 }
+select = "time"
+"#;
 
 /// A study file using the real training workload, with `trials` trials.
 pub fn train_study(dir: &Path, name: &str, trials: u32, selector: &str) -> PathBuf {

@@ -72,12 +72,7 @@ kind = "int"
 low = 1
 high = 2
 
-[pipeline]
-mode = "pipelined"
-probe = "grid"
-window = {{ epochs = 1, warmup = 1 }}
-select = "time"
-control = true
+{PIPELINE_EPOCH_WINDOWS}control = true
 "#
     );
     let path = dir.join(format!("{name}.toml"));

@@ -18,8 +18,8 @@
 //!
 //! One file per concern: `schema` opens and migrates, `queries` reads,
 //! `batch` writes, `outbox` queues points for InfluxDB, `export` writes CSV
-//! and JSON, `keys` pins agent keys. This file holds the types and column
-//! helpers they share.
+//! and JSON, `report` reads what the HTML report draws, `keys` pins agent
+//! keys. This file holds the types and column helpers they share.
 
 use std::fmt;
 
@@ -35,12 +35,14 @@ mod export;
 mod keys;
 mod outbox;
 mod queries;
+mod report;
 mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use export::ExportFormat;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use queries::{AgentRow, AttemptRow, BestRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
+pub use report::{ProvenanceRow, WindowRow};
 pub use schema::SCHEMA_VERSION;
 
 /// What went wrong in the store.
