@@ -413,8 +413,6 @@ struct Spawned {
     last_boundary: Option<Boundary>,
     /// CPUs this trial started on, then the others the agent may use.
     cpu_pool: Vec<u32>,
-    /// `/proc` counts of the trial's processes just after it started.
-    proc_start: Option<procfs::ProcCounts>,
     /// The profile of a pipelined trial's first window, once it closed.
     window_profile: Option<WindowProfile>,
     /// ... and not yet sent with an epoch's progress.
@@ -534,10 +532,6 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
     let registration = cfg.trials.register(members.clone());
     let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
-    let proc_start = pipeline.probing().then(|| {
-        let pids = crate::live::trial_processes(&cfg.proc_root, &members);
-        procfs::proc_counts(&cfg.proc_root, &pids)
-    });
     let mut cpu_pool = run.cpus.clone();
     cpu_pool.extend(crate::sched::allowed_cpus().into_iter().filter(|c| !run.cpus.contains(c)));
     Ok(Spawned {
@@ -558,7 +552,6 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         pending_line: Vec::new(),
         last_boundary: None,
         cpu_pool,
-        proc_start: proc_start.filter(|c| c.processes > 0),
         window_profile: None,
         profile_unsent: false,
     })
@@ -682,7 +675,8 @@ fn profile_first_window(cfg: &RunnerConfig, t: &mut Spawned) {
     let Some(window) = t.pipeline.first_window() else { return };
     let pids = crate::live::trial_processes(&cfg.proc_root, &t.members);
     let after = procfs::proc_counts(&cfg.proc_root, &pids);
-    let profile = Profile::window(&t.counters.totals(), t.proc_start.as_ref(), &after, window.wall_us);
+    // The first window starts with the workload: its counts are all it did.
+    let profile = Profile::window(&t.counters.totals(), Some(&procfs::ProcCounts::default()), &after, window.wall_us);
     tracing::debug!(epochs = window.epochs(), wall_us = window.wall_us, "first window profiled");
     t.window_profile = Some(WindowProfile {
         system: window.system.clone(),

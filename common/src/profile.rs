@@ -23,7 +23,7 @@
 //! | 14 | `stalled_frontend_per_cycle` | stalled-cycles-frontend / cycles |
 //! | 15 | `stalled_backend_per_cycle` | stalled-cycles-backend / cycles |
 //! | 16 | `log_rss_mib` | log10(1 + resident MiB of the trial's processes at the window's end) |
-//! | 17 | `rss_growth_mib_per_s` | resident MiB gained per wall second over the window, signed log10(1 + \|x\|) |
+//! | 17 | `rss_growth_mib_per_s` | resident MiB gained per wall second over the window (from nothing at the start of the workload for a first window), signed log10(1 + \|x\|) |
 //! | 18 | `log_io_kib_per_s` | log10(1 + KiB read and written through syscalls per wall second) (`rchar + wchar`) |
 //! | 19 | `log_io_syscalls_per_s` | log10(1 + read and write syscalls per wall second) (`syscr + syscw`) |
 //! | 20 | `voluntary_switch_share` | voluntary / all context switches of the trial's threads |
@@ -81,9 +81,13 @@ pub const FEATURES: [&str; 25] = [
     "energy_ratio_best",
 ];
 
-/// The features known at the end of a first window (everything but the
-/// scaling signature): what the coordinator classifies a new job on.
-pub const WINDOW_FEATURES: std::ops::Range<usize> = 0..23;
+/// The features the coordinator classifies a new job on: those known at
+/// the end of its first window, less three that describe the machine or
+/// the configuration rather than the job (CPU migrations: the scheduler;
+/// major faults: what the page cache held; threads: the configuration's
+/// thread count). Measured on the three bundled workloads, these three
+/// varied as much between runs of one job as between jobs (BENCHMARKS.md).
+pub const WINDOW_FEATURES: [usize; 19] = [0, 1, 2, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20];
 
 /// What `/proc` says about a trial's processes, summed over them: counts
 /// since each process started, and sizes now.

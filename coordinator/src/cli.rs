@@ -36,6 +36,9 @@ pub struct Cli {
 pub enum Command {
     /// Run a study from start to finish (resumes it if the store has it already).
     Run(Box<RunArgs>),
+    /// Run every workload of a campaign file, each as its own study, side by
+    /// side on the fleet (resumes them if the store has them already).
+    Campaign(Box<RunArgs>),
     /// Run the bundled example study on an embedded broker with two local agents.
     Demo(DemoArgs),
     /// Check a study file and print its trials without running anything.
@@ -87,6 +90,18 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Workload profiles: the clusters of each device class, their members
+    /// and best configurations; `decisions` and `classify` say what reuse did
+    /// and would do.
+    Profiles {
+        #[command(subcommand)]
+        action: Option<ProfilesAction>,
+        /// Print JSON instead of text.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Export every trial of a study.
     Export {
         study: String,
@@ -98,6 +113,16 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfilesAction {
+    /// Every reuse decision (of STUDY, or of every study): reused or
+    /// probed, the cluster, distance and threshold, and whether a reused
+    /// configuration kept its promise.
+    Decisions { study: Option<String> },
+    /// Where TRIAL of STUDY would land in its device class's clusters now, and why.
+    Classify { study: String, trial: u64 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -299,7 +324,7 @@ impl InfluxArgs {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// The study file (TOML).
+    /// The study file (TOML); for `campaign`, the campaign file.
     pub study: PathBuf,
     #[command(flatten)]
     pub broker: BrokerArgs,
@@ -335,6 +360,21 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             let summary =
                 run_study(study, &args.broker, &args.influx, &args.store.store, !args.quiet, shutdown).await?;
             print_summary(&summary, &args.store.store);
+            Ok(())
+        }
+        Command::Campaign(args) => {
+            let campaign = crate::campaign::load(&args.study)?;
+            let name = campaign.name.clone();
+            let summaries =
+                run_studies(campaign.studies, &args.broker, &args.influx, &args.store.store, !args.quiet, shutdown)
+                    .await?;
+            for s in &summaries {
+                print_summary(s, &args.store.store);
+            }
+            let (done, total) = summaries.iter().fold((0, 0), |(d, t), s| (d + s.done, t + s.total));
+            let finished = summaries.iter().filter(|s| s.done + s.failed + s.stopped == s.total).count();
+            // Scripts read this line.
+            println!("campaign {name}: {finished}/{} workloads finished, {done}/{total} trials done", summaries.len());
             Ok(())
         }
         Command::Demo(args) => demo(args, shutdown).await,
@@ -483,6 +523,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             if let Some(note) = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
                 writeln!(out, "{note}")?;
             }
+            let decisions = store.decisions(Some(&study))?;
             for r in &rows {
                 let source = r.energy_source.as_deref().unwrap_or("no energy");
                 writeln!(
@@ -493,11 +534,49 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     r.agent,
                     describe(r)
                 )?;
+                // What reuse decided for the attempt that gave the result.
+                for d in decisions.iter().filter(|d| d.trial == r.trial && d.attempt == r.attempt) {
+                    writeln!(out, "            {}: {}", d.decision, d.reason)?;
+                }
             }
             if let Some(note) = left_out {
                 writeln!(out, "note: {note}")?;
             }
             emit(&out)
+        }
+        Command::Profiles { action, json, store } => {
+            let store = open_existing(&store.store)?;
+            let text = match action {
+                None => {
+                    let views = crate::profiles::classes(&store)?;
+                    if json {
+                        serde_json::to_string_pretty(&views)?
+                    } else {
+                        crate::profiles::render_classes(&views)
+                    }
+                }
+                Some(ProfilesAction::Decisions { study }) => {
+                    let rows = store.decisions(study.as_deref())?;
+                    if json {
+                        serde_json::to_string_pretty(&rows)?
+                    } else {
+                        crate::profiles::render_decisions(&rows)
+                    }
+                }
+                Some(ProfilesAction::Classify { study, trial }) => {
+                    let c = crate::profiles::classify(&store, &study, trial)?;
+                    if json {
+                        serde_json::to_string_pretty(&c)?
+                    } else {
+                        crate::profiles::render_classified(&c)
+                    }
+                }
+            };
+            emit(&text)?;
+            if json {
+                emit("\n")?;
+            }
+            Ok(())
         }
         Command::Report { study, output, n, store } => {
             let store = open_existing(&store.store)?;
@@ -734,8 +813,21 @@ pub async fn run_study(
     progress: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
+    let mut summaries = run_studies(vec![study], args, influx, store_path, progress, shutdown).await?;
+    summaries.pop().context("the run ended without a summary")
+}
+
+/// Runs `studies` side by side (a campaign); see [`run_study`].
+pub async fn run_studies(
+    studies: Vec<Study>,
+    args: &BrokerArgs,
+    influx: &InfluxArgs,
+    store_path: &Path,
+    progress: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Vec<Summary>> {
     let config = RunConfig {
-        study,
+        studies,
         broker: args.choice()?,
         topics: Topics::new(&args.root)?,
         keepalive: Duration::from_secs(args.keepalive),
@@ -763,7 +855,7 @@ pub async fn run_study(
             );
         }
     }
-    Ok(outcome.summary)
+    Ok(outcome.summaries)
 }
 
 fn print_summary(s: &Summary, store: &Path) {

@@ -76,6 +76,12 @@ pub struct EngineStats {
     /// Attempts moved off an overloaded agent, or measured again because
     /// their measurement was disturbed.
     pub moved: u64,
+    /// Trials that skipped probing for a configuration reused from jobs
+    /// that profiled alike, and reuses that then ran slower than promised.
+    pub reused: u64,
+    pub reuse_worse: u64,
+    /// Window profiles refused as malformed (the trial probes as usual).
+    pub bad_profiles: u64,
 }
 
 /// The best result so far, for the progress display and the summary.
@@ -117,6 +123,11 @@ struct ActiveStudy {
     runs: HashMap<String, Vec<u64>>,
     /// What every trial of a pipelined study probes (computed once).
     probe: Option<tunefleet_common::message::ProbePlan>,
+    /// Attempts whose first window was decided on (once each).
+    decided: std::collections::HashSet<(u64, u32)>,
+    /// Trials running a reused configuration: it, and the time relative
+    /// to the first window its cluster promised.
+    reused: HashMap<u64, (tunefleet_common::message::SystemParams, f64)>,
     best: Option<Best>,
     started: Instant,
 }
@@ -135,6 +146,8 @@ impl ActiveStudy {
             checkpoints: HashMap::new(),
             runs: HashMap::new(),
             probe,
+            decided: Default::default(),
+            reused: HashMap::new(),
             best,
             started: Instant::now(),
         };
@@ -192,6 +205,8 @@ pub struct Engine {
     telemetry: crate::decide::Telemetry,
     offload: Option<crate::decide::Policy>,
     last_decision_ms: u64,
+    /// Profiles, clusters and reuse, loaded from the store with the first study.
+    book: Option<crate::reuse::Book>,
 }
 
 fn unix_ms() -> u64 {
@@ -216,6 +231,7 @@ impl Engine {
             telemetry: Default::default(),
             offload: None,
             last_decision_ms: 0,
+            book: None,
         }
     }
 
@@ -239,6 +255,9 @@ impl Engine {
     /// Creates the study in the store, or resumes it if it is there already
     /// with the same configuration, and starts scheduling its trials.
     pub fn start_study(&mut self, study: Study) -> Result<(), EngineError> {
+        if self.book.is_none() {
+            self.book = Some(load_book(&self.store)?);
+        }
         {
             let mut batch = self.store.batch()?;
             batch.create_study(&study, &[])?;
@@ -293,17 +312,47 @@ impl Engine {
 
     /// Runs until `study` has finished, the transport closes, or `shutdown` fires.
     pub async fn run_study(
-        mut self,
+        self,
         study: &str,
-        mut inbound: mpsc::Receiver<Inbound>,
+        inbound: mpsc::Receiver<Inbound>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<Summary, EngineError> {
+        let mut summaries = self.run_studies(&[study.to_string()], inbound, shutdown).await?;
+        summaries.pop().ok_or(EngineError::TransportClosed)
+    }
+
+    /// Runs `studies` side by side on the fleet until every one has
+    /// finished, the transport closes, or `shutdown` fires; a summary per
+    /// study, in order.
+    pub async fn run_studies(
+        mut self,
+        studies: &[String],
+        mut inbound: mpsc::Receiver<Inbound>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
         tokio::pin!(shutdown);
         let mut ticker = tokio::time::interval(Duration::from_millis(250));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events = Vec::with_capacity(MAX_BATCH);
+        let mut announced = std::collections::HashSet::new();
         loop {
-            if self.sched.counts(study).is_none_or(|c| c.finished()) {
+            let finished: Vec<&String> =
+                studies.iter().filter(|s| self.sched.counts(s).is_none_or(|c| c.finished())).collect();
+            for s in &finished {
+                if studies.len() > 1 && announced.insert((*s).clone()) {
+                    let c = self.sched.counts(s).unwrap_or_default();
+                    // Scripts read this line: a campaign's progress per workload.
+                    self.progress.note(&format!(
+                        "finished: {s}: {}/{} trials done, {} failed ({} of {} studies finished)",
+                        c.done,
+                        c.total,
+                        c.failed,
+                        announced.len(),
+                        studies.len()
+                    ));
+                }
+            }
+            if finished.len() == studies.len() {
                 break;
             }
             let mut tick = false;
@@ -330,11 +379,13 @@ impl Engine {
             self.turn(&mut events, tick).await?;
         }
         self.sync(&mut inbound, SYNC_GRACE).await?;
-        let summary = self.summary(study);
+        let summaries: Vec<Summary> = studies.iter().map(|s| self.summary(s)).collect();
         {
             let mut batch = self.store.batch()?;
-            if summary.done + summary.failed + summary.stopped == summary.total {
-                batch.finish_study(study, unix_ms())?;
+            for summary in &summaries {
+                if summary.done + summary.failed + summary.stopped == summary.total {
+                    batch.finish_study(&summary.study, unix_ms())?;
+                }
             }
             batch.commit()?;
         }
@@ -342,7 +393,7 @@ impl Engine {
         if let Err(e) = self.outbox.close(SYNC_GRACE).await {
             tracing::warn!(error = %e, "closing the MQTT connection");
         }
-        Ok(summary)
+        Ok(summaries)
     }
 
     /// Asks every agent with a session to confirm that all sent before has
@@ -453,6 +504,7 @@ impl Engine {
                         telemetry: &mut self.telemetry,
                         now_ms: now,
                         remeasure: self.offload.is_some(),
+                        book: self.book.get_or_insert_with(Default::default),
                     },
                     ev,
                 )?;
@@ -499,6 +551,7 @@ struct Ctx<'a, 'b> {
     now_ms: u64,
     /// Measurements agents flag as disturbed are taken again (with offloading).
     remeasure: bool,
+    book: &'a mut crate::reuse::Book,
 }
 
 /// The decider's verdicts, applied: overloaded agents get no trials and
@@ -613,6 +666,9 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
                 cx.batch.record_progress(&p)?;
                 if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
                     a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
+                }
+                if let Some(wp) = &p.profile {
+                    on_profile(cx, &agent, &p.trial, wp)?;
                 }
                 early_stop(cx, &p);
             }
@@ -733,6 +789,195 @@ fn repeat_until_stable(
     a.create(sched, batch, vec![plan])
 }
 
+/// Every profile record and stored model, by device class.
+fn load_book(store: &Store) -> Result<crate::reuse::Book, EngineError> {
+    let mut book = crate::reuse::Book::default();
+    for r in store.profile_records()? {
+        book.classes.entry(r.class.clone()).or_default().records.push(r);
+    }
+    for (class, model, fitted_on) in store.cluster_models()? {
+        let c = book.classes.entry(class).or_default();
+        c.model = Some(model);
+        c.fitted_on = usize::try_from(fitted_on).unwrap_or(usize::MAX);
+    }
+    for c in book.classes.values_mut() {
+        c.place_all();
+    }
+    Ok(book)
+}
+
+/// A pipelined trial's first window was profiled: reuse a configuration
+/// of its cluster (it stops probing), or let it probe; recorded either way.
+fn on_profile(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &tunefleet_common::message::TrialRef,
+    wp: &tunefleet_common::measurement::WindowProfile,
+) -> Result<(), EngineError> {
+    use crate::reuse::{self, Decision};
+    let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+    let (Some(probe), Some(plan)) = (a.probe.as_ref(), a.plans.get(trial.trial as usize)) else { return Ok(()) };
+    if !a.decided.insert((trial.trial, trial.attempt)) {
+        return Ok(());
+    }
+    let Some(class) = cx.sched.agent_class(agent) else { return Ok(()) };
+    if reuse::check(&wp.profile).is_err() {
+        cx.stats.bad_profiles += 1;
+    }
+    let group = reuse::group_key(&a.study.reuse.group, &plan.params);
+    let c = cx.book.classes.get(&class);
+    let decision = reuse::decide(
+        &a.study.reuse,
+        c.and_then(|c| c.model.as_ref()),
+        c.map_or(&[][..], |c| &c.records),
+        c.map_or(&[][..], |c| &c.clusters),
+        &wp.profile,
+        &group,
+        probe.select,
+    );
+    let decision = match decision {
+        Decision::Reuse { cluster, distance, threshold, .. } if !a.study.reuse.enabled => Decision::Probe {
+            cluster: Some(cluster),
+            distance: Some(distance),
+            threshold: Some(threshold),
+            reason: format!(
+                "probed: reuse is off for this study ([reuse] enabled = false); it would have {}",
+                decision.reason()
+            ),
+        },
+        d => d,
+    };
+    let mut row = crate::store::DecisionRow {
+        study: trial.study.clone(),
+        trial: trial.trial,
+        attempt: trial.attempt,
+        class,
+        decision: "probe".into(),
+        cluster: None,
+        distance: None,
+        threshold: None,
+        system: None,
+        expected: None,
+        reason: decision.reason(),
+        at_ms: unix_ms(),
+    };
+    match &decision {
+        Decision::Reuse { cluster, distance, threshold, system, expected, .. } => {
+            row.decision = "reuse".into();
+            (row.cluster, row.distance, row.threshold) = (Some(*cluster as u64), Some(*distance), Some(*threshold));
+            row.system = Some(reuse::system_text(system));
+            row.expected = Some(*expected);
+            a.reused.insert(trial.trial, (system.clone(), *expected));
+            cx.stats.reused += 1;
+            tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "configuration reused: probing skipped");
+            cx.out.push((
+                agent.to_string(),
+                CoordinatorMessage::Reconfigure(tunefleet_common::message::Reconfigure {
+                    trial: trial.clone(),
+                    system: system.clone(),
+                    reason: tunefleet_common::message::ReconfigureReason::Reuse,
+                }),
+            ));
+        }
+        Decision::Probe { cluster, distance, threshold, .. } => {
+            (row.cluster, row.distance, row.threshold) = (cluster.map(|c| c as u64), *distance, *threshold);
+            tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "probing");
+        }
+    }
+    cx.batch.record_decision(&row)?;
+    Ok(())
+}
+
+/// A pipelined trial's result: its first-window profile, with how each
+/// configuration ran, joins its device class's profiles (the model is
+/// refitted as they grow); a reused configuration is checked against
+/// what its cluster promised.
+fn learn(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &tunefleet_common::message::TrialRef,
+    m: &tunefleet_common::measurement::Measurement,
+    now: u64,
+) -> Result<(), EngineError> {
+    use crate::reuse::{self, Record, Verdict};
+    let Some(a) = cx.studies.get(&trial.study) else { return Ok(()) };
+    let (Some(wp), Some(probe), Some(plan)) = (&m.window_profile, &a.probe, a.plans.get(trial.trial as usize)) else {
+        return Ok(());
+    };
+    if reuse::check(&wp.profile).is_err() {
+        return Ok(());
+    }
+    let Some(outcomes) = reuse::outcomes(&m.segments) else { return Ok(()) };
+    let Some(class) = cx.sched.agent_class(agent) else { return Ok(()) };
+    let reused = m.segments.iter().any(|s| s.role == tunefleet_common::measurement::SegmentRole::Reused);
+    let mut worse = None;
+    if let Some((system, expected)) = a.reused.get(&trial.trial).filter(|_| reused) {
+        let verdict = reuse::verify(&outcomes, system, *expected, a.study.reuse.verify_bound);
+        let (decision, reason, measured) = match &verdict {
+            Verdict::Kept { measured, .. } => (
+                "kept",
+                format!(
+                    "the reused configuration ran at {measured:.3} x the first window, as promised ({expected:.3})"
+                ),
+                Some(*measured),
+            ),
+            Verdict::Worse { why, measured, .. } => {
+                cx.stats.reuse_worse += 1;
+                tracing::warn!(trial = %trial, %why, "reused configuration ran slower than its record: its cluster is probed again");
+                worse = Some(why.clone());
+                ("worse", why.clone(), Some(*measured))
+            }
+            Verdict::Unverified => ("kept", "not verified: no reused window was measured".to_string(), None),
+        };
+        cx.batch.record_decision(&crate::store::DecisionRow {
+            study: trial.study.clone(),
+            trial: trial.trial,
+            attempt: trial.attempt,
+            class: class.clone(),
+            decision: decision.into(),
+            cluster: None,
+            distance: None,
+            threshold: None,
+            system: Some(reuse::system_text(system)),
+            expected: measured,
+            reason,
+            at_ms: now,
+        })?;
+    }
+    let profile = if reused { wp.profile.clone() } else { reuse::with_signature(wp, &outcomes, probe.select) };
+    let workload = a.study.command.first().map_or("", |c| c.rsplit('/').next().unwrap_or(c)).to_string();
+    let record = Record {
+        study: trial.study.clone(),
+        trial: trial.trial,
+        class: class.clone(),
+        workload,
+        group: reuse::group_key(&a.study.reuse.group, &plan.params),
+        profile,
+        outcomes,
+        reused,
+        worse,
+        at_ms: now,
+    };
+    cx.batch.record_profile(&record)?;
+    let c = cx.book.classes.entry(class.clone()).or_default();
+    c.records.retain(|r| !(r.study == record.study && r.trial == record.trial));
+    c.records.push(record);
+    if c.stale() {
+        let profiles: Vec<tunefleet_common::profile::Profile> = c.records.iter().map(|r| r.profile.clone()).collect();
+        match crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()) {
+            Ok(fitted) => {
+                tracing::info!(class = %class, k = fitted.model.k(), profiles = profiles.len(), "profile clusters refitted");
+                cx.batch.record_model(&class, &fitted.model, profiles.len(), now)?;
+                c.model = Some(fitted.model);
+                c.fitted_on = profiles.len();
+            }
+            Err(e) => tracing::warn!(class = %class, error = %e, "cannot cluster profiles"),
+        }
+    }
+    c.place_all();
+    Ok(())
+}
+
 /// ASHA's verdict on a live attempt's epoch report.
 fn early_stop(cx: &mut Ctx<'_, '_>, p: &tunefleet_common::message::Progress) {
     let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
@@ -761,6 +1006,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     cx.effects.extend(effects);
     let active = cx.studies.get_mut(&trial.study);
     let mut outcome = AckOutcome::Stored;
+    let mut to_learn = false;
     match verdict {
         Verdict::Unknown if cx.sched.is_finished(&trial.study, trial.trial) => {
             cx.stats.duplicate_results += 1;
@@ -802,6 +1048,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                     Some(search::system_params(&plan.params))
                 });
                 cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
+                to_learn = measurement.exit.success();
             }
             if cx.influx && stored == RecordOutcome::Stored {
                 let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
@@ -830,6 +1077,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 }
             }
         }
+    }
+    if to_learn {
+        learn(cx, &agent, &trial, &measurement, now)?;
     }
     cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
     Ok(())
@@ -925,6 +1175,7 @@ high = 4
         stats: EngineStats,
         sessions: Sessions,
         agent: Option<Session>,
+        book: crate::reuse::Book,
     }
 
     fn info() -> AgentInfo {
@@ -958,7 +1209,15 @@ high = 4
             let coordinator_key = sessions.public_key();
             let me = Identity::generate().expect("key").0;
             let (signed, pending) = auth::hello(&me, info(), 9, 1, [0; 32]).expect("hello");
-            let mut rig = Rig { store, sched, studies, stats: EngineStats::default(), sessions, agent: None };
+            let mut rig = Rig {
+                store,
+                sched,
+                studies,
+                stats: EngineStats::default(),
+                sessions,
+                agent: None,
+                book: Default::default(),
+            };
             let hello = UpFrame::Hello(signed);
             let out =
                 rig.turn(vec![Inbound::Agent { agent: "a".into(), kind: AgentTopic::Hello, frame: Box::new(hello) }]);
@@ -990,6 +1249,7 @@ high = 4
                     telemetry: &mut Default::default(),
                     now_ms: 0,
                     remeasure: true,
+                    book: &mut self.book,
                 };
                 handle(&mut cx, ev).expect("a message never ends the run");
             }

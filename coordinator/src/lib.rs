@@ -5,12 +5,16 @@ pub use run::{run, RunConfig, RunError, RunOutcome};
 
 pub mod auth;
 pub mod broker;
+pub mod campaign;
 pub mod cli;
+pub mod cluster;
 pub mod decide;
 pub mod engine;
 pub mod pareto;
+pub mod profiles;
 pub mod progress;
 pub mod report;
+pub mod reuse;
 pub mod run;
 pub mod sched;
 pub mod search;

@@ -42,6 +42,15 @@ impl Progress {
         bar.set_message(format!("| {running} running | {live_agents} agents{best}"));
     }
 
+    /// A line for the log of the run (a campaign's workload finished):
+    /// above the bar on a terminal, a plain line on stdout otherwise (scripts read it).
+    pub fn note(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => println!("{line}"),
+        }
+    }
+
     pub fn finish(&mut self) {
         if let Some(bar) = self.bar.take() {
             bar.finish();

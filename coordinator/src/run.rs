@@ -1,6 +1,6 @@
 //! The coordinator as a library: [`run`] starts the embedded broker (or
 //! connects to an external one), opens the store, loads the coordinator's
-//! key, runs one study until it ends or `shutdown` completes, and drains the
+//! key, runs its studies until they end or `shutdown` completes, and drains the
 //! InfluxDB sink. `cli.rs` only turns flags into a [`RunConfig`] and prints;
 //! tests and other programs call [`run`] directly.
 
@@ -33,7 +33,8 @@ pub enum BrokerChoice {
 
 /// Everything one run needs.
 pub struct RunConfig {
-    pub study: Study,
+    /// Run side by side on the fleet (one study, or a campaign's).
+    pub studies: Vec<Study>,
     pub broker: BrokerChoice,
     pub topics: Topics,
     pub keepalive: Duration,
@@ -62,7 +63,8 @@ pub type OnBroker = Box<dyn FnOnce(&BrokerUrl) + Send>;
 /// What a run did.
 #[derive(Debug)]
 pub struct RunOutcome {
-    pub summary: Summary,
+    /// One per study, in order.
+    pub summaries: Vec<Summary>,
     /// The InfluxDB sink's final figures, when there was one.
     pub influx: Option<SinkStats>,
 }
@@ -86,10 +88,10 @@ pub enum RunError {
     Engine(#[from] EngineError),
 }
 
-/// Runs `config.study` to the end (or until `shutdown`).
+/// Runs `config.studies` to the end (or until `shutdown`).
 pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Result<RunOutcome, RunError> {
     let RunConfig {
-        study,
+        studies,
         broker,
         topics,
         keepalive,
@@ -138,12 +140,14 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
     let mut engine =
         Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some()).with_offload(offload);
-    let name = study.name.clone();
-    engine.start_study(study)?;
-    let result = engine.run_study(&name, inbound, shutdown).await;
+    let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();
+    for study in studies {
+        engine.start_study(study)?;
+    }
+    let result = engine.run_studies(&names, inbound, shutdown).await;
     let influx = match (sink, influx) {
         (Some(sink), Some((_, grace))) => Some(sink.drain(grace).await?),
         _ => None,
     };
-    Ok(RunOutcome { summary: result?, influx })
+    Ok(RunOutcome { summaries: result?, influx })
 }

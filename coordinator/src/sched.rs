@@ -353,6 +353,11 @@ impl Scheduler {
         self.agents.values().filter(|a| a.online && a.info.is_some()).count()
     }
 
+    /// The device class of `agent`, once it said what it is.
+    pub fn agent_class(&self, agent: &str) -> Option<String> {
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class)
+    }
+
     /// Agents connected and matching `study`'s selector.
     pub fn eligible_agents(&self, study: &str) -> usize {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };

@@ -340,6 +340,9 @@ pub struct Study {
     pub stability: Option<Stability>,
     /// Pipelined mode; `None`: sequential (a trial per hyper x system configuration).
     pub pipeline: Option<Pipelined>,
+    /// `[reuse]`: configurations known good for jobs that profile alike
+    /// ([`crate::reuse`]); pipelined studies only.
+    pub reuse: crate::reuse::Policy,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.
@@ -431,6 +434,17 @@ struct RawStudy {
     pipeline: Option<Spanned<RawPipeline>>,
     early_stopping: Option<RawEarlyStopping>,
     stability: Option<Spanned<RawStability>>,
+    reuse: Option<Spanned<RawReuse>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReuse {
+    enabled: Option<bool>,
+    group: Option<Vec<Spanned<String>>>,
+    radius_factor: Option<f64>,
+    min_threshold: Option<f64>,
+    verify_bound: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -818,6 +832,8 @@ impl Ctx<'_> {
             }
         };
 
+        let reuse = self.reuse(raw.reuse.as_ref(), &hyper, pipeline.is_some())?;
+
         Ok(Study {
             name: name.clone(),
             command,
@@ -835,9 +851,49 @@ impl Ctx<'_> {
             pipeline,
             early_stopping,
             stability,
+            reuse,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
+    }
+
+    fn reuse(
+        &self,
+        raw: Option<&Spanned<RawReuse>>,
+        hyper: &BTreeMap<String, ParamSpec>,
+        pipelined: bool,
+    ) -> Result<crate::reuse::Policy, StudyError> {
+        let mut policy = crate::reuse::Policy::default();
+        let Some(raw) = raw else { return Ok(policy) };
+        if !pipelined {
+            return Err(self.at(
+                raw.span(),
+                "reuse: only pipelined studies probe, so only they reuse ([pipeline] mode = \"pipelined\")",
+            ));
+        }
+        let r = raw.get_ref();
+        policy.enabled = r.enabled.unwrap_or(true);
+        for g in r.group.iter().flatten() {
+            if !hyper.contains_key(g.get_ref()) {
+                return Err(
+                    self.at(g.span(), format!("reuse.group: {:?} is not a hyper-parameter of this study", g.get_ref()))
+                );
+            }
+            policy.group.push(g.get_ref().clone());
+        }
+        for (value, key, slot) in [
+            (r.radius_factor, "reuse.radius_factor", &mut policy.radius_factor),
+            (r.min_threshold, "reuse.min_threshold", &mut policy.min_threshold),
+            (r.verify_bound, "reuse.verify_bound", &mut policy.verify_bound),
+        ] {
+            if let Some(v) = value {
+                if !(v.is_finite() && v >= 0.0) {
+                    return Err(self.at(raw.span(), format!("{key}: must be a number of 0 or more (got {v})")));
+                }
+                *slot = v;
+            }
+        }
+        Ok(policy)
     }
 
     fn pipeline(

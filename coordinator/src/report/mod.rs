@@ -139,8 +139,18 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
         agents: store.agents()?,
         windows: store.recent_windows(study, options.windows_per_agent)?,
         provenance: store.provenance(study, &best)?,
-        // The clusters of issue 10 are not in the store yet.
-        reuse: Vec::new(),
+        reuse: store
+            .decisions(Some(study))?
+            .into_iter()
+            .map(|d| ReuseRow {
+                trial: d.trial,
+                decision: d.decision,
+                cluster: d.cluster.and_then(|c| u32::try_from(c).ok()),
+                distance: d.distance,
+                threshold: d.threshold,
+                reason: d.reason,
+            })
+            .collect(),
         ranked,
         study: row,
         options,

@@ -1,0 +1,554 @@
+//! Reuse of known-good system configurations for recurring jobs (PipeTune's
+//! idea, switched on and checked).
+//!
+//! Pure: records and a [`Model`] in, a [`Decision`] or a [`Verdict`] out; the
+//! engine keeps the records ([`Book`]), stores them and sends the decision.
+//!
+//! A pipelined trial profiles its first window and sends the profile. The
+//! decision, in this order:
+//! 1. the profile is malformed (another version, wrong length, not finite):
+//!    probe;
+//! 2. the device class has no model yet: probe;
+//! 3. the nearest cluster is farther than its threshold,
+//!    `max(radius_factor * radius, min_threshold)` (radius: the 90th
+//!    percentile of its members' distances; see [`crate::cluster`]): probe,
+//!    and the job will join the model as a kind of its own;
+//! 4. no job of that cluster with the same hyper-parameter group (the
+//!    values of the study's `[reuse] group` parameters, PipeTune's batch
+//!    size) has been probed: probe;
+//! 5. the latest record of that cluster and group is a reuse that ran
+//!    slower than promised: probe again (re-probing);
+//! 6. otherwise **reuse**: the configuration with the best mean over the
+//!    cluster's probed jobs, by the study's selection rule.
+//!
+//! Times and energies are compared *relative to the first window* (which
+//! every pipelined trial runs under the plan's first configuration), so a
+//! job on a larger data set, with slower epochs, compares with its cluster.
+//! A reused trial is verified when its result comes: its reused
+//! configuration's time relative to its first window must be within
+//! `verify_bound` of the cluster's record, or the next such job probes.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tunefleet_common::measurement::{Segment, SegmentRole, WindowProfile};
+use tunefleet_common::message::{Select, SystemParams};
+use tunefleet_common::params::Params;
+use tunefleet_common::profile::{Profile, FEATURES, PROFILE_VERSION};
+
+use crate::cluster::Model;
+
+/// `[reuse]` of a study: see the module doc and docs/STUDY.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Reuse configurations (profiles are learned either way).
+    pub enabled: bool,
+    /// Hyper-parameters whose values must match for a configuration to be
+    /// reused (a batch size changes what is best).
+    pub group: Vec<String>,
+    pub radius_factor: f64,
+    pub min_threshold: f64,
+    /// How much slower (relative) a reused configuration may run than its
+    /// record before the cluster is probed again.
+    pub verify_bound: f64,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: 0.5 }
+    }
+}
+
+/// How one configuration ran in one trial, relative to the trial's first window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub system: SystemParams,
+    /// Time per unit / the first window's.
+    pub rel_time: f64,
+    /// Energy per unit / the first window's, when both have energy.
+    pub rel_energy: Option<f64>,
+}
+
+/// One job the model learned from: a probed trial, or a reused one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub study: String,
+    pub trial: u64,
+    /// Device class ([`crate::sched::device_class`]).
+    pub class: String,
+    /// The workload's program (its command's first word).
+    pub workload: String,
+    pub group: String,
+    /// The first-window profile, with the scaling signature when probed.
+    pub profile: Profile,
+    pub outcomes: Vec<Outcome>,
+    /// It ran a reused configuration instead of probing.
+    pub reused: bool,
+    /// A reuse that ran slower than its record by more than the bound.
+    pub worse: Option<String>,
+    pub at_ms: u64,
+}
+
+/// What to do with a job whose first window was just profiled.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    Reuse {
+        cluster: usize,
+        distance: f64,
+        threshold: f64,
+        system: SystemParams,
+        /// The cluster's mean time of `system` relative to the first window.
+        expected: f64,
+        /// Probed trials it was learned from.
+        from: usize,
+    },
+    Probe {
+        cluster: Option<usize>,
+        distance: Option<f64>,
+        threshold: Option<f64>,
+        reason: String,
+    },
+}
+
+impl Decision {
+    /// One line for logs, the store and `tunefleet profiles`.
+    pub fn reason(&self) -> String {
+        match self {
+            Decision::Reuse { cluster, distance, threshold, system, expected, from } => format!(
+                "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs ran it at {expected:.3} x their first window",
+                system_text(system)
+            ),
+            Decision::Probe { reason, .. } => reason.clone(),
+        }
+    }
+}
+
+/// `cores=2 threads=1` (what is set, in order), as the report writes it.
+pub fn system_text(s: &SystemParams) -> String {
+    crate::report::system_text(Some(s))
+}
+
+/// Why a profile from an agent is not used.
+pub fn check(profile: &Profile) -> Result<(), String> {
+    if profile.version != PROFILE_VERSION {
+        return Err(format!("profile version {} (this coordinator uses {PROFILE_VERSION})", profile.version));
+    }
+    if profile.values.len() != FEATURES.len() {
+        return Err(format!(
+            "{} profile values (version {PROFILE_VERSION} has {})",
+            profile.values.len(),
+            FEATURES.len()
+        ));
+    }
+    if profile.values.iter().flatten().any(|v| !v.is_finite()) {
+        return Err("a profile value is not finite".into());
+    }
+    Ok(())
+}
+
+/// The group key of a trial: the values of the `group` parameters, as JSON.
+pub fn group_key(group: &[String], params: &Params) -> String {
+    let picked: Params = group.iter().filter_map(|g| params.get(g).map(|v| (g.clone(), v.clone()))).collect();
+    crate::store::params_json(&picked)
+}
+
+fn per_unit_energy(s: &Segment) -> Option<f64> {
+    s.energy_j.map(|e| e / f64::from(s.units().max(1)))
+}
+
+/// The trial's configurations relative to its first window (the
+/// segments' first), averaged over its segments of each configuration
+/// (probes, the kept rest, a reused rest); `None` without a first window.
+pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
+    let first = segments.first()?;
+    let base_t = first.us_per_unit();
+    if base_t <= 0.0 || !base_t.is_finite() {
+        return None;
+    }
+    let base_e = per_unit_energy(first).filter(|e| *e > 0.0);
+    let mut by: Vec<(SystemParams, Vec<f64>, Vec<f64>)> = Vec::new();
+    for (i, s) in segments.iter().enumerate() {
+        let counts = match s.role {
+            SegmentRole::Probe | SegmentRole::Selected | SegmentRole::Reused => true,
+            // The warm-up is the base, not a measurement of its configuration.
+            SegmentRole::Warmup | SegmentRole::Cut | SegmentRole::Reconfigured | SegmentRole::Initial => false,
+        };
+        if !counts {
+            continue;
+        }
+        let t = if i == 0 { 1.0 } else { s.us_per_unit() / base_t };
+        let e = match (per_unit_energy(s), base_e) {
+            (Some(e), Some(b)) => Some(e / b),
+            _ => None,
+        };
+        if !t.is_finite() {
+            continue;
+        }
+        match by.iter_mut().find(|(sys, ..)| *sys == s.system) {
+            Some((_, ts, es)) => {
+                ts.push(t);
+                es.extend(e);
+            }
+            None => by.push((s.system.clone(), vec![t], e.into_iter().collect())),
+        }
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    Some(
+        by.into_iter()
+            .map(|(system, ts, es)| Outcome {
+                system,
+                rel_time: mean(&ts),
+                rel_energy: (!es.is_empty() && es.len() == ts.len()).then(|| mean(&es)),
+            })
+            .collect(),
+    )
+}
+
+/// The score `select` ranks outcomes by (lower is better); energy rules
+/// use time when an outcome has no energy.
+fn score(select: Select, o: &Outcome) -> f64 {
+    match (select, o.rel_energy) {
+        (Select::Energy | Select::MaxSlowdown { .. }, Some(e)) => e,
+        (Select::Edp, Some(e)) => e * o.rel_time,
+        _ => o.rel_time,
+    }
+}
+
+/// The first-window profile with the scaling signature of `outcomes` added
+/// (how much faster the best configuration ran than the first, and its
+/// energy relative to the first's).
+pub fn with_signature(window: &WindowProfile, outcomes: &[Outcome], select: Select) -> Profile {
+    let mut p = window.profile.clone();
+    let best = outcomes.iter().min_by(|a, b| score(select, a).total_cmp(&score(select, b)));
+    if let Some(b) = best.filter(|_| outcomes.len() > 1) {
+        p.set("speedup_best", (b.rel_time > 0.0).then(|| 1.0 / b.rel_time));
+        p.set("energy_ratio_best", b.rel_energy);
+    }
+    p
+}
+
+/// The best configuration of a cluster's group: the mean outcome of each
+/// configuration over `members` (probed ones first; reused ones add their
+/// measurement to a configuration probes found), best by `select`.
+/// Returns it, its mean relative time and how many probed jobs it came from.
+pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) -> Option<(SystemParams, f64, usize)> {
+    let mut by: Vec<(SystemParams, Vec<Outcome>)> = Vec::new();
+    let mut probed = 0;
+    let members: Vec<&Record> = members.collect();
+    for r in members.iter().filter(|r| !r.reused) {
+        probed += 1;
+        for o in &r.outcomes {
+            match by.iter_mut().find(|(s, _)| *s == o.system) {
+                Some((_, v)) => v.push(o.clone()),
+                None => by.push((o.system.clone(), vec![o.clone()])),
+            }
+        }
+    }
+    for r in members.iter().filter(|r| r.reused) {
+        for o in &r.outcomes {
+            if let Some((_, v)) = by.iter_mut().find(|(s, _)| *s == o.system) {
+                v.push(o.clone());
+            }
+        }
+    }
+    let mean = |v: &[Outcome]| {
+        let t = v.iter().map(|o| o.rel_time).sum::<f64>() / v.len() as f64;
+        let es: Vec<f64> = v.iter().filter_map(|o| o.rel_energy).collect();
+        let e = (es.len() == v.len()).then(|| es.iter().sum::<f64>() / es.len() as f64);
+        Outcome { system: v[0].system.clone(), rel_time: t, rel_energy: e }
+    };
+    by.iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(_, v)| mean(v))
+        .min_by(|a, b| score(select, a).total_cmp(&score(select, b)))
+        .map(|o| (o.system, o.rel_time, probed))
+}
+
+/// Decides for a new job's first-window `profile` in a class whose model
+/// and records are given (`records[i]` placed in `clusters[i]`).
+pub fn decide(
+    policy: &Policy,
+    model: Option<&Model>,
+    records: &[Record],
+    clusters: &[Option<usize>],
+    profile: &Profile,
+    group: &str,
+    select: Select,
+) -> Decision {
+    let probe = |cluster, distance, threshold, reason: String| Decision::Probe { cluster, distance, threshold, reason };
+    if let Err(why) = check(profile) {
+        return probe(None, None, None, format!("probed: malformed profile ({why})"));
+    }
+    let Some(model) = model else {
+        return probe(None, None, None, "probed: no profiles of this device class yet".into());
+    };
+    let Some(place) = model.place(profile) else {
+        return probe(None, None, None, "probed: the profile shares no feature with the model".into());
+    };
+    let c = place.cluster;
+    let threshold = (policy.radius_factor * model.radius.get(c).copied().unwrap_or(0.0)).max(policy.min_threshold);
+    if place.distance > threshold {
+        return probe(
+            Some(c),
+            Some(place.distance),
+            Some(threshold),
+            format!(
+                "probed: nearest cluster {c} is at {:.3} > threshold {threshold:.3} (a new kind of job)",
+                place.distance
+            ),
+        );
+    }
+    let mut members: Vec<&Record> = records
+        .iter()
+        .zip(clusters)
+        .filter(|(r, k)| **k == Some(c) && r.group == group && !r.outcomes.is_empty())
+        .map(|(r, _)| r)
+        .collect();
+    members.sort_by_key(|r| r.at_ms);
+    if let Some(last) = members.last() {
+        if let Some(why) = &last.worse {
+            return probe(
+                Some(c),
+                Some(place.distance),
+                Some(threshold),
+                format!("probed again: {}/{} {why}", last.study, last.trial),
+            );
+        }
+    }
+    match recommend(members.into_iter(), select) {
+        Some((system, expected, from)) if from > 0 => {
+            Decision::Reuse { cluster: c, distance: place.distance, threshold, system, expected, from }
+        }
+        _ => probe(
+            Some(c),
+            Some(place.distance),
+            Some(threshold),
+            format!("probed: cluster {c} has no probed job with these hyper-parameters ({group})"),
+        ),
+    }
+}
+
+/// Whether a reused configuration did what its cluster promised.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    Kept {
+        measured: f64,
+        expected: f64,
+    },
+    Worse {
+        measured: f64,
+        expected: f64,
+        why: String,
+    },
+    /// Nothing to compare (no reused segment, no first window).
+    Unverified,
+}
+
+/// Checks a reused trial's `outcomes` for `system` against `expected`.
+pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: f64) -> Verdict {
+    let Some(o) = outcomes.iter().find(|o| o.system == *system) else { return Verdict::Unverified };
+    let measured = o.rel_time;
+    if measured > expected * (1.0 + bound) {
+        let why = format!(
+            "ran the reused {} at {measured:.3} x its first window, {:.0} % slower than the cluster's {expected:.3} (bound {:.0} %)",
+            system_text(system),
+            (measured / expected - 1.0) * 100.0,
+            bound * 100.0
+        );
+        Verdict::Worse { measured, expected, why }
+    } else {
+        Verdict::Kept { measured, expected }
+    }
+}
+
+/// Every device class's records and model, as the engine keeps them.
+#[derive(Debug, Default)]
+pub struct Book {
+    pub classes: BTreeMap<String, Class>,
+}
+
+/// One device class: its records, the model fitted on them, and where
+/// each record falls in it.
+#[derive(Debug, Default)]
+pub struct Class {
+    pub records: Vec<Record>,
+    pub model: Option<Model>,
+    pub clusters: Vec<Option<usize>>,
+    /// Records the model was fitted on.
+    pub fitted_on: usize,
+}
+
+impl Class {
+    /// Places every record in the current model.
+    pub fn place_all(&mut self) {
+        self.clusters = self
+            .records
+            .iter()
+            .map(|r| self.model.as_ref().and_then(|m| m.place(&r.profile)).map(|p| p.cluster))
+            .collect();
+    }
+
+    /// Whether the model should be refitted: every new record while there
+    /// are fewer than 1,000, then when they have grown by a tenth.
+    pub fn stale(&self) -> bool {
+        let n = self.records.len();
+        n > self.fitted_on && (n < 1_000 || n * 10 >= self.fitted_on * 11)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::{fit, FitOptions};
+
+    fn sys(threads: u32) -> SystemParams {
+        SystemParams { threads: Some(threads), ..SystemParams::default() }
+    }
+
+    fn seg(role: SegmentRole, threads: u32, wall_us: u64, epochs: u32, joules: Option<f64>) -> Segment {
+        Segment {
+            role,
+            system: sys(threads),
+            cpus: Vec::new(),
+            first_epoch: 1,
+            last_epoch: epochs,
+            steps: 0,
+            start_us: 0,
+            wall_us,
+            energy_j: joules,
+            cpu_us: None,
+        }
+    }
+
+    fn profile(kind: usize, i: usize) -> Profile {
+        let mut p = Profile::empty();
+        let noise = ((i * 7919) % 50) as f64 / 1000.0;
+        let (busy, io) = [(1.9, 0.5), (0.2, 4.0)][kind];
+        p.set("cpus_busy", Some(busy + noise));
+        p.set("log_io_kib_per_s", Some(io + noise));
+        p
+    }
+
+    fn record(kind: usize, i: usize, outcomes: Vec<Outcome>, reused: bool, at_ms: u64) -> Record {
+        Record {
+            study: "s".into(),
+            trial: i as u64,
+            class: "x86_64, 2 cores, estimate".into(),
+            workload: "w".into(),
+            group: "{}".into(),
+            profile: profile(kind, i),
+            outcomes,
+            reused,
+            worse: None,
+            at_ms,
+        }
+    }
+
+    fn o(threads: u32, rel_time: f64) -> Outcome {
+        Outcome { system: sys(threads), rel_time, rel_energy: None }
+    }
+
+    #[test]
+    fn outcomes_are_relative_to_the_first_window_and_averaged_per_configuration() {
+        // Warm-up 1 s/epoch under 1 thread; probes 1 thread 0.9 s, 2 threads 0.5 s; kept 2 threads 0.4 s.
+        let segments = vec![
+            seg(SegmentRole::Warmup, 1, 1_000_000, 1, Some(10.0)),
+            seg(SegmentRole::Probe, 1, 900_000, 1, Some(9.0)),
+            seg(SegmentRole::Probe, 2, 500_000, 1, Some(6.0)),
+            seg(SegmentRole::Selected, 2, 1_200_000, 3, Some(15.0)),
+        ];
+        let out = outcomes(&segments).expect("a first window");
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].system, sys(1));
+        assert!((out[0].rel_time - 0.9).abs() < 1e-9);
+        assert!((out[1].rel_time - 0.45).abs() < 1e-9, "mean of 0.5 and 0.4: {:?}", out[1]);
+        assert!((out[1].rel_energy.unwrap_or(0.0) - 0.55).abs() < 1e-9, "mean of 0.6 and 0.5");
+        let sig = with_signature(
+            &WindowProfile { system: sys(1), epochs: 1, steps: 0, wall_us: 1, profile: Profile::empty() },
+            &out,
+            Select::Time,
+        );
+        assert!((sig.get("speedup_best").unwrap_or(0.0) - 1.0 / 0.45).abs() < 1e-9);
+        assert!(outcomes(&[]).is_none());
+    }
+
+    #[test]
+    fn a_recurring_job_reuses_and_a_new_kind_or_an_unprobed_group_probes() {
+        let records: Vec<Record> =
+            (0..6).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5 + i as f64 * 0.01)], false, i as u64)).collect();
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+        let policy = Policy::default();
+        let d = decide(&policy, Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        match &d {
+            Decision::Reuse { system, expected, from, distance, threshold, .. } => {
+                assert_eq!(*system, sys(2));
+                assert!((expected - 0.525).abs() < 1e-9);
+                assert_eq!(*from, 6);
+                assert!(distance <= threshold);
+            }
+            other => panic!("expected a reuse: {other:?}"),
+        }
+        assert!(d.reason().contains("reused threads=2 from cluster"), "{}", d.reason());
+        let other_kind = decide(&policy, Some(&model), &records, &clusters, &profile(1, 1), "{}", Select::Time);
+        assert!(matches!(&other_kind, Decision::Probe { reason, .. } if reason.contains("new kind")), "{other_kind:?}");
+        let other_group =
+            decide(&policy, Some(&model), &records, &clusters, &profile(0, 1), "{\"batch\":64}", Select::Time);
+        assert!(matches!(&other_group, Decision::Probe { reason, .. } if reason.contains("no probed job")));
+        let none = decide(&policy, None, &[], &[], &profile(0, 1), "{}", Select::Time);
+        assert!(matches!(&none, Decision::Probe { reason, .. } if reason.contains("no profiles")));
+        let mut bad = profile(0, 1);
+        bad.values.pop();
+        let refused = decide(&policy, Some(&model), &records, &clusters, &bad, "{}", Select::Time);
+        assert!(matches!(&refused, Decision::Probe { reason, .. } if reason.contains("malformed")));
+    }
+
+    #[test]
+    fn a_reuse_that_ran_slower_is_probed_again_until_a_new_probe() {
+        let mut records: Vec<Record> =
+            (0..3).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
+        let verdict = verify(&[o(2, 0.8)], &sys(2), 0.5, 0.15);
+        let Verdict::Worse { why, .. } = verdict else { panic!("0.8 is 60 % slower than 0.5: {verdict:?}") };
+        assert!(why.contains("60 % slower"), "{why}");
+        assert_eq!(verify(&[o(2, 0.55)], &sys(2), 0.5, 0.15), Verdict::Kept { measured: 0.55, expected: 0.5 });
+        assert_eq!(verify(&[o(1, 0.55)], &sys(2), 0.5, 0.15), Verdict::Unverified);
+        let mut reused = record(0, 10, vec![o(2, 0.8)], true, 10);
+        reused.worse = Some(why);
+        records.push(reused);
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+        let d = decide(&Policy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        // A new probe says threads=1 is now the better one: learned, reused.
+        records.push(record(0, 11, vec![o(1, 1.0), o(2, 3.0)], false, 11));
+        let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+        let d = decide(&Policy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
+    }
+
+    #[test]
+    fn group_keys_pick_the_named_parameters() {
+        use tunefleet_common::params::ParamValue;
+        let params: Params =
+            [("batch".to_string(), ParamValue::Int(64)), ("lr".to_string(), ParamValue::Float(0.1))].into();
+        assert_eq!(group_key(&["batch".into()], &params), "{\"batch\":64}");
+        assert_eq!(group_key(&[], &params), "{}");
+    }
+
+    #[test]
+    fn refits_follow_the_records() {
+        let mut c = Class::default();
+        assert!(!c.stale());
+        c.records.push(record(0, 0, vec![], false, 0));
+        assert!(c.stale());
+        c.fitted_on = 1;
+        assert!(!c.stale());
+        c.fitted_on = 2000;
+        c.records = (0..2100).map(|i| record(0, i, vec![], false, 0)).collect();
+        assert!(!c.stale(), "5 % more: not yet");
+        c.records.extend((0..100).map(|i| record(0, i, vec![], false, 0)));
+        assert!(c.stale(), "10 % more");
+    }
+}

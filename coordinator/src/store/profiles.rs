@@ -1,0 +1,191 @@
+//! Workload profiles, their clusters and every reuse decision
+//! ([`crate::reuse`]): what the coordinator learned about jobs, kept so a
+//! restart (and the next study, and the next campaign) starts from it.
+
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+use super::{json_col, to_i64, Batch, Result, SqlContext, Store, StoreError};
+use crate::cluster::Model;
+use crate::reuse::Record;
+
+/// Created on open, like the InfluxDB outbox: older programs ignore it.
+pub(super) const PROFILES_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS profiles (
+    id       INTEGER PRIMARY KEY,
+    class    TEXT NOT NULL,
+    study    TEXT NOT NULL,
+    trial    INTEGER NOT NULL,
+    workload TEXT NOT NULL,
+    record   TEXT NOT NULL,
+    at_ms    INTEGER NOT NULL,
+    UNIQUE (study, trial)
+);
+CREATE INDEX IF NOT EXISTS profiles_by_class ON profiles (class, id);
+CREATE TABLE IF NOT EXISTS cluster_models (
+    class     TEXT PRIMARY KEY NOT NULL,
+    model     TEXT NOT NULL,
+    records   INTEGER NOT NULL,
+    fitted_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS reuse_decisions (
+    study     TEXT NOT NULL,
+    trial     INTEGER NOT NULL,
+    attempt   INTEGER NOT NULL,
+    class     TEXT NOT NULL,
+    decision  TEXT NOT NULL CHECK (decision IN ('reuse', 'probe', 'kept', 'worse')),
+    cluster   INTEGER,
+    distance  REAL,
+    threshold REAL,
+    system    TEXT,
+    expected  REAL,
+    reason    TEXT NOT NULL,
+    at_ms     INTEGER NOT NULL,
+    PRIMARY KEY (study, trial, attempt, decision)
+);
+"#;
+
+/// One decision about one attempt: `reuse` or `probe` when its first
+/// window was profiled, `kept` or `worse` when a reused configuration was
+/// checked against its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionRow {
+    pub study: String,
+    pub trial: u64,
+    pub attempt: u32,
+    pub class: String,
+    pub decision: String,
+    pub cluster: Option<u64>,
+    pub distance: Option<f64>,
+    pub threshold: Option<f64>,
+    pub system: Option<String>,
+    pub expected: Option<f64>,
+    pub reason: String,
+    pub at_ms: u64,
+}
+
+fn finite(v: Option<f64>) -> Option<f64> {
+    v.filter(|x| x.is_finite())
+}
+
+impl Batch<'_> {
+    /// Keeps `record` (replacing an earlier one of the same trial: a trial
+    /// measured again).
+    pub fn record_profile(&mut self, record: &Record) -> Result<()> {
+        let context = || format!("storing the profile of {}/{}", record.study, record.trial);
+        let json = serde_json::to_string(record).map_err(|source| StoreError::Json { context: context(), source })?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO profiles (class, study, trial, workload, record, at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (study, trial) DO UPDATE SET class = excluded.class, workload = excluded.workload,
+                     record = excluded.record, at_ms = excluded.at_ms",
+            )
+            .ctx(context)?
+            .execute(params![
+                record.class,
+                record.study,
+                to_i64("trial", record.trial)?,
+                record.workload,
+                json,
+                to_i64("time", record.at_ms)?
+            ])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Keeps the model fitted for `class` on `records` profiles.
+    pub fn record_model(&mut self, class: &str, model: &Model, records: usize, at_ms: u64) -> Result<()> {
+        let context = || format!("storing the profile clusters of {class}");
+        let json = serde_json::to_string(model).map_err(|source| StoreError::Json { context: context(), source })?;
+        self.tx
+            .prepare_cached(
+                "INSERT INTO cluster_models (class, model, records, fitted_ms) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (class) DO UPDATE SET model = excluded.model, records = excluded.records,
+                     fitted_ms = excluded.fitted_ms",
+            )
+            .ctx(context)?
+            .execute(params![class, json, to_i64("records", records as u64)?, to_i64("time", at_ms)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Keeps a decision (the first of its kind per attempt).
+    pub fn record_decision(&mut self, d: &DecisionRow) -> Result<()> {
+        let context = || format!("storing the reuse decision of {}/{}", d.study, d.trial);
+        self.tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO reuse_decisions
+                 (study, trial, attempt, class, decision, cluster, distance, threshold, system, expected, reason, at_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            )
+            .ctx(context)?
+            .execute(params![
+                d.study,
+                to_i64("trial", d.trial)?,
+                d.attempt,
+                d.class,
+                d.decision,
+                d.cluster.map(|c| to_i64("cluster", c)).transpose()?,
+                finite(d.distance),
+                finite(d.threshold),
+                d.system,
+                finite(d.expected),
+                d.reason,
+                to_i64("time", d.at_ms)?
+            ])
+            .ctx(context)?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Every profile record, by class, oldest first.
+    pub fn profile_records(&self) -> Result<Vec<Record>> {
+        let context = || "reading profiles".to_string();
+        let mut stmt = self.conn.prepare_cached("SELECT record FROM profiles ORDER BY class, id").ctx(context)?;
+        let rows = stmt.query_map([], |r| json_col::<Record>(r, 0)).ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Every class's stored model and the number of records it was fitted on.
+    pub fn cluster_models(&self) -> Result<Vec<(String, Model, u64)>> {
+        let context = || "reading profile clusters".to_string();
+        let mut stmt =
+            self.conn.prepare_cached("SELECT class, model, records FROM cluster_models ORDER BY class").ctx(context)?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<Model>(r, 1)?, super::get_u64(r, 2)?)))
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// The decisions about `study`'s trials (every study's when `None`), in order.
+    pub fn decisions(&self, study: Option<&str>) -> Result<Vec<DecisionRow>> {
+        let context = || "reading reuse decisions".to_string();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT study, trial, attempt, class, decision, cluster, distance, threshold, system, expected, reason, at_ms
+                 FROM reuse_decisions WHERE ?1 IS NULL OR study = ?1 ORDER BY study, trial, attempt, at_ms",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map([study], |r| {
+                Ok(DecisionRow {
+                    study: r.get(0)?,
+                    trial: super::get_u64(r, 1)?,
+                    attempt: r.get(2)?,
+                    class: r.get(3)?,
+                    decision: r.get(4)?,
+                    cluster: super::get_opt_u64(r, 5)?,
+                    distance: r.get(6)?,
+                    threshold: r.get(7)?,
+                    system: r.get(8)?,
+                    expected: r.get(9)?,
+                    reason: r.get(10)?,
+                    at_ms: super::get_u64(r, 11)?,
+                })
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Profiles, clusters and reuse (issue 10), on this machine, with real
+# processes: one coordinator (embedded broker) and one agent of 1 slot.
+#
+#   scripts/bench-profiles.sh
+#
+# 1. A campaign of the three bundled workloads (examples/campaigns/kinds.toml:
+#    8 pipelined trials each, varied hyper-parameters and data sizes, reuse
+#    off so every trial probes and profiles): the confusion matrix of
+#    k-means over their first-window profiles (software counters and /proc
+#    only: no PMU here), leave-one-out reuse decisions, and
+#    docs/bench/clusters.svg (two principal components, coloured by workload).
+# 2. The refit time over 100,000 profiles made from those (each jittered),
+#    side by side with linfa's defaults (10 runs over all).
+# 3. Fresh against recurring: a pipelined training study (3 trials, 4
+#    system configurations probed one epoch each after a warm-up epoch,
+#    reuse off) and the same job again with other learning rates (reuse on),
+#    in a new store: tuning time and energy (what each trial ran before its
+#    kept configuration) and the kept configuration's time per epoch.
+#
+# Needs: cargo build --release -p tunefleet-coordinator -p tunefleet-agent -p tunefleet-workloads
+# How long: about 2 minutes on 2 vCPUs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=$PWD/target/release
+export PATH="$bin:$PATH"
+work=$(mktemp -d)
+trap 'pkill -f "tunefleet-agent --broker .* --root bp-" 2>/dev/null || true; [ -n "${BENCH_KEEP:-}" ] && echo "kept $work" || rm -rf "$work"' EXIT
+export XDG_STATE_HOME=$work/state
+
+# Runs `tunefleet SUBCOMMAND FILE` on STORE with one agent; waits for the end.
+run() {
+  local sub=$1 file=$2 store=$3 root=bp-$RANDOM
+  "$bin/tunefleet" "$sub" "$file" --store "$store" --listen 127.0.0.1:0 --root "$root" --quiet >"$work/$root.log" 2>&1 &
+  local coord=$!
+  for _ in $(seq 1 100); do grep -q '^broker: ' "$work/$root.log" && break; sleep 0.1; done
+  local url; url=$(grep -m1 '^broker: ' "$work/$root.log" | cut -d' ' -f2)
+  "$bin/tunefleet-agent" --broker "$url" --name "bench-agent" --root "$root" --slots 1 >"$work/$root-agent.log" 2>&1 &
+  local agent=$!
+  wait $coord
+  kill $agent 2>/dev/null || true
+  wait $agent 2>/dev/null || true
+  grep -E '^(campaign|study) ' "$work/$root.log" || true
+}
+
+bench=$(cargo bench -p tunefleet-tests --bench profiles --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="profiles" and m.get("executable"): print(m["executable"])' | tail -1)
+
+echo "## 1. Three kinds of workload"
+run campaign examples/campaigns/kinds.toml "$work/kinds.db"
+mkdir -p docs/bench
+"$bench" accuracy "$work/kinds.db" docs/bench/clusters.svg
+echo
+echo "## 2. Refit over 100,000 profiles"
+"$bench" refit "$work/kinds.db" 100000
+echo
+echo "## 3. Fresh against recurring"
+for which in fresh recurring; do
+  if [ $which = fresh ]; then lrs="0.05, 0.1, 0.2"; enabled=false; else lrs="0.03, 0.07, 0.15"; enabled=true; fi
+  cat >"$work/$which.toml" <<STUDY
+name = "$which"
+command = ["tunefleet-train", "--lr", "{lr}", "--epochs", "12", "--passes", "6", "--threads", "{threads}"]
+timeout = 300
+[objective]
+metric = "accuracy"
+direction = "maximize"
+[budget]
+trials = 3
+[strategy]
+kind = "grid"
+[hyper.lr]
+kind = "categorical"
+values = [$lrs]
+[system.cores]
+kind = "int"
+low = 1
+high = 2
+[system.threads]
+kind = "int"
+low = 1
+high = 2
+[pipeline]
+mode = "pipelined"
+probe = "grid"
+window = { epochs = 1, warmup = 1 }
+select = "time"
+control = true
+[reuse]
+enabled = $enabled
+STUDY
+  run run "$work/$which.toml" "$work/reuse.db"
+done
+"$bench" compare "$work/reuse.db" fresh recurring
+"$bin/tunefleet" profiles decisions recurring --store "$work/reuse.db"

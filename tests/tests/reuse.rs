@@ -1,0 +1,186 @@
+//! Issue 10: profiles, clusters and reuse with real processes. One store,
+//! coordinators started one after another (so every run after the first
+//! loads the clusters a previous process learned), a real agent, the real
+//! training and I/O workloads:
+//!
+//! 1. a training study probes and teaches the model;
+//! 2. after a restart, a recurring training job (other learning rate,
+//!    more data per epoch) skips probing and runs the cluster's configuration;
+//! 3. an I/O job is not taken for a training job;
+//! 4. an agent of another device class gets nothing learned on this one;
+//! 5. a reused configuration that runs slower than its record gets the
+//!    next job of its cluster probed again.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::Connection;
+use tunefleet_tests::*;
+
+/// A pipelined study of `trials` trials over threads 1 and 2 (one warm-up
+/// epoch, one epoch per configuration), `rest` its command, objective and
+/// hyper-parameters.
+fn pipelined_study(dir: &Path, name: &str, trials: u32, rest: &str) -> PathBuf {
+    let text = format!(
+        "name = \"{name}\"\ntimeout = 120\n{rest}\n[budget]\ntrials = {trials}\n[strategy]\nkind = \"grid\"\n\
+         [system.threads]\nkind = \"int\"\nlow = 1\nhigh = 2\n{PIPELINE_EPOCH_WINDOWS}control = true\n"
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("write study");
+    path
+}
+
+fn train_study(dir: &Path, name: &str, lrs: &str, passes: u32, trials: u32) -> PathBuf {
+    let rest = format!(
+        r#"command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "6", "--passes", "{passes}", "--hidden", "256", "--threads", "{{threads}}"]
+objective = {{ metric = "accuracy", direction = "maximize" }}
+hyper.lr = {{ kind = "categorical", values = [{lrs}] }}"#
+    );
+    pipelined_study(dir, name, trials, &rest)
+}
+
+fn io_study(dir: &Path, name: &str) -> PathBuf {
+    let rest = r#"command = ["tunefleet-io", "--files", "24", "--file-kib", "256", "--epochs", "6", "--threads", "{threads}"]
+objective = { metric = "throughput_mibs", direction = "maximize" }"#;
+    pipelined_study(dir, name, 1, rest)
+}
+
+/// Runs `study` to the end with one agent (`extra` its flags) on a fresh
+/// coordinator process over `store`; returns the coordinator's output.
+fn run(study: &Path, store: &Path, agent: &str, extra: &[&str]) -> String {
+    let root = unique_root("reuse");
+    let (mut coord, url) = start_coordinator(study, store, &root, &[]);
+    let mut a = start_agent(&url, agent, &root, extra);
+    let status = coord.wait_exit(Duration::from_secs(180));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    assert_agents_spools_empty(&[agent]);
+    a.signal("TERM");
+    a.wait_exit(Duration::from_secs(20));
+    out
+}
+
+/// `(trial, decision, reason)` of every reuse decision of `study`.
+fn decisions(db: &Connection, study: &str) -> Vec<(u64, String, String)> {
+    let mut stmt = db
+        .prepare("SELECT trial, decision, reason FROM reuse_decisions WHERE study = ?1 ORDER BY trial, at_ms, decision")
+        .expect("query");
+    stmt.query_map([study], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?)))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("decisions")
+}
+
+/// The segment roles of `study`'s trial `trial`.
+fn roles(db: &Connection, study: &str, trial: u64) -> Vec<String> {
+    let mut stmt = db.prepare("SELECT role FROM segments WHERE study = ?1 AND trial = ?2 ORDER BY idx").expect("query");
+    stmt.query_map(rusqlite::params![study, trial as i64], |r| r.get(0))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("roles")
+}
+
+#[test]
+fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store.db");
+    let agent = format!("{}-agent", unique_root("reuse-a"));
+    let one_slot = ["--slots", "1"];
+
+    // 1. Two training jobs, probed: the model learns the first, the second
+    //    may already reuse it.
+    let out = run(&train_study(dir.path(), "learn", "0.05, 0.1", 4, 2), &store, &agent, &one_slot);
+    assert!(out.contains("2/2 trials done"), "{out}");
+    let db = Connection::open(&store).expect("store");
+    let learned = decisions(&db, "learn");
+    assert_eq!(learned[0].1, "probe", "{learned:?}");
+    assert!(learned[0].2.contains("no profiles of this device class yet"), "{learned:?}");
+    assert_eq!(roles(&db, "learn", 0), vec!["warmup", "probe", "probe", "selected"]);
+    let profiles: i64 = db.query_row("SELECT COUNT(*) FROM profiles", [], |r| r.get(0)).expect("count");
+    let models: i64 = db.query_row("SELECT COUNT(*) FROM cluster_models", [], |r| r.get(0)).expect("count");
+    assert_eq!((profiles, models), (2, 1), "both jobs joined one class's model");
+
+    // 2. A new coordinator process: the recurring job (another learning
+    //    rate, twice the data per epoch) reuses and skips probing.
+    let out = run(&train_study(dir.path(), "recur", "0.2", 8, 1), &store, &agent, &one_slot);
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let recur = decisions(&db, "recur");
+    assert_eq!(recur[0].1, "reuse", "{recur:?}");
+    assert!(recur[0].2.contains("reused threads=") && recur[0].2.contains("<= threshold"), "{recur:?}");
+    assert_eq!(roles(&db, "recur", 0), vec!["warmup", "reused"], "no probe window ran");
+    assert!(recur.iter().any(|d| d.1 == "kept" || d.1 == "worse"), "the reuse is checked: {recur:?}");
+
+    // 3. An I/O job is another kind: probed.
+    let out = run(&io_study(dir.path(), "io"), &store, &agent, &one_slot);
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let io = decisions(&db, "io");
+    assert_eq!(io[0].1, "probe", "{io:?}");
+    assert!(io[0].2.contains("a new kind of job"), "{io:?}");
+    assert!(roles(&db, "io", 0).contains(&"probe".to_string()));
+
+    // 4. An agent of another device class (one CPU) learns on its own.
+    let other = format!("{}-agent", unique_root("reuse-b"));
+    let out =
+        run(&train_study(dir.path(), "other-class", "0.3", 4, 1), &store, &other, &["--slots", "1", "--cpus", "0"]);
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let oc = decisions(&db, "other-class");
+    assert_eq!(oc[0].1, "probe", "{oc:?}");
+    assert!(oc[0].2.contains("no profiles of this device class yet"), "{oc:?}");
+
+    // 5. A record that promises too much: every configuration of the
+    //    training jobs said to run 20 times faster than the first window.
+    let records: Vec<(i64, String)> = db
+        .prepare("SELECT id, record FROM profiles WHERE workload = 'tunefleet-train'")
+        .expect("query")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("records");
+    for (id, record) in records {
+        let mut r: serde_json::Value = serde_json::from_str(&record).expect("json");
+        for o in r["outcomes"].as_array_mut().expect("outcomes") {
+            o["rel_time"] = serde_json::json!(0.05);
+        }
+        db.execute("UPDATE profiles SET record = ?1 WHERE id = ?2", rusqlite::params![r.to_string(), id])
+            .expect("update");
+    }
+    let out = run(&train_study(dir.path(), "promised", "0.07, 0.09", 4, 2), &store, &agent, &one_slot);
+    assert!(out.contains("2/2 trials done"), "{out}");
+    let p = decisions(&db, "promised");
+    let of = |trial: u64| p.iter().filter(|d| d.0 == trial).map(|d| d.1.as_str()).collect::<Vec<_>>();
+    assert_eq!(of(0), vec!["reuse", "worse"], "{p:?}");
+    assert!(p.iter().any(|d| d.1 == "worse" && d.2.contains("slower than the cluster's")), "{p:?}");
+    assert_eq!(of(1), vec!["probe"], "{p:?}");
+    assert!(p.iter().any(|d| d.0 == 1 && d.2.starts_with("probed again: promised/0")), "{p:?}");
+    assert!(roles(&db, "promised", 1).contains(&"probe".to_string()));
+
+    // What a user sees: the clusters and the decisions.
+    let (code, listing, err) = tunefleet_tests::run({
+        let mut c = std::process::Command::new(bin("tunefleet"));
+        c.args(["profiles", "--store"]).arg(&store);
+        c
+    });
+    assert_eq!(code, Some(0), "{err}");
+    assert!(listing.contains("tunefleet-train") && listing.contains("tunefleet-io"), "{listing}");
+    assert!(listing.contains("1 cores") && listing.contains("2 cores"), "two device classes: {listing}");
+    let (code, classified, err) = tunefleet_tests::run({
+        let mut c = std::process::Command::new(bin("tunefleet"));
+        c.args(["profiles", "classify", "recur", "0", "--store"]).arg(&store);
+        c
+    });
+    assert_eq!(code, Some(0), "{err}");
+    assert!(classified.contains("cluster 0: distance"), "{classified}");
+    // ... and the study's report lists its decisions.
+    let page = dir.path().join("recur.html");
+    let (code, _, err) = tunefleet_tests::run({
+        let mut c = std::process::Command::new(bin("tunefleet"));
+        c.args(["report", "recur", "-o"]).arg(&page).arg("--store").arg(&store);
+        c
+    });
+    assert_eq!(code, Some(0), "{err}");
+    let html = std::fs::read_to_string(&page).expect("report");
+    assert!(
+        html.contains("reused threads=") && html.contains("&lt;= threshold"),
+        "the reuse decision is in the report"
+    );
+}
