@@ -236,6 +236,9 @@ pub struct Scheduler {
     agents: BTreeMap<String, AgentState>,
     /// Round-robin start among agents, so work spreads across the fleet.
     next_agent: usize,
+    /// Round-robin start among studies, so studies that share agents share
+    /// them fairly: each free slot goes to the next study with work for it.
+    next_study: usize,
 }
 
 fn trial_ref(study: &str, trial: u64, attempt: u32) -> TrialRef {
@@ -661,7 +664,13 @@ impl Scheduler {
             };
             let seq = agent.last_seq.unwrap_or(0);
             'credit: while agent.credit > 0 {
-                for study in self.studies.iter_mut().filter(|s| s.policy.selector.matches(info)) {
+                let n = self.studies.len();
+                for k in 0..n {
+                    let i = (self.next_study + k) % n;
+                    let study = &mut self.studies[i];
+                    if !study.policy.selector.matches(info) {
+                        continue;
+                    }
                     // Trials kept off this agent wait for another one.
                     let mut kept_off = Vec::new();
                     while let Some(t) = study.queue.pop_front() {
@@ -688,6 +697,8 @@ impl Scheduler {
                         });
                         study.running += 1;
                         agent.credit -= 1;
+                        // The next free slot goes first to the study after this one.
+                        self.next_study = (i + 1) % n;
                         effects.push(Effect::Assign {
                             agent: name.clone(),
                             trial: trial_ref(&study.policy.name, t, slot.last_attempt),
@@ -775,6 +786,24 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn studies_that_share_agents_take_turns() {
+        let mut s = sched(6, 1, Selector::default());
+        let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
+        s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6], 0);
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 4));
+        let order: Vec<String> = assigned(&s.assign(0)).into_iter().map(|(_, t)| t.study).collect();
+        assert_eq!(order, vec!["s", "t", "s", "t"], "a study listed first does not starve the next");
+        // Where one study has nothing left, the other takes every slot.
+        let mut lone = sched(0, 1, Selector::default());
+        let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
+        lone.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 3], 0);
+        lone.hello(info("a", 1, "x86_64", &[]));
+        lone.request("a", &req(1, 3));
+        assert_eq!(assigned(&lone.assign(0)).len(), 3);
     }
 
     #[test]
