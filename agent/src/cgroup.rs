@@ -33,7 +33,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
 /// Default mount point of the cgroup v2 hierarchy.
-pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
+pub use tunefleet_common::agent_cli::CGROUP_ROOT as DEFAULT_ROOT;
 /// Name of the agent's parent cgroup under the root, when nothing is delegated.
 pub const PARENT: &str = "tunefleet";
 /// The leaf of a delegated cgroup that holds the agent's own processes.

@@ -54,12 +54,7 @@ use tunefleet_common::measurement::Conditions;
 use crate::energy::{read_i64, read_text, RealFs, SysfsRead};
 
 pub use crate::energy::POWER_SUPPLY_ROOT;
-/// Default root of the thermal zones and cooling devices.
-pub const THERMAL_ROOT: &str = "/sys/class/thermal";
-/// Default root of the CPUs (`cpuN/thermal_throttle`).
-pub const CPU_ROOT: &str = "/sys/devices/system/cpu";
-/// Default battery level below which a device on battery takes no trials.
-pub const DEFAULT_MIN_BATTERY: f64 = 20.0;
+pub use tunefleet_common::agent_cli::{CPU_ROOT, DEFAULT_MIN_BATTERY, THERMAL_ROOT};
 
 /// Where conditions are read, and the battery threshold.
 #[derive(Debug, Clone)]

@@ -45,9 +45,8 @@ use tunefleet_common::message::TrialRef;
 
 use crate::procfs::{self, Members};
 
-/// The default `--interference-threshold`: a trial is flagged when more
-/// than a quarter of the agent's CPUs was busy with load from outside it.
-pub const DEFAULT_THRESHOLD: f64 = 0.25;
+/// The default `--interference-threshold`: a quarter of the agent's CPUs.
+pub use tunefleet_common::agent_cli::DEFAULT_INTERFERENCE_THRESHOLD as DEFAULT_THRESHOLD;
 
 /// The busy fraction of the agent's CPUs spent outside its trials and
 /// itself: `busy` ticks of those CPUs minus `excluded` ticks (the trials'

@@ -15,7 +15,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 use tunefleet_agent::exec;
 use tunefleet_agent::measure::{self, MeasureConfig};
-use tunefleet_agent::options::{Cli, Mode, SpoolAction};
+use tunefleet_agent::options::{self, Cli, Mode, SpoolAction};
 use tunefleet_agent::pending::PendingResults;
 use tunefleet_agent::probe;
 
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
     let cli = Cli::parse(); // exits with 2 on usage errors, 0 for --help
-    let mode = match cli.into_mode() {
+    let mode = match options::into_mode(cli) {
         Ok(m) => m,
         Err(e) => {
             eprintln!("tunefleet-agent: {e}");

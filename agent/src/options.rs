@@ -1,211 +1,33 @@
 //! Command-line options and their validation into a [`Mode`]: the agent
 //! (`--broker ...`, the default), `probe` or `measure`. Every refusal names
-//! the flag and the problem; `main.rs` exits with 2.
+//! the flag and the problem; `main.rs` exits with 2. The clap definition
+//! itself is [`tunefleet_common::agent_cli`], where the coordinator reads it
+//! to generate the agent's man pages and shell completions.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, DEFAULT_ROOT, MAX_AGENT_ID};
+pub use tunefleet_common::agent_cli::{Cli, Command, EnergyArgs, SpoolAction, StateArgs};
+use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
 use crate::energy::external::{ExternalConfig, Target};
 use crate::energy::{EnergyRoots, EstimateModel};
 use crate::AgentConfig;
 
-/// `tunefleet-agent`: runs trials handed out by a Tunefleet coordinator
-/// (with `--broker`), or probes and measures this machine on its own.
-#[derive(Debug, Clone, Parser)]
-#[command(name = "tunefleet-agent", version, about, args_conflicts_with_subcommands = true)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Option<Command>,
-    /// Broker URL, mqtt://HOST:PORT (required to run as an agent)
-    #[arg(long, env = "TUNEFLEET_BROKER", value_name = "URL")]
-    pub broker: Option<String>,
-    /// Agent name (default: the host name, sanitised)
-    #[arg(long)]
-    pub name: Option<String>,
-    /// A tag announced to the coordinator, KEY=VALUE (repeatable)
-    #[arg(long = "tag", value_name = "KEY=VALUE")]
-    pub tags: Vec<String>,
-    /// Trials run at the same time
-    #[arg(long, default_value_t = 1)]
-    pub slots: u32,
-    /// Topic root shared with the coordinator
-    #[arg(long, default_value = DEFAULT_ROOT)]
-    pub root: String,
-    /// MQTT keepalive in seconds
-    #[arg(long, default_value_t = 5, value_name = "SECS")]
-    pub keepalive: u64,
-    /// Directory for state kept across restarts (unacknowledged results)
-    /// [default: $STATE_DIRECTORY, else $XDG_STATE_HOME or ~/.local/state, /tunefleet-agent/NAME]
-    #[arg(long, value_name = "DIR")]
-    pub state_dir: Option<PathBuf>,
-    /// Exit after this many trials have finished and been acknowledged
-    #[arg(long, value_name = "N")]
-    pub max_trials: Option<u64>,
-    /// Exit after being idle (no trial running) this long [default: 30s]
-    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true, default_missing_value = "30s")]
-    pub exit_when_idle: Option<String>,
-    /// Shutdown grace period (cancel trials, publish results, go offline)
-    #[arg(long, default_value = "10s", value_name = "DURATION")]
-    pub grace: String,
-    /// cgroup v2 mount point used for memory limits
-    #[arg(long, default_value = crate::cgroup::DEFAULT_ROOT, value_name = "DIR")]
-    pub cgroup_root: PathBuf,
-    /// Interval between energy and counter samples while a trial runs
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
-    pub sample_interval: String,
-    /// Interval between telemetry messages (CPU, memory, power, load from
-    /// outside the trials); each is checked for interference with the
-    /// trials running
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
-    pub telemetry_interval: String,
-    /// Confine the agent, its trials and its load measurement to these CPUs
-    /// (a list such as 0-3 or 2,5-7), so several agents can share a machine
-    /// [default: every CPU this process may use]
-    #[arg(long, env = "TUNEFLEET_CPUS", value_name = "LIST")]
-    pub cpus: Option<String>,
-    /// Flag a trial's measurement when load from outside the trial (other
-    /// processes than the agent's trials and itself) exceeded this fraction
-    /// of the agent's CPUs in a telemetry sample taken while it ran
-    #[arg(long, default_value_t = crate::foreign::DEFAULT_THRESHOLD, value_name = "FRACTION")]
-    pub interference_threshold: f64,
-    /// The coordinator's public key (64 hex digits, from `tunefleet key`): the
-    /// agent obeys only the coordinator holding it [default: the first one
-    /// seen, pinned in the state directory]
-    #[arg(long, env = "TUNEFLEET_COORDINATOR_KEY", value_name = "HEX")]
-    pub coordinator_key: Option<String>,
-    /// Run only programs (argv[0], as the study writes it) matching this
-    /// shell-style pattern (repeatable) [default: any program]
-    #[arg(long = "allow-command", value_name = "PATTERN")]
-    pub allow_commands: Vec<String>,
-    /// Take no trials while on battery below this charge, in percent (0: no check)
-    #[arg(long, default_value_t = crate::conditions::DEFAULT_MIN_BATTERY, value_name = "PERCENT")]
-    pub min_battery: f64,
-    /// Thermal zones and cooling devices root (throttling, temperature)
-    #[arg(long, default_value = crate::conditions::THERMAL_ROOT, value_name = "DIR")]
-    pub thermal_root: PathBuf,
-    /// CPU sysfs root (x86 thermal_throttle counters)
-    #[arg(long, default_value = crate::conditions::CPU_ROOT, value_name = "DIR")]
-    pub cpu_sysfs_root: PathBuf,
-    #[command(flatten)]
-    pub energy: EnergyArgs,
-    #[command(flatten)]
-    pub security: tunefleet_common::security::SecurityArgs,
-}
-
-/// Which agent's state directory a subcommand looks at.
-#[derive(Debug, Clone, Args)]
-pub struct StateArgs {
-    /// Agent name (default: the host name, sanitised)
-    #[arg(long, global = true)]
-    pub name: Option<String>,
-    /// The agent's state directory
-    /// [default: $STATE_DIRECTORY, else $XDG_STATE_HOME or ~/.local/state, /tunefleet-agent/NAME]
-    #[arg(long, value_name = "DIR", global = true)]
-    pub state_dir: Option<PathBuf>,
-}
-
-impl StateArgs {
-    /// The state directory these flags name.
-    pub fn resolve(&self) -> Result<PathBuf, ConfigError> {
-        if let Some(d) = &self.state_dir {
-            return Ok(d.clone());
-        }
-        let name = match &self.name {
-            Some(n) => n.clone(),
-            None => hostname().ok_or(ConfigError::NoHostname)?,
-        };
-        validate_agent_id(&name).map_err(ConfigError::Name)?;
-        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-        default_state_dir(&name, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME")).ok_or(ConfigError::NoState)
+/// The state directory the flags of a subcommand name.
+pub fn state_dir(args: &StateArgs) -> Result<PathBuf, ConfigError> {
+    if let Some(d) = &args.state_dir {
+        return Ok(d.clone());
     }
-}
-
-/// What `spool` does.
-#[derive(Debug, Clone, Copy, Subcommand)]
-pub enum SpoolAction {
-    /// List results awaiting an acknowledgement and results kept aside (the default)
-    List,
-    /// Move results kept aside back, to be delivered on the next run (to the coordinator that runs their study)
-    Requeue,
-}
-
-/// Where energy comes from; shared by the agent and its subcommands.
-#[derive(Debug, Clone, Args)]
-pub struct EnergyArgs {
-    /// Energy estimate: watts per pinned core while idle
-    #[arg(long, default_value_t = 1.0, value_name = "WATTS")]
-    pub idle_watts_per_core: f64,
-    /// Energy estimate: watts per core-second of CPU time
-    #[arg(long, default_value_t = 4.0, value_name = "WATTS")]
-    pub busy_watts_per_core: f64,
-    /// RAPL powercap root
-    #[arg(long, default_value = crate::energy::POWERCAP_ROOT, value_name = "DIR")]
-    pub powercap_root: PathBuf,
-    /// hwmon root
-    #[arg(long, default_value = crate::energy::HWMON_ROOT, value_name = "DIR")]
-    pub hwmon_root: PathBuf,
-    /// Battery (power_supply) root
-    #[arg(long, default_value = crate::energy::POWER_SUPPLY_ROOT, value_name = "DIR")]
-    pub power_supply_root: PathBuf,
-    /// External meter: a shell command printing watts or joules (a PDU, a
-    /// smart plug), e.g. "12.5 W" or {"joules": 3600}; used instead of the
-    /// sources found here
-    #[arg(long, value_name = "CMD", conflicts_with = "energy_url")]
-    pub energy_command: Option<String>,
-    /// External meter: a plain http:// URL answering watts or joules
-    #[arg(long, value_name = "URL")]
-    pub energy_url: Option<String>,
-    /// What a bare number from the external meter means: watts (power,
-    /// integrated over time) or joules (a cumulative counter)
-    #[arg(long, default_value = "watts", value_parser = ["watts", "joules"], value_name = "UNIT")]
-    pub energy_unit: String,
-    /// Longest an external meter reading may take
-    #[arg(long, default_value = "2s", value_name = "DURATION")]
-    pub energy_timeout: String,
-}
-
-/// The subcommands usable without a coordinator.
-#[derive(Debug, Clone, Subcommand)]
-pub enum Command {
-    /// Show what this machine offers: energy sources, perf counters, cores, memory
-    Probe {
-        /// Print JSON instead of a table
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        energy: EnergyArgs,
-    },
-    /// Run a command once and report time, energy per domain and counters
-    Measure {
-        /// Interval between energy and counter samples
-        #[arg(long, default_value = "1s", value_name = "DURATION")]
-        interval: String,
-        /// Print the report as one line of JSON (on standard error)
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        energy: EnergyArgs,
-        /// The command and its arguments (after --)
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "CMD")]
-        command: Vec<String>,
-    },
-    /// Print this agent's public key (created when missing), for `tunefleet agents trust`
-    Key {
-        #[command(flatten)]
-        state: StateArgs,
-    },
-    /// Show the results this agent keeps: awaiting an acknowledgement, and kept aside (refused by a coordinator)
-    Spool {
-        #[command(subcommand)]
-        action: Option<SpoolAction>,
-        #[command(flatten)]
-        state: StateArgs,
-    },
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => hostname().ok_or(ConfigError::NoHostname)?,
+    };
+    validate_agent_id(&name).map_err(ConfigError::Name)?;
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    default_state_dir(&name, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME")).ok_or(ConfigError::NoState)
 }
 
 /// What the command line asks for.
@@ -218,42 +40,38 @@ pub enum Mode {
     Spool { state_dir: PathBuf, action: SpoolAction },
 }
 
-impl EnergyArgs {
-    /// The estimate model and the roots, validated.
-    pub fn validate(&self) -> Result<(EstimateModel, EnergyRoots), ConfigError> {
-        for (flag, value) in
-            [("idle-watts-per-core", self.idle_watts_per_core), ("busy-watts-per-core", self.busy_watts_per_core)]
-        {
-            if !value.is_finite() || value < 0.0 {
-                return Err(ConfigError::Watts { flag, value });
-            }
+/// The estimate model and the energy roots of these flags, validated.
+pub fn energy(args: &EnergyArgs) -> Result<(EstimateModel, EnergyRoots), ConfigError> {
+    for (flag, value) in
+        [("idle-watts-per-core", args.idle_watts_per_core), ("busy-watts-per-core", args.busy_watts_per_core)]
+    {
+        if !value.is_finite() || value < 0.0 {
+            return Err(ConfigError::Watts { flag, value });
         }
-        let model = EstimateModel {
-            idle_watts_per_core: self.idle_watts_per_core,
-            busy_watts_per_core: self.busy_watts_per_core,
-        };
-        let roots = EnergyRoots {
-            powercap: self.powercap_root.clone(),
-            hwmon: self.hwmon_root.clone(),
-            power_supply: self.power_supply_root.clone(),
-            external: self.external()?,
-            ..EnergyRoots::default()
-        };
-        Ok((model, roots))
     }
+    let model =
+        EstimateModel { idle_watts_per_core: args.idle_watts_per_core, busy_watts_per_core: args.busy_watts_per_core };
+    let roots = EnergyRoots {
+        powercap: args.powercap_root.clone(),
+        hwmon: args.hwmon_root.clone(),
+        power_supply: args.power_supply_root.clone(),
+        external: external(args)?,
+        ..EnergyRoots::default()
+    };
+    Ok((model, roots))
+}
 
-    /// The external meter, when `--energy-command` or `--energy-url` is given.
-    fn external(&self) -> Result<Option<ExternalConfig>, ConfigError> {
-        let target = match (&self.energy_command, &self.energy_url) {
-            (Some(c), _) if c.trim().is_empty() => return Err(ConfigError::EnergyCommand),
-            (Some(c), _) => Target::Command(c.clone()),
-            (None, Some(u)) => Target::Url(u.parse().map_err(ConfigError::EnergyUrl)?),
-            (None, None) => return Ok(None),
-        };
-        let unit = self.energy_unit.parse().map_err(ConfigError::EnergyUnit)?;
-        let timeout = positive_duration("energy-timeout", &self.energy_timeout)?;
-        Ok(Some(ExternalConfig { target, unit, timeout }))
-    }
+/// The external meter, when `--energy-command` or `--energy-url` is given.
+fn external(args: &EnergyArgs) -> Result<Option<ExternalConfig>, ConfigError> {
+    let target = match (&args.energy_command, &args.energy_url) {
+        (Some(c), _) if c.trim().is_empty() => return Err(ConfigError::EnergyCommand),
+        (Some(c), _) => Target::Command(c.clone()),
+        (None, Some(u)) => Target::Url(u.parse().map_err(ConfigError::EnergyUrl)?),
+        (None, None) => return Ok(None),
+    };
+    let unit = args.energy_unit.parse().map_err(ConfigError::EnergyUnit)?;
+    let timeout = positive_duration("energy-timeout", &args.energy_timeout)?;
+    Ok(Some(ExternalConfig { target, unit, timeout }))
 }
 
 /// Where unacknowledged results are kept when `--state-dir` is not given:
@@ -373,99 +191,99 @@ fn hostname() -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-impl Cli {
-    /// Validates the options into what to do.
-    pub fn into_mode(self) -> Result<Mode, ConfigError> {
-        match self.command.clone() {
-            None => Ok(Mode::Agent(Box::new(self.into_config()?))),
-            Some(Command::Probe { json, energy }) => {
-                let (model, roots) = energy.validate()?;
-                Ok(Mode::Probe { json, roots, model })
-            }
-            Some(Command::Measure { interval, json, energy, command }) => {
-                let (model, roots) = energy.validate()?;
-                let interval = positive_duration("interval", &interval)?;
-                Ok(Mode::Measure { argv: command, interval, json, roots, model })
-            }
-            Some(Command::Key { state }) => Ok(Mode::Key { state_dir: state.resolve()? }),
-            Some(Command::Spool { action, state }) => {
-                Ok(Mode::Spool { state_dir: state.resolve()?, action: action.unwrap_or(SpoolAction::List) })
-            }
+/// Validates the options into what to do.
+pub fn into_mode(cli: Cli) -> Result<Mode, ConfigError> {
+    match cli.command.clone() {
+        None => Ok(Mode::Agent(Box::new(into_config(cli)?))),
+        Some(Command::Probe { json, energy: flags }) => {
+            let (model, roots) = energy(&flags)?;
+            Ok(Mode::Probe { json, roots, model })
+        }
+        Some(Command::Measure { interval, json, energy: flags, command }) => {
+            let (model, roots) = energy(&flags)?;
+            let interval = positive_duration("interval", &interval)?;
+            Ok(Mode::Measure { argv: command, interval, json, roots, model })
+        }
+        Some(Command::Key { state }) => Ok(Mode::Key { state_dir: state_dir(&state)? }),
+        Some(Command::Spool { action, state }) => {
+            Ok(Mode::Spool { state_dir: state_dir(&state)?, action: action.unwrap_or(SpoolAction::List) })
         }
     }
+}
 
-    /// Validates the options of the agent mode.
-    pub fn into_config(self) -> Result<AgentConfig, ConfigError> {
-        let broker_text = self.broker.ok_or(ConfigError::NoBroker)?;
-        let broker: BrokerUrl = broker_text.parse()?;
-        let password = std::env::var(tunefleet_common::security::PASSWORD_ENV).ok();
-        let security = self.security.resolve(&broker, password)?;
-        let name = match self.name {
-            Some(n) => n,
-            None => hostname().ok_or(ConfigError::NoHostname)?,
-        };
-        validate_agent_id(&name).map_err(ConfigError::Name)?;
-        if self.slots == 0 {
-            return Err(ConfigError::Slots);
-        }
-        if self.max_trials == Some(0) {
-            return Err(ConfigError::MaxTrials);
-        }
-        let topics = Topics::new(&self.root).map_err(ConfigError::Root)?;
-        let tags = self.tags.iter().map(|t| parse_tag(t)).collect::<Result<BTreeMap<_, _>, _>>()?;
-        let duration = |flag: &'static str, value: &str| {
-            parse_duration(value).ok_or_else(|| ConfigError::Duration { flag, value: value.to_string() })
-        };
-        let exit_when_idle = self.exit_when_idle.as_deref().map(|v| duration("exit-when-idle", v)).transpose()?;
-        let grace = duration("grace", &self.grace)?;
-        let (energy_model, energy_roots) = self.energy.validate()?;
-        if !(0.0..=100.0).contains(&self.min_battery) {
-            return Err(ConfigError::MinBattery(self.min_battery));
-        }
-        let sample_interval = positive_duration("sample-interval", &self.sample_interval)?;
-        let telemetry_interval = positive_duration("telemetry-interval", &self.telemetry_interval)?;
-        let cpus = self.cpus.map(|text| parse_cpus(&text, &crate::sched::allowed_cpus())).transpose()?;
-        if !(0.0..=1.0).contains(&self.interference_threshold) {
-            return Err(ConfigError::InterferenceThreshold(self.interference_threshold));
-        }
-        let name_for_state = name.clone();
-        let mut config = AgentConfig::new(broker, name, topics);
-        config.tags = tags;
-        config.slots = self.slots;
-        config.keepalive = Duration::from_secs(self.keepalive);
-        config.state_dir = self.state_dir.or_else(|| {
-            let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-            default_state_dir(&name_for_state, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
-        });
-        config.max_trials = self.max_trials;
-        config.exit_when_idle = exit_when_idle;
-        config.grace = grace;
-        config.cgroup_root = self.cgroup_root;
-        config.conditions = crate::conditions::ConditionsConfig {
-            power_supply: energy_roots.power_supply.clone(),
-            thermal: self.thermal_root,
-            cpu: self.cpu_sysfs_root,
-            min_battery: self.min_battery,
-            ..Default::default()
-        };
-        config.energy_model = energy_model;
-        config.energy_roots = energy_roots;
-        config.sample_interval = sample_interval;
-        config.telemetry_interval = telemetry_interval;
-        config.cpus = cpus;
-        config.interference_threshold = self.interference_threshold;
-        config.security = security;
-        config.coordinator_key = self
-            .coordinator_key
-            .map(|k| tunefleet_common::auth::parse_public_key(&k).ok_or(ConfigError::CoordinatorKey(k)))
-            .transpose()?;
-        config.allow_commands = crate::allow::parse(&self.allow_commands).map_err(ConfigError::AllowCommand)?;
-        Ok(config)
+/// Validates the options of the agent mode.
+pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
+    let broker_text = cli.broker.ok_or(ConfigError::NoBroker)?;
+    let broker: BrokerUrl = broker_text.parse()?;
+    let password = std::env::var(tunefleet_common::security::PASSWORD_ENV).ok();
+    let security = cli.security.resolve(&broker, password)?;
+    let name = match cli.name {
+        Some(n) => n,
+        None => hostname().ok_or(ConfigError::NoHostname)?,
+    };
+    validate_agent_id(&name).map_err(ConfigError::Name)?;
+    if cli.slots == 0 {
+        return Err(ConfigError::Slots);
     }
+    if cli.max_trials == Some(0) {
+        return Err(ConfigError::MaxTrials);
+    }
+    let topics = Topics::new(&cli.root).map_err(ConfigError::Root)?;
+    let tags = cli.tags.iter().map(|t| parse_tag(t)).collect::<Result<BTreeMap<_, _>, _>>()?;
+    let duration = |flag: &'static str, value: &str| {
+        parse_duration(value).ok_or_else(|| ConfigError::Duration { flag, value: value.to_string() })
+    };
+    let exit_when_idle = cli.exit_when_idle.as_deref().map(|v| duration("exit-when-idle", v)).transpose()?;
+    let grace = duration("grace", &cli.grace)?;
+    let (energy_model, energy_roots) = energy(&cli.energy)?;
+    if !(0.0..=100.0).contains(&cli.min_battery) {
+        return Err(ConfigError::MinBattery(cli.min_battery));
+    }
+    let sample_interval = positive_duration("sample-interval", &cli.sample_interval)?;
+    let telemetry_interval = positive_duration("telemetry-interval", &cli.telemetry_interval)?;
+    let cpus = cli.cpus.map(|text| parse_cpus(&text, &crate::sched::allowed_cpus())).transpose()?;
+    if !(0.0..=1.0).contains(&cli.interference_threshold) {
+        return Err(ConfigError::InterferenceThreshold(cli.interference_threshold));
+    }
+    let name_for_state = name.clone();
+    let mut config = AgentConfig::new(broker, name, topics);
+    config.tags = tags;
+    config.slots = cli.slots;
+    config.keepalive = Duration::from_secs(cli.keepalive);
+    config.state_dir = cli.state_dir.or_else(|| {
+        let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        default_state_dir(&name_for_state, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
+    });
+    config.max_trials = cli.max_trials;
+    config.exit_when_idle = exit_when_idle;
+    config.grace = grace;
+    config.cgroup_root = cli.cgroup_root;
+    config.conditions = crate::conditions::ConditionsConfig {
+        power_supply: energy_roots.power_supply.clone(),
+        thermal: cli.thermal_root,
+        cpu: cli.cpu_sysfs_root,
+        min_battery: cli.min_battery,
+        ..Default::default()
+    };
+    config.energy_model = energy_model;
+    config.energy_roots = energy_roots;
+    config.sample_interval = sample_interval;
+    config.telemetry_interval = telemetry_interval;
+    config.cpus = cpus;
+    config.interference_threshold = cli.interference_threshold;
+    config.security = security;
+    config.coordinator_key = cli
+        .coordinator_key
+        .map(|k| tunefleet_common::auth::parse_public_key(&k).ok_or(ConfigError::CoordinatorKey(k)))
+        .transpose()?;
+    config.allow_commands = crate::allow::parse(&cli.allow_commands).map_err(ConfigError::AllowCommand)?;
+    Ok(config)
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
     #[test]
@@ -479,7 +297,7 @@ mod tests {
     }
 
     fn config(args: &[&str]) -> Result<AgentConfig, ConfigError> {
-        cli(args).expect("clap accepts").into_config()
+        into_config(cli(args).expect("clap accepts"))
     }
 
     #[test]
@@ -590,7 +408,7 @@ mod tests {
     }
 
     fn mode(args: &[&str]) -> Result<Mode, ConfigError> {
-        cli(args).expect("clap accepts").into_mode()
+        into_mode(cli(args).expect("clap accepts"))
     }
 
     #[test]
@@ -619,7 +437,7 @@ mod tests {
             .contains("--interval"));
         let no_broker = Cli::try_parse_from(["tunefleet-agent", "--name", "a"]).expect("parses");
         if std::env::var_os("TUNEFLEET_BROKER").is_none() {
-            assert!(matches!(no_broker.into_mode(), Err(ConfigError::NoBroker)));
+            assert!(matches!(into_mode(no_broker), Err(ConfigError::NoBroker)));
         }
     }
 

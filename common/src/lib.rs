@@ -7,9 +7,13 @@
 //! * [`auth`]: keys, signed handshakes and sealed (MAC'd) session frames.
 //! * [`codec`]: postcard encoding behind a one-byte protocol version.
 //! * [`template`]: substitution of trial parameters into a command template.
+//! * [`agent_cli`] (feature `agent-cli`): the agent's command line, which the
+//!   coordinator also reads to generate the agent's man pages and completions.
 //!
 //! `docs/PROTOCOL.md` describes the same thing for people writing other clients.
 
+#[cfg(feature = "agent-cli")]
+pub mod agent_cli;
 pub mod auth;
 pub mod broker_url;
 pub mod codec;

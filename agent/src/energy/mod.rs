@@ -38,10 +38,8 @@ use tunefleet_common::message::EnergySourceInfo;
 pub use estimate::{Estimate, EstimateModel, ESTIMATE_DOMAIN};
 pub use metered::{Channel, ChannelRead, MeteredSource};
 
-/// Default roots of the metered sources.
-pub const POWERCAP_ROOT: &str = "/sys/class/powercap";
-pub const HWMON_ROOT: &str = "/sys/class/hwmon";
-pub const POWER_SUPPLY_ROOT: &str = "/sys/class/power_supply";
+/// Default roots of the metered sources (defined with the flags that override them).
+pub use tunefleet_common::agent_cli::{HWMON_ROOT, POWERCAP_ROOT, POWER_SUPPLY_ROOT};
 
 /// How to let a non-root agent read root-only energy counters.
 pub const GRANT_HINT: &str = "energy counters are root-only since the PLATYPUS fix (CVE-2020-8694); \
