@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::builder::NonEmptyStringValueParser;
@@ -39,6 +39,43 @@ pub enum Command {
     /// Run every workload of a campaign file, each as its own study, side by
     /// side on the fleet (resumes them if the store has them already).
     Campaign(Box<RunArgs>),
+    /// Run the coordinator as a service: the broker, the scheduler and the
+    /// store, taking studies from `submit` and `cancel` on a control socket
+    /// (mode 0600) until SIGINT/SIGTERM; studies it left unfinished resume.
+    Serve(Box<ServeArgs>),
+    /// Give a study file to a running `tunefleet serve`: it runs beside the
+    /// others on the shared fleet.
+    Submit {
+        study: PathBuf,
+        #[command(flatten)]
+        control: ControlArg,
+        /// The service's store (its socket is beside it unless --control says).
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Cancel a study on a running `tunefleet serve`: no more trials, and
+    /// its running attempts are stopped on their agents.
+    Cancel {
+        study: String,
+        #[command(flatten)]
+        control: ControlArg,
+        /// The service's store (its socket is beside it unless --control says).
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Where each study stands (trials done, running, best so far), from
+    /// the store; `--watch` adds the pace and the time left.
+    Status {
+        study: Option<String>,
+        /// Look again every second (plain lines when not on a terminal).
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Run the bundled example study on an embedded broker with two local agents.
     Demo(DemoArgs),
     /// Check a study file and print its trials without running anything.
@@ -338,6 +375,32 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub control: ControlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArg {
+    /// The service's control socket (default: the store's path with `.sock`).
+    #[arg(long, env = "TUNEFLEET_CONTROL")]
+    pub control: Option<PathBuf>,
+}
+
+impl ControlArg {
+    /// The socket path: given, or beside `store`.
+    pub fn resolve(&self, store: &Path) -> PathBuf {
+        self.control.clone().unwrap_or_else(|| crate::control::default_path(store))
+    }
+}
+
+#[derive(Debug, Args)]
 pub struct DemoArgs {
     /// The store the demo writes (recreated on every run).
     #[arg(long, default_value = "tunefleet-demo.db")]
@@ -365,9 +428,16 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Campaign(args) => {
             let campaign = crate::campaign::load(&args.study)?;
             let name = campaign.name.clone();
-            let summaries =
-                run_studies(campaign.studies, &args.broker, &args.influx, &args.store.store, !args.quiet, shutdown)
-                    .await?;
+            let summaries = run_studies(
+                campaign.studies,
+                &args.broker,
+                &args.influx,
+                &args.store.store,
+                !args.quiet,
+                None,
+                shutdown,
+            )
+            .await?;
             for s in &summaries {
                 print_summary(s, &args.store.store);
             }
@@ -376,6 +446,32 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             // Scripts read this line.
             println!("campaign {name}: {finished}/{} workloads finished, {done}/{total} trials done", summaries.len());
             Ok(())
+        }
+        Command::Serve(args) => {
+            let control = args.control.resolve(&args.store.store);
+            // Scripts and tests read this line; the socket exists once the broker is up.
+            println!("control: {}", control.display());
+            let summaries =
+                run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, false, Some(control), shutdown)
+                    .await?;
+            for s in &summaries {
+                print_summary(s, &args.store.store);
+            }
+            Ok(())
+        }
+        Command::Submit { study, control, store } => {
+            let text = std::fs::read_to_string(&study).with_context(|| format!("reading {}", study.display()))?;
+            // Checked here too, so a mistake is reported with its line before anything is sent.
+            study::parse(&text, &study.display().to_string())?;
+            let ask = crate::control::Ask::Submit { study: text, origin: study.display().to_string() };
+            answer(crate::control::ask(&control.resolve(&store.store), &ask).await?)
+        }
+        Command::Cancel { study, control, store } => {
+            let ask = crate::control::Ask::Cancel { study };
+            answer(crate::control::ask(&control.resolve(&store.store), &ask).await?)
+        }
+        Command::Status { study, watch, json, store } => {
+            status(&store.store, study.as_deref(), watch, json, shutdown).await
         }
         Command::Demo(args) => demo(args, shutdown).await,
         Command::Check { study } => {
@@ -813,17 +909,20 @@ pub async fn run_study(
     progress: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Summary> {
-    let mut summaries = run_studies(vec![study], args, influx, store_path, progress, shutdown).await?;
+    let mut summaries = run_studies(vec![study], args, influx, store_path, progress, None, shutdown).await?;
     summaries.pop().context("the run ended without a summary")
 }
 
-/// Runs `studies` side by side (a campaign); see [`run_study`].
+/// Runs `studies` side by side (a campaign), or as a service taking
+/// studies on the `control` socket until `shutdown` (`tunefleet serve`);
+/// see [`run_study`].
 pub async fn run_studies(
     studies: Vec<Study>,
     args: &BrokerArgs,
     influx: &InfluxArgs,
     store_path: &Path,
     progress: bool,
+    control: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Vec<Summary>> {
     let config = RunConfig {
@@ -839,6 +938,7 @@ pub async fn run_studies(
         offload: args.offload()?,
         // Scripts and tests read this line to find a broker on a port the OS chose.
         on_broker: Some(Box::new(|url| println!("broker: {url}"))),
+        control,
     };
     let outcome = crate::run::run(config, shutdown).await?;
     if let Some(stats) = outcome.influx {
@@ -856,6 +956,68 @@ pub async fn run_studies(
         }
     }
     Ok(outcome.summaries)
+}
+
+/// Prints a service's answer; an error answer is an error.
+fn answer(a: crate::control::Answer) -> anyhow::Result<()> {
+    match a {
+        crate::control::Answer::Ok { message } => {
+            println!("{message}");
+            Ok(())
+        }
+        crate::control::Answer::Error { message } => bail!("{message}"),
+    }
+}
+
+/// `tunefleet status`: once, or every second until `shutdown` (redrawn on
+/// a terminal, a line per change otherwise).
+async fn status(
+    path: &Path,
+    study: Option<&str>,
+    watch: bool,
+    json: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let look = || -> anyhow::Result<Vec<crate::status::StudyStatus>> {
+        let rows = crate::status::snapshot(&open_existing(path)?, study)?;
+        if rows.is_empty() {
+            if let Some(s) = study {
+                bail!("no study {s:?} in {}", path.display());
+            }
+        }
+        Ok(rows)
+    };
+    let show = |rows: &[crate::status::StudyStatus]| -> anyhow::Result<String> {
+        Ok(if json { format!("{}\n", serde_json::to_string(rows)?) } else { crate::status::render(rows) })
+    };
+    let mut before = look()?;
+    emit(&show(&before)?)?;
+    if !watch {
+        return Ok(());
+    }
+    let terminal = std::io::stdout().is_terminal() && !json;
+    tokio::pin!(shutdown);
+    let mut last = Instant::now();
+    let mut shown = show(&before)?;
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        let mut now = look()?;
+        crate::status::pace(&before, &mut now, last.elapsed().as_secs_f64());
+        last = Instant::now();
+        let text = show(&now)?;
+        if terminal {
+            // Clear the screen and draw again.
+            emit(&format!("\x1b[2J\x1b[H{text}"))?;
+        } else if text != shown {
+            emit(&text)?;
+        }
+        shown = text;
+        before = now;
+    }
 }
 
 fn print_summary(s: &Summary, store: &Path) {

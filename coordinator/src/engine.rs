@@ -123,6 +123,8 @@ struct ActiveStudy {
     runs: HashMap<String, Vec<u64>>,
     /// What every trial of a pipelined study probes (computed once).
     probe: Option<tunefleet_common::message::ProbePlan>,
+    /// Cancelled from the control socket: no more trials.
+    cancelled: bool,
     /// Attempts whose first window was decided on (once each).
     decided: std::collections::HashSet<(u64, u32)>,
     /// Trials running a reused configuration: it, and the time relative
@@ -146,6 +148,7 @@ impl ActiveStudy {
             checkpoints: HashMap::new(),
             runs: HashMap::new(),
             probe,
+            cancelled: false,
             decided: Default::default(),
             reused: HashMap::new(),
             best,
@@ -207,6 +210,8 @@ pub struct Engine {
     last_decision_ms: u64,
     /// Profiles, clusters and reuse, loaded from the store with the first study.
     book: Option<crate::reuse::Book>,
+    /// Control-socket requests waiting for the next turn.
+    requests: Vec<crate::control::Request>,
 }
 
 fn unix_ms() -> u64 {
@@ -232,6 +237,7 @@ impl Engine {
             offload: None,
             last_decision_ms: 0,
             book: None,
+            requests: Vec::new(),
         }
     }
 
@@ -246,6 +252,30 @@ impl Engine {
     pub fn with_influx(mut self, on: bool) -> Self {
         self.influx = on;
         self
+    }
+
+    /// A study file submitted to the service: started (or resumed) beside
+    /// the others.
+    fn submit(&mut self, text: &str, origin: &str) -> crate::control::Answer {
+        use crate::control::Answer;
+        let study = match crate::study::parse(text, origin) {
+            Ok(s) => s,
+            Err(e) => return Answer::Error { message: e.to_string() },
+        };
+        let name = study.name.clone();
+        if self.studies.get(&name).is_some_and(|a| !a.cancelled)
+            && self.sched.counts(&name).is_some_and(|c| !c.finished())
+        {
+            return Answer::Error { message: format!("study {name} is running already") };
+        }
+        match self.start_study(study) {
+            Ok(()) => {
+                let total = self.sched.counts(&name).map_or(0, |c| c.total);
+                tracing::info!(study = %name, "study submitted");
+                Answer::Ok { message: format!("study {name} submitted ({total} trials so far)") }
+            }
+            Err(e) => Answer::Error { message: e.to_string() },
+        }
     }
 
     fn now_ms(&self) -> u64 {
@@ -325,9 +355,33 @@ impl Engine {
     /// finished, the transport closes, or `shutdown` fires; a summary per
     /// study, in order.
     pub async fn run_studies(
-        mut self,
+        self,
         studies: &[String],
+        inbound: mpsc::Receiver<Inbound>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
+        self.drive(Some(studies), inbound, None, shutdown).await
+    }
+
+    /// Runs as a service (`tunefleet serve`) until `shutdown`: studies
+    /// come and go through `requests` (the control socket), side by side
+    /// on the fleet; a summary per study it ran.
+    pub async fn serve(
+        self,
+        inbound: mpsc::Receiver<Inbound>,
+        requests: mpsc::Receiver<crate::control::Request>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
+        self.drive(None, inbound, Some(requests), shutdown).await
+    }
+
+    /// The loop of [`Engine::run_studies`] (until `studies` finish) and of
+    /// [`Engine::serve`] (`studies` is `None`: until shutdown).
+    async fn drive(
+        mut self,
+        studies: Option<&[String]>,
         mut inbound: mpsc::Receiver<Inbound>,
+        mut requests: Option<mpsc::Receiver<crate::control::Request>>,
         shutdown: impl Future<Output = ()>,
     ) -> Result<Vec<Summary>, EngineError> {
         tokio::pin!(shutdown);
@@ -336,23 +390,33 @@ impl Engine {
         let mut events = Vec::with_capacity(MAX_BATCH);
         let mut announced = std::collections::HashSet::new();
         loop {
+            let names: Vec<String> = match studies {
+                Some(s) => s.to_vec(),
+                None => self.studies.keys().cloned().collect(),
+            };
             let finished: Vec<&String> =
-                studies.iter().filter(|s| self.sched.counts(s).is_none_or(|c| c.finished())).collect();
+                names.iter().filter(|s| self.sched.counts(s).is_none_or(|c| c.finished())).collect();
             for s in &finished {
-                if studies.len() > 1 && announced.insert((*s).clone()) {
+                if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
                     let c = self.sched.counts(s).unwrap_or_default();
                     // Scripts read this line: a campaign's progress per workload.
                     self.progress.note(&format!(
-                        "finished: {s}: {}/{} trials done, {} failed ({} of {} studies finished)",
+                        "finished: {s}: {}/{} trials done, {} failed, {} stopped ({} of {} studies finished)",
                         c.done,
                         c.total,
                         c.failed,
+                        c.stopped,
                         announced.len(),
-                        studies.len()
+                        names.len()
                     ));
+                    if studies.is_none() {
+                        let mut batch = self.store.batch()?;
+                        batch.finish_study(s, unix_ms())?;
+                        batch.commit()?;
+                    }
                 }
             }
-            if finished.len() == studies.len() {
+            if studies.is_some() && finished.len() == names.len() {
                 break;
             }
             let mut tick = false;
@@ -362,6 +426,10 @@ impl Engine {
                     tracing::info!("shutting down: no more assignments");
                     break;
                 }
+                r = next_request(&mut requests) => match r {
+                    Some(r) => self.requests.push(r),
+                    None => requests = None,
+                },
                 ev = inbound.recv() => match ev {
                     Some(ev) => {
                         events.push(ev);
@@ -379,7 +447,15 @@ impl Engine {
             self.turn(&mut events, tick).await?;
         }
         self.sync(&mut inbound, SYNC_GRACE).await?;
-        let summaries: Vec<Summary> = studies.iter().map(|s| self.summary(s)).collect();
+        let names: Vec<String> = match studies {
+            Some(s) => s.to_vec(),
+            None => {
+                let mut all: Vec<String> = self.studies.keys().cloned().collect();
+                all.sort();
+                all
+            }
+        };
+        let summaries: Vec<Summary> = names.iter().map(|s| self.summary(s)).collect();
         {
             let mut batch = self.store.batch()?;
             for summary in &summaries {
@@ -485,8 +561,21 @@ impl Engine {
         let mut out: Vec<(String, CoordinatorMessage)> = Vec::new();
         let mut welcomes: Vec<(String, Vec<u8>)> = Vec::new();
         {
+            // Submitted studies start first (each in its own transaction).
+            let mut cancels = Vec::new();
+            for request in std::mem::take(&mut self.requests) {
+                match request.ask {
+                    crate::control::Ask::Submit { study, origin } => {
+                        let _ = request.reply.send(self.submit(&study, &origin));
+                    }
+                    crate::control::Ask::Cancel { study } => cancels.push((study, request.reply)),
+                }
+            }
             let mut batch = self.store.batch()?;
             let mut effects = Vec::new();
+            for (study, reply) in cancels {
+                let _ = reply.send(cancel(&mut self.sched, &mut self.studies, &study, &mut effects));
+            }
             for ev in events.drain(..) {
                 handle(
                     &mut Ctx {
@@ -586,7 +675,7 @@ fn top_up(
     batch: &mut Batch<'_>,
     studies: &mut HashMap<String, ActiveStudy>,
 ) -> Result<(), EngineError> {
-    for (name, active) in studies.iter_mut() {
+    for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
         let mut want = sched.demand(name);
         while want > 0 {
             let Some(trials) = active.search.next_trials() else { break };
@@ -598,6 +687,43 @@ fn top_up(
         }
     }
     Ok(())
+}
+
+/// The next control request, or never when there is no control socket.
+async fn next_request(
+    requests: &mut Option<mpsc::Receiver<crate::control::Request>>,
+) -> Option<crate::control::Request> {
+    match requests {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Cancels `name`: no more trials; every trial not finished is stopped, and
+/// its running attempt cancelled on its agent.
+fn cancel(
+    sched: &mut Scheduler,
+    studies: &mut HashMap<String, ActiveStudy>,
+    name: &str,
+    effects: &mut Vec<Effect>,
+) -> crate::control::Answer {
+    use crate::control::Answer;
+    let Some(active) = studies.get_mut(name) else {
+        return Answer::Error { message: format!("no study {name:?} runs here") };
+    };
+    if active.cancelled {
+        return Answer::Ok { message: format!("study {name} was cancelled already") };
+    }
+    active.cancelled = true;
+    sched.set_open(name, false);
+    let mut running = 0;
+    for trial in 0..active.plans.len() as u64 {
+        let stopped = sched.stop(name, trial, "study cancelled");
+        running += stopped.iter().filter(|e| matches!(e, Effect::Cancel { .. })).count();
+        effects.extend(stopped);
+    }
+    tracing::warn!(study = %name, running, "study cancelled");
+    Answer::Ok { message: format!("study {name} cancelled: {running} running attempts cancelled on their agents") }
 }
 
 /// Logs the first ten of a kind of refusal, then at powers of two.

@@ -55,6 +55,10 @@ pub struct RunConfig {
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,
+    /// Run as a service (`tunefleet serve`): take studies on this control
+    /// socket ([`crate::control`]), resume the store's unfinished ones, and
+    /// run until `shutdown` instead of until `studies` finish.
+    pub control: Option<PathBuf>,
 }
 
 /// A callback given the broker URL agents use.
@@ -86,6 +90,10 @@ pub enum RunError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Control(#[from] crate::control::ControlError),
+    #[error("study {name} in the store no longer parses: {source}")]
+    StoredStudy { name: String, source: Box<crate::study::StudyError> },
 }
 
 /// Runs `config.studies` to the end (or until `shutdown`).
@@ -102,6 +110,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         progress,
         offload,
         on_broker,
+        control,
     } = config;
     let (public, connect, security) = match broker {
         BrokerChoice::External { url, security } => (url.clone(), url, security),
@@ -140,11 +149,41 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
     let mut engine =
         Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some()).with_offload(offload);
-    let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();
-    for study in studies {
-        engine.start_study(study)?;
-    }
-    let result = engine.run_studies(&names, inbound, shutdown).await;
+    let result = match control {
+        None => {
+            let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();
+            for study in studies {
+                engine.start_study(study)?;
+            }
+            engine.run_studies(&names, inbound, shutdown).await
+        }
+        Some(path) => {
+            // The studies a service (or a run) left unfinished go on.
+            let unfinished: Vec<_> = {
+                let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
+                db.studies()
+                    .map_err(|source| RunError::Store { path: store.clone(), source })?
+                    .into_iter()
+                    .filter(|s| s.state == crate::store::StudyState::Running)
+                    .collect()
+            };
+            for row in unfinished {
+                let study = crate::study::parse(&row.config, &format!("{} (stored)", row.name))
+                    .map_err(|e| RunError::StoredStudy { name: row.name.clone(), source: Box::new(e) })?;
+                tracing::info!(study = %study.name, "resuming an unfinished study");
+                engine.start_study(study)?;
+            }
+            for study in studies {
+                engine.start_study(study)?;
+            }
+            let (tx, rx) = tokio::sync::mpsc::channel(64);
+            let listener = crate::control::listen(&path, tx).await?;
+            let result = engine.serve(inbound, rx, shutdown).await;
+            listener.abort();
+            let _ = std::fs::remove_file(&path);
+            result
+        }
+    };
     let influx = match (sink, influx) {
         (Some(sink), Some((_, grace))) => Some(sink.drain(grace).await?),
         _ => None,

@@ -1,0 +1,149 @@
+//! `tunefleet status [STUDY] [--watch] [--json]`: where each study stands,
+//! read from the store (a running service or run commits every turn, and
+//! SQLite's WAL lets readers in while it writes), with the throughput and
+//! the time left estimated between two looks.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::store::{Store, StoreError, StudyState};
+
+/// One study now.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StudyStatus {
+    pub study: String,
+    pub state: String,
+    pub total: u64,
+    pub pending: u64,
+    pub running: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub stopped: u64,
+    pub metric: String,
+    /// The best objective so far and its trial.
+    pub best: Option<(f64, u64)>,
+    /// Agents online now (the whole fleet's).
+    pub live_agents: usize,
+    /// Trials finished per minute since the previous look (`--watch`).
+    pub per_minute: Option<f64>,
+    /// Seconds left at that pace.
+    pub eta_s: Option<f64>,
+}
+
+impl StudyStatus {
+    fn finished(&self) -> u64 {
+        self.done + self.failed + self.stopped
+    }
+}
+
+/// Every study (or `study` alone) as the store has it now.
+pub fn snapshot(store: &Store, study: Option<&str>) -> Result<Vec<StudyStatus>, StoreError> {
+    let live_agents = store.agents()?.iter().filter(|a| a.online).count();
+    let mut out = Vec::new();
+    for s in store.studies()? {
+        if study.is_some_and(|n| n != s.name) {
+            continue;
+        }
+        let best = store.best(&s.name, 1)?.first().map(|b| (b.objective, b.trial));
+        let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
+        out.push(StudyStatus {
+            study: s.name,
+            state: match s.state {
+                StudyState::Running => "running",
+                StudyState::Finished => "finished",
+            }
+            .to_string(),
+            total: s.total,
+            pending: s.pending,
+            running: s.running,
+            done: s.done,
+            failed: s.failed,
+            stopped,
+            metric: s.metric,
+            best,
+            live_agents,
+            per_minute: None,
+            eta_s: None,
+        });
+    }
+    Ok(out)
+}
+
+/// Fills the pace of `now` from `before`, `seconds` earlier.
+pub fn pace(before: &[StudyStatus], now: &mut [StudyStatus], seconds: f64) {
+    if seconds <= 0.0 {
+        return;
+    }
+    for s in now.iter_mut() {
+        let Some(b) = before.iter().find(|b| b.study == s.study) else { continue };
+        let per_minute = s.finished().saturating_sub(b.finished()) as f64 / seconds * 60.0;
+        s.per_minute = Some(per_minute);
+        let left = s.total.saturating_sub(s.finished());
+        s.eta_s = (per_minute > 0.0 && s.state == "running").then(|| left as f64 / per_minute * 60.0);
+    }
+}
+
+/// One line per study.
+pub fn render(rows: &[StudyStatus]) -> String {
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no studies\n");
+    }
+    for s in rows {
+        let best = s.best.map_or(String::new(), |(v, t)| format!(", best {}={v:.6} (trial {t})", s.metric));
+        let pace = match (s.per_minute, s.eta_s) {
+            (Some(p), Some(eta)) => format!(", {p:.1} trials/min, about {eta:.0} s left"),
+            (Some(p), None) => format!(", {p:.1} trials/min"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {} agents online{best}{pace}",
+            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped, s.live_agents
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(done: u64, state: &str) -> StudyStatus {
+        StudyStatus {
+            study: "s".into(),
+            state: state.into(),
+            total: 100,
+            pending: 100 - done,
+            running: 0,
+            done,
+            failed: 0,
+            stopped: 0,
+            metric: "loss".into(),
+            best: Some((0.5, 3)),
+            live_agents: 2,
+            per_minute: None,
+            eta_s: None,
+        }
+    }
+
+    #[test]
+    fn pace_and_time_left_between_two_looks() {
+        let before = vec![row(10, "running")];
+        let mut now = vec![row(20, "running")];
+        pace(&before, &mut now, 30.0);
+        assert_eq!(now[0].per_minute, Some(20.0));
+        assert_eq!(now[0].eta_s, Some(240.0), "80 left at 20 a minute");
+        let text = render(&now);
+        assert!(text.contains("s running: 20/100 done") && text.contains("best loss=0.500000 (trial 3)"), "{text}");
+        assert!(text.contains("20.0 trials/min, about 240 s left"), "{text}");
+        let mut finished = vec![row(100, "finished")];
+        pace(&before, &mut finished, 30.0);
+        assert_eq!(finished[0].eta_s, None);
+        let mut stalled = vec![row(10, "running")];
+        pace(&before, &mut stalled, 30.0);
+        assert_eq!(stalled[0].eta_s, None, "no pace, no estimate");
+        assert_eq!(render(&[]), "no studies\n");
+    }
+}
