@@ -336,7 +336,25 @@ impl Engine {
         if let Some(c) = self.sched.counts(&study.name) {
             self.progress.start(&study.name, search.planned().max(c.total), c.done + c.failed + c.stopped);
         }
-        self.studies.insert(study.name.clone(), ActiveStudy::new(study, search, plans, values, best));
+        let mut active = ActiveStudy::new(study, search, plans, values, best);
+        // What a coordinator that stopped had seen: early stopping's rungs,
+        // and the checkpoint each trial's latest attempt reported.
+        for p in self.store.study_progress(&active.study.name)? {
+            if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
+                let _ = asha.report(p.trial, p.epoch, value);
+            }
+            match p.checkpoint {
+                Some(reference) => {
+                    active.checkpoints.insert(p.trial, (p.epoch, reference));
+                }
+                // A later attempt that started over has no checkpoint yet.
+                None if p.epoch <= 1 => {
+                    active.checkpoints.remove(&p.trial);
+                }
+                None => {}
+            }
+        }
+        self.studies.insert(active.study.name.clone(), active);
         Ok(())
     }
 

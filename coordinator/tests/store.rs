@@ -456,7 +456,7 @@ fn a_file_store_keeps_everything_across_reopen() {
                 epoch,
                 elapsed_us: u64::from(epoch) * 1000,
                 metrics: BTreeMap::from([("loss".to_string(), 1.0 / f64::from(epoch + 1))]),
-                checkpoint: None,
+                checkpoint: (epoch == 2).then(|| "/ckpt/2".to_string()),
                 profile: None,
             };
             b.record_progress(&p).expect("progress");
@@ -478,6 +478,13 @@ fn a_file_store_keeps_everything_across_reopen() {
     assert_eq!(agents[0].info, agent("a1"));
     assert_eq!(agents[1].last_seen_ms, 160);
     let progress = store.progress(&tref("file", 1, 1)).expect("progress");
+    let kept: Vec<(u64, u32, Option<String>)> = store
+        .study_progress("file")
+        .expect("study progress")
+        .into_iter()
+        .map(|p| (p.trial, p.epoch, p.checkpoint))
+        .collect();
+    assert_eq!(kept, vec![(1, 0, None), (1, 1, None), (1, 2, Some("/ckpt/2".into()))], "checkpoints survive a restart");
     assert_eq!(progress.len(), 3);
     assert_eq!(progress[2].0, 2);
     assert_eq!(progress[2].2["loss"], 1.0 / 3.0);

@@ -381,8 +381,8 @@ impl Batch<'_> {
             .map_err(|source| StoreError::Json { context: context(), source })?;
         self.tx
             .prepare_cached(
-                "INSERT OR IGNORE INTO progress (study, trial, attempt, epoch, metrics, elapsed_us)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR IGNORE INTO progress (study, trial, attempt, epoch, metrics, elapsed_us, checkpoint)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .ctx(context)?
             .execute(params![
@@ -391,7 +391,8 @@ impl Batch<'_> {
                 t.attempt,
                 progress.epoch,
                 metrics,
-                to_i64("elapsed_us", progress.elapsed_us)?
+                to_i64("elapsed_us", progress.elapsed_us)?,
+                progress.checkpoint
             ])
             .ctx(context)?;
         Ok(())

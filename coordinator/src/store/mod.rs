@@ -43,7 +43,7 @@ pub use batch::{RecordOutcome, StudyOpened};
 pub use export::ExportFormat;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
-pub use queries::{AgentRow, AttemptRow, BestRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
+pub use queries::{AgentRow, AttemptRow, BestRow, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
 pub use report::{ProvenanceRow, WindowRow};
 pub use schema::SCHEMA_VERSION;
 

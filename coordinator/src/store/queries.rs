@@ -143,6 +143,16 @@ impl Unranked {
     }
 }
 
+/// One epoch report as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProgressRow {
+    pub trial: u64,
+    pub attempt: u32,
+    pub epoch: u32,
+    pub metrics: tunefleet_common::measurement::Metrics,
+    pub checkpoint: Option<String>,
+}
+
 /// An agent the coordinator has seen.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AgentRow {
@@ -322,6 +332,32 @@ impl Store {
         let rows = stmt
             .query_map(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt], |row| {
                 Ok((row.get(0)?, get_u64(row, 1)?, json_col(row, 2)?))
+            })
+            .ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
+    /// Every epoch report of `study`: `(trial, attempt, epoch, metrics,
+    /// checkpoint)`, by trial, attempt and epoch (what early stopping and
+    /// moved trials need again after a restart).
+    pub fn study_progress(&self, study: &str) -> Result<Vec<ProgressRow>> {
+        let context = || format!("reading the progress of {study}");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT trial, attempt, epoch, metrics, checkpoint FROM progress
+                 WHERE study = ?1 ORDER BY trial, attempt, epoch",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map([study], |row| {
+                Ok(ProgressRow {
+                    trial: get_u64(row, 0)?,
+                    attempt: row.get(1)?,
+                    epoch: row.get(2)?,
+                    metrics: json_col(row, 3)?,
+                    checkpoint: row.get(4)?,
+                })
             })
             .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)

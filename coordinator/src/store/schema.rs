@@ -10,7 +10,7 @@ use super::outbox::OUTBOX_SCHEMA;
 use super::{keys, profiles, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -99,6 +99,7 @@ CREATE TABLE IF NOT EXISTS progress (
     epoch      INTEGER NOT NULL,
     metrics    TEXT NOT NULL,
     elapsed_us INTEGER NOT NULL,
+    checkpoint TEXT,
     PRIMARY KEY (study, trial, attempt, epoch)
 );
 CREATE TABLE IF NOT EXISTS agents (
@@ -129,6 +130,11 @@ ALTER TABLE results ADD COLUMN system TEXT;
 
 /// Version 3: each agent's latest telemetry (load, conditions).
 const MIGRATE_2_TO_3: &str = "ALTER TABLE agents ADD COLUMN telemetry TEXT;";
+
+/// Version 4: the checkpoint each epoch reported, so a coordinator that
+/// restarted still moves a trial on from its last one (and early stopping
+/// replays the epochs it had seen).
+const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 
 impl Store {
     /// Opens (creating if needed) the store at `path`, in WAL mode.
@@ -187,13 +193,16 @@ impl Store {
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
-            1 | 2 => {
+            1..=3 => {
                 if found == 1 {
                     for sql in [MIGRATE_1_TO_2, TRIALS, MIGRATE_1_TO_2_ROWS, SEGMENTS] {
                         tx.execute_batch(sql).ctx(|| format!("{path}: migrating the schema from version 1"))?;
                     }
                 }
-                tx.execute_batch(MIGRATE_2_TO_3).ctx(|| format!("{path}: migrating the schema from version 2"))?;
+                if found <= 2 {
+                    tx.execute_batch(MIGRATE_2_TO_3).ctx(|| format!("{path}: migrating the schema from version 2"))?;
+                }
+                tx.execute_batch(MIGRATE_3_TO_4).ctx(|| format!("{path}: migrating the schema from version 3"))?;
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
@@ -228,7 +237,8 @@ mod tests {
                     "    received_ms   INTEGER NOT NULL,\n    system        TEXT,",
                     "    received_ms   INTEGER NOT NULL,",
                 )
-                .replace(",\n    telemetry     TEXT\n", "\n");
+                .replace(",\n    telemetry     TEXT\n", "\n")
+                .replace("    checkpoint TEXT,\n", "");
             conn.execute_batch(&v1).expect("v1 schema");
             conn.pragma_update(None, "user_version", 1).expect("version");
             conn.execute(
@@ -255,6 +265,29 @@ mod tests {
         assert_eq!(index, 1, "the rebuilt trials table keeps its index");
         let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", [], |r| r.get(0)).expect("segments table");
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_version_3_store_gets_progress_checkpoints_and_keeps_its_progress() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v3.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            let v3 = format!("{SCHEMA}{TRIALS}{SEGMENTS}").replace("    checkpoint TEXT,\n", "");
+            conn.execute_batch(&v3).expect("v3 schema");
+            conn.pragma_update(None, "user_version", 3).expect("version");
+            conn.execute(
+                "INSERT INTO progress (study, trial, attempt, epoch, metrics, elapsed_us) VALUES ('s', 0, 1, 1, '{}', 5)",
+                [],
+            )
+            .expect("a v3 progress row");
+        }
+        let store = Store::open(&path).expect("migrates");
+        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        assert_eq!(v, SCHEMA_VERSION);
+        let kept: Option<String> =
+            store.conn.query_row("SELECT checkpoint FROM progress", [], |r| r.get(0)).expect("the row is kept");
+        assert_eq!(kept, None);
     }
 
     #[test]
