@@ -13,8 +13,20 @@
 //!   newer attempt is then cancelled); any later one is a duplicate or superseded.
 //!   A trial failed because its attempts ran out has no result yet: the late
 //!   result of one of those attempts completes it too, once.
+//!
+//! No event scans every trial or every agent. Each study indexes its leases
+//! by deadline (an ordered set of `(deadline, trial)`: the expiry tick reads
+//! only the leases that are due, and a lease that ends leaves it at once) and
+//! by agent (an agent going offline, restarting or overloaded touches only
+//! its own); the scheduler keeps the set of agents that have credit (a turn
+//! visits only them) and a count of the live ones. Every lease starts in
+//! `StudyState::lease` and ends in `StudyState::unlease`, which keep the
+//! study's indexes; `Scheduler::sync_agent` keeps the fleet's after every
+//! change to an agent. A property test checks them all against a full scan
+//! after any sequence of events.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
@@ -169,8 +181,11 @@ struct StudyState {
     finished: u64,
     failed: u64,
     stopped: u64,
-    /// Trials in `State::Running`, kept up to date so that no event scans every trial.
-    running: u64,
+    /// The running trials by lease deadline: one entry per trial in
+    /// `State::Running`, so its length is the number running.
+    deadlines: BTreeSet<(u64, u64)>,
+    /// The running trials by the agent holding their lease (no empty sets).
+    held: HashMap<String, BTreeSet<u64>>,
     /// Leases restored from the store, by agent, until that agent's first request.
     restored: BTreeMap<String, Vec<u64>>,
     /// More trials may still be added ([`Scheduler::add_trial`]): the study
@@ -179,22 +194,76 @@ struct StudyState {
 }
 
 impl StudyState {
+    /// Trial `i` runs under `lease` (it was not running).
+    fn lease(&mut self, i: u64, lease: Lease) {
+        let Some(slot) = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i)) else { return };
+        self.deadlines.insert((lease.deadline_ms, i));
+        match self.held.get_mut(&lease.agent) {
+            Some(trials) => {
+                trials.insert(i);
+            }
+            None => {
+                self.held.insert(lease.agent.clone(), BTreeSet::from([i]));
+            }
+        }
+        slot.state = State::Running(lease);
+    }
+
+    /// Takes the lease off trial `i`, if it runs: the trial is left
+    /// `Pending` (the caller says what it becomes) and out of the indexes.
+    fn unlease(&mut self, i: u64) -> Option<Lease> {
+        let slot = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i))?;
+        if !matches!(slot.state, State::Running(_)) {
+            return None;
+        }
+        let State::Running(lease) = std::mem::replace(&mut slot.state, State::Pending) else { return None };
+        self.deadlines.remove(&(lease.deadline_ms, i));
+        if let Some(trials) = self.held.get_mut(&lease.agent) {
+            trials.remove(&i);
+            if trials.is_empty() {
+                self.held.remove(&lease.agent);
+            }
+        }
+        Some(lease)
+    }
+
+    /// How many trials run now.
+    fn running(&self) -> u64 {
+        self.deadlines.len() as u64
+    }
+
+    /// The trials whose lease `agent` holds, in trial order.
+    fn held_by(&self, agent: &str) -> Vec<u64> {
+        self.held.get(agent).map(|t| t.iter().copied().collect()).unwrap_or_default()
+    }
+
     /// Ends the running attempt of trial `i` without a result: the trial is
     /// queued again, or failed once it has used up its attempts.
     fn end_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<Effect> {
-        let slot = self.trials.get_mut(i as usize)?;
-        self.running -= 1;
+        self.unlease(i)?;
+        let slot = self.trials.get_mut(usize::try_from(i).ok()?)?;
         slot.failures += 1;
         if slot.failures >= self.policy.max_attempts {
             slot.state = State::Failed;
             self.failed += 1;
             Some(Effect::Failed { reason: format!("{} attempts failed, last: {reason}", slot.failures), trial })
         } else {
-            slot.state = State::Pending;
             // At the front: a recycled trial should not wait behind the whole study.
             self.queue.push_front(i);
             Some(Effect::Requeued { trial, reason })
         }
+    }
+
+    /// Takes trial `i` off `agent` because of `why` without counting a
+    /// failure: queued again at the front, kept off `agent` for
+    /// [`AVOID_MS`] and, when `class` is known, in that device class.
+    fn move_off(&mut self, i: u64, agent: &str, class: Option<String>, now_ms: u64) -> Option<Lease> {
+        let lease = self.unlease(i)?;
+        let slot = self.trials.get_mut(usize::try_from(i).ok()?)?;
+        slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
+        slot.class = class;
+        self.queue.push_front(i);
+        Some(lease)
     }
 }
 
@@ -207,6 +276,8 @@ struct AgentState {
     last_seq: Option<u64>,
     /// Why the agent gets no trials now (the decider found it overloaded).
     overloaded: Option<String>,
+    /// Counted in [`Scheduler::live`].
+    live: bool,
 }
 
 /// Progress of one study.
@@ -234,8 +305,13 @@ impl StudyCounts {
 pub struct Scheduler {
     studies: Vec<StudyState>,
     agents: BTreeMap<String, AgentState>,
-    /// Round-robin start among agents, so work spreads across the fleet.
-    next_agent: usize,
+    /// Agents online, announced and with credit: the only ones a turn visits.
+    ready: BTreeSet<String>,
+    /// Agents online and announced.
+    live: usize,
+    /// Round-robin start among agents (the ready agent a turn began with),
+    /// so work spreads across the fleet.
+    next_agent: String,
     /// Round-robin start among studies, so studies that share agents share
     /// them fairly: each free slot goes to the next study with work for it.
     next_study: usize,
@@ -259,32 +335,36 @@ impl Scheduler {
             finished: 0,
             failed: 0,
             stopped: 0,
-            running: 0,
+            deadlines: BTreeSet::new(),
+            held: HashMap::new(),
             restored: BTreeMap::new(),
             open: false,
             policy,
         };
         for (i, restored) in states.into_iter().enumerate() {
+            let i = i as u64;
             let slot = match restored {
                 Restored::Pending { last_attempt, failures } => {
-                    study.queue.push_back(i as u64);
+                    study.queue.push_back(i);
                     TrialSlot { last_attempt, failures, ..TrialSlot::new(State::Pending) }
                 }
                 Restored::Running { agent, attempt, failures } => {
-                    study.running += 1;
-                    study.restored.entry(agent.clone()).or_default().push(i as u64);
+                    study.restored.entry(agent.clone()).or_default().push(i);
                     let lease = Lease {
                         agent: agent.clone(),
                         attempt,
                         deadline_ms: now_ms + study.policy.lease_ms,
                         restored: true,
                     };
-                    TrialSlot {
+                    let slot = TrialSlot {
                         last_attempt: attempt,
                         failures,
                         history: vec![(attempt, agent)],
-                        ..TrialSlot::new(State::Running(lease))
-                    }
+                        ..TrialSlot::new(State::Pending)
+                    };
+                    study.trials.push(slot);
+                    study.lease(i, lease);
+                    continue;
                 }
                 Restored::Done => {
                     study.finished += 1;
@@ -325,10 +405,12 @@ impl Scheduler {
     /// the live agents that match it, less the trials already queued.
     pub fn demand(&self, study: &str) -> u64 {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
+        // Only the ready agents have credit.
         let credit: u64 = self
-            .agents
-            .values()
-            .filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
+            .ready
+            .iter()
+            .filter_map(|name| self.agents.get(name))
+            .filter(|a| a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
             .map(|a| u64::from(a.credit))
             .sum();
         credit.saturating_sub(s.queue.len() as u64)
@@ -345,7 +427,7 @@ impl Scheduler {
             total: s.trials.len() as u64,
             done: s.finished,
             failed: s.failed,
-            running: s.running,
+            running: s.running(),
             stopped: s.stopped,
             open: s.open,
         })
@@ -353,7 +435,7 @@ impl Scheduler {
 
     /// Agents that are online and have said who they are.
     pub fn live_agents(&self) -> usize {
-        self.agents.values().filter(|a| a.online && a.info.is_some()).count()
+        self.live
     }
 
     /// The device class of `agent`, once it said what it is.
@@ -370,6 +452,28 @@ impl Scheduler {
             .count()
     }
 
+    /// Brings the fleet's indexes (`ready`, `live`) up to date with what
+    /// `agent` is now; called after every change to an agent.
+    fn sync_agent(&mut self, agent: &str) {
+        let Some(a) = self.agents.get_mut(agent) else { return };
+        let live = a.online && a.info.is_some();
+        if live != a.live {
+            a.live = live;
+            if live {
+                self.live += 1;
+            } else {
+                self.live -= 1;
+            }
+        }
+        if live && a.credit > 0 {
+            if !self.ready.contains(agent) {
+                self.ready.insert(agent.to_string());
+            }
+        } else {
+            self.ready.remove(agent);
+        }
+    }
+
     /// An agent announced itself (its session is authenticated by
     /// [`crate::auth`]). A new `instance` means the agent process
     /// restarted: whatever it was running is gone.
@@ -383,6 +487,7 @@ impl Scheduler {
             credit: 0,
             last_seq: None,
             overloaded: None,
+            live: false,
         });
         let restarted = agent.instance != instance;
         agent.instance = instance;
@@ -391,6 +496,9 @@ impl Scheduler {
         if restarted {
             agent.credit = 0;
             agent.last_seq = None;
+        }
+        self.sync_agent(&name);
+        if restarted {
             self.release_leases(&name, "agent restarted")
         } else {
             Vec::new()
@@ -408,10 +516,13 @@ impl Scheduler {
             return Vec::new();
         }
         state.online = status.online;
+        if !status.online {
+            state.credit = 0;
+        }
+        self.sync_agent(agent);
         if status.online {
             return Vec::new();
         }
-        state.credit = 0;
         self.release_leases(agent, "agent went offline")
     }
 
@@ -426,10 +537,12 @@ impl Scheduler {
         state.last_seq = Some(req.seq);
         state.credit = req.free;
         state.online = true;
+        self.sync_agent(agent);
         let mut effects = Vec::new();
         for study in &mut self.studies {
+            let Some(restored) = study.restored.remove(agent) else { continue };
             let name = study.policy.name.clone();
-            for i in study.restored.remove(agent).unwrap_or_default() {
+            for i in restored {
                 let attempt = match study.trials.get(i as usize).map(|t| &t.state) {
                     Some(State::Running(l)) if l.restored && l.agent == agent => l.attempt,
                     _ => continue,
@@ -447,11 +560,10 @@ impl Scheduler {
     /// The agent will not run this attempt: queue it again without counting a failure.
     pub fn refuse(&mut self, agent: &str, trial: &TrialRef, reason: &str) -> Vec<Effect> {
         let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else { return Vec::new() };
-        let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return Vec::new() };
+        let Some(slot) = study.trials.get(trial.trial as usize) else { return Vec::new() };
         match &slot.state {
             State::Running(l) if l.agent == agent && l.attempt == trial.attempt => {
-                slot.state = State::Pending;
-                study.running -= 1;
+                study.unlease(trial.trial);
                 study.queue.push_front(trial.trial);
                 vec![Effect::Requeued { trial: trial.clone(), reason: format!("refused by {agent}: {reason}") }]
             }
@@ -464,7 +576,6 @@ impl Scheduler {
         let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else {
             return (Verdict::Unknown, Vec::new());
         };
-        let name = study.policy.name.clone();
         let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return (Verdict::Unknown, Vec::new()) };
         let ran_it = slot.history.iter().any(|(a, who)| *a == trial.attempt && who == agent);
         match &slot.state {
@@ -488,11 +599,7 @@ impl Scheduler {
             }
             _ => {}
         }
-        let live = match &slot.state {
-            State::Running(l) => Some(l.clone()),
-            _ => None,
-        };
-        let this_is_live = live.as_ref().is_some_and(|l| l.agent == agent && l.attempt == trial.attempt);
+        let this_is_live = matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt);
         let kind = match kind {
             ResultKind::Interfered { success, reason } => {
                 if !this_is_live || slot.remeasures >= MAX_REMEASURES {
@@ -500,12 +607,9 @@ impl Scheduler {
                     ResultKind::Complete { success }
                 } else {
                     slot.remeasures += 1;
-                    slot.class = self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class);
-                    slot.state = State::Pending;
-                    slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
-                    study.running -= 1;
-                    study.queue.push_front(trial.trial);
                     let reason = format!("measured again ({} of {MAX_REMEASURES}): {reason}", slot.remeasures);
+                    let class = self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class);
+                    study.move_off(trial.trial, agent, class, now_ms);
                     return (
                         Verdict::Remeasured,
                         vec![Effect::Moved { trial: trial.clone(), from: agent.to_string(), reason }],
@@ -524,9 +628,9 @@ impl Scheduler {
                 (Verdict::Retried, study.end_attempt(trial.trial, trial.clone(), reason).into_iter().collect())
             }
             ResultKind::Complete { success } => {
-                slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
-                if live.is_some() {
-                    study.running -= 1;
+                let live = study.unlease(trial.trial);
+                if let Some(slot) = study.trials.get_mut(trial.trial as usize) {
+                    slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
                 }
                 if success {
                     study.finished += 1;
@@ -537,7 +641,7 @@ impl Scheduler {
                 if let Some(l) = live.filter(|_| !this_is_live) {
                     effects.push(Effect::Cancel {
                         agent: l.agent,
-                        trial: trial_ref(&name, trial.trial, l.attempt),
+                        trial: trial_ref(&trial.study, trial.trial, l.attempt),
                         reason: format!("attempt {} already delivered a result", trial.attempt),
                     });
                 }
@@ -571,17 +675,20 @@ impl Scheduler {
     /// failed, never retried). Nothing happens to a trial already final.
     pub fn stop(&mut self, study: &str, trial: u64, reason: &str) -> Vec<Effect> {
         let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) else { return Vec::new() };
-        let Some(slot) = s.trials.get_mut(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
+        let Some(slot) = s.trials.get(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
         let mut effects = Vec::new();
         let tr = trial_ref(study, trial, slot.last_attempt);
-        match &slot.state {
-            State::Running(l) => {
+        let was_pending = slot.state == State::Pending;
+        let stopped = match s.unlease(trial) {
+            Some(l) => {
                 effects.push(Effect::Cancel { agent: l.agent.clone(), trial: tr.clone(), reason: reason.to_string() });
-                slot.state = State::Stopped { agent: l.agent.clone(), attempt: l.attempt, delivered: false };
-                s.running -= 1;
+                State::Stopped { agent: l.agent, attempt: l.attempt, delivered: false }
             }
-            State::Pending => slot.state = State::Stopped { agent: String::new(), attempt: 0, delivered: true },
-            _ => return effects,
+            None if was_pending => State::Stopped { agent: String::new(), attempt: 0, delivered: true },
+            None => return effects,
+        };
+        if let Some(slot) = s.trials.get_mut(usize::try_from(trial).unwrap_or(usize::MAX)) {
+            slot.state = stopped;
         }
         s.stopped += 1;
         effects.push(Effect::Stopped { trial: tr, reason: reason.to_string() });
@@ -600,21 +707,12 @@ impl Scheduler {
         let Some(why) = why.filter(|_| newly) else { return Vec::new() };
         let mut effects = Vec::new();
         for study in &mut self.studies {
-            let name = study.policy.name.clone();
-            for (i, slot) in study.trials.iter_mut().enumerate() {
-                let State::Running(l) = &slot.state else { continue };
-                if l.agent != agent {
-                    continue;
-                }
-                let tr = trial_ref(&name, i as u64, l.attempt);
+            for i in study.held_by(agent) {
+                let Some(l) = study.move_off(i, agent, class.clone(), now_ms) else { continue };
+                let tr = trial_ref(&study.policy.name, i, l.attempt);
                 let reason = format!("agent overloaded: {why}");
                 effects.push(Effect::Cancel { agent: agent.to_string(), trial: tr.clone(), reason: reason.clone() });
                 effects.push(Effect::Moved { trial: tr, from: agent.to_string(), reason });
-                slot.state = State::Pending;
-                slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
-                slot.class.clone_from(&class);
-                study.running -= 1;
-                study.queue.push_front(i as u64);
             }
         }
         effects
@@ -629,18 +727,12 @@ impl Scheduler {
     pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut effects = Vec::new();
         for study in &mut self.studies {
-            let name = study.policy.name.clone();
-            let expired: Vec<(u64, String, u32)> = study
-                .trials
-                .iter()
-                .enumerate()
-                .filter_map(|(i, slot)| match &slot.state {
-                    State::Running(l) if l.deadline_ms <= now_ms => Some((i as u64, l.agent.clone(), l.attempt)),
-                    _ => None,
-                })
-                .collect();
-            for (i, agent, attempt) in expired {
-                let tr = trial_ref(&name, i, attempt);
+            let mut due: Vec<u64> = study.deadlines.range(..=(now_ms, u64::MAX)).map(|&(_, i)| i).collect();
+            // In trial order, as a scan of the trials would find them.
+            due.sort_unstable();
+            for i in due {
+                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
+                let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy.name, i, l.attempt));
                 let reason = "lease expired".to_string();
                 effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
                 effects.extend(study.end_attempt(i, tr, reason));
@@ -652,29 +744,31 @@ impl Scheduler {
     /// Hands queued trials to agents with credit.
     pub fn assign(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut effects = Vec::new();
-        let names: Vec<String> = self.agents.keys().cloned().collect();
-        if names.is_empty() {
-            return effects;
-        }
-        let start = self.next_agent % names.len();
-        for name in names[start..].iter().chain(&names[..start]) {
-            let Some(agent) = self.agents.get_mut(name) else { continue };
+        let Scheduler { studies, agents, ready, next_agent, next_study, .. } = self;
+        // The ready agent after the one the last turn began with.
+        let after = ready.range::<str, _>((Bound::Excluded(next_agent.as_str()), Bound::Unbounded)).next();
+        let Some(start) = after.or_else(|| ready.first()).cloned() else { return effects };
+        let mut spent = Vec::new();
+        for name in ready.range::<String, _>(&start..).chain(ready.range::<String, _>(..&start)) {
+            if studies.iter().all(|s| s.queue.is_empty()) {
+                break;
+            }
+            let Some(agent) = agents.get_mut(name) else { continue };
             let Some(info) = agent.info.as_ref().filter(|_| agent.online && agent.overloaded.is_none()) else {
                 continue;
             };
             let seq = agent.last_seq.unwrap_or(0);
             'credit: while agent.credit > 0 {
-                let n = self.studies.len();
+                let n = studies.len();
                 for k in 0..n {
-                    let i = (self.next_study + k) % n;
-                    let study = &mut self.studies[i];
-                    if !study.policy.selector.matches(info) {
+                    let i = (*next_study + k) % n;
+                    let Some(study) = studies.get_mut(i).filter(|s| s.policy.selector.matches(info)) else {
                         continue;
-                    }
+                    };
                     // Trials kept off this agent wait for another one.
                     let mut kept_off = Vec::new();
                     while let Some(t) = study.queue.pop_front() {
-                        let slot = &mut study.trials[t as usize];
+                        let Some(slot) = study.trials.get_mut(t as usize) else { continue };
                         if slot.state != State::Pending {
                             continue;
                         }
@@ -688,20 +782,16 @@ impl Scheduler {
                             study.queue.push_front(k);
                         }
                         slot.last_attempt += 1;
-                        slot.history.push((slot.last_attempt, name.clone()));
-                        slot.state = State::Running(Lease {
-                            agent: name.clone(),
-                            attempt: slot.last_attempt,
-                            deadline_ms: now_ms + study.policy.lease_ms,
-                            restored: false,
-                        });
-                        study.running += 1;
+                        let attempt = slot.last_attempt;
+                        slot.history.push((attempt, name.clone()));
+                        let deadline_ms = now_ms + study.policy.lease_ms;
+                        study.lease(t, Lease { agent: name.clone(), attempt, deadline_ms, restored: false });
                         agent.credit -= 1;
                         // The next free slot goes first to the study after this one.
-                        self.next_study = (i + 1) % n;
+                        *next_study = (i + 1) % n;
                         effects.push(Effect::Assign {
                             agent: name.clone(),
-                            trial: trial_ref(&study.policy.name, t, slot.last_attempt),
+                            trial: trial_ref(&study.policy.name, t, attempt),
                             request_seq: seq,
                         });
                         continue 'credit;
@@ -712,26 +802,24 @@ impl Scheduler {
                 }
                 break;
             }
+            if agent.credit == 0 {
+                spent.push(name.clone());
+            }
         }
-        self.next_agent = self.next_agent.wrapping_add(1);
+        *next_agent = start;
+        for name in spent {
+            self.sync_agent(&name);
+        }
         effects
     }
 
     fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {
         let mut effects = Vec::new();
         for study in &mut self.studies {
-            let name = study.policy.name.clone();
-            let held: Vec<(u64, u32)> = study
-                .trials
-                .iter()
-                .enumerate()
-                .filter_map(|(i, slot)| match &slot.state {
-                    State::Running(l) if l.agent == agent => Some((i as u64, l.attempt)),
-                    _ => None,
-                })
-                .collect();
-            for (i, attempt) in held {
-                effects.extend(study.end_attempt(i, trial_ref(&name, i, attempt), reason.into()));
+            for i in study.held_by(agent) {
+                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
+                let tr = trial_ref(&study.policy.name, i, l.attempt);
+                effects.extend(study.end_attempt(i, tr, reason.into()));
             }
         }
         effects
@@ -740,6 +828,8 @@ impl Scheduler {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentInfo {
@@ -1098,51 +1188,140 @@ mod tests {
         assert_eq!(s.result("a", &still, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     }
 
-    #[test]
-    fn running_count_matches_the_trials_through_random_events() {
-        let mut s = sched(30, 3, Selector::default());
-        let agents = ["a", "b", "c"];
-        let mut instances = [1u64, 1, 1];
-        for a in agents {
-            s.hello(info(a, 1, "x86_64", &[]));
-        }
-        let mut held: Vec<(String, TrialRef)> = Vec::new();
-        let mut seed = 0x2545_f491_4f6c_dd1du64;
-        for step in 0..2_000u64 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let who = (seed % 3) as usize;
-            let agent = agents[who];
-            match (seed >> 8) % 7 {
-                0 | 1 => s.request(agent, &req(step + 1, 2)).len(),
-                2 if !held.is_empty() => {
-                    let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
-                    s.result(&a, &t, ResultKind::Complete { success: seed % 2 == 0 }, 0).1.len()
-                }
-                3 if !held.is_empty() => {
-                    let (a, t) = held.swap_remove((seed >> 16) as usize % held.len());
-                    s.result(&a, &t, ResultKind::Retry("x".into()), 0).1.len()
-                }
-                4 if !held.is_empty() => {
-                    let (a, t) = held[(seed >> 16) as usize % held.len()].clone();
-                    s.refuse(&a, &t, "busy").len()
-                }
-                5 => s.status(agent, &AgentStatus { online: false, instance: instances[who] }).len(),
-                6 => {
-                    instances[who] += (seed >> 20) % 2;
-                    s.hello(info(agent, instances[who], "x86_64", &[])).len()
-                }
-                _ => s.expire(step * 10).len(),
-            };
-            for e in s.assign(step * 10) {
-                if let Effect::Assign { agent, trial, .. } = e {
-                    held.push((agent, trial));
+    /// Checks every index against a full scan of the trials and the agents.
+    fn assert_indexes_agree(s: &Scheduler) -> Result<(), proptest::test_runner::TestCaseError> {
+        for study in &s.studies {
+            let mut deadlines = BTreeSet::new();
+            let mut held: HashMap<String, BTreeSet<u64>> = HashMap::new();
+            for (i, t) in study.trials.iter().enumerate() {
+                if let State::Running(l) = &t.state {
+                    deadlines.insert((l.deadline_ms, i as u64));
+                    held.entry(l.agent.clone()).or_default().insert(i as u64);
                 }
             }
-            let study = &s.studies[0];
-            let truth = study.trials.iter().filter(|t| matches!(t.state, State::Running(_))).count() as u64;
-            assert_eq!(study.running, truth, "after step {step}");
+            let name = &study.policy.name;
+            prop_assert_eq!(study.running(), deadlines.len() as u64, "{}: running count", name);
+            prop_assert_eq!(&study.deadlines, &deadlines, "{}: leases by deadline", name);
+            prop_assert_eq!(&study.held, &held, "{}: leases by agent", name);
+        }
+        let live = |a: &AgentState| a.online && a.info.is_some();
+        let ready: BTreeSet<String> =
+            s.agents.iter().filter(|(_, a)| live(a) && a.credit > 0).map(|(n, _)| n.clone()).collect();
+        prop_assert_eq!(&s.ready, &ready, "agents with credit");
+        prop_assert_eq!(s.live, s.agents.values().filter(|a| live(a)).count(), "live agents");
+        prop_assert!(s.agents.values().all(|a| a.live == live(a)), "each agent's live flag");
+        Ok(())
+    }
+
+    /// One event for the index property test.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Request { agent: usize, free: u32 },
+        Complete { pick: usize, success: bool },
+        Retry { pick: usize },
+        Interfered { pick: usize },
+        Refuse { pick: usize },
+        Offline { agent: usize },
+        Hello { agent: usize, restart: bool },
+        Overloaded { agent: usize, on: bool },
+        Stop { study: bool, trial: u64 },
+        AddTrial,
+        Advance { ms: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..4usize, 0..4u32).prop_map(|(agent, free)| Op::Request { agent, free }),
+            3 => (any::<usize>(), any::<bool>()).prop_map(|(pick, success)| Op::Complete { pick, success }),
+            1 => any::<usize>().prop_map(|pick| Op::Retry { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::Interfered { pick }),
+            1 => any::<usize>().prop_map(|pick| Op::Refuse { pick }),
+            1 => (0..4usize).prop_map(|agent| Op::Offline { agent }),
+            1 => (0..4usize, any::<bool>()).prop_map(|(agent, restart)| Op::Hello { agent, restart }),
+            1 => (0..4usize, any::<bool>()).prop_map(|(agent, on)| Op::Overloaded { agent, on }),
+            1 => (any::<bool>(), 0..24u64).prop_map(|(study, trial)| Op::Stop { study, trial }),
+            1 => Just(Op::AddTrial),
+            2 => (0..1_500u64).prop_map(|ms| Op::Advance { ms }),
+        ]
+    }
+
+    proptest! {
+        /// After any sequence of events, on two studies sharing the agents
+        /// (one restored with leases held by an agent this process has not
+        /// met yet), the indexes say what a scan of every trial and agent says.
+        #[test]
+        fn indexes_agree_with_a_full_scan_after_any_events(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut s = sched(12, 3, Selector::default());
+            s.set_open("s", true);
+            let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 2, lease_ms: 700 };
+            let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
+            states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
+            s.add_study(policy, states, 0);
+            let agents = ["a", "b", "c", "d"];
+            let mut instances = [1u64; 4];
+            let mut seqs = [0u64; 4];
+            for a in &agents[..3] {
+                s.hello(info(a, 1, "x86_64", &[]));
+            }
+            assert_indexes_agree(&s)?;
+            let mut held: Vec<(String, TrialRef)> = Vec::new();
+            let mut now = 0u64;
+            for op in ops {
+                let pick = |held: &Vec<(String, TrialRef)>, p: usize| held.get(p % held.len().max(1)).cloned();
+                match op {
+                    Op::Request { agent, free } => {
+                        seqs[agent] += 1;
+                        s.request(agents[agent], &WorkRequest { seq: seqs[agent], free, running: vec![] });
+                    }
+                    Op::Complete { pick: p, success } => {
+                        if let Some((a, t)) = pick(&held, p) {
+                            s.result(&a, &t, ResultKind::Complete { success }, now);
+                        }
+                    }
+                    Op::Retry { pick: p } => {
+                        if let Some((a, t)) = pick(&held, p) {
+                            s.result(&a, &t, ResultKind::Retry("x".into()), now);
+                        }
+                    }
+                    Op::Interfered { pick: p } => {
+                        if let Some((a, t)) = pick(&held, p) {
+                            s.result(&a, &t, ResultKind::Interfered { success: true, reason: "load".into() }, now);
+                        }
+                    }
+                    Op::Refuse { pick: p } => {
+                        if let Some((a, t)) = pick(&held, p) {
+                            s.refuse(&a, &t, "busy");
+                        }
+                    }
+                    Op::Offline { agent } => {
+                        s.status(agents[agent], &AgentStatus { online: false, instance: instances[agent] });
+                    }
+                    Op::Hello { agent, restart } => {
+                        instances[agent] += u64::from(restart);
+                        s.hello(info(agents[agent], instances[agent], "x86_64", &[]));
+                    }
+                    Op::Overloaded { agent, on } => {
+                        s.set_overloaded(agents[agent], on.then(|| "busy".to_string()), now);
+                    }
+                    Op::Stop { study, trial } => {
+                        s.stop(if study { "s" } else { "t" }, trial, "enough");
+                    }
+                    Op::AddTrial => {
+                        s.add_trial("s");
+                    }
+                    Op::Advance { ms } => {
+                        now += ms;
+                        s.expire(now);
+                    }
+                }
+                assert_indexes_agree(&s)?;
+                for e in s.assign(now) {
+                    if let Effect::Assign { agent, trial, .. } = e {
+                        held.push((agent, trial));
+                    }
+                }
+                assert_indexes_agree(&s)?;
+            }
         }
     }
 }
