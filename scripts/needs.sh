@@ -8,6 +8,8 @@
 #   mosquitto            `mosquitto -h` starts (the external-broker tests)
 #   victoria-metrics     `victoria-metrics -version` starts (the InfluxDB sink tests)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
+#   man                  `man -l` renders a page given by path (the man-page test
+#                        renders the generated pages with it)
 #   chromium             headless `chromium --dump-dom` loads a page and runs its
 #                        script (the HTML report's browser test and benchmark)
 #   rust-target:TARGET   rustc compiles a crate that uses std for TARGET
@@ -59,6 +61,13 @@ needs_check() {
       ;;
     victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
     systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
+    man)
+      dir=$(mktemp -d)
+      printf '.TH PROBE 1\n.SH NAME\nprobe \\- a page\n' >"$dir/probe.1"
+      needs_output=$(man -l "$dir/probe.1" 2>&1) || status=$?
+      rm -rf "$dir"
+      [ $status = 0 ] && grep -q 'probe - a page' <<<"$needs_output"
+      ;;
     chromium)
       # The page's script writes the answer: found only if chromium ran it.
       # --no-sandbox: chromium refuses to run as root with its sandbox.
@@ -122,6 +131,7 @@ needs_packages() {
     mosquitto) echo mosquitto ;;
     victoria-metrics) echo victoria-metrics ;;
     systemd-analyze) echo systemd ;;
+    man) echo man-db groff-base ;;
     chromium) echo chromium ;;
     cc:*)
       var=CC_${1#cc:}

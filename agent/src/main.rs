@@ -4,7 +4,8 @@
 //! `tunefleet_agent::exec`), dispatched before any runtime exists.
 //!
 //! Exit codes: 0 after a clean stop, 1 on a runtime error, 2 on a usage
-//! error; `measure` exits with the measured command's status.
+//! error; `measure` exits with the measured command's status (1 when it
+//! cannot write its `-o FILE`).
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -55,8 +56,8 @@ fn main() -> ExitCode {
             }
             .map(|()| ExitCode::SUCCESS)
         }
-        Mode::Measure { argv, interval, json, roots, model } => {
-            run_measure(argv, interval, json, roots, model).map(ExitCode::from)
+        Mode::Measure { argv, interval, json, output, roots, model } => {
+            run_measure(argv, interval, json, output.as_deref(), roots, model).map(ExitCode::from)
         }
         Mode::Key { state_dir } => tunefleet_agent::auth::load_identity(Some(&state_dir))
             .map(|id| println!("{}", tunefleet_common::auth::hex(&id.public())))
@@ -130,11 +131,16 @@ fn run_measure(
     argv: Vec<String>,
     interval: std::time::Duration,
     json: bool,
+    output: Option<&std::path::Path>,
     energy_roots: tunefleet_agent::energy::EnergyRoots,
     model: tunefleet_agent::energy::EstimateModel,
 ) -> anyhow::Result<u8> {
     let wrapper = std::env::current_exe().context("cannot find this executable to use as the exec wrapper")?;
     let cfg = MeasureConfig { argv, interval, energy_roots, model, wrapper };
+    // Created before the command runs: a path that cannot be written fails at once, not after the run.
+    let file = output
+        .map(|path| std::fs::File::create(path).with_context(|| format!("-o: cannot create {}", path.display())))
+        .transpose()?;
     let measurement = runtime()?.block_on(async {
         let (handle, control) = tunefleet_agent::runner::TrialHandle::new();
         // Ctrl-C reaches the command too (same terminal); the runner then stops its group.
@@ -145,10 +151,15 @@ fn run_measure(
         });
         measure::measure(&cfg, control).await
     });
+    let line = serde_json::to_string(&measurement).context("cannot encode the measurement")?;
     if json {
-        eprintln!("{}", serde_json::to_string(&measurement).context("cannot encode the measurement")?);
+        eprintln!("{line}");
     } else {
         eprint!("{}", measure::render_table(&cfg.argv, &measurement));
+    }
+    if let (Some(path), Some(mut file)) = (output, file) {
+        use std::io::Write as _;
+        writeln!(file, "{line}").with_context(|| format!("-o: cannot write {}", path.display()))?;
     }
     Ok(measure::exit_status(&measurement.exit))
 }

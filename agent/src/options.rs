@@ -34,10 +34,27 @@ pub fn state_dir(args: &StateArgs) -> Result<PathBuf, ConfigError> {
 #[derive(Debug, Clone)]
 pub enum Mode {
     Agent(Box<AgentConfig>),
-    Probe { json: bool, roots: EnergyRoots, model: EstimateModel },
-    Measure { argv: Vec<String>, interval: Duration, json: bool, roots: EnergyRoots, model: EstimateModel },
-    Key { state_dir: PathBuf },
-    Spool { state_dir: PathBuf, action: SpoolAction },
+    Probe {
+        json: bool,
+        roots: EnergyRoots,
+        model: EstimateModel,
+    },
+    Measure {
+        argv: Vec<String>,
+        interval: Duration,
+        json: bool,
+        /// Where to write the JSON report too (`-o FILE`).
+        output: Option<PathBuf>,
+        roots: EnergyRoots,
+        model: EstimateModel,
+    },
+    Key {
+        state_dir: PathBuf,
+    },
+    Spool {
+        state_dir: PathBuf,
+        action: SpoolAction,
+    },
 }
 
 /// The estimate model and the energy roots of these flags, validated.
@@ -199,10 +216,10 @@ pub fn into_mode(cli: Cli) -> Result<Mode, ConfigError> {
             let (model, roots) = energy(&flags)?;
             Ok(Mode::Probe { json, roots, model })
         }
-        Some(Command::Measure { interval, json, energy: flags, command }) => {
+        Some(Command::Measure { interval, json, output, energy: flags, command }) => {
             let (model, roots) = energy(&flags)?;
             let interval = positive_duration("interval", &interval)?;
-            Ok(Mode::Measure { argv: command, interval, json, roots, model })
+            Ok(Mode::Measure { argv: command, interval, json, output, roots, model })
         }
         Some(Command::Key { state }) => Ok(Mode::Key { state_dir: state_dir(&state)? }),
         Some(Command::Spool { action, state }) => {

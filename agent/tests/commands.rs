@@ -129,6 +129,49 @@ fn measure_json_carries_energy_provenance() {
     assert!(m.counter_series.len() >= 3);
 }
 
+/// `measure -o FILE` writes the JSON report to FILE, and standard error
+/// still gets what it got without: the same JSON with `--json`, the table without.
+#[test]
+fn measure_writes_its_json_report_to_the_output_file_too() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("m.json");
+    let out =
+        agent().args(["measure", "--json", "-o"]).arg(&file).args(["--", "sh", "-c", "exit 3"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(&file).expect("the file is written");
+    let m: Measurement = serde_json::from_str(&written).expect("a measurement");
+    assert_eq!(m, measurement(&out), "the file holds what stderr shows");
+    assert_eq!(m.exit, ExitOutcome::Exited(3));
+
+    let out = agent().arg("measure").arg("--output").arg(&file).args(["--", "true"]).output().expect("runs");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("J  total"), "the table still goes to stderr: {}", text(&out.stderr));
+    let m: Measurement = serde_json::from_str(&std::fs::read_to_string(&file).expect("reads")).expect("a measurement");
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "rewritten for the second run");
+
+    let out = agent()
+        .args(["measure", "-o", "/nonexistent/dir/m.json", "--", "touch"])
+        .arg(dir.path().join("ran"))
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("-o: cannot create /nonexistent/dir/m.json"), "{}", text(&out.stderr));
+    assert!(!dir.path().join("ran").exists(), "an unwritable FILE is refused before the command runs");
+}
+
+#[test]
+fn version_shows_the_protocol_and_profile_versions() {
+    let out = agent().arg("--version").output().expect("runs");
+    assert_eq!(out.status.code(), Some(0));
+    let expected = format!(
+        "tunefleet-agent {} (protocol {}, profile {})\n",
+        env!("CARGO_PKG_VERSION"),
+        tunefleet_common::PROTOCOL_VERSION,
+        tunefleet_common::profile::PROFILE_VERSION
+    );
+    assert_eq!(text(&out.stdout), expected);
+}
+
 #[test]
 fn usage_errors_exit_with_2() {
     let out = agent().arg("measure").output().expect("runs");

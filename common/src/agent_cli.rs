@@ -34,7 +34,7 @@ pub const DEFAULT_INTERFERENCE_THRESHOLD: f64 = 0.25;
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "tunefleet-agent",
-    version,
+    version = crate::version(),
     about = "Tunefleet agent: runs trials under system parameters and measures them",
     args_conflicts_with_subcommands = true
 )]
@@ -192,6 +192,9 @@ pub enum Command {
         /// Print the report as one line of JSON (on standard error)
         #[arg(long)]
         json: bool,
+        /// Also write the report as JSON to FILE (standard error still shows it)
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
         #[command(flatten)]
         energy: EnergyArgs,
         /// The command and its arguments (after --)

@@ -28,3 +28,15 @@ pub mod topic;
 
 pub use broker_url::BrokerUrl;
 pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
+
+/// What `--version` shows after the program's name, on the agent and the
+/// coordinator alike: the release, the wire protocol ([`PROTOCOL_VERSION`];
+/// an agent and a coordinator work together when theirs match) and the
+/// workload profile ([`profile::PROFILE_VERSION`]), e.g.
+/// `0.1.0 (protocol 6, profile 2)`.
+pub fn version() -> &'static str {
+    static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+        format!("{} (protocol {PROTOCOL_VERSION}, profile {})", env!("CARGO_PKG_VERSION"), profile::PROFILE_VERSION)
+    });
+    VERSION.as_str()
+}

@@ -14,11 +14,12 @@ use tunefleet_common::security::{SecurityArgs, PASSWORD_ENV};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
+use crate::best::{mixed_sources, unranked_note};
 use crate::broker::{self, BrokerSettings, BrokerTls};
 use crate::engine::Summary;
 use crate::run::{BrokerChoice, RunConfig};
 use crate::sink::{InfluxUrl, SinkConfig};
-use crate::store::{BestRow, ExportFormat, Store, Unranked};
+use crate::store::{BestRow, ExportFormat, Store};
 use crate::study::{self, Study};
 
 /// The demo study, bundled so `tunefleet demo` works from any directory.
@@ -26,7 +27,7 @@ pub const DEMO_STUDY: &str = include_str!("../../examples/studies/demo.toml");
 
 /// Tunefleet coordinator: runs tuning studies on a fleet of agents over MQTT.
 #[derive(Debug, Parser)]
-#[command(name = "tunefleet", version, about, propagate_version = true)]
+#[command(name = "tunefleet", version = tunefleet_common::version(), about, propagate_version = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -87,6 +88,9 @@ pub enum Command {
     Agents {
         #[command(subcommand)]
         action: Option<AgentsAction>,
+        /// Print the list as JSON (the store's rows) instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -96,7 +100,13 @@ pub enum Command {
         key: KeyArg,
     },
     /// List the studies in the store.
-    Studies(StoreArg),
+    Studies {
+        /// Print JSON (the store's rows) instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Show the N best trials of a study, or its Pareto front.
     Best {
         study: String,
@@ -111,6 +121,10 @@ pub enum Command {
         /// a study run on phones, Graviton and x86 at once ranks each apart.
         #[arg(long, conflicts_with = "pareto")]
         by_class: bool,
+        /// Print JSON instead of text: an object whose `view` says which
+        /// (`ranked`, `configurations`, `pareto`, `by_class`).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -149,6 +163,25 @@ pub enum Command {
         output: Option<PathBuf>,
         #[command(flatten)]
         store: StoreArg,
+    },
+    /// Print a shell completion script, generated from these flags, e.g.
+    /// `tunefleet completions bash > ~/.local/share/bash-completion/completions/tunefleet`.
+    Completions {
+        /// The shell the script is for.
+        shell: crate::manual::Shell,
+        /// For `tunefleet-agent` instead.
+        #[arg(long)]
+        agent: bool,
+    },
+    /// Print the man page, or write it and one page per subcommand
+    /// (tunefleet.1, tunefleet-run.1, ...) into DIR.
+    Man {
+        /// The directory to write the pages into (created when missing).
+        #[arg(short, long, value_name = "DIR")]
+        output: Option<PathBuf>,
+        /// The pages of `tunefleet-agent` instead.
+        #[arg(long)]
+        agent: bool,
     },
 }
 
@@ -508,7 +541,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             println!("{}", tunefleet_common::auth::hex(&identity.public()));
             Ok(())
         }
-        Command::Agents { action: Some(action), store } => {
+        Command::Agents { action: Some(action), store, .. } => {
             let mut store =
                 Store::open(&store.store).with_context(|| format!("opening the store {}", store.store.display()))?;
             let now =
@@ -538,8 +571,11 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             Ok(())
         }
-        Command::Agents { action: None, store: s } => {
+        Command::Agents { action: None, json, store: s } => {
             let store = open_existing(&s.store)?;
+            if json {
+                return emit_json(&store.agents()?);
+            }
             let mut out = String::new();
             writeln!(
                 out,
@@ -588,57 +624,30 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             emit(&out)
         }
-        Command::Studies(s) => {
+        Command::Studies { json, store: s } => {
             let store = open_existing(&s.store)?;
+            if json {
+                return emit_json(&store.studies()?);
+            }
             let mut out = String::new();
             for st in store.studies()? {
                 writeln!(out, "{:<24} {:<9} {}/{} done, {} failed", st.name, st.state, st.done, st.total, st.failed)?;
             }
             emit(&out)
         }
-        Command::Best { study, n, pareto, by_class, store } => {
+        Command::Best { study, n, pareto, by_class, json, store } => {
             let store = open_existing(&store.store)?;
-            if pareto {
-                return emit(&pareto_front(&store, &study)?);
+            let ask = match (pareto, by_class) {
+                (true, _) => crate::best::Ask::Pareto,
+                (false, true) => crate::best::Ask::ByClass,
+                (false, false) => crate::best::Ask::Best,
+            };
+            let view = crate::best::view(&store, &study, n, ask)?;
+            if json {
+                emit_json(&view)
+            } else {
+                emit(&view.render()?)
             }
-            if by_class {
-                return emit(&best_by_class(&store, &study, n)?);
-            }
-            if let Some(text) = repeated_configurations(&store, &study, n)? {
-                return emit(&text);
-            }
-            let rows = store.best(&study, n)?;
-            let left_out = unranked_note(&store.unranked(&study)?);
-            if rows.is_empty() {
-                match left_out {
-                    Some(note) => bail!("study {study:?} has no trial to rank in {}: {note}", store.path()),
-                    None => bail!("study {study:?} has no successful trial in {}", store.path()),
-                }
-            }
-            let mut out = String::new();
-            if let Some(note) = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
-                writeln!(out, "{note}")?;
-            }
-            let decisions = store.decisions(Some(&study))?;
-            for r in &rows {
-                let source = r.energy_source.as_deref().unwrap_or("no energy");
-                writeln!(
-                    out,
-                    "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
-                    r.trial,
-                    r.objective,
-                    r.agent,
-                    describe(r)
-                )?;
-                // What reuse decided for the attempt that gave the result.
-                for d in decisions.iter().filter(|d| d.trial == r.trial && d.attempt == r.attempt) {
-                    writeln!(out, "            {}: {}", d.decision, d.reason)?;
-                }
-            }
-            if let Some(note) = left_out {
-                writeln!(out, "note: {note}")?;
-            }
-            emit(&out)
         }
         Command::Profiles { action, json, store } => {
             let store = open_existing(&store.store)?;
@@ -697,40 +706,23 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             Ok(())
         }
-    }
-}
-
-/// A result's parameters, and the system configuration it ran (or, when
-/// pipelined, selected) when that is not already among them.
-fn describe(r: &crate::store::BestRow) -> String {
-    let mut words: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if let Some(sys) = &r.system {
-        for (name, value) in
-            [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]
-        {
-            if let (Some(v), false) = (value, r.params.contains_key(name)) {
-                words.push(format!("{name}={v} (selected)"));
+        Command::Completions { shell, agent } => {
+            let program = if agent { crate::manual::Program::Agent } else { crate::manual::Program::Coordinator };
+            emit_bytes(&crate::manual::completions(program, shell))
+        }
+        Command::Man { output, agent } => {
+            let program = if agent { crate::manual::Program::Agent } else { crate::manual::Program::Coordinator };
+            match output {
+                None => emit_bytes(&crate::manual::page(program)),
+                Some(dir) => {
+                    for path in crate::manual::write_pages(program, &dir)? {
+                        println!("{}", path.display());
+                    }
+                    Ok(())
+                }
             }
         }
     }
-    words.join(" ")
-}
-
-/// The `n` best trials of `study` in each device class of the agents that ran them.
-fn best_by_class(store: &Store, study: &str, n: usize) -> anyhow::Result<String> {
-    let rows = store.best(study, usize::MAX)?;
-    let groups = crate::report::by_class(&rows, &store.agents()?);
-    if groups.is_empty() {
-        bail!("study {study:?} has no successful trial in {}", store.path());
-    }
-    let mut out = String::new();
-    for (class, rows) in &groups {
-        writeln!(out, "{class}: {} ranked trials", rows.len())?;
-        for r in rows.iter().take(n) {
-            writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {}", r.trial, r.objective, r.agent, describe(r))?;
-        }
-    }
-    Ok(out)
 }
 
 /// A device's conditions in a few words (`-` when it reports none).
@@ -757,139 +749,23 @@ fn describe_conditions(c: &tunefleet_common::measurement::Conditions) -> String 
     }
 }
 
-/// For a study that runs each configuration more than once: its
-/// configurations ranked by their mean objective, with spread and count.
-fn repeated_configurations(store: &Store, study: &str, n: usize) -> anyhow::Result<Option<String>> {
-    let Some(row) = store.study(study)? else { return Ok(None) };
-    let Ok(parsed) = study::parse(&row.config, &format!("study {study:?} in the store")) else { return Ok(None) };
-    if parsed.repeats < 2 && parsed.stability.is_none() {
-        return Ok(None);
-    }
-    let mut groups: Vec<(crate::store::BestRow, Vec<f64>)> = Vec::new();
-    for r in store.best(study, usize::MAX)? {
-        match groups.iter_mut().find(|(g, _)| g.params == r.params) {
-            Some((_, values)) => values.push(r.objective),
-            None => {
-                let v = r.objective;
-                groups.push((r, vec![v]));
-            }
-        }
-    }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
-    let dir = parsed.objective.direction;
-    groups.sort_by(|a, b| {
-        let (x, y) = (mean(&a.1), mean(&b.1));
-        if dir.better(x, y) {
-            std::cmp::Ordering::Less
-        } else if dir.better(y, x) {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    });
-    let mut out = String::new();
-    writeln!(
-        out,
-        "configurations of {study} by mean {} ({dir}): mean, spread (sd / |mean|), runs",
-        parsed.objective.metric
-    )?;
-    for (r, values) in groups.iter().take(n) {
-        let spread = crate::search::spread(values).map_or_else(|| "-".to_string(), |s| format!("{:.2} %", s * 100.0));
-        writeln!(out, "{:>12.6}  {spread:>9}  {:>3} runs  {}", mean(values), values.len(), describe(r))?;
-    }
-    Ok(Some(out))
-}
-
-/// The Pareto front of a study: its objective (in its direction) against
-/// the objectives of `objective.also` (energy when none), all trials with a
-/// successful result and every figure valid.
-fn pareto_front(store: &Store, study: &str) -> anyhow::Result<String> {
-    use crate::study::Secondary;
-    let row = store.study(study)?.with_context(|| format!("no study {study:?} in {}", store.path()))?;
-    let parsed = study::parse(&row.config, &format!("study {study:?} in the store"))?;
-    let mut axes = parsed.objective.also.clone();
-    if axes.is_empty() {
-        axes.push(Secondary::Energy);
-    }
-    let rows: Vec<_> = store
-        .best(study, usize::MAX)?
-        .into_iter()
-        .filter(|r| !axes.contains(&Secondary::Energy) || (r.energy_valid && r.energy_j.is_some()))
-        .collect();
-    let sign = if parsed.objective.direction == study::Direction::Maximize { -1.0 } else { 1.0 };
-    let points: Vec<Vec<f64>> = rows
-        .iter()
-        .map(|r| {
-            let mut p = vec![sign * r.objective];
-            for a in &axes {
-                p.push(match a {
-                    Secondary::Energy => r.energy_j.unwrap_or(f64::NAN),
-                    Secondary::WallTime => r.wall_us as f64 / 1e6,
-                });
-            }
-            p
-        })
-        .collect();
-    let front = crate::pareto::front(&points);
-    let mut out = String::new();
-    let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
-    writeln!(
-        out,
-        "Pareto front of {study}: {} ({}) against {} (minimised): {} of {} trials",
-        parsed.objective.metric,
-        parsed.objective.direction,
-        names.join(", "),
-        front.len(),
-        rows.len()
-    )?;
-    if let Some(note) = mixed_sources(front.iter().map(|&i| rows[i].energy_source.as_deref())) {
-        writeln!(out, "{note}")?;
-    }
-    for &i in &front {
-        let r = &rows[i];
-        let figures: Vec<String> = axes
-            .iter()
-            .map(|a| match a {
-                Secondary::Energy => format!("{:.3} J", r.energy_j.unwrap_or(f64::NAN)),
-                Secondary::WallTime => format!("{:.3} s", r.wall_us as f64 / 1e6),
-            })
-            .collect();
-        writeln!(out, "trial {:>4}  {:>12.6}  {}  {}", r.trial, r.objective, figures.join("  "), describe(r))?;
-    }
-    Ok(out)
-}
-
-/// A warning when ranked trials took their energy from different sources
-/// (a RAPL joule and an estimated one are not the same quantity).
-pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Option<String> {
-    let mut seen: Vec<&str> = sources.map(|s| s.unwrap_or("none")).collect();
-    seen.sort_unstable();
-    seen.dedup();
-    (seen.len() > 1).then(|| {
-        format!("note: these trials were measured with different energy sources ({}); energy figures are not comparable across them", seen.join(", "))
-    })
-}
-
-/// What `best` left out and why, when it left anything out.
-pub fn unranked_note(u: &Unranked) -> Option<String> {
-    let mut why = Vec::new();
-    if u.invalid_energy > 0 {
-        why.push(format!("{} with an invalid energy reading", u.invalid_energy));
-    }
-    if u.no_value > 0 {
-        why.push(format!("{} without a value for the objective", u.no_value));
-    }
-    let plural = if u.total() == 1 { "" } else { "s" };
-    (!why.is_empty()).then(|| format!("{} successful trial{plural} not ranked: {}", u.total(), why.join(", ")))
-}
-
 /// Writes a command's output to stdout; a reader that went away (`| head`) ends it quietly.
 fn emit(text: &str) -> anyhow::Result<()> {
+    emit_bytes(text.as_bytes())
+}
+
+/// [`emit`] for bytes (a completion script, a man page).
+fn emit_bytes(bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write as _;
-    match std::io::stdout().lock().write_all(text.as_bytes()) {
+    match std::io::stdout().lock().write_all(bytes) {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// [`emit`] of `value` as JSON (`--json`): pretty, ending with a newline.
+fn emit_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    emit(&format!("{}\n", serde_json::to_string_pretty(value)?))
 }
 
 fn open_existing(path: &Path) -> anyhow::Result<Store> {
@@ -1159,31 +1035,9 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
 
 #[cfg(test)]
 mod tests {
-    use super::{mixed_sources, unranked_note};
-    use crate::store::Unranked;
-
-    #[test]
-    fn unranked_trials_are_counted_with_why() {
-        assert_eq!(unranked_note(&Unranked::default()), None);
-        let one = unranked_note(&Unranked { invalid_energy: 1, no_value: 0 }).expect("a note");
-        assert_eq!(one, "1 successful trial not ranked: 1 with an invalid energy reading");
-        let both = unranked_note(&Unranked { invalid_energy: 2, no_value: 1 }).expect("a note");
-        assert!(
-            both.starts_with("3 successful trials not ranked: 2 with an invalid energy reading, 1 without"),
-            "{both}"
-        );
-    }
-
     #[test]
     fn the_command_line_definition_is_consistent() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn mixed_energy_sources_are_called_out() {
-        assert_eq!(mixed_sources([Some("rapl"), Some("rapl")].into_iter()), None);
-        let note = mixed_sources([Some("rapl"), Some("estimated"), None].into_iter()).expect("mixed");
-        assert!(note.contains("estimated, none, rapl"), "{note}");
     }
 }

@@ -4,6 +4,7 @@
 pub use run::{run, RunConfig, RunError, RunOutcome};
 
 pub mod auth;
+pub mod best;
 pub mod broker;
 pub mod campaign;
 pub mod cli;
@@ -11,6 +12,7 @@ pub mod cluster;
 pub mod control;
 pub mod decide;
 pub mod engine;
+pub mod manual;
 pub mod pareto;
 pub mod profiles;
 pub mod progress;

@@ -1,8 +1,13 @@
 //! The `tunefleet` binary as a user runs it: what it prints, and what it
 //! logs to standard error when that is not a terminal (a file, a pipe,
-//! journald): plain text, no colour codes.
+//! journald): plain text, no colour codes; its `--json`, and the completion
+//! scripts and man pages it generates, taken by bash and `man`.
 
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::{Command, Stdio};
+
+use serde_json::json;
 
 use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
 use tunefleet_common::message::TrialRef;
@@ -17,18 +22,33 @@ fn study_text(metric: &str) -> String {
     )
 }
 
-/// `tunefleet best plain ARGS --store PATH`: its standard output, once it succeeded.
-fn best(args: &[&str], store: &std::path::Path) -> String {
+/// `tunefleet ARGS`: its standard output, once it succeeded.
+fn tunefleet<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_tunefleet"))
-        .args(["best", "plain"])
         .args(args)
-        .arg("--store")
-        .arg(store)
+        .env_remove("TUNEFLEET_STORE")
         .stdin(Stdio::null())
         .output()
         .expect("tunefleet runs");
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `tunefleet best plain ARGS --store PATH`: its standard output, once it succeeded.
+fn best(args: &[&str], store: &Path) -> String {
+    let store = ["--store".as_ref(), store.as_os_str()];
+    tunefleet(["best", "plain"].iter().map(OsStr::new).chain(args.iter().map(OsStr::new)).chain(store))
+}
+
+/// `field` of each element of the JSON array `list`.
+fn column(list: &serde_json::Value, field: &str) -> serde_json::Value {
+    list.as_array().unwrap_or_else(|| panic!("not a list: {list}")).iter().map(|x| x[field].clone()).collect()
+}
+
+/// `tunefleet ARGS --store PATH --json`, parsed.
+fn json(args: &[&str], store: &Path) -> serde_json::Value {
+    let text = tunefleet(args.iter().map(OsStr::new).chain(["--json".as_ref(), "--store".as_ref(), store.as_os_str()]));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
 /// Issue 8: the coordinator coloured its log even into a file or journald.
@@ -86,6 +106,12 @@ fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
     assert_eq!(trials.len(), 2, "{text}");
     assert!(trials[0].starts_with("trial    2") && trials[1].starts_with("trial    0"), "{text}");
     assert!(text.contains("2 successful trials not ranked: 2 with an invalid energy reading"), "{text}");
+
+    let v = json(&["best", "plain", "-n", "10"], &path);
+    assert_eq!(v["view"], "ranked", "{v}");
+    assert_eq!(column(&v["trials"], "trial"), json!([2, 0]), "{v}");
+    assert_eq!(column(&v["trials"], "objective"), json!([5.0, 9.0]), "{v}");
+    assert_eq!(v["unranked"], serde_json::json!({"invalid_energy": 2, "no_value": 0}), "{v}");
 }
 
 /// Issue 9: a multi-objective study's result is a Pareto front, and `best
@@ -124,6 +150,15 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
     assert_eq!(trials.len(), 2, "{text}");
     assert!(trials[0].starts_with("trial    0") && trials[1].starts_with("trial    1"), "{text}");
     assert!(trials[1].contains("2.000 J") && trials[1].contains("1.000 s"), "{text}");
+
+    let v = json(&["best", "plain", "--pareto"], &path);
+    assert_eq!(
+        (&v["view"], &v["considered"], &v["axes"]),
+        (&"pareto".into(), &3.into(), &["energy", "wall_time"].into())
+    );
+    assert_eq!(column(&v["front"], "trial"), json!([0, 1]), "{v}");
+    assert_eq!(column(&v["front"], "energy_j"), json!([9.0, 2.0]), "{v}");
+    assert_eq!(column(&v["front"], "wall_us"), json!([2_000_000, 1_000_000]), "{v}");
 }
 
 /// Issue 11: a study run on several kinds of device ranks each class apart.
@@ -159,4 +194,146 @@ fn best_by_class_ranks_each_device_class_apart() {
     assert_eq!(lines.len(), 4, "{text}");
     assert!(lines[0].starts_with("aarch64, 8 cores") && lines[1].contains("trial    2"), "{text}");
     assert!(lines[2].starts_with("x86_64, 64 cores") && lines[3].contains("trial    1"), "{text}");
+
+    let v = json(&["best", "plain", "--by-class", "-n", "1"], &path);
+    assert_eq!(v["view"], "by_class", "{v}");
+    let classes = &v["classes"];
+    for (i, heading) in [lines[0], lines[2]].into_iter().enumerate() {
+        assert_eq!(heading, format!("{}: 2 ranked trials", classes[i]["class"].as_str().unwrap_or("?")), "{v}");
+    }
+    assert_eq!(column(classes, "ranked"), json!([2, 2]), "{v}");
+    assert_eq!((&classes[0]["trials"][0]["trial"], &classes[1]["trials"][0]["trial"]), (&json!(2), &json!(1)), "{v}");
+
+    // The other listings carry what their text shows.
+    let text = tunefleet(["studies".as_ref(), "--store".as_ref(), path.as_os_str()]);
+    let v = json(&["studies"], &path);
+    let s = &v[0];
+    let field = |k: &str| s[k].as_str().map_or_else(|| s[k].to_string(), str::to_string);
+    let shown: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+    let done = format!("{}/{}", field("done"), field("total"));
+    let carried = [field("name"), field("state"), done, "done,".into(), field("failed"), "failed".into()];
+    assert_eq!(shown, carried, "{v}");
+    assert_eq!((v.as_array().map(Vec::len), &s["done"], &s["metric"]), (Some(1), &4.into(), &"loss".into()), "{v}");
+    let text = tunefleet(["agents".as_ref(), "--store".as_ref(), path.as_os_str()]);
+    let v = json(&["agents"], &path);
+    let listed: Vec<&str> = text.lines().skip(1).filter_map(|l| l.split_whitespace().next()).collect();
+    assert_eq!(column(&v, "name"), json!(["phone", "server"]), "{v}");
+    assert_eq!(json!(listed), column(&v, "name"), "{text}");
+    assert_eq!((&v[0]["info"]["arch"], &v[0]["info"]["cores"]), (&"aarch64".into(), &8.into()), "{v}");
+}
+
+#[test]
+fn version_shows_the_protocol_and_profile_versions() {
+    let version = format!(
+        "{} (protocol {}, profile {})",
+        env!("CARGO_PKG_VERSION"),
+        tunefleet_common::PROTOCOL_VERSION,
+        tunefleet_common::profile::PROFILE_VERSION
+    );
+    assert_eq!(tunefleet(["--version"]), format!("tunefleet {version}\n"));
+    assert_eq!(tunefleet(["best", "--version"]), format!("tunefleet-best {version}\n"));
+}
+
+/// Runs `script` in bash after sourcing `file`: its standard output.
+fn bash(file: &Path, script: &str) -> String {
+    let out = Command::new("bash")
+        .args(["-c", &format!("source \"$1\" || exit 9\n{script}"), "bash"])
+        .arg(file)
+        .stdin(Stdio::null())
+        .output()
+        .expect("bash runs");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What Tab offers after `words` (the last one being completed), as bash
+/// asks the completion function: the command, the word, the one before.
+fn complete(file: &Path, function: &str, words: &[&str]) -> Vec<String> {
+    let n = words.len();
+    let call = format!(
+        "COMP_WORDS=({}); COMP_CWORD={}; {function} {} {} {}; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        words.join(" "),
+        n - 1,
+        words[0],
+        words[n - 1],
+        words[n - 2]
+    );
+    bash(file, &call).lines().filter(|l| !l.is_empty()).map(str::to_string).collect()
+}
+
+#[test]
+fn bash_takes_the_generated_completion_scripts_and_completes_with_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("tunefleet");
+    std::fs::write(&script, tunefleet(["completions", "bash"])).expect("writes");
+    assert_eq!(
+        bash(&script, "complete -p tunefleet"),
+        "complete -o bashdefault -o default -o nosort -F _tunefleet tunefleet\n"
+    );
+    assert_eq!(complete(&script, "_tunefleet", &["tunefleet", "be"]), ["best"]);
+    assert_eq!(complete(&script, "_tunefleet", &["tunefleet", "best", "s", "--pa"]), ["--pareto"]);
+    assert_eq!(complete(&script, "_tunefleet", &["tunefleet", "completions", "fi"]), ["fish"]);
+
+    let script = dir.path().join("tunefleet-agent");
+    std::fs::write(&script, tunefleet(["completions", "bash", "--agent"])).expect("writes");
+    assert_eq!(
+        bash(&script, "complete -p tunefleet-agent"),
+        "complete -o bashdefault -o default -o nosort -F _tunefleet__agent tunefleet-agent\n"
+    );
+    assert_eq!(complete(&script, "_tunefleet__agent", &["tunefleet-agent", "pr"]), ["probe"]);
+    // A subcommand's flags too, which clap_complete alone misses for a
+    // hyphenated name (clap-rs/clap#6421).
+    assert_eq!(complete(&script, "_tunefleet__agent", &["tunefleet-agent", "measure", "--js"]), ["--json"]);
+}
+
+/// `man -l PAGE` as plain text (ASCII, no pager), wide enough not to wrap.
+fn man(page: &Path) -> String {
+    let out = Command::new("man")
+        .arg("-l")
+        .arg(page)
+        .env("LC_ALL", "C")
+        .env("MANWIDTH", "200")
+        .env_remove("MANPAGER")
+        .env_remove("PAGER")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("man does not run ({e}): `scripts/test.sh --install-only` installs it (scripts/needs.sh man)")
+        });
+    assert!(out.status.success(), "man -l {}: {}", page.display(), String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn man_renders_the_generated_pages_and_they_name_every_subcommand() {
+    use tunefleet_coordinator::manual::Program;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (program, name, flags) in
+        [(Program::Coordinator, "tunefleet", &[][..]), (Program::Agent, "tunefleet-agent", &["--agent"][..])]
+    {
+        let subcommands: Vec<String> =
+            program.command().get_subcommands().map(|s| s.get_name().to_string()).filter(|s| s != "help").collect();
+        assert!(subcommands.len() >= 4, "{subcommands:?}");
+        let main = dir.path().join(format!("{name}.1"));
+        std::fs::write(&main, tunefleet(["man"].iter().chain(flags))).expect("writes");
+        let text = man(&main);
+        assert!(text.contains(&format!("{name} - Tunefleet")), "NAME: {text}");
+        for sub in &subcommands {
+            assert!(text.contains(&format!("{name}-{sub}(1)")), "{sub} missing from the page:\n{text}");
+        }
+        // -o DIR: the main page and one per subcommand, each rendered.
+        let pages = dir.path().join(name);
+        let listed = tunefleet(
+            [OsStr::new("man"), OsStr::new("-o"), pages.as_os_str()].into_iter().chain(flags.iter().map(OsStr::new)),
+        );
+        let first = pages.join(format!("{name}.1"));
+        assert_eq!(listed.lines().next().map(Path::new), Some(first.as_path()), "the main page first: {listed}");
+        assert_eq!(man(&first), text);
+        for sub in &subcommands {
+            let page = pages.join(format!("{name}-{sub}.1"));
+            assert!(listed.lines().any(|l| Path::new(l) == page), "{} not listed: {listed}", page.display());
+            let text = man(&page);
+            assert!(text.contains(&format!("{name}-{sub} - ")), "NAME of {sub}: {text}");
+        }
+    }
 }

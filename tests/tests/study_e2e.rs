@@ -102,6 +102,59 @@ fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
     });
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(csv.lines().count(), 13, "header + 12 rows:\n{csv}");
+
+    // The listings' --json parses and matches the store.
+    let json = |args: &[&str]| -> serde_json::Value {
+        let (code, out, err) = run({
+            let mut c = Command::new(bin("tunefleet"));
+            c.args(args).arg("--json").arg("--store").arg(&store);
+            c
+        });
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} --json is not JSON ({e}): {out}"))
+    };
+    let studies = json(&["studies"]);
+    let (state, total, done): (String, i64, i64) = db
+        .query_row(
+            "SELECT s.state, COUNT(*), SUM(t.state = 'done') FROM studies s JOIN trials t ON t.study = s.name \
+             WHERE s.name = 'e2e' GROUP BY s.name",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("study");
+    assert_eq!(studies.as_array().map(Vec::len), Some(1), "{studies}");
+    let s = &studies[0];
+    assert_eq!(
+        (&s["name"], &s["state"], &s["total"], &s["done"]),
+        (&"e2e".into(), &state.into(), &total.into(), &done.into())
+    );
+    let agents = json(&["agents"]);
+    let mut names: Vec<&str> = agents.as_array().expect("a list").iter().filter_map(|a| a["name"].as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["it-agent-1", "it-agent-2", "other-pool"], "{agents}");
+    for a in agents.as_array().expect("a list") {
+        let stored: String =
+            db.query_row("SELECT info FROM agents WHERE name = ?1", [a["name"].as_str()], |r| r.get(0)).expect("agent");
+        let stored: serde_json::Value = serde_json::from_str(&stored).expect("info");
+        assert_eq!(a["info"], stored, "the agent's announcement as stored");
+    }
+    let best = json(&["best", "e2e", "-n", "3"]);
+    assert_eq!(best["view"], "ranked", "{best}");
+    let shown: Vec<(i64, f64, String)> = best["trials"]
+        .as_array()
+        .expect("trials")
+        .iter()
+        .map(|t| {
+            let agent = t["agent"].as_str().expect("agent").to_string();
+            (t["trial"].as_i64().expect("trial"), t["objective"].as_f64().expect("objective"), agent)
+        })
+        .collect();
+    let mut stored: Vec<(i64, f64, String)> =
+        stored_results(&store, "e2e").into_iter().filter_map(|r| r.objective.map(|o| (r.trial, o, r.agent))).collect();
+    // Accuracy is maximised: the best first, ties by trial.
+    stored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    stored.truncate(3);
+    assert_eq!(shown, stored, "{best}");
 }
 
 #[test]

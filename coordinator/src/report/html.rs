@@ -122,7 +122,7 @@ fn header(out: &mut String, data: &ReportData) {
         s.pending,
         data.ranked.len()
     );
-    if let Some(note) = crate::cli::unranked_note(&data.unranked) {
+    if let Some(note) = crate::best::unranked_note(&data.unranked) {
         let _ = write!(out, "<p class=\"note\">{}.</p>", Esc(&note));
     }
     out.push_str(
@@ -183,7 +183,7 @@ fn pareto(out: &mut String, data: &ReportData) {
             String::new()
         }
     );
-    if let Some(note) = crate::cli::mixed_sources(valid.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::best::mixed_sources(valid.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let energy = |r: &BestRow| r.energy_j.unwrap_or(f64::NAN);
@@ -322,7 +322,7 @@ fn best(out: &mut String, data: &ReportData) {
         rows.len(),
         data.ranked.len()
     );
-    if let Some(note) = crate::cli::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let _ = write!(

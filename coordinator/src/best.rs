@@ -1,0 +1,399 @@
+//! `tunefleet best`: a study's best trials, four ways. Ranked by the
+//! objective (with what reuse decided for each); its configurations by mean
+//! objective when the study runs each more than once; the Pareto front of
+//! the objective against `objective.also`; the best per device class. Each
+//! is computed from the store's rows into a [`View`], which renders as the
+//! text `best` prints or serialises as the JSON `best --json` prints.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+use tunefleet_common::message::SystemParams;
+use tunefleet_common::params::Params;
+
+use crate::store::{BestRow, DecisionRow, Store, StoreError, Unranked};
+use crate::study::{self, Direction, Secondary, StudyError};
+
+/// Which view `best` asks for (the flags `--pareto` and `--by-class`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// The `n` best trials, or, for a study that repeats its
+    /// configurations, its `n` best configurations.
+    Best,
+    Pareto,
+    ByClass,
+}
+
+/// What `best` shows, as data; `view` names the variant in JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "view", rename_all = "snake_case")]
+pub enum View {
+    /// The best trials, best first.
+    Ranked {
+        study: String,
+        trials: Vec<RankedTrial>,
+        /// Successful trials left out, and why.
+        unranked: Unranked,
+        /// Set when the trials took their energy from different sources.
+        mixed_sources: Option<String>,
+    },
+    /// A study that runs each configuration more than once: its best
+    /// configurations by mean objective.
+    Configurations { study: String, metric: String, direction: Direction, configurations: Vec<Configuration> },
+    /// The trials no other beats on the objective and on every axis.
+    Pareto {
+        study: String,
+        metric: String,
+        direction: Direction,
+        /// What the objective is weighed against (all minimised).
+        axes: Vec<Secondary>,
+        /// Trials considered: successful, every figure valid.
+        considered: usize,
+        front: Vec<BestRow>,
+        mixed_sources: Option<String>,
+    },
+    /// The best trials of each device class (architecture, cores, energy source).
+    ByClass { study: String, classes: Vec<ClassBest> },
+}
+
+/// A ranked trial and what reuse decided for the attempt that gave its result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RankedTrial {
+    #[serde(flatten)]
+    pub row: BestRow,
+    pub decisions: Vec<DecisionRow>,
+}
+
+/// One configuration of a study that repeats its configurations.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Configuration {
+    pub params: Params,
+    /// The system configuration of its first ranked run.
+    pub system: Option<SystemParams>,
+    pub mean: f64,
+    /// Standard deviation over |mean| (`None` with a single run).
+    pub spread: Option<f64>,
+    /// Its runs: trial and objective, best ranked first.
+    pub runs: Vec<(u64, f64)>,
+}
+
+/// The best trials of one device class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassBest {
+    pub class: String,
+    /// How many trials of the class are ranked.
+    pub ranked: usize,
+    /// Its `n` best.
+    pub trials: Vec<BestRow>,
+}
+
+/// Why there is nothing to show.
+#[derive(Debug, thiserror::Error)]
+pub enum BestError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Study(#[from] StudyError),
+    #[error("no study {study:?} in {store}")]
+    NoStudy { study: String, store: String },
+    #[error("study {study:?} has no successful trial in {store}")]
+    NoSuccess { study: String, store: String },
+    #[error("study {study:?} has no trial to rank in {store}: {note}")]
+    NothingRanked { study: String, store: String, note: String },
+}
+
+/// The view `ask` of `study`, with at most `n` trials (or configurations)
+/// per list; the Pareto front is shown whole.
+pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, BestError> {
+    match ask {
+        Ask::Pareto => pareto_front(store, study),
+        Ask::ByClass => by_class(store, study, n),
+        Ask::Best => match repeated_configurations(store, study, n)? {
+            Some(view) => Ok(view),
+            None => ranked(store, study, n),
+        },
+    }
+}
+
+fn no_success(store: &Store, study: &str) -> BestError {
+    BestError::NoSuccess { study: study.to_string(), store: store.path().to_string() }
+}
+
+fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
+    let rows = store.best(study, n)?;
+    let unranked = store.unranked(study)?;
+    if rows.is_empty() {
+        return Err(match unranked_note(&unranked) {
+            Some(note) => BestError::NothingRanked { study: study.to_string(), store: store.path().to_string(), note },
+            None => no_success(store, study),
+        });
+    }
+    let mixed_sources = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref()));
+    let decisions = store.decisions(Some(study))?;
+    let trials = rows
+        .into_iter()
+        .map(|row| {
+            let decisions =
+                decisions.iter().filter(|d| d.trial == row.trial && d.attempt == row.attempt).cloned().collect();
+            RankedTrial { row, decisions }
+        })
+        .collect();
+    Ok(View::Ranked { study: study.to_string(), trials, unranked, mixed_sources })
+}
+
+/// The `n` best trials of `study` in each device class of the agents that ran them.
+fn by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
+    let rows = store.best(study, usize::MAX)?;
+    let groups = crate::report::by_class(&rows, &store.agents()?);
+    if groups.is_empty() {
+        return Err(no_success(store, study));
+    }
+    let classes = groups
+        .into_iter()
+        .map(|(class, rows)| ClassBest {
+            class,
+            ranked: rows.len(),
+            trials: rows.into_iter().take(n).cloned().collect(),
+        })
+        .collect();
+    Ok(View::ByClass { study: study.to_string(), classes })
+}
+
+/// For a study that runs each configuration more than once: its
+/// configurations ranked by their mean objective (`None` for another study).
+fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Option<View>, BestError> {
+    let Some(row) = store.study(study)? else { return Ok(None) };
+    let Ok(parsed) = study::parse(&row.config, &format!("study {study:?} in the store")) else { return Ok(None) };
+    if parsed.repeats < 2 && parsed.stability.is_none() {
+        return Ok(None);
+    }
+    let mut groups: Vec<(BestRow, Vec<(u64, f64)>)> = Vec::new();
+    for r in store.best(study, usize::MAX)? {
+        match groups.iter_mut().find(|(g, _)| g.params == r.params) {
+            Some((_, runs)) => runs.push((r.trial, r.objective)),
+            None => {
+                let run = (r.trial, r.objective);
+                groups.push((r, vec![run]));
+            }
+        }
+    }
+    let mean = |runs: &[(u64, f64)]| runs.iter().map(|r| r.1).sum::<f64>() / runs.len().max(1) as f64;
+    let dir = parsed.objective.direction;
+    groups.sort_by(|a, b| {
+        let (x, y) = (mean(&a.1), mean(&b.1));
+        if dir.better(x, y) {
+            std::cmp::Ordering::Less
+        } else if dir.better(y, x) {
+            std::cmp::Ordering::Greater
+        } else {
+            std::cmp::Ordering::Equal
+        }
+    });
+    let configurations = groups
+        .into_iter()
+        .take(n)
+        .map(|(r, runs)| {
+            let values: Vec<f64> = runs.iter().map(|r| r.1).collect();
+            Configuration {
+                params: r.params,
+                system: r.system,
+                mean: mean(&runs),
+                spread: crate::search::spread(&values),
+                runs,
+            }
+        })
+        .collect();
+    Ok(Some(View::Configurations {
+        study: study.to_string(),
+        metric: parsed.objective.metric,
+        direction: dir,
+        configurations,
+    }))
+}
+
+/// The Pareto front of a study: its objective (in its direction) against
+/// the objectives of `objective.also` (energy when none), all trials with a
+/// successful result and every figure valid.
+fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
+    let row = store
+        .study(study)?
+        .ok_or_else(|| BestError::NoStudy { study: study.to_string(), store: store.path().to_string() })?;
+    let parsed = study::parse(&row.config, &format!("study {study:?} in the store"))?;
+    let mut axes = parsed.objective.also.clone();
+    if axes.is_empty() {
+        axes.push(Secondary::Energy);
+    }
+    let rows: Vec<_> = store
+        .best(study, usize::MAX)?
+        .into_iter()
+        .filter(|r| !axes.contains(&Secondary::Energy) || (r.energy_valid && r.energy_j.is_some()))
+        .collect();
+    let sign = if parsed.objective.direction == Direction::Maximize { -1.0 } else { 1.0 };
+    let points: Vec<Vec<f64>> = rows
+        .iter()
+        .map(|r| std::iter::once(sign * r.objective).chain(axes.iter().map(|&a| figure(r, a))).collect())
+        .collect();
+    let front: Vec<BestRow> = crate::pareto::front(&points).into_iter().map(|i| rows[i].clone()).collect();
+    Ok(View::Pareto {
+        study: study.to_string(),
+        metric: parsed.objective.metric,
+        direction: parsed.objective.direction,
+        axes,
+        considered: rows.len(),
+        mixed_sources: mixed_sources(front.iter().map(|r| r.energy_source.as_deref())),
+        front,
+    })
+}
+
+/// A trial's figure on a Pareto axis: joules or seconds.
+fn figure(r: &BestRow, axis: Secondary) -> f64 {
+    match axis {
+        Secondary::Energy => r.energy_j.unwrap_or(f64::NAN),
+        Secondary::WallTime => r.wall_us as f64 / 1e6,
+    }
+}
+
+impl View {
+    /// The text `best` prints.
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        match self {
+            View::Ranked { trials, unranked, mixed_sources, .. } => {
+                if let Some(note) = mixed_sources {
+                    writeln!(out, "{note}")?;
+                }
+                for RankedTrial { row: r, decisions } in trials {
+                    let source = r.energy_source.as_deref().unwrap_or("no energy");
+                    writeln!(
+                        out,
+                        "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
+                        r.trial,
+                        r.objective,
+                        r.agent,
+                        describe(&r.params, r.system.as_ref())
+                    )?;
+                    for d in decisions {
+                        writeln!(out, "            {}: {}", d.decision, d.reason)?;
+                    }
+                }
+                if let Some(note) = unranked_note(unranked) {
+                    writeln!(out, "note: {note}")?;
+                }
+            }
+            View::Configurations { study, metric, direction, configurations } => {
+                writeln!(
+                    out,
+                    "configurations of {study} by mean {metric} ({direction}): mean, spread (sd / |mean|), runs"
+                )?;
+                for c in configurations {
+                    let spread = c.spread.map_or_else(|| "-".to_string(), |s| format!("{:.2} %", s * 100.0));
+                    writeln!(
+                        out,
+                        "{:>12.6}  {spread:>9}  {:>3} runs  {}",
+                        c.mean,
+                        c.runs.len(),
+                        describe(&c.params, c.system.as_ref())
+                    )?;
+                }
+            }
+            View::Pareto { study, metric, direction, axes, considered, front, mixed_sources } => {
+                let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
+                writeln!(
+                    out,
+                    "Pareto front of {study}: {metric} ({direction}) against {} (minimised): {} of {considered} trials",
+                    names.join(", "),
+                    front.len(),
+                )?;
+                if let Some(note) = mixed_sources {
+                    writeln!(out, "{note}")?;
+                }
+                for r in front {
+                    let figures: Vec<String> = axes
+                        .iter()
+                        .map(|&a| match a {
+                            Secondary::Energy => format!("{:.3} J", figure(r, a)),
+                            Secondary::WallTime => format!("{:.3} s", figure(r, a)),
+                        })
+                        .collect();
+                    let params = describe(&r.params, r.system.as_ref());
+                    writeln!(out, "trial {:>4}  {:>12.6}  {}  {params}", r.trial, r.objective, figures.join("  "))?;
+                }
+            }
+            View::ByClass { classes, .. } => {
+                for c in classes {
+                    writeln!(out, "{}: {} ranked trials", c.class, c.ranked)?;
+                    for r in &c.trials {
+                        let params = describe(&r.params, r.system.as_ref());
+                        writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {params}", r.trial, r.objective, r.agent)?;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A result's parameters, and the system configuration it ran (or, when
+/// pipelined, selected) when that is not already among them.
+pub fn describe(params: &Params, system: Option<&SystemParams>) -> String {
+    let mut words: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if let Some(sys) = system {
+        for (name, value) in
+            [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]
+        {
+            if let (Some(v), false) = (value, params.contains_key(name)) {
+                words.push(format!("{name}={v} (selected)"));
+            }
+        }
+    }
+    words.join(" ")
+}
+
+/// A warning when ranked trials took their energy from different sources
+/// (a RAPL joule and an estimated one are not the same quantity).
+pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Option<String> {
+    let mut seen: Vec<&str> = sources.map(|s| s.unwrap_or("none")).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    (seen.len() > 1).then(|| {
+        format!("note: these trials were measured with different energy sources ({}); energy figures are not comparable across them", seen.join(", "))
+    })
+}
+
+/// What `best` left out and why, when it left anything out.
+pub fn unranked_note(u: &Unranked) -> Option<String> {
+    let mut why = Vec::new();
+    if u.invalid_energy > 0 {
+        why.push(format!("{} with an invalid energy reading", u.invalid_energy));
+    }
+    if u.no_value > 0 {
+        why.push(format!("{} without a value for the objective", u.no_value));
+    }
+    let plural = if u.total() == 1 { "" } else { "s" };
+    (!why.is_empty()).then(|| format!("{} successful trial{plural} not ranked: {}", u.total(), why.join(", ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mixed_sources, unranked_note};
+    use crate::store::Unranked;
+
+    #[test]
+    fn unranked_trials_are_counted_with_why() {
+        assert_eq!(unranked_note(&Unranked::default()), None);
+        let one = unranked_note(&Unranked { invalid_energy: 1, no_value: 0 }).expect("a note");
+        assert_eq!(one, "1 successful trial not ranked: 1 with an invalid energy reading");
+        let both = unranked_note(&Unranked { invalid_energy: 2, no_value: 1 }).expect("a note");
+        assert!(
+            both.starts_with("3 successful trials not ranked: 2 with an invalid energy reading, 1 without"),
+            "{both}"
+        );
+    }
+
+    #[test]
+    fn mixed_energy_sources_are_called_out() {
+        assert_eq!(mixed_sources([Some("rapl"), Some("rapl")].into_iter()), None);
+        let note = mixed_sources([Some("rapl"), Some("estimated"), None].into_iter()).expect("mixed");
+        assert!(note.contains("estimated, none, rapl"), "{note}");
+    }
+}
