@@ -186,6 +186,9 @@ struct StudyState {
     deadlines: BTreeSet<(u64, u64)>,
     /// The running trials by the agent holding their lease (no empty sets).
     held: HashMap<String, BTreeSet<u64>>,
+    /// The credit of the ready agents that match the selector, so that
+    /// [`Scheduler::demand`] needs no scan.
+    ready_credit: u64,
     /// Leases restored from the store, by agent, until that agent's first request.
     restored: BTreeMap<String, Vec<u64>>,
     /// More trials may still be added ([`Scheduler::add_trial`]): the study
@@ -278,6 +281,25 @@ struct AgentState {
     overloaded: Option<String>,
     /// Counted in [`Scheduler::live`].
     live: bool,
+    /// Counted in the `ready_credit` of the studies it matches: its credit
+    /// while it is ready, else 0.
+    counted: u32,
+}
+
+impl AgentState {
+    /// Counts `credit` as what this agent adds to the `ready_credit` of the
+    /// studies it matches (by the info it has now).
+    fn recount(&mut self, studies: &mut [StudyState], credit: u32) {
+        if credit == self.counted {
+            return;
+        }
+        if let Some(info) = &self.info {
+            for s in studies.iter_mut().filter(|s| s.policy.selector.matches(info)) {
+                s.ready_credit = s.ready_credit + u64::from(credit) - u64::from(self.counted);
+            }
+        }
+        self.counted = credit;
+    }
 }
 
 /// Progress of one study.
@@ -337,6 +359,7 @@ impl Scheduler {
             stopped: 0,
             deadlines: BTreeSet::new(),
             held: HashMap::new(),
+            ready_credit: 0,
             restored: BTreeMap::new(),
             open: false,
             policy,
@@ -381,6 +404,13 @@ impl Scheduler {
             };
             study.trials.push(slot);
         }
+        study.ready_credit = self
+            .ready
+            .iter()
+            .filter_map(|name| self.agents.get(name))
+            .filter(|a| a.info.as_ref().is_some_and(|i| study.policy.selector.matches(i)))
+            .map(|a| u64::from(a.counted))
+            .sum();
         self.studies.push(study);
     }
 
@@ -405,15 +435,7 @@ impl Scheduler {
     /// the live agents that match it, less the trials already queued.
     pub fn demand(&self, study: &str) -> u64 {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
-        // Only the ready agents have credit.
-        let credit: u64 = self
-            .ready
-            .iter()
-            .filter_map(|name| self.agents.get(name))
-            .filter(|a| a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
-            .map(|a| u64::from(a.credit))
-            .sum();
-        credit.saturating_sub(s.queue.len() as u64)
+        s.ready_credit.saturating_sub(s.queue.len() as u64)
     }
 
     /// Drops a finished study from memory.
@@ -452,8 +474,9 @@ impl Scheduler {
             .count()
     }
 
-    /// Brings the fleet's indexes (`ready`, `live`) up to date with what
-    /// `agent` is now; called after every change to an agent.
+    /// Brings the fleet's indexes (`ready`, `live`, the studies'
+    /// `ready_credit`) up to date with what `agent` is now; called after
+    /// every change to an agent.
     fn sync_agent(&mut self, agent: &str) {
         let Some(a) = self.agents.get_mut(agent) else { return };
         let live = a.online && a.info.is_some();
@@ -465,7 +488,9 @@ impl Scheduler {
                 self.live -= 1;
             }
         }
-        if live && a.credit > 0 {
+        let ready = live && a.credit > 0;
+        a.recount(&mut self.studies, if ready { a.credit } else { 0 });
+        if ready {
             if !self.ready.contains(agent) {
                 self.ready.insert(agent.to_string());
             }
@@ -488,7 +513,10 @@ impl Scheduler {
             last_seq: None,
             overloaded: None,
             live: false,
+            counted: 0,
         });
+        // What it matches may change with what it says it is.
+        agent.recount(&mut self.studies, 0);
         let restarted = agent.instance != instance;
         agent.instance = instance;
         agent.online = true;
@@ -748,7 +776,8 @@ impl Scheduler {
         // The ready agent after the one the last turn began with.
         let after = ready.range::<str, _>((Bound::Excluded(next_agent.as_str()), Bound::Unbounded)).next();
         let Some(start) = after.or_else(|| ready.first()).cloned() else { return effects };
-        let mut spent = Vec::new();
+        // Agents whose credit changed.
+        let mut served = Vec::new();
         for name in ready.range::<String, _>(&start..).chain(ready.range::<String, _>(..&start)) {
             if studies.iter().all(|s| s.queue.is_empty()) {
                 break;
@@ -758,6 +787,7 @@ impl Scheduler {
                 continue;
             };
             let seq = agent.last_seq.unwrap_or(0);
+            let credit = agent.credit;
             'credit: while agent.credit > 0 {
                 let n = studies.len();
                 for k in 0..n {
@@ -802,12 +832,12 @@ impl Scheduler {
                 }
                 break;
             }
-            if agent.credit == 0 {
-                spent.push(name.clone());
+            if agent.credit != credit {
+                served.push(name.clone());
             }
         }
         *next_agent = start;
-        for name in spent {
+        for name in served {
             self.sync_agent(&name);
         }
         effects
@@ -1200,6 +1230,13 @@ mod tests {
                 }
             }
             let name = &study.policy.name;
+            let ready_credit: u64 = s
+                .agents
+                .values()
+                .filter(|a| a.online && a.info.as_ref().is_some_and(|i| study.policy.selector.matches(i)))
+                .map(|a| u64::from(a.credit))
+                .sum();
+            prop_assert_eq!(study.ready_credit, ready_credit, "{}: credit of the agents that match", name);
             prop_assert_eq!(study.running(), deadlines.len() as u64, "{}: running count", name);
             prop_assert_eq!(&study.deadlines, &deadlines, "{}: leases by deadline", name);
             prop_assert_eq!(&study.held, &held, "{}: leases by agent", name);
@@ -1210,6 +1247,8 @@ mod tests {
         prop_assert_eq!(&s.ready, &ready, "agents with credit");
         prop_assert_eq!(s.live, s.agents.values().filter(|a| live(a)).count(), "live agents");
         prop_assert!(s.agents.values().all(|a| a.live == live(a)), "each agent's live flag");
+        let counted = |a: &AgentState| if live(a) { a.credit } else { 0 };
+        prop_assert!(s.agents.values().all(|a| a.counted == counted(a)), "each agent's counted credit");
         Ok(())
     }
 
@@ -1222,7 +1261,7 @@ mod tests {
         Interfered { pick: usize },
         Refuse { pick: usize },
         Offline { agent: usize },
-        Hello { agent: usize, restart: bool },
+        Hello { agent: usize, restart: bool, gpu: bool },
         Overloaded { agent: usize, on: bool },
         Stop { study: bool, trial: u64 },
         AddTrial,
@@ -1237,7 +1276,8 @@ mod tests {
             1 => any::<usize>().prop_map(|pick| Op::Interfered { pick }),
             1 => any::<usize>().prop_map(|pick| Op::Refuse { pick }),
             1 => (0..4usize).prop_map(|agent| Op::Offline { agent }),
-            1 => (0..4usize, any::<bool>()).prop_map(|(agent, restart)| Op::Hello { agent, restart }),
+            1 => (0..4usize, any::<bool>(), any::<bool>())
+                .prop_map(|(agent, restart, gpu)| Op::Hello { agent, restart, gpu }),
             1 => (0..4usize, any::<bool>()).prop_map(|(agent, on)| Op::Overloaded { agent, on }),
             1 => (any::<bool>(), 0..24u64).prop_map(|(study, trial)| Op::Stop { study, trial }),
             1 => Just(Op::AddTrial),
@@ -1248,12 +1288,15 @@ mod tests {
     proptest! {
         /// After any sequence of events, on two studies sharing the agents
         /// (one restored with leases held by an agent this process has not
-        /// met yet), the indexes say what a scan of every trial and agent says.
+        /// met yet, and only for agents that say they have a GPU, which an
+        /// agent may say or stop saying when it announces itself again),
+        /// the indexes say what a scan of every trial and agent says.
         #[test]
         fn indexes_agree_with_a_full_scan_after_any_events(ops in proptest::collection::vec(op(), 1..200)) {
             let mut s = sched(12, 3, Selector::default());
             s.set_open("s", true);
-            let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 2, lease_ms: 700 };
+            let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
+            let policy = StudyPolicy { name: "t".into(), selector: gpu, max_attempts: 2, lease_ms: 700 };
             let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
             states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
             s.add_study(policy, states, 0);
@@ -1296,9 +1339,10 @@ mod tests {
                     Op::Offline { agent } => {
                         s.status(agents[agent], &AgentStatus { online: false, instance: instances[agent] });
                     }
-                    Op::Hello { agent, restart } => {
+                    Op::Hello { agent, restart, gpu } => {
                         instances[agent] += u64::from(restart);
-                        s.hello(info(agents[agent], instances[agent], "x86_64", &[]));
+                        let tags: &[(&str, &str)] = if gpu { &[("pool", "gpu")] } else { &[] };
+                        s.hello(info(agents[agent], instances[agent], "x86_64", tags));
                     }
                     Op::Overloaded { agent, on } => {
                         s.set_overloaded(agents[agent], on.then(|| "busy".to_string()), now);
