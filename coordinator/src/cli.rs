@@ -249,6 +249,8 @@ pub struct StoreArg {
 
 #[derive(Debug, Args)]
 pub struct BrokerArgs {
+    #[command(flatten)]
+    pub launch: crate::launch::LaunchArgs,
     /// Use this external broker (mqtt://HOST:PORT) instead of the embedded one.
     #[arg(long, env = "TUNEFLEET_BROKER")]
     pub broker: Option<BrokerUrl>,
@@ -453,24 +455,22 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
     match cli.command {
         Command::Run(args) => {
             let study = study::load(&args.study)?;
-            let summary =
-                run_study(study, &args.broker, &args.influx, &args.store.store, !args.quiet, shutdown).await?;
-            print_summary(&summary, &args.store.store);
+            // A study with [[group]]s runs as one study per group, side by side.
+            let summaries =
+                run_studies(study.expand(), &args.broker, &args.influx, &args.store.store, !args.quiet, None, shutdown)
+                    .await?;
+            for summary in &summaries {
+                print_summary(summary, &args.store.store);
+            }
             Ok(())
         }
         Command::Campaign(args) => {
             let campaign = crate::campaign::load(&args.study)?;
             let name = campaign.name.clone();
-            let summaries = run_studies(
-                campaign.studies,
-                &args.broker,
-                &args.influx,
-                &args.store.store,
-                !args.quiet,
-                None,
-                shutdown,
-            )
-            .await?;
+            let studies: Vec<Study> = campaign.studies.iter().flat_map(Study::expand).collect();
+            let summaries =
+                run_studies(studies, &args.broker, &args.influx, &args.store.store, !args.quiet, None, shutdown)
+                    .await?;
             for s in &summaries {
                 print_summary(s, &args.store.store);
             }
@@ -508,31 +508,10 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         }
         Command::Demo(args) => demo(args, shutdown).await,
         Command::Check { study } => {
-            let study = study::load(&study)?;
+            let file = study::load(&study)?;
             let mut out = String::new();
-            if crate::search::Search::adaptive(&study) {
-                let planned = crate::search::Search::new(&study).planned();
-                writeln!(
-                    out,
-                    "{}: up to {planned} trials chosen as the study goes (adaptive), objective {} ({})",
-                    study.name,
-                    study.objective.metric,
-                    study.objective.direction.as_str()
-                )?;
-                return emit(&out);
-            }
-            let plans = crate::search::plan(&study);
-            writeln!(
-                out,
-                "{}: {} trials, objective {} ({})",
-                study.name,
-                plans.len(),
-                study.objective.metric,
-                study.objective.direction.as_str()
-            )?;
-            for p in &plans {
-                let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                writeln!(out, "  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "))?;
+            for study in file.expand() {
+                check_one(&study, &mut out)?;
             }
             emit(&out)
         }
@@ -814,6 +793,7 @@ pub async fn run_studies(
         offload: args.offload()?,
         // Scripts and tests read this line to find a broker on a port the OS chose.
         on_broker: Some(Box::new(|url| println!("broker: {url}"))),
+        launch: Some(args.launch.clone()),
         control,
     };
     let outcome = crate::run::run(config, shutdown).await?;
@@ -832,6 +812,35 @@ pub async fn run_studies(
         }
     }
     Ok(outcome.summaries)
+}
+
+/// `tunefleet check`: one study's trials (or how many an adaptive search may make).
+fn check_one(study: &Study, out: &mut String) -> anyhow::Result<()> {
+    if crate::search::Search::adaptive(study) {
+        let planned = crate::search::Search::new(study).planned();
+        writeln!(
+            out,
+            "{}: up to {planned} trials chosen as the study goes (adaptive), objective {} ({})",
+            study.name,
+            study.objective.metric,
+            study.objective.direction.as_str()
+        )?;
+        return Ok(());
+    }
+    let plans = crate::search::plan(study);
+    writeln!(
+        out,
+        "{}: {} trials, objective {} ({})",
+        study.name,
+        plans.len(),
+        study.objective.metric,
+        study.objective.direction.as_str()
+    )?;
+    for p in &plans {
+        let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        writeln!(out, "  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "))?;
+    }
+    Ok(())
 }
 
 /// Prints a service's answer; an error answer is an error.
@@ -995,6 +1004,7 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         b.addr, args.agents, study.name, study.budget
     );
     let broker_args = BrokerArgs {
+        launch: crate::launch::LaunchArgs { launcher: None, launch_max: 0, launch_grace: Duration::ZERO },
         broker: Some(url.parse()?),
         listen: b.addr,
         root,

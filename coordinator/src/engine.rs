@@ -212,6 +212,8 @@ pub struct Engine {
     book: Option<crate::reuse::Book>,
     /// Control-socket requests waiting for the next turn.
     requests: Vec<crate::control::Request>,
+    /// Starts agents while studies have work (`--launcher`).
+    launcher: Option<crate::launch::Launcher>,
 }
 
 fn unix_ms() -> u64 {
@@ -238,12 +240,19 @@ impl Engine {
             last_decision_ms: 0,
             book: None,
             requests: Vec::new(),
+            launcher: None,
         }
     }
 
     /// Moves trials off agents the decider finds overloaded ([`crate::decide`]).
     pub fn with_offload(mut self, policy: Option<crate::decide::Policy>) -> Self {
         self.offload = policy;
+        self
+    }
+
+    /// Starts agents with `launcher` while studies have work.
+    pub fn with_launcher(mut self, launcher: Option<crate::launch::Launcher>) -> Self {
+        self.launcher = launcher;
         self
     }
 
@@ -258,24 +267,30 @@ impl Engine {
     /// the others.
     fn submit(&mut self, text: &str, origin: &str) -> crate::control::Answer {
         use crate::control::Answer;
-        let study = match crate::study::parse(text, origin) {
+        let file = match crate::study::parse(text, origin) {
             Ok(s) => s,
             Err(e) => return Answer::Error { message: e.to_string() },
         };
-        let name = study.name.clone();
-        if self.studies.get(&name).is_some_and(|a| !a.cancelled)
-            && self.sched.counts(&name).is_some_and(|c| !c.finished())
-        {
-            return Answer::Error { message: format!("study {name} is running already") };
-        }
-        match self.start_study(study) {
-            Ok(()) => {
-                let total = self.sched.counts(&name).map_or(0, |c| c.total);
-                tracing::info!(study = %name, "study submitted");
-                Answer::Ok { message: format!("study {name} submitted ({total} trials so far)") }
+        let studies = file.expand();
+        for study in &studies {
+            let name = &study.name;
+            if self.studies.get(name).is_some_and(|a| !a.cancelled)
+                && self.sched.counts(name).is_some_and(|c| !c.finished())
+            {
+                return Answer::Error { message: format!("study {name} is running already") };
             }
-            Err(e) => Answer::Error { message: e.to_string() },
         }
+        let mut started = Vec::new();
+        for study in studies {
+            let name = study.name.clone();
+            if let Err(e) = self.start_study(study) {
+                return Answer::Error { message: e.to_string() };
+            }
+            let total = self.sched.counts(&name).map_or(0, |c| c.total);
+            tracing::info!(study = %name, "study submitted");
+            started.push(format!("study {name} submitted ({total} trials so far)"));
+        }
+        Answer::Ok { message: started.join("\n") }
     }
 
     fn now_ms(&self) -> u64 {
@@ -617,6 +632,11 @@ impl Engine {
                 )?;
             }
             if tick {
+                if let Some(launcher) = self.launcher.as_mut() {
+                    let work = self.studies.keys().any(|s| self.sched.counts(s).is_some_and(|c| !c.finished()));
+                    let online: std::collections::HashSet<&str> = self.sessions.live_agents().collect();
+                    launcher.tick(now, work, &|name| online.contains(name));
+                }
                 effects.extend(self.sched.expire(now));
                 if let Some(policy) = self.offload.filter(|p| now >= self.last_decision_ms + p.interval_ms) {
                     self.last_decision_ms = now;

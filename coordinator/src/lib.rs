@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod control;
 pub mod decide;
 pub mod engine;
+pub mod launch;
 pub mod manual;
 pub mod pareto;
 pub mod profiles;

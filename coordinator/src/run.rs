@@ -55,6 +55,8 @@ pub struct RunConfig {
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,
+    /// Start agents with this launcher while studies have work ([`crate::launch`]).
+    pub launch: Option<crate::launch::LaunchArgs>,
     /// Run as a service (`tunefleet serve`): take studies on this control
     /// socket ([`crate::control`]), resume the store's unfinished ones, and
     /// run until `shutdown` instead of until `studies` finish.
@@ -110,6 +112,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         progress,
         offload,
         on_broker,
+        launch,
         control,
     } = config;
     let (public, connect, security) = match broker {
@@ -137,6 +140,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut sessions = Sessions::new(identity, instance, started);
     sessions.max_agents = max_agents;
+    let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
         client_id: format!("tf-coordinator-{instance:016x}"),
@@ -147,8 +151,19 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         offline_status: sessions.status_payload(false)?,
     })?;
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
-    let mut engine =
-        Engine::new(db, outbox, Progress::new(progress), sessions).with_influx(sink.is_some()).with_offload(offload);
+    let launcher = launch.as_ref().and_then(|args| {
+        let cx = crate::launch::Context {
+            broker: public.to_string(),
+            root: root.clone(),
+            coordinator_key: auth::hex(&sessions.public_key()),
+            prefix: format!("launched-{:08x}", instance as u32),
+        };
+        crate::launch::Launcher::new(args, cx)
+    });
+    let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions)
+        .with_influx(sink.is_some())
+        .with_offload(offload)
+        .with_launcher(launcher);
     let result = match control {
         None => {
             let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();
@@ -168,10 +183,13 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
                     .collect()
             };
             for row in unfinished {
-                let study = crate::study::parse(&row.config, &format!("{} (stored)", row.name))
+                let file = crate::study::parse(&row.config, &format!("{} (stored)", row.name))
                     .map_err(|e| RunError::StoredStudy { name: row.name.clone(), source: Box::new(e) })?;
-                tracing::info!(study = %study.name, "resuming an unfinished study");
-                engine.start_study(study)?;
+                // A group's study is stored with its whole file.
+                for study in file.expand().into_iter().filter(|s| s.name == row.name) {
+                    tracing::info!(study = %study.name, "resuming an unfinished study");
+                    engine.start_study(study)?;
+                }
             }
             for study in studies {
                 engine.start_study(study)?;

@@ -202,10 +202,33 @@ pub struct Selector {
     pub min_memory_mib: Option<u64>,
 }
 
+/// A device group of a study: its own selector (the study's, with what the
+/// group says instead) and budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Group {
+    pub name: String,
+    pub selector: Selector,
+    pub budget: u64,
+}
+
 /// Energy source names a selector may ask for.
 pub const ENERGY_SOURCES: [&str; 5] = ["rapl", "hwmon", "battery", "estimated", "external"];
 
 impl Selector {
+    /// This selector narrowed by a group's: the group's architectures and
+    /// energy sources when it names any, both sets of tags, the larger minimums.
+    pub fn within(&self, group: Selector) -> Selector {
+        let mut tags = self.tags.clone();
+        tags.extend(group.tags);
+        Selector {
+            arch: if group.arch.is_empty() { self.arch.clone() } else { group.arch },
+            tags,
+            energy: if group.energy.is_empty() { self.energy.clone() } else { group.energy },
+            min_cores: group.min_cores.max(self.min_cores),
+            min_memory_mib: group.min_memory_mib.max(self.min_memory_mib),
+        }
+    }
+
     /// True when `agent` may run trials of the study.
     pub fn matches(&self, agent: &AgentInfo) -> bool {
         (self.arch.is_empty() || self.arch.contains(&agent.arch))
@@ -343,6 +366,9 @@ pub struct Study {
     /// `[reuse]`: configurations known good for jobs that profile alike
     /// ([`crate::reuse`]); pipelined studies only.
     pub reuse: crate::reuse::Policy,
+    /// `[[group]]`: device groups (phones, Graviton, x86...) tuned apart,
+    /// each with its selector and budget; see [`Study::expand`].
+    pub groups: Vec<Group>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.
@@ -350,6 +376,27 @@ pub struct Study {
 }
 
 impl Study {
+    /// The studies this file runs as: itself, or with `[[group]]`s one per
+    /// group, named `STUDY-GROUP`, with the group's selector and budget and
+    /// everything else the same (each reports apart, side by side on the
+    /// fleet). The stored configuration is the whole file, so a resumed
+    /// group study finds itself again with [`Study::expand`].
+    pub fn expand(&self) -> Vec<Study> {
+        if self.groups.is_empty() {
+            return vec![self.clone()];
+        }
+        self.groups
+            .iter()
+            .map(|g| Study {
+                name: format!("{}-{}", self.name, g.name),
+                selector: g.selector.clone(),
+                budget: g.budget,
+                groups: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
+    }
+
     /// Every parameter in the stable order used by the search strategies:
     /// hyper-parameters by name, then system parameters (cores, threads, memory).
     pub fn parameters(&self) -> impl Iterator<Item = (&str, &ParamSpec)> {
@@ -435,6 +482,15 @@ struct RawStudy {
     early_stopping: Option<RawEarlyStopping>,
     stability: Option<Spanned<RawStability>>,
     reuse: Option<Spanned<RawReuse>>,
+    group: Option<Vec<Spanned<RawGroup>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: Spanned<String>,
+    budget: Option<Spanned<i64>>,
+    selector: Option<RawSelector>,
 }
 
 #[derive(Deserialize)]
@@ -675,24 +731,36 @@ impl Ctx<'_> {
 
         let selector = match raw.selector {
             None => Selector::default(),
-            Some(s) => {
-                let mut energy = Vec::new();
-                for e in &s.energy {
-                    if !ENERGY_SOURCES.contains(&e.get_ref().as_str()) {
-                        return Err(self.at(
-                            e.span(),
-                            format!("selector.energy: {:?} is not one of {}", e.get_ref(), ENERGY_SOURCES.join(", ")),
-                        ));
-                    }
-                    energy.push(e.get_ref().clone());
-                }
-                let min_cores =
-                    s.min_cores.as_ref().map(|c| positive_u32(self, c, "selector.min_cores")).transpose()?;
-                let min_memory_mib =
-                    s.min_memory_mib.as_ref().map(|m| positive(self, m, "selector.min_memory_mib")).transpose()?;
-                Selector { arch: s.arch, tags: s.tags, energy, min_cores, min_memory_mib }
-            }
+            Some(s) => self.selector(s, "selector")?,
         };
+        let mut groups = Vec::new();
+        for g in raw.group.into_iter().flatten() {
+            let span = g.span();
+            let g = g.into_inner();
+            let gname = g.name.get_ref();
+            if !valid_study_name(&format!("{name}-{gname}")) {
+                return Err(self.at(
+                    g.name.span(),
+                    format!("group.name: {name}-{gname} (the group's study) is not a valid study name ([a-z0-9_-], 1 to {MAX_NAME_LEN} characters)"),
+                ));
+            }
+            if groups.iter().any(|x: &Group| x.name == *gname) {
+                return Err(self.at(g.name.span(), format!("group.name: {gname:?} is listed twice")));
+            }
+            let budget = match &g.budget {
+                Some(b) => positive(self, b, "group.budget")?,
+                None => budget,
+            };
+            if budget > MAX_BUDGET || budget < u64::from(repeats) {
+                return Err(self
+                    .at(span, format!("group.budget: {budget} must be between repeats ({repeats}) and {MAX_BUDGET}")));
+            }
+            let own = match g.selector {
+                Some(s) => self.selector(s, "group.selector")?,
+                None => Selector::default(),
+            };
+            groups.push(Group { name: gname.clone(), selector: selector.within(own), budget });
+        }
 
         let mut hyper = BTreeMap::new();
         let mut hyper_spans = BTreeMap::new();
@@ -852,9 +920,27 @@ impl Ctx<'_> {
             early_stopping,
             stability,
             reuse,
+            groups,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
+    }
+
+    fn selector(&self, s: RawSelector, key: &str) -> Result<Selector, StudyError> {
+        let mut energy = Vec::new();
+        for e in &s.energy {
+            if !ENERGY_SOURCES.contains(&e.get_ref().as_str()) {
+                return Err(self.at(
+                    e.span(),
+                    format!("{key}.energy: {:?} is not one of {}", e.get_ref(), ENERGY_SOURCES.join(", ")),
+                ));
+            }
+            energy.push(e.get_ref().clone());
+        }
+        let min_cores = s.min_cores.as_ref().map(|c| positive_u32(self, c, &format!("{key}.min_cores"))).transpose()?;
+        let min_memory_mib =
+            s.min_memory_mib.as_ref().map(|m| positive(self, m, &format!("{key}.min_memory_mib"))).transpose()?;
+        Ok(Selector { arch: s.arch, tags: s.tags, energy, min_cores, min_memory_mib })
     }
 
     fn reuse(
@@ -1366,6 +1452,36 @@ step = 1
         assert!(!s.selector.matches(&agent), "too little memory");
         let e = err(&edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"nuclear\"]"));
         assert!(e.to_string().contains("selector.energy"), "{e}");
+    }
+
+    #[test]
+    fn groups_run_as_studies_of_their_own_with_narrowed_selectors_and_budgets() {
+        let text = format!(
+            "{EXAMPLE}\n[[group]]\nname = \"phones\"\nbudget = 4\nselector = {{ arch = [\"aarch64\"], tags = {{ kind = \"phone\" }}, energy = [\"battery\"] }}\n\
+             [[group]]\nname = \"x86\"\nselector = {{ arch = [\"x86_64\"], min_cores = 8 }}\n"
+        );
+        let s = parse(&text, "study.toml").expect("groups parse");
+        let parts = s.expand();
+        let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, vec!["train-example-phones", "train-example-x86"]);
+        assert_eq!((parts[0].budget, parts[1].budget), (4, 12), "a group without a budget has the study's");
+        assert_eq!(parts[0].selector.arch, vec!["aarch64"]);
+        let tags: Vec<(&str, &str)> = parts[0].selector.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(tags, vec![("kind", "phone"), ("pool", "demo")], "the study's tags and the group's");
+        assert_eq!(parts[0].selector.energy, vec!["battery"]);
+        assert_eq!(
+            (parts[1].selector.arch.clone(), parts[1].selector.min_cores),
+            (vec!["x86_64".to_string()], Some(8))
+        );
+        assert!(parts.iter().all(|p| p.groups.is_empty() && p.source == s.source), "each keeps the whole file");
+        assert_eq!(parse(EXAMPLE, "study.toml").expect("parses").expand().len(), 1);
+
+        let twice = format!("{EXAMPLE}\n[[group]]\nname = \"a\"\n[[group]]\nname = \"a\"\n");
+        assert!(err(&twice).to_string().contains("listed twice"));
+        let bad = format!("{EXAMPLE}\n[[group]]\nname = \"Phones!\"\n");
+        assert!(err(&bad).to_string().contains("not a valid study name"));
+        let energy = format!("{EXAMPLE}\n[[group]]\nname = \"p\"\nselector = {{ energy = [\"solar\"] }}\n");
+        assert!(err(&energy).to_string().contains("group.selector.energy"));
     }
 
     #[test]

@@ -1,0 +1,278 @@
+//! Launchers: the coordinator starts its own agents (Lorien's master
+//! submitted its workers to AWS Batch itself).
+//!
+//! `--launcher TEMPLATE` is a command run with `sh -c` to start one agent
+//! somewhere: `aws batch submit-job ...`, `kubectl create job ...`,
+//! `sbatch ...`, `ssh host ...`, or a local `tunefleet-agent ...`. In it,
+//! `{broker}` is the URL agents use, `{name}` a new agent name, `{root}` the
+//! topic root and `{coordinator_key}` the coordinator's public key (for the
+//! agent's `--coordinator-key`, so it trusts no other); each is also in the
+//! command's environment (`TUNEFLEET_BROKER`, `TUNEFLEET_AGENT_NAME`,
+//! `TUNEFLEET_ROOT`, `TUNEFLEET_COORDINATOR_KEY`), and a broker password the
+//! coordinator has (`TUNEFLEET_PASSWORD`) passes through. The agent it
+//! starts should exit when idle (`tunefleet-agent --exit-when-idle=60s`).
+//!
+//! While any study has work, the coordinator keeps up to `--launch-max`
+//! launched agents: an agent counts from its launch until it has been seen
+//! and gone again, or, never seen, for `--launch-grace` (a batch queue may
+//! take a while). A launch whose command fails before its agent is seen
+//! counts as a failure, and launching backs off (doubling from 1 s, at
+//! most 5 minutes) until an agent comes up. Deciding is pure
+//! ([`Launcher::plan`]); running the command is [`Launcher::tick`].
+
+use std::collections::BTreeMap;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// `--launcher` and its bounds.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LaunchArgs {
+    /// Start agents with this shell command template ({broker}, {name},
+    /// {root}, {coordinator_key}) while studies have work; see docs/DEPLOY.md "Launchers".
+    #[arg(long, value_name = "TEMPLATE")]
+    pub launcher: Option<String>,
+    /// Launched agents at most at once.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    pub launch_max: u32,
+    /// How long a launched agent that has not connected yet still counts.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub launch_grace: Duration,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| (&s[..i], &s[i..]));
+    let n: u64 = n.parse().map_err(|_| format!("not a duration: {s:?} (like 90s or 5m)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("not a duration: {s:?} (like 90s or 5m)")),
+    }
+}
+
+/// What the template's placeholders stand for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Context {
+    pub broker: String,
+    pub root: String,
+    pub coordinator_key: String,
+    /// Launched agents are named `{prefix}-{n}`.
+    pub prefix: String,
+}
+
+/// `value` quoted for `sh`.
+fn quoted(value: &str) -> String {
+    format!("'{}'", value.replace('\'', r"'\''"))
+}
+
+/// The command line for agent `name`.
+pub fn render(template: &str, cx: &Context, name: &str) -> String {
+    template
+        .replace("{broker}", &quoted(&cx.broker))
+        .replace("{name}", &quoted(name))
+        .replace("{root}", &quoted(&cx.root))
+        .replace("{coordinator_key}", &quoted(&cx.coordinator_key))
+}
+
+#[derive(Debug)]
+struct Launch {
+    at_ms: u64,
+    seen: bool,
+    /// The launch command, until it has been reaped.
+    child: Option<Child>,
+}
+
+/// The launcher's state.
+#[derive(Debug)]
+pub struct Launcher {
+    template: String,
+    cx: Context,
+    max: u32,
+    grace_ms: u64,
+    next: u64,
+    launches: BTreeMap<String, Launch>,
+    failures: u32,
+    not_before_ms: u64,
+    /// Launches started, and launch commands that failed.
+    pub started: u64,
+    pub failed: u64,
+}
+
+impl Launcher {
+    pub fn new(args: &LaunchArgs, cx: Context) -> Option<Launcher> {
+        let template = args.launcher.clone()?;
+        Some(Launcher {
+            template,
+            cx,
+            max: args.launch_max,
+            grace_ms: u64::try_from(args.launch_grace.as_millis()).unwrap_or(u64::MAX),
+            next: 0,
+            launches: BTreeMap::new(),
+            failures: 0,
+            not_before_ms: 0,
+            started: 0,
+            failed: 0,
+        })
+    }
+
+    /// How many agents to launch now: up to `max` counted ones while
+    /// `work` (some study is not finished), none during a back-off.
+    pub fn plan(max: u32, counted: usize, work: bool, backing_off: bool) -> usize {
+        if !work || backing_off {
+            return 0;
+        }
+        (max as usize).saturating_sub(counted)
+    }
+
+    /// Launched agents that still count (see the module doc), given which
+    /// agents are connected now.
+    fn count(&mut self, now_ms: u64, online: &dyn Fn(&str) -> bool) -> usize {
+        let grace = self.grace_ms;
+        let mut failed = 0;
+        self.launches.retain(|name, l| {
+            if let Some(child) = l.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        l.child = None;
+                        if !status.success() && !l.seen && !online(name) {
+                            tracing::warn!(agent = %name, %status, "launch command failed");
+                            failed += 1;
+                            return false;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!(agent = %name, error = %e, "cannot wait for a launch command"),
+                }
+            }
+            let up = online(name);
+            if up && !l.seen {
+                l.seen = true;
+            }
+            // Seen and gone (it exited when idle); or never seen within the grace.
+            up || (!l.seen && now_ms < l.at_ms.saturating_add(grace))
+        });
+        if failed > 0 {
+            self.failed += failed;
+            self.failures = self.failures.saturating_add(failed as u32);
+            let backoff = 1_000u64.saturating_mul(1 << self.failures.min(9)).min(300_000);
+            self.not_before_ms = now_ms + backoff;
+        } else if self.launches.values().any(|l| l.seen) {
+            self.failures = 0;
+        }
+        self.launches.len()
+    }
+
+    /// Launches what [`Launcher::plan`] says, at `now_ms` (engine clock).
+    pub fn tick(&mut self, now_ms: u64, work: bool, online: &dyn Fn(&str) -> bool) {
+        let counted = self.count(now_ms, online);
+        let n = Self::plan(self.max, counted, work, now_ms < self.not_before_ms);
+        for _ in 0..n {
+            let name = format!("{}-{}", self.cx.prefix, self.next);
+            self.next += 1;
+            let line = render(&self.template, &self.cx, &name);
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c").arg(&line).stdin(Stdio::null());
+            cmd.env("TUNEFLEET_BROKER", &self.cx.broker)
+                .env("TUNEFLEET_AGENT_NAME", &name)
+                .env("TUNEFLEET_ROOT", &self.cx.root)
+                .env("TUNEFLEET_COORDINATOR_KEY", &self.cx.coordinator_key);
+            match cmd.spawn() {
+                Ok(child) => {
+                    tracing::info!(agent = %name, command = %line, "launching an agent");
+                    self.started += 1;
+                    self.launches.insert(name, Launch { at_ms: now_ms, seen: false, child: Some(child) });
+                }
+                Err(e) => {
+                    tracing::warn!(agent = %name, error = %e, "cannot run the launcher");
+                    self.failed += 1;
+                    self.failures = self.failures.saturating_add(1);
+                    self.not_before_ms = now_ms + 1_000u64.saturating_mul(1 << self.failures.min(9)).min(300_000);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        // Reap what has exited; the rest (local agents) drain on their own.
+        for l in self.launches.values_mut() {
+            if let Some(c) = l.child.as_mut() {
+                let _ = c.try_wait();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cx() -> Context {
+        Context {
+            broker: "mqtt://10.0.0.1:1883".into(),
+            root: "tunefleet".into(),
+            coordinator_key: "ab".repeat(32),
+            prefix: "launched".into(),
+        }
+    }
+
+    #[test]
+    fn templates_get_quoted_values() {
+        let line =
+            render("tunefleet-agent --broker {broker} --name {name} --coordinator-key {coordinator_key}", &cx(), "a-1");
+        assert_eq!(
+            line,
+            format!(
+                "tunefleet-agent --broker 'mqtt://10.0.0.1:1883' --name 'a-1' --coordinator-key '{}'",
+                "ab".repeat(32)
+            )
+        );
+        let evil = Context { root: "x'; rm -rf /; '".into(), ..cx() };
+        assert_eq!(render("echo {root}", &evil, "n"), r"echo 'x'\''; rm -rf /; '\'''");
+    }
+
+    #[test]
+    fn plans_keep_the_bound_while_there_is_work() {
+        assert_eq!(Launcher::plan(3, 0, true, false), 3);
+        assert_eq!(Launcher::plan(3, 2, true, false), 1);
+        assert_eq!(Launcher::plan(3, 5, true, false), 0);
+        assert_eq!(Launcher::plan(3, 0, false, false), 0, "no work, no agents");
+        assert_eq!(Launcher::plan(3, 0, true, true), 0, "backing off");
+    }
+
+    #[test]
+    fn a_failing_launcher_backs_off_and_a_slow_one_counts_within_its_grace() {
+        let args = LaunchArgs { launcher: Some("exit 3".into()), launch_max: 2, launch_grace: Duration::from_secs(60) };
+        let mut l = Launcher::new(&args, cx()).expect("a launcher");
+        let never = |_: &str| false;
+        l.tick(0, true, &never);
+        assert_eq!(l.started, 2);
+        // Wait for both commands to fail.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while l.failed < 2 && std::time::Instant::now() < deadline {
+            l.tick(10, true, &never);
+            std::thread::yield_now();
+        }
+        assert_eq!(l.failed, 2);
+        let started = l.started;
+        l.tick(20, true, &never);
+        assert_eq!(l.started, started, "backing off after failures");
+
+        let slow = LaunchArgs { launcher: Some("true".into()), launch_max: 1, launch_grace: Duration::from_secs(5) };
+        let mut l = Launcher::new(&slow, cx()).expect("a launcher");
+        l.tick(0, true, &never);
+        l.tick(1_000, true, &never);
+        assert_eq!(l.started, 1, "a submitted agent that has not connected counts within the grace");
+        l.tick(6_000, true, &never);
+        assert_eq!(l.started, 2, "after the grace it no longer counts: another is launched");
+        let up = |n: &str| n == "launched-1";
+        l.tick(7_000, true, &up);
+        l.tick(70_000, true, &up);
+        assert_eq!(l.started, 2, "a connected agent counts however long it runs");
+        l.tick(71_000, false, &never);
+        assert_eq!(l.started, 2, "no work: nothing launched");
+        assert!(Launcher::new(&LaunchArgs { launcher: None, ..slow }, cx()).is_none());
+    }
+}
