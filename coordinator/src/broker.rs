@@ -37,15 +37,15 @@ pub const MAX_PAYLOAD: usize = tunefleet_common::MAX_MESSAGE_BYTES + 64 * 1024;
 /// Why the broker could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
-    #[error("could not start the broker thread: {0}")]
+    #[error("could not start the broker thread")]
     Thread(#[source] std::io::Error),
     #[error("the embedded broker did not start listening on {addr} within {waited:?} (port in use?)")]
     NotListening { addr: SocketAddr, waited: Duration },
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind { addr: SocketAddr, source: std::io::Error },
-    #[error("TLS file {path}: {source}")]
+    #[error("TLS file {path}")]
     TlsFile { path: std::path::PathBuf, source: std::io::Error },
-    #[error("could not inspect the broker's socket: {0}")]
+    #[error("could not inspect the broker's socket")]
     Inspect(#[source] std::io::Error),
 }
 

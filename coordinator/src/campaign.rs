@@ -30,11 +30,11 @@ use crate::study::{self, Study, StudyError};
 /// Why a campaign file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum CampaignError {
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{origin}: {message}")]
     Invalid { origin: String, message: String },
-    #[error("{origin}, workload {workload:?}: {source}")]
+    #[error("{origin}, workload {workload:?}")]
     Study { origin: String, workload: String, source: Box<StudyError> },
 }
 

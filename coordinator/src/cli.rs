@@ -485,7 +485,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             // Scripts and tests read this line; the socket exists once the broker is up.
             println!("control: {}", control.display());
             let summaries =
-                run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, false, Some(control), shutdown)
+                run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(control), shutdown)
                     .await?;
             for s in &summaries {
                 print_summary(s, &args.store.store);

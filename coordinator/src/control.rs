@@ -46,8 +46,12 @@ pub struct Request {
 /// Why the control socket failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
-    #[error("control socket {path}: {source}")]
+    #[error("control socket {path}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "no service listens on {path}: start one with `tunefleet serve` (with the same --store), or give its --control"
+    )]
+    NotRunning { path: PathBuf },
     #[error("control socket {path}: {what}")]
     Protocol { path: PathBuf, what: String },
     #[error("control socket {path} is in use by a running service (stop it first, or give another --control)")]
@@ -57,6 +61,15 @@ pub enum ControlError {
 /// The control socket's default path: the store's, with `.sock`.
 pub fn default_path(store: &Path) -> PathBuf {
     store.with_extension("sock")
+}
+
+/// Refuses `path` when a service answers on it (checked before a new
+/// service starts its broker and opens the store).
+pub async fn ensure_free(path: &Path) -> Result<(), ControlError> {
+    if path.exists() && UnixStream::connect(path).await.is_ok() {
+        return Err(ControlError::InUse { path: path.to_path_buf() });
+    }
+    Ok(())
 }
 
 /// Binds `path` (replacing a stale socket file no service answers on),
@@ -113,7 +126,12 @@ async fn serve_one(stream: UnixStream, requests: mpsc::Sender<Request>) -> std::
 /// Sends `ask` to the service listening on `path` and returns its answer.
 pub async fn ask(path: &Path, ask: &Ask) -> Result<Answer, ControlError> {
     let io = |source| ControlError::Io { path: path.to_path_buf(), source };
-    let stream = UnixStream::connect(path).await.map_err(io)?;
+    let stream = UnixStream::connect(path).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+            ControlError::NotRunning { path: path.to_path_buf() }
+        }
+        _ => io(e),
+    })?;
     let (read, mut write) = stream.into_split();
     let mut text = serde_json::to_string(ask)
         .map_err(|e| ControlError::Protocol { path: path.to_path_buf(), what: e.to_string() })?;
@@ -154,6 +172,10 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&stale).expect("bind"));
         let (tx3, _rx3) = mpsc::channel(1);
         assert!(listen(&stale, tx3).await.is_ok(), "nobody answers on a stale socket");
+        let nobody = dir.path().join("nobody.sock");
+        let e = ask(&nobody, &Ask::Cancel { study: "s".into() }).await.expect_err("no service");
+        assert!(matches!(e, ControlError::NotRunning { .. }), "{e}");
+        assert!(e.to_string().contains("tunefleet serve"), "{e}");
     }
 
     #[tokio::test]

@@ -492,7 +492,9 @@ impl Engine {
         {
             let mut batch = self.store.batch()?;
             for summary in &summaries {
-                if summary.done + summary.failed + summary.stopped == summary.total {
+                // Finished: every trial ended and the search has no more (a
+                // study stopped before it made a trial is not finished).
+                if self.sched.counts(&summary.study).is_some_and(|c| c.finished()) {
                     batch.finish_study(&summary.study, unix_ms())?;
                 }
             }
@@ -654,7 +656,13 @@ impl Engine {
         for (name, active) in &self.studies {
             if let Some(c) = self.sched.counts(name) {
                 let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
-                self.progress.update(c.done + c.failed + c.stopped, c.running, self.sched.live_agents(), best);
+                let update = crate::progress::Update {
+                    finished: c.done + c.failed + c.stopped,
+                    running: c.running,
+                    live_agents: self.sched.live_agents(),
+                    best,
+                };
+                self.progress.update(name, update);
             }
         }
         Ok(())

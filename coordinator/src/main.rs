@@ -30,7 +30,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(execute(cli, shutdown_signal()));
+    // The handlers are installed as soon as the runtime runs, before any
+    // broker or store is opened: an early Ctrl-C drains like a late one.
+    let result = runtime.block_on(async { execute(cli, shutdown_signal()).await });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -47,15 +49,19 @@ fn main() -> ExitCode {
     }
 }
 
-async fn shutdown_signal() {
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
+    // Registered now (inside the runtime), awaited later.
+    let streams = (signal(SignalKind::interrupt()), signal(SignalKind::terminate()));
+    async move {
+        match streams {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
             }
+            _ => std::future::pending::<()>().await,
         }
-        _ => std::future::pending::<()>().await,
     }
 }

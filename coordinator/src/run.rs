@@ -78,23 +78,23 @@ pub struct RunOutcome {
 /// Why a run stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("embedded broker: {0}")]
+    #[error("embedded broker")]
     Broker(#[from] BrokerError),
-    #[error("opening the store {path}: {source}")]
+    #[error("opening the store {path}")]
     Store { path: PathBuf, source: StoreError },
-    #[error("the coordinator's key: {0}")]
+    #[error("the coordinator's key")]
     Key(#[from] KeyFileError),
-    #[error("signing the coordinator status: {0}")]
+    #[error("signing the coordinator status")]
     Codec(#[from] CodecError),
-    #[error("MQTT: {0}")]
+    #[error("MQTT")]
     Transport(#[from] TransportError),
-    #[error("InfluxDB sink: {0}")]
+    #[error("InfluxDB sink")]
     Sink(#[from] SinkError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
     Control(#[from] crate::control::ControlError),
-    #[error("study {name} in the store no longer parses: {source}")]
+    #[error("study {name} in the store no longer parses")]
     StoredStudy { name: String, source: Box<crate::study::StudyError> },
 }
 
@@ -115,6 +115,10 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         launch,
         control,
     } = config;
+    if let Some(path) = &control {
+        // Before the broker and the store: a second service on the same store says so.
+        crate::control::ensure_free(path).await?;
+    }
     let (public, connect, security) = match broker {
         BrokerChoice::External { url, security } => (url.clone(), url, security),
         BrokerChoice::Embedded(settings) => {

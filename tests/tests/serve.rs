@@ -146,3 +146,48 @@ high = 4
     assert!(!Path::new(&socket).exists(), "the socket is removed on exit");
     assert_agents_spools_empty(&[&names[0], &names[1]]);
 }
+
+/// Starts `tunefleet serve` on `store`; returns it and its broker URL once
+/// its socket exists.
+fn serve(store: &Path, root: &str) -> (Proc, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", root]).arg("--store").arg(store);
+    cmd.env("XDG_STATE_HOME", state_home());
+    let mut service = Proc::spawn("service", cmd);
+    let url = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    wait_for("the control socket", Duration::from_secs(30), || store.with_extension("sock").exists());
+    (service, url.trim_start_matches("broker: ").trim().to_string())
+}
+
+#[test]
+fn a_study_no_agent_took_yet_survives_a_restart_of_the_service() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("restart.db");
+    let root = unique_root("serve-restart");
+    let (mut service, _) = serve(&store, &root);
+    let study = sleep_study(dir.path(), "waiting", 3, 0.1);
+    let (code, _, err) = cli(&store, &["submit", study.to_str().expect("path")]);
+    assert_eq!(code, Some(0), "{err}");
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    let rows = status(&store);
+    assert_eq!(study_state(&rows, "waiting").map(|r| r["state"].clone()), Some("running".into()), "{rows:?}");
+
+    // Restarted, the service resumes it; a second one on the same store is refused.
+    let (mut service, url) = serve(&store, &root);
+    let (code, _, err) = {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["serve", "--listen", "127.0.0.1:0"]).arg("--store").arg(&store);
+        run(c)
+    };
+    assert_ne!(code, Some(0));
+    assert!(err.contains("in use by a running service"), "{err}");
+    let agent = format!("{root}-agent");
+    let _a = start_agent(&url, &agent, &root, &[]);
+    wait_for("the resumed study finished", Duration::from_secs(60), || {
+        study_state(&status(&store), "waiting").is_some_and(|r| r["state"] == "finished" && r["done"] == 3)
+    });
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert_agents_spools_empty(&[&agent]);
+}
