@@ -62,7 +62,7 @@ pub enum HelloRefusal {
     Replay { instance: u64, seq: u64 },
     #[error(
         "agent {agent:?} presented key {got}, but {pinned} is pinned for that name. If the agent was re-installed, \
-         accept its new key with: tunefleet agents trust {agent} {got} --store STORE"
+         accept its new key with: tunefleet agents trust {agent} {got} (and this coordinator's --store)"
     )]
     KeyChanged { agent: String, got: String, pinned: String },
     #[error("the coordinator already pins {max} agents (--max-agents): new agent {agent:?} refused")]

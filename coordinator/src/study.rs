@@ -989,6 +989,13 @@ impl Ctx<'_> {
     ) -> Result<Option<Pipelined>, StudyError> {
         let p = raw.get_ref();
         if p.mode == PipelineMode::Sequential {
+            if p.probe.is_some() || p.window.is_some() || p.select.is_some() || p.control {
+                return Err(self.at(
+                    raw.span(),
+                    "pipeline: probe, window, select and control apply to mode = \"pipelined\" only \
+                     (with mode = \"sequential\" they would do nothing)",
+                ));
+            }
             return Ok(None);
         }
         if system.is_empty() {
@@ -1043,7 +1050,7 @@ impl Ctx<'_> {
                 raw.span(),
                 "pipeline: system.threads is read by a workload when it starts, so probing it inside a trial \
                  needs the workload's control channel: set pipeline.control = true if the workload speaks it \
-                 (docs/PROTOCOL.md, \"Control channel\"; both bundled workloads do), or use mode = \"sequential\"",
+                 (docs/PROTOCOL.md, \"Control channel\"; the bundled workloads do), or use mode = \"sequential\"",
             ));
         }
         Ok(Some(Pipelined { probe, window, warmup, unit, select, control: p.control }))
@@ -1452,6 +1459,14 @@ step = 1
         assert!(!s.selector.matches(&agent), "too little memory");
         let e = err(&edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"nuclear\"]"));
         assert!(e.to_string().contains("selector.energy"), "{e}");
+    }
+
+    #[test]
+    fn a_sequential_pipeline_refuses_the_keys_it_would_ignore() {
+        let plain = format!("{EXAMPLE}\n[pipeline]\nmode = \"sequential\"\n");
+        assert_eq!(parse(&plain, "study.toml").expect("parses").pipeline, None);
+        let typo = format!("{EXAMPLE}\n[pipeline]\nmode = \"sequential\"\nprobe = \"bogus\"\n");
+        assert!(err(&typo).to_string().contains("apply to mode = \"pipelined\" only"));
     }
 
     #[test]

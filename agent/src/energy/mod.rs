@@ -44,9 +44,8 @@ pub use tunefleet_common::agent_cli::{HWMON_ROOT, POWERCAP_ROOT, POWER_SUPPLY_RO
 /// How to let a non-root agent read root-only energy counters.
 pub const GRANT_HINT: &str = "energy counters are root-only since the PLATYPUS fix (CVE-2020-8694); \
 to let the agent read them, give a group read access at boot, e.g. in the agent's systemd unit: \
-ExecStartPre=+/bin/sh -c 'chgrp powercap /sys/class/powercap/intel-rapl:*/energy_uj \
-/sys/class/powercap/intel-rapl:*:*/energy_uj && chmod g+r /sys/class/powercap/intel-rapl:*/energy_uj \
-/sys/class/powercap/intel-rapl:*:*/energy_uj' with SupplementaryGroups=powercap (or run the agent as root)";
+ExecStartPre=-+/usr/bin/find /sys/devices/virtual/powercap -name energy_uj -exec chgrp powercap {} + \
+-exec chmod g+r {} + with SupplementaryGroups=powercap (or run the agent as root)";
 
 /// How to let a non-root agent read `path`: [`GRANT_HINT`] for RAPL, the
 /// same recipe for that very file otherwise (a hwmon counter, a battery).
