@@ -27,6 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::Arc;
 
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
@@ -184,7 +185,7 @@ struct StudyState {
     /// The running trials by lease deadline: one entry per trial in
     /// `State::Running`, so its length is the number running.
     deadlines: BTreeSet<(u64, u64)>,
-    /// The running trials by the agent holding their lease (no empty sets).
+    /// The running trials by the agent holding their lease.
     held: HashMap<String, BTreeSet<u64>>,
     /// The credit of the ready agents that match the selector, so that
     /// [`Scheduler::demand`] needs no scan.
@@ -222,10 +223,8 @@ impl StudyState {
         let State::Running(lease) = std::mem::replace(&mut slot.state, State::Pending) else { return None };
         self.deadlines.remove(&(lease.deadline_ms, i));
         if let Some(trials) = self.held.get_mut(&lease.agent) {
+            // An empty set stays (it allocates nothing): one per agent that ever held a lease here.
             trials.remove(&i);
-            if trials.is_empty() {
-                self.held.remove(&lease.agent);
-            }
         }
         Some(lease)
     }
@@ -272,6 +271,8 @@ impl StudyState {
 
 #[derive(Debug)]
 struct AgentState {
+    /// Its name, shared with the fleet's indexes.
+    name: Arc<str>,
     info: Option<AgentInfo>,
     online: bool,
     instance: u64,
@@ -281,6 +282,8 @@ struct AgentState {
     overloaded: Option<String>,
     /// Counted in [`Scheduler::live`].
     live: bool,
+    /// In [`Scheduler::ready`].
+    ready: bool,
     /// Counted in the `ready_credit` of the studies it matches: its credit
     /// while it is ready, else 0.
     counted: u32,
@@ -328,12 +331,12 @@ pub struct Scheduler {
     studies: Vec<StudyState>,
     agents: BTreeMap<String, AgentState>,
     /// Agents online, announced and with credit: the only ones a turn visits.
-    ready: BTreeSet<String>,
+    ready: BTreeSet<Arc<str>>,
     /// Agents online and announced.
     live: usize,
     /// Round-robin start among agents (the ready agent a turn began with),
     /// so work spreads across the fleet.
-    next_agent: String,
+    next_agent: Arc<str>,
     /// Round-robin start among studies, so studies that share agents share
     /// them fairly: each free slot goes to the next study with work for it.
     next_study: usize,
@@ -407,7 +410,7 @@ impl Scheduler {
         study.ready_credit = self
             .ready
             .iter()
-            .filter_map(|name| self.agents.get(name))
+            .filter_map(|name| self.agents.get(&**name))
             .filter(|a| a.info.as_ref().is_some_and(|i| study.policy.selector.matches(i)))
             .map(|a| u64::from(a.counted))
             .sum();
@@ -490,12 +493,13 @@ impl Scheduler {
         }
         let ready = live && a.credit > 0;
         a.recount(&mut self.studies, if ready { a.credit } else { 0 });
-        if ready {
-            if !self.ready.contains(agent) {
-                self.ready.insert(agent.to_string());
+        if ready != a.ready {
+            a.ready = ready;
+            if ready {
+                self.ready.insert(a.name.clone());
+            } else {
+                self.ready.remove(agent);
             }
-        } else {
-            self.ready.remove(agent);
         }
     }
 
@@ -505,7 +509,8 @@ impl Scheduler {
     pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
         let name = info.agent.clone();
         let instance = info.instance;
-        let agent = self.agents.entry(name.clone()).or_insert(AgentState {
+        let agent = self.agents.entry(name.clone()).or_insert_with(|| AgentState {
+            name: Arc::from(name.as_str()),
             info: None,
             online: true,
             instance,
@@ -513,6 +518,7 @@ impl Scheduler {
             last_seq: None,
             overloaded: None,
             live: false,
+            ready: false,
             counted: 0,
         });
         // What it matches may change with what it says it is.
@@ -774,15 +780,17 @@ impl Scheduler {
         let mut effects = Vec::new();
         let Scheduler { studies, agents, ready, next_agent, next_study, .. } = self;
         // The ready agent after the one the last turn began with.
-        let after = ready.range::<str, _>((Bound::Excluded(next_agent.as_str()), Bound::Unbounded)).next();
+        let after = ready.range::<str, _>((Bound::Excluded(&**next_agent), Bound::Unbounded)).next();
         let Some(start) = after.or_else(|| ready.first()).cloned() else { return effects };
         // Agents whose credit changed.
         let mut served = Vec::new();
-        for name in ready.range::<String, _>(&start..).chain(ready.range::<String, _>(..&start)) {
+        let (from_start, before_start) =
+            ((Bound::Included(&*start), Bound::Unbounded), (Bound::Unbounded, Bound::Excluded(&*start)));
+        for name in ready.range::<str, _>(from_start).chain(ready.range::<str, _>(before_start)) {
             if studies.iter().all(|s| s.queue.is_empty()) {
                 break;
             }
-            let Some(agent) = agents.get_mut(name) else { continue };
+            let Some(agent) = agents.get_mut(&**name) else { continue };
             let Some(info) = agent.info.as_ref().filter(|_| agent.online && agent.overloaded.is_none()) else {
                 continue;
             };
@@ -804,7 +812,7 @@ impl Scheduler {
                         }
                         slot.avoid.retain(|(_, until)| *until > now_ms);
                         let other_class = slot.class.as_ref().is_some_and(|c| *c != device_class(info));
-                        if other_class || slot.avoid.iter().any(|(a, _)| a == name) {
+                        if other_class || slot.avoid.iter().any(|(a, _)| **a == **name) {
                             kept_off.push(t);
                             continue;
                         }
@@ -813,14 +821,14 @@ impl Scheduler {
                         }
                         slot.last_attempt += 1;
                         let attempt = slot.last_attempt;
-                        slot.history.push((attempt, name.clone()));
+                        slot.history.push((attempt, name.to_string()));
                         let deadline_ms = now_ms + study.policy.lease_ms;
-                        study.lease(t, Lease { agent: name.clone(), attempt, deadline_ms, restored: false });
+                        study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false });
                         agent.credit -= 1;
                         // The next free slot goes first to the study after this one.
                         *next_study = (i + 1) % n;
                         effects.push(Effect::Assign {
-                            agent: name.clone(),
+                            agent: name.to_string(),
                             trial: trial_ref(&study.policy.name, t, attempt),
                             request_seq: seq,
                         });
@@ -1239,14 +1247,21 @@ mod tests {
             prop_assert_eq!(study.ready_credit, ready_credit, "{}: credit of the agents that match", name);
             prop_assert_eq!(study.running(), deadlines.len() as u64, "{}: running count", name);
             prop_assert_eq!(&study.deadlines, &deadlines, "{}: leases by deadline", name);
-            prop_assert_eq!(&study.held, &held, "{}: leases by agent", name);
+            let nonempty = study.held.iter().filter(|(_, t)| !t.is_empty());
+            prop_assert_eq!(
+                nonempty.map(|(a, t)| (a.clone(), t.clone())).collect::<HashMap<_, _>>(),
+                held,
+                "{}: leases by agent",
+                name
+            );
         }
         let live = |a: &AgentState| a.online && a.info.is_some();
-        let ready: BTreeSet<String> =
-            s.agents.iter().filter(|(_, a)| live(a) && a.credit > 0).map(|(n, _)| n.clone()).collect();
+        let ready: BTreeSet<Arc<str>> =
+            s.agents.values().filter(|a| live(a) && a.credit > 0).map(|a| a.name.clone()).collect();
         prop_assert_eq!(&s.ready, &ready, "agents with credit");
         prop_assert_eq!(s.live, s.agents.values().filter(|a| live(a)).count(), "live agents");
         prop_assert!(s.agents.values().all(|a| a.live == live(a)), "each agent's live flag");
+        prop_assert!(s.agents.values().all(|a| a.ready == ready.contains(&a.name)), "each agent's ready flag");
         let counted = |a: &AgentState| if live(a) { a.credit } else { 0 };
         prop_assert!(s.agents.values().all(|a| a.counted == counted(a)), "each agent's counted credit");
         Ok(())
