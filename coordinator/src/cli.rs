@@ -91,6 +91,10 @@ pub enum Command {
         /// Print the list as JSON (the store's rows) instead of text.
         #[arg(long)]
         json: bool,
+        /// Look again every second (a redrawn screen on a terminal, the
+        /// list again when it changed otherwise).
+        #[arg(long)]
+        watch: bool,
         #[command(flatten)]
         store: StoreArg,
     },
@@ -550,58 +554,20 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
             Ok(())
         }
-        Command::Agents { action: None, json, store: s } => {
-            let store = open_existing(&s.store)?;
-            if json {
-                return emit_json(&store.agents()?);
+        Command::Agents { action: None, json, watch, store: s } => {
+            let path = s.store.clone();
+            let look = move || -> anyhow::Result<String> {
+                let store = open_existing(&path)?;
+                if json {
+                    return Ok(format!("{}\n", serde_json::to_string(&store.agents()?)?));
+                }
+                agents_text(&store)
+            };
+            if watch {
+                watch_text(look, json, shutdown).await
+            } else {
+                emit(&look()?)
             }
-            let mut out = String::new();
-            writeln!(
-                out,
-                "{:<24} {:<8} {:>5} {:>9} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} tags",
-                "agent",
-                "arch",
-                "cores",
-                "mem GiB",
-                "slots",
-                "energy",
-                "last status",
-                "outside",
-                "conditions",
-                "running"
-            )?;
-            let now =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-            for a in store.agents()? {
-                let ago = now.saturating_sub(a.last_seen_ms) / 1000;
-                let status = format!("{} {ago} s ago", if a.online { "online" } else { "offline" });
-                let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                let energy = a.info.energy.iter().find(|e| e.readable).map_or("none", |e| e.kind.as_str());
-                let outside = a
-                    .telemetry
-                    .as_ref()
-                    .and_then(|t| t.foreign_cpu)
-                    .map_or_else(|| "-".to_string(), |f| format!("{:.0} %", f * 100.0));
-                let conditions =
-                    a.telemetry.as_ref().map_or_else(|| "-".to_string(), |t| describe_conditions(&t.conditions));
-                let running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
-                writeln!(
-                    out,
-                    "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",
-                    a.info.agent,
-                    a.info.arch,
-                    a.info.cores,
-                    a.info.memory_bytes as f64 / (1u64 << 30) as f64,
-                    a.info.slots,
-                    energy,
-                    status,
-                    outside,
-                    conditions,
-                    running,
-                    tags.join(",")
-                )?;
-            }
-            emit(&out)
         }
         Command::Studies { json, store: s } => {
             let store = open_existing(&s.store)?;
@@ -843,6 +809,72 @@ fn check_one(study: &Study, out: &mut String) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tunefleet agents` as text: each agent's class, load, conditions and trials.
+fn agents_text(store: &Store) -> anyhow::Result<String> {
+    let mut out = String::new();
+    writeln!(
+        out,
+        "{:<24} {:<8} {:>5} {:>9} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} tags",
+        "agent", "arch", "cores", "mem GiB", "slots", "energy", "last status", "outside", "conditions", "running"
+    )?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    for a in store.agents()? {
+        let ago = now.saturating_sub(a.last_seen_ms) / 1000;
+        let status = format!("{} {ago} s ago", if a.online { "online" } else { "offline" });
+        let tags: Vec<String> = a.info.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let energy = a.info.energy.iter().find(|e| e.readable).map_or("none", |e| e.kind.as_str());
+        let outside = a
+            .telemetry
+            .as_ref()
+            .and_then(|t| t.foreign_cpu)
+            .map_or_else(|| "-".to_string(), |f| format!("{:.0} %", f * 100.0));
+        let conditions = a.telemetry.as_ref().map_or_else(|| "-".to_string(), |t| describe_conditions(&t.conditions));
+        let running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
+        writeln!(
+            out,
+            "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",
+            a.info.agent,
+            a.info.arch,
+            a.info.cores,
+            a.info.memory_bytes as f64 / (1u64 << 30) as f64,
+            a.info.slots,
+            energy,
+            status,
+            outside,
+            conditions,
+            running,
+            tags.join(",")
+        )?;
+    }
+    Ok(out)
+}
+
+/// Shows `next()` now and every second until `shutdown`: redrawn on a
+/// terminal, printed again when it changed otherwise (CI, systemd).
+async fn watch_text(
+    mut next: impl FnMut() -> anyhow::Result<String>,
+    json: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    let terminal = std::io::stdout().is_terminal() && !json;
+    tokio::pin!(shutdown);
+    let mut shown = String::new();
+    loop {
+        let text = next()?;
+        if terminal {
+            emit(&format!("\x1b[2J\x1b[H{text}"))?;
+        } else if text != shown {
+            emit(&text)?;
+        }
+        shown = text;
+        tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
 /// Prints a service's answer; an error answer is an error.
 fn answer(a: crate::control::Answer) -> anyhow::Result<()> {
     match a {
@@ -863,7 +895,6 @@ async fn status(
     json: bool,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    use std::io::IsTerminal as _;
     let look = || -> anyhow::Result<Vec<crate::status::StudyStatus>> {
         let rows = crate::status::snapshot(&open_existing(path)?, study)?;
         if rows.is_empty() {
@@ -873,36 +904,24 @@ async fn status(
         }
         Ok(rows)
     };
-    let show = |rows: &[crate::status::StudyStatus]| -> anyhow::Result<String> {
+    let show = move |rows: &[crate::status::StudyStatus]| -> anyhow::Result<String> {
         Ok(if json { format!("{}\n", serde_json::to_string(rows)?) } else { crate::status::render(rows) })
     };
-    let mut before = look()?;
-    emit(&show(&before)?)?;
     if !watch {
-        return Ok(());
+        return emit(&show(&look()?)?);
     }
-    let terminal = std::io::stdout().is_terminal() && !json;
-    tokio::pin!(shutdown);
-    let mut last = Instant::now();
-    let mut shown = show(&before)?;
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-        }
+    // Each look after the first gets the pace since the one before.
+    let mut before: Option<(Instant, Vec<crate::status::StudyStatus>)> = None;
+    let next = move || -> anyhow::Result<String> {
         let mut now = look()?;
-        crate::status::pace(&before, &mut now, last.elapsed().as_secs_f64());
-        last = Instant::now();
-        let text = show(&now)?;
-        if terminal {
-            // Clear the screen and draw again.
-            emit(&format!("\x1b[2J\x1b[H{text}"))?;
-        } else if text != shown {
-            emit(&text)?;
+        if let Some((at, prev)) = &before {
+            crate::status::pace(prev, &mut now, at.elapsed().as_secs_f64());
         }
-        shown = text;
-        before = now;
-    }
+        let text = show(&now)?;
+        before = Some((Instant::now(), now));
+        Ok(text)
+    };
+    watch_text(next, json, shutdown).await
 }
 
 fn print_summary(s: &Summary, store: &Path) {

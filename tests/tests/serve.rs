@@ -182,11 +182,25 @@ fn a_study_no_agent_took_yet_survives_a_restart_of_the_service() {
     };
     assert_ne!(code, Some(0));
     assert!(err.contains("in use by a running service"), "{err}");
+    // Watched from another shell while it runs (plain lines: not a terminal).
+    let watch = |what: &str| {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args([what, "--watch"]).arg("--store").arg(&store);
+        Proc::spawn(what, c)
+    };
+    let mut watching = watch("status");
     let agent = format!("{root}-agent");
     let _a = start_agent(&url, &agent, &root, &[]);
+    let mut agents = watch("agents");
+    agents.wait_line(Duration::from_secs(30), |l| l.starts_with(&agent) && l.contains("online"));
+    watching.wait_line(Duration::from_secs(60), |l| l.starts_with("waiting finished: 3/3 done"));
     wait_for("the resumed study finished", Duration::from_secs(60), || {
         study_state(&status(&store), "waiting").is_some_and(|r| r["state"] == "finished" && r["done"] == 3)
     });
+    for mut w in [watching, agents] {
+        w.signal("INT");
+        assert!(w.wait_exit(Duration::from_secs(10)).success(), "--watch ends cleanly on Ctrl-C");
+    }
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
     assert_agents_spools_empty(&[&agent]);
