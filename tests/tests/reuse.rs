@@ -183,4 +183,5 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
         html.contains("reused threads=") && html.contains("&lt;= threshold"),
         "the reuse decision is in the report"
     );
+    assert!(html.contains("id=\"table-clusters\"") && html.contains("tunefleet-train x"), "and its cluster");
 }

@@ -92,7 +92,7 @@ pub fn page(data: &ReportData) -> String {
     timelines(&mut out, data);
     classes(&mut out, data);
     best(&mut out, data);
-    reuse(&mut out, &data.reuse);
+    reuse(&mut out, &data.reuse, &data.clusters, &data.study.name);
     let _ = writeln!(
         out,
         "<footer class=\"note\"><p>Made by tunefleet {} on {}. One self-contained file: inline CSS and SVG, no script, \
@@ -379,8 +379,33 @@ fn best(out: &mut String, data: &ReportData) {
     out.push_str("</table></section>");
 }
 
-fn reuse(out: &mut String, rows: &[ReuseRow]) {
+fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::profiles::ClusterView], study: &str) {
     out.push_str("<section id=\"reuse\"><h2>Clusters and reuse decisions</h2>");
+    if !clusters.is_empty() {
+        out.push_str(
+            "<table id=\"table-clusters\"><tr><th>device class</th><th>cluster</th><th>members</th>\
+             <th>of this study</th><th>workloads</th><th>best configuration per group</th></tr>",
+        );
+        for c in clusters {
+            let own = c.members.iter().filter(|m| m.rsplit_once('/').is_some_and(|(s, _)| s == study)).count();
+            let kinds: Vec<String> = c.workloads.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+            let best: Vec<String> = c
+                .configurations
+                .iter()
+                .map(|(g, sys, t, from)| format!("{g}: {sys} ({t:.3} x first window, {from} jobs)"))
+                .collect();
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{own}</td><td>{}</td><td>{}</td></tr>",
+                Esc(&c.class),
+                c.cluster,
+                c.size,
+                Esc(&kinds.join(", ")),
+                Esc(&best.join("; "))
+            );
+        }
+        out.push_str("</table>");
+    }
     if rows.is_empty() {
         out.push_str(
             "<p class=\"empty\" id=\"table-reuse\">No cluster or reuse decision is recorded for this study: \
@@ -447,6 +472,7 @@ mod tests {
             windows: Vec::new(),
             provenance: Vec::new(),
             reuse: Vec::new(),
+            clusters: Vec::new(),
             options: Options::default(),
         }
     }
@@ -515,9 +541,21 @@ mod tests {
             threshold: Some(f64::NAN),
             reason: "</table>".into(),
         }];
+        d.clusters = vec![crate::profiles::ClusterView {
+            class: "x86_64, 2 cores, <rapl>".into(),
+            cluster: 0,
+            size: 2,
+            radius: 0.1,
+            workloads: [("<train>".to_string(), 2)].into(),
+            members: vec![format!("{}/0", d.study.name), "other/3".into()],
+            configurations: vec![("{}".into(), "threads=2".into(), 0.5, 2)],
+        }];
         let page = page(&d);
         assert_well_formed(&page);
-        for raw in ["<script>", "<b>agent", "<img", "acc<&>", "<fast>", "reused<", "</table></td>"] {
+        assert!(page.contains("id=\"table-clusters\""));
+        assert!(page.contains("threads=2 (0.500 x first window, 2 jobs)"), "a cluster's best configuration");
+        for raw in ["<script>", "<b>agent", "<img", "acc<&>", "<fast>", "reused<", "</table></td>", "<rapl>", "<train>"]
+        {
             assert!(!page.contains(raw), "{raw} not escaped");
         }
         assert!(page.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt; &amp; co"));

@@ -67,8 +67,10 @@ pub enum ReportError {
     Store(#[from] StoreError),
     #[error("no study {study:?} in {store}")]
     UnknownStudy { study: String, store: String },
-    #[error("writing the report {path}: {source}")]
+    #[error("writing the report {path}")]
     Write { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Profiles(#[from] crate::profiles::ProfilesError),
 }
 
 /// How much the report shows.
@@ -121,6 +123,8 @@ pub struct ReportData {
     /// Provenance of the best [`Options::best`] results.
     pub provenance: Vec<ProvenanceRow>,
     pub reuse: Vec<ReuseRow>,
+    /// The profile clusters this study's jobs are members of.
+    pub clusters: Vec<crate::profiles::ClusterView>,
     pub options: Options,
 }
 
@@ -150,6 +154,11 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
                 threshold: d.threshold,
                 reason: d.reason,
             })
+            .collect(),
+        clusters: crate::profiles::classes(store)?
+            .into_iter()
+            .flat_map(|c| c.clusters)
+            .filter(|c| c.members.iter().any(|m| m.rsplit_once('/').is_some_and(|(s, _)| s == study)))
             .collect(),
         ranked,
         study: row,
