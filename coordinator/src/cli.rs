@@ -29,6 +29,11 @@ pub const DEMO_STUDY: &str = include_str!("../../examples/studies/demo.toml");
 #[derive(Debug, Parser)]
 #[command(name = "tunefleet", version = tunefleet_common::version(), about, propagate_version = true)]
 pub struct Cli {
+    /// Defaults for any flag, by its long name (TOML); flags and their
+    /// environment variables win over it. Default:
+    /// $XDG_CONFIG_HOME/tunefleet/config.toml when it exists.
+    #[arg(long, global = true, env = "TUNEFLEET_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }

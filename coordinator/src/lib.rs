@@ -9,6 +9,7 @@ pub mod broker;
 pub mod campaign;
 pub mod cli;
 pub mod cluster;
+pub mod config;
 pub mod control;
 pub mod decide;
 pub mod engine;

@@ -3,12 +3,18 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
-use tunefleet_coordinator::cli::{execute, Cli, Command};
+use tunefleet_coordinator::cli::{execute, Command};
 use tunefleet_coordinator::study::StudyError;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match tunefleet_coordinator::config::parse() {
+        Ok(cli) => cli,
+        Err(tunefleet_coordinator::config::ConfigError::Clap(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("tunefleet: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     // The demo shows its progress bar and summary; other commands log what the coordinator does.
     let default = if matches!(cli.command, Command::Demo(_)) {
         "warn,rumqttd=off"

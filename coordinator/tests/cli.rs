@@ -337,3 +337,33 @@ fn man_renders_the_generated_pages_and_they_name_every_subcommand() {
         }
     }
 }
+
+/// Issue 13: configuration from a file, the environment and flags, in that
+/// order of precedence (flags win).
+#[test]
+fn flags_beat_the_environment_which_beats_the_configuration_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "store = \"from-file.db\"\n").expect("write");
+    let store_named = |env: Option<&str>, flag: Option<&str>| -> String {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tunefleet"));
+        cmd.arg("studies").current_dir(dir.path()).env("TUNEFLEET_CONFIG", &config).env_remove("TUNEFLEET_STORE");
+        cmd.env("XDG_CONFIG_HOME", dir.path());
+        if let Some(e) = env {
+            cmd.env("TUNEFLEET_STORE", e);
+        }
+        if let Some(f) = flag {
+            cmd.args(["--store", f]);
+        }
+        let out = cmd.stdin(Stdio::null()).output().expect("runs");
+        assert!(!out.status.success(), "no such store");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(store_named(None, None).contains("no store at from-file.db"));
+    assert!(store_named(Some("env.db"), None).contains("no store at env.db"));
+    assert!(store_named(Some("env.db"), Some("flag.db")).contains("no store at flag.db"));
+    // A key that is no flag is refused with the file's name.
+    std::fs::write(&config, "stroe = \"x.db\"\n").expect("write");
+    let err = store_named(None, None);
+    assert!(err.contains("config.toml") && err.contains("\"stroe\" is not a flag"), "{err}");
+}
