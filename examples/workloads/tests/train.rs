@@ -96,3 +96,15 @@ fn bad_flags_exit_with_code_2_and_say_why() {
         ],
     );
 }
+
+/// Regression: `--resume ""` (what a study's resume template gives a trial
+/// with no checkpoint) starts from scratch; clap used to refuse the empty path.
+#[test]
+fn an_empty_resume_starts_from_scratch() {
+    let args = ["--epochs", "2", "--passes", "1", "--hidden", "32"];
+    let fresh = train(&args);
+    let resumed = train(&[&args[..], &["--resume", ""]].concat());
+    assert!(fresh.status.success() && resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    let losses = |o: &Output| json_lines(o).iter().map(|l| number(l, "loss")).collect::<Vec<f64>>();
+    assert_eq!(losses(&fresh), losses(&resumed), "the same run, from scratch");
+}

@@ -49,8 +49,9 @@ struct Cli {
     checkpoint_dir: Option<std::path::PathBuf>,
     /// Go on after the epoch saved in this checkpoint (give the flags it was
     /// saved with); an empty value starts from scratch.
-    #[arg(long, value_name = "FILE")]
-    resume: Option<std::path::PathBuf>,
+    // An OsString, not a PathBuf: clap refuses an empty PathBuf.
+    #[arg(long, value_name = "FILE", value_parser = clap::value_parser!(std::ffi::OsString))]
+    resume: Option<std::ffi::OsString>,
 }
 
 fn positive_f32(s: &str) -> Result<f32, String> {
@@ -84,8 +85,8 @@ fn main() -> ExitCode {
         seed: cli.seed,
         report_steps: std::env::var("TUNEFLEET_STEPS").is_ok_and(|v| v == "1"),
         checkpoint_dir: cli.checkpoint_dir,
-        resume: match cli.resume.filter(|p| !p.as_os_str().is_empty()) {
-            Some(path) => match tunefleet_workloads::checkpoint::Checkpoint::load(&path) {
+        resume: match cli.resume.filter(|p| !p.is_empty()) {
+            Some(path) => match tunefleet_workloads::checkpoint::Checkpoint::load(std::path::Path::new(&path)) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     eprintln!("tunefleet-train: cannot resume: {e}");
