@@ -7,6 +7,8 @@
 # NEED is one of:
 #   mosquitto            `mosquitto -h` starts (the external-broker tests)
 #   victoria-metrics     `victoria-metrics -version` starts (the InfluxDB sink tests)
+#   ejabberd             Erlang loads Debian's ejabberd application, and epmd
+#                        exists (the two-node cluster test runs both itself)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
 #   man                  `man -l` renders a page given by path (the man-page test
 #                        renders the generated pages with it)
@@ -60,6 +62,17 @@ needs_check() {
       grep -q '^mosquitto version' <<<"$needs_output"
       ;;
     victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
+    ejabberd)
+      # The test starts its own Erlang VMs on ejabberd's code (ERL_LIBS),
+      # not ejabberdctl or the system service: the check loads it that way.
+      local app=
+      for app in /usr/lib/*/ejabberd-*/ebin/ejabberd.app; do [ -e "$app" ] && break; done
+      [ -e "$app" ] || { needs_output="no /usr/lib/*/ejabberd-*/ebin/ejabberd.app"; return 1; }
+      command -v epmd >/dev/null || { needs_output="no epmd on PATH"; return 1; }
+      needs_output=$(ERL_LIBS=${app%/ejabberd-*} erl -noshell -eval \
+        'ok = application:load(ejabberd), {ok, V} = application:get_key(ejabberd, vsn), io:format("ejabberd ~s~n", [V]), halt().' 2>&1)
+      grep -q '^ejabberd ' <<<"$needs_output"
+      ;;
     systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
     man)
       dir=$(mktemp -d)
@@ -130,6 +143,7 @@ needs_packages() {
   case "$1" in
     mosquitto) echo mosquitto ;;
     victoria-metrics) echo victoria-metrics ;;
+    ejabberd) echo ejabberd ;;
     systemd-analyze) echo systemd ;;
     man) echo man-db groff-base ;;
     chromium) echo chromium ;;

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Runs every Tunefleet test. First checks, by using each one, what the tests
 # need, and installs what fails its check (scripts/needs.sh): Debian's
-# mosquitto (the external-broker tests) and victoria-metrics (the InfluxDB
-# sink tests start their own); chromium (the HTML report is loaded in it);
-# for the deployment tests the aarch64 Rust target, the aarch64 cross gcc
-# with its C library (ring's C code), qemu-user-static registered with
-# binfmt_misc, and systemd-analyze; man (the generated man pages are
-# rendered with it). Safe to run again.
+# mosquitto (the external-broker tests), ejabberd (the two-node cluster
+# test) and victoria-metrics (the InfluxDB sink tests start their own);
+# chromium (the HTML report is loaded in it); for the deployment tests
+# the aarch64 Rust target, the aarch64 cross gcc with its C library (ring's
+# C code), qemu-user-static registered with binfmt_misc, and
+# systemd-analyze; man (the generated man pages are rendered with it).
+# Safe to run again.
 #
 #   scripts/test.sh [--install-only]
 #
@@ -23,7 +24,7 @@ esac
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh
-needs mosquitto victoria-metrics systemd-analyze chromium man \
+needs mosquitto ejabberd victoria-metrics systemd-analyze chromium man \
   rust-target:aarch64-unknown-linux-musl cc:aarch64-unknown-linux-musl qemu-aarch64
 [ $install_only = 0 ] || exit 0
 # Debian installs mosquitto in /usr/sbin, which is not on every user's PATH.
