@@ -59,6 +59,11 @@ impl Mosquitto {
         format!("mqtt://127.0.0.1:{}", self.port)
     }
 
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.proc.as_ref().map(|p| p.child.id())
+    }
+
     /// Kills it (SIGKILL) and waits until it is gone: the broker is down.
     pub fn kill(&mut self) {
         let mut p = self.proc.take().expect("mosquitto is running");
