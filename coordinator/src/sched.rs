@@ -124,6 +124,8 @@ struct Lease {
     deadline_ms: u64,
     /// Loaded from the store after a coordinator restart, not assigned by this process.
     restored: bool,
+    /// The agent's request this lease answered (0 when restored).
+    seq: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -381,6 +383,7 @@ impl Scheduler {
                         attempt,
                         deadline_ms: now_ms + study.policy.lease_ms,
                         restored: true,
+                        seq: 0,
                     };
                     let slot = TrialSlot {
                         last_attempt: attempt,
@@ -569,9 +572,7 @@ impl Scheduler {
             return Vec::new();
         }
         state.last_seq = Some(req.seq);
-        state.credit = req.free;
         state.online = true;
-        self.sync_agent(agent);
         let mut effects = Vec::new();
         for study in &mut self.studies {
             let Some(restored) = study.restored.remove(agent) else { continue };
@@ -588,6 +589,34 @@ impl Scheduler {
                 effects.extend(study.end_attempt(i, tr, "the agent no longer runs it".into()));
             }
         }
+        // Attempts given to the agent that it had not seen when it asked are
+        // on their way: its free slots are fewer than it says. Only those
+        // answering its previous request: an older one it does not list was
+        // lost (a broker restart) and waits for its lease to run out, and
+        // must not keep the slot meanwhile.
+        let in_flight: usize = self
+            .studies
+            .iter()
+            .map(|study| {
+                let held = study.held.get(agent).map_or(0, |trials| {
+                    trials
+                        .iter()
+                        .filter(|&&i| match study.trials.get(i as usize).map(|t| &t.state) {
+                            Some(State::Running(l)) => {
+                                l.seq.saturating_add(1) >= req.seq
+                                    && !req.running.contains(&trial_ref(&study.policy.name, i, l.attempt))
+                            }
+                            _ => false,
+                        })
+                        .count()
+                });
+                held
+            })
+            .sum();
+        if let Some(state) = self.agents.get_mut(agent) {
+            state.credit = req.free.saturating_sub(u32::try_from(in_flight).unwrap_or(u32::MAX));
+        }
+        self.sync_agent(agent);
         effects
     }
 
@@ -823,7 +852,7 @@ impl Scheduler {
                         let attempt = slot.last_attempt;
                         slot.history.push((attempt, name.to_string()));
                         let deadline_ms = now_ms + study.policy.lease_ms;
-                        study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false });
+                        study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq });
                         agent.credit -= 1;
                         // The next free slot goes first to the study after this one.
                         *next_study = (i + 1) % n;
@@ -914,6 +943,23 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn attempts_on_their_way_are_not_given_again_to_a_newer_request() {
+        let mut s = sched(6, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 2));
+        let first = assigned(&s.assign(0));
+        assert_eq!(first.len(), 2);
+        // Asked again before the two assignments arrived: no slot is free.
+        s.request("a", &req(2, 2));
+        assert!(assigned(&s.assign(0)).is_empty(), "both slots are taken by attempts on their way");
+        // It runs one of them and finished the other: one slot.
+        assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        let running = vec![first[1].1.clone()];
+        s.request("a", &WorkRequest { seq: 3, free: 1, running });
+        assert_eq!(assigned(&s.assign(0)).len(), 1);
     }
 
     #[test]
@@ -1039,12 +1085,15 @@ mod tests {
         s.hello(info("a", 1, "x86_64", &[]));
         assert!(s.assign(0).is_empty(), "no request yet, no work");
         s.request("a", &req(1, 2));
-        assert_eq!(assigned(&s.assign(0)).len(), 2);
+        let first = assigned(&s.assign(0));
+        assert_eq!(first.len(), 2);
         assert!(s.assign(0).is_empty());
         // A stale (older) request grants nothing.
         s.request("a", &req(1, 5));
         assert!(s.assign(0).is_empty());
-        s.request("a", &req(2, 1));
+        // One finished: the newer request's free slot is given.
+        assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        s.request("a", &WorkRequest { seq: 2, free: 1, running: vec![first[1].1.clone()] });
         assert_eq!(assigned(&s.assign(0)).len(), 1);
     }
 

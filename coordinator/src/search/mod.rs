@@ -741,7 +741,7 @@ control = true
         let grid = PIPELINED.replace("control = true", "control = true\nprobe = \"grid\"");
         let probe = probe_plan(&study(&grid, "kind = \"grid\"", 100, 1)).expect("pipelined");
         assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 1), sys(1, 2), sys(2, 1)]);
-        let sequential = PIPELINED.replace("\"pipelined\"", "\"sequential\"");
+        let sequential = format!("{}mode = \"sequential\"\n", &PIPELINED[..PIPELINED.find("mode = ").unwrap_or(0)]);
         let s = study(&sequential, "kind = \"grid\"", 100, 1);
         assert_eq!(plan(&s).len(), 8, "sequential: every hyper x system combination is a trial");
         assert_eq!(probe_plan(&s), None);
