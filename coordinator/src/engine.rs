@@ -214,6 +214,8 @@ pub struct Engine {
     requests: Vec<crate::control::Request>,
     /// Starts agents while studies have work (`--launcher`).
     launcher: Option<crate::launch::Launcher>,
+    /// When the status was last published again (engine clock).
+    status_ms: u64,
 }
 
 fn unix_ms() -> u64 {
@@ -241,6 +243,7 @@ impl Engine {
             book: None,
             requests: Vec::new(),
             launcher: None,
+            status_ms: 0,
         }
     }
 
@@ -653,6 +656,13 @@ impl Engine {
             batch.commit()?;
         }
         self.send(welcomes, out).await;
+        let refresh = crate::transport::STATUS_REFRESH.as_millis() as u64;
+        if tick && now >= self.status_ms + refresh {
+            self.status_ms = now;
+            if let Err(e) = self.outbox.refresh_status().await {
+                tracing::warn!(error = %e, "cannot publish the coordinator status again");
+            }
+        }
         for (name, active) in &self.studies {
             if let Some(c) = self.sched.counts(name) {
                 let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));

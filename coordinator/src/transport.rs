@@ -54,11 +54,15 @@ pub enum TransportError {
     Closed(String),
 }
 
+/// How often the coordinator publishes its status again ([`Outbox::refresh_status`]).
+pub const STATUS_REFRESH: Duration = Duration::from_secs(30);
+
 /// The sending half.
 #[derive(Clone)]
 pub struct Outbox {
     client: AsyncClient,
     topics: Topics,
+    online_status: Vec<u8>,
     offline_status: Vec<u8>,
     /// Becomes true when the event loop has ended (after DISCONNECT is written).
     stopped: watch::Receiver<bool>,
@@ -69,6 +73,17 @@ impl Outbox {
     pub async fn send(&self, agent: &str, kind: AgentTopic, payload: Vec<u8>) -> Result<(), TransportError> {
         self.client
             .publish(self.topics.agent(agent, kind), QoS::AtLeastOnce, false, payload)
+            .await
+            .map_err(|e| TransportError::Closed(e.to_string()))
+    }
+
+    /// Publishes the retained online status again. A clustered broker may
+    /// not hand a retained message to subscribers on another node (ejabberd
+    /// 23.01 does not: docs/CLUSTER-BROKER.md); agents there that wait for
+    /// it see it live instead, within [`STATUS_REFRESH`].
+    pub async fn refresh_status(&self) -> Result<(), TransportError> {
+        self.client
+            .publish(self.topics.coordinator_status(), QoS::AtLeastOnce, true, self.online_status.clone())
             .await
             .map_err(|e| TransportError::Closed(e.to_string()))
     }
@@ -191,7 +206,8 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
             }
         }
     });
-    Ok((Outbox { client, topics: config.topics, offline_status: config.offline_status, stopped }, rx))
+    let online_status = config.online_status;
+    Ok((Outbox { client, topics: config.topics, online_status, offline_status: config.offline_status, stopped }, rx))
 }
 
 /// Says the event loop has ended, however it ends.

@@ -446,5 +446,25 @@ fn study_across_a_two_node_ejabberd_cluster() {
         .collect();
     assert_eq!(agents, names, "both agents of node B were welcomed by the coordinator on node A");
     assert_agents_spools_empty(&names);
+
+    // Without priming: the coordinator publishes its status again every
+    // 30 s (coordinator/src/transport.rs, STATUS_REFRESH), and an agent on
+    // node B that never got the retained copy sees it live and says Hello.
+    let unprimed_root = format!("{root}-np");
+    let study = sleep_study(dir.path(), "np", 2, 0.1);
+    let store = dir.path().join("np.db");
+    let unprimed_started = Instant::now();
+    let (mut coord, _) = start_coordinator(
+        &study,
+        &store,
+        &unprimed_root,
+        &["--broker", &cluster.url(0), "--username", "coordinator@localhost", "--password-file", &coordinator_password],
+    );
+    let late = "cl-agent-unprimed";
+    let _late = start_agent(&cluster.url(1), late, &unprimed_root, &login_b);
+    let status = coord.wait_exit(Duration::from_secs(90));
+    assert!(status.success(), "coordinator: {status}");
+    eprintln!("unprimed study done in {:.1} s (status refreshed every 30 s)", unprimed_started.elapsed().as_secs_f64());
+    assert_agents_spools_empty(&[late]);
     eprintln!("whole test: {:.1} s", started.elapsed().as_secs_f64());
 }
