@@ -1142,8 +1142,12 @@ fn learn(
     };
     cx.batch.record_profile(&record)?;
     let c = cx.book.classes.entry(class.clone()).or_default();
+    let before = c.records.len();
     c.records.retain(|r| !(r.study == record.study && r.trial == record.trial));
+    let replaced = c.records.len() != before;
+    let placed = c.model.as_ref().and_then(|m| m.place(&record.profile)).map(|p| p.cluster);
     c.records.push(record);
+    let mut refitted = false;
     if c.stale() {
         let profiles: Vec<tunefleet_common::profile::Profile> = c.records.iter().map(|r| r.profile.clone()).collect();
         match crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()) {
@@ -1152,11 +1156,17 @@ fn learn(
                 cx.batch.record_model(&class, &fitted.model, profiles.len(), now)?;
                 c.model = Some(fitted.model);
                 c.fitted_on = profiles.len();
+                refitted = true;
             }
             Err(e) => tracing::warn!(class = %class, error = %e, "cannot cluster profiles"),
         }
     }
-    c.place_all();
+    // A refit or a replaced record places every record again; else only the new one.
+    if refitted || replaced {
+        c.place_all();
+    } else {
+        c.clusters.push(placed);
+    }
     Ok(())
 }
 

@@ -389,10 +389,12 @@ impl Class {
     }
 
     /// Whether the model should be refitted: every new record while there
-    /// are fewer than 1,000, then when they have grown by a tenth.
+    /// are fewer than 100 (a refit costs next to nothing then), then when
+    /// they have grown by a tenth (choosing k is quadratic in the sample:
+    /// refitting at every result would put it in every turn of the engine).
     pub fn stale(&self) -> bool {
         let n = self.records.len();
-        n > self.fitted_on && (n < 1_000 || n * 10 >= self.fitted_on * 11)
+        n > self.fitted_on && (n < 100 || n * 10 >= self.fitted_on * 11)
     }
 }
 
