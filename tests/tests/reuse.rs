@@ -30,11 +30,14 @@ fn pipelined_study(dir: &Path, name: &str, trials: u32, rest: &str) -> PathBuf {
     path
 }
 
-fn train_study(dir: &Path, name: &str, lrs: &str, passes: u32, trials: u32) -> PathBuf {
+/// A pipelined training study; `reuse` false: every trial probes (its
+/// profile still teaches the model).
+fn train_study(dir: &Path, name: &str, lrs: &str, passes: u32, trials: u32, reuse: bool) -> PathBuf {
     let rest = format!(
         r#"command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "6", "--passes", "{passes}", "--hidden", "256", "--threads", "{{threads}}"]
 objective = {{ metric = "accuracy", direction = "maximize" }}
-hyper.lr = {{ kind = "categorical", values = [{lrs}] }}"#
+hyper.lr = {{ kind = "categorical", values = [{lrs}] }}
+reuse = {{ enabled = {reuse} }}"#
     );
     pipelined_study(dir, name, trials, &rest)
 }
@@ -87,9 +90,9 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     let agent = format!("{}-agent", unique_root("reuse-a"));
     let one_slot = ["--slots", "1"];
 
-    // 1. Two training jobs, probed: the model learns the first, the second
-    //    may already reuse it.
-    let out = run(&train_study(dir.path(), "learn", "0.05, 0.1", 4, 2), &store, &agent, &one_slot);
+    // 1. Two training jobs, both probed (reuse off: a reuse checked against
+    //    one job's noisy windows could have the next job probe again).
+    let out = run(&train_study(dir.path(), "learn", "0.05, 0.1", 4, 2, false), &store, &agent, &one_slot);
     assert!(out.contains("2/2 trials done"), "{out}");
     let db = Connection::open(&store).expect("store");
     let learned = decisions(&db, "learn");
@@ -102,7 +105,7 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
 
     // 2. A new coordinator process: the recurring job (another learning
     //    rate, twice the data per epoch) reuses and skips probing.
-    let out = run(&train_study(dir.path(), "recur", "0.2", 8, 1), &store, &agent, &one_slot);
+    let out = run(&train_study(dir.path(), "recur", "0.2", 8, 1, true), &store, &agent, &one_slot);
     assert!(out.contains("1/1 trials done"), "{out}");
     let recur = decisions(&db, "recur");
     assert_eq!(recur[0].1, "reuse", "{recur:?}");
@@ -120,8 +123,12 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
 
     // 4. An agent of another device class (one CPU) learns on its own.
     let other = format!("{}-agent", unique_root("reuse-b"));
-    let out =
-        run(&train_study(dir.path(), "other-class", "0.3", 4, 1), &store, &other, &["--slots", "1", "--cpus", "0"]);
+    let out = run(
+        &train_study(dir.path(), "other-class", "0.3", 4, 1, true),
+        &store,
+        &other,
+        &["--slots", "1", "--cpus", "0"],
+    );
     assert!(out.contains("1/1 trials done"), "{out}");
     let oc = decisions(&db, "other-class");
     assert_eq!(oc[0].1, "probe", "{oc:?}");
@@ -144,7 +151,7 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
         db.execute("UPDATE profiles SET record = ?1 WHERE id = ?2", rusqlite::params![r.to_string(), id])
             .expect("update");
     }
-    let out = run(&train_study(dir.path(), "promised", "0.07, 0.09", 4, 2), &store, &agent, &one_slot);
+    let out = run(&train_study(dir.path(), "promised", "0.07, 0.09", 4, 2, true), &store, &agent, &one_slot);
     assert!(out.contains("2/2 trials done"), "{out}");
     let p = decisions(&db, "promised");
     let of = |trial: u64| p.iter().filter(|d| d.0 == trial).map(|d| d.1.as_str()).collect::<Vec<_>>();
