@@ -1,8 +1,13 @@
 //! perf counters over the workload's whole process tree.
 //!
-//! Counters are opened on the exec wrapper's pid before it is let go, with
-//! `enable_on_exec` (counting starts at the workload's first instruction)
-//! and `inherit` (children and threads are counted too). Kernel-mode counts
+//! Counters count from the workload's first instruction, with
+//! `enable_on_exec`, and over its children and threads, with `inherit`.
+//! A workload started directly gets them through the thread that starts
+//! it: opened, disabled, on that thread ([`CounterSet::open_for_children`]),
+//! inherited by the child and enabled when it execs. A workload started
+//! through the exec wrapper gets them on the wrapper's pid before it is let
+//! go ([`CounterSet::open_for_exec`]). Events the kernel does not have are
+//! learnt at the first open and not asked for again. Kernel-mode counts
 //! are included when the kernel permits it; otherwise the counter counts
 //! user mode only and its event name gets perf's `:u` suffix, so the record
 //! says what was measured. Events the kernel does not offer (hardware events
@@ -95,15 +100,33 @@ impl CounterSet {
     /// Opens every event on `pid` (disabled until it execs).
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub fn open_for_exec(pid: i32) -> Self {
-        let (open, missing) = backend::open_all(Some(pid));
+        let (open, missing) = backend::open_all(backend::Target::Exec(pid));
         let previous = vec![0.0; open.len()];
         CounterSet { open, missing, previous, series: Vec::new() }
+    }
+
+    /// Opens every event on the calling thread, disabled, inherited by the
+    /// processes it starts and enabled in each when it execs: the counters
+    /// of a workload this thread spawns directly (no exec wrapper), counted
+    /// from its first instruction. The thread must start nothing else while
+    /// the set is open.
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub fn open_for_children() -> Self {
+        let (open, missing) = backend::open_all(backend::Target::Children);
+        let previous = vec![0.0; open.len()];
+        CounterSet { open, missing, previous, series: Vec::new() }
+    }
+
+    /// Opens every event on the calling thread's future children.
+    #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
+    pub fn open_for_children() -> Self {
+        CounterSet::all_missing("perf counters are not supported on this platform")
     }
 
     /// Opens every event on this process (for benchmarks and `probe`).
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     pub fn open_for_self() -> Self {
-        let (open, missing) = backend::open_all(None);
+        let (open, missing) = backend::open_all(backend::Target::This);
         let previous = vec![0.0; open.len()];
         CounterSet { open, missing, previous, series: Vec::new() }
     }
@@ -246,7 +269,7 @@ impl CounterSet {
 pub fn probe() -> Vec<String> {
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
-        backend::open_all(None).0.iter().map(|c| c.name.clone()).collect()
+        backend::open_all(backend::Target::This).0.iter().map(|c| c.name.clone()).collect()
     }
     #[cfg(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))))]
     {
@@ -286,6 +309,9 @@ mod backend {
     //! The perf-event2 backend.
 
     use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Software};
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
     use perf_event::{Builder, Counter};
     use tunefleet_common::measurement::{CounterReading, MissingCounter};
 
@@ -315,13 +341,28 @@ mod backend {
         }
     }
 
-    fn build<E: Event + Clone>(event: E, pid: Option<i32>, include_kernel: bool) -> std::io::Result<Counter> {
+    /// Whom a set of counters observes.
+    #[derive(Debug, Clone, Copy)]
+    pub enum Target {
+        /// A held process: counting starts when it execs; its children count.
+        Exec(i32),
+        /// The calling thread's children: inherited, disabled, each enabled
+        /// when it execs (the thread itself never counts).
+        Children,
+        /// This thread, counting now.
+        This,
+    }
+
+    fn build<E: Event + Clone>(event: E, target: Target, include_kernel: bool) -> std::io::Result<Counter> {
         let mut b = Builder::new(event);
-        match pid {
-            Some(pid) => {
+        match target {
+            Target::Exec(pid) => {
                 b.observe_pid(pid).enable_on_exec(true).inherit(true);
             }
-            None => {
+            Target::Children => {
+                b.observe_self().enable_on_exec(true).inherit(true);
+            }
+            Target::This => {
                 b.observe_self().enabled(true);
             }
         }
@@ -337,10 +378,10 @@ mod backend {
     }
 
     /// Opens `event` including kernel mode when permitted, else user mode only.
-    fn open_one<E: Event + Clone>(name: &str, event: E, pid: Option<i32>) -> Result<OpenCounter, MissingCounter> {
-        match build(event.clone(), pid, true) {
+    fn open_one<E: Event + Clone>(name: &str, event: E, target: Target) -> Result<OpenCounter, MissingCounter> {
+        match build(event.clone(), target, true) {
             Ok(counter) => Ok(OpenCounter { name: name.to_string(), counter }),
-            Err(e) if is_permission(&e) => match build(event, pid, false) {
+            Err(e) if is_permission(&e) => match build(event, target, false) {
                 Ok(counter) => Ok(OpenCounter { name: format!("{name}:u"), counter }),
                 Err(e) => Err(MissingCounter { event: name.to_string(), reason: explain_open_error(&e) }),
             },
@@ -383,22 +424,36 @@ mod backend {
         Some(Cache { which: CacheId::LL, operation: CacheOp::READ, result })
     }
 
-    /// Opens every known event on `pid` (or on this process when `None`).
-    /// Once the syscall itself is missing (ENOSYS), the rest is not tried.
-    pub fn open_all(pid: Option<i32>) -> (Vec<OpenCounter>, Vec<MissingCounter>) {
+    /// Events this kernel does not have (ENOENT, ENODEV, EOPNOTSUPP, ENOSYS:
+    /// answers that do not change while the agent runs), with the reason,
+    /// learnt at the first open: a trial does not ask the kernel again for
+    /// the ten hardware events a VM refuses. Permission refusals are not
+    /// kept (a sysctl can change them).
+    static UNSUPPORTED: Mutex<BTreeMap<&'static str, String>> = Mutex::new(BTreeMap::new());
+
+    fn is_unsupported(reason: &str) -> bool {
+        ["ENOENT", "ENODEV", "EOPNOTSUPP", "ENOSYS"].iter().any(|e| reason.contains(e))
+    }
+
+    /// Opens every known event on `target`. Once the syscall itself is
+    /// missing (ENOSYS), the rest is not tried; events found unsupported
+    /// before are reported missing without asking the kernel again.
+    pub fn open_all(target: Target) -> (Vec<OpenCounter>, Vec<MissingCounter>) {
+        let known = UNSUPPORTED.lock().map(|m| m.clone()).unwrap_or_default();
+        let mut learnt = Vec::new();
         let mut open = Vec::new();
         let mut missing: Vec<MissingCounter> = Vec::new();
         let mut no_syscall: Option<String> = None;
         let names = super::SOFTWARE_EVENTS.iter().chain(super::HARDWARE_EVENTS.iter());
-        for name in names {
-            if let Some(reason) = &no_syscall {
+        for &name in names {
+            if let Some(reason) = no_syscall.as_ref().or_else(|| known.get(name)) {
                 missing.push(MissingCounter { event: name.to_string(), reason: reason.clone() });
                 continue;
             }
             let result = match (software(name), hardware(name), cache(name)) {
-                (Some(ev), _, _) => open_one(name, ev, pid),
-                (None, Some(ev), _) => open_one(name, ev, pid),
-                (None, None, Some(ev)) => open_one(name, ev, pid),
+                (Some(ev), _, _) => open_one(name, ev, target),
+                (None, Some(ev), _) => open_one(name, ev, target),
+                (None, None, Some(ev)) => open_one(name, ev, target),
                 (None, None, None) => continue,
             };
             match result {
@@ -407,8 +462,16 @@ mod backend {
                     if m.reason.contains("ENOSYS") {
                         no_syscall = Some(m.reason.clone());
                     }
+                    if is_unsupported(&m.reason) {
+                        learnt.push((name, m.reason.clone()));
+                    }
                     missing.push(m);
                 }
+            }
+        }
+        if !learnt.is_empty() {
+            if let Ok(mut map) = UNSUPPORTED.lock() {
+                map.extend(learnt);
             }
         }
         (open, missing)

@@ -109,19 +109,26 @@ fn fail(reason: &str) -> i32 {
     EXIT_EXEC_FAILED
 }
 
+/// Pins the calling thread (and so what it starts from now on) to `cpus`;
+/// an empty list leaves it as it is.
+pub fn pin_current_thread(cpus: &[u32]) -> Result<(), String> {
+    if cpus.is_empty() {
+        return Ok(());
+    }
+    let mut set = CpuSet::new();
+    for &cpu in cpus {
+        let idx = cpu as usize;
+        if idx >= CpuSet::MAX_CPU {
+            return Err(format!("CPU {cpu} is beyond the CPU set size"));
+        }
+        set.set(idx);
+    }
+    sched_setaffinity(None, &set).map_err(|e| format!("cannot pin to CPUs {cpus:?}: {e}"))
+}
+
 /// Applies the plan's limits to this process.
 fn apply(plan: &ExecPlan) -> Result<(), String> {
-    if !plan.cpus.is_empty() {
-        let mut set = CpuSet::new();
-        for &cpu in &plan.cpus {
-            let idx = cpu as usize;
-            if idx >= CpuSet::MAX_CPU {
-                return Err(format!("CPU {cpu} is beyond the CPU set size"));
-            }
-            set.set(idx);
-        }
-        sched_setaffinity(None, &set).map_err(|e| format!("cannot pin to CPUs {:?}: {e}", plan.cpus))?;
-    }
+    pin_current_thread(&plan.cpus)?;
     if let Some(bytes) = plan.rlimit_as {
         // The soft limit only: the hard one stays as inherited, so a probe
         // of a pipelined trial may raise the limit later (live::set_memory_rlimit).

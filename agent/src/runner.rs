@@ -1,15 +1,22 @@
 //! Runs one trial for real and measures it.
 //!
-//! The workload is started through the exec wrapper ([`crate::exec`]) in its
-//! own process group. Before the wrapper is let go the runner opens the perf
-//! counters on it ([`crate::counters`]) and moves it into the trial's cgroup
-//! when cgroup v2 limits memory ([`crate::cgroup`]); otherwise the wrapper
-//! applies `RLIMIT_AS` itself. Standard output and error are read line by
+//! The workload runs in its own process group. A trial without a memory
+//! limit is started directly, one `exec`, by a thread of its own that pins
+//! itself to the trial's CPUs and opens the perf counters on what it starts
+//! ([`crate::counters`]; each counter is enabled at the workload's exec), then
+//! waits for its end. A trial with a memory limit is started through the
+//! exec wrapper ([`crate::exec`]), held until the runner has moved it into
+//! the trial's cgroup when cgroup v2 limits memory ([`crate::cgroup`]) and
+//! opened the counters on it; otherwise the wrapper applies `RLIMIT_AS`
+//! itself. (Entering a cgroup or setting a limit of the child's own between
+//! fork and exec needs `clone3(CLONE_INTO_CGROUP)` or a `pre_exec` hook,
+//! which std offers only as `unsafe`; the agent has no `unsafe`.) Standard output and error are read line by
 //! line on two threads with bounded memory ([`crate::output`]); metric lines
 //! ([`crate::metrics`]) become epochs, forwarded as progress while the trial
 //! runs, and the rest feeds the log tail.
 //!
-//! Wall time runs from "go" to the exit of the workload's top process. CPU
+//! Wall time runs from the start (just before the direct spawn, or "go") to
+//! the exit of the workload's top process. CPU
 //! time is read from `/proc/PID/stat` of that process while it is a zombie
 //! (after `waitid(WNOWAIT)`, before reaping): its own user/system time plus
 //! that of the children it waited for; orphans it did not wait for are not
@@ -48,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tunefleet_common::measurement::{
     AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter, SegmentRole,
     WindowProfile,
@@ -99,6 +106,9 @@ pub struct RunnerConfig {
     /// Where each trial's processes are registered while it runs, so that
     /// telemetry tells its CPU time from load from outside.
     pub trials: crate::foreign::TrialRegistry,
+    /// Start every workload through the exec wrapper, even one that could
+    /// be started directly (for benchmarks and tests of the wrapper).
+    pub always_wrap: bool,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -127,6 +137,7 @@ impl RunnerConfig {
             machine_cpus: u32::try_from(crate::sched::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
             inherit_output: false,
             trials: crate::foreign::TrialRegistry::default(),
+            always_wrap: false,
         }
     }
 }
@@ -396,7 +407,7 @@ struct Spawned {
     started_unix_ms: u64,
     start: Instant,
     output: mpsc::Receiver<OutputEvent>,
-    waiter: tokio::task::JoinHandle<std::io::Result<Exited>>,
+    waiter: oneshot::Receiver<std::io::Result<Exited>>,
     rss: procfs::RssSampler,
     /// The trial's processes, for live changes.
     members: procfs::Members,
@@ -446,10 +457,119 @@ pub async fn run_trial(
     }
 }
 
+/// A workload just started, with what watches it.
+struct Started {
+    pid: Pid,
+    stdin: Option<ChildStdin>,
+    stdout: Option<std::process::ChildStdout>,
+    stderr: Option<std::process::ChildStderr>,
+    counters: CounterSet,
+    meter: Box<dyn energy::EnergyMeter>,
+    started_unix_ms: u64,
+    start: Instant,
+    /// The leader's end, from the thread that waits for it.
+    waiter: oneshot::Receiver<std::io::Result<Exited>>,
+}
+
+/// Starts the workload directly (one exec) from a thread of its own: the
+/// thread pins itself to the trial's CPUs (the workload inherits them),
+/// opens the counters on the processes it will start (each enabled at its
+/// exec), spawns, hands the workload over and then waits for its end.
+/// The thread starts nothing else, so the counters count the workload's
+/// process tree only. `meter` was started just before.
+fn start_direct(
+    mut cmd: Command,
+    cpus: Vec<u32>,
+    proc_root: PathBuf,
+    meter: Box<dyn energy::EnergyMeter>,
+) -> Result<Started, String> {
+    let (started_tx, started_rx) = std::sync::mpsc::sync_channel::<Result<Started, String>>(1);
+    let (exit_tx, waiter) = oneshot::channel();
+    let program = cmd.get_program().to_owned();
+    let thread = std::thread::Builder::new().name("tf-trial".into()).stack_size(256 << 10).spawn(move || {
+        if let Err(e) = crate::exec::pin_current_thread(&cpus) {
+            let _ = started_tx.send(Err(e));
+            return;
+        }
+        let counters = CounterSet::open_for_children();
+        let started_unix_ms = unix_ms(SystemTime::now());
+        let start = Instant::now();
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = started_tx.send(Err(format!("cannot execute {program:?}: {e}")));
+                return;
+            }
+        };
+        let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+            // A child pid is always a positive i32 on Linux.
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = started_tx.send(Err("invalid child pid".into()));
+            return;
+        };
+        let started = Started {
+            pid,
+            stdin: child.stdin.take(),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            counters,
+            meter,
+            started_unix_ms,
+            start,
+            waiter,
+        };
+        if started_tx.send(Ok(started)).is_err() {
+            // The runner is gone: stop the workload rather than leave it.
+            signal_group(pid, Signal::KILL);
+        }
+        let _ = exit_tx.send(wait_exit(child, pid, proc_root));
+    });
+    if let Err(e) = thread {
+        return Err(format!("cannot start the trial's thread: {e}"));
+    }
+    started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))
+}
+
 /// Starts the workload held by the exec wrapper, moves it into its cgroup,
-/// opens its counters, starts the energy meter, lets it go, and starts the
-/// output readers, the exit waiter and the RSS sampler. A workload that
-/// cannot start is its measurement already.
+/// opens its counters, starts the energy meter and lets it go; a blocking
+/// task waits for its end.
+fn start_wrapped(cfg: &RunnerConfig, mut cmd: Command, prepared: &Prepared) -> Result<Started, String> {
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display()))?;
+    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
+        // A child pid is always a positive i32 on Linux.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("invalid child pid".into());
+    };
+    if let Some(cg) = &prepared.cgroup {
+        if let Err(e) = cg.add(child.id()) {
+            // Closing stdin without a byte makes the wrapper exit.
+            drop(child.stdin.take());
+            let _ = child.wait();
+            return Err(e.to_string());
+        }
+    }
+    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
+    let meter = energy::start_or_estimate(cfg.energy.as_ref(), cfg.energy_model);
+    let started_unix_ms = unix_ms(SystemTime::now());
+    let start = Instant::now();
+    let mut stdin = child.stdin.take();
+    if let Some(Err(e)) = stdin.as_mut().map(|s| s.write_all(&[1])) {
+        tracing::warn!(error = %e, "cannot let the exec wrapper go");
+    }
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let (exit_tx, waiter) = oneshot::channel();
+    let proc_root = cfg.proc_root.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = exit_tx.send(wait_exit(child, pid, proc_root));
+    });
+    Ok(Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter })
+}
+
+/// Starts the workload (directly, or held by the exec wrapper and let go
+/// once in its cgroup and counted), then its output readers and the RSS
+/// sampler. A workload that cannot start is its measurement already.
 fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>> {
     let spec = &run.spec;
     let prepared = prepare_limits(cfg, run);
@@ -459,14 +579,26 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
         return Err(refused(prepared.limits, "empty argv".into()));
     }
     let control = spec.probe.as_ref().is_some_and(|p| p.control);
-    let plan = ExecPlan {
-        cpus: run.cpus.clone(),
-        rlimit_as: prepared.rlimit_as,
-        keep_stdin: control,
-        argv: spec.argv.iter().map(Into::into).collect(),
+    // Without a cgroup to enter or an address-space limit to set before the
+    // exec, the workload is started directly by a thread of its own (one
+    // exec); otherwise through the exec wrapper, held until "go".
+    let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
+    let mut cmd = if direct {
+        let mut cmd = Command::new(&spec.argv[0]);
+        cmd.args(&spec.argv[1..]).stdin(if control { Stdio::piped() } else { Stdio::null() });
+        cmd
+    } else {
+        let plan = ExecPlan {
+            cpus: run.cpus.clone(),
+            rlimit_as: prepared.rlimit_as,
+            keep_stdin: control,
+            argv: spec.argv.iter().map(Into::into).collect(),
+        };
+        let mut cmd = Command::new(&cfg.wrapper);
+        cmd.args(plan.to_args()).stdin(Stdio::piped());
+        cmd
     };
-    let mut cmd = Command::new(&cfg.wrapper);
-    cmd.args(plan.to_args()).envs(spec.env.iter().map(|(k, v)| (k, v))).stdin(Stdio::piped()).process_group(0);
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
     if control {
         cmd.env(CONTROL_VAR, "stdin");
     }
@@ -483,48 +615,32 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
             cmd.env(var, t.to_string());
         }
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
-        Err(e) => {
-            let reason = format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display());
-            return Err(refused(prepared.limits, reason));
-        }
-    };
-    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
-        // A child pid is always a positive i32 on Linux.
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err(refused(prepared.limits, "invalid child pid".into()));
-    };
-    if let Some(cg) = &prepared.cgroup {
-        if let Err(e) = cg.add(child.id()) {
-            // Closing stdin without a byte makes the wrapper exit.
-            drop(child.stdin.take());
-            let _ = child.wait();
-            let limits = prepared.limits;
-            if let Some(cg) = prepared.cgroup {
-                cg.remove();
-            }
-            return Err(refused(limits, e.to_string()));
-        }
-    }
-    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
-    let (tx, output) = mpsc::channel::<OutputEvent>(1024);
-    let meter = energy::start_or_estimate(energy, cfg.energy_model);
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
-    let started_unix_ms = unix_ms(SystemTime::now());
-    let start = Instant::now();
-    let mut stdin = child.stdin.take();
-    if let Some(Err(e)) = stdin.as_mut().map(|s| s.write_all(&[1])) {
-        tracing::warn!(error = %e, "cannot let the exec wrapper go");
-    }
+    let started = if direct {
+        let meter = energy::start_or_estimate(energy, cfg.energy_model);
+        match start_direct(cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
+            Ok(started) => started,
+            Err(reason) => return Err(refused(prepared.limits, reason)),
+        }
+    } else {
+        match start_wrapped(cfg, cmd, &prepared) {
+            Ok(started) => started,
+            Err(reason) => {
+                let limits = prepared.limits;
+                if let Some(cg) = prepared.cgroup {
+                    cg.remove();
+                }
+                return Err(refused(limits, reason));
+            }
+        }
+    };
+    let Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter } = started;
+    let (tx, output) = mpsc::channel::<OutputEvent>(1024);
     // Kept open as the control channel, or closed: the workload reads /dev/null.
     let control = stdin.filter(|_| control);
-    spawn_reader(child.stdout.take(), false, start, &tx);
-    spawn_reader(child.stderr.take(), true, start, &tx);
+    spawn_reader(stdout, false, start, &tx);
+    spawn_reader(stderr, true, start, &tx);
     drop(tx);
-    let proc_root = cfg.proc_root.clone();
-    let waiter = tokio::task::spawn_blocking(move || wait_exit(child, pid, proc_root));
     let members = match &prepared.cgroup {
         Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
         None => procfs::Members::Group(pid.as_raw_nonzero().get()),
@@ -588,7 +704,7 @@ async fn monitor(
                 m.exited = Some(match res {
                     Ok(Ok(e)) => Ok(e),
                     Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
-                    Err(e) => Err(format!("the waiting task failed: {e}")),
+                    Err(_) => Err("the thread waiting for the workload ended without a word".to_string()),
                 });
                 m.peak_rss = t.rss.stop();
                 // The leader as a zombie: its CPU time and its waited-for children's.

@@ -267,8 +267,12 @@ fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
     assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
     assert_eq!(m.final_metrics.get("loss"), Some(&0.5));
     assert_eq!(m.max_rss_kib, 0, "no sample could be taken");
-    // Let the sampling thread go.
-    let _ = std::fs::OpenOptions::new().write(true).open(&fifo);
+    // Let the sampling thread go, if it got as far as the fifo (a trial
+    // started directly may end before its first sample): a writer that
+    // does not wait for a reader.
+    use std::os::unix::fs::OpenOptionsExt;
+    let nonblock = rustix::fs::OFlags::NONBLOCK.bits() as i32;
+    let _ = std::fs::OpenOptions::new().write(true).custom_flags(nonblock).open(&fifo);
 }
 
 /// Issue 9: a configuration sent to a running trial (the coordinator's
@@ -379,4 +383,50 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
     assert_eq!(roles, vec![SegmentRole::Warmup, SegmentRole::Reused], "{:?}", m.segments);
     assert_eq!(m.segments[1].system, reused);
     assert_eq!(m.segments[1].last_epoch, 5);
+}
+
+fn task_clock_ns(m: &Measurement) -> u64 {
+    m.counters.iter().find(|c| c.event.starts_with("task-clock")).map_or(0, |c| c.value)
+}
+
+/// Issue 12: a trial without a memory limit is started directly (one exec)
+/// by a thread whose counters the workload inherits. They count its whole
+/// tree (here the busy loop runs in a grandchild) about as the exec
+/// wrapper's counters do, and two trials started at once count only their
+/// own processes.
+#[tokio::test]
+async fn direct_and_wrapped_starts_count_the_same_tree_and_only_it() {
+    let busy = "sh -c 'i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done'";
+    let direct = run(sh(busy), vec![]).await;
+    let mut wrapped_cfg = config();
+    wrapped_cfg.always_wrap = true;
+    let run_wrapped = TrialRun { spec: sh(busy), cpus: vec![], label: "wrapped".into() };
+    let wrapped = run_trial(&wrapped_cfg, &run_wrapped, None, TrialHandle::new().1).await;
+    for m in [&direct, &wrapped] {
+        assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    }
+    let (d, w) = (task_clock_ns(&direct), task_clock_ns(&wrapped));
+    if d == 0 && w == 0 {
+        eprintln!("skipped: no task-clock counter here");
+        return;
+    }
+    // task-clock counts the grandchild's loop: at least most of the CPU
+    // time the workload's leader and the children it waited for used.
+    let cpu_ns = (direct.user_us + direct.sys_us) * 1000;
+    assert!(d as f64 >= 0.5 * cpu_ns as f64, "direct task-clock {d} ns against {cpu_ns} ns of CPU time");
+    let ratio = d as f64 / w as f64;
+    assert!((0.33..3.0).contains(&ratio), "direct {d} ns, wrapped {w} ns");
+
+    // Side by side: a busy trial and an idle one started together.
+    let cfg = config();
+    let (busy_run, idle_run) = (
+        TrialRun { spec: sh(busy), cpus: vec![], label: "busy".into() },
+        TrialRun { spec: spec(&["sleep", "0.3"]), cpus: vec![], label: "idle".into() },
+    );
+    let (b, i) = tokio::join!(
+        run_trial(&cfg, &busy_run, None, TrialHandle::new().1),
+        run_trial(&cfg, &idle_run, None, TrialHandle::new().1)
+    );
+    let (b, i) = (task_clock_ns(&b), task_clock_ns(&i));
+    assert!(i * 10 < b, "the idle trial counted {i} ns, the busy one {b} ns");
 }
