@@ -17,12 +17,26 @@
 //! * `memory` (also run by `sim`): the coordinator's resident memory per
 //!   connected agent, 10 then 1,000 idle protocol-speaking agents, with the
 //!   embedded broker and with Mosquitto (when installed).
+//! * `fleet`: the fleet simulator: 10, 100, 1,000 and 5,000 authenticated
+//!   protocol-speaking agents in this process (`FLEET_AGENTS=10,100` to
+//!   choose), one slot each, trials of `FLEET_TRIAL_MS` (0 by default),
+//!   20 trials per agent between 20,000 and 100,000 (`FLEET_TRIALS`), with the
+//!   embedded broker and with Mosquitto. The fleet is welcomed first, then
+//!   asks: assigned and completed trials/s, assignment latency, the
+//!   coordinator's CPU seconds for the welcome and for the study, its peak
+//!   memory, Mosquitto's, the simulator's own CPU, the attempts given
+//!   again (leases that expired) and the simulated agents' connection
+//!   errors (each one a reconnect).
+//! * `flat`: the coordinator's CPU per trial at 1,000, 10,000 and 100,000
+//!   trials, 100 and 1,000 simulated agents.
 
 use std::collections::VecDeque;
 use std::hint::black_box;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rumqttc::{AsyncClient, Event, MqttOptions, NetworkOptions, Packet, QoS};
 use tokio::sync::mpsc;
@@ -192,6 +206,21 @@ async fn sim_agent(
     free: u32,
     welcomed: mpsc::UnboundedSender<()>,
 ) -> Vec<f64> {
+    sim_agent_for(name, port, topics, free, Duration::ZERO, None, welcomed).await
+}
+
+/// [`sim_agent`] whose trials take `duration`: it answers an assignment
+/// that long after it arrived, keeping its connection served meanwhile.
+/// With `go`, it asks for its first trial only once `go` turns true.
+async fn sim_agent_for(
+    name: String,
+    port: u16,
+    topics: Topics,
+    free: u32,
+    duration: Duration,
+    mut go: Option<tokio::sync::watch::Receiver<bool>>,
+    welcomed: mpsc::UnboundedSender<()>,
+) -> Vec<f64> {
     let (c, mut el) = client(&format!("tf-agent-{name}"), port);
     let info = AgentInfo { cores: 2, memory_bytes: 1 << 30, ..AgentInfo::minimal(&name, rand_instance(&name)) };
     // Authenticated like the real agent: its own key, a signed Hello, sealed messages.
@@ -208,9 +237,53 @@ async fn sim_agent(
     let mut asked = Instant::now();
     let mut lat = Vec::new();
     let m = fake_measurement();
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<TrialRef>();
+    let mut errors = 0;
+    let mut held_request = false;
+    let mut last_status: Option<(bool, u64)> = None;
+    let mut connected = false;
+    let mut first_welcome = true;
     loop {
-        match el.poll().await {
+        let event = tokio::select! {
+            e = el.poll() => e,
+            Some(trial) = done_rx.recv() => {
+                let Some(s) = session.as_mut() else { continue };
+                seq += 1;
+                asked = Instant::now();
+                for msg in answer(trial, &m, seq) {
+                    let (k, payload) = s.seal_agent(&msg).expect("seal");
+                    send(&c, k, payload);
+                }
+                continue;
+            }
+            _ = async {
+                if let Some(g) = go.as_mut() {
+                    let _ = g.wait_for(|v| *v).await;
+                }
+            }, if held_request => {
+                held_request = false;
+                let Some(s) = session.as_mut() else { continue };
+                seq += 1;
+                asked = Instant::now();
+                let req = AgentMessage::Request(WorkRequest { seq, free, running: vec![] });
+                let (k, payload) = s.seal_agent(&req).expect("seal");
+                send(&c, k, payload);
+                continue;
+            }
+        };
+        if event.is_ok() {
+            errors = 0;
+        }
+        match event {
             Ok(Event::Incoming(Packet::ConnAck(_))) => {
+                // A connection after the first: the broker dropped this one.
+                // As the real agent does (protocol.rs, on_connected), it says
+                // Hello again: its Request then tells the coordinator that
+                // nothing runs here, and a lost assignment goes back at once.
+                if std::mem::replace(&mut connected, true) {
+                    RECONNECTS.fetch_add(1, Ordering::Relaxed);
+                    session = None;
+                }
                 let _ = c.try_subscribe(topics.to_agent(&name), QoS::AtLeastOnce);
                 let _ = c.try_subscribe(topics.coordinator_status(), QoS::AtLeastOnce);
             }
@@ -221,7 +294,17 @@ async fn sim_agent(
                 if let Some(s) = &status {
                     coordinator_key = Some(s.key);
                 }
-                if let Some(status) = status.filter(|s| s.online) {
+                if status.as_ref().is_some_and(|s| !s.online) && session.is_some() {
+                    return lat; // the coordinator is gone: the study is over
+                }
+                // As the real agent does (protocol.rs): announce to a new or
+                // returning instance, or while not welcomed; not again at the
+                // coordinator's periodic refresh of the same status.
+                let changed = status.as_ref().is_some_and(|s| last_status != Some((true, s.instance)));
+                if let Some(s) = &status {
+                    last_status = Some((s.online, s.instance));
+                }
+                if let Some(status) = status.filter(|s| s.online && (changed || session.is_none())) {
                     hello_seq += 1;
                     let (signed, half) =
                         auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash).expect("hello");
@@ -237,13 +320,19 @@ async fn sim_agent(
                     Ok(auth::DownFrame::Welcome(w)) => {
                         let (Some(half), Some(key)) = (pending.take(), coordinator_key) else { continue };
                         let Ok(mut s) = half.finish(&name, &key, &w) else { continue };
-                        seq += 1;
-                        asked = Instant::now();
-                        let req = AgentMessage::Request(WorkRequest { seq, free, running: vec![] });
-                        let (k, payload) = s.seal_agent(&req).expect("seal");
-                        send(&c, k, payload);
+                        if go.as_ref().is_some_and(|g| !*g.borrow()) {
+                            held_request = true;
+                        } else {
+                            seq += 1;
+                            asked = Instant::now();
+                            let req = AgentMessage::Request(WorkRequest { seq, free, running: vec![] });
+                            let (k, payload) = s.seal_agent(&req).expect("seal");
+                            send(&c, k, payload);
+                        }
                         session = Some(s);
-                        let _ = welcomed.send(());
+                        if std::mem::take(&mut first_welcome) {
+                            let _ = welcomed.send(());
+                        }
                     }
                     Ok(auth::DownFrame::Sealed(sealed)) => {
                         let Some(s) = session.as_mut() else { continue };
@@ -255,24 +344,57 @@ async fn sim_agent(
                         }
                         if let Ok(CoordinatorMessage::Assign(a)) = msg {
                             lat.push(asked.elapsed().as_secs_f64() * 1e3);
-                            let result = AgentMessage::Result(TrialResult { trial: a.trial, measurement: m.clone() });
-                            let (k, payload) = s.seal_agent(&result).expect("seal");
-                            send(&c, k, payload);
+                            if !duration.is_zero() {
+                                let done = done_tx.clone();
+                                tokio::spawn(async move {
+                                    tokio::time::sleep(duration).await;
+                                    let _ = done.send(a.trial);
+                                });
+                                continue;
+                            }
                             seq += 1;
                             asked = Instant::now();
-                            let req = AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] });
-                            let (k, payload) = s.seal_agent(&req).expect("seal");
-                            send(&c, k, payload);
+                            for msg in answer(a.trial, &m, seq) {
+                                let (k, payload) = s.seal_agent(&msg).expect("seal");
+                                send(&c, k, payload);
+                            }
                         }
                     }
                     Err(_) => {}
                 }
             }
             Ok(_) => {}
+            // The connection is lost: when the coordinator's embedded broker
+            // goes, or when a connection storm made the broker drop this one;
+            // the client reconnects on the next poll, up to 5 s in a row.
+            Err(e) if errors < 25 => {
+                // The first few, for the reader of a run (the table counts them all).
+                if CONNECTION_ERRORS.fetch_add(1, Ordering::Relaxed) < 3 {
+                    eprintln!("sim: {name}: connection error: {e}");
+                }
+                errors += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
             Err(_) => return lat,
         }
     }
 }
+
+/// A finished trial's result and the request (number `seq`) for the next.
+fn answer(trial: TrialRef, m: &Measurement, seq: u64) -> [AgentMessage; 2] {
+    [
+        AgentMessage::Result(TrialResult { trial, measurement: m.clone() }),
+        AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] }),
+    ]
+}
+
+/// Connection errors the simulated agents saw (the embedded broker going
+/// with the coordinator at the end of a run included).
+static CONNECTION_ERRORS: AtomicU64 = AtomicU64::new(0);
+/// Connections of simulated agents after their first: each one a connection
+/// the broker dropped during the run.
+static RECONNECTS: AtomicU64 = AtomicU64::new(0);
 
 fn rand_instance(name: &str) -> u64 {
     name.bytes().fold(std::process::id() as u64, |h, b| h.wrapping_mul(31).wrapping_add(b as u64))
@@ -579,6 +701,216 @@ async fn bench_memory(agents: usize) {
     }
 }
 
+/// CPU seconds (user + system) and peak resident memory (`VmHWM`, KiB) of
+/// process `pid`, sampled every 50 ms by a thread until it exits: the last
+/// sample of CPU time, the largest of memory.
+fn sample_until_exit(pid: u32) -> std::thread::JoinHandle<(f64, u64)> {
+    std::thread::spawn(move || {
+        let (mut cpu, mut hwm) = (0.0, 0u64);
+        while let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+            if f.first() == Some(&"Z") {
+                break;
+            }
+            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+            cpu = (tick(11) + tick(12)) / 100.0;
+            if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                let v = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next());
+                hwm = hwm.max(v.and_then(|v| v.parse().ok()).unwrap_or(0));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (cpu, hwm)
+    })
+}
+
+/// CPU seconds (user + system) process `pid` ("self" for this one) has used so far.
+fn cpu_s(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+/// What one fleet run measured.
+struct FleetOutcome {
+    assigned_per_s: f64,
+    completed_per_s: f64,
+    latency_median_ms: f64,
+    latency_p99_ms: f64,
+    study_s: f64,
+    welcome_all_s: f64,
+    welcome_cpu_s: f64,
+    coordinator_cpu_s: f64,
+    coordinator_hwm_kib: u64,
+    broker_cpu_s: Option<f64>,
+    broker_hwm_kib: Option<u64>,
+    fleet_cpu_s: f64,
+    /// Attempts beyond one per trial (leases that expired and were given again).
+    requeued: i64,
+    /// Connections the broker dropped and the simulated agents made again.
+    reconnects: u64,
+}
+
+/// One study of `trials` no-op trials on `agents` simulated agents (one slot
+/// each, trials lasting `duration`), through the embedded broker or through
+/// Mosquitto; a fresh coordinator, store and broker per run.
+async fn fleet_run(agents: usize, duration: Duration, trials: u64, mosquitto: bool) -> FleetOutcome {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("fleet");
+    let broker = mosquitto.then(|| Mosquitto::start(dir.path(), FLEET_OPTIONS));
+    let extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let (mut coord, url) = start_coordinator(&noop_study(dir.path(), trials), &store, &root, &extra);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let pid = coord.child.id();
+    let sampler = sample_until_exit(pid);
+    let broker_sampler = broker.as_ref().and_then(Mosquitto::pid).map(sample_until_exit);
+    let topics = Topics::new(&root).expect("root");
+    let t0 = Instant::now();
+    let reconnects_before = RECONNECTS.load(Ordering::Relaxed);
+    let (welcomed, mut rx) = mpsc::unbounded_channel();
+    let (go, go_rx) = tokio::sync::watch::channel(false);
+    let handles: Vec<_> = (0..agents)
+        .map(|i| {
+            let (name, go) = (format!("fleet-{i}"), Some(go_rx.clone()));
+            tokio::spawn(sim_agent_for(name, port, topics.clone(), 1, duration, go, welcomed.clone()))
+        })
+        .collect();
+    drop(welcomed);
+    // The whole fleet connects and is welcomed first; then every agent asks.
+    for _ in 0..agents {
+        tokio::time::timeout(Duration::from_secs(300), rx.recv()).await.expect("every agent welcomed");
+    }
+    let welcome_all_s = t0.elapsed().as_secs_f64();
+    let welcome_cpu_s = cpu_s(&pid.to_string());
+    let fleet_cpu = cpu_s("self");
+    go.send_replace(true);
+    let status = tokio::task::spawn_blocking(move || {
+        let s = coord.wait_exit(Duration::from_secs(1800));
+        (s, coord)
+    })
+    .await
+    .expect("join");
+    let reconnects = RECONNECTS.load(Ordering::Relaxed) - reconnects_before;
+    assert!(status.0.success(), "the coordinator failed");
+    let (coordinator_cpu_s, coordinator_hwm_kib) = sampler.join().expect("sampler");
+    let mut lat: Vec<f64> = Vec::new();
+    for h in handles {
+        lat.extend(h.await.expect("agent"));
+    }
+    let fleet_cpu_s = cpu_s("self") - fleet_cpu;
+    lat.sort_by(f64::total_cmp);
+    let db = rusqlite::Connection::open(&store).expect("store");
+    let (n, attempts, first_assign, last_assign, last_result): (i64, i64, i64, i64, i64) = db
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM attempts), (SELECT MIN(assigned_ms) FROM attempts), (SELECT MAX(assigned_ms) FROM attempts), (SELECT MAX(received_ms) FROM results)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )
+        .expect("query");
+    assert_eq!(n as u64, trials, "every trial has its result");
+    let study_s = (last_result - first_assign).max(1) as f64 / 1e3;
+    let (broker_cpu_s, broker_hwm_kib) = match (broker_sampler, broker) {
+        (Some(sampler), Some(mut b)) => {
+            b.kill();
+            let (cpu, hwm) = sampler.join().expect("sampler");
+            (Some(cpu), Some(hwm))
+        }
+        _ => (None, None),
+    };
+    FleetOutcome {
+        assigned_per_s: attempts as f64 / ((last_assign - first_assign).max(1) as f64 / 1e3),
+        completed_per_s: n as f64 / study_s,
+        latency_median_ms: percentile(&lat, 0.5),
+        latency_p99_ms: percentile(&lat, 0.99),
+        study_s,
+        welcome_all_s,
+        welcome_cpu_s,
+        coordinator_cpu_s: coordinator_cpu_s - welcome_cpu_s,
+        coordinator_hwm_kib,
+        broker_cpu_s,
+        broker_hwm_kib,
+        fleet_cpu_s,
+        requeued: attempts - n,
+        reconnects,
+    }
+}
+
+/// Trials of a run of `agents` agents: 20 per agent, at least 20,000 and at
+/// most 100,000 (or `FLEET_TRIALS`).
+fn fleet_trials(agents: usize) -> u64 {
+    std::env::var("FLEET_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(((agents as u64) * 20).clamp(20_000, 100_000))
+}
+
+async fn bench_fleet() {
+    let sizes: Vec<usize> = std::env::var("FLEET_AGENTS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 100, 1_000, 5_000]);
+    let trial_ms: u64 = std::env::var("FLEET_TRIAL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let duration = Duration::from_millis(trial_ms);
+    let mosquitto = Command::new("mosquitto").arg("-h").output().is_ok();
+    println!("\n### Fleet simulator: N authenticated agents in one process, trials of {trial_ms} ms, durable store\n");
+    println!("| broker | agents | trials | assigned/s | completed/s | assignment latency median (ms) | p99 (ms) | study (s) | welcome all: s, coordinator CPU s | study: coordinator CPU s (µs per trial) | coordinator peak memory MiB (KiB per agent) | broker CPU s, peak MiB | simulator CPU s | attempts given again, agent reconnects |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for external in [false, true].into_iter().filter(|&e| !e || mosquitto) {
+        for &agents in &sizes {
+            let trials = fleet_trials(agents);
+            let o = fleet_run(agents, duration, trials, external).await;
+            println!(
+                "| {} | {agents} | {trials} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1} ({:.0}) | {:.0} ({:.1}) | {} | {:.1} | {}, {} |",
+                if external { "Mosquitto 2.0" } else { "embedded rumqttd" },
+                o.assigned_per_s,
+                o.completed_per_s,
+                o.latency_median_ms,
+                o.latency_p99_ms,
+                o.study_s,
+                o.welcome_all_s,
+                o.welcome_cpu_s,
+                o.coordinator_cpu_s,
+                o.coordinator_cpu_s * 1e6 / trials as f64,
+                o.coordinator_hwm_kib as f64 / 1024.0,
+                o.coordinator_hwm_kib as f64 / agents as f64,
+                match (o.broker_cpu_s, o.broker_hwm_kib) {
+                    (Some(c), Some(m)) => format!("{c:.1}, {:.0}", m as f64 / 1024.0),
+                    _ => "(in the coordinator)".into(),
+                },
+                o.fleet_cpu_s,
+                o.requeued,
+                o.reconnects,
+            );
+        }
+    }
+}
+
+/// The coordinator's cost per trial as the study grows: 100 and 1,000
+/// agents, the embedded broker, 1,000 then 10,000 then 100,000 trials.
+async fn bench_fleet_flat() {
+    println!("\n### Fleet simulator: cost per trial as the study grows (embedded broker, trials of 0 ms)\n");
+    println!("| agents | trials | completed/s | coordinator CPU µs per trial | per trial / at 1,000 trials | attempts given again, agent reconnects |");
+    println!("|---|---|---|---|---|---|");
+    for agents in [100usize, 1_000] {
+        let mut first = None;
+        for trials in [1_000u64, 10_000, 100_000] {
+            let o = fleet_run(agents, Duration::ZERO, trials, false).await;
+            let per = o.coordinator_cpu_s * 1e6 / trials as f64;
+            let base = *first.get_or_insert(per);
+            println!(
+                "| {agents} | {trials} | {:.0} | {per:.0} | {:.2} | {}, {} |",
+                o.completed_per_s,
+                per / base,
+                o.requeued,
+                o.reconnects
+            );
+        }
+    }
+}
+
 fn main() {
     let what: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     let want = |w: &str| what.is_empty() || what.iter().any(|a| a == w);
@@ -602,5 +934,11 @@ fn main() {
     }
     if want("real") {
         bench_real(2_000);
+    }
+    if want("fleet") {
+        rt.block_on(bench_fleet());
+    }
+    if want("flat") {
+        rt.block_on(bench_fleet_flat());
     }
 }
