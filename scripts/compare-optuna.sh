@@ -10,8 +10,8 @@
 #   strategy here is random too: no model to fit on either side).
 # * Tunefleet: `tunefleet run` (embedded broker, durable SQLite store) and
 #   2 real `tunefleet-agent` processes of 1 slot each running `true`: each
-#   trial is a real process (the agent's exec wrapper, counters, energy
-#   estimate, store).
+#   trial is a real process (started directly, one exec, with counters from
+#   its first instruction, energy estimate, store).
 # * Process creation on the same cores: two shell loops of `/bin/true`
 #   (what the whole path could reach at best).
 #
