@@ -310,7 +310,7 @@ mod backend {
 
     use perf_event::events::{Cache, CacheId, CacheOp, CacheResult, Event, Hardware, Software};
     use std::collections::BTreeMap;
-    use std::sync::Mutex;
+    use std::sync::{Mutex, OnceLock};
 
     use perf_event::{Builder, Counter};
     use tunefleet_common::measurement::{CounterReading, MissingCounter};
@@ -435,10 +435,43 @@ mod backend {
         ["ENOENT", "ENODEV", "EOPNOTSUPP", "ENOSYS"].iter().any(|e| reason.contains(e))
     }
 
+    /// One disabled counter of each software event, open for as long as the
+    /// agent runs. The kernel turns each software event's code on (a static
+    /// key: the kernel text patched, every CPU interrupted) when the first
+    /// event of its kind is created and off when the last goes; a trial's
+    /// counters, created and closed per trial, did that twice per trial
+    /// when nothing else held them. These keep them on. They count nothing
+    /// (never enabled, not inherited).
+    static WARM: OnceLock<Mutex<Vec<Counter>>> = OnceLock::new();
+
+    fn keep_warm() {
+        WARM.get_or_init(|| {
+            let warm = super::SOFTWARE_EVENTS
+                .iter()
+                .filter_map(|name| software(name))
+                .filter_map(|ev| {
+                    let mut b = Builder::new(ev);
+                    b.observe_self().any_cpu().exclude_kernel(false).exclude_hv(true);
+                    b.build().or_else(|_| b.exclude_kernel(true).build()).ok()
+                })
+                .collect();
+            Mutex::new(warm)
+        });
+    }
+
+    /// What each kept-warm counter has counted (nothing, ever).
+    #[cfg(test)]
+    pub fn warm_counts() -> Vec<u64> {
+        keep_warm();
+        let Some(Ok(mut warm)) = WARM.get().map(Mutex::lock) else { return Vec::new() };
+        warm.iter_mut().filter_map(|c| c.read_count_and_time().ok()).map(|r| r.count).collect()
+    }
+
     /// Opens every known event on `target`. Once the syscall itself is
     /// missing (ENOSYS), the rest is not tried; events found unsupported
     /// before are reported missing without asking the kernel again.
     pub fn open_all(target: Target) -> (Vec<OpenCounter>, Vec<MissingCounter>) {
+        keep_warm();
         let known = UNSUPPORTED.lock().map(|m| m.clone()).unwrap_or_default();
         let mut learnt = Vec::new();
         let mut open = Vec::new();
@@ -527,6 +560,25 @@ mod tests {
         // Every asked-for event is either counted or missing with a reason.
         assert_eq!(outcome.readings.len() + outcome.missing.len(), SOFTWARE_EVENTS.len() + HARDWARE_EVENTS.len());
         assert!(outcome.missing.iter().all(|m| !m.reason.is_empty()));
+    }
+
+    /// Issue 12: the software events kept open to spare every trial the
+    /// kernel's patching never count, whatever runs.
+    #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
+    #[test]
+    fn the_counters_kept_warm_count_nothing() {
+        let counted = CounterSet::open_for_self();
+        let mut x = 0u64;
+        for i in 0..1_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        let warm = backend::warm_counts();
+        if counted.open_events().is_empty() {
+            return; // no perf here: nothing is kept either
+        }
+        assert_eq!(warm.len(), SOFTWARE_EVENTS.len(), "one per software event");
+        assert!(warm.iter().all(|&c| c == 0), "{warm:?}");
     }
 
     #[test]
