@@ -351,6 +351,9 @@ mod backend {
         Children,
         /// This thread, counting now.
         This,
+        /// This thread, never counting (disabled, not inherited): held only
+        /// to keep the event's code switched on in the kernel.
+        Idle,
     }
 
     fn build<E: Event + Clone>(event: E, target: Target, include_kernel: bool) -> std::io::Result<Counter> {
@@ -364,6 +367,9 @@ mod backend {
             }
             Target::This => {
                 b.observe_self().enabled(true);
+            }
+            Target::Idle => {
+                b.observe_self();
             }
         }
         b.any_cpu().exclude_kernel(!include_kernel).exclude_hv(true);
@@ -442,18 +448,13 @@ mod backend {
     /// counters, created and closed per trial, did that twice per trial
     /// when nothing else held them. These keep them on. They count nothing
     /// (never enabled, not inherited).
-    static WARM: OnceLock<Mutex<Vec<Counter>>> = OnceLock::new();
+    static WARM: OnceLock<Mutex<Vec<OpenCounter>>> = OnceLock::new();
 
     fn keep_warm() {
         WARM.get_or_init(|| {
             let warm = super::SOFTWARE_EVENTS
                 .iter()
-                .filter_map(|name| software(name))
-                .filter_map(|ev| {
-                    let mut b = Builder::new(ev);
-                    b.observe_self().any_cpu().exclude_kernel(false).exclude_hv(true);
-                    b.build().or_else(|_| b.exclude_kernel(true).build()).ok()
-                })
+                .filter_map(|name| open_one(name, software(name)?, Target::Idle).ok())
                 .collect();
             Mutex::new(warm)
         });
@@ -464,7 +465,7 @@ mod backend {
     pub fn warm_counts() -> Vec<u64> {
         keep_warm();
         let Some(Ok(mut warm)) = WARM.get().map(Mutex::lock) else { return Vec::new() };
-        warm.iter_mut().filter_map(|c| c.read_count_and_time().ok()).map(|r| r.count).collect()
+        warm.iter_mut().filter_map(|c| c.peek().ok()).map(|r| r.value).collect()
     }
 
     /// Opens every known event on `target`. Once the syscall itself is
@@ -472,14 +473,14 @@ mod backend {
     /// before are reported missing without asking the kernel again.
     pub fn open_all(target: Target) -> (Vec<OpenCounter>, Vec<MissingCounter>) {
         keep_warm();
-        let known = UNSUPPORTED.lock().map(|m| m.clone()).unwrap_or_default();
-        let mut learnt = Vec::new();
+        // Held while opening: trials starting at once wait a few syscalls.
+        let mut unsupported = UNSUPPORTED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut open = Vec::new();
         let mut missing: Vec<MissingCounter> = Vec::new();
         let mut no_syscall: Option<String> = None;
         let names = super::SOFTWARE_EVENTS.iter().chain(super::HARDWARE_EVENTS.iter());
         for &name in names {
-            if let Some(reason) = no_syscall.as_ref().or_else(|| known.get(name)) {
+            if let Some(reason) = no_syscall.as_ref().or_else(|| unsupported.get(name)) {
                 missing.push(MissingCounter { event: name.to_string(), reason: reason.clone() });
                 continue;
             }
@@ -496,15 +497,10 @@ mod backend {
                         no_syscall = Some(m.reason.clone());
                     }
                     if is_unsupported(&m.reason) {
-                        learnt.push((name, m.reason.clone()));
+                        unsupported.insert(name, m.reason.clone());
                     }
                     missing.push(m);
                 }
-            }
-        }
-        if !learnt.is_empty() {
-            if let Ok(mut map) = UNSUPPORTED.lock() {
-                map.extend(learnt);
             }
         }
         (open, missing)

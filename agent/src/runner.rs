@@ -471,6 +471,19 @@ struct Started {
     waiter: oneshot::Receiver<std::io::Result<Exited>>,
 }
 
+/// The pid of a child just started; a child that has none as a positive
+/// i32 (never, on Linux) is killed and reaped.
+fn child_pid(child: &mut Child) -> Result<Pid, String> {
+    match i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+        Some(pid) => Ok(pid),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err("invalid child pid".into())
+        }
+    }
+}
+
 /// Starts the workload directly (one exec) from a thread of its own: the
 /// thread pins itself to the trial's CPUs (the workload inherits them),
 /// opens the counters on the processes it will start (each enabled at its
@@ -501,12 +514,12 @@ fn start_direct(
                 return;
             }
         };
-        let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
-            // A child pid is always a positive i32 on Linux.
-            let _ = child.kill();
-            let _ = child.wait();
-            let _ = started_tx.send(Err("invalid child pid".into()));
-            return;
+        let pid = match child_pid(&mut child) {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = started_tx.send(Err(e));
+                return;
+            }
         };
         let started = Started {
             pid,
@@ -536,12 +549,7 @@ fn start_direct(
 /// task waits for its end.
 fn start_wrapped(cfg: &RunnerConfig, mut cmd: Command, prepared: &Prepared) -> Result<Started, String> {
     let mut child = cmd.spawn().map_err(|e| format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display()))?;
-    let Some(pid) = i32::try_from(child.id()).ok().and_then(Pid::from_raw) else {
-        // A child pid is always a positive i32 on Linux.
-        let _ = child.kill();
-        let _ = child.wait();
-        return Err("invalid child pid".into());
-    };
+    let pid = child_pid(&mut child)?;
     if let Some(cg) = &prepared.cgroup {
         if let Err(e) = cg.add(child.id()) {
             // Closing stdin without a byte makes the wrapper exit.
@@ -583,20 +591,23 @@ fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>
     // exec, the workload is started directly by a thread of its own (one
     // exec); otherwise through the exec wrapper, held until "go".
     let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
-    let mut cmd = if direct {
-        let mut cmd = Command::new(&spec.argv[0]);
-        cmd.args(&spec.argv[1..]).stdin(if control { Stdio::piped() } else { Stdio::null() });
-        cmd
-    } else {
-        let plan = ExecPlan {
-            cpus: run.cpus.clone(),
-            rlimit_as: prepared.rlimit_as,
-            keep_stdin: control,
-            argv: spec.argv.iter().map(Into::into).collect(),
-        };
-        let mut cmd = Command::new(&cfg.wrapper);
-        cmd.args(plan.to_args()).stdin(Stdio::piped());
-        cmd
+    let mut cmd = match spec.argv.split_first() {
+        Some((program, args)) if direct => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).stdin(if control { Stdio::piped() } else { Stdio::null() });
+            cmd
+        }
+        _ => {
+            let plan = ExecPlan {
+                cpus: run.cpus.clone(),
+                rlimit_as: prepared.rlimit_as,
+                keep_stdin: control,
+                argv: spec.argv.iter().map(Into::into).collect(),
+            };
+            let mut cmd = Command::new(&cfg.wrapper);
+            cmd.args(plan.to_args()).stdin(Stdio::piped());
+            cmd
+        }
     };
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
     if control {
