@@ -462,10 +462,7 @@ fn bench_real(trials: u64) {
         let mut cpu = 0.0;
         wait_for("the study", Duration::from_secs(600), || {
             if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-                let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-                let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
-                    + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-                cpu = ticks / 100.0;
+                cpu = stat_cpu_s(&stat).1;
             }
             matches!(coord.child.try_wait(), Ok(Some(_)))
         });
@@ -708,12 +705,11 @@ fn sample_until_exit(pid: u32) -> std::thread::JoinHandle<(f64, u64)> {
     std::thread::spawn(move || {
         let (mut cpu, mut hwm) = (0.0, 0u64);
         while let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-            if f.first() == Some(&"Z") {
+            let (state, now) = stat_cpu_s(&stat);
+            if state == "Z" {
                 break;
             }
-            let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-            cpu = (tick(11) + tick(12)) / 100.0;
+            cpu = now;
             if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
                 let v = status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.split_whitespace().next());
                 hwm = hwm.max(v.and_then(|v| v.parse().ok()).unwrap_or(0));
@@ -724,12 +720,17 @@ fn sample_until_exit(pid: u32) -> std::thread::JoinHandle<(f64, u64)> {
     })
 }
 
-/// CPU seconds (user + system) process `pid` ("self" for this one) has used so far.
-fn cpu_s(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+/// A process's state and the CPU seconds (user + system, 100 ticks a
+/// second) it has used, from its `/proc/PID/stat` text.
+fn stat_cpu_s(stat: &str) -> (&str, f64) {
     let f: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
     let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (tick(11) + tick(12)) / 100.0
+    (f.first().copied().unwrap_or(""), (tick(11) + tick(12)) / 100.0)
+}
+
+/// CPU seconds (user + system) process `pid` ("self" for this one) has used so far.
+fn cpu_s(pid: &str) -> f64 {
+    stat_cpu_s(&std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default()).1
 }
 
 /// What one fleet run measured.
