@@ -9,7 +9,8 @@
 use std::path::{Path, PathBuf};
 
 use tunefleet_common::auth::{
-    self, AuthError, Digest, Identity, KeyFileError, PendingHello, PublicKey, Sealed, Session, Signed,
+    self, AuthError, Digest, Enrolment, Identity, JoinToken, KeyFileError, PendingHello, PublicKey, Sealed, Session,
+    Signed,
 };
 use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, CoordinatorStatus};
 use tunefleet_common::topic::AgentTopic;
@@ -17,16 +18,46 @@ use tunefleet_common::{encode, CodecError};
 
 /// The agent's key, in its state directory.
 pub const KEY_FILE: &str = "agent.key";
-/// The coordinator key pinned on first use, in the state directory.
+/// The coordinator key, once pinned (from a join token, or on first use in
+/// a lab), in the state directory.
 pub const COORDINATOR_KEY_FILE: &str = "coordinator.pub";
+/// The last process instance, in the state directory (see [`next_instance`]).
+pub const INSTANCE_FILE: &str = "instance";
 
-/// Where the coordinator's key is pinned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pin {
+/// How this agent comes to trust a coordinator key. Never from a broker
+/// topic alone, unless the operator opts in for a lab (`first_use`).
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
     /// Given on the command line (`--coordinator-key`): never changes.
-    Given(PublicKey),
-    /// Pinned on first use and kept in this file (`None`: memory only).
-    FirstUse(Option<PathBuf>),
+    pub given: Option<PublicKey>,
+    /// A join token (`--join`): the coordinator whose key matches its
+    /// fingerprint is pinned, and the agent proves the token in its Hello.
+    pub token: Option<JoinToken>,
+    /// `--trust-first-coordinator`: pin whichever signed status comes first
+    /// (trust on first use; any broker user can be that coordinator).
+    pub first_use: bool,
+    /// Where a pinned key is kept across restarts (`None`: memory only).
+    pub file: Option<PathBuf>,
+}
+
+/// Why the agent cannot start with the trust it was given.
+#[derive(Debug, thiserror::Error)]
+pub enum TrustError {
+    #[error(
+        "this agent trusts no coordinator yet: give --join TOKEN (made by `tunefleet token create` on the \
+         coordinator's machine), or --coordinator-key HEX (from `tunefleet key`); --trust-first-coordinator pins \
+         whichever coordinator answers first, for a lab where every broker user is trusted"
+    )]
+    Nothing,
+    #[error(
+        "the join token is for coordinator {token}..., but {pinned} is pinned in {file}: remove that file if this \
+         agent now belongs to another coordinator"
+    )]
+    Conflict { token: String, pinned: String, file: String },
+    #[error("{0}")]
+    KeyFile(#[from] KeyFileError),
+    #[error("{0}")]
+    Auth(#[from] AuthError),
 }
 
 /// Why the agent ignored a coordinator status.
@@ -39,7 +70,11 @@ pub enum StatusRefusal {
          (or give --coordinator-key)"
     )]
     OtherKey { got: String, pinned: String, file: String },
-    #[error("an older coordinator status (started {got} ms, newest seen {newest} ms): a replay")]
+    #[error(
+        "a coordinator status signed by key {got}, which neither this agent's join token nor its pin names: ignored"
+    )]
+    Unknown { got: String },
+    #[error("an older coordinator status (instance {got}, newest seen {newest}): a replay")]
     Stale { got: u64, newest: u64 },
 }
 
@@ -47,8 +82,11 @@ pub enum StatusRefusal {
 pub struct AgentAuth {
     name: String,
     identity: Identity,
-    pin: Pin,
+    trust: Trust,
     pinned: Option<PublicKey>,
+    /// The join token's proof, sent in every Hello (the coordinator reads it
+    /// only while it does not know this agent's key).
+    enrol: Option<Enrolment>,
     /// The newest verified coordinator status.
     coordinator: Option<CoordinatorStatus>,
     pending: Option<PendingHello>,
@@ -87,17 +125,31 @@ pub fn load_identity(state_dir: Option<&Path>) -> Result<Identity, KeyFileError>
 }
 
 impl AgentAuth {
-    pub fn new(name: &str, identity: Identity, pin: Pin) -> Result<Self, KeyFileError> {
-        let pinned = match &pin {
-            Pin::Given(k) => Some(*k),
-            Pin::FirstUse(Some(path)) => auth::read_public_key(path)?,
-            Pin::FirstUse(None) => None,
+    pub fn new(name: &str, identity: Identity, trust: Trust) -> Result<Self, TrustError> {
+        let from_file = match &trust.file {
+            Some(path) => auth::read_public_key(path)?,
+            None => None,
         };
+        let pinned = match (&trust.given, &trust.token, from_file) {
+            (Some(k), _, _) => Some(*k),
+            (None, Some(token), Some(k)) if !token.admits_coordinator(&k) => {
+                return Err(TrustError::Conflict {
+                    token: auth::hex(&token.fingerprint[..8]),
+                    pinned: auth::hex(&k),
+                    file: trust.file.as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                })
+            }
+            (None, _, Some(k)) => Some(k),
+            (None, None, None) if !trust.first_use => return Err(TrustError::Nothing),
+            (None, _, None) => None,
+        };
+        let enrol = trust.token.as_ref().map(|t| t.prove(&identity.public(), name)).transpose()?;
         Ok(AgentAuth {
             name: name.to_string(),
             identity,
-            pin,
+            trust,
             pinned,
+            enrol,
             coordinator: None,
             pending: None,
             session: None,
@@ -117,40 +169,49 @@ impl AgentAuth {
         self.will_hash = will_hash;
     }
 
-    /// Checks a signed coordinator status: the pinned key (pinning it on
-    /// first use), and no older than the newest seen. Returns it when it is
-    /// to be acted on.
+    /// Checks a signed coordinator status: the pinned key (pinning it when
+    /// the join token names it, or on first use where the operator allowed
+    /// that), and no older than the newest seen (by the coordinator's
+    /// instance, a counter that grows with every start, never its clock).
+    /// Returns it when it is to be acted on.
     pub fn coordinator_status(&mut self, signed: &Signed) -> Result<CoordinatorStatus, StatusRefusal> {
         let status = auth::open_status(signed)?;
         match self.pinned {
             Some(k) if k != status.key => {
-                let file = match &self.pin {
-                    Pin::FirstUse(Some(p)) => p.display().to_string(),
+                let file = match &self.trust.file {
+                    Some(p) if self.trust.given.is_none() => p.display().to_string(),
                     _ => "the pin".into(),
                 };
                 return Err(StatusRefusal::OtherKey { got: auth::hex(&status.key), pinned: auth::hex(&k), file });
             }
             Some(_) => {}
             None => {
+                let by_token = self.trust.token.as_ref().is_some_and(|t| t.admits_coordinator(&status.key));
+                if !by_token && !self.trust.first_use {
+                    return Err(StatusRefusal::Unknown { got: auth::hex(&status.key) });
+                }
                 self.pinned = Some(status.key);
-                match &self.pin {
-                    Pin::FirstUse(Some(path)) => {
+                let how = if by_token { "its join token" } else { "first use (--trust-first-coordinator)" };
+                match &self.trust.file {
+                    Some(path) => {
                         if let Err(e) = auth::write_public_key(path, &status.key) {
                             tracing::error!(error = %e, "cannot keep the coordinator's key: pinned for this process only");
                         }
                         tracing::warn!(
                             key = %auth::hex(&status.key),
                             file = %path.display(),
-                            "PINNED the coordinator's key on first use: from now on this agent obeys only this coordinator"
+                            "pinned the coordinator's key from {how}: from now on this agent obeys only this coordinator"
                         );
                     }
-                    _ => tracing::warn!(key = %auth::hex(&status.key), "pinned the coordinator's key for this process"),
+                    None => {
+                        tracing::warn!(key = %auth::hex(&status.key), "pinned the coordinator's key from {how} for this process")
+                    }
                 }
             }
         }
         if let Some(newest) = &self.coordinator {
-            if status.started_unix_ms < newest.started_unix_ms {
-                return Err(StatusRefusal::Stale { got: status.started_unix_ms, newest: newest.started_unix_ms });
+            if status.instance < newest.instance {
+                return Err(StatusRefusal::Stale { got: status.instance, newest: newest.instance });
             }
         }
         self.coordinator = Some(status.clone());
@@ -164,7 +225,8 @@ impl AgentAuth {
             return Ok(None);
         };
         self.hello_seq += 1;
-        let (signed, pending) = auth::hello(&self.identity, info.clone(), instance, self.hello_seq, self.will_hash)?;
+        let (signed, pending) =
+            auth::hello(&self.identity, info.clone(), instance, self.hello_seq, self.will_hash, self.enrol.clone())?;
         self.pending = Some(pending);
         self.session = None;
         Ok(Some(encode(&auth::UpFrame::Hello(signed))?))
@@ -220,33 +282,82 @@ mod tests {
         auth::sign_status(id, &s).expect("sign")
     }
 
+    fn trust(token: Option<&JoinToken>, file: Option<PathBuf>) -> Trust {
+        Trust { token: token.cloned(), file, ..Trust::default() }
+    }
+
     #[test]
-    fn pins_on_first_use_and_refuses_another_coordinator_and_old_statuses() {
+    fn regression_a_fleet_member_cannot_capture_a_new_agent_the_token_names_its_coordinator() {
         let dir = tempfile::tempdir().expect("dir");
         let pin_file = dir.path().join(COORDINATOR_KEY_FILE);
         let (coord, _) = Identity::generate().expect("key");
         let (mallory, _) = Identity::generate().expect("key");
-        let mut a = AgentAuth::new("a1", Identity::generate().expect("key").0, Pin::FirstUse(Some(pin_file.clone())))
-            .expect("auth");
+        let token = JoinToken::generate(&coord.public()).expect("token");
+        let mut a =
+            AgentAuth::new("a1", Identity::generate().expect("key").0, trust(Some(&token), Some(pin_file.clone())))
+                .expect("auth");
         assert_eq!(a.hello(&info()), Ok(None), "no coordinator seen yet");
-        a.coordinator_status(&status(&coord, true, 1, 100)).expect("first use");
+        // A member's own coordinator, signed and online, reaches the new agent first: not pinned.
+        assert!(matches!(a.coordinator_status(&status(&mallory, true, 1, 100)), Err(StatusRefusal::Unknown { .. })));
+        assert_eq!(a.hello(&info()), Ok(None), "no Hello for a coordinator the token does not name");
+        assert_eq!(auth::read_public_key(&pin_file).expect("read"), None);
+        // The real one is pinned from the token, and kept.
+        a.coordinator_status(&status(&coord, true, 5, 100)).expect("the token's coordinator");
         assert_eq!(auth::read_public_key(&pin_file).expect("read"), Some(coord.public()));
-        assert!(matches!(a.coordinator_status(&status(&mallory, true, 2, 200)), Err(StatusRefusal::OtherKey { .. })));
-        assert!(matches!(a.coordinator_status(&status(&coord, true, 0, 50)), Err(StatusRefusal::Stale { .. })));
-        // A restarted agent process reads the pin back.
-        let mut b =
-            AgentAuth::new("a1", Identity::generate().expect("key").0, Pin::FirstUse(Some(pin_file))).expect("auth");
+        assert!(matches!(a.coordinator_status(&status(&mallory, true, 9, 200)), Err(StatusRefusal::OtherKey { .. })));
+        // Staleness is by instance, not by the coordinator's clock: an older
+        // instance is a replay, a newer one with an earlier clock is not.
+        assert!(matches!(a.coordinator_status(&status(&coord, true, 4, 500)), Err(StatusRefusal::Stale { .. })));
+        a.coordinator_status(&status(&coord, true, 6, 1)).expect("restarted with an earlier clock");
+        // The Hello carries the token's proof for this agent's key and name.
+        let hello = a.hello(&info()).expect("hello").expect("online");
+        let Ok(auth::UpFrame::Hello(signed)) = decode::<auth::UpFrame>(&hello) else { panic!("not a hello") };
+        let (h, _) = auth::open_hello(&signed).expect("verifies");
+        let proof = h.enrol.expect("a proof");
+        assert_eq!(auth::verify_enrolment(&proof, &h.key, "a1", &coord.public()), Ok(()));
+        // A restarted agent reads the pin back, token or not.
+        let mut b = AgentAuth::new("a1", Identity::generate().expect("key").0, trust(None, Some(pin_file.clone())))
+            .expect("auth");
         assert!(matches!(b.coordinator_status(&status(&mallory, true, 2, 200)), Err(StatusRefusal::OtherKey { .. })));
-        let mut given =
-            AgentAuth::new("a1", Identity::generate().expect("key").0, Pin::Given(mallory.public())).expect("auth");
+        // A token for another coordinator than the pinned one is refused at start.
+        let other = JoinToken::generate(&mallory.public()).expect("token");
+        assert!(matches!(
+            AgentAuth::new("a1", Identity::generate().expect("key").0, trust(Some(&other), Some(pin_file))),
+            Err(TrustError::Conflict { .. })
+        ));
+        let given = Trust { given: Some(mallory.public()), ..Trust::default() };
+        let mut given = AgentAuth::new("a1", Identity::generate().expect("key").0, given).expect("auth");
         assert!(matches!(given.coordinator_status(&status(&coord, true, 2, 200)), Err(StatusRefusal::OtherKey { .. })));
+    }
+
+    #[test]
+    fn nothing_is_pinned_from_a_topic_unless_the_operator_opts_in() {
+        let none = AgentAuth::new("a1", Identity::generate().expect("key").0, Trust::default());
+        assert!(matches!(none, Err(TrustError::Nothing)));
+        let lab = Trust { first_use: true, ..Trust::default() };
+        let mut a = AgentAuth::new("a1", Identity::generate().expect("key").0, lab).expect("auth");
+        let (coord, _) = Identity::generate().expect("key");
+        a.coordinator_status(&status(&coord, true, 1, 1)).expect("first use, opted in");
+    }
+
+    #[test]
+    fn instances_grow_across_restarts_even_when_the_clock_goes_back() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join(INSTANCE_FILE);
+        let first = auth::next_instance(Some(&file)).expect("first");
+        std::fs::write(&file, format!("{}\n", u64::MAX / 2)).expect("a clock far ahead once");
+        let second = auth::next_instance(Some(&file)).expect("second");
+        assert_eq!(second, u64::MAX / 2 + 1);
+        assert!(second > first);
+        assert!(auth::next_instance(Some(&file)).expect("third") > second);
     }
 
     #[test]
     fn a_welcome_opens_the_session_only_for_our_hello_and_pinned_key() {
         let (coord, _) = Identity::generate().expect("key");
         let (mallory, _) = Identity::generate().expect("key");
-        let mut a = AgentAuth::new("a1", Identity::generate().expect("key").0, Pin::FirstUse(None)).expect("auth");
+        let lab = Trust { first_use: true, ..Trust::default() };
+        let mut a = AgentAuth::new("a1", Identity::generate().expect("key").0, lab).expect("auth");
         a.coordinator_status(&status(&coord, true, 9, 1)).expect("status");
         let hello = a.hello(&info()).expect("hello").expect("online");
         let Ok(auth::UpFrame::Hello(signed)) = decode::<auth::UpFrame>(&hello) else { panic!("not a hello") };

@@ -101,8 +101,12 @@ pub struct AgentConfig {
     pub wrapper: Option<PathBuf>,
     /// Broker login and TLS.
     pub security: tunefleet_common::security::ClientSecurity,
-    /// The coordinator's public key; none: pinned on first use.
+    /// The coordinator's public key; none: pinned from the join token.
     pub coordinator_key: Option<tunefleet_common::auth::PublicKey>,
+    /// The join token: names the coordinator, and admits this agent's key.
+    pub join: Option<tunefleet_common::auth::JoinToken>,
+    /// Pin the first coordinator seen (a lab where every broker user is trusted).
+    pub trust_first_coordinator: bool,
     /// Programs the agent may run (glob patterns on the program, argv[0]);
     /// empty: any.
     pub allow_commands: Vec<glob::Pattern>,
@@ -133,6 +137,8 @@ impl AgentConfig {
             wrapper: None,
             security: Default::default(),
             coordinator_key: None,
+            join: None,
+            trust_first_coordinator: false,
             allow_commands: Vec::new(),
         }
     }
@@ -149,6 +155,8 @@ pub enum AgentError {
     State(#[from] pending::PendingError),
     #[error("keys: {0}")]
     Keys(#[from] tunefleet_common::auth::KeyFileError),
+    #[error("{0}")]
+    Trust(#[from] auth::TrustError),
     #[error("MQTT transport: {0}")]
     Transport(#[from] transport::TransportError),
     #[error("the MQTT event loop stopped unexpectedly")]
@@ -370,7 +378,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         Some(w) => w.clone(),
         None => std::env::current_exe().map_err(AgentError::WrapperExe)?,
     };
-    let instance = rand::random::<u64>();
+    let instance = tunefleet_common::auth::next_instance(
+        config.state_dir.as_ref().map(|d| d.join(auth::INSTANCE_FILE)).as_deref(),
+    )?;
     let cpus = match &config.cpus {
         Some(set) => {
             if !sched::allowed_cpus().iter().all(|c| set.contains(c)) {
@@ -412,11 +422,19 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
     let identity = auth::load_identity(config.state_dir.as_deref())?;
-    let pin = match config.coordinator_key {
-        Some(k) => auth::Pin::Given(k),
-        None => auth::Pin::FirstUse(config.state_dir.as_ref().map(|d| d.join(auth::COORDINATOR_KEY_FILE))),
+    let trust = auth::Trust {
+        given: config.coordinator_key,
+        token: config.join.clone(),
+        first_use: config.trust_first_coordinator,
+        file: config.state_dir.as_ref().map(|d| d.join(auth::COORDINATOR_KEY_FILE)),
     };
-    let agent_auth = auth::AgentAuth::new(&config.name, identity, pin)?;
+    if trust.first_use && trust.given.is_none() && trust.token.is_none() {
+        tracing::warn!(
+            "--trust-first-coordinator: this agent obeys whichever coordinator answers first; any broker user can be \
+             it (use a join token outside a lab)"
+        );
+    }
+    let agent_auth = auth::AgentAuth::new(&config.name, identity, trust)?;
     tracing::info!(key = %tunefleet_common::auth::hex(&agent_auth.public_key()), "this agent's public key");
     let mut state = AgentState::new(info, cpus, config.max_trials);
     for result in pending.iter().flat_map(PendingResults::load) {

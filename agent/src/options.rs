@@ -137,6 +137,10 @@ pub enum ConfigError {
     NoBroker,
     #[error("--coordinator-key {0:?}: expected the 64 hex digits that `tunefleet key` prints")]
     CoordinatorKey(String),
+    #[error("--join: {0}")]
+    Join(tunefleet_common::auth::BadJoinToken),
+    #[error("--join-file {path}: {source}")]
+    JoinFile { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     AllowCommand(String),
     #[error("no state directory: give --state-dir (or set HOME, XDG_STATE_HOME or STATE_DIRECTORY)")]
@@ -293,6 +297,15 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
         .coordinator_key
         .map(|k| tunefleet_common::auth::parse_public_key(&k).ok_or(ConfigError::CoordinatorKey(k)))
         .transpose()?;
+    let join = match (cli.join, cli.join_file) {
+        (Some(text), _) => Some(text),
+        (None, Some(path)) => {
+            Some(std::fs::read_to_string(&path).map_err(|source| ConfigError::JoinFile { path, source })?)
+        }
+        (None, None) => None,
+    };
+    config.join = join.map(|t| t.parse().map_err(ConfigError::Join)).transpose()?;
+    config.trust_first_coordinator = cli.trust_first_coordinator;
     config.allow_commands = crate::allow::parse(&cli.allow_commands).map_err(ConfigError::AllowCommand)?;
     Ok(config)
 }

@@ -212,7 +212,7 @@ fn agent_info() -> AgentInfo {
 
 /// A fresh pair of sessions (agent side, coordinator side) for `agent`.
 fn sessions(agent_id: &Identity, coord_id: &Identity, agent: &str) -> (Session, Session) {
-    let (signed, pending) = auth::hello(agent_id, agent_info(), 1, 1, [7; 32]).expect("hello");
+    let (signed, pending) = auth::hello(agent_id, agent_info(), 1, 1, [7; 32], None).expect("hello");
     let (hello, digest) = auth::open_hello(&signed).expect("hello verifies");
     let (welcome, coord) = auth::welcome(coord_id, agent, &hello, digest, 0xfeed).expect("welcome");
     let agent = pending.finish(agent, &coord_id.public(), &welcome).expect("welcome verifies");
@@ -315,9 +315,9 @@ fn main() {
     // Once per session.
     let info = agent_info();
     let sign = time(|| {
-        black_box(auth::hello(&agent_id, black_box(info.clone()), 1, 1, [7; 32]).expect("hello"));
+        black_box(auth::hello(&agent_id, black_box(info.clone()), 1, 1, [7; 32], None).expect("hello"));
     });
-    let (signed, _) = auth::hello(&agent_id, info.clone(), 1, 1, [7; 32]).expect("hello");
+    let (signed, _) = auth::hello(&agent_id, info.clone(), 1, 1, [7; 32], None).expect("hello");
     let verify = time(|| {
         black_box(auth::open_hello(black_box(&signed)).expect("verifies"));
     });

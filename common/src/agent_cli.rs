@@ -94,10 +94,21 @@ pub struct Cli {
     #[arg(long, default_value_t = DEFAULT_INTERFERENCE_THRESHOLD, value_name = "FRACTION")]
     pub interference_threshold: f64,
     /// The coordinator's public key (64 hex digits, from `tunefleet key`): the
-    /// agent obeys only the coordinator holding it [default: the first one
-    /// seen, pinned in the state directory]
+    /// agent obeys only the coordinator holding it
     #[arg(long, env = "TUNEFLEET_COORDINATOR_KEY", value_name = "HEX")]
     pub coordinator_key: Option<String>,
+    /// Join token from `tunefleet token create`: the agent pins the
+    /// coordinator it names and proves the token in its first Hello. Prefer
+    /// TUNEFLEET_JOIN or --join-file: a command line is visible to `ps`
+    #[arg(long, env = "TUNEFLEET_JOIN", value_name = "TOKEN", hide_env_values = true)]
+    pub join: Option<String>,
+    /// Read the join token from this file
+    #[arg(long, value_name = "FILE", conflicts_with = "join")]
+    pub join_file: Option<PathBuf>,
+    /// Pin whichever coordinator's signed status arrives first (trust on
+    /// first use): any broker user can be that coordinator. For a lab only
+    #[arg(long)]
+    pub trust_first_coordinator: bool,
     /// Run only programs (argv[0], as the study writes it) matching this
     /// shell-style pattern (repeatable) [default: any program]
     #[arg(long = "allow-command", value_name = "PATTERN")]

@@ -216,6 +216,28 @@ fn write_private(path: &Path, bytes: &[u8], replace: bool) -> Result<bool, KeyFi
     Ok(created)
 }
 
+/// The instance of a new agent (or coordinator) process: above every
+/// earlier one this state file has seen and, so that an instance is never
+/// reused even when the file is lost, no lower than the wall clock in
+/// microseconds. Written durably before use. Without a file, the clock alone.
+pub fn next_instance(file: Option<&Path>) -> Result<u64, KeyFileError> {
+    let clock = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64);
+    let Some(path) = file else { return Ok(clock) };
+    let last = match std::fs::read_to_string(path) {
+        Ok(text) => text.trim().parse::<u64>().unwrap_or(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        Err(source) => return Err(KeyFileError::Io { action: "read", path: path.to_path_buf(), source }),
+    };
+    let next = clock.max(last.saturating_add(1));
+    write_counter(path, next)?;
+    Ok(next)
+}
+
+/// Writes a counter file (decimal and a newline), durably.
+pub fn write_counter(path: &Path, value: u64) -> Result<(), KeyFileError> {
+    write_private(path, format!("{value}\n").as_bytes(), true).map(|_| ())
+}
+
 /// Reads a pinned public key file (64 hex digits); `None` when there is none.
 pub fn read_public_key(path: &Path) -> Result<Option<PublicKey>, KeyFileError> {
     match std::fs::read_to_string(path) {
@@ -242,6 +264,132 @@ fn verify(key: &PublicKey, domain: &[u8], body: &[u8], signature: &[u8]) -> Resu
 const DOMAIN_HELLO: &[u8] = b"tunefleet v3 hello\0";
 const DOMAIN_WELCOME: &[u8] = b"tunefleet v3 welcome\0";
 const DOMAIN_STATUS: &[u8] = b"tunefleet v3 coordinator status\0";
+const DOMAIN_ENROL: &[u8] = b"tunefleet v4 enrolment\0";
+
+/// Largest signed Hello body the coordinator opens; checked before the body
+/// is decoded or its signature verified.
+pub const MAX_HELLO_BYTES: usize = 16 * 1024;
+/// Length of an Ed25519 signature.
+pub const SIGNATURE_BYTES: usize = 64;
+
+/// SHA-256 of a coordinator's public key: what a join token carries, so an
+/// agent pins the coordinator from the token, never from a broker topic.
+pub fn fingerprint(key: &PublicKey) -> Digest {
+    sha256(&[b"tunefleet coordinator key\0", key])
+}
+
+/// Why a join token does not parse.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "not a join token: expected {JOIN_PREFIX}<64 hex digits>.<64 hex digits>, as `tunefleet token create` prints it"
+)]
+pub struct BadJoinToken;
+
+/// How a join token starts.
+pub const JOIN_PREFIX: &str = "tfjoin1.";
+
+/// A join token (`tunefleet token create`): the fingerprint of the
+/// coordinator's key and a secret, the seed of an Ed25519 key whose public
+/// half the coordinator keeps. The agent pins the coordinator whose key
+/// matches the fingerprint, and proves it holds the secret by signing its
+/// own key and name with it ([`Enrolment`]); the proof travels on a shared
+/// topic but is worthless for any other key or name.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub fingerprint: Digest,
+    pub secret: [u8; 32],
+}
+
+impl std::fmt::Debug for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "JoinToken(coordinator {}, secret hidden)", hex(&self.fingerprint[..8]))
+    }
+}
+
+impl std::fmt::Display for JoinToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{JOIN_PREFIX}{}.{}", hex(&self.fingerprint), hex(&self.secret))
+    }
+}
+
+impl std::str::FromStr for JoinToken {
+    type Err = BadJoinToken;
+    fn from_str(text: &str) -> Result<Self, BadJoinToken> {
+        let rest = text.trim().strip_prefix(JOIN_PREFIX).ok_or(BadJoinToken)?;
+        let (fp, secret) = rest.split_once('.').ok_or(BadJoinToken)?;
+        Ok(JoinToken {
+            fingerprint: parse_public_key(fp).ok_or(BadJoinToken)?,
+            secret: parse_public_key(secret).ok_or(BadJoinToken)?,
+        })
+    }
+}
+
+impl JoinToken {
+    /// A new token for the coordinator holding `coordinator`.
+    pub fn generate(coordinator: &PublicKey) -> Result<JoinToken, AuthError> {
+        Ok(JoinToken { fingerprint: fingerprint(coordinator), secret: random_bytes::<32>()? })
+    }
+
+    fn pair(&self) -> Result<Ed25519KeyPair, AuthError> {
+        Ed25519KeyPair::from_seed_unchecked(&self.secret).map_err(|_| AuthError::Random)
+    }
+
+    /// The token's public half: what the coordinator stores (the secret
+    /// itself is never stored, nor can it be derived from this).
+    pub fn public(&self) -> Result<PublicKey, AuthError> {
+        let mut out = [0u8; 32];
+        out.copy_from_slice(self.pair()?.public_key().as_ref());
+        Ok(out)
+    }
+
+    /// Whether `key` is the coordinator this token is for.
+    pub fn admits_coordinator(&self, key: &PublicKey) -> bool {
+        same(&fingerprint(key), &self.fingerprint)
+    }
+
+    /// Proof, for a Hello, that the agent holding `agent_key` under `name`
+    /// was given this token.
+    pub fn prove(&self, agent_key: &PublicKey, name: &str) -> Result<Enrolment, AuthError> {
+        let pair = self.pair()?;
+        let msg = enrolment_message(agent_key, name, &self.fingerprint);
+        let mut token = [0u8; 32];
+        token.copy_from_slice(pair.public_key().as_ref());
+        Ok(Enrolment { token, signature: pair.sign(&msg).as_ref().to_vec() })
+    }
+}
+
+fn enrolment_message(agent_key: &PublicKey, name: &str, coordinator: &Digest) -> Vec<u8> {
+    let mut msg = Vec::with_capacity(DOMAIN_ENROL.len() + 64 + name.len() + 1);
+    msg.extend_from_slice(DOMAIN_ENROL);
+    msg.extend_from_slice(coordinator);
+    msg.extend_from_slice(agent_key);
+    msg.extend_from_slice(name.as_bytes());
+    msg
+}
+
+/// A Hello's proof that its agent holds a join token: the token's public
+/// half and its signature over the coordinator's fingerprint, the agent's
+/// key and its name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enrolment {
+    pub token: PublicKey,
+    #[serde(with = "serde_bytes")]
+    pub signature: Vec<u8>,
+}
+
+/// Checks `enrolment` for the agent holding `agent_key` under `name`, at the
+/// coordinator holding `coordinator` (the caller looks the token up).
+pub fn verify_enrolment(
+    enrolment: &Enrolment,
+    agent_key: &PublicKey,
+    name: &str,
+    coordinator: &PublicKey,
+) -> Result<(), AuthError> {
+    let msg = enrolment_message(agent_key, name, &fingerprint(coordinator));
+    UnparsedPublicKey::new(&ED25519, enrolment.token)
+        .verify(&msg, &enrolment.signature)
+        .map_err(|_| AuthError::Signature)
+}
 
 /// A signed body: the encoded message and the Ed25519 signature over it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -266,6 +414,9 @@ pub struct Hello {
     pub seq: u64,
     /// SHA-256 of the secret in this connection's Last Will.
     pub will_hash: Digest,
+    /// Proof of a join token, for a coordinator that does not know this
+    /// agent's key yet.
+    pub enrol: Option<Enrolment>,
 }
 
 /// The coordinator opens a session.
@@ -367,6 +518,7 @@ pub fn hello(
     coordinator_instance: u64,
     seq: u64,
     will_hash: Digest,
+    enrol: Option<Enrolment>,
 ) -> Result<(Signed, PendingHello), AuthError> {
     let rng = SystemRandom::new();
     let private = agreement::EphemeralPrivateKey::generate(&agreement::X25519, &rng).map_err(|_| AuthError::Random)?;
@@ -374,7 +526,7 @@ pub fn hello(
     let mut exchange = [0u8; 32];
     exchange.copy_from_slice(public.as_ref());
     let instance = info.instance;
-    let body = encode(&Hello { info, key: identity.public(), exchange, coordinator_instance, seq, will_hash })?;
+    let body = encode(&Hello { info, key: identity.public(), exchange, coordinator_instance, seq, will_hash, enrol })?;
     let signature = identity.sign(DOMAIN_HELLO, &body);
     let digest = sha256(&[&body]);
     Ok((Signed { body, signature }, PendingHello { private, digest, instance }))
@@ -383,9 +535,27 @@ pub fn hello(
 /// Checks a Hello's signature against the key it carries (the caller checks
 /// that key against its pin); returns it with the digest of its body.
 pub fn open_hello(signed: &Signed) -> Result<(Hello, Digest), AuthError> {
-    let hello: Hello = decode(&signed.body)?;
-    verify(&hello.key, DOMAIN_HELLO, &signed.body, &signed.signature)?;
+    let hello = peek_hello(signed)?;
+    verify_hello(&hello, signed)?;
     Ok((hello, sha256(&[&signed.body])))
+}
+
+/// The cheap half of [`open_hello`]: bounds the sizes and decodes the
+/// Hello, without verifying its signature (an Ed25519 verification costs
+/// tens of microseconds; a flood of junk must not buy them).
+pub fn peek_hello(signed: &Signed) -> Result<Hello, AuthError> {
+    if signed.body.len() > MAX_HELLO_BYTES {
+        return Err(AuthError::Codec(CodecError::TooLarge { size: signed.body.len(), max: MAX_HELLO_BYTES }));
+    }
+    if signed.signature.len() != SIGNATURE_BYTES {
+        return Err(AuthError::Signature);
+    }
+    Ok(decode(&signed.body)?)
+}
+
+/// The expensive half of [`open_hello`]: the signature, by the key the Hello carries.
+pub fn verify_hello(hello: &Hello, signed: &Signed) -> Result<(), AuthError> {
+    verify(&hello.key, DOMAIN_HELLO, &signed.body, &signed.signature)
 }
 
 fn derive(shared: &[u8], transcript: &Digest) -> Keys {
@@ -590,7 +760,7 @@ mod tests {
         let (agent_id, _) = Identity::generate().expect("agent key");
         let (coord_id, _) = Identity::generate().expect("coordinator key");
         let (_, will_hash) = new_will(7).expect("will");
-        let (signed, pending) = hello(&agent_id, info(7), 99, 1, will_hash).expect("hello");
+        let (signed, pending) = hello(&agent_id, info(7), 99, 1, will_hash, None).expect("hello");
         let (h, digest) = open_hello(&signed).expect("verifies");
         assert_eq!(h.key, agent_id.public());
         let (w, coord) = welcome(&coord_id, "a1", &h, digest, 0xfeed).expect("welcome");
@@ -647,7 +817,7 @@ mod tests {
         let (agent_id, _) = Identity::generate().expect("key");
         let (coord_id, _) = Identity::generate().expect("key");
         let (mallory, _) = Identity::generate().expect("key");
-        let (signed, pending) = hello(&agent_id, info(7), 99, 1, [0; 32]).expect("hello");
+        let (signed, pending) = hello(&agent_id, info(7), 99, 1, [0; 32], None).expect("hello");
         let mut forged = signed.clone();
         forged.body[3] ^= 1;
         assert!(open_hello(&forged).is_err());
@@ -657,7 +827,7 @@ mod tests {
         let Err(e) = pending.finish("a1", &coord_id.public(), &w) else { panic!("accepted a forged welcome") };
         assert_eq!(e, AuthError::Signature);
         // A Welcome for another Hello is refused.
-        let (signed2, pending2) = hello(&agent_id, info(7), 99, 2, [0; 32]).expect("hello");
+        let (signed2, pending2) = hello(&agent_id, info(7), 99, 2, [0; 32], None).expect("hello");
         let _ = signed2;
         let (w, _) = welcome(&coord_id, "a1", &h, digest, 1).expect("welcome");
         assert!(!pending2.answers(&w));

@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 6;
+pub const PROTOCOL_VERSION: u8 = 7;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;

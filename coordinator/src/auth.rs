@@ -1,12 +1,20 @@
 //! The coordinator's side of message authentication (the scheme is in
 //! [`tunefleet_common::auth`]): its key pair and signed status, the checks a
-//! Hello must pass (rate, signature, name, coordinator instance, replay),
-//! one session per agent, and sealing and opening of session frames.
+//! Hello must pass, one session per agent, and sealing and opening of
+//! session frames.
 //!
-//! Pinning agent keys needs the store, so the engine does that step between
-//! [`Sessions::check_hello`] and [`Sessions::accept`].
+//! A Hello passes, in this order, from cheapest to dearest, so that junk
+//! never spends a budget real agents need: its size and shape, the name on
+//! its topic, the coordinator instance it answers ([`Sessions::peek_hello`]);
+//! then, with what the store knows of the name (its pinned key, its last
+//! process instance and Hello number, a join token), the replay check and
+//! admission ([`Sessions::admit`]): a name whose key is pinned spends the
+//! budget of known agents, a new key the smaller budget of new pins, and a
+//! new key is admitted only with a valid join token, or with open enrolment;
+//! last, the signatures ([`Sessions::verify`]). Reading and writing the
+//! store is the engine's part, between these steps.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -17,13 +25,16 @@ use tunefleet_common::{encode, CodecError};
 
 /// Default bound on the agents a coordinator pins keys for.
 pub const DEFAULT_MAX_AGENTS: u64 = 10_000;
-/// Hellos accepted per second, sustained (a whole fleet reconnecting after a
-/// coordinator restart comes in at the burst).
-pub const HELLO_RATE: f64 = 200.0;
-/// Hellos accepted in one burst.
-pub const HELLO_BURST: f64 = 2_000.0;
-/// Earlier process instances remembered per agent (their Hellos are replays).
-const RETIRED_INSTANCES: usize = 16;
+/// Hellos of agents whose key is pinned, accepted per second, sustained (a
+/// whole fleet reconnecting after a coordinator restart comes in at the burst).
+pub const HELLO_RATE: f64 = 2_000.0;
+/// Hellos of agents whose key is pinned, accepted in one burst.
+pub const HELLO_BURST: f64 = 10_000.0;
+/// New keys pinned per second, sustained (a fleet enrolling at once comes in
+/// at the burst).
+pub const NEW_PIN_RATE: f64 = 200.0;
+/// New keys pinned in one burst.
+pub const NEW_PIN_BURST: f64 = 2_000.0;
 
 /// Where the coordinator keeps its key when `--key` is not given:
 /// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/tunefleet`, else
@@ -50,16 +61,24 @@ pub fn default_key_path(
 /// Why a Hello was not answered.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HelloRefusal {
-    #[error("more than {HELLO_RATE} Hellos a second: dropped (the agent asks again)")]
-    RateLimited,
+    #[error("more Hellos a second than the budget of {0}: dropped (the agent asks again)")]
+    RateLimited(&'static str),
+    #[error(
+        "agent {agent:?} presents a key this coordinator does not know ({key}) and no join token: give it one \
+         (tunefleet token create, then tunefleet-agent --join), or register its key (tunefleet agents trust {agent} \
+         {key})"
+    )]
+    NotEnrolled { agent: String, key: String },
+    #[error("agent {agent:?}: join token {token} {why}")]
+    BadToken { agent: String, token: String, why: String },
     #[error("{0}")]
     Auth(#[from] AuthError),
     #[error("agent {claimed:?} announced itself on the topic of {topic:?}")]
     Name { claimed: String, topic: String },
     #[error("for coordinator instance {got:#x}, this is {this:#x} (a replay, or a status it missed)")]
     Instance { got: u64, this: u64 },
-    #[error("replayed Hello (instance {instance:#x}, seq {seq})")]
-    Replay { instance: u64, seq: u64 },
+    #[error("replayed Hello (instance {instance}, seq {seq}; the last accepted was instance {last_instance}, seq {last_seq})")]
+    Replay { instance: u64, seq: u64, last_instance: u64, last_seq: u64 },
     #[error(
         "agent {agent:?} presented key {got}, but {pinned} is pinned for that name. If the agent was re-installed, \
          accept its new key with: tunefleet agents trust {agent} {got} (and this coordinator's --store)"
@@ -93,17 +112,66 @@ struct Bucket {
     at: Instant,
 }
 
+impl Bucket {
+    fn take(&mut self, now: Instant, rate: f64, burst: f64) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.level = (self.level + elapsed * rate).min(burst);
+        if self.level >= 1.0 {
+            self.level -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 /// Every agent's session.
 pub struct Sessions {
     identity: Identity,
     instance: u64,
     started_unix_ms: u64,
     live: HashMap<String, Live>,
-    /// The last accepted Hello's (agent instance, seq), and earlier instances.
-    hellos: HashMap<String, (u64, u64, VecDeque<u64>)>,
-    bucket: Bucket,
+    /// Budget of Hellos from agents whose key is pinned.
+    known: Bucket,
+    /// Budget of new pins.
+    fresh: Bucket,
     /// Bound on pinned agents.
     pub max_agents: u64,
+    /// Pin any new key without a join token (a lab; logged loudly).
+    pub open_enrolment: bool,
+}
+
+/// What the store knows of the name a Hello comes under.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known {
+    /// Its pinned key.
+    pub pin: Option<auth::PublicKey>,
+    /// The last accepted Hello's process instance and number.
+    pub last: Option<(u64, u64)>,
+    /// How many names are pinned (for the bound), when `pin` is `None`.
+    pub pinned: u64,
+}
+
+/// A join token as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenState {
+    /// Its short id (the first hex digits of its public half).
+    pub id: String,
+    pub expires_ms: Option<u64>,
+    pub uses_left: Option<u64>,
+    pub revoked: bool,
+}
+
+/// How a Hello was admitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Its key is the one pinned for its name.
+    Known,
+    /// A new key, admitted by the join token with this public half.
+    Token(auth::PublicKey),
+    /// A new key, admitted by open enrolment.
+    Open,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -119,9 +187,10 @@ impl Sessions {
             instance,
             started_unix_ms,
             live: HashMap::new(),
-            hellos: HashMap::new(),
-            bucket: Bucket { level: HELLO_BURST, at: Instant::now() },
+            known: Bucket { level: HELLO_BURST, at: Instant::now() },
+            fresh: Bucket { level: NEW_PIN_BURST, at: Instant::now() },
             max_agents: DEFAULT_MAX_AGENTS,
+            open_enrolment: false,
         }
     }
 
@@ -146,61 +215,100 @@ impl Sessions {
         encode(&signed)
     }
 
-    fn take_token(&mut self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.bucket.at).as_secs_f64();
-        self.bucket.at = now;
-        self.bucket.level = (self.bucket.level + elapsed * HELLO_RATE).min(HELLO_BURST);
-        if self.bucket.level >= 1.0 {
-            self.bucket.level -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-
-    /// Every check of a Hello that needs no store; the key pin is the caller's.
-    pub fn check_hello(&mut self, agent: &str, signed: &Signed, now: Instant) -> Result<(Hello, Digest), HelloRefusal> {
-        if !self.take_token(now) {
-            return Err(HelloRefusal::RateLimited);
-        }
-        let (hello, digest) = auth::open_hello(signed)?;
+    /// Every check of a Hello that needs neither the store nor a signature:
+    /// its size, its signature's length, that it decodes, the name on its
+    /// topic, and the coordinator instance it answers.
+    pub fn peek_hello(&self, agent: &str, signed: &Signed) -> Result<Hello, HelloRefusal> {
+        let hello = auth::peek_hello(signed)?;
         if hello.info.agent != agent {
             return Err(HelloRefusal::Name { claimed: hello.info.agent, topic: agent.to_string() });
         }
         if hello.coordinator_instance != self.instance {
             return Err(HelloRefusal::Instance { got: hello.coordinator_instance, this: self.instance });
         }
-        let (instance, seq) = (hello.info.instance, hello.seq);
-        if let Some((last_instance, last_seq, retired)) = self.hellos.get(agent) {
-            let replay = if instance == *last_instance { seq <= *last_seq } else { retired.contains(&instance) };
-            if replay {
-                return Err(HelloRefusal::Replay { instance, seq });
-            }
-        }
-        Ok((hello, digest))
+        Ok(hello)
     }
 
-    /// Checks `hello`'s key against the pin (`None`: none yet) and the bound
-    /// on agents (`pinned`: how many are pinned). `Ok(true)`: pin it now.
-    pub fn check_pin(
-        &self,
+    /// With what the store knows of the name (`known`) and of the join
+    /// token the Hello names (`token`): the replay check (a Hello must come
+    /// from a later process instance than the last accepted, or the same one
+    /// with a higher number), admission, and the budget it spends.
+    pub fn admit(
+        &mut self,
         agent: &str,
         hello: &Hello,
-        pin: Option<auth::PublicKey>,
-        pinned: u64,
-    ) -> Result<bool, HelloRefusal> {
-        match pin {
-            Some(k) if k == hello.key => Ok(false),
-            Some(k) => Err(HelloRefusal::KeyChanged {
-                agent: agent.to_string(),
-                got: auth::hex(&hello.key),
-                pinned: auth::hex(&k),
-            }),
-            None if pinned >= self.max_agents => {
-                Err(HelloRefusal::TooManyAgents { agent: agent.to_string(), max: self.max_agents })
+        known: &Known,
+        token: Option<&TokenState>,
+        now: Instant,
+        now_ms: u64,
+    ) -> Result<Admission, HelloRefusal> {
+        if let Some((last_instance, last_seq)) = known.last {
+            let (instance, seq) = (hello.info.instance, hello.seq);
+            if instance < last_instance || (instance == last_instance && seq <= last_seq) {
+                return Err(HelloRefusal::Replay { instance, seq, last_instance, last_seq });
             }
-            None => Ok(true),
         }
+        let admission = match known.pin {
+            Some(k) if k == hello.key => Admission::Known,
+            Some(k) => {
+                return Err(HelloRefusal::KeyChanged {
+                    agent: agent.to_string(),
+                    got: auth::hex(&hello.key),
+                    pinned: auth::hex(&k),
+                })
+            }
+            None if known.pinned >= self.max_agents => {
+                return Err(HelloRefusal::TooManyAgents { agent: agent.to_string(), max: self.max_agents })
+            }
+            None => match (&hello.enrol, token) {
+                (Some(e), Some(t)) => {
+                    let why = if t.revoked {
+                        Some("was revoked")
+                    } else if t.expires_ms.is_some_and(|x| now_ms >= x) {
+                        Some("has expired")
+                    } else if t.uses_left == Some(0) {
+                        Some("has no uses left")
+                    } else {
+                        None
+                    };
+                    if let Some(why) = why {
+                        return Err(HelloRefusal::BadToken {
+                            agent: agent.to_string(),
+                            token: t.id.clone(),
+                            why: why.into(),
+                        });
+                    }
+                    Admission::Token(e.token)
+                }
+                (Some(e), None) if !self.open_enrolment => {
+                    return Err(HelloRefusal::BadToken {
+                        agent: agent.to_string(),
+                        token: auth::hex(&e.token[..4]),
+                        why: "is not one of this coordinator's (tunefleet token list)".into(),
+                    })
+                }
+                _ if self.open_enrolment => Admission::Open,
+                _ => return Err(HelloRefusal::NotEnrolled { agent: agent.to_string(), key: auth::hex(&hello.key) }),
+            },
+        };
+        let (bucket, rate, burst, what) = match admission {
+            Admission::Known => (&mut self.known, HELLO_RATE, HELLO_BURST, "known agents"),
+            _ => (&mut self.fresh, NEW_PIN_RATE, NEW_PIN_BURST, "new agents"),
+        };
+        if !bucket.take(now, rate, burst) {
+            return Err(HelloRefusal::RateLimited(what));
+        }
+        Ok(admission)
+    }
+
+    /// The signatures: the Hello's, by the key it carries, and for a new key
+    /// admitted by a join token, the token's proof.
+    pub fn verify(&self, hello: &Hello, signed: &Signed, admission: &Admission) -> Result<Digest, HelloRefusal> {
+        auth::verify_hello(hello, signed)?;
+        if let (Admission::Token(_), Some(e)) = (admission, &hello.enrol) {
+            auth::verify_enrolment(e, &hello.key, &hello.info.agent, &self.identity.public())?;
+        }
+        Ok(auth::sha256(&[&signed.body]))
     }
 
     /// Opens a session for a checked Hello: the Welcome payload to send.
@@ -208,16 +316,7 @@ impl Sessions {
         let token = u64::from_le_bytes(auth::random_bytes::<8>()?);
         let (signed, session) = auth::welcome(&self.identity, agent, hello, digest, token)?;
         let payload = encode(&tunefleet_common::auth::DownFrame::Welcome(signed))?;
-        let (instance, seq) = (hello.info.instance, hello.seq);
-        let entry = self.hellos.entry(agent.to_string()).or_insert((instance, 0, VecDeque::new()));
-        if entry.0 != instance {
-            entry.2.push_back(entry.0);
-            if entry.2.len() > RETIRED_INSTANCES {
-                entry.2.pop_front();
-            }
-        }
-        entry.0 = instance;
-        entry.1 = seq;
+        let instance = hello.info.instance;
         self.live.insert(agent.to_string(), Live { session, will_hash: hello.will_hash, instance });
         Ok((token, payload))
     }
@@ -264,7 +363,7 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tunefleet_common::auth::{DownFrame, UpFrame};
+    use tunefleet_common::auth::{DownFrame, JoinToken, UpFrame};
     use tunefleet_common::decode;
     use tunefleet_common::message::{AgentInfo, WorkRequest};
 
@@ -276,65 +375,155 @@ mod tests {
         Sessions::new(Identity::generate().expect("key").0, 77, 1)
     }
 
+    fn valid(id: &str) -> TokenState {
+        TokenState { id: id.into(), expires_ms: Some(1_000), uses_left: Some(1), revoked: false }
+    }
+
+    /// A Hello of `agent` (process `instance`, number `seq`), with a join
+    /// token's proof when `token` is given.
+    fn hello_of(id: &Identity, agent: &str, instance: u64, seq: u64, token: Option<&JoinToken>) -> Signed {
+        let enrol = token.map(|t| t.prove(&id.public(), agent).expect("proof"));
+        auth::hello(id, info(agent, instance), 77, seq, [0; 32], enrol).expect("hello").0
+    }
+
+    fn admit(
+        s: &mut Sessions,
+        signed: &Signed,
+        known: &Known,
+        token: Option<&TokenState>,
+    ) -> Result<Admission, HelloRefusal> {
+        let hello = s.peek_hello(&auth::peek_hello(signed).expect("peek").info.agent, signed)?;
+        let agent = hello.info.agent.clone();
+        let a = s.admit(&agent, &hello, known, token, Instant::now(), 10)?;
+        s.verify(&hello, signed, &a)?;
+        Ok(a)
+    }
+
     #[test]
-    fn hellos_are_checked_and_replays_refused() {
+    fn a_new_key_needs_a_valid_join_token_for_this_coordinator_and_name() {
         let mut s = sessions();
-        let (agent, _) = Identity::generate().expect("key");
-        let now = Instant::now();
-        let (signed, pending) = auth::hello(&agent, info("a", 1), 77, 1, [0; 32]).expect("hello");
-        let (hello, digest) = s.check_hello("a", &signed, now).expect("good hello");
-        assert_eq!(s.check_pin("a", &hello, None, 0), Ok(true));
-        assert_eq!(s.check_pin("a", &hello, Some(hello.key), 1), Ok(false));
-        assert!(matches!(s.check_pin("a", &hello, Some([9; 32]), 1), Err(HelloRefusal::KeyChanged { .. })));
+        let agent = Identity::generate().expect("key").0;
+        let token = JoinToken::generate(&s.public_key()).expect("token");
+        let new = Known::default();
+        // No token: refused, with the two ways in.
+        let bare = hello_of(&agent, "a", 1, 1, None);
+        let Err(e) = admit(&mut s, &bare, &new, None) else { panic!("admitted without a token") };
+        assert!(matches!(e, HelloRefusal::NotEnrolled { .. }), "{e}");
+        assert!(e.to_string().contains("tunefleet token create") && e.to_string().contains("agents trust a"), "{e}");
+        // A valid token: admitted by it.
+        let good = hello_of(&agent, "a", 1, 1, Some(&token));
+        assert_eq!(admit(&mut s, &good, &new, Some(&valid("t"))), Ok(Admission::Token(token.public().expect("pub"))));
+        // The same token, but revoked, expired, used up, or unknown to the store.
+        for (state, why) in [
+            (TokenState { revoked: true, ..valid("t") }, "revoked"),
+            (TokenState { expires_ms: Some(10), ..valid("t") }, "expired"),
+            (TokenState { uses_left: Some(0), ..valid("t") }, "no uses left"),
+        ] {
+            let Err(e) = admit(&mut s, &good, &new, Some(&state)) else { panic!("admitted: {why}") };
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        assert!(matches!(admit(&mut s, &good, &new, None), Err(HelloRefusal::BadToken { .. })));
+        // A proof copied into a Hello of another key or name does not verify.
+        let mallory = Identity::generate().expect("key").0;
+        let stolen = token.prove(&agent.public(), "a").expect("proof");
+        let copied = auth::hello(&mallory, info("a", 1), 77, 1, [0; 32], Some(stolen.clone())).expect("hello").0;
+        assert!(matches!(
+            admit(&mut s, &copied, &new, Some(&valid("t"))),
+            Err(HelloRefusal::Auth(AuthError::Signature))
+        ));
+        let renamed = auth::hello(&agent, info("b", 1), 77, 1, [0; 32], Some(stolen)).expect("hello").0;
+        assert!(matches!(
+            admit(&mut s, &renamed, &new, Some(&valid("t"))),
+            Err(HelloRefusal::Auth(AuthError::Signature))
+        ));
+        // A token made for another coordinator does not verify here.
+        let other = JoinToken::generate(&Identity::generate().expect("key").0.public()).expect("token");
+        let elsewhere = hello_of(&agent, "a", 1, 1, Some(&other));
+        assert!(matches!(
+            admit(&mut s, &elsewhere, &new, Some(&valid("o"))),
+            Err(HelloRefusal::Auth(AuthError::Signature))
+        ));
+        // The pinned key needs no token; another key under a pinned name is refused.
+        let pinned = Known { pin: Some(agent.public()), ..Known::default() };
+        assert_eq!(admit(&mut s, &bare, &pinned, None), Ok(Admission::Known));
+        let other_key = Known { pin: Some([9; 32]), ..Known::default() };
+        assert!(matches!(admit(&mut s, &good, &other_key, Some(&valid("t"))), Err(HelloRefusal::KeyChanged { .. })));
+        // The bound on agents holds for token holders too.
         s.max_agents = 1;
-        assert!(matches!(s.check_pin("a", &hello, None, 1), Err(HelloRefusal::TooManyAgents { .. })));
+        let full = Known { pinned: 1, ..Known::default() };
+        assert!(matches!(admit(&mut s, &good, &full, Some(&valid("t"))), Err(HelloRefusal::TooManyAgents { .. })));
+        // Open enrolment admits a bare new key.
+        s.max_agents = 10;
+        s.open_enrolment = true;
+        assert_eq!(admit(&mut s, &bare, &new, None), Ok(Admission::Open));
+    }
+
+    #[test]
+    fn regression_an_old_hello_is_a_replay_however_many_restarts_ago() {
+        let mut s = sessions();
+        let agent = Identity::generate().expect("key").0;
+        let first = hello_of(&agent, "a", 100, 1, None);
+        let known = |instance, seq| Known { pin: Some(agent.public()), last: Some((instance, seq)), pinned: 0 };
+        assert_eq!(admit(&mut s, &first, &known(99, 7), None), Ok(Admission::Known));
+        // 40 restarts later (the store keeps only the last instance and seq),
+        // the first process's Hello is still a replay.
+        assert!(matches!(admit(&mut s, &first, &known(140, 1), None), Err(HelloRefusal::Replay { .. })));
+        // The same process: a higher number passes, the same or a lower one does not.
+        assert!(matches!(admit(&mut s, &first, &known(100, 1), None), Err(HelloRefusal::Replay { .. })));
+        let second = hello_of(&agent, "a", 100, 2, None);
+        assert_eq!(admit(&mut s, &second, &known(100, 1), None), Ok(Admission::Known));
+    }
+
+    #[test]
+    fn junk_never_spends_a_budget_and_new_keys_never_spend_the_known_agents_one() {
+        let mut s = sessions();
+        let known_agent = Identity::generate().expect("key").0;
+        let pinned = Known { pin: Some(known_agent.public()), ..Known::default() };
+        let now = Instant::now();
+        // Oversized, short signatures, other names and other instances fail before any budget.
+        let good = hello_of(&known_agent, "k", 1, 1, None);
+        let big = Signed { body: vec![0; auth::MAX_HELLO_BYTES + 1], signature: good.signature.clone() };
+        assert!(matches!(s.peek_hello("k", &big), Err(HelloRefusal::Auth(AuthError::Codec(_)))));
+        let short = Signed { signature: vec![0; 4], ..good.clone() };
+        assert_eq!(s.peek_hello("k", &short).map(|_| ()), Err(HelloRefusal::Auth(AuthError::Signature)));
+        assert!(matches!(s.peek_hello("other", &good), Err(HelloRefusal::Name { .. })));
+        let junk = Signed { body: vec![7, 1, 2, 3], signature: vec![0; 64] };
+        assert!(s.peek_hello("k", &junk).is_err());
+        // New keys drain their own budget...
+        s.open_enrolment = true;
+        let stranger = Identity::generate().expect("key").0;
+        let fresh_hello = auth::peek_hello(&hello_of(&stranger, "n", 1, 1, None)).expect("peek");
+        let drained = (0..NEW_PIN_BURST as usize + 5)
+            .filter(|_| {
+                s.admit("n", &fresh_hello, &Known::default(), None, now, 0)
+                    == Err(HelloRefusal::RateLimited("new agents"))
+            })
+            .count();
+        assert_eq!(drained, 5, "the burst passes, the rest is dropped");
+        // ... while a known agent still gets in, and new keys wait for the refill.
+        let hello = s.peek_hello("k", &good).expect("peek");
+        assert_eq!(s.admit("k", &hello, &pinned, None, now, 0), Ok(Admission::Known));
+        let later = now + std::time::Duration::from_secs(1);
+        assert_eq!(s.admit("n", &fresh_hello, &Known::default(), None, later, 0), Ok(Admission::Open));
+    }
+
+    #[test]
+    fn a_session_opens_and_seals_both_ways_and_only_the_live_will_counts() {
+        let mut s = sessions();
+        let agent = Identity::generate().expect("key").0;
+        let (will, hash) = auth::new_will(1).expect("will");
+        let (signed, pending) = auth::hello(&agent, info("a", 1), 77, 1, hash, None).expect("hello");
+        let (hello, digest) = auth::open_hello(&signed).expect("ok");
+        assert_eq!(s.will("a", &will), WillCheck::NoSession);
         let (_, payload) = s.accept("a", &hello, digest).expect("accept");
         let Ok(DownFrame::Welcome(w)) = decode::<DownFrame>(&payload) else { panic!("not a welcome") };
         let mut agent_side = pending.finish("a", &s.public_key(), &w).expect("agent opens the session");
-        // The same Hello again is a replay; so is one of the same process with a lower seq.
-        assert!(matches!(s.check_hello("a", &signed, now), Err(HelloRefusal::Replay { .. })));
-        // On another agent's topic, or for another coordinator instance.
-        assert!(matches!(s.check_hello("b", &signed, now), Err(HelloRefusal::Name { .. })));
-        let (old, _) = auth::hello(&agent, info("a", 1), 76, 2, [0; 32]).expect("hello");
-        assert!(matches!(s.check_hello("a", &old, now), Err(HelloRefusal::Instance { .. })));
-        // Sealed traffic both ways.
         let (kind, up) = agent_side
             .seal_agent(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }))
             .expect("seal");
         let Ok(UpFrame::Sealed(sealed)) = decode::<UpFrame>(&up) else { panic!("not sealed") };
         assert!(s.open("a", kind, &sealed).is_ok());
         assert_eq!(s.open("b", kind, &sealed), Err(AuthError::NoSession));
-        // A restarted agent process is a new instance; the old one's Hellos are replays then.
-        let (again, _) = auth::hello(&agent, info("a", 2), 77, 1, [0; 32]).expect("hello");
-        let (h2, d2) = s.check_hello("a", &again, now).expect("new instance");
-        s.accept("a", &h2, d2).expect("accept");
-        let (stale, _) = auth::hello(&agent, info("a", 1), 77, 9, [0; 32]).expect("hello");
-        assert!(matches!(s.check_hello("a", &stale, now), Err(HelloRefusal::Replay { .. })));
-    }
-
-    #[test]
-    fn hellos_are_rate_limited() {
-        let mut s = sessions();
-        let (agent, _) = Identity::generate().expect("key");
-        let (signed, _) = auth::hello(&agent, info("a", 1), 77, 1, [0; 32]).expect("hello");
-        let now = Instant::now();
-        let refused = (0..HELLO_BURST as usize + 10)
-            .filter(|_| s.check_hello("a", &signed, now) == Err(HelloRefusal::RateLimited))
-            .count();
-        assert_eq!(refused, 10, "the burst passes the limiter, the rest is dropped");
-        let later = now + std::time::Duration::from_secs(1);
-        assert_ne!(s.check_hello("a", &signed, later), Err(HelloRefusal::RateLimited), "the bucket refills");
-    }
-
-    #[test]
-    fn only_the_live_sessions_will_counts() {
-        let mut s = sessions();
-        let (agent, _) = Identity::generate().expect("key");
-        let (will, hash) = auth::new_will(1).expect("will");
-        let (signed, _) = auth::hello(&agent, info("a", 1), 77, 1, hash).expect("hello");
-        let (hello, digest) = s.check_hello("a", &signed, Instant::now()).expect("ok");
-        assert_eq!(s.will("a", &will), WillCheck::NoSession);
-        s.accept("a", &hello, digest).expect("accept");
         let (forged, _) = auth::new_will(1).expect("will");
         assert_eq!(s.will("a", &forged), WillCheck::Forged);
         assert_eq!(s.will("a", &Will { instance: 2, ..will.clone() }), WillCheck::Forged);

@@ -1,6 +1,7 @@
 //! The `tunefleet` command line: flags parsed by clap, then one function per
 //! subcommand. Every subcommand that reads results takes `--store PATH`.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -88,6 +89,16 @@ pub enum Command {
     Check {
         /// The study file (TOML).
         study: PathBuf,
+    },
+    /// Create, list and revoke join tokens: an agent given one (--join)
+    /// pins this coordinator and is admitted.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+        #[command(flatten)]
+        key: KeyArg,
+        #[command(flatten)]
+        store: StoreArg,
     },
     /// List the agents the store has seen, or change whose keys it trusts.
     Agents {
@@ -205,6 +216,33 @@ pub enum ProfilesAction {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Print a new join token (give it to agents as --join, TUNEFLEET_JOIN or --join-file).
+    Create {
+        /// How long it admits new agents (e.g. 30m, 24h, 7d; 0: for ever).
+        #[arg(long, default_value = "24h", value_name = "DURATION")]
+        ttl: String,
+        /// How many new agents it admits [default: any number until it expires].
+        #[arg(long, value_name = "N")]
+        uses: Option<u64>,
+        /// A tag the agents it admits get, whatever they claim (repeatable, key=value).
+        #[arg(long = "tag", value_name = "K=V")]
+        tags: Vec<String>,
+        /// Write the token to this file (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// List the tokens (never their secrets: the store does not keep them).
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke the tokens whose id starts with ID (at least 4 hex digits, from `token list`).
+    Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum AgentsAction {
     /// Pin KEY (64 hex digits, from `tunefleet-agent key`) for agent NAME,
     /// replacing the key pinned before: for a re-installed agent, or to
@@ -292,6 +330,10 @@ pub struct BrokerArgs {
     /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
     #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
     pub max_agents: u64,
+    /// Pin the key of any new agent, without a join token: any broker user
+    /// can then join the fleet. For a lab only (logged loudly).
+    #[arg(long)]
+    pub open_enrolment: bool,
     /// Move work off overloaded agents: an agent whose load from outside its
     /// own trials (or memory use) passes the thresholds below gets no trials
     /// and its running ones move to other agents; a measurement an agent
@@ -529,6 +571,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             println!("{}", tunefleet_common::auth::hex(&identity.public()));
             Ok(())
         }
+        Command::Token { action, key, store } => token(action, &key, &store.store),
         Command::Agents { action: Some(action), store, .. } => {
             let mut store =
                 Store::open(&store.store).with_context(|| format!("opening the store {}", store.store.display()))?;
@@ -759,6 +802,7 @@ pub async fn run_studies(
         store: store_path.to_path_buf(),
         identity: args.key.resolve(store_path),
         max_agents: args.max_agents,
+        open_enrolment: args.open_enrolment,
         influx: influx.config().map(|c| (c, Duration::from_secs(influx.influx_grace))),
         progress,
         offload: args.offload()?,
@@ -991,6 +1035,102 @@ fn print_best(best: &[BestRow]) {
 
 /// The demo: embedded broker on a free loopback port, local agent
 /// processes, the bundled study.
+fn unix_now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A new join token for the coordinator holding `identity`, kept (its
+/// public half) in `store`; returns the token's text.
+pub fn new_token(
+    store: &mut Store,
+    identity: &tunefleet_common::auth::Identity,
+    ttl_ms: Option<u64>,
+    uses: Option<u64>,
+    tags: &BTreeMap<String, String>,
+) -> anyhow::Result<String> {
+    let token = tunefleet_common::auth::JoinToken::generate(&identity.public())?;
+    let now = unix_now_ms();
+    store.create_token(&token.public()?, ttl_ms.map(|t| now.saturating_add(t)), uses, tags, now)?;
+    Ok(token.to_string())
+}
+
+fn token(action: TokenAction, key: &KeyArg, store_path: &Path) -> anyhow::Result<()> {
+    let mut store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
+    match action {
+        TokenAction::Create { ttl, uses, tags, out } => {
+            let ttl_ms = match ttl.trim() {
+                "0" => None,
+                t => Some(
+                    crate::launch::parse_duration(t)
+                        .map_err(|e| anyhow::anyhow!("--ttl: {e}, or 0 for no expiry"))?
+                        .as_millis() as u64,
+                ),
+            };
+            if uses == Some(0) {
+                bail!("--uses 0 would admit no agent");
+            }
+            let mut granted = BTreeMap::new();
+            for t in &tags {
+                let Some((k, v)) = t.split_once('=') else { bail!("--tag {t:?}: expected key=value") };
+                granted.insert(k.to_string(), v.to_string());
+            }
+            let identity = key.load(store_path)?;
+            let text = new_token(&mut store, &identity, ttl_ms, uses, &granted)?;
+            match out {
+                Some(path) => {
+                    use std::io::Write;
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .mode(0o600)
+                        .open(&path)
+                        .with_context(|| format!("creating {}", path.display()))?;
+                    writeln!(f, "{text}").with_context(|| format!("writing {}", path.display()))?;
+                    eprintln!("join token written to {} (give it to agents as --join-file)", path.display());
+                }
+                None => println!("{text}"),
+            }
+            Ok(())
+        }
+        TokenAction::List { json } => {
+            let rows = store.tokens()?;
+            if json {
+                return emit_json(&rows);
+            }
+            let now = unix_now_ms();
+            let mut out = String::new();
+            for t in rows {
+                let state = if t.revoked {
+                    "revoked".to_string()
+                } else if t.expires_ms.is_some_and(|e| now >= e) {
+                    "expired".to_string()
+                } else if t.uses_left == Some(0) {
+                    "used up".to_string()
+                } else {
+                    match t.expires_ms {
+                        Some(e) => format!("valid for {} more minutes", (e - now).div_ceil(60_000)),
+                        None => "valid, no expiry".to_string(),
+                    }
+                };
+                let uses = t.uses_left.map_or("any number".to_string(), |u| u.to_string());
+                let tags: Vec<String> = t.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                writeln!(out, "{}  {state}, {} used, {uses} left  {}", t.id, t.used, tags.join(","))?;
+            }
+            emit(&out)
+        }
+        TokenAction::Revoke { id } => {
+            let n = store.revoke_token(&id)?;
+            if n == 0 {
+                bail!("no join token with an id starting {id:?} (at least 4 hex digits; see tunefleet token list)");
+            }
+            println!("revoked {n} join token(s); agents they admitted stay pinned (tunefleet agents forget NAME)");
+            Ok(())
+        }
+    }
+}
+
 async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<()> {
     let study = study::parse(DEMO_STUDY, "examples/studies/demo.toml")?;
     let exe = std::env::current_exe().context("locating the tunefleet executable")?;
@@ -1010,11 +1150,19 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
     )?;
     let root = format!("tunefleet-demo-{}", std::process::id());
+    // The demo's agents join as any agent does: with a join token for this
+    // coordinator, admitting exactly them, for the demo's length.
+    let join = {
+        let identity = KeyArg { path: None }.load(&args.store)?;
+        let mut store = Store::open(&args.store).with_context(|| format!("opening {}", args.store.display()))?;
+        new_token(&mut store, &identity, Some(3_600_000), Some(u64::from(args.agents)), &BTreeMap::new())?
+    };
     let mut agents = Vec::new();
     for i in 1..=args.agents {
         let child = tokio::process::Command::new(&agent_exe)
             .args(["--broker", &url, "--name", &format!("demo-agent-{i}"), "--root", &root])
             .args(["--tag", "pool=demo"])
+            .env("TUNEFLEET_JOIN", &join)
             .env("PATH", &path)
             .env("TUNEFLEET_LOG", std::env::var("TUNEFLEET_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
@@ -1040,6 +1188,7 @@ async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -
         security: SecurityArgs::default(),
         key: KeyArg { path: None },
         max_agents: crate::auth::DEFAULT_MAX_AGENTS,
+        open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their
         // trials load each other's CPUs, which is not overload.
         offload_cpu: 0.5,

@@ -23,7 +23,7 @@ use tunefleet_common::message::{
 };
 use tunefleet_common::topic::AgentTopic;
 
-use crate::auth::{HelloRefusal, Sessions, WillCheck};
+use crate::auth::{Admission, HelloRefusal, Sessions, WillCheck};
 use crate::progress::Progress;
 use crate::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
 use crate::search::{self, Search, TrialPlan};
@@ -870,41 +870,55 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// A signed Hello: checked, the agent's key pinned (or compared with its
-/// pin), then a session and its Welcome.
+/// A signed Hello: the cheap checks, then with what the store knows of the
+/// name the replay check and admission (a pinned key, a join token, or open
+/// enrolment) and their budgets, then the signatures; a new key is pinned,
+/// then a session and its Welcome.
 fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
     let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal| {
-        if e == HelloRefusal::RateLimited {
+        if matches!(e, HelloRefusal::RateLimited(_)) {
             cx.stats.rate_limited_hellos += 1;
             if loud(cx.stats.rate_limited_hellos) {
                 tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
             }
         } else {
             cx.stats.refused_hellos += 1;
-            if loud(cx.stats.refused_hellos) || matches!(e, HelloRefusal::KeyChanged { .. }) {
+            if loud(cx.stats.refused_hellos) {
                 tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
             }
         }
     };
-    let (hello, digest) = match cx.sessions.check_hello(&agent, signed, std::time::Instant::now()) {
+    let hello = match cx.sessions.peek_hello(&agent, signed) {
         Ok(h) => h,
         Err(e) => {
             refused(cx, e);
             return Ok(());
         }
     };
-    let pin = cx.batch.agent_key(&agent)?;
-    let pinned = if pin.is_none() { cx.batch.pinned_agents()? } else { 0 };
-    match cx.sessions.check_pin(&agent, &hello, pin, pinned) {
+    let known = cx.batch.known(&agent)?;
+    let token = match (&known.pin, &hello.enrol) {
+        (None, Some(e)) => cx.batch.token(&e.token)?,
+        _ => None,
+    };
+    let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), std::time::Instant::now(), now);
+    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d)));
+    let (admission, digest) = match checked {
+        Ok(c) => c,
         Err(e) => {
             refused(cx, e);
             return Ok(());
         }
-        Ok(true) => {
-            cx.batch.pin_agent_key(&agent, &hello.key, now)?;
-            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), "new agent: its key is pinned from now on (trust on first use)");
+    };
+    match &admission {
+        Admission::Known => {}
+        Admission::Token(public) => {
+            cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
+            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
         }
-        Ok(false) => {}
+        Admission::Open => {
+            cx.batch.enrol(&agent, &hello.key, None, now)?;
+            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
+        }
     }
     let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
         Ok(w) => w,
@@ -913,7 +927,10 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
             return Ok(());
         }
     };
-    let info = hello.info;
+    cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
+    let mut info = hello.info;
+    // The tags a join token granted are the agent's, whatever it claims.
+    info.tags.extend(cx.batch.granted_tags(&agent)?);
     tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
     cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
     cx.batch.upsert_agent(&info, now)?;
@@ -1397,10 +1414,12 @@ high = 4
             sched.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; plans.len()], 0);
             let mut studies = HashMap::new();
             studies.insert("s".into(), ActiveStudy::new(study, search, plans, HashMap::new(), None));
-            let sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
+            let mut sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);
+            // The rig's agent is admitted without a join token (tokens have tests of their own).
+            sessions.open_enrolment = true;
             let coordinator_key = sessions.public_key();
             let me = Identity::generate().expect("key").0;
-            let (signed, pending) = auth::hello(&me, info(), 9, 1, [0; 32]).expect("hello");
+            let (signed, pending) = auth::hello(&me, info(), 9, 1, [0; 32], None).expect("hello");
             let mut rig = Rig {
                 store,
                 sched,

@@ -39,14 +39,17 @@ pub struct LaunchArgs {
     pub launch_grace: Duration,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// Parses `500ms`, `90s`, `5m`, `24h`, `7d` or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.find(|c: char| !c.is_ascii_digit()).map_or((s, "s"), |i| (&s[..i], &s[i..]));
     let n: u64 = n.parse().map_err(|_| format!("not a duration: {s:?} (like 90s or 5m)"))?;
     match unit {
         "ms" => Ok(Duration::from_millis(n)),
         "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("not a duration: {s:?} (like 90s or 5m)")),
+        "m" => Ok(Duration::from_secs(n.saturating_mul(60))),
+        "h" => Ok(Duration::from_secs(n.saturating_mul(3600))),
+        "d" => Ok(Duration::from_secs(n.saturating_mul(86_400))),
+        _ => Err(format!("not a duration: {s:?} (like 90s, 5m, 24h or 7d)")),
     }
 }
 

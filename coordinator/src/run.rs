@@ -44,6 +44,8 @@ pub struct RunConfig {
     pub identity: PathBuf,
     /// Bound on the agents whose keys are pinned.
     pub max_agents: u64,
+    /// Pin new agent keys without a join token (a lab).
+    pub open_enrolment: bool,
     /// Where results' points go besides the store, and how long to keep
     /// delivering them after the study.
     pub influx: Option<(SinkConfig, Duration)>,
@@ -108,6 +110,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         store,
         identity: key_path,
         max_agents,
+        open_enrolment,
         influx,
         progress,
         offload,
@@ -139,11 +142,20 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     if created {
         tracing::warn!(path = %key_path.display(), key = %auth::hex(&identity.public()), "created the coordinator's key");
     }
-    let instance: u64 = rand::random();
+    // Grows with every start of this coordinator key (agents take an older
+    // instance's status for a replay), whatever the clock says.
+    let instance = auth::next_instance(Some(&key_path.with_extension("instance")))?;
     let started =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut sessions = Sessions::new(identity, instance, started);
     sessions.max_agents = max_agents;
+    sessions.open_enrolment = open_enrolment;
+    if open_enrolment {
+        tracing::warn!(
+            "OPEN ENROLMENT: any broker user can join this fleet with a key of its own (--open-enrolment); use join \
+             tokens (tunefleet token create) outside a lab"
+        );
+    }
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,

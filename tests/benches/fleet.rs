@@ -307,7 +307,8 @@ async fn sim_agent_for(
                 if let Some(status) = status.filter(|s| s.online && (changed || session.is_none())) {
                     hello_seq += 1;
                     let (signed, half) =
-                        auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash).expect("hello");
+                        auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash, None)
+                            .expect("hello");
                     pending = Some(half);
                     session = None;
                     send(&c, AgentTopic::Hello, encode(&auth::UpFrame::Hello(signed)).expect("enc"));

@@ -170,9 +170,45 @@ fn rand_suffix() -> u32 {
     t ^ std::process::id().rotate_left(16)
 }
 
+/// Join tokens by topic root: [`start_agent`] gives an agent the token of
+/// the coordinator that runs on its root, as an operator would.
+static JOIN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Creates a join token with the real `tunefleet token create` for the
+/// coordinator that keeps `store` (its key under [`state_home`]).
+pub fn create_join_token(store: &Path, extra: &[&str]) -> String {
+    let out = Command::new(bin("tunefleet"))
+        .args(["token", "create", "--uses", "1000", "--ttl", "2h", "--store"])
+        .arg(store)
+        .args(extra)
+        .env("XDG_STATE_HOME", state_home())
+        .output()
+        .expect("tunefleet token create runs");
+    assert!(out.status.success(), "token create: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Makes a join token for the coordinator of `store` and gives it to the
+/// agents [`start_agent`] starts on `root` from now on; returns it.
+pub fn join_root(root: &str, store: &Path) -> String {
+    let token = create_join_token(store, &[]);
+    let mut join = JOIN.lock().unwrap_or_else(|e| e.into_inner());
+    join.retain(|(r, _)| r != root);
+    join.push((root.to_string(), token.clone()));
+    token
+}
+
+/// The join token of the coordinator on `root`, if one was made.
+pub fn join_token_of(root: &str) -> Option<String> {
+    let join = JOIN.lock().unwrap_or_else(|e| e.into_inner());
+    join.iter().find(|(r, _)| r == root).map(|(_, t)| t.clone())
+}
+
 /// Starts `tunefleet run STUDY` with the embedded broker on a port the OS
-/// chooses; returns the process and the broker URL it printed.
+/// chooses; returns the process and the broker URL it printed. Agents that
+/// [`start_agent`] starts on `root` join with a token for it.
 pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
+    join_root(root, store);
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.arg("run").arg(study).arg("--store").arg(store).args(["--root", root, "--quiet"]).args(extra);
     cmd.env("XDG_STATE_HOME", state_home());
@@ -194,6 +230,11 @@ pub fn start_agent(url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
 /// emulator with the agent as its first argument (`qemu-aarch64-static AGENT`).
 pub fn start_agent_with(mut launcher: Command, url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
     launcher.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
+    let trusts = extra.iter().any(|a| matches!(*a, "--join" | "--join-file" | "--coordinator-key"));
+    match join_token_of(root) {
+        Some(token) if !trusts => launcher.env("TUNEFLEET_JOIN", token),
+        _ => launcher.env_remove("TUNEFLEET_JOIN"),
+    };
     // Agents spool results under the XDG state home by default: keep tests' spools out of $HOME.
     launcher.env("XDG_STATE_HOME", state_home());
     Proc::spawn(name, launcher)

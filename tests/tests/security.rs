@@ -40,6 +40,10 @@ fn agent_with(url: &str, name: &str, root: &str, args: &[&str], password: Option
     let mut cmd = Command::new(bin("tunefleet-agent"));
     cmd.args(["--broker", url, "--name", name, "--root", root]).args(args).env("PATH", path_with_bins());
     cmd.env("XDG_STATE_HOME", state_home());
+    match join_token_of(root) {
+        Some(token) if !args.contains(&"--coordinator-key") => cmd.env("TUNEFLEET_JOIN", token),
+        _ => cmd.env_remove("TUNEFLEET_JOIN"),
+    };
     match password {
         Some(p) => cmd.env("TUNEFLEET_PASSWORD", p),
         None => cmd.env_remove("TUNEFLEET_PASSWORD"),
@@ -315,11 +319,14 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         }
         let status = status.expect("status");
 
-        // Mallory's own, legitimate session: a key, a signed Hello, a Welcome.
+        // Mallory's own, legitimate session: a key enrolled with the fleet's
+        // join token (a member), a signed Hello, a Welcome.
+        let token: auth::JoinToken = join_token_of(&root).expect("a token").parse().expect("token");
         let me = auth::Identity::generate().expect("key").0;
         let info = AgentInfo::minimal("mallory", 666);
         let (_, will_hash) = auth::new_will(666).expect("will");
-        let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash).expect("hello");
+        let proof = token.prove(&me.public(), "mallory").expect("proof");
+        let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash, Some(proof)).expect("hello");
         publish(
             topics.agent("mallory", AgentTopic::Hello),
             tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
@@ -399,11 +406,14 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         // 3. Replays: v-agent-1's captured Hello and Request.
         publish(topics.agent(names[0], AgentTopic::Hello), hello.expect("hello")).await;
         publish(topics.agent(names[0], AgentTopic::Request), request.expect("request")).await;
-        // 4. A flood of Hellos under new names, each with a key of its own.
+        // 4. A flood of Hellos under new names, each with a key of its own
+        // and the fleet's token (Mallory holds it).
         for i in 0..40 {
             let id = auth::Identity::generate().expect("key").0;
-            let info = AgentInfo::minimal(&format!("flood-{i}"), i);
-            let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32]).expect("hello");
+            let name = format!("flood-{i}");
+            let info = AgentInfo::minimal(&name, i);
+            let proof = token.prove(&id.public(), &name).expect("proof");
+            let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32], Some(proof)).expect("hello");
             publish(
                 topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
                 tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
@@ -510,4 +520,135 @@ fn a_reinstalled_agent_with_a_new_key_is_refused_until_trusted() {
     assert!(!refused.contains(" 0 Hellos refused") && refused.contains("Hellos refused"), "{summary}");
     assert_eq!(auth::hex(&pinned(&store)), new_key);
     assert_spools_empty(&[first, second]);
+}
+
+/// Issue 20, finding 1: a fleet member with a broker login runs a
+/// coordinator of its own on the fleet's broker and topic root, and its
+/// signed, retained status reaches a newly installed agent first. The agent
+/// was given a join token for the real coordinator: it pins neither the
+/// member's key nor runs anything of the member's, and works for the real
+/// coordinator once it comes.
+#[test]
+fn regression_a_members_own_coordinator_cannot_capture_a_new_agent() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let mosquitto = Mosquitto::start(dir.path(), "allow_anonymous true");
+    let url = mosquitto.url();
+    let root = unique_root("capture");
+    let store = dir.path().join("real.db");
+    let marker = dir.path().join("PWNED");
+    // The member's coordinator: a key of its own (another state home), the
+    // fleet's broker and root, and a study that would leave a mark.
+    let evil_state = dir.path().join("evil-state");
+    let evil_study = dir.path().join("evil.toml");
+    std::fs::write(
+        &evil_study,
+        format!(
+            "name = \"evil\"\ncommand = [\"touch\", \"{}\"]\ntimeout = 10\n[objective]\nmetric = \"v\"\ndirection = \"maximize\"\n\
+             [budget]\ntrials = 2\n[strategy]\nkind = \"grid\"\n[hyper.v]\nkind = \"int\"\nlow = 1\nhigh = 2\n",
+            marker.display()
+        ),
+    )
+    .expect("evil study");
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.arg("run").arg(&evil_study).arg("--store").arg(dir.path().join("evil.db"));
+    cmd.args(["--root", &root, "--quiet", "--broker", &url, "--open-enrolment"]).env("XDG_STATE_HOME", &evil_state);
+    let mut evil = Proc::spawn("evil-coordinator", cmd);
+    evil.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    // A new agent, installed as the quick start says: a join token for the real coordinator.
+    join_root(&root, &store);
+    let state = dir.path().join("agent-state");
+    let log = dir.path().join("agent.log");
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", &url, "--name", "new-agent", "--root", &root, "--state-dir", s(&state)]);
+    cmd.env("TUNEFLEET_JOIN", join_token_of(&root).expect("token")).env("PATH", path_with_bins());
+    cmd.stderr(std::fs::File::create(&log).expect("log"));
+    let _agent = Proc::spawn("new-agent", cmd);
+    wait_for("the member's status to reach the agent", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("neither this agent's join token nor its pin names"))
+            || state.join("coordinator.pub").exists()
+    });
+    assert!(!state.join("coordinator.pub").exists(), "the member's key was pinned");
+    // The real coordinator starts on the same broker: the agent pins it from its token and works.
+    let (mut real, _) = start_coordinator(&sleep_study(dir.path(), "real", 2, 0.1), &store, &root, &["--broker", &url]);
+    assert!(real.wait_exit(Duration::from_secs(60)).success());
+    let out = real.rest_of_stdout().join("\n");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    let real_key =
+        Command::new(bin("tunefleet")).args(["key"]).env("XDG_STATE_HOME", state_home()).output().expect("key");
+    let pinned = std::fs::read_to_string(state.join("coordinator.pub")).expect("pinned");
+    assert_eq!(pinned.trim(), String::from_utf8_lossy(&real_key.stdout).trim(), "the real coordinator is pinned");
+    assert!(!marker.exists(), "the member's coordinator made the agent run its command");
+    let evil_agents = known_agents(&dir.path().join("evil.db"));
+    assert!(evil_agents.is_empty(), "the agent said Hello to the member's coordinator: {evil_agents:?}");
+    drop(evil);
+    assert_spools_empty(&[state]);
+}
+
+/// An agent with a key the coordinator does not know and no join token is
+/// refused, with the two ways in named in the coordinator's log; a revoked
+/// token admits no one; a valid one admits the agent, with the tags it grants.
+#[test]
+fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("tokens");
+    let log = dir.path().join("coordinator.log");
+    let study = sleep_study(dir.path(), "tok", 2, 0.1);
+    // Trials only for agents in pool "granted": a tag only the token gives.
+    let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"granted\" }\n";
+    std::fs::write(&study, text).expect("study");
+    let revoked = create_join_token(&store, &["--tag", "pool=granted"]);
+    let tunefleet = |args: &[&str]| {
+        let out = Command::new(bin("tunefleet"))
+            .args(args)
+            .arg("--store")
+            .arg(&store)
+            .env("XDG_STATE_HOME", state_home())
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let listed = tunefleet(&["token", "list"]);
+    let id = listed.split_whitespace().next().expect("an id").to_string();
+    assert!(!listed.contains(revoked.split('.').next_back().expect("secret")), "the secret is listed: {listed}");
+    assert!(tunefleet(&["token", "revoke", &id]).contains("revoked 1"));
+    let good = create_join_token(&store, &["--tag", "pool=granted"]);
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["run", s(&study), "--store", s(&store), "--root", &root, "--quiet", "--listen", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state_home())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut coord = Proc::spawn("coordinator", cmd);
+    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let key = Command::new(bin("tunefleet")).arg("key").env("XDG_STATE_HOME", state_home()).output().expect("key");
+    let coordinator_key = String::from_utf8_lossy(&key.stdout).into_owned();
+    // No token (the coordinator's key given, so the agent trusts it): refused.
+    let bare =
+        agent_with(&url, "bare", &root, &["--coordinator-key", coordinator_key.trim(), "--tag", "pool=granted"], None);
+    wait_for("the tokenless agent to be refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains("\"bare\" presents a key this coordinator does not know"))
+    });
+    // The revoked token: refused.
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", &url, "--name", "late", "--root", &root]).env("TUNEFLEET_JOIN", &revoked);
+    cmd.env("XDG_STATE_HOME", state_home()).env("PATH", path_with_bins());
+    let late = Proc::spawn("late", cmd);
+    wait_for("the revoked token to be refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|l| l.contains("was revoked"))
+    });
+    // The valid token: admitted, and its tag makes the study's trials its.
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", &url, "--name", "member", "--root", &root]).env("TUNEFLEET_JOIN", &good);
+    cmd.env("XDG_STATE_HOME", state_home()).env("PATH", path_with_bins());
+    let member = Proc::spawn("member", cmd);
+    assert!(coord.wait_exit(Duration::from_secs(60)).success());
+    let rows = results(&store);
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|(_, agent, _)| agent == "member"), "{rows:?}");
+    assert_eq!(known_agents(&store), vec!["member".to_string()], "no other agent was admitted");
+    assert!(tunefleet(&["token", "list"]).contains("1 used"));
+    drop((bare, late, member));
+    assert_agents_spools_empty(&["member"]);
 }

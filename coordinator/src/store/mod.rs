@@ -31,6 +31,7 @@ use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::params::{ParamValue, Params};
 
 mod batch;
+mod enrol;
 mod export;
 mod keys;
 mod outbox;
@@ -40,6 +41,7 @@ mod report;
 mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
+pub use enrol::{token_id, TokenRow};
 pub use export::ExportFormat;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;

@@ -1,0 +1,278 @@
+//! Enrolment: join tokens (stored by their public half only: the secret
+//! never reaches the store, and cannot be derived from what is kept) and,
+//! per agent name, how its key was admitted, the tags its token granted,
+//! and the process instance and number of its last accepted Hello (so a
+//! Hello of an earlier process is a replay however many restarts ago it
+//! was, and across coordinator restarts).
+
+use std::collections::BTreeMap;
+
+use rusqlite::{params, OptionalExtension};
+use serde::Serialize;
+use tunefleet_common::auth::{self, PublicKey};
+
+use super::{get_u64, to_i64, Batch, Result, SqlContext, Store};
+use crate::auth::{Known, TokenState};
+
+/// Created on open, like the agent keys: older programs ignore it.
+pub(super) const ENROL_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS join_tokens (
+    public     BLOB PRIMARY KEY NOT NULL CHECK (length(public) = 32),
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER,
+    uses_left  INTEGER,
+    used       INTEGER NOT NULL DEFAULT 0,
+    tags       TEXT NOT NULL DEFAULT '{}',
+    revoked    INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS agent_enrolment (
+    name          TEXT PRIMARY KEY NOT NULL,
+    via           TEXT,
+    tags          TEXT NOT NULL DEFAULT '{}',
+    last_instance INTEGER,
+    last_seq      INTEGER
+);
+"#;
+
+/// A join token as `tunefleet token list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TokenRow {
+    /// The first 8 bytes of its public half, in hex.
+    pub id: String,
+    pub created_ms: u64,
+    pub expires_ms: Option<u64>,
+    pub uses_left: Option<u64>,
+    pub used: u64,
+    pub tags: BTreeMap<String, String>,
+    pub revoked: bool,
+}
+
+/// A token's short id.
+pub fn token_id(public: &PublicKey) -> String {
+    auth::hex(&public[..8])
+}
+
+fn tags_json(tags: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(tags).unwrap_or_else(|_| "{}".into())
+}
+
+fn tags_of(text: &str) -> BTreeMap<String, String> {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+fn opt_u64(v: Option<i64>) -> Option<u64> {
+    v.map(|v| u64::try_from(v).unwrap_or(0))
+}
+
+impl Batch<'_> {
+    /// What the store knows of `agent`: its pinned key, its last Hello, and
+    /// (when none is pinned) how many names are.
+    pub fn known(&mut self, agent: &str) -> Result<Known> {
+        let pin = self.agent_key(agent)?;
+        let context = || format!("reading the enrolment of {agent}");
+        let last: Option<(Option<i64>, Option<i64>)> = self
+            .tx
+            .prepare_cached("SELECT last_instance, last_seq FROM agent_enrolment WHERE name = ?1")
+            .ctx(context)?
+            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .ctx(context)?;
+        let last = match last {
+            Some((Some(i), Some(s))) => Some((u64::try_from(i).unwrap_or(0), u64::try_from(s).unwrap_or(0))),
+            _ => None,
+        };
+        let pinned = if pin.is_none() { self.pinned_agents()? } else { 0 };
+        Ok(Known { pin, last, pinned })
+    }
+
+    /// The join token whose public half is `public`, if this store has it.
+    pub fn token(&mut self, public: &PublicKey) -> Result<Option<TokenState>> {
+        let context = || "reading a join token".to_string();
+        let row: Option<(Option<i64>, Option<i64>, bool)> = self
+            .tx
+            .prepare_cached("SELECT expires_ms, uses_left, revoked FROM join_tokens WHERE public = ?1")
+            .ctx(context)?
+            .query_row([public.as_slice()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()
+            .ctx(context)?;
+        Ok(row.map(|(expires, uses, revoked)| TokenState {
+            id: token_id(public),
+            expires_ms: opt_u64(expires),
+            uses_left: opt_u64(uses),
+            revoked,
+        }))
+    }
+
+    /// Pins `key` for the new agent `agent`, admitted by `token` (one use
+    /// of it, and the tags it grants) or by open enrolment (`None`).
+    pub fn enrol(&mut self, agent: &str, key: &PublicKey, token: Option<&PublicKey>, at_ms: u64) -> Result<()> {
+        self.pin_agent_key(agent, key, at_ms)?;
+        let context = || format!("enrolling {agent}");
+        let (via, tags) = match token {
+            Some(public) => {
+                self.tx
+                    .prepare_cached(
+                        "UPDATE join_tokens SET used = used + 1,
+                         uses_left = CASE WHEN uses_left IS NULL THEN NULL ELSE max(uses_left - 1, 0) END
+                         WHERE public = ?1",
+                    )
+                    .ctx(context)?
+                    .execute([public.as_slice()])
+                    .ctx(context)?;
+                let tags: Option<String> = self
+                    .tx
+                    .prepare_cached("SELECT tags FROM join_tokens WHERE public = ?1")
+                    .ctx(context)?
+                    .query_row([public.as_slice()], |r| r.get(0))
+                    .optional()
+                    .ctx(context)?;
+                (format!("token {}", token_id(public)), tags.unwrap_or_else(|| "{}".into()))
+            }
+            None => ("open enrolment".to_string(), "{}".to_string()),
+        };
+        self.tx
+            .prepare_cached(
+                "INSERT INTO agent_enrolment (name, via, tags) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET via = excluded.via, tags = excluded.tags",
+            )
+            .ctx(context)?
+            .execute(params![agent, via, tags])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Records `agent`'s accepted Hello: a later one must come from a later
+    /// process, or from this one with a higher number.
+    pub fn record_hello(&mut self, agent: &str, instance: u64, seq: u64) -> Result<()> {
+        let context = || format!("recording the Hello of {agent}");
+        self.tx
+            .prepare_cached(
+                "INSERT INTO agent_enrolment (name, last_instance, last_seq) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET last_instance = excluded.last_instance, last_seq = excluded.last_seq",
+            )
+            .ctx(context)?
+            .execute(params![agent, to_i64("instance", instance)?, to_i64("hello seq", seq)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// The tags `agent`'s join token granted (they override what it claims).
+    pub fn granted_tags(&mut self, agent: &str) -> Result<BTreeMap<String, String>> {
+        let context = || format!("reading the tags granted to {agent}");
+        let tags: Option<String> = self
+            .tx
+            .prepare_cached("SELECT tags FROM agent_enrolment WHERE name = ?1")
+            .ctx(context)?
+            .query_row([agent], |r| r.get(0))
+            .optional()
+            .ctx(context)?;
+        Ok(tags.as_deref().map(tags_of).unwrap_or_default())
+    }
+}
+
+impl Store {
+    /// Keeps a new join token's public half.
+    pub fn create_token(
+        &mut self,
+        public: &PublicKey,
+        expires_ms: Option<u64>,
+        uses: Option<u64>,
+        tags: &BTreeMap<String, String>,
+        at_ms: u64,
+    ) -> Result<()> {
+        let batch = self.batch()?;
+        let context = || "creating a join token".to_string();
+        batch
+            .tx
+            .prepare_cached(
+                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .ctx(context)?
+            .execute(params![
+                public.as_slice(),
+                to_i64("time", at_ms)?,
+                expires_ms.map(|e| to_i64("expiry", e)).transpose()?,
+                uses.map(|u| to_i64("uses", u)).transpose()?,
+                tags_json(tags)
+            ])
+            .ctx(context)?;
+        batch.commit()
+    }
+
+    /// Every join token, newest first.
+    pub fn tokens(&self) -> Result<Vec<TokenRow>> {
+        let context = || "listing join tokens".to_string();
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked FROM join_tokens
+                 ORDER BY created_ms DESC, public",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map([], |r| {
+                let public: Vec<u8> = r.get(0)?;
+                Ok(TokenRow {
+                    id: auth::hex(public.get(..8).unwrap_or_default()),
+                    created_ms: get_u64(r, 1)?,
+                    expires_ms: opt_u64(r.get(2)?),
+                    uses_left: opt_u64(r.get(3)?),
+                    used: get_u64(r, 4)?,
+                    tags: tags_of(&r.get::<_, String>(5)?),
+                    revoked: r.get(6)?,
+                })
+            })
+            .ctx(context)?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .ctx(context)?;
+        Ok(rows)
+    }
+
+    /// Revokes the tokens whose id starts with `id` (at least 4 hex
+    /// digits); returns how many.
+    pub fn revoke_token(&mut self, id: &str) -> Result<usize> {
+        let ids: Vec<String> = self.tokens()?.into_iter().map(|t| t.id).filter(|t| t.starts_with(id)).collect();
+        if id.len() < 4 || ids.is_empty() {
+            return Ok(0);
+        }
+        let batch = self.batch()?;
+        let context = || "revoking a join token".to_string();
+        let n = batch
+            .tx
+            .prepare_cached("UPDATE join_tokens SET revoked = 1 WHERE lower(hex(substr(public, 1, 8))) LIKE ?1 || '%'")
+            .ctx(context)?
+            .execute([id.to_ascii_lowercase()])
+            .ctx(context)?;
+        batch.commit()?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_kept_used_and_revoked_and_hellos_remembered() {
+        let mut store = Store::open_in_memory().expect("store");
+        let tags: BTreeMap<String, String> = [("pool".to_string(), "arm".to_string())].into();
+        let public = [7u8; 32];
+        store.create_token(&public, Some(1_000), Some(2), &tags, 5).expect("create");
+        let mut b = store.batch().expect("batch");
+        let t = b.token(&public).expect("read").expect("kept");
+        assert_eq!((t.expires_ms, t.uses_left, t.revoked), (Some(1_000), Some(2), false));
+        assert_eq!(b.token(&[8; 32]).expect("read"), None);
+        assert_eq!(b.known("a").expect("known"), Known { pin: None, last: None, pinned: 0 });
+        b.enrol("a", &[1; 32], Some(&public), 6).expect("enrol");
+        b.record_hello("a", 10, 3).expect("hello");
+        assert_eq!(b.known("a").expect("known"), Known { pin: Some([1; 32]), last: Some((10, 3)), pinned: 0 });
+        assert_eq!(b.granted_tags("a").expect("tags"), tags);
+        assert_eq!(b.token(&public).expect("read").expect("kept").uses_left, Some(1));
+        b.commit().expect("commit");
+        let rows = store.tokens().expect("list");
+        assert_eq!((rows.len(), rows[0].used, rows[0].id.as_str()), (1, 1, "0707070707070707"));
+        assert_eq!(store.revoke_token("07").expect("too short"), 0);
+        assert_eq!(store.revoke_token("0707").expect("revoke"), 1);
+        assert!(store.tokens().expect("list")[0].revoked);
+    }
+}
