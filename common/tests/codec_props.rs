@@ -198,7 +198,15 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
 /// An agent's description travels inside its signed Hello; this carries it
 /// through the codec as a Synced message plus the Hello body round trip.
 fn agent_info(info: AgentInfo) -> AgentMessage {
-    let hello = Hello { info, key: [1; 32], exchange: [2; 32], coordinator_instance: 3, seq: 4, will_hash: [5; 32] };
+    let hello = Hello {
+        info,
+        key: [1; 32],
+        exchange: [2; 32],
+        coordinator_instance: 3,
+        seq: 4,
+        will_hash: [5; 32],
+        enrol: None,
+    };
     let bytes = encode(&hello).expect("encodes");
     assert_eq!(decode::<Hello>(&bytes).expect("decodes"), hello);
     AgentMessage::Synced(hello.seq)
