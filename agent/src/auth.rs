@@ -246,6 +246,20 @@ impl AgentAuth {
         Ok(())
     }
 
+    /// A signed notice that the coordinator holds no session with our
+    /// token: true when it names this agent and the current session (which
+    /// is then over; the agent says Hello again).
+    pub fn stale(&mut self, signed: &Signed) -> Result<bool, AuthError> {
+        let key = self.pinned.ok_or(AuthError::Signature)?;
+        let stale = auth::open_stale(&key, signed)?;
+        let current = self.session.as_ref().map(Session::token);
+        if stale.agent != self.name || current != Some(stale.token) {
+            return Ok(false);
+        }
+        self.session = None;
+        Ok(true)
+    }
+
     pub fn welcomed(&self) -> bool {
         self.session.is_some()
     }
@@ -378,6 +392,17 @@ mod tests {
         let (kind, payload) = coord_side.seal_coordinator(&msg).expect("seal");
         let Ok(DownFrame::Sealed(sealed)) = decode::<DownFrame>(&payload) else { panic!("not sealed") };
         assert_eq!(a.open(kind, &sealed), Ok(msg));
+        // A signed notice that the coordinator lost this session ends it; one
+        // for another token, another agent, or signed by another key does not.
+        let stale = |id: &Identity, agent: &str, token| {
+            auth::sign_stale(id, &auth::StaleSession { agent: agent.into(), token }).expect("sign")
+        };
+        assert_eq!(a.stale(&stale(&coord, "a1", 1)), Ok(false), "another session's token");
+        assert_eq!(a.stale(&stale(&coord, "a2", 2)), Ok(false), "another agent");
+        assert_eq!(a.stale(&stale(&mallory, "a1", 2)), Err(AuthError::Signature));
+        assert!(a.welcomed());
+        assert_eq!(a.stale(&stale(&coord, "a1", 2)), Ok(true));
+        assert!(!a.welcomed(), "the session is over: the agent says Hello again");
         a.on_connected([1; 32]);
         assert!(!a.welcomed(), "a new connection ends the session");
         assert_eq!(a.open(kind, &sealed), Err(AuthError::NoSession));

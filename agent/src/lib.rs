@@ -314,10 +314,25 @@ fn on_inbound(
             auth.on_connected(will_hash);
             state.on_connected()
         }
+        Inbound::Coordinator { kind: _, frame: DownFrame::Stale(signed) } => match auth.stale(&signed) {
+            Ok(true) => {
+                tracing::warn!("the coordinator holds no session with this agent any more: saying Hello again");
+                state.on_session_lost()
+            }
+            Ok(false) => Vec::new(),
+            Err(e) => {
+                refused.unauthenticated += 1;
+                if loud(refused.unauthenticated) {
+                    tracing::warn!(error = %e, refused = refused.unauthenticated, "unauthenticated stale-session notice refused");
+                }
+                Vec::new()
+            }
+        },
         Inbound::Coordinator { kind, frame } => {
             let opened = match &frame {
                 DownFrame::Welcome(signed) => auth.welcome(signed).map(|()| None),
                 DownFrame::Sealed(sealed) => auth.open(kind, sealed).map(Some),
+                DownFrame::Stale(_) => Err(tunefleet_common::auth::AuthError::OtherHello),
             };
             match opened {
                 Ok(None) => {

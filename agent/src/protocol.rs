@@ -184,6 +184,13 @@ impl AgentState {
         vec![Action::Hello(Box::new(self.info.clone()))]
     }
 
+    /// The coordinator holds no session with us any more (it said so, signed):
+    /// a new Hello while it is online.
+    pub fn on_session_lost(&mut self) -> Vec<Action> {
+        self.welcomed = false;
+        self.hello_again()
+    }
+
     /// A Hello again, when one is due (no Welcome came for the last one).
     pub fn hello_again(&mut self) -> Vec<Action> {
         if self.wants_session() {

@@ -14,7 +14,7 @@ fn agent(state_dir: &std::path::Path) -> Command {
         .env_remove("TUNEFLEET_CPUS")
         .env("TUNEFLEET_LOG", "info")
         // Nothing listens there: the agent keeps trying, which is all this needs.
-        .args(["--broker", "mqtt://127.0.0.1:1", "--name", "confined", "--state-dir"])
+        .args(["--broker", "mqtt://127.0.0.1:1", "--name", "confined", "--trust-first-coordinator", "--state-dir"])
         .arg(state_dir);
     cmd
 }

@@ -201,6 +201,7 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     config.wrapper = Some(PathBuf::from(env!("CARGO_BIN_EXE_tunefleet-agent")));
     config.grace = Duration::from_secs(5);
     config.state_dir = Some(state.path().to_path_buf());
+    config.join = Some(auth::JoinToken::generate(&coord.identity.public()).expect("a join token"));
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let agent = tokio::spawn(tunefleet_agent::run(config, async {
         let _ = stop_rx.await;

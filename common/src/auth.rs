@@ -265,6 +265,7 @@ const DOMAIN_HELLO: &[u8] = b"tunefleet v3 hello\0";
 const DOMAIN_WELCOME: &[u8] = b"tunefleet v3 welcome\0";
 const DOMAIN_STATUS: &[u8] = b"tunefleet v3 coordinator status\0";
 const DOMAIN_ENROL: &[u8] = b"tunefleet v4 enrolment\0";
+const DOMAIN_STALE: &[u8] = b"tunefleet v4 stale session\0";
 
 /// Largest signed Hello body the coordinator opens; checked before the body
 /// is decoded or its signature verified.
@@ -465,6 +466,32 @@ pub enum DownFrame {
     /// A signed [`Welcome`].
     Welcome(Signed),
     Sealed(Sealed),
+    /// A signed [`StaleSession`]: on the Welcome topic.
+    Stale(Signed),
+}
+
+/// The coordinator refused a sealed frame of this agent's because it holds
+/// no session with that token (it lost it, or another Hello replaced it):
+/// the agent says Hello again. Signed by the coordinator; it names the
+/// refused token, so it ends no other session, and a replay of it ends
+/// nothing the coordinator still holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleSession {
+    pub agent: String,
+    pub token: SessionToken,
+}
+
+/// Signs a [`StaleSession`].
+pub fn sign_stale(identity: &Identity, stale: &StaleSession) -> Result<Signed, AuthError> {
+    let body = encode(stale)?;
+    let signature = identity.sign(DOMAIN_STALE, &body);
+    Ok(Signed { body, signature })
+}
+
+/// Checks a signed [`StaleSession`] against the coordinator's key.
+pub fn open_stale(coordinator: &PublicKey, signed: &Signed) -> Result<StaleSession, AuthError> {
+    verify(coordinator, DOMAIN_STALE, &signed.body, &signed.signature)?;
+    Ok(decode(&signed.body)?)
 }
 
 /// Signs the coordinator's status.

@@ -35,6 +35,11 @@ pub const HELLO_BURST: f64 = 10_000.0;
 pub const NEW_PIN_RATE: f64 = 200.0;
 /// New keys pinned in one burst.
 pub const NEW_PIN_BURST: f64 = 2_000.0;
+/// Stale-session notices signed per second, sustained, and in one burst.
+const STALE_RATE: f64 = 100.0;
+const STALE_BURST: f64 = 1_000.0;
+/// At most one stale-session notice per agent in this long.
+const STALE_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where the coordinator keeps its key when `--key` is not given:
 /// `$STATE_DIRECTORY`, else `$XDG_STATE_HOME/tunefleet`, else
@@ -136,6 +141,10 @@ pub struct Sessions {
     known: Bucket,
     /// Budget of new pins.
     fresh: Bucket,
+    /// When each agent was last told its session is stale.
+    stale_sent: HashMap<String, Instant>,
+    /// Budget of stale-session notices (each costs a signature).
+    stale_budget: Bucket,
     /// Bound on pinned agents.
     pub max_agents: u64,
     /// Pin any new key without a join token (a lab; logged loudly).
@@ -189,6 +198,8 @@ impl Sessions {
             live: HashMap::new(),
             known: Bucket { level: HELLO_BURST, at: Instant::now() },
             fresh: Bucket { level: NEW_PIN_BURST, at: Instant::now() },
+            stale_sent: HashMap::new(),
+            stale_budget: Bucket { level: STALE_BURST, at: Instant::now() },
             max_agents: DEFAULT_MAX_AGENTS,
             open_enrolment: false,
         }
@@ -319,6 +330,26 @@ impl Sessions {
         let instance = hello.info.instance;
         self.live.insert(agent.to_string(), Live { session, will_hash: hello.will_hash, instance });
         Ok((token, payload))
+    }
+
+    /// The payload telling `agent` (a name whose key is pinned) that its
+    /// session with `token` is not held here, so it says Hello again: at
+    /// most one per agent every 2 s, within a budget; `None` otherwise, or
+    /// while it has a live session with another token being set up.
+    pub fn stale_notice(&mut self, agent: &str, token: SessionToken, now: Instant) -> Option<Vec<u8>> {
+        if self.stale_sent.get(agent).is_some_and(|at| now.saturating_duration_since(*at) < STALE_EVERY) {
+            return None;
+        }
+        if !self.stale_budget.take(now, STALE_RATE, STALE_BURST) {
+            return None;
+        }
+        if self.stale_sent.len() >= 100_000 {
+            self.stale_sent.retain(|_, at| now.saturating_duration_since(*at) < STALE_EVERY);
+        }
+        self.stale_sent.insert(agent.to_string(), now);
+        let stale = auth::StaleSession { agent: agent.to_string(), token };
+        let signed = auth::sign_stale(&self.identity, &stale).ok()?;
+        encode(&tunefleet_common::auth::DownFrame::Stale(signed)).ok()
     }
 
     /// Opens a sealed frame from `agent` that came on a `kind` topic.
@@ -529,6 +560,21 @@ mod tests {
         assert_eq!(s.will("a", &Will { instance: 2, ..will.clone() }), WillCheck::Forged);
         assert_eq!(s.will("a", &will), WillCheck::Live);
         assert_eq!(s.will("a", &will), WillCheck::NoSession, "used once");
+    }
+
+    #[test]
+    fn stale_session_notices_are_signed_and_bounded_per_agent() {
+        let mut s = sessions();
+        let now = Instant::now();
+        let notice = s.stale_notice("a", 42, now).expect("a notice");
+        let Ok(DownFrame::Stale(signed)) = decode::<DownFrame>(&notice) else { panic!("not a notice") };
+        let stale = auth::open_stale(&s.public_key(), &signed).expect("signed by the coordinator");
+        assert_eq!((stale.agent.as_str(), stale.token), ("a", 42));
+        assert_eq!(s.stale_notice("a", 43, now), None, "one per agent every 2 s");
+        assert!(s.stale_notice("b", 1, now).is_some(), "another agent has its own");
+        assert!(s.stale_notice("a", 43, now + STALE_EVERY).is_some());
+        let sent = (0..5_000).filter(|i| s.stale_notice(&format!("n{i}"), 1, now).is_some()).count();
+        assert!(sent < 1_100, "a flood under new names is bounded by the budget: {sent}");
     }
 
     #[test]

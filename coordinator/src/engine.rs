@@ -818,6 +818,17 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
                 if loud(cx.stats.bad_tokens) {
                     tracing::warn!(agent = %agent, topic = kind.as_str(), error = %e, refused = cx.stats.bad_tokens, "unauthenticated message refused");
                 }
+                // A frame of a session this coordinator does not hold (it
+                // restarted, or another Hello replaced it): a known agent is
+                // told, signed, so it says Hello again instead of talking
+                // into the void.
+                if matches!(e, auth::AuthError::NoSession | auth::AuthError::Token { .. })
+                    && cx.batch.agent_key(&agent)?.is_some()
+                {
+                    if let Some(notice) = cx.sessions.stale_notice(&agent, sealed.token, std::time::Instant::now()) {
+                        cx.welcomes.push((agent, notice));
+                    }
+                }
                 return Ok(());
             }
         },

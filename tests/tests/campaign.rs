@@ -49,6 +49,7 @@ hyper.n = { kind = "int", low = 1, high = 4 }
     let root = unique_root("campaign");
     let agent = format!("{root}-agent");
     let start = |root: &str| {
+        join_root(root, &store);
         let mut cmd = std::process::Command::new(bin("tunefleet"));
         cmd.arg("campaign").arg(&campaign).arg("--store").arg(&store).args(["--root", root, "--quiet"]);
         cmd.args(["--listen", "127.0.0.1:0"]).env("XDG_STATE_HOME", state_home());

@@ -288,6 +288,8 @@ fn agent_unit_outlasts_the_drain_and_its_flags_are_real() {
     }
     let no_broker = ClosedPort::new();
     cmd.env("TUNEFLEET_BROKER", format!("mqtt://127.0.0.1:{}", no_broker.port)).args(["--name", "unit-flags"]);
+    // agent.env gives the join token (TUNEFLEET_JOIN).
+    cmd.env("TUNEFLEET_JOIN", create_join_token(&dir.path().join("c.db"), &[]));
     let mut agent = Proc::spawn("unit-flags", cmd);
     let status = agent.wait_exit(Duration::from_secs(30));
     assert_eq!(status.code(), Some(0), "the agent accepts the unit's flags");

@@ -43,6 +43,7 @@ fn studies_submitted_to_a_service_share_the_fleet_and_a_cancelled_one_stops_ever
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("serve.db");
     let root = unique_root("serve");
+    join_root(&root, &store);
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", &root]).arg("--store").arg(&store);
     cmd.env("XDG_STATE_HOME", state_home());
@@ -150,6 +151,7 @@ high = 4
 /// Starts `tunefleet serve` on `store`; returns it and its broker URL once
 /// its socket exists.
 fn serve(store: &Path, root: &str) -> (Proc, String) {
+    join_root(root, store);
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", root]).arg("--store").arg(store);
     cmd.env("XDG_STATE_HOME", state_home());
