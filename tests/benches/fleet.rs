@@ -225,6 +225,11 @@ async fn sim_agent_for(
     let info = AgentInfo { cores: 2, memory_bytes: 1 << 30, ..AgentInfo::minimal(&name, rand_instance(&name)) };
     // Authenticated like the real agent: its own key, a signed Hello, sealed messages.
     let identity = auth::Identity::generate().expect("key").0;
+    // Admitted with the coordinator's join token, as the real agent is.
+    let enrol = join_token_of(topics.root()).map(|t| {
+        let token: auth::JoinToken = t.parse().expect("a join token");
+        token.prove(&identity.public(), &name).expect("proof")
+    });
     let (_, will_hash) = auth::new_will(info.instance).expect("will");
     let send = |c: &AsyncClient, kind: AgentTopic, payload: Vec<u8>| {
         let _ = c.try_publish(topics.agent(&name, kind), QoS::AtLeastOnce, kind == AgentTopic::Status, payload);
@@ -307,7 +312,7 @@ async fn sim_agent_for(
                 if let Some(status) = status.filter(|s| s.online && (changed || session.is_none())) {
                     hello_seq += 1;
                     let (signed, half) =
-                        auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash, None)
+                        auth::hello(&identity, info.clone(), status.instance, hello_seq, will_hash, enrol.clone())
                             .expect("hello");
                     pending = Some(half);
                     session = None;
@@ -335,6 +340,8 @@ async fn sim_agent_for(
                             let _ = welcomed.send(());
                         }
                     }
+                    // The simulator's sessions never go stale on their own.
+                    Ok(auth::DownFrame::Stale(_)) => {}
                     Ok(auth::DownFrame::Sealed(sealed)) => {
                         let Some(s) = session.as_mut() else { continue };
                         let msg = s.open_coordinator(kind, &sealed);

@@ -652,3 +652,105 @@ fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
     drop((bare, late, member));
     assert_agents_spools_empty(&["member"]);
 }
+
+/// Issue 20, finding 3: an agent's Hello captured off the broker, replayed
+/// after the agent has restarted, opened a session that replaced the real
+/// one, released its trial and had its frames refused. Now an agent process
+/// has an instance above every earlier one and the coordinator keeps the
+/// last per agent in its store (no window of remembered instances; the unit
+/// test `regression_an_old_hello_is_a_replay_however_many_restarts_ago`
+/// goes 40 restarts back): the replay is refused, and the restarted agent
+/// completes the study.
+#[test]
+fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("replay");
+    let log = dir.path().join("coordinator.log");
+    join_root(&root, &store);
+    let study = sleep_study(dir.path(), "replay", 12, 0.3);
+    let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"work\" }\n";
+    std::fs::write(&study, text).expect("study");
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["run", s(&study), "--store", s(&store), "--root", &root])
+        .args(["--quiet", "--listen", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state_home())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let mut coord = Proc::spawn("coordinator", cmd);
+    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let topics = Topics::new(&root).expect("root");
+    let hello_topic = topics.agent("victim", AgentTopic::Hello);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let (client, mut hellos) = rt.block_on(async {
+        let (client, mut el) = AsyncClient::new(MqttOptions::new("replayer", "127.0.0.1", port), 64);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let sub = client.clone();
+        let topic = hello_topic.clone();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            while let Ok(ev) = el.poll().await {
+                match ev {
+                    rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
+                        let _ = sub.subscribe(topic.clone(), QoS::AtLeastOnce).await;
+                    }
+                    rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                    }
+                    rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
+                        let _ = tx.send(p.payload.to_vec());
+                    }
+                    _ => {}
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
+        (client, rx)
+    });
+    let state = dir.path().join("victim-state");
+    // Trials only for pool=work: the restarts (pool=idle) hold none, the last process runs them all.
+    let start = |pool: &str| start_agent(&url, "victim", &root, &["--state-dir", s(&state), "--tag", pool]);
+    let next_hello = |hellos: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>| -> Vec<u8> {
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await })
+            .expect("a Hello in time")
+            .expect("hellos")
+    };
+    let instance_of = |payload: &[u8]| -> u64 {
+        let Ok(UpFrame::Hello(signed)) = tunefleet_common::decode::<UpFrame>(payload) else { panic!("not a Hello") };
+        auth::peek_hello(&signed).expect("a Hello").info.instance
+    };
+    // The first process's Hello, captured; then 18 restarts (SIGKILL, as a
+    // crash): more than the 16 earlier instances the coordinator once remembered.
+    let mut agent = start("pool=idle");
+    let captured = next_hello(&mut hellos);
+    let mut instances = vec![instance_of(&captured)];
+    for i in 0..18 {
+        agent.signal("KILL");
+        agent.wait_exit(Duration::from_secs(10));
+        agent = start(if i == 17 { "pool=work" } else { "pool=idle" });
+        let hello = next_hello(&mut hellos);
+        instances.push(instance_of(&hello));
+    }
+    assert!(instances.windows(2).all(|w| w[1] > w[0]), "instances grow across restarts: {instances:?}");
+    // The replay, and the client's event loop kept running (on this
+    // runtime) until the coordinator has refused it.
+    let refused = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Hello refused: replayed Hello"));
+    rt.block_on(async {
+        client.publish(hello_topic.clone(), QoS::AtLeastOnce, false, captured).await.expect("replay");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !refused() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert!(refused(), "the replay was not refused: {}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(coord.wait_exit(Duration::from_secs(90)).success());
+    let summary = coord.rest_of_stdout().join("\n");
+    assert!(summary.contains("12/12 trials done"), "{summary}");
+    assert!(!summary.contains("requeued:"), "the replay released the victim's trial: {summary}");
+    drop(agent);
+    assert_spools_empty(&[state]);
+}
