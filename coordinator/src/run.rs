@@ -161,6 +161,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
             root: root.clone(),
             coordinator_key: auth::hex(&sessions.public_key()),
             prefix: format!("launched-{:08x}", instance as u32),
+            join: String::new(),
         };
         crate::launch::Launcher::new(args, cx)
     });
