@@ -147,7 +147,9 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
-        client_id: format!("tf-coordinator-{instance:016x}"),
+        // Not the instance: that one is in the retained status, and a broker
+        // user who knows a client id can take the connection over.
+        client_id: format!("tf-coordinator-{:016x}", rand::random::<u64>()),
         topics,
         keepalive,
         security,
