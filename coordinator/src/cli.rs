@@ -432,7 +432,9 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct ControlArg {
-    /// The service's control socket (default: the store's path with `.sock`).
+    /// The service's control socket (default: `control.sock` in a directory
+    /// beside the store, `fleet.control/` for `fleet.db`); its directory is
+    /// created with mode 0700, or must be this user's with mode 0700.
     #[arg(long, env = "TUNEFLEET_CONTROL")]
     pub control: Option<PathBuf>,
 }
