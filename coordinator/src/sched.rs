@@ -480,6 +480,13 @@ impl Scheduler {
         self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class)
     }
 
+    /// Whether `study`'s selector admits `agent` as it last described
+    /// itself: what reuse may learn from (an unknown study or agent, no).
+    pub fn admits(&self, study: &str, agent: &str) -> bool {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return false };
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).is_some_and(|i| s.policy.selector.matches(i))
+    }
+
     /// Agents connected and matching `study`'s selector.
     pub fn eligible_agents(&self, study: &str) -> usize {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
@@ -1155,6 +1162,21 @@ mod tests {
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|(a, _)| a == "good"));
         assert_eq!(s.eligible_agents("s"), 1);
+    }
+
+    #[test]
+    fn regression_reuse_learns_only_from_agents_the_selector_admits() {
+        let sel = Selector { tags: [("pool".to_string(), "lab".to_string())].into(), ..Selector::default() };
+        let mut s = sched(2, 1, sel);
+        s.hello(info("member", 1, "x86_64", &[("pool", "lab")]));
+        s.hello(info("stranger", 1, "x86_64", &[("pool", "home")]));
+        assert!(s.admits("s", "member"));
+        assert!(!s.admits("s", "stranger"), "another pool's profiles do not join this study's model");
+        assert!(!s.admits("s", "never-seen"));
+        assert!(!s.admits("other-study", "member"));
+        // It says it is something else now: no longer admitted.
+        s.hello(info("member", 1, "x86_64", &[("pool", "home")]));
+        assert!(!s.admits("s", "member"));
     }
 
     #[test]
