@@ -100,6 +100,12 @@ fn spool(state_dir: &std::path::Path, action: SpoolAction) -> anyhow::Result<()>
         SpoolAction::Requeue => {
             let n = pending.requeue().context("moving parked results back")?;
             println!("{n} results moved back; the agent delivers them on its next run");
+            let left = pending.parked().len();
+            if left > 0 {
+                println!(
+                    "{left} stay parked: their trial already has a result waiting (requeue again once it is delivered)"
+                );
+            }
         }
     }
     Ok(())

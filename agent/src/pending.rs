@@ -65,6 +65,30 @@ fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), PendingErr
     sync_dir(dir)
 }
 
+/// Moves `from` to `to` unless `to` exists: a hard link (which fails on an
+/// existing name, with no window in between) then the removal of `from`.
+/// Returns whether it moved. Where the file system has no hard links, an
+/// existence check and a rename (only the agent writes its state directory).
+fn move_without_replacing(from: &Path, to: &Path) -> io::Result<bool> {
+    match fs::hard_link(from, to) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {
+            if to.try_exists()? {
+                return Ok(false);
+            }
+            fs::rename(from, to)?;
+            return Ok(true);
+        }
+    }
+    fs::remove_file(from)?;
+    if let Some(dir) = to.parent() {
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(true)
+}
+
 /// FNV-1a, stable across builds (file names must survive upgrades).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
@@ -105,14 +129,27 @@ impl PendingResults {
         }
     }
 
-    /// Moves a refused result aside with the reason.
+    /// Moves a refused result aside with the reason. A result parked
+    /// before under the same name stays: this one gets the next free name
+    /// (`….1.bin`, `….2.bin`, …).
     pub fn park(&self, trial: &TrialRef, reason: &str) -> Result<(), PendingError> {
         let name = file_name(trial);
-        let why = self.parked.join(&name).with_extension("why");
-        write_durably(&self.parked, &why, format!("{trial}: {reason}\n").as_bytes())?;
-        let (from, to) = (self.dir.join(&name), self.parked.join(&name));
-        fs::rename(&from, &to).map_err(io_err("move aside", &from))?;
-        sync_dir(&self.parked).and_then(|()| sync_dir(&self.dir))
+        let from = self.dir.join(&name);
+        let stem = name.trim_end_matches(".bin");
+        let mut n = 0u32;
+        let to = loop {
+            let to = self.parked.join(if n == 0 { name.clone() } else { format!("{stem}.{n}.bin") });
+            if move_without_replacing(&from, &to).map_err(io_err("move aside", &from))? {
+                break to;
+            }
+            n = n.checked_add(1).ok_or_else(|| PendingError::Io {
+                action: "move aside",
+                path: from.clone(),
+                source: io::ErrorKind::AlreadyExists.into(),
+            })?;
+        };
+        write_durably(&self.parked, &to.with_extension("why"), format!("{trial}: {reason}\n").as_bytes())?;
+        sync_dir(&self.dir)
     }
 
     /// Every parked result that decodes, with why it was refused.
@@ -129,16 +166,21 @@ impl PendingResults {
 
     /// Moves every parked result back to the results awaiting an ack (the
     /// next agent run delivers them); returns how many.
+    ///
+    /// A parked result whose trial already has a result awaiting its ack
+    /// (parked twice, or run again) stays parked: it is never written over.
     pub fn requeue(&self) -> Result<usize, PendingError> {
-        let parked = self.parked();
-        for p in &parked {
+        let mut moved = 0;
+        for p in &self.parked() {
             let to = self.dir.join(file_name(&p.trial));
-            fs::rename(&p.path, &to).map_err(io_err("move back", &p.path))?;
-            let _ = fs::remove_file(p.path.with_extension("why"));
+            if move_without_replacing(&p.path, &to).map_err(io_err("move back", &p.path))? {
+                let _ = fs::remove_file(p.path.with_extension("why"));
+                moved += 1;
+            }
         }
         sync_dir(&self.dir)?;
         sync_dir(&self.parked)?;
-        Ok(parked.len())
+        Ok(moved)
     }
 
     /// Every stored result that decodes.
@@ -224,5 +266,34 @@ mod tests {
         assert_eq!(store.requeue().expect("requeue"), 1);
         assert!(store.parked().is_empty());
         assert_eq!(store.load(), vec![b, a]);
+    }
+
+    #[test]
+    fn regression_parking_never_overwrites_a_parked_result() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = PendingResults::open(dir.path()).expect("open");
+        let first = result("exp", 3);
+        let mut second = result("exp", 3);
+        second.measurement.wall_us = 99;
+        store.save(&first).expect("save");
+        store.park(&first.trial, "first refusal").expect("park");
+        // The same trial reference, refused again (another store's study of that name).
+        store.save(&second).expect("save");
+        store.park(&second.trial, "second refusal").expect("park");
+        let parked = store.parked();
+        assert_eq!(parked.len(), 2, "both kept: {parked:?}");
+        let mut reasons: Vec<&str> = parked.iter().map(|p| p.reason.as_str()).collect();
+        reasons.sort_unstable();
+        assert_eq!(reasons, ["first refusal", "second refusal"]);
+        let walls: Vec<u64> = parked
+            .iter()
+            .map(|p| decode::<TrialResult>(&fs::read(&p.path).expect("read")).expect("decode").measurement.wall_us)
+            .collect();
+        assert!(walls.contains(&7) && walls.contains(&99), "{walls:?}");
+        assert!(store.load().is_empty());
+        // Requeued: one goes back; the other would overwrite it and stays parked.
+        assert_eq!(store.requeue().expect("requeue"), 1);
+        assert_eq!(store.load().len(), 1);
+        assert_eq!(store.parked().len(), 1, "never written over");
     }
 }

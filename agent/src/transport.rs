@@ -55,6 +55,8 @@ pub enum TransportError {
     Queue { kind: &'static str },
     #[error(transparent)]
     Security(tunefleet_common::security::SecurityError),
+    #[error("no randomness for the MQTT client id: {0}")]
+    Random(tunefleet_common::auth::AuthError),
 }
 
 /// Connection settings.
@@ -90,11 +92,27 @@ pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
     base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
+/// Longest client id this agent uses: MQTT 3.1.1 promises only 23 bytes,
+/// and brokers that accept more (Mosquitto, rumqttd) take 64 without fuss.
+pub const MAX_CLIENT_ID: usize = 64;
+
+/// The MQTT client id of one agent process: `tf-agent-{name}-{8 hex}`, the
+/// name cut so the whole fits [`MAX_CLIENT_ID`]. The random part keeps a
+/// broker user who knows the name from taking over the agent's connection
+/// (a second connection with a client id disconnects the first).
+pub fn client_id(agent: &str, nonce: [u8; 4]) -> String {
+    const FIXED: usize = "tf-agent-".len() + 1 + 8;
+    // Agent names are ASCII (`validate_agent_id`); `get` keeps any other from panicking.
+    let name = agent.get(..MAX_CLIENT_ID - FIXED).unwrap_or(agent);
+    format!("tf-agent-{name}-{}", tunefleet_common::auth::hex(&nonce))
+}
+
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
         let TransportConfig { broker, agent, keepalive, topics, instance, security } = config;
-        let mut opts = MqttOptions::new(format!("tf-agent-{agent}"), broker.host.clone(), broker.port);
+        let nonce = tunefleet_common::auth::random_bytes::<4>().map_err(TransportError::Random)?;
+        let mut opts = MqttOptions::new(client_id(&agent, nonce), broker.host.clone(), broker.port);
         opts.set_keep_alive(keepalive)
             .set_clean_session(true)
             .set_max_packet_size(MAX_MESSAGE_BYTES + 64 * 1024, MAX_MESSAGE_BYTES + 64 * 1024)
@@ -269,6 +287,17 @@ impl Poller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regression_client_id_is_not_the_predictable_tf_agent_name() {
+        let id = client_id("victim", [0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(id, "tf-agent-victim-deadbeef");
+        assert_ne!(client_id("victim", [1, 2, 3, 4]), id, "another process, another id");
+        let long = "n".repeat(tunefleet_common::topic::MAX_AGENT_ID);
+        let id = client_id(&long, [0; 4]);
+        assert_eq!(id.len(), MAX_CLIENT_ID, "{id}");
+        assert!(id.ends_with("-00000000"), "{id}");
+    }
 
     #[test]
     fn backoff_doubles_to_a_cap_with_jitter() {

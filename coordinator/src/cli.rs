@@ -213,6 +213,13 @@ pub enum ProfilesAction {
     Decisions { study: Option<String> },
     /// Where TRIAL of STUDY would land in its device class's clusters now, and why.
     Classify { study: String, trial: u64 },
+    /// Drop the window profiles learnt from agent NAME's results from the
+    /// reuse model (a member no longer trusted); its classes' clusters are
+    /// fitted again on the rest.
+    Forget {
+        #[arg(long, value_name = "NAME")]
+        agent: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -474,7 +481,9 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct ControlArg {
-    /// The service's control socket (default: the store's path with `.sock`).
+    /// The service's control socket (default: `control.sock` in a directory
+    /// beside the store, `fleet.control/` for `fleet.db`); its directory is
+    /// created with mode 0700, or must be this user's with mode 0700.
     #[arg(long, env = "TUNEFLEET_CONTROL")]
     pub control: Option<PathBuf>,
 }
@@ -643,9 +652,10 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             }
         }
         Command::Profiles { action, json, store } => {
-            let store = open_existing(&store.store)?;
+            let path = store.store;
             let text = match action {
                 None => {
+                    let store = open_existing(&path)?;
                     let views = crate::profiles::classes(&store)?;
                     if json {
                         serde_json::to_string_pretty(&views)?
@@ -654,7 +664,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     }
                 }
                 Some(ProfilesAction::Decisions { study }) => {
-                    let rows = store.decisions(study.as_deref())?;
+                    let rows = open_existing(&path)?.decisions(study.as_deref())?;
                     if json {
                         serde_json::to_string_pretty(&rows)?
                     } else {
@@ -662,11 +672,27 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
                     }
                 }
                 Some(ProfilesAction::Classify { study, trial }) => {
-                    let c = crate::profiles::classify(&store, &study, trial)?;
+                    let c = crate::profiles::classify(&open_existing(&path)?, &study, trial)?;
                     if json {
                         serde_json::to_string_pretty(&c)?
                     } else {
                         crate::profiles::render_classified(&c)
+                    }
+                }
+                Some(ProfilesAction::Forget { agent }) => {
+                    if !path.exists() {
+                        bail!("no store at {} (give --store PATH)", path.display());
+                    }
+                    let mut store =
+                        Store::open(&path).with_context(|| format!("opening the store {}", path.display()))?;
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64);
+                    let forgotten = crate::profiles::forget(&mut store, &agent, now)?;
+                    if json {
+                        serde_json::to_string_pretty(&forgotten)?
+                    } else {
+                        crate::profiles::render_forgotten(&agent, &forgotten)
                     }
                 }
             };

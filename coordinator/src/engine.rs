@@ -1101,7 +1101,8 @@ fn on_profile(
 /// A pipelined trial's result: its first-window profile, with how each
 /// configuration ran, joins its device class's profiles (the model is
 /// refitted as they grow); a reused configuration is checked against
-/// what its cluster promised.
+/// what its cluster promised. Nothing is learnt from an agent the study's
+/// selector does not admit.
 fn learn(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
@@ -1119,6 +1120,11 @@ fn learn(
     }
     let Some(outcomes) = reuse::outcomes(&m.segments) else { return Ok(()) };
     let Some(class) = cx.sched.agent_class(agent) else { return Ok(()) };
+    // Only agents the study's selector admits teach its device class.
+    if !cx.sched.admits(&trial.study, agent) {
+        tracing::info!(trial = %trial, agent = %agent, "profile not learnt: the study's selector does not admit this agent");
+        return Ok(());
+    }
     let reused = m.segments.iter().any(|s| s.role == tunefleet_common::measurement::SegmentRole::Reused);
     let mut worse = None;
     if let Some((system, expected)) = a.reused.get(&trial.trial).filter(|_| reused) {

@@ -5,11 +5,15 @@
 //! somewhere: `aws batch submit-job ...`, `kubectl create job ...`,
 //! `sbatch ...`, `ssh host ...`, or a local `tunefleet-agent ...`. In it,
 //! `{broker}` is the URL agents use, `{name}` a new agent name, `{root}` the
-//! topic root and `{coordinator_key}` the coordinator's public key (for the
-//! agent's `--coordinator-key`, so it trusts no other); each is also in the
+//! topic root, `{coordinator_key}` the coordinator's public key (for the
+//! agent's `--coordinator-key`, so it trusts no other) and `{join}` the
+//! enrolment token (`tunefleet token create`); each is also in the
 //! command's environment (`TUNEFLEET_BROKER`, `TUNEFLEET_AGENT_NAME`,
-//! `TUNEFLEET_ROOT`, `TUNEFLEET_COORDINATOR_KEY`), and a broker password the
-//! coordinator has (`TUNEFLEET_PASSWORD`) passes through. The agent it
+//! `TUNEFLEET_ROOT`, `TUNEFLEET_COORDINATOR_KEY`, `TUNEFLEET_JOIN` when there
+//! is a token), and a broker password the coordinator has
+//! (`TUNEFLEET_PASSWORD`) passes through. The template is read once: a
+//! value is shell-quoted and never expanded again; braces that are not one
+//! of these placeholders are left as they are. The agent it
 //! starts should exit when idle (`tunefleet-agent --exit-when-idle=60s`).
 //!
 //! While any study has work, the coordinator keeps up to `--launch-max`
@@ -28,7 +32,7 @@ use std::time::Duration;
 #[derive(Debug, Clone, clap::Args)]
 pub struct LaunchArgs {
     /// Start agents with this shell command template ({broker}, {name},
-    /// {root}, {coordinator_key}) while studies have work; see docs/DEPLOY.md "Launchers".
+    /// {root}, {coordinator_key}, {join}) while studies have work; see docs/DEPLOY.md "Launchers".
     #[arg(long, value_name = "TEMPLATE")]
     pub launcher: Option<String>,
     /// Launched agents at most at once.
@@ -61,6 +65,9 @@ pub struct Context {
     pub coordinator_key: String,
     /// Launched agents are named `{prefix}-{n}`.
     pub prefix: String,
+    /// The enrolment token (`tunefleet token create`) a launched agent
+    /// joins with: `{join}`, and `TUNEFLEET_JOIN` when not empty.
+    pub join: String,
 }
 
 /// `value` quoted for `sh`.
@@ -68,13 +75,38 @@ fn quoted(value: &str) -> String {
     format!("'{}'", value.replace('\'', r"'\''"))
 }
 
-/// The command line for agent `name`.
+/// The command line for agent `name`, in one pass over the template: a
+/// value is never read again, so a value that contains `{name}` stays as
+/// it is. Anything in braces that is not a placeholder (a shell's
+/// `${VAR}` or `{a,b}`) is left alone.
 pub fn render(template: &str, cx: &Context, name: &str) -> String {
-    template
-        .replace("{broker}", &quoted(&cx.broker))
-        .replace("{name}", &quoted(name))
-        .replace("{root}", &quoted(&cx.root))
-        .replace("{coordinator_key}", &quoted(&cx.coordinator_key))
+    let value = |key: &str| match key {
+        "broker" => Some(cx.broker.as_str()),
+        "name" => Some(name),
+        "root" => Some(cx.root.as_str()),
+        "coordinator_key" => Some(cx.coordinator_key.as_str()),
+        "join" => Some(cx.join.as_str()),
+        _ => None,
+    };
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let (before, from) = rest.split_at(open);
+        out.push_str(before);
+        let found = from.find('}').and_then(|close| Some((value(from.get(1..close)?)?, close)));
+        match found {
+            Some((v, close)) => {
+                out.push_str(&quoted(v));
+                rest = from.get(close + 1..).unwrap_or_default();
+            }
+            None => {
+                out.push('{');
+                rest = from.get(1..).unwrap_or_default();
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 #[derive(Debug)]
@@ -179,6 +211,9 @@ impl Launcher {
                 .env("TUNEFLEET_AGENT_NAME", &name)
                 .env("TUNEFLEET_ROOT", &self.cx.root)
                 .env("TUNEFLEET_COORDINATOR_KEY", &self.cx.coordinator_key);
+            if !self.cx.join.is_empty() {
+                cmd.env("TUNEFLEET_JOIN", &self.cx.join);
+            }
             match cmd.spawn() {
                 Ok(child) => {
                     tracing::info!(agent = %name, command = %line, "launching an agent");
@@ -218,7 +253,29 @@ mod tests {
             root: "tunefleet".into(),
             coordinator_key: "ab".repeat(32),
             prefix: "launched".into(),
+            join: String::new(),
         }
+    }
+
+    #[test]
+    fn regression_a_value_containing_a_placeholder_is_not_expanded_again() {
+        let cx = Context {
+            broker: "mqtt://h:1/{name}".into(),
+            root: "r{coordinator_key}{broker}".into(),
+            join: "tok{root}".into(),
+            ..cx()
+        };
+        assert_eq!(
+            render("a {broker} {root} {join} {name}", &cx, "n-1"),
+            "a 'mqtt://h:1/{name}' 'r{coordinator_key}{broker}' 'tok{root}' 'n-1'",
+            "each value is put in once, as it is"
+        );
+        // Unknown placeholders, shell braces and a lone brace stay.
+        assert_eq!(
+            render("{nope} ${TUNEFLEET_AGENT_NAME##*-} {a,b} { {name", &cx, "n"),
+            "{nope} ${TUNEFLEET_AGENT_NAME##*-} {a,b} { {name"
+        );
+        assert_eq!(render("{name}{name}}", &cx, "x"), "'x''x'}");
     }
 
     #[test]

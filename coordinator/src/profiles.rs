@@ -48,6 +48,31 @@ pub struct ClassView {
     pub clusters: Vec<ClusterView>,
 }
 
+/// Forgets the window profiles learnt from `agent` (`tunefleet profiles
+/// forget --agent`): they leave the reuse model of their device class,
+/// whose clusters are fitted again on what is left. Returns how many went,
+/// by class.
+pub fn forget(store: &mut Store, agent: &str, now_ms: u64) -> Result<Vec<(String, u64)>, ProfilesError> {
+    let refit = |records: &[Record]| {
+        let profiles: Vec<_> = records.iter().map(|r| r.profile.clone()).collect();
+        crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()).ok().map(|f| f.model)
+    };
+    Ok(store.forget_agent_profiles(agent, now_ms, refit)?)
+}
+
+/// What `tunefleet profiles forget` prints.
+pub fn render_forgotten(agent: &str, forgotten: &[(String, u64)]) -> String {
+    if forgotten.is_empty() {
+        return format!("{agent}: no profiles learnt from it\n");
+    }
+    let mut out = String::new();
+    for (class, n) in forgotten {
+        let _ = writeln!(out, "{agent}: {n} profiles forgotten in {class} (its clusters fitted again)");
+    }
+    out.push_str("a coordinator running now keeps them in memory until it restarts\n");
+    out
+}
+
 /// Every class's clusters, from the stored models and records.
 pub fn classes(store: &Store) -> Result<Vec<ClassView>, ProfilesError> {
     let mut records: BTreeMap<String, Vec<Record>> = BTreeMap::new();

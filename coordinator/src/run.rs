@@ -65,6 +65,9 @@ pub struct RunConfig {
     pub control: Option<PathBuf>,
 }
 
+/// How long the join token of launched agents admits new ones (made anew at every start).
+const LAUNCH_TOKEN_TTL_MS: u64 = 24 * 3_600_000;
+
 /// A callback given the broker URL agents use.
 pub type OnBroker = Box<dyn FnOnce(&BrokerUrl) + Send>;
 
@@ -137,7 +140,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     if let Some(tell) = on_broker {
         tell(&public);
     }
-    let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
+    let mut db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
     let (identity, created) = Identity::load_or_create(&key_path)?;
     if created {
         tracing::warn!(path = %key_path.display(), key = %auth::hex(&identity.public()), "created the coordinator's key");
@@ -159,7 +162,9 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
-        client_id: format!("tf-coordinator-{instance:016x}"),
+        // Not the instance: that one is in the retained status, and a broker
+        // user who knows a client id can take the connection over.
+        client_id: format!("tf-coordinator-{:016x}", rand::random::<u64>()),
         topics,
         keepalive,
         security,
@@ -167,12 +172,25 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         offline_status: sessions.status_payload(false)?,
     })?;
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
+    // Launched agents join with a token of their own: valid a day, any
+    // number of uses (a launcher starts as many as the studies need).
+    let join = match launch.as_ref().filter(|a| a.launcher.is_some()) {
+        Some(_) => {
+            let token = auth::JoinToken::generate(&sessions.public_key()).map_err(|_| KeyFileError::Random)?;
+            let public = token.public().map_err(|_| KeyFileError::Random)?;
+            db.create_token(&public, Some(started.saturating_add(LAUNCH_TOKEN_TTL_MS)), None, &Default::default(), started)
+                .map_err(|source| RunError::Store { path: store.clone(), source })?;
+            token.to_string()
+        }
+        None => String::new(),
+    };
     let launcher = launch.as_ref().and_then(|args| {
         let cx = crate::launch::Context {
             broker: public.to_string(),
             root: root.clone(),
             coordinator_key: auth::hex(&sessions.public_key()),
             prefix: format!("launched-{:08x}", instance as u32),
+            join: join.clone(),
         };
         crate::launch::Launcher::new(args, cx)
     });

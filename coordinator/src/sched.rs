@@ -2,7 +2,8 @@
 //! [`Effect`]s out, no sockets and no clocks (time is passed in as `now_ms`).
 //!
 //! * Pull: an agent's latest [`WorkRequest`] gives it credit (free slots);
-//!   every assignment spends one. An agent never gets more than it asked for.
+//!   every assignment spends one. An agent never gets more than it asked for,
+//!   nor more leases at once than the slots its Hello announced.
 //! * Every assignment is a lease on one attempt of one trial. An agent that
 //!   goes offline, or comes back as a new process, loses its leases and the
 //!   trials go back to the queue at once; a lease past its deadline is
@@ -344,6 +345,14 @@ pub struct Scheduler {
     next_study: usize,
 }
 
+/// An agent's credit: the `free` slots it asks for, less the attempts on
+/// their way to it (`in_flight`), and at most the `slots` it announced less
+/// every lease it holds (`held`, those on their way included).
+fn credit(free: u32, slots: u32, in_flight: usize, held: usize) -> u32 {
+    let sub = |n: u32, k: usize| n.saturating_sub(u32::try_from(k).unwrap_or(u32::MAX));
+    sub(free, in_flight).min(sub(slots, held))
+}
+
 fn trial_ref(study: &str, trial: u64, attempt: u32) -> TrialRef {
     TrialRef { study: study.to_string(), trial, attempt }
 }
@@ -471,6 +480,13 @@ impl Scheduler {
         self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class)
     }
 
+    /// Whether `study`'s selector admits `agent` as it last described
+    /// itself: what reuse may learn from (an unknown study or agent, no).
+    pub fn admits(&self, study: &str, agent: &str) -> bool {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return false };
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).is_some_and(|i| s.policy.selector.matches(i))
+    }
+
     /// Agents connected and matching `study`'s selector.
     pub fn eligible_agents(&self, study: &str) -> usize {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
@@ -592,8 +608,9 @@ impl Scheduler {
         // Attempts given to the agent that it had not seen when it asked are
         // on their way: its free slots are fewer than it says. Only those
         // answering its previous request: an older one it does not list was
-        // lost (a broker restart) and waits for its lease to run out, and
-        // must not keep the slot meanwhile.
+        // lost (a broker restart) and waits for its lease to run out; it is
+        // not taken off what the agent asks for, but it still holds one of
+        // the agent's announced slots (below) until then.
         let in_flight: usize = self
             .studies
             .iter()
@@ -613,8 +630,12 @@ impl Scheduler {
                 held
             })
             .sum();
+        // Never more than the slots it announced, less the leases it holds:
+        // a `free` past that would let one agent take every pending trial.
+        let held: usize = self.studies.iter().map(|s| s.held.get(agent).map_or(0, BTreeSet::len)).sum();
         if let Some(state) = self.agents.get_mut(agent) {
-            state.credit = req.free.saturating_sub(u32::try_from(in_flight).unwrap_or(u32::MAX));
+            let slots = state.info.as_ref().map_or(0, |i| i.slots);
+            state.credit = credit(req.free, slots, in_flight, held);
         }
         self.sync_agent(agent);
         effects
@@ -967,7 +988,7 @@ mod tests {
         let mut s = sched(6, 1, Selector::default());
         let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
         s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6], 0);
-        s.hello(info("a", 1, "x86_64", &[]));
+        s.hello(AgentInfo { slots: 4, ..info("a", 1, "x86_64", &[]) });
         s.request("a", &req(1, 4));
         let order: Vec<String> = assigned(&s.assign(0)).into_iter().map(|(_, t)| t.study).collect();
         assert_eq!(order, vec!["s", "t", "s", "t"], "a study listed first does not starve the next");
@@ -975,7 +996,7 @@ mod tests {
         let mut lone = sched(0, 1, Selector::default());
         let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
         lone.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 3], 0);
-        lone.hello(info("a", 1, "x86_64", &[]));
+        lone.hello(AgentInfo { slots: 3, ..info("a", 1, "x86_64", &[]) });
         lone.request("a", &req(1, 3));
         assert_eq!(assigned(&lone.assign(0)).len(), 3);
     }
@@ -1080,6 +1101,32 @@ mod tests {
     }
 
     #[test]
+    fn regression_a_request_is_capped_at_the_announced_slots() {
+        let mut s = sched(20, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        // Announced 2 slots, asks for a thousand.
+        s.request("a", &req(1, 1_000));
+        let first = assigned(&s.assign(0));
+        assert_eq!(first.len(), 2, "no more than its 2 announced slots");
+        // Again, listing both as running: both slots are held.
+        s.request("a", &WorkRequest { seq: 2, free: 1_000, running: first.iter().map(|(_, t)| t.clone()).collect() });
+        assert!(assigned(&s.assign(0)).is_empty(), "its slots are all held");
+        // Lying about what it runs does not free a slot either.
+        s.request("a", &req(3, 1_000));
+        s.request("a", &req(4, 1_000));
+        assert!(assigned(&s.assign(0)).is_empty(), "leases it holds count whatever it says");
+        assert_eq!(s.counts("s").map(|c| c.running), Some(2));
+        // One finished: one slot again.
+        assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        s.request("a", &req(5, 1_000));
+        assert_eq!(assigned(&s.assign(0)).len(), 1);
+        assert_eq!(credit(1_000, 2, 0, 0), 2);
+        assert_eq!(credit(1, 2, 0, 0), 1, "it may ask for fewer");
+        assert_eq!(credit(2, 2, 1, 1), 1);
+        assert_eq!(credit(5, 4, 0, 9), 0);
+    }
+
+    #[test]
     fn never_assigns_more_than_requested() {
         let mut s = sched(10, 3, Selector::default());
         s.hello(info("a", 1, "x86_64", &[]));
@@ -1107,7 +1154,7 @@ mod tests {
         let mut s = sched(4, 3, sel);
         s.hello(info("wrong-tag", 1, "aarch64", &[("pool", "cpu")]));
         s.hello(info("wrong-arch", 1, "x86_64", &[("pool", "gpu")]));
-        s.hello(info("good", 1, "aarch64", &[("pool", "gpu"), ("x", "y")]));
+        s.hello(AgentInfo { slots: 4, ..info("good", 1, "aarch64", &[("pool", "gpu"), ("x", "y")]) });
         for a in ["wrong-tag", "wrong-arch", "good"] {
             s.request(a, &req(1, 4));
         }
@@ -1115,6 +1162,21 @@ mod tests {
         assert_eq!(got.len(), 4);
         assert!(got.iter().all(|(a, _)| a == "good"));
         assert_eq!(s.eligible_agents("s"), 1);
+    }
+
+    #[test]
+    fn regression_reuse_learns_only_from_agents_the_selector_admits() {
+        let sel = Selector { tags: [("pool".to_string(), "lab".to_string())].into(), ..Selector::default() };
+        let mut s = sched(2, 1, sel);
+        s.hello(info("member", 1, "x86_64", &[("pool", "lab")]));
+        s.hello(info("stranger", 1, "x86_64", &[("pool", "home")]));
+        assert!(s.admits("s", "member"));
+        assert!(!s.admits("s", "stranger"), "another pool's profiles do not join this study's model");
+        assert!(!s.admits("s", "never-seen"));
+        assert!(!s.admits("other-study", "member"));
+        // It says it is something else now: no longer admitted.
+        s.hello(info("member", 1, "x86_64", &[("pool", "home")]));
+        assert!(!s.admits("s", "member"));
     }
 
     #[test]

@@ -568,7 +568,8 @@ fn sched_mostly_done(trials: u64, running: u64) -> Scheduler {
     for i in 0..100 {
         s.hello(AgentInfo::minimal(&format!("agent-{i}"), 1));
     }
-    s.hello(AgentInfo::minimal("a", 1));
+    // As many slots as it runs: a request is capped at the announced slots.
+    s.hello(AgentInfo { slots: u32::try_from(running).unwrap_or(u32::MAX), ..AgentInfo::minimal("a", 1) });
     s.request("a", &sched_request(1, running as u32));
     assert_eq!(s.assign(0).len() as u64, running);
     s

@@ -1477,10 +1477,15 @@ fn service_control_socket_errors() {
         output.extend(out);
     };
     refused(&["submit", &study, "--store", "fleet.db"]);
+    let open = d.join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    std::fs::set_permissions(&open, <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o777))
+        .expect("chmod");
+    refused(&["serve", "--store", "fleet.db", "--listen", "127.0.0.1:0", "--control", "open/control.sock"]);
     let serve = ["serve", "--store", "fleet.db", "--listen", "127.0.0.1:0"];
     let mut service = spawn_logged("service", tf("tunefleet", d, &serve), &d.join("service.log"));
     broker_url(&mut service);
-    wait_for("the control socket", LONG, || d.join("fleet.sock").exists());
+    wait_for("the control socket", LONG, || d.join("fleet.control/control.sock").exists());
     refused(&serve);
     let (code, _, err) = run(tf("tunefleet", d, &["submit", &study, "--store", "fleet.db"]));
     assert_eq!(code, Some(0), "{err}");

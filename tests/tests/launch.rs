@@ -29,7 +29,7 @@ fn launched_agents_run_the_study_within_the_bound_and_exit_when_idle() {
     let root = unique_root("launch");
     let agent = bin("tunefleet-agent");
     let template = format!(
-        "{} --broker {{broker}} --name {{name}} --root {{root}} --coordinator-key {{coordinator_key}} --slots 1 --exit-when-idle=1s",
+        "{} --broker {{broker}} --name {{name}} --root {{root}} --join {{join}} --slots 1 --exit-when-idle=1s",
         agent.display()
     );
     let (mut coord, _url) = start_coordinator(

@@ -192,3 +192,77 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     );
     assert!(html.contains("id=\"table-clusters\"") && html.contains("tunefleet-train x"), "and its cluster");
 }
+
+/// Issue 20, finding 9: a fleet member's profiles joined the shared reuse
+/// model for good. `tunefleet profiles forget --agent NAME` (the real
+/// binary, on a store file) drops exactly that agent's profiles and fits
+/// the class's clusters again on the rest.
+#[test]
+fn regression_profiles_forget_drops_exactly_one_agents_profiles() {
+    use tunefleet_common::profile::Profile;
+    use tunefleet_coordinator::reuse::Record;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("forget.db");
+    let class = "x86_64, 2 cores, estimate";
+    // Trials 0..6: even ones ran on `mallory`, odd ones on `honest`.
+    let agent_of = |trial: u64| if trial % 2 == 0 { "mallory" } else { "honest" };
+    {
+        let mut s = tunefleet_coordinator::store::Store::open(&store).expect("store");
+        let mut batch = s.batch().expect("batch");
+        for trial in 0..6u64 {
+            let mut profile = Profile::empty();
+            profile.set("cpus_busy", Some(1.0 + trial as f64 / 10.0));
+            profile.set("log_io_kib_per_s", Some(0.5 + trial as f64 / 20.0));
+            let record = Record {
+                study: "s".into(),
+                trial,
+                class: class.into(),
+                workload: "w".into(),
+                group: "{}".into(),
+                profile,
+                outcomes: vec![],
+                reused: false,
+                worse: None,
+                at_ms: trial,
+            };
+            batch.record_profile(&record).expect("profile");
+        }
+        batch.commit().expect("commit");
+    }
+    let db = Connection::open(&store).expect("db");
+    for trial in 0..6i64 {
+        db.execute(
+            "INSERT INTO results (study, trial, attempt, agent, success, wall_us, user_us, sys_us, max_rss_kib, exit,
+                                  measurement, received_ms)
+             VALUES ('s', ?1, 1, ?2, 1, 1, 1, 1, 1, 'exited 0', '{}', 1)",
+            rusqlite::params![trial, agent_of(trial as u64)],
+        )
+        .expect("result row");
+    }
+    let forget = |agent: &str| {
+        let out = std::process::Command::new(bin("tunefleet"))
+            .args(["profiles", "forget", "--agent", agent, "--store"])
+            .arg(&store)
+            .output()
+            .expect("runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let out = forget("mallory");
+    assert!(out.contains(&format!("mallory: 3 profiles forgotten in {class}")), "{out}");
+    let left: Vec<i64> = db
+        .prepare("SELECT trial FROM profiles ORDER BY trial")
+        .expect("prepare")
+        .query_map([], |r| r.get(0))
+        .expect("query")
+        .map(|r| r.expect("row"))
+        .collect();
+    assert_eq!(left, vec![1, 3, 5], "exactly mallory's profiles went");
+    let fitted_on: i64 = db
+        .query_row("SELECT records FROM cluster_models WHERE class = ?1", [class], |r| r.get(0))
+        .expect("the class's model, fitted again");
+    assert_eq!(fitted_on, 3, "fitted on what is left");
+    let again = forget("mallory");
+    assert!(again.contains("no profiles learnt from it"), "{again}");
+    assert_eq!(db.query_row("SELECT COUNT(*) FROM profiles", [], |r| r.get::<_, i64>(0)).expect("count"), 3);
+}

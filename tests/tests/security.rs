@@ -754,3 +754,52 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     drop(agent);
     assert_spools_empty(&[state]);
 }
+
+/// Issue 20, finding 7: a broker user who connects with the client id an
+/// agent had (`tf-agent-{name}`) took its connection over: the broker
+/// dropped the agent, its genuine Will fired and its trials were queued
+/// again. Agent client ids now end in random hex.
+#[test]
+fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("clientid");
+    let trials = 6;
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "clientid", trials, 0.5), &store, &root, &[]);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let victim = "cid-victim";
+    let agent = start_agent(&url, victim, &root, &["--slots", "1"]);
+    let attempts = || -> i64 {
+        Connection::open(&store)
+            .and_then(|c| c.query_row("SELECT COUNT(*) FROM attempts", [], |r| r.get(0)))
+            .unwrap_or(0)
+    };
+    wait_for("the victim's first attempt", Duration::from_secs(30), || attempts() > 0);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let mut connected = 0;
+    rt.block_on(async {
+        // Three times, while trials run: connect as `tf-agent-{victim}` and stay a while.
+        for _ in 0..3 {
+            let opts = MqttOptions::new(format!("tf-agent-{victim}"), "127.0.0.1", port);
+            let (client, mut el) = AsyncClient::new(opts, 16);
+            let hold = async {
+                while let Ok(ev) = el.poll().await {
+                    if matches!(ev, rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) {
+                        connected += 1;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_millis(800), hold).await;
+            let _ = client.try_disconnect();
+        }
+    });
+    assert!(connected > 0, "the impostor's connections were accepted");
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
+    assert!(!out.contains("requeued:"), "no lease was released: {out}");
+    assert_eq!(attempts(), i64::from(trials), "one attempt per trial: the victim was never dropped");
+    drop(agent);
+    assert_agents_spools_empty(&[victim]);
+}

@@ -50,7 +50,11 @@ fn studies_submitted_to_a_service_share_the_fleet_and_a_cancelled_one_stops_ever
     let mut service = Proc::spawn("service", cmd);
     let control = service.wait_line(Duration::from_secs(30), |l| l.starts_with("control: "));
     let socket = control.trim_start_matches("control: ").trim().to_string();
-    assert_eq!(Path::new(&socket), store.with_extension("sock"), "the socket is beside the store");
+    assert_eq!(
+        Path::new(&socket),
+        store.with_extension("control").join("control.sock"),
+        "the socket is in a directory beside the store"
+    );
     let url = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
     let url = url.trim_start_matches("broker: ").trim().to_string();
     wait_for("the control socket", Duration::from_secs(30), || Path::new(&socket).exists());
@@ -157,7 +161,9 @@ fn serve(store: &Path, root: &str) -> (Proc, String) {
     cmd.env("XDG_STATE_HOME", state_home());
     let mut service = Proc::spawn("service", cmd);
     let url = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    wait_for("the control socket", Duration::from_secs(30), || store.with_extension("sock").exists());
+    wait_for("the control socket", Duration::from_secs(30), || {
+        tunefleet_coordinator::control::default_path(store).exists()
+    });
     (service, url.trim_start_matches("broker: ").trim().to_string())
 }
 

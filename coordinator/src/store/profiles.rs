@@ -139,6 +139,49 @@ impl Batch<'_> {
 }
 
 impl Store {
+    /// Forgets the profiles learnt from `agent`'s results (each profile
+    /// comes from its trial's one stored result), in one transaction; each
+    /// class it touched gets the model `refit` makes of the records left,
+    /// or none. Returns how many went, by class.
+    pub fn forget_agent_profiles(
+        &mut self,
+        agent: &str,
+        now_ms: u64,
+        refit: impl Fn(&[Record]) -> Option<Model>,
+    ) -> Result<Vec<(String, u64)>> {
+        let context = || format!("forgetting the profiles of {agent}");
+        let of_agent = "EXISTS (SELECT 1 FROM results r WHERE r.study = profiles.study AND r.trial = profiles.trial
+                         AND r.agent = ?1)";
+        let mut batch = self.batch()?;
+        let counts = {
+            let mut stmt = batch
+                .tx
+                .prepare(&format!(
+                    "SELECT class, COUNT(*) FROM profiles WHERE {of_agent} GROUP BY class ORDER BY class"
+                ))
+                .ctx(context)?;
+            let rows = stmt.query_map([agent], |r| Ok((r.get::<_, String>(0)?, super::get_u64(r, 1)?))).ctx(context)?;
+            rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?
+        };
+        batch.tx.execute(&format!("DELETE FROM profiles WHERE {of_agent}"), [agent]).ctx(context)?;
+        for (class, _) in &counts {
+            let records = {
+                let mut stmt =
+                    batch.tx.prepare_cached("SELECT record FROM profiles WHERE class = ?1 ORDER BY id").ctx(context)?;
+                let rows = stmt.query_map([class], |r| json_col::<Record>(r, 0)).ctx(context)?;
+                rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?
+            };
+            match refit(&records) {
+                Some(model) => batch.record_model(class, &model, records.len(), now_ms)?,
+                None => {
+                    batch.tx.execute("DELETE FROM cluster_models WHERE class = ?1", [class]).ctx(context)?;
+                }
+            }
+        }
+        batch.commit()?;
+        Ok(counts)
+    }
+
     /// Every profile record, by class, oldest first.
     pub fn profile_records(&self) -> Result<Vec<Record>> {
         let context = || "reading profiles".to_string();
