@@ -9,7 +9,10 @@
 //! passes is validated before it reaches the scheduler or the store
 //! ([`crate::validate`]). Bad input is counted, logged at a bounded rate and
 //! answered where the agent must act (a refused result is parked by the
-//! agent); it never ends the run.
+//! agent); it never ends the run. Each message is handled inside a
+//! savepoint of its own: a store error while handling it undoes only its
+//! writes (counted, logged, a result answered `Refused` so the agent parks
+//! it) and the turn goes on with the next.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -63,8 +66,13 @@ pub struct EngineStats {
     pub rate_limited_hellos: u64,
     /// Last Wills that match no session of the agent (forged or replayed).
     pub forged_wills: u64,
-    /// Authenticated messages whose values cannot be stored (out of range).
+    /// Authenticated messages with a field out of bounds (validate.rs).
     pub invalid_messages: u64,
+    /// Messages (or the bookkeeping after one) whose store writes failed:
+    /// rolled back alone, the turn went on.
+    pub store_errors: u64,
+    /// Checkpoints outside their study's `resume_prefix`: not kept.
+    pub refused_checkpoints: u64,
     /// Results the coordinator cannot place, answered so the agent parks them.
     pub unknown_results: u64,
     pub duplicate_results: u64,
@@ -176,14 +184,18 @@ impl ActiveStudy {
         batch: &mut Batch<'_>,
         trials: Vec<TrialPlan>,
     ) -> Result<(), EngineError> {
-        let name = &self.study.name;
-        batch.add_trials(name, &trials)?;
+        batch.add_trials(&self.study.name, &trials)?;
+        self.adopt(sched, trials);
+        Ok(())
+    }
+
+    /// Adds `trials`, already in the store, to the scheduler, and remembers them.
+    fn adopt(&mut self, sched: &mut Scheduler, trials: Vec<TrialPlan>) {
         for t in &trials {
-            let id = sched.add_trial(name);
+            let id = sched.add_trial(&self.study.name);
             debug_assert_eq!(id, Some(t.trial), "the scheduler and the search number trials alike");
         }
         self.remember(trials);
-        Ok(())
     }
 }
 
@@ -361,7 +373,10 @@ impl Engine {
             if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
                 let _ = asha.report(p.trial, p.epoch, value);
             }
-            match p.checkpoint {
+            // A checkpoint stored before the coordinator checked them (an
+            // injected option, a path outside resume_prefix) is not resumed from.
+            let usable = |c: &String| usable_checkpoint(&active.study, c).is_ok();
+            match p.checkpoint.filter(usable) {
                 Some(reference) => {
                     active.checkpoints.insert(p.trial, (p.epoch, reference));
                 }
@@ -614,28 +629,26 @@ impl Engine {
             for (study, reply) in cancels {
                 let _ = reply.send(cancel(&mut self.sched, &mut self.studies, &study, &mut effects));
             }
-            for ev in events.drain(..) {
-                handle(
-                    &mut Ctx {
-                        sched: &mut self.sched,
-                        batch: &mut batch,
-                        studies: &mut self.studies,
-                        stats: &mut self.stats,
-                        agents_seen: &mut self.agents_seen,
-                        out: &mut out,
-                        welcomes: &mut welcomes,
-                        effects: &mut effects,
-                        influx: self.influx,
-                        sessions: &mut self.sessions,
-                        unsynced: &mut self.unsynced,
-                        telemetry: &mut self.telemetry,
-                        now_ms: now,
-                        remeasure: self.offload.is_some(),
-                        book: self.book.get_or_insert_with(Default::default),
-                    },
-                    ev,
-                )?;
-            }
+            handle_all(
+                &mut Ctx {
+                    sched: &mut self.sched,
+                    batch: &mut batch,
+                    studies: &mut self.studies,
+                    stats: &mut self.stats,
+                    agents_seen: &mut self.agents_seen,
+                    out: &mut out,
+                    welcomes: &mut welcomes,
+                    effects: &mut effects,
+                    influx: self.influx,
+                    sessions: &mut self.sessions,
+                    unsynced: &mut self.unsynced,
+                    telemetry: &mut self.telemetry,
+                    now_ms: now,
+                    remeasure: self.offload.is_some(),
+                    book: self.book.get_or_insert_with(Default::default),
+                },
+                events.drain(..),
+            )?;
             if tick {
                 if let Some(launcher) = self.launcher.as_mut() {
                     let work = self.studies.keys().any(|s| self.sched.counts(s).is_some_and(|c| !c.finished()));
@@ -648,11 +661,7 @@ impl Engine {
                     effects.extend(offload(&mut self.sched, &self.telemetry, &policy, now));
                 }
             }
-            top_up(&mut self.sched, &mut batch, &mut self.studies)?;
-            effects.extend(self.sched.assign(now));
-            for effect in effects {
-                apply(&mut batch, &self.studies, &mut self.stats, &mut out, effect)?;
-            }
+            schedule(&mut self.sched, &mut batch, &mut self.studies, &mut self.stats, &mut out, effects, now)?;
             batch.commit()?;
         }
         self.send(welcomes, out).await;
@@ -787,6 +796,112 @@ fn loud(n: u64) -> bool {
     n <= 10 || n.is_power_of_two()
 }
 
+/// Handles `events` in order, each in its own savepoint ([`handle`]).
+fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {
+    for ev in events {
+        handle(cx, ev)?;
+    }
+    Ok(())
+}
+
+/// The end of a turn: new trials where agents have room, assignments, and
+/// every effect applied to the store.
+fn schedule(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    studies: &mut HashMap<String, ActiveStudy>,
+    stats: &mut EngineStats,
+    out: &mut Vec<(String, CoordinatorMessage)>,
+    mut effects: Vec<Effect>,
+    now: u64,
+) -> Result<(), EngineError> {
+    top_up(sched, batch, studies)?;
+    effects.extend(sched.assign(now));
+    for effect in effects {
+        apply(batch, studies, stats, out, effect)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` inside savepoint `name`: kept when it succeeds; when it fails
+/// with a store error, its writes are undone (the rest of the batch stays),
+/// the error is counted and returned for the caller to answer.
+fn in_savepoint(
+    cx: &mut Ctx<'_, '_>,
+    name: &'static str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<Option<StoreError>, EngineError> {
+    cx.batch.savepoint(name)?;
+    match f(cx) {
+        Ok(()) => {
+            cx.batch.release(name)?;
+            Ok(None)
+        }
+        Err(EngineError::Store(e)) => {
+            cx.batch.rollback_to(name)?;
+            cx.stats.store_errors += 1;
+            Ok(Some(e))
+        }
+        Err(e) => {
+            cx.batch.rollback_to(name)?;
+            Err(e)
+        }
+    }
+}
+
+/// One message, in a savepoint of its own. A store error while handling it
+/// rolls back its writes alone and drops what it queued; the turn goes on.
+///
+/// The scheduler and the other in-memory state are not in the savepoint,
+/// so every handler validates first and writes the store before it changes
+/// them: a result is judged ([`Scheduler::judge`]) and settled only once its
+/// writes succeeded; a status, telemetry, progress or Last Will is written
+/// before it is applied. What follows once a result is settled (an extra
+/// repeat, a learned profile) runs in a savepoint of its own ([`aside`]), so
+/// its failure never undoes a result the scheduler already counts.
+fn guarded(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    kind: AgentTopic,
+    result: Option<tunefleet_common::message::TrialRef>,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let (out, effects) = (cx.out.len(), cx.effects.len());
+    let Some(e) = in_savepoint(cx, "message", f)? else { return Ok(()) };
+    cx.out.truncate(out);
+    cx.effects.truncate(effects);
+    if loud(cx.stats.store_errors) {
+        tracing::error!(agent = %agent, topic = kind.as_str(), error = %e, errors = cx.stats.store_errors, "message refused: the store could not take it (rolled back alone)");
+    }
+    if let Some(trial) = result {
+        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
+        cx.out.push((agent.to_string(), CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    }
+    Ok(())
+}
+
+/// Bookkeeping after a settled result, in a savepoint of its own: a store
+/// error undoes it alone (logged, counted) and the result stays stored.
+fn aside(
+    cx: &mut Ctx<'_, '_>,
+    what: &str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    if let Some(e) = in_savepoint(cx, "aside", f)? {
+        if loud(cx.stats.store_errors) {
+            tracing::error!(error = %e, errors = cx.stats.store_errors, "{what}: the store could not take it (rolled back alone)");
+        }
+    }
+    Ok(())
+}
+
+/// Whether `reference` may be resumed from in `study` (message validation
+/// checked its form already; this checks it again for stored ones).
+fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::validate::Why> {
+    crate::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
+}
+
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     let (agent, kind, frame) = match ev {
         Inbound::Connected => {
@@ -809,8 +924,14 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     };
     let now = unix_ms();
     let (agent, msg) = match frame {
-        UpFrame::Hello(signed) => return on_hello(cx, agent, &signed, now),
-        UpFrame::Will(will) => return on_will(cx, agent, &will, now),
+        UpFrame::Hello(signed) => {
+            let name = agent.clone();
+            return guarded(cx, &name, kind, None, |cx| on_hello(cx, agent, &signed, now));
+        }
+        UpFrame::Will(will) => {
+            let name = agent.clone();
+            return guarded(cx, &name, kind, None, |cx| on_will(cx, agent, &will, now));
+        }
         UpFrame::Sealed(sealed) => match cx.sessions.open(&agent, kind, &sealed) {
             Ok(msg) => (agent, msg),
             Err(e) => {
@@ -824,33 +945,57 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     };
     if let Err(why) = crate::validate::message(&msg) {
         cx.stats.invalid_messages += 1;
-        tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: cannot be stored");
+        if loud(cx.stats.invalid_messages) {
+            tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: out of bounds");
+        }
         if let AgentMessage::Result(r) = msg {
-            let outcome = AckOutcome::Refused(format!("cannot be stored: {why}"));
+            let outcome = AckOutcome::Refused(format!("out of bounds: {why}"));
             cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial: r.trial, outcome })));
         }
         return Ok(());
     }
+    let result = match &msg {
+        AgentMessage::Result(r) => Some(r.trial.clone()),
+        _ => None,
+    };
+    let name = agent.clone();
+    guarded(cx, &name, kind, result, |cx| dispatch(cx, agent, msg, now))
+}
+
+/// A valid message from an authenticated agent: store writes first, then
+/// the scheduler and the rest of memory (see [`guarded`]).
+fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) -> Result<(), EngineError> {
     match msg {
         AgentMessage::Status(status) => {
+            if !status.online {
+                cx.batch.set_will_hash(&agent, None)?;
+            }
+            cx.batch.set_agent_online(&agent, status.online, now)?;
             if !status.online {
                 tracing::info!(agent = %agent, "agent offline");
                 cx.telemetry.forget(&agent);
                 cx.sessions.end(&agent);
-                cx.batch.set_will_hash(&agent, None)?;
             }
-            cx.batch.set_agent_online(&agent, status.online, now)?;
             cx.effects.extend(cx.sched.status(&agent, &status));
         }
         AgentMessage::Request(req) => cx.effects.extend(cx.sched.request(&agent, &req)),
-        AgentMessage::Progress(p) => {
+        AgentMessage::Progress(mut p) => {
             if cx.sched.is_live(&agent, &p.trial) {
-                cx.batch.record_progress(&p)?;
-                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
-                    a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
+                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get(&p.trial.study)) {
+                    if let Err(why) = usable_checkpoint(&a.study, reference) {
+                        cx.stats.refused_checkpoints += 1;
+                        if loud(cx.stats.refused_checkpoints) {
+                            tracing::warn!(agent = %agent, trial = %p.trial, checkpoint = ?reference, reason = %why, refused = cx.stats.refused_checkpoints, "checkpoint refused: not kept");
+                        }
+                        p.checkpoint = None;
+                    }
                 }
+                cx.batch.record_progress(&p)?;
                 if let Some(wp) = &p.profile {
                     on_profile(cx, &agent, &p.trial, wp)?;
+                }
+                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
+                    a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
                 }
                 early_stop(cx, &p);
             }
@@ -858,8 +1003,8 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
         AgentMessage::Telemetry(t) => {
-            cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms));
             cx.batch.record_telemetry(&agent, &t)?;
+            cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms));
         }
         AgentMessage::Synced(n) => {
             if cx.unsynced.get(&agent) == Some(&n) {
@@ -940,10 +1085,10 @@ fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result
         tracing::debug!(agent = %agent, "stale Last Will ignored");
         return Ok(());
     }
-    tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
-    cx.telemetry.forget(&agent);
     cx.batch.set_will_hash(&agent, None)?;
     cx.batch.set_agent_online(&agent, false, now)?;
+    tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
+    cx.telemetry.forget(&agent);
     cx.effects.extend(cx.sched.status(&agent, &AgentStatus { online: false, instance: will.instance }));
     Ok(())
 }
@@ -966,9 +1111,15 @@ fn repeat_until_stable(
     }
     let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
     let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
-    let plan = a.search.extra_repeat(&params, runs.len() as u32);
+    // The row first: when the store refuses it, the search has not counted it.
+    let repeat = runs.len() as u32;
+    let next = TrialPlan { trial: a.plans.len() as u64, params: params.clone(), repeat };
+    batch.add_trials(&name, std::slice::from_ref(&next))?;
+    let plan = a.search.extra_repeat(&params, repeat);
+    debug_assert_eq!(plan, next, "the search numbers trials as the study has them");
     tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
-    a.create(sched, batch, vec![plan])
+    a.adopt(sched, vec![plan]);
+    Ok(())
 }
 
 /// Every profile record and stored model, by device class.
@@ -999,13 +1150,11 @@ fn on_profile(
     use crate::reuse::{self, Decision};
     let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
     let (Some(probe), Some(plan)) = (a.probe.as_ref(), a.plans.get(trial.trial as usize)) else { return Ok(()) };
-    if !a.decided.insert((trial.trial, trial.attempt)) {
+    if a.decided.contains(&(trial.trial, trial.attempt)) {
         return Ok(());
     }
     let Some(class) = cx.sched.agent_class(agent) else { return Ok(()) };
-    if reuse::check(&wp.profile).is_err() {
-        cx.stats.bad_profiles += 1;
-    }
+    let malformed = reuse::check(&wp.profile).is_err();
     let group = reuse::group_key(&a.study.reuse.group, &plan.params);
     let c = cx.book.classes.get(&class);
     let decision = reuse::decide(
@@ -1049,24 +1198,33 @@ fn on_profile(
             (row.cluster, row.distance, row.threshold) = (Some(*cluster as u64), Some(*distance), Some(*threshold));
             row.system = Some(reuse::system_text(system));
             row.expected = Some(*expected);
-            a.reused.insert(trial.trial, (system.clone(), *expected));
+        }
+        Decision::Probe { cluster, distance, threshold, .. } => {
+            (row.cluster, row.distance, row.threshold) = (cluster.map(|c| c as u64), *distance, *threshold);
+        }
+    }
+    // Written first: a store error leaves the attempt undecided, as it was.
+    cx.batch.record_decision(&row)?;
+    a.decided.insert((trial.trial, trial.attempt));
+    if malformed {
+        cx.stats.bad_profiles += 1;
+    }
+    match decision {
+        Decision::Reuse { system, expected, .. } => {
+            a.reused.insert(trial.trial, (system.clone(), expected));
             cx.stats.reused += 1;
             tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "configuration reused: probing skipped");
             cx.out.push((
                 agent.to_string(),
                 CoordinatorMessage::Reconfigure(tunefleet_common::message::Reconfigure {
                     trial: trial.clone(),
-                    system: system.clone(),
+                    system,
                     reason: tunefleet_common::message::ReconfigureReason::Reuse,
                 }),
             ));
         }
-        Decision::Probe { cluster, distance, threshold, .. } => {
-            (row.cluster, row.distance, row.threshold) = (cluster.map(|c| c as u64), *distance, *threshold);
-            tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "probing");
-        }
+        Decision::Probe { .. } => tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "probing"),
     }
-    cx.batch.record_decision(&row)?;
     Ok(())
 }
 
@@ -1141,28 +1299,33 @@ fn learn(
         at_ms: now,
     };
     cx.batch.record_profile(&record)?;
+    // The new model is fitted and written before the book changes: a store
+    // error leaves the book as the store has it.
     let c = cx.book.classes.entry(class.clone()).or_default();
-    let before = c.records.len();
-    c.records.retain(|r| !(r.study == record.study && r.trial == record.trial));
-    let replaced = c.records.len() != before;
-    let placed = c.model.as_ref().and_then(|m| m.place(&record.profile)).map(|p| p.cluster);
-    c.records.push(record);
-    let mut refitted = false;
-    if c.stale() {
-        let profiles: Vec<tunefleet_common::profile::Profile> = c.records.iter().map(|r| r.profile.clone()).collect();
+    let same = |r: &Record| r.study == record.study && r.trial == record.trial;
+    let replaced = c.records.iter().any(same);
+    let mut refitted = None;
+    if c.stale_at(c.records.len() + usize::from(!replaced)) {
+        let profiles: Vec<tunefleet_common::profile::Profile> =
+            c.records.iter().filter(|r| !same(r)).chain(std::iter::once(&record)).map(|r| r.profile.clone()).collect();
         match crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()) {
             Ok(fitted) => {
                 tracing::info!(class = %class, k = fitted.model.k(), profiles = profiles.len(), "profile clusters refitted");
                 cx.batch.record_model(&class, &fitted.model, profiles.len(), now)?;
-                c.model = Some(fitted.model);
-                c.fitted_on = profiles.len();
-                refitted = true;
+                refitted = Some((fitted.model, profiles.len()));
             }
             Err(e) => tracing::warn!(class = %class, error = %e, "cannot cluster profiles"),
         }
     }
+    let placed = c.model.as_ref().and_then(|m| m.place(&record.profile)).map(|p| p.cluster);
+    c.records.retain(|r| !same(r));
+    c.records.push(record);
     // A refit or a replaced record places every record again; else only the new one.
-    if refitted || replaced {
+    if let Some((model, fitted_on)) = refitted {
+        c.model = Some(model);
+        c.fitted_on = fitted_on;
+        c.place_all();
+    } else if replaced {
         c.place_all();
     } else {
         c.clusters.push(placed);
@@ -1194,11 +1357,13 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
         }
         _ => ResultKind::Complete { success: measurement.exit.success() },
     };
-    let (verdict, effects) = cx.sched.result(&agent, &trial, kind, cx.now_ms);
-    cx.effects.extend(effects);
-    let active = cx.studies.get_mut(&trial.study);
+    // Judged now, settled once the store has taken the result: a write that
+    // fails leaves the scheduler as it was (see `guarded`).
+    let judgement = cx.sched.judge(&agent, &trial, kind);
+    let verdict = judgement.verdict;
     let mut outcome = AckOutcome::Stored;
-    let mut to_learn = false;
+    let mut objective = None;
+    let mut stored = false;
     match verdict {
         Verdict::Unknown if cx.sched.is_finished(&trial.study, trial.trial) => {
             cx.stats.duplicate_results += 1;
@@ -1207,7 +1372,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
         }
         Verdict::Unknown => {
             cx.stats.unknown_results += 1;
-            let why = if active.is_some() {
+            let why = if cx.studies.contains_key(&trial.study) {
                 "this coordinator never gave that attempt to this agent"
             } else {
                 "this coordinator does not run that study"
@@ -1219,30 +1384,29 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
         }
         Verdict::Retried => {
-            tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
             cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
         }
         // An attempt the trial moved on from (moved, lease expired) that was
         // cancelled or never started: it ends; it is no result of the trial.
         Verdict::Superseded if matches!(measurement.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
-            cx.stats.superseded_results += 1;
             cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            cx.stats.superseded_results += 1;
         }
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
-            let objective = active
+            let active = cx.studies.get(&trial.study);
+            objective = active
                 .as_ref()
                 .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
-            let stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)?;
-            if stored == RecordOutcome::Stored {
+            stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)? == RecordOutcome::Stored;
+            if stored {
                 let system = measurement.selected.clone().or_else(|| {
-                    let a = active.as_ref()?;
-                    let plan = a.plans.get(trial.trial as usize)?;
+                    let plan = active?.plans.get(trial.trial as usize)?;
                     Some(search::system_params(&plan.params))
                 });
                 cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
-                to_learn = measurement.exit.success();
             }
-            if cx.influx && stored == RecordOutcome::Stored {
+            if cx.influx && stored {
                 let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
                 cx.batch.enqueue_points(&points, now)?;
             }
@@ -1252,26 +1416,32 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                     outcome = AckOutcome::Duplicate;
                 }
                 Verdict::Superseded => cx.stats.superseded_results += 1,
-                _ => {
-                    if let (Some(a), Some(v)) = (active, objective) {
-                        if let Some(plan) = a.plans.get(trial.trial as usize) {
-                            if measurement.exit != ExitOutcome::Cancelled {
-                                a.search.tell(&plan.params, v);
-                            }
-                        }
-                        a.values.insert(trial.trial, v);
-                        repeat_until_stable(cx.sched, cx.batch, a, trial.trial)?;
-                        let dir: Direction = a.study.objective.direction;
-                        if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
-                            a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
-                        }
-                    }
-                }
+                _ => {}
             }
         }
     }
-    if to_learn {
-        learn(cx, &agent, &trial, &measurement, now)?;
+    // The store has everything this result decides: now the scheduler and memory.
+    cx.effects.extend(cx.sched.settle(judgement, cx.now_ms));
+    if verdict == Verdict::Accepted {
+        if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
+            if let Some(plan) = a.plans.get(trial.trial as usize) {
+                if measurement.exit != ExitOutcome::Cancelled {
+                    a.search.tell(&plan.params, v);
+                }
+            }
+            a.values.insert(trial.trial, v);
+            let dir: Direction = a.study.objective.direction;
+            if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
+                a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
+            }
+            aside(cx, "an extra repeat", |cx| {
+                let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+                repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
+            })?;
+        }
+    }
+    if stored && measurement.exit.success() {
+        aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
     }
     cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
     Ok(())
@@ -1419,37 +1589,34 @@ high = 4
             rig
         }
 
-        /// One turn as the engine takes it: handle, schedule, apply, commit.
+        /// One turn through the engine's own path ([`handle_all`], then
+        /// [`schedule`]), with every lease expired first so work comes back.
         fn turn(&mut self, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Outgoing) {
             let (mut out, mut welcomes, mut effects) = (Vec::new(), Vec::new(), Vec::new());
             let mut batch = self.store.batch().expect("batch");
             let mut seen = Default::default();
             let mut unsynced = HashMap::new();
-            for ev in events {
-                let mut cx = Ctx {
-                    sched: &mut self.sched,
-                    batch: &mut batch,
-                    studies: &mut self.studies,
-                    stats: &mut self.stats,
-                    agents_seen: &mut seen,
-                    out: &mut out,
-                    welcomes: &mut welcomes,
-                    effects: &mut effects,
-                    influx: true,
-                    sessions: &mut self.sessions,
-                    unsynced: &mut unsynced,
-                    telemetry: &mut Default::default(),
-                    now_ms: 0,
-                    remeasure: true,
-                    book: &mut self.book,
-                };
-                handle(&mut cx, ev).expect("a message never ends the run");
-            }
+            let mut cx = Ctx {
+                sched: &mut self.sched,
+                batch: &mut batch,
+                studies: &mut self.studies,
+                stats: &mut self.stats,
+                agents_seen: &mut seen,
+                out: &mut out,
+                welcomes: &mut welcomes,
+                effects: &mut effects,
+                influx: true,
+                sessions: &mut self.sessions,
+                unsynced: &mut unsynced,
+                telemetry: &mut Default::default(),
+                now_ms: 0,
+                remeasure: true,
+                book: &mut self.book,
+            };
+            handle_all(&mut cx, events).expect("a message never ends the run");
             effects.extend(self.sched.expire(u64::MAX / 2));
-            effects.extend(self.sched.assign(0));
-            for effect in effects {
-                apply(&mut batch, &self.studies, &mut self.stats, &mut out, effect).expect("effects apply");
-            }
+            schedule(&mut self.sched, &mut batch, &mut self.studies, &mut self.stats, &mut out, effects, 0)
+                .expect("effects apply");
             batch.commit().expect("the batch commits");
             (welcomes, out)
         }
