@@ -2287,8 +2287,8 @@ high = 4
             .iter()
             .map(|m| (AgentTopic::of_agent_message(m), tunefleet_common::encode(m).expect("encode")))
             .collect();
-        let mutate = |rng: &mut rand::rngs::StdRng, mut bytes: Vec<u8>| {
-            for _ in 0..rng.random_range(1..5) {
+        let mutate = |rng: &mut rand::rngs::StdRng, mut bytes: Vec<u8>, most: u32| {
+            for _ in 0..rng.random_range(1..=most) {
                 let at = rng.random_range(0..=bytes.len());
                 match rng.random_range(0..5) {
                     0 if at < bytes.len() => bytes[at] ^= 1 << rng.random_range(0..8),
@@ -2320,11 +2320,13 @@ high = 4
                         let session = rig.agent.as_mut().expect("welcomed");
                         let frame =
                             tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body))).expect("encode");
-                        wire(kind, &mutate(&mut rng, frame))
+                        wire(kind, &mutate(&mut rng, frame, 4))
                     }
                     // A mutated body under a valid MAC: it reaches decode, validate and handle.
                     _ => {
-                        let body = mutate(&mut rng, body);
+                        // One change at a time mostly decodes: the values change, not the shape.
+                        let most = if rng.random_bool(0.7) { 1 } else { 4 };
+                        let body = mutate(&mut rng, body, most);
                         // An offline status would end the session and every later frame with it.
                         if let Ok(AgentMessage::Status(AgentStatus { online: false, .. })) =
                             tunefleet_common::decode(&body)
