@@ -1738,20 +1738,27 @@ high = 4
         }
     }
 
+    /// Mostly attempts the engine hands out (study `s`, trials 0 to 3, first
+    /// attempts), so results reach the store; sometimes any.
     fn trial_ref() -> impl Strategy<Value = TrialRef> {
-        (prop_oneof![Just("s".to_string()), "[a-z]{1,3}"], prop_oneof![0u64..6, any::<u64>()], 0u32..4)
-            .prop_map(|(study, trial, attempt)| TrialRef { study, trial, attempt })
+        let study = prop_oneof![6 => Just("s".to_string()), 1 => "[a-z]{1,3}", 1 => text()];
+        let trial = prop_oneof![6 => 0u64..4, 1 => 4u64..6, 1 => any::<u64>()];
+        (study, trial, prop_oneof![6 => Just(1u32), 1 => 0u32..4]).prop_map(|(study, trial, attempt)| TrialRef {
+            study,
+            trial,
+            attempt,
+        })
     }
 
     fn big() -> impl Strategy<Value = u64> {
-        prop_oneof![4 => 0u64..1_000_000, 1 => Just(i64::MAX as u64), 1 => Just(9223372036854775813), 1 => any::<u64>()]
+        prop_oneof![8 => 0u64..1_000_000, 1 => Just(i64::MAX as u64), 1 => Just(9223372036854775813), 1 => any::<u64>()]
     }
 
     /// Names and texts: plain ones, any characters (control ones included),
     /// option-like and log-forging ones, and long ones.
     fn text() -> BoxedStrategy<String> {
         prop_oneof![
-            6 => "[a-z0-9._/-]{0,12}",
+            12 => "[a-z0-9._/-]{0,12}",
             2 => ".{0,24}",
             1 => Just("--output=/home/victim/.bashrc".to_string()),
             1 => Just("ok\n\u{1b}[31mFORGED LOG LINE".to_string()),
@@ -1762,7 +1769,7 @@ high = 4
 
     fn float() -> BoxedStrategy<f64> {
         prop_oneof![
-            6 => -1e6f64..1e6,
+            8 => -1e6f64..1e6,
             1 => Just(f64::NAN),
             1 => Just(f64::INFINITY),
             1 => Just(f64::NEG_INFINITY),
@@ -1783,13 +1790,13 @@ high = 4
         small: BoxedStrategy<T>,
         huge: usize,
     ) -> BoxedStrategy<Vec<T>> {
-        prop_oneof![8 => prop::collection::vec(item, 0..3), 1 => small.prop_map(move |x| vec![x; huge])].boxed()
+        prop_oneof![30 => prop::collection::vec(item, 0..3), 1 => small.prop_map(move |x| vec![x; huge])].boxed()
     }
 
     fn metrics() -> BoxedStrategy<tunefleet_common::measurement::Metrics> {
         let name = prop_oneof![4 => Just("v".to_string()), 2 => Just("loss".to_string()), 2 => text()];
         prop_oneof![
-            8 => prop::collection::btree_map(name, float(), 0..3),
+            30 => prop::collection::btree_map(name, float(), 0..3),
             1 => prop::collection::btree_map("[a-z]{6,8}", float(), 250..300),
         ]
         .boxed()
@@ -1931,11 +1938,12 @@ high = 4
             profile(),
             energy(),
             limits,
-            prop_oneof![8 => text(), 1 => Just("y".repeat(20_000))],
+            prop_oneof![30 => text(), 1 => Just("y".repeat(20_000))],
             some_of(segment(70_000), segment(2), 1100),
             prop::option::of(system()),
             prop::option::of(window_profile()),
-            some(text(), 20),
+            // Mostly clean: a disturbed measurement is measured again, not stored.
+            prop_oneof![6 => Just(Vec::new()), 1 => some(text(), 20)],
         );
         (times, exit, series, rest)
             .prop_map(
@@ -2012,11 +2020,46 @@ high = 4
             .boxed()
     }
 
+    /// A good measurement with one field (any, nested ones whole) taken
+    /// from a random one: a single bad value, so results with it reach the
+    /// scheduler and the store unless validation stops them.
+    fn spliced() -> BoxedStrategy<Measurement> {
+        (measurement(), 0usize..19, -1e3f64..1e3)
+            .prop_map(|(r, field, v)| {
+                let mut m = full_measurement(v);
+                match field {
+                    0 => m.started_unix_ms = r.started_unix_ms,
+                    1 => m.wall_us = r.wall_us,
+                    2 => m.user_us = r.user_us,
+                    3 => m.sys_us = r.sys_us,
+                    4 => m.max_rss_kib = r.max_rss_kib,
+                    5 => m.exit = r.exit,
+                    6 => m.epochs = r.epochs,
+                    7 => m.final_metrics = r.final_metrics,
+                    8 => m.counters = r.counters,
+                    9 => m.counters_missing = r.counters_missing,
+                    10 => m.counter_series = r.counter_series,
+                    11 => m.profile = r.profile,
+                    12 => m.energy = r.energy,
+                    13 => m.limits = r.limits,
+                    14 => m.log_tail = r.log_tail,
+                    15 => m.segments = r.segments,
+                    16 => m.selected = r.selected,
+                    17 => m.window_profile = r.window_profile,
+                    _ => m.interference = r.interference,
+                }
+                m
+            })
+            .boxed()
+    }
+
     /// Every message an agent sends, every field of it, nested ones included.
     fn message() -> impl Strategy<Value = AgentMessage> {
         let checkpoint = prop::option::of(prop_oneof![3 => "/ckpt/[a-z0-9]{1,4}", 1 => text()]);
         prop_oneof![
-            4 => (trial_ref(), measurement())
+            2 => (trial_ref(), measurement())
+                .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
+            4 => (trial_ref(), spliced())
                 .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
             3 => (trial_ref(), any::<u32>(), big(), metrics(), checkpoint, prop::option::of(window_profile())).prop_map(
                 |(trial, epoch, elapsed_us, metrics, checkpoint, profile)| AgentMessage::Progress(Progress {
@@ -2039,7 +2082,7 @@ high = 4
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
         /// Authenticated messages of every kind with any values in every
         /// field (out of range, not finite, too long, too many, control

@@ -702,7 +702,9 @@ impl Scheduler {
             _ if !ran_it => return judged(Verdict::Unknown, Change::Nothing),
             // Failed for want of a result (attempts ran out, e.g. its agent was
             // presumed dead): a workload that really ran delivers after all.
-            State::Failed if matches!(kind, ResultKind::Complete { .. }) => revive = true,
+            // A disturbed measurement of it is taken too (flagged): it is no live
+            // attempt's, so it is not measured again.
+            State::Failed if !matches!(kind, ResultKind::Retry(_)) => revive = true,
             _ => {}
         }
         let this_is_live = matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt);
@@ -1221,6 +1223,22 @@ mod tests {
         assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
         let c = s.counts("s").expect("study");
         assert_eq!((c.done, c.failed, c.running, c.finished()), (1, 1, 0, true));
+    }
+
+    /// Found by the engine's property test: a disturbed result of a trial
+    /// that had failed for want of a result made it done and left it
+    /// counted failed as well (the scheduler counted 5 trials of 4).
+    #[test]
+    fn regression_a_disturbed_late_result_of_a_failed_trial_counts_once() {
+        let mut s = sched(1, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let t0 = assigned(&s.assign(0))[0].1.clone();
+        s.status("a", &AgentStatus { online: false, instance: 1 });
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((0, 1)));
+        let disturbed = ResultKind::Interfered { success: true, reason: "load".into() };
+        assert_eq!(s.result("a", &t0, disturbed, 0).0, Verdict::Accepted);
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((1, 0)));
     }
 
     #[test]
