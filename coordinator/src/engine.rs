@@ -2024,10 +2024,30 @@ high = 4
     /// from a random one: a single bad value, so results with it reach the
     /// scheduler and the store unless validation stops them.
     fn spliced() -> BoxedStrategy<Measurement> {
-        (measurement(), 0usize..19, -1e3f64..1e3)
-            .prop_map(|(r, field, v)| {
+        let field = prop_oneof![3 => 0usize..19, 1 => Just(19)];
+        let past = prop_oneof![Just(i64::MAX as u64 + 1), Just(9223372036854775813), Just(u64::MAX)];
+        let not_finite = prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(f64::NEG_INFINITY)];
+        (measurement(), field, -1e3f64..1e3, (segment(4), 0usize..10, past, not_finite))
+            .prop_map(|(r, field, v, (rs, sub, past, not_finite))| {
                 let mut m = full_measurement(v);
                 match field {
+                    // One field of a good segment, its numbers out of range
+                    // (the crash of issue 20, finding 2).
+                    19 => {
+                        let s = &mut m.segments[0];
+                        match sub {
+                            0 => s.role = rs.role,
+                            1 => s.system = rs.system,
+                            2 => s.cpus = rs.cpus,
+                            3 => s.first_epoch = rs.first_epoch,
+                            4 => s.last_epoch = rs.last_epoch,
+                            5 => s.steps = rs.steps,
+                            6 => s.start_us = past,
+                            7 => s.wall_us = past,
+                            8 => s.energy_j = Some(not_finite),
+                            _ => s.cpu_us = Some(past),
+                        }
+                    }
                     0 => m.started_unix_ms = r.started_unix_ms,
                     1 => m.wall_us = r.wall_us,
                     2 => m.user_us = r.user_us,
@@ -2046,7 +2066,8 @@ high = 4
                     15 => m.segments = r.segments,
                     16 => m.selected = r.selected,
                     17 => m.window_profile = r.window_profile,
-                    _ => m.interference = r.interference,
+                    18 => m.interference = r.interference,
+                    _ => {}
                 }
                 m
             })
