@@ -261,7 +261,8 @@ pub enum AckOutcome {
     /// The coordinator had it already (or the trial is done): forget it.
     Duplicate,
     /// The coordinator cannot place it (a study it does not run, an attempt
-    /// it never gave) or cannot store it (a value out of range). The agent
+    /// it never gave) or cannot store it (a field out of bounds, or a store
+    /// error while handling it: docs/PROTOCOL.md, "Bounds"). The agent
     /// moves it aside (`tunefleet-agent spool`), never re-sends it on its
     /// own, and never deletes it.
     Refused(String),

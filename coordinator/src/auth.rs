@@ -74,6 +74,8 @@ pub enum HelloRefusal {
          {key})"
     )]
     NotEnrolled { agent: String, key: String },
+    #[error("a Hello out of bounds: {0}")]
+    Invalid(String),
     #[error("agent {agent:?}: join token {token} {why}")]
     BadToken { agent: String, token: String, why: String },
     #[error("{0}")]
@@ -236,6 +238,12 @@ impl Sessions {
         }
         if hello.coordinator_instance != self.instance {
             return Err(HelloRefusal::Instance { got: hello.coordinator_instance, this: self.instance });
+        }
+        if i64::try_from(hello.info.instance).is_err() || i64::try_from(hello.seq).is_err() {
+            return Err(HelloRefusal::Invalid(format!(
+                "instance {} or seq {} past the store's range",
+                hello.info.instance, hello.seq
+            )));
         }
         Ok(hello)
     }

@@ -1017,7 +1017,9 @@ fn print_summary(s: &Summary, store: &Path) {
         (st.refused_hellos, "Hellos refused"),
         (st.rate_limited_hellos, "Hellos over the rate limit"),
         (st.forged_wills, "forged Last Wills"),
-        (st.invalid_messages, "messages with values out of range"),
+        (st.invalid_messages, "messages with values out of bounds"),
+        (st.store_errors, "messages the store could not take"),
+        (st.refused_checkpoints, "checkpoints outside resume_prefix"),
         (st.unknown_results, "results for attempts never assigned"),
     ];
     if refused.iter().any(|(n, _)| *n > 0) {

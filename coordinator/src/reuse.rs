@@ -393,7 +393,11 @@ impl Class {
     /// they have grown by a tenth (choosing k is quadratic in the sample:
     /// refitting at every result would put it in every turn of the engine).
     pub fn stale(&self) -> bool {
-        let n = self.records.len();
+        self.stale_at(self.records.len())
+    }
+
+    /// [`Class::stale`] once the class holds `n` records.
+    pub fn stale_at(&self, n: usize) -> bool {
         n > self.fitted_on && (n < 100 || n * 10 >= self.fitted_on * 11)
     }
 }

@@ -178,8 +178,14 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         Some(_) => {
             let token = auth::JoinToken::generate(&sessions.public_key()).map_err(|_| KeyFileError::Random)?;
             let public = token.public().map_err(|_| KeyFileError::Random)?;
-            db.create_token(&public, Some(started.saturating_add(LAUNCH_TOKEN_TTL_MS)), None, &Default::default(), started)
-                .map_err(|source| RunError::Store { path: store.clone(), source })?;
+            db.create_token(
+                &public,
+                Some(started.saturating_add(LAUNCH_TOKEN_TTL_MS)),
+                None,
+                &Default::default(),
+                started,
+            )
+            .map_err(|source| RunError::Store { path: store.clone(), source })?;
             token.to_string()
         }
         None => String::new(),

@@ -91,6 +91,34 @@ pub enum Verdict {
     Remeasured,
 }
 
+/// A result's verdict and what it does to its trial, from
+/// [`Scheduler::judge`], done by [`Scheduler::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    change: Change,
+    agent: String,
+    trial: TrialRef,
+}
+
+/// What settling a judgement changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Change {
+    Nothing,
+    /// A stopped attempt's own result arrived.
+    Delivered,
+    /// Measured again elsewhere, for this reason.
+    Remeasure(String),
+    /// The attempt ended without a result, for this reason.
+    Retry(String),
+    /// The trial is done; `revive` when it had failed for want of a result.
+    Complete {
+        success: bool,
+        revive: bool,
+        this_is_live: bool,
+    },
+}
+
 /// Whether a result completes its trial or asks for another attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ResultKind {
@@ -657,64 +685,95 @@ impl Scheduler {
 
     /// A result from `agent` for `trial`.
     pub fn result(&mut self, agent: &str, trial: &TrialRef, kind: ResultKind, now_ms: u64) -> (Verdict, Vec<Effect>) {
-        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else {
-            return (Verdict::Unknown, Vec::new());
+        let judgement = self.judge(agent, trial, kind);
+        let verdict = judgement.verdict;
+        (verdict, self.settle(judgement, now_ms))
+    }
+
+    /// What a result would do to its trial, decided without changing
+    /// anything: the engine writes the store first and calls
+    /// [`Scheduler::settle`] only once those writes succeeded, so a store
+    /// error leaves the scheduler as it was.
+    pub fn judge(&self, agent: &str, trial: &TrialRef, kind: ResultKind) -> Judgement {
+        let judged = |verdict, change| Judgement { verdict, change, agent: agent.to_string(), trial: trial.clone() };
+        let Some(study) = self.studies.iter().find(|s| s.policy.name == trial.study) else {
+            return judged(Verdict::Unknown, Change::Nothing);
         };
-        let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return (Verdict::Unknown, Vec::new()) };
+        let Some(slot) = study.trials.get(trial.trial as usize) else {
+            return judged(Verdict::Unknown, Change::Nothing);
+        };
         let ran_it = slot.history.iter().any(|(a, who)| *a == trial.attempt && who == agent);
+        let mut revive = false;
         match &slot.state {
             State::Done { agent: a, attempt } if a == agent && *attempt == trial.attempt => {
-                return (Verdict::Duplicate, Vec::new())
+                return judged(Verdict::Duplicate, Change::Nothing)
             }
             // The stopped attempt's own result (cut short, or complete if it
             // ended before the cancel arrived) is kept for the record, once.
             State::Stopped { agent: a, attempt, delivered } if a == agent && *attempt == trial.attempt => {
-                let verdict = if *delivered { Verdict::Duplicate } else { Verdict::Accepted };
-                slot.state = State::Stopped { agent: a.clone(), attempt: *attempt, delivered: true };
-                return (verdict, Vec::new());
+                return if *delivered {
+                    judged(Verdict::Duplicate, Change::Nothing)
+                } else {
+                    judged(Verdict::Accepted, Change::Delivered)
+                };
             }
-            State::Stopped { .. } => return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new()),
-            State::Done { .. } => return (if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Vec::new()),
-            _ if !ran_it => return (Verdict::Unknown, Vec::new()),
+            State::Stopped { .. } | State::Done { .. } => {
+                return judged(if ran_it { Verdict::Superseded } else { Verdict::Unknown }, Change::Nothing)
+            }
+            _ if !ran_it => return judged(Verdict::Unknown, Change::Nothing),
             // Failed for want of a result (attempts ran out, e.g. its agent was
             // presumed dead): a workload that really ran delivers after all.
-            State::Failed if matches!(kind, ResultKind::Complete { .. }) => {
-                study.failed -= 1;
-            }
+            // A disturbed measurement of it is taken too (flagged): it is no live
+            // attempt's, so it is not measured again.
+            State::Failed if !matches!(kind, ResultKind::Retry(_)) => revive = true,
             _ => {}
         }
         let this_is_live = matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt);
-        let kind = match kind {
-            ResultKind::Interfered { success, reason } => {
-                if !this_is_live || slot.remeasures >= MAX_REMEASURES {
-                    // Measured again often enough (or an old attempt): take it, flagged.
-                    ResultKind::Complete { success }
-                } else {
-                    slot.remeasures += 1;
-                    let reason = format!("measured again ({} of {MAX_REMEASURES}): {reason}", slot.remeasures);
-                    let class = self.agents.get(agent).and_then(|a| a.info.as_ref()).map(device_class);
-                    study.move_off(trial.trial, agent, class, now_ms);
-                    return (
-                        Verdict::Remeasured,
-                        vec![Effect::Moved { trial: trial.clone(), from: agent.to_string(), reason }],
-                    );
-                }
-            }
-            other => other,
-        };
         match kind {
-            ResultKind::Interfered { .. } => (Verdict::Unknown, Vec::new()),
-            ResultKind::Retry(reason) => {
-                if !this_is_live {
-                    // An old attempt failed after the trial had moved on: nothing to do.
-                    return (Verdict::Superseded, Vec::new());
-                }
-                (Verdict::Retried, study.end_attempt(trial.trial, trial.clone(), reason).into_iter().collect())
+            ResultKind::Interfered { reason, .. } if this_is_live && slot.remeasures < MAX_REMEASURES => {
+                judged(Verdict::Remeasured, Change::Remeasure(reason))
             }
+            // Measured again often enough (or an old attempt): take it, flagged.
+            ResultKind::Interfered { success, .. } => {
+                judged(Verdict::Accepted, Change::Complete { success, revive, this_is_live })
+            }
+            // An old attempt failed after the trial had moved on: nothing to do.
+            ResultKind::Retry(_) if !this_is_live => judged(Verdict::Superseded, Change::Nothing),
+            ResultKind::Retry(reason) => judged(Verdict::Retried, Change::Retry(reason)),
             ResultKind::Complete { success } => {
+                judged(Verdict::Accepted, Change::Complete { success, revive, this_is_live })
+            }
+        }
+    }
+
+    /// Does what [`Scheduler::judge`] decided.
+    pub fn settle(&mut self, judgement: Judgement, now_ms: u64) -> Vec<Effect> {
+        let Judgement { change, agent, trial, .. } = judgement;
+        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else { return Vec::new() };
+        let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return Vec::new() };
+        match change {
+            Change::Nothing => Vec::new(),
+            Change::Delivered => {
+                if let State::Stopped { delivered, .. } = &mut slot.state {
+                    *delivered = true;
+                }
+                Vec::new()
+            }
+            Change::Remeasure(reason) => {
+                slot.remeasures += 1;
+                let reason = format!("measured again ({} of {MAX_REMEASURES}): {reason}", slot.remeasures);
+                let class = self.agents.get(&agent).and_then(|a| a.info.as_ref()).map(device_class);
+                study.move_off(trial.trial, &agent, class, now_ms);
+                vec![Effect::Moved { trial, from: agent, reason }]
+            }
+            Change::Retry(reason) => study.end_attempt(trial.trial, trial, reason).into_iter().collect(),
+            Change::Complete { success, revive, this_is_live } => {
+                if revive {
+                    study.failed -= 1;
+                }
                 let live = study.unlease(trial.trial);
                 if let Some(slot) = study.trials.get_mut(trial.trial as usize) {
-                    slot.state = State::Done { agent: agent.to_string(), attempt: trial.attempt };
+                    slot.state = State::Done { agent: agent.clone(), attempt: trial.attempt };
                 }
                 if success {
                     study.finished += 1;
@@ -729,7 +788,7 @@ impl Scheduler {
                         reason: format!("attempt {} already delivered a result", trial.attempt),
                     });
                 }
-                (Verdict::Accepted, effects)
+                effects
             }
         }
     }
@@ -1226,6 +1285,22 @@ mod tests {
         assert_eq!(s.result("a", &t1, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
         let c = s.counts("s").expect("study");
         assert_eq!((c.done, c.failed, c.running, c.finished()), (1, 1, 0, true));
+    }
+
+    /// Found by the engine's property test: a disturbed result of a trial
+    /// that had failed for want of a result made it done and left it
+    /// counted failed as well (the scheduler counted 5 trials of 4).
+    #[test]
+    fn regression_a_disturbed_late_result_of_a_failed_trial_counts_once() {
+        let mut s = sched(1, 1, Selector::default());
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let t0 = assigned(&s.assign(0))[0].1.clone();
+        s.status("a", &AgentStatus { online: false, instance: 1 });
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((0, 1)));
+        let disturbed = ResultKind::Interfered { success: true, reason: "load".into() };
+        assert_eq!(s.result("a", &t0, disturbed, 0).0, Verdict::Accepted);
+        assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((1, 0)));
     }
 
     #[test]

@@ -346,6 +346,9 @@ pub struct Study {
     /// checkpoint its workload reported (a trial moved off an overloaded
     /// agent); they may use `{checkpoint}` and `{checkpoint_epoch}`.
     pub resume: Vec<String>,
+    /// Where checkpoints must be (`resume_prefix`): a checkpoint an agent
+    /// reports elsewhere is refused and never resumed from.
+    pub resume_prefix: Option<String>,
     /// Seconds per trial attempt.
     pub timeout_s: u64,
     /// Runs of each configuration.
@@ -469,6 +472,7 @@ struct RawStudy {
     command: Spanned<Vec<Spanned<String>>>,
     env: Option<Spanned<BTreeMap<Spanned<String>, Spanned<String>>>>,
     resume: Option<Spanned<Vec<Spanned<String>>>>,
+    resume_prefix: Option<Spanned<String>>,
     timeout: Option<Spanned<i64>>,
     repeats: Option<Spanned<i64>>,
     max_attempts: Option<Spanned<i64>>,
@@ -840,6 +844,21 @@ impl Ctx<'_> {
                 resume.push(arg.get_ref().clone());
             }
         }
+        let resume_prefix = match &raw.resume_prefix {
+            None => None,
+            Some(prefix) if resume.is_empty() => {
+                return Err(
+                    self.at(prefix.span(), "resume_prefix: needs resume (the arguments that use the checkpoint)")
+                )
+            }
+            Some(prefix) => {
+                let text = prefix.get_ref();
+                if let Err(e) = crate::validate::checkpoint("resume_prefix", text) {
+                    return Err(self.at(prefix.span(), e.to_string()));
+                }
+                Some(text.clone())
+            }
+        };
 
         let mut env = BTreeMap::new();
         if let Some(table) = &raw.env {
@@ -907,6 +926,7 @@ impl Ctx<'_> {
             command,
             env,
             resume,
+            resume_prefix,
             timeout_s,
             repeats,
             max_attempts,
@@ -1306,6 +1326,20 @@ step = 1
 
     fn err(text: &str) -> StudyError {
         parse(text, "study.toml").expect_err("should be refused")
+    }
+
+    #[test]
+    fn resume_prefix_is_a_plain_prefix_and_needs_resume() {
+        let with = |extra: &str| edited("timeout = 120", &format!("timeout = 120\n{extra}"));
+        let ok =
+            parse(&with("resume = [\"--resume\", \"{checkpoint}\"]\nresume_prefix = \"s3://bucket/ckpt/\""), "s.toml")
+                .expect("parses");
+        assert_eq!(ok.resume_prefix.as_deref(), Some("s3://bucket/ckpt/"));
+        assert_eq!(parse(EXAMPLE, "s.toml").expect("parses").resume_prefix, None);
+        assert!(err(&with("resume_prefix = \"s3://b/\"")).to_string().contains("needs resume"));
+        let dash = err(&with("resume = [\"{checkpoint}\"]\nresume_prefix = \"--x\""));
+        assert!(dash.to_string().contains("resume_prefix"), "{dash}");
+        assert!(err(&with("resume = [\"{checkpoint}\"]\nresume_prefix = \"a\\nb\"")).to_string().contains("control"));
     }
 
     /// The example with `from` replaced by `to` (which must occur once).

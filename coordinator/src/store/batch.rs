@@ -45,10 +45,43 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Runs `sql` on the store's connection: tests plant triggers with it
+    /// to make a write fail on purpose.
+    #[cfg(test)]
+    pub(crate) fn execute_for_test(&mut self, sql: &str) -> Result<()> {
+        self.conn.execute_batch(sql).ctx(|| format!("running {sql:?}"))
+    }
+}
+
 impl Batch<'_> {
     /// Commits everything recorded in this batch.
     pub fn commit(self) -> Result<()> {
         self.tx.commit().ctx(|| "committing a batch".into())
+    }
+
+    /// Opens a savepoint named `name` inside the batch: what follows can be
+    /// rolled back alone ([`Batch::rollback_to`]) or kept ([`Batch::release`]).
+    /// Savepoints nest; `name` is one of the engine's fixed names, never input.
+    pub fn savepoint(&mut self, name: &'static str) -> Result<()> {
+        let context = || format!("opening savepoint {name}");
+        self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.execute([]).ctx(context)?;
+        Ok(())
+    }
+
+    /// Keeps what was written since savepoint `name` (it is part of the batch again).
+    pub fn release(&mut self, name: &'static str) -> Result<()> {
+        let context = || format!("releasing savepoint {name}");
+        self.tx.prepare_cached(&format!("RELEASE {name}")).ctx(context)?.execute([]).ctx(context)?;
+        Ok(())
+    }
+
+    /// Undoes what was written since savepoint `name`, and closes it; the
+    /// rest of the batch is kept.
+    pub fn rollback_to(&mut self, name: &'static str) -> Result<()> {
+        self.tx
+            .execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
+            .ctx(|| format!("rolling back to savepoint {name}"))
     }
 
     /// Creates `study` with the trials of `plan` (often none: see
