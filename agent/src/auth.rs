@@ -54,9 +54,9 @@ pub enum TrustError {
          agent now belongs to another coordinator"
     )]
     Conflict { token: String, pinned: String, file: String },
-    #[error("{0}")]
+    #[error(transparent)]
     KeyFile(#[from] KeyFileError),
-    #[error("{0}")]
+    #[error(transparent)]
     Auth(#[from] AuthError),
 }
 

@@ -155,7 +155,7 @@ pub enum AgentError {
     State(#[from] pending::PendingError),
     #[error("keys: {0}")]
     Keys(#[from] tunefleet_common::auth::KeyFileError),
-    #[error("{0}")]
+    #[error(transparent)]
     Trust(#[from] auth::TrustError),
     #[error("MQTT transport: {0}")]
     Transport(#[from] transport::TransportError),

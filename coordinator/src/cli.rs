@@ -96,8 +96,6 @@ pub enum Command {
         #[command(subcommand)]
         action: TokenAction,
         #[command(flatten)]
-        key: KeyArg,
-        #[command(flatten)]
         store: StoreArg,
     },
     /// List the agents the store has seen, or change whose keys it trusts.
@@ -238,6 +236,8 @@ pub enum TokenAction {
         /// Write the token to this file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        key: KeyArg,
     },
     /// List the tokens (never their secrets: the store does not keep them).
     List {
@@ -580,7 +580,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             println!("{}", tunefleet_common::auth::hex(&identity.public()));
             Ok(())
         }
-        Command::Token { action, key, store } => token(action, &key, &store.store),
+        Command::Token { action, store } => token(action, &store.store),
         Command::Agents { action: Some(action), store, .. } => {
             let mut store =
                 Store::open(&store.store).with_context(|| format!("opening the store {}", store.store.display()))?;
@@ -1082,10 +1082,10 @@ pub fn new_token(
     Ok(token.to_string())
 }
 
-fn token(action: TokenAction, key: &KeyArg, store_path: &Path) -> anyhow::Result<()> {
+fn token(action: TokenAction, store_path: &Path) -> anyhow::Result<()> {
     let mut store = Store::open(store_path).with_context(|| format!("opening the store {}", store_path.display()))?;
     match action {
-        TokenAction::Create { ttl, uses, tags, out } => {
+        TokenAction::Create { ttl, uses, tags, out, key } => {
             let ttl_ms = match ttl.trim() {
                 "0" => None,
                 t => Some(

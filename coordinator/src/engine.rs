@@ -1073,7 +1073,7 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
         Admission::Known => {}
         Admission::Token(public) => {
             cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
-            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
+            tracing::info!(agent = %agent, key = %auth::hex(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
         }
         Admission::Open => {
             cx.batch.enrol(&agent, &hello.key, None, now)?;

@@ -218,6 +218,9 @@ struct StudyState {
     deadlines: BTreeSet<(u64, u64)>,
     /// The running trials by the agent holding their lease.
     held: HashMap<String, BTreeSet<u64>>,
+    /// Agents whose leases ended since the last turn (their withheld credit
+    /// is given back at the next [`Scheduler::assign`]).
+    released: Vec<String>,
     /// The credit of the ready agents that match the selector, so that
     /// [`Scheduler::demand`] needs no scan.
     ready_credit: u64,
@@ -257,6 +260,7 @@ impl StudyState {
             // An empty set stays (it allocates nothing): one per agent that ever held a lease here.
             trials.remove(&i);
         }
+        self.released.push(lease.agent.clone());
         Some(lease)
     }
 
@@ -308,6 +312,9 @@ struct AgentState {
     online: bool,
     instance: u64,
     credit: u32,
+    /// What its last request asked for beyond the slots its leases left
+    /// free: given back, one per lease that ends, up to what it asked.
+    withheld: u32,
     last_seq: Option<u64>,
     /// Why the agent gets no trials now (the decider found it overloaded).
     overloaded: Option<String>,
@@ -401,6 +408,7 @@ impl Scheduler {
             stopped: 0,
             deadlines: BTreeSet::new(),
             held: HashMap::new(),
+            released: Vec::new(),
             ready_credit: 0,
             restored: BTreeMap::new(),
             open: false,
@@ -562,6 +570,7 @@ impl Scheduler {
             online: true,
             instance,
             credit: 0,
+            withheld: 0,
             last_seq: None,
             overloaded: None,
             live: false,
@@ -576,6 +585,7 @@ impl Scheduler {
         agent.info = Some(info);
         if restarted {
             agent.credit = 0;
+            agent.withheld = 0;
             agent.last_seq = None;
         }
         self.sync_agent(&name);
@@ -599,6 +609,7 @@ impl Scheduler {
         state.online = status.online;
         if !status.online {
             state.credit = 0;
+            state.withheld = 0;
         }
         self.sync_agent(agent);
         if status.online {
@@ -664,6 +675,13 @@ impl Scheduler {
         if let Some(state) = self.agents.get_mut(agent) {
             let slots = state.info.as_ref().map_or(0, |i| i.slots);
             state.credit = credit(req.free, slots, in_flight, held);
+            // Leases it holds but no longer runs (a result on its way) end
+            // soon: the slots they free are its, up to what it asked for.
+            state.withheld = credit(req.free, slots, in_flight, 0).saturating_sub(state.credit);
+            // Leases that ended before this request are counted in it already.
+            for study in &mut self.studies {
+                study.released.retain(|a| a != agent);
+            }
         }
         self.sync_agent(agent);
         effects
@@ -884,8 +902,23 @@ impl Scheduler {
         effects
     }
 
+    /// Each lease that ended since the last turn gives its agent back one
+    /// slot of the credit its last request was denied for want of slots.
+    fn give_back(&mut self) {
+        let ended: Vec<String> = self.studies.iter_mut().flat_map(|s| std::mem::take(&mut s.released)).collect();
+        for agent in ended {
+            let Some(a) = self.agents.get_mut(&agent) else { continue };
+            if a.withheld > 0 && a.online {
+                a.withheld -= 1;
+                a.credit += 1;
+                self.sync_agent(&agent);
+            }
+        }
+    }
+
     /// Hands queued trials to agents with credit.
     pub fn assign(&mut self, now_ms: u64) -> Vec<Effect> {
+        self.give_back();
         let mut effects = Vec::new();
         let Scheduler { studies, agents, ready, next_agent, next_study, .. } = self;
         // The ready agent after the one the last turn began with.
@@ -1183,6 +1216,26 @@ mod tests {
         assert_eq!(credit(1, 2, 0, 0), 1, "it may ask for fewer");
         assert_eq!(credit(2, 2, 1, 1), 1);
         assert_eq!(credit(5, 4, 0, 9), 0);
+    }
+
+    #[test]
+    fn regression_a_slot_freed_by_a_result_on_its_way_is_given_to_the_request_that_asked_for_it() {
+        // After a broker outage the agent asks (free 1, running nothing)
+        // before its spooled result ends the lease it still holds: the cap
+        // withholds the slot, and the result gives it back (the agent does
+        // not ask again: its slot was free when it asked).
+        let mut s = sched(3, 1, Selector::default());
+        s.hello(AgentInfo { slots: 1, ..info("a", 1, "x86_64", &[]) });
+        s.request("a", &req(1, 1));
+        let first = assigned(&s.assign(0));
+        assert_eq!(first.len(), 1);
+        // It runs it (listed), then finishes it while the broker is away and asks again.
+        s.request("a", &WorkRequest { seq: 2, free: 0, running: vec![first[0].1.clone()] });
+        s.request("a", &req(3, 1));
+        assert!(assigned(&s.assign(0)).is_empty(), "its one slot is held until the result comes");
+        assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        assert_eq!(assigned(&s.assign(0)).len(), 1, "the slot the result freed goes to the request");
+        assert!(assigned(&s.assign(0)).is_empty(), "once");
     }
 
     #[test]

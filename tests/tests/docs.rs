@@ -717,6 +717,14 @@ fn tf(program: &str, dir: &Path, args: &[&str]) -> Command {
     c
 }
 
+/// A join token of the coordinator whose store is `join.db` in `dir`, as an
+/// installed agent has one.
+fn joined(dir: &Path) -> String {
+    let (code, token, err) = run(tf("tunefleet", dir, &["token", "create", "--store", "join.db"]));
+    assert_eq!(code, Some(0), "{err}");
+    token.trim().to_string()
+}
+
 /// Waits for a coordinator's `broker: URL` line; the URL.
 fn broker_url(p: &mut Proc) -> String {
     p.wait_line(LONG, |l| l.starts_with("broker: ")).trim_start_matches("broker: ").trim().to_string()
@@ -1203,7 +1211,7 @@ const SECTIONS: [&str; 8] = [
     "The agent cannot reach the broker",
     "Port 1883 is already in use",
     "TLS mistakes",
-    "A pinned key changed",
+    "An agent is not admitted, or a pinned key changed",
     "A study file is refused",
     "`tunefleet serve`, `submit` and `cancel`",
     "A result was kept aside by the agent",
@@ -1281,8 +1289,9 @@ fn broker_unreachable_and_port_in_use() {
     let url = format!("mqtt://127.0.0.1:{}", closed.port);
     let (agent_log, coordinator_log) = (dir.path().join("agent.log"), dir.path().join("coordinator.log"));
     let study = sleep_study_file(dir.path(), "unreachable");
-    let agent =
-        spawn_logged("far-1", tf("tunefleet-agent", dir.path(), &["--broker", &url, "--name", "far-1"]), &agent_log);
+    let mut far = tf("tunefleet-agent", dir.path(), &["--broker", &url, "--name", "far-1"]);
+    far.env("TUNEFLEET_JOIN", joined(dir.path()));
+    let agent = spawn_logged("far-1", far, &agent_log);
     let study_arg = study.display().to_string();
     let coordinator = spawn_logged(
         "coordinator",
@@ -1363,7 +1372,8 @@ fn tls_mistakes() {
     let mut running = Vec::new();
     for (name, url, args) in &agents {
         let log = dir.path().join(format!("{name}.log"));
-        let cmd = tf("tunefleet-agent", dir.path(), &[&["--broker", url, "--name", name][..], args].concat());
+        let mut cmd = tf("tunefleet-agent", dir.path(), &[&["--broker", url, "--name", name][..], args].concat());
+        cmd.env("TUNEFLEET_JOIN", joined(dir.path()));
         running.push((spawn_logged(name, cmd, &log), log));
     }
     for (_, log) in &running {
@@ -1396,25 +1406,43 @@ fn a_pinned_key_changed() {
     let (code, _, err) = run(tf("tunefleet", d, &["agents", "trust", "node-7", &key_of(&first), "--store", "k.db"]));
     assert_eq!(code, Some(0), "{err}");
     let log = d.join("coordinator.log");
+    let (code, token, err) = run(tf("tunefleet", d, &["token", "create", "--store", "k.db"]));
+    assert_eq!(code, Some(0), "{err}");
     let mut service =
         spawn_logged("coordinator", tf("tunefleet", d, &["serve", "--store", "k.db", "--listen", "127.0.0.1:0"]), &log);
     let url = broker_url(&mut service);
+    // Agents join with a token, as installed; `bare` starts one without (it has a pin).
     let agent = |name: &str, state: &Path, extra: &[&str]| {
         let s = state.display().to_string();
-        let cmd = tf(
+        let flags: Vec<&str> = extra.iter().copied().filter(|a| *a != "bare").collect();
+        let mut cmd = tf(
             "tunefleet-agent",
             d,
-            &[&["--broker", url.as_str(), "--name", name, "--state-dir", &s][..], extra].concat(),
+            &[&["--broker", url.as_str(), "--name", name, "--state-dir", &s][..], &flags].concat(),
         );
+        if !extra.contains(&"bare") {
+            cmd.env("TUNEFLEET_JOIN", token.trim());
+        }
         spawn_logged(name, cmd, &d.join(format!("{name}.log")))
     };
     let welcomed = |name: &str| {
         let (_, out, _) = run(tf("tunefleet", d, &["agents", "--store", "k.db"]));
         out.lines().any(|l| l.starts_with(&format!("{name} ")))
     };
+    // No token and no key: the agent does not start.
+    let fresh = d.join("fresh").display().to_string();
+    let (code, mut output) =
+        run_lines(tf("tunefleet-agent", d, &["--broker", url.as_str(), "--name", "node-10", "--state-dir", &fresh]));
+    assert_ne!(code, Some(0), "{output:?}");
+    // The coordinator's key but no token: refused by the coordinator.
+    let (code, coordinator_key, err) = run(tf("tunefleet", d, &["key"]));
+    assert_eq!(code, Some(0), "{err}");
+    let tokenless = agent("node-10", &d.join("fresh"), &["bare", "--coordinator-key", coordinator_key.trim()]);
+    wait_for_log(&log, "does not know");
+    drop(tokenless);
     let _node7 = agent("node-7", &second, &[]);
-    wait_for_log(&log, "Hello refused");
-    let mut output = log_lines(&log);
+    wait_for_log(&log, "is pinned for that name");
+    output.extend(log_lines(&log));
     let new_key = key_of(&second);
     assert!(!welcomed("node-7"), "refused, node-7 is not among the store's agents");
     let (code, out) = run_lines(tf("tunefleet", d, &["agents", "trust", "node-7", &new_key, "--store", "k.db"]));
@@ -1425,12 +1453,10 @@ fn a_pinned_key_changed() {
     // An agent that pinned another coordinator's key.
     std::fs::create_dir_all(&third).expect("mkdir");
     std::fs::write(third.join("coordinator.pub"), format!("{new_key}\n")).expect("pin another key");
-    let ignoring = agent("node-9", &third, &[]);
+    let ignoring = agent("node-9", &third, &["bare"]);
     wait_for_log(&d.join("node-9.log"), "coordinator status ignored");
     output.extend(log_lines(&d.join("node-9.log")));
     drop(ignoring);
-    let (code, coordinator_key, err) = run(tf("tunefleet", d, &["key"]));
-    assert_eq!(code, Some(0), "{err}");
     let _pinned = agent("node-9", &third, &["--coordinator-key", coordinator_key.trim()]);
     wait_for("node-9 welcomed once given the coordinator's key", LONG, || welcomed("node-9"));
     check_quotes(TROUBLESHOOTING, SECTIONS[4], &output);
@@ -1523,14 +1549,26 @@ fn a_result_is_kept_aside_listed_requeued_and_delivered() {
         (p, url)
     };
     let agent_log = d.join("node-8.log");
+    let (code, token, err) = run(tf("tunefleet", d, &["token", "create", "--store", "a.db"]));
+    assert_eq!(code, Some(0), "{err}");
+    let node8 = |url: &str| {
+        let mut cmd = tf("tunefleet-agent", d, &["--broker", url, "--name", "node-8"]);
+        cmd.env("TUNEFLEET_JOIN", token.trim());
+        spawn_logged("node-8", cmd, &agent_log)
+    };
     let (a, url) = coordinator(&other, "a.db", "127.0.0.1:0");
     let listen = url.trim_start_matches("mqtt://").to_string();
-    let agent = spawn_logged("node-8", tf("tunefleet-agent", d, &["--broker", &url, "--name", "node-8"]), &agent_log);
+    let agent = node8(&url);
     wait_for("the trial running", LONG, || started.exists());
     a.signal("KILL");
     drop(a);
     wait_for("the result in the spool", LONG, || !spool(&agent_state_dir("node-8")).is_empty());
-    // Another coordinator on that address, running another study, refuses it.
+    // Another coordinator on that address, running another study, refuses
+    // it. Its store knows node-8's key: the operator registered it.
+    let (code, key, err) = run(tf("tunefleet-agent", d, &["key", "--name", "node-8"]));
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run(tf("tunefleet", d, &["agents", "trust", "node-8", key.trim(), "--store", "b.db"]));
+    assert_eq!(code, Some(0), "{err}");
     let (mut b, _) = coordinator(&mine, "b.db", &listen);
     assert!(b.wait_exit(LONG).success());
     wait_for_log(&agent_log, "kept aside");
@@ -1546,7 +1584,7 @@ fn a_result_is_kept_aside_listed_requeued_and_delivered() {
     check_quotes(TROUBLESHOOTING, SECTIONS[7], &output);
     // Delivered to the coordinator of its study, as the fix says.
     let (mut a, _) = coordinator(&other, "a.db", &listen);
-    let _agent = spawn_logged("node-8", tf("tunefleet-agent", d, &["--broker", &url, "--name", "node-8"]), &agent_log);
+    let _agent = node8(&url);
     assert!(a.wait_exit(LONG).success());
     let summary = a.rest_of_stdout().join("\n");
     assert!(summary.contains("1/1 trials done"), "{summary}");

@@ -273,7 +273,15 @@ fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coo
     coord_a.signal("KILL");
     drop(coord_a);
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
-    // Another coordinator, another study, same address: it cannot place that result.
+    // Another coordinator, another study, same address: it cannot place that
+    // result. Its store has never seen the agent: the operator registers its key.
+    let key = agent_cli(&["key", "--state-dir", &state_arg]);
+    let trust = std::process::Command::new(bin("tunefleet"))
+        .args(["agents", "trust", "x-agent", key.trim(), "--store"])
+        .arg(&store_b)
+        .output()
+        .expect("agents trust");
+    assert!(trust.status.success(), "{}", String::from_utf8_lossy(&trust.stderr));
     let listen = url.trim_start_matches("mqtt://").to_string();
     let (mut coord_b, _) =
         start_coordinator(&sleep_study(dir.path(), "mine", 2, 0.1), &store_b, &root, &["--listen", &listen]);
