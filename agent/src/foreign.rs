@@ -333,7 +333,7 @@ mod tests {
 
     #[test]
     fn peaks_per_trial_while_it_ran() {
-        let trial = |n| TrialRef { study: "s".into(), trial: n, attempt: 1 };
+        let trial = |n| TrialRef { study: "s".into(), study_id: 7, trial: n, attempt: 1 };
         let (a, b) = (trial(1), trial(2));
         let mut peaks = ForeignPeaks::default();
         peaks.observe([&a], Some(0.1));

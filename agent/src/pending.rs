@@ -98,7 +98,8 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 pub fn file_name(trial: &TrialRef) -> String {
     let study: String =
         trial.study.chars().take(40).map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' }).collect();
-    let hash = fnv1a(format!("{}\0{}\0{}", trial.study, trial.trial, trial.attempt).as_bytes());
+    // The study id too: two studies of one name (two stores) never share a file.
+    let hash = fnv1a(format!("{}\0{}\0{}\0{}", trial.study, trial.study_id, trial.trial, trial.attempt).as_bytes());
     format!("{study}-{}-{}-{hash:016x}.bin", trial.trial, trial.attempt)
 }
 
@@ -218,7 +219,7 @@ mod tests {
 
     fn result(study: &str, trial: u64) -> TrialResult {
         TrialResult {
-            trial: TrialRef { study: study.into(), trial, attempt: 1 },
+            trial: TrialRef { study: study.into(), study_id: 7, trial, attempt: 1 },
             measurement: Measurement {
                 started_unix_ms: 5,
                 wall_us: 7,

@@ -422,7 +422,7 @@ mod tests {
     }
 
     fn tref(n: u64) -> TrialRef {
-        TrialRef { study: "s".into(), trial: n, attempt: 0 }
+        TrialRef { study: "s".into(), study_id: 7, trial: n, attempt: 0 }
     }
 
     fn assign(n: u64, cores: Option<u32>) -> Assignment {

@@ -159,7 +159,7 @@ impl Coordinator {
 }
 
 fn trial(n: u64) -> TrialRef {
-    TrialRef { study: "mqtt-test".into(), trial: n, attempt: 0 }
+    TrialRef { study: "mqtt-test".into(), study_id: 7, trial: n, attempt: 0 }
 }
 
 fn assign(n: u64, script: &str) -> CoordinatorMessage {

@@ -59,7 +59,7 @@ fn time(mut op: impl FnMut()) -> f64 {
 }
 
 fn trial() -> TrialRef {
-    TrialRef { study: "resnet-energy".into(), trial: 1234, attempt: 1 }
+    TrialRef { study: "resnet-energy".into(), study_id: 7, trial: 1234, attempt: 1 }
 }
 
 /// What an agent with two slots sends when one frees up.
@@ -67,7 +67,7 @@ fn work_request() -> AgentMessage {
     AgentMessage::Request(WorkRequest {
         seq: 4711,
         free: 1,
-        running: vec![TrialRef { study: "resnet-energy".into(), trial: 1233, attempt: 1 }],
+        running: vec![TrialRef { study: "resnet-energy".into(), study_id: 7, trial: 1233, attempt: 1 }],
     })
 }
 

@@ -806,7 +806,7 @@ mod tests {
         assert_eq!(coord.open_agent(kind, &sealed), Ok(msg));
         assert!(matches!(coord.open_agent(kind, &sealed), Err(AuthError::Replay { got: 1, last: 1 })));
         let down = CoordinatorMessage::Cancel(Cancel {
-            trial: TrialRef { study: "s".into(), trial: 1, attempt: 1 },
+            trial: TrialRef { study: "s".into(), study_id: 7, trial: 1, attempt: 1 },
             reason: "r".into(),
         });
         let (kind, payload) = coord.seal_coordinator(&down).expect("seal");

@@ -9,9 +9,16 @@ use serde::{Deserialize, Serialize};
 use crate::measurement::{EnergySourceKind, Measurement, Metrics, Telemetry};
 
 /// Identifies one attempt of one trial of one study.
+///
+/// `study_id` is the random id the coordinator's store drew for the study
+/// when it created it: two studies of the same name (two stores, or one
+/// name reused) have different ids, so a coordinator never takes another
+/// study's result for its own. The agent echoes the reference it was
+/// assigned and never makes one up.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TrialRef {
     pub study: String,
+    pub study_id: u64,
     pub trial: u64,
     pub attempt: u32,
 }

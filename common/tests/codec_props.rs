@@ -11,11 +11,8 @@ use tunefleet_common::profile::{Profile, PROFILE_VERSION};
 use tunefleet_common::{decode, encode};
 
 fn trial_ref() -> impl Strategy<Value = TrialRef> {
-    ("[a-z0-9-]{1,12}", any::<u64>(), any::<u32>()).prop_map(|(study, trial, attempt)| TrialRef {
-        study,
-        trial,
-        attempt,
-    })
+    ("[a-z0-9-]{1,12}", any::<u64>(), any::<u64>(), any::<u32>())
+        .prop_map(|(study, study_id, trial, attempt)| TrialRef { study, study_id, trial, attempt })
 }
 
 fn metrics() -> impl Strategy<Value = Metrics> {

@@ -1021,6 +1021,7 @@ fn print_summary(s: &Summary, store: &Path) {
         (st.store_errors, "messages the store could not take"),
         (st.refused_checkpoints, "checkpoints outside resume_prefix"),
         (st.unknown_results, "results for attempts never assigned"),
+        (st.other_study_refs, "messages of another study of the same name"),
     ];
     if refused.iter().any(|(n, _)| *n > 0) {
         // Scripts and tests read this line: "refused: N what, N what, ...".

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tunefleet_common::auth::{self, Signed, UpFrame, Will};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
-    AckOutcome, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialResult,
+    AckOutcome, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorMessage, ResultAck, TrialRef, TrialResult,
 };
 use tunefleet_common::topic::AgentTopic;
 
@@ -75,6 +75,10 @@ pub struct EngineStats {
     pub refused_checkpoints: u64,
     /// Results the coordinator cannot place, answered so the agent parks them.
     pub unknown_results: u64,
+    /// Results, progress, refusals and running attempts of another study of
+    /// a name this coordinator runs (another study id: another store).
+    /// Results are refused (the agent parks them), the rest is ignored.
+    pub other_study_refs: u64,
     pub duplicate_results: u64,
     pub superseded_results: u64,
     pub requeued: u64,
@@ -318,11 +322,14 @@ impl Engine {
         if self.book.is_none() {
             self.book = Some(load_book(&self.store)?);
         }
-        {
+        let id = {
             let mut batch = self.store.batch()?;
             batch.create_study(&study, &[])?;
+            // Drawn the first time the study runs, kept in the store after.
+            let id = batch.study_id(&study.name, rand::random())?;
             batch.commit()?;
-        }
+            id
+        };
         let rows = self.store.trials(&study.name)?;
         let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan()).collect();
         let mut search = Search::new(&study);
@@ -356,6 +363,7 @@ impl Engine {
         }
         let policy = StudyPolicy {
             name: study.name.clone(),
+            id,
             selector: study.selector.clone(),
             max_attempts: study.max_attempts,
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
@@ -863,7 +871,7 @@ fn guarded(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
     kind: AgentTopic,
-    result: Option<tunefleet_common::message::TrialRef>,
+    result: Option<TrialRef>,
     f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
     let (out, effects) = (cx.out.len(), cx.effects.len());
@@ -989,7 +997,21 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
             }
             cx.effects.extend(cx.sched.status(&agent, &status));
         }
-        AgentMessage::Request(req) => cx.effects.extend(cx.sched.request(&agent, &req)),
+        AgentMessage::Request(req) => {
+            // Another study's attempts are none of this one's (the
+            // scheduler compares study ids too): counted, nothing else.
+            let others: Vec<&TrialRef> = req.running.iter().filter(|t| of_another_study(cx.sched, t)).collect();
+            for t in others {
+                other_study(cx, &agent, "running attempt", t);
+            }
+            cx.effects.extend(cx.sched.request(&agent, &req));
+        }
+        AgentMessage::Progress(p) if of_another_study(cx.sched, &p.trial) => {
+            other_study(cx, &agent, "progress", &p.trial);
+        }
+        AgentMessage::Refuse(r) if of_another_study(cx.sched, &r.trial) => {
+            other_study(cx, &agent, "refusal", &r.trial);
+        }
         AgentMessage::Progress(mut p) => {
             if cx.sched.is_live(&agent, &p.trial) {
                 if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get(&p.trial.study)) {
@@ -1024,6 +1046,21 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
         }
     }
     Ok(())
+}
+
+/// Whether `trial` names a study this coordinator runs but carries another
+/// study id: it belongs to another study of that name (another store).
+fn of_another_study(sched: &Scheduler, trial: &TrialRef) -> bool {
+    sched.study_id(&trial.study).is_some_and(|id| id != trial.study_id)
+}
+
+/// Counts (and logs the first of) references to another study of a name
+/// this coordinator runs.
+fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) {
+    cx.stats.other_study_refs += 1;
+    if loud(cx.stats.other_study_refs) {
+        tracing::warn!(agent = %agent, trial = %trial, study_id = format!("{:016x}", trial.study_id), what, count = cx.stats.other_study_refs, "another study of this name (another store): ignored");
+    }
 }
 
 /// A signed Hello: the cheap checks, then with what the store knows of the
@@ -1178,7 +1215,7 @@ fn load_book(store: &Store) -> Result<crate::reuse::Book, EngineError> {
 fn on_profile(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
-    trial: &tunefleet_common::message::TrialRef,
+    trial: &TrialRef,
     wp: &tunefleet_common::measurement::WindowProfile,
 ) -> Result<(), EngineError> {
     use crate::reuse::{self, Decision};
@@ -1270,7 +1307,7 @@ fn on_profile(
 fn learn(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
-    trial: &tunefleet_common::message::TrialRef,
+    trial: &TrialRef,
     m: &tunefleet_common::measurement::Measurement,
     now: u64,
 ) -> Result<(), EngineError> {
@@ -1404,8 +1441,24 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     let mut outcome = AckOutcome::Stored;
     let mut objective = None;
     let mut stored = false;
+    // A result the scheduler cannot place is a duplicate only when it is of
+    // this study (its id), its trial is finished, and the store shows the
+    // attempt was given to this agent (this process or an earlier one on
+    // the same store): the agent deletes a result answered `Duplicate`.
+    let other = verdict == Verdict::Unknown && of_another_study(cx.sched, &trial);
+    let known = verdict == Verdict::Unknown
+        && !other
+        && cx.sched.is_finished(&trial.study, trial.trial)
+        && cx.batch.attempt_given(&trial, &agent)?;
     match verdict {
-        Verdict::Unknown if cx.sched.is_finished(&trial.study, trial.trial) => {
+        Verdict::Unknown if other => {
+            other_study(cx, &agent, "result", &trial);
+            outcome = AckOutcome::Refused(format!(
+                "a result of another study of that name (another store): the study {} this coordinator runs has another id",
+                trial.study
+            ));
+        }
+        Verdict::Unknown if known => {
             cx.stats.duplicate_results += 1;
             tracing::info!(agent = %agent, trial = %trial, "result for a trial already finished: acknowledged as a duplicate");
             outcome = AckOutcome::Duplicate;
@@ -1548,7 +1601,7 @@ mod tests {
     use proptest::prelude::*;
     use tunefleet_common::auth::{self, Identity, Session};
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, Measurement};
-    use tunefleet_common::message::{AgentInfo, Progress, Refusal, TrialRef, WorkRequest};
+    use tunefleet_common::message::{AgentInfo, Progress, Refusal, WorkRequest};
 
     const STUDY: &str = r#"
 name = "s"
@@ -1565,6 +1618,9 @@ kind = "int"
 low = 1
 high = 4
 "#;
+
+    /// The id the rig's store keeps for study `s`.
+    const RIG_STUDY_ID: u64 = 0x5eed_0000_0000_0005;
 
     /// Messages for agents, by agent name.
     type Outgoing = Vec<(String, CoordinatorMessage)>;
@@ -1601,10 +1657,12 @@ high = 4
             let mut store = Store::open_in_memory().expect("store");
             let mut batch = store.batch().expect("batch");
             batch.create_study(&study, &plans).expect("create");
-            batch.commit().expect("commit");
             let mut sched = Scheduler::new();
+            let id = batch.study_id("s", RIG_STUDY_ID).expect("study id");
+            batch.commit().expect("commit");
             let policy = StudyPolicy {
                 name: "s".into(),
+                id,
                 selector: study.selector.clone(),
                 max_attempts: study.max_attempts,
                 lease_ms: 60_000,
@@ -1780,16 +1838,15 @@ high = 4
         }
     }
 
-    /// Mostly attempts the engine hands out (study `s`, trials 0 to 3, first
-    /// attempts), so results reach the store; sometimes any.
+    /// Mostly attempts the engine hands out (study `s` with its id, trials 0
+    /// to 3, first attempts), so results reach the store; sometimes any
+    /// (another study of the same name included).
     fn trial_ref() -> impl Strategy<Value = TrialRef> {
         let study = prop_oneof![6 => Just("s".to_string()), 1 => "[a-z]{1,3}", 1 => text()];
+        let id = prop_oneof![6 => Just(RIG_STUDY_ID), 1 => any::<u64>()];
         let trial = prop_oneof![6 => 0u64..4, 1 => 4u64..6, 1 => any::<u64>()];
-        (study, trial, prop_oneof![6 => Just(1u32), 1 => 0u32..4]).prop_map(|(study, trial, attempt)| TrialRef {
-            study,
-            trial,
-            attempt,
-        })
+        (study, id, trial, prop_oneof![6 => Just(1u32), 1 => 0u32..4])
+            .prop_map(|(study, study_id, trial, attempt)| TrialRef { study, study_id, trial, attempt })
     }
 
     fn big() -> impl Strategy<Value = u64> {
@@ -2182,6 +2239,111 @@ high = 4
         acks(out).len()
     }
 
+    fn ok_measurement(v: f64) -> Measurement {
+        Measurement {
+            wall_us: 5,
+            final_metrics: [("v".to_string(), v)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+        }
+    }
+
+    /// What the rig's agent is answered for a result of `trial`.
+    fn answer(rig: &mut Rig, trial: &TrialRef, v: f64) -> AckOutcome {
+        let msg =
+            rig.sealed(&AgentMessage::Result(TrialResult { trial: trial.clone(), measurement: ok_measurement(v) }));
+        let (_, out) = rig.turn(vec![msg]);
+        match acks(&out)[..] {
+            [ack] if ack.trial == *trial => ack.outcome.clone(),
+            ref other => panic!("one answer for {trial} expected: {other:?}"),
+        }
+    }
+
+    /// Issue 20, finding 8: references of another study of the same name
+    /// (another study id: another store) are none of this study's. Its
+    /// result is refused (the agent parks it; never `Duplicate`, which the
+    /// agent deletes), its progress and refusal are ignored, and it never
+    /// takes this study's trial.
+    #[test]
+    fn regression_another_study_of_the_same_name_is_refused_never_duplicate() {
+        let mut rig = Rig::new();
+        let req = rig.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+        let a = assigned(rig.turn(vec![req]).1).pop().expect("work");
+        assert_eq!(a.trial.study_id, RIG_STUDY_ID, "an assignment carries the study's id");
+        let twin = TrialRef { study_id: RIG_STUDY_ID ^ 1, ..a.trial.clone() };
+        let progress = Progress {
+            trial: twin.clone(),
+            epoch: 1,
+            elapsed_us: 1,
+            metrics: [("v".to_string(), 1.0)].into(),
+            checkpoint: None,
+            profile: None,
+        };
+        let refusal = Refusal { trial: twin.clone(), reason: "busy".into() };
+        let twin_result = TrialResult { trial: twin.clone(), measurement: ok_measurement(9.0) };
+        let own_result = TrialResult { trial: a.trial.clone(), measurement: ok_measurement(1.0) };
+        // One turn, while the trial runs: the twin's progress, refusal and
+        // result, then the study's own result.
+        let events = vec![
+            rig.sealed(&AgentMessage::Progress(progress)),
+            rig.sealed(&AgentMessage::Refuse(refusal)),
+            rig.sealed(&AgentMessage::Result(twin_result)),
+            rig.sealed(&AgentMessage::Result(own_result)),
+        ];
+        let (_, out) = rig.turn(events);
+        let answers: Vec<(&TrialRef, &AckOutcome)> = acks(&out).into_iter().map(|a| (&a.trial, &a.outcome)).collect();
+        assert!(
+            matches!(&answers[..], [(t, AckOutcome::Refused(why)), (own, AckOutcome::Stored)]
+                if **t == twin && **own == a.trial && why.contains("another study of that name")),
+            "{answers:?}"
+        );
+        assert_eq!(out.len(), 2, "nothing else: {out:?}");
+        assert_eq!(rig.stats.requeued, 0, "the twin's refusal requeued nothing");
+        assert!(rig.store.progress(&a.trial).expect("progress").is_empty(), "the twin's epoch is not kept");
+        // Once the trial is finished: still refused, never a duplicate.
+        let outcome = answer(&mut rig, &twin, 9.0);
+        assert!(
+            matches!(&outcome, AckOutcome::Refused(why) if why.contains("another study of that name")),
+            "{outcome:?}"
+        );
+        assert_eq!(answer(&mut rig, &a.trial, 1.0), AckOutcome::Duplicate, "its own attempt is");
+        assert_eq!(rig.stats.other_study_refs, 4);
+        let results = rig.store.results("s").expect("results");
+        assert_eq!(results.iter().map(|r| r.objective).collect::<Vec<_>>(), [Some(1.0)], "this study's result alone");
+        assert_eq!(rig.consistent(), Ok(()));
+    }
+
+    /// A coordinator restarted on its store knows no attempt history but
+    /// the store's: a result of an attempt an earlier process gave is still
+    /// a duplicate; one never given is refused, not acknowledged.
+    #[test]
+    fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
+        let mut rig = Rig::new();
+        let req = rig.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+        let a = assigned(rig.turn(vec![req]).1).pop().expect("work");
+        assert_eq!(answer(&mut rig, &a.trial, 1.0), AckOutcome::Stored);
+        // The restart: the scheduler as `start_study` rebuilds it from the store.
+        let policy = StudyPolicy {
+            name: "s".into(),
+            id: RIG_STUDY_ID,
+            selector: Default::default(),
+            max_attempts: 3,
+            lease_ms: 60_000,
+        };
+        let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];
+        states[a.trial.trial as usize] = Restored::Done;
+        rig.sched = Scheduler::new();
+        rig.sched.add_study(policy, states, 0);
+        assert_eq!(answer(&mut rig, &a.trial, 1.0), AckOutcome::Duplicate, "the store knows the attempt");
+        let never = TrialRef { attempt: a.trial.attempt + 1, ..a.trial.clone() };
+        let outcome = answer(&mut rig, &never, 2.0);
+        assert!(matches!(&outcome, AckOutcome::Refused(why) if why.contains("never gave")), "{outcome:?}");
+        let twin = TrialRef { study_id: 1, ..a.trial.clone() };
+        let outcome = answer(&mut rig, &twin, 3.0);
+        assert!(matches!(&outcome, AckOutcome::Refused(why) if why.contains("another study")), "{outcome:?}");
+        assert_eq!(rig.store.results("s").expect("results").len(), 1);
+        assert_eq!((rig.stats.duplicate_results, rig.stats.unknown_results, rig.stats.other_study_refs), (1, 1, 1));
+    }
+
     #[test]
     fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
         let mut rig = Rig::new();
@@ -2459,7 +2621,7 @@ high = 4
         assert!(inputs > 100, "too few inputs: {inputs}");
         assert!(st.rejected_messages > 0 && st.bad_tokens > 0 && reached > 10, "{st:?}");
         // Still going: a result for an attempt never given is answered.
-        let stray = TrialRef { study: "s".into(), trial: 3, attempt: 9 };
+        let stray = TrialRef { study: "s".into(), study_id: RIG_STUDY_ID, trial: 3, attempt: 9 };
         let msg = rig.sealed(&AgentMessage::Result(TrialResult { trial: stray, measurement: full_measurement(1.0) }));
         let (_, out) = rig.turn(vec![msg]);
         assert_eq!(acks(&out).len(), 1, "the engine still answers");

@@ -38,6 +38,9 @@ pub use crate::study::Selector;
 #[derive(Debug, Clone)]
 pub struct StudyPolicy {
     pub name: String,
+    /// The random id the store keeps for the study: every trial reference
+    /// carries it, and one with another id is of another study of that name.
+    pub id: u64,
     pub selector: Selector,
     pub max_attempts: u32,
     /// How long an attempt may hold its lease (trial timeout plus a grace).
@@ -388,8 +391,15 @@ fn credit(free: u32, slots: u32, in_flight: usize, held: usize) -> u32 {
     sub(free, in_flight).min(sub(slots, held))
 }
 
-fn trial_ref(study: &str, trial: u64, attempt: u32) -> TrialRef {
-    TrialRef { study: study.to_string(), trial, attempt }
+fn trial_ref(policy: &StudyPolicy, trial: u64, attempt: u32) -> TrialRef {
+    TrialRef { study: policy.name.clone(), study_id: policy.id, trial, attempt }
+}
+
+impl StudyState {
+    /// Whether `trial` refers to this study: its name and its id.
+    fn owns(&self, trial: &TrialRef) -> bool {
+        self.policy.name == trial.study && self.policy.id == trial.study_id
+    }
 }
 
 impl Scheduler {
@@ -631,13 +641,12 @@ impl Scheduler {
         let mut effects = Vec::new();
         for study in &mut self.studies {
             let Some(restored) = study.restored.remove(agent) else { continue };
-            let name = study.policy.name.clone();
             for i in restored {
                 let attempt = match study.trials.get(i as usize).map(|t| &t.state) {
                     Some(State::Running(l)) if l.restored && l.agent == agent => l.attempt,
                     _ => continue,
                 };
-                let tr = trial_ref(&name, i, attempt);
+                let tr = trial_ref(&study.policy, i, attempt);
                 if req.running.contains(&tr) {
                     continue;
                 }
@@ -660,7 +669,7 @@ impl Scheduler {
                         .filter(|&&i| match study.trials.get(i as usize).map(|t| &t.state) {
                             Some(State::Running(l)) => {
                                 l.seq.saturating_add(1) >= req.seq
-                                    && !req.running.contains(&trial_ref(&study.policy.name, i, l.attempt))
+                                    && !req.running.contains(&trial_ref(&study.policy, i, l.attempt))
                             }
                             _ => false,
                         })
@@ -689,7 +698,7 @@ impl Scheduler {
 
     /// The agent will not run this attempt: queue it again without counting a failure.
     pub fn refuse(&mut self, agent: &str, trial: &TrialRef, reason: &str) -> Vec<Effect> {
-        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else { return Vec::new() };
+        let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return Vec::new() };
         let Some(slot) = study.trials.get(trial.trial as usize) else { return Vec::new() };
         match &slot.state {
             State::Running(l) if l.agent == agent && l.attempt == trial.attempt => {
@@ -714,7 +723,7 @@ impl Scheduler {
     /// error leaves the scheduler as it was.
     pub fn judge(&self, agent: &str, trial: &TrialRef, kind: ResultKind) -> Judgement {
         let judged = |verdict, change| Judgement { verdict, change, agent: agent.to_string(), trial: trial.clone() };
-        let Some(study) = self.studies.iter().find(|s| s.policy.name == trial.study) else {
+        let Some(study) = self.studies.iter().find(|s| s.owns(trial)) else {
             return judged(Verdict::Unknown, Change::Nothing);
         };
         let Some(slot) = study.trials.get(trial.trial as usize) else {
@@ -767,7 +776,7 @@ impl Scheduler {
     /// Does what [`Scheduler::judge`] decided.
     pub fn settle(&mut self, judgement: Judgement, now_ms: u64) -> Vec<Effect> {
         let Judgement { change, agent, trial, .. } = judgement;
-        let Some(study) = self.studies.iter_mut().find(|s| s.policy.name == trial.study) else { return Vec::new() };
+        let Some(study) = self.studies.iter_mut().find(|s| s.owns(&trial)) else { return Vec::new() };
         let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return Vec::new() };
         match change {
             Change::Nothing => Vec::new(),
@@ -802,7 +811,7 @@ impl Scheduler {
                 if let Some(l) = live.filter(|_| !this_is_live) {
                     effects.push(Effect::Cancel {
                         agent: l.agent,
-                        trial: trial_ref(&trial.study, trial.trial, l.attempt),
+                        trial: trial_ref(&study.policy, trial.trial, l.attempt),
                         reason: format!("attempt {} already delivered a result", trial.attempt),
                     });
                 }
@@ -813,13 +822,14 @@ impl Scheduler {
 
     /// Whether `trial` is the live attempt of `agent` (progress worth recording).
     pub fn is_live(&self, agent: &str, trial: &TrialRef) -> bool {
-        self.studies
-            .iter()
-            .find(|s| s.policy.name == trial.study)
-            .and_then(|s| s.trials.get(trial.trial as usize))
-            .is_some_and(
-                |slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt),
-            )
+        self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize)).is_some_and(
+            |slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt),
+        )
+    }
+
+    /// The id of the study named `name` that this scheduler runs.
+    pub fn study_id(&self, name: &str) -> Option<u64> {
+        self.studies.iter().find(|s| s.policy.name == name).map(|s| s.policy.id)
     }
 
     /// Whether trial `trial` of `study` is done or failed for good.
@@ -838,7 +848,7 @@ impl Scheduler {
         let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) else { return Vec::new() };
         let Some(slot) = s.trials.get(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
         let mut effects = Vec::new();
-        let tr = trial_ref(study, trial, slot.last_attempt);
+        let tr = trial_ref(&s.policy, trial, slot.last_attempt);
         let was_pending = slot.state == State::Pending;
         let stopped = match s.unlease(trial) {
             Some(l) => {
@@ -870,7 +880,7 @@ impl Scheduler {
         for study in &mut self.studies {
             for i in study.held_by(agent) {
                 let Some(l) = study.move_off(i, agent, class.clone(), now_ms) else { continue };
-                let tr = trial_ref(&study.policy.name, i, l.attempt);
+                let tr = trial_ref(&study.policy, i, l.attempt);
                 let reason = format!("agent overloaded: {why}");
                 effects.push(Effect::Cancel { agent: agent.to_string(), trial: tr.clone(), reason: reason.clone() });
                 effects.push(Effect::Moved { trial: tr, from: agent.to_string(), reason });
@@ -893,7 +903,7 @@ impl Scheduler {
             due.sort_unstable();
             for i in due {
                 let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
-                let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy.name, i, l.attempt));
+                let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy, i, l.attempt));
                 let reason = "lease expired".to_string();
                 effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
                 effects.extend(study.end_attempt(i, tr, reason));
@@ -971,7 +981,7 @@ impl Scheduler {
                         *next_study = (i + 1) % n;
                         effects.push(Effect::Assign {
                             agent: name.to_string(),
-                            trial: trial_ref(&study.policy.name, t, attempt),
+                            trial: trial_ref(&study.policy, t, attempt),
                             request_seq: seq,
                         });
                         continue 'credit;
@@ -998,7 +1008,7 @@ impl Scheduler {
         for study in &mut self.studies {
             for i in study.held_by(agent) {
                 let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
-                let tr = trial_ref(&study.policy.name, i, l.attempt);
+                let tr = trial_ref(&study.policy, i, l.attempt);
                 effects.extend(study.end_attempt(i, tr, reason.into()));
             }
         }
@@ -1031,7 +1041,7 @@ mod tests {
 
     fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
         let mut s = Scheduler::new();
-        let policy = StudyPolicy { name: "s".into(), selector, max_attempts, lease_ms: 1_000 };
+        let policy = StudyPolicy { name: "s".into(), id: 7, selector, max_attempts, lease_ms: 1_000 };
         s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
         s
     }
@@ -1078,7 +1088,8 @@ mod tests {
     #[test]
     fn studies_that_share_agents_take_turns() {
         let mut s = sched(6, 1, Selector::default());
-        let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
+        let policy =
+            StudyPolicy { name: "t".into(), id: 8, selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
         s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6], 0);
         s.hello(AgentInfo { slots: 4, ..info("a", 1, "x86_64", &[]) });
         s.request("a", &req(1, 4));
@@ -1086,7 +1097,8 @@ mod tests {
         assert_eq!(order, vec!["s", "t", "s", "t"], "a study listed first does not starve the next");
         // Where one study has nothing left, the other takes every slot.
         let mut lone = sched(0, 1, Selector::default());
-        let policy = StudyPolicy { name: "t".into(), selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
+        let policy =
+            StudyPolicy { name: "t".into(), id: 8, selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
         lone.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 3], 0);
         lone.hello(AgentInfo { slots: 3, ..info("a", 1, "x86_64", &[]) });
         lone.request("a", &req(1, 3));
@@ -1372,6 +1384,26 @@ mod tests {
         assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     }
 
+    /// Issue 20, finding 8: a reference with the study's name but another
+    /// study id is of another study of that name (another store): none of
+    /// this study's results, progress, refusals or running attempts.
+    #[test]
+    fn a_reference_with_another_study_id_is_not_this_studys() {
+        let mut s = sched(2, 3, Selector::default());
+        assert_eq!(s.study_id("s"), Some(7));
+        s.hello(info("a", 1, "x86_64", &[]));
+        s.request("a", &req(1, 1));
+        let t = assigned(&s.assign(0))[0].1.clone();
+        assert_eq!(t.study_id, 7, "assignments carry the study's id");
+        let twin = TrialRef { study_id: 8, ..t.clone() };
+        assert!(s.is_live("a", &t) && !s.is_live("a", &twin));
+        assert!(s.refuse("a", &twin, "no").is_empty(), "another study's refusal moves nothing");
+        assert_eq!(s.result("a", &twin, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Duplicate);
+        assert_eq!(s.result("a", &twin, ResultKind::Complete { success: true }, 0).0, Verdict::Unknown);
+    }
+
     #[test]
     fn retries_until_max_attempts_then_fails() {
         let mut s = sched(1, 2, Selector::default());
@@ -1437,10 +1469,11 @@ mod tests {
     #[test]
     fn restored_running_trial_accepts_its_result() {
         let mut s = Scheduler::new();
-        let policy = StudyPolicy { name: "s".into(), selector: Selector::default(), max_attempts: 3, lease_ms: 10 };
+        let policy =
+            StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts: 3, lease_ms: 10 };
         let states = vec![Restored::Done, Restored::Running { agent: "a".into(), attempt: 2, failures: 1 }];
         s.add_study(policy, states, 0);
-        let t = TrialRef { study: "s".into(), trial: 1, attempt: 2 };
+        let t = TrialRef { study: "s".into(), study_id: 7, trial: 1, attempt: 2 };
         assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
         assert!(s.counts("s").is_some_and(|c| c.finished()));
     }
@@ -1448,7 +1481,8 @@ mod tests {
     #[test]
     fn restored_lease_not_listed_by_the_agent_is_requeued() {
         let mut s = Scheduler::new();
-        let policy = StudyPolicy { name: "s".into(), selector: Selector::default(), max_attempts: 3, lease_ms: 10_000 };
+        let policy =
+            StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts: 3, lease_ms: 10_000 };
         let states = vec![
             Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
             Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
@@ -1456,7 +1490,7 @@ mod tests {
         ];
         s.add_study(policy, states, 0);
         s.hello(info("a", 9, "x86_64", &[]));
-        let still = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
+        let still = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 1 };
         let eff = s.request("a", &WorkRequest { seq: 1, free: 0, running: vec![still.clone()] });
         assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 1), "{eff:?}");
         // The retained offline status of an agent this process never met releases its restored lease.
@@ -1550,7 +1584,7 @@ mod tests {
             let mut s = sched(12, 3, Selector::default());
             s.set_open("s", true);
             let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-            let policy = StudyPolicy { name: "t".into(), selector: gpu, max_attempts: 2, lease_ms: 700 };
+            let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, lease_ms: 700 };
             let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
             states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
             s.add_study(policy, states, 0);

@@ -369,7 +369,7 @@ mod tests {
 
     fn result(m: Measurement) -> AgentMessage {
         AgentMessage::Result(TrialResult {
-            trial: TrialRef { study: "s".into(), trial: 1, attempt: 1 },
+            trial: TrialRef { study: "s".into(), study_id: 7, trial: 1, attempt: 1 },
             measurement: m,
         })
     }
@@ -395,7 +395,7 @@ mod tests {
 
     fn progress(edit: impl FnOnce(&mut Progress)) -> AgentMessage {
         let mut p = Progress {
-            trial: TrialRef { study: "s".into(), trial: 0, attempt: 0 },
+            trial: TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 },
             epoch: 1,
             elapsed_us: 1,
             metrics: [("loss".to_string(), 0.5)].into(),
@@ -505,7 +505,7 @@ mod tests {
             (
                 "trial.trial",
                 AgentMessage::Result(TrialResult {
-                    trial: TrialRef { study: "s".into(), trial: big, attempt: 0 },
+                    trial: TrialRef { study: "s".into(), study_id: 7, trial: big, attempt: 0 },
                     measurement: good(),
                 }),
             ),
@@ -724,14 +724,14 @@ mod tests {
             (
                 "reason",
                 AgentMessage::Refuse(Refusal {
-                    trial: TrialRef { study: "s".into(), trial: 0, attempt: 0 },
+                    trial: TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 },
                     reason: long(MAX_TEXT_BYTES + 1),
                 }),
             ),
             (
                 "reason",
                 AgentMessage::Refuse(Refusal {
-                    trial: TrialRef { study: "s".into(), trial: 0, attempt: 0 },
+                    trial: TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 },
                     reason: "\x1b[31mFORGED".into(),
                 }),
             ),
@@ -740,7 +740,7 @@ mod tests {
                 AgentMessage::Request(WorkRequest {
                     seq: 1,
                     free: 1,
-                    running: vec![TrialRef { study: "s".into(), trial: 0, attempt: 0 }; MAX_SLOTS + 1],
+                    running: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; MAX_SLOTS + 1],
                 }),
             ),
             (
@@ -749,8 +749,8 @@ mod tests {
                     seq: 1,
                     free: 1,
                     running: vec![
-                        TrialRef { study: "s".into(), trial: 0, attempt: 0 },
-                        TrialRef { study: "s".into(), trial: u64::MAX, attempt: 0 },
+                        TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 },
+                        TrialRef { study: "s".into(), study_id: 7, trial: u64::MAX, attempt: 0 },
                     ],
                 }),
             ),
@@ -765,7 +765,7 @@ mod tests {
 
     fn result_for_study(study: &str) -> AgentMessage {
         AgentMessage::Result(TrialResult {
-            trial: TrialRef { study: study.into(), trial: 0, attempt: 0 },
+            trial: TrialRef { study: study.into(), study_id: 7, trial: 0, attempt: 0 },
             measurement: good(),
         })
     }

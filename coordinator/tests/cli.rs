@@ -94,7 +94,7 @@ fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
             ..EnergyReading::none(EnergySourceKind::Battery, if valid { "discharging" } else { "charging" })
         };
         let m = Measurement::unmeasured(ExitOutcome::Exited(0), energy);
-        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        let r = TrialRef { study: "plain".into(), study_id: 7, trial, attempt: 1 };
         b.record_assignment(&r, "a1", 10).expect("assigns");
         b.record_result(&r, "a1", &m, m.objective_value("energy"), 20).expect("records");
     }
@@ -138,7 +138,7 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
             final_metrics: [("loss".to_string(), loss)].into(),
             ..Measurement::unmeasured(ExitOutcome::Exited(0), energy)
         };
-        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        let r = TrialRef { study: "plain".into(), study_id: 7, trial, attempt: 1 };
         b.record_assignment(&r, "a1", 10).expect("assigns");
         b.record_result(&r, "a1", &m, m.objective_value("loss"), 20).expect("records");
     }
@@ -183,7 +183,7 @@ fn best_by_class_ranks_each_device_class_apart() {
             final_metrics: [("loss".to_string(), loss)].into(),
             ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, "m"))
         };
-        let r = TrialRef { study: "plain".into(), trial, attempt: 1 };
+        let r = TrialRef { study: "plain".into(), study_id: 7, trial, attempt: 1 };
         b.record_assignment(&r, agent, 10).expect("assigns");
         b.record_result(&r, agent, &m, m.objective_value("loss"), 20).expect("records");
     }

@@ -81,7 +81,7 @@ fn agent(name: &str) -> AgentInfo {
 }
 
 fn tref(study: &str, trial: u64, attempt: u32) -> TrialRef {
-    TrialRef { study: study.into(), trial, attempt }
+    TrialRef { study: study.into(), study_id: 7, trial, attempt }
 }
 
 /// A store holding `study` with its plan.

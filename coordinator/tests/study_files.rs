@@ -48,7 +48,8 @@ fn documented_example_loads_and_plans() {
     }
 
     let t = &plan[5];
-    let spec = search::render(&s, t, &TrialRef { study: s.name.clone(), trial: t.trial, attempt: 1 }).expect("renders");
+    let spec = search::render(&s, t, &TrialRef { study: s.name.clone(), study_id: 7, trial: t.trial, attempt: 1 })
+        .expect("renders");
     assert_eq!(spec.argv[0], "tunefleet-train");
     assert_is_a_workload(&spec.argv[0]);
     assert_eq!(spec.argv[2], t.params["lr"].to_string());
@@ -74,7 +75,8 @@ fn grid_example_runs_every_configuration_twice() {
     assert_eq!(plan[15].params["block_size"], ParamValue::Int(64));
 
     let t = &plan[3];
-    let spec = search::render(&s, t, &TrialRef { study: s.name.clone(), trial: 3, attempt: 2 }).expect("renders");
+    let spec =
+        search::render(&s, t, &TrialRef { study: s.name.clone(), study_id: 7, trial: 3, attempt: 2 }).expect("renders");
     assert_eq!(
         spec.argv,
         ["tunefleet-stream", "--size-mib", "64", "--block-size", "16", "--epochs", "2", "--threads", "1"]

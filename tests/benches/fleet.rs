@@ -486,7 +486,7 @@ fn bench_real(trials: u64) {
 const TICK_MS: u64 = 250;
 
 fn sched_policy(max_attempts: u32) -> StudyPolicy {
-    StudyPolicy { name: "s".into(), selector: Selector::default(), max_attempts, lease_ms: 65_000 }
+    StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts, lease_ms: 65_000 }
 }
 
 fn sched_request(seq: u64, free: u32) -> WorkRequest {

@@ -179,7 +179,7 @@ fn fill(path: &Path) -> Duration {
             let a = &agents[i];
             let source = a.energy[0].kind;
             let (m, system) = measurement(t, source);
-            let tr = TrialRef { study: "bench".into(), trial: t, attempt: 1 };
+            let tr = TrialRef { study: "bench".into(), study_id: 7, trial: t, attempt: 1 };
             b.record_assignment(&tr, &a.agent, clock[i]).expect("assign");
             clock[i] += m.wall_us / 1000 + 5;
             let objective = m.final_metrics.get("accuracy").copied();

@@ -57,7 +57,9 @@ fn main() {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
     let base = now - 3_600_000;
     let results: Vec<(TrialRef, Measurement)> = (0..RESULTS)
-        .map(|i| (TrialRef { study: "bench".into(), trial: i, attempt: 1 }, measurement(base + i * 1000, i)))
+        .map(|i| {
+            (TrialRef { study: "bench".into(), study_id: 7, trial: i, attempt: 1 }, measurement(base + i * 1000, i))
+        })
         .collect();
 
     // Queueing, as the engine does it inside its batch.

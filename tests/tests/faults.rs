@@ -307,3 +307,92 @@ fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coo
     let listing = agent_cli(&["spool", "--state-dir", &state_arg]);
     assert!(listing.contains("0 awaiting an acknowledgement, 0 kept aside"), "{listing}");
 }
+
+/// The trial and the value of each result of `study` in `store`, with the
+/// agent and attempt that delivered it.
+fn results_of(store: &Path, study: &str) -> Vec<(i64, f64, String, i64)> {
+    db(store)
+        .prepare("SELECT trial, objective, agent, attempt FROM results WHERE study = ?1 ORDER BY trial")
+        .expect("prepare")
+        .query_map([study], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .expect("query")
+        .map(|r| r.expect("row"))
+        .collect()
+}
+
+/// Issue 20, finding 8: a result of study `exp` from store A, delivered to
+/// a coordinator running ANOTHER study named `exp` on store B (same root,
+/// same address) once B had finished that trial, was acknowledged as a
+/// `Duplicate` (the trial number was finished) and deleted by the agent:
+/// stored nowhere. Trial references now carry the study's random id, so B
+/// refuses it: parked, listed, and later stored once by A's coordinator.
+#[test]
+fn regression_a_result_of_a_same_named_study_of_another_store_is_parked_not_deleted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("twin");
+    let (store_a, store_b) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let dir_b = dir.path().join("b");
+    std::fs::create_dir(&dir_b).expect("dir");
+    let study_a = sleep_study(dir.path(), "exp", 2, 1.5);
+    let study_b = sleep_study(&dir_b, "exp", 10, 1.0);
+    let state = dir.path().join("state");
+    let state_arg = state.to_str().expect("utf-8 path").to_string();
+    let args = ["--state-dir", state_arg.as_str(), "--slots", "1"];
+    // x-agent holds a result of A's `exp`; A dies before it arrives.
+    let (coord_a, url) = start_coordinator(&study_a, &store_a, &root, &[]);
+    let agent = start_agent(&url, "x-agent", &root, &args);
+    let mut running = None;
+    wait_for("a trial on the agent", Duration::from_secs(60), || {
+        running = running_on(&store_a, "x-agent");
+        running.is_some()
+    });
+    let (trial, attempt) = running.expect("running");
+    coord_a.signal("KILL");
+    drop(coord_a);
+    wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
+    agent.signal("KILL");
+    drop(agent);
+    // B runs another `exp` on another store, same address; another agent
+    // finishes the same trial number there first.
+    let listen = url.trim_start_matches("mqtt://").to_string();
+    let (mut coord_b, _) = start_coordinator(&study_b, &store_b, &root, &["--listen", &listen]);
+    let _y = start_agent(&url, "y-agent", &root, &["--slots", "1"]);
+    wait_for("B's trial done", Duration::from_secs(60), || {
+        results_of(&store_b, "exp").iter().any(|(t, ..)| *t == trial)
+    });
+    // Store B has never seen x-agent: the operator registers its key.
+    let key = agent_cli(&["key", "--state-dir", &state_arg]);
+    let trust = std::process::Command::new(bin("tunefleet"))
+        .args(["agents", "trust", "x-agent", key.trim(), "--store"])
+        .arg(&store_b)
+        .output()
+        .expect("agents trust");
+    assert!(trust.status.success(), "{}", String::from_utf8_lossy(&trust.stderr));
+    let mut agent = start_agent(&url, "x-agent", &root, &args);
+    assert!(coord_b.wait_exit(Duration::from_secs(120)).success());
+    let out = coord_b.rest_of_stdout().join("\n");
+    assert!(out.contains("10/10 trials done"), "{out}");
+    assert_exactly_once(&store_b, "exp", 10);
+    let b_trial = results_of(&store_b, "exp").into_iter().find(|(t, ..)| *t == trial).expect("B's result");
+    assert_eq!(b_trial.2, "y-agent", "B kept its own agent's result of that trial");
+    agent.signal("TERM");
+    assert!(agent.wait_exit(Duration::from_secs(30)).success());
+    // Kept aside, never deleted, and listed.
+    let listing = agent_cli(&["spool", "--state-dir", &state_arg]);
+    assert!(listing.contains("1 kept aside"), "{listing}");
+    assert!(listing.contains(&format!("parked  exp/{trial}#{attempt}")), "{listing}");
+    assert!(listing.contains("another study of that name"), "{listing}");
+    assert!(out.contains("1 messages of another study of the same name"), "refused and counted: {out}");
+    assert!(!out.contains("duplicate results acknowledged"), "{out}");
+    // Handed back to A's coordinator: delivered, stored exactly once.
+    assert!(agent_cli(&["spool", "requeue", "--state-dir", &state_arg]).starts_with("1 results moved back"));
+    let (mut coord_a, _) = start_coordinator(&study_a, &store_a, &root, &["--listen", &listen]);
+    let _agent = start_agent(&url, "x-agent", &root, &args);
+    assert!(coord_a.wait_exit(Duration::from_secs(90)).success());
+    assert_exactly_once(&store_a, "exp", 2);
+    let a_trial = results_of(&store_a, "exp").into_iter().find(|(t, ..)| *t == trial).expect("A's result");
+    assert_eq!((a_trial.2.as_str(), a_trial.3), ("x-agent", attempt), "the parked result is the one A stored");
+    assert_spools_empty(std::slice::from_ref(&state));
+    let listing = agent_cli(&["spool", "--state-dir", &state_arg]);
+    assert!(listing.contains("0 awaiting an acknowledgement, 0 kept aside"), "{listing}");
+}

@@ -95,7 +95,7 @@ fn results(study: &str, trials: std::ops::Range<u64>, samples: u64) -> Vec<(Tria
     trials
         .map(|i| {
             (
-                TrialRef { study: study.into(), trial: i, attempt: 1 },
+                TrialRef { study: study.into(), study_id: 7, trial: i, attempt: 1 },
                 measurement(base + i * 10_000, 10.0 + i as f64, samples),
             )
         })

@@ -143,7 +143,7 @@ fn agent_and_coordinator_through_mosquitto_requiring_client_certificates() {
 /// A result in an agent's name, sealed with a session key the forger made up.
 fn forged_result(trial: u64, token: u64) -> Vec<u8> {
     let msg = AgentMessage::Result(TrialResult {
-        trial: TrialRef { study: "hostile".into(), trial, attempt: 1 },
+        trial: TrialRef { study: "hostile".into(), study_id: 7, trial, attempt: 1 },
         measurement: Measurement {
             wall_us: 1,
             final_metrics: [("v".to_string(), 1e9)].into(),
@@ -342,7 +342,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
 
         // 1. Work for a victim, sealed with Mallory's own session keys, and in the old plain format.
         let touch = CoordinatorMessage::Assign(Assignment {
-            trial: TrialRef { study: "member".into(), trial: 0, attempt: 99 },
+            trial: TrialRef { study: "member".into(), study_id: 7, trial: 0, attempt: 99 },
             request_seq: 1,
             spec: TrialSpec {
                 argv: vec!["touch".into(), marker.display().to_string()],
@@ -353,7 +353,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             },
         });
         let cancel = CoordinatorMessage::Cancel(Cancel {
-            trial: TrialRef { study: "member".into(), trial: 0, attempt: 1 },
+            trial: TrialRef { study: "member".into(), study_id: 7, trial: 0, attempt: 1 },
             reason: "mallory".into(),
         });
         for victim in names {
@@ -372,7 +372,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         // 2. A result and an offline status in a victim's name, with Mallory's keys; a forged will.
         for trial in 0..trials as u64 {
             let result = AgentMessage::Result(TrialResult {
-                trial: TrialRef { study: "member".into(), trial, attempt: 1 },
+                trial: TrialRef { study: "member".into(), study_id: 7, trial, attempt: 1 },
                 measurement: Measurement {
                     final_metrics: [("v".to_string(), 1e9)].into(),
                     ..Measurement::unmeasured(

@@ -632,7 +632,7 @@ step = 4
         let s = study(mem, "kind = \"grid\"", 4, 2);
         let p = plan(&s);
         let t = &p[3];
-        let r = TrialRef { study: "s".into(), trial: t.trial, attempt: 2 };
+        let r = TrialRef { study: "s".into(), study_id: 7, trial: t.trial, attempt: 2 };
         let spec = render(&s, t, &r).expect("renders");
         assert_eq!(spec.argv, vec!["run", "--study=s", "--trial=3", "--attempt=2", "--repeat=1", "x"]);
         assert_eq!(spec.env, vec![("SEED".to_string(), "3-1".to_string())]);
@@ -734,7 +734,7 @@ control = true
         let probe = probe_plan(&s).expect("pipelined");
         assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 2), sys(2, 1)], "default first, one factor at a time");
         assert_eq!((probe.window, probe.warmup, probe.control), (1, 0, true));
-        let r = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
+        let r = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 1 };
         let spec = render(&s, &p[0], &r).expect("renders");
         assert_eq!(spec.system, sys(2, 2), "a trial starts under the default");
         assert_eq!(spec.probe, Some(probe));
@@ -787,7 +787,7 @@ control = true
     fn a_resumed_attempt_gets_the_resume_arguments_with_its_checkpoint() {
         let mut s = study(SPACE, "kind = \"grid\"", 1, 1);
         let p = plan(&s);
-        let r = TrialRef { study: "s".into(), trial: 0, attempt: 2 };
+        let r = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 2 };
         let ckpt = (3, "/ckpt/epoch-3".to_string());
         let plain = render_resumed(&s, None, &p[0], &r, Some(&ckpt)).expect("renders");
         assert_eq!(plain.argv, render(&s, &p[0], &r).expect("renders").argv, "no resume template: starts over");
@@ -802,7 +802,7 @@ control = true
         let mut s = study(SPACE, "kind = \"grid\"", 1, 1);
         s.command.push("{nope}".into());
         let p = plan(&s);
-        let r = TrialRef { study: "s".into(), trial: 0, attempt: 1 };
+        let r = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 1 };
         assert!(matches!(render(&s, &p[0], &r), Err(TemplateError::Unknown { name, .. }) if name == "nope"));
     }
 }

@@ -181,7 +181,7 @@ mod tests {
     }
 
     fn trial() -> TrialRef {
-        TrialRef { study: "my study".into(), trial: 7, attempt: 2 }
+        TrialRef { study: "my study".into(), study_id: 7, trial: 7, attempt: 2 }
     }
 
     #[test]
@@ -220,7 +220,7 @@ mod tests {
         m.energy.source = EnergySourceKind::Estimated;
         m.energy.domains = vec![DomainEnergy { domain: "cpu".into(), joules: f64::INFINITY, in_total: true }];
         m.energy.series.clear();
-        let t = TrialRef { study: "a,b=c\nd\\".into(), trial: 1, attempt: 1 };
+        let t = TrialRef { study: "a,b=c\nd\\".into(), study_id: 7, trial: 1, attempt: 1 };
         let lines = trial_points(&t, "", &m, None);
         assert_eq!(lines.len(), 1, "the domain without a finite value is dropped: {lines:?}");
         let line = &lines[0];

@@ -123,6 +123,46 @@ impl Batch<'_> {
         Ok(StudyOpened::Created)
     }
 
+    /// The random id kept for study `name`; `fresh` (a random draw) becomes
+    /// its id when it has none yet: a study just created, or one created by
+    /// an older program. Trial references carry it (see
+    /// [`tunefleet_common::message::TrialRef`]).
+    pub fn study_id(&mut self, name: &str, fresh: u64) -> Result<u64> {
+        let context = || format!("reading the id of study {name:?}");
+        let kept: Option<i64> = self
+            .tx
+            .prepare_cached("SELECT id FROM study_ids WHERE name = ?1")
+            .ctx(context)?
+            .query_row([name], |r| r.get(0))
+            .optional()
+            .ctx(context)?;
+        if let Some(id) = kept {
+            // The column holds the id's 64 bits as SQLite's signed integer.
+            return Ok(u64::from_le_bytes(id.to_le_bytes()));
+        }
+        let context = || format!("keeping the id of study {name:?}");
+        self.tx
+            .prepare_cached("INSERT INTO study_ids (name, id) VALUES (?1, ?2)")
+            .ctx(context)?
+            .execute(params![name, i64::from_le_bytes(fresh.to_le_bytes())])
+            .ctx(context)?;
+        Ok(fresh)
+    }
+
+    /// Whether attempt `trial.attempt` of `trial` was given to `agent` (its
+    /// row in `attempts`, kept across coordinator restarts). The study id is
+    /// the caller's to check: the store keeps one study per name.
+    pub fn attempt_given(&mut self, trial: &TrialRef, agent: &str) -> Result<bool> {
+        let context = || format!("looking up attempt {trial} of {agent}");
+        self.tx
+            .prepare_cached(
+                "SELECT EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)",
+            )
+            .ctx(context)?
+            .query_row(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt, agent], |r| r.get(0))
+            .ctx(context)
+    }
+
     /// Adds trials to a study, all pending (a search creates them as the
     /// study goes).
     pub fn add_trials(&mut self, study: &str, plan: &[TrialPlan]) -> Result<()> {
@@ -474,7 +514,8 @@ impl Batch<'_> {
     /// [`Batch::fail_trial`] with an explicit time.
     pub fn fail_trial_at(&mut self, study: &str, trial: u64, reason: &str, at_ms: u64) -> Result<bool> {
         let context = || format!("failing trial {study}/{trial}");
-        let r = TrialRef { study: study.to_string(), trial, attempt: 0 };
+        // `trial_state` reads the study name and trial alone.
+        let r = TrialRef { study: study.to_string(), study_id: 0, trial, attempt: 0 };
         self.trial_state(&r)?;
         let id = to_i64("trial", trial)?;
         self.tx

@@ -191,7 +191,7 @@ high = 9
         let mut b = store.batch().expect("batch");
         b.create_study(&study, &plans).expect("create");
         for (trial, at) in [(0u64, 10_000u64), (1, 20_000), (2, 30_000)] {
-            let t = TrialRef { study: "w".into(), trial, attempt: 1 };
+            let t = TrialRef { study: "w".into(), study_id: 7, trial, attempt: 1 };
             b.record_assignment(&t, "a", at - 5000).expect("assign");
             let mut m =
                 Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Rapl, "x"));

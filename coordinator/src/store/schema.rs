@@ -112,6 +112,18 @@ CREATE TABLE IF NOT EXISTS agents (
 );
 "#;
 
+/// The random id of each study, drawn when the coordinator first runs it
+/// ([`super::Batch::study_id`]). Every trial reference carries it, so a
+/// result of another study of the same name (another store) is never taken
+/// for this one's. Created on open, like the agent keys: a store of an
+/// older program opens, and its studies get an id when next run.
+pub(super) const STUDY_IDS: &str = r#"
+CREATE TABLE IF NOT EXISTS study_ids (
+    name TEXT PRIMARY KEY NOT NULL,
+    id   INTEGER NOT NULL
+);
+"#;
+
 /// Version 2: trials stopped early (`stopped`), the system configuration
 /// of each result (the one a pipelined trial selected), and segments.
 const MIGRATE_1_TO_2: &str = r#"
@@ -209,6 +221,7 @@ impl Store {
             SCHEMA_VERSION => {}
             found => return Err(StoreError::SchemaVersion { path, found }),
         }
+        tx.execute_batch(STUDY_IDS).ctx(|| format!("{path}: creating the study ids table"))?;
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;
@@ -289,6 +302,30 @@ mod tests {
         let kept: Option<String> =
             store.conn.query_row("SELECT checkpoint FROM progress", [], |r| r.get(0)).expect("the row is kept");
         assert_eq!(kept, None);
+    }
+
+    /// Issue 20, finding 8: a study of a store made before study ids gets
+    /// one when next run, kept from then on; another store's study of the
+    /// same name has its own.
+    #[test]
+    fn a_study_of_an_older_store_gets_an_id_that_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.db");
+        {
+            let store = Store::open(&path).expect("creates");
+            store.conn.execute_batch("DROP TABLE study_ids").expect("as an older program left it");
+        }
+        let mut store = Store::open(&path).expect("an older store opens");
+        let mut batch = store.batch().expect("batch");
+        assert_eq!(batch.study_id("exp", 0xfeed_0000_0000_0001).expect("drawn"), 0xfeed_0000_0000_0001);
+        assert_eq!(batch.study_id("exp", 2).expect("kept"), 0xfeed_0000_0000_0001, "a later draw changes nothing");
+        assert_eq!(batch.study_id("other", u64::MAX).expect("its own"), u64::MAX, "all 64 bits are kept");
+        batch.commit().expect("commit");
+        drop(store);
+        let mut store = Store::open(&path).expect("reopens");
+        let mut batch = store.batch().expect("batch");
+        assert_eq!(batch.study_id("exp", 3).expect("kept across opens"), 0xfeed_0000_0000_0001);
+        assert_eq!(batch.study_id("other", 3).expect("kept across opens"), u64::MAX);
     }
 
     #[test]
