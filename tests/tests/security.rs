@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rumqttc::{AsyncClient, MqttOptions, QoS};
 use rusqlite::Connection;
@@ -802,4 +802,476 @@ fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_
     assert_eq!(attempts(), i64::from(trials), "one attempt per trial: the victim was never dropped");
     drop(agent);
     assert_agents_spools_empty(&[victim]);
+}
+
+/// Mallory, a fleet member: an MQTT client of her own that speaks the
+/// protocol with her own key, enrolled with the fleet's join token. Her
+/// event loop runs on a runtime thread of its own, so she stays connected
+/// while the test waits on processes.
+struct Mallory {
+    rt: tokio::runtime::Runtime,
+    client: AsyncClient,
+    frames: tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    topics: Topics,
+    token: auth::JoinToken,
+    name: String,
+    me: auth::Identity,
+    status: CoordinatorStatus,
+    session: Option<auth::Session>,
+}
+
+impl Mallory {
+    /// Connects to the broker on `port` and subscribes to the coordinator's
+    /// status, her own down topic and `watch`; returns once the
+    /// coordinator's signed status has arrived.
+    fn connect(port: u16, root: &str, name: &str, watch: &[String]) -> Mallory {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("rt");
+        let topics = Topics::new(root).expect("root");
+        let mut filters = vec![topics.coordinator_status(), topics.to_agent(name)];
+        filters.extend_from_slice(watch);
+        let (client, mut frames) = rt.block_on(async {
+            let mut opts = MqttOptions::new(format!("{name}-{}", std::process::id()), "127.0.0.1", port);
+            opts.set_max_packet_size(1 << 22, 1 << 22);
+            let (client, mut el) = AsyncClient::new(opts, 1024);
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+            let sub = client.clone();
+            tokio::spawn(async move {
+                let (mut ready, mut acks) = (Some(ready_tx), 0);
+                while let Ok(ev) = el.poll().await {
+                    match ev {
+                        rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
+                            for f in &filters {
+                                let _ = sub.subscribe(f.clone(), QoS::AtLeastOnce).await;
+                            }
+                        }
+                        rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
+                            acks += 1;
+                            if acks == filters.len() {
+                                if let Some(r) = ready.take() {
+                                    let _ = r.send(());
+                                }
+                            }
+                        }
+                        rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
+                            let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
+                        }
+                        _ => {}
+                    }
+                }
+            });
+            tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
+            (client, rx)
+        });
+        let status_topic = topics.coordinator_status();
+        let status = rt.block_on(async {
+            loop {
+                let (topic, payload) = tokio::time::timeout(Duration::from_secs(30), frames.recv())
+                    .await
+                    .expect("the coordinator's status in time")
+                    .expect("frames");
+                if topic == status_topic {
+                    let signed: auth::Signed = tunefleet_common::decode(&payload).expect("signed status");
+                    break auth::open_status(&signed).expect("verifies");
+                }
+            }
+        });
+        let token = join_token_of(root).expect("a token").parse().expect("token");
+        let me = auth::Identity::generate().expect("key").0;
+        Mallory { rt, client, frames, topics, token, name: name.to_string(), me, status, session: None }
+    }
+
+    /// A signed Hello under `name` with the key `id`, proving the fleet's join token.
+    fn hello(&self, id: &auth::Identity, info: AgentInfo, seq: u64) -> (auth::Signed, auth::PendingHello) {
+        let proof = self.token.prove(&id.public(), &info.agent).expect("proof");
+        auth::hello(id, info, self.status.instance, seq, [0; 32], Some(proof)).expect("hello")
+    }
+
+    fn publish(&self, topic: String, payload: Vec<u8>) {
+        let c = self.client.clone();
+        self.rt.block_on(async move { c.publish(topic, QoS::AtLeastOnce, false, payload).await.expect("publish") });
+    }
+
+    /// The next frame on `topic` (others are dropped), within `within`.
+    fn frame_on(&mut self, topic: &str, within: Duration) -> Vec<u8> {
+        let frames = &mut self.frames;
+        self.rt.block_on(async {
+            let deadline = tokio::time::Instant::now() + within;
+            loop {
+                let (t, payload) = tokio::time::timeout_at(deadline, frames.recv())
+                    .await
+                    .unwrap_or_else(|_| panic!("nothing on {topic} within {within:?}"))
+                    .unwrap_or_else(|| panic!("the broker went away (did the coordinator exit?) before {topic}"));
+                if t == topic {
+                    break payload;
+                }
+            }
+        })
+    }
+
+    /// Her Hello number `seq` of process instance 666, and the Welcome: a session.
+    fn join(&mut self, seq: u64) {
+        let (signed, pending) = self.hello(&self.me, AgentInfo::minimal(&self.name, 666), seq);
+        let hello = tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc");
+        self.publish(self.topics.agent(&self.name, AgentTopic::Hello), hello);
+        let welcome_topic = self.topics.agent(&self.name, AgentTopic::Welcome);
+        let session = loop {
+            let payload = self.frame_on(&welcome_topic, Duration::from_secs(30));
+            if let Ok(auth::DownFrame::Welcome(w)) = tunefleet_common::decode(&payload) {
+                if pending.answers(&w) {
+                    break pending.finish(&self.name, &self.status.key, &w).expect("mallory is a fleet member");
+                }
+            }
+        };
+        self.session = Some(session);
+    }
+
+    /// Seals `msg` in her session and publishes it on its topic.
+    fn send(&mut self, msg: &AgentMessage) {
+        let (kind, payload) = self.session.as_mut().expect("joined").seal_agent(msg).expect("seal");
+        self.publish(self.topics.agent(&self.name, kind), payload);
+    }
+
+    /// The next message of `kind` the coordinator seals for her.
+    fn receive(&mut self, kind: AgentTopic) -> CoordinatorMessage {
+        let payload = self.frame_on(&self.topics.agent(&self.name, kind), Duration::from_secs(30));
+        let Ok(auth::DownFrame::Sealed(sealed)) = tunefleet_common::decode(&payload) else { panic!("not sealed") };
+        self.session.as_mut().expect("joined").open_coordinator(kind, &sealed).expect("opens")
+    }
+}
+
+/// The count of `what` in a summary's `refused:` line (0 when absent).
+fn refused_count(summary: &str, what: &str) -> u64 {
+    let line = summary.lines().find(|l| l.starts_with("refused: ")).unwrap_or_default();
+    line.trim_start_matches("refused: ")
+        .split(", ")
+        .find(|p| p.ends_with(what))
+        .and_then(|p| p.split(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A study whose command records its arguments (one a line, in
+/// `dir/argv-TRIAL-ATTEMPT`) and reports `v` = trial + 1; an attempt that
+/// goes on from a checkpoint gets `--resume CHECKPOINT`, under `/ckpt/`.
+fn recording_resume_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
+    let script = dir.join("record.sh");
+    let body = format!(
+        "printf '%s\\n' \"$@\" > {}/argv-$1-$2\nsleep 0.2\necho \"{{\\\"event\\\":\\\"final\\\",\\\"v\\\":$3}}\"\n",
+        dir.display()
+    );
+    std::fs::write(&script, body).expect("script");
+    let text = format!(
+        "name = \"{name}\"\ncommand = [\"sh\", \"{}\", \"{{trial}}\", \"{{attempt}}\", \"{{v}}\"]\n\
+         resume = [\"--resume\", \"{{checkpoint}}\"]\nresume_prefix = \"/ckpt/\"\ntimeout = 60\nmax_attempts = 5\n\
+         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = {trials}\n\
+         [strategy]\nkind = \"grid\"\n[hyper.v]\nkind = \"int\"\nlow = 1\nhigh = {trials}\n",
+        script.display()
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+/// Issue 20, findings 2 and 6, by a welcomed member on a real assignment.
+/// Finding 2: a result whose segment starts at 2^63 + 5 µs failed the
+/// store's conversion, the error left the engine, and the coordinator
+/// exited on every restart (the agent re-sent it). Finding 6: a checkpoint
+/// was kept unchecked and appended to the next attempt's command, so another
+/// agent ran `--resume "--output=…\n\x1b[31mFORGED…"`. Now the result is
+/// answered `Refused` naming the field, and the study goes on; malformed
+/// checkpoints are refused and counted, one outside `resume_prefix` is not
+/// kept, and the next attempt resumes from the one good checkpoint as one
+/// argument.
+#[test]
+fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("poison");
+    let trials = 6;
+    let (mut coord, url) = start_coordinator(&recording_resume_study(dir.path(), "poison", trials), &store, &root, &[]);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let mut mallory = Mallory::connect(port, &root, "mallory", &[]);
+    mallory.join(1);
+    mallory.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let CoordinatorMessage::Assign(assigned) = mallory.receive(AgentTopic::Assign) else { panic!("an Assign") };
+    let trial = assigned.trial;
+    let forged = "--output=/home/victim/.bashrc\n\x1b[31mFORGED";
+    let checkpoints = [
+        "/ckpt/mallory-e1".to_string(),
+        forged.to_string(),
+        format!("/ckpt/{}", "A".repeat(100_000)),
+        "--output=/home/victim/.bashrc".to_string(),
+        "/home/victim/.bashrc".to_string(),
+    ];
+    for (epoch, checkpoint) in (1..).zip(&checkpoints) {
+        mallory.send(&AgentMessage::Progress(Progress {
+            trial: trial.clone(),
+            epoch,
+            elapsed_us: u64::from(epoch) * 1000,
+            metrics: Metrics::new(),
+            checkpoint: Some(checkpoint.clone()),
+            profile: None,
+        }));
+    }
+    let segment = Segment {
+        role: SegmentRole::Initial,
+        system: SystemParams::default(),
+        cpus: vec![],
+        first_epoch: 1,
+        last_epoch: 1,
+        steps: 0,
+        start_us: 9223372036854775813,
+        wall_us: 1,
+        energy_j: None,
+        cpu_us: None,
+    };
+    mallory.send(&AgentMessage::Result(TrialResult {
+        trial: trial.clone(),
+        measurement: Measurement {
+            final_metrics: [("v".to_string(), 1e9)].into(),
+            segments: vec![segment],
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+        },
+    }));
+    let CoordinatorMessage::Ack(ack) = mallory.receive(AgentTopic::Ack) else { panic!("an Ack") };
+    assert_eq!(ack.trial, trial);
+    assert!(
+        matches!(&ack.outcome, AckOutcome::Refused(why) if why.contains("measurement.segments[0].start_us")),
+        "finding 2: the unstorable result is refused, naming its field: {:?}",
+        ack.outcome
+    );
+    assert!(matches!(coord.child.try_wait(), Ok(None)), "finding 2: the coordinator exited on the result");
+    // She gives the trial back: it is queued again at once, for the real agents.
+    mallory.send(&AgentMessage::Refuse(Refusal { trial: trial.clone(), reason: "busy".into() }));
+    mallory.send(&AgentMessage::Status(AgentStatus { online: false, instance: 666 }));
+    let names = ["p-agent-1", "p-agent-2"];
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "finding 2: the coordinator failed: {out}");
+    assert!(out.contains(&format!("{trials}/{trials} trials done")), "finding 2: {out}");
+    let rows = results(&store);
+    let stored: Vec<(i64, f64)> = rows.iter().map(|(t, _, v)| (*t, *v)).collect();
+    let expected: Vec<(i64, f64)> = (0..i64::from(trials)).map(|t| (t, (t + 1) as f64)).collect();
+    assert_eq!(stored, expected, "finding 2: one result per trial, none of Mallory's");
+    assert!(rows.iter().all(|(_, agent, _)| names.contains(&agent.as_str())), "finding 2: {rows:?}");
+    // Finding 6: three checkpoints out of bounds refused with their
+    // message, one outside resume_prefix not kept; the result above is the
+    // fourth message out of bounds.
+    assert_eq!(refused_count(&out, "messages with values out of bounds"), 4, "finding 6: {out}");
+    assert_eq!(refused_count(&out, "checkpoints outside resume_prefix"), 1, "finding 6: {out}");
+    let kept: Vec<Option<String>> = {
+        let c = Connection::open(&store).expect("store");
+        let mut st = c.prepare("SELECT checkpoint FROM progress ORDER BY epoch").expect("prepare");
+        st.query_map([], |r| r.get(0)).expect("query").map(|r| r.expect("row")).collect()
+    };
+    assert_eq!(
+        kept,
+        [Some("/ckpt/mallory-e1".to_string()), None],
+        "finding 6: only the good checkpoint reached the store"
+    );
+    // Every attempt's arguments: the trial Mallory gave back resumed from
+    // the good checkpoint, one argument; nothing forged reached a command.
+    let mut resumed = Vec::new();
+    for entry in std::fs::read_dir(dir.path()).expect("dir").flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if let Some(run) = file.strip_prefix("argv-") {
+            let args = std::fs::read_to_string(entry.path()).expect("argv");
+            let args: Vec<String> = args.lines().map(str::to_string).collect();
+            assert!(
+                !args.iter().any(|a| a.contains("bashrc") || a.contains("FORGED") || a.starts_with("--output")),
+                "finding 6: a forged checkpoint reached attempt {run}'s command: {args:?}"
+            );
+            if args.iter().any(|a| a == "--resume") {
+                resumed.push((run.to_string(), args[3..].to_vec()));
+            }
+        }
+    }
+    assert_eq!(
+        resumed,
+        [(format!("{}-2", trial.trial), vec!["--resume".to_string(), "/ckpt/mallory-e1".to_string()])],
+        "finding 6: the next attempt goes on from the good checkpoint, as one argument"
+    );
+    drop(agents);
+    assert_agents_spools_empty(&names);
+}
+
+/// Issue 20, finding 4: the one Hello rate limit ran before any check, so
+/// 20,000 4-byte Hellos a second (`[version, Hello, empty body, empty
+/// signature]`, each under a new name) spent it and kept a new agent out
+/// for the whole flood (68 s). Now a Hello is checked cheapest first and
+/// junk spends no budget. Mallory floods `up/<random name>/hello` at
+/// 20,000 a second (three in four are 4-byte Hellos that decode, one in
+/// four 4 random bytes) for at least 3 s, and until a new real agent
+/// started 1 s in has been welcomed (25 s at most). Paced, because her
+/// client sends 20,000 unpaced in about 150 ms, less than one of the
+/// agent's 3-second Hello retries. It must be welcomed within 10 s (it
+/// takes about 0.1 s; 10 s leaves room for a lost Hello and two retries on
+/// a loaded machine), where the old limit (200 a second, shared) let about
+/// one Hello in a hundred through.
+#[test]
+fn regression_a_flood_of_junk_hellos_does_not_keep_a_new_agent_out() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("junk");
+    // Four trials of a second: the study outlasts the flood.
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "junk", 4, 1.0), &store, &root, &[]);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let newcomer = "newcomer";
+    let topics = Topics::new(&root).expect("root");
+    let welcome = topics.agent(newcomer, AgentTopic::Welcome);
+    // One client watches for the newcomer's Welcome, another floods.
+    let mut eye = Mallory::connect(port, &root, "mallory-eye", std::slice::from_ref(&welcome));
+    let mallory = Mallory::connect(port, &root, "mallory", &[]);
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut hellos, mut random) = (0u64, 0u64);
+    let mut agent: Option<(Proc, Instant)> = None;
+    let mut welcomed: Option<(Duration, u64)> = None;
+    let flood = Instant::now();
+    let client = mallory.client.clone();
+    mallory.rt.block_on(async {
+        // 200 every 10 ms: 20,000 a second.
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        let going = |welcomed: bool| {
+            let t = flood.elapsed();
+            t < Duration::from_secs(25) && (t < Duration::from_secs(3) || !welcomed)
+        };
+        while going(welcomed.is_some()) {
+            tick.tick().await;
+            for _ in 0..200 {
+                let name = format!("j{:x}", next());
+                let payload = if (hellos + random) % 4 == 3 {
+                    random += 1;
+                    next().to_le_bytes()[..4].to_vec()
+                } else {
+                    hellos += 1;
+                    vec![tunefleet_common::PROTOCOL_VERSION, 0, 0, 0]
+                };
+                let topic = topics.agent(&name, AgentTopic::Hello);
+                client.publish(topic, QoS::AtMostOnce, false, payload).await.expect("publish");
+            }
+            if agent.is_none() && flood.elapsed() >= Duration::from_secs(1) {
+                agent = Some((start_agent(&url, newcomer, &root, &[]), Instant::now()));
+            }
+            if let (None, Some((_, started))) = (welcomed, &agent) {
+                while let Ok((topic, payload)) = eye.frames.try_recv() {
+                    let frame = tunefleet_common::decode::<auth::DownFrame>(&payload);
+                    if topic == welcome && matches!(frame, Ok(auth::DownFrame::Welcome(_))) {
+                        welcomed = Some((started.elapsed(), hellos + random));
+                    }
+                }
+            }
+        }
+    });
+    let flood_time = flood.elapsed();
+    let sent = hellos + random;
+    eprintln!(
+        "finding 4: {sent} junk Hellos in {flood_time:?} ({:.0}/s); the new agent welcomed (after, junk sent by \
+         then) {welcomed:?}",
+        sent as f64 / flood_time.as_secs_f64()
+    );
+    assert!(sent >= 50_000, "finding 4: the flood was sent ({sent})");
+    let (welcomed, by_then) = welcomed.expect("finding 4: the new agent was not welcomed while the flood went on");
+    assert!(by_then < sent, "finding 4: the flood was under way when the agent was welcomed");
+    assert!(welcomed < Duration::from_secs(10), "finding 4: the new agent waited {welcomed:?} for its Welcome");
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("4/4 trials done"), "finding 4: the new agent completed the study: {out}");
+    assert_eq!(refused_count(&out, "Hellos refused"), hellos, "finding 4: each 4-byte Hello refused: {out}");
+    assert_eq!(refused_count(&out, "malformed messages"), random, "finding 4: the random bytes counted: {out}");
+    assert_eq!(refused_count(&out, "Hellos over the rate limit"), 0, "finding 4: junk spent no budget: {out}");
+    drop((agent, eye));
+    assert_agents_spools_empty(&[newcomer]);
+}
+
+/// A line of `/proc/PID/status`, in KiB (`VmRSS`, `VmHWM`).
+fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:"))).expect("field");
+    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("kib")
+}
+
+/// The store's bytes on disk: the database and its write-ahead log.
+fn store_bytes(store: &Path) -> u64 {
+    let wal = store.with_extension("db-wal");
+    [store, wal.as_path()].iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
+}
+
+/// Issue 20, finding 5: a Hello's `AgentInfo` was stored as sent, so 400
+/// Hellos with fresh keys and ~1 MB of tags took the coordinator from 13 MB
+/// to 903 MB RSS and the store to half a gigabyte, with every name pinned
+/// for good. Mallory sends 50 Hellos under new names, each with a key of
+/// its own, the fleet's join token proved, and ~900 KB of tags, so only the
+/// bounds can stop them: no name is pinned, the store grows by less than
+/// 4 MB and the coordinator's RSS by less than 50 MB (storing them would
+/// take about 45 MB each way), and the refusals are counted. The broker is
+/// a Mosquitto of its own, so the RSS is the coordinator's alone: the
+/// embedded broker keeps what it routes in its commit log (4 segments of
+/// 64 MiB), which these Hellos grow by about 75 MB whatever the coordinator
+/// does with them.
+#[test]
+fn regression_large_hellos_pin_no_name_and_grow_neither_memory_nor_the_store() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("large");
+    let mosquitto = Mosquitto::start(dir.path(), tunefleet_tests::mosquitto::FLEET_OPTIONS);
+    let url = mosquitto.url();
+    let (mut coord, _) =
+        start_coordinator(&sleep_study(dir.path(), "large", 2, 0.1), &store, &root, &["--broker", &url]);
+    let port = mosquitto.port;
+    let mut mallory = Mallory::connect(port, &root, "mallory", &[]);
+    mallory.join(1);
+    let pid = coord.child.id();
+    let (rss_before, store_before) = (proc_kib(pid, "VmRSS"), store_bytes(&store));
+    let squatters = 50;
+    for i in 0..squatters {
+        let id = auth::Identity::generate().expect("key").0;
+        let name = format!("squat-{i}");
+        let mut info = AgentInfo::minimal(&name, 1);
+        info.tags = (0..900).map(|t| (format!("t{t:03}"), "x".repeat(1000))).collect();
+        let (signed, _) = mallory.hello(&id, info, 1);
+        let payload = tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc");
+        assert!((900_000..tunefleet_common::MAX_MESSAGE_BYTES).contains(&payload.len()), "{}", payload.len());
+        mallory.publish(mallory.topics.agent(&name, AgentTopic::Hello), payload);
+    }
+    // Her own next Hello comes after them on her connection: once it is
+    // welcomed, the coordinator has handled every large one.
+    mallory.join(2);
+    let (rss_after, store_after) = (proc_kib(pid, "VmRSS"), store_bytes(&store));
+    let hwm = proc_kib(pid, "VmHWM");
+    eprintln!(
+        "finding 5: coordinator RSS {rss_before} -> {rss_after} KiB (peak {hwm} KiB), store {store_before} -> \
+         {store_after} bytes"
+    );
+    mallory.send(&AgentMessage::Status(AgentStatus { online: false, instance: 666 }));
+    let agent = start_agent(&url, "honest", &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    let names = |table: &str| -> Vec<String> {
+        let c = Connection::open(&store).expect("store");
+        let mut st = c.prepare(&format!("SELECT name FROM {table} ORDER BY name")).expect("prepare");
+        st.query_map([], |r| r.get(0)).expect("query").map(|r| r.expect("row")).collect()
+    };
+    assert_eq!(names("agent_keys"), ["honest", "mallory"], "finding 5: a squatter's name was pinned");
+    assert_eq!(names("agents"), ["honest", "mallory"], "finding 5: a squatter's info was stored");
+    assert!(
+        store_after.saturating_sub(store_before) < 4 << 20,
+        "finding 5: the store grew from {store_before} to {store_after} bytes"
+    );
+    assert!(
+        rss_after.saturating_sub(rss_before) < 50 << 10,
+        "finding 5: the coordinator's RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    assert_eq!(refused_count(&out, "Hellos refused"), squatters, "finding 5: each large Hello refused: {out}");
+    drop(agent);
+    assert_agents_spools_empty(&["honest"]);
 }
