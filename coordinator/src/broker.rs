@@ -125,7 +125,12 @@ fn rumqttd_config(servers: Vec<ServerSettings>) -> Config {
         router: RouterConfig {
             max_connections: 10_000,
             max_outgoing_packet_count: 1_000,
-            max_segment_size: 64 * 1024 * 1024,
+            // The router keeps what it routes per subscription in a log of
+            // at most this many segments of this size: 4 x 16 MiB bounds
+            // what a flood of large payloads (1 MiB Hellos under new names)
+            // holds in the coordinator's memory to 64 MiB (it was 256 MiB),
+            // and still holds some 30,000 results of backlog.
+            max_segment_size: 16 * 1024 * 1024,
             max_segment_count: 4,
             custom_segment: None,
             initialized_filters: None,
