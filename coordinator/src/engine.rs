@@ -975,6 +975,9 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     }
     let result = match &msg {
         AgentMessage::Result(r) => Some(r.trial.clone()),
+        // Requests and sync answers change the scheduler and memory only:
+        // no savepoint (two statements a message) to guard them.
+        AgentMessage::Request(_) | AgentMessage::Synced(_) => return dispatch(cx, agent, msg, now),
         _ => None,
     };
     let name = agent.clone();
@@ -1527,13 +1530,19 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
                 a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
             }
-            aside(cx, "an extra repeat", |cx| {
-                let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
-                repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
-            })?;
+            // A savepoint costs two statements: only where there is a repeat to judge.
+            if a.study.stability.is_some() {
+                aside(cx, "an extra repeat", |cx| {
+                    let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+                    repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
+                })?;
+            }
         }
     }
-    if stored && measurement.exit.success() {
+    // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
+    let probed =
+        measurement.window_profile.is_some() && cx.studies.get(&trial.study).is_some_and(|a| a.probe.is_some());
+    if stored && measurement.exit.success() && probed {
         aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
     }
     cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
