@@ -180,6 +180,10 @@ struct Executor {
 
 /// How long the agent waits for a Welcome before it says Hello again.
 const HELLO_RETRY: Duration = Duration::from_secs(3);
+/// How often an agent with free slots and nothing assigned asks again: a
+/// coordinator that lost its session answers with a signed stale-session
+/// notice, and the agent says Hello again (a lost notice is asked for anew).
+const REQUEST_AGAIN: Duration = Duration::from_secs(30);
 
 impl Executor {
     fn apply(&mut self, actions: Vec<Action>) {
@@ -482,6 +486,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     // coordinator that restarted meanwhile) is sent again.
     let mut hello_retry = tokio::time::interval(HELLO_RETRY);
     hello_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut request_again = tokio::time::interval(REQUEST_AGAIN);
+    request_again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut idle_since = Instant::now();
     let far = Duration::from_secs(365 * 86_400);
     tokio::pin!(shutdown);
@@ -529,6 +535,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             _ = hello_retry.tick() => {
                 if exec.transport.is_connected() {
                     exec.apply(state.hello_again());
+                }
+            }
+            _ = request_again.tick() => {
+                if exec.transport.is_connected() {
+                    exec.apply(state.request_again());
                 }
             }
             _ = telemetry_tick.tick() => {

@@ -191,6 +191,16 @@ impl AgentState {
         self.hello_again()
     }
 
+    /// The request again, while welcomed with free slots: unanswered
+    /// requests may mean the coordinator holds no session with us any more
+    /// (it then says so, signed, and we say Hello again).
+    pub fn request_again(&mut self) -> Vec<Action> {
+        if self.free() == 0 {
+            return Vec::new();
+        }
+        self.request().into_iter().collect()
+    }
+
     /// A Hello again, when one is due (no Welcome came for the last one).
     pub fn hello_again(&mut self) -> Vec<Action> {
         if self.wants_session() {
@@ -509,6 +519,20 @@ mod tests {
         assert!(r2.seq > r1.seq);
         assert_eq!(r2.free, 2);
         assert_eq!(kinds(&st.on_sync(5)), ["synced"]);
+    }
+
+    #[test]
+    fn an_unanswered_request_is_asked_again_and_a_lost_session_brings_a_hello() {
+        let mut st = AgentState::new(info(1), vec![0], None);
+        assert!(st.request_again().is_empty(), "nothing to ask before a session");
+        st.on_coordinator_status(status(true, 1));
+        welcome(&mut st);
+        assert_eq!(kinds(&st.request_again()), ["request"], "free and unanswered: asked again");
+        st.on_assign(assign(1, None));
+        assert!(st.request_again().is_empty(), "no free slot: nothing to ask");
+        // The coordinator said it holds no session with us: a Hello.
+        assert_eq!(kinds(&st.on_session_lost()), ["hello"]);
+        assert!(st.request_again().is_empty(), "no requests outside a session");
     }
 
     #[test]
