@@ -233,6 +233,11 @@ pub fn next_instance(file: Option<&Path>) -> Result<u64, KeyFileError> {
     Ok(next)
 }
 
+/// Writes a secret (a join token), mode 0600, durably, replacing the file.
+pub fn write_secret(path: &Path, text: &str) -> Result<(), KeyFileError> {
+    write_private(path, format!("{text}\n").as_bytes(), true).map(|_| ())
+}
+
 /// Writes a counter file (decimal and a newline), durably.
 pub fn write_counter(path: &Path, value: u64) -> Result<(), KeyFileError> {
     write_private(path, format!("{value}\n").as_bytes(), true).map(|_| ())

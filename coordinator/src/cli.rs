@@ -584,8 +584,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Agents { action: Some(action), store, .. } => {
             let mut store =
                 Store::open(&store.store).with_context(|| format!("opening the store {}", store.store.display()))?;
-            let now =
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+            let now = unix_now_ms();
             match action {
                 AgentsAction::Trust { name, key } => {
                     tunefleet_common::topic::validate_agent_id(&name)?;
@@ -1107,16 +1106,7 @@ fn token(action: TokenAction, store_path: &Path) -> anyhow::Result<()> {
             let text = new_token(&mut store, &identity, ttl_ms, uses, &granted)?;
             match out {
                 Some(path) => {
-                    use std::io::Write;
-                    use std::os::unix::fs::OpenOptionsExt;
-                    let mut f = std::fs::OpenOptions::new()
-                        .write(true)
-                        .create(true)
-                        .truncate(true)
-                        .mode(0o600)
-                        .open(&path)
-                        .with_context(|| format!("creating {}", path.display()))?;
-                    writeln!(f, "{text}").with_context(|| format!("writing {}", path.display()))?;
+                    tunefleet_common::auth::write_secret(&path, &text)?;
                     eprintln!("join token written to {} (give it to agents as --join-file)", path.display());
                 }
                 None => println!("{text}"),

@@ -251,6 +251,18 @@ fn agent_restarted_with_spooled_results_delivers_them() {
 }
 
 /// Runs `tunefleet-agent ARGS` to the end; its stdout.
+/// Registers in `store` the key of the agent `name` whose state directory
+/// is `state`, as an operator does for a store that never saw it.
+fn trust_agent(store: &Path, name: &str, state: &str) {
+    let key = agent_cli(&["key", "--state-dir", state]);
+    let trust = std::process::Command::new(bin("tunefleet"))
+        .args(["agents", "trust", name, key.trim(), "--store"])
+        .arg(store)
+        .output()
+        .expect("agents trust");
+    assert!(trust.status.success(), "{}", String::from_utf8_lossy(&trust.stderr));
+}
+
 fn agent_cli(args: &[&str]) -> String {
     let out = std::process::Command::new(bin("tunefleet-agent")).args(args).output().expect("tunefleet-agent runs");
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -275,13 +287,7 @@ fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coo
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
     // Another coordinator, another study, same address: it cannot place that
     // result. Its store has never seen the agent: the operator registers its key.
-    let key = agent_cli(&["key", "--state-dir", &state_arg]);
-    let trust = std::process::Command::new(bin("tunefleet"))
-        .args(["agents", "trust", "x-agent", key.trim(), "--store"])
-        .arg(&store_b)
-        .output()
-        .expect("agents trust");
-    assert!(trust.status.success(), "{}", String::from_utf8_lossy(&trust.stderr));
+    trust_agent(&store_b, "x-agent", &state_arg);
     let listen = url.trim_start_matches("mqtt://").to_string();
     let (mut coord_b, _) =
         start_coordinator(&sleep_study(dir.path(), "mine", 2, 0.1), &store_b, &root, &["--listen", &listen]);
@@ -361,13 +367,7 @@ fn regression_a_result_of_a_same_named_study_of_another_store_is_parked_not_dele
         results_of(&store_b, "exp").iter().any(|(t, ..)| *t == trial)
     });
     // Store B has never seen x-agent: the operator registers its key.
-    let key = agent_cli(&["key", "--state-dir", &state_arg]);
-    let trust = std::process::Command::new(bin("tunefleet"))
-        .args(["agents", "trust", "x-agent", key.trim(), "--store"])
-        .arg(&store_b)
-        .output()
-        .expect("agents trust");
-    assert!(trust.status.success(), "{}", String::from_utf8_lossy(&trust.stderr));
+    trust_agent(&store_b, "x-agent", &state_arg);
     let mut agent = start_agent(&url, "x-agent", &root, &args);
     assert!(coord_b.wait_exit(Duration::from_secs(120)).success());
     let out = coord_b.rest_of_stdout().join("\n");

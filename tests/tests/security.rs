@@ -55,6 +55,25 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap_or_default()
 }
 
+/// `tunefleet run STUDY` on a port the OS chooses, its log (standard error)
+/// in `log`; the process and the broker URL it printed.
+fn coordinator_logged(study: &Path, store: &Path, root: &str, log: &Path) -> (Proc, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["run", s(study), "--store", s(store), "--root", root, "--quiet", "--listen", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state_home())
+        .stderr(std::fs::File::create(log).expect("log file"));
+    let mut coord = Proc::spawn("coordinator", cmd);
+    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    (coord, url.trim_start_matches("broker: ").trim().to_string())
+}
+
+/// Makes `study`'s trials only for agents tagged `pool=POOL`.
+fn only_pool(study: &Path, pool: &str) {
+    let text =
+        std::fs::read_to_string(study).expect("study") + &format!("[selector]\ntags = {{ pool = \"{pool}\" }}\n");
+    std::fs::write(study, text).expect("study");
+}
+
 #[test]
 fn embedded_broker_with_logins_and_mutual_tls_lets_only_the_fleet_in() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -215,14 +234,8 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
     let out = coord.rest_of_stdout().join("\n");
     assert!(status.success(), "{out}");
     assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
-    let refused = out.lines().find(|l| l.starts_with("refused:")).unwrap_or_default().to_string();
-    assert!(refused.contains("malformed"), "the flood was counted: {out}");
-    let bad_tokens: u64 = refused
-        .split(", ")
-        .find(|p| p.contains("unauthenticated"))
-        .and_then(|p| p.split(' ').next()?.parse().ok())
-        .unwrap_or(0);
-    assert!(bad_tokens > 0, "forged results were refused: {refused}");
+    assert!(refused_count(&out, "malformed messages") > 0, "the flood was counted: {out}");
+    assert!(refused_count(&out, "unauthenticated messages") > 0, "forged results were refused: {out}");
     let rows = results(&store);
     assert_eq!(rows.len(), trials as usize);
     for (i, (trial, agent, v)) in rows.iter().enumerate() {
@@ -427,21 +440,13 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     let out = coord.rest_of_stdout().join("\n");
     assert!(status.success(), "{out}");
     assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
-    let refused = out.lines().find(|l| l.starts_with("refused:")).unwrap_or_default().to_string();
-    let count = |what: &str| -> u64 {
-        refused
-            .split(", ")
-            .find(|p| p.contains(what))
-            .and_then(|p| p.trim_start_matches("refused: ").split(' ').next()?.parse().ok())
-            .unwrap_or(0)
-    };
     assert!(
-        count("unauthenticated") >= trials as u64 + 2,
-        "forged results, status and the replayed request: {refused}"
+        refused_count(&out, "unauthenticated messages") >= trials as u64 + 2,
+        "forged results, status and the replayed request: {out}"
     );
     // 40 flooders + the replayed Hello; the bound (4: two victims, Mallory, one flooder) stops the rest.
-    assert!(count("Hellos refused") >= 40, "{refused}");
-    assert!(count("forged Last Wills") >= 2, "{refused}");
+    assert!(refused_count(&out, "Hellos refused") >= 40, "{out}");
+    assert!(refused_count(&out, "forged Last Wills") >= 2, "{out}");
     assert!(!out.contains("requeued:"), "no lease was released by a forgery: {out}");
     assert!(!marker.exists(), "a forged assignment ran");
     let rows = results(&store);
@@ -491,14 +496,7 @@ fn a_reinstalled_agent_with_a_new_key_is_refused_until_trusted() {
     // Same name, a fresh install (new state directory, new key): refused,
     // with the command that accepts it in the coordinator's log.
     let log = dir.path().join("coordinator.log");
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["run", s(&sleep_study(dir.path(), "two", 2, 0.1)), "--store", s(&store), "--root", &root, "--quiet"])
-        .args(["--listen", "127.0.0.1:0"])
-        .env("XDG_STATE_HOME", state_home())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut coord = Proc::spawn("coordinator", cmd);
-    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let (mut coord, url) = coordinator_logged(&sleep_study(dir.path(), "two", 2, 0.1), &store, &root, &log);
     let _agent = start_agent(&url, "k-agent", &root, &["--state-dir", s(&second)]);
     let new_key = key_of(&second);
     assert_ne!(new_key, old_key);
@@ -595,8 +593,7 @@ fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
     let log = dir.path().join("coordinator.log");
     let study = sleep_study(dir.path(), "tok", 2, 0.1);
     // Trials only for agents in pool "granted": a tag only the token gives.
-    let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"granted\" }\n";
-    std::fs::write(&study, text).expect("study");
+    only_pool(&study, "granted");
     let revoked = create_join_token(&store, &["--tag", "pool=granted"]);
     let tunefleet = |args: &[&str]| {
         let out = Command::new(bin("tunefleet"))
@@ -614,13 +611,7 @@ fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
     assert!(!listed.contains(revoked.split('.').next_back().expect("secret")), "the secret is listed: {listed}");
     assert!(tunefleet(&["token", "revoke", &id]).contains("revoked 1"));
     let good = create_join_token(&store, &["--tag", "pool=granted"]);
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["run", s(&study), "--store", s(&store), "--root", &root, "--quiet", "--listen", "127.0.0.1:0"])
-        .env("XDG_STATE_HOME", state_home())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut coord = Proc::spawn("coordinator", cmd);
-    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log);
     let key = Command::new(bin("tunefleet")).arg("key").env("XDG_STATE_HOME", state_home()).output().expect("key");
     let coordinator_key = String::from_utf8_lossy(&key.stdout).into_owned();
     // No token (the coordinator's key given, so the agent trusts it): refused.
@@ -669,56 +660,15 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     let log = dir.path().join("coordinator.log");
     join_root(&root, &store);
     let study = sleep_study(dir.path(), "replay", 12, 0.3);
-    let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"work\" }\n";
-    std::fs::write(&study, text).expect("study");
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["run", s(&study), "--store", s(&store), "--root", &root])
-        .args(["--quiet", "--listen", "127.0.0.1:0"])
-        .env("XDG_STATE_HOME", state_home())
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let mut coord = Proc::spawn("coordinator", cmd);
-    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    let url = url.trim_start_matches("broker: ").trim().to_string();
+    only_pool(&study, "work");
+    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log);
     let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
-    let topics = Topics::new(&root).expect("root");
-    let hello_topic = topics.agent("victim", AgentTopic::Hello);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
-    let (client, mut hellos) = rt.block_on(async {
-        let (client, mut el) = AsyncClient::new(MqttOptions::new("replayer", "127.0.0.1", port), 64);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let sub = client.clone();
-        let topic = hello_topic.clone();
-        tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            while let Ok(ev) = el.poll().await {
-                match ev {
-                    rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
-                        let _ = sub.subscribe(topic.clone(), QoS::AtLeastOnce).await;
-                    }
-                    rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
-                        if let Some(r) = ready.take() {
-                            let _ = r.send(());
-                        }
-                    }
-                    rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
-                        let _ = tx.send(p.payload.to_vec());
-                    }
-                    _ => {}
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
-        (client, rx)
-    });
+    // The attacker listens to the victim's Hellos.
+    let hello_topic = Topics::new(&root).expect("root").agent("victim", AgentTopic::Hello);
+    let mut mallory = Mallory::connect(port, &root, "replayer", std::slice::from_ref(&hello_topic));
     let state = dir.path().join("victim-state");
     // Trials only for pool=work: the restarts (pool=idle) hold none, the last process runs them all.
     let start = |pool: &str| start_agent(&url, "victim", &root, &["--state-dir", s(&state), "--tag", pool]);
-    let next_hello = |hellos: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>| -> Vec<u8> {
-        rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), hellos.recv()).await })
-            .expect("a Hello in time")
-            .expect("hellos")
-    };
     let instance_of = |payload: &[u8]| -> u64 {
         let Ok(UpFrame::Hello(signed)) = tunefleet_common::decode::<UpFrame>(payload) else { panic!("not a Hello") };
         auth::peek_hello(&signed).expect("a Hello").info.instance
@@ -726,26 +676,23 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     // The first process's Hello, captured; then 18 restarts (SIGKILL, as a
     // crash): more than the 16 earlier instances the coordinator once remembered.
     let mut agent = start("pool=idle");
-    let captured = next_hello(&mut hellos);
+    let captured = mallory.frame_on(&hello_topic, Duration::from_secs(30));
     let mut instances = vec![instance_of(&captured)];
     for i in 0..18 {
         agent.signal("KILL");
         agent.wait_exit(Duration::from_secs(10));
         agent = start(if i == 17 { "pool=work" } else { "pool=idle" });
-        let hello = next_hello(&mut hellos);
+        let hello = mallory.frame_on(&hello_topic, Duration::from_secs(30));
         instances.push(instance_of(&hello));
     }
     assert!(instances.windows(2).all(|w| w[1] > w[0]), "instances grow across restarts: {instances:?}");
-    // The replay, and the client's event loop kept running (on this
-    // runtime) until the coordinator has refused it.
+    // The replay (her event loop runs on a thread of its own).
+    mallory.publish(hello_topic.clone(), captured);
     let refused = || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Hello refused: replayed Hello"));
-    rt.block_on(async {
-        client.publish(hello_topic.clone(), QoS::AtLeastOnce, false, captured).await.expect("replay");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while !refused() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !refused() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(refused(), "the replay was not refused: {}", std::fs::read_to_string(&log).unwrap_or_default());
     assert!(coord.wait_exit(Duration::from_secs(90)).success());
     let summary = coord.rest_of_stdout().join("\n");
