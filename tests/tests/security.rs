@@ -67,6 +67,11 @@ fn coordinator_logged(study: &Path, store: &Path, root: &str, log: &Path) -> (Pr
     (coord, url.trim_start_matches("broker: ").trim().to_string())
 }
 
+/// The port of a broker URL a coordinator printed.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+}
+
 /// Makes `study`'s trials only for agents tagged `pool=POOL`.
 fn only_pool(study: &Path, pool: &str) {
     let text =
@@ -181,7 +186,7 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
     let root = unique_root("hostile");
     let trials = 12;
     let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "hostile", trials, 0.15), &store, &root, &[]);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     let names = ["h-agent-1", "h-agent-2"];
     let _agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
 
@@ -256,7 +261,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     let marker = dir.path().join("forged-command-ran");
     let (mut coord, url) =
         start_coordinator(&sleep_study(dir.path(), "member", trials, 0.4), &store, &root, &["--max-agents", "4"]);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     let names = ["v-agent-1", "v-agent-2"];
     let topics = Topics::new(&root).expect("root");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
@@ -662,7 +667,7 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     let study = sleep_study(dir.path(), "replay", 12, 0.3);
     only_pool(&study, "work");
     let (mut coord, url) = coordinator_logged(&study, &store, &root, &log);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     // The attacker listens to the victim's Hellos.
     let hello_topic = Topics::new(&root).expect("root").agent("victim", AgentTopic::Hello);
     let mut mallory = Mallory::connect(port, &root, "replayer", std::slice::from_ref(&hello_topic));
@@ -713,7 +718,7 @@ fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_
     let root = unique_root("clientid");
     let trials = 6;
     let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "clientid", trials, 0.5), &store, &root, &[]);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     let victim = "cid-victim";
     let agent = start_agent(&url, victim, &root, &["--slots", "1"]);
     let attempts = || -> i64 {
@@ -936,7 +941,7 @@ fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
     let root = unique_root("poison");
     let trials = 6;
     let (mut coord, url) = start_coordinator(&recording_resume_study(dir.path(), "poison", trials), &store, &root, &[]);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     let mut mallory = Mallory::connect(port, &root, "mallory", &[]);
     mallory.join(1);
     mallory.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
@@ -1063,7 +1068,7 @@ fn regression_a_flood_of_junk_hellos_does_not_keep_a_new_agent_out() {
     let root = unique_root("junk");
     // Four trials of a second: the study outlasts the flood.
     let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "junk", 4, 1.0), &store, &root, &[]);
-    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    let port = port_of(&url);
     let newcomer = "newcomer";
     let topics = Topics::new(&root).expect("root");
     let welcome = topics.agent(newcomer, AgentTopic::Welcome);
