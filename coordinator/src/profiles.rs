@@ -210,7 +210,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
         ))
     })?;
     let agent = store.agents()?.into_iter().find(|a| a.name == result.agent);
-    let class = agent.map(|a| crate::sched::device_class(&a.info)).ok_or_else(|| {
+    let class = agent.map(|a| a.info.device_class()).ok_or_else(|| {
         ProfilesError::NotFound(format!("agent {} of trial {trial} is not in the store", result.agent))
     })?;
     let records: Vec<Record> = store

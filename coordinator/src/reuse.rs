@@ -74,7 +74,7 @@ pub struct Outcome {
 pub struct Record {
     pub study: String,
     pub trial: u64,
-    /// Device class ([`crate::sched::device_class`]).
+    /// Device class ([`AgentInfo::device_class`](tunefleet_common::message::AgentInfo::device_class)).
     pub class: String,
     /// The workload's program (its command's first word).
     pub workload: String,

@@ -1,5 +1,5 @@
 //! Device classes of a study's results: ranked results grouped by the class
-//! ([`crate::sched::device_class`]: architecture, cores, energy source) of
+//! ([device class](tunefleet_common::message::AgentInfo::device_class): architecture, cores, energy source) of
 //! the agent that ran them, for `tunefleet best --by-class` and the
 //! report's per-class summaries. Pure.
 
@@ -13,8 +13,7 @@ pub const UNKNOWN_AGENT: &str = "unknown agent";
 /// `rows` grouped by the device class of their agent, by class name; each
 /// group keeps the order of `rows` (best first, as [`crate::store::Store::best`] gives them).
 pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a BestRow>> {
-    let classes: HashMap<&str, String> =
-        agents.iter().map(|a| (a.name.as_str(), crate::sched::device_class(&a.info))).collect();
+    let classes: HashMap<&str, String> = agents.iter().map(|a| (a.name.as_str(), a.info.device_class())).collect();
     let mut groups: BTreeMap<String, Vec<&BestRow>> = BTreeMap::new();
     for r in rows {
         let class = classes.get(r.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
