@@ -362,7 +362,7 @@ pub struct BrokerArgs {
 
 impl BrokerArgs {
     /// The overload policy of these flags (`None` without --offload).
-    pub fn offload(&self) -> anyhow::Result<Option<crate::decide::Policy>> {
+    pub fn offload(&self) -> anyhow::Result<Option<crate::offload::Policy>> {
         if !self.offload {
             return Ok(None);
         }
@@ -374,11 +374,11 @@ impl BrokerArgs {
         if self.offload_window == 0 {
             bail!("--offload-window must be at least 1 second");
         }
-        Ok(Some(crate::decide::Policy {
+        Ok(Some(crate::offload::Policy {
             cpu_ratio: self.offload_cpu,
             memory_ratio: self.offload_memory,
             window_ms: self.offload_window.saturating_mul(1000),
-            ..crate::decide::Policy::default()
+            ..crate::offload::Policy::default()
         }))
     }
 }

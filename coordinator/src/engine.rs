@@ -221,8 +221,8 @@ pub struct Engine {
     /// Agents sent something other than a Sync since this was last cleared.
     sent_to: std::collections::HashSet<String>,
     /// Agents' recent telemetry, for the overload decider.
-    telemetry: crate::decide::Telemetry,
-    offload: Option<crate::decide::Policy>,
+    telemetry: crate::offload::Telemetry,
+    offload: Option<crate::offload::Policy>,
     last_decision_ms: u64,
     /// Profiles, clusters and reuse, loaded from the store with the first study.
     book: Option<crate::reuse::Book>,
@@ -263,8 +263,8 @@ impl Engine {
         }
     }
 
-    /// Moves trials off agents the decider finds overloaded ([`crate::decide`]).
-    pub fn with_offload(mut self, policy: Option<crate::decide::Policy>) -> Self {
+    /// Moves trials off agents the decider finds overloaded ([`crate::offload`]).
+    pub fn with_offload(mut self, policy: Option<crate::offload::Policy>) -> Self {
         self.offload = policy;
         self
     }
@@ -708,7 +708,7 @@ struct Ctx<'a, 'b> {
     influx: bool,
     sessions: &'a mut Sessions,
     unsynced: &'a mut HashMap<String, u64>,
-    telemetry: &'a mut crate::decide::Telemetry,
+    telemetry: &'a mut crate::offload::Telemetry,
     /// The engine's clock (milliseconds since it started), for the scheduler.
     now_ms: u64,
     /// Measurements agents flag as disturbed are taken again (with offloading).
@@ -720,18 +720,18 @@ struct Ctx<'a, 'b> {
 /// their running ones move.
 fn offload(
     sched: &mut Scheduler,
-    telemetry: &crate::decide::Telemetry,
-    policy: &crate::decide::Policy,
+    telemetry: &crate::offload::Telemetry,
+    policy: &crate::offload::Policy,
     now: u64,
 ) -> Vec<Effect> {
     let mut effects = Vec::new();
-    for decision in crate::decide::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
+    for decision in crate::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
         match decision {
-            crate::decide::Decision::Overloaded { agent, why } => {
+            crate::offload::Decision::Overloaded { agent, why } => {
                 tracing::warn!(agent = %agent, reason = %why, "agent overloaded: no new trials, its trials move");
                 effects.extend(sched.set_overloaded(&agent, Some(why), now));
             }
-            crate::decide::Decision::Recovered { agent } => {
+            crate::offload::Decision::Recovered { agent } => {
                 tracing::info!(agent = %agent, "agent no longer overloaded");
                 effects.extend(sched.set_overloaded(&agent, None, now));
             }
@@ -1040,7 +1040,7 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
         AgentMessage::Telemetry(t) => {
             cx.batch.record_telemetry(&agent, &t)?;
-            cx.telemetry.observe(&agent, crate::decide::Sample::of(&t, cx.now_ms));
+            cx.telemetry.observe(&agent, crate::offload::Sample::of(&t, cx.now_ms));
         }
         AgentMessage::Synced(n) => {
             if cx.unsynced.get(&agent) == Some(&n) {
