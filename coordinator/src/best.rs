@@ -5,13 +5,14 @@
 //! is computed from the store's rows into a [`View`], which renders as the
 //! text `best` prints or serialises as the JSON `best --json` prints.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use serde::Serialize;
 use tunefleet_common::message::SystemParams;
 use tunefleet_common::params::Params;
 
-use crate::store::{BestRow, DecisionRow, Store, StoreError, Unranked};
+use crate::store::{AgentRow, BestRow, DecisionRow, Store, StoreError, Unranked};
 use crate::study::{self, Direction, Secondary, StudyError};
 
 /// Which view `best` asks for (the flags `--pareto` and `--by-class`).
@@ -102,12 +103,28 @@ pub enum BestError {
     NothingRanked { study: String, store: String, note: String },
 }
 
+/// The class of a result whose agent the store does not know.
+pub const UNKNOWN_AGENT: &str = "unknown agent";
+
+/// `rows` grouped by the device class of their agent, by class name; each
+/// group keeps the order of `rows` (best first, as [`crate::store::Store::best`] gives them).
+pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a BestRow>> {
+    let classes: HashMap<&str, String> =
+        agents.iter().map(|a| (a.name.as_str(), crate::sched::device_class(&a.info))).collect();
+    let mut groups: BTreeMap<String, Vec<&BestRow>> = BTreeMap::new();
+    for r in rows {
+        let class = classes.get(r.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
+        groups.entry(class).or_default().push(r);
+    }
+    groups
+}
+
 /// The view `ask` of `study`, with at most `n` trials (or configurations)
 /// per list; the Pareto front is shown whole.
 pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, BestError> {
     match ask {
         Ask::Pareto => pareto_front(store, study),
-        Ask::ByClass => by_class(store, study, n),
+        Ask::ByClass => best_by_class(store, study, n),
         Ask::Best => match repeated_configurations(store, study, n)? {
             Some(view) => Ok(view),
             None => ranked(store, study, n),
@@ -142,9 +159,9 @@ fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
 }
 
 /// The `n` best trials of `study` in each device class of the agents that ran them.
-fn by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
+fn best_by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
     let rows = store.best(study, usize::MAX)?;
-    let groups = crate::report::by_class(&rows, &store.agents()?);
+    let groups = by_class(&rows, &store.agents()?);
     if groups.is_empty() {
         return Err(no_success(store, study));
     }

@@ -15,6 +15,7 @@ pub mod decide;
 pub mod engine;
 pub mod launch;
 pub mod manual;
+pub mod params;
 pub mod pareto;
 pub mod profiles;
 pub mod progress;

@@ -334,6 +334,27 @@ pub struct Stability {
     pub max_repeats: u32,
 }
 
+/// `[reuse]` of a study: see [`crate::reuse`] and docs/STUDY.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReusePolicy {
+    /// Reuse configurations (profiles are learned either way).
+    pub enabled: bool,
+    /// Hyper-parameters whose values must match for a configuration to be
+    /// reused (a batch size changes what is best).
+    pub group: Vec<String>,
+    pub radius_factor: f64,
+    pub min_threshold: f64,
+    /// How much slower (relative) a reused configuration may run than its
+    /// record before the cluster is probed again.
+    pub verify_bound: f64,
+}
+
+impl Default for ReusePolicy {
+    fn default() -> Self {
+        ReusePolicy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: 0.5 }
+    }
+}
+
 /// A validated study.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Study {
@@ -368,7 +389,7 @@ pub struct Study {
     pub pipeline: Option<Pipelined>,
     /// `[reuse]`: configurations known good for jobs that profile alike
     /// ([`crate::reuse`]); pipelined studies only.
-    pub reuse: crate::reuse::Policy,
+    pub reuse: ReusePolicy,
     /// `[[group]]`: device groups (phones, Graviton, x86...) tuned apart,
     /// each with its selector and budget; see [`Study::expand`].
     pub groups: Vec<Group>,
@@ -968,8 +989,8 @@ impl Ctx<'_> {
         raw: Option<&Spanned<RawReuse>>,
         hyper: &BTreeMap<String, ParamSpec>,
         pipelined: bool,
-    ) -> Result<crate::reuse::Policy, StudyError> {
-        let mut policy = crate::reuse::Policy::default();
+    ) -> Result<ReusePolicy, StudyError> {
+        let mut policy = ReusePolicy::default();
         let Some(raw) = raw else { return Ok(policy) };
         if !pipelined {
             return Err(self.at(
