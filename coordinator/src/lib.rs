@@ -24,6 +24,7 @@ pub mod reuse;
 pub mod run;
 pub mod sched;
 pub mod search;
+pub mod select;
 pub mod sink;
 pub mod status;
 pub mod store;
