@@ -49,7 +49,7 @@ pub enum Action {
     Start(StartTrial),
     Cancel(TrialRef),
     /// Apply this system configuration to a running trial.
-    Reconfigure(TrialRef, tunefleet_common::message::SystemParams, tunefleet_common::message::ReconfigureReason),
+    Reconfigure(TrialRef, tunefleet_common::params::SystemParams, tunefleet_common::message::ReconfigureReason),
     /// Keep this result on disk until it is acknowledged.
     Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
@@ -412,7 +412,7 @@ impl AgentState {
 mod tests {
     use super::*;
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome};
-    use tunefleet_common::message::SystemParams;
+    use tunefleet_common::params::SystemParams;
 
     fn info(slots: u32) -> AgentInfo {
         AgentInfo {

@@ -60,7 +60,8 @@ use tunefleet_common::measurement::{
     AppliedLimits, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics, MissingCounter, SegmentRole,
     WindowProfile,
 };
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 use tunefleet_common::profile::Profile;
 
 use crate::cgroup::{CgroupV2, TrialCgroup};

@@ -20,7 +20,8 @@ use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialHandle, TrialRun};
 use tunefleet_agent::sched::allowed_cpus;
 use tunefleet_agent::telemetry::TelemetrySampler;
 use tunefleet_common::measurement::{ExitOutcome, Telemetry};
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 
 /// Between telemetry samples (the agent's default is 1 s).
 const INTERVAL: Duration = Duration::from_millis(500);
