@@ -14,7 +14,7 @@
 //! * [`conditions`]: charging, battery and throttling, which stop the agent
 //!   taking trials and flag the measurements they disturb.
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
-//! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
+//! * [`caps`], [`cpus`], [`pending`], [`options`]: the rest.
 
 pub mod allow;
 pub mod auth;
@@ -36,7 +36,7 @@ pub mod probe;
 pub mod procfs;
 pub mod protocol;
 pub mod runner;
-pub mod sched;
+pub mod cpus;
 pub mod telemetry;
 pub mod transport;
 
@@ -89,7 +89,7 @@ pub struct AgentConfig {
     pub telemetry_interval: Duration,
     /// The CPUs the agent is confined to (`--cpus`); none: every CPU it
     /// may use. Confining the process itself is the caller's part
-    /// ([`sched::pin_self`], as `main` does before the runtime starts).
+    /// ([`cpus::pin_self`], as `main` does before the runtime starts).
     pub cpus: Option<Vec<u32>>,
     /// A trial's measurement is flagged when load from outside it exceeded
     /// this fraction of the agent's CPUs in a telemetry sample taken while
@@ -402,12 +402,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     )?;
     let cpus = match &config.cpus {
         Some(set) => {
-            if !sched::allowed_cpus().iter().all(|c| set.contains(c)) {
+            if !cpus::allowed_cpus().iter().all(|c| set.contains(c)) {
                 tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
             }
             set.clone()
         }
-        None => sched::allowed_cpus(),
+        None => cpus::allowed_cpus(),
     };
     let selection = energy::select(&config.energy_roots, config.energy_model);
     let info = caps::agent_info(caps::CapsInput {

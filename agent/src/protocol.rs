@@ -30,7 +30,7 @@ use tunefleet_common::message::{
     ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
 };
 
-use crate::sched;
+use crate::cpus;
 
 /// A trial to start now.
 #[derive(Debug, Clone, PartialEq)]
@@ -282,7 +282,7 @@ impl AgentState {
             return vec![self.refuse(trial, reason)];
         }
         let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
-        let cpus = sched::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
+        let cpus = cpus::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
         self.running.insert(trial.clone(), cpus.clone());
         self.started += 1;
         vec![Action::Start(StartTrial { trial, spec: assignment.spec, cpus })]
