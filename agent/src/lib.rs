@@ -49,7 +49,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
-use tunefleet_common::measurement::{Measurement, SegmentRole};
+use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
@@ -387,6 +387,14 @@ fn on_inbound(
     }
 }
 
+/// SIGTERM's number (Linux, and every platform the agent runs on).
+const SIGTERM: i32 = 15;
+
+/// How long after a trial killed by SIGTERM the agent's own stop may come
+/// for the trial to count as stopped with the agent (a batch scheduler
+/// signals the processes of a job one after the other).
+const STOPPED_WITH_AGENT: Duration = Duration::from_millis(500);
+
 /// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
 /// then drains within the grace period: running trials are cancelled and
 /// their results published, the retained status goes offline, and the
@@ -515,6 +523,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 None => break Err(AgentError::TransportClosed),
             },
             Some((trial, mut measurement)) = done_rx.recv() => {
+                // A batch scheduler stopping the job (Slurm's scancel, a time
+                // limit) sends SIGTERM to every process in it: a trial killed
+                // by SIGTERM just before the agent's own SIGTERM was stopped
+                // with the agent, and is cancelled (run again elsewhere), not
+                // a failure of the workload.
+                let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
+                    && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
+                if stopped_with_agent {
+                    measurement.exit = ExitOutcome::Cancelled;
+                }
                 // A trial's progress is queued before its end: publish it first.
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
@@ -524,6 +542,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 exec.trials.remove(&trial);
                 exec.apply(state.on_finished(trial, measurement));
                 idle_since = Instant::now();
+                if stopped_with_agent {
+                    // `shutdown` has completed: it is not polled again.
+                    tracing::info!("shutdown requested");
+                    break Ok(());
+                }
                 if state.max_trials_done() {
                     tracing::info!("--max-trials reached");
                     break Ok(());
@@ -575,6 +598,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 break;
             }
             Some((trial, mut measurement)) = done_rx.recv() => {
+                // Draining: the SIGTERM that stopped the agent stopped this trial too.
+                if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
+                    measurement.exit = ExitOutcome::Cancelled;
+                }
                 while let Ok((trial, epoch)) = progress_rx.try_recv() {
                     exec.apply(state.progress(trial, epoch).into_iter().collect());
                 }
