@@ -46,6 +46,10 @@ pub struct Slurm {
 impl Slurm {
     /// Starts munged, slurmctld and slurmd; returns once the node is idle.
     pub fn start() -> Slurm {
+        assert!(
+            Path::new(SBIN).join("slurmctld").exists() && Command::new("sbatch").arg("--help").output().is_ok(),
+            "Slurm is not installed: apt-get install slurmctld slurmd slurm-client munge (scripts/test.sh does)"
+        );
         let dir = tempfile::Builder::new().prefix("tunefleet-slurm-").tempdir().expect("tempdir");
         let conf = dir.path().join("slurm.conf");
         let mut slurm = Slurm { dir, conf, procs: Vec::new() };
@@ -116,7 +120,7 @@ impl Slurm {
         }
         let key = d.join("munge-key/munge.key");
         let (code, _, err) = run({
-            let mut c = Command::new("mungekey");
+            let mut c = Command::new(Path::new(SBIN).join("mungekey"));
             c.arg("--create").arg("--keyfile").arg(&key);
             c
         });

@@ -175,12 +175,14 @@ fn agents_launched_as_slurm_jobs_run_the_study_and_leave_the_queue_empty() {
     eprintln!("queue empty {:?} after the start", run.started.elapsed());
 }
 
-/// The agent and (trial, attempt) of an attempt running now, if any.
+/// The agent, trial and start (unix ms) of the attempt that started last
+/// among those running now, if any.
 fn running(store: &Path) -> Option<(String, i64, i64)> {
     let c = Connection::open(store).ok()?;
     c.query_row(
-        "SELECT a.agent, a.trial, a.attempt FROM attempts a JOIN trials t ON t.study = a.study AND t.trial = a.trial
-         WHERE a.ended_ms IS NULL AND t.state = 'running' LIMIT 1",
+        "SELECT a.agent, a.trial, a.assigned_ms FROM attempts a
+         JOIN trials t ON t.study = a.study AND t.trial = a.trial
+         WHERE a.ended_ms IS NULL AND t.state = 'running' ORDER BY a.assigned_ms DESC LIMIT 1",
         [],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )
@@ -189,15 +191,20 @@ fn running(store: &Path) -> Option<(String, i64, i64)> {
     .flatten()
 }
 
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 #[test]
 fn a_job_cancelled_mid_trial_has_its_trial_run_again_exactly_once() {
     let Some(mut run) = start("cancel", 4, 3.0, |_| {}, &["--launch-max", "1"]) else { return };
+    // A trial of 3 s that started less than a second ago: cancelled mid-trial.
     let mut victim = None;
-    wait_for("a launched agent to run a trial", Duration::from_secs(90), || {
-        victim = running(&run.store);
+    wait_for("a launched agent to start a trial", Duration::from_secs(90), || {
+        victim = running(&run.store).filter(|(_, _, at)| unix_ms() - at < 1_000);
         victim.is_some()
     });
-    let (agent, trial, attempt) = victim.expect("running");
+    let (agent, trial, _) = victim.expect("running");
     let queue = run.slurm.squeue();
     let job = queue
         .iter()
@@ -214,11 +221,23 @@ fn a_job_cancelled_mid_trial_has_its_trial_run_again_exactly_once() {
     let logged = finished(&mut run, 4);
     let rows = results(&run.store, "cancel");
     assert_eq!(rows.iter().map(|r| r.0).collect::<Vec<_>>(), (0..4).collect::<Vec<_>>(), "each trial once");
-    let (_, winner, won) = rows.iter().find(|r| r.0 == trial).expect("the cancelled trial's result");
     let all = attempts(&run.store);
-    assert_ne!(winner, &agent, "the cancelled trial completed on another job's agent:\n{all}");
-    assert!(*won > attempt, "the cancelled attempt {attempt} is not the one that completed ({won}):\n{all}");
-    eprintln!("attempts:\n{all}");
+    eprintln!("attempts (trial, attempt, agent, outcome):\n{all}");
+    // Every attempt the cancelled job's agent did not finish was run again
+    // by another job's agent, and the trial it was cancelled in is one.
+    let interrupted: Vec<(i64, i64)> = db(&run.store)
+        .prepare("SELECT trial, attempt FROM attempts WHERE agent = ?1 AND outcome IS NOT 'exited 0'")
+        .expect("prepare")
+        .query_map([&agent], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert!(interrupted.iter().any(|(t, _)| *t == trial), "trial {trial} was cancelled mid-way:\n{all}");
+    for (t, attempt) in &interrupted {
+        let (_, winner, won) = rows.iter().find(|r| r.0 == *t).expect("the cancelled trial's result");
+        assert_ne!(winner, &agent, "trial {t} completed on another job's agent:\n{all}");
+        assert!(won > attempt, "trial {t}: the cancelled attempt {attempt} is not the one that completed:\n{all}");
+    }
     assert!(
         logged.contains(&format!("job={job}")) || logged.contains(&format!("job=\"{job}\"")),
         "the launcher followed job {job}:\n{logged}"
