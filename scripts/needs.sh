@@ -19,6 +19,10 @@
 #                        environment, else the one .cargo/config.toml names)
 #                        compiles a file that includes <stdint.h> (ring's C); for
 #                        the glibc targets, which it links, it links a program too
+#   slurm                `sbatch` and `squeue` (given a minimal slurm.conf),
+#                        `slurmctld`, `slurmd` and `munged` print their versions and
+#                        `mungekey` makes a key (the Slurm test runs its own
+#                        cluster: munged, slurmctld and slurmd)
 #   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
 #                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
 #                        which the kernel hands to qemu through binfmt_misc (the
@@ -74,6 +78,20 @@ needs_check() {
       grep -q '^ejabberd ' <<<"$needs_output"
       ;;
     systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
+    slurm)
+      # Debian installs the daemons in /usr/sbin. The clients read a
+      # slurm.conf before anything else (without one they look for the
+      # controller in DNS): a minimal one in a temp dir serves. The test makes
+      # its own munge key with mungekey, so the check makes one too.
+      dir=$(mktemp -d)
+      printf 'ClusterName=probe\nSlurmctldHost=localhost\nNodeName=localhost CPUs=1\nPartitionName=p Nodes=localhost\n' >"$dir/slurm.conf"
+      needs_output=$(export PATH="$PATH:/usr/sbin" SLURM_CONF="$dir/slurm.conf" && sbatch --version 2>&1 \
+        && squeue --version 2>&1 && slurmctld -V 2>&1 && slurmd -V 2>&1 && munged --version 2>&1 \
+        && mungekey --create --keyfile "$dir/munge.key" 2>&1) || status=$?
+      [ $status = 0 ] && [ -s "$dir/munge.key" ] || status=1
+      rm -rf "$dir"
+      return $status
+      ;;
     man)
       dir=$(mktemp -d)
       printf '.TH PROBE 1\n.SH NAME\nprobe \\- a page\n' >"$dir/probe.1"
@@ -145,6 +163,7 @@ needs_packages() {
     victoria-metrics) echo victoria-metrics ;;
     ejabberd) echo ejabberd ;;
     systemd-analyze) echo systemd ;;
+    slurm) echo slurmctld slurmd slurm-client munge ;;
     man) echo man-db groff-base ;;
     chromium) echo chromium ;;
     cc:*)

@@ -49,7 +49,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
-use tunefleet_common::measurement::{Measurement, SegmentRole};
+use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
@@ -409,6 +409,14 @@ fn on_trial_done(
     exec.apply(state.on_finished(trial, measurement));
 }
 
+/// SIGTERM's number (Linux, and every platform the agent runs on).
+const SIGTERM: i32 = 15;
+
+/// How long after a trial killed by SIGTERM the agent's own stop may come
+/// for the trial to count as stopped with the agent (a batch scheduler
+/// signals the processes of a job one after the other).
+const STOPPED_WITH_AGENT: Duration = Duration::from_millis(500);
+
 /// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
 /// then drains within the grace period: running trials are cancelled and
 /// their results published, the retained status goes offline, and the
@@ -536,10 +544,25 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 None => break Err(AgentError::TransportClosed),
             },
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some((trial, mut measurement)) = done_rx.recv() => {
+                // A batch scheduler stopping the job (Slurm's scancel, a time
+                // limit) sends SIGTERM to every process in it: a trial killed
+                // by SIGTERM just before the agent's own SIGTERM was stopped
+                // with the agent, and is cancelled (run again elsewhere), not
+                // a failure of the workload.
+                let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
+                    && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
+                if stopped_with_agent {
+                    measurement.exit = ExitOutcome::Cancelled;
+                }
                 let threshold = config.interference_threshold;
                 on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
                 idle_since = Instant::now();
+                if stopped_with_agent {
+                    // `shutdown` has completed: it is not polled again.
+                    tracing::info!("shutdown requested");
+                    break Ok(());
+                }
                 if state.max_trials_done() {
                     tracing::info!("--max-trials reached");
                     break Ok(());
@@ -590,7 +613,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 );
                 break;
             }
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some((trial, mut measurement)) = done_rx.recv() => {
+                // Draining: the SIGTERM that stopped the agent stopped this trial too.
+                if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
+                    measurement.exit = ExitOutcome::Cancelled;
+                }
                 let threshold = config.interference_threshold;
                 on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
             }

@@ -22,11 +22,30 @@
 //! take a while). A launch whose command fails before its agent is seen
 //! counts as a failure, and launching backs off (doubling from 1 s, at
 //! most 5 minutes) until an agent comes up. Deciding is pure
-//! ([`Launcher::plan`]); running the command is [`Launcher::tick`].
+//! ([`Launcher::plan`], [`jobs::judge`]); running the command is
+//! [`Launcher::tick`].
+//!
+//! When the template submits to a batch scheduler the launcher knows
+//! ([`jobs::SCHEDULERS`]: Slurm's `sbatch`), it follows the jobs: it reads
+//! the job id the submit command prints and asks the scheduler every few
+//! seconds (`squeue`), so a job counts while it waits in the queue or runs
+//! and no longer once it ended (one that ended before its agent connected
+//! is a failed launch); a job still queued after `--launch-grace` is
+//! reported with the scheduler's reason, and keeps its place instead of
+//! being answered with more jobs. Jobs still queued when no study has work
+//! (or the coordinator stops) are cancelled (`scancel`).
+
+pub mod jobs;
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use jobs::{Job, Query, Scheduler, Verdict};
+
+/// How often the scheduler is asked about the launched jobs.
+const QUERY_EVERY_MS: u64 = 2_000;
 
 /// `--launcher` and its bounds.
 #[derive(Debug, Clone, clap::Args)]
@@ -115,6 +134,12 @@ struct Launch {
     seen: bool,
     /// The launch command, until it has been reaped.
     child: Option<Child>,
+    /// The scheduler's job id, when the launch is followed.
+    job_id: Option<String>,
+    /// What the scheduler said last (`None`: not followed).
+    job: Option<Job>,
+    /// When a job stuck in the queue was last reported.
+    reported_ms: Option<u64>,
 }
 
 /// The launcher's state.
@@ -128,7 +153,12 @@ pub struct Launcher {
     launches: BTreeMap<String, Launch>,
     failures: u32,
     not_before_ms: u64,
-    /// Launches started, and launch commands that failed.
+    /// The batch scheduler the template submits to, when it is one the launcher follows.
+    scheduler: Option<&'static Scheduler>,
+    /// The scheduler query in flight.
+    query: Option<Query>,
+    last_query_ms: Option<u64>,
+    /// Launches started, and launch commands (or jobs) that failed.
     pub started: u64,
     pub failed: u64,
 }
@@ -136,8 +166,15 @@ pub struct Launcher {
 impl Launcher {
     pub fn new(args: &LaunchArgs, cx: Context) -> Option<Launcher> {
         let template = args.launcher.clone()?;
+        let scheduler = jobs::scheduler_of(&template);
+        if let Some(s) = scheduler {
+            tracing::info!(scheduler = s.name, query = s.query, "following the launched jobs");
+        }
         Some(Launcher {
             template,
+            scheduler,
+            query: None,
+            last_query_ms: None,
             cx,
             max: args.launch_max,
             grace_ms: u64::try_from(args.launch_grace.as_millis()).unwrap_or(u64::MAX),
@@ -162,12 +199,29 @@ impl Launcher {
     /// Launched agents that still count (see the module doc), given which
     /// agents are connected now.
     fn count(&mut self, now_ms: u64, online: &dyn Fn(&str) -> bool) -> usize {
+        self.ask_scheduler(now_ms);
         let grace = self.grace_ms;
+        let scheduler = self.scheduler;
         let mut failed = 0;
         self.launches.retain(|name, l| {
             if let Some(child) = l.child.as_mut() {
                 match child.try_wait() {
                     Ok(Some(status)) => {
+                        if let (Some(s), Some(mut out)) = (scheduler, child.stdout.take()) {
+                            let mut text = String::new();
+                            let _ = out.read_to_string(&mut text);
+                            l.job_id = jobs::job_id(s, &text);
+                            match &l.job_id {
+                                Some(id) => {
+                                    tracing::info!(agent = %name, job = %id, scheduler = s.name, "submitted");
+                                    l.job = Some(Job::Unknown);
+                                }
+                                None if status.success() => {
+                                    tracing::warn!(agent = %name, printed = %text.trim(), "no job id in what the submit command printed: not followed")
+                                }
+                                None => {}
+                            }
+                        }
                         l.child = None;
                         if !status.success() && !l.seen && !online(name) {
                             tracing::warn!(agent = %name, %status, "launch command failed");
@@ -183,8 +237,28 @@ impl Launcher {
             if up && !l.seen {
                 l.seen = true;
             }
-            // Seen and gone (it exited when idle); or never seen within the grace.
-            up || (!l.seen && now_ms < l.at_ms.saturating_add(grace))
+            let age_ms = now_ms.saturating_sub(l.at_ms);
+            if let Some(Job::Queued(reason)) = &l.job {
+                if jobs::report_queued(age_ms, grace, l.reported_ms, now_ms) {
+                    l.reported_ms = Some(now_ms);
+                    tracing::warn!(
+                        agent = %name,
+                        job = l.job_id.as_deref().unwrap_or_default(),
+                        reason = %reason,
+                        waited_s = age_ms / 1_000,
+                        "a launched job still waits in the scheduler's queue: it keeps its place, no other is launched for it"
+                    );
+                }
+            }
+            match jobs::judge(l.job.as_ref(), l.seen, up, age_ms, grace) {
+                Verdict::Counts => true,
+                Verdict::Gone => false,
+                Verdict::Failed => {
+                    tracing::warn!(agent = %name, job = l.job_id.as_deref().unwrap_or_default(), "the launched job ended before its agent connected");
+                    failed += 1;
+                    false
+                }
+            }
         });
         if failed > 0 {
             self.failed += failed;
@@ -197,9 +271,71 @@ impl Launcher {
         self.launches.len()
     }
 
+    /// Reads the scheduler's answer when it has come, and asks again every
+    /// [`QUERY_EVERY_MS`] while jobs are followed.
+    fn ask_scheduler(&mut self, now_ms: u64) {
+        let Some(s) = self.scheduler else { return };
+        if let Some(q) = &self.query {
+            let Some(out) = q.done() else { return };
+            let states = match out {
+                Ok(o) => jobs::parse_query(
+                    s,
+                    &q.ids,
+                    o.status.success(),
+                    &String::from_utf8_lossy(&o.stdout),
+                    &String::from_utf8_lossy(&o.stderr),
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, query = s.query, "cannot ask the scheduler about the launched jobs");
+                    None
+                }
+            };
+            self.query = None;
+            let Some(states) = states else { return };
+            for l in self.launches.values_mut() {
+                if let Some(state) = l.job_id.as_ref().and_then(|id| states.get(id)) {
+                    l.job = Some(state.clone());
+                }
+            }
+        }
+        if self.last_query_ms.is_some_and(|at| now_ms < at.saturating_add(QUERY_EVERY_MS)) {
+            return;
+        }
+        let ids: Vec<String> = self.launches.values().filter_map(|l| l.job_id.clone()).collect();
+        if ids.is_empty() {
+            return;
+        }
+        self.last_query_ms = Some(now_ms);
+        self.query = Some(Query::start(jobs::with_ids(s.query, &ids), ids));
+    }
+
+    /// Cancels the followed jobs that still wait in the queue (no study
+    /// needs them); they no longer count. Returns the cancel command's line.
+    fn cancel_queued(&mut self) -> Option<String> {
+        let s = self.scheduler?;
+        let queued: Vec<String> = self
+            .launches
+            .iter()
+            .filter(|(_, l)| !l.seen && matches!(l.job, Some(Job::Queued(_))))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let ids: Vec<String> = queued.iter().filter_map(|n| self.launches.remove(n).and_then(|l| l.job_id)).collect();
+        if ids.is_empty() {
+            return None;
+        }
+        tracing::info!(jobs = %ids.join(","), "no study has work: cancelling the launched jobs still queued");
+        Some(jobs::with_ids(s.cancel, &ids))
+    }
+
     /// Launches what [`Launcher::plan`] says, at `now_ms` (engine clock).
     pub fn tick(&mut self, now_ms: u64, work: bool, online: &dyn Fn(&str) -> bool) {
         let counted = self.count(now_ms, online);
+        if !work {
+            if let Some(line) = self.cancel_queued() {
+                // Nothing waits for its answer: the jobs no longer count.
+                drop(Query::start(line, Vec::new()));
+            }
+        }
         let n = Self::plan(self.max, counted, work, now_ms < self.not_before_ms);
         for _ in 0..n {
             let name = format!("{}-{}", self.cx.prefix, self.next);
@@ -207,6 +343,10 @@ impl Launcher {
             let line = render(&self.template, &self.cx, &name);
             let mut cmd = Command::new("sh");
             cmd.arg("-c").arg(&line).stdin(Stdio::null());
+            if self.scheduler.is_some() {
+                // The submit command prints the job id (and exits at once).
+                cmd.stdout(Stdio::piped());
+            }
             cmd.env("TUNEFLEET_BROKER", &self.cx.broker)
                 .env("TUNEFLEET_AGENT_NAME", &name)
                 .env("TUNEFLEET_ROOT", &self.cx.root)
@@ -218,7 +358,15 @@ impl Launcher {
                 Ok(child) => {
                     tracing::info!(agent = %name, command = %line, "launching an agent");
                     self.started += 1;
-                    self.launches.insert(name, Launch { at_ms: now_ms, seen: false, child: Some(child) });
+                    let launch = Launch {
+                        at_ms: now_ms,
+                        seen: false,
+                        child: Some(child),
+                        job_id: None,
+                        job: None,
+                        reported_ms: None,
+                    };
+                    self.launches.insert(name, launch);
                 }
                 Err(e) => {
                     tracing::warn!(agent = %name, error = %e, "cannot run the launcher");
@@ -234,6 +382,10 @@ impl Launcher {
 
 impl Drop for Launcher {
     fn drop(&mut self) {
+        // Jobs still queued would start agents for studies that are over.
+        if let Some(line) = self.cancel_queued() {
+            let _ = Command::new("sh").arg("-c").arg(&line).stdin(Stdio::null()).status();
+        }
         // Reap what has exited; the rest (local agents) drain on their own.
         for l in self.launches.values_mut() {
             if let Some(c) = l.child.as_mut() {

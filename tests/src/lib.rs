@@ -5,6 +5,7 @@
 pub mod chromium;
 pub mod mosquitto;
 pub mod ports;
+pub mod slurm;
 pub mod victoria;
 
 use std::io::{BufRead, BufReader};
