@@ -355,7 +355,7 @@ impl Engine {
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 values.insert(row.trial, value);
-                search.tell(&row.params, value);
+                search.tell(row.trial, &row.params, value);
                 if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
                     best = Some(Best { trial: row.trial, value, agent });
                 }
@@ -1522,7 +1522,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
         if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
             if let Some(plan) = a.plans.get(trial.trial as usize) {
                 if measurement.exit != ExitOutcome::Cancelled {
-                    a.search.tell(&plan.params, v);
+                    a.search.tell(trial.trial, &plan.params, v);
                 }
             }
             a.values.insert(trial.trial, v);
