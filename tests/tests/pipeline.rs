@@ -180,7 +180,6 @@ type TrialRow = (i64, String, i64, Option<String>);
 /// trial's count of reported epochs, and the coordinator's output.
 fn asha_run(epochs: &str, reduction: u32) -> (Vec<TrialRow>, Vec<i64>, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = unique_root("asha");
     let text = format!(
         r#"name = "asha"
 command = ["sh", "-c", "for e in {epochs}; do echo TUNEFLEET epoch=$e v=$(( {{q}} * e )); sleep 0.3; done"]
@@ -204,30 +203,17 @@ values = [6, 5, 4, 3, 2, 1]
     let study = dir.path().join("asha.toml");
     std::fs::write(&study, text).expect("study");
     let store = dir.path().join("store.db");
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let agent_name = format!("{root}-agent");
-    let _agent = start_agent(&url, &agent_name, &root, &["--slots", "1"]);
-    let status = coord.wait_exit(Duration::from_secs(120));
-    let out = coord.rest_of_stdout().join("\n");
-    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
-    let db = Connection::open(&store).expect("store");
-    let rows: Vec<TrialRow> = db
-        .prepare("SELECT trial, state, attempts, reason FROM trials WHERE study = 'asha' ORDER BY trial")
-        .expect("prepare")
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-        .expect("query")
-        .map(|r| r.expect("row"))
-        .collect();
-    let epochs = rows
-        .iter()
-        .map(|r| {
-            db.query_row("SELECT COUNT(DISTINCT epoch) FROM progress WHERE study = 'asha' AND trial = ?1", [r.0], |x| {
-                x.get(0)
-            })
-            .expect("progress")
-        })
-        .collect::<Vec<i64>>();
-    assert_agents_spools_empty(&[&agent_name]);
+    let out = run_with_one_agent(&study, &store, "asha", &["--slots", "1"], Duration::from_secs(120));
+    let rows: Vec<TrialRow> =
+        query(&store, "SELECT trial, state, attempts, reason FROM trials WHERE study = 'asha' ORDER BY trial", |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        });
+    let epochs: Vec<i64> = query(
+        &store,
+        "SELECT COUNT(DISTINCT p.epoch) FROM trials t LEFT JOIN progress p ON p.study = t.study AND p.trial = t.trial \
+         WHERE t.study = 'asha' GROUP BY t.trial ORDER BY t.trial",
+        |r| r.get(0),
+    );
     assert_eq!(rows.len(), 6, "{rows:?}");
     assert_eq!(rows[0].1, "done", "the first trial at a rung goes on: {rows:?}");
     let stopped: Vec<_> = rows.iter().filter(|r| r.1 == "stopped").collect();
