@@ -143,6 +143,16 @@ pub enum EnergySourceKind {
 }
 
 impl EnergySourceKind {
+    /// Every kind, in the order documentation lists them.
+    pub const ALL: [EnergySourceKind; 5] = [
+        EnergySourceKind::Rapl,
+        EnergySourceKind::Hwmon,
+        EnergySourceKind::Battery,
+        EnergySourceKind::Estimated,
+        EnergySourceKind::External,
+    ];
+
+    /// The kind's name in study files and text output (`rapl`, `battery`...).
     pub fn as_str(self) -> &'static str {
         match self {
             EnergySourceKind::Rapl => "rapl",
@@ -157,6 +167,20 @@ impl EnergySourceKind {
 impl std::fmt::Display for EnergySourceKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not one of [`EnergySourceKind::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an energy source (rapl, hwmon, battery, estimated or external)")]
+pub struct UnknownEnergySource(pub String);
+
+impl std::str::FromStr for EnergySourceKind {
+    type Err = UnknownEnergySource;
+
+    /// Parses a name [`EnergySourceKind::as_str`] gives.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EnergySourceKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownEnergySource(s.to_string()))
     }
 }
 
@@ -468,6 +492,16 @@ pub struct Conditions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn energy_source_names_round_trip() {
+        for kind in EnergySourceKind::ALL {
+            assert_eq!(kind.as_str().parse::<EnergySourceKind>(), Ok(kind));
+        }
+        let names: Vec<&str> = EnergySourceKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["rapl", "hwmon", "battery", "estimated", "external"]);
+        assert_eq!("Rapl".parse::<EnergySourceKind>(), Err(UnknownEnergySource("Rapl".into())));
+    }
 
     /// Issue 8: an invalid energy reading was ranked like a valid one.
     #[test]

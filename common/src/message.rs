@@ -79,6 +79,13 @@ impl AgentInfo {
             tags: BTreeMap::new(),
         }
     }
+
+    /// Its device class: what makes its measurements comparable with
+    /// another agent's (`x86_64, 2 cores, rapl`).
+    pub fn device_class(&self) -> String {
+        let energy = self.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
+        format!("{}, {} cores, {energy}", self.arch, self.cores)
+    }
 }
 
 /// Retained per agent, sealed in the agent's session. A connection lost
