@@ -42,13 +42,8 @@ cleanup() {
 trap cleanup EXIT
 export XDG_STATE_HOME=$work/state
 
-if ! "$venv/bin/python" -c 'import optuna' 2>/dev/null; then
-  echo "installing Optuna into $venv" >&2
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check optuna
-fi
-py=$venv/bin/python
-optuna_version=$("$py" -c 'import optuna; print(optuna.__version__)')
+# shellcheck source=scripts/optuna-venv.sh
+. scripts/optuna-venv.sh
 
 # The Optuna worker, the readers of both stores, and the Tunefleet study.
 cat >"$work/optuna_worker.py" <<'PY'

@@ -51,9 +51,22 @@ pub enum View {
         considered: usize,
         front: Vec<BestRow>,
         mixed_sources: Option<String>,
+        /// The volume the front dominates up to `reference` (objective in
+        /// its own direction, then the axes): Optuna's reference point, each
+        /// worst value among the trials considered moved 10 % further out.
+        /// `None` without trials.
+        hypervolume: Option<Hypervolume>,
     },
     /// The best trials of each device class (architecture, cores, energy source).
     ByClass { study: String, classes: Vec<ClassBest> },
+}
+
+/// The hypervolume of a Pareto front and the point it is measured from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hypervolume {
+    pub volume: f64,
+    /// The objective (as the metric reports it), then each axis.
+    pub reference: Vec<f64>,
 }
 
 /// A ranked trial and what reuse decided for the attempt that gave its result.
@@ -248,8 +261,17 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         .iter()
         .map(|r| std::iter::once(sign * r.objective).chain(axes.iter().map(|&a| figure(r, a))).collect())
         .collect();
-    let front: Vec<BestRow> = crate::pareto::front(&points).into_iter().map(|i| rows[i].clone()).collect();
+    let on_front = crate::pareto::front(&points);
+    let hypervolume = crate::pareto::reference_point(&points).map(|reference| {
+        let front_points: Vec<Vec<f64>> = on_front.iter().map(|&i| points[i].clone()).collect();
+        let volume = crate::pareto::hypervolume(&front_points, &reference);
+        let mut reference = reference;
+        reference[0] *= sign;
+        Hypervolume { volume, reference }
+    });
+    let front: Vec<BestRow> = on_front.into_iter().map(|i| rows[i].clone()).collect();
     Ok(View::Pareto {
+        hypervolume,
         study: study.to_string(),
         metric: parsed.objective.metric,
         direction: parsed.objective.direction,

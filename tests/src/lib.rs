@@ -276,6 +276,30 @@ pub fn assert_agents_spools_empty(names: &[&str]) {
     assert_spools_empty(&names.iter().map(|n| agent_state_dir(n)).collect::<Vec<_>>());
 }
 
+/// Runs the study file `study` (into `store`, under `test`'s unique root)
+/// with one agent started with `agent_args`, until the coordinator ends;
+/// asserts it succeeded and the agent's spool is empty. Its output.
+pub fn run_with_one_agent(study: &Path, store: &Path, test: &str, agent_args: &[&str], timeout: Duration) -> String {
+    let root = unique_root(test);
+    let (mut coord, url) = start_coordinator(study, store, &root, &[]);
+    let agent_name = format!("{root}-agent");
+    let agent = start_agent(&url, &agent_name, &root, agent_args);
+    let status = coord.wait_exit(timeout);
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&agent_name]);
+    out
+}
+
+/// The rows `sql` selects from the store at `store`, each mapped by `row`.
+pub fn query<T>(store: &Path, sql: &str, row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>) -> Vec<T> {
+    let db = rusqlite::Connection::open(store).expect("store");
+    let mut stmt = db.prepare(sql).expect("prepare");
+    let rows = stmt.query_map([], row).expect("query").collect::<Result<Vec<T>, _>>().expect("rows");
+    rows
+}
+
 /// The `[pipeline]` section of a study whose trials probe each system
 /// configuration for one epoch, after a warm-up epoch, and keep the fastest.
 pub const PIPELINE_EPOCH_WINDOWS: &str = r#"[pipeline]

@@ -169,14 +169,20 @@ fn a_pipelined_trial_probes_each_configuration_live_and_keeps_the_fastest() {
     assert_agents_spools_empty(&[&agent_name]);
 }
 
-#[test]
-fn asha_stops_trials_whose_epochs_trail_and_never_retries_them() {
+/// A trial of the store: (trial, state, attempts, reason).
+type TrialRow = (i64, String, i64, Option<String>);
+
+/// Runs six trials, one at a time in file order (q = 6, 5, ..., 1), of a
+/// workload reporting v = q x epoch at `epochs` (a shell list), with ASHA
+/// (grace 1, `reduction`): each trails the ones before at the first rung it
+/// reaches. Checks that the first went on and at least three trailing ones
+/// were stopped before their fourth report; returns the trials, each
+/// trial's count of reported epochs, and the coordinator's output.
+fn asha_run(epochs: &str, reduction: u32) -> (Vec<TrialRow>, Vec<i64>, String) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let root = unique_root("asha");
-    // Trial q reports v = q x epoch for 4 epochs. Run one at a time in file
-    // order (6, 5, ..., 1), each trails the ones before at the first rung.
-    let text = r#"name = "asha"
-command = ["sh", "-c", "for e in 1 2 3 4; do echo TUNEFLEET epoch=$e v=$(( {q} * e )); sleep 0.3; done"]
+    let text = format!(
+        r#"name = "asha"
+command = ["sh", "-c", "for e in {epochs}; do echo TUNEFLEET epoch=$e v=$(( {{q}} * e )); sleep 0.3; done"]
 timeout = 60
 [objective]
 metric = "v"
@@ -187,47 +193,53 @@ trials = 6
 kind = "grid"
 [early_stopping]
 kind = "asha"
-reduction = 2
+reduction = {reduction}
 grace = 1
 [hyper.q]
 kind = "categorical"
 values = [6, 5, 4, 3, 2, 1]
-"#;
+"#
+    );
     let study = dir.path().join("asha.toml");
     std::fs::write(&study, text).expect("study");
     let store = dir.path().join("store.db");
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let agent_name = format!("{root}-agent");
-    let _agent = start_agent(&url, &agent_name, &root, &["--slots", "1"]);
-    let status = coord.wait_exit(Duration::from_secs(120));
-    let out = coord.rest_of_stdout().join("\n");
-    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
-    let db = Connection::open(&store).expect("store");
-    let rows: Vec<(i64, String, i64, Option<String>)> = db
-        .prepare("SELECT trial, state, attempts, reason FROM trials WHERE study = 'asha' ORDER BY trial")
-        .expect("prepare")
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
-        .expect("query")
-        .map(|r| r.expect("row"))
-        .collect();
+    let out = run_with_one_agent(&study, &store, "asha", &["--slots", "1"], Duration::from_secs(120));
+    let rows: Vec<TrialRow> =
+        query(&store, "SELECT trial, state, attempts, reason FROM trials WHERE study = 'asha' ORDER BY trial", |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        });
+    let epochs: Vec<i64> = query(
+        &store,
+        "SELECT COUNT(DISTINCT p.epoch) FROM trials t LEFT JOIN progress p ON p.study = t.study AND p.trial = t.trial \
+         WHERE t.study = 'asha' GROUP BY t.trial ORDER BY t.trial",
+        |r| r.get(0),
+    );
     assert_eq!(rows.len(), 6, "{rows:?}");
     assert_eq!(rows[0].1, "done", "the first trial at a rung goes on: {rows:?}");
     let stopped: Vec<_> = rows.iter().filter(|r| r.1 == "stopped").collect();
-    assert!(stopped.len() >= 3, "trailing trials stopped: {rows:?}");
+    assert!(stopped.len() >= 3, "trailing trials stopped: {rows:?}\n{out}");
+    assert!(stopped.iter().all(|r| epochs[r.0 as usize] < 4), "fewer epochs when stopped: {rows:?} {epochs:?}");
+    (rows, epochs, out)
+}
+
+#[test]
+fn asha_stops_trials_whose_epochs_trail_and_never_retries_them() {
+    let (rows, epochs, out) = asha_run("1 2 3 4", 2);
     assert!(rows.iter().all(|r| r.1 == "done" || r.1 == "stopped"), "none failed: {rows:?}");
     assert!(rows.iter().all(|r| r.2 == 1), "stopped trials are never retried: {rows:?}");
-    assert!(stopped.iter().all(|r| r.3.as_deref().is_some_and(|w| w.contains("ASHA"))), "{rows:?}");
-    // A stopped trial ran fewer epochs than a finished one.
-    let epochs = |trial: i64| -> i64 {
-        db.query_row("SELECT COUNT(DISTINCT epoch) FROM progress WHERE study = 'asha' AND trial = ?1", [trial], |r| {
-            r.get(0)
-        })
-        .expect("progress")
-    };
-    assert_eq!(epochs(0), 4);
-    assert!(stopped.iter().all(|r| epochs(r.0) < 4), "{rows:?}");
+    let stopped = rows.iter().filter(|r| r.1 == "stopped");
+    assert!(stopped.clone().all(|r| r.3.as_deref().is_some_and(|w| w.contains("ASHA"))), "{rows:?}");
+    assert_eq!(epochs[0], 4);
     assert!(out.contains("0 failed") && out.contains("stopped early"), "{out}");
-    assert_agents_spools_empty(&[&agent_name]);
+}
+
+#[test]
+fn asha_judges_a_workload_reporting_every_second_epoch() {
+    // Rungs at epochs 1, 3, 9; the workload reports 2, 4, 6, 8: each rung
+    // is judged at the first report past it (no report is ever at a rung;
+    // judged only at exact rungs, all six ran to the end).
+    let (_, epochs, _) = asha_run("2 4 6 8", 3);
+    assert_eq!(epochs[0], 4);
 }
 
 #[test]

@@ -56,7 +56,7 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
                 )?;
             }
         }
-        View::Pareto { study, metric, direction, axes, considered, front, mixed_sources } => {
+        View::Pareto { study, metric, direction, axes, considered, front, mixed_sources, hypervolume } => {
             let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
             writeln!(
                 out,
@@ -64,6 +64,16 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
                 names.join(", "),
                 front.len(),
             )?;
+            if let Some(h) = hypervolume {
+                let point: Vec<String> = h.reference.iter().map(|v| format!("{v:.6}")).collect();
+                writeln!(
+                    out,
+                    "hypervolume {:.6} from the reference point ({metric}, {}) = ({})",
+                    h.volume,
+                    names.join(", "),
+                    point.join(", ")
+                )?;
+            }
             if let Some(note) = mixed_sources {
                 writeln!(out, "{note}")?;
             }

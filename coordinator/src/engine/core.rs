@@ -223,6 +223,8 @@ impl Core {
         let mut states = Vec::with_capacity(rows.len());
         let mut values = HashMap::new();
         let mut best: Option<Best> = None;
+        // Trials ASHA stopped: told to the search with their last report below.
+        let mut stopped: HashMap<u64, tunefleet_common::params::Params> = HashMap::new();
         for row in rows {
             if row.trial != states.len() as u64 {
                 tracing::error!(study = %study.name, trial = row.trial, "trial ids in the store are not dense; later trials ignored");
@@ -237,11 +239,14 @@ impl Core {
                 },
                 TrialState::Done => Restored::Done,
                 TrialState::Failed => Restored::Failed,
-                TrialState::Stopped => Restored::Stopped,
+                TrialState::Stopped => {
+                    stopped.insert(row.trial, row.params.clone());
+                    Restored::Stopped
+                }
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 values.insert(row.trial, value);
-                search.tell(&row.params, value);
+                search.tell(row.trial, &row.params, value);
                 if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
                     best = Some(Best { trial: row.trial, value, agent });
                 }
@@ -265,9 +270,18 @@ impl Core {
         let mut active = ActiveStudy::new(study, search, plans, values, best, now.instant);
         // What a coordinator that stopped had seen: early stopping's rungs,
         // and the checkpoint each trial's latest attempt reported.
+        let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();
         for p in self.store.study_progress(&active.study.name)? {
             if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
                 let _ = asha.report(p.trial, p.epoch, value);
+            }
+            if let Some(&value) =
+                p.metrics.get(&active.study.objective.metric).filter(|_| stopped.contains_key(&p.trial))
+            {
+                let last = last_reports.entry(p.trial).or_insert((p.epoch, value));
+                if p.epoch >= last.0 {
+                    *last = (p.epoch, value);
+                }
             }
             // A checkpoint stored before the coordinator checked them (an
             // injected option, a path outside resume_prefix) is not resumed from.
@@ -281,6 +295,11 @@ impl Core {
                     active.checkpoints.remove(&p.trial);
                 }
                 None => {}
+            }
+        }
+        for (trial, (epoch, value)) in last_reports {
+            if let Some(params) = stopped.get(&trial) {
+                active.search.tell_pruned(trial, params, epoch, value);
             }
         }
         self.studies.insert(active.study.name.clone(), active);
@@ -416,7 +435,14 @@ fn top_up(
     for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
         let mut want = sched.demand(name);
         while want > 0 {
-            let Some(trials) = active.search.next_trials() else { break };
+            // TPE's constant liar: the trials created and not finished run.
+            let running: Vec<(u64, &tunefleet_common::params::Params)> = active
+                .plans
+                .iter()
+                .filter(|p| !sched.is_finished(name, p.trial))
+                .map(|p| (p.trial, &p.params))
+                .collect();
+            let Some(trials) = active.search.next_trials_while(&running) else { break };
             want = want.saturating_sub(trials.len() as u64);
             active.create(sched, batch, trials)?;
         }
@@ -518,7 +544,12 @@ pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
     let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
     let Some(asha) = active.asha.as_mut() else { return };
     let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
-    if let search::asha::Decision::Stop { rung, value, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+    if let search::asha::Decision::Stop { rung, value: judged, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+        // The model learns where ASHA cut (Optuna's pruned trials).
+        if let Some(plan) = active.plans.get(p.trial.trial as usize) {
+            active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, value);
+        }
+        let value = judged;
         let metric = &active.study.objective.metric;
         let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
         tracing::info!(trial = %p.trial, %reason);

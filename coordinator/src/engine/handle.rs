@@ -481,7 +481,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
         if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
             if let Some(plan) = a.plans.get(trial.trial as usize) {
                 if measurement.exit != ExitOutcome::Cancelled {
-                    a.search.tell(&plan.params, v);
+                    a.search.tell(trial.trial, &plan.params, v);
                 }
             }
             a.values.insert(trial.trial, v);

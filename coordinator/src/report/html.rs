@@ -188,7 +188,13 @@ fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), po
     if !front_idx.is_empty() {
         let drawn = if stride > 1 { format!(", every {stride}th drawn") } else { String::new() };
         let n = front_idx.len();
-        let _ = write!(out, "<p class=\"note\">Front: {n} trial{}{drawn}.</p>", if n == 1 { "" } else { "s" });
+        // Optuna's reference point: each worst value 10 % further out.
+        let volume = crate::pareto::reference_point(&keys).map(|r| {
+            let on_front: Vec<Vec<f64>> = front_idx.iter().map(|&i| keys[i].clone()).collect();
+            (crate::pareto::hypervolume(&on_front, &r), r[0], y_sign * r[1])
+        });
+        let hv = volume.map_or(String::new(), |(v, x, y)| format!("; hypervolume {v:.4} from ({x:.4}, {y:.4})"));
+        let _ = write!(out, "<p class=\"note\">Front: {n} trial{}{drawn}{hv}.</p>", if n == 1 { "" } else { "s" });
     }
 }
 
@@ -579,7 +585,7 @@ mod tests {
         }];
         let page = page(&d);
         assert_well_formed(&page);
-        assert!(page.contains("Front: 1 trial."), "{page}");
+        assert!(page.contains("Front: 1 trial; hypervolume "), "{page}");
         assert!(page.contains("class=\"w probe chosen\""));
         assert!(page.contains("class=\"mark\""));
     }

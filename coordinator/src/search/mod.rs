@@ -27,6 +27,8 @@ use crate::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 pub mod asha;
 pub mod tpe;
 
+pub use tpe::Outcome;
+
 /// One trial: a configuration and which repetition of it this is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrialPlan {
@@ -38,10 +40,13 @@ pub struct TrialPlan {
 /// Proposes configurations one at a time and may learn from results.
 pub trait SearchStrategy: Send + std::fmt::Debug {
     /// The next configuration to try; `None` when there is nothing left.
-    fn ask(&mut self) -> Option<Params>;
-    /// The objective value a configuration reached (finite, in the study's
-    /// direction). Strategies that do not learn ignore it.
-    fn tell(&mut self, _params: &Params, _value: f64) {}
+    /// `running`: the trials created and not yet told (trial number and
+    /// configuration), which an adaptive strategy may steer away from.
+    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params>;
+    /// What became of trial `trial` run with `params` (a complete trial's
+    /// value is finite; the metric's own direction). Strategies that do not
+    /// learn ignore it.
+    fn tell(&mut self, _trial: u64, _params: &Params, _outcome: Outcome) {}
 }
 
 /// The cartesian product of every parameter's grid, the last parameter
@@ -62,7 +67,7 @@ impl Grid {
 }
 
 impl SearchStrategy for Grid {
-    fn ask(&mut self) -> Option<Params> {
+    fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
         if self.next >= self.size {
             return None;
         }
@@ -92,7 +97,7 @@ impl Random {
 }
 
 impl SearchStrategy for Random {
-    fn ask(&mut self) -> Option<Params> {
+    fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
         Some(self.space.iter().map(|(name, spec)| (name.clone(), sample(spec, &mut self.rng))).collect())
     }
 }
@@ -106,14 +111,14 @@ struct TpeSearch {
 }
 
 impl SearchStrategy for TpeSearch {
-    fn ask(&mut self) -> Option<Params> {
-        let params = self.tpe.ask(self.index);
+    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
+        let params = self.tpe.ask(self.index, running);
         self.index += 1;
         Some(params)
     }
 
-    fn tell(&mut self, params: &Params, value: f64) {
-        self.tpe.tell(params, value);
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        self.tpe.tell(trial, params, outcome);
     }
 }
 
@@ -156,7 +161,7 @@ impl Search {
         for plan in existing {
             if plan.repeat == 0 {
                 self.configs_left = self.configs_left.saturating_sub(1);
-                if self.strategy.ask().is_none() {
+                if self.strategy.ask(&[]).is_none() {
                     self.exhausted = true;
                 }
             }
@@ -169,13 +174,21 @@ impl Search {
 
     /// The trials of the next configuration (its repeats), numbered from
     /// [`Search::created`]; `None` once the budget is spent or the strategy
-    /// has nothing more.
+    /// has nothing more. As if no trial were running: see
+    /// [`Search::next_trials_while`].
     pub fn next_trials(&mut self) -> Option<Vec<TrialPlan>> {
+        self.next_trials_while(&[])
+    }
+
+    /// [`Search::next_trials`] while the trials in `running` (trial number,
+    /// configuration: created and not finished) run: TPE's constant liar
+    /// counts them as bad results, so parallel asks spread out.
+    pub fn next_trials_while(&mut self, running: &[(u64, &Params)]) -> Option<Vec<TrialPlan>> {
         if self.exhausted || self.configs_left == 0 {
             self.exhausted = true;
             return None;
         }
-        let Some(params) = self.strategy.ask() else {
+        let Some(params) = self.strategy.ask(running) else {
             self.exhausted = true;
             return None;
         };
@@ -197,11 +210,19 @@ impl Search {
         plan
     }
 
-    /// A trial's objective value; ignored when not finite.
-    pub fn tell(&mut self, params: &Params, value: f64) {
+    /// Trial `trial` (run with `params`) finished with this objective
+    /// value; ignored when not finite (a failed trial, as Optuna counts it).
+    pub fn tell(&mut self, trial: u64, params: &Params, value: f64) {
         if value.is_finite() {
-            self.strategy.tell(params, value);
+            self.strategy.tell(trial, params, Outcome::Complete(value));
         }
+    }
+
+    /// Trial `trial` (run with `params`) was stopped early after reporting
+    /// `value` of the objective at `epoch`, its last report: the model learns
+    /// where early stopping cut (a NaN is the worst value).
+    pub fn tell_pruned(&mut self, trial: u64, params: &Params, epoch: u32, value: f64) {
+        self.strategy.tell(trial, params, Outcome::Pruned { epoch, value });
     }
 
     /// True once no more trials will be created.
@@ -412,7 +433,7 @@ pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
             let space: Vec<(String, ParamSpec)> =
                 study.system.iter().map(|(p, spec)| (p.as_str().to_string(), spec.clone())).collect();
             let mut grid = Grid::new(&space);
-            while let Some(c) = grid.ask() {
+            while let Some(c) = grid.ask(&[]) {
                 if c != default {
                     configs.push(c);
                 }
@@ -766,12 +787,65 @@ control = true
                     near += 1;
                 }
                 n += 1;
-                search.tell(&t.params, (x - 0.8) * (x - 0.8));
+                search.tell(t.trial, &t.params, (x - 0.8) * (x - 0.8));
             }
         }
         assert_eq!(n, 60);
         // Uniform: 20 % of the 40 later draws (8) within 0.1 of 0.8.
         assert!(near >= 16, "{near} of 40 TPE draws near the optimum");
+    }
+
+    #[test]
+    fn parallel_tpe_asks_see_the_running_trials() {
+        // Thirty trials told, then four asked at once, each while the ones
+        // before it run: the liar makes them four distinct configurations,
+        // and the same running set gives the same asks.
+        let space = "[hyper.a]\nkind = \"categorical\"\nvalues = [\"only\"]\n\
+                     [hyper.x]\nkind = \"float\"\nlow = 0\nhigh = 1\n[hyper.n]\nkind = \"int\"\nlow = 0\nhigh = 3\n";
+        let s = study(space, "kind = \"tpe\"\nseed = 5", 40, 1);
+        let asks = |liar: bool| {
+            let mut search = Search::new(&s);
+            for _ in 0..30 {
+                let t = search.next_trials().expect("budget left").remove(0);
+                let v = (f(&t.params["x"]) - 0.8).powi(2) + f(&t.params["n"]);
+                search.tell(t.trial, &t.params, v);
+            }
+            let mut running: Vec<TrialPlan> = Vec::new();
+            for _ in 0..4 {
+                let refs: Vec<(u64, &Params)> = running.iter().map(|t| (t.trial, &t.params)).collect();
+                running.extend(search.next_trials_while(if liar { &refs } else { &[] }).expect("budget left"));
+            }
+            running
+        };
+        let batch = asks(true);
+        assert_eq!(batch.iter().map(|t| t.trial).collect::<Vec<_>>(), vec![30, 31, 32, 33]);
+        for (i, a) in batch.iter().enumerate() {
+            for b in &batch[i + 1..] {
+                assert_ne!(a.params, b.params);
+            }
+        }
+        assert_eq!(asks(true), batch);
+        // The running trials reach the model: the first ask (none running)
+        // is the same either way, the later ones are not.
+        let plain = asks(false);
+        assert_eq!(plain[0], batch[0]);
+        assert_ne!(plain[1..], batch[1..]);
+    }
+
+    #[test]
+    fn early_stopping_on_a_measured_objective_is_refused() {
+        let text = |metric: &str| {
+            format!(
+                "name = \"s\"\ncommand = [\"run\"]\n[objective]\nmetric = \"{metric}\"\ndirection = \"minimize\"\n\
+                 [budget]\ntrials = 4\n[strategy]\nkind = \"random\"\n[hyper.a]\nkind = \"float\"\nlow = 0\nhigh = 1\n\
+                 [early_stopping]\nkind = \"asha\"\n"
+            )
+        };
+        assert!(study::parse(&text("loss"), "s.toml").is_ok());
+        for metric in ["wall_time", "energy", "cpu_time"] {
+            let e = study::parse(&text(metric), "s.toml").map(|_| ()).expect_err("refused");
+            assert!(e.to_string().contains("ASHA has nothing to judge"), "{metric}: {e}");
+        }
     }
 
     #[test]

@@ -262,6 +262,9 @@ impl Ctx<'_> {
         let early_stopping = match &raw.early_stopping {
             None => None,
             Some(e) => {
+                if let Some(why) = crate::search::asha::refused(&objective.metric) {
+                    return Err(self.at(raw.objective.metric.span(), why));
+                }
                 let reduction = match &e.reduction {
                     Some(r) if *r.get_ref() < 2 => {
                         return Err(self.at(r.span(), "early_stopping.reduction: must be 2 or more"))

@@ -1,0 +1,207 @@
+//! The search benchmark's Tunefleet side (`scripts/bench-search.sh`): runs
+//! the coordinator's own TPE (`tunefleet_coordinator::search::tpe`, the code
+//! a `kind = "tpe"` study asks) in-process on standard test functions and
+//! prints one JSON line per (function, seed, workers) with the regret of
+//! the best trial after 50 and after 100 trials.
+//!
+//! `workers = 4` simulates four agents of equal speed: four trials in
+//! flight, the oldest finishes, one more is asked while the other three run
+//! (TPE's constant liar sees them), exactly as the Optuna side does with its
+//! ask-and-tell interface.
+//!
+//! Usage: `bench_search SEEDS BUDGET WORKERS [FUNCTION...]`.
+
+use std::f64::consts::PI;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_coordinator::search::tpe::{Outcome, Tpe, TpeSettings};
+use tunefleet_coordinator::study::{Direction, ParamSpec};
+
+/// A test function: its space, its value (noise-free) and its minimum.
+struct Function {
+    name: &'static str,
+    space: Vec<(String, ParamSpec)>,
+    f: fn(&Params) -> f64,
+    optimum: f64,
+    /// Standard deviation of the Gaussian noise added to what the sampler sees.
+    noise: f64,
+}
+
+fn float(p: &Params, k: &str) -> f64 {
+    p.get(k).and_then(ParamValue::as_f64).unwrap_or(f64::NAN)
+}
+
+fn box_space(names: &[&str], low: f64, high: f64) -> Vec<(String, ParamSpec)> {
+    names.iter().map(|n| (n.to_string(), ParamSpec::Float { low, high, grid: 2 })).collect()
+}
+
+fn branin(p: &Params) -> f64 {
+    let (x1, x2) = (float(p, "x1"), float(p, "x2"));
+    let b = 5.1 / (4.0 * PI * PI);
+    let c = 5.0 / PI;
+    let t = 1.0 / (8.0 * PI);
+    (x2 - b * x1 * x1 + c * x1 - 6.0).powi(2) + 10.0 * (1.0 - t) * x1.cos() + 10.0
+}
+
+fn hartmann6(p: &Params) -> f64 {
+    const ALPHA: [f64; 4] = [1.0, 1.2, 3.0, 3.2];
+    const A: [[f64; 6]; 4] = [
+        [10.0, 3.0, 17.0, 3.5, 1.7, 8.0],
+        [0.05, 10.0, 17.0, 0.1, 8.0, 14.0],
+        [3.0, 3.5, 1.7, 10.0, 17.0, 8.0],
+        [17.0, 8.0, 0.05, 10.0, 0.1, 14.0],
+    ];
+    const P: [[f64; 6]; 4] = [
+        [1312.0, 1696.0, 5569.0, 124.0, 8283.0, 5886.0],
+        [2329.0, 4135.0, 8307.0, 3736.0, 1004.0, 9991.0],
+        [2348.0, 1451.0, 3522.0, 2883.0, 3047.0, 6650.0],
+        [4047.0, 8828.0, 8732.0, 5743.0, 1091.0, 381.0],
+    ];
+    let x: Vec<f64> = (0..6).map(|i| float(p, &format!("x{i}"))).collect();
+    -(0..4)
+        .map(|i| ALPHA[i] * (-(0..6).map(|j| A[i][j] * (x[j] - P[i][j] * 1e-4).powi(2)).sum::<f64>()).exp())
+        .sum::<f64>()
+}
+
+fn styblinski_tang(p: &Params) -> f64 {
+    (0..4).map(|i| float(p, &format!("x{i}"))).map(|x| 0.5 * (x.powi(4) - 16.0 * x * x + 5.0 * x)).sum()
+}
+
+fn rosenbrock(p: &Params) -> f64 {
+    let x: Vec<f64> = (0..4).map(|i| float(p, &format!("x{i}"))).collect();
+    x.windows(2).map(|w| 100.0 * (w[1] - w[0] * w[0]).powi(2) + (1.0 - w[0]).powi(2)).sum()
+}
+
+fn mixed(p: &Params) -> f64 {
+    let offset = match p.get("opt").map(ToString::to_string).as_deref() {
+        Some("adam") => 0.0,
+        Some("rmsprop") => 0.25,
+        Some("sgd") => 0.5,
+        _ => 1.0,
+    };
+    (float(p, "x") - 0.7).powi(2)
+        + (float(p, "lr").log10() + 3.0).powi(2) / 4.0
+        + ((float(p, "n") - 17.0) / 10.0).powi(2)
+        + ((float(p, "batch") - 96.0) / 64.0).powi(2)
+        + offset
+}
+
+fn himmelblau(p: &Params) -> f64 {
+    let (x, y) = (float(p, "x"), float(p, "y"));
+    (x * x + y - 11.0).powi(2) + (x + y * y - 7.0).powi(2)
+}
+
+fn functions() -> Vec<Function> {
+    let text =
+        |v: &[&str]| ParamSpec::Categorical { values: v.iter().map(|s| ParamValue::Text(s.to_string())).collect() };
+    vec![
+        Function {
+            name: "branin",
+            space: vec![
+                ("x1".into(), ParamSpec::Float { low: -5.0, high: 10.0, grid: 2 }),
+                ("x2".into(), ParamSpec::Float { low: 0.0, high: 15.0, grid: 2 }),
+            ],
+            f: branin,
+            optimum: 0.397_887_357_729_738,
+            noise: 0.0,
+        },
+        Function {
+            name: "hartmann6",
+            space: box_space(&["x0", "x1", "x2", "x3", "x4", "x5"], 0.0, 1.0),
+            f: hartmann6,
+            optimum: -3.322_368_011_415_51,
+            noise: 0.0,
+        },
+        Function {
+            name: "styblinski_tang4",
+            space: box_space(&["x0", "x1", "x2", "x3"], -5.0, 5.0),
+            f: styblinski_tang,
+            optimum: -39.166_165_703_771_42 * 4.0,
+            noise: 0.0,
+        },
+        Function {
+            name: "rosenbrock4",
+            space: box_space(&["x0", "x1", "x2", "x3"], -2.048, 2.048),
+            f: rosenbrock,
+            optimum: 0.0,
+            noise: 0.0,
+        },
+        Function {
+            name: "mixed_int_cat",
+            space: vec![
+                ("x".into(), ParamSpec::Float { low: -3.0, high: 3.0, grid: 2 }),
+                ("lr".into(), ParamSpec::LogFloat { low: 1e-5, high: 1.0, grid: 2 }),
+                ("n".into(), ParamSpec::Int { low: 0, high: 30, step: 1 }),
+                ("batch".into(), ParamSpec::Int { low: 16, high: 256, step: 16 }),
+                ("opt".into(), text(&["adam", "sgd", "rmsprop", "adagrad"])),
+            ],
+            f: mixed,
+            optimum: 0.0,
+            noise: 0.0,
+        },
+        Function {
+            name: "himmelblau_noisy",
+            space: box_space(&["x", "y"], -5.0, 5.0),
+            f: himmelblau,
+            optimum: 0.0,
+            noise: 1.0,
+        },
+    ]
+}
+
+/// One study: `budget` trials with `workers` in flight; the regret (true
+/// value minus the optimum) of the trial with the best observed value
+/// after 50 and after `budget` trials.
+fn study(fun: &Function, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
+    let mut tpe = Tpe::new(fun.space.clone(), Direction::Minimize, seed, TpeSettings::default());
+    let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let mut in_flight: std::collections::VecDeque<(u64, Params)> = Default::default();
+    let mut asked = 0u64;
+    let mut finished = 0u64;
+    let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
+    let mut at50 = f64::NAN;
+    while finished < budget {
+        while in_flight.len() < workers.max(1) && asked < budget {
+            let running: Vec<(u64, &Params)> = in_flight.iter().map(|(t, p)| (*t, p)).collect();
+            let p = tpe.ask(asked, &running);
+            in_flight.push_back((asked, p));
+            asked += 1;
+        }
+        let Some((trial, p)) = in_flight.pop_front() else { break };
+        let truth = (fun.f)(&p);
+        let seen = if fun.noise > 0.0 {
+            let (u1, u2) = (1.0 - noise.random::<f64>(), noise.random::<f64>());
+            truth + fun.noise * (-2.0 * u1.ln()).sqrt() * (2.0 * PI * u2).cos()
+        } else {
+            truth
+        };
+        tpe.tell(trial, &p, Outcome::Complete(seen));
+        if seen < best_seen {
+            best_seen = seen;
+            best_true = truth;
+        }
+        finished += 1;
+        if finished == 50 {
+            at50 = best_true - fun.optimum;
+        }
+    }
+    (at50, best_true - fun.optimum)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let number = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (seeds, budget, workers) = (number(0, 10), number(1, 100), number(2, 1) as usize);
+    let only: Vec<&String> = args.iter().skip(3).collect();
+    for fun in functions().iter().filter(|f| only.is_empty() || only.iter().any(|o| o.as_str() == f.name)) {
+        for seed in 0..seeds {
+            let (r50, r100) = study(fun, seed, budget, workers);
+            println!(
+                "{{\"side\":\"tunefleet\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100}}}",
+                fun.name
+            );
+        }
+    }
+}

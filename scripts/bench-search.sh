@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Tunefleet's TPE and Optuna 5's default TPESampler side by side (issue 22),
+# on six standard test functions, in one run:
+#
+#   scripts/bench-search.sh                 # SEEDS=40 BUDGET=100 WORKERS="1 4"
+#   scripts/bench-search.sh branin hartmann6  # only these functions
+#
+# * Functions (all minimised; regret = true value of the best trial minus
+#   the known minimum): branin (2-d, multimodal), hartmann6 (6-d),
+#   styblinski_tang4 (4-d, separable), rosenbrock4 (4-d, narrow valley),
+#   mixed_int_cat (float, log float, int, int with step 16, 4-way
+#   categorical), himmelblau_noisy (2-d, Gaussian noise of sd 1 on what the
+#   sampler sees; the regret is the noise-free value of the trial with the
+#   best noisy value).
+# * Tunefleet: coordinator/examples/bench_search.rs runs the coordinator's
+#   own TPE (search::tpe, what `kind = "tpe"` asks) in-process, no agents:
+#   the sampler alone, as on Optuna's side.
+# * Optuna: TPESampler(seed=s), every other argument at its default
+#   (Optuna 5: multivariate, constant liar), ask-and-tell, in a virtual
+#   environment under target/ (made once; PyPI must be reachable the first
+#   time; OPTUNA_VENV to put it elsewhere).
+# * WORKERS=4: four trials in flight on both sides (the oldest is told, then
+#   one more asked while three run), Tunefleet's constant liar against
+#   Optuna's.
+# * Each (function, seed) is one study of BUDGET trials; the regret after 50
+#   and after BUDGET trials is read from the same study. Tables: median and
+#   interquartile range over the seeds, and the ratio of the medians
+#   (Tunefleet / Optuna; below 1 is better), and a permutation test's p of
+#   their difference. Ten seeds are too few to tell the two apart (see
+#   BENCHMARKS.md), hence 40.
+# * A spot check with real processes (tunefleet run, one agent):
+#   SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
+#
+# Runs under `nice -n 10`. How long: about 20 minutes on 2 shared cores
+# (nearly all of it Optuna's side).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${OPTUNA_VENV:-$PWD/target/optuna-venv}
+seeds=${SEEDS:-40}
+budget=${BUDGET:-100}
+workers=${WORKERS:-1 4}
+out=${BENCH_OUT:-$PWD/target/bench-search}
+mkdir -p "$out"
+
+# shellcheck source=scripts/optuna-venv.sh
+. scripts/optuna-venv.sh
+
+cargo build --quiet -p tunefleet-coordinator --example bench_search
+bench=$PWD/target/debug/examples/bench_search
+
+files=()
+for w in $workers; do
+  echo "workers=$w: Tunefleet" >&2
+  nice -n 10 "$bench" "$seeds" "$budget" "$w" "$@" >"$out/tunefleet-$w.jsonl"
+  echo "workers=$w: Optuna $optuna_version" >&2
+  nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/optuna-$w.jsonl"
+  files+=("$out/tunefleet-$w.jsonl" "$out/optuna-$w.jsonl")
+done
+
+echo "Optuna $optuna_version; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); seeds $seeds; budget $budget"
+"$py" scripts/bench-search.py table "${files[@]}"
