@@ -50,7 +50,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
 use tunefleet_common::measurement::{Measurement, SegmentRole};
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
+use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef, TrialResult};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
@@ -186,49 +186,65 @@ const HELLO_RETRY: Duration = Duration::from_secs(3);
 const REQUEST_AGAIN: Duration = Duration::from_secs(30);
 
 impl Executor {
-    fn apply(&mut self, actions: Vec<Action>) {
-        for action in actions {
-            match action {
-                Action::Hello(info) => self.hello(&info),
-                Action::Publish(msg) => self.publish(&msg),
-                Action::Start(start) => self.start(start),
-                Action::Cancel(trial) => {
-                    if let Some(handle) = self.trials.get(&trial) {
-                        tracing::info!(%trial, "cancelling trial");
-                        handle.cancel();
-                    }
+    /// Carries out `actions` in order, except that the results they keep go
+    /// to disk first, together (one append, one sync: group commit), up to
+    /// the next spool operation (a Forget or a Park), which stays in order.
+    fn apply(&mut self, mut actions: Vec<Action>) {
+        while !actions.is_empty() {
+            let end = actions.iter().position(|a| matches!(a, Action::Forget(_) | Action::Park(..)));
+            let rest = actions.split_off(end.map_or(actions.len(), |i| i + 1));
+            let kept: Vec<&TrialResult> =
+                actions.iter().filter_map(|a| if let Action::Keep(r) = a { Some(r) } else { None }).collect();
+            if let Some(Err(e)) = self.pending.as_mut().filter(|_| !kept.is_empty()).map(|p| p.save_all(&kept)) {
+                for result in &kept {
+                    tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
                 }
-                Action::Reconfigure(trial, system, reason) => {
-                    if let Some(handle) = self.trials.get(&trial) {
-                        tracing::info!(%trial, ?system, ?reason, "reconfiguring trial");
-                        let role = match reason {
-                            tunefleet_common::message::ReconfigureReason::Requested => SegmentRole::Reconfigured,
-                            tunefleet_common::message::ReconfigureReason::Reuse => SegmentRole::Reused,
-                        };
-                        handle.send(runner::Control::Apply(system, role));
-                    }
+            }
+            for action in actions {
+                self.apply_one(action);
+            }
+            actions = rest;
+        }
+    }
+
+    fn apply_one(&mut self, action: Action) {
+        match action {
+            Action::Hello(info) => self.hello(&info),
+            Action::Publish(msg) => self.publish(&msg),
+            Action::Start(start) => self.start(start),
+            Action::Cancel(trial) => {
+                if let Some(handle) = self.trials.get(&trial) {
+                    tracing::info!(%trial, "cancelling trial");
+                    handle.cancel();
                 }
-                Action::Keep(result) => {
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(&result)) {
-                        tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
-                    }
+            }
+            Action::Reconfigure(trial, system, reason) => {
+                if let Some(handle) = self.trials.get(&trial) {
+                    tracing::info!(%trial, ?system, ?reason, "reconfiguring trial");
+                    let role = match reason {
+                        tunefleet_common::message::ReconfigureReason::Requested => SegmentRole::Reconfigured,
+                        tunefleet_common::message::ReconfigureReason::Reuse => SegmentRole::Reused,
+                    };
+                    handle.send(runner::Control::Apply(system, role));
                 }
-                Action::Forget(trial) => {
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.remove(&trial)) {
-                        tracing::warn!(%trial, error = %e, "cannot forget a stored result");
-                    }
+            }
+            // Stored by `apply`, with the rest of its group.
+            Action::Keep(_) => {}
+            Action::Forget(trial) => {
+                if let Some(Err(e)) = self.pending.as_mut().map(|p| p.remove(&trial)) {
+                    tracing::warn!(%trial, error = %e, "cannot forget a stored result");
                 }
-                Action::Park(trial, reason) => {
-                    self.parked += 1;
-                    tracing::warn!(
-                        %trial,
-                        %reason,
-                        parked = self.parked,
-                        "the coordinator refused a result: kept aside (tunefleet-agent spool lists it)"
-                    );
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.park(&trial, &reason)) {
-                        tracing::error!(%trial, error = %e, "cannot move a refused result aside");
-                    }
+            }
+            Action::Park(trial, reason) => {
+                self.parked += 1;
+                tracing::warn!(
+                    %trial,
+                    %reason,
+                    parked = self.parked,
+                    "the coordinator refused a result: kept aside (tunefleet-agent spool lists it)"
+                );
+                if let Some(Err(e)) = self.pending.as_mut().map(|p| p.park(&trial, &reason)) {
+                    tracing::error!(%trial, error = %e, "cannot move a refused result aside");
                 }
             }
         }
