@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 use rustix::time::{clock_gettime, ClockId};
 use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialHandle, TrialRun};
 use tunefleet_common::measurement::ExitOutcome;
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 
 fn cpu_now() -> Duration {
     let t = clock_gettime(ClockId::ProcessCPUTime);

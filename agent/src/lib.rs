@@ -14,7 +14,7 @@
 //! * [`conditions`]: charging, battery and throttling, which stop the agent
 //!   taking trials and flag the measurements they disturb.
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
-//! * [`caps`], [`sched`], [`pending`], [`options`]: the rest.
+//! * [`caps`], [`cpus`], [`pending`], [`options`]: the rest.
 
 pub mod allow;
 pub mod auth;
@@ -22,6 +22,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod conditions;
 pub mod counters;
+pub mod cpus;
 pub mod energy;
 pub mod exec;
 pub mod foreign;
@@ -36,7 +37,6 @@ pub mod probe;
 pub mod procfs;
 pub mod protocol;
 pub mod runner;
-pub mod sched;
 pub mod telemetry;
 pub mod transport;
 
@@ -89,7 +89,7 @@ pub struct AgentConfig {
     pub telemetry_interval: Duration,
     /// The CPUs the agent is confined to (`--cpus`); none: every CPU it
     /// may use. Confining the process itself is the caller's part
-    /// ([`sched::pin_self`], as `main` does before the runtime starts).
+    /// ([`cpus::pin_self`], as `main` does before the runtime starts).
     pub cpus: Option<Vec<u32>>,
     /// A trial's measurement is flagged when load from outside it exceeded
     /// this fraction of the agent's CPUs in a telemetry sample taken while
@@ -403,6 +403,28 @@ fn on_inbound(
     }
 }
 
+/// A trial ended, in the main loop or in the drain alike: its progress
+/// still queued is published first (it was sent before the end), its
+/// measurement is flagged when load from outside disturbed it, its handle
+/// goes, and the state machine takes the result.
+fn on_trial_done(
+    state: &mut AgentState,
+    exec: &mut Executor,
+    progress_rx: &mut mpsc::Receiver<(TrialRef, runner::EpochReport)>,
+    foreign_peaks: &mut foreign::ForeignPeaks,
+    interference_threshold: f64,
+    trial: TrialRef,
+    mut measurement: Measurement,
+) {
+    while let Ok((trial, epoch)) = progress_rx.try_recv() {
+        exec.apply(state.progress(trial, epoch).into_iter().collect());
+    }
+    let peak = foreign_peaks.take(&trial);
+    measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
+    exec.trials.remove(&trial);
+    exec.apply(state.on_finished(trial, measurement));
+}
+
 /// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
 /// then drains within the grace period: running trials are cancelled and
 /// their results published, the retained status goes offline, and the
@@ -418,12 +440,12 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     )?;
     let cpus = match &config.cpus {
         Some(set) => {
-            if !sched::allowed_cpus().iter().all(|c| set.contains(c)) {
+            if !cpus::allowed_cpus().iter().all(|c| set.contains(c)) {
                 tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
             }
             set.clone()
         }
-        None => sched::allowed_cpus(),
+        None => cpus::allowed_cpus(),
     };
     let selection = energy::select(&config.energy_roots, config.energy_model);
     let info = caps::agent_info(caps::CapsInput {
@@ -530,15 +552,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 None => break Err(AgentError::TransportClosed),
             },
-            Some((trial, mut measurement)) = done_rx.recv() => {
-                // A trial's progress is queued before its end: publish it first.
-                while let Ok((trial, epoch)) = progress_rx.try_recv() {
-                    exec.apply(state.progress(trial, epoch).into_iter().collect());
-                }
-                let peak = foreign_peaks.take(&trial);
-                measurement.interference.extend(foreign::interference_reason(peak, config.interference_threshold));
-                exec.trials.remove(&trial);
-                exec.apply(state.on_finished(trial, measurement));
+            Some((trial, measurement)) = done_rx.recv() => {
+                let threshold = config.interference_threshold;
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
                 idle_since = Instant::now();
                 if state.max_trials_done() {
                     tracing::info!("--max-trials reached");
@@ -590,14 +606,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 );
                 break;
             }
-            Some((trial, mut measurement)) = done_rx.recv() => {
-                while let Ok((trial, epoch)) = progress_rx.try_recv() {
-                    exec.apply(state.progress(trial, epoch).into_iter().collect());
-                }
-                let peak = foreign_peaks.take(&trial);
-                measurement.interference.extend(foreign::interference_reason(peak, config.interference_threshold));
-                exec.trials.remove(&trial);
-                exec.apply(state.on_finished(trial, measurement));
+            Some((trial, measurement)) = done_rx.recv() => {
+                let threshold = config.interference_threshold;
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
             }
             event = inbound.recv(), if transport_open => match event {
                 Some(event) => {

@@ -326,7 +326,7 @@ mod tests {
 
     #[test]
     fn set_affinity_reaches_every_thread_and_new_ones_inherit() {
-        let allowed = crate::sched::allowed_cpus();
+        let allowed = crate::cpus::allowed_cpus();
         if allowed.len() < 2 {
             return eprintln!("skipped: needs 2 CPUs, this process may use {allowed:?}");
         }

@@ -118,7 +118,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(config: tunefleet_agent::AgentConfig) -> anyhow::Result<()> {
     // Before the runtime starts any thread: everything the agent starts inherits the mask.
     if let Some(cpus) = &config.cpus {
-        tunefleet_agent::sched::pin_self(cpus).context("--cpus: cannot confine the agent to its CPUs")?;
+        tunefleet_agent::cpus::pin_self(cpus).context("--cpus: cannot confine the agent to its CPUs")?;
     }
     runtime()?.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

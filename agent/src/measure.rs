@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tunefleet_common::measurement::{EnergySourceKind, ExitOutcome, Measurement};
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 use tunefleet_common::profile::FEATURES;
 
 use crate::energy::{self, EnergyRoots, EstimateModel};

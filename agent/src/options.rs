@@ -159,7 +159,7 @@ pub enum ConfigError {
     Cpus {
         value: String,
         #[source]
-        source: crate::sched::OutsideCpus,
+        source: crate::cpus::OutsideCpus,
     },
     #[error("--interference-threshold {0}: expected a fraction of the agent's CPUs, from 0 to 1")]
     InterferenceThreshold(f64),
@@ -195,7 +195,7 @@ pub fn parse_cpus(text: &str, allowed: &[u32]) -> Result<Vec<u32>, ConfigError> 
     let cpus = crate::live::parse_cpu_list(text)
         .filter(|c| !c.is_empty())
         .ok_or_else(|| ConfigError::CpuList(text.to_string()))?;
-    crate::sched::confine(&cpus, allowed).map_err(|source| ConfigError::Cpus { value: text.to_string(), source })
+    crate::cpus::confine(&cpus, allowed).map_err(|source| ConfigError::Cpus { value: text.to_string(), source })
 }
 
 /// Parses `KEY=VALUE`.
@@ -262,7 +262,7 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     }
     let sample_interval = positive_duration("sample-interval", &cli.sample_interval)?;
     let telemetry_interval = positive_duration("telemetry-interval", &cli.telemetry_interval)?;
-    let cpus = cli.cpus.map(|text| parse_cpus(&text, &crate::sched::allowed_cpus())).transpose()?;
+    let cpus = cli.cpus.map(|text| parse_cpus(&text, &crate::cpus::allowed_cpus())).transpose()?;
     if !(0.0..=1.0).contains(&cli.interference_threshold) {
         return Err(ConfigError::InterferenceThreshold(cli.interference_threshold));
     }
@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn cpus_and_interference_threshold() {
-        let allowed = crate::sched::allowed_cpus();
+        let allowed = crate::cpus::allowed_cpus();
         let c = config(&["--broker", "mqtt://x", "--name", "a"]).expect("valid");
         assert_eq!((c.cpus, c.interference_threshold), (None, 0.25));
         let first = allowed[0].to_string();

@@ -21,7 +21,8 @@
 //! `Reconfigured` one (probing stops there).
 
 use tunefleet_common::measurement::{Segment, SegmentRole};
-use tunefleet_common::message::{ProbePlan, Select, SystemParams, WindowUnit};
+use tunefleet_common::message::{ProbePlan, Select, WindowUnit};
+use tunefleet_common::params::SystemParams;
 
 /// What was counted when an epoch ended.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -41,7 +41,7 @@ pub fn probe(roots: &EnergyRoots, model: EstimateModel) -> ProbeReport {
         arch: std::env::consts::ARCH.to_string(),
         os: std::env::consts::OS.to_string(),
         kernel: crate::caps::kernel_release(),
-        cores: u32::try_from(crate::sched::allowed_cpus().len()).unwrap_or(u32::MAX),
+        cores: u32::try_from(crate::cpus::allowed_cpus().len()).unwrap_or(u32::MAX),
         memory_bytes: crate::caps::total_memory_bytes(),
         energy: selection.found,
         energy_selected: selection.source.kind(),

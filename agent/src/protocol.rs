@@ -30,7 +30,7 @@ use tunefleet_common::message::{
     ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
 };
 
-use crate::sched;
+use crate::cpus;
 
 /// A trial to start now.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,7 +49,7 @@ pub enum Action {
     Start(StartTrial),
     Cancel(TrialRef),
     /// Apply this system configuration to a running trial.
-    Reconfigure(TrialRef, tunefleet_common::message::SystemParams, tunefleet_common::message::ReconfigureReason),
+    Reconfigure(TrialRef, tunefleet_common::params::SystemParams, tunefleet_common::message::ReconfigureReason),
     /// Keep this result on disk until it is acknowledged.
     Keep(TrialResult),
     /// The result of this trial was acknowledged and may be forgotten.
@@ -282,7 +282,7 @@ impl AgentState {
             return vec![self.refuse(trial, reason)];
         }
         let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
-        let cpus = sched::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
+        let cpus = cpus::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
         self.running.insert(trial.clone(), cpus.clone());
         self.started += 1;
         vec![Action::Start(StartTrial { trial, spec: assignment.spec, cpus })]
@@ -412,7 +412,7 @@ impl AgentState {
 mod tests {
     use super::*;
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome};
-    use tunefleet_common::message::SystemParams;
+    use tunefleet_common::params::SystemParams;
 
     fn info(slots: u32) -> AgentInfo {
         AgentInfo {

@@ -5,8 +5,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
+use tunefleet_agent::cpus::allowed_cpus;
 use tunefleet_agent::live::format_cpu_list;
-use tunefleet_agent::sched::allowed_cpus;
 
 fn agent(state_dir: &std::path::Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tunefleet-agent"));

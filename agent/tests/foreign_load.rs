@@ -13,14 +13,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use std::os::unix::process::CommandExt;
+use tunefleet_agent::cpus::allowed_cpus;
 use tunefleet_agent::energy::{Estimate, EstimateModel};
 use tunefleet_agent::foreign::{read_members, TrialRegistry};
 use tunefleet_agent::procfs::Members;
 use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialHandle, TrialRun};
-use tunefleet_agent::sched::allowed_cpus;
 use tunefleet_agent::telemetry::TelemetrySampler;
 use tunefleet_common::measurement::{ExitOutcome, Telemetry};
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 
 /// Between telemetry samples (the agent's default is 1 s).
 const INTERVAL: Duration = Duration::from_millis(500);

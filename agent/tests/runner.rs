@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tunefleet_agent::counters::{HARDWARE_EVENTS, SOFTWARE_EVENTS};
+use tunefleet_agent::cpus::{allowed_cpus, choose_cpus};
 use tunefleet_agent::runner::{run_trial, RunnerConfig, TrialHandle, TrialRun, MAX_EPOCHS};
-use tunefleet_agent::sched::{allowed_cpus, choose_cpus};
 use tunefleet_common::measurement::{EnergySourceKind, ExitOutcome, Measurement, MemoryLimit};
-use tunefleet_common::message::{SystemParams, TrialSpec};
+use tunefleet_common::message::TrialSpec;
+use tunefleet_common::params::SystemParams;
 
 fn config() -> RunnerConfig {
     RunnerConfig::new(PathBuf::from(env!("CARGO_BIN_EXE_tunefleet-agent")))

@@ -2,7 +2,9 @@
 //!
 //! * [`topic`]: the MQTT topic scheme under one versioned prefix.
 //! * [`message`]: the typed messages that travel on those topics.
-//! * [`measurement`]: the record an agent produces for every trial.
+//! * [`measurement`]: the record an agent produces for every trial;
+//!   [`counter`]: its perf counter readings.
+//! * [`params`]: parameter values and the system parameters of a trial.
 //! * [`profile`]: the versioned workload profile vector derived from counters.
 //! * [`auth`]: keys, signed handshakes and sealed (MAC'd) session frames.
 //! * [`codec`]: postcard encoding behind a one-byte protocol version.
@@ -17,6 +19,7 @@ pub mod agent_cli;
 pub mod auth;
 pub mod broker_url;
 pub mod codec;
+pub mod counter;
 pub mod measurement;
 pub mod message;
 pub mod params;

@@ -8,7 +8,12 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::message::SystemParams;
+// Re-exported: the counters are part of the measurement record, defined
+// apart so that the profile, derived from them, needs no measurement.
+pub use crate::counter::{
+    push_counter_sample, CounterKind, CounterReading, CounterSample, MissingCounter, MAX_COUNTER_SAMPLES,
+};
+use crate::params::SystemParams;
 use crate::profile::Profile;
 
 /// Named metric values reported by the workload (`loss`, `accuracy`, ...).
@@ -48,84 +53,6 @@ pub struct EpochMetrics {
     pub checkpoint: Option<String>,
 }
 
-/// Whether a counter came from the PMU or from the kernel's software events.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CounterKind {
-    Hardware,
-    Software,
-}
-
-/// One perf counter over the whole process tree of the workload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CounterReading {
-    /// perf-style event name, e.g. `task-clock`, `instructions`.
-    pub event: String,
-    pub kind: CounterKind,
-    /// Raw count as read from the kernel.
-    pub value: u64,
-    pub time_enabled_ns: u64,
-    pub time_running_ns: u64,
-}
-
-impl CounterReading {
-    /// True when the kernel multiplexed this counter (it ran part of the time).
-    pub fn multiplexed(&self) -> bool {
-        self.time_running_ns < self.time_enabled_ns
-    }
-
-    /// The count scaled for multiplexing: `value * enabled / running`.
-    pub fn scaled(&self) -> f64 {
-        if self.time_running_ns == 0 {
-            0.0
-        } else {
-            self.value as f64 * self.time_enabled_ns as f64 / self.time_running_ns as f64
-        }
-    }
-}
-
-/// Counter increments over one sampling interval of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CounterSample {
-    /// Milliseconds since the workload started, at the end of the interval.
-    pub elapsed_ms: u64,
-    /// Scaled increments, one per entry of [`Measurement::counters`], same order.
-    pub deltas: Vec<f64>,
-}
-
-/// Longest counter series kept in one measurement; longer runs are thinned
-/// by merging neighbouring samples (see [`push_counter_sample`]).
-pub const MAX_COUNTER_SAMPLES: usize = 512;
-
-/// Appends `sample` to `series`, keeping at most [`MAX_COUNTER_SAMPLES`]:
-/// when full, neighbouring pairs are merged (increments added, later end
-/// time), so the series covers the whole run at a coarser step.
-pub fn push_counter_sample(series: &mut Vec<CounterSample>, sample: CounterSample) {
-    if series.len() >= MAX_COUNTER_SAMPLES {
-        let merged: Vec<CounterSample> = series
-            .chunks(2)
-            .map(|pair| {
-                let last = &pair[pair.len() - 1];
-                let mut deltas = pair[0].deltas.clone();
-                for other in &pair[1..] {
-                    for (d, o) in deltas.iter_mut().zip(&other.deltas) {
-                        *d += o;
-                    }
-                }
-                CounterSample { elapsed_ms: last.elapsed_ms, deltas }
-            })
-            .collect();
-        *series = merged;
-    }
-    series.push(sample);
-}
-
-/// A counter that was asked for and could not be measured, with the reason.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MissingCounter {
-    pub event: String,
-    pub reason: String,
-}
-
 /// Where an energy figure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum EnergySourceKind {
@@ -143,6 +70,16 @@ pub enum EnergySourceKind {
 }
 
 impl EnergySourceKind {
+    /// Every kind, in the order documentation lists them.
+    pub const ALL: [EnergySourceKind; 5] = [
+        EnergySourceKind::Rapl,
+        EnergySourceKind::Hwmon,
+        EnergySourceKind::Battery,
+        EnergySourceKind::Estimated,
+        EnergySourceKind::External,
+    ];
+
+    /// The kind's name in study files and text output (`rapl`, `battery`...).
     pub fn as_str(self) -> &'static str {
         match self {
             EnergySourceKind::Rapl => "rapl",
@@ -157,6 +94,20 @@ impl EnergySourceKind {
 impl std::fmt::Display for EnergySourceKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// A name that is not one of [`EnergySourceKind::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not an energy source (rapl, hwmon, battery, estimated or external)")]
+pub struct UnknownEnergySource(pub String);
+
+impl std::str::FromStr for EnergySourceKind {
+    type Err = UnknownEnergySource;
+
+    /// Parses a name [`EnergySourceKind::as_str`] gives.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EnergySourceKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| UnknownEnergySource(s.to_string()))
     }
 }
 
@@ -306,7 +257,7 @@ pub enum SegmentRole {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WindowProfile {
     /// The configuration the window ran under (the probe plan's first).
-    pub system: crate::message::SystemParams,
+    pub system: SystemParams,
     /// Epochs that ended in it, and its steps when it counted steps.
     pub epochs: u32,
     pub steps: u32,
@@ -469,6 +420,16 @@ pub struct Conditions {
 mod tests {
     use super::*;
 
+    #[test]
+    fn energy_source_names_round_trip() {
+        for kind in EnergySourceKind::ALL {
+            assert_eq!(kind.as_str().parse::<EnergySourceKind>(), Ok(kind));
+        }
+        let names: Vec<&str> = EnergySourceKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["rapl", "hwmon", "battery", "estimated", "external"]);
+        assert_eq!("Rapl".parse::<EnergySourceKind>(), Err(UnknownEnergySource("Rapl".into())));
+    }
+
     /// Issue 8: an invalid energy reading was ranked like a valid one.
     #[test]
     fn regression_invalid_energy_reading_has_no_energy_objective() {
@@ -496,19 +457,5 @@ mod tests {
         assert_eq!(series.last().map(|p| p.elapsed_ms), Some(3 * MAX_POWER_SAMPLES as u64 * 100));
         assert!(series.iter().all(|p| (p.watts - 10.0).abs() < 1e-12));
         assert!(series.windows(2).all(|w| w[0].elapsed_ms < w[1].elapsed_ms));
-    }
-
-    #[test]
-    fn counter_series_merges_keep_the_sum() {
-        let mut series = Vec::new();
-        let n = 2 * MAX_COUNTER_SAMPLES as u64 + 7;
-        for i in 0..n {
-            push_counter_sample(&mut series, CounterSample { elapsed_ms: i, deltas: vec![1.0, 2.0] });
-        }
-        assert!(series.len() <= MAX_COUNTER_SAMPLES);
-        let total: f64 = series.iter().map(|s| s.deltas[0]).sum();
-        assert_eq!(total, n as f64);
-        let total2: f64 = series.iter().map(|s| s.deltas[1]).sum();
-        assert_eq!(total2, 2.0 * n as f64);
     }
 }

@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::measurement::{EnergySourceKind, Measurement, Metrics, Telemetry};
+// Kept while the coordinator still names it here (issue 21); new code
+// imports it from `crate::params`.
+pub use crate::params::SystemParams;
 
 /// Identifies one attempt of one trial of one study.
 ///
@@ -78,6 +81,13 @@ impl AgentInfo {
             counters: Vec::new(),
             tags: BTreeMap::new(),
         }
+    }
+
+    /// Its device class: what makes its measurements comparable with
+    /// another agent's (`x86_64, 2 cores, rapl`).
+    pub fn device_class(&self) -> String {
+        let energy = self.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
+        format!("{}, {} cores, {energy}", self.arch, self.cores)
     }
 }
 
@@ -152,17 +162,6 @@ pub enum AgentMessage {
     /// Answers [`CoordinatorMessage::Sync`] with its number: everything the
     /// coordinator sent before it has arrived.
     Synced(u64),
-}
-
-/// System parameters of a trial, applied by the agent for real.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SystemParams {
-    /// Pin the process tree to this many CPUs.
-    pub cores: Option<u32>,
-    /// Set OMP_NUM_THREADS and friends to this.
-    pub threads: Option<u32>,
-    /// Limit memory to this many MiB.
-    pub memory_mib: Option<u64>,
 }
 
 /// What to run: the command with parameters already substituted.

@@ -1,4 +1,5 @@
-//! Parameter values of a trial, as chosen by a search strategy.
+//! Parameter values of a trial, as chosen by a search strategy, and the
+//! system parameters ([`SystemParams`]) the agent applies for real.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -46,3 +47,51 @@ impl fmt::Display for ParamValue {
 
 /// A full assignment of parameter name to value, ordered by name.
 pub type Params = BTreeMap<String, ParamValue>;
+
+/// System parameters of a trial, applied by the agent for real. Its JSON
+/// form (the coordinator's store) and its wire form are its serde fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemParams {
+    /// Pin the process tree to this many CPUs.
+    pub cores: Option<u32>,
+    /// Set OMP_NUM_THREADS and friends to this.
+    pub threads: Option<u32>,
+    /// Limit memory to this many MiB.
+    pub memory_mib: Option<u64>,
+}
+
+/// `cores=2 threads=4 memory=512 MiB`, the parameters set in that order;
+/// `default` when none is.
+impl fmt::Display for SystemParams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut words = Vec::new();
+        if let Some(c) = self.cores {
+            words.push(format!("cores={c}"));
+        }
+        if let Some(t) = self.threads {
+            words.push(format!("threads={t}"));
+        }
+        if let Some(m) = self.memory_mib {
+            words.push(format!("memory={m} MiB"));
+        }
+        if words.is_empty() {
+            f.write_str("default")
+        } else {
+            f.write_str(&words.join(" "))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_params_display_lists_what_is_set_in_order() {
+        let all = SystemParams { cores: Some(2), threads: Some(4), memory_mib: Some(512) };
+        assert_eq!(all.to_string(), "cores=2 threads=4 memory=512 MiB");
+        let threads = SystemParams { threads: Some(8), ..SystemParams::default() };
+        assert_eq!(threads.to_string(), "threads=8");
+        assert_eq!(SystemParams::default().to_string(), "default");
+    }
+}

@@ -47,7 +47,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::measurement::{CounterReading, CounterSample};
+use crate::counter::{CounterReading, CounterSample};
 
 /// Version of the feature list below.
 pub const PROFILE_VERSION: u16 = 2;
@@ -276,7 +276,7 @@ fn busy_cv(series: &[CounterSample], col: usize) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::measurement::CounterKind;
+    use crate::counter::CounterKind;
 
     fn counter(event: &str, value: u64) -> CounterReading {
         CounterReading {

@@ -7,6 +7,7 @@ use proptest::prelude::*;
 use tunefleet_common::auth::{DownFrame, Hello, Sealed, Signed, UpFrame, Will};
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
+use tunefleet_common::params::SystemParams;
 use tunefleet_common::profile::{Profile, PROFILE_VERSION};
 use tunefleet_common::{decode, encode};
 

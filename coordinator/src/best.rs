@@ -2,16 +2,16 @@
 //! objective (with what reuse decided for each); its configurations by mean
 //! objective when the study runs each more than once; the Pareto front of
 //! the objective against `objective.also`; the best per device class. Each
-//! is computed from the store's rows into a [`View`], which renders as the
+//! is computed from the store's rows into a [`View`], which `crate::cli` renders as the
 //! text `best` prints or serialises as the JSON `best --json` prints.
 
-use std::fmt::Write as _;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 use tunefleet_common::message::SystemParams;
 use tunefleet_common::params::Params;
 
-use crate::store::{BestRow, DecisionRow, Store, StoreError, Unranked};
+use crate::store::{AgentRow, BestRow, DecisionRow, Store, StoreError, Unranked};
 use crate::study::{self, Direction, Secondary, StudyError};
 
 /// Which view `best` asks for (the flags `--pareto` and `--by-class`).
@@ -102,12 +102,27 @@ pub enum BestError {
     NothingRanked { study: String, store: String, note: String },
 }
 
+/// The class of a result whose agent the store does not know.
+pub const UNKNOWN_AGENT: &str = "unknown agent";
+
+/// `rows` grouped by the device class of their agent, by class name; each
+/// group keeps the order of `rows` (best first, as [`crate::store::Store::best`] gives them).
+pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a BestRow>> {
+    let classes: HashMap<&str, String> = agents.iter().map(|a| (a.name.as_str(), a.info.device_class())).collect();
+    let mut groups: BTreeMap<String, Vec<&BestRow>> = BTreeMap::new();
+    for r in rows {
+        let class = classes.get(r.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
+        groups.entry(class).or_default().push(r);
+    }
+    groups
+}
+
 /// The view `ask` of `study`, with at most `n` trials (or configurations)
 /// per list; the Pareto front is shown whole.
 pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, BestError> {
     match ask {
         Ask::Pareto => pareto_front(store, study),
-        Ask::ByClass => by_class(store, study, n),
+        Ask::ByClass => best_by_class(store, study, n),
         Ask::Best => match repeated_configurations(store, study, n)? {
             Some(view) => Ok(view),
             None => ranked(store, study, n),
@@ -142,9 +157,9 @@ fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
 }
 
 /// The `n` best trials of `study` in each device class of the agents that ran them.
-fn by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
+fn best_by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
     let rows = store.best(study, usize::MAX)?;
-    let groups = crate::report::by_class(&rows, &store.agents()?);
+    let groups = by_class(&rows, &store.agents()?);
     if groups.is_empty() {
         return Err(no_success(store, study));
     }
@@ -246,107 +261,12 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
 }
 
 /// A trial's figure on a Pareto axis: joules or seconds.
-fn figure(r: &BestRow, axis: Secondary) -> f64 {
+/// The figure of `r` on `axis` (energy in joules, wall time in seconds).
+pub fn figure(r: &BestRow, axis: Secondary) -> f64 {
     match axis {
         Secondary::Energy => r.energy_j.unwrap_or(f64::NAN),
         Secondary::WallTime => r.wall_us as f64 / 1e6,
     }
-}
-
-impl View {
-    /// The text `best` prints.
-    pub fn render(&self) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        match self {
-            View::Ranked { trials, unranked, mixed_sources, .. } => {
-                if let Some(note) = mixed_sources {
-                    writeln!(out, "{note}")?;
-                }
-                for RankedTrial { row: r, decisions } in trials {
-                    let source = r.energy_source.as_deref().unwrap_or("no energy");
-                    writeln!(
-                        out,
-                        "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
-                        r.trial,
-                        r.objective,
-                        r.agent,
-                        describe(&r.params, r.system.as_ref())
-                    )?;
-                    for d in decisions {
-                        writeln!(out, "            {}: {}", d.decision, d.reason)?;
-                    }
-                }
-                if let Some(note) = unranked_note(unranked) {
-                    writeln!(out, "note: {note}")?;
-                }
-            }
-            View::Configurations { study, metric, direction, configurations } => {
-                writeln!(
-                    out,
-                    "configurations of {study} by mean {metric} ({direction}): mean, spread (sd / |mean|), runs"
-                )?;
-                for c in configurations {
-                    let spread = c.spread.map_or_else(|| "-".to_string(), |s| format!("{:.2} %", s * 100.0));
-                    writeln!(
-                        out,
-                        "{:>12.6}  {spread:>9}  {:>3} runs  {}",
-                        c.mean,
-                        c.runs.len(),
-                        describe(&c.params, c.system.as_ref())
-                    )?;
-                }
-            }
-            View::Pareto { study, metric, direction, axes, considered, front, mixed_sources } => {
-                let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
-                writeln!(
-                    out,
-                    "Pareto front of {study}: {metric} ({direction}) against {} (minimised): {} of {considered} trials",
-                    names.join(", "),
-                    front.len(),
-                )?;
-                if let Some(note) = mixed_sources {
-                    writeln!(out, "{note}")?;
-                }
-                for r in front {
-                    let figures: Vec<String> = axes
-                        .iter()
-                        .map(|&a| match a {
-                            Secondary::Energy => format!("{:.3} J", figure(r, a)),
-                            Secondary::WallTime => format!("{:.3} s", figure(r, a)),
-                        })
-                        .collect();
-                    let params = describe(&r.params, r.system.as_ref());
-                    writeln!(out, "trial {:>4}  {:>12.6}  {}  {params}", r.trial, r.objective, figures.join("  "))?;
-                }
-            }
-            View::ByClass { classes, .. } => {
-                for c in classes {
-                    writeln!(out, "{}: {} ranked trials", c.class, c.ranked)?;
-                    for r in &c.trials {
-                        let params = describe(&r.params, r.system.as_ref());
-                        writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {params}", r.trial, r.objective, r.agent)?;
-                    }
-                }
-            }
-        }
-        Ok(out)
-    }
-}
-
-/// A result's parameters, and the system configuration it ran (or, when
-/// pipelined, selected) when that is not already among them.
-pub fn describe(params: &Params, system: Option<&SystemParams>) -> String {
-    let mut words: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    if let Some(sys) = system {
-        for (name, value) in
-            [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]
-        {
-            if let (Some(v), false) = (value, params.contains_key(name)) {
-                words.push(format!("{name}={v} (selected)"));
-            }
-        }
-    }
-    words.join(" ")
 }
 
 /// A warning when ranked trials took their energy from different sources

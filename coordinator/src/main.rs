@@ -4,7 +4,6 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use tunefleet_coordinator::cli::{execute, Command};
-use tunefleet_coordinator::study::StudyError;
 
 fn main() -> ExitCode {
     let cli = match tunefleet_coordinator::config::parse() {
@@ -42,15 +41,11 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tunefleet: {e:#}");
             // A bad study file or bad input is a usage error.
-            if e.downcast_ref::<StudyError>().is_some()
-                || e.downcast_ref::<tunefleet_common::topic::TopicError>().is_some()
-            {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
+            let code = if e.is_usage() { ExitCode::from(2) } else { ExitCode::FAILURE };
+            // Printed with its sources, as anyhow prints a chain.
+            eprintln!("tunefleet: {:#}", anyhow::Error::from(e));
+            code
         }
     }
 }

@@ -5,30 +5,12 @@
 //! `tunefleet-agent`, whose definition is `tunefleet_common::agent_cli`.
 //! The agent carries no generator of its own: both crates would add about
 //! 116 KiB (5 %) to the small static agent (BENCHMARKS.md, "Agent footprint").
+//! Each function takes the program's `clap::Command`; [`crate::cli`] says
+//! which program's.
 
 use std::path::{Path, PathBuf};
 
-use clap::CommandFactory;
 pub use clap_complete::Shell;
-
-/// Whose command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Program {
-    /// `tunefleet`.
-    Coordinator,
-    /// `tunefleet-agent`.
-    Agent,
-}
-
-impl Program {
-    /// The program's clap command, as its `main` parses it.
-    pub fn command(self) -> clap::Command {
-        match self {
-            Program::Coordinator => crate::cli::Cli::command(),
-            Program::Agent => tunefleet_common::agent_cli::Cli::command(),
-        }
-    }
-}
 
 /// Why man pages were not written.
 #[derive(Debug, thiserror::Error)]
@@ -39,9 +21,8 @@ pub enum ManualError {
     Write { path: PathBuf, source: std::io::Error },
 }
 
-/// The completion script of `program` for `shell`.
-pub fn completions(program: Program, shell: Shell) -> Vec<u8> {
-    let mut cmd = program.command();
+/// The completion script of the program `cmd` defines, for `shell`.
+pub fn completions(mut cmd: clap::Command, shell: Shell) -> Vec<u8> {
     let name = cmd.get_name().to_string();
     let mut script = Vec::new();
     clap_complete::generate(shell, &mut cmd, name.as_str(), &mut script);
@@ -66,27 +47,28 @@ fn fix_hyphenated_bash(name: &str, script: &str) -> String {
 
 /// The program's command, ready for its pages: built (each subcommand knows
 /// its full name, `tunefleet-agents-trust`), without the `help` subcommand.
-fn for_pages(program: Program) -> clap::Command {
-    let mut cmd = program.command().disable_help_subcommand(true);
+fn for_pages(cmd: clap::Command) -> clap::Command {
+    let mut cmd = cmd.disable_help_subcommand(true);
     cmd.build();
     cmd
 }
 
-/// The main man page of `program` (roff, section 1).
-pub fn page(program: Program) -> Vec<u8> {
+/// The main man page of the program `cmd` defines (roff, section 1).
+pub fn page(cmd: clap::Command) -> Vec<u8> {
     let mut roff = Vec::new();
     // Rendering into memory: the only error would be the writer's.
-    let _ = clap_mangen::Man::new(for_pages(program)).render(&mut roff);
+    let _ = clap_mangen::Man::new(for_pages(cmd)).render(&mut roff);
     roff
 }
 
-/// Writes the main man page of `program` and one page per subcommand, nested
-/// ones included (`tunefleet.1`, `tunefleet-run.1`, `tunefleet-agents-trust.1`),
-/// into `dir`, created when missing; returns the files, main page first.
-pub fn write_pages(program: Program, dir: &Path) -> Result<Vec<PathBuf>, ManualError> {
+/// Writes the main man page of the program `cmd` defines and one page per
+/// subcommand, nested ones included (`tunefleet.1`, `tunefleet-run.1`,
+/// `tunefleet-agents-trust.1`), into `dir`, created when missing; returns the
+/// files, main page first.
+pub fn write_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>, ManualError> {
     std::fs::create_dir_all(dir).map_err(|source| ManualError::Create { path: dir.to_path_buf(), source })?;
     let mut written = Vec::new();
-    write_tree(&for_pages(program), dir, &mut written)?;
+    write_tree(&for_pages(cmd), dir, &mut written)?;
     Ok(written)
 }
 
@@ -106,20 +88,30 @@ fn write_tree(cmd: &clap::Command, dir: &Path, written: &mut Vec<PathBuf>) -> Re
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
+
+    /// A program with a nested subcommand, as `tunefleet agents trust`.
+    fn fleet() -> clap::Command {
+        clap::Command::new("fleet")
+            .about("Fleet: a test program")
+            .subcommand(clap::Command::new("run").about("Runs"))
+            .subcommand(clap::Command::new("agents").about("Agents").subcommand(clap::Command::new("trust")))
+    }
 
     #[test]
     fn a_page_per_subcommand_with_its_full_name() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = write_pages(Program::Coordinator, dir.path()).expect("writes");
+        let files = write_pages(fleet(), dir.path()).expect("writes");
         let names: Vec<String> =
             files.iter().filter_map(|f| f.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
-        assert_eq!(names[0], "tunefleet.1");
-        for name in ["tunefleet-run.1", "tunefleet-agents.1", "tunefleet-agents-trust.1", "tunefleet-man.1"] {
+        assert_eq!(names[0], "fleet.1");
+        for name in ["fleet-run.1", "fleet-agents.1", "fleet-agents-trust.1"] {
             assert!(names.iter().any(|n| n == name), "{name} missing from {names:?}");
         }
         assert!(!names.iter().any(|n| n.contains("help")), "no page for the help subcommand: {names:?}");
-        let agent = write_pages(Program::Agent, dir.path()).expect("writes");
+        let agent = write_pages(tunefleet_common::agent_cli::Cli::command(), dir.path()).expect("writes");
         let main = std::fs::read_to_string(&agent[0]).expect("reads");
         assert!(main.contains(".TH tunefleet-agent 1"), "{main}");
         assert!(main.contains("\\fBTUNEFLEET_BROKER\\fR environment variable"), "environment variables shown: {main}");
@@ -127,9 +119,10 @@ mod tests {
 
     #[test]
     fn completions_name_the_program() {
-        let bash = String::from_utf8(completions(Program::Agent, Shell::Bash)).expect("utf-8");
+        let agent = tunefleet_common::agent_cli::Cli::command();
+        let bash = String::from_utf8(completions(agent, Shell::Bash)).expect("utf-8");
         assert!(bash.contains("complete -F _tunefleet__agent -o nosort -o bashdefault -o default tunefleet-agent"));
-        let zsh = String::from_utf8(completions(Program::Coordinator, Shell::Zsh)).expect("utf-8");
-        assert!(zsh.starts_with("#compdef tunefleet"), "{zsh}");
+        let zsh = String::from_utf8(completions(fleet(), Shell::Zsh)).expect("utf-8");
+        assert!(zsh.starts_with("#compdef fleet"), "{zsh}");
     }
 }

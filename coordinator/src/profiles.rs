@@ -3,14 +3,13 @@
 //! a job would land and why. Rendered from the store's rows, as text or JSON.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use serde::Serialize;
 use tunefleet_common::message::Select;
 
 use crate::cluster::Model;
 use crate::reuse::{self, Decision, Record};
-use crate::store::{DecisionRow, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// Why a listing cannot be made.
 #[derive(Debug, thiserror::Error)]
@@ -58,19 +57,6 @@ pub fn forget(store: &mut Store, agent: &str, now_ms: u64) -> Result<Vec<(String
         crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()).ok().map(|f| f.model)
     };
     Ok(store.forget_agent_profiles(agent, now_ms, refit)?)
-}
-
-/// What `tunefleet profiles forget` prints.
-pub fn render_forgotten(agent: &str, forgotten: &[(String, u64)]) -> String {
-    if forgotten.is_empty() {
-        return format!("{agent}: no profiles learnt from it\n");
-    }
-    let mut out = String::new();
-    for (class, n) in forgotten {
-        let _ = writeln!(out, "{agent}: {n} profiles forgotten in {class} (its clusters fitted again)");
-    }
-    out.push_str("a coordinator running now keeps them in memory until it restarts\n");
-    out
 }
 
 /// Every class's clusters, from the stored models and records.
@@ -129,65 +115,6 @@ fn class_view(class: String, model: &Model, fitted_on: usize, records: &[Record]
     }
 }
 
-/// The listing as text.
-pub fn render_classes(views: &[ClassView]) -> String {
-    let mut out = String::new();
-    if views.is_empty() {
-        out.push_str(
-            "no profiles yet: pipelined trials profile their first window and join a model when they finish\n",
-        );
-    }
-    for v in views {
-        let sil = v.silhouette.map_or("one cluster".to_string(), |s| format!("silhouette {s:.2}"));
-        let _ = writeln!(
-            out,
-            "{}: {} profiles, {} clusters ({sil}), fitted on {}; features: {}",
-            v.class,
-            v.profiles,
-            v.k,
-            v.fitted_on,
-            v.features.join(", ")
-        );
-        for c in &v.clusters {
-            let kinds: Vec<String> = c.workloads.iter().map(|(w, n)| format!("{w} x{n}")).collect();
-            let _ = writeln!(
-                out,
-                "  cluster {}: {} members (radius {:.3}): {}",
-                c.cluster,
-                c.size,
-                c.radius,
-                kinds.join(", ")
-            );
-            let shown: Vec<&str> = c.members.iter().take(8).map(String::as_str).collect();
-            let more = c.members.len().saturating_sub(shown.len());
-            let _ = write!(out, "    members: {}", shown.join(" "));
-            if more > 0 {
-                let _ = write!(out, " and {more} more");
-            }
-            out.push('\n');
-            for (group, system, t, from) in &c.configurations {
-                let _ = writeln!(
-                    out,
-                    "    best for {group}: {system} ({t:.3} x the first window, from {from} probed jobs)"
-                );
-            }
-        }
-    }
-    out
-}
-
-/// The decisions as text, one per line.
-pub fn render_decisions(rows: &[DecisionRow]) -> String {
-    let mut out = String::new();
-    if rows.is_empty() {
-        out.push_str("no reuse decisions\n");
-    }
-    for r in rows {
-        let _ = writeln!(out, "{}/{}#{} {:<6} {}", r.study, r.trial, r.attempt, r.decision, r.reason);
-    }
-    out
-}
-
 /// Where trial `trial` of `study` would land now, and why: its stored
 /// first-window profile against its device class's current model.
 #[derive(Debug, Clone, Serialize)]
@@ -210,7 +137,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
         ))
     })?;
     let agent = store.agents()?.into_iter().find(|a| a.name == result.agent);
-    let class = agent.map(|a| crate::sched::device_class(&a.info)).ok_or_else(|| {
+    let class = agent.map(|a| a.info.device_class()).ok_or_else(|| {
         ProfilesError::NotFound(format!("agent {} of trial {trial} is not in the store", result.agent))
     })?;
     let records: Vec<Record> = store
@@ -238,13 +165,4 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
     let decision: Decision =
         reuse::decide(&policy, model.as_ref(), &records, &clusters, &wp.profile, &group, Select::Time);
     Ok(Classified { study: study.to_string(), trial, class, distances, decision: decision.reason() })
-}
-
-pub fn render_classified(c: &Classified) -> String {
-    let mut out = format!("{}/{} on {}\n", c.study, c.trial, c.class);
-    for (cluster, d) in &c.distances {
-        let _ = writeln!(out, "  cluster {cluster}: distance {d:.3}");
-    }
-    let _ = writeln!(out, "{}", c.decision);
-    out
 }

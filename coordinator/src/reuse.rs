@@ -37,27 +37,7 @@ use tunefleet_common::params::Params;
 use tunefleet_common::profile::{Profile, FEATURES, PROFILE_VERSION};
 
 use crate::cluster::Model;
-
-/// `[reuse]` of a study: see the module doc and docs/STUDY.md.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Policy {
-    /// Reuse configurations (profiles are learned either way).
-    pub enabled: bool,
-    /// Hyper-parameters whose values must match for a configuration to be
-    /// reused (a batch size changes what is best).
-    pub group: Vec<String>,
-    pub radius_factor: f64,
-    pub min_threshold: f64,
-    /// How much slower (relative) a reused configuration may run than its
-    /// record before the cluster is probed again.
-    pub verify_bound: f64,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: 0.5 }
-    }
-}
+use crate::study::ReusePolicy;
 
 /// How one configuration ran in one trial, relative to the trial's first window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,7 +54,7 @@ pub struct Outcome {
 pub struct Record {
     pub study: String,
     pub trial: u64,
-    /// Device class ([`crate::sched::device_class`]).
+    /// Device class ([`AgentInfo::device_class`](tunefleet_common::message::AgentInfo::device_class)).
     pub class: String,
     /// The workload's program (its command's first word).
     pub workload: String,
@@ -123,10 +103,7 @@ impl Decision {
     }
 }
 
-/// `cores=2 threads=1` (what is set, in order), as the report writes it.
-pub fn system_text(s: &SystemParams) -> String {
-    crate::report::system_text(Some(s))
-}
+pub use crate::params::system_text;
 
 /// Why a profile from an agent is not used.
 pub fn check(profile: &Profile) -> Result<(), String> {
@@ -149,7 +126,7 @@ pub fn check(profile: &Profile) -> Result<(), String> {
 /// The group key of a trial: the values of the `group` parameters, as JSON.
 pub fn group_key(group: &[String], params: &Params) -> String {
     let picked: Params = group.iter().filter_map(|g| params.get(g).map(|v| (g.clone(), v.clone()))).collect();
-    crate::store::params_json(&picked)
+    crate::params::params_json(&picked)
 }
 
 fn per_unit_energy(s: &Segment) -> Option<f64> {
@@ -267,7 +244,7 @@ pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) 
 /// Decides for a new job's first-window `profile` in a class whose model
 /// and records are given (`records[i]` placed in `clusters[i]`).
 pub fn decide(
-    policy: &Policy,
+    policy: &ReusePolicy,
     model: Option<&Model>,
     records: &[Record],
     clusters: &[Option<usize>],
@@ -485,7 +462,7 @@ mod tests {
         let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let policy = Policy::default();
+        let policy = ReusePolicy::default();
         let d = decide(&policy, Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
         match &d {
             Decision::Reuse { system, expected, from, distance, threshold, .. } => {
@@ -525,12 +502,12 @@ mod tests {
         let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let d = decide(&Policy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
         assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A new probe says threads=1 is now the better one: learned, reused.
         records.push(record(0, 11, vec![o(1, 1.0), o(2, 3.0)], false, 11));
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let d = decide(&Policy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
         assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
     }
 

@@ -53,7 +53,7 @@ pub struct RunConfig {
     pub progress: bool,
     /// When agents count as overloaded (their trials are then moved);
     /// `None`: never.
-    pub offload: Option<crate::decide::Policy>,
+    pub offload: Option<crate::offload::Policy>,
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,

@@ -3,8 +3,6 @@
 //! SQLite's WAL lets readers in while it writes), with the throughput and
 //! the time left estimated between two looks.
 
-use std::fmt::Write as _;
-
 use serde::Serialize;
 
 use crate::store::{Store, StoreError, StudyState};
@@ -84,28 +82,6 @@ pub fn pace(before: &[StudyStatus], now: &mut [StudyStatus], seconds: f64) {
     }
 }
 
-/// One line per study.
-pub fn render(rows: &[StudyStatus]) -> String {
-    let mut out = String::new();
-    if rows.is_empty() {
-        out.push_str("no studies\n");
-    }
-    for s in rows {
-        let best = s.best.map_or(String::new(), |(v, t)| format!(", best {}={v:.6} (trial {t})", s.metric));
-        let pace = match (s.per_minute, s.eta_s) {
-            (Some(p), Some(eta)) => format!(", {p:.1} trials/min, about {eta:.0} s left"),
-            (Some(p), None) => format!(", {p:.1} trials/min"),
-            _ => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {} agents online{best}{pace}",
-            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped, s.live_agents
-        );
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,15 +111,11 @@ mod tests {
         pace(&before, &mut now, 30.0);
         assert_eq!(now[0].per_minute, Some(20.0));
         assert_eq!(now[0].eta_s, Some(240.0), "80 left at 20 a minute");
-        let text = render(&now);
-        assert!(text.contains("s running: 20/100 done") && text.contains("best loss=0.500000 (trial 3)"), "{text}");
-        assert!(text.contains("20.0 trials/min, about 240 s left"), "{text}");
         let mut finished = vec![row(100, "finished")];
         pace(&before, &mut finished, 30.0);
         assert_eq!(finished[0].eta_s, None);
         let mut stalled = vec![row(10, "running")];
         pace(&before, &mut stalled, 30.0);
         assert_eq!(stalled[0].eta_s, None, "no pace, no estimate");
-        assert_eq!(render(&[]), "no studies\n");
     }
 }

@@ -306,7 +306,7 @@ fn man(page: &Path) -> String {
 
 #[test]
 fn man_renders_the_generated_pages_and_they_name_every_subcommand() {
-    use tunefleet_coordinator::manual::Program;
+    use tunefleet_coordinator::cli::Program;
     let dir = tempfile::tempdir().expect("tempdir");
     for (program, name, flags) in
         [(Program::Coordinator, "tunefleet", &[][..]), (Program::Agent, "tunefleet-agent", &["--agent"][..])]

@@ -482,7 +482,7 @@ fn bench_real(trials: u64) {
     }
 }
 
-/// The engine's expiry tick (`coordinator/src/engine.rs`).
+/// The engine's expiry tick (`coordinator/src/engine/core.rs`).
 const TICK_MS: u64 = 250;
 
 fn sched_policy(max_attempts: u32) -> StudyPolicy {

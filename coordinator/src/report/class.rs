@@ -1,27 +1,10 @@
-//! Device classes of a study's results: ranked results grouped by the class
-//! ([`crate::sched::device_class`]: architecture, cores, energy source) of
-//! the agent that ran them, for `tunefleet best --by-class` and the
-//! report's per-class summaries. Pure.
+//! Device classes of a study's results in figures: the report's summary of
+//! each group of [`crate::best::by_class`] (ranked results grouped by the
+//! class of the agent that ran them). Pure.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
-use crate::store::{AgentRow, BestRow};
-
-/// The class of a result whose agent the store does not know.
-pub const UNKNOWN_AGENT: &str = "unknown agent";
-
-/// `rows` grouped by the device class of their agent, by class name; each
-/// group keeps the order of `rows` (best first, as [`crate::store::Store::best`] gives them).
-pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a BestRow>> {
-    let classes: HashMap<&str, String> =
-        agents.iter().map(|a| (a.name.as_str(), crate::sched::device_class(&a.info))).collect();
-    let mut groups: BTreeMap<String, Vec<&BestRow>> = BTreeMap::new();
-    for r in rows {
-        let class = classes.get(r.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
-        groups.entry(class).or_default().push(r);
-    }
-    groups
-}
+use crate::store::BestRow;
 
 /// One device class in figures.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,7 +24,7 @@ pub struct ClassSummary<'a> {
     pub sources: Vec<String>,
 }
 
-/// The summary of each group of [`by_class`], by class name.
+/// The summary of each group of [`crate::best::by_class`], by class name.
 pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSummary<'a>> {
     groups
         .iter()
@@ -78,6 +61,8 @@ pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::best::{by_class, UNKNOWN_AGENT};
+    use crate::store::AgentRow;
     use tunefleet_common::measurement::EnergySourceKind;
     use tunefleet_common::message::{AgentInfo, EnergySourceInfo};
 

@@ -3,38 +3,17 @@
 //! [`Esc`]. Pure: [`page`] turns a [`ReportData`] into the page's text.
 
 use std::collections::HashMap;
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 
 use tunefleet_common::params::Params;
 
-use super::class::{by_class, summaries};
+use super::class::summaries;
 use super::sample::{objective_series, system_text, timeline, ObjectiveSeries};
-use super::svg::{self, config_colour, fmt_num};
+use super::svg::{self, config_colour, fmt_num, Esc};
 use super::{ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
+use crate::best::by_class;
 use crate::store::{BestRow, ProvenanceRow};
 use crate::study::Direction;
-
-/// Text escaped for HTML and SVG, in element content and in quoted attributes.
-#[derive(Debug, Clone, Copy)]
-pub struct Esc<'a>(pub &'a str);
-
-impl fmt::Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut rest = self.0;
-        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
-            f.write_str(&rest[..i])?;
-            f.write_str(match rest.as_bytes()[i] {
-                b'&' => "&amp;",
-                b'<' => "&lt;",
-                b'>' => "&gt;",
-                b'"' => "&quot;",
-                _ => "&#39;",
-            })?;
-            rest = &rest[i + 1..];
-        }
-        f.write_str(rest)
-    }
-}
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS UTC`.
 pub fn utc(ms: u64) -> String {

@@ -45,9 +45,9 @@ mod svg;
 
 use std::path::{Path, PathBuf};
 
-pub use class::{by_class, summaries, ClassSummary, UNKNOWN_AGENT};
-pub use html::Esc;
+pub use class::{summaries, ClassSummary};
 pub use sample::{objective_series, system_text, timeline, ObjectiveSeries, Timeline};
+pub use svg::Esc;
 
 use crate::store::{AgentRow, BestRow, ProvenanceRow, Store, StoreError, StudyRow, Unranked, WindowRow};
 

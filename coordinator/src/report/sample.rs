@@ -156,24 +156,10 @@ pub struct Timeline {
     pub span_us: (u64, u64),
 }
 
-/// A system configuration in a few words (`cores=2 threads=1`).
+/// A system configuration in a few words (`cores=2 threads=1`), `unknown`
+/// when a window does not say.
 pub fn system_text(system: Option<&SystemParams>) -> String {
-    let Some(s) = system else { return "unknown".to_string() };
-    let mut words = Vec::new();
-    if let Some(c) = s.cores {
-        words.push(format!("cores={c}"));
-    }
-    if let Some(t) = s.threads {
-        words.push(format!("threads={t}"));
-    }
-    if let Some(m) = s.memory_mib {
-        words.push(format!("memory={m} MiB"));
-    }
-    if words.is_empty() {
-        "default".to_string()
-    } else {
-        words.join(" ")
-    }
+    system.map_or_else(|| "unknown".to_string(), crate::params::system_text)
 }
 
 /// Lays out `windows`: each agent's `per_agent` most recent windows, for

@@ -13,8 +13,29 @@ use std::fmt::{self, Write as _};
 
 use tunefleet_common::measurement::SegmentRole;
 
-use super::html::Esc;
 use super::sample::{ObjectiveSeries, Timeline};
+
+/// Text escaped for HTML and SVG, in element content and in quoted attributes.
+#[derive(Debug, Clone, Copy)]
+pub struct Esc<'a>(pub &'a str);
+
+impl fmt::Display for Esc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(i) = rest.find(['&', '<', '>', '"', '\'']) {
+            f.write_str(&rest[..i])?;
+            f.write_str(match rest.as_bytes()[i] {
+                b'&' => "&amp;",
+                b'<' => "&lt;",
+                b'>' => "&gt;",
+                b'"' => "&quot;",
+                _ => "&#39;",
+            })?;
+            rest = &rest[i + 1..];
+        }
+        f.write_str(rest)
+    }
+}
 
 /// Width of every chart, in CSS pixels.
 pub const WIDTH: f64 = 960.0;

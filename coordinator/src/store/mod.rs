@@ -28,7 +28,10 @@ use rusqlite::{Connection, Row, Transaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tunefleet_common::measurement::ExitOutcome;
-use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_common::params::Params;
+
+pub(crate) use crate::params::param_value_json;
+pub use crate::params::{params_from_json, params_json};
 
 mod batch;
 mod enrol;
@@ -198,39 +201,6 @@ pub fn exit_text(exit: &ExitOutcome) -> String {
     }
 }
 
-/// Parameters as a plain JSON object (`{"lr": 0.1, "opt": "sgd"}`).
-pub fn params_json(params: &Params) -> String {
-    let map: serde_json::Map<String, serde_json::Value> =
-        params.iter().map(|(k, v)| (k.clone(), param_value_json(v))).collect();
-    serde_json::Value::Object(map).to_string()
-}
-
-fn param_value_json(v: &ParamValue) -> serde_json::Value {
-    match v {
-        ParamValue::Int(i) => serde_json::Value::from(*i),
-        ParamValue::Float(f) => serde_json::Number::from_f64(*f).map_or(serde_json::Value::Null, Into::into),
-        ParamValue::Text(s) => serde_json::Value::from(s.clone()),
-    }
-}
-
-/// Parses what [`params_json`] wrote.
-pub fn params_from_json(text: &str) -> Result<Params, serde_json::Error> {
-    let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
-    let mut out = Params::new();
-    for (k, v) in map {
-        let value = match v {
-            serde_json::Value::Number(n) => match n.as_i64() {
-                Some(i) => ParamValue::Int(i),
-                None => ParamValue::Float(n.as_f64().unwrap_or(f64::NAN)),
-            },
-            serde_json::Value::String(s) => ParamValue::Text(s),
-            other => ParamValue::Text(other.to_string()),
-        };
-        out.insert(k, value);
-    }
-    Ok(out)
-}
-
 /// Milliseconds since the Unix epoch (0 if the clock is before it).
 fn unix_ms() -> u64 {
     std::time::SystemTime::now()
@@ -275,18 +245,6 @@ fn trial_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<TrialState> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn params_json_round_trips_plain_values() {
-        let mut p = Params::new();
-        p.insert("lr".into(), ParamValue::Float(0.05));
-        p.insert("whole".into(), ParamValue::Float(2.0));
-        p.insert("batch".into(), ParamValue::Int(32));
-        p.insert("opt".into(), ParamValue::Text("sgd".into()));
-        let text = params_json(&p);
-        assert_eq!(text, r#"{"batch":32,"lr":0.05,"opt":"sgd","whole":2.0}"#);
-        assert_eq!(params_from_json(&text).expect("parses"), p);
-    }
 
     #[test]
     fn exit_text_is_readable() {

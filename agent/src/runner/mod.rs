@@ -1,0 +1,231 @@
+//! Runs one trial for real and measures it.
+//!
+//! The workload runs in its own process group. A trial without a memory
+//! limit is started directly, one `exec`, by a thread of its own that pins
+//! itself to the trial's CPUs and opens the perf counters on what it starts
+//! ([`crate::counters`]; each counter is enabled at the workload's exec), then
+//! waits for its end. A trial with a memory limit is started through the
+//! exec wrapper ([`crate::exec`]), held until the runner has moved it into
+//! the trial's cgroup when cgroup v2 limits memory ([`crate::cgroup`]) and
+//! opened the counters on it; otherwise the wrapper applies `RLIMIT_AS`
+//! itself. (Entering a cgroup or setting a limit of the child's own between
+//! fork and exec needs `clone3(CLONE_INTO_CGROUP)` or a `pre_exec` hook,
+//! which std offers only as `unsafe`; the agent has no `unsafe`.) Standard output and error are read line by
+//! line on two threads with bounded memory ([`crate::output`]); metric lines
+//! ([`crate::metrics`]) become epochs, forwarded as progress while the trial
+//! runs, and the rest feeds the log tail.
+//!
+//! Wall time runs from the start (just before the direct spawn, or "go") to
+//! the exit of the workload's top process. CPU
+//! time is read from `/proc/PID/stat` of that process while it is a zombie
+//! (after `waitid(WNOWAIT)`, before reaping): its own user/system time plus
+//! that of the children it waited for; orphans it did not wait for are not
+//! included there (the perf `task-clock` counter includes them). Then the
+//! remaining members of the process group are killed and the zombie reaped;
+//! since the leader stays a zombie until then, its process group id cannot be
+//! reused by an unrelated process while the group is signalled.
+//!
+//! `max_rss_kib` is best effort: the runner samples `VmHWM` (the kernel's
+//! peak resident set) of every live process of the trial (those listed by
+//! its cgroup when it has one, else the members of its process group) every
+//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. That is blocking `/proc`
+//! I/O, so it runs on a thread of its own ([`crate::procfs::RssSampler`]), not on
+//! the runtime thread. Growth in the last interval before a process exits
+//! and processes shorter than one interval are missed; 0 means no sample
+//! could be taken.
+//!
+//! Energy and counters are sampled every [`RunnerConfig::sample_interval`]
+//! (shortened when the energy source's counters could wrap faster, see
+//! [`crate::energy::sampling_interval`]) and once more when the exit is
+//! seen: the measurement gets a power series, a counter series and the
+//! profile vector derived from them. An energy source that fails to start
+//! falls back to the estimate, and the reading says so.
+//!
+//! Timeout or cancel: SIGTERM to the whole group, SIGKILL after the grace.
+//!
+//! While the workload runs its processes are registered in
+//! [`RunnerConfig::trials`], so that telemetry counts their CPU time as the
+//! trial's and not as load from outside ([`crate::foreign`]).
+
+mod assemble;
+mod control;
+mod output;
+mod start;
+
+use std::time::Duration;
+
+use rustix::process::Signal;
+use tokio::sync::mpsc;
+use tunefleet_common::measurement::{ExitOutcome, Measurement};
+use tunefleet_common::message::TrialSpec;
+
+use assemble::{assemble, Ended, Monitored};
+use control::{apply_step, boundary, on_epoch_boundary, on_step_boundary, profile_first_window};
+use output::{micros, Collected, OutputEvent};
+use start::{signal_group, spawn, Exited, Spawned};
+
+pub use control::{Control, ControlInput, TrialHandle};
+pub use output::{EpochReport, MAX_EPOCHS};
+pub use start::{RunnerConfig, TrialRun, CONTROL_VAR, RSS_SAMPLE_INTERVAL, STEPS_VAR, THREAD_VARS};
+
+/// Runs `run` to completion (or timeout, or [`Control::Cancel`] from its
+/// [`TrialHandle`]) and measures it: [`spawn`], [`monitor`], [`assemble`].
+/// Epochs are also sent to `progress` as they are printed. Never fails: a
+/// workload that cannot start is a measurement with `SpawnFailed`.
+pub async fn run_trial(
+    cfg: &RunnerConfig,
+    run: &TrialRun,
+    progress: Option<mpsc::Sender<EpochReport>>,
+    control: ControlInput,
+) -> Measurement {
+    match spawn(cfg, run) {
+        Ok(mut spawned) => {
+            let monitored = monitor(cfg, &run.spec, &mut spawned, progress, control).await;
+            assemble(cfg.machine_cpus, &run.cpus, ended(spawned, monitored))
+        }
+        Err(not_started) => *not_started,
+    }
+}
+
+/// Watches a running workload until it has exited and its output closed:
+/// metric lines (forwarded as progress), energy and counter samples, the
+/// timeout, and the control input; stops the process group when told to or
+/// when time is up.
+async fn monitor(
+    cfg: &RunnerConfig,
+    spec: &TrialSpec,
+    t: &mut Spawned,
+    progress: Option<mpsc::Sender<EpochReport>>,
+    mut control: ControlInput,
+) -> Monitored {
+    let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
+    let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
+    tokio::pin!(deadline);
+    let mut measure_tick = tokio::time::interval_at(tokio::time::Instant::now() + t.interval, t.interval);
+    measure_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
+    let mut kill_at: Option<tokio::time::Instant> = None;
+    let mut output_deadline: Option<tokio::time::Instant> = None;
+    let mut m = Monitored { exited: None, stopped: None, collected: Collected::default(), peak_rss: None };
+    let mut readers_open = true;
+    let (pid, pgid) = (t.pid, t.pid.as_raw_nonzero().get());
+    loop {
+        if m.exited.is_some() && !readers_open {
+            break;
+        }
+        tokio::select! {
+            res = &mut t.waiter, if m.exited.is_none() => {
+                m.exited = Some(match res {
+                    Ok(Ok(e)) => Ok(e),
+                    Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
+                    Err(_) => Err("the thread waiting for the workload ended without a word".to_string()),
+                });
+                m.peak_rss = t.rss.stop();
+                // The leader as a zombie: its CPU time and its waited-for children's.
+                let final_ticks = match &m.exited {
+                    Some(Ok(Exited { stat: Some(s), .. })) => Some(s.utime + s.stime + s.cutime + s.cstime),
+                    _ => None,
+                };
+                t.registration.end(final_ticks);
+                let at_exit = t.start.elapsed();
+                t.meter.sample(at_exit);
+                t.counters.sample(at_exit);
+                output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
+            }
+            event = t.output.recv(), if readers_open => match event {
+                Some(event) => {
+                    let mut profile = None;
+                    match &event {
+                        OutputEvent::Epoch { epoch, elapsed_us, .. } => {
+                            on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
+                            profile_first_window(cfg, t);
+                            if t.profile_unsent {
+                                t.profile_unsent = false;
+                                profile = t.window_profile.clone();
+                            }
+                        }
+                        OutputEvent::Step { elapsed_us } => {
+                            on_step_boundary(cfg, t, *elapsed_us);
+                            profile_first_window(cfg, t);
+                        }
+                        _ => {}
+                    }
+                    m.collected.take(event, progress.as_ref(), profile)
+                }
+                None => readers_open = false,
+            },
+            _ = &mut deadline, if timeout.is_some() && m.stopped.is_none() && m.exited.is_none() => {
+                tracing::info!(pgid, "trial timed out; stopping its process group");
+                m.stopped = Some(ExitOutcome::TimedOut);
+                signal_group(pid, Signal::TERM);
+                kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+            }
+            c = control.next(), if m.stopped.is_none() && m.exited.is_none() => match c {
+                Control::Cancel => {
+                    tracing::info!(pgid, "trial cancelled; stopping its process group");
+                    m.stopped = Some(ExitOutcome::Cancelled);
+                    signal_group(pid, Signal::TERM);
+                    kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+                }
+                Control::Apply(system, role) => {
+                    let at = t.start.elapsed();
+                    let epoch = t.last_boundary.map_or(0, |b| b.epoch);
+                    let b = boundary(cfg, t, epoch, micros(at));
+                    let step = t.pipeline.reconfigure(b, system, role);
+                    let line = apply_step(cfg, t, step);
+                    // Thread counts change when the workload next listens.
+                    t.pending_line.extend(line);
+                }
+            },
+            _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && m.exited.is_none() => {
+                signal_group(pid, Signal::KILL);
+                kill_at = None;
+            }
+            _ = measure_tick.tick(), if m.exited.is_none() => {
+                let elapsed = t.start.elapsed();
+                t.meter.sample(elapsed);
+                t.counters.sample(elapsed);
+            }
+            _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
+                tracing::warn!(pgid, "workload output still open after exit (an escaped process?); not waiting");
+                break;
+            }
+        }
+    }
+    m
+}
+
+/// Lets a trial that ran go: closes its output, stops its RSS sampler (its
+/// last sample counts when the exit was never seen) and removes its cgroup;
+/// what is left is for [`assemble`].
+fn ended(t: Spawned, m: Monitored) -> Ended {
+    let Spawned {
+        prepared,
+        counters,
+        meter,
+        started_unix_ms,
+        start,
+        output,
+        rss,
+        pipeline,
+        last_boundary,
+        window_profile,
+        ..
+    } = t;
+    drop(output);
+    let peak_rss = m.peak_rss.or_else(|| rss.stop());
+    if let Some(cg) = prepared.cgroup {
+        cg.remove();
+    }
+    Ended {
+        started_unix_ms,
+        start,
+        limits: prepared.limits,
+        counters,
+        meter,
+        pipeline,
+        last_boundary,
+        window_profile,
+        monitored: Monitored { peak_rss, ..m },
+    }
+}

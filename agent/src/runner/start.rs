@@ -1,0 +1,461 @@
+//! What a trial runs with ([`RunnerConfig`], [`TrialRun`]) and how its
+//! workload starts: directly, one `exec` by a thread of its own that pins
+//! itself and opens the counters on what it starts; or held by the exec
+//! wrapper ([`crate::exec`]) until it is in its cgroup and counted, when a
+//! memory limit must be set before the exec. Then its output readers
+//! ([`super::output`]), the RSS sampler and its registration for telemetry.
+//! A workload that cannot start is its measurement already.
+
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
+use tokio::sync::{mpsc, oneshot};
+use tunefleet_common::measurement::{AppliedLimits, ExitOutcome, Measurement, MemoryLimit, WindowProfile};
+use tunefleet_common::message::TrialSpec;
+
+use super::output::{spawn_reader, OutputEvent};
+use crate::cgroup::{CgroupV2, TrialCgroup};
+use crate::counters::CounterSet;
+use crate::energy::{self, EnergySource, Estimate, EstimateModel, Usage};
+use crate::exec::ExecPlan;
+use crate::pipeline::{Boundary, Pipeline};
+use crate::procfs;
+
+/// Environment variables set to the trial's thread count.
+pub const THREAD_VARS: [&str; 5] =
+    ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS", "TUNEFLEET_THREADS"];
+/// How often the peak resident set of the process tree is sampled.
+pub const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The environment variable that tells a workload the control channel is
+/// open on its standard input (docs/PROTOCOL.md, "Control channel").
+pub const CONTROL_VAR: &str = "TUNEFLEET_CONTROL";
+/// The environment variable that asks a workload for step lines (the
+/// probe windows of its trial count steps).
+pub const STEPS_VAR: &str = "TUNEFLEET_STEPS";
+
+/// How trials are run on this machine.
+#[derive(Clone)]
+pub struct RunnerConfig {
+    /// The agent executable, re-executed as the exec wrapper.
+    pub wrapper: PathBuf,
+    /// cgroup v2 memory limits, when usable.
+    pub cgroup: Option<CgroupV2>,
+    /// Where `/proc` is (a parameter for tests).
+    pub proc_root: PathBuf,
+    /// Between SIGTERM and SIGKILL on timeout or cancel.
+    pub kill_grace: Duration,
+    /// How long output may still be read after the workload exited.
+    pub output_grace: Duration,
+    pub energy: Arc<dyn EnergySource>,
+    /// The model used when `energy` fails to start.
+    pub energy_model: EstimateModel,
+    /// Interval between energy and counter samples while a trial runs.
+    pub sample_interval: Duration,
+    /// CPUs the agent may use (the "cores" of an unpinned trial).
+    pub machine_cpus: u32,
+    /// Let the workload write to the agent's own stdout and stderr (for
+    /// `measure`) instead of reading them for metrics and the log tail.
+    pub inherit_output: bool,
+    /// Where each trial's processes are registered while it runs, so that
+    /// telemetry tells its CPU time from load from outside.
+    pub trials: crate::foreign::TrialRegistry,
+    /// Start every workload through the exec wrapper, even one that could
+    /// be started directly (for benchmarks and tests of the wrapper).
+    pub always_wrap: bool,
+}
+
+impl std::fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("wrapper", &self.wrapper)
+            .field("cgroup", &self.cgroup)
+            .field("energy", &self.energy.kind())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunnerConfig {
+    /// Defaults: no cgroup, `/proc`, 500 ms kill grace, estimated energy,
+    /// samples every second.
+    pub fn new(wrapper: PathBuf) -> Self {
+        RunnerConfig {
+            wrapper,
+            cgroup: None,
+            proc_root: PathBuf::from("/proc"),
+            kill_grace: Duration::from_millis(500),
+            output_grace: Duration::from_secs(2),
+            energy: Arc::new(Estimate::default()),
+            energy_model: EstimateModel::default(),
+            sample_interval: crate::counters::DEFAULT_SAMPLE_INTERVAL,
+            machine_cpus: u32::try_from(crate::cpus::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
+            inherit_output: false,
+            trials: crate::foreign::TrialRegistry::default(),
+            always_wrap: false,
+        }
+    }
+}
+
+/// One trial to run.
+#[derive(Debug, Clone)]
+pub struct TrialRun {
+    pub spec: TrialSpec,
+    /// CPUs to pin to (see [`crate::cpus::choose_cpus`]); empty: not pinned.
+    pub cpus: Vec<u32>,
+    /// Short name for the trial's cgroup, `[A-Za-z0-9._-]` only.
+    pub label: String,
+}
+
+/// The top process's end, observed on a blocking thread.
+#[derive(Debug)]
+pub(super) struct Exited {
+    pub(super) status: ExitStatus,
+    pub(super) at: Instant,
+    pub(super) stat: Option<procfs::StatFields>,
+}
+
+/// Waits for the leader to exit, reads its CPU times as a zombie, kills what
+/// is left of its process group, then reaps it.
+fn wait_exit(mut child: Child, pid: Pid, proc_root: PathBuf) -> std::io::Result<Exited> {
+    loop {
+        match waitid(WaitId::Pid(pid), WaitIdOptions::EXITED | WaitIdOptions::NOWAIT) {
+            Err(rustix::io::Errno::INTR) => continue,
+            Ok(_) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "waitid failed; CPU times will be missing");
+                break;
+            }
+        }
+    }
+    let at = Instant::now();
+    let stat = procfs::read_stat(&proc_root, pid.as_raw_nonzero().get());
+    // The leader is an unreaped zombie, so its group id is still reserved.
+    let _ = kill_process_group(pid, Signal::KILL);
+    let status = child.wait()?;
+    Ok(Exited { status, at, stat })
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+pub(super) fn signal_group(pid: Pid, sig: Signal) {
+    if let Err(e) = kill_process_group(pid, sig) {
+        if e != rustix::io::Errno::SRCH {
+            tracing::warn!(pgid = pid.as_raw_nonzero().get(), error = %e, "cannot signal the trial's process group");
+        }
+    }
+}
+
+pub(super) struct Prepared {
+    pub(super) limits: AppliedLimits,
+    pub(super) cgroup: Option<TrialCgroup>,
+    pub(super) rlimit_as: Option<u64>,
+}
+
+fn prepare_limits(cfg: &RunnerConfig, run: &TrialRun) -> Prepared {
+    let mut prepared = Prepared {
+        limits: AppliedLimits { cpus: run.cpus.clone(), threads: run.spec.system.threads, memory: MemoryLimit::None },
+        cgroup: None,
+        rlimit_as: None,
+    };
+    let Some(bytes) = run.spec.system.memory_mib.map(|m| m.saturating_mul(1 << 20)) else {
+        return prepared;
+    };
+    match cfg.cgroup.as_ref().map(|c| c.create_trial(&run.label, bytes)) {
+        Some(Ok(cg)) => {
+            prepared.cgroup = Some(cg);
+            prepared.limits.memory = MemoryLimit::Cgroup { bytes };
+        }
+        other => {
+            if let Some(Err(e)) = other {
+                tracing::warn!(error = %e, "cgroup memory limit failed; using RLIMIT_AS");
+            }
+            prepared.rlimit_as = Some(bytes);
+            prepared.limits.memory = MemoryLimit::Rlimit { bytes };
+        }
+    }
+    prepared
+}
+
+/// A measurement of a trial that never ran.
+fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, energy: &dyn EnergySource) -> Measurement {
+    let usage = Usage { wall: Duration::ZERO, cpu: Duration::ZERO, cores: 0 };
+    let counters_missing = CounterSet::all_missing("the workload did not start").finish(Duration::ZERO).missing;
+    let model = EstimateModel::default();
+    Measurement {
+        started_unix_ms,
+        counters_missing,
+        limits,
+        ..Measurement::unmeasured(
+            ExitOutcome::SpawnFailed(reason),
+            energy::start_or_estimate(energy, model).stop(Duration::ZERO, &usage),
+        )
+    }
+}
+
+/// A workload started through the exec wrapper and let go: what the monitor
+/// watches and the assembly reads.
+pub(super) struct Spawned {
+    pub(super) pid: Pid,
+    pub(super) prepared: Prepared,
+    pub(super) counters: CounterSet,
+    pub(super) meter: Box<dyn energy::EnergyMeter>,
+    pub(super) interval: Duration,
+    pub(super) started_unix_ms: u64,
+    pub(super) start: Instant,
+    pub(super) output: mpsc::Receiver<OutputEvent>,
+    pub(super) waiter: oneshot::Receiver<std::io::Result<Exited>>,
+    pub(super) rss: procfs::RssSampler,
+    /// The trial's processes, for live changes.
+    pub(super) members: procfs::Members,
+    /// The same, registered for telemetry until the workload exits.
+    pub(super) registration: crate::foreign::Registration,
+    /// Probe windows and segments.
+    pub(super) pipeline: Pipeline,
+    /// The workload's standard input when it speaks the control channel.
+    pub(super) control: Option<ChildStdin>,
+    /// Settings for the workload's next control line (the coordinator's
+    /// threads, waiting for an epoch boundary).
+    pub(super) pending_line: Vec<String>,
+    /// The last epoch boundary seen.
+    pub(super) last_boundary: Option<Boundary>,
+    /// CPUs this trial started on, then the others the agent may use.
+    pub(super) cpu_pool: Vec<u32>,
+    /// The profile of a pipelined trial's first window, once it closed.
+    pub(super) window_profile: Option<WindowProfile>,
+    /// ... and not yet sent with an epoch's progress.
+    pub(super) profile_unsent: bool,
+}
+
+/// A workload just started, with what watches it.
+struct Started {
+    pid: Pid,
+    stdin: Option<ChildStdin>,
+    stdout: Option<std::process::ChildStdout>,
+    stderr: Option<std::process::ChildStderr>,
+    counters: CounterSet,
+    meter: Box<dyn energy::EnergyMeter>,
+    started_unix_ms: u64,
+    start: Instant,
+    /// The leader's end, from the thread that waits for it.
+    waiter: oneshot::Receiver<std::io::Result<Exited>>,
+}
+
+/// The pid of a child just started; a child that has none as a positive
+/// i32 (never, on Linux) is killed and reaped.
+fn child_pid(child: &mut Child) -> Result<Pid, String> {
+    match i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
+        Some(pid) => Ok(pid),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            Err("invalid child pid".into())
+        }
+    }
+}
+
+/// Starts the workload directly (one exec) from a thread of its own: the
+/// thread pins itself to the trial's CPUs (the workload inherits them),
+/// opens the counters on the processes it will start (each enabled at its
+/// exec), spawns, hands the workload over and then waits for its end.
+/// The thread starts nothing else, so the counters count the workload's
+/// process tree only. `meter` was started just before.
+fn start_direct(
+    mut cmd: Command,
+    cpus: Vec<u32>,
+    proc_root: PathBuf,
+    meter: Box<dyn energy::EnergyMeter>,
+) -> Result<Started, String> {
+    let (started_tx, started_rx) = std::sync::mpsc::sync_channel::<Result<Started, String>>(1);
+    let (exit_tx, waiter) = oneshot::channel();
+    let program = cmd.get_program().to_owned();
+    let thread = std::thread::Builder::new().name("tf-trial".into()).stack_size(256 << 10).spawn(move || {
+        if let Err(e) = crate::exec::pin_current_thread(&cpus) {
+            let _ = started_tx.send(Err(e));
+            return;
+        }
+        let counters = CounterSet::open_for_children();
+        let started_unix_ms = unix_ms(SystemTime::now());
+        let start = Instant::now();
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = started_tx.send(Err(format!("cannot execute {program:?}: {e}")));
+                return;
+            }
+        };
+        let pid = match child_pid(&mut child) {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = started_tx.send(Err(e));
+                return;
+            }
+        };
+        let started = Started {
+            pid,
+            stdin: child.stdin.take(),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            counters,
+            meter,
+            started_unix_ms,
+            start,
+            waiter,
+        };
+        if started_tx.send(Ok(started)).is_err() {
+            // The runner is gone: stop the workload rather than leave it.
+            signal_group(pid, Signal::KILL);
+        }
+        let _ = exit_tx.send(wait_exit(child, pid, proc_root));
+    });
+    if let Err(e) = thread {
+        return Err(format!("cannot start the trial's thread: {e}"));
+    }
+    started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))
+}
+
+/// Starts the workload held by the exec wrapper, moves it into its cgroup,
+/// opens its counters, starts the energy meter and lets it go; a blocking
+/// task waits for its end.
+fn start_wrapped(cfg: &RunnerConfig, mut cmd: Command, prepared: &Prepared) -> Result<Started, String> {
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start the exec wrapper {}: {e}", cfg.wrapper.display()))?;
+    let pid = child_pid(&mut child)?;
+    if let Some(cg) = &prepared.cgroup {
+        if let Err(e) = cg.add(child.id()) {
+            // Closing stdin without a byte makes the wrapper exit.
+            drop(child.stdin.take());
+            let _ = child.wait();
+            return Err(e.to_string());
+        }
+    }
+    let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
+    let meter = energy::start_or_estimate(cfg.energy.as_ref(), cfg.energy_model);
+    let started_unix_ms = unix_ms(SystemTime::now());
+    let start = Instant::now();
+    let mut stdin = child.stdin.take();
+    if let Some(Err(e)) = stdin.as_mut().map(|s| s.write_all(&[1])) {
+        tracing::warn!(error = %e, "cannot let the exec wrapper go");
+    }
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let (exit_tx, waiter) = oneshot::channel();
+    let proc_root = cfg.proc_root.clone();
+    tokio::task::spawn_blocking(move || {
+        let _ = exit_tx.send(wait_exit(child, pid, proc_root));
+    });
+    Ok(Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter })
+}
+
+/// Starts the workload (directly, or held by the exec wrapper and let go
+/// once in its cgroup and counted), then its output readers and the RSS
+/// sampler. A workload that cannot start is its measurement already.
+pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>> {
+    let spec = &run.spec;
+    let prepared = prepare_limits(cfg, run);
+    let energy = cfg.energy.as_ref();
+    let refused = |limits, reason| Box::new(not_started(unix_ms(SystemTime::now()), limits, reason, energy));
+    if spec.argv.is_empty() {
+        return Err(refused(prepared.limits, "empty argv".into()));
+    }
+    let control = spec.probe.as_ref().is_some_and(|p| p.control);
+    // Without a cgroup to enter or an address-space limit to set before the
+    // exec, the workload is started directly by a thread of its own (one
+    // exec); otherwise through the exec wrapper, held until "go".
+    let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
+    let mut cmd = match spec.argv.split_first() {
+        Some((program, args)) if direct => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).stdin(if control { Stdio::piped() } else { Stdio::null() });
+            cmd
+        }
+        _ => {
+            let plan = ExecPlan {
+                cpus: run.cpus.clone(),
+                rlimit_as: prepared.rlimit_as,
+                keep_stdin: control,
+                argv: spec.argv.iter().map(Into::into).collect(),
+            };
+            let mut cmd = Command::new(&cfg.wrapper);
+            cmd.args(plan.to_args()).stdin(Stdio::piped());
+            cmd
+        }
+    };
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
+    if control {
+        cmd.env(CONTROL_VAR, "stdin");
+    }
+    if spec.probe.as_ref().is_some_and(|p| p.unit == tunefleet_common::message::WindowUnit::Steps) {
+        cmd.env(STEPS_VAR, "1");
+    }
+    if cfg.inherit_output {
+        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    if let Some(t) = spec.system.threads {
+        for var in THREAD_VARS {
+            cmd.env(var, t.to_string());
+        }
+    }
+    let interval = energy::sampling_interval(cfg.sample_interval, energy);
+    let started = if direct {
+        let meter = energy::start_or_estimate(energy, cfg.energy_model);
+        match start_direct(cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
+            Ok(started) => started,
+            Err(reason) => return Err(refused(prepared.limits, reason)),
+        }
+    } else {
+        match start_wrapped(cfg, cmd, &prepared) {
+            Ok(started) => started,
+            Err(reason) => {
+                let limits = prepared.limits;
+                if let Some(cg) = prepared.cgroup {
+                    cg.remove();
+                }
+                return Err(refused(limits, reason));
+            }
+        }
+    };
+    let Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter } = started;
+    let (tx, output) = mpsc::channel::<OutputEvent>(1024);
+    // Kept open as the control channel, or closed: the workload reads /dev/null.
+    let control = stdin.filter(|_| control);
+    spawn_reader(stdout, false, start, &tx);
+    spawn_reader(stderr, true, start, &tx);
+    drop(tx);
+    let members = match &prepared.cgroup {
+        Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
+        None => procfs::Members::Group(pid.as_raw_nonzero().get()),
+    };
+    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
+    let registration = cfg.trials.register(members.clone());
+    let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
+    let mut cpu_pool = run.cpus.clone();
+    cpu_pool.extend(crate::cpus::allowed_cpus().into_iter().filter(|c| !run.cpus.contains(c)));
+    Ok(Spawned {
+        pid,
+        prepared,
+        counters,
+        meter,
+        interval,
+        started_unix_ms,
+        start,
+        output,
+        waiter,
+        rss,
+        members,
+        registration,
+        pipeline,
+        control,
+        pending_line: Vec::new(),
+        last_boundary: None,
+        cpu_pool,
+        window_profile: None,
+        profile_unsent: false,
+    })
+}

@@ -1,0 +1,414 @@
+//! The `tunefleet` command line as clap parses it: the top-level [`Cli`],
+//! its [`Command`]s and the flag groups they share. Definitions only: what
+//! a command does is in the module of its group ([`super::run`],
+//! [`super::fleet`], [`super::results`], [`super::demo`], [`super::docs`]),
+//! and how flags become a [`crate::RunConfig`] in [`super::wiring`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::builder::NonEmptyStringValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tunefleet_common::security::SecurityArgs;
+use tunefleet_common::BrokerUrl;
+
+use crate::sink::InfluxUrl;
+
+/// Tunefleet coordinator: runs tuning studies on a fleet of agents over MQTT.
+#[derive(Debug, Parser)]
+#[command(name = "tunefleet", version = tunefleet_common::version(), about, propagate_version = true)]
+pub struct Cli {
+    /// Defaults for any flag, by its long name (TOML); flags and their
+    /// environment variables win over it. Default:
+    /// $XDG_CONFIG_HOME/tunefleet/config.toml when it exists.
+    #[arg(long, global = true, env = "TUNEFLEET_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a study from start to finish (resumes it if the store has it already).
+    Run(Box<RunArgs>),
+    /// Run every workload of a campaign file, each as its own study, side by
+    /// side on the fleet (resumes them if the store has them already).
+    Campaign(Box<RunArgs>),
+    /// Run the coordinator as a service: the broker, the scheduler and the
+    /// store, taking studies from `submit` and `cancel` on a control socket
+    /// (mode 0600) until SIGINT/SIGTERM; studies it left unfinished resume.
+    Serve(Box<ServeArgs>),
+    /// Give a study file to a running `tunefleet serve`: it runs beside the
+    /// others on the shared fleet.
+    Submit {
+        study: PathBuf,
+        #[command(flatten)]
+        control: ControlArg,
+        /// The service's store (its socket is beside it unless --control says).
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Cancel a study on a running `tunefleet serve`: no more trials, and
+    /// its running attempts are stopped on their agents.
+    Cancel {
+        study: String,
+        #[command(flatten)]
+        control: ControlArg,
+        /// The service's store (its socket is beside it unless --control says).
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Where each study stands (trials done, running, best so far), from
+    /// the store; `--watch` adds the pace and the time left.
+    Status {
+        study: Option<String>,
+        /// Look again every second (plain lines when not on a terminal).
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Run the bundled example study on an embedded broker with two local agents.
+    Demo(DemoArgs),
+    /// Check a study file and print its trials without running anything.
+    Check {
+        /// The study file (TOML).
+        study: PathBuf,
+    },
+    /// Create, list and revoke join tokens: an agent given one (--join)
+    /// pins this coordinator and is admitted.
+    Token {
+        #[command(subcommand)]
+        action: TokenAction,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// List the agents the store has seen, or change whose keys it trusts.
+    Agents {
+        #[command(subcommand)]
+        action: Option<AgentsAction>,
+        /// Print the list as JSON (the store's rows) instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Look again every second (a redrawn screen on a terminal, the
+        /// list again when it changed otherwise).
+        #[arg(long)]
+        watch: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Print the coordinator's public key (give it to agents as --coordinator-key), creating the key when missing.
+    Key {
+        #[command(flatten)]
+        key: KeyArg,
+    },
+    /// List the studies in the store.
+    Studies {
+        /// Print JSON (the store's rows) instead of text.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Show the N best trials of a study, or its Pareto front.
+    Best {
+        study: String,
+        /// How many.
+        #[arg(short = 'n', long, default_value_t = 5)]
+        n: usize,
+        /// The Pareto front of the objective and the study's `objective.also`
+        /// (energy when it names none): every trial no other beats on all of them.
+        #[arg(long)]
+        pareto: bool,
+        /// The N best per device class (architecture, cores, energy source):
+        /// a study run on phones, Graviton and x86 at once ranks each apart.
+        #[arg(long, conflicts_with = "pareto")]
+        by_class: bool,
+        /// Print JSON instead of text: an object whose `view` says which
+        /// (`ranked`, `configurations`, `pareto`, `by_class`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Write a self-contained HTML report of a study (charts, device
+    /// classes, the best configurations and where their figures came from).
+    Report {
+        study: String,
+        /// The HTML file to write.
+        #[arg(short, long, value_name = "FILE")]
+        output: PathBuf,
+        /// How many best configurations to list.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        n: usize,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Workload profiles: the clusters of each device class, their members
+    /// and best configurations; `decisions` and `classify` say what reuse did
+    /// and would do.
+    Profiles {
+        #[command(subcommand)]
+        action: Option<ProfilesAction>,
+        /// Print JSON instead of text.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Export every trial of a study.
+    Export {
+        study: String,
+        #[arg(long, value_enum, default_value_t = Format::Csv)]
+        format: Format,
+        /// Write here instead of stdout.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[command(flatten)]
+        store: StoreArg,
+    },
+    /// Print a shell completion script, generated from these flags, e.g.
+    /// `tunefleet completions bash > ~/.local/share/bash-completion/completions/tunefleet`.
+    Completions {
+        /// The shell the script is for.
+        shell: crate::manual::Shell,
+        /// For `tunefleet-agent` instead.
+        #[arg(long)]
+        agent: bool,
+    },
+    /// Print the man page, or write it and one page per subcommand
+    /// (tunefleet.1, tunefleet-run.1, ...) into DIR.
+    Man {
+        /// The directory to write the pages into (created when missing).
+        #[arg(short, long, value_name = "DIR")]
+        output: Option<PathBuf>,
+        /// The pages of `tunefleet-agent` instead.
+        #[arg(long)]
+        agent: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProfilesAction {
+    /// Every reuse decision (of STUDY, or of every study): reused or
+    /// probed, the cluster, distance and threshold, and whether a reused
+    /// configuration kept its promise.
+    Decisions { study: Option<String> },
+    /// Where TRIAL of STUDY would land in its device class's clusters now, and why.
+    Classify { study: String, trial: u64 },
+    /// Drop the window profiles learnt from agent NAME's results from the
+    /// reuse model (a member no longer trusted); its classes' clusters are
+    /// fitted again on the rest.
+    Forget {
+        #[arg(long, value_name = "NAME")]
+        agent: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Print a new join token (give it to agents as --join, TUNEFLEET_JOIN or --join-file).
+    Create {
+        /// How long it admits new agents (e.g. 30m, 24h, 7d; 0: for ever).
+        #[arg(long, default_value = "24h", value_name = "DURATION")]
+        ttl: String,
+        /// How many new agents it admits [default: any number until it expires].
+        #[arg(long, value_name = "N")]
+        uses: Option<u64>,
+        /// A tag the agents it admits get, whatever they claim (repeatable, key=value).
+        #[arg(long = "tag", value_name = "K=V")]
+        tags: Vec<String>,
+        /// Write the token to this file (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        key: KeyArg,
+    },
+    /// List the tokens (never their secrets: the store does not keep them).
+    List {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke the tokens whose id starts with ID (at least 4 hex digits, from `token list`).
+    Revoke { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsAction {
+    /// Pin KEY (64 hex digits, from `tunefleet-agent key`) for agent NAME,
+    /// replacing the key pinned before: for a re-installed agent, or to
+    /// register agents ahead of time.
+    Trust { name: String, key: String },
+    /// Forget the key pinned for NAME: its next Hello pins a new one.
+    Forget { name: String },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct KeyArg {
+    /// The coordinator's Ed25519 key (PKCS#8), created when missing
+    /// [default: $STATE_DIRECTORY/coordinator.key, else $XDG_STATE_HOME/tunefleet/coordinator.key,
+    /// else ~/.local/state/tunefleet/coordinator.key]
+    #[arg(long = "identity", env = "TUNEFLEET_IDENTITY", value_name = "FILE")]
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Format {
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct StoreArg {
+    /// The local store (SQLite).
+    #[arg(long, env = "TUNEFLEET_STORE", default_value = "tunefleet.db", global = true)]
+    pub store: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    #[command(flatten)]
+    pub launch: crate::launch::LaunchArgs,
+    /// Use this external broker (mqtt://HOST:PORT) instead of the embedded one.
+    #[arg(long, env = "TUNEFLEET_BROKER")]
+    pub broker: Option<BrokerUrl>,
+    /// Where the embedded broker listens (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:1883")]
+    pub listen: SocketAddr,
+    /// Topic root, so several fleets can share a broker.
+    #[arg(long, default_value = tunefleet_common::topic::DEFAULT_ROOT)]
+    pub root: String,
+    /// MQTT keepalive in seconds.
+    #[arg(long, default_value_t = 5)]
+    pub keepalive: u64,
+    /// Embedded broker: require these logins (a file of user:password lines).
+    #[arg(long, value_name = "FILE")]
+    pub broker_users: Option<PathBuf>,
+    /// Embedded broker: serve TLS with this certificate (PEM); needs --broker-key and --broker-client-ca.
+    #[arg(long, value_name = "FILE", requires_all = ["broker_key", "broker_client_ca"])]
+    pub broker_cert: Option<PathBuf>,
+    /// Embedded broker: private key (PEM) of --broker-cert.
+    #[arg(long, value_name = "FILE", requires = "broker_cert")]
+    pub broker_key: Option<PathBuf>,
+    /// Embedded broker: CA (PEM) that signs the client certificates it accepts (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "broker_cert")]
+    pub broker_client_ca: Option<PathBuf>,
+    /// How to log in to an external broker (--broker).
+    #[command(flatten)]
+    pub security: SecurityArgs,
+    #[command(flatten)]
+    pub key: KeyArg,
+    /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
+    #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
+    pub max_agents: u64,
+    /// Pin the key of any new agent, without a join token: any broker user
+    /// can then join the fleet. For a lab only (logged loudly).
+    #[arg(long)]
+    pub open_enrolment: bool,
+    /// Move work off overloaded agents: an agent whose load from outside its
+    /// own trials (or memory use) passes the thresholds below gets no trials
+    /// and its running ones move to other agents; a measurement an agent
+    /// flags as disturbed is taken again elsewhere. Off by default: agents
+    /// that share a machine without --cpus load each other.
+    #[arg(long)]
+    pub offload: bool,
+    /// Overloaded when load from outside its trials reaches this share of
+    /// its CPUs (averaged over --offload-window).
+    #[arg(long, default_value_t = 0.5, value_name = "RATIO")]
+    pub offload_cpu: f64,
+    /// ... or when this share of its memory is in use.
+    #[arg(long, default_value_t = 0.95, value_name = "RATIO")]
+    pub offload_memory: f64,
+    /// Seconds of telemetry the overload averages are taken over.
+    #[arg(long, default_value_t = 3, value_name = "SECONDS")]
+    pub offload_window: u64,
+}
+
+/// Where results go besides the store. No URL: no InfluxDB output.
+#[derive(Args)]
+pub struct InfluxArgs {
+    /// Also write energy, power and per-trial summaries to this InfluxDB v2 server (http://HOST:8086).
+    #[arg(long, env = "TUNEFLEET_INFLUX_URL", value_name = "URL")]
+    pub influx_url: Option<InfluxUrl>,
+    /// InfluxDB organisation.
+    #[arg(long, env = "TUNEFLEET_INFLUX_ORG", default_value = "tunefleet", value_name = "ORG")]
+    #[arg(value_parser = NonEmptyStringValueParser::new())]
+    pub influx_org: String,
+    /// InfluxDB bucket.
+    #[arg(long, env = "TUNEFLEET_INFLUX_BUCKET", default_value = "tunefleet", value_name = "BUCKET")]
+    #[arg(value_parser = NonEmptyStringValueParser::new())]
+    pub influx_bucket: String,
+    /// InfluxDB API token (prefer the environment variable: flags show in `ps`).
+    #[arg(long, env = "TUNEFLEET_INFLUX_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    pub influx_token: Option<String>,
+    /// On exit, how long to keep delivering points still waiting (they stay in the store otherwise).
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub influx_grace: u64,
+}
+
+impl std::fmt::Debug for InfluxArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InfluxArgs")
+            .field("influx_url", &self.influx_url)
+            .field("influx_org", &self.influx_org)
+            .field("influx_bucket", &self.influx_bucket)
+            .field("influx_token", &self.influx_token.as_ref().map(|_| "<hidden>"))
+            .field("influx_grace", &self.influx_grace)
+            .finish()
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The study file (TOML); for `campaign`, the campaign file.
+    pub study: PathBuf,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub broker: BrokerArgs,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
+    #[command(flatten)]
+    pub store: StoreArg,
+    #[command(flatten)]
+    pub control: ControlArg,
+}
+
+#[derive(Debug, Args)]
+pub struct ControlArg {
+    /// The service's control socket (default: `control.sock` in a directory
+    /// beside the store, `fleet.control/` for `fleet.db`); its directory is
+    /// created with mode 0700, or must be this user's with mode 0700.
+    #[arg(long, env = "TUNEFLEET_CONTROL")]
+    pub control: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// The store the demo writes (recreated on every run).
+    #[arg(long, default_value = "tunefleet-demo.db")]
+    pub store: PathBuf,
+    /// How many local agents to start.
+    #[arg(long, default_value_t = 2)]
+    pub agents: u32,
+    #[command(flatten)]
+    pub influx: InfluxArgs,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+}

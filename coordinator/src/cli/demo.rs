@@ -1,0 +1,117 @@
+//! `tunefleet demo`: the bundled study on an embedded broker on a free
+//! loopback port, with local agent processes this command starts, admits
+//! with a join token of its own, and stops at the end.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tunefleet_common::security::SecurityArgs;
+
+use super::args::{BrokerArgs, DemoArgs, KeyArg};
+use super::error::{CliError, Result};
+use super::fleet::new_token;
+use super::run::print_summary;
+use super::wiring::run_study;
+use crate::broker::{self, BrokerSettings};
+use crate::store::Store;
+use crate::study;
+
+/// The demo study, bundled so `tunefleet demo` works from any directory.
+pub const DEMO_STUDY: &str = include_str!("../../../examples/studies/demo.toml");
+
+/// Runs the demo until it ends or `shutdown`, then stops its agents.
+pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
+    let study = study::parse(DEMO_STUDY, "examples/studies/demo.toml")?;
+    let exe = std::env::current_exe()
+        .map_err(|source| CliError::System { what: "locating the tunefleet executable", source })?;
+    let bin_dir = exe.parent().ok_or_else(|| CliError::refused("the executable has no directory"))?.to_path_buf();
+    let agent_exe = bin_dir.join("tunefleet-agent");
+    if !agent_exe.exists() {
+        return Err(CliError::refused(format!(
+            "{} not found: build the whole workspace first (cargo build --release)",
+            agent_exe.display()
+        )));
+    }
+    for f in [args.store.clone(), args.store.with_extension("db-wal"), args.store.with_extension("db-shm")] {
+        if f.exists() {
+            std::fs::remove_file(&f).map_err(CliError::file("removing the old demo store", &f))?;
+        }
+    }
+    let b =
+        broker::start(&BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..BrokerSettings::default() })?;
+    let url = format!("mqtt://{}", b.addr);
+    let path = std::env::join_paths(
+        std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
+    )?;
+    let root = format!("tunefleet-demo-{}", std::process::id());
+    // The demo's agents join as any agent does: with a join token for this
+    // coordinator, admitting exactly them, for the demo's length.
+    let join = {
+        let identity = KeyArg { path: None }.load(&args.store)?;
+        let mut store = Store::open(&args.store).map_err(|source| CliError::OpenStore {
+            what: "opening",
+            path: args.store.clone(),
+            source: Box::new(source),
+        })?;
+        new_token(&mut store, &identity, Some(3_600_000), Some(u64::from(args.agents)), &BTreeMap::new())?
+    };
+    let mut agents = Vec::new();
+    for i in 1..=args.agents {
+        let child = tokio::process::Command::new(&agent_exe)
+            .args(["--broker", &url, "--name", &format!("demo-agent-{i}"), "--root", &root])
+            .args(["--tag", "pool=demo"])
+            .env("TUNEFLEET_JOIN", &join)
+            .env("PATH", &path)
+            .env("TUNEFLEET_LOG", std::env::var("TUNEFLEET_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(CliError::file("starting", &agent_exe))?;
+        agents.push(child);
+    }
+    println!(
+        "demo: embedded broker on {}, {} agents, study {:?} ({} trials)",
+        b.addr, args.agents, study.name, study.budget
+    );
+    let broker_args = BrokerArgs {
+        launch: crate::launch::LaunchArgs { launcher: None, launch_max: 0, launch_grace: Duration::ZERO },
+        broker: Some(url.parse()?),
+        listen: b.addr,
+        root,
+        keepalive: 5,
+        broker_users: None,
+        broker_cert: None,
+        broker_key: None,
+        broker_client_ca: None,
+        security: SecurityArgs::default(),
+        key: KeyArg { path: None },
+        max_agents: crate::auth::DEFAULT_MAX_AGENTS,
+        open_enrolment: false,
+        // The demo's agents share this machine with the coordinator: their
+        // trials load each other's CPUs, which is not overload.
+        offload_cpu: 0.5,
+        offload_memory: 0.95,
+        offload_window: 3,
+        offload: false,
+    };
+    let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
+    for child in &mut agents {
+        if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    for child in &mut agents {
+        if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
+            let _ = child.kill().await;
+        }
+    }
+    let summary = result?;
+    print_summary(&summary, &args.store);
+    println!(
+        "look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv",
+        args.store.display()
+    );
+    Ok(())
+}

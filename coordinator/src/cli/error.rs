@@ -1,0 +1,108 @@
+//! Why a command failed: every error a command meets, wrapped as it came
+//! (its message and its sources unchanged), or a refusal in words. `main`
+//! prints the whole chain and exits with 2 for a usage error
+//! ([`CliError::is_usage`]: a bad study file or name), 1 otherwise.
+
+use std::path::PathBuf;
+
+use tunefleet_common::auth::{AuthError, KeyFileError};
+use tunefleet_common::security::SecurityError;
+use tunefleet_common::topic::TopicError;
+
+use crate::best::BestError;
+use crate::broker::BrokerError;
+use crate::campaign::CampaignError;
+use crate::control::ControlError;
+use crate::manual::ManualError;
+use crate::profiles::ProfilesError;
+use crate::report::ReportError;
+use crate::run::RunError;
+use crate::store::StoreError;
+use crate::study::StudyError;
+
+/// Why a `tunefleet` command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A bad study file (a usage error).
+    #[error(transparent)]
+    Study(#[from] StudyError),
+    /// A bad topic root or agent name (a usage error).
+    #[error(transparent)]
+    Topic(#[from] TopicError),
+    #[error(transparent)]
+    Campaign(#[from] CampaignError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The store at `path` could not be opened (`what`: "opening the store").
+    #[error("{what} {}", path.display())]
+    OpenStore { what: &'static str, path: PathBuf, source: Box<StoreError> },
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error(transparent)]
+    Security(#[from] SecurityError),
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error(transparent)]
+    Best(#[from] BestError),
+    #[error(transparent)]
+    Profiles(#[from] ProfilesError),
+    #[error(transparent)]
+    Report(#[from] ReportError),
+    #[error(transparent)]
+    Manual(#[from] ManualError),
+    #[error(transparent)]
+    KeyFile(#[from] KeyFileError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// Writing the output or JSON of a command.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Format(#[from] std::fmt::Error),
+    /// A file or program a command needs, with what it was doing.
+    #[error("{what} {}", path.display())]
+    File { what: &'static str, path: PathBuf, source: std::io::Error },
+    /// Something the demo needed from the system, with what it was doing.
+    #[error("{what}")]
+    System { what: &'static str, source: std::io::Error },
+    #[error(transparent)]
+    Path(#[from] std::env::JoinPathsError),
+    #[error(transparent)]
+    BrokerUrl(#[from] tunefleet_common::broker_url::BrokerUrlError),
+    /// A refusal: a flag's value, an answer of the service, something missing.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl CliError {
+    /// True for an error in what the user gave (exit code 2).
+    pub fn is_usage(&self) -> bool {
+        matches!(self, CliError::Study(_) | CliError::Topic(_))
+    }
+
+    /// A refusal with `message`.
+    pub fn refused(message: impl Into<String>) -> Self {
+        CliError::Refused(message.into())
+    }
+
+    /// An error opening the store at `path`.
+    pub fn open_store(path: &std::path::Path) -> impl FnOnce(StoreError) -> Self + '_ {
+        move |source| CliError::OpenStore {
+            what: "opening the store",
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        }
+    }
+
+    /// An I/O error of `what` on `path` (`reading`, `creating`...).
+    pub fn file<'a>(what: &'static str, path: &'a std::path::Path) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        move |source| CliError::File { what, path: path.to_path_buf(), source }
+    }
+}
+
+/// What a command returns.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;

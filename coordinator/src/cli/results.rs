@@ -1,0 +1,152 @@
+//! Commands that read results from the store: `status`, `studies`, `best`,
+//! `profiles`, `report` and `export`. Each asks its module for data
+//! ([`crate::status`], [`crate::best`], [`crate::profiles`]) and prints it
+//! as text ([`super::view`]) or JSON.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use super::args::{Format, ProfilesAction};
+use super::error::{CliError, Result};
+use super::output::{emit, emit_json, open_existing, unix_now_ms, watch_text};
+use super::view;
+use crate::status::StudyStatus;
+use crate::store::{ExportFormat, Store};
+
+/// `tunefleet status`: once, or every second until `shutdown` (redrawn on
+/// a terminal, a line per change otherwise).
+pub async fn status(
+    path: &Path,
+    study: Option<&str>,
+    watch: bool,
+    json: bool,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<()> {
+    let look = || -> Result<Vec<StudyStatus>> {
+        let rows = crate::status::snapshot(&open_existing(path)?, study)?;
+        if rows.is_empty() {
+            if let Some(s) = study {
+                return Err(CliError::refused(format!("no study {s:?} in {}", path.display())));
+            }
+        }
+        Ok(rows)
+    };
+    let show = move |rows: &[StudyStatus]| -> Result<String> {
+        Ok(if json { format!("{}\n", serde_json::to_string(rows)?) } else { view::status(rows) })
+    };
+    if !watch {
+        return emit(&show(&look()?)?);
+    }
+    // Each look after the first gets the pace since the one before.
+    let mut before: Option<(Instant, Vec<StudyStatus>)> = None;
+    let next = move || -> Result<String> {
+        let mut now = look()?;
+        if let Some((at, prev)) = &before {
+            crate::status::pace(prev, &mut now, at.elapsed().as_secs_f64());
+        }
+        let text = show(&now)?;
+        before = Some((Instant::now(), now));
+        Ok(text)
+    };
+    watch_text(next, json, shutdown).await
+}
+
+/// `tunefleet studies`: the studies in the store.
+pub fn studies(path: &Path, json: bool) -> Result<()> {
+    let store = open_existing(path)?;
+    if json {
+        return emit_json(&store.studies()?);
+    }
+    let mut out = String::new();
+    for st in store.studies()? {
+        writeln!(out, "{:<24} {:<9} {}/{} done, {} failed", st.name, st.state, st.done, st.total, st.failed)?;
+    }
+    emit(&out)
+}
+
+/// `tunefleet best`: the view `ask` of `study`.
+pub fn best(path: &Path, study: &str, n: usize, ask: crate::best::Ask, json: bool) -> Result<()> {
+    let store = open_existing(path)?;
+    let found = crate::best::view(&store, study, n, ask)?;
+    if json {
+        emit_json(&found)
+    } else {
+        emit(&view::best(&found)?)
+    }
+}
+
+/// `tunefleet profiles [decisions|classify|forget]`.
+pub fn profiles(path: &Path, action: Option<ProfilesAction>, json: bool) -> Result<()> {
+    let text = match action {
+        None => {
+            let store = open_existing(path)?;
+            let views = crate::profiles::classes(&store)?;
+            if json {
+                serde_json::to_string_pretty(&views)?
+            } else {
+                view::classes(&views)
+            }
+        }
+        Some(ProfilesAction::Decisions { study }) => {
+            let rows = open_existing(path)?.decisions(study.as_deref())?;
+            if json {
+                serde_json::to_string_pretty(&rows)?
+            } else {
+                view::decisions(&rows)
+            }
+        }
+        Some(ProfilesAction::Classify { study, trial }) => {
+            let c = crate::profiles::classify(&open_existing(path)?, &study, trial)?;
+            if json {
+                serde_json::to_string_pretty(&c)?
+            } else {
+                view::classified(&c)
+            }
+        }
+        Some(ProfilesAction::Forget { agent }) => {
+            if !path.exists() {
+                return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
+            }
+            let mut store = Store::open(path).map_err(CliError::open_store(path))?;
+            let forgotten = crate::profiles::forget(&mut store, &agent, unix_now_ms())?;
+            if json {
+                serde_json::to_string_pretty(&forgotten)?
+            } else {
+                view::forgotten(&agent, &forgotten)
+            }
+        }
+    };
+    emit(&text)?;
+    if json {
+        emit("\n")?;
+    }
+    Ok(())
+}
+
+/// `tunefleet report`: the HTML report of `study` into `output`.
+pub fn report(path: &Path, study: &str, output: &Path, n: usize) -> Result<()> {
+    let store = open_existing(path)?;
+    let options = crate::report::Options { best: n, ..crate::report::Options::default() };
+    let bytes = crate::report::write(&store, study, options, output)?;
+    // Scripts and tests read this line.
+    println!("report: {} ({bytes} bytes)", output.display());
+    Ok(())
+}
+
+/// `tunefleet export`: every trial of `study`, to `output` or stdout.
+pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>) -> Result<()> {
+    let store = open_existing(path)?;
+    let format = match format {
+        Format::Csv => ExportFormat::Csv,
+        Format::Json => ExportFormat::Json,
+    };
+    match output {
+        Some(path) => {
+            let mut f = std::fs::File::create(&path).map_err(CliError::file("creating", &path))?;
+            store.export(study, format, &mut f)?;
+        }
+        None => store.export(study, format, &mut std::io::stdout().lock())?,
+    }
+    Ok(())
+}

@@ -1,0 +1,241 @@
+//! The text of the commands that read results: each takes the data its
+//! module returns ([`crate::best::View`], [`crate::profiles`]'s views,
+//! [`crate::status::StudyStatus`]) and renders it, so querying and
+//! rendering stay apart. Pure.
+
+use std::fmt::Write as _;
+
+use tunefleet_common::message::SystemParams;
+use tunefleet_common::params::Params;
+
+use crate::best::{figure, unranked_note, RankedTrial, View};
+use crate::profiles::{ClassView, Classified};
+use crate::status::StudyStatus;
+use crate::store::DecisionRow;
+use crate::study::Secondary;
+
+/// The text `best` prints.
+pub fn best(view: &View) -> Result<String, std::fmt::Error> {
+    let mut out = String::new();
+    match view {
+        View::Ranked { trials, unranked, mixed_sources, .. } => {
+            if let Some(note) = mixed_sources {
+                writeln!(out, "{note}")?;
+            }
+            for RankedTrial { row: r, decisions } in trials {
+                let source = r.energy_source.as_deref().unwrap_or("no energy");
+                writeln!(
+                    out,
+                    "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
+                    r.trial,
+                    r.objective,
+                    r.agent,
+                    describe(&r.params, r.system.as_ref())
+                )?;
+                for d in decisions {
+                    writeln!(out, "            {}: {}", d.decision, d.reason)?;
+                }
+            }
+            if let Some(note) = unranked_note(unranked) {
+                writeln!(out, "note: {note}")?;
+            }
+        }
+        View::Configurations { study, metric, direction, configurations } => {
+            writeln!(
+                out,
+                "configurations of {study} by mean {metric} ({direction}): mean, spread (sd / |mean|), runs"
+            )?;
+            for c in configurations {
+                let spread = c.spread.map_or_else(|| "-".to_string(), |s| format!("{:.2} %", s * 100.0));
+                writeln!(
+                    out,
+                    "{:>12.6}  {spread:>9}  {:>3} runs  {}",
+                    c.mean,
+                    c.runs.len(),
+                    describe(&c.params, c.system.as_ref())
+                )?;
+            }
+        }
+        View::Pareto { study, metric, direction, axes, considered, front, mixed_sources } => {
+            let names: Vec<&str> = axes.iter().map(|a| a.as_str()).collect();
+            writeln!(
+                out,
+                "Pareto front of {study}: {metric} ({direction}) against {} (minimised): {} of {considered} trials",
+                names.join(", "),
+                front.len(),
+            )?;
+            if let Some(note) = mixed_sources {
+                writeln!(out, "{note}")?;
+            }
+            for r in front {
+                let figures: Vec<String> = axes
+                    .iter()
+                    .map(|&a| match a {
+                        Secondary::Energy => format!("{:.3} J", figure(r, a)),
+                        Secondary::WallTime => format!("{:.3} s", figure(r, a)),
+                    })
+                    .collect();
+                let params = describe(&r.params, r.system.as_ref());
+                writeln!(out, "trial {:>4}  {:>12.6}  {}  {params}", r.trial, r.objective, figures.join("  "))?;
+            }
+        }
+        View::ByClass { classes, .. } => {
+            for c in classes {
+                writeln!(out, "{}: {} ranked trials", c.class, c.ranked)?;
+                for r in &c.trials {
+                    let params = describe(&r.params, r.system.as_ref());
+                    writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {params}", r.trial, r.objective, r.agent)?;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A result's parameters, and the system configuration it ran (or, when
+/// pipelined, selected) when that is not already among them.
+pub fn describe(params: &Params, system: Option<&SystemParams>) -> String {
+    let mut words: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if let Some(sys) = system {
+        for (name, value) in
+            [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]
+        {
+            if let (Some(v), false) = (value, params.contains_key(name)) {
+                words.push(format!("{name}={v} (selected)"));
+            }
+        }
+    }
+    words.join(" ")
+}
+
+/// One line per study.
+pub fn status(rows: &[StudyStatus]) -> String {
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no studies\n");
+    }
+    for s in rows {
+        let best = s.best.map_or(String::new(), |(v, t)| format!(", best {}={v:.6} (trial {t})", s.metric));
+        let pace = match (s.per_minute, s.eta_s) {
+            (Some(p), Some(eta)) => format!(", {p:.1} trials/min, about {eta:.0} s left"),
+            (Some(p), None) => format!(", {p:.1} trials/min"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {} agents online{best}{pace}",
+            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped, s.live_agents
+        );
+    }
+    out
+}
+
+/// The listing as text.
+pub fn classes(views: &[ClassView]) -> String {
+    let mut out = String::new();
+    if views.is_empty() {
+        out.push_str(
+            "no profiles yet: pipelined trials profile their first window and join a model when they finish\n",
+        );
+    }
+    for v in views {
+        let sil = v.silhouette.map_or("one cluster".to_string(), |s| format!("silhouette {s:.2}"));
+        let _ = writeln!(
+            out,
+            "{}: {} profiles, {} clusters ({sil}), fitted on {}; features: {}",
+            v.class,
+            v.profiles,
+            v.k,
+            v.fitted_on,
+            v.features.join(", ")
+        );
+        for c in &v.clusters {
+            let kinds: Vec<String> = c.workloads.iter().map(|(w, n)| format!("{w} x{n}")).collect();
+            let _ = writeln!(
+                out,
+                "  cluster {}: {} members (radius {:.3}): {}",
+                c.cluster,
+                c.size,
+                c.radius,
+                kinds.join(", ")
+            );
+            let shown: Vec<&str> = c.members.iter().take(8).map(String::as_str).collect();
+            let more = c.members.len().saturating_sub(shown.len());
+            let _ = write!(out, "    members: {}", shown.join(" "));
+            if more > 0 {
+                let _ = write!(out, " and {more} more");
+            }
+            out.push('\n');
+            for (group, system, t, from) in &c.configurations {
+                let _ = writeln!(
+                    out,
+                    "    best for {group}: {system} ({t:.3} x the first window, from {from} probed jobs)"
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The decisions as text, one per line.
+pub fn decisions(rows: &[DecisionRow]) -> String {
+    let mut out = String::new();
+    if rows.is_empty() {
+        out.push_str("no reuse decisions\n");
+    }
+    for r in rows {
+        let _ = writeln!(out, "{}/{}#{} {:<6} {}", r.study, r.trial, r.attempt, r.decision, r.reason);
+    }
+    out
+}
+
+/// What `tunefleet profiles forget` prints.
+pub fn forgotten(agent: &str, forgotten: &[(String, u64)]) -> String {
+    if forgotten.is_empty() {
+        return format!("{agent}: no profiles learnt from it\n");
+    }
+    let mut out = String::new();
+    for (class, n) in forgotten {
+        let _ = writeln!(out, "{agent}: {n} profiles forgotten in {class} (its clusters fitted again)");
+    }
+    out.push_str("a coordinator running now keeps them in memory until it restarts\n");
+    out
+}
+
+/// Where a trial would land, as text.
+pub fn classified(c: &Classified) -> String {
+    let mut out = format!("{}/{} on {}\n", c.study, c.trial, c.class);
+    for (cluster, d) in &c.distances {
+        let _ = writeln!(out, "  cluster {cluster}: distance {d:.3}");
+    }
+    let _ = writeln!(out, "{}", c.decision);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_a_line_per_study_with_its_pace() {
+        let row = StudyStatus {
+            study: "s".into(),
+            state: "running".into(),
+            total: 100,
+            pending: 80,
+            running: 0,
+            done: 20,
+            failed: 0,
+            stopped: 0,
+            metric: "loss".into(),
+            best: Some((0.5, 3)),
+            live_agents: 2,
+            per_minute: Some(20.0),
+            eta_s: Some(240.0),
+        };
+        let text = status(&[row]);
+        assert!(text.contains("s running: 20/100 done") && text.contains("best loss=0.500000 (trial 3)"), "{text}");
+        assert!(text.contains("20.0 trials/min, about 240 s left"), "{text}");
+        assert_eq!(status(&[]), "no studies\n");
+    }
+}

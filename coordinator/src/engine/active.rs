@@ -1,0 +1,132 @@
+//! A study while the engine runs it ([`ActiveStudy`]): its search, the
+//! trials made so far, early stopping, the checkpoints and values its
+//! trials reported, reuse decisions; and what the engine reports of it
+//! ([`Best`], [`Summary`]).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use tunefleet_common::message::{ProbePlan, SystemParams};
+
+use super::core::{EngineError, EngineStats};
+use crate::sched::Scheduler;
+use crate::search::{self, Search, TrialPlan};
+use crate::store::Batch;
+use crate::study::Study;
+
+/// The best result so far, for the progress display and the summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Best {
+    pub trial: u64,
+    pub value: f64,
+    pub agent: String,
+}
+
+/// What a finished study looked like.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    pub study: String,
+    pub total: u64,
+    pub done: u64,
+    pub failed: u64,
+    /// Stopped early by ASHA: neither done nor failed.
+    pub stopped: u64,
+    pub best: Option<Best>,
+    pub elapsed: Duration,
+    pub stats: EngineStats,
+    pub agents_seen: usize,
+}
+
+pub(super) struct ActiveStudy {
+    pub(super) study: Study,
+    /// Asked for trials as agents have room, told every result.
+    pub(super) search: Search,
+    /// The trials created so far, by id.
+    pub(super) plans: Vec<TrialPlan>,
+    /// Early stopping on the epochs trials report, when the study asks for it.
+    pub(super) asha: Option<search::asha::Asha>,
+    /// Objective values of successful trials, for `[stability]`.
+    pub(super) values: HashMap<u64, f64>,
+    /// The last checkpoint each trial's live attempt reported (epoch, reference).
+    pub(super) checkpoints: HashMap<u64, (u32, String)>,
+    /// With `[stability]`: the trials of each configuration, by its JSON.
+    pub(super) runs: HashMap<String, Vec<u64>>,
+    /// What every trial of a pipelined study probes (computed once).
+    pub(super) probe: Option<ProbePlan>,
+    /// Cancelled from the control socket: no more trials.
+    pub(super) cancelled: bool,
+    /// Attempts whose first window was decided on (once each).
+    pub(super) decided: HashSet<(u64, u32)>,
+    /// Trials running a reused configuration: it, and the time relative
+    /// to the first window its cluster promised.
+    pub(super) reused: HashMap<u64, (SystemParams, f64)>,
+    pub(super) best: Option<Best>,
+    pub(super) started: Instant,
+}
+
+impl ActiveStudy {
+    /// A study that starts (or resumes) now, at `started`, with the trials
+    /// `plans` already made, the objective `values` they reached, and the
+    /// `best` of them.
+    pub(super) fn new(
+        study: Study,
+        search: Search,
+        plans: Vec<TrialPlan>,
+        values: HashMap<u64, f64>,
+        best: Option<Best>,
+        started: Instant,
+    ) -> Self {
+        let asha =
+            study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+        let probe = search::probe_plan(&study);
+        let mut active = ActiveStudy {
+            study,
+            search,
+            plans: Vec::new(),
+            asha,
+            values,
+            checkpoints: HashMap::new(),
+            runs: HashMap::new(),
+            probe,
+            cancelled: false,
+            decided: Default::default(),
+            reused: HashMap::new(),
+            best,
+            started,
+        };
+        active.remember(plans);
+        active
+    }
+
+    /// Keeps `trials` as created (and indexes them by configuration when
+    /// the study repeats until stable).
+    fn remember(&mut self, trials: Vec<TrialPlan>) {
+        if self.study.stability.is_some() {
+            for t in &trials {
+                self.runs.entry(crate::store::params_json(&t.params)).or_default().push(t.trial);
+            }
+        }
+        self.plans.extend(trials);
+    }
+
+    /// Creates `trials` in the store and the scheduler, and remembers them.
+    pub(super) fn create(
+        &mut self,
+        sched: &mut Scheduler,
+        batch: &mut Batch<'_>,
+        trials: Vec<TrialPlan>,
+    ) -> Result<(), EngineError> {
+        batch.add_trials(&self.study.name, &trials)?;
+        self.adopt(sched, trials);
+        Ok(())
+    }
+
+    /// Adds `trials`, already in the store, to the scheduler, and remembers them.
+    pub(super) fn adopt(&mut self, sched: &mut Scheduler, trials: Vec<TrialPlan>) {
+        for t in &trials {
+            let id = sched.add_trial(&self.study.name);
+            debug_assert_eq!(id, Some(t.trial), "the scheduler and the search number trials alike");
+        }
+        self.remember(trials);
+    }
+}

@@ -1,0 +1,585 @@
+//! The engine's core: every decision of a turn, with no I/O but the store
+//! (no MQTT, no tokio, no clock: the turn's clocks come in as [`Now`]).
+//!
+//! [`Core::turn`] takes the control requests, then the broker's events
+//! (handled one by one, each in a savepoint: [`super::handle`]), and on a
+//! tick expires leases and runs the offloading decider; then it tops up each
+//! study's trials, hands out work, applies every scheduler [`Effect`] to the
+//! store, commits, and returns what to send ([`Outgoing`]). The caller sends
+//! it only now: an agent forgets a result only once it is on disk. Also
+//! here: starting a study, cancelling one, ASHA's early stops and
+//! `[stability]` repeats.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage, Progress};
+
+use super::active::{ActiveStudy, Best, Summary};
+use super::handle::{handle_all, Ctx};
+use super::learn::load_book;
+use crate::auth::Sessions;
+use crate::control::{Answer, Ask};
+use crate::offload::{Decision, Policy, Telemetry};
+use crate::reuse::Book;
+use crate::sched::{Effect, Restored, Scheduler, StudyPolicy};
+use crate::search::{self, Search, TrialPlan};
+use crate::store::{Batch, Store, StoreError, TrialState};
+use crate::study::Study;
+use crate::transport::Inbound;
+
+/// Extra time a lease gets beyond the trial timeout (start-up, result delivery).
+pub const LEASE_GRACE: Duration = Duration::from_secs(30);
+
+/// Why the engine stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the broker connection closed for good")]
+    TransportClosed,
+}
+
+/// Counters a user (or a test) can read after a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Payloads that do not decode or do not belong on their topic.
+    pub rejected_messages: u64,
+    /// Sealed frames that fail authentication: no session, another
+    /// session's token, a bad MAC, a replayed sequence number.
+    pub bad_tokens: u64,
+    /// Hellos refused: bad signature, wrong name or instance, replayed,
+    /// changed key, too many agents.
+    pub refused_hellos: u64,
+    /// Hellos dropped by the rate limit.
+    pub rate_limited_hellos: u64,
+    /// Last Wills that match no session of the agent (forged or replayed).
+    pub forged_wills: u64,
+    /// Authenticated messages with a field out of bounds (validate.rs).
+    pub invalid_messages: u64,
+    /// Messages (or the bookkeeping after one) whose store writes failed:
+    /// rolled back alone, the turn went on.
+    pub store_errors: u64,
+    /// Checkpoints outside their study's `resume_prefix`: not kept.
+    pub refused_checkpoints: u64,
+    /// Results the coordinator cannot place, answered so the agent parks them.
+    pub unknown_results: u64,
+    /// Results, progress, refusals and running attempts of another study of
+    /// a name this coordinator runs (another study id: another store).
+    /// Results are refused (the agent parks them), the rest is ignored.
+    pub other_study_refs: u64,
+    pub duplicate_results: u64,
+    pub superseded_results: u64,
+    pub requeued: u64,
+    pub assignments: u64,
+    /// Trials stopped early (ASHA).
+    pub stopped: u64,
+    /// Attempts moved off an overloaded agent, or measured again because
+    /// their measurement was disturbed.
+    pub moved: u64,
+    /// Trials that skipped probing for a configuration reused from jobs
+    /// that profiled alike, and reuses that then ran slower than promised.
+    pub reused: u64,
+    pub reuse_worse: u64,
+    /// Window profiles refused as malformed (the trial probes as usual).
+    pub bad_profiles: u64,
+}
+
+/// The clocks of one turn, read once by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Milliseconds since the engine started: the scheduler's clock (leases,
+    /// the offloading decider).
+    pub engine_ms: u64,
+    /// Milliseconds since the Unix epoch: the times the store records.
+    pub unix_ms: u64,
+    /// The monotonic clock: the session limits (Hello rates, stale notices)
+    /// and a study's elapsed time.
+    pub instant: Instant,
+}
+
+/// What a turn decided to send, once its writes are committed.
+#[derive(Debug, Default)]
+pub struct Outgoing {
+    /// Frames published as they are (Welcomes, stale-session notices), first.
+    pub welcomes: Vec<(String, Vec<u8>)>,
+    /// Messages to seal in each agent's session and publish.
+    pub messages: Vec<(String, CoordinatorMessage)>,
+    /// The answer to each control request, in the order they were asked.
+    pub answers: Vec<Answer>,
+    /// Studies started (or resumed) this turn, for the progress display.
+    pub started: Vec<Started>,
+}
+
+/// A study that started: its name, the trials it plans, how many are finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub study: String,
+    pub total: u64,
+    pub done: u64,
+}
+
+/// The coordinator's state while it runs, without its transport.
+pub struct Core {
+    pub(super) store: Store,
+    pub(super) sched: Scheduler,
+    pub(super) studies: HashMap<String, ActiveStudy>,
+    pub(super) stats: EngineStats,
+    pub(super) agents_seen: HashSet<String>,
+    /// Queue each stored result's points for InfluxDB (see [`crate::sink`]).
+    influx: bool,
+    pub(super) sessions: Sessions,
+    /// Agents asked to confirm delivery ([`CoordinatorMessage::Sync`]) that have not yet.
+    pub(super) unsynced: HashMap<String, u64>,
+    /// Agents' recent telemetry, for the overload decider.
+    telemetry: Telemetry,
+    offload: Option<Policy>,
+    last_decision_ms: u64,
+    /// Profiles, clusters and reuse, loaded from the store with the first study.
+    book: Option<Book>,
+}
+
+impl Core {
+    pub fn new(store: Store, sessions: Sessions) -> Self {
+        Core {
+            store,
+            sched: Scheduler::new(),
+            studies: HashMap::new(),
+            stats: EngineStats::default(),
+            agents_seen: HashSet::new(),
+            influx: false,
+            sessions,
+            unsynced: HashMap::new(),
+            telemetry: Telemetry::default(),
+            offload: None,
+            last_decision_ms: 0,
+            book: None,
+        }
+    }
+
+    /// Moves trials off agents the decider finds overloaded ([`crate::offload`]),
+    /// and measures again what agents flag as disturbed.
+    pub fn with_offload(mut self, policy: Option<Policy>) -> Self {
+        self.offload = policy;
+        self
+    }
+
+    /// Queues the points of every stored result in the store's InfluxDB
+    /// outbox, in the same transaction as the result.
+    pub fn with_influx(mut self, on: bool) -> Self {
+        self.influx = on;
+        self
+    }
+
+    /// A study file submitted to the service: started (or resumed) beside
+    /// the others.
+    fn submit(&mut self, text: &str, origin: &str, now: Now, shown: &mut Vec<Started>) -> Answer {
+        let file = match crate::study::parse(text, origin) {
+            Ok(s) => s,
+            Err(e) => return Answer::Error { message: e.to_string() },
+        };
+        let studies = file.expand();
+        for study in &studies {
+            let name = &study.name;
+            if self.studies.get(name).is_some_and(|a| !a.cancelled)
+                && self.sched.counts(name).is_some_and(|c| !c.finished())
+            {
+                return Answer::Error { message: format!("study {name} is running already") };
+            }
+        }
+        let mut started = Vec::new();
+        for study in studies {
+            let name = study.name.clone();
+            match self.start_study(study, now) {
+                Ok(s) => shown.push(s),
+                Err(e) => return Answer::Error { message: e.to_string() },
+            }
+            let total = self.sched.counts(&name).map_or(0, |c| c.total);
+            tracing::info!(study = %name, "study submitted");
+            started.push(format!("study {name} submitted ({total} trials so far)"));
+        }
+        Answer::Ok { message: started.join("\n") }
+    }
+
+    /// Creates the study in the store, or resumes it if it is there already
+    /// with the same configuration, and starts scheduling its trials; what
+    /// the progress display starts with.
+    pub fn start_study(&mut self, study: Study, now: Now) -> Result<Started, EngineError> {
+        if self.book.is_none() {
+            self.book = Some(load_book(&self.store)?);
+        }
+        let id = {
+            let mut batch = self.store.batch()?;
+            batch.create_study(&study, &[])?;
+            // Drawn the first time the study runs, kept in the store after.
+            let id = batch.study_id(&study.name, rand::random())?;
+            batch.commit()?;
+            id
+        };
+        let rows = self.store.trials(&study.name)?;
+        let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan()).collect();
+        let mut search = Search::new(&study);
+        search.resume(&plans);
+        let mut states = Vec::with_capacity(rows.len());
+        let mut values = HashMap::new();
+        let mut best: Option<Best> = None;
+        for row in rows {
+            if row.trial != states.len() as u64 {
+                tracing::error!(study = %study.name, trial = row.trial, "trial ids in the store are not dense; later trials ignored");
+                break;
+            }
+            states.push(match row.state {
+                TrialState::Pending => Restored::Pending { last_attempt: row.attempts, failures: row.failures },
+                TrialState::Running => Restored::Running {
+                    agent: row.agent.clone().unwrap_or_default(),
+                    attempt: row.attempts,
+                    failures: row.failures,
+                },
+                TrialState::Done => Restored::Done,
+                TrialState::Failed => Restored::Failed,
+                TrialState::Stopped => Restored::Stopped,
+            });
+            if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
+                values.insert(row.trial, value);
+                search.tell(&row.params, value);
+                if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
+                    best = Some(Best { trial: row.trial, value, agent });
+                }
+            }
+        }
+        let policy = StudyPolicy {
+            name: study.name.clone(),
+            id,
+            selector: study.selector.clone(),
+            max_attempts: study.max_attempts,
+            lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
+        };
+        self.sched.add_study(policy, states, now.engine_ms);
+        self.sched.set_open(&study.name, !search.exhausted());
+        let c = self.sched.counts(&study.name).unwrap_or_default();
+        let shown = Started {
+            study: study.name.clone(),
+            total: search.planned().max(c.total),
+            done: c.done + c.failed + c.stopped,
+        };
+        let mut active = ActiveStudy::new(study, search, plans, values, best, now.instant);
+        // What a coordinator that stopped had seen: early stopping's rungs,
+        // and the checkpoint each trial's latest attempt reported.
+        for p in self.store.study_progress(&active.study.name)? {
+            if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
+                let _ = asha.report(p.trial, p.epoch, value);
+            }
+            // A checkpoint stored before the coordinator checked them (an
+            // injected option, a path outside resume_prefix) is not resumed from.
+            let usable = |c: &String| usable_checkpoint(&active.study, c).is_ok();
+            match p.checkpoint.filter(usable) {
+                Some(reference) => {
+                    active.checkpoints.insert(p.trial, (p.epoch, reference));
+                }
+                // A later attempt that started over has no checkpoint yet.
+                None if p.epoch <= 1 => {
+                    active.checkpoints.remove(&p.trial);
+                }
+                None => {}
+            }
+        }
+        self.studies.insert(active.study.name.clone(), active);
+        Ok(shown)
+    }
+
+    /// One turn: the control requests `asks` (submitted studies start first,
+    /// each in its own transaction), then in one transaction the
+    /// cancellations, `events` in order, and on a `tick` the expired leases
+    /// and the offloading decider's verdicts; new trials, assignments, and
+    /// every effect in the store; committed. Returns what to send now.
+    pub fn turn(
+        &mut self,
+        events: impl IntoIterator<Item = Inbound>,
+        asks: Vec<Ask>,
+        tick: bool,
+        now: Now,
+    ) -> Result<Outgoing, EngineError> {
+        let mut out = Outgoing::default();
+        let mut answers: Vec<Option<Answer>> = Vec::with_capacity(asks.len());
+        let mut cancels = Vec::new();
+        for ask in asks {
+            match ask {
+                Ask::Submit { study, origin } => {
+                    answers.push(Some(self.submit(&study, &origin, now, &mut out.started)))
+                }
+                Ask::Cancel { study } => {
+                    cancels.push((answers.len(), study));
+                    answers.push(None);
+                }
+            }
+        }
+        let mut batch = self.store.batch()?;
+        let mut effects = Vec::new();
+        for (i, study) in cancels {
+            if let Some(answer) = answers.get_mut(i) {
+                *answer = Some(cancel(&mut self.sched, &mut self.studies, &study, &mut effects));
+            }
+        }
+        out.answers = answers.into_iter().flatten().collect();
+        handle_all(
+            &mut Ctx {
+                sched: &mut self.sched,
+                batch: &mut batch,
+                studies: &mut self.studies,
+                stats: &mut self.stats,
+                agents_seen: &mut self.agents_seen,
+                out: &mut out.messages,
+                welcomes: &mut out.welcomes,
+                effects: &mut effects,
+                influx: self.influx,
+                sessions: &mut self.sessions,
+                unsynced: &mut self.unsynced,
+                telemetry: &mut self.telemetry,
+                now,
+                remeasure: self.offload.is_some(),
+                book: self.book.get_or_insert_with(Default::default),
+            },
+            events,
+        )?;
+        if tick {
+            effects.extend(self.sched.expire(now.engine_ms));
+            if let Some(policy) = self.offload.filter(|p| now.engine_ms >= self.last_decision_ms + p.interval_ms) {
+                self.last_decision_ms = now.engine_ms;
+                effects.extend(offload(&mut self.sched, &self.telemetry, &policy, now.engine_ms));
+            }
+        }
+        schedule(&mut self.sched, &mut batch, &mut self.studies, &mut self.stats, &mut out.messages, effects, now)?;
+        batch.commit()?;
+        Ok(out)
+    }
+
+    /// Whether any study has trials left to run (the launcher starts agents then).
+    pub fn has_work(&self) -> bool {
+        self.studies.keys().any(|s| self.sched.counts(s).is_some_and(|c| !c.finished()))
+    }
+
+    /// Records `studies` as finished at `unix_ms`.
+    pub fn finish_studies(&mut self, studies: &[&str], unix_ms: u64) -> Result<(), EngineError> {
+        let mut batch = self.store.batch()?;
+        for s in studies {
+            batch.finish_study(s, unix_ms)?;
+        }
+        batch.commit()?;
+        Ok(())
+    }
+
+    /// What `study` looks like now (`now`: the clock its time is measured to).
+    pub fn summary(&self, study: &str, now: Instant) -> Summary {
+        let c = self.sched.counts(study).unwrap_or_default();
+        let active = self.studies.get(study);
+        Summary {
+            study: study.to_string(),
+            total: c.total,
+            done: c.done,
+            failed: c.failed,
+            stopped: c.stopped,
+            best: active.and_then(|a| a.best.clone()),
+            elapsed: active.map(|a| now.saturating_duration_since(a.started)).unwrap_or_default(),
+            stats: self.stats.clone(),
+            agents_seen: self.agents_seen.len(),
+        }
+    }
+}
+
+/// The decider's verdicts, applied: overloaded agents get no trials and
+/// their running ones move.
+fn offload(sched: &mut Scheduler, telemetry: &Telemetry, policy: &Policy, now: u64) -> Vec<Effect> {
+    let mut effects = Vec::new();
+    for decision in crate::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
+        match decision {
+            Decision::Overloaded { agent, why } => {
+                tracing::warn!(agent = %agent, reason = %why, "agent overloaded: no new trials, its trials move");
+                effects.extend(sched.set_overloaded(&agent, Some(why), now));
+            }
+            Decision::Recovered { agent } => {
+                tracing::info!(agent = %agent, "agent no longer overloaded");
+                effects.extend(sched.set_overloaded(&agent, None, now));
+            }
+        }
+    }
+    effects
+}
+
+/// Creates as many trials as the agents that match each study have room
+/// for, asking its search; closes a study in the scheduler once its search
+/// has nothing more.
+fn top_up(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    studies: &mut HashMap<String, ActiveStudy>,
+) -> Result<(), EngineError> {
+    for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
+        let mut want = sched.demand(name);
+        while want > 0 {
+            let Some(trials) = active.search.next_trials() else { break };
+            want = want.saturating_sub(trials.len() as u64);
+            active.create(sched, batch, trials)?;
+        }
+        if active.search.exhausted() {
+            sched.set_open(name, false);
+        }
+    }
+    Ok(())
+}
+
+/// Cancels `name`: no more trials; every trial not finished is stopped, and
+/// its running attempt cancelled on its agent.
+fn cancel(
+    sched: &mut Scheduler,
+    studies: &mut HashMap<String, ActiveStudy>,
+    name: &str,
+    effects: &mut Vec<Effect>,
+) -> Answer {
+    let Some(active) = studies.get_mut(name) else {
+        return Answer::Error { message: format!("no study {name:?} runs here") };
+    };
+    if active.cancelled {
+        return Answer::Ok { message: format!("study {name} was cancelled already") };
+    }
+    active.cancelled = true;
+    sched.set_open(name, false);
+    let mut running = 0;
+    for trial in 0..active.plans.len() as u64 {
+        let stopped = sched.stop(name, trial, "study cancelled");
+        running += stopped.iter().filter(|e| matches!(e, Effect::Cancel { .. })).count();
+        effects.extend(stopped);
+    }
+    tracing::warn!(study = %name, running, "study cancelled");
+    Answer::Ok { message: format!("study {name} cancelled: {running} running attempts cancelled on their agents") }
+}
+
+/// Logs the first ten of a kind of refusal, then at powers of two.
+pub(super) fn loud(n: u64) -> bool {
+    n <= 10 || n.is_power_of_two()
+}
+
+/// The end of a turn: new trials where agents have room, assignments, and
+/// every effect applied to the store.
+fn schedule(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    studies: &mut HashMap<String, ActiveStudy>,
+    stats: &mut EngineStats,
+    out: &mut Vec<(String, CoordinatorMessage)>,
+    mut effects: Vec<Effect>,
+    now: Now,
+) -> Result<(), EngineError> {
+    top_up(sched, batch, studies)?;
+    effects.extend(sched.assign(now.engine_ms));
+    for effect in effects {
+        apply(batch, studies, stats, out, effect, now.unix_ms)?;
+    }
+    Ok(())
+}
+
+/// Whether `reference` may be resumed from in `study` (message validation
+/// checked its form already; this checks it again for stored ones).
+pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::validate::Why> {
+    crate::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
+}
+
+/// `[stability]`: once every run of a trial's configuration has ended, one
+/// more while their objectives spread more than the study allows (and it
+/// has runs left).
+pub(super) fn repeat_until_stable(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    a: &mut ActiveStudy,
+    trial: u64,
+) -> Result<(), EngineError> {
+    let Some(stability) = a.study.stability else { return Ok(()) };
+    let Some(params) = a.plans.get(trial as usize).map(|p| p.params.clone()) else { return Ok(()) };
+    let runs = a.runs.get(&crate::store::params_json(&params)).cloned().unwrap_or_default();
+    let name = a.study.name.clone();
+    if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| sched.is_finished(&name, t)) {
+        return Ok(());
+    }
+    let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
+    let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
+    // The row first: when the store refuses it, the search has not counted it.
+    let repeat = runs.len() as u32;
+    let next = TrialPlan { trial: a.plans.len() as u64, params: params.clone(), repeat };
+    batch.add_trials(&name, std::slice::from_ref(&next))?;
+    let plan = a.search.extra_repeat(&params, repeat);
+    debug_assert_eq!(plan, next, "the search numbers trials as the study has them");
+    tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
+    a.adopt(sched, vec![plan]);
+    Ok(())
+}
+
+/// ASHA's verdict on a live attempt's epoch report.
+pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
+    let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
+    let Some(asha) = active.asha.as_mut() else { return };
+    let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
+    if let search::asha::Decision::Stop { rung, value, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+        let metric = &active.study.objective.metric;
+        let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
+        tracing::info!(trial = %p.trial, %reason);
+        cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
+    }
+}
+
+/// Does what the scheduler decided: an assignment rendered, recorded and
+/// queued for its agent, a cancel queued, a trial's end recorded (at `now`,
+/// Unix milliseconds).
+fn apply(
+    batch: &mut Batch<'_>,
+    studies: &HashMap<String, ActiveStudy>,
+    stats: &mut EngineStats,
+    out: &mut Vec<(String, CoordinatorMessage)>,
+    effect: Effect,
+    now: u64,
+) -> Result<(), EngineError> {
+    match effect {
+        Effect::Assign { agent, trial, request_seq } => {
+            let Some(active) = studies.get(&trial.study) else { return Ok(()) };
+            let Some(plan) = active.plans.get(trial.trial as usize) else { return Ok(()) };
+            let checkpoint = active.checkpoints.get(&trial.trial);
+            if let Some((epoch, _)) = checkpoint.filter(|_| !active.study.resume.is_empty()) {
+                tracing::info!(trial = %trial, agent = %agent, epoch, "goes on from its last checkpoint");
+            }
+            match search::render_resumed(&active.study, active.probe.as_ref(), plan, &trial, checkpoint) {
+                Ok(spec) => {
+                    batch.record_assignment(&trial, &agent, now)?;
+                    stats.assignments += 1;
+                    out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
+                }
+                Err(e) => {
+                    // Validated at load time, so this is a bug; fail the trial rather than loop.
+                    tracing::error!(trial = %trial, error = %e, "command template does not render");
+                    batch.fail_trial(&trial.study, trial.trial, &e.to_string())?;
+                }
+            }
+        }
+        Effect::Cancel { agent, trial, reason } => {
+            tracing::info!(agent = %agent, trial = %trial, reason = %reason, "cancelling");
+            out.push((agent, CoordinatorMessage::Cancel(Cancel { trial, reason })));
+        }
+        Effect::Requeued { trial, reason } => {
+            stats.requeued += 1;
+            tracing::info!(trial = %trial, reason = %reason, "trial requeued");
+            batch.requeue(&trial, &reason)?;
+        }
+        Effect::Failed { trial, reason } => {
+            tracing::warn!(trial = %trial, reason = %reason, "trial failed");
+            batch.fail_trial(&trial.study, trial.trial, &reason)?;
+        }
+        Effect::Moved { trial, from, reason } => {
+            stats.moved += 1;
+            tracing::warn!(trial = %trial, from = %from, reason = %reason, "trial moved");
+            batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
+        }
+        Effect::Stopped { trial, reason } => {
+            stats.stopped += 1;
+            batch.stop_trial(&trial, &reason, now)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,509 @@
+//! Inbound events, each message in a savepoint of its own: the handshake
+//! (a signed Hello), Last Wills, and sealed messages opened, validated and
+//! dispatched: statuses, work requests, progress, refusals, telemetry and
+//! results, judged, stored, then settled in the scheduler (see [`guarded`]).
+//! No I/O but the store: what is to be sent is queued in the [`Ctx`].
+
+use std::collections::{HashMap, HashSet};
+
+use tunefleet_common::auth::{self, Signed, UpFrame, Will};
+use tunefleet_common::measurement::ExitOutcome;
+use tunefleet_common::message::{
+    AckOutcome, AgentMessage, AgentStatus, CoordinatorMessage, ResultAck, TrialRef, TrialResult,
+};
+use tunefleet_common::topic::AgentTopic;
+
+use super::active::{ActiveStudy, Best};
+use super::core::{early_stop, loud, repeat_until_stable, usable_checkpoint, EngineError, EngineStats, Now};
+use super::learn::{learn, on_profile};
+use crate::auth::{Admission, HelloRefusal, Sessions, WillCheck};
+use crate::offload::{Sample, Telemetry};
+use crate::reuse::Book;
+use crate::sched::{Effect, ResultKind, Scheduler, Verdict};
+use crate::search;
+use crate::store::{Batch, RecordOutcome, StoreError};
+use crate::study::Direction;
+use crate::transport::Inbound;
+
+/// What handling a message may touch: the engine's state, borrowed for one
+/// turn, with the turn's store batch and what it queues to send.
+pub(super) struct Ctx<'a, 'b> {
+    pub(super) sched: &'a mut Scheduler,
+    pub(super) batch: &'a mut Batch<'b>,
+    pub(super) studies: &'a mut HashMap<String, ActiveStudy>,
+    pub(super) stats: &'a mut EngineStats,
+    pub(super) agents_seen: &'a mut HashSet<String>,
+    pub(super) out: &'a mut Vec<(String, CoordinatorMessage)>,
+    pub(super) welcomes: &'a mut Vec<(String, Vec<u8>)>,
+    pub(super) effects: &'a mut Vec<Effect>,
+    pub(super) influx: bool,
+    pub(super) sessions: &'a mut Sessions,
+    pub(super) unsynced: &'a mut HashMap<String, u64>,
+    pub(super) telemetry: &'a mut Telemetry,
+    /// The turn's clocks: the engine's for the scheduler, the wall clock
+    /// for the store, the monotonic instant for the session limits.
+    pub(super) now: Now,
+    /// Measurements agents flag as disturbed are taken again (with offloading).
+    pub(super) remeasure: bool,
+    pub(super) book: &'a mut Book,
+}
+
+/// Handles `events` in order, each in its own savepoint ([`handle`]).
+pub(super) fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {
+    for ev in events {
+        handle(cx, ev)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` inside savepoint `name`: kept when it succeeds; when it fails
+/// with a store error, its writes are undone (the rest of the batch stays),
+/// the error is counted and returned for the caller to answer.
+fn in_savepoint(
+    cx: &mut Ctx<'_, '_>,
+    name: &'static str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<Option<StoreError>, EngineError> {
+    cx.batch.savepoint(name)?;
+    match f(cx) {
+        Ok(()) => {
+            cx.batch.release(name)?;
+            Ok(None)
+        }
+        Err(EngineError::Store(e)) => {
+            cx.batch.rollback_to(name)?;
+            cx.stats.store_errors += 1;
+            Ok(Some(e))
+        }
+        Err(e) => {
+            cx.batch.rollback_to(name)?;
+            Err(e)
+        }
+    }
+}
+
+/// One message, in a savepoint of its own. A store error while handling it
+/// rolls back its writes alone and drops what it queued; the turn goes on.
+///
+/// The scheduler and the other in-memory state are not in the savepoint,
+/// so every handler validates first and writes the store before it changes
+/// them: a result is judged ([`Scheduler::judge`]) and settled only once its
+/// writes succeeded; a status, telemetry, progress or Last Will is written
+/// before it is applied. What follows once a result is settled (an extra
+/// repeat, a learned profile) runs in a savepoint of its own ([`aside`]), so
+/// its failure never undoes a result the scheduler already counts.
+fn guarded(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    kind: AgentTopic,
+    result: Option<TrialRef>,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let (out, effects) = (cx.out.len(), cx.effects.len());
+    let Some(e) = in_savepoint(cx, "message", f)? else { return Ok(()) };
+    cx.out.truncate(out);
+    cx.effects.truncate(effects);
+    if loud(cx.stats.store_errors) {
+        tracing::error!(agent = %agent, topic = kind.as_str(), error = %e, errors = cx.stats.store_errors, "message refused: the store could not take it (rolled back alone)");
+    }
+    if let Some(trial) = result {
+        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
+        cx.out.push((agent.to_string(), CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    }
+    Ok(())
+}
+
+/// Bookkeeping after a settled result, in a savepoint of its own: a store
+/// error undoes it alone (logged, counted) and the result stays stored.
+fn aside(
+    cx: &mut Ctx<'_, '_>,
+    what: &str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    if let Some(e) = in_savepoint(cx, "aside", f)? {
+        if loud(cx.stats.store_errors) {
+            tracing::error!(error = %e, errors = cx.stats.store_errors, "{what}: the store could not take it (rolled back alone)");
+        }
+    }
+    Ok(())
+}
+
+fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
+    let (agent, kind, frame) = match ev {
+        Inbound::Connected => {
+            tracing::info!("connected to the broker");
+            return Ok(());
+        }
+        Inbound::Disconnected(why) => {
+            tracing::warn!(error = %why, "lost the broker; reconnecting");
+            return Ok(());
+        }
+        Inbound::Rejected { topic, reason } => {
+            cx.stats.rejected_messages += 1;
+            let n = cx.stats.rejected_messages;
+            if loud(n) {
+                tracing::warn!(topic = %topic, reason = %reason, rejected = n, "rejected a message");
+            }
+            return Ok(());
+        }
+        Inbound::Agent { agent, kind, frame } => (agent, kind, *frame),
+    };
+    let now = cx.now.unix_ms;
+    let (agent, msg) = match frame {
+        UpFrame::Hello(signed) => {
+            let name = agent.clone();
+            return guarded(cx, &name, kind, None, |cx| on_hello(cx, agent, &signed, now));
+        }
+        UpFrame::Will(will) => {
+            let name = agent.clone();
+            return guarded(cx, &name, kind, None, |cx| on_will(cx, agent, &will, now));
+        }
+        UpFrame::Sealed(sealed) => match cx.sessions.open(&agent, kind, &sealed) {
+            Ok(msg) => (agent, msg),
+            Err(e) => {
+                cx.stats.bad_tokens += 1;
+                if loud(cx.stats.bad_tokens) {
+                    tracing::warn!(agent = %agent, topic = kind.as_str(), error = %e, refused = cx.stats.bad_tokens, "unauthenticated message refused");
+                }
+                // A frame of a session this coordinator does not hold (it
+                // restarted, or another Hello replaced it): a known agent is
+                // told, signed, so it says Hello again instead of talking
+                // into the void.
+                if matches!(e, auth::AuthError::NoSession | auth::AuthError::Token { .. })
+                    && cx.batch.agent_key(&agent)?.is_some()
+                {
+                    if let Some(notice) = cx.sessions.stale_notice(&agent, sealed.token, cx.now.instant) {
+                        cx.welcomes.push((agent, notice));
+                    }
+                }
+                return Ok(());
+            }
+        },
+    };
+    if let Err(why) = crate::validate::message(&msg) {
+        cx.stats.invalid_messages += 1;
+        if loud(cx.stats.invalid_messages) {
+            tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: out of bounds");
+        }
+        if let AgentMessage::Result(r) = msg {
+            let outcome = AckOutcome::Refused(format!("out of bounds: {why}"));
+            cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial: r.trial, outcome })));
+        }
+        return Ok(());
+    }
+    let result = match &msg {
+        AgentMessage::Result(r) => Some(r.trial.clone()),
+        // Requests and sync answers change the scheduler and memory only:
+        // no savepoint (two statements a message) to guard them.
+        AgentMessage::Request(_) | AgentMessage::Synced(_) => return dispatch(cx, agent, msg, now),
+        _ => None,
+    };
+    let name = agent.clone();
+    guarded(cx, &name, kind, result, |cx| dispatch(cx, agent, msg, now))
+}
+
+/// A valid message from an authenticated agent: store writes first, then
+/// the scheduler and the rest of memory (see [`guarded`]).
+fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) -> Result<(), EngineError> {
+    match msg {
+        AgentMessage::Status(status) => {
+            if !status.online {
+                cx.batch.set_will_hash(&agent, None)?;
+            }
+            cx.batch.set_agent_online(&agent, status.online, now)?;
+            if !status.online {
+                tracing::info!(agent = %agent, "agent offline");
+                cx.telemetry.forget(&agent);
+                cx.sessions.end(&agent);
+            }
+            cx.effects.extend(cx.sched.status(&agent, &status));
+        }
+        AgentMessage::Request(req) => {
+            // Another study's attempts are none of this one's (the
+            // scheduler compares study ids too): counted, nothing else.
+            let others: Vec<&TrialRef> = req.running.iter().filter(|t| of_another_study(cx.sched, t)).collect();
+            for t in others {
+                other_study(cx, &agent, "running attempt", t);
+            }
+            cx.effects.extend(cx.sched.request(&agent, &req));
+        }
+        AgentMessage::Progress(p) if of_another_study(cx.sched, &p.trial) => {
+            other_study(cx, &agent, "progress", &p.trial);
+        }
+        AgentMessage::Refuse(r) if of_another_study(cx.sched, &r.trial) => {
+            other_study(cx, &agent, "refusal", &r.trial);
+        }
+        AgentMessage::Progress(mut p) => {
+            if cx.sched.is_live(&agent, &p.trial) {
+                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get(&p.trial.study)) {
+                    if let Err(why) = usable_checkpoint(&a.study, reference) {
+                        cx.stats.refused_checkpoints += 1;
+                        if loud(cx.stats.refused_checkpoints) {
+                            tracing::warn!(agent = %agent, trial = %p.trial, checkpoint = ?reference, reason = %why, refused = cx.stats.refused_checkpoints, "checkpoint refused: not kept");
+                        }
+                        p.checkpoint = None;
+                    }
+                }
+                cx.batch.record_progress(&p)?;
+                if let Some(wp) = &p.profile {
+                    on_profile(cx, &agent, &p.trial, wp)?;
+                }
+                if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
+                    a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
+                }
+                early_stop(cx, &p);
+            }
+        }
+        AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
+        AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
+        AgentMessage::Telemetry(t) => {
+            cx.batch.record_telemetry(&agent, &t)?;
+            cx.telemetry.observe(&agent, Sample::of(&t, cx.now.engine_ms));
+        }
+        AgentMessage::Synced(n) => {
+            if cx.unsynced.get(&agent) == Some(&n) {
+                cx.unsynced.remove(&agent);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether `trial` names a study this coordinator runs but carries another
+/// study id: it belongs to another study of that name (another store).
+fn of_another_study(sched: &Scheduler, trial: &TrialRef) -> bool {
+    sched.study_id(&trial.study).is_some_and(|id| id != trial.study_id)
+}
+
+/// Counts (and logs the first of) references to another study of a name
+/// this coordinator runs.
+fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) {
+    cx.stats.other_study_refs += 1;
+    if loud(cx.stats.other_study_refs) {
+        tracing::warn!(agent = %agent, trial = %trial, study_id = format!("{:016x}", trial.study_id), what, count = cx.stats.other_study_refs, "another study of this name (another store): ignored");
+    }
+}
+
+/// A signed Hello: the cheap checks, then with what the store knows of the
+/// name the replay check and admission (a pinned key, a join token, or open
+/// enrolment) and their budgets, then the signatures; a new key is pinned,
+/// then a session and its Welcome.
+fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
+    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal| {
+        if matches!(e, HelloRefusal::RateLimited(_)) {
+            cx.stats.rate_limited_hellos += 1;
+            if loud(cx.stats.rate_limited_hellos) {
+                tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
+            }
+        } else {
+            cx.stats.refused_hellos += 1;
+            if loud(cx.stats.refused_hellos) {
+                tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
+            }
+        }
+    };
+    let peeked = cx.sessions.peek_hello(&agent, signed).and_then(|h| match crate::validate::agent_info(&h.info) {
+        Ok(()) => Ok(h),
+        Err(why) => Err(HelloRefusal::Invalid(why.to_string())),
+    });
+    let hello = match peeked {
+        Ok(h) => h,
+        Err(e) => {
+            refused(cx, e);
+            return Ok(());
+        }
+    };
+    let known = cx.batch.known(&agent)?;
+    let token = match (&known.pin, &hello.enrol) {
+        (None, Some(e)) => cx.batch.token(&e.token)?,
+        _ => None,
+    };
+    let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), cx.now.instant, now);
+    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d)));
+    let (admission, digest) = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            refused(cx, e);
+            return Ok(());
+        }
+    };
+    match &admission {
+        Admission::Known => {}
+        Admission::Token(public) => {
+            cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
+            tracing::info!(agent = %agent, key = %auth::hex(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
+        }
+        Admission::Open => {
+            cx.batch.enrol(&agent, &hello.key, None, now)?;
+            tracing::warn!(agent = %agent, key = %auth::hex(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
+        }
+    }
+    // The store first: a store error here undoes this Hello alone (its
+    // savepoint) before any session is opened.
+    cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
+    let mut info = hello.info.clone();
+    // The tags a join token granted are the agent's, whatever it claims.
+    info.tags.extend(cx.batch.granted_tags(&agent)?);
+    cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
+    cx.batch.upsert_agent(&info, now)?;
+    let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(agent = %agent, error = %e, "cannot open a session");
+            return Ok(());
+        }
+    };
+    tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
+    cx.agents_seen.insert(agent.clone());
+    cx.effects.extend(cx.sched.hello(info));
+    cx.welcomes.push((agent, payload));
+    Ok(())
+}
+
+/// An agent's Last Will: offline only if it is the will its session (or,
+/// after a coordinator restart, its last recorded session) committed to.
+fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result<(), EngineError> {
+    let genuine = match cx.sessions.will(&agent, will) {
+        WillCheck::Live => true,
+        WillCheck::NoSession => cx.batch.will_hash(&agent)?.is_some_and(|h| auth::will_matches(will, &h)),
+        WillCheck::Forged => {
+            cx.stats.forged_wills += 1;
+            tracing::warn!(agent = %agent, forged = cx.stats.forged_wills, "a Last Will that is not this session's: ignored");
+            return Ok(());
+        }
+    };
+    if !genuine {
+        // The retained will of an earlier session, seen again after a restart.
+        tracing::debug!(agent = %agent, "stale Last Will ignored");
+        return Ok(());
+    }
+    cx.batch.set_will_hash(&agent, None)?;
+    cx.batch.set_agent_online(&agent, false, now)?;
+    tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
+    cx.telemetry.forget(&agent);
+    cx.effects.extend(cx.sched.status(&agent, &AgentStatus { online: false, instance: will.instance }));
+    Ok(())
+}
+
+fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64) -> Result<(), EngineError> {
+    let TrialResult { trial, measurement, .. } = result;
+    let kind = match &measurement.exit {
+        ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
+        ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),
+        // A disturbed measurement is taken again only when the coordinator moves work.
+        _ if cx.remeasure && !measurement.interference.is_empty() => {
+            ResultKind::Interfered { success: measurement.exit.success(), reason: measurement.interference.join("; ") }
+        }
+        _ => ResultKind::Complete { success: measurement.exit.success() },
+    };
+    // Judged now, settled once the store has taken the result: a write that
+    // fails leaves the scheduler as it was (see `guarded`).
+    let judgement = cx.sched.judge(&agent, &trial, kind);
+    let verdict = judgement.verdict;
+    let mut outcome = AckOutcome::Stored;
+    let mut objective = None;
+    let mut stored = false;
+    // A result the scheduler cannot place is a duplicate only when it is of
+    // this study (its id), its trial is finished, and the store shows the
+    // attempt was given to this agent (this process or an earlier one on
+    // the same store): the agent deletes a result answered `Duplicate`.
+    let other = verdict == Verdict::Unknown && of_another_study(cx.sched, &trial);
+    let known = verdict == Verdict::Unknown
+        && !other
+        && cx.sched.is_finished(&trial.study, trial.trial)
+        && cx.batch.attempt_given(&trial, &agent)?;
+    match verdict {
+        Verdict::Unknown if other => {
+            other_study(cx, &agent, "result", &trial);
+            outcome = AckOutcome::Refused(format!(
+                "a result of another study of that name (another store): the study {} this coordinator runs has another id",
+                trial.study
+            ));
+        }
+        Verdict::Unknown if known => {
+            cx.stats.duplicate_results += 1;
+            tracing::info!(agent = %agent, trial = %trial, "result for a trial already finished: acknowledged as a duplicate");
+            outcome = AckOutcome::Duplicate;
+        }
+        Verdict::Unknown => {
+            cx.stats.unknown_results += 1;
+            let why = if cx.studies.contains_key(&trial.study) {
+                "this coordinator never gave that attempt to this agent"
+            } else {
+                "this coordinator does not run that study"
+            };
+            tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
+            outcome = AckOutcome::Refused(why.to_string());
+        }
+        Verdict::Remeasured => {
+            tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
+        }
+        Verdict::Retried => {
+            cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
+        }
+        // An attempt the trial moved on from (moved, lease expired) that was
+        // cancelled or never started: it ends; it is no result of the trial.
+        Verdict::Superseded if matches!(measurement.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
+            cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            cx.stats.superseded_results += 1;
+        }
+        Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
+            let active = cx.studies.get(&trial.study);
+            objective = active
+                .as_ref()
+                .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
+            stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)? == RecordOutcome::Stored;
+            if stored {
+                let system = measurement.selected.clone().or_else(|| {
+                    let plan = active?.plans.get(trial.trial as usize)?;
+                    Some(search::system_params(&plan.params))
+                });
+                cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
+            }
+            if cx.influx && stored {
+                let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
+                cx.batch.enqueue_points(&points, now)?;
+            }
+            match verdict {
+                Verdict::Duplicate => {
+                    cx.stats.duplicate_results += 1;
+                    outcome = AckOutcome::Duplicate;
+                }
+                Verdict::Superseded => cx.stats.superseded_results += 1,
+                _ => {}
+            }
+        }
+    }
+    // The store has everything this result decides: now the scheduler and memory.
+    cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
+    if verdict == Verdict::Accepted {
+        if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
+            if let Some(plan) = a.plans.get(trial.trial as usize) {
+                if measurement.exit != ExitOutcome::Cancelled {
+                    a.search.tell(&plan.params, v);
+                }
+            }
+            a.values.insert(trial.trial, v);
+            let dir: Direction = a.study.objective.direction;
+            if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
+                a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
+            }
+            // A savepoint costs two statements: only where there is a repeat to judge.
+            if a.study.stability.is_some() {
+                aside(cx, "an extra repeat", |cx| {
+                    let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+                    repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
+                })?;
+            }
+        }
+    }
+    // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
+    let probed =
+        measurement.window_profile.is_some() && cx.studies.get(&trial.study).is_some_and(|a| a.probe.is_some());
+    if stored && measurement.exit.success() && probed {
+        aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
+    }
+    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! The engine: one loop that turns broker events into scheduler decisions,
+//! store writes and messages to agents.
+//!
+//! This module is its async shell ([`Engine`]): it waits for broker events,
+//! control-socket requests and ticks, reads the clocks, hands each batch to
+//! the core ([`Core::turn`], no I/O but the store), and performs what the
+//! core returns: answers the requests, seals and publishes the messages,
+//! ticks the launcher, refreshes the retained status and the progress
+//! display. At the end it asks every agent to confirm delivery ([`Engine`]'s
+//! `sync`).
+//!
+//! Each turn takes every event that is waiting (up to a batch), applies them
+//! in one store transaction, commits, and only then sends assignments and
+//! result acknowledgements: an agent forgets a result only once it is on disk.
+//!
+//! Every frame is authenticated first ([`crate::auth`]); every message that
+//! passes is validated before it reaches the scheduler or the store
+//! ([`crate::validate`]). Bad input is counted, logged at a bounded rate and
+//! answered where the agent must act (a refused result is parked by the
+//! agent); it never ends the run. Each message is handled inside a
+//! savepoint of its own: a store error while handling it undoes only its
+//! writes (counted, logged, a result answered `Refused` so the agent parks
+//! it) and the turn goes on with the next.
+//!
+//! The rooms: [`core`] (a turn's decisions), `handle` (each inbound message),
+//! `learn` (reuse learning and refits), `active` (a running study).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::mpsc;
+use tunefleet_common::message::CoordinatorMessage;
+use tunefleet_common::topic::AgentTopic;
+
+use crate::auth::Sessions;
+use crate::control::Request;
+use crate::progress::Progress;
+use crate::store::Store;
+use crate::study::Study;
+use crate::transport::{Inbound, Outbox};
+
+mod active;
+pub mod core;
+mod handle;
+mod learn;
+#[cfg(test)]
+mod tests;
+
+pub use self::active::{Best, Summary};
+pub use self::core::{Core, EngineError, EngineStats, Now, Outgoing, Started, LEASE_GRACE};
+
+/// Most events applied in one store transaction.
+const MAX_BATCH: usize = 2048;
+/// How long a finishing coordinator waits for its agents to confirm that
+/// every acknowledgement it sent has arrived.
+pub const SYNC_GRACE: Duration = Duration::from_secs(5);
+
+/// The coordinator while it runs: the core, and what it talks through.
+pub struct Engine {
+    core: Core,
+    outbox: Outbox,
+    /// When the engine started: the core's clock counts from here.
+    epoch: Instant,
+    progress: Progress,
+    /// Agents sent something other than a Sync since this was last cleared.
+    sent_to: HashSet<String>,
+    /// Control-socket requests waiting for the next turn.
+    requests: Vec<Request>,
+    /// Starts agents while studies have work (`--launcher`).
+    launcher: Option<crate::launch::Launcher>,
+    /// When the status was last published again (engine clock).
+    status_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+impl Engine {
+    pub fn new(store: Store, outbox: Outbox, progress: Progress, sessions: Sessions) -> Self {
+        Engine {
+            core: Core::new(store, sessions),
+            outbox,
+            epoch: Instant::now(),
+            progress,
+            sent_to: HashSet::new(),
+            requests: Vec::new(),
+            launcher: None,
+            status_ms: 0,
+        }
+    }
+
+    /// Moves trials off agents the decider finds overloaded ([`crate::offload`]).
+    pub fn with_offload(mut self, policy: Option<crate::offload::Policy>) -> Self {
+        self.core = self.core.with_offload(policy);
+        self
+    }
+
+    /// Starts agents with `launcher` while studies have work.
+    pub fn with_launcher(mut self, launcher: Option<crate::launch::Launcher>) -> Self {
+        self.launcher = launcher;
+        self
+    }
+
+    /// Queues the points of every stored result in the store's InfluxDB
+    /// outbox, in the same transaction as the result.
+    pub fn with_influx(mut self, on: bool) -> Self {
+        self.core = self.core.with_influx(on);
+        self
+    }
+
+    /// The clocks, read once for a turn.
+    fn now(&self) -> Now {
+        Now { engine_ms: self.epoch.elapsed().as_millis() as u64, unix_ms: unix_ms(), instant: Instant::now() }
+    }
+
+    /// Creates the study in the store, or resumes it if it is there already
+    /// with the same configuration, and starts scheduling its trials.
+    pub fn start_study(&mut self, study: Study) -> Result<(), EngineError> {
+        let now = self.now();
+        let started = self.core.start_study(study, now)?;
+        self.progress.start(&started.study, started.total, started.done);
+        Ok(())
+    }
+
+    /// Runs until `study` has finished, the transport closes, or `shutdown` fires.
+    pub async fn run_study(
+        self,
+        study: &str,
+        inbound: mpsc::Receiver<Inbound>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Summary, EngineError> {
+        let mut summaries = self.run_studies(&[study.to_string()], inbound, shutdown).await?;
+        summaries.pop().ok_or(EngineError::TransportClosed)
+    }
+
+    /// Runs `studies` side by side on the fleet until every one has
+    /// finished, the transport closes, or `shutdown` fires; a summary per
+    /// study, in order.
+    pub async fn run_studies(
+        self,
+        studies: &[String],
+        inbound: mpsc::Receiver<Inbound>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
+        self.drive(Some(studies), inbound, None, shutdown).await
+    }
+
+    /// Runs as a service (`tunefleet serve`) until `shutdown`: studies
+    /// come and go through `requests` (the control socket), side by side
+    /// on the fleet; a summary per study it ran.
+    pub async fn serve(
+        self,
+        inbound: mpsc::Receiver<Inbound>,
+        requests: mpsc::Receiver<Request>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
+        self.drive(None, inbound, Some(requests), shutdown).await
+    }
+
+    /// The loop of [`Engine::run_studies`] (until `studies` finish) and of
+    /// [`Engine::serve`] (`studies` is `None`: until shutdown).
+    async fn drive(
+        mut self,
+        studies: Option<&[String]>,
+        mut inbound: mpsc::Receiver<Inbound>,
+        mut requests: Option<mpsc::Receiver<Request>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Vec<Summary>, EngineError> {
+        tokio::pin!(shutdown);
+        let mut ticker = tokio::time::interval(Duration::from_millis(250));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut events = Vec::with_capacity(MAX_BATCH);
+        let mut announced = HashSet::new();
+        loop {
+            let names: Vec<String> = match studies {
+                Some(s) => s.to_vec(),
+                None => self.core.studies.keys().cloned().collect(),
+            };
+            let finished: Vec<&String> =
+                names.iter().filter(|s| self.core.sched.counts(s).is_none_or(|c| c.finished())).collect();
+            for s in &finished {
+                if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
+                    let c = self.core.sched.counts(s).unwrap_or_default();
+                    // Scripts read this line: a campaign's progress per workload.
+                    self.progress.note(&format!(
+                        "finished: {s}: {}/{} trials done, {} failed, {} stopped ({} of {} studies finished)",
+                        c.done,
+                        c.total,
+                        c.failed,
+                        c.stopped,
+                        announced.len(),
+                        names.len()
+                    ));
+                    if studies.is_none() {
+                        self.core.finish_studies(&[s.as_str()], unix_ms())?;
+                    }
+                }
+            }
+            if studies.is_some() && finished.len() == names.len() {
+                break;
+            }
+            let mut tick = false;
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => {
+                    tracing::info!("shutting down: no more assignments");
+                    break;
+                }
+                r = next_request(&mut requests) => match r {
+                    Some(r) => self.requests.push(r),
+                    None => requests = None,
+                },
+                ev = inbound.recv() => match ev {
+                    Some(ev) => {
+                        events.push(ev);
+                        while events.len() < MAX_BATCH {
+                            match inbound.try_recv() {
+                                Ok(ev) => events.push(ev),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                    None => return Err(EngineError::TransportClosed),
+                },
+                _ = ticker.tick() => tick = true,
+            }
+            self.turn(&mut events, tick).await?;
+        }
+        self.sync(&mut inbound, SYNC_GRACE).await?;
+        let names: Vec<String> = match studies {
+            Some(s) => s.to_vec(),
+            None => {
+                let mut all: Vec<String> = self.core.studies.keys().cloned().collect();
+                all.sort();
+                all
+            }
+        };
+        let summaries: Vec<Summary> = names.iter().map(|s| self.core.summary(s, Instant::now())).collect();
+        // Finished: every trial ended and the search has no more (a study
+        // stopped before it made a trial is not finished).
+        let finished: Vec<&str> = summaries
+            .iter()
+            .map(|s| s.study.as_str())
+            .filter(|s| self.core.sched.counts(s).is_some_and(|c| c.finished()))
+            .collect();
+        self.core.finish_studies(&finished, unix_ms())?;
+        self.progress.finish();
+        if let Err(e) = self.outbox.close(SYNC_GRACE).await {
+            tracing::warn!(error = %e, "closing the MQTT connection");
+        }
+        Ok(summaries)
+    }
+
+    /// Asks every agent with a session to confirm that all sent before has
+    /// arrived (the acknowledgements above all), and waits for the answers
+    /// (at most `grace`), handling whatever else comes meanwhile: an agent
+    /// sent anything after it confirmed (the ack of a cancelled attempt's
+    /// result) is asked again. Agents answer once no trial they were told
+    /// to cancel is still running.
+    async fn sync(&mut self, inbound: &mut mpsc::Receiver<Inbound>, grace: Duration) -> Result<(), EngineError> {
+        let agents: Vec<String> = self.core.sessions.live_agents().map(str::to_string).collect();
+        self.sent_to = agents.into_iter().collect();
+        let deadline = tokio::time::Instant::now() + grace;
+        let mut events = Vec::new();
+        loop {
+            // Agents sent anything since their last Sync are asked (again): a
+            // newer Sync replaces the one still awaited.
+            let again: Vec<String> = self.sent_to.drain().filter(|a| self.core.sessions.is_live(a)).collect();
+            let nonce: u64 = rand::random();
+            let msgs: Vec<_> = again.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
+            self.core.unsynced.extend(again.into_iter().map(|a| (a, nonce)));
+            self.send(Vec::new(), msgs).await;
+            // An agent whose session ended (it went offline) has nothing more to confirm.
+            self.core.unsynced.retain(|a, _| self.core.sessions.is_live(a));
+            if self.core.unsynced.is_empty() {
+                break;
+            }
+            tokio::select! {
+                ev = inbound.recv() => match ev {
+                    Some(ev) => events.push(ev),
+                    None => break,
+                },
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(agents = ?self.core.unsynced.keys().collect::<Vec<_>>(), "agents did not confirm delivery in time");
+                    break;
+                }
+            }
+            self.turn(&mut events, false).await?;
+        }
+        Ok(())
+    }
+
+    /// Publishes Welcomes, then seals and publishes `msgs`.
+    async fn send(&mut self, welcomes: Vec<(String, Vec<u8>)>, msgs: Vec<(String, CoordinatorMessage)>) {
+        for (agent, payload) in welcomes {
+            if let Err(e) = self.outbox.send(&agent, AgentTopic::Welcome, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
+        for (agent, msg) in msgs {
+            if !matches!(msg, CoordinatorMessage::Sync(_)) {
+                self.sent_to.insert(agent.clone());
+            }
+            let (kind, payload) = match self.core.sessions.seal(&agent, &msg) {
+                Some(Ok(sealed)) => sealed,
+                Some(Err(e)) => {
+                    tracing::error!(agent = %agent, error = %e, "cannot seal a message");
+                    continue;
+                }
+                None => {
+                    tracing::debug!(agent = %agent, "no session: message not sent");
+                    continue;
+                }
+            };
+            if let Err(e) = self.outbox.send(&agent, kind, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
+    }
+
+    /// One turn: the core applies `events` and the waiting requests in one
+    /// transaction and commits; then the answers, the messages, the
+    /// launcher, the status and the progress display.
+    async fn turn(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<(), EngineError> {
+        let now = self.now();
+        let (asks, replies): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.requests).into_iter().map(|r| (r.ask, r.reply)).unzip();
+        let out = self.core.turn(events.drain(..), asks, tick, now)?;
+        for (reply, answer) in replies.into_iter().zip(out.answers) {
+            let _ = reply.send(answer);
+        }
+        for s in &out.started {
+            self.progress.start(&s.study, s.total, s.done);
+        }
+        if tick {
+            if let Some(launcher) = self.launcher.as_mut() {
+                let work = self.core.has_work();
+                let online: HashSet<&str> = self.core.sessions.live_agents().collect();
+                launcher.tick(now.engine_ms, work, &|name| online.contains(name));
+            }
+        }
+        self.send(out.welcomes, out.messages).await;
+        let refresh = crate::transport::STATUS_REFRESH.as_millis() as u64;
+        if tick && now.engine_ms >= self.status_ms + refresh {
+            self.status_ms = now.engine_ms;
+            if let Err(e) = self.outbox.refresh_status().await {
+                tracing::warn!(error = %e, "cannot publish the coordinator status again");
+            }
+        }
+        let core = &self.core;
+        for (name, active) in &core.studies {
+            if let Some(c) = core.sched.counts(name) {
+                let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
+                let update = crate::progress::Update {
+                    finished: c.done + c.failed + c.stopped,
+                    running: c.running,
+                    live_agents: core.sched.live_agents(),
+                    best,
+                };
+                self.progress.update(name, update);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The next control request, or never when there is no control socket.
+async fn next_request(requests: &mut Option<mpsc::Receiver<Request>>) -> Option<Request> {
+    match requests {
+        Some(r) => r.recv().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,236 @@
+//! Trials and their leases: each study's trial slots, the lease an
+//! attempt runs under, and the indexes by deadline and by agent that every
+//! lease keeps from [`StudyState::lease`] to [`StudyState::unlease`]; the
+//! expiry tick, stopping a trial, and giving up an agent's leases.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use tunefleet_common::message::TrialRef;
+
+use super::{Effect, Scheduler, StudyPolicy, AVOID_MS};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Lease {
+    pub(super) agent: String,
+    pub(super) attempt: u32,
+    pub(super) deadline_ms: u64,
+    /// Loaded from the store after a coordinator restart, not assigned by this process.
+    pub(super) restored: bool,
+    /// The agent's request this lease answered (0 when restored).
+    pub(super) seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum State {
+    Pending,
+    Running(Lease),
+    Done {
+        agent: String,
+        attempt: u32,
+    },
+    Failed,
+    /// Stopped early; `delivered` once the stopped attempt's result arrived.
+    Stopped {
+        agent: String,
+        attempt: u32,
+        delivered: bool,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct TrialSlot {
+    pub(super) state: State,
+    pub(super) last_attempt: u32,
+    pub(super) failures: u32,
+    /// Which agent ran which attempt: only these may deliver results.
+    pub(super) history: Vec<(u32, String)>,
+    /// Agents this trial was moved off, and until when (ms) it stays off them.
+    pub(super) avoid: Vec<(String, u64)>,
+    /// Measurements refused for interference so far.
+    pub(super) remeasures: u32,
+    /// Once moved or measured again: the device class it must stay in, so
+    /// its measurements stay comparable (and a checkpoint fits).
+    pub(super) class: Option<String>,
+}
+
+impl TrialSlot {
+    /// A trial in `state` that no attempt has touched yet.
+    pub(super) fn new(state: State) -> Self {
+        TrialSlot {
+            state,
+            last_attempt: 0,
+            failures: 0,
+            history: Vec::new(),
+            avoid: Vec::new(),
+            remeasures: 0,
+            class: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct StudyState {
+    pub(super) policy: StudyPolicy,
+    pub(super) trials: Vec<TrialSlot>,
+    pub(super) queue: VecDeque<u64>,
+    pub(super) finished: u64,
+    pub(super) failed: u64,
+    pub(super) stopped: u64,
+    /// The running trials by lease deadline: one entry per trial in
+    /// `State::Running`, so its length is the number running.
+    pub(super) deadlines: BTreeSet<(u64, u64)>,
+    /// The running trials by the agent holding their lease.
+    pub(super) held: HashMap<String, BTreeSet<u64>>,
+    /// Agents whose leases ended since the last turn (their withheld credit
+    /// is given back at the next [`Scheduler::assign`]).
+    pub(super) released: Vec<String>,
+    /// The credit of the ready agents that match the selector, so that
+    /// [`Scheduler::demand`] needs no scan.
+    pub(super) ready_credit: u64,
+    /// Leases restored from the store, by agent, until that agent's first request.
+    pub(super) restored: BTreeMap<String, Vec<u64>>,
+    /// More trials may still be added ([`Scheduler::add_trial`]): the study
+    /// is not finished even when every trial it has is.
+    pub(super) open: bool,
+}
+
+impl StudyState {
+    /// Trial `i` runs under `lease` (it was not running).
+    pub(super) fn lease(&mut self, i: u64, lease: Lease) {
+        let Some(slot) = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i)) else { return };
+        self.deadlines.insert((lease.deadline_ms, i));
+        match self.held.get_mut(&lease.agent) {
+            Some(trials) => {
+                trials.insert(i);
+            }
+            None => {
+                self.held.insert(lease.agent.clone(), BTreeSet::from([i]));
+            }
+        }
+        slot.state = State::Running(lease);
+    }
+
+    /// Takes the lease off trial `i`, if it runs: the trial is left
+    /// `Pending` (the caller says what it becomes) and out of the indexes.
+    pub(super) fn unlease(&mut self, i: u64) -> Option<Lease> {
+        let slot = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i))?;
+        if !matches!(slot.state, State::Running(_)) {
+            return None;
+        }
+        let State::Running(lease) = std::mem::replace(&mut slot.state, State::Pending) else { return None };
+        self.deadlines.remove(&(lease.deadline_ms, i));
+        if let Some(trials) = self.held.get_mut(&lease.agent) {
+            // An empty set stays (it allocates nothing): one per agent that ever held a lease here.
+            trials.remove(&i);
+        }
+        self.released.push(lease.agent.clone());
+        Some(lease)
+    }
+
+    /// How many trials run now.
+    pub(super) fn running(&self) -> u64 {
+        self.deadlines.len() as u64
+    }
+
+    /// The trials whose lease `agent` holds, in trial order.
+    pub(super) fn held_by(&self, agent: &str) -> Vec<u64> {
+        self.held.get(agent).map(|t| t.iter().copied().collect()).unwrap_or_default()
+    }
+
+    /// Ends the running attempt of trial `i` without a result: the trial is
+    /// queued again, or failed once it has used up its attempts.
+    pub(super) fn end_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<Effect> {
+        self.unlease(i)?;
+        let slot = self.trials.get_mut(usize::try_from(i).ok()?)?;
+        slot.failures += 1;
+        if slot.failures >= self.policy.max_attempts {
+            slot.state = State::Failed;
+            self.failed += 1;
+            Some(Effect::Failed { reason: format!("{} attempts failed, last: {reason}", slot.failures), trial })
+        } else {
+            // At the front: a recycled trial should not wait behind the whole study.
+            self.queue.push_front(i);
+            Some(Effect::Requeued { trial, reason })
+        }
+    }
+
+    /// Takes trial `i` off `agent` because of `why` without counting a
+    /// failure: queued again at the front, kept off `agent` for
+    /// [`AVOID_MS`] and, when `class` is known, in that device class.
+    pub(super) fn move_off(&mut self, i: u64, agent: &str, class: Option<String>, now_ms: u64) -> Option<Lease> {
+        let lease = self.unlease(i)?;
+        let slot = self.trials.get_mut(usize::try_from(i).ok()?)?;
+        slot.avoid.push((agent.to_string(), now_ms.saturating_add(AVOID_MS)));
+        slot.class = class;
+        self.queue.push_front(i);
+        Some(lease)
+    }
+}
+
+pub(super) fn trial_ref(policy: &StudyPolicy, trial: u64, attempt: u32) -> TrialRef {
+    TrialRef { study: policy.name.clone(), study_id: policy.id, trial, attempt }
+}
+
+impl StudyState {
+    /// Whether `trial` refers to this study: its name and its id.
+    pub(super) fn owns(&self, trial: &TrialRef) -> bool {
+        self.policy.name == trial.study && self.policy.id == trial.study_id
+    }
+}
+
+impl Scheduler {
+    /// Stops trial `trial` of `study` early: its running attempt is
+    /// cancelled, and it ends in a state of its own (neither done nor
+    /// failed, never retried). Nothing happens to a trial already final.
+    pub fn stop(&mut self, study: &str, trial: u64, reason: &str) -> Vec<Effect> {
+        let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) else { return Vec::new() };
+        let Some(slot) = s.trials.get(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
+        let mut effects = Vec::new();
+        let tr = trial_ref(&s.policy, trial, slot.last_attempt);
+        let was_pending = slot.state == State::Pending;
+        let stopped = match s.unlease(trial) {
+            Some(l) => {
+                effects.push(Effect::Cancel { agent: l.agent.clone(), trial: tr.clone(), reason: reason.to_string() });
+                State::Stopped { agent: l.agent, attempt: l.attempt, delivered: false }
+            }
+            None if was_pending => State::Stopped { agent: String::new(), attempt: 0, delivered: true },
+            None => return effects,
+        };
+        if let Some(slot) = s.trials.get_mut(usize::try_from(trial).unwrap_or(usize::MAX)) {
+            slot.state = stopped;
+        }
+        s.stopped += 1;
+        effects.push(Effect::Stopped { trial: tr, reason: reason.to_string() });
+        effects
+    }
+
+    /// Cancels and requeues every lease past its deadline.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            let mut due: Vec<u64> = study.deadlines.range(..=(now_ms, u64::MAX)).map(|&(_, i)| i).collect();
+            // In trial order, as a scan of the trials would find them.
+            due.sort_unstable();
+            for i in due {
+                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
+                let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy, i, l.attempt));
+                let reason = "lease expired".to_string();
+                effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
+                effects.extend(study.end_attempt(i, tr, reason));
+            }
+        }
+        effects
+    }
+
+    pub(super) fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        for study in &mut self.studies {
+            for i in study.held_by(agent) {
+                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
+                let tr = trial_ref(&study.policy, i, l.attempt);
+                effects.extend(study.end_attempt(i, tr, reason.into()));
+            }
+        }
+        effects
+    }
+}

@@ -1,0 +1,351 @@
+//! Scheduling decisions, as a pure state machine: plain values in, plain
+//! [`Effect`]s out, no sockets and no clocks (time is passed in as `now_ms`).
+//!
+//! * Pull: an agent's latest [`WorkRequest`] gives it credit (free slots);
+//!   every assignment spends one. An agent never gets more than it asked for,
+//!   nor more leases at once than the slots its Hello announced.
+//! * Every assignment is a lease on one attempt of one trial. An agent that
+//!   goes offline, or comes back as a new process, loses its leases and the
+//!   trials go back to the queue at once; a lease past its deadline is
+//!   cancelled and requeued. After `max_attempts` failed attempts a trial fails.
+//! * Results are idempotent by trial and attempt. The first result of any
+//!   attempt really handed to that agent completes the trial (a result that
+//!   arrives after its agent was presumed dead is still a good result; the
+//!   newer attempt is then cancelled); any later one is a duplicate or superseded.
+//!   A trial failed because its attempts ran out has no result yet: the late
+//!   result of one of those attempts completes it too, once.
+//!
+//! No event scans every trial or every agent. Each study indexes its leases
+//! by deadline (an ordered set of `(deadline, trial)`: the expiry tick reads
+//! only the leases that are due, and a lease that ends leaves it at once) and
+//! by agent (an agent going offline, restarting or overloaded touches only
+//! its own); the scheduler keeps the set of agents that have credit (a turn
+//! visits only them) and a count of the live ones. Every lease starts in
+//! `StudyState::lease` and ends in `StudyState::unlease`, which keep the
+//! study's indexes; `Scheduler::sync_agent` keeps the fleet's after every
+//! change to an agent. A property test checks them all against a full scan
+//! after any sequence of events.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+
+use tunefleet_common::message::{AgentInfo, TrialRef};
+
+pub use crate::study::Selector;
+
+mod fleet;
+mod lease;
+mod placement;
+mod results;
+#[cfg(test)]
+mod tests;
+
+use fleet::AgentState;
+use lease::{Lease, State, StudyState, TrialSlot};
+
+/// What the scheduler needs to know of a study.
+#[derive(Debug, Clone)]
+pub struct StudyPolicy {
+    pub name: String,
+    /// The random id the store keeps for the study: every trial reference
+    /// carries it, and one with another id is of another study of that name.
+    pub id: u64,
+    pub selector: Selector,
+    pub max_attempts: u32,
+    /// How long an attempt may hold its lease (trial timeout plus a grace).
+    pub lease_ms: u64,
+}
+
+/// A trial's state when a study is (re)loaded from the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restored {
+    Pending { last_attempt: u32, failures: u32 },
+    Running { agent: String, attempt: u32, failures: u32 },
+    Done,
+    Failed,
+    Stopped,
+}
+
+/// What the engine must do because of a decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// Send this attempt to this agent (and record the assignment).
+    Assign { agent: String, trial: TrialRef, request_seq: u64 },
+    /// Tell this agent to stop this attempt.
+    Cancel { agent: String, trial: TrialRef, reason: String },
+    /// This attempt ended without a usable result; the trial is queued again.
+    Requeued { trial: TrialRef, reason: String },
+    /// The trial has used up its attempts.
+    Failed { trial: TrialRef, reason: String },
+    /// The trial was stopped early (final, not a failure, never retried).
+    Stopped { trial: TrialRef, reason: String },
+    /// This attempt was taken off `from` (overloaded, or its measurement
+    /// disturbed): the trial is queued again, not counted as a failure, and
+    /// kept off `from` for a while.
+    Moved { trial: TrialRef, from: String, reason: String },
+}
+
+/// How a result relates to what the scheduler knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The trial is complete with this result.
+    Accepted,
+    /// This very attempt's result was already accepted.
+    Duplicate,
+    /// Another attempt's result was accepted first; keep this one as such.
+    Superseded,
+    /// The attempt failed for reasons of its own (could not start, cancelled): retried.
+    Retried,
+    /// No such study, trial, or attempt of this agent: refuse it.
+    Unknown,
+    /// The measurement was disturbed (load from outside, the device's
+    /// conditions): the trial is measured again elsewhere.
+    Remeasured,
+}
+
+/// A result's verdict and what it does to its trial, from
+/// [`Scheduler::judge`], done by [`Scheduler::settle`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Judgement {
+    pub verdict: Verdict,
+    change: Change,
+    agent: String,
+    trial: TrialRef,
+}
+
+/// What settling a judgement changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Change {
+    Nothing,
+    /// A stopped attempt's own result arrived.
+    Delivered,
+    /// Measured again elsewhere, for this reason.
+    Remeasure(String),
+    /// The attempt ended without a result, for this reason.
+    Retry(String),
+    /// The trial is done; `revive` when it had failed for want of a result.
+    Complete {
+        success: bool,
+        revive: bool,
+        this_is_live: bool,
+    },
+}
+
+/// Whether a result completes its trial or asks for another attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResultKind {
+    /// The workload ran; `success` is false when it exited non-zero or was killed.
+    Complete {
+        success: bool,
+    },
+    Retry(String),
+    /// The workload ran, but its measurement says it was disturbed.
+    Interfered {
+        success: bool,
+        reason: String,
+    },
+}
+
+/// Measurements refused for interference before a disturbed one is taken.
+pub const MAX_REMEASURES: u32 = 2;
+/// How long a trial moved off an agent stays off it.
+pub const AVOID_MS: u64 = 60_000;
+
+/// Progress of one study.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StudyCounts {
+    pub total: u64,
+    pub done: u64,
+    pub failed: u64,
+    pub running: u64,
+    /// Stopped early: final, neither done nor failed.
+    pub stopped: u64,
+    /// More trials may still come.
+    pub open: bool,
+}
+
+impl StudyCounts {
+    /// Every trial is final and no more will be added.
+    pub fn finished(&self) -> bool {
+        !self.open && self.done + self.failed + self.stopped == self.total
+    }
+}
+
+/// The scheduler.
+#[derive(Debug, Default)]
+pub struct Scheduler {
+    studies: Vec<StudyState>,
+    agents: BTreeMap<String, AgentState>,
+    /// Agents online, announced and with credit: the only ones a turn visits.
+    ready: BTreeSet<Arc<str>>,
+    /// Agents online and announced.
+    live: usize,
+    /// Round-robin start among agents (the ready agent a turn began with),
+    /// so work spreads across the fleet.
+    next_agent: Arc<str>,
+    /// Round-robin start among studies, so studies that share agents share
+    /// them fairly: each free slot goes to the next study with work for it.
+    next_study: usize,
+}
+
+impl Scheduler {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a study whose trials `0..states.len()` are in the given states.
+    pub fn add_study(&mut self, policy: StudyPolicy, states: Vec<Restored>, now_ms: u64) {
+        self.studies.retain(|s| s.policy.name != policy.name);
+        let mut study = StudyState {
+            trials: Vec::with_capacity(states.len()),
+            queue: VecDeque::new(),
+            finished: 0,
+            failed: 0,
+            stopped: 0,
+            deadlines: BTreeSet::new(),
+            held: HashMap::new(),
+            released: Vec::new(),
+            ready_credit: 0,
+            restored: BTreeMap::new(),
+            open: false,
+            policy,
+        };
+        for (i, restored) in states.into_iter().enumerate() {
+            let i = i as u64;
+            let slot = match restored {
+                Restored::Pending { last_attempt, failures } => {
+                    study.queue.push_back(i);
+                    TrialSlot { last_attempt, failures, ..TrialSlot::new(State::Pending) }
+                }
+                Restored::Running { agent, attempt, failures } => {
+                    study.restored.entry(agent.clone()).or_default().push(i);
+                    let lease = Lease {
+                        agent: agent.clone(),
+                        attempt,
+                        deadline_ms: now_ms + study.policy.lease_ms,
+                        restored: true,
+                        seq: 0,
+                    };
+                    let slot = TrialSlot {
+                        last_attempt: attempt,
+                        failures,
+                        history: vec![(attempt, agent)],
+                        ..TrialSlot::new(State::Pending)
+                    };
+                    study.trials.push(slot);
+                    study.lease(i, lease);
+                    continue;
+                }
+                Restored::Done => {
+                    study.finished += 1;
+                    TrialSlot::new(State::Done { agent: String::new(), attempt: 0 })
+                }
+                Restored::Failed => {
+                    study.failed += 1;
+                    TrialSlot::new(State::Failed)
+                }
+                Restored::Stopped => {
+                    study.stopped += 1;
+                    TrialSlot::new(State::Stopped { agent: String::new(), attempt: 0, delivered: true })
+                }
+            };
+            study.trials.push(slot);
+        }
+        study.ready_credit = self
+            .ready
+            .iter()
+            .filter_map(|name| self.agents.get(&**name))
+            .filter(|a| a.info.as_ref().is_some_and(|i| study.policy.selector.matches(i)))
+            .map(|a| u64::from(a.counted))
+            .sum();
+        self.studies.push(study);
+    }
+
+    /// Says whether trials may still be added to `study` (a study is
+    /// closed when added: all its trials are known).
+    pub fn set_open(&mut self, study: &str, open: bool) {
+        if let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) {
+            s.open = open;
+        }
+    }
+
+    /// Adds a pending trial to `study` and returns its id (the next one).
+    pub fn add_trial(&mut self, study: &str) -> Option<u64> {
+        let s = self.studies.iter_mut().find(|s| s.policy.name == study)?;
+        let id = s.trials.len() as u64;
+        s.trials.push(TrialSlot::new(State::Pending));
+        s.queue.push_back(id);
+        Some(id)
+    }
+
+    /// How many more trials `study` could hand out now: the free slots of
+    /// the live agents that match it, less the trials already queued.
+    pub fn demand(&self, study: &str) -> u64 {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
+        s.ready_credit.saturating_sub(s.queue.len() as u64)
+    }
+
+    /// Drops a finished study from memory.
+    pub fn remove_study(&mut self, name: &str) {
+        self.studies.retain(|s| s.policy.name != name);
+    }
+
+    pub fn counts(&self, study: &str) -> Option<StudyCounts> {
+        let s = self.studies.iter().find(|s| s.policy.name == study)?;
+        Some(StudyCounts {
+            total: s.trials.len() as u64,
+            done: s.finished,
+            failed: s.failed,
+            running: s.running(),
+            stopped: s.stopped,
+            open: s.open,
+        })
+    }
+
+    /// Agents that are online and have said who they are.
+    pub fn live_agents(&self) -> usize {
+        self.live
+    }
+
+    /// The device class of `agent`, once it said what it is.
+    pub fn agent_class(&self, agent: &str) -> Option<String> {
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).map(AgentInfo::device_class)
+    }
+
+    /// Whether `study`'s selector admits `agent` as it last described
+    /// itself: what reuse may learn from (an unknown study or agent, no).
+    pub fn admits(&self, study: &str, agent: &str) -> bool {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return false };
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).is_some_and(|i| s.policy.selector.matches(i))
+    }
+
+    /// Agents connected and matching `study`'s selector.
+    pub fn eligible_agents(&self, study: &str) -> usize {
+        let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
+        self.agents
+            .values()
+            .filter(|a| a.online && a.info.as_ref().is_some_and(|i| s.policy.selector.matches(i)))
+            .count()
+    }
+
+    /// Whether `trial` is the live attempt of `agent` (progress worth recording).
+    pub fn is_live(&self, agent: &str, trial: &TrialRef) -> bool {
+        self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize)).is_some_and(
+            |slot| matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt),
+        )
+    }
+
+    /// The id of the study named `name` that this scheduler runs.
+    pub fn study_id(&self, name: &str) -> Option<u64> {
+        self.studies.iter().find(|s| s.policy.name == name).map(|s| s.policy.id)
+    }
+
+    /// Whether trial `trial` of `study` is done or failed for good.
+    pub fn is_finished(&self, study: &str, trial: u64) -> bool {
+        self.studies
+            .iter()
+            .find(|s| s.policy.name == study)
+            .and_then(|s| s.trials.get(usize::try_from(trial).ok()?))
+            .is_some_and(|slot| matches!(slot.state, State::Done { .. } | State::Failed | State::Stopped { .. }))
+    }
+}

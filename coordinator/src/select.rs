@@ -1,0 +1,78 @@
+//! Which agents may run a study's trials: a [`Selector`] (the study's
+//! `[selector]`, or a group's) matched against what an agent says it is in
+//! its Hello. A scheduling rule, beside [`crate::sched`]; the study file
+//! only says what is asked for ([`crate::study`]).
+
+use tunefleet_common::message::AgentInfo;
+
+use crate::study::Selector;
+
+impl Selector {
+    /// True when `agent` may run trials of the study.
+    pub fn matches(&self, agent: &AgentInfo) -> bool {
+        (self.arch.is_empty() || self.arch.contains(&agent.arch))
+            && self.tags.iter().all(|(k, v)| agent.tags.get(k) == Some(v))
+            && (self.energy.is_empty() || agent.energy.iter().any(|e| e.readable && self.energy.contains(&e.kind)))
+            && self.min_cores.is_none_or(|n| agent.cores >= n)
+            && self.min_memory_mib.is_none_or(|m| agent.memory_bytes >= m.saturating_mul(1 << 20))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use tunefleet_common::measurement::EnergySourceKind;
+    use tunefleet_common::message::EnergySourceInfo;
+
+    use super::*;
+
+    /// The selector of a study that runs on the `demo` pool's x86 and ARM agents.
+    fn demo() -> Selector {
+        Selector {
+            arch: vec!["x86_64".into(), "aarch64".into()],
+            tags: BTreeMap::from([("pool".to_string(), "demo".to_string())]),
+            ..Selector::default()
+        }
+    }
+
+    #[test]
+    fn selectors_match_energy_sources_cores_and_memory() {
+        let s = Selector {
+            energy: vec![EnergySourceKind::Rapl, EnergySourceKind::Hwmon],
+            min_cores: Some(4),
+            min_memory_mib: Some(2048),
+            ..demo()
+        };
+        let mut agent = AgentInfo::minimal("a", 1);
+        agent.arch = "aarch64".into();
+        agent.tags.insert("pool".into(), "demo".into());
+        agent.cores = 8;
+        agent.memory_bytes = 4 << 30;
+        let source = |kind, readable| EnergySourceInfo { kind, domains: vec![], readable, note: None };
+        agent.energy = vec![source(EnergySourceKind::Rapl, false), source(EnergySourceKind::Estimated, true)];
+        assert!(!s.matches(&agent), "RAPL present but not readable");
+        agent.energy.push(source(EnergySourceKind::Hwmon, true));
+        assert!(s.matches(&agent));
+        agent.cores = 2;
+        assert!(!s.matches(&agent), "too few cores");
+        agent.cores = 4;
+        agent.memory_bytes = 1 << 30;
+        assert!(!s.matches(&agent), "too little memory");
+    }
+
+    #[test]
+    fn selector_matches_arch_and_tags() {
+        let s = demo();
+        let mut agent = AgentInfo::minimal("a", 1);
+        agent.arch = "aarch64".into();
+        agent.tags.insert("pool".into(), "demo".into());
+        assert!(s.matches(&agent));
+        agent.arch = "riscv64".into();
+        assert!(!s.matches(&agent));
+        agent.arch = "x86_64".into();
+        agent.tags.clear();
+        assert!(!s.matches(&agent));
+        assert!(Selector::default().matches(&agent));
+    }
+}

@@ -1,0 +1,41 @@
+//! Study files: the TOML description of a tuning study, parsed and validated
+//! before anything starts.
+//!
+//! Every problem is reported with the file name, line and column it refers
+//! to (`study.toml:14:7: hyper.lr: low (2) must be below high (1)`). Unknown
+//! keys are refused everywhere, so a typo never silently falls back to a
+//! default. The parsed [`Study`] keeps the original text in
+//! [`Study::source`], so the store can record it and a resumed study can be
+//! compared with the one that was started.
+//!
+//! `model` holds the types, `raw` the file as written (serde mirrors with
+//! spans), `validate` the check from one to the other, `error` what it
+//! reports. Which agents a
+//! [`Selector`] admits is a scheduling rule: [`crate::select`].
+
+use std::path::Path;
+
+mod error;
+mod model;
+mod raw;
+mod validate;
+
+pub use error::{Location, StudyError};
+pub use model::*;
+pub use validate::{valid_param_name, valid_study_name};
+
+/// Reads and validates the study file at `path`.
+pub fn load(path: &Path) -> Result<Study, StudyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| StudyError::Read { path: path.to_path_buf(), source })?;
+    parse(&text, &path.display().to_string())
+}
+
+/// Parses and validates study text; `origin` names it in error messages.
+pub fn parse(text: &str, origin: &str) -> Result<Study, StudyError> {
+    let ctx = validate::Ctx { origin, text };
+    let raw: raw::RawStudy = toml::from_str(text).map_err(|e| ctx.toml(&e))?;
+    ctx.validate(raw)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,406 @@
+//! The model of a study: the validated [`Study`] and its parts, as the
+//! search strategies, the scheduler and the engine read them. Plain types;
+//! [`super::validate`] builds them from the file's [`super::raw`] mirror.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use tunefleet_common::measurement::{EnergySourceKind, Measurement, SegmentRole};
+use tunefleet_common::message::{Select, WindowUnit};
+use tunefleet_common::params::ParamValue;
+
+/// Placeholders every command template may use besides the parameters.
+pub const BUILTINS: [&str; 4] = ["study", "trial", "attempt", "repeat"];
+
+/// Placeholders a `resume` template may use besides the command's.
+pub const RESUME_BUILTINS: [&str; 2] = ["checkpoint", "checkpoint_epoch"];
+
+/// Default seconds per trial attempt.
+pub const DEFAULT_TIMEOUT_S: u64 = 600;
+/// Default attempts before a trial is failed.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+/// Default number of grid points of a float or log_float parameter.
+pub const DEFAULT_GRID_POINTS: u32 = 5;
+/// Most trials a study may plan (the plan is kept in memory and in the store).
+pub const MAX_BUDGET: u64 = 10_000_000;
+/// Longest study or parameter name.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// Whether the objective is to be made small or large.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    Minimize,
+    Maximize,
+}
+
+impl Direction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Minimize => "minimize",
+            Direction::Maximize => "maximize",
+        }
+    }
+
+    /// Parses `minimize` or `maximize`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "minimize" => Some(Direction::Minimize),
+            "maximize" => Some(Direction::Maximize),
+            _ => None,
+        }
+    }
+
+    /// True when `a` is a better objective value than `b`.
+    pub fn better(self, a: f64, b: f64) -> bool {
+        match self {
+            Direction::Minimize => a < b,
+            Direction::Maximize => a > b,
+        }
+    }
+}
+
+impl fmt::Display for Direction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a study optimises.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Objective {
+    /// A metric the workload reports, or `wall_time`, `cpu_time`, `energy`.
+    pub metric: String,
+    pub direction: Direction,
+    /// Further objectives, minimised: the study's result is then the Pareto
+    /// front of the metric and these (`tunefleet best --pareto`). Search
+    /// strategies and early stopping follow `metric` alone.
+    pub also: Vec<Secondary>,
+    /// How a trial's value of `metric` is read.
+    pub aggregate: Aggregate,
+}
+
+/// How a trial's objective is read from its measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Aggregate {
+    /// The workload's final value (its `final` line, else its last epoch):
+    /// a model's accuracy or loss.
+    #[default]
+    Final,
+    /// The mean of the metric over the epochs run under the configuration
+    /// the trial kept: a pipelined trial's `Selected` segment, every epoch
+    /// but the first of any other trial (the first carries start-up). For a
+    /// performance metric (bandwidth, throughput), which the probe windows
+    /// of a pipelined trial would otherwise mix in.
+    KeptMean,
+}
+
+/// A measured quantity a multi-objective study also minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Secondary {
+    /// Joules of the trial (valid readings only).
+    Energy,
+    /// Seconds of the trial, start to exit.
+    WallTime,
+}
+
+impl Secondary {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Secondary::Energy => "energy",
+            Secondary::WallTime => "wall_time",
+        }
+    }
+}
+
+/// How trial configurations are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Strategy {
+    /// The cartesian product of every parameter's grid, in a stable order.
+    Grid,
+    /// Seeded sampling: the same seed gives the same trials.
+    Random { seed: u64 },
+    /// Tree-structured Parzen Estimator (Optuna's default), seeded: learns
+    /// from each result which regions to sample next.
+    Tpe { seed: u64 },
+}
+
+/// Which agents may run the trials of a study.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Selector {
+    /// Any of these architectures; empty means any.
+    pub arch: Vec<String>,
+    /// All of these tags must match the agent's tags.
+    pub tags: BTreeMap<String, String>,
+    /// Any of these energy sources, readable on the agent; empty means any.
+    #[serde(serialize_with = "energy_names")]
+    pub energy: Vec<EnergySourceKind>,
+    /// At least this many CPUs.
+    pub min_cores: Option<u32>,
+    /// At least this much memory, in MiB.
+    pub min_memory_mib: Option<u64>,
+}
+
+/// Energy sources by the names a study file gives them (`rapl`, not `Rapl`).
+fn energy_names<S: serde::Serializer>(kinds: &[EnergySourceKind], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(kinds.iter().map(|k| k.as_str()))
+}
+
+/// A device group of a study: its own selector (the study's, with what the
+/// group says instead) and budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Group {
+    pub name: String,
+    pub selector: Selector,
+    pub budget: u64,
+}
+
+impl Selector {
+    /// This selector narrowed by a group's: the group's architectures and
+    /// energy sources when it names any, both sets of tags, the larger minimums.
+    pub fn within(&self, group: Selector) -> Selector {
+        let mut tags = self.tags.clone();
+        tags.extend(group.tags);
+        Selector {
+            arch: if group.arch.is_empty() { self.arch.clone() } else { group.arch },
+            tags,
+            energy: if group.energy.is_empty() { self.energy.clone() } else { group.energy },
+            min_cores: group.min_cores.max(self.min_cores),
+            min_memory_mib: group.min_memory_mib.max(self.min_memory_mib),
+        }
+    }
+}
+
+/// The domain of one parameter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ParamSpec {
+    /// One of these values (non-empty, no duplicates).
+    Categorical { values: Vec<ParamValue> },
+    /// `low, low + step, ...` up to and including `high` when on the lattice.
+    Int { low: i64, high: i64, step: i64 },
+    /// Uniform between `low` and `high`; `grid` points for the grid strategy.
+    Float { low: f64, high: f64, grid: u32 },
+    /// Log-uniform between `low > 0` and `high`; `grid` geometric points.
+    LogFloat { low: f64, high: f64, grid: u32 },
+}
+
+/// A system parameter the agent applies for real.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemParam {
+    /// CPUs the process tree is pinned to.
+    Cores,
+    /// OMP_NUM_THREADS and friends.
+    Threads,
+    /// Memory limit in MiB.
+    Memory,
+}
+
+impl SystemParam {
+    pub const ALL: [SystemParam; 3] = [SystemParam::Cores, SystemParam::Threads, SystemParam::Memory];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SystemParam::Cores => "cores",
+            SystemParam::Threads => "threads",
+            SystemParam::Memory => "memory",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        SystemParam::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+impl fmt::Display for SystemParam {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which system configurations a pipelined trial probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProbeOrder {
+    /// PipeTune's: the default configuration, then each other value of one
+    /// parameter at a time with the others at their default.
+    OneAtATime,
+    /// Every combination, the default first.
+    Grid,
+}
+
+/// `[pipeline] mode = "pipelined"`: system parameters are probed inside
+/// each trial instead of being searched across trials.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pipelined {
+    pub probe: ProbeOrder,
+    /// Units (epochs or steps) per probe window.
+    pub window: u32,
+    /// Units under the default configuration before the first window.
+    pub warmup: u32,
+    pub unit: WindowUnit,
+    pub select: Select,
+    /// The workload speaks the control channel (live thread counts).
+    pub control: bool,
+}
+
+/// `[early_stopping] kind = "asha"`: asynchronous successive halving on
+/// the objective as trials report it epoch by epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct EarlyStopping {
+    /// Keep the best `1 / reduction` at each rung (default 3).
+    pub reduction: u32,
+    /// Epochs before the first rung (default 1).
+    pub grace: u32,
+}
+
+/// `[stability]`: measure each configuration again until its objective is
+/// stable: after `repeats` runs, another one while the coefficient of
+/// variation (standard deviation over the absolute mean) of its values is
+/// above `spread`, up to `max_repeats` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Stability {
+    pub spread: f64,
+    pub max_repeats: u32,
+}
+
+/// `[reuse]` of a study: see [`crate::reuse`] and docs/STUDY.md.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReusePolicy {
+    /// Reuse configurations (profiles are learned either way).
+    pub enabled: bool,
+    /// Hyper-parameters whose values must match for a configuration to be
+    /// reused (a batch size changes what is best).
+    pub group: Vec<String>,
+    pub radius_factor: f64,
+    pub min_threshold: f64,
+    /// How much slower (relative) a reused configuration may run than its
+    /// record before the cluster is probed again.
+    pub verify_bound: f64,
+}
+
+impl Default for ReusePolicy {
+    fn default() -> Self {
+        ReusePolicy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: 0.5 }
+    }
+}
+
+/// A validated study.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Study {
+    pub name: String,
+    /// argv template; `{name}` placeholders name parameters or builtins.
+    pub command: Vec<String>,
+    /// Environment templates, added to the workload's environment.
+    pub env: BTreeMap<String, String>,
+    /// Arguments appended to `command` when a trial goes on from the
+    /// checkpoint its workload reported (a trial moved off an overloaded
+    /// agent); they may use `{checkpoint}` and `{checkpoint_epoch}`.
+    pub resume: Vec<String>,
+    /// Where checkpoints must be (`resume_prefix`): a checkpoint an agent
+    /// reports elsewhere is refused and never resumed from.
+    pub resume_prefix: Option<String>,
+    /// Seconds per trial attempt.
+    pub timeout_s: u64,
+    /// Runs of each configuration.
+    pub repeats: u32,
+    /// Attempts before a trial is failed.
+    pub max_attempts: u32,
+    pub objective: Objective,
+    /// Trials to run, repeats included.
+    pub budget: u64,
+    pub strategy: Strategy,
+    pub selector: Selector,
+    pub hyper: BTreeMap<String, ParamSpec>,
+    pub system: BTreeMap<SystemParam, ParamSpec>,
+    pub early_stopping: Option<EarlyStopping>,
+    pub stability: Option<Stability>,
+    /// Pipelined mode; `None`: sequential (a trial per hyper x system configuration).
+    pub pipeline: Option<Pipelined>,
+    /// `[reuse]`: configurations known good for jobs that profile alike
+    /// ([`crate::reuse`]); pipelined studies only.
+    pub reuse: ReusePolicy,
+    /// `[[group]]`: device groups (phones, Graviton, x86...) tuned apart,
+    /// each with its selector and budget; see [`Study::expand`].
+    pub groups: Vec<Group>,
+    /// Where the study was read from (a path or `<stdin>`), for messages.
+    pub origin: String,
+    /// The study file exactly as it was read.
+    pub source: String,
+}
+
+impl Study {
+    /// The studies this file runs as: itself, or with `[[group]]`s one per
+    /// group, named `STUDY-GROUP`, with the group's selector and budget and
+    /// everything else the same (each reports apart, side by side on the
+    /// fleet). The stored configuration is the whole file, so a resumed
+    /// group study finds itself again with [`Study::expand`].
+    pub fn expand(&self) -> Vec<Study> {
+        if self.groups.is_empty() {
+            return vec![self.clone()];
+        }
+        self.groups
+            .iter()
+            .map(|g| Study {
+                name: format!("{}-{}", self.name, g.name),
+                selector: g.selector.clone(),
+                budget: g.budget,
+                groups: Vec::new(),
+                ..self.clone()
+            })
+            .collect()
+    }
+
+    /// Every parameter in the stable order used by the search strategies:
+    /// hyper-parameters by name, then system parameters (cores, threads, memory).
+    pub fn parameters(&self) -> impl Iterator<Item = (&str, &ParamSpec)> {
+        self.hyper.iter().map(|(k, v)| (k.as_str(), v)).chain(self.system.iter().map(|(k, v)| (k.as_str(), v)))
+    }
+
+    /// The parameters the search strategy chooses, in the order of
+    /// [`Study::parameters`].
+    /// In pipelined mode only the hyper-parameters: system parameters are
+    /// probed inside each trial.
+    pub fn searched(&self) -> Vec<(String, ParamSpec)> {
+        if self.pipeline.is_some() {
+            return self.hyper.iter().map(|(name, spec)| (name.clone(), spec.clone())).collect();
+        }
+        self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
+    }
+
+    /// A successful measurement's objective value, as `objective.aggregate` says.
+    pub fn objective_value(&self, m: &Measurement) -> Option<f64> {
+        let metric = &self.objective.metric;
+        match self.objective.aggregate {
+            Aggregate::Final => m.objective_value(metric),
+            Aggregate::KeptMean => {
+                let kept = m.segments.iter().rev().find(|s| s.role == SegmentRole::Selected);
+                let (first, last) = match kept {
+                    Some(s) => (s.first_epoch, s.last_epoch),
+                    None => (2, u32::MAX),
+                };
+                let values: Vec<f64> = m
+                    .epochs
+                    .iter()
+                    .filter(|e| (first..=last).contains(&e.epoch))
+                    .filter_map(|e| e.metrics.get(metric).copied())
+                    .collect();
+                if values.is_empty() {
+                    // Too short to have kept epochs: the final value.
+                    return m.objective_value(metric);
+                }
+                Some(values.iter().sum::<f64>() / values.len() as f64)
+            }
+        }
+    }
+
+    /// Timeout of one attempt in milliseconds.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_s.saturating_mul(1000)
+    }
+}

@@ -1,0 +1,406 @@
+//! Tests of study files: parsing, validation messages and the model's rules.
+
+use std::path::Path;
+
+use tunefleet_common::measurement::{EnergySourceKind, Measurement, SegmentRole};
+use tunefleet_common::message::Select;
+use tunefleet_common::params::ParamValue;
+
+use super::*;
+
+const EXAMPLE: &str = r#"name = "train-example"
+command = ["tunefleet-train", "--lr", "{lr}", "--batch-size", "{batch_size}", "--epochs", "6"]
+env = { TUNEFLEET_SEED = "{trial}" }
+timeout = 120
+repeats = 1
+max_attempts = 3
+
+[objective]
+metric = "accuracy"
+direction = "maximize"
+
+[budget]
+trials = 12
+
+[strategy]
+kind = "random"
+seed = 7
+
+[selector]
+arch = ["x86_64", "aarch64"]
+tags = { pool = "demo" }
+
+[hyper.lr]
+kind = "log_float"
+low = 0.01
+high = 1.0
+grid = 4
+
+[hyper.batch_size]
+kind = "categorical"
+values = [16, 64, 256]
+
+[system.threads]
+kind = "int"
+low = 1
+high = 2
+step = 1
+"#;
+
+fn err(text: &str) -> StudyError {
+    parse(text, "study.toml").expect_err("should be refused")
+}
+
+#[test]
+fn resume_prefix_is_a_plain_prefix_and_needs_resume() {
+    let with = |extra: &str| edited("timeout = 120", &format!("timeout = 120\n{extra}"));
+    let ok = parse(&with("resume = [\"--resume\", \"{checkpoint}\"]\nresume_prefix = \"s3://bucket/ckpt/\""), "s.toml")
+        .expect("parses");
+    assert_eq!(ok.resume_prefix.as_deref(), Some("s3://bucket/ckpt/"));
+    assert_eq!(parse(EXAMPLE, "s.toml").expect("parses").resume_prefix, None);
+    assert!(err(&with("resume_prefix = \"s3://b/\"")).to_string().contains("needs resume"));
+    let dash = err(&with("resume = [\"{checkpoint}\"]\nresume_prefix = \"--x\""));
+    assert!(dash.to_string().contains("resume_prefix"), "{dash}");
+    assert!(err(&with("resume = [\"{checkpoint}\"]\nresume_prefix = \"a\\nb\"")).to_string().contains("control"));
+}
+
+/// The example with `from` replaced by `to` (which must occur once).
+fn edited(from: &str, to: &str) -> String {
+    assert_eq!(EXAMPLE.matches(from).count(), 1, "{from:?} must occur once");
+    EXAMPLE.replace(from, to)
+}
+
+fn line_of(e: &StudyError) -> usize {
+    e.location().map(|l| l.line).unwrap_or_else(|| panic!("no location in {e}"))
+}
+
+#[test]
+fn parses_the_documented_example() {
+    let s = parse(EXAMPLE, "study.toml").expect("example parses");
+    assert_eq!(s.name, "train-example");
+    assert_eq!(s.command.len(), 7);
+    assert_eq!(s.env.get("TUNEFLEET_SEED").map(String::as_str), Some("{trial}"));
+    assert_eq!((s.timeout_s, s.repeats, s.max_attempts, s.budget), (120, 1, 3, 12));
+    assert_eq!(
+        s.objective,
+        Objective {
+            metric: "accuracy".into(),
+            direction: Direction::Maximize,
+            also: vec![],
+            aggregate: Aggregate::Final
+        }
+    );
+    let multi = parse(
+        &edited("direction = \"maximize\"", "direction = \"maximize\"\nalso = [\"energy\", \"wall_time\"]"),
+        "s.toml",
+    )
+    .expect("multi-objective parses");
+    assert_eq!(multi.objective.also, vec![Secondary::Energy, Secondary::WallTime]);
+    let e = parse(&edited("direction = \"maximize\"", "direction = \"maximize\"\nalso = [\"power\"]"), "s.toml")
+        .expect_err("unknown secondary");
+    assert!(e.to_string().contains("power"), "{e}");
+    assert_eq!(s.strategy, Strategy::Random { seed: 7 });
+    assert_eq!(s.selector.arch, vec!["x86_64", "aarch64"]);
+    assert_eq!(s.selector.tags.get("pool").map(String::as_str), Some("demo"));
+    assert_eq!(s.hyper["lr"], ParamSpec::LogFloat { low: 0.01, high: 1.0, grid: 4 });
+    assert_eq!(
+        s.hyper["batch_size"],
+        ParamSpec::Categorical { values: vec![ParamValue::Int(16), ParamValue::Int(64), ParamValue::Int(256)] }
+    );
+    assert_eq!(s.system[&SystemParam::Threads], ParamSpec::Int { low: 1, high: 2, step: 1 });
+    assert_eq!(s.source, EXAMPLE);
+    let names: Vec<&str> = s.parameters().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["batch_size", "lr", "threads"]);
+    let json = serde_json::to_value(&s).expect("serialises");
+    assert_eq!(json["hyper"]["lr"]["kind"], "log_float");
+    assert_eq!(json["system"]["threads"]["kind"], "int");
+}
+
+#[test]
+fn pipelined_mode_is_checked_before_anything_runs() {
+    let with = |p: &str| format!("{EXAMPLE}\n[pipeline]\n{p}\n");
+    let s = parse(&with("mode = \"pipelined\"\ncontrol = true\nwindow = { epochs = 2, warmup = 1 }\nselect = { max_slowdown = 0.1 }"), "s.toml")
+        .expect("parses");
+    let p = s.pipeline.clone().expect("pipelined");
+    assert_eq!(
+        (p.window, p.warmup, p.select, p.probe),
+        (2, 1, Select::MaxSlowdown { permille: 100 }, ProbeOrder::OneAtATime)
+    );
+    assert_eq!(s.searched().len(), 2, "system parameters are probed, not searched");
+    assert_eq!(
+        parse(&with("mode = \"pipelined\"\ncontrol = true\nselect = { cost = 0.25 }"), "s.toml")
+            .expect("parses")
+            .pipeline
+            .map(|p| p.select),
+        Some(Select::Cost { eta_permille: 250 })
+    );
+    let e = parse(&with("mode = \"pipelined\""), "s.toml").expect_err("threads without the control channel");
+    assert!(e.to_string().contains("control channel"), "{e}");
+    let e = parse(&with("mode = \"pipelined\"\ncontrol = true\nwindow = { steps = 50 }"), "s.toml").expect_err("steps");
+    assert!(e.to_string().contains("steps"), "{e}");
+    let e = parse(&with("mode = \"pipelined\"\ncontrol = true\nselect = { cost = 2 }"), "s.toml").expect_err("eta > 1");
+    assert!(e.to_string().contains("pipeline.select"), "{e}");
+    let e = parse(&with("mode = \"pipelined\"\ncontrol = true\nprobe = \"sometimes\""), "s.toml").expect_err("probe");
+    assert!(e.to_string().contains("one-at-a-time"), "{e}");
+    let sequential = parse(&with("mode = \"sequential\""), "s.toml").expect("parses");
+    assert_eq!(sequential.pipeline, None);
+    assert_eq!(sequential.searched().len(), 3);
+}
+
+#[test]
+fn kept_mean_reads_the_epochs_of_the_kept_configuration() {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, ExitOutcome, Segment};
+    let text = edited("direction = \"maximize\"", "direction = \"maximize\"\naggregate = \"kept_mean\"");
+    let s = parse(&text, "s.toml").expect("parses");
+    assert_eq!(s.objective.aggregate, Aggregate::KeptMean);
+    let epochs = [10.0, 1.0, 2.0, 6.0, 8.0];
+    let mut m = Measurement {
+        epochs: epochs
+            .iter()
+            .enumerate()
+            .map(|(i, v)| EpochMetrics {
+                epoch: i as u32 + 1,
+                elapsed_us: 0,
+                metrics: [("accuracy".to_string(), *v)].into(),
+                checkpoint: None,
+            })
+            .collect(),
+        final_metrics: [("accuracy".to_string(), 8.0)].into(),
+        ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+    };
+    assert_eq!(s.objective_value(&m), Some(17.0 / 4.0), "every epoch but the first");
+    m.segments.push(Segment {
+        role: SegmentRole::Selected,
+        system: Default::default(),
+        cpus: vec![],
+        first_epoch: 4,
+        last_epoch: 5,
+        steps: 0,
+        start_us: 0,
+        wall_us: 1,
+        energy_j: None,
+        cpu_us: None,
+    });
+    assert_eq!(s.objective_value(&m), Some(7.0), "the Selected segment's epochs");
+    let final_only = parse(EXAMPLE, "s.toml").expect("parses");
+    assert_eq!(final_only.objective_value(&m), Some(8.0));
+}
+
+#[test]
+fn selector_energy_names_a_known_source() {
+    let e = err(&edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"nuclear\"]"));
+    assert!(e.to_string().contains("selector.energy"), "{e}");
+    assert!(e.to_string().contains("rapl, hwmon, battery, estimated, external"), "{e}");
+    let s = parse(
+        &edited("tags = { pool = \"demo\" }", "tags = { pool = \"demo\" }\nenergy = [\"rapl\", \"battery\"]"),
+        "s.toml",
+    )
+    .expect("parses");
+    assert_eq!(s.selector.energy, vec![EnergySourceKind::Rapl, EnergySourceKind::Battery]);
+}
+
+#[test]
+fn a_sequential_pipeline_refuses_the_keys_it_would_ignore() {
+    let plain = format!("{EXAMPLE}\n[pipeline]\nmode = \"sequential\"\n");
+    assert_eq!(parse(&plain, "study.toml").expect("parses").pipeline, None);
+    let typo = format!("{EXAMPLE}\n[pipeline]\nmode = \"sequential\"\nprobe = \"bogus\"\n");
+    assert!(err(&typo).to_string().contains("apply to mode = \"pipelined\" only"));
+}
+
+#[test]
+fn groups_run_as_studies_of_their_own_with_narrowed_selectors_and_budgets() {
+    let text = format!(
+        "{EXAMPLE}\n[[group]]\nname = \"phones\"\nbudget = 4\nselector = {{ arch = [\"aarch64\"], tags = {{ kind = \"phone\" }}, energy = [\"battery\"] }}\n\
+         [[group]]\nname = \"x86\"\nselector = {{ arch = [\"x86_64\"], min_cores = 8 }}\n"
+    );
+    let s = parse(&text, "study.toml").expect("groups parse");
+    let parts = s.expand();
+    let names: Vec<&str> = parts.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, vec!["train-example-phones", "train-example-x86"]);
+    assert_eq!((parts[0].budget, parts[1].budget), (4, 12), "a group without a budget has the study's");
+    assert_eq!(parts[0].selector.arch, vec!["aarch64"]);
+    let tags: Vec<(&str, &str)> = parts[0].selector.tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(tags, vec![("kind", "phone"), ("pool", "demo")], "the study's tags and the group's");
+    assert_eq!(parts[0].selector.energy, vec![EnergySourceKind::Battery]);
+    assert_eq!((parts[1].selector.arch.clone(), parts[1].selector.min_cores), (vec!["x86_64".to_string()], Some(8)));
+    assert!(parts.iter().all(|p| p.groups.is_empty() && p.source == s.source), "each keeps the whole file");
+    assert_eq!(parse(EXAMPLE, "study.toml").expect("parses").expand().len(), 1);
+
+    let twice = format!("{EXAMPLE}\n[[group]]\nname = \"a\"\n[[group]]\nname = \"a\"\n");
+    assert!(err(&twice).to_string().contains("listed twice"));
+    let bad = format!("{EXAMPLE}\n[[group]]\nname = \"Phones!\"\n");
+    assert!(err(&bad).to_string().contains("not a valid study name"));
+    let energy = format!("{EXAMPLE}\n[[group]]\nname = \"p\"\nselector = {{ energy = [\"solar\"] }}\n");
+    assert!(err(&energy).to_string().contains("group.selector.energy"));
+}
+
+#[test]
+fn stability_needs_repeats_and_a_positive_spread() {
+    let with = |repeats: u32, st: &str| {
+        format!("{}\n[stability]\n{st}\n", edited("repeats = 1", &format!("repeats = {repeats}")))
+    };
+    let s = parse(&with(3, "spread = 0.05\nmax_repeats = 8"), "s.toml").expect("parses");
+    assert_eq!(s.stability, Some(Stability { spread: 0.05, max_repeats: 8 }));
+    assert!(err(&with(1, "spread = 0.05")).to_string().contains("at least two runs"));
+    assert!(err(&with(3, "spread = 0")).to_string().contains("above 0"));
+    assert!(err(&with(3, "spread = 0.1\nmax_repeats = 2")).to_string().contains("below repeats"));
+}
+
+#[test]
+fn defaults_apply() {
+    let text = r#"name = "d"
+command = ["run", "{x}"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+[budget]
+trials = 3
+[strategy]
+kind = "grid"
+[hyper.x]
+kind = "float"
+low = 0
+high = 1
+"#;
+    let s = parse(text, "d.toml").expect("parses");
+    assert_eq!((s.timeout_s, s.repeats, s.max_attempts), (DEFAULT_TIMEOUT_S, 1, DEFAULT_MAX_ATTEMPTS));
+    assert_eq!(s.strategy, Strategy::Grid);
+    assert_eq!(s.hyper["x"], ParamSpec::Float { low: 0.0, high: 1.0, grid: DEFAULT_GRID_POINTS });
+    assert_eq!(s.selector, Selector::default());
+    assert!(s.env.is_empty());
+    let text = text.replace("kind = \"grid\"", "kind = \"random\"");
+    assert_eq!(parse(&text, "d.toml").expect("parses").strategy, Strategy::Random { seed: 0 });
+}
+
+#[test]
+fn unknown_keys_are_refused_with_their_line() {
+    let e = err(&edited("repeats = 1", "repeats = 1\nrepeat = 2"));
+    assert_eq!(line_of(&e), 6, "{e}");
+    assert!(e.to_string().starts_with("study.toml:6:"), "{e}");
+    assert!(e.to_string().contains("repeat"), "{e}");
+
+    let e = err(&edited("grid = 4", "grid = 4\nlog = true"));
+    assert_eq!(line_of(&e), 28, "{e}");
+    let e = err(&edited("direction = \"maximize\"", "direction = \"maximize\"\ngoal = 1"));
+    assert_eq!(line_of(&e), 11, "{e}");
+}
+
+#[test]
+fn low_not_below_high_names_line_and_values() {
+    let e = err(&edited("low = 0.01", "low = 2"));
+    assert_eq!(line_of(&e), 25, "{e}");
+    let msg = e.to_string();
+    assert!(msg.starts_with("study.toml:25:"), "{msg}");
+    assert!(msg.contains("hyper.lr: low (2) must be below high (1)"), "{msg}");
+}
+
+#[test]
+fn missing_and_mistyped_keys() {
+    let e = err(&edited("metric = \"accuracy\"\n", ""));
+    assert!(e.to_string().contains("metric"), "{e}");
+    assert!(e.location().is_some(), "{e}");
+    let e = err(&edited("timeout = 120", "timeout = \"2m\""));
+    assert_eq!(line_of(&e), 4, "{e}");
+    let e = err(&edited("direction = \"maximize\"", "direction = \"up\""));
+    assert_eq!(line_of(&e), 10, "{e}");
+    let e = err(&edited("kind = \"random\"", "kind = \"annealing\""));
+    assert_eq!(line_of(&e), 16, "{e}");
+    let e = err(&edited("values = [16, 64, 256]", "values = [16, true]"));
+    assert_eq!(line_of(&e), 31, "{e}");
+    let e = err(&edited("values = [16, 64, 256]", "values = [16, 64, 16]"));
+    assert!(e.to_string().contains("duplicate value 16"), "{e}");
+    let e = err(&edited("low = 1\n", "low = 1.5\n"));
+    assert!(e.to_string().contains("system.threads: low must be an integer"), "{e}");
+    let e = err(&edited("kind = \"log_float\"", "kind = \"int\""));
+    assert!(e.to_string().contains("`grid` does not apply to kind int"), "{e}");
+}
+
+#[test]
+fn semantic_errors_are_refused() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("values = [16, 64, 256]", "values = []", "must not be empty"),
+        ("low = 0.01", "low = 0.0", "log_float needs low > 0"),
+        ("[system.threads]", "[system.swap]", "unknown system parameter"),
+        ("trials = 12", "trials = 0", "budget.trials: must be at least 1"),
+        ("trials = 12", "trials = 10000001", "budget.trials: at most"),
+        ("timeout = 120", "timeout = 0", "timeout: must be at least 1"),
+        ("max_attempts = 3", "max_attempts = 0", "max_attempts: must be at least 1"),
+        ("name = \"train-example\"", "name = \"Train Example\"", "not a valid study name"),
+        ("\"--epochs\", \"6\"]", "\"--epochs\", \"{epochs}\"]", "placeholder {epochs} names neither"),
+        ("\"{trial}\" }", "\"{seed}\" }", "env.TUNEFLEET_SEED: placeholder {seed}"),
+        ("\"--epochs\", \"6\"]", "\"--epochs\", \"{oops\"]", "unclosed"),
+        ("[hyper.batch_size]", "[hyper.threads]", "also defined in [hyper]"),
+        ("low = 1\n", "low = 0\n", "system parameter values must be >= 1"),
+        ("step = 1", "step = 0", "step must be >= 1"),
+        ("grid = 4", "grid = 1", "grid must be at least 2"),
+        ("seed = 7", "seed = -1", "must not be negative"),
+        ("[hyper.batch_size]", "[hyper.trial]", "builtin placeholder name"),
+        ("[hyper.batch_size]", "[hyper.2x]", "invalid parameter name"),
+    ];
+    for (from, to, want) in cases {
+        let e = err(&edited(from, to));
+        assert!(e.to_string().contains(want), "{from} -> {to}: got {e}, want {want:?}");
+        assert!(e.location().is_some(), "{from} -> {to}: no location in {e}");
+    }
+}
+
+#[test]
+fn command_must_name_a_program() {
+    let e = err(&edited(
+        "command = [\"tunefleet-train\", \"--lr\", \"{lr}\", \"--batch-size\", \"{batch_size}\", \"--epochs\", \"6\"]",
+        "command = []",
+    ));
+    assert_eq!(line_of(&e), 2, "{e}");
+    assert!(e.to_string().contains("command"), "{e}");
+}
+
+#[test]
+fn empty_search_space_is_refused() {
+    let text = r#"name = "e"
+command = ["run"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+[budget]
+trials = 1
+[strategy]
+kind = "grid"
+"#;
+    assert!(err(text).to_string().contains("search space is empty"));
+    let e = err(&format!("{text}[hyper]\n"));
+    assert!(e.to_string().contains("search space is empty"), "{e}");
+}
+
+#[test]
+fn system_params_must_be_whole_and_positive() {
+    let e = err(&edited("[system.threads]\nkind = \"int\"", "[system.threads]\nkind = \"float\""));
+    assert!(e.to_string().contains("whole numbers"), "{e}");
+    let text = edited(
+        "[system.threads]\nkind = \"int\"\nlow = 1\nhigh = 2\nstep = 1",
+        "[system.memory]\nkind = \"categorical\"\nvalues = [512, 0]",
+    );
+    let e = err(&text);
+    assert!(e.to_string().contains("integers >= 1"), "{e}");
+}
+
+#[test]
+fn budget_below_repeats_is_refused() {
+    let e = err(&edited("repeats = 1", "repeats = 20"));
+    assert!(e.to_string().contains("less than repeats"), "{e}");
+}
+
+#[test]
+fn location_counts_lines_and_characters() {
+    let text = "a\nbé c\n";
+    assert_eq!(Location::of_offset(text, 0), Location { line: 1, column: 1 });
+    assert_eq!(Location::of_offset(text, 2), Location { line: 2, column: 1 });
+    // 'c' is at byte 6 ("b" 1 byte, "é" 2 bytes, " " 1 byte), character 4.
+    assert_eq!(Location::of_offset(text, 6), Location { line: 2, column: 4 });
+    assert_eq!(Location::of_offset(text, 999), Location { line: 3, column: 1 });
+}
+
+#[test]
+fn load_reports_missing_files_with_their_path() {
+    let e = load(Path::new("/nonexistent/study.toml")).expect_err("missing");
+    assert!(e.to_string().starts_with("/nonexistent/study.toml:"), "{e}");
+}
