@@ -403,26 +403,36 @@ fn on_inbound(
     }
 }
 
-/// A trial ended, in the main loop or in the drain alike: its progress
-/// still queued is published first (it was sent before the end), its
-/// measurement is flagged when load from outside disturbed it, its handle
-/// goes, and the state machine takes the result.
+/// A trial ended, in the main loop or in the drain alike, and with it every
+/// other trial whose end is already queued: their progress still queued is
+/// published first (it was sent before the end), each measurement is
+/// flagged when load from outside disturbed it, their handles go, and the
+/// state machine takes the results, carried out together so that they are
+/// kept on disk with one sync (group commit) before any is published.
 fn on_trial_done(
     state: &mut AgentState,
     exec: &mut Executor,
     progress_rx: &mut mpsc::Receiver<(TrialRef, runner::EpochReport)>,
+    done_rx: &mut mpsc::Receiver<(TrialRef, Measurement)>,
     foreign_peaks: &mut foreign::ForeignPeaks,
     interference_threshold: f64,
-    trial: TrialRef,
-    mut measurement: Measurement,
+    first: (TrialRef, Measurement),
 ) {
+    let mut done = vec![first];
+    while let Ok(more) = done_rx.try_recv() {
+        done.push(more);
+    }
     while let Ok((trial, epoch)) = progress_rx.try_recv() {
         exec.apply(state.progress(trial, epoch).into_iter().collect());
     }
-    let peak = foreign_peaks.take(&trial);
-    measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
-    exec.trials.remove(&trial);
-    exec.apply(state.on_finished(trial, measurement));
+    let mut actions = Vec::new();
+    for (trial, mut measurement) in done {
+        let peak = foreign_peaks.take(&trial);
+        measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
+        exec.trials.remove(&trial);
+        actions.extend(state.on_finished(trial, measurement));
+    }
+    exec.apply(actions);
 }
 
 /// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
@@ -552,9 +562,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 None => break Err(AgentError::TransportClosed),
             },
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some(first) = done_rx.recv() => {
                 let threshold = config.interference_threshold;
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first);
                 idle_since = Instant::now();
                 if state.max_trials_done() {
                     tracing::info!("--max-trials reached");
@@ -606,9 +616,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 );
                 break;
             }
-            Some((trial, measurement)) = done_rx.recv() => {
+            Some(first) = done_rx.recv() => {
                 let threshold = config.interference_threshold;
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first);
             }
             event = inbound.recv(), if transport_open => match event {
                 Some(event) => {
