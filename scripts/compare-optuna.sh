@@ -226,7 +226,8 @@ optuna_round() {
 # "trials trials/s cpu" of a Tunefleet study in a new store, two agents:
 # binaries, round label.
 tunefleet_round() {
-  local bin=$1 store=$work/tunefleet-$2.db root=cmp-$$-$2 log=$work/coordinator-$2.log url='' agents=()
+  local bin=$1 store=$work/tunefleet-$2.db root=cmp-$$-$2 log=$work/coordinator-$2.log url='' agents=() token
+  token=$("$bin/tunefleet" token create --store "$store" 2>/dev/null)
   "$bin/tunefleet" run "$work/noop.toml" --store "$store" --listen 127.0.0.1:0 --root "$root" --quiet >"$log" 2>&1 &
   local coordinator=$!
   for _ in $(seq 100); do
@@ -241,7 +242,7 @@ tunefleet_round() {
   fi
   for i in 1 2; do
     # Idle for 10 s (their coordinator gone, should this script be stopped): they exit.
-    "$bin/tunefleet-agent" --broker "$url" --name "cmp-$2-$i" --root "$root" --slots 1 --exit-when-idle=10s \
+    "$bin/tunefleet-agent" --broker "$url" --name "cmp-$2-$i" --root "$root" --slots 1 --exit-when-idle=10s --join "$token" \
       >"$work/agent-$2-$i.log" 2>&1 &
     agents+=($!)
   done
