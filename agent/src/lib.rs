@@ -50,7 +50,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
 use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef};
+use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef, TrialResult};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
@@ -186,49 +186,65 @@ const HELLO_RETRY: Duration = Duration::from_secs(3);
 const REQUEST_AGAIN: Duration = Duration::from_secs(30);
 
 impl Executor {
-    fn apply(&mut self, actions: Vec<Action>) {
-        for action in actions {
-            match action {
-                Action::Hello(info) => self.hello(&info),
-                Action::Publish(msg) => self.publish(&msg),
-                Action::Start(start) => self.start(start),
-                Action::Cancel(trial) => {
-                    if let Some(handle) = self.trials.get(&trial) {
-                        tracing::info!(%trial, "cancelling trial");
-                        handle.cancel();
-                    }
+    /// Carries out `actions` in order, except that the results they keep go
+    /// to disk first, together (one append, one sync: group commit), up to
+    /// the next spool operation (a Forget or a Park), which stays in order.
+    fn apply(&mut self, mut actions: Vec<Action>) {
+        while !actions.is_empty() {
+            let end = actions.iter().position(|a| matches!(a, Action::Forget(_) | Action::Park(..)));
+            let rest = actions.split_off(end.map_or(actions.len(), |i| i + 1));
+            let kept: Vec<&TrialResult> =
+                actions.iter().filter_map(|a| if let Action::Keep(r) = a { Some(r) } else { None }).collect();
+            if let Some(Err(e)) = self.pending.as_mut().filter(|_| !kept.is_empty()).map(|p| p.save_all(&kept)) {
+                for result in &kept {
+                    tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
                 }
-                Action::Reconfigure(trial, system, reason) => {
-                    if let Some(handle) = self.trials.get(&trial) {
-                        tracing::info!(%trial, ?system, ?reason, "reconfiguring trial");
-                        let role = match reason {
-                            tunefleet_common::message::ReconfigureReason::Requested => SegmentRole::Reconfigured,
-                            tunefleet_common::message::ReconfigureReason::Reuse => SegmentRole::Reused,
-                        };
-                        handle.send(runner::Control::Apply(system, role));
-                    }
+            }
+            for action in actions {
+                self.apply_one(action);
+            }
+            actions = rest;
+        }
+    }
+
+    fn apply_one(&mut self, action: Action) {
+        match action {
+            Action::Hello(info) => self.hello(&info),
+            Action::Publish(msg) => self.publish(&msg),
+            Action::Start(start) => self.start(start),
+            Action::Cancel(trial) => {
+                if let Some(handle) = self.trials.get(&trial) {
+                    tracing::info!(%trial, "cancelling trial");
+                    handle.cancel();
                 }
-                Action::Keep(result) => {
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.save(&result)) {
-                        tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
-                    }
+            }
+            Action::Reconfigure(trial, system, reason) => {
+                if let Some(handle) = self.trials.get(&trial) {
+                    tracing::info!(%trial, ?system, ?reason, "reconfiguring trial");
+                    let role = match reason {
+                        tunefleet_common::message::ReconfigureReason::Requested => SegmentRole::Reconfigured,
+                        tunefleet_common::message::ReconfigureReason::Reuse => SegmentRole::Reused,
+                    };
+                    handle.send(runner::Control::Apply(system, role));
                 }
-                Action::Forget(trial) => {
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.remove(&trial)) {
-                        tracing::warn!(%trial, error = %e, "cannot forget a stored result");
-                    }
+            }
+            // Stored by `apply`, with the rest of its group.
+            Action::Keep(_) => {}
+            Action::Forget(trial) => {
+                if let Some(Err(e)) = self.pending.as_mut().map(|p| p.remove(&trial)) {
+                    tracing::warn!(%trial, error = %e, "cannot forget a stored result");
                 }
-                Action::Park(trial, reason) => {
-                    self.parked += 1;
-                    tracing::warn!(
-                        %trial,
-                        %reason,
-                        parked = self.parked,
-                        "the coordinator refused a result: kept aside (tunefleet-agent spool lists it)"
-                    );
-                    if let Some(Err(e)) = self.pending.as_ref().map(|p| p.park(&trial, &reason)) {
-                        tracing::error!(%trial, error = %e, "cannot move a refused result aside");
-                    }
+            }
+            Action::Park(trial, reason) => {
+                self.parked += 1;
+                tracing::warn!(
+                    %trial,
+                    %reason,
+                    parked = self.parked,
+                    "the coordinator refused a result: kept aside (tunefleet-agent spool lists it)"
+                );
+                if let Some(Err(e)) = self.pending.as_mut().map(|p| p.park(&trial, &reason)) {
+                    tracing::error!(%trial, error = %e, "cannot move a refused result aside");
                 }
             }
         }
@@ -387,26 +403,48 @@ fn on_inbound(
     }
 }
 
-/// A trial ended, in the main loop or in the drain alike: its progress
-/// still queued is published first (it was sent before the end), its
-/// measurement is flagged when load from outside disturbed it, its handle
-/// goes, and the state machine takes the result.
+/// A trial ended, in the main loop or in the drain alike, and with it every
+/// other trial whose end is already queued: their progress still queued is
+/// published first (it was sent before the end), each measurement is
+/// flagged when load from outside disturbed it, their handles go, and the
+/// state machine takes the results, carried out together so that they are
+/// kept on disk with one sync (group commit) before any is published.
+// The loop's state, passed apart because each is borrowed mutably elsewhere in the loop.
+#[allow(clippy::too_many_arguments)]
 fn on_trial_done(
     state: &mut AgentState,
     exec: &mut Executor,
     progress_rx: &mut mpsc::Receiver<(TrialRef, runner::EpochReport)>,
+    done_rx: &mut mpsc::Receiver<(TrialRef, Measurement)>,
     foreign_peaks: &mut foreign::ForeignPeaks,
     interference_threshold: f64,
-    trial: TrialRef,
-    mut measurement: Measurement,
+    first: (TrialRef, Measurement),
+    stopped_with_agent: bool,
 ) {
+    let mut done = vec![first];
+    while let Ok(more) = done_rx.try_recv() {
+        done.push(more);
+    }
+    if stopped_with_agent {
+        // The SIGTERM that stops the agent stopped these trials too: they
+        // are cancelled (run again elsewhere), not failures of the workload.
+        for (_, measurement) in &mut done {
+            if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
+                measurement.exit = ExitOutcome::Cancelled;
+            }
+        }
+    }
     while let Ok((trial, epoch)) = progress_rx.try_recv() {
         exec.apply(state.progress(trial, epoch).into_iter().collect());
     }
-    let peak = foreign_peaks.take(&trial);
-    measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
-    exec.trials.remove(&trial);
-    exec.apply(state.on_finished(trial, measurement));
+    let mut actions = Vec::new();
+    for (trial, mut measurement) in done {
+        let peak = foreign_peaks.take(&trial);
+        measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
+        exec.trials.remove(&trial);
+        actions.extend(state.on_finished(trial, measurement));
+    }
+    exec.apply(actions);
 }
 
 /// SIGTERM's number (Linux, and every platform the agent runs on).
@@ -544,7 +582,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
                 None => break Err(AgentError::TransportClosed),
             },
-            Some((trial, mut measurement)) = done_rx.recv() => {
+            Some((trial, measurement)) = done_rx.recv() => {
                 // A batch scheduler stopping the job (Slurm's scancel, a time
                 // limit) sends SIGTERM to every process in it: a trial killed
                 // by SIGTERM just before the agent's own SIGTERM was stopped
@@ -552,11 +590,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 // a failure of the workload.
                 let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
                     && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
-                if stopped_with_agent {
-                    measurement.exit = ExitOutcome::Cancelled;
-                }
                 let threshold = config.interference_threshold;
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
+                let first = (trial, measurement);
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first, stopped_with_agent);
                 idle_since = Instant::now();
                 if stopped_with_agent {
                     // `shutdown` has completed: it is not polled again.
@@ -613,13 +649,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 );
                 break;
             }
-            Some((trial, mut measurement)) = done_rx.recv() => {
-                // Draining: the SIGTERM that stopped the agent stopped this trial too.
-                if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
-                    measurement.exit = ExitOutcome::Cancelled;
-                }
+            Some(first) = done_rx.recv() => {
+                // Draining: the SIGTERM that stopped the agent stopped these trials too.
                 let threshold = config.interference_threshold;
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut foreign_peaks, threshold, trial, measurement);
+                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first, true);
             }
             event = inbound.recv(), if transport_open => match event {
                 Some(event) => {

@@ -17,7 +17,7 @@ use tracing_subscriber::EnvFilter;
 use tunefleet_agent::exec;
 use tunefleet_agent::measure::{self, MeasureConfig};
 use tunefleet_agent::options::{self, Cli, Mode, SpoolAction};
-use tunefleet_agent::pending::PendingResults;
+use tunefleet_agent::pending::SpoolView;
 use tunefleet_agent::probe;
 
 fn main() -> ExitCode {
@@ -76,7 +76,7 @@ fn main() -> ExitCode {
 
 /// `tunefleet-agent spool`: what the state directory keeps.
 fn spool(state_dir: &std::path::Path, action: SpoolAction) -> anyhow::Result<()> {
-    let pending = PendingResults::open(state_dir).context("opening the state directory")?;
+    let pending = SpoolView::open(state_dir);
     match action {
         SpoolAction::List => {
             let unacked = pending.load();

@@ -252,11 +252,14 @@ pub fn agent_state_dir(name: &str) -> PathBuf {
     state_home().join("tunefleet-agent").join(name)
 }
 
-/// Files in an agent's spool of results awaiting an acknowledgement.
+/// The results in an agent's spool awaiting an acknowledgement, by the
+/// file names they have when parked (read as `tunefleet-agent spool` does).
 pub fn spool(state_dir: &Path) -> Vec<String> {
-    std::fs::read_dir(state_dir.join("unacked"))
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
-        .unwrap_or_default()
+    tunefleet_agent::pending::SpoolView::open(state_dir)
+        .load()
+        .iter()
+        .map(|r| tunefleet_agent::pending::file_name(&r.trial))
+        .collect()
 }
 
 /// Every test ends here: each agent's spool is empty (everything it measured
