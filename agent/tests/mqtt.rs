@@ -19,7 +19,7 @@ use tunefleet_common::message::{
 };
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode, BrokerUrl};
-use tunefleet_coordinator::broker::{self, BrokerSettings};
+use tunefleet_coordinator::runtime::broker::{self, BrokerSettings};
 
 /// Starts rumqttd (the coordinator's embedded broker, in this process) on a
 /// port the OS chose for its listener; returns once it accepts.

@@ -1,33 +1,25 @@
 //! The Tunefleet coordinator as a library: [`run`] runs a study; `main.rs`
 //! parses flags ([`cli`]) and waits for signals.
+//!
+//! The folders are the layers, each importing only from the ones below it
+//! (docs/ARCHITECTURE.md):
+//!
+//! - [`domain`]: what a study is and the pure decisions on it (the study
+//!   model, search strategies, the scheduler, reuse, clustering, offloading,
+//!   Pareto fronts, message bounds). No I/O.
+//! - [`store`]: the SQLite store, the coordinator's memory.
+//! - [`runtime`]: the running coordinator (the engine's core and its async
+//!   shell, the broker, transport, sessions, control socket, launchers,
+//!   sinks, progress).
+//! - [`query`] and [`report`]: what the store says, as data and as HTML.
+//! - [`cli`]: the commands, their flags and configuration file, and the text
+//!   views.
 
-pub use run::{run, RunConfig, RunError, RunOutcome};
+pub use runtime::run::{run, RunConfig, RunError, RunOutcome};
 
-pub mod auth;
-pub mod best;
-pub mod broker;
-pub mod campaign;
 pub mod cli;
-pub mod cluster;
-pub mod config;
-pub mod control;
-pub mod engine;
-pub mod launch;
-pub mod manual;
-pub mod offload;
-pub mod params;
-pub mod pareto;
-pub mod profiles;
-pub mod progress;
+pub mod domain;
+pub mod query;
 pub mod report;
-pub mod reuse;
-pub mod run;
-pub mod sched;
-pub mod search;
-pub mod select;
-pub mod sink;
-pub mod status;
+pub mod runtime;
 pub mod store;
-pub mod study;
-pub mod transport;
-pub mod validate;

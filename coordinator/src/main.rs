@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use tunefleet_coordinator::cli::{execute, Command};
 
 fn main() -> ExitCode {
-    let cli = match tunefleet_coordinator::config::parse() {
+    let cli = match tunefleet_coordinator::cli::config::parse() {
         Ok(cli) => cli,
-        Err(tunefleet_coordinator::config::ConfigError::Clap(e)) => e.exit(),
+        Err(tunefleet_coordinator::cli::config::ConfigError::Clap(e)) => e.exit(),
         Err(e) => {
             eprintln!("tunefleet: {e:#}");
             return ExitCode::from(2);

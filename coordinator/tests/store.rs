@@ -10,11 +10,11 @@ use tunefleet_common::measurement::{
 };
 use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 use tunefleet_common::params::ParamValue;
-use tunefleet_coordinator::search;
+use tunefleet_coordinator::domain::search;
+use tunefleet_coordinator::domain::study::{self, Study};
 use tunefleet_coordinator::store::{
     ExportFormat, RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked,
 };
-use tunefleet_coordinator::study::{self, Study};
 
 fn study_text(name: &str, direction: &str, trials: u64) -> String {
     format!(

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use tunefleet_common::message::{SystemParams, TrialRef};
 use tunefleet_common::params::ParamValue;
-use tunefleet_coordinator::search::{self, TrialPlan};
-use tunefleet_coordinator::study::{self, Direction, ParamSpec, Strategy, StudyError, SystemParam};
+use tunefleet_coordinator::domain::search::{self, TrialPlan};
+use tunefleet_coordinator::domain::study::{self, Direction, ParamSpec, Strategy, StudyError, SystemParam};
 
 fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)

@@ -11,7 +11,7 @@ use tunefleet_common::auth::{self, DownFrame, Signed, UpFrame};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::{decode, encode};
-use tunefleet_coordinator::validate;
+use tunefleet_coordinator::domain::validate;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(msg) = decode::<AgentMessage>(data) {

@@ -45,8 +45,8 @@ use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode};
-use tunefleet_coordinator::broker::{self, BrokerSettings};
-use tunefleet_coordinator::sched::{Effect, Restored, ResultKind, Scheduler, Selector, StudyPolicy};
+use tunefleet_coordinator::domain::sched::{Effect, Restored, ResultKind, Scheduler, Selector, StudyPolicy};
+use tunefleet_coordinator::runtime::broker::{self, BrokerSettings};
 use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
 use tunefleet_tests::*;
 
@@ -482,7 +482,7 @@ fn bench_real(trials: u64) {
     }
 }
 
-/// The engine's expiry tick (`coordinator/src/engine/core.rs`).
+/// The engine's expiry tick (`coordinator/src/runtime/engine/core.rs`).
 const TICK_MS: u64 = 250;
 
 fn sched_policy(max_attempts: u32) -> StudyPolicy {

@@ -21,8 +21,8 @@ use std::fmt::Write as _;
 use std::time::Instant;
 
 use tunefleet_common::profile::Profile;
-use tunefleet_coordinator::cluster::{self, FitOptions};
-use tunefleet_coordinator::reuse::{self, Record};
+use tunefleet_coordinator::domain::cluster::{self, FitOptions};
+use tunefleet_coordinator::domain::reuse::{self, Record};
 use tunefleet_coordinator::store::Store;
 
 fn main() -> anyhow::Result<()> {
@@ -89,7 +89,7 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
     println!("accuracy: {right}/{total} = {:.1} %", 100.0 * right as f64 / total.max(1) as f64);
 
     // Leave one out: would the job reuse, and from a cluster of its own kind?
-    let policy = tunefleet_coordinator::study::ReusePolicy::default();
+    let policy = tunefleet_coordinator::domain::study::ReusePolicy::default();
     let (mut reused_own, mut reused_other, mut probed) = (0, 0, 0);
     for i in 0..records.len() {
         let rest: Vec<Record> = records.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| r.clone()).collect();

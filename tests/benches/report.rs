@@ -24,10 +24,10 @@ use tunefleet_common::measurement::{
 };
 use tunefleet_common::message::{AgentInfo, EnergySourceInfo, SystemParams, TrialRef};
 use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_coordinator::domain::search::TrialPlan;
+use tunefleet_coordinator::domain::study;
 use tunefleet_coordinator::report::{self, CHART_IDS};
-use tunefleet_coordinator::search::TrialPlan;
 use tunefleet_coordinator::store::Store;
-use tunefleet_coordinator::study;
 use tunefleet_tests::chromium;
 
 const TRIALS: u64 = 100_000;

@@ -16,7 +16,7 @@ use tunefleet_common::measurement::{
     DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, PowerSample,
 };
 use tunefleet_common::message::TrialRef;
-use tunefleet_coordinator::sink::{trial_points, Flusher, InfluxUrl, SinkConfig};
+use tunefleet_coordinator::runtime::sink::{trial_points, Flusher, InfluxUrl, SinkConfig};
 use tunefleet_coordinator::store::Store;
 use tunefleet_tests::victoria::Victoria;
 use tunefleet_tests::wait_for;

@@ -448,7 +448,7 @@ fn study_across_a_two_node_ejabberd_cluster() {
     assert_agents_spools_empty(&names);
 
     // Without priming: the coordinator publishes its status again every
-    // 30 s (coordinator/src/transport.rs, STATUS_REFRESH), and an agent on
+    // 30 s (coordinator/src/runtime/transport.rs, STATUS_REFRESH), and an agent on
     // node B that never got the retained copy sees it live and says Hello.
     let unprimed_root = format!("{root}-np");
     let study = sleep_study(dir.path(), "np", 2, 0.1);

@@ -401,7 +401,7 @@ fn example_loads(program: &str, args: &[String]) -> Result<(), String> {
                 Err(err)
             }
         }
-        "campaign" => tunefleet_coordinator::campaign::load(&path).map(|_| ()).map_err(|e| e.to_string()),
+        "campaign" => tunefleet_coordinator::domain::campaign::load(&path).map(|_| ()).map_err(|e| e.to_string()),
         _ => Ok(()),
     }
 }
@@ -1087,8 +1087,9 @@ fn study_examples_pass_check_and_invalid_ones_are_refused_as_quoted() {
             assert_eq!(err.trim(), quoted_after(&markdown, b.line).text.trim(), "{place}: another message");
         } else if is_campaign {
             campaign_examples += 1;
-            let c = tunefleet_coordinator::campaign::parse(&b.text, "c.toml", &repo().join("examples/campaigns"))
-                .unwrap_or_else(|e| panic!("{place}: {e}"));
+            let c =
+                tunefleet_coordinator::domain::campaign::parse(&b.text, "c.toml", &repo().join("examples/campaigns"))
+                    .unwrap_or_else(|e| panic!("{place}: {e}"));
             assert_eq!(c.studies.len(), b.text.matches("[[workload]]").count(), "{place}");
         } else {
             valid += 1;
@@ -1104,7 +1105,7 @@ fn study_examples_pass_check_and_invalid_ones_are_refused_as_quoted() {
 
 /// The bundled workloads have every flag an example gives them.
 fn workload_flags_exist(text: &str, place: &str) {
-    let study = tunefleet_coordinator::study::parse(text, place).expect("parses");
+    let study = tunefleet_coordinator::domain::study::parse(text, place).expect("parses");
     let program = &study.command[0];
     if !program.starts_with("tunefleet-") {
         return;
@@ -1118,7 +1119,7 @@ fn workload_flags_exist(text: &str, place: &str) {
 
 /// The keys the parser accepts in a table, as it lists them when refusing `zzz_unknown`.
 fn accepted_keys(study: &str) -> BTreeSet<String> {
-    let e = tunefleet_coordinator::study::parse(study, "probe.toml").expect_err("an unknown key is refused");
+    let e = tunefleet_coordinator::domain::study::parse(study, "probe.toml").expect_err("an unknown key is refused");
     let message = e.to_string();
     let expected = message.split_once("expected").map(|(_, l)| l).unwrap_or_else(|| panic!("{message}"));
     expected.split('`').skip(1).step_by(2).map(str::to_string).collect()

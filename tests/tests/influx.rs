@@ -12,7 +12,7 @@ use tunefleet_common::measurement::{
     DomainEnergy, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, PowerSample,
 };
 use tunefleet_common::message::TrialRef;
-use tunefleet_coordinator::sink::{trial_points, Backoff, Flusher, InfluxUrl, SinkConfig};
+use tunefleet_coordinator::runtime::sink::{trial_points, Backoff, Flusher, InfluxUrl, SinkConfig};
 use tunefleet_coordinator::store::Store;
 use tunefleet_tests::ports::ClosedPort;
 use tunefleet_tests::victoria::{Series, Victoria};

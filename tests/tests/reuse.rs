@@ -200,7 +200,7 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
 #[test]
 fn regression_profiles_forget_drops_exactly_one_agents_profiles() {
     use tunefleet_common::profile::Profile;
-    use tunefleet_coordinator::reuse::Record;
+    use tunefleet_coordinator::domain::reuse::Record;
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("forget.db");
     let class = "x86_64, 2 cores, estimate";

@@ -162,7 +162,7 @@ fn serve(store: &Path, root: &str) -> (Proc, String) {
     let mut service = Proc::spawn("service", cmd);
     let url = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
     wait_for("the control socket", Duration::from_secs(30), || {
-        tunefleet_coordinator::control::default_path(store).exists()
+        tunefleet_coordinator::runtime::control::default_path(store).exists()
     });
     (service, url.trim_start_matches("broker: ").trim().to_string())
 }

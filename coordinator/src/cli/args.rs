@@ -12,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use tunefleet_common::security::SecurityArgs;
 use tunefleet_common::BrokerUrl;
 
-use crate::sink::InfluxUrl;
+use crate::runtime::sink::InfluxUrl;
 
 /// Tunefleet coordinator: runs tuning studies on a fleet of agents over MQTT.
 #[derive(Debug, Parser)]
@@ -174,7 +174,7 @@ pub enum Command {
     /// `tunefleet completions bash > ~/.local/share/bash-completion/completions/tunefleet`.
     Completions {
         /// The shell the script is for.
-        shell: crate::manual::Shell,
+        shell: crate::cli::manual::Shell,
         /// For `tunefleet-agent` instead.
         #[arg(long)]
         agent: bool,
@@ -272,7 +272,7 @@ pub struct StoreArg {
 #[derive(Debug, Args)]
 pub struct BrokerArgs {
     #[command(flatten)]
-    pub launch: crate::launch::LaunchArgs,
+    pub launch: crate::runtime::launch::LaunchArgs,
     /// Use this external broker (mqtt://HOST:PORT) instead of the embedded one.
     #[arg(long, env = "TUNEFLEET_BROKER")]
     pub broker: Option<BrokerUrl>,
@@ -303,7 +303,7 @@ pub struct BrokerArgs {
     #[command(flatten)]
     pub key: KeyArg,
     /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
-    #[arg(long, default_value_t = crate::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
+    #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
     pub max_agents: u64,
     /// Pin the key of any new agent, without a join token: any broker user
     /// can then join the fleet. For a lab only (logged loudly).

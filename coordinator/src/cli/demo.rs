@@ -14,9 +14,9 @@ use super::error::{CliError, Result};
 use super::fleet::new_token;
 use super::run::print_summary;
 use super::wiring::run_study;
-use crate::broker::{self, BrokerSettings};
+use crate::domain::study;
+use crate::runtime::broker::{self, BrokerSettings};
 use crate::store::Store;
-use crate::study;
 
 /// The demo study, bundled so `tunefleet demo` works from any directory.
 pub const DEMO_STUDY: &str = include_str!("../../../examples/studies/demo.toml");
@@ -76,7 +76,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         b.addr, args.agents, study.name, study.budget
     );
     let broker_args = BrokerArgs {
-        launch: crate::launch::LaunchArgs { launcher: None, launch_max: 0, launch_grace: Duration::ZERO },
+        launch: crate::runtime::launch::LaunchArgs { launcher: None, launch_max: 0, launch_grace: Duration::ZERO },
         broker: Some(url.parse()?),
         listen: b.addr,
         root,
@@ -87,7 +87,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         broker_client_ca: None,
         security: SecurityArgs::default(),
         key: KeyArg { path: None },
-        max_agents: crate::auth::DEFAULT_MAX_AGENTS,
+        max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,
         open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their
         // trials load each other's CPUs, which is not overload.

@@ -1,5 +1,5 @@
 //! `tunefleet completions` and `tunefleet man`: the program's clap
-//! definition ([`Cli`], or the agent's) handed to [`crate::manual`].
+//! definition ([`Cli`], or the agent's) handed to [`crate::cli::manual`].
 
 use std::path::PathBuf;
 
@@ -8,7 +8,7 @@ use clap::CommandFactory;
 use super::args::Cli;
 use super::error::Result;
 use super::output::emit_bytes;
-use crate::manual::{self, Shell};
+use crate::cli::manual::{self, Shell};
 
 /// Whose command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,16 +9,16 @@ use tunefleet_common::auth::{AuthError, KeyFileError};
 use tunefleet_common::security::SecurityError;
 use tunefleet_common::topic::TopicError;
 
-use crate::best::BestError;
-use crate::broker::BrokerError;
-use crate::campaign::CampaignError;
-use crate::control::ControlError;
-use crate::manual::ManualError;
-use crate::profiles::ProfilesError;
+use crate::cli::manual::ManualError;
+use crate::domain::campaign::CampaignError;
+use crate::domain::study::StudyError;
+use crate::query::best::BestError;
+use crate::query::profiles::ProfilesError;
 use crate::report::ReportError;
-use crate::run::RunError;
+use crate::runtime::broker::BrokerError;
+use crate::runtime::control::ControlError;
+use crate::runtime::run::RunError;
 use crate::store::StoreError;
-use crate::study::StudyError;
 
 /// Why a `tunefleet` command failed.
 #[derive(Debug, thiserror::Error)]

@@ -41,7 +41,7 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
             let ttl_ms = match ttl.trim() {
                 "0" => None,
                 t => Some(
-                    crate::launch::parse_duration(t)
+                    crate::runtime::launch::parse_duration(t)
                         .map_err(|e| CliError::refused(format!("--ttl: {e}, or 0 for no expiry")))?
                         .as_millis() as u64,
                 ),

@@ -12,10 +12,12 @@
 //! * [`error`]: [`CliError`], what `main` prints and maps to an exit code.
 
 mod args;
+pub mod config;
 mod demo;
 mod docs;
 mod error;
 mod fleet;
+pub mod manual;
 mod output;
 mod results;
 mod run;
@@ -52,9 +54,9 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Studies { json, store } => results::studies(&store.store, json),
         Command::Best { study, n, pareto, by_class, json, store } => {
             let ask = match (pareto, by_class) {
-                (true, _) => crate::best::Ask::Pareto,
-                (false, true) => crate::best::Ask::ByClass,
-                (false, false) => crate::best::Ask::Best,
+                (true, _) => crate::query::best::Ask::Pareto,
+                (false, true) => crate::query::best::Ask::ByClass,
+                (false, false) => crate::query::best::Ask::Best,
             };
             results::best(&store.store, &study, n, ask, json)
         }

@@ -1,6 +1,6 @@
 //! Commands that read results from the store: `status`, `studies`, `best`,
 //! `profiles`, `report` and `export`. Each asks its module for data
-//! ([`crate::status`], [`crate::best`], [`crate::profiles`]) and prints it
+//! ([`crate::query::status`], [`crate::query::best`], [`crate::query::profiles`]) and prints it
 //! as text ([`super::view`]) or JSON.
 
 use std::fmt::Write as _;
@@ -11,7 +11,7 @@ use super::args::{Format, ProfilesAction};
 use super::error::{CliError, Result};
 use super::output::{emit, emit_json, open_existing, unix_now_ms, watch_text};
 use super::view;
-use crate::status::StudyStatus;
+use crate::query::status::StudyStatus;
 use crate::store::{ExportFormat, Store};
 
 /// `tunefleet status`: once, or every second until `shutdown` (redrawn on
@@ -24,7 +24,7 @@ pub async fn status(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let look = || -> Result<Vec<StudyStatus>> {
-        let rows = crate::status::snapshot(&open_existing(path)?, study)?;
+        let rows = crate::query::status::snapshot(&open_existing(path)?, study)?;
         if rows.is_empty() {
             if let Some(s) = study {
                 return Err(CliError::refused(format!("no study {s:?} in {}", path.display())));
@@ -43,7 +43,7 @@ pub async fn status(
     let next = move || -> Result<String> {
         let mut now = look()?;
         if let Some((at, prev)) = &before {
-            crate::status::pace(prev, &mut now, at.elapsed().as_secs_f64());
+            crate::query::status::pace(prev, &mut now, at.elapsed().as_secs_f64());
         }
         let text = show(&now)?;
         before = Some((Instant::now(), now));
@@ -66,9 +66,9 @@ pub fn studies(path: &Path, json: bool) -> Result<()> {
 }
 
 /// `tunefleet best`: the view `ask` of `study`.
-pub fn best(path: &Path, study: &str, n: usize, ask: crate::best::Ask, json: bool) -> Result<()> {
+pub fn best(path: &Path, study: &str, n: usize, ask: crate::query::best::Ask, json: bool) -> Result<()> {
     let store = open_existing(path)?;
-    let found = crate::best::view(&store, study, n, ask)?;
+    let found = crate::query::best::view(&store, study, n, ask)?;
     if json {
         emit_json(&found)
     } else {
@@ -81,7 +81,7 @@ pub fn profiles(path: &Path, action: Option<ProfilesAction>, json: bool) -> Resu
     let text = match action {
         None => {
             let store = open_existing(path)?;
-            let views = crate::profiles::classes(&store)?;
+            let views = crate::query::profiles::classes(&store)?;
             if json {
                 serde_json::to_string_pretty(&views)?
             } else {
@@ -97,7 +97,7 @@ pub fn profiles(path: &Path, action: Option<ProfilesAction>, json: bool) -> Resu
             }
         }
         Some(ProfilesAction::Classify { study, trial }) => {
-            let c = crate::profiles::classify(&open_existing(path)?, &study, trial)?;
+            let c = crate::query::profiles::classify(&open_existing(path)?, &study, trial)?;
             if json {
                 serde_json::to_string_pretty(&c)?
             } else {
@@ -109,7 +109,7 @@ pub fn profiles(path: &Path, action: Option<ProfilesAction>, json: bool) -> Resu
                 return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
             }
             let mut store = Store::open(path).map_err(CliError::open_store(path))?;
-            let forgotten = crate::profiles::forget(&mut store, &agent, unix_now_ms())?;
+            let forgotten = crate::query::profiles::forget(&mut store, &agent, unix_now_ms())?;
             if json {
                 serde_json::to_string_pretty(&forgotten)?
             } else {

@@ -9,10 +9,10 @@ use super::args::{ControlArg, RunArgs, ServeArgs, StoreArg};
 use super::error::{CliError, Result};
 use super::output::emit;
 use super::wiring::run_studies;
-use crate::best::{mixed_sources, unranked_note};
-use crate::engine::Summary;
+use crate::domain::study::{self, Study};
+use crate::query::best::{mixed_sources, unranked_note};
+use crate::runtime::engine::Summary;
 use crate::store::{BestRow, Store};
-use crate::study::{self, Study};
 
 /// `tunefleet run`: a study (one per `[[group]]`, side by side).
 pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -27,7 +27,7 @@ pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>
 
 /// `tunefleet campaign`: every workload of a campaign file, side by side.
 pub async fn campaign(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
-    let campaign = crate::campaign::load(&args.study)?;
+    let campaign = crate::domain::campaign::load(&args.study)?;
     let name = campaign.name.clone();
     let studies: Vec<Study> = campaign.studies.iter().flat_map(Study::expand).collect();
     let summaries =
@@ -60,24 +60,24 @@ pub async fn submit(study: &PathBuf, control: &ControlArg, store: &StoreArg) -> 
     let text = std::fs::read_to_string(study).map_err(CliError::file("reading", study))?;
     // Checked here too, so a mistake is reported with its line before anything is sent.
     study::parse(&text, &study.display().to_string())?;
-    let ask = crate::control::Ask::Submit { study: text, origin: study.display().to_string() };
-    answer(crate::control::ask(&control.resolve(&store.store), &ask).await?)
+    let ask = crate::runtime::control::Ask::Submit { study: text, origin: study.display().to_string() };
+    answer(crate::runtime::control::ask(&control.resolve(&store.store), &ask).await?)
 }
 
 /// `tunefleet cancel`: a study of a running service.
 pub async fn cancel(study: String, control: &ControlArg, store: &StoreArg) -> Result<()> {
-    let ask = crate::control::Ask::Cancel { study };
-    answer(crate::control::ask(&control.resolve(&store.store), &ask).await?)
+    let ask = crate::runtime::control::Ask::Cancel { study };
+    answer(crate::runtime::control::ask(&control.resolve(&store.store), &ask).await?)
 }
 
 /// Prints a service's answer; an error answer is an error.
-fn answer(a: crate::control::Answer) -> Result<()> {
+fn answer(a: crate::runtime::control::Answer) -> Result<()> {
     match a {
-        crate::control::Answer::Ok { message } => {
+        crate::runtime::control::Answer::Ok { message } => {
             println!("{message}");
             Ok(())
         }
-        crate::control::Answer::Error { message } => Err(CliError::Refused(message)),
+        crate::runtime::control::Answer::Error { message } => Err(CliError::Refused(message)),
     }
 }
 
@@ -93,8 +93,8 @@ pub fn check(path: &Path) -> Result<()> {
 
 /// One study's trials (or how many an adaptive search may make).
 fn check_one(study: &Study, out: &mut String) -> Result<()> {
-    if crate::search::Search::adaptive(study) {
-        let planned = crate::search::Search::new(study).planned();
+    if crate::domain::search::Search::adaptive(study) {
+        let planned = crate::domain::search::Search::new(study).planned();
         writeln!(
             out,
             "{}: up to {planned} trials chosen as the study goes (adaptive), objective {} ({})",
@@ -104,7 +104,7 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
         )?;
         return Ok(());
     }
-    let plans = crate::search::plan(study);
+    let plans = crate::domain::search::plan(study);
     writeln!(
         out,
         "{}: {} trials, objective {} ({})",

@@ -1,6 +1,6 @@
 //! The text of the commands that read results: each takes the data its
-//! module returns ([`crate::best::View`], [`crate::profiles`]'s views,
-//! [`crate::status::StudyStatus`]) and renders it, so querying and
+//! module returns ([`crate::query::best::View`], [`crate::query::profiles`]'s views,
+//! [`crate::query::status::StudyStatus`]) and renders it, so querying and
 //! rendering stay apart. Pure.
 
 use std::fmt::Write as _;
@@ -8,11 +8,11 @@ use std::fmt::Write as _;
 use tunefleet_common::message::SystemParams;
 use tunefleet_common::params::Params;
 
-use crate::best::{figure, unranked_note, RankedTrial, View};
-use crate::profiles::{ClassView, Classified};
-use crate::status::StudyStatus;
+use crate::domain::study::Secondary;
+use crate::query::best::{figure, unranked_note, RankedTrial, View};
+use crate::query::profiles::{ClassView, Classified};
+use crate::query::status::StudyStatus;
 use crate::store::DecisionRow;
-use crate::study::Secondary;
 
 /// The text `best` prints.
 pub fn best(view: &View) -> Result<String, std::fmt::Error> {

@@ -11,18 +11,18 @@ use tunefleet_common::topic::Topics;
 
 use super::args::{BrokerArgs, ControlArg, InfluxArgs, KeyArg};
 use super::error::{CliError, Result};
-use crate::broker::{self, BrokerSettings, BrokerTls};
-use crate::engine::Summary;
-use crate::run::{BrokerChoice, RunConfig};
-use crate::sink::SinkConfig;
-use crate::study::Study;
+use crate::domain::study::Study;
+use crate::runtime::broker::{self, BrokerSettings, BrokerTls};
+use crate::runtime::engine::Summary;
+use crate::runtime::run::{BrokerChoice, RunConfig};
+use crate::runtime::sink::SinkConfig;
 
 impl KeyArg {
     /// The key file to use with the store at `store`.
     pub fn resolve(&self, store: &Path) -> PathBuf {
         self.path.clone().unwrap_or_else(|| {
             let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
-            crate::auth::default_key_path(store, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
+            crate::runtime::auth::default_key_path(store, env("STATE_DIRECTORY"), env("XDG_STATE_HOME"), env("HOME"))
         })
     }
 
@@ -39,7 +39,7 @@ impl KeyArg {
 
 impl BrokerArgs {
     /// The overload policy of these flags (`None` without --offload).
-    pub fn offload(&self) -> Result<Option<crate::offload::Policy>> {
+    pub fn offload(&self) -> Result<Option<crate::domain::offload::Policy>> {
         if !self.offload {
             return Ok(None);
         }
@@ -51,11 +51,11 @@ impl BrokerArgs {
         if self.offload_window == 0 {
             return Err(CliError::refused("--offload-window must be at least 1 second"));
         }
-        Ok(Some(crate::offload::Policy {
+        Ok(Some(crate::domain::offload::Policy {
             cpu_ratio: self.offload_cpu,
             memory_ratio: self.offload_memory,
             window_ms: self.offload_window.saturating_mul(1000),
-            ..crate::offload::Policy::default()
+            ..crate::domain::offload::Policy::default()
         }))
     }
 
@@ -96,11 +96,11 @@ impl InfluxArgs {
 impl ControlArg {
     /// The socket path: given, or beside `store`.
     pub fn resolve(&self, store: &Path) -> PathBuf {
-        self.control.clone().unwrap_or_else(|| crate::control::default_path(store))
+        self.control.clone().unwrap_or_else(|| crate::runtime::control::default_path(store))
     }
 }
 
-/// Runs `study` through [`crate::run::run`] with the flags' settings, and
+/// Runs `study` through [`crate::runtime::run::run`] with the flags' settings, and
 /// prints what scripts read: the broker URL first, the InfluxDB figures last.
 pub async fn run_study(
     study: Study,
@@ -143,7 +143,7 @@ pub async fn run_studies(
         launch: Some(args.launch.clone()),
         control,
     };
-    let outcome = crate::run::run(config, shutdown).await?;
+    let outcome = crate::runtime::run::run(config, shutdown).await?;
     if let Some(stats) = outcome.influx {
         // Scripts and tests read this line.
         println!(

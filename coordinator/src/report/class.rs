@@ -1,5 +1,5 @@
 //! Device classes of a study's results in figures: the report's summary of
-//! each group of [`crate::best::by_class`] (ranked results grouped by the
+//! each group of [`crate::query::best::by_class`] (ranked results grouped by the
 //! class of the agent that ran them). Pure.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,7 +24,7 @@ pub struct ClassSummary<'a> {
     pub sources: Vec<String>,
 }
 
-/// The summary of each group of [`crate::best::by_class`], by class name.
+/// The summary of each group of [`crate::query::best::by_class`], by class name.
 pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSummary<'a>> {
     groups
         .iter()
@@ -61,7 +61,7 @@ pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::best::{by_class, UNKNOWN_AGENT};
+    use crate::query::best::{by_class, UNKNOWN_AGENT};
     use crate::store::AgentRow;
     use tunefleet_common::measurement::EnergySourceKind;
     use tunefleet_common::message::{AgentInfo, EnergySourceInfo};

@@ -11,9 +11,9 @@ use super::class::summaries;
 use super::sample::{objective_series, system_text, timeline, ObjectiveSeries};
 use super::svg::{self, config_colour, fmt_num, Esc};
 use super::{ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
-use crate::best::by_class;
+use crate::domain::study::Direction;
+use crate::query::best::by_class;
 use crate::store::{BestRow, ProvenanceRow};
-use crate::study::Direction;
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS UTC`.
 pub fn utc(ms: u64) -> String {
@@ -101,7 +101,7 @@ fn header(out: &mut String, data: &ReportData) {
         s.pending,
         data.ranked.len()
     );
-    if let Some(note) = crate::best::unranked_note(&data.unranked) {
+    if let Some(note) = crate::query::best::unranked_note(&data.unranked) {
         let _ = write!(out, "<p class=\"note\">{}.</p>", Esc(&note));
     }
     out.push_str(
@@ -162,7 +162,7 @@ fn pareto(out: &mut String, data: &ReportData) {
             String::new()
         }
     );
-    if let Some(note) = crate::best::mixed_sources(valid.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::query::best::mixed_sources(valid.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let energy = |r: &BestRow| r.energy_j.unwrap_or(f64::NAN);
@@ -179,7 +179,7 @@ fn pareto(out: &mut String, data: &ReportData) {
 /// minimise x and `y_sign` x y.
 fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), points: &[(u64, f64, f64)], y_sign: f64) {
     let keys: Vec<Vec<f64>> = points.iter().map(|p| vec![p.1, y_sign * p.2]).collect();
-    let front_idx = crate::pareto::front(&keys);
+    let front_idx = crate::domain::pareto::front(&keys);
     let stride = front_idx.len().div_ceil(MAX_FRONT).max(1);
     let front: Vec<(u64, f64, f64)> = front_idx.iter().step_by(stride).map(|&i| points[i]).collect();
     let cloud: Vec<(f64, f64)> = points.iter().map(|p| (p.1, p.2)).collect();
@@ -189,9 +189,9 @@ fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), po
         let drawn = if stride > 1 { format!(", every {stride}th drawn") } else { String::new() };
         let n = front_idx.len();
         // Optuna's reference point: each worst value 10 % further out.
-        let volume = crate::pareto::reference_point(&keys).map(|r| {
+        let volume = crate::domain::pareto::reference_point(&keys).map(|r| {
             let on_front: Vec<Vec<f64>> = front_idx.iter().map(|&i| keys[i].clone()).collect();
-            (crate::pareto::hypervolume(&on_front, &r), r[0], y_sign * r[1])
+            (crate::domain::pareto::hypervolume(&on_front, &r), r[0], y_sign * r[1])
         });
         let hv = volume.map_or(String::new(), |(v, x, y)| format!("; hypervolume {v:.4} from ({x:.4}, {y:.4})"));
         let _ = write!(out, "<p class=\"note\">Front: {n} trial{}{drawn}{hv}.</p>", if n == 1 { "" } else { "s" });
@@ -307,7 +307,7 @@ fn best(out: &mut String, data: &ReportData) {
         rows.len(),
         data.ranked.len()
     );
-    if let Some(note) = crate::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::query::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let _ = write!(
@@ -364,7 +364,7 @@ fn best(out: &mut String, data: &ReportData) {
     out.push_str("</table></section>");
 }
 
-fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::profiles::ClusterView], study: &str) {
+fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::query::profiles::ClusterView], study: &str) {
     out.push_str("<section id=\"reuse\"><h2>Clusters and reuse decisions</h2>");
     if !clusters.is_empty() {
         out.push_str(
@@ -526,7 +526,7 @@ mod tests {
             threshold: Some(f64::NAN),
             reason: "</table>".into(),
         }];
-        d.clusters = vec![crate::profiles::ClusterView {
+        d.clusters = vec![crate::query::profiles::ClusterView {
             class: "x86_64, 2 cores, <rapl>".into(),
             cluster: 0,
             size: 2,

@@ -70,7 +70,7 @@ pub enum ReportError {
     #[error("writing the report {path}")]
     Write { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
-    Profiles(#[from] crate::profiles::ProfilesError),
+    Profiles(#[from] crate::query::profiles::ProfilesError),
 }
 
 /// How much the report shows.
@@ -124,7 +124,7 @@ pub struct ReportData {
     pub provenance: Vec<ProvenanceRow>,
     pub reuse: Vec<ReuseRow>,
     /// The profile clusters this study's jobs are members of.
-    pub clusters: Vec<crate::profiles::ClusterView>,
+    pub clusters: Vec<crate::query::profiles::ClusterView>,
     pub options: Options,
 }
 
@@ -155,7 +155,7 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
                 reason: d.reason,
             })
             .collect(),
-        clusters: crate::profiles::classes(store)?
+        clusters: crate::query::profiles::classes(store)?
             .into_iter()
             .flat_map(|c| c.clusters)
             .filter(|c| c.members.iter().any(|m| m.rsplit_once('/').is_some_and(|(s, _)| s == study)))

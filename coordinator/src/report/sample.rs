@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use tunefleet_common::measurement::SegmentRole;
 use tunefleet_common::message::SystemParams;
 
+use crate::domain::study::Direction;
 use crate::store::WindowRow;
-use crate::study::Direction;
 
 /// The objective over trials, ready to draw.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -159,7 +159,7 @@ pub struct Timeline {
 /// A system configuration in a few words (`cores=2 threads=1`), `unknown`
 /// when a window does not say.
 pub fn system_text(system: Option<&SystemParams>) -> String {
-    system.map_or_else(|| "unknown".to_string(), crate::params::system_text)
+    system.map_or_else(|| "unknown".to_string(), crate::domain::params::system_text)
 }
 
 /// Lays out `windows`: each agent's `per_agent` most recent windows, for

@@ -9,8 +9,8 @@ use super::queries::study_by_name;
 use super::{
     exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, SqlContext, Store, StoreError, TrialState,
 };
-use crate::search::TrialPlan;
-use crate::study::{self, Study};
+use crate::domain::search::TrialPlan;
+use crate::domain::study::{self, Study};
 
 /// What [`Batch::create_study`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use serde::Serialize;
 use tunefleet_common::auth::{self, PublicKey};
 
 use super::{get_u64, to_i64, Batch, Result, SqlContext, Store};
-use crate::auth::{Known, TokenState};
+use crate::runtime::auth::{Known, TokenState};
 
 /// Created on open, like the agent keys: older programs ignore it.
 pub(super) const ENROL_SCHEMA: &str = r#"

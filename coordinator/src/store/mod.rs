@@ -13,7 +13,7 @@
 //! becomes a second row in `results`.
 //!
 //! The `influx_outbox` table holds points for InfluxDB that are not delivered
-//! yet (see [`crate::sink`]): the engine queues them in the same batch as the
+//! yet (see [`crate::runtime::sink`]): the engine queues them in the same batch as the
 //! result they describe, and the sink deletes them once the server took them.
 //!
 //! One file per concern: `schema` opens and migrates, `queries` reads,
@@ -30,8 +30,8 @@ use serde::Serialize;
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::params::Params;
 
-pub(crate) use crate::params::param_value_json;
-pub use crate::params::{params_from_json, params_json};
+pub(crate) use crate::domain::params::param_value_json;
+pub use crate::domain::params::{params_from_json, params_json};
 
 mod batch;
 mod enrol;

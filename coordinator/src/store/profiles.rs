@@ -1,13 +1,13 @@
 //! Workload profiles, their clusters and every reuse decision
-//! ([`crate::reuse`]): what the coordinator learned about jobs, kept so a
+//! ([`crate::domain::reuse`]): what the coordinator learned about jobs, kept so a
 //! restart (and the next study, and the next campaign) starts from it.
 
 use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
 use super::{json_col, to_i64, Batch, Result, SqlContext, Store, StoreError};
-use crate::cluster::Model;
-use crate::reuse::Record;
+use crate::domain::cluster::Model;
+use crate::domain::reuse::Record;
 
 /// Created on open, like the InfluxDB outbox: older programs ignore it.
 pub(super) const PROFILES_SCHEMA: &str = r#"

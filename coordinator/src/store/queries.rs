@@ -12,8 +12,8 @@ use super::{
     bad_text, get_opt_u64, get_u64, json_col, params_col, to_i64, trial_state, Result, SqlContext, Store, StoreError,
     StudyState, TrialState,
 };
-use crate::search::TrialPlan;
-use crate::study::Direction;
+use crate::domain::search::TrialPlan;
+use crate::domain::study::Direction;
 
 /// A study as stored.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -147,7 +147,7 @@ mod tests {
     use tunefleet_common::measurement::{EnergyReading, ExitOutcome, Segment};
     use tunefleet_common::message::TrialRef;
 
-    use crate::search::TrialPlan;
+    use crate::domain::search::TrialPlan;
 
     fn sys(cores: u32) -> SystemParams {
         SystemParams { cores: Some(cores), ..SystemParams::default() }
@@ -185,7 +185,7 @@ kind = "int"
 low = 0
 high = 9
 "#;
-        let study = crate::study::parse(text, "test").expect("study");
+        let study = crate::domain::study::parse(text, "test").expect("study");
         let plans: Vec<TrialPlan> =
             (0..3).map(|trial| TrialPlan { trial, params: Default::default(), repeat: 0 }).collect();
         let mut b = store.batch().expect("batch");

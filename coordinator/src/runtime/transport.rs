@@ -1,7 +1,7 @@
 //! The coordinator's MQTT transport: the only module that knows rumqttc.
 //!
 //! It turns broker traffic into typed [`Inbound`] frames (still to be
-//! authenticated by [`crate::auth`]) and publishes sealed payloads. Payloads
+//! authenticated by [`crate::runtime::auth`]) and publishes sealed payloads. Payloads
 //! that fail to decode, or whose frame does not belong on their topic,
 //! become [`Inbound::Rejected`]: counted and logged by the engine, never a
 //! panic.
@@ -145,7 +145,7 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
         .set_clean_session(true)
         .set_inflight(1000)
         .set_request_channel_capacity(4096)
-        .set_max_packet_size(crate::broker::MAX_PAYLOAD, crate::broker::MAX_PAYLOAD);
+        .set_max_packet_size(crate::runtime::broker::MAX_PAYLOAD, crate::runtime::broker::MAX_PAYLOAD);
     if let Some((user, pass)) = &config.security.credentials {
         opts.set_credentials(user.clone(), pass.clone());
     }

@@ -11,7 +11,7 @@
 //! `model` holds the types, `raw` the file as written (serde mirrors with
 //! spans), `validate` the check from one to the other, `error` what it
 //! reports. Which agents a
-//! [`Selector`] admits is a scheduling rule: [`crate::select`].
+//! [`Selector`] admits is a scheduling rule: [`crate::domain::select`].
 
 use std::path::Path;
 

@@ -235,7 +235,7 @@ impl Ctx<'_> {
             }
             Some(prefix) => {
                 let text = prefix.get_ref();
-                if let Err(e) = crate::validate::checkpoint("resume_prefix", text) {
+                if let Err(e) = crate::domain::validate::checkpoint("resume_prefix", text) {
                     return Err(self.at(prefix.span(), e.to_string()));
                 }
                 Some(text.clone())
@@ -262,7 +262,7 @@ impl Ctx<'_> {
         let early_stopping = match &raw.early_stopping {
             None => None,
             Some(e) => {
-                if let Some(why) = crate::search::asha::refused(&objective.metric) {
+                if let Some(why) = crate::domain::search::asha::refused(&objective.metric) {
                     return Err(self.at(raw.objective.metric.span(), why));
                 }
                 let reduction = match &e.reduction {

@@ -91,7 +91,7 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
 use super::sample;
-use crate::study::{Direction, ParamSpec};
+use crate::domain::study::{Direction, ParamSpec};
 
 /// Most trials counted as "good", whatever `gamma` says (Optuna's 25).
 pub const GAMMA_CAP: usize = 25;

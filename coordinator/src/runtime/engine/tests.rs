@@ -10,8 +10,8 @@ use tunefleet_common::message::{
 };
 
 use super::*;
-use crate::sched::{Restored, Scheduler, StudyPolicy};
-use crate::search::Search;
+use crate::domain::sched::{Restored, Scheduler, StudyPolicy};
+use crate::domain::search::Search;
 
 const STUDY: &str = r#"
 name = "s"
@@ -62,7 +62,7 @@ impl Fixture {
     /// [`Fixture::new`] with another study named `s` of 4 trials, every
     /// trial made and in the store before the core starts it.
     fn with_study(text: &str) -> Fixture {
-        let study = crate::study::parse(text, "test.toml").expect("study");
+        let study = crate::domain::study::parse(text, "test.toml").expect("study");
         let mut search = Search::new(&study);
         let mut plans = Vec::new();
         while let Some(trials) = search.next_trials() {
@@ -78,7 +78,8 @@ impl Fixture {
         sessions.open_enrolment = true;
         let coordinator_key = sessions.public_key();
         // Disturbed measurements are measured again; every stored result's points are queued.
-        let core = Core::new(store, sessions).with_influx(true).with_offload(Some(crate::offload::Policy::default()));
+        let core =
+            Core::new(store, sessions).with_influx(true).with_offload(Some(crate::domain::offload::Policy::default()));
         let mut fx = Fixture { core, agent: None, clock_ms: 0 };
         fx.core.start_study(study, fx.now()).expect("the study starts");
         let me = Identity::generate().expect("key").0;
@@ -105,7 +106,7 @@ impl Fixture {
     }
 
     /// `msg` sealed in agent `a`'s session, as the transport hands it
-    /// over ([`crate::transport::classify`]: a frame too large is rejected).
+    /// over ([`crate::runtime::transport::classify`]: a frame too large is rejected).
     fn sealed(&mut self, msg: &AgentMessage) -> Inbound {
         let kind = AgentTopic::of_agent_message(msg);
         self.sealed_body(kind, tunefleet_common::encode(msg).expect("encode"))
@@ -132,7 +133,7 @@ impl Fixture {
 /// `payload` as agent `a` publishes it on a `kind` topic, through the transport's check.
 fn wire(kind: AgentTopic, payload: &[u8]) -> Inbound {
     let topics = tunefleet_common::topic::Topics::default();
-    crate::transport::classify(&topics, &topics.agent("a", kind), payload)
+    crate::runtime::transport::classify(&topics, &topics.agent("a", kind), payload)
 }
 
 fn acks(out: &Messages) -> Vec<&ResultAck> {

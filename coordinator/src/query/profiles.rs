@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tunefleet_common::message::Select;
 
-use crate::cluster::Model;
-use crate::reuse::{self, Decision, Record};
+use crate::domain::cluster::Model;
+use crate::domain::reuse::{self, Decision, Record};
 use crate::store::{Store, StoreError};
 
 /// Why a listing cannot be made.
@@ -54,7 +54,7 @@ pub struct ClassView {
 pub fn forget(store: &mut Store, agent: &str, now_ms: u64) -> Result<Vec<(String, u64)>, ProfilesError> {
     let refit = |records: &[Record]| {
         let profiles: Vec<_> = records.iter().map(|r| r.profile.clone()).collect();
-        crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()).ok().map(|f| f.model)
+        crate::domain::cluster::fit(&profiles, &crate::domain::cluster::FitOptions::default()).ok().map(|f| f.model)
     };
     Ok(store.forget_agent_profiles(agent, now_ms, refit)?)
 }
@@ -158,7 +158,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
     distances.sort_by(|a, b| a.1.total_cmp(&b.1));
     let clusters: Vec<Option<usize>> =
         records.iter().map(|r| model.as_ref().and_then(|m| m.place(&r.profile)).map(|p| p.cluster)).collect();
-    let policy = crate::study::parse(&store.study(study)?.map(|s| s.config).unwrap_or_default(), study)
+    let policy = crate::domain::study::parse(&store.study(study)?.map(|s| s.config).unwrap_or_default(), study)
         .map(|s| s.reuse)
         .unwrap_or_default();
     let group = reuse::group_key(&policy.group, &result.params);

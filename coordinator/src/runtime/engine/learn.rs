@@ -5,7 +5,7 @@
 //! ([`learn`]).
 //!
 //! The refit runs inside the turn that stores the result. It is amortised
-//! ([`crate::reuse::Class::stale_at`]: every record below 100, then each
+//! ([`crate::domain::reuse::Class::stale_at`]: every record below 100, then each
 //! time the records grew by a tenth), so it is rare, but choosing k is
 //! quadratic in the records: with many thousands per class, it belongs on a
 //! blocking task whose model comes back as an event of a later turn (the
@@ -18,8 +18,8 @@ use super::handle::Ctx;
 use crate::store::Store;
 
 /// Every profile record and stored model, by device class.
-pub(super) fn load_book(store: &Store) -> Result<crate::reuse::Book, EngineError> {
-    let mut book = crate::reuse::Book::default();
+pub(super) fn load_book(store: &Store) -> Result<crate::domain::reuse::Book, EngineError> {
+    let mut book = crate::domain::reuse::Book::default();
     for r in store.profile_records()? {
         book.classes.entry(r.class.clone()).or_default().records.push(r);
     }
@@ -42,7 +42,7 @@ pub(super) fn on_profile(
     trial: &TrialRef,
     wp: &tunefleet_common::measurement::WindowProfile,
 ) -> Result<(), EngineError> {
-    use crate::reuse::{self, Decision};
+    use crate::domain::reuse::{self, Decision};
     let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
     let (Some(probe), Some(plan)) = (a.probe.as_ref(), a.plans.get(trial.trial as usize)) else { return Ok(()) };
     if a.decided.contains(&(trial.trial, trial.attempt)) {
@@ -135,7 +135,7 @@ pub(super) fn learn(
     m: &tunefleet_common::measurement::Measurement,
     now: u64,
 ) -> Result<(), EngineError> {
-    use crate::reuse::{self, Record, Verdict};
+    use crate::domain::reuse::{self, Record, Verdict};
     let Some(a) = cx.studies.get(&trial.study) else { return Ok(()) };
     let (Some(wp), Some(probe), Some(plan)) = (&m.window_profile, &a.probe, a.plans.get(trial.trial as usize)) else {
         return Ok(());
@@ -209,7 +209,7 @@ pub(super) fn learn(
     if c.stale_at(c.records.len() + usize::from(!replaced)) {
         let profiles: Vec<tunefleet_common::profile::Profile> =
             c.records.iter().filter(|r| !same(r)).chain(std::iter::once(&record)).map(|r| r.profile.clone()).collect();
-        match crate::cluster::fit(&profiles, &crate::cluster::FitOptions::default()) {
+        match crate::domain::cluster::fit(&profiles, &crate::domain::cluster::FitOptions::default()) {
             Ok(fitted) => {
                 tracing::info!(class = %class, k = fitted.model.k(), profiles = profiles.len(), "profile clusters refitted");
                 cx.batch.record_model(&class, &fitted.model, profiles.len(), now)?;

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use tunefleet_common::message::{ProbePlan, SystemParams};
 
 use super::core::{EngineError, EngineStats};
-use crate::sched::Scheduler;
-use crate::search::{self, Search, TrialPlan};
+use crate::domain::sched::Scheduler;
+use crate::domain::search::{self, Search, TrialPlan};
+use crate::domain::study::Study;
 use crate::store::Batch;
-use crate::study::Study;
 
 /// The best result so far, for the progress display and the summary.
 #[derive(Debug, Clone, PartialEq)]

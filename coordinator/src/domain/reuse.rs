@@ -11,7 +11,7 @@
 //! 2. the device class has no model yet: probe;
 //! 3. the nearest cluster is farther than its threshold,
 //!    `max(radius_factor * radius, min_threshold)` (radius: the 90th
-//!    percentile of its members' distances; see [`crate::cluster`]): probe,
+//!    percentile of its members' distances; see [`crate::domain::cluster`]): probe,
 //!    and the job will join the model as a kind of its own;
 //! 4. no job of that cluster with the same hyper-parameter group (the
 //!    values of the study's `[reuse] group` parameters, PipeTune's batch
@@ -36,8 +36,8 @@ use tunefleet_common::message::{Select, SystemParams};
 use tunefleet_common::params::Params;
 use tunefleet_common::profile::{Profile, FEATURES, PROFILE_VERSION};
 
-use crate::cluster::Model;
-use crate::study::ReusePolicy;
+use crate::domain::cluster::Model;
+use crate::domain::study::ReusePolicy;
 
 /// How one configuration ran in one trial, relative to the trial's first window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,7 +103,7 @@ impl Decision {
     }
 }
 
-pub use crate::params::system_text;
+pub use crate::domain::params::system_text;
 
 /// Why a profile from an agent is not used.
 pub fn check(profile: &Profile) -> Result<(), String> {
@@ -126,7 +126,7 @@ pub fn check(profile: &Profile) -> Result<(), String> {
 /// The group key of a trial: the values of the `group` parameters, as JSON.
 pub fn group_key(group: &[String], params: &Params) -> String {
     let picked: Params = group.iter().filter_map(|g| params.get(g).map(|v| (g.clone(), v.clone()))).collect();
-    crate::params::params_json(&picked)
+    crate::domain::params::params_json(&picked)
 }
 
 fn per_unit_energy(s: &Segment) -> Option<f64> {
@@ -382,7 +382,7 @@ impl Class {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster::{fit, FitOptions};
+    use crate::domain::cluster::{fit, FitOptions};
 
     fn sys(threads: u32) -> SystemParams {
         SystemParams { threads: Some(threads), ..SystemParams::default() }

@@ -2,7 +2,7 @@
 //! is compared with to decide whether it is a job seen before.
 //!
 //! Pure: profiles in, a [`Model`] out; the store keeps models and the engine
-//! decides with them ([`crate::reuse`]).
+//! decides with them ([`crate::domain::reuse`]).
 //!
 //! * **Features.** [`WINDOW_FEATURES`]: what an agent knows at the end of
 //!   a first window, less what describes the machine rather than the job
@@ -32,7 +32,7 @@
 //!   refit over 100,000 profiles stays well under a second (measured in
 //!   BENCHMARKS.md) where linfa's default 10 full runs took 7 s.
 //! * **Radius.** A cluster's radius is the 90th percentile of its members'
-//!   distances to its centroid: [`crate::reuse`] accepts a job within a
+//!   distances to its centroid: [`crate::domain::reuse`] accepts a job within a
 //!   multiple of it.
 
 use serde::{Deserialize, Serialize};

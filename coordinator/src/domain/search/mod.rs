@@ -22,7 +22,7 @@ use tunefleet_common::message::{ProbePlan, SystemParams, TrialRef, TrialSpec};
 use tunefleet_common::params::{ParamValue, Params};
 use tunefleet_common::template::{self, TemplateError};
 
-use crate::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
+use crate::domain::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 
 pub mod asha;
 pub mod tpe;
@@ -467,7 +467,7 @@ fn clamp_i64(v: u64) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::study;
+    use crate::domain::study;
 
     fn study(space: &str, strategy: &str, budget: u64, repeats: u32) -> Study {
         let text = format!(

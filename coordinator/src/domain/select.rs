@@ -1,11 +1,11 @@
 //! Which agents may run a study's trials: a [`Selector`] (the study's
 //! `[selector]`, or a group's) matched against what an agent says it is in
-//! its Hello. A scheduling rule, beside [`crate::sched`]; the study file
-//! only says what is asked for ([`crate::study`]).
+//! its Hello. A scheduling rule, beside [`crate::domain::sched`]; the study file
+//! only says what is asked for ([`crate::domain::study`]).
 
 use tunefleet_common::message::AgentInfo;
 
-use crate::study::Selector;
+use crate::domain::study::Selector;
 
 impl Selector {
     /// True when `agent` may run trials of the study.

@@ -11,8 +11,8 @@ use serde::Serialize;
 use tunefleet_common::message::SystemParams;
 use tunefleet_common::params::Params;
 
+use crate::domain::study::{self, Direction, Secondary, StudyError};
 use crate::store::{AgentRow, BestRow, DecisionRow, Store, StoreError, Unranked};
-use crate::study::{self, Direction, Secondary, StudyError};
 
 /// Which view `best` asks for (the flags `--pareto` and `--by-class`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,7 +226,7 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
                 params: r.params,
                 system: r.system,
                 mean: mean(&runs),
-                spread: crate::search::spread(&values),
+                spread: crate::domain::search::spread(&values),
                 runs,
             }
         })
@@ -261,10 +261,10 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         .iter()
         .map(|r| std::iter::once(sign * r.objective).chain(axes.iter().map(|&a| figure(r, a))).collect())
         .collect();
-    let on_front = crate::pareto::front(&points);
-    let hypervolume = crate::pareto::reference_point(&points).map(|reference| {
+    let on_front = crate::domain::pareto::front(&points);
+    let hypervolume = crate::domain::pareto::reference_point(&points).map(|reference| {
         let front_points: Vec<Vec<f64>> = on_front.iter().map(|&i| points[i].clone()).collect();
-        let volume = crate::pareto::hypervolume(&front_points, &reference);
+        let volume = crate::domain::pareto::hypervolume(&front_points, &reference);
         let mut reference = reference;
         reference[0] *= sign;
         Hypervolume { volume, reference }

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use tunefleet_common::message::{AgentInfo, TrialRef};
 
-pub use crate::study::Selector;
+pub use crate::domain::study::Selector;
 
 mod fleet;
 mod lease;

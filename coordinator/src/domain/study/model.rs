@@ -269,7 +269,7 @@ pub struct Stability {
     pub max_repeats: u32,
 }
 
-/// `[reuse]` of a study: see [`crate::reuse`] and docs/STUDY.md.
+/// `[reuse]` of a study: see [`crate::domain::reuse`] and docs/STUDY.md.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReusePolicy {
     /// Reuse configurations (profiles are learned either way).
@@ -323,7 +323,7 @@ pub struct Study {
     /// Pipelined mode; `None`: sequential (a trial per hyper x system configuration).
     pub pipeline: Option<Pipelined>,
     /// `[reuse]`: configurations known good for jobs that profile alike
-    /// ([`crate::reuse`]); pipelined studies only.
+    /// ([`crate::domain::reuse`]); pipelined studies only.
     pub reuse: ReusePolicy,
     /// `[[group]]`: device groups (phones, Graviton, x86...) tuned apart,
     /// each with its selector and budget; see [`Study::expand`].

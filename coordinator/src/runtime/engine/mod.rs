@@ -13,9 +13,9 @@
 //! in one store transaction, commits, and only then sends assignments and
 //! result acknowledgements: an agent forgets a result only once it is on disk.
 //!
-//! Every frame is authenticated first ([`crate::auth`]); every message that
+//! Every frame is authenticated first ([`crate::runtime::auth`]); every message that
 //! passes is validated before it reaches the scheduler or the store
-//! ([`crate::validate`]). Bad input is counted, logged at a bounded rate and
+//! ([`crate::domain::validate`]). Bad input is counted, logged at a bounded rate and
 //! answered where the agent must act (a refused result is parked by the
 //! agent); it never ends the run. Each message is handled inside a
 //! savepoint of its own: a store error while handling it undoes only its
@@ -33,12 +33,12 @@ use tokio::sync::mpsc;
 use tunefleet_common::message::CoordinatorMessage;
 use tunefleet_common::topic::AgentTopic;
 
-use crate::auth::Sessions;
-use crate::control::Request;
-use crate::progress::Progress;
+use crate::domain::study::Study;
+use crate::runtime::auth::Sessions;
+use crate::runtime::control::Request;
+use crate::runtime::progress::Progress;
+use crate::runtime::transport::{Inbound, Outbox};
 use crate::store::Store;
-use crate::study::Study;
-use crate::transport::{Inbound, Outbox};
 
 mod active;
 pub mod core;
@@ -68,7 +68,7 @@ pub struct Engine {
     /// Control-socket requests waiting for the next turn.
     requests: Vec<Request>,
     /// Starts agents while studies have work (`--launcher`).
-    launcher: Option<crate::launch::Launcher>,
+    launcher: Option<crate::runtime::launch::Launcher>,
     /// When the status was last published again (engine clock).
     status_ms: u64,
 }
@@ -91,14 +91,14 @@ impl Engine {
         }
     }
 
-    /// Moves trials off agents the decider finds overloaded ([`crate::offload`]).
-    pub fn with_offload(mut self, policy: Option<crate::offload::Policy>) -> Self {
+    /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]).
+    pub fn with_offload(mut self, policy: Option<crate::domain::offload::Policy>) -> Self {
         self.core = self.core.with_offload(policy);
         self
     }
 
     /// Starts agents with `launcher` while studies have work.
-    pub fn with_launcher(mut self, launcher: Option<crate::launch::Launcher>) -> Self {
+    pub fn with_launcher(mut self, launcher: Option<crate::runtime::launch::Launcher>) -> Self {
         self.launcher = launcher;
         self
     }
@@ -342,7 +342,7 @@ impl Engine {
             }
         }
         self.send(out.welcomes, out.messages).await;
-        let refresh = crate::transport::STATUS_REFRESH.as_millis() as u64;
+        let refresh = crate::runtime::transport::STATUS_REFRESH.as_millis() as u64;
         if tick && now.engine_ms >= self.status_ms + refresh {
             self.status_ms = now.engine_ms;
             if let Err(e) = self.outbox.refresh_status().await {
@@ -353,7 +353,7 @@ impl Engine {
         for (name, active) in &core.studies {
             if let Some(c) = core.sched.counts(name) {
                 let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
-                let update = crate::progress::Update {
+                let update = crate::runtime::progress::Update {
                     finished: c.done + c.failed + c.stopped,
                     running: c.running,
                     live_agents: core.sched.live_agents(),

@@ -18,15 +18,15 @@ use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage, Progress
 use super::active::{ActiveStudy, Best, Summary};
 use super::handle::{handle_all, Ctx};
 use super::learn::load_book;
-use crate::auth::Sessions;
-use crate::control::{Answer, Ask};
-use crate::offload::{Decision, Policy, Telemetry};
-use crate::reuse::Book;
-use crate::sched::{Effect, Restored, Scheduler, StudyPolicy};
-use crate::search::{self, Search, TrialPlan};
+use crate::domain::offload::{Decision, Policy, Telemetry};
+use crate::domain::reuse::Book;
+use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
+use crate::domain::search::{self, Search, TrialPlan};
+use crate::domain::study::Study;
+use crate::runtime::auth::Sessions;
+use crate::runtime::control::{Answer, Ask};
+use crate::runtime::transport::Inbound;
 use crate::store::{Batch, Store, StoreError, TrialState};
-use crate::study::Study;
-use crate::transport::Inbound;
 
 /// Extra time a lease gets beyond the trial timeout (start-up, result delivery).
 pub const LEASE_GRACE: Duration = Duration::from_secs(30);
@@ -126,7 +126,7 @@ pub struct Core {
     pub(super) studies: HashMap<String, ActiveStudy>,
     pub(super) stats: EngineStats,
     pub(super) agents_seen: HashSet<String>,
-    /// Queue each stored result's points for InfluxDB (see [`crate::sink`]).
+    /// Queue each stored result's points for InfluxDB (see [`crate::runtime::sink`]).
     influx: bool,
     pub(super) sessions: Sessions,
     /// Agents asked to confirm delivery ([`CoordinatorMessage::Sync`]) that have not yet.
@@ -157,7 +157,7 @@ impl Core {
         }
     }
 
-    /// Moves trials off agents the decider finds overloaded ([`crate::offload`]),
+    /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]),
     /// and measures again what agents flag as disturbed.
     pub fn with_offload(mut self, policy: Option<Policy>) -> Self {
         self.offload = policy;
@@ -174,7 +174,7 @@ impl Core {
     /// A study file submitted to the service: started (or resumed) beside
     /// the others.
     fn submit(&mut self, text: &str, origin: &str, now: Now, shown: &mut Vec<Started>) -> Answer {
-        let file = match crate::study::parse(text, origin) {
+        let file = match crate::domain::study::parse(text, origin) {
             Ok(s) => s,
             Err(e) => return Answer::Error { message: e.to_string() },
         };
@@ -409,7 +409,7 @@ impl Core {
 /// their running ones move.
 fn offload(sched: &mut Scheduler, telemetry: &Telemetry, policy: &Policy, now: u64) -> Vec<Effect> {
     let mut effects = Vec::new();
-    for decision in crate::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
+    for decision in crate::domain::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
         match decision {
             Decision::Overloaded { agent, why } => {
                 tracing::warn!(agent = %agent, reason = %why, "agent overloaded: no new trials, its trials move");
@@ -505,9 +505,9 @@ fn schedule(
 
 /// Whether `reference` may be resumed from in `study` (message validation
 /// checked its form already; this checks it again for stored ones).
-pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::validate::Why> {
-    crate::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
-    crate::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
+pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::validate::Why> {
+    crate::domain::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::domain::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
 }
 
 /// `[stability]`: once every run of a trial's configuration has ended, one

@@ -13,14 +13,14 @@ use tunefleet_common::security::ClientSecurity;
 use tunefleet_common::topic::Topics;
 use tunefleet_common::{BrokerUrl, CodecError};
 
-use crate::auth::Sessions;
-use crate::broker::{self, BrokerError, BrokerSettings};
-use crate::engine::{Engine, EngineError, Summary};
-use crate::progress::Progress;
-use crate::sink::{Flusher, SinkConfig, SinkError, SinkStats};
+use crate::domain::study::Study;
+use crate::runtime::auth::Sessions;
+use crate::runtime::broker::{self, BrokerError, BrokerSettings};
+use crate::runtime::engine::{Engine, EngineError, Summary};
+use crate::runtime::progress::Progress;
+use crate::runtime::sink::{Flusher, SinkConfig, SinkError, SinkStats};
+use crate::runtime::transport::{self, TransportConfig, TransportError};
 use crate::store::{Store, StoreError};
-use crate::study::Study;
-use crate::transport::{self, TransportConfig, TransportError};
 
 /// Which broker the fleet meets on.
 #[derive(Debug, Clone)]
@@ -53,14 +53,14 @@ pub struct RunConfig {
     pub progress: bool,
     /// When agents count as overloaded (their trials are then moved);
     /// `None`: never.
-    pub offload: Option<crate::offload::Policy>,
+    pub offload: Option<crate::domain::offload::Policy>,
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,
-    /// Start agents with this launcher while studies have work ([`crate::launch`]).
-    pub launch: Option<crate::launch::LaunchArgs>,
+    /// Start agents with this launcher while studies have work ([`crate::runtime::launch`]).
+    pub launch: Option<crate::runtime::launch::LaunchArgs>,
     /// Run as a service (`tunefleet serve`): take studies on this control
-    /// socket ([`crate::control`]), resume the store's unfinished ones, and
+    /// socket ([`crate::runtime::control`]), resume the store's unfinished ones, and
     /// run until `shutdown` instead of until `studies` finish.
     pub control: Option<PathBuf>,
 }
@@ -98,9 +98,9 @@ pub enum RunError {
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error(transparent)]
-    Control(#[from] crate::control::ControlError),
+    Control(#[from] crate::runtime::control::ControlError),
     #[error("study {name} in the store no longer parses")]
-    StoredStudy { name: String, source: Box<crate::study::StudyError> },
+    StoredStudy { name: String, source: Box<crate::domain::study::StudyError> },
 }
 
 /// Runs `config.studies` to the end (or until `shutdown`).
@@ -123,7 +123,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     } = config;
     if let Some(path) = &control {
         // Before the broker and the store: a second service on the same store says so.
-        crate::control::ensure_free(path).await?;
+        crate::runtime::control::ensure_free(path).await?;
     }
     let (public, connect, security) = match broker {
         BrokerChoice::External { url, security } => (url.clone(), url, security),
@@ -191,14 +191,14 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         None => String::new(),
     };
     let launcher = launch.as_ref().and_then(|args| {
-        let cx = crate::launch::Context {
+        let cx = crate::runtime::launch::Context {
             broker: public.to_string(),
             root: root.clone(),
             coordinator_key: auth::hex(&sessions.public_key()),
             prefix: format!("launched-{:08x}", instance as u32),
             join: join.clone(),
         };
-        crate::launch::Launcher::new(args, cx)
+        crate::runtime::launch::Launcher::new(args, cx)
     });
     let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions)
         .with_influx(sink.is_some())
@@ -223,7 +223,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
                     .collect()
             };
             for row in unfinished {
-                let file = crate::study::parse(&row.config, &format!("{} (stored)", row.name))
+                let file = crate::domain::study::parse(&row.config, &format!("{} (stored)", row.name))
                     .map_err(|e| RunError::StoredStudy { name: row.name.clone(), source: Box::new(e) })?;
                 // A group's study is stored with its whole file.
                 for study in file.expand().into_iter().filter(|s| s.name == row.name) {
@@ -235,7 +235,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
                 engine.start_study(study)?;
             }
             let (tx, rx) = tokio::sync::mpsc::channel(64);
-            let listener = crate::control::listen(&path, tx).await?;
+            let listener = crate::runtime::control::listen(&path, tx).await?;
             let result = engine.serve(inbound, rx, shutdown).await;
             listener.abort();
             let _ = std::fs::remove_file(&path);

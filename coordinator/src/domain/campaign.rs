@@ -25,7 +25,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::study::{self, Study, StudyError};
+use crate::domain::study::{self, Study, StudyError};
 
 /// Why a campaign file cannot be used.
 #[derive(Debug, thiserror::Error)]

@@ -86,7 +86,7 @@ impl Scheduler {
     }
 
     /// An agent announced itself (its session is authenticated by
-    /// [`crate::auth`]). A new `instance` means the agent process
+    /// [`crate::runtime::auth`]). A new `instance` means the agent process
     /// restarted: whatever it was running is gone.
     pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
         let name = info.agent.clone();

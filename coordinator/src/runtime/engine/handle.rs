@@ -16,14 +16,14 @@ use tunefleet_common::topic::AgentTopic;
 use super::active::{ActiveStudy, Best};
 use super::core::{early_stop, loud, repeat_until_stable, usable_checkpoint, EngineError, EngineStats, Now};
 use super::learn::{learn, on_profile};
-use crate::auth::{Admission, HelloRefusal, Sessions, WillCheck};
-use crate::offload::{Sample, Telemetry};
-use crate::reuse::Book;
-use crate::sched::{Effect, ResultKind, Scheduler, Verdict};
-use crate::search;
+use crate::domain::offload::{Sample, Telemetry};
+use crate::domain::reuse::Book;
+use crate::domain::sched::{Effect, ResultKind, Scheduler, Verdict};
+use crate::domain::search;
+use crate::domain::study::Direction;
+use crate::runtime::auth::{Admission, HelloRefusal, Sessions, WillCheck};
+use crate::runtime::transport::Inbound;
 use crate::store::{Batch, RecordOutcome, StoreError};
-use crate::study::Direction;
-use crate::transport::Inbound;
 
 /// What handling a message may touch: the engine's state, borrowed for one
 /// turn, with the turn's store batch and what it queues to send.
@@ -180,7 +180,7 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             }
         },
     };
-    if let Err(why) = crate::validate::message(&msg) {
+    if let Err(why) = crate::domain::validate::message(&msg) {
         cx.stats.invalid_messages += 1;
         if loud(cx.stats.invalid_messages) {
             tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: out of bounds");
@@ -302,10 +302,11 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
             }
         }
     };
-    let peeked = cx.sessions.peek_hello(&agent, signed).and_then(|h| match crate::validate::agent_info(&h.info) {
-        Ok(()) => Ok(h),
-        Err(why) => Err(HelloRefusal::Invalid(why.to_string())),
-    });
+    let peeked =
+        cx.sessions.peek_hello(&agent, signed).and_then(|h| match crate::domain::validate::agent_info(&h.info) {
+            Ok(()) => Ok(h),
+            Err(why) => Err(HelloRefusal::Invalid(why.to_string())),
+        });
     let hello = match peeked {
         Ok(h) => h,
         Err(e) => {
@@ -462,7 +463,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
             }
             if cx.influx && stored {
-                let points = crate::sink::trial_points(&trial, &agent, &measurement, objective);
+                let points = crate::runtime::sink::trial_points(&trial, &agent, &measurement, objective);
                 cx.batch.enqueue_points(&points, now)?;
             }
             match verdict {

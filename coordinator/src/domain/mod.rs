@@ -1,0 +1,15 @@
+//! The domain: a study and the pure decisions made on it. Nothing here does
+//! I/O or reads a clock; the runtime passes plain values in and performs what
+//! comes back.
+
+pub mod campaign;
+pub mod cluster;
+pub mod offload;
+pub mod params;
+pub mod pareto;
+pub mod reuse;
+pub mod sched;
+pub mod search;
+pub mod select;
+pub mod study;
+pub mod validate;

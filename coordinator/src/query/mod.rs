@@ -1,0 +1,7 @@
+//! Questions asked of the store for the commands and the report: the best
+//! results, the learned profiles, a study's status. Each returns data; the
+//! CLI's views and the report render it.
+
+pub mod best;
+pub mod profiles;
+pub mod status;
