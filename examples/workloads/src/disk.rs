@@ -19,7 +19,6 @@
 //! FNV-1a over 64-bit words, one multiply per 8 bytes: cheap enough not to
 //! make the job a compute one, and what keeps the reads from being skipped.
 
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -28,8 +27,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Instant;
 
-pub use crate::checksum::Checksum;
 use crate::checkpoint::{CheckpointError, IoCheckpoint};
+pub use crate::checksum::Checksum;
 use crate::control::{Settings, Steer};
 use crate::report::{emit, IoEvent};
 
