@@ -56,7 +56,6 @@ const ALLOWED_CIRCLES: &[&[&str]] = &[
         "coordinator/src/domain/study/validate.rs",
     ],
     &["coordinator/src/domain/search/mod.rs", "coordinator/src/domain/search/tpe.rs"],
-    &["coordinator/src/report/html.rs", "coordinator/src/report/mod.rs"],
     &[
         "coordinator/src/runtime/engine/active.rs",
         "coordinator/src/runtime/engine/core.rs",
