@@ -55,7 +55,6 @@ const ALLOWED_CIRCLES: &[&[&str]] = &[
         "coordinator/src/domain/study/mod.rs",
         "coordinator/src/domain/study/validate.rs",
     ],
-    &["coordinator/src/domain/search/mod.rs", "coordinator/src/domain/search/tpe.rs"],
     &[
         "coordinator/src/runtime/engine/active.rs",
         "coordinator/src/runtime/engine/core.rs",
