@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use tunefleet_common::params::Params;
 
 use super::class::summaries;
+use super::data::{ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
 use super::sample::{objective_series, system_text, timeline, ObjectiveSeries};
 use super::svg::{self, config_colour, fmt_num, Esc};
-use super::{ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
 use crate::domain::study::Direction;
 use crate::query::best::by_class;
 use crate::store::{BestRow, ProvenanceRow};

@@ -39,6 +39,7 @@
 //! The file stays under about 1 MB whatever the study's size.
 
 mod class;
+mod data;
 mod html;
 mod sample;
 mod svg;
@@ -46,19 +47,11 @@ mod svg;
 use std::path::{Path, PathBuf};
 
 pub use class::{summaries, ClassSummary};
+pub use data::{Options, ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
 pub use sample::{objective_series, system_text, timeline, ObjectiveSeries, Timeline};
 pub use svg::Esc;
 
-use crate::store::{AgentRow, BestRow, ProvenanceRow, Store, StoreError, StudyRow, Unranked, WindowRow};
-
-/// The id of every chart on the page, present even when it has nothing to draw.
-pub const CHART_IDS: [&str; 4] =
-    ["chart-objective", "chart-pareto-time-energy", "chart-pareto-objective-energy", "chart-timelines"];
-
-/// Most reuse decisions listed.
-pub const MAX_REUSE_ROWS: usize = 500;
-/// Most points of a Pareto front drawn.
-pub const MAX_FRONT: usize = 1000;
+use crate::store::{Store, StoreError};
 
 /// What went wrong making a report.
 #[derive(Debug, thiserror::Error)]
@@ -71,61 +64,6 @@ pub enum ReportError {
     Write { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
     Profiles(#[from] crate::query::profiles::ProfilesError),
-}
-
-/// How much the report shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Options {
-    /// Rows of the table of best configurations.
-    pub best: usize,
-    /// Most dots of the objective chart.
-    pub max_points: usize,
-    /// Most recent windows shown per agent.
-    pub windows_per_agent: usize,
-    /// Most agents in the timelines.
-    pub max_agents: usize,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options { best: 10, max_points: 2000, windows_per_agent: 120, max_agents: 24 }
-    }
-}
-
-/// One decision of the profile clusters about a trial: whether it reused a
-/// cluster's configuration or was probed, and why.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReuseRow {
-    pub trial: u64,
-    /// What was decided (`reused`, `probed`, `re-probed`...).
-    pub decision: String,
-    /// The cluster the trial's profile fell in, if any.
-    pub cluster: Option<u32>,
-    /// Distance of the profile to that cluster.
-    pub distance: Option<f64>,
-    /// The distance under which a configuration is reused.
-    pub threshold: Option<f64>,
-    pub reason: String,
-}
-
-/// Everything the page shows, read from the store.
-#[derive(Debug, Clone)]
-pub struct ReportData {
-    pub study: StudyRow,
-    /// When the report was made (Unix ms).
-    pub generated_ms: u64,
-    /// Ranked results, best first ([`Store::best`]).
-    pub ranked: Vec<BestRow>,
-    pub unranked: Unranked,
-    pub agents: Vec<AgentRow>,
-    /// The windows of each agent's most recent trials.
-    pub windows: Vec<WindowRow>,
-    /// Provenance of the best [`Options::best`] results.
-    pub provenance: Vec<ProvenanceRow>,
-    pub reuse: Vec<ReuseRow>,
-    /// The profile clusters this study's jobs are members of.
-    pub clusters: Vec<crate::query::profiles::ClusterView>,
-    pub options: Options,
 }
 
 /// Reads what the report of `study` shows.

@@ -19,7 +19,6 @@
 //! FNV-1a over 64-bit words, one multiply per 8 bytes: cheap enough not to
 //! make the job a compute one, and what keeps the reads from being skipped.
 
-use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -29,13 +28,12 @@ use std::thread;
 use std::time::Instant;
 
 use crate::checkpoint::{CheckpointError, IoCheckpoint};
+pub use crate::checksum::Checksum;
 use crate::control::{Settings, Steer};
 use crate::report::{emit, IoEvent};
 
 const KIB: usize = 1 << 10;
 const MIB: f64 = (1u64 << 20) as f64;
-const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 /// The increment of SplitMix64's state (2^64 divided by the golden ratio).
 const GOLDEN_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
@@ -116,52 +114,6 @@ pub enum IoError {
     Checkpoint(#[from] CheckpointError),
     #[error("cannot resume: the checkpoint was saved with {files} files of {file_kib} KiB (give the same --files and --file-kib)")]
     Resume { files: u64, file_kib: u64 },
-}
-
-/// A 64-bit checksum: FNV-1a over little-endian 64-bit words. Printed as 16
-/// hex digits, a JSON string: a JSON number would lose bits, and a checksum
-/// is not a metric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checksum(pub u64);
-
-impl Checksum {
-    /// The checksum of nothing, where every fold starts.
-    pub const EMPTY: Checksum = Checksum(FNV_OFFSET);
-
-    /// This checksum with `word` folded in.
-    pub fn with(self, word: u64) -> Checksum {
-        Checksum((self.0 ^ word).wrapping_mul(FNV_PRIME))
-    }
-
-    /// The checksum of `bytes`: their 8-byte words, then the bytes left over
-    /// one by one.
-    pub fn of(bytes: &[u8]) -> Checksum {
-        let words = bytes.chunks_exact(8);
-        let rest = words.remainder();
-        let sum = words.fold(Checksum::EMPTY, |sum, chunk| {
-            let mut word = [0; 8];
-            word.copy_from_slice(chunk);
-            sum.with(u64::from_le_bytes(word))
-        });
-        rest.iter().fold(sum, |sum, &byte| sum.with(u64::from(byte)))
-    }
-
-    /// The checksums in `parts`, folded in order.
-    pub fn fold(parts: impl IntoIterator<Item = Checksum>) -> Checksum {
-        parts.into_iter().fold(Checksum::EMPTY, |sum, part| sum.with(part.0))
-    }
-}
-
-impl fmt::Display for Checksum {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl serde::Serialize for Checksum {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
 }
 
 /// SplitMix64's output function.

@@ -15,6 +15,7 @@
 //! print step lines and save checkpoints ([`checkpoint`]).
 
 pub mod checkpoint;
+pub mod checksum;
 pub mod control;
 pub mod digits;
 pub mod disk;

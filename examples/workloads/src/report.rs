@@ -5,7 +5,7 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
-use crate::disk::Checksum;
+use crate::checksum::Checksum;
 
 /// A line of `tunefleet-train`.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -16,7 +16,7 @@
 //! resumed study re-creates exactly the same trials: [`Search::resume`]
 //! replays the configurations already in the store.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::message::{ProbePlan, SystemParams, TrialRef, TrialSpec};
 use tunefleet_common::params::{ParamValue, Params};
@@ -25,8 +25,10 @@ use tunefleet_common::template::{self, TemplateError};
 use crate::domain::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 
 pub mod asha;
+mod draw;
 pub mod tpe;
 
+pub use draw::sample;
 pub use tpe::Outcome;
 
 /// One trial: a configuration and which repetition of it this is.
@@ -309,30 +311,6 @@ pub fn grid_values(spec: &ParamSpec) -> Vec<ParamValue> {
 /// Number of configurations of the full grid (saturating).
 pub fn grid_size(study: &Study) -> u64 {
     study.searched().iter().fold(1u64, |acc, (_, spec)| acc.saturating_mul(grid_len(spec)))
-}
-
-/// One value of `spec` drawn from `rng`.
-pub fn sample(spec: &ParamSpec, rng: &mut impl Rng) -> ParamValue {
-    match spec {
-        ParamSpec::Categorical { values } => values[rng.random_range(0..values.len())].clone(),
-        ParamSpec::Int { low, high, step } => {
-            let step = (*step).max(1);
-            // Points on the lattice low, low + step, ... <= high (computed in i128: no overflow).
-            let points = (i128::from(*high) - i128::from(*low)) / i128::from(step) + 1;
-            let k = rng.random_range(0..points);
-            // In range by construction: low + k * step <= high.
-            ParamValue::Int((i128::from(*low) + k * i128::from(step)) as i64)
-        }
-        ParamSpec::Float { low, high, .. } => {
-            let u: f64 = rng.random();
-            ParamValue::Float((low + (high - low) * u).clamp(*low, *high))
-        }
-        ParamSpec::LogFloat { low, high, .. } => {
-            let u: f64 = rng.random();
-            let (a, b) = (low.ln(), high.ln());
-            ParamValue::Float((a + (b - a) * u).exp().clamp(*low, *high))
-        }
-    }
 }
 
 /// The concrete command, environment, system parameters and timeout of one

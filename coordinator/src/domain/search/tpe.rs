@@ -90,7 +90,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
-use super::sample;
+use super::draw::sample;
 use crate::domain::study::{Direction, ParamSpec};
 
 /// Most trials counted as "good", whatever `gamma` says (Optuna's 25).
