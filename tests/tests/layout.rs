@@ -51,11 +51,6 @@ const ALLOWED_CIRCLES: &[&[&str]] = &[
         "coordinator/src/domain/sched/mod.rs",
     ],
     &[
-        "coordinator/src/domain/search/asha.rs",
-        "coordinator/src/domain/study/mod.rs",
-        "coordinator/src/domain/study/validate.rs",
-    ],
-    &[
         "coordinator/src/runtime/engine/active.rs",
         "coordinator/src/runtime/engine/core.rs",
         "coordinator/src/runtime/engine/handle.rs",

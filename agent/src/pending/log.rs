@@ -20,7 +20,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use super::{io_err, sync_dir, PendingError};
+use super::error::{io_err, sync_dir, PendingError};
 
 /// The first bytes of a spool log (format version 1).
 pub(super) const MAGIC: &[u8; 8] = b"TFSPOOL1";

@@ -27,6 +27,7 @@
 //! upgraded agent delivers what an older one left) goes into the log, then
 //! is removed.
 
+mod error;
 mod log;
 
 use std::collections::BTreeMap;
@@ -35,18 +36,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use tunefleet_common::message::{TrialRef, TrialResult};
-use tunefleet_common::{decode, encode, CodecError};
+use tunefleet_common::{decode, encode};
 
-/// A state-directory operation that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum PendingError {
-    #[error("{action} {path}: {source}")]
-    Io { action: &'static str, path: PathBuf, source: io::Error },
-    #[error("cannot encode the result of {trial}: {source}")]
-    Encode { trial: TrialRef, source: CodecError },
-    #[error("another agent uses the state directory {0} (it holds spool.lock)")]
-    Locked(PathBuf),
-}
+pub use error::PendingError;
+use error::{io_err, sync_dir};
 
 /// The agent's spool of unacknowledged results (it owns the state
 /// directory's log while this lives).
@@ -72,16 +65,6 @@ const LOG: &str = "spool.log";
 const LOCK: &str = "spool.lock";
 const INBOX: &str = "unacked";
 const PARKED: &str = "parked";
-
-fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> PendingError {
-    let path = path.to_path_buf();
-    move |source| PendingError::Io { action, path, source }
-}
-
-/// Makes a rename or removal in `dir` durable.
-fn sync_dir(dir: &Path) -> Result<(), PendingError> {
-    fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync", dir))
-}
 
 /// Writes `bytes` to `path` durably: temporary file, fsync, rename, fsync of the directory.
 fn write_durably(dir: &Path, path: &Path, bytes: &[u8]) -> Result<(), PendingError> {

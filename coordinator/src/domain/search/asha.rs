@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::domain::study::Direction;
+use crate::domain::study::model::Direction;
 
 /// What to do with a trial after a report.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -16,7 +16,7 @@
 use std::path::Path;
 
 mod error;
-mod model;
+pub mod model;
 mod raw;
 mod validate;
 
