@@ -272,5 +272,6 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     let outcome = tokio::time::timeout(Duration::from_secs(10), agent).await.expect("agent stops in time");
     outcome.expect("agent task").expect("agent ran without error");
     assert!(!marker.exists(), "a forged assignment ran");
-    assert_eq!(std::fs::read_dir(state.path().join("unacked")).expect("unacked dir").count(), 0, "spool empty");
+    let spooled = tunefleet_agent::pending::SpoolView::open(state.path()).load();
+    assert!(spooled.is_empty(), "spool empty: {} result(s) left", spooled.len());
 }
