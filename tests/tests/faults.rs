@@ -145,8 +145,8 @@ fn coordinator_killed_mid_study_resumes_from_its_store() {
     let store = dir.path().join("s.db");
     let study = sleep_study(dir.path(), "c", 10, 0.3);
     let (coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let _a1 = start_agent(&url, "c-agent-1", &root, &[]);
-    let _a2 = start_agent(&url, "c-agent-2", &root, &[]);
+    let a1 = start_agent(&url, "c-agent-1", &root, &[]);
+    let a2 = start_agent(&url, "c-agent-2", &root, &[]);
     wait_for("a few results", Duration::from_secs(60), || results_count(&store) >= 3);
     coord.signal("KILL");
     drop(coord);
@@ -185,11 +185,13 @@ fn broker_down_for_30_seconds_loses_nothing() {
     let (mut coord, _) = start_coordinator(&sleep_study(dir.path(), "o", 8, 2.0), &store, &root, &["--broker", &url]);
     let s1 = dir.path().join("state1");
     let s2 = dir.path().join("state2");
-    let _a1 = start_agent(&url, "o-agent-1", &root, &["--state-dir", s1.to_str().unwrap_or_default()]);
-    let _a2 = start_agent(&url, "o-agent-2", &root, &["--state-dir", s2.to_str().unwrap_or_default()]);
+    let a1 = start_agent(&url, "o-agent-1", &root, &["--state-dir", s1.to_str().unwrap_or_default()]);
+    let a2 = start_agent(&url, "o-agent-2", &root, &["--state-dir", s2.to_str().unwrap_or_default()]);
     wait_for("both agents running trials", Duration::from_secs(90), || {
         running_on(&store, "o-agent-1").is_some() && running_on(&store, "o-agent-2").is_some()
     });
+    wait_for_workload(&a1);
+    wait_for_workload(&a2);
     broker.kill();
     let down = Instant::now();
     // The outage itself: the trials in flight finish while no broker exists.
@@ -206,6 +208,17 @@ fn broker_down_for_30_seconds_loses_nothing() {
 
 /// Results an agent holds in its state directory, not yet acknowledged
 /// (whole files only: a `.tmp` is a result still being written).
+/// The store says "running" when the assignment is sent, before the broker
+/// delivers it; only the workload running under the agent proves it arrived
+/// (killing the broker or the coordinator earlier loses the assignment, not
+/// a result).
+fn wait_for_workload(agent: &Proc) {
+    let agent_pid = agent.child.id();
+    wait_for("the workload under the agent", Duration::from_secs(30), || {
+        children(agent_pid).iter().any(|(_, comm)| comm == "sh" || comm == "sleep")
+    });
+}
+
 fn spooled(state: &Path) -> usize {
     spool(state).iter().filter(|f| f.ends_with(".bin")).count()
 }
@@ -227,12 +240,7 @@ fn agent_restarted_with_spooled_results_delivers_them() {
         running.is_some()
     });
     let (trial, attempt) = running.expect("running");
-    // The store says "running" when the assignment is sent; the workload
-    // running under the agent proves it arrived.
-    let agent_pid = agent.child.id();
-    wait_for("the workload under the agent", Duration::from_secs(30), || {
-        children(agent_pid).iter().any(|(_, comm)| comm == "sh" || comm == "sleep")
-    });
+    wait_for_workload(&agent);
     broker.kill();
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
     agent.signal("KILL");
@@ -282,6 +290,7 @@ fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coo
     let (coord_a, url) = start_coordinator(&study_a, &store_a, &root, &[]);
     let agent = start_agent(&url, "x-agent", &root, &args);
     wait_for("a trial on the agent", Duration::from_secs(60), || running_on(&store_a, "x-agent").is_some());
+    wait_for_workload(&agent);
     coord_a.signal("KILL");
     drop(coord_a);
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
@@ -353,6 +362,7 @@ fn regression_a_result_of_a_same_named_study_of_another_store_is_parked_not_dele
         running.is_some()
     });
     let (trial, attempt) = running.expect("running");
+    wait_for_workload(&agent);
     coord_a.signal("KILL");
     drop(coord_a);
     wait_for("the result in the spool", Duration::from_secs(30), || spooled(&state) >= 1);
