@@ -145,8 +145,8 @@ fn coordinator_killed_mid_study_resumes_from_its_store() {
     let store = dir.path().join("s.db");
     let study = sleep_study(dir.path(), "c", 10, 0.3);
     let (coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let a1 = start_agent(&url, "c-agent-1", &root, &[]);
-    let a2 = start_agent(&url, "c-agent-2", &root, &[]);
+    let _a1 = start_agent(&url, "c-agent-1", &root, &[]);
+    let _a2 = start_agent(&url, "c-agent-2", &root, &[]);
     wait_for("a few results", Duration::from_secs(60), || results_count(&store) >= 3);
     coord.signal("KILL");
     drop(coord);
