@@ -19,20 +19,9 @@ use std::sync::Arc;
 
 use tunefleet_common::measurement::EnergySourceKind;
 
-use super::{read_i64, read_text, Channel, ChannelRead, EnergyError, MeteredSource, SysfsRead};
-
-/// The one `status` under which a fuel gauge measures the machine.
-pub const DISCHARGING: &str = "Discharging";
-
-/// What a battery `status` other than `Discharging` says about the power supply.
-pub fn status_meaning(status: &str) -> &'static str {
-    match status {
-        "Charging" => "on external power, charging",
-        "Full" => "on external power, full",
-        "Not charging" => "on external power, not charging",
-        _ => "the power supply cannot be told",
-    }
-}
+pub use super::metered::{status_meaning, DISCHARGING};
+use super::metered::{Channel, ChannelRead, MeteredSource};
+use super::source::{read_i64, read_text, EnergyError, SysfsRead};
 
 /// Finds battery fuel gauges under `root`.
 pub fn discover(root: &Path, fs: Arc<dyn SysfsRead>) -> Result<MeteredSource, EnergyError> {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tunefleet_common::measurement::{DomainEnergy, EnergyReading, EnergySourceKind};
 use tunefleet_common::message::EnergySourceInfo;
 
-use super::{skipped_note, EnergyError, EnergyMeter, EnergySource, Usage};
+use super::source::{skipped_note, EnergyError, EnergyMeter, EnergySource, Usage};
 
 /// Coefficients of the estimate model.
 #[derive(Debug, Clone, Copy, PartialEq)]

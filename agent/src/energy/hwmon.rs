@@ -36,7 +36,8 @@ use std::sync::Arc;
 
 use tunefleet_common::measurement::EnergySourceKind;
 
-use super::{read_text, Channel, ChannelRead, EnergyError, MeteredSource, SysfsRead};
+use super::metered::{Channel, ChannelRead, MeteredSource};
+use super::source::{read_text, EnergyError, SysfsRead};
 
 /// The sensor number of `energy3_input` style files, for the given prefix and suffix.
 pub fn sensor_index(file: &str, prefix: &str, suffix: &str) -> Option<u32> {

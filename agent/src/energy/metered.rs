@@ -1,13 +1,13 @@
 //! The meter shared by every metered source: a list of channels, each a
 //! cumulative energy counter (wrap-around handled by
-//! [`super::rapl::counter_delta`]) or an instantaneous power reading
+//! [`counter_delta`]) or an instantaneous power reading
 //! integrated over time (trapezoids between samples). Discovery (which
 //! channels exist, which count towards the total) is the sources' job.
 //!
 //! A channel that cannot be read any more (its zone disappeared) keeps the
 //! energy counted so far and makes the reading invalid with the reason; a
 //! battery status other than `Discharging` at any sample does the same (see
-//! [`super::battery`]).
+//! the battery source).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +16,35 @@ use std::time::Duration;
 use tunefleet_common::measurement::{push_power_sample, DomainEnergy, EnergyReading, EnergySourceKind, PowerSample};
 use tunefleet_common::message::EnergySourceInfo;
 
-use super::{rapl, read_i64, read_text, EnergyError, EnergyMeter, EnergySource, SysfsRead, Usage};
+use super::source::{read_i64, read_text, EnergyError, EnergyMeter, EnergySource, SysfsRead, Usage};
+
+/// Energy between two readings of a counter that wraps after `max_range_uj`
+/// (the value after `max_range_uj` is 0). `None` when the counter went
+/// backwards and no range is known (or the range is inconsistent with the
+/// previous value): the delta cannot be told. Several wraps between two
+/// samples are indistinguishable from one; see `rapl::max_sampling_interval`.
+pub fn counter_delta(prev: u64, now: u64, max_range_uj: Option<u64>) -> Option<u64> {
+    if now >= prev {
+        return Some(now - prev);
+    }
+    match max_range_uj {
+        Some(max) if max > 0 && prev <= max => Some(max - prev + now),
+        _ => None,
+    }
+}
+
+/// The one `status` under which a fuel gauge measures the machine.
+pub const DISCHARGING: &str = "Discharging";
+
+/// What a battery `status` other than `Discharging` says about the power supply.
+pub fn status_meaning(status: &str) -> &'static str {
+    match status {
+        "Charging" => "on external power, charging",
+        "Full" => "on external power, full",
+        "Not charging" => "on external power, not charging",
+        _ => "the power supply cannot be told",
+    }
+}
 
 /// How one channel is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,12 +191,12 @@ impl Meter {
     fn check_status(&mut self, elapsed: Duration) {
         for (name, path) in self.status.clone() {
             match read_text(self.fs.as_ref(), &path) {
-                Ok(s) if s == super::battery::DISCHARGING => {}
+                Ok(s) if s == DISCHARGING => {}
                 Ok(s) => {
                     let _ = elapsed;
                     self.invalid(format!(
                         "{name} was {s}: {}; a fuel gauge measures the workload only while discharging",
-                        super::battery::status_meaning(&s)
+                        status_meaning(&s)
                     ));
                 }
                 Err(e) => self.invalid(format!("{name} status unreadable: {e}")),
@@ -202,7 +230,7 @@ impl EnergyMeter for Meter {
             };
             let joules = match (last, now, &state.channel.read) {
                 (Raw::EnergyUj(prev), Raw::EnergyUj(cur), ChannelRead::EnergyUj { max_range_uj, .. }) => {
-                    match rapl::counter_delta(prev, cur, *max_range_uj) {
+                    match counter_delta(prev, cur, *max_range_uj) {
                         Some(delta) => {
                             if max_range_uj.is_some_and(|m| delta > m / 2) {
                                 problems.push(format!(

@@ -24,25 +24,12 @@ use std::time::Duration;
 
 use tunefleet_common::measurement::EnergySourceKind;
 
-use super::{read_i64, read_text, Channel, ChannelRead, EnergyError, MeteredSource, SysfsRead};
+pub use super::metered::counter_delta;
+use super::metered::{Channel, ChannelRead, MeteredSource};
+use super::source::{read_i64, read_text, EnergyError, SysfsRead};
 
 /// Power assumed when a zone does not state its maximum (`constraint_0_max_power_uw`).
 pub const ASSUMED_MAX_WATTS: f64 = 500.0;
-
-/// Energy between two readings of a counter that wraps after `max_range_uj`
-/// (the value after `max_range_uj` is 0). `None` when the counter went
-/// backwards and no range is known (or the range is inconsistent with the
-/// previous value): the delta cannot be told. Several wraps between two
-/// samples are indistinguishable from one; see [`max_sampling_interval`].
-pub fn counter_delta(prev: u64, now: u64, max_range_uj: Option<u64>) -> Option<u64> {
-    if now >= prev {
-        return Some(now - prev);
-    }
-    match max_range_uj {
-        Some(max) if max > 0 && prev <= max => Some(max - prev + now),
-        _ => None,
-    }
-}
 
 /// The longest interval between samples that cannot hide a wrap: half the
 /// time a counter with range `max_range_uj` needs to wrap at `max_watts`.

@@ -49,7 +49,7 @@ use tunefleet_common::message::EnergySourceInfo;
 pub use fetch::{FetchError, HttpUrl};
 pub use value::{parse_value, Unit, Value, ValueError};
 
-use super::{EnergyError, EnergyMeter, EnergySource, Usage};
+use super::source::{EnergyError, EnergyMeter, EnergySource, Usage};
 
 /// How long one reading may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);

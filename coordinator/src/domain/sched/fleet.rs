@@ -1,15 +1,13 @@
-//! Agents and their credit: what each agent said it is and asked for,
-//! the credit a request gives it (never past its announced slots), and the
-//! fleet's indexes of live and ready agents that every change to an agent
-//! keeps ([`Scheduler::sync_agent`]).
+//! An agent as the scheduler sees it ([`AgentState`]): what it said it is
+//! and asked for, and the credit a request gives it (never past its
+//! announced slots: [`credit`]). The scheduler's handling of agents is in
+//! `agents.rs`.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
+use tunefleet_common::message::AgentInfo;
 
-use super::lease::{trial_ref, State, StudyState};
-use super::{Effect, Scheduler};
+use super::lease::StudyState;
 
 #[derive(Debug)]
 pub(super) struct AgentState {
@@ -25,9 +23,9 @@ pub(super) struct AgentState {
     pub(super) last_seq: Option<u64>,
     /// Why the agent gets no trials now (the decider found it overloaded).
     pub(super) overloaded: Option<String>,
-    /// Counted in [`Scheduler::live`].
+    /// Counted in the scheduler's `live` count.
     pub(super) live: bool,
-    /// In [`Scheduler::ready`].
+    /// In the scheduler's `ready` set.
     pub(super) ready: bool,
     /// Counted in the `ready_credit` of the studies it matches: its credit
     /// while it is ready, else 0.
@@ -56,216 +54,4 @@ impl AgentState {
 pub(super) fn credit(free: u32, slots: u32, in_flight: usize, held: usize) -> u32 {
     let sub = |n: u32, k: usize| n.saturating_sub(u32::try_from(k).unwrap_or(u32::MAX));
     sub(free, in_flight).min(sub(slots, held))
-}
-
-impl Scheduler {
-    /// Brings the fleet's indexes (`ready`, `live`, the studies'
-    /// `ready_credit`) up to date with what `agent` is now; called after
-    /// every change to an agent.
-    pub(super) fn sync_agent(&mut self, agent: &str) {
-        let Some(a) = self.agents.get_mut(agent) else { return };
-        let live = a.online && a.info.is_some();
-        if live != a.live {
-            a.live = live;
-            if live {
-                self.live += 1;
-            } else {
-                self.live -= 1;
-            }
-        }
-        let ready = live && a.credit > 0;
-        a.recount(&mut self.studies, if ready { a.credit } else { 0 });
-        if ready != a.ready {
-            a.ready = ready;
-            if ready {
-                self.ready.insert(a.name.clone());
-            } else {
-                self.ready.remove(agent);
-            }
-        }
-    }
-
-    /// An agent announced itself (its session is authenticated by
-    /// [`crate::runtime::auth`]). A new `instance` means the agent process
-    /// restarted: whatever it was running is gone.
-    pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
-        let name = info.agent.clone();
-        let instance = info.instance;
-        let agent = self.agents.entry(name.clone()).or_insert_with(|| AgentState {
-            name: Arc::from(name.as_str()),
-            info: None,
-            online: true,
-            instance,
-            credit: 0,
-            withheld: 0,
-            last_seq: None,
-            overloaded: None,
-            live: false,
-            ready: false,
-            counted: 0,
-        });
-        // What it matches may change with what it says it is.
-        agent.recount(&mut self.studies, 0);
-        let restarted = agent.instance != instance;
-        agent.instance = instance;
-        agent.online = true;
-        agent.info = Some(info);
-        if restarted {
-            agent.credit = 0;
-            agent.withheld = 0;
-            agent.last_seq = None;
-        }
-        self.sync_agent(&name);
-        if restarted {
-            self.release_leases(&name, "agent restarted")
-        } else {
-            Vec::new()
-        }
-    }
-
-    /// An agent's retained status, or its Last Will.
-    pub fn status(&mut self, agent: &str, status: &AgentStatus) -> Vec<Effect> {
-        let Some(state) = self.agents.get_mut(agent) else {
-            // Not seen by this process: only leases restored from the store can be affected.
-            return if status.online { Vec::new() } else { self.release_leases(agent, "agent is offline") };
-        };
-        if status.instance != state.instance {
-            // A stale status of an earlier process (the retained one, or a late will).
-            return Vec::new();
-        }
-        state.online = status.online;
-        if !status.online {
-            state.credit = 0;
-            state.withheld = 0;
-        }
-        self.sync_agent(agent);
-        if status.online {
-            return Vec::new();
-        }
-        self.release_leases(agent, "agent went offline")
-    }
-
-    /// An agent's request for work: its credit becomes `free`. Trials that a
-    /// previous coordinator handed to this agent and that it no longer lists as
-    /// running are lost (their results, had there been any, came first).
-    pub fn request(&mut self, agent: &str, req: &WorkRequest) -> Vec<Effect> {
-        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
-        if state.last_seq.is_some_and(|seq| req.seq <= seq) {
-            return Vec::new();
-        }
-        state.last_seq = Some(req.seq);
-        state.online = true;
-        let mut effects = Vec::new();
-        for study in &mut self.studies {
-            let Some(restored) = study.restored.remove(agent) else { continue };
-            for i in restored {
-                let attempt = match study.trials.get(i as usize).map(|t| &t.state) {
-                    Some(State::Running(l)) if l.restored && l.agent == agent => l.attempt,
-                    _ => continue,
-                };
-                let tr = trial_ref(&study.policy, i, attempt);
-                if req.running.contains(&tr) {
-                    continue;
-                }
-                effects.extend(study.end_attempt(i, tr, "the agent no longer runs it".into()));
-            }
-        }
-        // Attempts given to the agent that it had not seen when it asked are
-        // on their way: its free slots are fewer than it says. Only those
-        // answering its previous request: an older one it does not list was
-        // lost (a broker restart) and waits for its lease to run out; it is
-        // not taken off what the agent asks for, but it still holds one of
-        // the agent's announced slots (below) until then.
-        let in_flight: usize = self
-            .studies
-            .iter()
-            .map(|study| {
-                let held = study.held.get(agent).map_or(0, |trials| {
-                    trials
-                        .iter()
-                        .filter(|&&i| match study.trials.get(i as usize).map(|t| &t.state) {
-                            Some(State::Running(l)) => {
-                                l.seq.saturating_add(1) >= req.seq
-                                    && !req.running.contains(&trial_ref(&study.policy, i, l.attempt))
-                            }
-                            _ => false,
-                        })
-                        .count()
-                });
-                held
-            })
-            .sum();
-        // Never more than the slots it announced, less the leases it holds:
-        // a `free` past that would let one agent take every pending trial.
-        let held: usize = self.studies.iter().map(|s| s.held.get(agent).map_or(0, BTreeSet::len)).sum();
-        if let Some(state) = self.agents.get_mut(agent) {
-            let slots = state.info.as_ref().map_or(0, |i| i.slots);
-            state.credit = credit(req.free, slots, in_flight, held);
-            // Leases it holds but no longer runs (a result on its way) end
-            // soon: the slots they free are its, up to what it asked for.
-            state.withheld = credit(req.free, slots, in_flight, 0).saturating_sub(state.credit);
-            // Leases that ended before this request are counted in it already.
-            for study in &mut self.studies {
-                study.released.retain(|a| a != agent);
-            }
-        }
-        self.sync_agent(agent);
-        effects
-    }
-
-    /// The agent will not run this attempt: queue it again without counting a failure.
-    pub fn refuse(&mut self, agent: &str, trial: &TrialRef, reason: &str) -> Vec<Effect> {
-        let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return Vec::new() };
-        let Some(slot) = study.trials.get(trial.trial as usize) else { return Vec::new() };
-        match &slot.state {
-            State::Running(l) if l.agent == agent && l.attempt == trial.attempt => {
-                study.unlease(trial.trial);
-                study.queue.push_front(trial.trial);
-                vec![Effect::Requeued { trial: trial.clone(), reason: format!("refused by {agent}: {reason}") }]
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    /// The decider found `agent` overloaded (`Some(why)`) or well again
-    /// (`None`). An overloaded agent gets no trials, and the attempts it runs
-    /// are moved: cancelled there and queued again without counting a
-    /// failure, kept off it for [`AVOID_MS`].
-    pub fn set_overloaded(&mut self, agent: &str, why: Option<String>, now_ms: u64) -> Vec<Effect> {
-        let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
-        let class = state.info.as_ref().map(AgentInfo::device_class);
-        let newly = why.is_some() && state.overloaded.is_none();
-        state.overloaded = why.clone();
-        let Some(why) = why.filter(|_| newly) else { return Vec::new() };
-        let mut effects = Vec::new();
-        for study in &mut self.studies {
-            for i in study.held_by(agent) {
-                let Some(l) = study.move_off(i, agent, class.clone(), now_ms) else { continue };
-                let tr = trial_ref(&study.policy, i, l.attempt);
-                let reason = format!("agent overloaded: {why}");
-                effects.push(Effect::Cancel { agent: agent.to_string(), trial: tr.clone(), reason: reason.clone() });
-                effects.push(Effect::Moved { trial: tr, from: agent.to_string(), reason });
-            }
-        }
-        effects
-    }
-
-    /// Whether `agent` is overloaded now (and why).
-    pub fn overloaded(&self, agent: &str) -> Option<&str> {
-        self.agents.get(agent).and_then(|a| a.overloaded.as_deref())
-    }
-
-    /// Each lease that ended since the last turn gives its agent back one
-    /// slot of the credit its last request was denied for want of slots.
-    pub(super) fn give_back(&mut self) {
-        let ended: Vec<String> = self.studies.iter_mut().flat_map(|s| std::mem::take(&mut s.released)).collect();
-        for agent in ended {
-            let Some(a) = self.agents.get_mut(&agent) else { continue };
-            if a.withheld > 0 && a.online {
-                a.withheld -= 1;
-                a.credit += 1;
-                self.sync_agent(&agent);
-            }
-        }
-    }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use tunefleet_common::message::TrialRef;
 
-use super::{Effect, Scheduler, StudyPolicy, AVOID_MS};
+use super::types::{Effect, StudyPolicy, AVOID_MS};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Lease {
@@ -175,62 +175,5 @@ impl StudyState {
     /// Whether `trial` refers to this study: its name and its id.
     pub(super) fn owns(&self, trial: &TrialRef) -> bool {
         self.policy.name == trial.study && self.policy.id == trial.study_id
-    }
-}
-
-impl Scheduler {
-    /// Stops trial `trial` of `study` early: its running attempt is
-    /// cancelled, and it ends in a state of its own (neither done nor
-    /// failed, never retried). Nothing happens to a trial already final.
-    pub fn stop(&mut self, study: &str, trial: u64, reason: &str) -> Vec<Effect> {
-        let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) else { return Vec::new() };
-        let Some(slot) = s.trials.get(usize::try_from(trial).unwrap_or(usize::MAX)) else { return Vec::new() };
-        let mut effects = Vec::new();
-        let tr = trial_ref(&s.policy, trial, slot.last_attempt);
-        let was_pending = slot.state == State::Pending;
-        let stopped = match s.unlease(trial) {
-            Some(l) => {
-                effects.push(Effect::Cancel { agent: l.agent.clone(), trial: tr.clone(), reason: reason.to_string() });
-                State::Stopped { agent: l.agent, attempt: l.attempt, delivered: false }
-            }
-            None if was_pending => State::Stopped { agent: String::new(), attempt: 0, delivered: true },
-            None => return effects,
-        };
-        if let Some(slot) = s.trials.get_mut(usize::try_from(trial).unwrap_or(usize::MAX)) {
-            slot.state = stopped;
-        }
-        s.stopped += 1;
-        effects.push(Effect::Stopped { trial: tr, reason: reason.to_string() });
-        effects
-    }
-
-    /// Cancels and requeues every lease past its deadline.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
-        let mut effects = Vec::new();
-        for study in &mut self.studies {
-            let mut due: Vec<u64> = study.deadlines.range(..=(now_ms, u64::MAX)).map(|&(_, i)| i).collect();
-            // In trial order, as a scan of the trials would find them.
-            due.sort_unstable();
-            for i in due {
-                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
-                let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy, i, l.attempt));
-                let reason = "lease expired".to_string();
-                effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
-                effects.extend(study.end_attempt(i, tr, reason));
-            }
-        }
-        effects
-    }
-
-    pub(super) fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {
-        let mut effects = Vec::new();
-        for study in &mut self.studies {
-            for i in study.held_by(agent) {
-                let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
-                let tr = trial_ref(&study.policy, i, l.attempt);
-                effects.extend(study.end_attempt(i, tr, reason.into()));
-            }
-        }
-        effects
     }
 }

@@ -5,7 +5,8 @@
 use tunefleet_common::message::{AgentInfo, TrialRef};
 
 use super::lease::{trial_ref, State};
-use super::{Change, Effect, Judgement, ResultKind, Scheduler, Verdict, MAX_REMEASURES};
+use super::types::Change;
+use super::{Effect, Judgement, ResultKind, Scheduler, Verdict, MAX_REMEASURES};
 
 impl Scheduler {
     /// A result from `agent` for `trial`.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tunefleet_common::message::{ProbePlan, SystemParams};
 
-use super::core::{EngineError, EngineStats};
+use super::types::{EngineError, EngineStats};
 use crate::domain::sched::Scheduler;
 use crate::domain::search::{self, Search, TrialPlan};
 use crate::domain::study::Study;

@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage, Progress};
 
 use super::active::{ActiveStudy, Best, Summary};
-use super::handle::{handle_all, Ctx};
+use super::ctx::{usable_checkpoint, Ctx};
+use super::handle::handle_all;
 use super::learn::load_book;
+pub use super::types::{EngineError, EngineStats, Now};
 use crate::domain::offload::{Decision, Policy, Telemetry};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
@@ -30,73 +32,6 @@ use crate::store::{Batch, Store, StoreError, TrialState};
 
 /// Extra time a lease gets beyond the trial timeout (start-up, result delivery).
 pub const LEASE_GRACE: Duration = Duration::from_secs(30);
-
-/// Why the engine stopped early.
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("the broker connection closed for good")]
-    TransportClosed,
-}
-
-/// Counters a user (or a test) can read after a run.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Payloads that do not decode or do not belong on their topic.
-    pub rejected_messages: u64,
-    /// Sealed frames that fail authentication: no session, another
-    /// session's token, a bad MAC, a replayed sequence number.
-    pub bad_tokens: u64,
-    /// Hellos refused: bad signature, wrong name or instance, replayed,
-    /// changed key, too many agents.
-    pub refused_hellos: u64,
-    /// Hellos dropped by the rate limit.
-    pub rate_limited_hellos: u64,
-    /// Last Wills that match no session of the agent (forged or replayed).
-    pub forged_wills: u64,
-    /// Authenticated messages with a field out of bounds (validate.rs).
-    pub invalid_messages: u64,
-    /// Messages (or the bookkeeping after one) whose store writes failed:
-    /// rolled back alone, the turn went on.
-    pub store_errors: u64,
-    /// Checkpoints outside their study's `resume_prefix`: not kept.
-    pub refused_checkpoints: u64,
-    /// Results the coordinator cannot place, answered so the agent parks them.
-    pub unknown_results: u64,
-    /// Results, progress, refusals and running attempts of another study of
-    /// a name this coordinator runs (another study id: another store).
-    /// Results are refused (the agent parks them), the rest is ignored.
-    pub other_study_refs: u64,
-    pub duplicate_results: u64,
-    pub superseded_results: u64,
-    pub requeued: u64,
-    pub assignments: u64,
-    /// Trials stopped early (ASHA).
-    pub stopped: u64,
-    /// Attempts moved off an overloaded agent, or measured again because
-    /// their measurement was disturbed.
-    pub moved: u64,
-    /// Trials that skipped probing for a configuration reused from jobs
-    /// that profiled alike, and reuses that then ran slower than promised.
-    pub reused: u64,
-    pub reuse_worse: u64,
-    /// Window profiles refused as malformed (the trial probes as usual).
-    pub bad_profiles: u64,
-}
-
-/// The clocks of one turn, read once by the caller.
-#[derive(Debug, Clone, Copy)]
-pub struct Now {
-    /// Milliseconds since the engine started: the scheduler's clock (leases,
-    /// the offloading decider).
-    pub engine_ms: u64,
-    /// Milliseconds since the Unix epoch: the times the store records.
-    pub unix_ms: u64,
-    /// The monotonic clock: the session limits (Hello rates, stale notices)
-    /// and a study's elapsed time.
-    pub instant: Instant,
-}
 
 /// What a turn decided to send, once its writes are committed.
 #[derive(Debug, Default)]
@@ -479,11 +414,6 @@ fn cancel(
     Answer::Ok { message: format!("study {name} cancelled: {running} running attempts cancelled on their agents") }
 }
 
-/// Logs the first ten of a kind of refusal, then at powers of two.
-pub(super) fn loud(n: u64) -> bool {
-    n <= 10 || n.is_power_of_two()
-}
-
 /// The end of a turn: new trials where agents have room, assignments, and
 /// every effect applied to the store.
 fn schedule(
@@ -501,60 +431,6 @@ fn schedule(
         apply(batch, studies, stats, out, effect, now.unix_ms)?;
     }
     Ok(())
-}
-
-/// Whether `reference` may be resumed from in `study` (message validation
-/// checked its form already; this checks it again for stored ones).
-pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::validate::Why> {
-    crate::domain::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
-    crate::domain::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
-}
-
-/// `[stability]`: once every run of a trial's configuration has ended, one
-/// more while their objectives spread more than the study allows (and it
-/// has runs left).
-pub(super) fn repeat_until_stable(
-    sched: &mut Scheduler,
-    batch: &mut Batch<'_>,
-    a: &mut ActiveStudy,
-    trial: u64,
-) -> Result<(), EngineError> {
-    let Some(stability) = a.study.stability else { return Ok(()) };
-    let Some(params) = a.plans.get(trial as usize).map(|p| p.params.clone()) else { return Ok(()) };
-    let runs = a.runs.get(&crate::store::params_json(&params)).cloned().unwrap_or_default();
-    let name = a.study.name.clone();
-    if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| sched.is_finished(&name, t)) {
-        return Ok(());
-    }
-    let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
-    let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
-    // The row first: when the store refuses it, the search has not counted it.
-    let repeat = runs.len() as u32;
-    let next = TrialPlan { trial: a.plans.len() as u64, params: params.clone(), repeat };
-    batch.add_trials(&name, std::slice::from_ref(&next))?;
-    let plan = a.search.extra_repeat(&params, repeat);
-    debug_assert_eq!(plan, next, "the search numbers trials as the study has them");
-    tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
-    a.adopt(sched, vec![plan]);
-    Ok(())
-}
-
-/// ASHA's verdict on a live attempt's epoch report.
-pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
-    let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
-    let Some(asha) = active.asha.as_mut() else { return };
-    let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
-    if let search::asha::Decision::Stop { rung, value: judged, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
-        // The model learns where ASHA cut (Optuna's pruned trials).
-        if let Some(plan) = active.plans.get(p.trial.trial as usize) {
-            active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, value);
-        }
-        let value = judged;
-        let metric = &active.study.objective.metric;
-        let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
-        tracing::info!(trial = %p.trial, %reason);
-        cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
-    }
 }
 
 /// Does what the scheduler decided: an assignment rendered, recorded and

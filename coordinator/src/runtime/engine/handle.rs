@@ -14,7 +14,8 @@ use tunefleet_common::message::{
 use tunefleet_common::topic::AgentTopic;
 
 use super::active::{ActiveStudy, Best};
-use super::core::{early_stop, loud, repeat_until_stable, usable_checkpoint, EngineError, EngineStats, Now};
+use super::ctx::{early_stop, repeat_until_stable, usable_checkpoint, Ctx};
+use super::types::{loud, EngineError, EngineStats};
 use super::learn::{learn, on_profile};
 use crate::domain::offload::{Sample, Telemetry};
 use crate::domain::reuse::Book;
@@ -24,29 +25,6 @@ use crate::domain::study::Direction;
 use crate::runtime::auth::{Admission, HelloRefusal, Sessions, WillCheck};
 use crate::runtime::transport::Inbound;
 use crate::store::{Batch, RecordOutcome, StoreError};
-
-/// What handling a message may touch: the engine's state, borrowed for one
-/// turn, with the turn's store batch and what it queues to send.
-pub(super) struct Ctx<'a, 'b> {
-    pub(super) sched: &'a mut Scheduler,
-    pub(super) batch: &'a mut Batch<'b>,
-    pub(super) studies: &'a mut HashMap<String, ActiveStudy>,
-    pub(super) stats: &'a mut EngineStats,
-    pub(super) agents_seen: &'a mut HashSet<String>,
-    pub(super) out: &'a mut Vec<(String, CoordinatorMessage)>,
-    pub(super) welcomes: &'a mut Vec<(String, Vec<u8>)>,
-    pub(super) effects: &'a mut Vec<Effect>,
-    pub(super) influx: bool,
-    pub(super) sessions: &'a mut Sessions,
-    pub(super) unsynced: &'a mut HashMap<String, u64>,
-    pub(super) telemetry: &'a mut Telemetry,
-    /// The turn's clocks: the engine's for the scheduler, the wall clock
-    /// for the store, the monotonic instant for the session limits.
-    pub(super) now: Now,
-    /// Measurements agents flag as disturbed are taken again (with offloading).
-    pub(super) remeasure: bool,
-    pub(super) book: &'a mut Book,
-}
 
 /// Handles `events` in order, each in its own savepoint ([`handle`]).
 pub(super) fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {

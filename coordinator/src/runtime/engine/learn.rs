@@ -13,8 +13,8 @@
 
 use tunefleet_common::message::{CoordinatorMessage, TrialRef};
 
-use super::core::EngineError;
-use super::handle::Ctx;
+use super::ctx::Ctx;
+use super::types::EngineError;
 use crate::store::Store;
 
 /// Every profile record and stored model, by device class.

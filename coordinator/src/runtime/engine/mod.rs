@@ -42,13 +42,16 @@ use crate::store::Store;
 
 mod active;
 pub mod core;
+mod ctx;
 mod handle;
 mod learn;
+mod types;
 #[cfg(test)]
 mod tests;
 
 pub use self::active::{Best, Summary};
-pub use self::core::{Core, EngineError, EngineStats, Now, Outgoing, Started, LEASE_GRACE};
+pub use self::core::{Core, Outgoing, Started, LEASE_GRACE};
+pub use self::types::{EngineError, EngineStats, Now};
 
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;

@@ -1,0 +1,95 @@
+//! What one turn's handling may touch ([`Ctx`]), and the rules applied
+//! through it as results and epochs arrive: ASHA's early stops
+//! ([`early_stop`]), `[stability]` repeats ([`repeat_until_stable`]) and
+//! which checkpoints may be resumed ([`usable_checkpoint`]).
+
+use std::collections::{HashMap, HashSet};
+
+use tunefleet_common::message::{CoordinatorMessage, Progress};
+
+use super::active::ActiveStudy;
+use super::types::{EngineError, EngineStats, Now};
+use crate::domain::offload::Telemetry;
+use crate::domain::reuse::Book;
+use crate::domain::sched::{Effect, Scheduler};
+use crate::domain::search::{self, TrialPlan};
+use crate::domain::study::Study;
+use crate::runtime::auth::Sessions;
+use crate::store::Batch;
+
+/// What handling a message may touch: the engine's state, borrowed for one
+/// turn, with the turn's store batch and what it queues to send.
+pub(super) struct Ctx<'a, 'b> {
+    pub(super) sched: &'a mut Scheduler,
+    pub(super) batch: &'a mut Batch<'b>,
+    pub(super) studies: &'a mut HashMap<String, ActiveStudy>,
+    pub(super) stats: &'a mut EngineStats,
+    pub(super) agents_seen: &'a mut HashSet<String>,
+    pub(super) out: &'a mut Vec<(String, CoordinatorMessage)>,
+    pub(super) welcomes: &'a mut Vec<(String, Vec<u8>)>,
+    pub(super) effects: &'a mut Vec<Effect>,
+    pub(super) influx: bool,
+    pub(super) sessions: &'a mut Sessions,
+    pub(super) unsynced: &'a mut HashMap<String, u64>,
+    pub(super) telemetry: &'a mut Telemetry,
+    /// The turn's clocks: the engine's for the scheduler, the wall clock
+    /// for the store, the monotonic instant for the session limits.
+    pub(super) now: Now,
+    /// Measurements agents flag as disturbed are taken again (with offloading).
+    pub(super) remeasure: bool,
+    pub(super) book: &'a mut Book,
+}
+
+/// Whether `reference` may be resumed from in `study` (message validation
+/// checked its form already; this checks it again for stored ones).
+pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::validate::Why> {
+    crate::domain::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::domain::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
+}
+
+/// `[stability]`: once every run of a trial's configuration has ended, one
+/// more while their objectives spread more than the study allows (and it
+/// has runs left).
+pub(super) fn repeat_until_stable(
+    sched: &mut Scheduler,
+    batch: &mut Batch<'_>,
+    a: &mut ActiveStudy,
+    trial: u64,
+) -> Result<(), EngineError> {
+    let Some(stability) = a.study.stability else { return Ok(()) };
+    let Some(params) = a.plans.get(trial as usize).map(|p| p.params.clone()) else { return Ok(()) };
+    let runs = a.runs.get(&crate::store::params_json(&params)).cloned().unwrap_or_default();
+    let name = a.study.name.clone();
+    if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| sched.is_finished(&name, t)) {
+        return Ok(());
+    }
+    let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
+    let Some(spread) = search::spread(&values).filter(|s| *s > stability.spread) else { return Ok(()) };
+    // The row first: when the store refuses it, the search has not counted it.
+    let repeat = runs.len() as u32;
+    let next = TrialPlan { trial: a.plans.len() as u64, params: params.clone(), repeat };
+    batch.add_trials(&name, std::slice::from_ref(&next))?;
+    let plan = a.search.extra_repeat(&params, repeat);
+    debug_assert_eq!(plan, next, "the search numbers trials as the study has them");
+    tracing::info!(study = %name, trial = plan.trial, spread, runs = runs.len(), "not stable yet: one more run");
+    a.adopt(sched, vec![plan]);
+    Ok(())
+}
+
+/// ASHA's verdict on a live attempt's epoch report.
+pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
+    let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
+    let Some(asha) = active.asha.as_mut() else { return };
+    let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
+    if let search::asha::Decision::Stop { rung, value: judged, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+        // The model learns where ASHA cut (Optuna's pruned trials).
+        if let Some(plan) = active.plans.get(p.trial.trial as usize) {
+            active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, value);
+        }
+        let value = judged;
+        let metric = &active.study.objective.metric;
+        let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
+        tracing::info!(trial = %p.trial, %reason);
+        cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
+    }
+}

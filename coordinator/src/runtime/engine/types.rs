@@ -1,0 +1,79 @@
+//! The engine's vocabulary, shared by its parts: why it stops
+//! ([`EngineError`]), what it counts ([`EngineStats`]), a turn's clocks
+//! ([`Now`]), and how loudly a repeated refusal is logged ([`loud`]).
+
+use std::time::Instant;
+
+use crate::store::StoreError;
+
+/// Why the engine stopped early.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the broker connection closed for good")]
+    TransportClosed,
+}
+
+/// Counters a user (or a test) can read after a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Payloads that do not decode or do not belong on their topic.
+    pub rejected_messages: u64,
+    /// Sealed frames that fail authentication: no session, another
+    /// session's token, a bad MAC, a replayed sequence number.
+    pub bad_tokens: u64,
+    /// Hellos refused: bad signature, wrong name or instance, replayed,
+    /// changed key, too many agents.
+    pub refused_hellos: u64,
+    /// Hellos dropped by the rate limit.
+    pub rate_limited_hellos: u64,
+    /// Last Wills that match no session of the agent (forged or replayed).
+    pub forged_wills: u64,
+    /// Authenticated messages with a field out of bounds (validate.rs).
+    pub invalid_messages: u64,
+    /// Messages (or the bookkeeping after one) whose store writes failed:
+    /// rolled back alone, the turn went on.
+    pub store_errors: u64,
+    /// Checkpoints outside their study's `resume_prefix`: not kept.
+    pub refused_checkpoints: u64,
+    /// Results the coordinator cannot place, answered so the agent parks them.
+    pub unknown_results: u64,
+    /// Results, progress, refusals and running attempts of another study of
+    /// a name this coordinator runs (another study id: another store).
+    /// Results are refused (the agent parks them), the rest is ignored.
+    pub other_study_refs: u64,
+    pub duplicate_results: u64,
+    pub superseded_results: u64,
+    pub requeued: u64,
+    pub assignments: u64,
+    /// Trials stopped early (ASHA).
+    pub stopped: u64,
+    /// Attempts moved off an overloaded agent, or measured again because
+    /// their measurement was disturbed.
+    pub moved: u64,
+    /// Trials that skipped probing for a configuration reused from jobs
+    /// that profiled alike, and reuses that then ran slower than promised.
+    pub reused: u64,
+    pub reuse_worse: u64,
+    /// Window profiles refused as malformed (the trial probes as usual).
+    pub bad_profiles: u64,
+}
+
+/// The clocks of one turn, read once by the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    /// Milliseconds since the engine started: the scheduler's clock (leases,
+    /// the offloading decider).
+    pub engine_ms: u64,
+    /// Milliseconds since the Unix epoch: the times the store records.
+    pub unix_ms: u64,
+    /// The monotonic clock: the session limits (Hello rates, stale notices)
+    /// and a study's elapsed time.
+    pub instant: Instant,
+}
+
+/// Logs the first ten of a kind of refusal, then at powers of two.
+pub fn loud(n: u64) -> bool {
+    n <= 10 || n.is_power_of_two()
+}
