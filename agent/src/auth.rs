@@ -21,7 +21,7 @@ pub const KEY_FILE: &str = "agent.key";
 /// The coordinator key, once pinned (from a join token, or on first use in
 /// a lab), in the state directory.
 pub const COORDINATOR_KEY_FILE: &str = "coordinator.pub";
-/// The last process instance, in the state directory (see [`next_instance`]).
+/// The last process instance, in the state directory (see `next_instance`).
 pub const INSTANCE_FILE: &str = "instance";
 
 /// How this agent comes to trust a coordinator key. Never from a broker

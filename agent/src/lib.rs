@@ -107,7 +107,7 @@ pub struct AgentConfig {
     pub join: Option<tunefleet_common::auth::JoinToken>,
     /// Pin the first coordinator seen (a lab where every broker user is trusted).
     pub trust_first_coordinator: bool,
-    /// Programs the agent may run (glob patterns on the program, argv[0]);
+    /// Programs the agent may run (glob patterns on the program, `argv[0]`);
     /// empty: any.
     pub allow_commands: Vec<glob::Pattern>,
 }

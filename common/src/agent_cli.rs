@@ -109,7 +109,7 @@ pub struct Cli {
     /// first use): any broker user can be that coordinator. For a lab only
     #[arg(long)]
     pub trust_first_coordinator: bool,
-    /// Run only programs (argv[0], as the study writes it) matching this
+    /// Run only programs (the first word of the command, as the study writes it) matching this
     /// shell-style pattern (repeatable) [default: any program]
     #[arg(long = "allow-command", value_name = "PATTERN")]
     pub allow_commands: Vec<String>,

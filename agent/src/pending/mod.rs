@@ -1,7 +1,7 @@
 //! Results waiting for the coordinator's acknowledgement, kept on disk in
 //! the state directory so a restarted agent publishes them again.
 //!
-//! Layout: `{state_dir}/spool.log`, an append-only log ([`log`]): one
+//! Layout: `{state_dir}/spool.log`, an append-only log (`log`): one
 //! record per result (the wire codec's bytes, version byte included) in a
 //! frame with its length and a CRC-32, and a small settled record when the
 //! coordinator acknowledges it. Results kept together are appended together

@@ -35,7 +35,7 @@ pub struct TrialHandle {
     tx: mpsc::UnboundedSender<Control>,
 }
 
-/// The trial's side of its control input (see [`run_trial`]).
+/// The trial's side of its control input (see `run_trial`).
 #[derive(Debug)]
 pub struct ControlInput {
     rx: mpsc::UnboundedReceiver<Control>,

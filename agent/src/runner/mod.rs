@@ -69,7 +69,7 @@ pub use output::{EpochReport, MAX_EPOCHS};
 pub use start::{RunnerConfig, TrialRun, CONTROL_VAR, RSS_SAMPLE_INTERVAL, STEPS_VAR, THREAD_VARS};
 
 /// Runs `run` to completion (or timeout, or [`Control::Cancel`] from its
-/// [`TrialHandle`]) and measures it: [`spawn`], [`monitor`], [`assemble`].
+/// [`TrialHandle`]) and measures it: `spawn`, `monitor`, `assemble`.
 /// Epochs are also sent to `progress` as they are printed. Never fails: a
 /// workload that cannot start is a measurement with `SpawnFailed`.
 pub async fn run_trial(

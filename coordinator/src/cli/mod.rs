@@ -1,15 +1,15 @@
-//! The `tunefleet` command line: flags parsed by clap ([`args`]), then one
+//! The `tunefleet` command line: flags parsed by clap (`args`), then one
 //! function per subcommand in the module of its group. Every subcommand
 //! that reads results takes `--store PATH`.
 //!
-//! * [`args`]: the clap definitions, nothing else;
-//! * [`wiring`]: flags to a [`crate::RunConfig`], and the run;
-//! * [`run`]: `run`, `campaign`, `serve`, `submit`, `cancel`, `check`;
-//! * [`fleet`]: `token`, `agents`, `key`;
-//! * [`results`]: `status`, `studies`, `best`, `profiles`, `report`,
-//!   `export`, rendered by [`view`];
-//! * [`demo`]: the demo's supervisor; [`docs`]: completions and man pages;
-//! * [`error`]: [`CliError`], what `main` prints and maps to an exit code.
+//! * `args`: the clap definitions, nothing else;
+//! * `wiring`: flags to a [`crate::RunConfig`], and the run;
+//! * `run`: `run`, `campaign`, `serve`, `submit`, `cancel`, `check`;
+//! * `fleet`: `token`, `agents`, `key`;
+//! * `results`: `status`, `studies`, `best`, `profiles`, `report`,
+//!   `export`, rendered by `view`;
+//! * `demo`: the demo's supervisor; `docs`: completions and man pages;
+//! * `error`: [`CliError`], what `main` prints and maps to an exit code.
 
 mod args;
 pub mod config;

@@ -28,7 +28,7 @@
 //! * Objective over trials: at most [`Options::max_points`] dots: every
 //!   improvement of the best so far, and a deterministic stride over the
 //!   other trials ([`sample::objective_series`]); the page says so.
-//! * Pareto clouds: up to [`svg::MAX_DOTS`] trials as dots, more as a
+//! * Pareto clouds: up to `svg::MAX_DOTS` trials as dots, more as a
 //!   density grid; every front point is drawn (a front of more than
 //!   [`MAX_FRONT`] points by a stride).
 //! * Timelines: each agent's [`Options::windows_per_agent`] most recent

@@ -50,7 +50,7 @@ pub struct TrialRow {
     /// The objective of the accepted result, when it succeeded and had one.
     pub objective: Option<f64>,
     /// Attempts that ended without becoming the trial's result (requeued,
-    /// reassigned, ended by [`Batch::end_attempt`]...).
+    /// reassigned, ended by `Batch::end_attempt`...).
     pub failures: u32,
 }
 
@@ -190,7 +190,7 @@ impl Store {
 
     /// Trials without a final outcome (pending or running), by trial id: what
     /// a resumed study still has to run. Running trials were interrupted;
-    /// [`Batch::reset_running`] turns them back into pending ones.
+    /// `Batch::reset_running` turns them back into pending ones.
     pub fn pending_trials(&self, study: &str) -> Result<Vec<TrialRow>> {
         self.trial_rows(study, &format!("{TRIAL_SELECT} AND t.state IN ('pending', 'running') ORDER BY t.trial"))
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
 use super::fleet::{credit, AgentState};
-use super::lease::{trial_ref, State, StudyState};
+use super::lease::{trial_ref, State};
 use super::{Effect, Scheduler};
 
 impl Scheduler {
@@ -183,7 +183,7 @@ impl Scheduler {
     /// The decider found `agent` overloaded (`Some(why)`) or well again
     /// (`None`). An overloaded agent gets no trials, and the attempts it runs
     /// are moved: cancelled there and queued again without counting a
-    /// failure, kept off it for [`AVOID_MS`].
+    /// failure, kept off it for `AVOID_MS`.
     pub fn set_overloaded(&mut self, agent: &str, why: Option<String>, now_ms: u64) -> Vec<Effect> {
         let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
         let class = state.info.as_ref().map(AgentInfo::device_class);

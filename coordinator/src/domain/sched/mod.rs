@@ -1,7 +1,7 @@
 //! Scheduling decisions, as a pure state machine: plain values in, plain
 //! [`Effect`]s out, no sockets and no clocks (time is passed in as `now_ms`).
 //!
-//! * Pull: an agent's latest [`WorkRequest`] gives it credit (free slots);
+//! * Pull: an agent's latest `WorkRequest` gives it credit (free slots);
 //!   every assignment spends one. An agent never gets more than it asked for,
 //!   nor more leases at once than the slots its Hello announced.
 //! * Every assignment is a lease on one attempt of one trial. An agent that
@@ -37,9 +37,9 @@ mod fleet;
 mod lease;
 mod placement;
 mod results;
-mod types;
 #[cfg(test)]
 mod tests;
+mod types;
 
 use fleet::AgentState;
 use lease::{Lease, State, StudyState, TrialSlot};

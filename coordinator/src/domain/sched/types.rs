@@ -68,7 +68,7 @@ pub enum Verdict {
 }
 
 /// A result's verdict and what it does to its trial, from
-/// [`Scheduler::judge`], done by [`Scheduler::settle`].
+/// `Scheduler::judge`, done by `Scheduler::settle`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Judgement {
     pub verdict: Verdict,

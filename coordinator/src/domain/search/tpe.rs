@@ -56,7 +56,7 @@
 //!   the told and running trials, whatever order results arrived in (a
 //!   resumed study asks the same). Same distributions, other draws.
 //! - Truncated Gaussians are drawn by rejection (at most
-//!   [`TRUNCATED_TRIES`] draws; a kernel's centre lies in the domain and its
+//!   `TRUNCATED_TRIES` draws; a kernel's centre lies in the domain and its
 //!   deviation is at most the domain's width, so a draw lands inside with
 //!   probability above 1/3) rather than by inverse CDF: the same
 //!   distribution.

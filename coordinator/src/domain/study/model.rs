@@ -1,6 +1,6 @@
 //! The model of a study: the validated [`Study`] and its parts, as the
 //! search strategies, the scheduler and the engine read them. Plain types;
-//! [`super::validate`] builds them from the file's [`super::raw`] mirror.
+//! `super::validate` builds them from the file's `super::raw` mirror.
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -2,7 +2,7 @@
 //! (no MQTT, no tokio, no clock: the turn's clocks come in as [`Now`]).
 //!
 //! [`Core::turn`] takes the control requests, then the broker's events
-//! (handled one by one, each in a savepoint: [`super::handle`]), and on a
+//! (handled one by one, each in a savepoint: `super::handle`), and on a
 //! tick expires leases and runs the offloading decider; then it tops up each
 //! study's trials, hands out work, applies every scheduler [`Effect`] to the
 //! store, commits, and returns what to send ([`Outgoing`]). The caller sends
@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage, Progress};
+use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage};
 
 use super::active::{ActiveStudy, Best, Summary};
 use super::ctx::{usable_checkpoint, Ctx};
@@ -28,7 +28,7 @@ use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
 use crate::runtime::control::{Answer, Ask};
 use crate::runtime::transport::Inbound;
-use crate::store::{Batch, Store, StoreError, TrialState};
+use crate::store::{Batch, Store, TrialState};
 
 /// Extra time a lease gets beyond the trial timeout (start-up, result delivery).
 pub const LEASE_GRACE: Duration = Duration::from_secs(30);

@@ -4,8 +4,6 @@
 //! results, judged, stored, then settled in the scheduler (see [`guarded`]).
 //! No I/O but the store: what is to be sent is queued in the [`Ctx`].
 
-use std::collections::{HashMap, HashSet};
-
 use tunefleet_common::auth::{self, Signed, UpFrame, Will};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
@@ -13,18 +11,17 @@ use tunefleet_common::message::{
 };
 use tunefleet_common::topic::AgentTopic;
 
-use super::active::{ActiveStudy, Best};
+use super::active::Best;
 use super::ctx::{early_stop, repeat_until_stable, usable_checkpoint, Ctx};
-use super::types::{loud, EngineError, EngineStats};
 use super::learn::{learn, on_profile};
-use crate::domain::offload::{Sample, Telemetry};
-use crate::domain::reuse::Book;
-use crate::domain::sched::{Effect, ResultKind, Scheduler, Verdict};
+use super::types::{loud, EngineError};
+use crate::domain::offload::Sample;
+use crate::domain::sched::{ResultKind, Scheduler, Verdict};
 use crate::domain::search;
 use crate::domain::study::Direction;
-use crate::runtime::auth::{Admission, HelloRefusal, Sessions, WillCheck};
+use crate::runtime::auth::{Admission, HelloRefusal, WillCheck};
 use crate::runtime::transport::Inbound;
-use crate::store::{Batch, RecordOutcome, StoreError};
+use crate::store::{RecordOutcome, StoreError};
 
 /// Handles `events` in order, each in its own savepoint ([`handle`]).
 pub(super) fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {

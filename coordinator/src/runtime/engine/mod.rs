@@ -45,9 +45,9 @@ pub mod core;
 mod ctx;
 mod handle;
 mod learn;
-mod types;
 #[cfg(test)]
 mod tests;
+mod types;
 
 pub use self::active::{Best, Summary};
 pub use self::core::{Core, Outgoing, Started, LEASE_GRACE};
