@@ -31,6 +31,10 @@ pub struct Summary {
     pub failed: u64,
     /// Stopped early by ASHA: neither done nor failed.
     pub stopped: u64,
+    /// Every trial is final and no more will come (false: interrupted or cancelled early).
+    pub finished: bool,
+    /// The trials the study plans in all (its budget), at least `total`.
+    pub planned: u64,
     pub best: Option<Best>,
     pub elapsed: Duration,
     pub stats: EngineStats,

@@ -332,6 +332,8 @@ impl Core {
             done: c.done,
             failed: c.failed,
             stopped: c.stopped,
+            finished: c.finished(),
+            planned: active.map_or(c.total, |a| a.search.planned().max(c.total)),
             best: active.and_then(|a| a.best.clone()),
             elapsed: active.map(|a| now.saturating_duration_since(a.started)).unwrap_or_default(),
             stats: self.stats.clone(),
@@ -371,12 +373,19 @@ fn top_up(
         let mut want = sched.demand(name);
         while want > 0 {
             // TPE's constant liar: the trials created and not finished run.
-            let running: Vec<(u64, &tunefleet_common::params::Params)> = active
-                .plans
-                .iter()
-                .filter(|p| !sched.is_finished(name, p.trial))
-                .map(|p| (p.trial, &p.params))
-                .collect();
+            // Listed only for a strategy that reads them: it is a scan of
+            // the study's trials (TPE's ask is linear in them anyway), which
+            // would make every other study's cost per trial grow with its size.
+            let running: Vec<(u64, &tunefleet_common::params::Params)> = if active.search.reads_running() {
+                active
+                    .plans
+                    .iter()
+                    .filter(|p| !sched.is_finished(name, p.trial))
+                    .map(|p| (p.trial, &p.params))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let Some(trials) = active.search.next_trials_while(&running) else { break };
             want = want.saturating_sub(trials.len() as u64);
             active.create(sched, batch, trials)?;
