@@ -41,8 +41,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // A bad study file or bad input is a usage error.
-            let code = if e.is_usage() { ExitCode::from(2) } else { ExitCode::FAILURE };
+            // A bad study file or bad input is a usage error; a run says how it ended.
+            let code = ExitCode::from(e.exit_code());
             // Printed with its sources, as anyhow prints a chain.
             eprintln!("tunefleet: {:#}", anyhow::Error::from(e));
             code

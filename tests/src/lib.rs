@@ -209,12 +209,27 @@ pub fn join_token_of(root: &str) -> Option<String> {
 /// chooses; returns the process and the broker URL it printed. Agents that
 /// [`start_agent`] starts on `root` join with a token for it.
 pub fn start_coordinator(study: &Path, store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
+    start_coordinator_logged(study, store, root, extra, None)
+}
+
+/// [`start_coordinator`] with its stderr (its log, and the error `main`
+/// prints when it fails) written to `log` when given.
+pub fn start_coordinator_logged(
+    study: &Path,
+    store: &Path,
+    root: &str,
+    extra: &[&str],
+    log: Option<&Path>,
+) -> (Proc, String) {
     join_root(root, store);
     let mut cmd = Command::new(bin("tunefleet"));
     cmd.arg("run").arg(study).arg("--store").arg(store).args(["--root", root, "--quiet"]).args(extra);
     cmd.env("XDG_STATE_HOME", state_home());
     if !extra.contains(&"--broker") && !extra.contains(&"--listen") {
         cmd.args(["--listen", "127.0.0.1:0"]);
+    }
+    if let Some(log) = log {
+        cmd.stderr(std::fs::File::create(log).expect("coordinator log file"));
     }
     let mut p = Proc::spawn("coordinator", cmd);
     let line = p.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));

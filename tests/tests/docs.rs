@@ -1207,7 +1207,7 @@ fn every_key_the_parser_takes_is_documented_and_used_in_an_example() {
 // ---------------------------------------------------------------------------
 // Troubleshooting: every quoted message, provoked.
 
-const SECTIONS: [&str; 8] = [
+const SECTIONS: [&str; 9] = [
     "The agent cannot read RAPL (energy is `estimated`)",
     "The agent cannot reach the broker",
     "Port 1883 is already in use",
@@ -1216,6 +1216,7 @@ const SECTIONS: [&str; 8] = [
     "A study file is refused",
     "`tunefleet serve`, `submit` and `cancel`",
     "A result was kept aside by the agent",
+    "A trial failed, or is not ranked",
 ];
 
 #[test]
@@ -1590,4 +1591,54 @@ fn a_result_is_kept_aside_listed_requeued_and_delivered() {
     let summary = a.rest_of_stdout().join("\n");
     assert!(summary.contains("1/1 trials done"), "{summary}");
     assert_agents_spools_empty(&["node-8"]);
+}
+
+/// A study `name` of `trials` grid trials over `param` running `command`
+/// (a TOML array), one attempt each, maximising `score`.
+fn failing_study(dir: &Path, name: &str, command: &str, param: &str, trials: u32) -> PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let text = format!(
+        "name = \"{name}\"\ncommand = {command}\ntimeout = 60\nmax_attempts = 1\n[objective]\nmetric = \"score\"\n\
+         direction = \"maximize\"\n[budget]\ntrials = {trials}\n[strategy]\nkind = \"grid\"\n\
+         [hyper.{param}]\nkind = \"int\"\nlow = 1\nhigh = {trials}\n"
+    );
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+#[test]
+fn failed_and_unranked_trials() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let mut output = Vec::new();
+    // A workload whose import fails (with `torch` installed or not: the
+    // module path is emptied first), on a real coordinator and agent.
+    let crash = r#"["python3", "-c", "import sys; sys.path.clear(); import torch", "{x}"]"#;
+    let crash = failing_study(d, "crash", crash, "x", 3);
+    let root = unique_root("docs-crash");
+    let log = d.join("crash.log");
+    let (mut coord, url) = start_coordinator_logged(&crash, &d.join("s.db"), &root, &[], Some(&log));
+    let agent = start_agent(&url, "crashy", &root, &[]);
+    let status = coord.wait_exit(LONG);
+    output.extend(coord.rest_of_stdout());
+    output.extend(lines(&std::fs::read_to_string(&log).expect("log")));
+    assert_eq!(status.code(), Some(4), "{output:?}");
+    let (code, out) = run_lines(tf("tunefleet", d, &["best", "crash", "--store", "s.db"]));
+    assert_eq!(code, Some(1), "{out:?}");
+    output.extend(out);
+    // A workload that prints `acc` where the study expects `score`.
+    let acc = failing_study(d, "acc", r#"["sh", "-c", "echo TUNEFLEET final acc=0.{x}"]"#, "x", 2);
+    let (mut coord, _) =
+        start_coordinator(&acc, &d.join("s.db"), &root, &["--listen", url.trim_start_matches("mqtt://")]);
+    let status = coord.wait_exit(LONG);
+    output.extend(coord.rest_of_stdout());
+    assert_eq!(status.code(), Some(0), "{output:?}");
+    // A parameter nothing uses.
+    let unused = failing_study(d, "crash-unused", r#"["true"]"#, "lr", 2);
+    let (code, out, err) = run(tf("tunefleet", d, &["check", unused.to_str().expect("utf-8")]));
+    assert_eq!(code, Some(0), "{err}");
+    output.extend(lines(&format!("{out}{err}").replace("study crash-unused", "study crash")));
+    check_quotes(TROUBLESHOOTING, SECTIONS[8], &output);
+    drop(agent);
+    assert_agents_spools_empty(&["crashy"]);
 }

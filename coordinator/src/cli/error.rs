@@ -1,7 +1,9 @@
 //! Why a command failed: every error a command meets, wrapped as it came
 //! (its message and its sources unchanged), or a refusal in words. `main`
-//! prints the whole chain and exits with 2 for a usage error
-//! ([`CliError::is_usage`]: a bad study file or name), 1 otherwise.
+//! prints the whole chain and exits with [`CliError::exit_code`]: 2 for a
+//! usage error ([`CliError::is_usage`]: a bad study file or name), 3, 4 or
+//! 130 for a run that ended with failures, with nothing succeeded, or
+//! interrupted ([`CliError::Ended`]), 1 otherwise.
 
 use std::path::PathBuf;
 
@@ -76,12 +78,35 @@ pub enum CliError {
     /// A refusal: a flag's value, an answer of the service, something missing.
     #[error("{0}")]
     Refused(String),
+    /// How a run ended when it did not end with every trial a success: the
+    /// exit code ([`EXIT_FAILURES`], [`EXIT_NOTHING_SUCCEEDED`],
+    /// [`EXIT_INTERRUPTED`]) and what to tell the user.
+    #[error("{message}")]
+    Ended { code: u8, message: String },
 }
+
+/// `run` and `campaign`: every trial final, some failed.
+pub const EXIT_FAILURES: u8 = 3;
+/// `run` and `campaign`: a study ended without one successful trial.
+pub const EXIT_NOTHING_SUCCEEDED: u8 = 4;
+/// `run` and `campaign`: stopped (Ctrl-C, SIGTERM) before every trial was
+/// final; the same command resumes.
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 impl CliError {
     /// True for an error in what the user gave (exit code 2).
     pub fn is_usage(&self) -> bool {
         matches!(self, CliError::Study(_) | CliError::Topic(_))
+    }
+
+    /// The process's exit code for this error: 2 for a usage error, the
+    /// code of how a run ended ([`CliError::Ended`]), 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Ended { code, .. } => *code,
+            e if e.is_usage() => 2,
+            _ => 1,
+        }
     }
 
     /// A refusal with `message`.

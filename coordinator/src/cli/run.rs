@@ -22,6 +22,38 @@ pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>
     for summary in &summaries {
         print_summary(summary, &args.store.store);
     }
+    ended(&summaries, &args.store.store)
+}
+
+/// How a run ended, as the exit code says it: every trial a success
+/// (`Ok`), or [`CliError::Ended`] when it was interrupted, when a study has
+/// no successful trial, or when some trials failed, in that order; the
+/// message says why and what to do.
+pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
+    use super::error::{EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_SUCCEEDED};
+    if let Some(s) = summaries.iter().find(|s| !s.finished) {
+        let message = format!(
+            "interrupted: study {}: {} of {} trials done; run the same command to resume",
+            s.study, s.done, s.planned
+        );
+        return Err(CliError::Ended { code: EXIT_INTERRUPTED, message });
+    }
+    let why = |s: &Summary| {
+        let causes = Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)).unwrap_or_default();
+        crate::domain::failure::summary(s.failed, &causes, 3)
+    };
+    if let Some(s) = summaries.iter().find(|s| s.done == 0 && s.total > 0) {
+        let message = if s.failed > 0 {
+            format!("study {}: no trial succeeded: {}", s.study, why(s))
+        } else {
+            format!("study {}: no trial succeeded ({} stopped early)", s.study, s.stopped)
+        };
+        return Err(CliError::Ended { code: EXIT_NOTHING_SUCCEEDED, message });
+    }
+    if let Some(s) = summaries.iter().find(|s| s.failed > 0) {
+        let message = format!("study {}: finished with failures: {}", s.study, why(s));
+        return Err(CliError::Ended { code: EXIT_FAILURES, message });
+    }
     Ok(())
 }
 
@@ -39,7 +71,7 @@ pub async fn campaign(args: &RunArgs, shutdown: impl std::future::Future<Output 
     let finished = summaries.iter().filter(|s| s.done + s.failed + s.stopped == s.total).count();
     // Scripts read this line.
     println!("campaign {name}: {finished}/{} workloads finished, {done}/{total} trials done", summaries.len());
-    Ok(())
+    ended(&summaries, &args.store.store)
 }
 
 /// `tunefleet serve`: the coordinator as a service until `shutdown`.
@@ -91,8 +123,12 @@ pub fn check(path: &Path) -> Result<()> {
     emit(&out)
 }
 
-/// One study's trials (or how many an adaptive search may make).
+/// One study's trials (or how many an adaptive search may make), after a
+/// warning on stderr for each hyper-parameter nothing uses.
 fn check_one(study: &Study, out: &mut String) -> Result<()> {
+    for warning in study.unused_param_warnings() {
+        eprintln!("warning: {warning}");
+    }
     if crate::domain::search::Search::adaptive(study) {
         let planned = crate::domain::search::Search::new(study).planned();
         writeln!(
@@ -133,6 +169,13 @@ pub fn print_summary(s: &Summary, store: &Path) {
         s.elapsed.as_secs_f64(),
         s.agents_seen
     );
+    if s.failed > 0 {
+        // Why, grouped: the exit status and the last line each failed trial wrote.
+        match Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)) {
+            Ok(causes) => println!("{}", crate::domain::failure::summary(s.failed, &causes, 3)),
+            Err(e) => tracing::warn!(error = %e, "cannot read why trials failed"),
+        }
+    }
     let st = &s.stats;
     let refused = [
         (st.rejected_messages, "malformed messages"),
@@ -163,6 +206,11 @@ pub fn print_summary(s: &Summary, store: &Path) {
             if let Some(note) = unranked_note(&unranked) {
                 println!("note: {note}");
             }
+            if unranked.no_value > 0 {
+                if let Some(missing) = missing_objective_note(store, &s.study) {
+                    println!("note: {missing}");
+                }
+            }
             if best.is_empty() {
                 println!("{}", if unranked.total() > 0 { "no trial to rank" } else { "no successful trial" });
             } else {
@@ -183,4 +231,13 @@ fn print_best(best: &[BestRow]) {
         let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!("  trial {:>4}  {:>10.6}  on {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
     }
+}
+
+/// What trials without a value for the objective lacked: the metric the
+/// study expects and the metrics they reported.
+pub fn missing_objective_note(store: &Path, study: &str) -> Option<String> {
+    let st = Store::open_read_only(store).ok()?;
+    let metric = st.study(study).ok()??.metric;
+    let seen = st.metrics_without_objective(study).ok()?;
+    Some(crate::domain::failure::missing_objective(&metric, &seen))
 }

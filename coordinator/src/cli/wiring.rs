@@ -126,6 +126,11 @@ pub async fn run_studies(
     control: Option<PathBuf>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<Vec<Summary>> {
+    for study in &studies {
+        for warning in study.unused_param_warnings() {
+            tracing::warn!("{warning}");
+        }
+    }
     let config = RunConfig {
         studies,
         broker: args.choice()?,

@@ -4,6 +4,7 @@
 
 pub mod campaign;
 pub mod cluster;
+pub mod failure;
 pub mod offload;
 pub mod params;
 pub mod pareto;

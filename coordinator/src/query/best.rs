@@ -107,10 +107,10 @@ pub enum BestError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Study(#[from] StudyError),
-    #[error("no study {study:?} in {store}")]
-    NoStudy { study: String, store: String },
-    #[error("study {study:?} has no successful trial in {store}")]
-    NoSuccess { study: String, store: String },
+    #[error("no study {study:?} in {store}; {known}")]
+    NoStudy { study: String, store: String, known: String },
+    #[error("study {study:?} has no successful trial in {store}: {why}")]
+    NoSuccess { study: String, store: String, why: String },
     #[error("study {study:?} has no trial to rank in {store}: {note}")]
     NothingRanked { study: String, store: String, note: String },
 }
@@ -133,6 +133,9 @@ pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String
 /// The view `ask` of `study`, with at most `n` trials (or configurations)
 /// per list; the Pareto front is shown whole.
 pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, BestError> {
+    if store.study(study)?.is_none() {
+        return Err(no_study(store, study));
+    }
     match ask {
         Ask::Pareto => pareto_front(store, study),
         Ask::ByClass => best_by_class(store, study, n),
@@ -144,7 +147,23 @@ pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, Best
 }
 
 fn no_success(store: &Store, study: &str) -> BestError {
-    BestError::NoSuccess { study: study.to_string(), store: store.path().to_string() }
+    let counts = store.study(study).ok().flatten().map(|_| store.failure_causes(study));
+    let why = match counts {
+        Some(Ok(causes)) if !causes.is_empty() => {
+            let failed = causes.iter().map(|(_, n)| n).sum();
+            crate::domain::failure::summary(failed, &causes, 3)
+        }
+        _ => "no trial has finished yet".to_string(),
+    };
+    BestError::NoSuccess { study: study.to_string(), store: store.path().to_string(), why }
+}
+
+/// [`BestError::NoStudy`], naming the studies the store does have.
+pub fn no_study(store: &Store, study: &str) -> BestError {
+    let names: Vec<String> = store.studies().map(|v| v.into_iter().map(|r| r.name).collect()).unwrap_or_default();
+    let known =
+        if names.is_empty() { "it has no study yet".to_string() } else { format!("its studies: {}", names.join(", ")) };
+    BestError::NoStudy { study: study.to_string(), store: store.path().to_string(), known }
 }
 
 fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
@@ -243,9 +262,7 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
 /// the objectives of `objective.also` (energy when none), all trials with a
 /// successful result and every figure valid.
 fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
-    let row = store
-        .study(study)?
-        .ok_or_else(|| BestError::NoStudy { study: study.to_string(), store: store.path().to_string() })?;
+    let row = store.study(study)?.ok_or_else(|| no_study(store, study))?;
     let parsed = study::parse(&row.config, &format!("study {study:?} in the store"))?;
     let mut axes = parsed.objective.also.clone();
     if axes.is_empty() {

@@ -393,8 +393,10 @@ impl Batch<'_> {
                 at
             ])
             .ctx(context)?;
+        // A failed trial keeps why, in words a user can act on (its exit and last line).
+        let cause = (!success).then(|| crate::domain::failure::cause(&measurement.exit, &measurement.log_tail));
         let (new_state, reason) =
-            if success { (TrialState::Done, None) } else { (TrialState::Failed, Some(exit.as_str())) };
+            if success { (TrialState::Done, None) } else { (TrialState::Failed, cause.as_deref()) };
         self.tx
             // A trial stopped early stays stopped: its result is kept for the record.
             .prepare_cached(

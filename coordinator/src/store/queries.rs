@@ -319,6 +319,42 @@ impl Store {
             .ctx(context)
     }
 
+    /// The failed trials of `study` grouped by why they failed (the
+    /// reason the store kept: see [`crate::domain::failure::cause`]), most
+    /// frequent first.
+    pub fn failure_causes(&self, study: &str) -> Result<Vec<(String, u64)>> {
+        let context = || format!("reading why the trials of {study:?} failed");
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT reason, COUNT(*) FROM trials WHERE study = ?1 AND state = 'failed' GROUP BY reason")
+            .ctx(context)?;
+        let rows = stmt.query_map([study], |r| Ok((r.get::<_, Option<String>>(0)?, get_u64(r, 1)?))).ctx(context)?;
+        Ok(crate::domain::failure::group(rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?))
+    }
+
+    /// The metrics that successful trials of `study` without a value for
+    /// the objective did report (final and epoch metrics, from at most 50
+    /// of them): what to compare with the metric the study expects.
+    pub fn metrics_without_objective(&self, study: &str) -> Result<std::collections::BTreeSet<String>> {
+        let context = || format!("reading the metrics of the unranked trials of {study:?}");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT measurement FROM results WHERE study = ?1 AND success = 1 AND objective IS NULL LIMIT 50",
+            )
+            .ctx(context)?;
+        let texts = stmt.query_map([study], |r| r.get::<_, String>(0)).ctx(context)?;
+        let mut seen = std::collections::BTreeSet::new();
+        for text in texts {
+            let Ok(m) = serde_json::from_str::<Measurement>(&text.ctx(context)?) else { continue };
+            seen.extend(m.final_metrics.keys().cloned());
+            for e in &m.epochs {
+                seen.extend(e.metrics.keys().cloned());
+            }
+        }
+        Ok(seen)
+    }
+
     /// Progress reports of one attempt, by epoch: `(epoch, elapsed_us, metrics)`.
     pub fn progress(&self, trial: &TrialRef) -> Result<Vec<(u32, u64, tunefleet_common::measurement::Metrics)>> {
         let context = || format!("reading progress of {trial}");

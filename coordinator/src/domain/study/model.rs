@@ -335,6 +335,30 @@ pub struct Study {
 }
 
 impl Study {
+    /// Hyper-parameters no template uses (`command`, `resume`, `env`): each
+    /// trial would run the same program whatever their value. System
+    /// parameters are applied by the agent and never count as unused.
+    pub fn unused_params(&self) -> Vec<String> {
+        let templates = self.command.iter().chain(&self.resume).chain(self.env.values());
+        let used: std::collections::BTreeSet<String> =
+            templates.filter_map(|t| tunefleet_common::template::placeholders(t).ok()).flatten().collect();
+        self.hyper.keys().filter(|name| !used.contains(*name)).cloned().collect()
+    }
+
+    /// A warning for each of [`Study::unused_params`].
+    pub fn unused_param_warnings(&self) -> Vec<String> {
+        self.unused_params()
+            .iter()
+            .map(|name| {
+                format!(
+                    "study {}: parameter `{name}` is used nowhere: neither `command` nor `env` (nor `resume`) has \
+                     {{{name}}}, so every trial runs the same program whatever its value",
+                    self.name
+                )
+            })
+            .collect()
+    }
+
     /// The studies this file runs as: itself, or with `[[group]]`s one per
     /// group, named `STUDY-GROUP`, with the group's selector and budget and
     /// everything else the same (each reports apart, side by side on the

@@ -430,6 +430,19 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 .as_ref()
                 .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
             stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)? == RecordOutcome::Stored;
+            if stored && !measurement.exit.success() {
+                let cause = crate::domain::failure::cause(&measurement.exit, &measurement.log_tail);
+                tracing::warn!(trial = %trial, agent = %agent, %cause, "trial failed");
+            } else if stored && objective.is_none() {
+                // A measured objective (energy) is missing for its own reasons: `best` says them.
+                if let Some(a) =
+                    active.filter(|a| !matches!(a.study.objective.metric.as_str(), "energy" | "wall_time" | "cpu_time"))
+                {
+                    let metric = &a.study.objective.metric;
+                    let seen: Vec<&str> = measurement.final_metrics.keys().map(String::as_str).collect();
+                    tracing::warn!(trial = %trial, expected = %metric, reported = ?seen, "trial reported no value for the objective");
+                }
+            }
             if stored {
                 let system = measurement.selected.clone().or_else(|| {
                     let plan = active?.plans.get(trial.trial as usize)?;

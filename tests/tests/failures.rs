@@ -1,0 +1,105 @@
+//! Issue 26: a failed trial says why wherever a user looks (the
+//! coordinator's log, the summary, `best`, the exit status), a trial
+//! without the objective names the metric expected and the metrics seen,
+//! and `check` warns about parameters nothing uses. Real coordinator and
+//! agent processes, a real Python workload.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+/// A grid study of `trials` trials over `x` (1..=trials) running `command`
+/// (a TOML array), one attempt each, maximising `metric`.
+fn study(dir: &Path, name: &str, command: &str, metric: &str, trials: u32) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &p,
+        format!(
+            "name = \"{name}\"\ncommand = {command}\ntimeout = 60\nmax_attempts = 1\n\
+             [objective]\nmetric = \"{metric}\"\ndirection = \"maximize\"\n[budget]\ntrials = {trials}\n\
+             [strategy]\nkind = \"grid\"\n[hyper.x]\nkind = \"int\"\nlow = 1\nhigh = {trials}\n"
+        ),
+    )
+    .expect("study file");
+    p
+}
+
+fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(args).env("XDG_STATE_HOME", state_home());
+    run(cmd)
+}
+
+/// Runs `study` with one agent; the coordinator's exit code, stdout and log.
+fn run_study(dir: &Path, study: &Path, store: &Path, test: &str) -> (Option<i32>, String, String) {
+    let root = unique_root(test);
+    let log = dir.join(format!("{test}.log"));
+    let (mut coord, url) = start_coordinator_logged(study, store, &root, &[], Some(&log));
+    let agent_name = format!("{root}-agent");
+    let agent = start_agent(&url, &agent_name, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    drop(agent);
+    assert_agents_spools_empty(&[&agent_name]);
+    (status.code(), out, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
+#[test]
+fn a_crashing_workload_says_why_in_the_log_the_summary_best_and_the_exit_status() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let command =
+        r#"["python3", "-c", "import sys; print('loading', sys.argv[1]); import tunefleet_no_such_module", "{x}"]"#;
+    let study = study(dir.path(), "crash", command, "score", 3);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "crash");
+    let cause = "exit 1, `ModuleNotFoundError: No module named 'tunefleet_no_such_module'`";
+    // Nothing succeeded: exit status 4, and main says so on stderr.
+    assert_eq!(code, Some(4), "{out}\n{log}");
+    assert!(log.contains("study crash: no trial succeeded: 3 trials failed: exit 1"), "{log}");
+    // The summary groups the three failures under their one cause.
+    assert!(out.contains("0/3 trials done, 3 failed"), "{out}");
+    assert!(out.contains(&format!("3 trials failed: {cause}")), "{out}");
+    // The coordinator's log names each failed trial with its cause.
+    assert_eq!(log.matches("trial failed").count(), 3, "{log}");
+    assert!(log.lines().any(|l| l.contains("trial failed") && l.contains("No module named")), "{log}");
+    // `best` says why there is nothing to rank.
+    let (code, _, err) = tunefleet(&["best", "crash", "--store", store.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no successful trial") && err.contains(cause), "{err}");
+    // A study that does not exist: the store and its studies are named.
+    let (code, _, err) = tunefleet(&["best", "nosuch", "--store", store.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no study \"nosuch\"") && err.contains("its studies: crash"), "{err}");
+}
+
+#[test]
+fn some_failures_exit_3_and_a_missing_objective_names_what_was_expected_and_seen() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    // Trial x=2 fails with a message; the others report `acc`, not `score`.
+    let command = r#"["sh", "-c", "if [ {x} = 2 ]; then echo 'out of memory' >&2; exit 3; fi; echo 'TUNEFLEET final acc=0.{x}'"]"#;
+    let study = study(dir.path(), "mixed", command, "score", 3);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "mixed");
+    assert_eq!(code, Some(3), "finished with failures\n{out}\n{log}");
+    assert!(out.contains("2/3 trials done, 1 failed"), "{out}");
+    assert!(out.contains("1 trial failed: exit 3, `out of memory`"), "{out}");
+    assert!(out.contains("the objective `score` was expected; they reported acc"), "{out}");
+    assert!(log.contains("finished with failures: 1 trial failed: exit 3"), "{log}");
+    assert!(log.contains("trial reported no value for the objective"), "{log}");
+}
+
+#[test]
+fn check_warns_about_a_parameter_nothing_uses() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let unused = study(dir.path(), "unused", r#"["true"]"#, "score", 2);
+    let (code, out, err) = tunefleet(&["check", unused.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("unused: 2 trials"), "{out}");
+    assert!(err.contains("warning: study unused: parameter `x` is used nowhere"), "{err}");
+    let used = study(dir.path(), "used", r#"["echo", "{x}"]"#, "score", 2);
+    let (code, _, err) = tunefleet(&["check", used.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("warning"), "{err}");
+}
