@@ -7,7 +7,10 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// One parameter value. Floats print in the shortest form that round-trips.
+/// Its JSON is the plain value (`3`, `0.1`, `"adam"`), as users' scripts
+/// read it from `--json` and `export`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
 pub enum ParamValue {
     Int(i64),
     Float(f64),
@@ -93,5 +96,19 @@ mod tests {
         let threads = SystemParams { threads: Some(8), ..SystemParams::default() };
         assert_eq!(threads.to_string(), "threads=8");
         assert_eq!(SystemParams::default().to_string(), "default");
+    }
+
+    #[test]
+    fn parameters_are_plain_json_values_and_read_back_as_they_were() {
+        let p: Params = [
+            ("k".to_string(), ParamValue::Text("adam".into())),
+            ("n".to_string(), ParamValue::Int(3)),
+            ("x".to_string(), ParamValue::Float(1.61)),
+            ("y".to_string(), ParamValue::Float(2.0)),
+        ]
+        .into();
+        let json = serde_json::to_string(&p).expect("serialises");
+        assert_eq!(json, r#"{"k":"adam","n":3,"x":1.61,"y":2.0}"#);
+        assert_eq!(serde_json::from_str::<Params>(&json).expect("reads back"), p);
     }
 }

@@ -103,3 +103,22 @@ fn check_warns_about_a_parameter_nothing_uses() {
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("warning"), "{err}");
 }
+
+#[test]
+fn a_wildcard_listen_prints_an_address_agents_can_dial() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = study(dir.path(), "wild", r#"["sh", "-c", "echo TUNEFLEET final score=0.{x}"]"#, "score", 2);
+    let root = unique_root("wild");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--listen", "0.0.0.0:0"]);
+    // `mqtt://0.0.0.0:PORT` is no address an agent (on another machine) can use.
+    assert!(!url.contains("0.0.0.0"), "{url}");
+    let name = format!("{root}-agent");
+    let agent = start_agent(&url, &name, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert_eq!(status.code(), Some(0), "{out}");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

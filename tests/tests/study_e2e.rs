@@ -155,6 +155,16 @@ fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
     stored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     stored.truncate(3);
     assert_eq!(shown, stored, "{best}");
+    // Parameters are plain JSON values, as the store keeps them (not
+    // `{"lr":{"Float":0.1}}`).
+    for t in best["trials"].as_array().expect("trials") {
+        let trial = t["trial"].as_i64().expect("trial");
+        let kept: String = db
+            .query_row("SELECT params FROM trials WHERE study = 'e2e' AND trial = ?1", [trial], |r| r.get(0))
+            .expect("params");
+        let kept: serde_json::Value = serde_json::from_str(&kept).expect("params JSON");
+        assert_eq!(t["params"], kept, "{best}");
+    }
 }
 
 #[test]

@@ -232,6 +232,35 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials } })
 }
 
+/// The host agents should use for a listener bound to `ip`: `ip` itself,
+/// or, for a wildcard (`0.0.0.0`, `::`), no address anyone can dial, this
+/// machine's address on its default route (found by connecting a UDP
+/// socket, which sends nothing), else its host name, else loopback.
+pub fn reachable_host(ip: std::net::IpAddr) -> String {
+    if !ip.is_unspecified() {
+        return ip.to_string();
+    }
+    // A documentation address (TEST-NET-1): never dialled, only routed.
+    let routed = std::net::UdpSocket::bind((ip, 0))
+        .and_then(|s| s.connect(("192.0.2.1", 9)).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .ok()
+        .filter(|a| !a.is_unspecified() && !a.is_loopback());
+    if let Some(addr) = routed {
+        return addr.to_string();
+    }
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    let resolves = |n: &str| std::net::ToSocketAddrs::to_socket_addrs(&(n, 0u16)).is_ok_and(|mut a| a.next().is_some());
+    if !name.is_empty() && resolves(&name) {
+        return name;
+    }
+    if ip.is_ipv4() {
+        "127.0.0.1".to_string()
+    } else {
+        "::1".to_string()
+    }
+}
+
 /// Where the coordinator's own listener goes beside a TLS one: loopback, a
 /// port the OS chooses, and an address the public listener does not use, so
 /// that the two new sockets are told apart by their address.

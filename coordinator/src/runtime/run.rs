@@ -131,7 +131,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
             let b = broker::start(&settings)?;
             let tls = settings.tls.is_some();
             tracing::info!(addr = %b.addr, tls, "embedded broker listening");
-            let public = BrokerUrl { host: b.addr.ip().to_string(), port: b.addr.port(), tls };
+            let public = BrokerUrl { host: broker::reachable_host(b.addr.ip()), port: b.addr.port(), tls };
             let internal =
                 BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
             (public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None })
