@@ -210,7 +210,7 @@ fn regression_late_result_completes_a_trial_failed_without_a_result_once() {
         (trials[0].state, trials[0].reason.as_deref(), trials[0].objective),
         (TrialState::Done, None, Some(0.3))
     );
-    assert_eq!((trials[1].state, trials[1].reason.as_deref()), (TrialState::Failed, Some("exited 2")));
+    assert_eq!((trials[1].state, trials[1].reason.as_deref()), (TrialState::Failed, Some("exit 2, `ok`")));
     let results = store.results("gaveup").expect("results");
     assert_eq!(results.len(), 2, "one result per trial");
     assert_eq!((results[0].attempt, results[0].agent.as_str()), (1, "a1"));
@@ -258,7 +258,7 @@ fn failed_runs_fail_the_trial_and_requeue_and_fail_trial_work() {
 
     let trials = store.trials("fails").expect("trials");
     assert_eq!(trials[0].state, TrialState::Failed);
-    assert_eq!(trials[0].reason.as_deref(), Some("exited 3"));
+    assert_eq!(trials[0].reason.as_deref(), Some("exit 3, `ok`"));
     assert_eq!(trials[1].state, TrialState::Failed);
     assert_eq!(trials[1].reason.as_deref(), Some("attempts exhausted"));
     let counts = store.trial_counts("fails").expect("counts");
@@ -281,11 +281,20 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     // Same study with a comment added: still the same configuration.
     let commented = study::parse(&format!("# resumed\n{}", s.source), "other.toml").expect("parses");
     assert_eq!(b.create_study(&commented, &search::plan(&commented)).expect("resumes"), StudyOpened::Resumed);
-    // A different budget: refused, naming the study.
-    let other = study("res", "minimize", 8);
+    // A smaller budget, or another direction: refused, naming the study and the keys.
+    let smaller = study("res", "minimize", 4);
+    let e = b.create_study(&smaller, &search::plan(&smaller)).expect_err("refused");
+    assert!(matches!(&e, StoreError::ConfigMismatch { study, keys } if study == "res" && keys == "[budget]"), "{e}");
+    assert!(e.to_string().contains("\"res\"") && e.to_string().contains("[budget] differ"), "{e}");
+    let other = study("res", "maximize", 6);
     let e = b.create_study(&other, &search::plan(&other)).expect_err("refused");
-    assert!(matches!(&e, StoreError::ConfigMismatch { study } if study == "res"), "{e}");
-    assert!(e.to_string().contains("\"res\""), "{e}");
+    assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "[objective]"), "{e}");
+    // A larger budget alone: the study continues, the store keeps the new
+    // file and records the change; the old file is then a smaller budget.
+    let larger = study("res", "minimize", 8);
+    assert_eq!(b.create_study_at(&larger, &[], 2000).expect("continues"), StudyOpened::Resumed);
+    let e = b.create_study(&s, &search::plan(&s)).expect_err("now smaller");
+    assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "[budget]"), "{e}");
     assert_eq!(b.reset_running("res", "coordinator restarted", 5000).expect("resets"), 1);
     b.commit().expect("commits");
 
@@ -301,6 +310,10 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     assert_eq!(pending[0].plan(), search::plan(&s)[1], "resume renders the same trial");
     let attempts = store.attempts("res", 1).expect("attempts");
     assert_eq!(attempts[0].outcome.as_deref(), Some("coordinator restarted"));
+    let row = store.study("res").expect("reads").expect("exists");
+    assert_eq!(row.config, larger.source, "the store keeps the file that raised the budget");
+    let changes = store.study_changes("res").expect("reads");
+    assert_eq!(changes, vec![(2000, "budget 6 -> 8".to_string())], "the change is recorded");
 }
 
 #[test]

@@ -1488,7 +1488,7 @@ fn study_file_errors() {
     std::fs::write(&study, changed).expect("write");
     let (code, out) =
         run_lines(tf("tunefleet", dir.path(), &["run", &study, "--store", "s.db", "--listen", "127.0.0.1:0"]));
-    assert_eq!(code, Some(1), "{out:?}");
+    assert_eq!(code, Some(2), "{out:?}");
     output.extend(out);
     check_quotes(TROUBLESHOOTING, SECTIONS[5], &output);
     assert_agents_spools_empty(&["sleepy"]);

@@ -122,3 +122,41 @@ fn a_wildcard_listen_prints_an_address_agents_can_dial() {
     drop(agent);
     assert_agents_spools_empty(&[&name]);
 }
+
+#[test]
+fn a_larger_budget_continues_a_finished_study_and_anything_else_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let command = r#"["sh", "-c", "echo TUNEFLEET final score=0.{x}"]"#;
+    // A random search over x in 1..=9: its budget, not its space, says how many trials.
+    let first = study(dir.path(), "grow", command, "score", 9);
+    let text = std::fs::read_to_string(&first).expect("read");
+    let text = text.replace("trials = 9", "trials = 2").replace("kind = \"grid\"", "kind = \"random\"\nseed = 7");
+    std::fs::write(&first, text).expect("write");
+    let (code, out, log) = run_study(dir.path(), &first, &store, "grow");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    // The same file with `trials = 4`.
+    let text = std::fs::read_to_string(&first).expect("read").replace("trials = 2", "trials = 4");
+    std::fs::write(&first, text).expect("write");
+    let (code, out, log) = run_study(dir.path(), &first, &store, "grow2");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(out.contains("4/4 trials done"), "{out}");
+    assert!(log.contains("study continues with a larger budget"), "{log}");
+    // The first two trials ran once: continued, not started over.
+    let attempts = query(&store, "SELECT COUNT(*) FROM attempts WHERE study = 'grow'", |r| r.get::<_, i64>(0));
+    assert_eq!(attempts, vec![4], "{out}");
+    // Another change is refused as a usage error, naming the keys that differ.
+    let text = std::fs::read_to_string(&first).expect("read").replace("timeout = 60", "timeout = 61");
+    std::fs::write(&first, text).expect("write");
+    let (code, out, err) = tunefleet(&[
+        "run",
+        first.to_str().expect("utf-8"),
+        "--store",
+        store.to_str().expect("utf-8"),
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("timeout differ"), "{err}");
+}

@@ -96,7 +96,16 @@ pub const EXIT_INTERRUPTED: u8 = 130;
 impl CliError {
     /// True for an error in what the user gave (exit code 2).
     pub fn is_usage(&self) -> bool {
-        matches!(self, CliError::Study(_) | CliError::Topic(_))
+        use crate::runtime::engine::EngineError;
+        use crate::runtime::run::RunError;
+        // A study file that changed under a name the store has is a bad file too.
+        let mismatch = |e: &StoreError| matches!(e, StoreError::ConfigMismatch { .. });
+        match self {
+            CliError::Study(_) | CliError::Topic(_) => true,
+            CliError::Store(e) => mismatch(e),
+            CliError::Run(RunError::Engine(EngineError::Store(e))) => mismatch(e),
+            _ => false,
+        }
     }
 
     /// The process's exit code for this error: 2 for a usage error, the

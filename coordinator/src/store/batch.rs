@@ -95,13 +95,39 @@ impl Batch<'_> {
         self.create_study_at(study, plan, unix_ms())
     }
 
+    /// Continues `study` with its larger budget (from `old`): the store
+    /// keeps the new file, the study runs again, and the change is recorded.
+    fn grow_budget(&mut self, study: &Study, old: u64, at_ms: u64) -> Result<()> {
+        let context = || format!("raising the budget of study {:?}", study.name);
+        self.tx
+            .prepare_cached("UPDATE studies SET config = ?2, state = 'running', finished_ms = NULL WHERE name = ?1")
+            .ctx(context)?
+            .execute(params![study.name, study.source])
+            .ctx(context)?;
+        let change = format!("budget {old} -> {}", study.budget);
+        self.tx
+            .prepare_cached("INSERT INTO study_changes (study, at_ms, change) VALUES (?1, ?2, ?3)")
+            .ctx(context)?
+            .execute(params![study.name, to_i64("time", at_ms)?, change])
+            .ctx(context)?;
+        tracing::info!(study = %study.name, %change, "study continues with a larger budget");
+        Ok(())
+    }
+
     /// [`Batch::create_study`] with an explicit creation time.
     pub fn create_study_at(&mut self, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened> {
         if let Some(existing) = study_by_name(&self.tx, &study.name)? {
-            return if same_config(&existing.config, study) {
-                Ok(StudyOpened::Resumed)
-            } else {
-                Err(StoreError::ConfigMismatch { study: study.name.clone() })
+            let keys = config_differences(&existing.config, study);
+            return match keys.as_slice() {
+                [] => Ok(StudyOpened::Resumed),
+                // A larger budget alone continues the study (as Optuna's
+                // `optimize` does with more trials); the store keeps the new file.
+                ["[budget]"] if config_budget(&existing.config, study).is_some_and(|old| study.budget > old) => {
+                    let old = config_budget(&existing.config, study).unwrap_or_default();
+                    self.grow_budget(study, old, at_ms)?;
+                    Ok(StudyOpened::Resumed)
+                }
+                keys => Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: keys.join(", ") }),
             };
         }
         let context = || format!("creating study {:?}", study.name);
@@ -620,17 +646,31 @@ impl Batch<'_> {
 }
 
 /// True when the stored study text describes the same study as `study`.
-fn same_config(stored: &str, study: &Study) -> bool {
+/// The study `stored` (the text the store kept) as `study` is named: the
+/// file itself, or its `[[group]]` of that name.
+fn stored_study(stored: &str, study: &Study) -> Option<Study> {
+    let old = study::parse(stored, &study.origin).ok()?;
+    if old.name == study.name {
+        return Some(old);
+    }
+    old.expand().into_iter().find(|s| s.name == study.name)
+}
+
+/// The keys in which the study the store kept differs from `study` (none:
+/// the same study); the whole file when the stored text does not parse.
+fn config_differences(stored: &str, study: &Study) -> Vec<&'static str> {
     if stored == study.source {
-        return true;
+        return Vec::new();
     }
-    match study::parse(stored, &study.origin) {
-        Ok(mut old) => {
-            old.source.clone_from(&study.source);
-            old == *study
-        }
-        Err(_) => false,
+    match stored_study(stored, study) {
+        Some(old) => old.differences(study),
+        None => vec!["the whole file"],
     }
+}
+
+/// The budget of the study the store kept.
+fn config_budget(stored: &str, study: &Study) -> Option<u64> {
+    stored_study(stored, study).map(|s| s.budget)
 }
 
 /// `value` as JSON text, for a column.

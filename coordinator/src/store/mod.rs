@@ -60,10 +60,10 @@ pub enum StoreError {
     #[error("{context}: {source}")]
     Json { context: String, source: serde_json::Error },
     #[error(
-        "study {study:?} already exists in the store with a different configuration \
-         (give the study a new name, or resume it with its original file)"
+        "study {study:?} already exists in the store with a different configuration: {keys} differ \
+         (give the study a new name, or resume it with its original file; a larger [budget] alone continues it)"
     )]
-    ConfigMismatch { study: String },
+    ConfigMismatch { study: String, keys: String },
     #[error("unknown study {0:?}")]
     UnknownStudy(String),
     #[error("unknown trial {study}/{trial}")]

@@ -319,6 +319,18 @@ impl Store {
             .ctx(context)
     }
 
+    /// How `study` changed since it was created (a larger budget), as
+    /// `(when, what)`, oldest first.
+    pub fn study_changes(&self, study: &str) -> Result<Vec<(u64, String)>> {
+        let context = || format!("reading the changes of {study:?}");
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT at_ms, change FROM study_changes WHERE study = ?1 ORDER BY at_ms, rowid")
+            .ctx(context)?;
+        let rows = stmt.query_map([study], |r| Ok((get_u64(r, 0)?, r.get(1)?))).ctx(context)?;
+        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+    }
+
     /// The failed trials of `study` grouped by why they failed (the
     /// reason the store kept: see [`crate::domain::failure::cause`]), most
     /// frequent first.

@@ -122,6 +122,11 @@ CREATE TABLE IF NOT EXISTS study_ids (
     name TEXT PRIMARY KEY NOT NULL,
     id   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS study_changes (
+    study  TEXT NOT NULL,
+    at_ms  INTEGER NOT NULL,
+    change TEXT NOT NULL
+);
 "#;
 
 /// Version 2: trials stopped early (`stopped`), the system configuration

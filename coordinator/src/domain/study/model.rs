@@ -335,6 +335,33 @@ pub struct Study {
 }
 
 impl Study {
+    /// The keys of the study file in which `self` and `newer` differ
+    /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
+    /// where it was read from and its text are not compared.
+    pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
+        let pairs: [(&'static str, bool); 18] = [
+            ("command", self.command != newer.command),
+            ("env", self.env != newer.env),
+            ("resume", self.resume != newer.resume),
+            ("resume_prefix", self.resume_prefix != newer.resume_prefix),
+            ("timeout", self.timeout_s != newer.timeout_s),
+            ("repeats", self.repeats != newer.repeats),
+            ("max_attempts", self.max_attempts != newer.max_attempts),
+            ("[objective]", self.objective != newer.objective),
+            ("[budget]", self.budget != newer.budget),
+            ("[strategy]", self.strategy != newer.strategy),
+            ("[selector]", self.selector != newer.selector),
+            ("[hyper]", self.hyper != newer.hyper),
+            ("[system]", self.system != newer.system),
+            ("[pipeline]", self.pipeline != newer.pipeline),
+            ("[early_stopping]", self.early_stopping != newer.early_stopping),
+            ("[stability]", self.stability != newer.stability),
+            ("[reuse]", self.reuse != newer.reuse),
+            ("[[group]]", self.groups != newer.groups),
+        ];
+        pairs.into_iter().filter(|(_, differs)| *differs).map(|(key, _)| key).collect()
+    }
+
     /// Hyper-parameters no template uses (`command`, `resume`, `env`): each
     /// trial would run the same program whatever their value. System
     /// parameters are applied by the agent and never count as unused.
