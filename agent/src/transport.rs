@@ -83,6 +83,31 @@ pub struct Transport {
     connected: Arc<AtomicBool>,
 }
 
+/// How often a broker that stays unreachable is reported again (the
+/// failures between are logged at debug level, and counted).
+pub const QUIET_REPORT: Duration = Duration::from_secs(60);
+
+/// What a connection error probably means, for the operator: a timeout is
+/// rarely the network alone.
+pub fn connection_hint(error: &str, tls: bool) -> &'static str {
+    let e = error.to_lowercase();
+    if e.contains("timeout") || e.contains("timed out") {
+        if tls {
+            "no MQTT answer in time: is it an MQTT broker speaking TLS on that port?"
+        } else {
+            "no MQTT answer in time: is it an MQTT broker (not HTTP, not TLS: use mqtts:// for TLS) on that port?"
+        }
+    } else if e.contains("refused") {
+        "nothing listens there: is the broker (or the coordinator with its embedded broker) running?"
+    } else if e.contains("certificate") || e.contains("alert") || e.contains("tls") {
+        "TLS: check --ca, --cert and --key against the broker's (docs/TROUBLESHOOTING.md, TLS mistakes)"
+    } else if e.contains("connection closed") || e.contains("reset") {
+        "the broker closed the connection: a coordinator that stopped, or a login or TLS setting it refused"
+    } else {
+        "see docs/TROUBLESHOOTING.md, The agent cannot reach the broker"
+    }
+}
+
 /// The reconnect delay after `failures` consecutive failures (1 or more):
 /// 100 ms doubling up to 5 s, then scaled by `jitter` (0..1) into the upper
 /// half of that value so agents that lost the broker together spread out.
@@ -134,6 +159,7 @@ impl Transport {
         let stop = CancellationToken::new();
         let connected = Arc::new(AtomicBool::new(false));
         let poller = Poller {
+            broker: broker.clone(),
             client: client.clone(),
             topics: topics.clone(),
             agent: agent.clone(),
@@ -184,6 +210,8 @@ impl Transport {
 }
 
 struct Poller {
+    /// Where it connects, for messages.
+    broker: BrokerUrl,
     client: AsyncClient,
     topics: Topics,
     agent: String,
@@ -210,6 +238,9 @@ impl Poller {
 
     async fn run(self, mut eventloop: EventLoop, stop: CancellationToken) {
         let mut failures: u32 = 0;
+        // When a failure was last reported at warn level (the first of a run
+        // of failures, then one per QUIET_REPORT).
+        let mut reported: Option<std::time::Instant> = None;
         let mut will_hash = self.new_will(&mut eventloop);
         loop {
             let event = tokio::select! {
@@ -220,6 +251,7 @@ impl Poller {
             match event {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     failures = 0;
+                    reported = None;
                     self.connected.store(true, Ordering::Relaxed);
                     tracing::info!(agent = %self.agent, "connected to the broker");
                     self.subscribe();
@@ -240,7 +272,15 @@ impl Poller {
                     self.connected.store(false, Ordering::Relaxed);
                     will_hash = self.new_will(&mut eventloop);
                     let delay = backoff_delay(failures, rand::random::<f64>());
-                    tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "broker connection failed");
+                    let retry_in_ms = delay.as_millis() as u64;
+                    let error = e.to_string();
+                    if reported.is_none_or(|at| at.elapsed() >= QUIET_REPORT) {
+                        reported = Some(std::time::Instant::now());
+                        let hint = connection_hint(&error, self.broker.tls);
+                        tracing::warn!(%error, retry_in_ms, broker = %self.broker, failures, hint, "broker connection failed");
+                    } else {
+                        tracing::debug!(%error, retry_in_ms, failures, "broker connection failed again");
+                    }
                     tokio::select! {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(delay) => {}
@@ -297,6 +337,16 @@ mod tests {
         let id = client_id(&long, [0; 4]);
         assert_eq!(id.len(), MAX_CLIENT_ID, "{id}");
         assert!(id.ends_with("-00000000"), "{id}");
+    }
+
+    #[test]
+    fn a_connection_error_comes_with_what_it_probably_means() {
+        assert!(connection_hint("I/O: Connection refused (os error 111)", false).contains("nothing listens"));
+        let timeout = connection_hint("Network timeout", false);
+        assert!(timeout.contains("MQTT broker") && timeout.contains("mqtts://"), "{timeout}");
+        assert!(!connection_hint("Network timeout", true).contains("mqtts://"));
+        assert!(connection_hint("TLS: I/O: invalid peer certificate: BadSignature", true).contains("--ca"));
+        assert!(connection_hint("Mqtt state: Connection closed by peer abruptly", false).contains("closed"));
     }
 
     #[test]

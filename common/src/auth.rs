@@ -94,6 +94,14 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A key shortened for logs: its first 8 bytes in hex and an ellipsis, so
+/// a log line never wraps on a 64-digit key (`tunefleet key` and
+/// `tunefleet-agent key` print keys whole).
+pub fn fingerprint(key: &[u8]) -> String {
+    let shown = key.get(..8).unwrap_or(key);
+    format!("{}…", hex(shown))
+}
+
 /// Parses 64 hex digits.
 pub fn parse_public_key(text: &str) -> Option<PublicKey> {
     let text = text.trim();

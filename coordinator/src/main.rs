@@ -25,7 +25,8 @@ fn main() -> ExitCode {
     // Colours only on a terminal: a log file or journald gets plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        // Above the progress bars while they are drawn.
+        .with_writer(tunefleet_coordinator::runtime::progress::LogWriter)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -160,3 +160,87 @@ fn a_larger_budget_continues_a_finished_study_and_anything_else_is_refused_by_na
     assert_eq!(code, Some(2), "{out}{err}");
     assert!(err.contains("timeout differ"), "{err}");
 }
+
+/// The trials of `study` in `store` that are done.
+fn done(store: &Path, study: &str) -> i64 {
+    query(store, &format!("SELECT COUNT(*) FROM trials WHERE study = '{study}' AND state = 'done'"), |r| r.get(0))
+        .first()
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn counts_agree_and_an_interrupted_run_says_how_to_resume() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let store_arg = store.to_str().expect("utf-8").to_string();
+    let command = r#"["sh", "-c", "sleep 0.4; echo TUNEFLEET final score=0.{x}"]"#;
+    // A random search of 6 trials: its budget, not the trials made so far, is the total.
+    let path = study(dir.path(), "halt", command, "score", 9);
+    let text = std::fs::read_to_string(&path).expect("read");
+    let text = text.replace("trials = 9", "trials = 6").replace("kind = \"grid\"", "kind = \"random\"\nseed = 3");
+    std::fs::write(&path, text).expect("write");
+    let root = unique_root("halt");
+    let log = dir.path().join("halt.log");
+    let (mut coord, url) = start_coordinator_logged(&path, &store, &root, &[], Some(&log));
+    let name = format!("{root}-agent");
+    let agent = start_agent(&url, &name, &root, &["--slots", "1"]);
+    wait_for("two trials done", Duration::from_secs(60), || done(&store, "halt") >= 2);
+    // While it runs: the budget as the total, the coordinator seen.
+    let (code, out, err) = tunefleet(&["status", "--store", &store_arg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.starts_with("halt running: ") && out.contains("/6 done") && out.contains("1 agents online"), "{out}");
+    coord.signal("INT");
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let stdout = coord.rest_of_stdout().join("\n");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(130), "{stdout}\n{log}");
+    let finished = done(&store, "halt");
+    assert!(finished < 6, "interrupted before the end: {stdout}");
+    assert!(stdout.contains(&format!("study halt: {finished}/6 trials done")), "{stdout}");
+    let said = format!("interrupted: study halt: {finished} of 6 trials done; run the same command to resume");
+    assert!(log.contains(&said), "{log}");
+    // The coordinator is gone: `status` says so, and how to go on.
+    let (_, out, _) = tunefleet(&["status", "--store", &store_arg]);
+    assert!(out.starts_with(&format!("halt interrupted: {finished}/6 done")), "{out}");
+    assert!(out.contains("no coordinator running (last seen") && out.contains("run the same command"), "{out}");
+    // The same command resumes and finishes; once more, there is nothing to do.
+    let (mut coord, _) =
+        start_coordinator(&path, &store, &root, &["--listen", url.trim_start_matches("mqtt://")]);
+    assert_eq!(coord.wait_exit(Duration::from_secs(120)).code(), Some(0));
+    assert!(coord.rest_of_stdout().join("\n").contains("study halt: 6/6 trials done"));
+    let (mut again, _) = start_coordinator(&path, &store, &root, &[]);
+    assert_eq!(again.wait_exit(Duration::from_secs(60)).code(), Some(0));
+    let out = again.rest_of_stdout().join("\n");
+    assert!(out.contains("study halt: 6/6 trials done, 0 failed (finished before this run: nothing to do)"), "{out}");
+    let (_, out, _) = tunefleet(&["status", "--store", &store_arg]);
+    assert!(out.starts_with("halt finished: 6/6 done") && !out.contains("trials/min"), "{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}
+
+#[test]
+fn an_unreachable_broker_is_reported_once_with_its_url_and_what_it_means() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let closed = tunefleet_tests::ports::ClosedPort::new();
+    let url = format!("mqtt://127.0.0.1:{}", closed.port);
+    let log = dir.path().join("agent.log");
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", &url, "--name", "lonely", "--trust-first-coordinator"])
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("TUNEFLEET_LOG", "warn,tunefleet_agent::transport=debug")
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let agent = Proc::spawn("lonely", cmd);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    // Several attempts fail (retried at 100 ms, doubling)...
+    wait_for("four failed attempts", Duration::from_secs(30), || read().matches("broker connection failed").count() >= 4);
+    drop(agent);
+    let text = read();
+    // ...and one of them is a warning: the URL it tried and what a refusal means.
+    let warnings: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ") && l.contains("broker connection failed")).collect();
+    assert_eq!(warnings.len(), 1, "{text}");
+    assert!(warnings[0].contains(&format!("broker={url}")), "{text}");
+    assert!(warnings[0].contains("nothing listens there"), "{text}");
+    assert!(text.contains("broker connection failed again"), "{text}");
+}

@@ -80,6 +80,10 @@ fn the_report_of_a_pipelined_study_loads_in_chromium_with_every_chart_and_no_con
     assert!(!html.contains("<script"), "no script");
     assert!(html.contains("class=\"w probe"), "probe windows drawn");
     assert!(html.contains("class=\"mark\""), "the kept probe window is marked");
+    // No meter here: energy is a model of CPU time, labelled as such, and
+    // time is not drawn against a function of itself.
+    assert!(html.contains("class=\"est\"") && !html.contains("class=\"ok\">valid"), "an estimate is no valid reading");
+    assert!(html.contains("Not drawn: every energy figure here is estimated"), "no time against estimated energy");
     for agent in &agents {
         assert!(html.contains(agent.as_str()), "{agent} has a timeline row");
     }

@@ -24,7 +24,7 @@ pub async fn status(
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<()> {
     let look = || -> Result<Vec<StudyStatus>> {
-        let rows = crate::query::status::snapshot(&open_existing(path)?, study)?;
+        let rows = crate::query::status::snapshot(&open_existing(path)?, study, unix_now_ms())?;
         if rows.is_empty() {
             if let Some(s) = study {
                 return Err(CliError::refused(format!("no study {s:?} in {}", path.display())));

@@ -160,15 +160,23 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
 /// its best trials and its store.
 pub fn print_summary(s: &Summary, store: &Path) {
     let stopped = if s.stopped > 0 { format!(", {} stopped early", s.stopped) } else { String::new() };
-    println!(
-        "study {}: {}/{} trials done, {} failed{stopped}, in {:.1} s on {} agent(s)",
-        s.study,
-        s.done,
-        s.total,
-        s.failed,
-        s.elapsed.as_secs_f64(),
-        s.agents_seen
-    );
+    // Of the study's budget: an interrupted study shows what is left.
+    let total = s.planned.max(s.total);
+    if s.elapsed.is_zero() && s.finished && s.agents_seen == 0 {
+        println!(
+            "study {}: {}/{total} trials done, {} failed{stopped} (finished before this run: nothing to do)",
+            s.study, s.done, s.failed
+        );
+    } else {
+        println!(
+            "study {}: {}/{total} trials done, {} failed{stopped}, in {:.1} s on {} agent(s)",
+            s.study,
+            s.done,
+            s.failed,
+            s.elapsed.as_secs_f64(),
+            s.agents_seen
+        );
+    }
     if s.failed > 0 {
         // Why, grouped: the exit status and the last line each failed trial wrote.
         match Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)) {

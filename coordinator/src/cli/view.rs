@@ -22,7 +22,8 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
             if let Some(note) = mixed_sources {
                 writeln!(out, "{note}")?;
             }
-            for RankedTrial { row: r, decisions } in trials {
+            let disturbed = trials.iter().filter(|t| !t.interference.is_empty()).count();
+            for RankedTrial { row: r, decisions, interference } in trials {
                 let source = r.energy_source.as_deref().unwrap_or("no energy");
                 writeln!(
                     out,
@@ -35,6 +36,16 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
                 for d in decisions {
                     writeln!(out, "            {}: {}", d.decision, d.reason)?;
                 }
+                if !interference.is_empty() {
+                    writeln!(out, "            disturbed: {}", interference.join("; "))?;
+                }
+            }
+            if disturbed > 0 {
+                writeln!(
+                    out,
+                    "note: {disturbed} of these trials ran while their agent was busy with other work: their time and \
+                     energy are inflated; run them again on a quiet machine, or run the study with --offload"
+                )?;
             }
             if let Some(note) = unranked_note(unranked) {
                 writeln!(out, "note: {note}")?;
@@ -131,13 +142,33 @@ pub fn status(rows: &[StudyStatus]) -> String {
             (Some(p), None) => format!(", {p:.1} trials/min"),
             _ => String::new(),
         };
+        let agents = if s.coordinator_running {
+            format!("{} agents online", s.live_agents)
+        } else {
+            match s.coordinator_seen_s {
+                Some(ago) => format!("no coordinator running (last seen {})", ago_text(ago)),
+                None => "no coordinator running".to_string(),
+            }
+        };
         let _ = writeln!(
             out,
-            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {} agents online{best}{pace}",
-            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped, s.live_agents
+            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {agents}{best}{pace}",
+            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped
         );
+        if s.state == "interrupted" {
+            let _ = writeln!(out, "  run the same command (or `tunefleet serve` on this store) to resume it");
+        }
     }
     out
+}
+
+/// `seconds` ago, for reading: "12 s ago", "5 min ago", "3 h ago".
+fn ago_text(seconds: f64) -> String {
+    match seconds {
+        s if s < 120.0 => format!("{s:.0} s ago"),
+        s if s < 7_200.0 => format!("{:.0} min ago", s / 60.0),
+        s => format!("{:.0} h ago", s / 3_600.0),
+    }
 }
 
 /// The listing as text.

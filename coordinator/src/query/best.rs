@@ -75,6 +75,9 @@ pub struct RankedTrial {
     #[serde(flatten)]
     pub row: BestRow,
     pub decisions: Vec<DecisionRow>,
+    /// What its agent said disturbed the measurement (other work on the
+    /// machine); empty when nothing did.
+    pub interference: Vec<String>,
 }
 
 /// One configuration of a study that repeats its configurations.
@@ -177,12 +180,16 @@ fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
     }
     let mixed_sources = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref()));
     let decisions = store.decisions(Some(study))?;
+    let shown: Vec<u64> = rows.iter().map(|r| r.trial).collect();
+    let provenance = store.provenance(study, &shown)?;
     let trials = rows
         .into_iter()
         .map(|row| {
             let decisions =
                 decisions.iter().filter(|d| d.trial == row.trial && d.attempt == row.attempt).cloned().collect();
-            RankedTrial { row, decisions }
+            let interference =
+                provenance.iter().find(|p| p.trial == row.trial).map(|p| p.interference.clone()).unwrap_or_default();
+            RankedTrial { row, decisions, interference }
         })
         .collect();
     Ok(View::Ranked { study: study.to_string(), trials, unranked, mixed_sources })

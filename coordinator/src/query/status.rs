@@ -21,8 +21,13 @@ pub struct StudyStatus {
     pub metric: String,
     /// The best objective so far and its trial.
     pub best: Option<(f64, u64)>,
-    /// Agents online now (the whole fleet's).
+    /// Agents online now (the whole fleet's); 0 when no coordinator runs.
     pub live_agents: usize,
+    /// Whether a coordinator is running on this store now (its heartbeat
+    /// is recent and it did not say it stopped).
+    pub coordinator_running: bool,
+    /// Seconds since the coordinator's last heartbeat, when one ran.
+    pub coordinator_seen_s: Option<f64>,
     /// Trials finished per minute since the previous look (`--watch`).
     pub per_minute: Option<f64>,
     /// Seconds left at that pace.
@@ -35,9 +40,31 @@ impl StudyStatus {
     }
 }
 
-/// Every study (or `study` alone) as the store has it now.
-pub fn snapshot(store: &Store, study: Option<&str>) -> Result<Vec<StudyStatus>, StoreError> {
-    let live_agents = store.agents()?.iter().filter(|a| a.online).count();
+/// A coordinator whose heartbeat is older than this is gone (it beats
+/// every [`crate::runtime::engine::core::BEAT_MS`]).
+pub const STALE_MS: u64 = 10_000;
+
+/// The trials `row`'s study plans in all: its budget as its search counts
+/// it (at least the trials it has), read from the file the store kept.
+fn planned(row: &crate::store::StudyRow) -> u64 {
+    let study = crate::domain::study::parse(&row.config, "the store").ok().and_then(|s| {
+        if s.name == row.name {
+            Some(s)
+        } else {
+            s.expand().into_iter().find(|g| g.name == row.name)
+        }
+    });
+    study.map_or(row.total, |s| crate::domain::search::Search::new(&s).planned().max(row.total))
+}
+
+/// Every study (or `study` alone) as the store has it now, at `now_ms`
+/// (Unix ms: to judge the coordinator's heartbeat).
+pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<StudyStatus>, StoreError> {
+    let beat = store.heartbeat()?;
+    let coordinator_running = beat.is_some_and(|(at, stopped)| stopped.is_none() && now_ms.saturating_sub(at) < STALE_MS);
+    let coordinator_seen_s = beat.map(|(at, _)| now_ms.saturating_sub(at) as f64 / 1000.0);
+    let live_agents =
+        if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
     let mut out = Vec::new();
     for s in store.studies()? {
         if study.is_some_and(|n| n != s.name) {
@@ -45,14 +72,17 @@ pub fn snapshot(store: &Store, study: Option<&str>) -> Result<Vec<StudyStatus>, 
         }
         let best = store.best(&s.name, 1)?.first().map(|b| (b.objective, b.trial));
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
+        let total = planned(&s);
         out.push(StudyStatus {
             study: s.name,
             state: match s.state {
-                StudyState::Running => "running",
+                StudyState::Running if coordinator_running => "running",
+                // Its coordinator stopped or died before it finished.
+                StudyState::Running => "interrupted",
                 StudyState::Finished => "finished",
             }
             .to_string(),
-            total: s.total,
+            total,
             pending: s.pending,
             running: s.running,
             done: s.done,
@@ -61,6 +91,8 @@ pub fn snapshot(store: &Store, study: Option<&str>) -> Result<Vec<StudyStatus>, 
             metric: s.metric,
             best,
             live_agents,
+            coordinator_running,
+            coordinator_seen_s,
             per_minute: None,
             eta_s: None,
         });
@@ -75,6 +107,10 @@ pub fn pace(before: &[StudyStatus], now: &mut [StudyStatus], seconds: f64) {
     }
     for s in now.iter_mut() {
         let Some(b) = before.iter().find(|b| b.study == s.study) else { continue };
+        if s.state != "running" {
+            // A finished or interrupted study has no pace.
+            continue;
+        }
         let per_minute = s.finished().saturating_sub(b.finished()) as f64 / seconds * 60.0;
         s.per_minute = Some(per_minute);
         let left = s.total.saturating_sub(s.finished());
@@ -99,6 +135,8 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             live_agents: 2,
+            coordinator_running: true,
+            coordinator_seen_s: Some(1.0),
             per_minute: None,
             eta_s: None,
         }
@@ -113,7 +151,7 @@ mod tests {
         assert_eq!(now[0].eta_s, Some(240.0), "80 left at 20 a minute");
         let mut finished = vec![row(100, "finished")];
         pace(&before, &mut finished, 30.0);
-        assert_eq!(finished[0].eta_s, None);
+        assert_eq!((finished[0].per_minute, finished[0].eta_s), (None, None), "no pace once finished");
         let mut stalled = vec![row(10, "running")];
         pace(&before, &mut stalled, 30.0);
         assert_eq!(stalled[0].eta_s, None, "no pace, no estimate");

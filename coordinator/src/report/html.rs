@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
+use tunefleet_common::measurement::{EnergySourceKind, SegmentRole};
 use tunefleet_common::params::Params;
 
 use super::class::summaries;
@@ -41,7 +42,7 @@ h3{font-size:15px;margin:16px 0 4px}nav a{margin-right:12px}
 table{border-collapse:collapse;font-size:13px;margin:6px 0;width:100%}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f4f4f4}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.ok{color:#2a7a2a}.bad{color:#a33}.small{font-size:12px;color:#555}
+.ok{color:#2a7a2a}.bad{color:#a33}.est{color:#666;font-style:italic}.small{font-size:12px;color:#555}
 svg.chart{display:block;max-width:100%;height:auto;margin:6px 0;font-size:11px}
 svg text{fill:#333}svg .label{font-size:12px}svg .empty{fill:#777;font-size:14px}
 svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
@@ -166,8 +167,21 @@ fn pareto(out: &mut String, data: &ReportData) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let energy = |r: &BestRow| r.energy_j.unwrap_or(f64::NAN);
-    let wall_time: Vec<(u64, f64, f64)> = valid.iter().map(|r| (r.trial, r.wall_us as f64 / 1e6, energy(r))).collect();
-    front_chart(out, CHART_IDS[1], "Wall time against energy", ("wall time (s)", "energy (J)"), &wall_time, 1.0);
+    let estimated = |r: &&BestRow| r.energy_source.as_deref() == Some(EnergySourceKind::Estimated.as_str());
+    if !valid.is_empty() && valid.iter().all(estimated) {
+        // Estimated energy is a function of CPU time: against wall time it only draws that function.
+        let _ = write!(
+            out,
+            "<h3>Wall time against energy</h3><p class=\"note\" id=\"{}\">Not drawn: every energy figure here is \
+             estimated from CPU time (no RAPL, hwmon, battery or external meter on these agents), so it says nothing \
+             time does not. Give the agents a measured source to compare time and energy.</p>",
+            CHART_IDS[1]
+        );
+    } else {
+        let wall_time: Vec<(u64, f64, f64)> =
+            valid.iter().map(|r| (r.trial, r.wall_us as f64 / 1e6, energy(r))).collect();
+        front_chart(out, CHART_IDS[1], "Wall time against energy", ("wall time (s)", "energy (J)"), &wall_time, 1.0);
+    }
     let metric = data.study.metric.as_str();
     let objective: Vec<(u64, f64, f64)> = valid.iter().map(|r| (r.trial, energy(r), r.objective)).collect();
     let sign = if data.study.direction == Direction::Maximize { -1.0 } else { 1.0 };
@@ -202,15 +216,25 @@ fn timelines(out: &mut String, data: &ReportData) {
     let o = &data.options;
     let tl = timeline(&data.windows, o.windows_per_agent, o.max_agents);
     out.push_str("<section id=\"timelines\"><h2>Windows per agent</h2>");
-    let _ = write!(
-        out,
-        "<p class=\"note\">Each agent's {} most recent windows (a probe window, the warm-up, the rest under the \
-         selected configuration, or a whole trial that ran under one configuration), coloured by the system \
-         configuration it ran under; a trial's windows share a lane, trials that ran at once take more lanes. \
-         The probe window whose configuration the trial kept is outlined in black and marked with a triangle. \
-         Times are on the coordinator's clock.",
-        o.windows_per_agent
-    );
+    let probed = data.windows.iter().any(|w| w.role == Some(SegmentRole::Probe));
+    if probed {
+        let _ = write!(
+            out,
+            "<p class=\"note\">Each agent's {} most recent windows (a probe window, the warm-up, the rest under the \
+             selected configuration, or a whole trial that ran under one configuration), coloured by the system \
+             configuration it ran under; a trial's windows share a lane, trials that ran at once take more lanes. \
+             The probe window whose configuration the trial kept is outlined in black and marked with a triangle. \
+             Times are on the coordinator's clock.",
+            o.windows_per_agent
+        );
+    } else {
+        let _ = write!(
+            out,
+            "<p class=\"note\">Each agent's {} most recent trials, coloured by the system configuration they ran \
+             under; trials that ran at once take more lanes. Times are on the coordinator's clock.",
+            o.windows_per_agent
+        );
+    }
     if tl.agents.len() < tl.agents_total {
         let _ = write!(out, " {} of {} agents shown: the most recently active.", tl.agents.len(), tl.agents_total);
     }
@@ -240,9 +264,10 @@ fn timelines(out: &mut String, data: &ReportData) {
                 config_colour(svg::PALETTE.len() - 1)
             );
         }
-        out.push_str(
-            "</ul><p class=\"note\">Faded: warm-up and cut probe windows (dashed). Thin outline: a probe window.</p>",
-        );
+        out.push_str("</ul>");
+        if probed {
+            out.push_str("<p class=\"note\">Faded: warm-up and cut probe windows (dashed). Thin outline: a probe window.</p>");
+        }
     }
     out.push_str("</section>");
 }
@@ -310,6 +335,16 @@ fn best(out: &mut String, data: &ReportData) {
     if let Some(note) = crate::query::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
+    let disturbed = rows.iter().filter(|r| provenance.get(&r.trial).is_some_and(|p| !p.interference.is_empty())).count();
+    if disturbed > 0 {
+        let _ = write!(
+            out,
+            "<p class=\"note warn\" id=\"interference-note\">{disturbed} of these trials ran while their agent was busy \
+             with other work (the interference column): their time and energy are inflated and do not compare with \
+             the others. Run them again on a quiet machine, or run the study with <code>--offload</code>: the \
+             coordinator then measures a disturbed trial again elsewhere.</p>"
+        );
+    }
     let _ = write!(
         out,
         "<table id=\"table-best\"><tr><th>#</th><th>trial</th><th>{}</th><th>parameters</th><th>system configuration</th>\
@@ -318,8 +353,13 @@ fn best(out: &mut String, data: &ReportData) {
     );
     for (rank, r) in rows.iter().enumerate() {
         let p = provenance.get(&r.trial);
+        let estimated = r.energy_source.as_deref() == Some(EnergySourceKind::Estimated.as_str());
         let validity = match (r.energy_valid, p.and_then(|p| p.energy_note.as_deref())) {
-            (true, _) => "<span class=\"ok\">valid</span>".to_string(),
+            // A model of CPU time is no measurement: never "valid" beside a meter's joules.
+            (true, _) if estimated => {
+                "<span class=\"est\" title=\"a model of CPU time, not a measurement\">estimate</span>".to_string()
+            }
+            (true, _) => "<span class=\"ok\">measured</span>".to_string(),
             (false, Some(why)) => {
                 format!("<span class=\"bad\">invalid</span> <span class=\"small\">{}</span>", Esc(why))
             }

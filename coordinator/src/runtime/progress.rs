@@ -16,6 +16,41 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 /// How often a plain progress line may be printed per study.
 pub const PLAIN_EVERY: Duration = Duration::from_secs(10);
 
+/// The bars on screen, if any: log lines are printed above them
+/// ([`LogWriter`]) instead of between two redraws.
+static BARS: std::sync::Mutex<Option<MultiProgress>> = std::sync::Mutex::new(None);
+
+fn bars() -> Option<MultiProgress> {
+    BARS.lock().map_or(None, |b| b.clone())
+}
+
+/// Where log lines go: stderr, with the progress bars (when drawn)
+/// cleared first and redrawn after, so a log line never leaves a stale
+/// copy of a bar on screen. For `tracing_subscriber`'s `with_writer`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogWriter;
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match bars() {
+            Some(multi) => multi.suspend(|| std::io::stderr().write_all(buf)).map(|()| buf.len()),
+            None => std::io::stderr().write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
+    type Writer = LogWriter;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        LogWriter
+    }
+}
+
 #[derive(Debug)]
 struct Study {
     bar: Option<ProgressBar>,
@@ -91,9 +126,13 @@ impl Progress {
             return;
         }
         let bar = self.terminal.then(|| {
-            let multi = self
-                .multi
-                .get_or_insert_with(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(4)));
+            let multi = self.multi.get_or_insert_with(|| {
+                let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(4));
+                if let Ok(mut shown) = BARS.lock() {
+                    *shown = Some(multi.clone());
+                }
+                multi
+            });
             let bar = multi.add(ProgressBar::new(total));
             if let Ok(style) =
                 ProgressStyle::with_template("{prefix} [{bar:30.cyan/blue}] {pos}/{len} trials {elapsed} {msg}")
@@ -149,13 +188,18 @@ impl Progress {
         }
     }
 
+    /// Leaves each bar where its study stands (an interrupted study's bar
+    /// stays at the trials it finished, never jumps to full).
     pub fn finish(&mut self) {
         for s in self.studies.values() {
             if let Some(bar) = &s.bar {
-                bar.finish();
+                bar.abandon();
             }
         }
         self.studies.clear();
+        if let Ok(mut shown) = BARS.lock() {
+            *shown = None;
+        }
     }
 }
 

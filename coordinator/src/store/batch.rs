@@ -114,6 +114,32 @@ impl Batch<'_> {
         Ok(())
     }
 
+    /// The coordinator (process `pid`) is alive at `at_ms`: `status` tells
+    /// a running study from one whose coordinator is gone by this beat.
+    pub fn beat(&mut self, pid: u32, at_ms: u64) -> Result<()> {
+        let context = || "recording the coordinator's heartbeat".to_string();
+        self.tx
+            .prepare_cached(
+                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms) VALUES (1, ?1, ?2, NULL)
+                 ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, beat_ms = excluded.beat_ms, stopped_ms = NULL",
+            )
+            .ctx(context)?
+            .execute(params![pid, to_i64("time", at_ms)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// The coordinator stopped at `at_ms` (its last beat).
+    pub fn stop_beat(&mut self, at_ms: u64) -> Result<()> {
+        let context = || "recording that the coordinator stopped".to_string();
+        self.tx
+            .prepare_cached("UPDATE heartbeat SET beat_ms = ?1, stopped_ms = ?1")
+            .ctx(context)?
+            .execute(params![to_i64("time", at_ms)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
     /// [`Batch::create_study`] with an explicit creation time.
     pub fn create_study_at(&mut self, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened> {
         if let Some(existing) = study_by_name(&self.tx, &study.name)? {

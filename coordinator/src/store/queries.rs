@@ -319,6 +319,18 @@ impl Store {
             .ctx(context)
     }
 
+    /// The coordinator's last heartbeat (Unix ms) and, when it stopped
+    /// cleanly, when; `None` when no coordinator ever ran on this store.
+    pub fn heartbeat(&self) -> Result<Option<(u64, Option<u64>)>> {
+        let context = || "reading the coordinator's heartbeat".to_string();
+        self.conn
+            .prepare_cached("SELECT beat_ms, stopped_ms FROM heartbeat WHERE id = 1")
+            .ctx(context)?
+            .query_row([], |r| Ok((get_u64(r, 0)?, r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()))))
+            .optional()
+            .ctx(context)
+    }
+
     /// How `study` changed since it was created (a larger budget), as
     /// `(when, what)`, oldest first.
     pub fn study_changes(&self, study: &str) -> Result<Vec<(u64, String)>> {

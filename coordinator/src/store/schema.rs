@@ -122,6 +122,12 @@ CREATE TABLE IF NOT EXISTS study_ids (
     name TEXT PRIMARY KEY NOT NULL,
     id   INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS heartbeat (
+    id         INTEGER PRIMARY KEY CHECK (id = 1),
+    pid        INTEGER NOT NULL,
+    beat_ms    INTEGER NOT NULL,
+    stopped_ms INTEGER
+);
 CREATE TABLE IF NOT EXISTS study_changes (
     study  TEXT NOT NULL,
     at_ms  INTEGER NOT NULL,

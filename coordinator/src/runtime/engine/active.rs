@@ -66,6 +66,9 @@ pub(super) struct ActiveStudy {
     pub(super) reused: HashMap<u64, (SystemParams, f64)>,
     pub(super) best: Option<Best>,
     pub(super) started: Instant,
+    /// When this run first handed one of its trials to an agent: the
+    /// study's time counts from here (not the seconds before any agent came).
+    pub(super) first_assigned: Option<Instant>,
 }
 
 impl ActiveStudy {
@@ -97,6 +100,7 @@ impl ActiveStudy {
             reused: HashMap::new(),
             best,
             started,
+            first_assigned: None,
         };
         active.remember(plans);
         active

@@ -30,6 +30,9 @@ use crate::runtime::control::{Answer, Ask};
 use crate::runtime::transport::Inbound;
 use crate::store::{Batch, Store, TrialState};
 
+/// How often the coordinator's heartbeat is written (Unix ms), at most.
+pub const BEAT_MS: u64 = 2_000;
+
 /// Extra time a lease gets beyond the trial timeout (start-up, result delivery).
 pub const LEASE_GRACE: Duration = Duration::from_secs(30);
 
@@ -72,6 +75,8 @@ pub struct Core {
     last_decision_ms: u64,
     /// Profiles, clusters and reuse, loaded from the store with the first study.
     book: Option<Book>,
+    /// When the heartbeat was last written (Unix ms).
+    beat_ms: u64,
 }
 
 impl Core {
@@ -89,6 +94,7 @@ impl Core {
             offload: None,
             last_decision_ms: 0,
             book: None,
+            beat_ms: 0,
         }
     }
 
@@ -268,6 +274,10 @@ impl Core {
             }
         }
         let mut batch = self.store.batch()?;
+        if now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS) {
+            batch.beat(std::process::id(), now.unix_ms)?;
+            self.beat_ms = now.unix_ms;
+        }
         let mut effects = Vec::new();
         for (i, study) in cancels {
             if let Some(answer) = answers.get_mut(i) {
@@ -322,6 +332,15 @@ impl Core {
         Ok(())
     }
 
+    /// The coordinator stops: its last heartbeat says so (`status` then
+    /// tells its studies are not running).
+    pub fn stop(&mut self, unix_ms: u64) -> Result<(), EngineError> {
+        let mut batch = self.store.batch()?;
+        batch.stop_beat(unix_ms)?;
+        batch.commit()?;
+        Ok(())
+    }
+
     /// What `study` looks like now (`now`: the clock its time is measured to).
     pub fn summary(&self, study: &str, now: Instant) -> Summary {
         let c = self.sched.counts(study).unwrap_or_default();
@@ -335,7 +354,10 @@ impl Core {
             finished: c.finished(),
             planned: active.map_or(c.total, |a| a.search.planned().max(c.total)),
             best: active.and_then(|a| a.best.clone()),
-            elapsed: active.map(|a| now.saturating_duration_since(a.started)).unwrap_or_default(),
+            elapsed: active
+                .and_then(|a| a.first_assigned)
+                .map(|first| now.saturating_duration_since(first))
+                .unwrap_or_default(),
             stats: self.stats.clone(),
             agents_seen: self.agents_seen.len(),
         }
@@ -437,7 +459,7 @@ fn schedule(
     top_up(sched, batch, studies)?;
     effects.extend(sched.assign(now.engine_ms));
     for effect in effects {
-        apply(batch, studies, stats, out, effect, now.unix_ms)?;
+        apply(batch, studies, stats, out, effect, now)?;
     }
     Ok(())
 }
@@ -447,15 +469,16 @@ fn schedule(
 /// Unix milliseconds).
 fn apply(
     batch: &mut Batch<'_>,
-    studies: &HashMap<String, ActiveStudy>,
+    studies: &mut HashMap<String, ActiveStudy>,
     stats: &mut EngineStats,
     out: &mut Vec<(String, CoordinatorMessage)>,
     effect: Effect,
-    now: u64,
+    now: Now,
 ) -> Result<(), EngineError> {
     match effect {
         Effect::Assign { agent, trial, request_seq } => {
-            let Some(active) = studies.get(&trial.study) else { return Ok(()) };
+            let Some(active) = studies.get_mut(&trial.study) else { return Ok(()) };
+            active.first_assigned.get_or_insert(now.instant);
             let Some(plan) = active.plans.get(trial.trial as usize) else { return Ok(()) };
             let checkpoint = active.checkpoints.get(&trial.trial);
             if let Some((epoch, _)) = checkpoint.filter(|_| !active.study.resume.is_empty()) {
@@ -463,7 +486,7 @@ fn apply(
             }
             match search::render_resumed(&active.study, active.probe.as_ref(), plan, &trial, checkpoint) {
                 Ok(spec) => {
-                    batch.record_assignment(&trial, &agent, now)?;
+                    batch.record_assignment(&trial, &agent, now.unix_ms)?;
                     stats.assignments += 1;
                     out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }
@@ -494,7 +517,7 @@ fn apply(
         }
         Effect::Stopped { trial, reason } => {
             stats.stopped += 1;
-            batch.stop_trial(&trial, &reason, now)?;
+            batch.stop_trial(&trial, &reason, now.unix_ms)?;
         }
     }
     Ok(())

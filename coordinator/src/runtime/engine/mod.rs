@@ -249,6 +249,7 @@ impl Engine {
             .filter(|s| self.core.sched.counts(s).is_some_and(|c| c.finished()))
             .collect();
         self.core.finish_studies(&finished, unix_ms())?;
+        self.core.stop(unix_ms())?;
         self.progress.finish();
         if let Err(e) = self.outbox.close(SYNC_GRACE).await {
             tracing::warn!(error = %e, "closing the MQTT connection");
