@@ -110,7 +110,7 @@ pub fn load_identity(state_dir: Option<&Path>) -> Result<Identity, KeyFileError>
             let path = dir.join(KEY_FILE);
             let (identity, created) = Identity::load_or_create(&path)?;
             if created {
-                tracing::warn!(path = %path.display(), key = %auth::fingerprint(&identity.public()), "created this agent's key");
+                tracing::warn!(path = %path.display(), key = %auth::short_key(&identity.public()), "created this agent's key");
             }
             Ok(identity)
         }
@@ -198,13 +198,13 @@ impl AgentAuth {
                             tracing::error!(error = %e, "cannot keep the coordinator's key: pinned for this process only");
                         }
                         tracing::warn!(
-                            key = %auth::fingerprint(&status.key),
+                            key = %auth::short_key(&status.key),
                             file = %path.display(),
                             "pinned the coordinator's key from {how}: from now on this agent obeys only this coordinator"
                         );
                     }
                     None => {
-                        tracing::warn!(key = %auth::fingerprint(&status.key), "pinned the coordinator's key from {how} for this process")
+                        tracing::warn!(key = %auth::short_key(&status.key), "pinned the coordinator's key from {how} for this process")
                     }
                 }
             }

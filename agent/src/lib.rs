@@ -522,7 +522,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         );
     }
     let agent_auth = auth::AgentAuth::new(&config.name, identity, trust)?;
-    tracing::info!(key = %tunefleet_common::auth::fingerprint(&agent_auth.public_key()), "this agent's public key");
+    tracing::info!(key = %tunefleet_common::auth::short_key(&agent_auth.public_key()), "this agent's public key");
     let mut state = AgentState::new(info, cpus, config.max_trials);
     for result in pending.iter().flat_map(PendingResults::load) {
         tracing::info!(trial = %result.trial, "restored an unacknowledged result");

@@ -97,7 +97,7 @@ pub fn hex(bytes: &[u8]) -> String {
 /// A key shortened for logs: its first 8 bytes in hex and an ellipsis, so
 /// a log line never wraps on a 64-digit key (`tunefleet key` and
 /// `tunefleet-agent key` print keys whole).
-pub fn fingerprint(key: &[u8]) -> String {
+pub fn short_key(key: &[u8]) -> String {
     let shown = key.get(..8).unwrap_or(key);
     format!("{}…", hex(shown))
 }

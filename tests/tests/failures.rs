@@ -205,8 +205,7 @@ fn counts_agree_and_an_interrupted_run_says_how_to_resume() {
     assert!(out.starts_with(&format!("halt interrupted: {finished}/6 done")), "{out}");
     assert!(out.contains("no coordinator running (last seen") && out.contains("run the same command"), "{out}");
     // The same command resumes and finishes; once more, there is nothing to do.
-    let (mut coord, _) =
-        start_coordinator(&path, &store, &root, &["--listen", url.trim_start_matches("mqtt://")]);
+    let (mut coord, _) = start_coordinator(&path, &store, &root, &["--listen", url.trim_start_matches("mqtt://")]);
     assert_eq!(coord.wait_exit(Duration::from_secs(120)).code(), Some(0));
     assert!(coord.rest_of_stdout().join("\n").contains("study halt: 6/6 trials done"));
     let (mut again, _) = start_coordinator(&path, &store, &root, &[]);
@@ -234,11 +233,14 @@ fn an_unreachable_broker_is_reported_once_with_its_url_and_what_it_means() {
     let agent = Proc::spawn("lonely", cmd);
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     // Several attempts fail (retried at 100 ms, doubling)...
-    wait_for("four failed attempts", Duration::from_secs(30), || read().matches("broker connection failed").count() >= 4);
+    wait_for("four failed attempts", Duration::from_secs(30), || {
+        read().matches("broker connection failed").count() >= 4
+    });
     drop(agent);
     let text = read();
     // ...and one of them is a warning: the URL it tried and what a refusal means.
-    let warnings: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ") && l.contains("broker connection failed")).collect();
+    let warnings: Vec<&str> =
+        text.lines().filter(|l| l.contains(" WARN ") && l.contains("broker connection failed")).collect();
     assert_eq!(warnings.len(), 1, "{text}");
     assert!(warnings[0].contains(&format!("broker={url}")), "{text}");
     assert!(warnings[0].contains("nothing listens there"), "{text}");

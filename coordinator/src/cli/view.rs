@@ -271,12 +271,25 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             live_agents: 2,
+            coordinator_running: true,
+            coordinator_seen_s: Some(1.0),
             per_minute: Some(20.0),
             eta_s: Some(240.0),
         };
-        let text = status(&[row]);
+        let text = status(std::slice::from_ref(&row));
         assert!(text.contains("s running: 20/100 done") && text.contains("best loss=0.500000 (trial 3)"), "{text}");
-        assert!(text.contains("20.0 trials/min, about 240 s left"), "{text}");
+        assert!(text.contains("20.0 trials/min, about 240 s left") && text.contains("2 agents online"), "{text}");
+        let gone = StudyStatus {
+            state: "interrupted".into(),
+            coordinator_running: false,
+            coordinator_seen_s: Some(300.0),
+            per_minute: None,
+            eta_s: None,
+            ..row
+        };
+        let text = status(&[gone]);
+        assert!(text.contains("no coordinator running (last seen 5 min ago)"), "{text}");
+        assert!(text.contains("run the same command"), "{text}");
         assert_eq!(status(&[]), "no studies\n");
     }
 }

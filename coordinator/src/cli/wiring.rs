@@ -31,7 +31,7 @@ impl KeyArg {
         let path = self.resolve(store);
         let (identity, created) = tunefleet_common::auth::Identity::load_or_create(&path)?;
         if created {
-            tracing::warn!(path = %path.display(), key = %tunefleet_common::auth::fingerprint(&identity.public()), "created the coordinator's key");
+            tracing::warn!(path = %path.display(), key = %tunefleet_common::auth::short_key(&identity.public()), "created the coordinator's key");
         }
         Ok(identity)
     }

@@ -61,10 +61,10 @@ fn planned(row: &crate::store::StudyRow) -> u64 {
 /// (Unix ms: to judge the coordinator's heartbeat).
 pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<StudyStatus>, StoreError> {
     let beat = store.heartbeat()?;
-    let coordinator_running = beat.is_some_and(|(at, stopped)| stopped.is_none() && now_ms.saturating_sub(at) < STALE_MS);
+    let coordinator_running =
+        beat.is_some_and(|(at, stopped)| stopped.is_none() && now_ms.saturating_sub(at) < STALE_MS);
     let coordinator_seen_s = beat.map(|(at, _)| now_ms.saturating_sub(at) as f64 / 1000.0);
-    let live_agents =
-        if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
+    let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
     let mut out = Vec::new();
     for s in store.studies()? {
         if study.is_some_and(|n| n != s.name) {

@@ -266,7 +266,9 @@ fn timelines(out: &mut String, data: &ReportData) {
         }
         out.push_str("</ul>");
         if probed {
-            out.push_str("<p class=\"note\">Faded: warm-up and cut probe windows (dashed). Thin outline: a probe window.</p>");
+            out.push_str(
+                "<p class=\"note\">Faded: warm-up and cut probe windows (dashed). Thin outline: a probe window.</p>",
+            );
         }
     }
     out.push_str("</section>");
@@ -335,7 +337,8 @@ fn best(out: &mut String, data: &ReportData) {
     if let Some(note) = crate::query::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
-    let disturbed = rows.iter().filter(|r| provenance.get(&r.trial).is_some_and(|p| !p.interference.is_empty())).count();
+    let disturbed =
+        rows.iter().filter(|r| provenance.get(&r.trial).is_some_and(|p| !p.interference.is_empty())).count();
     if disturbed > 0 {
         let _ = write!(
             out,

@@ -143,7 +143,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let mut db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
     let (identity, created) = Identity::load_or_create(&key_path)?;
     if created {
-        tracing::warn!(path = %key_path.display(), key = %auth::fingerprint(&identity.public()), "created the coordinator's key");
+        tracing::warn!(path = %key_path.display(), key = %auth::short_key(&identity.public()), "created the coordinator's key");
     }
     // Grows with every start of this coordinator key (agents take an older
     // instance's status for a replay), whatever the clock says.

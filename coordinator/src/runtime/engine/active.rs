@@ -65,14 +65,13 @@ pub(super) struct ActiveStudy {
     /// to the first window its cluster promised.
     pub(super) reused: HashMap<u64, (SystemParams, f64)>,
     pub(super) best: Option<Best>,
-    pub(super) started: Instant,
     /// When this run first handed one of its trials to an agent: the
     /// study's time counts from here (not the seconds before any agent came).
     pub(super) first_assigned: Option<Instant>,
 }
 
 impl ActiveStudy {
-    /// A study that starts (or resumes) now, at `started`, with the trials
+    /// A study that starts (or resumes) now, with the trials
     /// `plans` already made, the objective `values` they reached, and the
     /// `best` of them.
     pub(super) fn new(
@@ -81,7 +80,6 @@ impl ActiveStudy {
         plans: Vec<TrialPlan>,
         values: HashMap<u64, f64>,
         best: Option<Best>,
-        started: Instant,
     ) -> Self {
         let asha =
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
@@ -99,7 +97,6 @@ impl ActiveStudy {
             decided: Default::default(),
             reused: HashMap::new(),
             best,
-            started,
             first_assigned: None,
         };
         active.remember(plans);

@@ -208,7 +208,7 @@ impl Core {
             total: search.planned().max(c.total),
             done: c.done + c.failed + c.stopped,
         };
-        let mut active = ActiveStudy::new(study, search, plans, values, best, now.instant);
+        let mut active = ActiveStudy::new(study, search, plans, values, best);
         // What a coordinator that stopped had seen: early stopping's rungs,
         // and the checkpoint each trial's latest attempt reported.
         let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();

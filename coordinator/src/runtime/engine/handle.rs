@@ -307,11 +307,11 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
         Admission::Known => {}
         Admission::Token(public) => {
             cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
-            tracing::info!(agent = %agent, key = %auth::fingerprint(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
+            tracing::info!(agent = %agent, key = %auth::short_key(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
         }
         Admission::Open => {
             cx.batch.enrol(&agent, &hello.key, None, now)?;
-            tracing::warn!(agent = %agent, key = %auth::fingerprint(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
+            tracing::warn!(agent = %agent, key = %auth::short_key(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
         }
     }
     // The store first: a store error here undoes this Hello alone (its
