@@ -179,7 +179,11 @@ fn a_study_no_agent_took_yet_survives_a_restart_of_the_service() {
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
     let rows = status(&store);
-    assert_eq!(study_state(&rows, "waiting").map(|r| r["state"].clone()), Some("running".into()), "{rows:?}");
+    // Its service stopped before any agent came: not running, and `status` says so.
+    let waiting = study_state(&rows, "waiting");
+    assert_eq!(waiting.map(|r| r["state"].clone()), Some("interrupted".into()), "{rows:?}");
+    assert_eq!(waiting.map(|r| r["coordinator_running"].clone()), Some(false.into()), "{rows:?}");
+    assert_eq!(waiting.map(|r| r["total"].clone()), Some(3.into()), "its budget: {rows:?}");
 
     // Restarted, the service resumes it; a second one on the same store is refused.
     let (mut service, url) = serve(&store, &root);

@@ -161,7 +161,7 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
 pub fn print_summary(s: &Summary, store: &Path) {
     let stopped = if s.stopped > 0 { format!(", {} stopped early", s.stopped) } else { String::new() };
     // Of the study's budget: an interrupted study shows what is left.
-    let total = s.planned.max(s.total);
+    let total = if s.finished { s.total } else { s.planned.max(s.total) };
     if s.elapsed.is_zero() && s.finished && s.agents_seen == 0 {
         println!(
             "study {}: {}/{total} trials done, {} failed{stopped} (finished before this run: nothing to do)",

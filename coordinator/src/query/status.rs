@@ -72,7 +72,9 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         }
         let best = store.best(&s.name, 1)?.first().map(|b| (b.objective, b.trial));
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
-        let total = planned(&s);
+        // A running (or interrupted) study counts against its budget; a
+        // finished one (cancelled too) has the trials it ran.
+        let total = if s.state == StudyState::Finished { s.total } else { planned(&s) };
         out.push(StudyStatus {
             study: s.name,
             state: match s.state {
