@@ -52,14 +52,49 @@ pub fn man(output: Option<PathBuf>, agent: bool) -> Result<()> {
             for path in manual::write_pages(cmd, &dir)? {
                 println!("{}", path.display());
             }
+            if let Some(hint) = manpath_hint(&dir, std::env::var("MANPATH").ok().as_deref()) {
+                eprintln!("{hint}");
+            }
             Ok(())
         }
     }
 }
 
+/// How to make `man` find pages written into `dir` (a `man1` folder; its
+/// parent goes on `MANPATH`), unless `manpath` (the variable) has it already.
+fn manpath_hint(dir: &std::path::Path, manpath: Option<&str>) -> Option<String> {
+    let base = match dir.file_name().and_then(|n| n.to_str()) {
+        Some(n) if n.starts_with("man") && n.len() > 3 => dir.parent().unwrap_or(dir),
+        _ => dir,
+    };
+    let base = std::fs::canonicalize(base).unwrap_or_else(|_| base.to_path_buf());
+    let listed = manpath.unwrap_or_default().split(':').any(|p| std::path::Path::new(p) == base);
+    (!listed).then(|| {
+        format!(
+            "note: for `man tunefleet-run` and the others to find these pages, put {} on MANPATH: \
+             export MANPATH=\"{}:$MANPATH\" (a trailing ':' keeps the system's pages){}",
+            base.display(),
+            base.display(),
+            if dir == base { "; man also wants them in a man1 folder under it" } else { "" }
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_manpath_hint_names_the_folder_above_man1_unless_it_is_listed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let man1 = dir.path().join("man1");
+        std::fs::create_dir_all(&man1).expect("mkdir");
+        let base = std::fs::canonicalize(dir.path()).expect("canonical");
+        let hint = manpath_hint(&man1, None).expect("a hint");
+        assert!(hint.contains(&format!("export MANPATH=\"{}:$MANPATH\"", base.display())), "{hint}");
+        let listed = format!("/usr/share/man:{}", base.display());
+        assert_eq!(manpath_hint(&man1, Some(&listed)), None);
+    }
 
     #[test]
     fn a_page_per_subcommand_of_tunefleet() {

@@ -155,6 +155,9 @@ pub fn status(rows: &[StudyStatus]) -> String {
             "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {agents}{best}{pace}",
             s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped
         );
+        if s.failed > 0 {
+            let _ = writeln!(out, "  {}", crate::domain::failure::summary(s.failed, &s.failures, 3));
+        }
         if s.state == "interrupted" {
             let _ = writeln!(out, "  run the same command (or `tunefleet serve` on this store) to resume it");
         }
@@ -273,6 +276,7 @@ mod tests {
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
+            failures: Vec::new(),
             per_minute: Some(20.0),
             eta_s: Some(240.0),
         };

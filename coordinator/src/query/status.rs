@@ -28,6 +28,8 @@ pub struct StudyStatus {
     pub coordinator_running: bool,
     /// Seconds since the coordinator's last heartbeat, when one ran.
     pub coordinator_seen_s: Option<f64>,
+    /// Its failed trials grouped by why they failed, most frequent first.
+    pub failures: Vec<(String, u64)>,
     /// Trials finished per minute since the previous look (`--watch`).
     pub per_minute: Option<f64>,
     /// Seconds left at that pace.
@@ -46,7 +48,7 @@ pub const STALE_MS: u64 = 10_000;
 
 /// The trials `row`'s study plans in all: its budget as its search counts
 /// it (at least the trials it has), read from the file the store kept.
-fn planned(row: &crate::store::StudyRow) -> u64 {
+pub fn planned(row: &crate::store::StudyRow) -> u64 {
     let study = crate::domain::study::parse(&row.config, "the store").ok().and_then(|s| {
         if s.name == row.name {
             Some(s)
@@ -75,6 +77,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         // A running (or interrupted) study counts against its budget; a
         // finished one (cancelled too) has the trials it ran.
         let total = if s.state == StudyState::Finished { s.total } else { planned(&s) };
+        let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
         out.push(StudyStatus {
             study: s.name,
             state: match s.state {
@@ -95,6 +98,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             live_agents,
             coordinator_running,
             coordinator_seen_s,
+            failures,
             per_minute: None,
             eta_s: None,
         });
@@ -139,6 +143,7 @@ mod tests {
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
+            failures: Vec::new(),
             per_minute: None,
             eta_s: None,
         }

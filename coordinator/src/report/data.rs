@@ -56,6 +56,10 @@ pub struct ReportData {
     /// Ranked results, best first ([`crate::store::Store::best`]).
     pub ranked: Vec<BestRow>,
     pub unranked: Unranked,
+    /// The trials the study plans in all (its budget), at least those it has.
+    pub planned: u64,
+    /// Its failed trials grouped by why they failed, most frequent first.
+    pub failures: Vec<(String, u64)>,
     pub agents: Vec<AgentRow>,
     /// The windows of each agent's most recent trials.
     pub windows: Vec<WindowRow>,

@@ -86,22 +86,29 @@ pub fn page(data: &ReportData) -> String {
 fn header(out: &mut String, data: &ReportData) {
     let s = &data.study;
     let finished = s.finished_ms.map_or_else(String::new, |ms| format!(", finished {}", utc(ms)));
+    // The same counts as `run`'s summary and `status`: of the study's budget.
+    let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
     let _ = write!(
         out,
         "<h1>Tunefleet report: {}</h1><p class=\"meta\">Objective <b>{}</b> ({}). Study {}, created {}{finished}. \
-         {} trials: {} done, {} failed, {} running, {} pending; {} ranked.</p>",
+         <span id=\"counts\">{}/{} done, {} running, {} pending, {} failed, {} stopped</span>; {} ranked.</p>",
         Esc(&s.name),
         Esc(&s.metric),
         s.direction,
         s.state,
         utc(s.created_ms),
-        s.total,
         s.done,
-        s.failed,
+        data.planned.max(s.total),
         s.running,
         s.pending,
+        s.failed,
+        stopped,
         data.ranked.len()
     );
+    if s.failed > 0 {
+        let why = crate::domain::failure::summary(s.failed, &data.failures, 5);
+        let _ = write!(out, "<p class=\"note warn\" id=\"failures\">{}.</p>", Esc(&why));
+    }
     if let Some(note) = crate::query::best::unranked_note(&data.unranked) {
         let _ = write!(out, "<p class=\"note\">{}.</p>", Esc(&note));
     }
@@ -496,6 +503,8 @@ mod tests {
             generated_ms: 1_700_000_100_000,
             ranked,
             unranked: Unranked::default(),
+            planned: 0,
+            failures: Vec::new(),
             agents: Vec::new(),
             windows: Vec::new(),
             provenance: Vec::new(),

@@ -35,7 +35,7 @@ fn fmt_location(location: &Option<Location>) -> String {
 /// Why a study file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum StudyError {
-    #[error("{}: cannot read study file: {source}", path.display())]
+    #[error("{}: cannot read study file", path.display())]
     Read { path: PathBuf, source: std::io::Error },
     #[error("{origin}{}: {message}", fmt_location(location))]
     Invalid { origin: String, location: Option<Location>, message: String },

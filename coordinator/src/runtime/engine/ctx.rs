@@ -88,8 +88,36 @@ pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
         }
         let value = judged;
         let metric = &active.study.objective.metric;
+        let (value, cutoff) = (readable(value), readable(cutoff));
         let reason = format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}");
         tracing::info!(trial = %p.trial, %reason);
         cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
+    }
+}
+
+/// `v` for reading in a reason: at most 6 decimals, trailing zeros cut
+/// (`0.123457`, not `0.12345678901234568`).
+fn readable(v: f64) -> String {
+    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e9) {
+        return format!("{v:.4e}");
+    }
+    let text = format!("{v:.6}");
+    match text.contains('.') {
+        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable;
+
+    #[test]
+    fn reasons_show_numbers_for_reading() {
+        assert_eq!(readable(0.123_456_789_012_345_68), "0.123457");
+        assert_eq!(readable(2.5), "2.5");
+        assert_eq!(readable(3.0), "3");
+        assert_eq!(readable(0.000_012_345), "1.2345e-5");
+        assert_eq!(readable(0.0), "0");
     }
 }

@@ -110,7 +110,14 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             return Ok(());
         }
         Inbound::Disconnected(why) => {
-            tracing::warn!(error = %why, "lost the broker; reconnecting");
+            // Retried every few seconds while the broker is down: said loudly
+            // the first times, then at powers of two, with the count.
+            cx.stats.broker_losses += 1;
+            if loud(cx.stats.broker_losses) {
+                tracing::warn!(error = %why, failures = cx.stats.broker_losses, "lost the broker; reconnecting");
+            } else {
+                tracing::debug!(error = %why, failures = cx.stats.broker_losses, "lost the broker; reconnecting");
+            }
             return Ok(());
         }
         Inbound::Rejected { topic, reason } => {

@@ -58,6 +58,8 @@ pub struct EngineStats {
     pub reuse_worse: u64,
     /// Window profiles refused as malformed (the trial probes as usual).
     pub bad_profiles: u64,
+    /// Connections to the broker lost or refused (each retry counts).
+    pub broker_losses: u64,
 }
 
 /// The clocks of one turn, read once by the caller.
