@@ -79,7 +79,11 @@ fn a_crashing_workload_says_why_in_the_log_the_summary_best_and_the_exit_status(
     assert_eq!(code, Some(0), "{err}");
     let html = std::fs::read_to_string(&page).expect("report");
     assert!(html.contains("<span id=\"counts\">0/3 done, 0 running, 0 pending, 3 failed, 0 stopped</span>"), "{html}");
-    assert!(html.contains("No module named &#39;tunefleet_no_such_module&#39;") || html.contains("No module named 'tunefleet_no_such_module'"), "the report says why");
+    assert!(
+        html.contains("No module named &#39;tunefleet_no_such_module&#39;")
+            || html.contains("No module named 'tunefleet_no_such_module'"),
+        "the report says why"
+    );
     // A study that does not exist: the store and its studies are named.
     let (code, _, err) = tunefleet(&["best", "nosuch", "--store", store.to_str().expect("utf-8")]);
     assert_eq!(code, Some(1), "{err}");
