@@ -95,7 +95,7 @@ impl Decision {
     pub fn reason(&self) -> String {
         match self {
             Decision::Reuse { cluster, distance, threshold, system, expected, from } => format!(
-                "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs ran it at {expected:.3} x their first window",
+                "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs measured it at {expected:.3} x their first window",
                 system_text(system)
             ),
             Decision::Probe { reason, .. } => reason.clone(),
@@ -209,21 +209,23 @@ pub fn with_signature(window: &WindowProfile, outcomes: &[Outcome], select: Sele
 /// measurement to a configuration probes found), best by `select`.
 /// Returns it, its mean relative time and how many probed jobs it came from.
 pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) -> Option<(SystemParams, f64, usize)> {
-    let mut by: Vec<(SystemParams, Vec<Outcome>)> = Vec::new();
-    let mut probed = 0;
+    // Per configuration: its outcomes, and how many probed jobs measured it.
+    let mut by: Vec<(SystemParams, Vec<Outcome>, usize)> = Vec::new();
     let members: Vec<&Record> = members.collect();
     for r in members.iter().filter(|r| !r.reused) {
-        probed += 1;
         for o in &r.outcomes {
-            match by.iter_mut().find(|(s, _)| *s == o.system) {
-                Some((_, v)) => v.push(o.clone()),
-                None => by.push((o.system.clone(), vec![o.clone()])),
+            match by.iter_mut().find(|(s, _, _)| *s == o.system) {
+                Some((_, v, n)) => {
+                    v.push(o.clone());
+                    *n += 1;
+                }
+                None => by.push((o.system.clone(), vec![o.clone()], 1)),
             }
         }
     }
     for r in members.iter().filter(|r| r.reused) {
         for o in &r.outcomes {
-            if let Some((_, v)) = by.iter_mut().find(|(s, _)| *s == o.system) {
+            if let Some((_, v, _)) = by.iter_mut().find(|(s, _, _)| *s == o.system) {
                 v.push(o.clone());
             }
         }
@@ -235,11 +237,15 @@ pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) 
         Outcome { system: v[0].system.clone(), rel_time: t, rel_energy: e }
     };
     by.iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(_, v)| mean(v))
-        .min_by(|a, b| score(select, a).total_cmp(&score(select, b)))
-        .map(|o| (o.system, o.rel_time, probed))
+        .filter(|(_, v, _)| !v.is_empty())
+        .map(|(_, v, probed)| (mean(v), *probed))
+        .min_by(|a, b| score(select, &a.0).total_cmp(&score(select, &b.0)))
+        .map(|(o, probed)| (o.system, o.rel_time, probed))
 }
+
+/// Probed jobs that must have measured a configuration before it is
+/// reused: one measurement is one noisy window.
+pub const MIN_PROBED_JOBS: usize = 2;
 
 /// Decides for a new job's first-window `profile` in a class whose model
 /// and records are given (`records[i]` placed in `clusters[i]`).
@@ -293,10 +299,20 @@ pub fn decide(
         }
     }
     match recommend(members.into_iter(), select) {
-        Some((system, expected, from)) if from > 0 => {
+        Some((system, expected, from)) if from >= MIN_PROBED_JOBS => {
             Decision::Reuse { cluster: c, distance: place.distance, threshold, system, expected, from }
         }
-        _ => probe(
+        Some((system, _, from)) => probe(
+            Some(c),
+            Some(place.distance),
+            Some(threshold),
+            format!(
+                "probed: in cluster {c}, {from} probed job(s) with these hyper-parameters ({group}) measured its best \
+                 configuration {}; reuse needs {MIN_PROBED_JOBS}",
+                system_text(&system)
+            ),
+        ),
+        None => probe(
             Some(c),
             Some(place.distance),
             Some(threshold),
@@ -485,6 +501,31 @@ mod tests {
         bad.values.pop();
         let refused = decide(&policy, Some(&model), &records, &clusters, &bad, "{}", Select::Time);
         assert!(matches!(&refused, Decision::Probe { reason, .. } if reason.contains("malformed")));
+    }
+
+    #[test]
+    fn one_probed_job_is_not_enough_to_reuse_its_best_configuration() {
+        // Six jobs of one kind; only one of them measured threads=2, the best.
+        let records: Vec<Record> = (0..6)
+            .map(|i| {
+                let outcomes = if i == 0 { vec![o(1, 1.0), o(2, 0.5)] } else { vec![o(1, 1.0)] };
+                record(0, i, outcomes, false, i as u64)
+            })
+            .collect();
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        assert!(
+            matches!(&d, Decision::Probe { reason, .. } if reason.contains("1 probed job(s)") && reason.contains("reuse needs 2")),
+            "{d:?}"
+        );
+        // A second job measures it: reused, and the reason counts the two that measured it (not all six).
+        let mut records = records;
+        records[1].outcomes.push(o(2, 0.6));
+        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        assert!(matches!(&d, Decision::Reuse { system, from: 2, .. } if *system == sys(2)), "{d:?}");
+        assert!(d.reason().contains("2 probed jobs measured it"), "{}", d.reason());
     }
 
     #[test]

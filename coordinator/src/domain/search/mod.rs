@@ -453,6 +453,23 @@ pub fn system_params(params: &Params) -> SystemParams {
     }
 }
 
+/// Whether `system` lies in `study`'s own system space: every parameter
+/// the study searches at one of its grid values, every other one unset
+/// (what a machine gives a job that asks for nothing). A configuration
+/// reused from another study must pass this.
+pub fn in_space(study: &Study, system: &SystemParams) -> bool {
+    let values = [
+        (SystemParam::Cores, system.cores.map(u64::from)),
+        (SystemParam::Threads, system.threads.map(u64::from)),
+        (SystemParam::Memory, system.memory_mib),
+    ];
+    values.iter().all(|(param, value)| match (study.system.get(param), value) {
+        (None, None) => true,
+        (None, Some(_)) | (Some(_), None) => false,
+        (Some(spec), Some(v)) => grid_values(spec).iter().any(|g| g.as_u64() == Some(*v)),
+    })
+}
+
 fn clamp_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
@@ -498,6 +515,17 @@ high = 2
 
     fn f(v: &ParamValue) -> f64 {
         v.as_f64().expect("numeric")
+    }
+
+    #[test]
+    fn a_configuration_is_in_a_studys_space_only_on_its_own_axes_and_values() {
+        // SPACE searches threads in 1..=2 and no cores or memory.
+        let s = study(SPACE, "kind = \"grid\"", 10, 1);
+        let sys = |cores: Option<u32>, threads: Option<u32>| SystemParams { cores, threads, memory_mib: None };
+        assert!(in_space(&s, &sys(None, Some(2))));
+        assert!(!in_space(&s, &sys(None, Some(3))), "a value outside the axis");
+        assert!(!in_space(&s, &sys(Some(1), Some(1))), "an axis the study does not search");
+        assert!(!in_space(&s, &sys(None, None)), "the study's axis left unset");
     }
 
     #[test]

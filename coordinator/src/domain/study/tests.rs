@@ -148,6 +148,16 @@ fn pipelined_mode_is_checked_before_anything_runs() {
 }
 
 #[test]
+fn kept_mean_of_a_measured_objective_is_refused() {
+    for metric in ["wall_time", "cpu_time", "energy"] {
+        let text = edited("direction = \"maximize\"", "direction = \"maximize\"\naggregate = \"kept_mean\"");
+        let text = text.replace("metric = \"accuracy\"", &format!("metric = \"{metric}\""));
+        let e = err(&text);
+        assert!(e.to_string().contains("kept_mean averages a metric the workload reports"), "{metric}: {e}");
+    }
+}
+
+#[test]
 fn kept_mean_reads_the_epochs_of_the_kept_configuration() {
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, ExitOutcome, Segment};
     let text = edited("direction = \"maximize\"", "direction = \"maximize\"\naggregate = \"kept_mean\"");

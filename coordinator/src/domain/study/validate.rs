@@ -76,6 +76,17 @@ impl Ctx<'_> {
                 "objective.also: each of energy and wall_time at most once, and not the metric itself",
             ));
         }
+        // A measured objective is one figure for the whole trial: there are no
+        // epochs of it to average over the kept configuration.
+        if raw.objective.aggregate == Aggregate::KeptMean && matches!(metric, "wall_time" | "cpu_time" | "energy") {
+            return Err(self.at(
+                raw.objective.metric.span(),
+                format!(
+                    "objective.aggregate: kept_mean averages a metric the workload reports epoch by epoch; {metric} is \
+                     measured once for the whole trial (use aggregate = \"final\", or a metric the workload reports)"
+                ),
+            ));
+        }
         let objective = Objective {
             metric: metric.to_string(),
             direction: raw.objective.direction,

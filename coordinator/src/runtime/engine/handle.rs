@@ -451,7 +451,18 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 }
             }
             if stored {
-                let system = measurement.selected.clone().or_else(|| {
+                // What the trial ran under in the end: the configuration its
+                // probing selected, else the one it was reconfigured to (a
+                // reused configuration), else its plan's.
+                use tunefleet_common::measurement::SegmentRole;
+                let reconfigured = measurement
+                    .segments
+                    .iter()
+                    .rev()
+                    .find(|s| matches!(s.role, SegmentRole::Reconfigured | SegmentRole::Selected))
+                    .map(|s| s.system.clone());
+                let reused = active.and_then(|a| a.reused.get(&trial.trial)).map(|(system, _)| system.clone());
+                let system = measurement.selected.clone().or(reconfigured).or(reused).or_else(|| {
                     let plan = active?.plans.get(trial.trial as usize)?;
                     Some(search::system_params(&plan.params))
                 });

@@ -52,10 +52,21 @@ pub(super) fn on_profile(
     let malformed = reuse::check(&wp.profile).is_err();
     let group = reuse::group_key(&a.study.reuse.group, &plan.params);
     let c = cx.book.classes.get(&class);
+    // Only configurations of this study's own system space may be reused:
+    // another study's jobs may have measured axes or values it does not search.
+    let records: Vec<reuse::Record> = c
+        .map_or(&[][..], |c| &c.records)
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.outcomes.retain(|o| crate::domain::search::in_space(&a.study, &o.system));
+            r
+        })
+        .collect();
     let decision = reuse::decide(
         &a.study.reuse,
         c.and_then(|c| c.model.as_ref()),
-        c.map_or(&[][..], |c| &c.records),
+        &records,
         c.map_or(&[][..], |c| &c.clusters),
         &wp.profile,
         &group,

@@ -975,3 +975,33 @@ fn random_and_mutated_frames_never_stop_the_engine() {
     assert_eq!(acks(&out).len(), 1, "the engine still answers");
     assert_eq!(fx.core.store.trials("s").expect("trials").len(), 4);
 }
+
+/// Issue 23: a trial reconfigured to a reused configuration ran under it;
+/// its result records that configuration (it was NULL: no probe selected
+/// one, and the plan of a pipelined trial names none).
+#[test]
+fn a_reconfigured_trial_records_the_configuration_it_ran() {
+    use tunefleet_common::measurement::{Segment, SegmentRole};
+    let mut fx = Fixture::new();
+    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
+    let ran = tunefleet_common::message::SystemParams { threads: Some(2), ..Default::default() };
+    let mut m = ok_measurement(1.0);
+    m.segments = vec![Segment {
+        role: SegmentRole::Reconfigured,
+        system: ran.clone(),
+        cpus: Vec::new(),
+        first_epoch: 1,
+        last_epoch: 1,
+        steps: 0,
+        start_us: 0,
+        wall_us: 5,
+        energy_j: None,
+        cpu_us: None,
+    }];
+    let msg = fx.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: m }));
+    fx.turn(vec![msg]);
+    let best = fx.core.store.best("s", 1).expect("best");
+    assert_eq!(best.first().and_then(|b| b.system.clone()), Some(ran), "{best:?}");
+    assert_eq!(fx.consistent(), Ok(()));
+}
