@@ -148,6 +148,10 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
         for o in r["outcomes"].as_array_mut().expect("outcomes") {
             o["rel_time"] = serde_json::json!(0.05);
         }
+        // Whatever the verification of step 2 found on this noisy machine
+        // (a reuse judged worse has its cluster probed again) is forgotten:
+        // this step is about the promise alone.
+        r["worse"] = serde_json::Value::Null;
         db.execute("UPDATE profiles SET record = ?1 WHERE id = ?2", rusqlite::params![r.to_string(), id])
             .expect("update");
     }
