@@ -10,6 +10,8 @@
 #   ejabberd             Erlang loads Debian's ejabberd application, and epmd
 #                        exists (the two-node cluster test runs both itself)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
+#   python3              Python 3.7 or newer runs with json, threading and unittest
+#                        (the workload helper's tests, the Python workloads)
 #   man                  `man -l` renders a page given by path (the man-page test
 #                        renders the generated pages with it)
 #   chromium             headless `chromium --dump-dom` loads a page and runs its
@@ -66,6 +68,12 @@ needs_check() {
       grep -q '^mosquitto version' <<<"$needs_output"
       ;;
     victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
+    python3)
+      # The workload helper's tests and the Python workloads: 3.7 or newer,
+      # with the standard library's json, threading and unittest.
+      needs_output=$(python3 -c 'import json, threading, unittest, sys; assert sys.version_info >= (3, 7); print("ok")' 2>&1) &&
+        [ "$needs_output" = ok ]
+      ;;
     ejabberd)
       # The test starts its own Erlang VMs on ejabberd's code (ERL_LIBS),
       # not ejabberdctl or the system service: the check loads it that way.
@@ -161,6 +169,7 @@ needs_packages() {
   case "$1" in
     mosquitto) echo mosquitto ;;
     victoria-metrics) echo victoria-metrics ;;
+    python3) echo python3 ;;
     ejabberd) echo ejabberd ;;
     systemd-analyze) echo systemd ;;
     slurm) echo slurmctld slurmd slurm-client munge ;;

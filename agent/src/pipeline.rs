@@ -77,6 +77,12 @@ pub struct Pipeline {
     reconfigured: bool,
     /// Started with a probe plan (its first window is profiled).
     pipelined: bool,
+    /// Steps since the last epoch line (windows of steps).
+    steps_in_epoch: u32,
+    /// A window of steps shrunk to a whole epoch's steps: an epoch shorter
+    /// than the plan's window would cut every window, and probing would
+    /// never end.
+    adapted_window: Option<u32>,
 }
 
 impl Pipeline {
@@ -98,7 +104,21 @@ impl Pipeline {
             selected: None,
             reconfigured: false,
             pipelined,
+            steps_in_epoch: 0,
+            adapted_window: None,
         }
+    }
+
+    /// Units per probe window: the plan's, or a whole epoch's steps once an
+    /// epoch turned out shorter than that ([`Pipeline::adapted_window`]).
+    fn window(&self, plan: &ProbePlan) -> u32 {
+        self.adapted_window.unwrap_or(plan.window).max(1)
+    }
+
+    /// The window of steps probing uses now, when an epoch too short for the
+    /// plan's made it shrink.
+    pub fn adapted_window(&self) -> Option<u32> {
+        self.adapted_window
     }
 
     /// The configuration the trial runs under now.
@@ -130,12 +150,21 @@ impl Pipeline {
     /// An epoch ended at `b`.
     pub fn on_epoch(&mut self, b: Boundary) -> Step {
         self.open.epochs += 1;
+        let whole = std::mem::take(&mut self.steps_in_epoch);
         match self.unit() {
             Some(WindowUnit::Epochs) => self.advance(b, self.open.epochs),
             Some(WindowUnit::Steps) => {
                 // An epoch end (evaluation, checkpoints) inside a probe
                 // window of steps spoils it: measure that configuration again.
                 if self.open.role == SegmentRole::Probe && self.open.steps > 0 {
+                    // Every window would be cut when a whole epoch has fewer
+                    // steps than a window: windows become an epoch's steps,
+                    // and the next one fits between two epoch lines.
+                    if let Some(plan) = &self.plan {
+                        if whole > 0 && whole < self.window(plan) {
+                            self.adapted_window = Some(whole);
+                        }
+                    }
                     self.open.role = SegmentRole::Cut;
                     let (system, probe) = (self.open.system.clone(), self.open.probe);
                     self.close_and_open(b, SegmentRole::Probe, system, probe);
@@ -152,6 +181,7 @@ impl Pipeline {
             return Step::Stay;
         }
         self.open.steps += 1;
+        self.steps_in_epoch += 1;
         self.advance(b, self.open.steps)
     }
 
@@ -164,7 +194,7 @@ impl Pipeline {
                 self.close_and_open(b, SegmentRole::Probe, system, Some(0));
                 Step::Stay
             }
-            (SegmentRole::Probe, Some(k)) if count >= plan.window.max(1) => {
+            (SegmentRole::Probe, Some(k)) if count >= self.window(&plan) => {
                 if let Some(next) = plan.configs.get(k + 1).cloned() {
                     self.close_and_open(b, SegmentRole::Probe, next.clone(), Some(k + 1));
                     return Step::Apply(next);
@@ -445,6 +475,33 @@ mod tests {
         let mut e = Pipeline::new(Some(plan_epochs()), configs[0].clone(), vec![]);
         assert_eq!(e.on_step(at(0, 0.1, 0.0)), Step::Stay);
         assert!(e.probing());
+    }
+
+    #[test]
+    fn windows_of_steps_longer_than_an_epoch_shrink_to_an_epochs_steps_and_probing_ends() {
+        // Windows of 5 steps, epochs of 3 steps: every window used to be cut,
+        // and the trial stayed on the configuration it was probing.
+        let configs = vec![sys(2, 2), sys(1, 2)];
+        let plan = ProbePlan { unit: WindowUnit::Steps, ..plan(configs.clone(), 0, 5, Select::Time) };
+        let mut p = Pipeline::new(Some(plan), configs[0].clone(), vec![0, 1]);
+        let mut t = 0.0;
+        let mut applied = Vec::new();
+        for epoch in 1..=6u32 {
+            for _ in 0..3 {
+                t += if *p.current() == configs[0] { 0.1 } else { 0.3 };
+                if let Step::Apply(s) = p.on_step(at(epoch - 1, t, 0.0)) {
+                    applied.push(s);
+                }
+            }
+            if let Step::Apply(s) = p.on_epoch(at(epoch, t, 0.0)) {
+                applied.push(s);
+            }
+        }
+        assert_eq!(p.adapted_window(), Some(3), "a whole epoch's steps");
+        assert!(!p.probing(), "probing ended");
+        let (segments, selected) = p.finish(at(6, t, 0.0));
+        assert_eq!(selected, Some(configs[0].clone()), "0.1 s a step beats 0.3 s; {segments:?}");
+        assert_eq!(applied, vec![configs[1].clone(), configs[0].clone()]);
     }
 
     fn plan_epochs() -> ProbePlan {

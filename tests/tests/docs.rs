@@ -795,6 +795,8 @@ struct QuickStart {
     broker: Option<(String, String)>,
     agents: Vec<String>,
     logs: usize,
+    /// Every study summary line printed so far (`study NAME: ...`).
+    summaries: Vec<String>,
 }
 
 impl QuickStart {
@@ -802,7 +804,7 @@ impl QuickStart {
         let dir = tempfile::tempdir().expect("tempdir");
         // The commands run from the repository's directory.
         std::os::unix::fs::symlink(repo().join("examples"), dir.path().join("examples")).expect("symlink");
-        QuickStart { dir, terminals: Vec::new(), output: Vec::new(), broker: None, agents: Vec::new(), logs: 0 }
+        QuickStart { dir, terminals: Vec::new(), output: Vec::new(), broker: None, agents: Vec::new(), logs: 0, summaries: Vec::new() }
     }
 
     fn log(&mut self, name: &str) -> PathBuf {
@@ -844,6 +846,7 @@ impl QuickStart {
         for l in &self.output {
             check_summary(l);
         }
+        self.summaries.extend(self.output.iter().filter(|l| l.starts_with("study ")).cloned());
         self.output.clear();
     }
 
@@ -1042,6 +1045,14 @@ fn quick_start_runs_as_written() {
         );
     }
     assert!(qs.dir.path().join("first.html").exists());
+    // The same counts in `run`'s summary, `status` and the report.
+    let summary = qs.summaries.iter().find(|l| l.starts_with("study first: ")).expect("run's summary of first");
+    let counts = summary.trim_start_matches("study first: ").split(" trials done").next().expect("counts");
+    let (code, status, err) = run(tf("tunefleet", qs.dir.path(), &["status", "first", "--store", "first.db"]));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(status.starts_with(&format!("first finished: {counts} done, 0 running, 0 pending, 0 failed")), "{summary}\n{status}");
+    let html = std::fs::read_to_string(qs.dir.path().join("first.html")).expect("the report");
+    assert!(html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 pending, 0 failed")), "{summary}");
 }
 
 // ---------------------------------------------------------------------------

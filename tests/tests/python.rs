@@ -1,0 +1,74 @@
+//! Issue 23: the Python workload helper (`examples/python/tunefleet.py`)
+//! passes its own tests, and a Python workload speaking the protocol
+//! through it is probed and steered for real: a pipelined study whose
+//! agent changes the workload's thread count between epochs over the
+//! control channel, and keeps the faster configuration.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+#[test]
+fn the_python_helper_passes_its_own_tests() {
+    let (code, out, err) = run({
+        let mut c = Command::new("python3");
+        c.args(["-m", "unittest", "discover", "-s", "examples/python", "-p", "test_*.py", "-v"]).current_dir(repo());
+        c
+    });
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(err.contains("\nOK"), "{err}");
+    assert!(err.contains("Ran 7 tests"), "every test ran: {err}");
+}
+
+#[test]
+fn a_python_workload_is_steered_through_the_helper_and_keeps_the_faster_thread_count() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let script = repo().join("examples/python/spin.py");
+    let study = dir.path().join("py.toml");
+    std::fs::write(
+        &study,
+        format!(
+            "name = \"py\"\ncommand = [\"python3\", \"{}\", \"--epochs\", \"5\", \"--seconds\", \"0.3\", \"--scale\", \"{{scale}}\"]\n\
+             timeout = 60\n[objective]\nmetric = \"loss\"\ndirection = \"minimize\"\n[budget]\ntrials = 2\n\
+             [strategy]\nkind = \"grid\"\n[hyper.scale]\nkind = \"categorical\"\nvalues = [1, 2]\n\
+             [system.threads]\nkind = \"int\"\nlow = 1\nhigh = 2\n\
+             [pipeline]\nmode = \"pipelined\"\nwindow = {{ epochs = 1, warmup = 1 }}\ncontrol = true\n\
+             [reuse]\nenabled = false\n",
+            script.display()
+        ),
+    )
+    .expect("study");
+    let store = dir.path().join("s.db");
+    let out = run_with_one_agent(&study, &store, "python", &[], Duration::from_secs(120));
+    assert!(out.contains("2/2 trials done, 0 failed"), "{out}");
+    // The epochs reported the thread count they ran with: warm-up and the
+    // first probe at the default (2), the second probe at 1, then the kept one.
+    let results: Vec<(i64, String)> =
+        query(&store, "SELECT trial, measurement FROM results WHERE study = 'py' ORDER BY trial", |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        });
+    assert_eq!(results.len(), 2);
+    for (trial, m) in &results {
+        let m: serde_json::Value = serde_json::from_str(m).expect("measurement");
+        let seen: Vec<i64> = m["epochs"]
+            .as_array()
+            .expect("epochs")
+            .iter()
+            .map(|e| e["metrics"]["threads"].as_i64().unwrap_or(0))
+            .collect();
+        assert_eq!(seen, [2, 2, 1, 2, 2], "trial {trial}: threads per epoch as steered");
+    }
+    // Each trial kept threads = 2, the faster, and says so in its result.
+    let kept: Vec<String> = query(&store, "SELECT system FROM results WHERE study = 'py' ORDER BY trial", |r| r.get(0));
+    assert_eq!(kept.len(), 2);
+    for k in &kept {
+        let k: serde_json::Value = serde_json::from_str(k).expect("system");
+        assert_eq!(k["threads"], 2, "{kept:?}");
+    }
+}
