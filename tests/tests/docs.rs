@@ -804,7 +804,15 @@ impl QuickStart {
         let dir = tempfile::tempdir().expect("tempdir");
         // The commands run from the repository's directory.
         std::os::unix::fs::symlink(repo().join("examples"), dir.path().join("examples")).expect("symlink");
-        QuickStart { dir, terminals: Vec::new(), output: Vec::new(), broker: None, agents: Vec::new(), logs: 0, summaries: Vec::new() }
+        QuickStart {
+            dir,
+            terminals: Vec::new(),
+            output: Vec::new(),
+            broker: None,
+            agents: Vec::new(),
+            logs: 0,
+            summaries: Vec::new(),
+        }
     }
 
     fn log(&mut self, name: &str) -> PathBuf {
@@ -1050,7 +1058,10 @@ fn quick_start_runs_as_written() {
     let counts = summary.trim_start_matches("study first: ").split(" trials done").next().expect("counts");
     let (code, status, err) = run(tf("tunefleet", qs.dir.path(), &["status", "first", "--store", "first.db"]));
     assert_eq!(code, Some(0), "{err}");
-    assert!(status.starts_with(&format!("first finished: {counts} done, 0 running, 0 pending, 0 failed")), "{summary}\n{status}");
+    assert!(
+        status.starts_with(&format!("first finished: {counts} done, 0 running, 0 pending, 0 failed")),
+        "{summary}\n{status}"
+    );
     let html = std::fs::read_to_string(qs.dir.path().join("first.html")).expect("the report");
     assert!(html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 pending, 0 failed")), "{summary}");
 }

@@ -60,7 +60,7 @@ fn a_python_workload_is_steered_through_the_helper_and_keeps_the_faster_thread_c
             .as_array()
             .expect("epochs")
             .iter()
-            .map(|e| e["metrics"]["threads"].as_i64().unwrap_or(0))
+            .map(|e| e["metrics"]["threads"].as_f64().unwrap_or(0.0) as i64)
             .collect();
         assert_eq!(seen, [2, 2, 1, 2, 2], "trial {trial}: threads per epoch as steered");
     }
