@@ -148,6 +148,16 @@ fn pipelined_mode_is_checked_before_anything_runs() {
 }
 
 #[test]
+fn a_pipelined_study_warms_up_one_unit_unless_it_says_otherwise() {
+    let with = |pipeline: &str| edited("[system.threads]", &format!("[pipeline]\n{pipeline}\n\n[system.threads]"));
+    let s = parse(&with("mode = \"pipelined\"\ncontrol = true"), "s.toml").expect("parses");
+    assert_eq!(s.pipeline.map(|p| p.warmup), Some(1), "start-up is never a probe window");
+    let s = parse(&with("mode = \"pipelined\"\ncontrol = true\nwindow = { epochs = 1, warmup = 0 }"), "s.toml")
+        .expect("parses");
+    assert_eq!(s.pipeline.map(|p| p.warmup), Some(0), "an explicit 0 is kept");
+}
+
+#[test]
 fn kept_mean_of_a_measured_objective_is_refused() {
     for metric in ["wall_time", "cpu_time", "energy"] {
         let text = edited("direction = \"maximize\"", "direction = \"maximize\"\naggregate = \"kept_mean\"");

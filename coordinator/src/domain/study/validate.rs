@@ -15,6 +15,10 @@ use super::error::{Location, StudyError};
 use super::model::*;
 use super::raw::*;
 
+/// Units of warm-up a pipelined trial runs before its first probe window
+/// when the study does not say (`[pipeline] window.warmup`).
+pub const DEFAULT_WARMUP: u32 = 1;
+
 /// The study text being checked and where it came from, for messages.
 pub(super) struct Ctx<'a> {
     pub(super) origin: &'a str,
@@ -430,7 +434,9 @@ impl Ctx<'_> {
                 }
             },
         };
-        let (mut window, mut warmup, mut unit) = (1, 0, WindowUnit::Epochs);
+        // One unit of warm-up by default: the first epoch (or step) carries
+        // the process's start-up and cold caches, never a probe window.
+        let (mut window, mut warmup, mut unit) = (1, DEFAULT_WARMUP, WindowUnit::Epochs);
         if let Some(w) = &p.window {
             let span = w.span();
             let w = w.get_ref();
