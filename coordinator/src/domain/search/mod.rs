@@ -785,7 +785,7 @@ control = true
         let sys = |c, t| SystemParams { cores: Some(c), threads: Some(t), memory_mib: None };
         let probe = probe_plan(&s).expect("pipelined");
         assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 2), sys(2, 1)], "default first, one factor at a time");
-        assert_eq!((probe.window, probe.warmup, probe.control), (1, 0, true));
+        assert_eq!((probe.window, probe.warmup, probe.control), (1, 1, true), "one unit of warm-up by default");
         let r = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 1 };
         let spec = render(&s, &p[0], &r).expect("renders");
         assert_eq!(spec.system, sys(2, 2), "a trial starts under the default");
