@@ -262,3 +262,87 @@ fn an_unreachable_broker_is_reported_once_with_its_url_and_what_it_means() {
     assert!(warnings[0].contains("nothing listens there"), "{text}");
     assert!(text.contains("broker connection failed again"), "{text}");
 }
+
+/// `text` without ANSI escape sequences (CSI `ESC [ ... letter`, and a lone `ESC x`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\x1b' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'[') {
+            chars.next();
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() || d == '~' {
+                    break;
+                }
+            }
+        } else {
+            chars.next();
+        }
+    }
+    out
+}
+
+#[test]
+fn on_a_terminal_log_lines_print_above_the_bar_and_an_interrupted_bar_stays_where_it_was() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = study(dir.path(), "tty", r#"["sh", "-c", "sleep 0.3; echo TUNEFLEET final score=0.{x}"]"#, "score", 6);
+    let root = unique_root("tty");
+    join_root(&root, &store);
+    let port = free_port();
+    let typescript = dir.path().join("typescript");
+    // The coordinator on a pseudo-terminal (util-linux `script`), its bar on.
+    let inner = format!(
+        "{} run {} --store {} --root {root} --listen 127.0.0.1:{port}",
+        bin("tunefleet").display(),
+        study.display(),
+        store.display()
+    );
+    let mut script = Command::new("script");
+    script.args(["-qfec", &inner]).arg(&typescript).env("XDG_STATE_HOME", state_home()).env("TERM", "xterm");
+    let mut pty = Proc::spawn("pty", script);
+    wait_for_port(port, Duration::from_secs(30));
+    let name = format!("{root}-agent");
+    let agent = start_agent(&format!("mqtt://127.0.0.1:{port}"), &name, &root, &["--slots", "1"]);
+    let done = || {
+        query(&store, "SELECT COUNT(*) FROM trials WHERE study = 'tty' AND state = 'done'", |r| r.get::<_, i64>(0))
+            .first()
+            .copied()
+            .unwrap_or(0)
+    };
+    wait_for("two trials done", Duration::from_secs(60), || done() >= 2);
+    // Ctrl-C to the coordinator itself (the child of `script`).
+    // `script` runs the command through a shell, which may exec it or not.
+    let under = |pid: u32| children(pid).into_iter().chain(children(pid).into_iter().flat_map(|(c, _)| children(c)));
+    let coordinator = under(pty.child.id())
+        .find(|(_, comm)| comm.starts_with("tunefleet"))
+        .map(|(pid, _)| pid)
+        .expect("the coordinator under script");
+    let kill = Command::new("kill").args(["-INT", &coordinator.to_string()]).status().expect("kill");
+    assert!(kill.success());
+    pty.wait_exit(Duration::from_secs(60));
+    let raw = std::fs::read_to_string(&typescript).expect("typescript");
+    let screen = strip_ansi(&raw);
+    // Every log line starts a line of its own: none glued to a bar's text.
+    let logs: Vec<&str> = screen.split(['\n', '\r']).filter(|l| l.contains(" INFO ") || l.contains(" WARN ")).collect();
+    assert!(!logs.is_empty(), "the coordinator logged while the bar was drawn:\n{screen}");
+    for l in &logs {
+        assert!(l.starts_with("20"), "a log line glued to the bar: {l:?}\n{screen}");
+    }
+    // The last bar drawn shows what was done, not a full bar.
+    let finished = done();
+    let last_bar = screen.rmatch_indices("/6 trials").next().map(|(i, _)| &screen[..i]).expect("a bar");
+    let shown: String = last_bar.chars().rev().take_while(|c| c.is_ascii_digit()).collect::<String>().chars().rev().collect();
+    assert!(shown.parse::<i64>().is_ok_and(|n| n < 6 && n <= finished), "bar at {shown}/6 with {finished} done:\n{screen}");
+    assert!(screen.contains("run the same command to resume"), "{screen}");
+    // Resumed without a terminal: it finishes, and the agent's spool drains.
+    let listen = format!("127.0.0.1:{port}");
+    let (mut again, _) = start_coordinator(&study, &store, &root, &["--listen", &listen]);
+    assert_eq!(again.wait_exit(Duration::from_secs(120)).code(), Some(0));
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}
