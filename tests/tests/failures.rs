@@ -336,8 +336,12 @@ fn on_a_terminal_log_lines_print_above_the_bar_and_an_interrupted_bar_stays_wher
     // The last bar drawn shows what was done, not a full bar.
     let finished = done();
     let last_bar = screen.rmatch_indices("/6 trials").next().map(|(i, _)| &screen[..i]).expect("a bar");
-    let shown: String = last_bar.chars().rev().take_while(|c| c.is_ascii_digit()).collect::<String>().chars().rev().collect();
-    assert!(shown.parse::<i64>().is_ok_and(|n| n < 6 && n <= finished), "bar at {shown}/6 with {finished} done:\n{screen}");
+    let shown: String =
+        last_bar.chars().rev().take_while(|c| c.is_ascii_digit()).collect::<String>().chars().rev().collect();
+    assert!(
+        shown.parse::<i64>().is_ok_and(|n| n < 6 && n <= finished),
+        "bar at {shown}/6 with {finished} done:\n{screen}"
+    );
     assert!(screen.contains("run the same command to resume"), "{screen}");
     // Resumed without a terminal: it finishes, and the agent's spool drains.
     let listen = format!("127.0.0.1:{port}");
