@@ -150,8 +150,8 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
         study.objective.direction.as_str()
     )?;
     for p in &plans {
-        let params: Vec<String> = p.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        writeln!(out, "  trial {:>4} repeat {}: {}", p.trial, p.repeat, params.join(" "))?;
+        let params = crate::domain::params::params_text(&p.params);
+        writeln!(out, "  trial {:>4} repeat {}: {params}", p.trial, p.repeat)?;
     }
     Ok(())
 }
@@ -236,8 +236,8 @@ fn print_best(best: &[BestRow]) {
     }
     println!("best trials:");
     for r in best {
-        let params: Vec<String> = r.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!("  trial {:>4}  {:>10.6}  on {:<16} {}", r.trial, r.objective, r.agent, params.join(" "));
+        let params = crate::domain::params::params_text(&r.params);
+        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}", r.trial, r.objective, r.agent);
     }
 }
 

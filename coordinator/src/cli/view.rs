@@ -116,7 +116,8 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
 /// A result's parameters, and the system configuration it ran (or, when
 /// pipelined, selected) when that is not already among them.
 pub fn describe(params: &Params, system: Option<&SystemParams>) -> String {
-    let mut words: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut words: Vec<String> =
+        params.iter().map(|(k, v)| format!("{k}={}", crate::domain::params::value_text(v))).collect();
     if let Some(sys) = system {
         for (name, value) in
             [("cores", sys.cores.map(u64::from)), ("threads", sys.threads.map(u64::from)), ("memory", sys.memory_mib)]

@@ -21,6 +21,33 @@ pub(crate) fn param_value_json(v: &ParamValue) -> serde_json::Value {
     }
 }
 
+/// Parameters for reading (`best`, the summary, the report): floats with 6
+/// significant digits (`lr=0.261507`, not `lr=0.2615066378554959`); the
+/// store, `--json` and `export` keep them exact.
+pub fn params_text(params: &Params) -> String {
+    params.iter().map(|(k, v)| format!("{k}={}", value_text(v))).collect::<Vec<_>>().join(" ")
+}
+
+/// One value for reading: see [`params_text`].
+pub fn value_text(v: &ParamValue) -> String {
+    match v {
+        ParamValue::Float(f) if f.is_finite() && *f != 0.0 => {
+            let magnitude = f.abs().log10().floor() as i32;
+            if !(-4..6).contains(&magnitude) {
+                return format!("{f:.5e}");
+            }
+            let decimals = (5 - magnitude).clamp(0, 10) as usize;
+            let text = format!("{f:.decimals$}");
+            if text.contains('.') {
+                text.trim_end_matches('0').trim_end_matches('.').to_string()
+            } else {
+                text
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Parses what [`params_json`] wrote.
 pub fn params_from_json(text: &str) -> Result<Params, serde_json::Error> {
     let map: serde_json::Map<String, serde_json::Value> = serde_json::from_str(text)?;
@@ -62,6 +89,20 @@ pub fn system_text(s: &SystemParams) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floats_read_with_six_significant_digits() {
+        let p: Params = [
+            ("a".to_string(), ParamValue::Float(0.2615066378554959)),
+            ("b".to_string(), ParamValue::Float(2.0)),
+            ("c".to_string(), ParamValue::Float(1.2345678e-7)),
+            ("d".to_string(), ParamValue::Int(32)),
+            ("e".to_string(), ParamValue::Text("adam".into())),
+            ("f".to_string(), ParamValue::Float(123456.789)),
+        ]
+        .into();
+        assert_eq!(params_text(&p), "a=0.261507 b=2 c=1.23457e-7 d=32 e=adam f=123457");
+    }
 
     #[test]
     fn params_json_round_trips_plain_values() {

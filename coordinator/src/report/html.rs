@@ -315,7 +315,7 @@ fn classes(out: &mut String, data: &ReportData) {
 }
 
 fn params_text(params: &Params) -> String {
-    params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" ")
+    crate::domain::params::params_text(params)
 }
 
 fn list_or_none(v: &[String]) -> String {

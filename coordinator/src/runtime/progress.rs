@@ -66,6 +66,10 @@ struct Study {
 pub struct Update<'a> {
     pub finished: u64,
     pub running: u64,
+    /// Every trial the study will ever have, once no more will come (its
+    /// search is exhausted, or it was cancelled): the bar's length then, with
+    /// no time left shown once they are all finished.
+    pub closed_at: Option<u64>,
     pub live_agents: usize,
     /// `(metric, value, trial)`.
     pub best: Option<(&'a str, f64, u64)>,
@@ -156,9 +160,14 @@ impl Progress {
     /// The latest counts of `study`.
     pub fn update(&mut self, study: &str, u: Update<'_>) {
         let Some(s) = self.studies.get_mut(study) else { return };
-        // A search may plan more trials than first said, or fewer.
-        s.total = s.total.max(u.finished + u.running);
+        // A search may plan more trials than first said, or fewer (a
+        // cancelled study has only those it made).
+        s.total = match u.closed_at {
+            Some(all) => all,
+            None => s.total.max(u.finished + u.running),
+        };
         let (per_minute, eta) = pace(s.total, u.finished, s.done_at_start, s.started.elapsed());
+        let eta = eta.filter(|_| u.finished < s.total);
         let msg = message(&u, per_minute, eta);
         match &s.bar {
             Some(bar) => {
@@ -214,7 +223,7 @@ mod tests {
         let (p, eta) = pace(100, 30, 10, Duration::from_secs(60));
         assert_eq!(p, Some(20.0));
         assert_eq!(eta, Some(210.0), "70 left at 20 a minute");
-        let u = Update { finished: 30, running: 2, live_agents: 3, best: Some(("loss", 0.25, 7)) };
+        let u = Update { finished: 30, running: 2, closed_at: None, live_agents: 3, best: Some(("loss", 0.25, 7)) };
         assert_eq!(message(&u, p, eta), "| 2 running | 3 agents | best loss=0.2500 (trial 7) | 20.0/min, ~3m30s left");
         assert_eq!(message(&u, None, None), "| 2 running | 3 agents | best loss=0.2500 (trial 7)");
         assert_eq!(human(7_500.0), "2h05m left");
@@ -224,7 +233,7 @@ mod tests {
     fn a_disabled_display_shows_nothing_and_takes_any_update() {
         let mut p = Progress::new(false);
         p.start("s", 10, 0);
-        p.update("s", Update { finished: 1, running: 0, live_agents: 0, best: None });
+        p.update("s", Update { finished: 1, running: 0, closed_at: None, live_agents: 0, best: None });
         assert!(p.studies.is_empty());
         p.finish();
     }

@@ -360,6 +360,7 @@ impl Engine {
                 let update = crate::runtime::progress::Update {
                     finished: c.done + c.failed + c.stopped,
                     running: c.running,
+                    closed_at: (!c.open).then_some(c.total),
                     live_agents: core.sched.live_agents(),
                     best,
                 };
