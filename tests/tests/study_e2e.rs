@@ -96,6 +96,9 @@ fn study_of_12_trials_on_embedded_broker_with_two_agents_and_a_selector() {
     assert_eq!(code, Some(0), "{err}");
     // Three trials (each may carry a line of what disturbed it, and a note).
     assert_eq!(best.lines().filter(|l| l.starts_with("trial ")).count(), 3, "{best}");
+    // Which parameters mattered, over the 12 ranked trials.
+    let importance = best.lines().find(|l| l.starts_with("importance (")).unwrap_or_else(|| panic!("{best}"));
+    assert!(importance.contains("over 12 trials") && importance.contains("lr "), "{importance}");
     let (code, csv, err) = run({
         let mut c = Command::new(bin("tunefleet"));
         c.args(["export", "e2e", "--format", "csv", "--store"]).arg(&store);

@@ -18,7 +18,7 @@ use crate::store::DecisionRow;
 pub fn best(view: &View) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     match view {
-        View::Ranked { trials, unranked, mixed_sources, .. } => {
+        View::Ranked { trials, unranked, mixed_sources, importance, ranked, .. } => {
             if let Some(note) = mixed_sources {
                 writeln!(out, "{note}")?;
             }
@@ -49,6 +49,14 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
             }
             if let Some(note) = unranked_note(unranked) {
                 writeln!(out, "note: {note}")?;
+            }
+            if !importance.is_empty() {
+                let shares: Vec<String> = importance.iter().map(|(p, s)| format!("{p} {s:.2}")).collect();
+                writeln!(
+                    out,
+                    "importance (each parameter's share of the objective's variance it explains alone, over {ranked} trials): {}",
+                    shares.join(", ")
+                )?;
             }
         }
         View::Configurations { study, metric, direction, configurations } => {

@@ -5,6 +5,7 @@
 pub mod campaign;
 pub mod cluster;
 pub mod failure;
+pub mod importance;
 pub mod offload;
 pub mod params;
 pub mod pareto;

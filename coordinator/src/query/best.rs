@@ -36,6 +36,11 @@ pub enum View {
         unranked: Unranked,
         /// Set when the trials took their energy from different sources.
         mixed_sources: Option<String>,
+        /// Each parameter's share of the objective's variance it explains
+        /// alone, over every ranked trial ([`crate::domain::importance`]).
+        importance: Vec<(String, f64)>,
+        /// How many ranked trials that was computed over.
+        ranked: usize,
     },
     /// A study that runs each configuration more than once: its best
     /// configurations by mean objective.
@@ -192,7 +197,10 @@ fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
             RankedTrial { row, decisions, interference }
         })
         .collect();
-    Ok(View::Ranked { study: study.to_string(), trials, unranked, mixed_sources })
+    let all = store.best(study, usize::MAX)?;
+    let importance =
+        crate::domain::importance::importance(&all.iter().map(|r| (r.params.clone(), r.objective)).collect::<Vec<_>>());
+    Ok(View::Ranked { study: study.to_string(), trials, unranked, mixed_sources, importance, ranked: all.len() })
 }
 
 /// The `n` best trials of `study` in each device class of the agents that ran them.
