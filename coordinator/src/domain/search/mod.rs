@@ -54,6 +54,10 @@ pub trait SearchStrategy: Send + std::fmt::Debug {
     /// value is finite; the metric's own direction). Strategies that do not
     /// learn ignore it.
     fn tell(&mut self, _trial: u64, _params: &Params, _outcome: Outcome) {}
+    /// Results the strategy has learnt from (0 for one that does not learn).
+    fn observations(&self) -> usize {
+        0
+    }
 }
 
 /// The cartesian product of every parameter's grid, the last parameter
@@ -126,6 +130,10 @@ impl SearchStrategy for TpeSearch {
 
     fn reads_running(&self) -> bool {
         true
+    }
+
+    fn observations(&self) -> usize {
+        self.tpe.observations()
     }
 
     fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
@@ -211,6 +219,12 @@ impl Search {
                 .map(|repeat| TrialPlan { trial: first + u64::from(repeat), params: params.clone(), repeat })
                 .collect(),
         )
+    }
+
+    /// Results the search has learnt from: complete and pruned trials told
+    /// to a TPE search; 0 for grid and random, which do not learn.
+    pub fn observations(&self) -> usize {
+        self.strategy.observations()
     }
 
     /// Whether [`Search::next_trials_while`] reads the running trials

@@ -1005,3 +1005,43 @@ fn a_reconfigured_trial_records_the_configuration_it_ran() {
     assert_eq!(best.first().and_then(|b| b.system.clone()), Some(ran), "{best:?}");
     assert_eq!(fx.consistent(), Ok(()));
 }
+
+/// Issue 22: a trial ASHA stops is told to a TPE search (Optuna's pruned
+/// trials), through the engine: an epoch report behind the rung's cut stops
+/// the trial, cancels its attempt on its agent, and the model has learnt it.
+#[test]
+fn a_trial_asha_stops_is_cancelled_and_told_to_the_tpe_search() {
+    let study = STUDY.replace("kind = \"grid\"", "kind = \"tpe\"\nseed = 1")
+        + "[early_stopping]\nkind = \"asha\"\nreduction = 2\ngrace = 1\n";
+    let mut fx = Fixture::with_study(&study);
+    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, running: vec![] }));
+    let work = assigned(fx.turn(vec![req]).1);
+    assert_eq!(work.len(), 2, "two trials on the agent's two slots");
+    let report = |trial: &TrialRef, v: f64| Progress {
+        trial: trial.clone(),
+        epoch: 1,
+        elapsed_us: 1,
+        metrics: [("v".to_string(), v)].into(),
+        checkpoint: None,
+        profile: None,
+    };
+    let before = fx.core.studies["s"].search.observations();
+    // v is maximised: the first sets the rung's bar, the second falls behind it.
+    let events = vec![
+        fx.sealed(&AgentMessage::Progress(report(&work[0].trial, 10.0))),
+        fx.sealed(&AgentMessage::Progress(report(&work[1].trial, 1.0))),
+    ];
+    let (_, out) = fx.turn(events);
+    let cancels: Vec<&TrialRef> = out
+        .iter()
+        .filter_map(|(_, m)| match m {
+            // (The fixture's clock moves past every lease between turns: those are cancelled too.)
+            CoordinatorMessage::Cancel(c) if c.reason.contains("ASHA") => Some(&c.trial),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancels, vec![&work[1].trial], "the trial behind the cut is cancelled on its agent");
+    assert_eq!(fx.core.stats.stopped, 1);
+    assert_eq!(fx.core.studies["s"].search.observations(), before + 1, "the model learnt where ASHA cut");
+    assert_eq!(fx.consistent(), Ok(()));
+}
