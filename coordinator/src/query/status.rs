@@ -46,16 +46,15 @@ impl StudyStatus {
 /// every [`crate::runtime::engine::core::BEAT_MS`]).
 pub const STALE_MS: u64 = 10_000;
 
-/// The trials `row`'s study plans in all: its budget as its search counts
-/// it (at least the trials it has), read from the file the store kept.
+/// The trials `row`'s study counts against: a running (or interrupted)
+/// study its budget as its search counts it (at least the trials it has),
+/// read from the file the store kept; a finished (or cancelled) one the
+/// trials it ran. `status` and the report both count this way.
 pub fn planned(row: &crate::store::StudyRow) -> u64 {
-    let study = crate::domain::study::parse(&row.config, "the store").ok().and_then(|s| {
-        if s.name == row.name {
-            Some(s)
-        } else {
-            s.expand().into_iter().find(|g| g.name == row.name)
-        }
-    });
+    if row.state == StudyState::Finished {
+        return row.total;
+    }
+    let study = crate::domain::study::named(&row.config, "the store", &row.name);
     study.map_or(row.total, |s| crate::domain::search::Search::new(&s).planned().max(row.total))
 }
 
@@ -74,9 +73,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         }
         let best = store.best(&s.name, 1)?.first().map(|b| (b.objective, b.trial));
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
-        // A running (or interrupted) study counts against its budget; a
-        // finished one (cancelled too) has the trials it ran.
-        let total = if s.state == StudyState::Finished { s.total } else { planned(&s) };
+        let total = planned(&s);
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
         out.push(StudyStatus {
             study: s.name,

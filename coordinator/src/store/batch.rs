@@ -143,17 +143,21 @@ impl Batch<'_> {
     /// [`Batch::create_study`] with an explicit creation time.
     pub fn create_study_at(&mut self, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened> {
         if let Some(existing) = study_by_name(&self.tx, &study.name)? {
-            let keys = config_differences(&existing.config, study);
-            return match keys.as_slice() {
-                [] => Ok(StudyOpened::Resumed),
+            if existing.config == study.source {
+                return Ok(StudyOpened::Resumed);
+            }
+            // The stored file read back once: the keys that differ, and its budget.
+            let old = study::named(&existing.config, &study.origin, &study.name);
+            let keys = old.as_ref().map_or_else(|| vec!["the whole file"], |old| old.differences(study));
+            return match (keys.as_slice(), old) {
+                ([], _) => Ok(StudyOpened::Resumed),
                 // A larger budget alone continues the study (as Optuna's
                 // `optimize` does with more trials); the store keeps the new file.
-                ["[budget]"] if config_budget(&existing.config, study).is_some_and(|old| study.budget > old) => {
-                    let old = config_budget(&existing.config, study).unwrap_or_default();
-                    self.grow_budget(study, old, at_ms)?;
+                (["[budget]"], Some(old)) if study.budget > old.budget => {
+                    self.grow_budget(study, old.budget, at_ms)?;
                     Ok(StudyOpened::Resumed)
                 }
-                keys => Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: keys.join(", ") }),
+                (keys, _) => Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: keys.join(", ") }),
             };
         }
         let context = || format!("creating study {:?}", study.name);
@@ -669,34 +673,6 @@ impl Batch<'_> {
             .ctx(context)?
             .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })
     }
-}
-
-/// True when the stored study text describes the same study as `study`.
-/// The study `stored` (the text the store kept) as `study` is named: the
-/// file itself, or its `[[group]]` of that name.
-fn stored_study(stored: &str, study: &Study) -> Option<Study> {
-    let old = study::parse(stored, &study.origin).ok()?;
-    if old.name == study.name {
-        return Some(old);
-    }
-    old.expand().into_iter().find(|s| s.name == study.name)
-}
-
-/// The keys in which the study the store kept differs from `study` (none:
-/// the same study); the whole file when the stored text does not parse.
-fn config_differences(stored: &str, study: &Study) -> Vec<&'static str> {
-    if stored == study.source {
-        return Vec::new();
-    }
-    match stored_study(stored, study) {
-        Some(old) => old.differences(study),
-        None => vec!["the whole file"],
-    }
-}
-
-/// The budget of the study the store kept.
-fn config_budget(stored: &str, study: &Study) -> Option<u64> {
-    stored_study(stored, study).map(|s| s.budget)
 }
 
 /// `value` as JSON text, for a column.

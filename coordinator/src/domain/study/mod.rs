@@ -37,5 +37,15 @@ pub fn parse(text: &str, origin: &str) -> Result<Study, StudyError> {
     ctx.validate(raw)
 }
 
+/// The study named `name` in a file's `text` (the file itself, or one of
+/// its `[[group]]` studies): how a study the store kept is read back.
+pub fn named(text: &str, origin: &str, name: &str) -> Option<Study> {
+    let file = parse(text, origin).ok()?;
+    if file.name == name {
+        return Some(file);
+    }
+    file.expand().into_iter().find(|s| s.name == name)
+}
+
 #[cfg(test)]
 mod tests;
