@@ -68,6 +68,8 @@ pub struct AgentConfig {
     pub name: String,
     pub tags: BTreeMap<String, String>,
     pub slots: u32,
+    /// Trials held ready behind the slots (`--lookahead`, at most `slots`).
+    pub lookahead: u32,
     pub topics: Topics,
     pub keepalive: Duration,
     /// Where unacknowledged results survive a restart; none: memory only.
@@ -120,6 +122,7 @@ impl AgentConfig {
             name,
             tags: BTreeMap::new(),
             slots: 1,
+            lookahead: 1,
             topics,
             keepalive: Duration::from_secs(5),
             state_dir: None,
@@ -482,6 +485,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         agent: config.name.clone(),
         instance,
         slots: config.slots,
+        lookahead: config.lookahead,
         cpus: cpus.clone(),
         energy: selection.found.clone(),
         tags: config.tags.clone(),

@@ -121,6 +121,8 @@ pub enum ConfigError {
     Tag(String),
     #[error("--slots must be at least 1")]
     Slots,
+    #[error("--lookahead {lookahead}: at most --slots ({slots}) trials are held ahead")]
+    Lookahead { lookahead: u32, slots: u32 },
     #[error("--name: {0}")]
     Name(TopicError),
     #[error("cannot find a host name for the default --name; pass --name")]
@@ -270,6 +272,11 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     let mut config = AgentConfig::new(broker, name, topics);
     config.tags = tags;
     config.slots = cli.slots;
+    config.lookahead = match cli.lookahead {
+        Some(n) if n > cli.slots => return Err(ConfigError::Lookahead { lookahead: n, slots: cli.slots }),
+        Some(n) => n,
+        None => cli.slots,
+    };
     config.keepalive = Duration::from_secs(cli.keepalive);
     config.state_dir = cli.state_dir.or_else(|| {
         let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);

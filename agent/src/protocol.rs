@@ -4,10 +4,14 @@
 //! no clocks, no processes: `lib.rs` carries the actions out.
 //!
 //! Rules it enforces:
-//! * never more trials running than slots; an assignment without a free slot,
-//!   while draining, after `max_trials`, or for a trial already running is
-//!   refused (an already finished trial awaiting its ack is refused and its
-//!   result published again);
+//! * never more trials running than slots; an assignment that finds every
+//!   slot busy is held ready (at most `lookahead` of them, in order) and
+//!   started the moment a slot frees, before the coordinator hears of it:
+//!   no round trip between trials. One without room, while draining, after
+//!   `max_trials`, or for a trial already running is refused (an already
+//!   finished trial awaiting its ack is refused and its result published
+//!   again); a held trial is given back (refused) when the agent drains or
+//!   its conditions turn bad, and dropped when it is cancelled;
 //! * on every (re)connect the session ends; a Hello goes out when the
 //!   coordinator's (verified) status says it is online: the retained one
 //!   delivered on subscription, or a live one for a new instance. Once the
@@ -22,7 +26,7 @@
 //!   charging, low battery, throttled) no slot is free, and every trial
 //!   running through them has the reasons in its measurement's `interference`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{
@@ -65,6 +69,9 @@ pub struct AgentState {
     allowed_cpus: Vec<u32>,
     seq: u64,
     running: BTreeMap<TrialRef, Vec<u32>>,
+    /// Trials assigned while every slot was busy, started in this order as
+    /// slots free (at most `info.lookahead`).
+    held: VecDeque<Assignment>,
     unacked: BTreeMap<TrialRef, TrialResult>,
     draining: bool,
     coordinator: Option<CoordinatorStatus>,
@@ -90,6 +97,7 @@ impl AgentState {
             allowed_cpus,
             seq: 0,
             running: BTreeMap::new(),
+            held: VecDeque::new(),
             unacked: BTreeMap::new(),
             draining: false,
             coordinator: None,
@@ -111,15 +119,30 @@ impl AgentState {
     /// Slots free for new work (0 while draining, after `max_trials`, or
     /// while conditions are bad).
     pub fn free(&self) -> u32 {
+        self.room().0
+    }
+
+    /// Free slots and free places to hold a trial ahead, in that order;
+    /// both 0 while draining or while conditions are bad, and together at
+    /// most what `max_trials` leaves.
+    fn room(&self) -> (u32, u32) {
         if self.draining || !self.conditions.is_empty() {
-            return 0;
+            return (0, 0);
         }
-        let running = u32::try_from(self.running.len()).unwrap_or(u32::MAX);
-        let mut free = self.info.slots.saturating_sub(running);
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let mut free = self.info.slots.saturating_sub(count(self.running.len()));
+        let mut ahead = self.info.lookahead.min(self.info.slots).saturating_sub(count(self.held.len()));
         if let Some(max) = self.max_trials {
-            free = free.min(u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX));
+            let left = u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX);
+            free = free.min(left);
+            ahead = ahead.min(left - free);
         }
-        free
+        (free, ahead)
+    }
+
+    /// Trials held ready to start.
+    pub fn held_count(&self) -> usize {
+        self.held.len()
     }
 
     pub fn running(&self) -> impl Iterator<Item = &TrialRef> {
@@ -130,9 +153,9 @@ impl AgentState {
         self.unacked.len()
     }
 
-    /// Nothing running and nothing waiting for an ack.
+    /// Nothing running, held or waiting for an ack.
     pub fn is_quiet(&self) -> bool {
-        self.running.is_empty() && self.unacked.is_empty()
+        self.running.is_empty() && self.held.is_empty() && self.unacked.is_empty()
     }
 
     pub fn is_draining(&self) -> bool {
@@ -166,10 +189,13 @@ impl AgentState {
             return None;
         }
         self.seq += 1;
+        let (free, ahead) = self.room();
         Some(Action::Publish(AgentMessage::Request(WorkRequest {
             seq: self.seq,
-            free: self.free(),
+            free,
+            ahead,
             running: self.running.keys().cloned().collect(),
+            held: self.held.iter().map(|a| a.trial.clone()).collect(),
         })))
     }
 
@@ -195,7 +221,7 @@ impl AgentState {
     /// requests may mean the coordinator holds no session with us any more
     /// (it then says so, signed, and we say Hello again).
     pub fn request_again(&mut self) -> Vec<Action> {
-        if self.free() == 0 {
+        if self.room() == (0, 0) {
             return Vec::new();
         }
         self.request().into_iter().collect()
@@ -246,6 +272,14 @@ impl AgentState {
             Some(prev) => !prev.online || prev.instance != status.instance,
         };
         let online = status.online;
+        let gone = self.coordinator.as_ref().is_some_and(|prev| prev.instance != status.instance) || !online;
+        if gone && !self.held.is_empty() {
+            // Not started, so nothing is lost: a coordinator that comes
+            // back finds them missing from our next request and queues
+            // them again at once.
+            self.started = self.started.saturating_sub(self.held.len() as u64);
+            self.held.clear();
+        }
         self.coordinator = Some(status);
         if online && (changed || !self.welcomed) {
             self.announce()
@@ -259,9 +293,13 @@ impl AgentState {
     }
 
     pub fn on_assign(&mut self, assignment: Assignment) -> Vec<Action> {
-        let trial = assignment.trial;
+        let trial = assignment.trial.clone();
         if self.running.contains_key(&trial) {
             return vec![self.refuse(trial, "already running")];
+        }
+        if self.held.iter().any(|a| a.trial == trial) {
+            // The same assignment again (a redelivery): it is held already.
+            return Vec::new();
         }
         if let Some(result) = self.unacked.get(&trial) {
             let again = self.publish_result(result);
@@ -269,7 +307,13 @@ impl AgentState {
             out.extend(again);
             return out;
         }
-        if self.free() == 0 {
+        let (free, ahead) = self.room();
+        if free == 0 && ahead > 0 {
+            self.started += 1;
+            self.held.push_back(assignment);
+            return Vec::new();
+        }
+        if free == 0 {
             let reason = if self.draining {
                 "agent is shutting down".to_string()
             } else if !self.conditions.is_empty() {
@@ -281,14 +325,33 @@ impl AgentState {
             };
             return vec![self.refuse(trial, reason)];
         }
+        self.started += 1;
+        vec![self.start(assignment)]
+    }
+
+    /// Starts an accepted assignment in a free slot.
+    fn start(&mut self, assignment: Assignment) -> Action {
         let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
         let cpus = cpus::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
-        self.running.insert(trial.clone(), cpus.clone());
-        self.started += 1;
-        vec![Action::Start(StartTrial { trial, spec: assignment.spec, cpus })]
+        self.running.insert(assignment.trial.clone(), cpus.clone());
+        Action::Start(StartTrial { trial: assignment.trial, spec: assignment.spec, cpus })
+    }
+
+    /// Gives every held trial back to the coordinator (refused with
+    /// `reason`: it queues them again, counting no failure).
+    fn give_back_held(&mut self, reason: &str) -> Vec<Action> {
+        let held: Vec<Assignment> = self.held.drain(..).collect();
+        self.started = self.started.saturating_sub(held.len() as u64);
+        held.into_iter().map(|a| self.refuse(a.trial, reason)).collect()
     }
 
     pub fn on_cancel(&mut self, cancel: Cancel) -> Vec<Action> {
+        if let Some(at) = self.held.iter().position(|a| a.trial == cancel.trial) {
+            // Never started: nothing to stop, nothing to report.
+            self.held.remove(at);
+            self.started = self.started.saturating_sub(1);
+            return Vec::new();
+        }
         if self.running.contains_key(&cancel.trial) {
             self.cancelling.insert(cancel.trial.clone());
             vec![Action::Cancel(cancel.trial)]
@@ -362,12 +425,16 @@ impl AgentState {
             }
         }
         let changed = self.conditions.is_empty() != reasons.is_empty();
+        let mut out = Vec::new();
+        if !reasons.is_empty() && !self.held.is_empty() {
+            let why = format!("device conditions bad for measuring: {}", reasons.join("; "));
+            out.extend(self.give_back_held(&why));
+        }
         self.conditions = reasons;
         if changed && !self.draining {
-            self.request().into_iter().collect()
-        } else {
-            Vec::new()
+            out.extend(self.request());
         }
+        out
     }
 
     /// A trial ended: publish its result, keep it until acked, ask for more.
@@ -384,9 +451,16 @@ impl AgentState {
         let result = TrialResult { trial: trial.clone(), measurement };
         // Kept on disk first, whether or not it can be published now.
         let mut out = vec![Action::Keep(result.clone())];
+        // The next one starts before anything is said about this one.
+        let mut started = 0;
+        while self.free() > 0 {
+            let Some(next) = self.held.pop_front() else { break };
+            out.insert(started, self.start(next));
+            started += 1;
+        }
         out.extend(self.publish_result(&result));
         self.unacked.insert(trial, result);
-        if !self.draining && self.free() > 0 {
+        if self.room() != (0, 0) {
             out.extend(self.request());
         }
         if self.cancelling.is_empty() && self.welcomed {
@@ -403,8 +477,10 @@ impl AgentState {
             return Vec::new();
         }
         self.draining = true;
+        let mut out = self.give_back_held("agent is shutting down");
         self.cancelling.extend(self.running.keys().cloned());
-        self.running.keys().cloned().map(Action::Cancel).collect()
+        out.extend(self.running.keys().cloned().map(Action::Cancel));
+        out
     }
 }
 
@@ -425,6 +501,7 @@ mod tests {
             cores: 4,
             memory_bytes: 1,
             slots,
+            lookahead: 0,
             energy: vec![],
             counters: vec![],
             tags: Default::default(),
@@ -562,6 +639,70 @@ mod tests {
         let done = st.on_finished(tref(1), measurement());
         assert_eq!(kinds(&done), ["keep", "result", "request"]);
         assert_eq!(request_of(&done).map(|r| (r.free, r.running)), Some((1, vec![tref(2)])));
+    }
+
+    #[test]
+    fn a_trial_held_ahead_starts_the_moment_its_slot_frees_and_is_listed_meanwhile() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], None);
+        let first = welcome(&mut st);
+        assert_eq!(request_of(&first).map(|r| (r.free, r.ahead)), Some((1, 1)));
+        assert_eq!(kinds(&st.on_assign(assign(1, None))), ["start"]);
+        assert!(st.on_assign(assign(2, None)).is_empty(), "held, not started, not refused");
+        assert!(st.on_assign(assign(2, None)).is_empty(), "a redelivery of a held trial changes nothing");
+        assert_eq!(kinds(&st.on_assign(assign(3, None))), ["refuse"], "no room past the lookahead");
+        assert_eq!(request_of(&st.request_again()), None, "nothing free: nothing to ask");
+        let done = st.on_finished(tref(1), measurement());
+        assert_eq!(kinds(&done), ["start", "keep", "result", "request"], "the next starts first");
+        match &done[0] {
+            Action::Start(s) => assert_eq!(s.trial, tref(2)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(request_of(&done).map(|r| (r.free, r.ahead, r.running)), Some((0, 1, vec![tref(2)])));
+        // Held: listed apart, so the coordinator keeps its lease (or cancels it).
+        st.on_assign(assign(3, None));
+        assert_eq!(request_of(&st.on_welcome()).map(|r| (r.running, r.held)), Some((vec![tref(2)], vec![tref(3)])));
+        // Cancelled while held: dropped, nothing to stop or report.
+        assert!(st.on_cancel(Cancel { trial: tref(3), reason: "stopped".into() }).is_empty());
+        assert_eq!(st.held_count(), 0);
+        // Given back when the agent drains (refused: queued again elsewhere).
+        st.on_assign(assign(4, None));
+        let drained = st.begin_drain();
+        assert_eq!(kinds(&drained), ["refuse", "cancel"]);
+        assert!(matches!(&drained[0], Action::Publish(AgentMessage::Refuse(r)) if r.trial == tref(4)));
+    }
+
+    #[test]
+    fn held_trials_are_dropped_when_the_coordinator_goes_away() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], Some(2));
+        st.on_coordinator_status(status(true, 1));
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        st.on_assign(assign(2, None));
+        assert_eq!(st.held_count(), 1);
+        assert!(st.on_coordinator_status(status(false, 1)).is_empty());
+        assert_eq!(st.held_count(), 0, "a coordinator gone: nothing held starts for it");
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result", "request"], "nothing started");
+        // The dropped one no longer counts against --max-trials.
+        st.on_coordinator_status(status(true, 2));
+        assert_eq!(request_of(&welcome(&mut st)).map(|r| (r.free, r.ahead)), Some((1, 0)));
+        st.on_assign(assign(3, None));
+        st.on_assign(assign(4, None));
+        assert_eq!(st.held_count(), 0, "--max-trials 2: room for one more only");
+    }
+
+    #[test]
+    fn held_trials_are_given_back_when_conditions_turn_bad_and_count_against_max_trials() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 2, ..info(2) }, vec![0, 1], Some(3));
+        let first = welcome(&mut st);
+        assert_eq!(request_of(&first).map(|r| (r.free, r.ahead)), Some((2, 1)), "3 trials at most in all");
+        st.on_assign(assign(1, None));
+        st.on_assign(assign(2, None));
+        assert!(st.on_assign(assign(3, None)).is_empty(), "held");
+        assert_eq!(kinds(&st.on_assign(assign(4, None))), ["refuse"], "past --max-trials");
+        let bad = st.on_conditions(vec!["charging".into()]);
+        assert_eq!(kinds(&bad), ["refuse", "request"]);
+        assert_eq!(request_of(&bad).map(|r| (r.free, r.ahead, r.running.len())), Some((0, 0, 2)));
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "nothing held to start");
     }
 
     #[test]

@@ -67,7 +67,9 @@ fn work_request() -> AgentMessage {
     AgentMessage::Request(WorkRequest {
         seq: 4711,
         free: 1,
+        ahead: 0,
         running: vec![TrialRef { study: "resnet-energy".into(), study_id: 7, trial: 1233, attempt: 1 }],
+        held: vec![],
     })
 }
 
@@ -199,6 +201,7 @@ fn agent_info() -> AgentInfo {
         cores: 4,
         memory_bytes: 8 << 30,
         slots: 2,
+        lookahead: 0,
         energy: vec![EnergySourceInfo {
             kind: EnergySourceKind::Hwmon,
             domains: vec!["soc".into()],

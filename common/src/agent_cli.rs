@@ -53,6 +53,11 @@ pub struct Cli {
     /// Trials run at the same time
     #[arg(long, default_value_t = 1)]
     pub slots: u32,
+    /// Trials held ready behind the running ones, started the moment a
+    /// slot frees (no round trip to the coordinator between trials); at
+    /// most --slots, 0 turns it off. Default: one per slot
+    #[arg(long)]
+    pub lookahead: Option<u32>,
     /// Topic root shared with the coordinator
     #[arg(long, default_value = DEFAULT_ROOT)]
     pub root: String,

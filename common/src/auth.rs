@@ -813,7 +813,7 @@ mod tests {
     fn a_session_carries_messages_both_ways_once_each() {
         let (mut agent, mut coord, _) = handshake();
         assert_eq!((agent.token(), coord.token()), (0xfeed, 0xfeed));
-        let msg = AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] });
+        let msg = AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] });
         let (kind, payload) = agent.seal_agent(&msg).expect("seal");
         let Ok(UpFrame::Sealed(sealed)) = decode::<UpFrame>(&payload) else { panic!("not sealed") };
         assert_eq!(coord.open_agent(kind, &sealed), Ok(msg));

@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 7;
+pub const PROTOCOL_VERSION: u8 = 8;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -57,7 +57,7 @@ mod tests {
 
     #[test]
     fn rejects_other_version_empty_and_trailing() {
-        let msg = AgentMessage::Request(WorkRequest { seq: 3, free: 2, running: vec![] });
+        let msg = AgentMessage::Request(WorkRequest { seq: 3, free: 2, ahead: 0, running: vec![], held: vec![] });
         let mut bytes = encode(&msg).expect("encodes");
         assert_eq!(decode::<AgentMessage>(&bytes), Ok(msg));
         assert_eq!(decode::<AgentMessage>(&[]), Err(CodecError::Empty));

@@ -56,6 +56,10 @@ pub struct AgentInfo {
     pub cores: u32,
     pub memory_bytes: u64,
     pub slots: u32,
+    /// Trials it holds ready behind its slots (at most `slots`): assigned
+    /// ahead, started the moment a slot frees. Still leased to it until
+    /// they end; a study with `lookahead = 0` never gets one of these.
+    pub lookahead: u32,
     pub energy: Vec<EnergySourceInfo>,
     /// Counter events this agent can open (hardware and software).
     pub counters: Vec<String>,
@@ -77,6 +81,7 @@ impl AgentInfo {
             cores: 1,
             memory_bytes: 0,
             slots: 1,
+            lookahead: 0,
             energy: Vec::new(),
             counters: Vec::new(),
             tags: BTreeMap::new(),
@@ -106,14 +111,28 @@ pub struct AgentStatus {
 /// did not issue to that agent, or one that has expired.
 pub type SessionToken = u64;
 
-/// "I have `free` slots". Sent once welcomed and whenever a slot frees up.
-/// `seq` grows with every request, so a stale request is recognisable.
+/// "I have `free` slots, and room for `ahead` trials held ready behind
+/// them". Sent once welcomed and whenever a slot frees up (or a held trial
+/// starts). `seq` grows with every request, so a stale request is
+/// recognisable.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkRequest {
     pub seq: u64,
     pub free: u32,
+    /// Free places for trials held ahead ([`AgentInfo::lookahead`]).
+    pub ahead: u32,
     /// Trials the agent is running right now.
     pub running: Vec<TrialRef>,
+    /// Trials it holds ready to start, not started yet: the coordinator
+    /// cancels any it no longer leases to this agent.
+    pub held: Vec<TrialRef>,
+}
+
+impl WorkRequest {
+    /// Whether the agent runs or holds `trial`.
+    pub fn lists(&self, trial: &TrialRef) -> bool {
+        self.running.contains(trial) || self.held.contains(trial)
+    }
 }
 
 /// Metrics of one finished epoch, sent while the trial runs.

@@ -107,8 +107,9 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
         (trial_ref(), any::<u32>(), metrics()).prop_map(|(trial, epoch, metrics)| {
             AgentMessage::Progress(Progress { trial, epoch, elapsed_us: 5, metrics, checkpoint: None, profile: None })
         }),
-        (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3))
-            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
+        (any::<u64>(), any::<u32>(), prop::collection::vec(trial_ref(), 0..3)).prop_map(|(seq, free, running)| {
+            AgentMessage::Request(WorkRequest { seq, free, ahead: 0, running, held: vec![] })
+        }),
         (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
         (any::<u64>(), 0.0f64..1.0, prop::option::of(0.0f64..500.0), any::<u64>()).prop_map(
@@ -142,6 +143,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
                 cores: 8,
                 memory_bytes: 1 << 33,
                 slots: 2,
+                lookahead: 0,
                 energy: vec![EnergySourceInfo {
                     kind: EnergySourceKind::Rapl,
                     domains: vec!["package-0".into()],

@@ -74,6 +74,7 @@ fn agent(name: &str) -> AgentInfo {
         cores: 2,
         memory_bytes: 4 << 30,
         slots: 2,
+        lookahead: 0,
         energy: vec![],
         counters: vec!["task-clock".into()],
         tags: BTreeMap::from([("pool".to_string(), "demo".to_string())]),

@@ -270,7 +270,7 @@ async fn sim_agent_for(
                 let Some(s) = session.as_mut() else { continue };
                 seq += 1;
                 asked = Instant::now();
-                let req = AgentMessage::Request(WorkRequest { seq, free, running: vec![] });
+                let req = AgentMessage::Request(WorkRequest { seq, free, ahead: 0, running: vec![], held: vec![] });
                 let (k, payload) = s.seal_agent(&req).expect("seal");
                 send(&c, k, payload);
                 continue;
@@ -331,7 +331,13 @@ async fn sim_agent_for(
                         } else {
                             seq += 1;
                             asked = Instant::now();
-                            let req = AgentMessage::Request(WorkRequest { seq, free, running: vec![] });
+                            let req = AgentMessage::Request(WorkRequest {
+                                seq,
+                                free,
+                                ahead: 0,
+                                running: vec![],
+                                held: vec![],
+                            });
                             let (k, payload) = s.seal_agent(&req).expect("seal");
                             send(&c, k, payload);
                         }
@@ -393,7 +399,7 @@ async fn sim_agent_for(
 fn answer(trial: TrialRef, m: &Measurement, seq: u64) -> [AgentMessage; 2] {
     [
         AgentMessage::Result(TrialResult { trial, measurement: m.clone() }),
-        AgentMessage::Request(WorkRequest { seq, free: 1, running: vec![] }),
+        AgentMessage::Request(WorkRequest { seq, free: 1, ahead: 0, running: vec![], held: vec![] }),
     ]
 }
 
@@ -486,11 +492,18 @@ fn bench_real(trials: u64) {
 const TICK_MS: u64 = 250;
 
 fn sched_policy(max_attempts: u32) -> StudyPolicy {
-    StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts, lease_ms: 65_000 }
+    StudyPolicy {
+        name: "s".into(),
+        id: 7,
+        selector: Selector::default(),
+        max_attempts,
+        lookahead: true,
+        lease_ms: 65_000,
+    }
 }
 
 fn sched_request(seq: u64, free: u32) -> WorkRequest {
-    WorkRequest { seq, free, running: vec![] }
+    WorkRequest { seq, free, ahead: 0, running: vec![], held: vec![] }
 }
 
 /// `agents` agents with one slot each against one open study of `trials`

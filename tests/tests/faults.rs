@@ -96,6 +96,69 @@ fn agent_killed_mid_trial_is_requeued_at_once_and_completes_elsewhere() {
     assert_agents_spools_empty(&["victim", "survivor"]);
 }
 
+/// (trial, attempt) of every attempt `agent` holds now: running or held ahead.
+fn held_by(store: &Path, agent: &str) -> Vec<(i64, i64)> {
+    let Ok(c) = Connection::open(store) else { return Vec::new() };
+    let Ok(mut q) = c.prepare(
+        "SELECT a.trial, a.attempt FROM attempts a JOIN trials t ON t.study = a.study AND t.trial = a.trial
+         WHERE a.agent = ?1 AND a.ended_ms IS NULL AND t.state = 'running' ORDER BY a.trial",
+    ) else {
+        return Vec::new();
+    };
+    q.query_map([agent], |r| Ok((r.get(0)?, r.get(1)?)))
+        .map(|rows| rows.filter_map(Result::ok).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_agent_killed_while_holding_a_trial_ahead_loses_neither_and_runs_neither_twice() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = unique_root("killahead");
+    let store = dir.path().join("s.db");
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "h", 6, 2.0), &store, &root, &[]);
+    // One slot, one trial held ahead (the default lookahead).
+    let holder = start_agent(&url, "holder", &root, &["--keepalive", "5"]);
+    let mut held = Vec::new();
+    wait_for("the holder to hold a trial ahead of the running one", Duration::from_secs(90), || {
+        held = held_by(&store, "holder");
+        held.len() == 2
+    });
+    wait_for_workload(&holder);
+    holder.signal("KILL");
+    let _other = start_agent(&url, "heir", &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    assert!(status.success());
+    assert_exactly_once(&store, "h", 6);
+    let c = db(&store);
+    for (trial, attempt) in &held {
+        let outcome: String = c
+            .query_row(
+                "SELECT outcome FROM attempts WHERE study = 'h' AND trial = ?1 AND attempt = ?2",
+                [trial, attempt],
+                |r| r.get(0),
+            )
+            .expect("the holder's attempt");
+        assert!(outcome.contains("offline"), "trial {trial}: ended when the agent went offline: {outcome}");
+        let winner: String = c
+            .query_row("SELECT agent FROM results WHERE study = 'h' AND trial = ?1", [trial], |r| r.get(0))
+            .expect("r");
+        assert_eq!(winner, "heir", "trial {trial} ran once, on the heir");
+    }
+    // Every attempt given to the heir was a trial of its own, and ran.
+    let (attempts, trials): (i64, i64) = c
+        .query_row(
+            "SELECT COUNT(*), COUNT(DISTINCT trial) FROM attempts WHERE study = 'h' AND agent = 'heir'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("n");
+    let by_holder: i64 = c
+        .query_row("SELECT COUNT(*) FROM results WHERE study = 'h' AND agent = 'holder'", [], |r| r.get(0))
+        .expect("n");
+    assert_eq!((attempts, trials), (6 - by_holder, 6 - by_holder), "each trial left once on the heir");
+    assert_agents_spools_empty(&["holder", "heir"]);
+}
+
 #[test]
 fn silent_agent_is_requeued_after_its_keepalive_runs_out() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -103,7 +166,10 @@ fn silent_agent_is_requeued_after_its_keepalive_runs_out() {
     let store = dir.path().join("s.db");
     let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "q", 4, 1.0), &store, &root, &[]);
     // keepalive 2 s: the broker gives up on a silent client after 1.5 x 2 s.
-    let frozen = start_agent(&url, "frozen", &root, &["--keepalive", "2"]);
+    // No trial held ahead: woken, it would start one before it notices its
+    // connection is gone (docs/RELIABILITY.md), a late result this test's
+    // coordinator may finish without.
+    let frozen = start_agent(&url, "frozen", &root, &["--keepalive", "2", "--lookahead", "0"]);
     let mut running = None;
     wait_for("the agent to run a trial", Duration::from_secs(90), || {
         running = running_on(&store, "frozen");
@@ -285,7 +351,10 @@ fn a_result_of_another_study_is_parked_listed_and_delivered_later_to_its_own_coo
     let study_a = sleep_study(dir.path(), "other", 2, 1.5);
     let state = dir.path().join("state");
     let state_arg = state.to_str().expect("utf-8 path").to_string();
-    let args = ["--state-dir", state_arg.as_str()];
+    // No trial held ahead: the trial after the running one would start once
+    // its coordinator is gone, and the count of parked results would be
+    // one or two by timing.
+    let args = ["--state-dir", state_arg.as_str(), "--lookahead", "0"];
     // The agent holds a result of study "other" whose coordinator died.
     let (coord_a, url) = start_coordinator(&study_a, &store_a, &root, &[]);
     let agent = start_agent(&url, "x-agent", &root, &args);

@@ -104,7 +104,9 @@ fn an_agent_loaded_from_outside_loses_its_trial_to_another_and_it_completes_ther
     let (a, b) = (format!("{root}-a"), format!("{root}-b"));
     // This machine also runs the coordinator, the broker and the test: a
     // threshold above their share keeps b's measurements clean.
-    let fast = ["--slots", "1", "--telemetry-interval", "500ms", "--interference-threshold", "0.5"];
+    // No trial held ahead: a holds the one trial it runs, and exactly that
+    // one is moved (a held one is moved too: `sched` unit tests).
+    let fast = ["--slots", "1", "--lookahead", "0", "--telemetry-interval", "500ms", "--interference-threshold", "0.5"];
     let _agent_a = start_agent(&url, &a, &root, &[&["--cpus", "0"][..], &fast[..]].concat());
     // Agent b joins once a runs a trial, so the first trial is a's.
     wait_for("a trial on agent a", Duration::from_secs(60), || attempts(&store).iter().any(|r| r.2 == a));

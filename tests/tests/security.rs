@@ -944,7 +944,7 @@ fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
     let port = port_of(&url);
     let mut mallory = Mallory::connect(port, &root, "mallory", &[]);
     mallory.join(1);
-    mallory.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    mallory.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let CoordinatorMessage::Assign(assigned) = mallory.receive(AgentTopic::Assign) else { panic!("an Assign") };
     let trial = assigned.trial;
     let forged = "--output=/home/victim/.bashrc\n\x1b[31mFORGED";

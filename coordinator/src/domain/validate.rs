@@ -312,7 +312,10 @@ pub fn message(msg: &AgentMessage) -> Check {
             trial(&r.trial)?;
             text("reason", &r.reason, MAX_TEXT_BYTES)
         }
-        AgentMessage::Request(r) => each("running", &r.running, MAX_SLOTS, trial),
+        AgentMessage::Request(r) => {
+            each("running", &r.running, MAX_SLOTS, trial)?;
+            each("held", &r.held, MAX_SLOTS, trial)
+        }
         AgentMessage::Telemetry(t) => telemetry(t),
         AgentMessage::Status(_) | AgentMessage::Synced(_) => Ok(()),
     }
@@ -350,6 +353,7 @@ pub fn agent_info(info: &AgentInfo) -> Result<(), Invalid> {
     at_most("cores", u64::from(info.cores), MAX_CPUS as u64)?;
     int("memory_bytes", info.memory_bytes)?;
     at_most("slots", u64::from(info.slots), MAX_SLOTS as u64)?;
+    at_most("lookahead", u64::from(info.lookahead), u64::from(info.slots))?;
     each("energy", &info.energy, MAX_ENERGY_SOURCES, energy_source)?;
     each("counters", &info.counters, MAX_COUNTERS, |c| text("", c, MAX_COUNTER_NAME_BYTES))?;
     tags(&info.tags)
@@ -740,7 +744,19 @@ mod tests {
                 AgentMessage::Request(WorkRequest {
                     seq: 1,
                     free: 1,
+                    ahead: 0,
                     running: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; MAX_SLOTS + 1],
+                    held: vec![],
+                }),
+            ),
+            (
+                "held",
+                AgentMessage::Request(WorkRequest {
+                    seq: 1,
+                    free: 1,
+                    ahead: 0,
+                    running: vec![],
+                    held: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; MAX_SLOTS + 1],
                 }),
             ),
             (
@@ -748,10 +764,12 @@ mod tests {
                 AgentMessage::Request(WorkRequest {
                     seq: 1,
                     free: 1,
+                    ahead: 0,
                     running: vec![
                         TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 },
                         TrialRef { study: "s".into(), study_id: 7, trial: u64::MAX, attempt: 0 },
                     ],
+                    held: vec![],
                 }),
             ),
         ];
@@ -844,6 +862,7 @@ mod tests {
             ("kernel", info_with(|i| i.kernel = long(MAX_NAME_BYTES + 1))),
             ("cores", info_with(|i| i.cores = MAX_CPUS as u32 + 1)),
             ("slots", info_with(|i| i.slots = MAX_SLOTS as u32 + 1)),
+            ("lookahead", info_with(|i| i.lookahead = i.slots + 1)),
             ("memory_bytes", info_with(|i| i.memory_bytes = u64::MAX)),
             ("tags", info_with(|i| i.tags = (0..=MAX_TAGS).map(|k| (k.to_string(), String::new())).collect())),
             ("tags", info_with(|i| i.tags = [(long(MAX_NAME_BYTES + 1), String::new())].into())),

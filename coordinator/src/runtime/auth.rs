@@ -558,7 +558,13 @@ mod tests {
         let Ok(DownFrame::Welcome(w)) = decode::<DownFrame>(&payload) else { panic!("not a welcome") };
         let mut agent_side = pending.finish("a", &s.public_key(), &w).expect("agent opens the session");
         let (kind, up) = agent_side
-            .seal_agent(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }))
+            .seal_agent(&AgentMessage::Request(WorkRequest {
+                seq: 1,
+                free: 1,
+                ahead: 0,
+                running: vec![],
+                held: vec![],
+            }))
             .expect("seal");
         let Ok(UpFrame::Sealed(sealed)) = decode::<UpFrame>(&up) else { panic!("not sealed") };
         assert!(s.open("a", kind, &sealed).is_ok());

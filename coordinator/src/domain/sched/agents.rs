@@ -98,9 +98,12 @@ impl Scheduler {
         self.release_leases(agent, "agent went offline")
     }
 
-    /// An agent's request for work: its credit becomes `free`. Trials that a
-    /// previous coordinator handed to this agent and that it no longer lists as
-    /// running are lost (their results, had there been any, came first).
+    /// An agent's request for work: its credit becomes `free` (and `ahead`).
+    /// Trials that a previous coordinator handed to this agent and that it no
+    /// longer lists as running or held are lost (their results, had there
+    /// been any, came first). A trial it holds (not started) whose lease is
+    /// no longer its (it went offline meanwhile, and the trial went back to
+    /// the queue) is cancelled there: it would only run twice.
     pub fn request(&mut self, agent: &str, req: &WorkRequest) -> Vec<Effect> {
         let Some(state) = self.agents.get_mut(agent) else { return Vec::new() };
         if state.last_seq.is_some_and(|seq| req.seq <= seq) {
@@ -109,6 +112,17 @@ impl Scheduler {
         state.last_seq = Some(req.seq);
         state.online = true;
         let mut effects = Vec::new();
+        for t in &req.held {
+            let Some(study) = self.studies.iter().find(|s| s.owns(t)) else { continue };
+            let leased_here = matches!(
+                study.trials.get(usize::try_from(t.trial).unwrap_or(usize::MAX)).map(|s| &s.state),
+                Some(State::Running(l)) if l.agent == agent && l.attempt == t.attempt
+            );
+            if !leased_here {
+                let reason = "no longer leased to this agent".to_string();
+                effects.push(Effect::Cancel { agent: agent.to_string(), trial: t.clone(), reason });
+            }
+        }
         for study in &mut self.studies {
             let Some(restored) = study.restored.remove(agent) else { continue };
             for i in restored {
@@ -117,7 +131,7 @@ impl Scheduler {
                     _ => continue,
                 };
                 let tr = trial_ref(&study.policy, i, attempt);
-                if req.running.contains(&tr) {
+                if req.lists(&tr) {
                     continue;
                 }
                 effects.extend(study.end_attempt(i, tr, "the agent no longer runs it".into()));
@@ -139,7 +153,7 @@ impl Scheduler {
                         .filter(|&&i| match study.trials.get(i as usize).map(|t| &t.state) {
                             Some(State::Running(l)) => {
                                 l.seq.saturating_add(1) >= req.seq
-                                    && !req.running.contains(&trial_ref(&study.policy, i, l.attempt))
+                                    && !req.lists(&trial_ref(&study.policy, i, l.attempt))
                             }
                             _ => false,
                         })
@@ -152,11 +166,12 @@ impl Scheduler {
         // a `free` past that would let one agent take every pending trial.
         let held: usize = self.studies.iter().map(|s| s.held.get(agent).map_or(0, BTreeSet::len)).sum();
         if let Some(state) = self.agents.get_mut(agent) {
-            let slots = state.info.as_ref().map_or(0, |i| i.slots);
-            state.credit = credit(req.free, slots, in_flight, held);
+            let places = state.info.as_ref().map_or(0, AgentState::places);
+            let asked = req.free.saturating_add(req.ahead);
+            state.credit = credit(asked, places, in_flight, held);
             // Leases it holds but no longer runs (a result on its way) end
             // soon: the slots they free are its, up to what it asked for.
-            state.withheld = credit(req.free, slots, in_flight, 0).saturating_sub(state.credit);
+            state.withheld = credit(asked, places, in_flight, 0).saturating_sub(state.credit);
             // Leases that ended before this request are counted in it already.
             for study in &mut self.studies {
                 study.released.retain(|a| a != agent);

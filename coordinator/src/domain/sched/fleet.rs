@@ -33,6 +33,12 @@ pub(super) struct AgentState {
 }
 
 impl AgentState {
+    /// The trials an agent takes at once: its slots, and as many held
+    /// ahead as it offers (never more than its slots).
+    pub(super) fn places(info: &AgentInfo) -> u32 {
+        info.slots.saturating_add(info.lookahead.min(info.slots))
+    }
+
     /// Counts `credit` as what this agent adds to the `ready_credit` of the
     /// studies it matches (by the info it has now).
     pub(super) fn recount(&mut self, studies: &mut [StudyState], credit: u32) {
@@ -48,9 +54,10 @@ impl AgentState {
     }
 }
 
-/// An agent's credit: the `free` slots it asks for, less the attempts on
-/// their way to it (`in_flight`), and at most the `slots` it announced less
-/// every lease it holds (`held`, those on their way included).
+/// An agent's credit: the `free` slots (and places to hold a trial ahead)
+/// it asks for, less the attempts on their way to it (`in_flight`), and at
+/// most the `slots` (and lookahead) it announced less every lease it holds
+/// (`held`: those running, held ahead and on their way).
 pub(super) fn credit(free: u32, slots: u32, in_flight: usize, held: usize) -> u32 {
     let sub = |n: u32, k: usize| n.saturating_sub(u32::try_from(k).unwrap_or(u32::MAX));
     sub(free, in_flight).min(sub(slots, held))

@@ -1,6 +1,9 @@
 //! Placement: queued trials handed to the agents with credit, round robin
 //! over the ready agents and over the studies that share them, keeping a
-//! moved trial off the agent it left and in its device class.
+//! moved trial off the agent it left and in its device class. An agent
+//! holding as many leases as it has slots takes more only as trials held
+//! ahead ([`tunefleet_common::message::AgentInfo::lookahead`]): only of
+//! studies that allow it, with a lease twice as long.
 
 use std::ops::Bound;
 
@@ -30,11 +33,18 @@ impl Scheduler {
             };
             let seq = agent.last_seq.unwrap_or(0);
             let credit = agent.credit;
+            let slots = usize::try_from(info.slots).unwrap_or(usize::MAX);
+            // Leases it holds: past its slots, a trial waits there.
+            let mut holding: usize = studies.iter().map(|s| s.held.get(&**name).map_or(0, |h| h.len())).sum();
             'credit: while agent.credit > 0 {
                 let n = studies.len();
                 for k in 0..n {
                     let i = (*next_study + k) % n;
-                    let Some(study) = studies.get_mut(i).filter(|s| s.policy.selector.matches(info)) else {
+                    let ahead = holding >= slots;
+                    let Some(study) = studies
+                        .get_mut(i)
+                        .filter(|s| s.policy.selector.matches(info) && (s.policy.lookahead || !ahead))
+                    else {
                         continue;
                     };
                     // Trials kept off this agent wait for another one.
@@ -56,9 +66,12 @@ impl Scheduler {
                         slot.last_attempt += 1;
                         let attempt = slot.last_attempt;
                         slot.history.push((attempt, name.to_string()));
-                        let deadline_ms = now_ms + study.policy.lease_ms;
+                        let lease_ms =
+                            if ahead { study.policy.lease_ms.saturating_mul(2) } else { study.policy.lease_ms };
+                        let deadline_ms = now_ms.saturating_add(lease_ms);
                         study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq });
                         agent.credit -= 1;
+                        holding += 1;
                         // The next free slot goes first to the study after this one.
                         *next_study = (i + 1) % n;
                         effects.push(Effect::Assign {

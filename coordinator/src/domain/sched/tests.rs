@@ -18,15 +18,21 @@ fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentIn
         cores: 2,
         memory_bytes: 1 << 30,
         slots: 2,
+        lookahead: 0,
         energy: vec![],
         counters: vec![],
         tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
     }
 }
 
+/// A study of any agent, leases of 1 s.
+fn policy(name: &str, id: u64, max_attempts: u32, lookahead: bool) -> StudyPolicy {
+    StudyPolicy { name: name.into(), id, selector: Selector::default(), max_attempts, lookahead, lease_ms: 1_000 }
+}
+
 fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
     let mut s = Scheduler::new();
-    let policy = StudyPolicy { name: "s".into(), id: 7, selector, max_attempts, lease_ms: 1_000 };
+    let policy = StudyPolicy { name: "s".into(), id: 7, selector, max_attempts, lookahead: true, lease_ms: 1_000 };
     s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
     s
 }
@@ -40,7 +46,7 @@ fn agents_a_and_b(trials: usize, max_attempts: u32) -> Scheduler {
 }
 
 fn req(seq: u64, free: u32) -> WorkRequest {
-    WorkRequest { seq, free, running: vec![] }
+    WorkRequest { seq, free, ahead: 0, running: vec![], held: vec![] }
 }
 
 fn assigned(effects: &[Effect]) -> Vec<(String, TrialRef)> {
@@ -66,25 +72,21 @@ fn attempts_on_their_way_are_not_given_again_to_a_newer_request() {
     // It runs one of them and finished the other: one slot.
     assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
     let running = vec![first[1].1.clone()];
-    s.request("a", &WorkRequest { seq: 3, free: 1, running });
+    s.request("a", &WorkRequest { seq: 3, free: 1, ahead: 0, running, held: vec![] });
     assert_eq!(assigned(&s.assign(0)).len(), 1);
 }
 
 #[test]
 fn studies_that_share_agents_take_turns() {
     let mut s = sched(6, 1, Selector::default());
-    let policy =
-        StudyPolicy { name: "t".into(), id: 8, selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
-    s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6], 0);
+    s.add_study(policy("t", 8, 1, true), vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6], 0);
     s.hello(AgentInfo { slots: 4, ..info("a", 1, "x86_64", &[]) });
     s.request("a", &req(1, 4));
     let order: Vec<String> = assigned(&s.assign(0)).into_iter().map(|(_, t)| t.study).collect();
     assert_eq!(order, vec!["s", "t", "s", "t"], "a study listed first does not starve the next");
     // Where one study has nothing left, the other takes every slot.
     let mut lone = sched(0, 1, Selector::default());
-    let policy =
-        StudyPolicy { name: "t".into(), id: 8, selector: Selector::default(), max_attempts: 1, lease_ms: 1_000 };
-    lone.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 3], 0);
+    lone.add_study(policy("t", 8, 1, true), vec![Restored::Pending { last_attempt: 0, failures: 0 }; 3], 0);
     lone.hello(AgentInfo { slots: 3, ..info("a", 1, "x86_64", &[]) });
     lone.request("a", &req(1, 3));
     assert_eq!(assigned(&lone.assign(0)).len(), 3);
@@ -198,7 +200,16 @@ fn regression_a_request_is_capped_at_the_announced_slots() {
     let first = assigned(&s.assign(0));
     assert_eq!(first.len(), 2, "no more than its 2 announced slots");
     // Again, listing both as running: both slots are held.
-    s.request("a", &WorkRequest { seq: 2, free: 1_000, running: first.iter().map(|(_, t)| t.clone()).collect() });
+    s.request(
+        "a",
+        &WorkRequest {
+            seq: 2,
+            free: 1_000,
+            ahead: 0,
+            running: first.iter().map(|(_, t)| t.clone()).collect(),
+            held: vec![],
+        },
+    );
     assert!(assigned(&s.assign(0)).is_empty(), "its slots are all held");
     // Lying about what it runs does not free a slot either.
     s.request("a", &req(3, 1_000));
@@ -227,7 +238,7 @@ fn regression_a_slot_freed_by_a_result_on_its_way_is_given_to_the_request_that_a
     let first = assigned(&s.assign(0));
     assert_eq!(first.len(), 1);
     // It runs it (listed), then finishes it while the broker is away and asks again.
-    s.request("a", &WorkRequest { seq: 2, free: 0, running: vec![first[0].1.clone()] });
+    s.request("a", &WorkRequest { seq: 2, free: 0, ahead: 0, running: vec![first[0].1.clone()], held: vec![] });
     s.request("a", &req(3, 1));
     assert!(assigned(&s.assign(0)).is_empty(), "its one slot is held until the result comes");
     assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
@@ -249,7 +260,7 @@ fn never_assigns_more_than_requested() {
     assert!(s.assign(0).is_empty());
     // One finished: the newer request's free slot is given.
     assert_eq!(s.result("a", &first[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
-    s.request("a", &WorkRequest { seq: 2, free: 1, running: vec![first[1].1.clone()] });
+    s.request("a", &WorkRequest { seq: 2, free: 1, ahead: 0, running: vec![first[1].1.clone()], held: vec![] });
     assert_eq!(assigned(&s.assign(0)).len(), 1);
 }
 
@@ -454,7 +465,7 @@ fn work_spreads_round_robin() {
 #[test]
 fn restored_running_trial_accepts_its_result() {
     let mut s = Scheduler::new();
-    let policy = StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts: 3, lease_ms: 10 };
+    let policy = StudyPolicy { lease_ms: 10, ..policy("s", 7, 3, true) };
     let states = vec![Restored::Done, Restored::Running { agent: "a".into(), attempt: 2, failures: 1 }];
     s.add_study(policy, states, 0);
     let t = TrialRef { study: "s".into(), study_id: 7, trial: 1, attempt: 2 };
@@ -465,8 +476,7 @@ fn restored_running_trial_accepts_its_result() {
 #[test]
 fn restored_lease_not_listed_by_the_agent_is_requeued() {
     let mut s = Scheduler::new();
-    let policy =
-        StudyPolicy { name: "s".into(), id: 7, selector: Selector::default(), max_attempts: 3, lease_ms: 10_000 };
+    let policy = StudyPolicy { lease_ms: 10_000, ..policy("s", 7, 3, true) };
     let states = vec![
         Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
         Restored::Running { agent: "a".into(), attempt: 1, failures: 0 },
@@ -475,7 +485,7 @@ fn restored_lease_not_listed_by_the_agent_is_requeued() {
     s.add_study(policy, states, 0);
     s.hello(info("a", 9, "x86_64", &[]));
     let still = TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 1 };
-    let eff = s.request("a", &WorkRequest { seq: 1, free: 0, running: vec![still.clone()] });
+    let eff = s.request("a", &WorkRequest { seq: 1, free: 0, ahead: 0, running: vec![still.clone()], held: vec![] });
     assert!(matches!(&eff[..], [Effect::Requeued { trial, .. }] if trial.trial == 1), "{eff:?}");
     // The retained offline status of an agent this process never met releases its restored lease.
     let eff = s.status("gone", &AgentStatus { online: false, instance: 4 });
@@ -568,7 +578,7 @@ proptest! {
         let mut s = sched(12, 3, Selector::default());
         s.set_open("s", true);
         let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, lease_ms: 700 };
+        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, lookahead: true, lease_ms: 700 };
         let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
         states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
         s.add_study(policy, states, 0);
@@ -586,7 +596,7 @@ proptest! {
             match op {
                 Op::Request { agent, free } => {
                     seqs[agent] += 1;
-                    s.request(agents[agent], &WorkRequest { seq: seqs[agent], free, running: vec![] });
+                    s.request(agents[agent], &WorkRequest { seq: seqs[agent], free, ahead: 0, running: vec![], held: vec![] });
                 }
                 Op::Complete { pick: p, success } => {
                     if let Some((a, t)) = pick(&held, p) {
@@ -639,4 +649,76 @@ proptest! {
             assert_indexes_agree(&s)?;
         }
     }
+}
+
+#[test]
+fn an_agent_with_lookahead_holds_one_trial_ahead_per_slot_of_studies_that_allow_it() {
+    let mut s = Scheduler::new();
+    let queue = |n| vec![Restored::Pending { last_attempt: 0, failures: 0 }; n];
+    s.add_study(policy("strict", 7, 1, false), queue(10), 0);
+    s.add_study(policy("ahead", 8, 1, true), queue(10), 0);
+    s.hello(AgentInfo { slots: 1, lookahead: 1, ..info("a", 1, "x86_64", &[]) });
+    // Asks for one slot and one place ahead; a thousand places is capped at two.
+    s.request("a", &WorkRequest { seq: 1, free: 1_000, ahead: 1_000, running: vec![], held: vec![] });
+    let first = assigned(&s.assign(0));
+    assert_eq!(first.len(), 2, "one running, one held ahead: {first:?}");
+    let studies: Vec<&str> = first.iter().map(|(_, t)| t.study.as_str()).collect();
+    assert_eq!(studies, ["strict", "ahead"], "the strict study's trial takes the slot, never the place ahead");
+    // Both held: nothing more, whatever it asks.
+    let running = first.iter().map(|(_, t)| t.clone()).collect();
+    s.request("a", &WorkRequest { seq: 2, free: 1, ahead: 1, running, held: vec![] });
+    assert!(assigned(&s.assign(0)).is_empty(), "slot and place ahead both held");
+    // The one held ahead has twice the lease: the running one expires alone.
+    let expired = s.expire(1_000);
+    let cancelled: Vec<&TrialRef> = expired
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Cancel { trial, .. } => Some(trial),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, [&first[0].1], "only the running trial's lease ran out at 1 s");
+    assert_eq!(s.expire(2_000).len(), 2, "the held one's ran out at 2 s (cancel and requeue)");
+}
+
+#[test]
+fn without_lookahead_a_busy_agent_gets_nothing_ahead() {
+    let mut s = sched(10, 1, Selector::default());
+    s.hello(AgentInfo { slots: 1, lookahead: 0, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 5, running: vec![], held: vec![] });
+    assert_eq!(assigned(&s.assign(0)).len(), 1, "an agent that announced no lookahead takes its slots only");
+    // A study with `lookahead = 0` alone: an agent that offers a place
+    // ahead still gets only its slot.
+    let mut s = Scheduler::new();
+    let policy = policy("s", 7, 1, false);
+    s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; 10], 0);
+    s.hello(AgentInfo { slots: 1, lookahead: 1, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 1, running: vec![], held: vec![] });
+    assert_eq!(assigned(&s.assign(0)).len(), 1, "the study's trials never wait on an agent");
+}
+
+#[test]
+fn a_held_trial_whose_lease_ended_is_cancelled_on_the_agent_and_one_still_leased_is_kept() {
+    let mut s = sched(4, 3, Selector::default());
+    s.hello(AgentInfo { slots: 1, lookahead: 1, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 1, running: vec![], held: vec![] });
+    let got = assigned(&s.assign(0));
+    let (run, held) = (got[0].1.clone(), got[1].1.clone());
+    // Still leased: nothing to cancel.
+    let kept = s
+        .request("a", &WorkRequest { seq: 2, free: 0, ahead: 0, running: vec![run.clone()], held: vec![held.clone()] });
+    assert!(kept.is_empty(), "{kept:?}");
+    // Its lease ends (it went offline), it comes back still holding the trial.
+    s.status("a", &AgentStatus { online: false, instance: 1 });
+    s.status("a", &AgentStatus { online: true, instance: 1 });
+    let back = s
+        .request("a", &WorkRequest { seq: 3, free: 0, ahead: 0, running: vec![run.clone()], held: vec![held.clone()] });
+    let cancelled: Vec<&TrialRef> = back
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Cancel { agent, trial, .. } if agent == "a" => Some(trial),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, [&held], "only the held one: a running one's late result may still count");
 }

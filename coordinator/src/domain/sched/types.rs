@@ -16,7 +16,12 @@ pub struct StudyPolicy {
     pub id: u64,
     pub selector: Selector,
     pub max_attempts: u32,
-    /// How long an attempt may hold its lease (trial timeout plus a grace).
+    /// Whether its trials may be held ahead on an agent whose slots are
+    /// busy (the study's `lookahead`); if not, only a free slot takes one.
+    pub lookahead: bool,
+    /// How long an attempt may hold its lease (trial timeout plus a grace);
+    /// one held ahead may hold it twice as long: it waits at most for one
+    /// of the trials running there.
     pub lease_ms: u64,
 }
 

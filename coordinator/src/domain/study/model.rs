@@ -311,6 +311,11 @@ pub struct Study {
     pub repeats: u32,
     /// Attempts before a trial is failed.
     pub max_attempts: u32,
+    /// Whether its trials may be assigned ahead to an agent whose slots are
+    /// busy, held there and started the moment one frees (`lookahead = 1`,
+    /// the default); `lookahead = 0`: only to a free slot, so a trial never
+    /// waits behind another on an agent.
+    pub lookahead: bool,
     pub objective: Objective,
     /// Trials to run, repeats included.
     pub budget: u64,
@@ -339,7 +344,7 @@ impl Study {
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.
     pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
-        let pairs: [(&'static str, bool); 18] = [
+        let pairs: [(&'static str, bool); 19] = [
             ("command", self.command != newer.command),
             ("env", self.env != newer.env),
             ("resume", self.resume != newer.resume),
@@ -347,6 +352,7 @@ impl Study {
             ("timeout", self.timeout_s != newer.timeout_s),
             ("repeats", self.repeats != newer.repeats),
             ("max_attempts", self.max_attempts != newer.max_attempts),
+            ("lookahead", self.lookahead != newer.lookahead),
             ("[objective]", self.objective != newer.objective),
             ("[budget]", self.budget != newer.budget),
             ("[strategy]", self.strategy != newer.strategy),

@@ -20,6 +20,7 @@ pub(super) struct RawStudy {
     pub(super) timeout: Option<Spanned<i64>>,
     pub(super) repeats: Option<Spanned<i64>>,
     pub(super) max_attempts: Option<Spanned<i64>>,
+    pub(super) lookahead: Option<Spanned<i64>>,
     pub(super) objective: RawObjective,
     pub(super) budget: RawBudget,
     pub(super) strategy: RawStrategy,

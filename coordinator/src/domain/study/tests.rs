@@ -284,6 +284,7 @@ high = 1
 "#;
     let s = parse(text, "d.toml").expect("parses");
     assert_eq!((s.timeout_s, s.repeats, s.max_attempts), (DEFAULT_TIMEOUT_S, 1, DEFAULT_MAX_ATTEMPTS));
+    assert!(s.lookahead, "trials may be held ahead unless a study says not");
     assert_eq!(s.strategy, Strategy::Grid);
     assert_eq!(s.hyper["x"], ParamSpec::Float { low: 0.0, high: 1.0, grid: DEFAULT_GRID_POINTS });
     assert_eq!(s.selector, Selector::default());
@@ -345,6 +346,7 @@ fn semantic_errors_are_refused() {
         ("trials = 12", "trials = 10000001", "budget.trials: at most"),
         ("timeout = 120", "timeout = 0", "timeout: must be at least 1"),
         ("max_attempts = 3", "max_attempts = 0", "max_attempts: must be at least 1"),
+        ("max_attempts = 3", "max_attempts = 3\nlookahead = 2", "lookahead: 2: 1 (trials may wait"),
         ("name = \"train-example\"", "name = \"Train Example\"", "not a valid study name"),
         ("\"--epochs\", \"6\"]", "\"--epochs\", \"{epochs}\"]", "placeholder {epochs} names neither"),
         ("\"{trial}\" }", "\"{seed}\" }", "env.TUNEFLEET_SEED: placeholder {seed}"),

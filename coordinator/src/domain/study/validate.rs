@@ -67,6 +67,13 @@ impl Ctx<'_> {
             Some(m) => positive_u32(self, m, "max_attempts")?,
             None => DEFAULT_MAX_ATTEMPTS,
         };
+        let lookahead = match raw.lookahead.as_ref().map(|l| (*l.get_ref(), l.span())) {
+            None | Some((1, _)) => true,
+            Some((0, _)) => false,
+            Some((n, span)) => {
+                return Err(self.at(span, format!("lookahead: {n}: 1 (trials may wait on an agent, held ready behind its busy slots; the default) or 0 (only a free slot)")));
+            }
+        };
 
         let metric = raw.objective.metric.get_ref().trim();
         if metric.is_empty() {
@@ -330,6 +337,7 @@ impl Ctx<'_> {
             timeout_s,
             repeats,
             max_attempts,
+            lookahead,
             objective,
             budget,
             strategy,

@@ -198,6 +198,7 @@ impl Core {
             id,
             selector: study.selector.clone(),
             max_attempts: study.max_attempts,
+            lookahead: study.lookahead,
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
         };
         self.sched.add_study(policy, states, now.engine_ms);

@@ -203,7 +203,8 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
         AgentMessage::Request(req) => {
             // Another study's attempts are none of this one's (the
             // scheduler compares study ids too): counted, nothing else.
-            let others: Vec<&TrialRef> = req.running.iter().filter(|t| of_another_study(cx.sched, t)).collect();
+            let others: Vec<&TrialRef> =
+                req.running.iter().chain(&req.held).filter(|t| of_another_study(cx.sched, t)).collect();
             for t in others {
                 other_study(cx, &agent, "running attempt", t);
             }

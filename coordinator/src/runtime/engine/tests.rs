@@ -545,7 +545,7 @@ fn message() -> impl Strategy<Value = AgentMessage> {
             })
         ),
         3 => (any::<u64>(), prop_oneof![0u32..4, any::<u32>()], some(trial_ref().boxed(), 1100))
-            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, running })),
+            .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, ahead: 0, running, held: vec![] })),
         1 => (trial_ref(), text()).prop_map(|(trial, reason)| AgentMessage::Refuse(Refusal { trial, reason })),
         1 => telemetry().prop_map(AgentMessage::Telemetry),
         1 => (any::<bool>(), any::<u64>())
@@ -618,7 +618,8 @@ fn answer(fx: &mut Fixture, trial: &TrialRef, v: f64) -> AckOutcome {
 #[test]
 fn regression_another_study_of_the_same_name_is_refused_never_duplicate() {
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
     assert_eq!(a.trial.study_id, RIG_STUDY_ID, "an assignment carries the study's id");
     let twin = TrialRef { study_id: RIG_STUDY_ID ^ 1, ..a.trial.clone() };
@@ -667,7 +668,8 @@ fn regression_another_study_of_the_same_name_is_refused_never_duplicate() {
 #[test]
 fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
     assert_eq!(answer(&mut fx, &a.trial, 1.0), AckOutcome::Stored);
     // The restart: the scheduler as `start_study` rebuilds it from the store.
@@ -676,6 +678,7 @@ fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
         id: RIG_STUDY_ID,
         selector: Default::default(),
         max_attempts: 3,
+        lookahead: true,
         lease_ms: 60_000,
     };
     let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];
@@ -699,7 +702,8 @@ fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
 #[test]
 fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let (_, out) = fx.turn(vec![req]);
     let Some(CoordinatorMessage::Assign(a)) = out.into_iter().map(|(_, m)| m).next() else { panic!("no work") };
     let huge = Measurement {
@@ -735,7 +739,8 @@ fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
 #[test]
 fn regression_a_segment_past_i64_is_refused_and_the_study_goes_on() {
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let (_, out) = fx.turn(vec![req]);
     let a = assigned(out).pop().expect("work");
     let mut m = full_measurement(1.0);
@@ -758,7 +763,8 @@ fn regression_a_segment_past_i64_is_refused_and_the_study_goes_on() {
     assert_eq!(acks(&out).pop().map(|a| a.outcome.clone()), Some(AckOutcome::Stored));
     assert_eq!(fx.core.sched.counts("s").expect("study").done, 1);
     assert_eq!(fx.consistent(), Ok(()));
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 2, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 2, free: 1, ahead: 0, running: vec![], held: vec![] }));
     assert_eq!(assigned(fx.turn(vec![req]).1).len(), 1, "more work is handed out");
 }
 
@@ -769,7 +775,8 @@ fn regression_a_segment_past_i64_is_refused_and_the_study_goes_on() {
 #[test]
 fn a_store_error_rolls_back_its_message_alone() {
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, ahead: 0, running: vec![], held: vec![] }));
     let work = assigned(fx.turn(vec![req]).1);
     assert_eq!(work.len(), 2);
     let (t0, t1) = (work[0].trial.clone(), work[1].trial.clone());
@@ -823,7 +830,8 @@ fn regression_checkpoints_stay_under_their_prefix_and_one_argument() {
         "resume = [\"--resume\", \"{checkpoint}\"]\nresume_prefix = \"s3://bucket/ckpt/\"\n[objective]",
     );
     let mut fx = Fixture::with_study(&study);
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
     let progress = |epoch: u32, checkpoint: &str| {
         AgentMessage::Progress(Progress {
@@ -850,7 +858,8 @@ fn regression_checkpoints_stay_under_their_prefix_and_one_argument() {
     // The agent gives the trial back: the next attempt resumes from the one kept checkpoint.
     let refuse = fx.sealed(&AgentMessage::Refuse(Refusal { trial: a.trial.clone(), reason: "draining".into() }));
     fx.turn(vec![refuse]);
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 2, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 2, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let next = assigned(fx.turn(vec![req]).1).pop().expect("work again");
     assert_eq!(next.trial.trial, a.trial.trial);
     let argv = &next.spec.argv;
@@ -872,11 +881,12 @@ fn random_and_mutated_frames_never_stop_the_engine() {
     let seed: u64 = std::env::var("TUNEFLEET_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, ahead: 0, running: vec![], held: vec![] }));
     let work = assigned(fx.turn(vec![req]).1);
     let live = work.first().map(|w| w.trial.clone()).expect("work");
     let seeds: Vec<AgentMessage> = vec![
-        AgentMessage::Request(WorkRequest { seq: 2, free: 1, running: vec![live.clone()] }),
+        AgentMessage::Request(WorkRequest { seq: 2, free: 1, ahead: 0, running: vec![live.clone()], held: vec![] }),
         AgentMessage::Progress(Progress {
             trial: live.clone(),
             epoch: 1,
@@ -983,7 +993,8 @@ fn random_and_mutated_frames_never_stop_the_engine() {
 fn a_reconfigured_trial_records_the_configuration_it_ran() {
     use tunefleet_common::measurement::{Segment, SegmentRole};
     let mut fx = Fixture::new();
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
     let ran = tunefleet_common::message::SystemParams { threads: Some(2), ..Default::default() };
     let mut m = ok_measurement(1.0);
@@ -1014,7 +1025,8 @@ fn a_trial_asha_stops_is_cancelled_and_told_to_the_tpe_search() {
     let study = STUDY.replace("kind = \"grid\"", "kind = \"tpe\"\nseed = 1")
         + "[early_stopping]\nkind = \"asha\"\nreduction = 2\ngrace = 1\n";
     let mut fx = Fixture::with_study(&study);
-    let req = fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, running: vec![] }));
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, ahead: 0, running: vec![], held: vec![] }));
     let work = assigned(fx.turn(vec![req]).1);
     assert_eq!(work.len(), 2, "two trials on the agent's two slots");
     let report = |trial: &TrialRef, v: f64| Progress {
