@@ -210,7 +210,7 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     // The retained coordinator status brings a signed Hello; once welcomed:
     // the online status and a request, sealed in the session.
     let info = coord.welcome_next_hello(500).await.info;
-    assert_eq!((info.agent.as_str(), info.slots), ("a1", 1));
+    assert_eq!((info.agent.as_str(), info.slots, info.lookahead), ("a1", 1, 1));
     let status = coord.expect("online status", |m| matches!(m, AgentMessage::Status(s) if s.online)).await;
     assert!(matches!(status, AgentMessage::Status(s) if s.instance == info.instance));
     coord.expect("request", |m| matches!(m, AgentMessage::Request(r) if r.free == 1)).await;
@@ -254,16 +254,20 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     let parked = std::fs::read_dir(state.path().join("parked")).expect("parked dir").count();
     assert_eq!(parked, 2, "the parked result and its reason");
 
-    // Busy: a second assignment is refused.
+    // Busy: a second assignment is held ahead (one per slot), a third refused.
     coord.send(assign(3, "sleep 30")).await;
     // Assignments on one topic arrive in order: 3 starts before 4 is seen.
     coord.send(assign(4, "true")).await;
+    coord.send(assign(5, "true")).await;
     let refusal = coord.expect("refusal", |m| matches!(m, AgentMessage::Refuse(_))).await;
     let AgentMessage::Refuse(refusal) = refusal else { unreachable!() };
-    assert_eq!(refusal.trial, trial(4));
+    assert_eq!(refusal.trial, trial(5), "4 is held, 5 has no room");
 
-    // Shutdown: trial 3 is cancelled and reported, then the agent goes offline.
+    // Shutdown: the held trial 4 is given back, never started; trial 3 is
+    // cancelled and reported, then the agent goes offline.
     let _ = stop_tx.send(());
+    let given_back = coord.expect("held trial given back", |m| matches!(m, AgentMessage::Refuse(_))).await;
+    assert!(matches!(&given_back, AgentMessage::Refuse(r) if r.trial == trial(4)), "{given_back:?}");
     let cancelled = coord.expect("cancelled result", is_result_of(3)).await;
     let AgentMessage::Result(cancelled) = cancelled else { unreachable!() };
     assert_eq!(cancelled.measurement.exit, ExitOutcome::Cancelled);
