@@ -122,6 +122,14 @@ impl AgentState {
         self.room().0
     }
 
+    /// Slots running nothing (0 while draining or while conditions are bad).
+    fn idle_slots(&self) -> u32 {
+        if self.draining || !self.conditions.is_empty() {
+            return 0;
+        }
+        self.info.slots.saturating_sub(u32::try_from(self.running.len()).unwrap_or(u32::MAX))
+    }
+
     /// Free slots and free places to hold a trial ahead, in that order;
     /// both 0 while draining or while conditions are bad, and together at
     /// most what `max_trials` leaves.
@@ -130,7 +138,7 @@ impl AgentState {
             return (0, 0);
         }
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        let mut free = self.info.slots.saturating_sub(count(self.running.len()));
+        let mut free = self.idle_slots();
         let mut ahead = self.info.lookahead.min(self.info.slots).saturating_sub(count(self.held.len()));
         if let Some(max) = self.max_trials {
             let left = u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX);
@@ -452,8 +460,10 @@ impl AgentState {
         // Kept on disk first, whether or not it can be published now.
         let mut out = vec![Action::Keep(result.clone())];
         // The next one starts before anything is said about this one.
+        // Held trials were counted against `max_trials` when accepted: only
+        // the slots decide.
         let mut started = 0;
-        while self.free() > 0 {
+        while self.idle_slots() > 0 {
             let Some(next) = self.held.pop_front() else { break };
             out.insert(started, self.start(next));
             started += 1;
@@ -703,6 +713,21 @@ mod tests {
         assert_eq!(kinds(&bad), ["refuse", "request"]);
         assert_eq!(request_of(&bad).map(|r| (r.free, r.ahead, r.running.len())), Some((0, 0, 2)));
         assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "nothing held to start");
+    }
+
+    #[test]
+    fn regression_a_trial_held_as_the_last_of_max_trials_still_starts() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], Some(3));
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        st.on_assign(assign(2, None));
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["start", "keep", "result", "request"]);
+        assert!(st.on_assign(assign(3, None)).is_empty(), "the third of --max-trials 3, held");
+        // Its slot frees: it starts, though --max-trials counts it already.
+        let done = st.on_finished(tref(2), measurement());
+        assert_eq!(kinds(&done), ["start", "keep", "result"], "the held third starts; nothing more to ask");
+        assert_eq!(kinds(&st.on_finished(tref(3), measurement())), ["keep", "result"]);
+        assert!(st.max_trials_done());
     }
 
     #[test]
