@@ -189,13 +189,22 @@ const HELLO_RETRY: Duration = Duration::from_secs(3);
 const REQUEST_AGAIN: Duration = Duration::from_secs(30);
 
 impl Executor {
-    /// Carries out `actions` in order, except that the results they keep go
-    /// to disk first, together (one append, one sync: group commit), up to
-    /// the next spool operation (a Forget or a Park), which stays in order.
+    /// Carries out `actions` in order, except that trials held ahead start
+    /// first (their start needs no disk: the slot a result freed is not
+    /// idle during its sync), and the results they keep go to disk next,
+    /// together (one append, one sync: group commit), up to the next spool
+    /// operation (a Forget or a Park), which stays in order. A result is
+    /// always on disk before it is published.
     fn apply(&mut self, mut actions: Vec<Action>) {
         while !actions.is_empty() {
             let end = actions.iter().position(|a| matches!(a, Action::Forget(_) | Action::Park(..)));
             let rest = actions.split_off(end.map_or(actions.len(), |i| i + 1));
+            let (starts, others): (Vec<Action>, Vec<Action>) =
+                actions.into_iter().partition(|a| matches!(a, Action::Start(_)));
+            for start in starts {
+                self.apply_one(start);
+            }
+            actions = others;
             let kept: Vec<&TrialResult> =
                 actions.iter().filter_map(|a| if let Action::Keep(r) = a { Some(r) } else { None }).collect();
             if let Some(Err(e)) = self.pending.as_mut().filter(|_| !kept.is_empty()).map(|p| p.save_all(&kept)) {
