@@ -280,14 +280,6 @@ impl AgentState {
             Some(prev) => !prev.online || prev.instance != status.instance,
         };
         let online = status.online;
-        let gone = self.coordinator.as_ref().is_some_and(|prev| prev.instance != status.instance) || !online;
-        if gone && !self.held.is_empty() {
-            // Not started, so nothing is lost: a coordinator that comes
-            // back finds them missing from our next request and queues
-            // them again at once.
-            self.started = self.started.saturating_sub(self.held.len() as u64);
-            self.held.clear();
-        }
         self.coordinator = Some(status);
         if online && (changed || !self.welcomed) {
             self.announce()
@@ -682,22 +674,18 @@ mod tests {
     }
 
     #[test]
-    fn held_trials_are_dropped_when_the_coordinator_goes_away() {
-        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], Some(2));
+    fn a_held_trial_outlives_its_coordinators_restart_like_a_running_one() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], None);
         st.on_coordinator_status(status(true, 1));
         welcome(&mut st);
         st.on_assign(assign(1, None));
         st.on_assign(assign(2, None));
-        assert_eq!(st.held_count(), 1);
         assert!(st.on_coordinator_status(status(false, 1)).is_empty());
-        assert_eq!(st.held_count(), 0, "a coordinator gone: nothing held starts for it");
-        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result", "request"], "nothing started");
-        // The dropped one no longer counts against --max-trials.
-        st.on_coordinator_status(status(true, 2));
-        assert_eq!(request_of(&welcome(&mut st)).map(|r| (r.free, r.ahead)), Some((1, 0)));
-        st.on_assign(assign(3, None));
-        st.on_assign(assign(4, None));
-        assert_eq!(st.held_count(), 0, "--max-trials 2: room for one more only");
+        assert_eq!(st.held_count(), 1, "kept: the restarted coordinator restores its lease");
+        assert_eq!(kinds(&st.on_coordinator_status(status(true, 2))), ["hello"]);
+        let again = welcome(&mut st);
+        assert_eq!(request_of(&again).map(|r| (r.running, r.held)), Some((vec![tref(1)], vec![tref(2)])));
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement()))[0], "start", "and it starts when its slot frees");
     }
 
     #[test]
