@@ -11,14 +11,21 @@
 //!    a probe: start-up and cold caches would make it look slow);
 //! 2. one window of `window` under each configuration, in order
 //!    (`Probe` segments), every epoch real work;
-//! 3. the best probe by the plan's [`Select`] rule for the rest of the trial
-//!    (a `Selected` segment).
+//! 3. when the two best configurations are closer than the noise of their
+//!    windows can tell apart (their units' times vary; a window of at least
+//!    [`Segment::MIN_UNITS_FOR_NOISE`] units measures how much), one more
+//!    window of each, at most [`MAX_REPROBES`] times, their windows pooled;
+//! 4. the best probe by the plan's [`Select`] rule for the rest of the trial
+//!    (a `Selected` segment, with the [`Segment::margin`] the choice had).
 //!
-//! Every probe is compared per epoch, so windows cut short by the end of the
-//! trial still count. Energy rules fall back to time when a probe has no
+//! Probes are compared per unit by the median unit's time where a window
+//! has enough units (an outlying epoch or step does not decide), else the
+//! mean; windows cut short by the end of the trial still count. Energy rules fall back to time when a probe has no
 //! energy figure, and say so in the log. A configuration sent by the
 //! coordinator while the trial runs ends the current segment and starts a
 //! `Reconfigured` one (probing stops there).
+
+use std::collections::VecDeque;
 
 use tunefleet_common::measurement::{Segment, SegmentRole};
 use tunefleet_common::message::{ProbePlan, Select, WindowUnit};
@@ -44,6 +51,12 @@ impl Boundary {
     }
 }
 
+/// Rounds of windows again for the two closest configurations, at most.
+pub const MAX_REPROBES: u32 = 2;
+/// Standard errors apart that the kept configuration and the runner-up
+/// must be for the choice to stand without another round.
+pub const CONFIDENT_MARGIN: f64 = 2.0;
+
 /// What the runner must do now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -63,6 +76,34 @@ struct Open {
     steps: u32,
     /// Index into the plan's configurations of a probe window.
     probe: Option<usize>,
+    /// When the last unit ended (µs since the start), and each unit's time.
+    last_at: u64,
+    unit_us: Vec<u64>,
+    /// For a `Selected` segment: the margin its choice had.
+    margin: Option<f64>,
+}
+
+impl Open {
+    fn new(role: SegmentRole, system: SystemParams, cpus: Vec<u32>, start: Boundary, probe: Option<usize>) -> Self {
+        Open {
+            role,
+            system,
+            cpus,
+            start,
+            epochs: 0,
+            steps: 0,
+            probe,
+            last_at: start.at_us,
+            unit_us: Vec::new(),
+            margin: None,
+        }
+    }
+
+    /// A unit (epoch or step, whichever the windows count) ended at `b`.
+    fn unit_ended(&mut self, b: &Boundary) {
+        self.unit_us.push(b.at_us.saturating_sub(self.last_at));
+        self.last_at = b.at_us;
+    }
 }
 
 /// The state of one trial's segments.
@@ -71,8 +112,13 @@ pub struct Pipeline {
     plan: Option<ProbePlan>,
     open: Open,
     segments: Vec<Segment>,
-    /// Probe windows closed, by configuration index.
+    /// Probe windows closed, by configuration index, with their units' times.
     probes: Vec<(usize, Segment)>,
+    units: Vec<(usize, Vec<u64>)>,
+    /// Configurations whose windows are still to come, in order.
+    queue: VecDeque<usize>,
+    /// Rounds of windows again done so far.
+    reprobes: u32,
     selected: Option<SystemParams>,
     reconfigured: bool,
     /// Started with a probe plan (its first window is profiled).
@@ -94,13 +140,17 @@ impl Pipeline {
             Some(_) => (SegmentRole::Probe, Some(0)),
             None => (SegmentRole::Initial, None),
         };
-        let open = Open { role, system, cpus, start: Boundary::start(), epochs: 0, steps: 0, probe };
+        let open = Open::new(role, system, cpus, Boundary::start(), probe);
         let pipelined = plan.is_some();
+        let queue = plan.as_ref().map_or_else(VecDeque::new, |p| (1..p.configs.len()).collect());
         Pipeline {
             plan,
             open,
             segments: Vec::new(),
             probes: Vec::new(),
+            units: Vec::new(),
+            queue,
+            reprobes: 0,
             selected: None,
             reconfigured: false,
             pipelined,
@@ -152,7 +202,10 @@ impl Pipeline {
         self.open.epochs += 1;
         let whole = std::mem::take(&mut self.steps_in_epoch);
         match self.unit() {
-            Some(WindowUnit::Epochs) => self.advance(b, self.open.epochs),
+            Some(WindowUnit::Epochs) => {
+                self.open.unit_ended(&b);
+                self.advance(b, self.open.epochs)
+            }
             Some(WindowUnit::Steps) => {
                 // An epoch end (evaluation, checkpoints) inside a probe
                 // window of steps spoils it: measure that configuration again.
@@ -182,6 +235,7 @@ impl Pipeline {
         }
         self.open.steps += 1;
         self.steps_in_epoch += 1;
+        self.open.unit_ended(&b);
         self.advance(b, self.open.steps)
     }
 
@@ -195,15 +249,39 @@ impl Pipeline {
                 Step::Stay
             }
             (SegmentRole::Probe, Some(k)) if count >= self.window(&plan) => {
-                if let Some(next) = plan.configs.get(k + 1).cloned() {
-                    self.close_and_open(b, SegmentRole::Probe, next.clone(), Some(k + 1));
-                    return Step::Apply(next);
+                let mut margin = None;
+                let mut best = k;
+                if self.queue.is_empty() {
+                    // Every window measured: choose, or measure the two
+                    // closest again when noise could have decided.
+                    let (mut probes, mut units) = (self.probes.clone(), self.units.clone());
+                    if let Some(s) = segment(&self.open, &b) {
+                        probes.push((k, s));
+                        units.push((k, self.open.unit_us.clone()));
+                    }
+                    let pooled = pool(&probes, &units);
+                    best = select(&pooled, plan.select);
+                    let close = compare(&pooled, best, plan.select);
+                    match close {
+                        Some((runner, z)) if z < CONFIDENT_MARGIN && self.reprobes < MAX_REPROBES => {
+                            self.reprobes += 1;
+                            // The one running now first: no switch for it.
+                            let (a, c) = if runner == k { (runner, best) } else { (best, runner) };
+                            self.queue.extend([a, c]);
+                        }
+                        _ => margin = close.map(|(_, z)| z),
+                    }
+                }
+                if let Some(next) = self.queue.pop_front() {
+                    let config = plan.configs.get(next).cloned().unwrap_or_default();
+                    self.close_and_open(b, SegmentRole::Probe, config.clone(), Some(next));
+                    return if plan.configs.get(k) == Some(&config) { Step::Stay } else { Step::Apply(config) };
                 }
                 self.close_and_open(b, SegmentRole::Selected, SystemParams::default(), None);
-                let best = select(&self.probes, plan.select);
                 let chosen = plan.configs.get(best).cloned().unwrap_or_default();
                 self.selected = Some(chosen.clone());
                 self.open.system = chosen.clone();
+                self.open.margin = margin;
                 if Some(&chosen) == plan.configs.get(k) {
                     Step::Stay
                 } else {
@@ -229,11 +307,12 @@ impl Pipeline {
 
     fn close_and_open(&mut self, b: Boundary, role: SegmentRole, system: SystemParams, probe: Option<usize>) {
         let cpus = self.open.cpus.clone();
-        let next = Open { role, system, cpus, start: b, epochs: 0, steps: 0, probe };
+        let next = Open::new(role, system, cpus, b, probe);
         let closed = std::mem::replace(&mut self.open, next);
         if let Some(segment) = segment(&closed, &b) {
             if let (SegmentRole::Probe, Some(k)) = (closed.role, closed.probe) {
                 self.probes.push((k, segment.clone()));
+                self.units.push((k, closed.unit_us.clone()));
             }
             self.segments.push(segment);
         }
@@ -269,6 +348,7 @@ fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
         _ => None,
     };
     let first_epoch = open.start.epoch.saturating_add(1);
+    let (unit_median_us, unit_spread) = noise(&open.unit_us).unzip();
     Some(Segment {
         role: open.role,
         system: open.system.clone(),
@@ -280,20 +360,102 @@ fn segment(open: &Open, end: &Boundary) -> Option<Segment> {
         wall_us: end.at_us.saturating_sub(open.start.at_us),
         energy_j,
         cpu_us,
+        unit_median_us,
+        unit_spread,
+        margin: open.margin,
     })
+}
+
+/// The median of `units` (µs) and their spread relative to it (median
+/// absolute deviation / median), when there are enough of them.
+fn noise(units: &[u64]) -> Option<(u64, f64)> {
+    if units.len() < Segment::MIN_UNITS_FOR_NOISE {
+        return None;
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    };
+    let mut times: Vec<f64> = units.iter().map(|&u| u as f64).collect();
+    let m = median(&mut times);
+    let mut deviations: Vec<f64> = times.iter().map(|t| (t - m).abs()).collect();
+    let mad = median(&mut deviations);
+    let spread = if m > 0.0 { mad / m } else { 0.0 };
+    Some((m.round() as u64, spread))
+}
+
+/// One segment per configuration probed: its windows pooled (time, energy
+/// and CPU summed, units counted together, the median and spread over all
+/// their units), in the order configurations were first probed.
+fn pool(probes: &[(usize, Segment)], units: &[(usize, Vec<u64>)]) -> Vec<(usize, Segment)> {
+    let mut pooled: Vec<(usize, Segment)> = Vec::new();
+    for (k, s) in probes {
+        let mut one = s.clone();
+        one.steps = s.units();
+        match pooled.iter_mut().find(|(j, _)| j == k) {
+            Some((_, p)) => {
+                p.steps = p.steps.saturating_add(one.steps);
+                p.wall_us = p.wall_us.saturating_add(one.wall_us);
+                p.last_epoch = p.last_epoch.max(one.last_epoch);
+                p.energy_j = p.energy_j.zip(one.energy_j).map(|(a, b)| a + b);
+                p.cpu_us = p.cpu_us.zip(one.cpu_us).map(|(a, b)| a.saturating_add(b));
+            }
+            None => pooled.push((*k, one)),
+        }
+    }
+    for (k, p) in &mut pooled {
+        let all: Vec<u64> = units.iter().filter(|(j, _)| j == k).flat_map(|(_, u)| u.iter().copied()).collect();
+        (p.unit_median_us, p.unit_spread) = noise(&all).unzip();
+    }
+    pooled
+}
+
+/// The runner-up to `best` among `pooled` by `rule`, and how many standard
+/// errors of the difference apart their scores are, taking each score's
+/// relative error as its units' time's (the standard error of a median is
+/// about 1.25 standard deviations over the root of the count, and a
+/// standard deviation about 1.48 median absolute deviations). `None` when
+/// there is no runner-up or either's noise is not measured.
+fn compare(pooled: &[(usize, Segment)], best: usize, rule: Select) -> Option<(usize, f64)> {
+    let scored = scores(pooled, rule);
+    let score_of = |k: usize| scored.iter().find(|(j, _)| *j == k).map(|&(_, v)| v);
+    let runner = argmin_of(scored.iter().copied().filter(|(k, _)| *k != best))?;
+    let (a, b) = (score_of(best)?, score_of(runner)?);
+    let relative_error = |k: usize| {
+        let s = &pooled.iter().find(|(j, _)| *j == k)?.1;
+        let n = s.units() as f64;
+        s.unit_spread.map(|spread| 1.2533 * 1.4826 * spread / n.sqrt())
+    };
+    let (ea, eb) = (relative_error(best)?, relative_error(runner)?);
+    let error = (ea * ea + eb * eb).sqrt() * a.abs().min(b.abs());
+    if error.is_nan() || error <= 0.0 {
+        return None;
+    }
+    Some((runner, ((a - b).abs() / error).min(1_000.0)))
 }
 
 /// The index (into the plan's configurations) of the best probe by `rule`,
 /// per unit (epoch or step); ties go to the earlier configuration. Rules that need energy
 /// use time when any probe has no energy figure.
 pub fn select(probes: &[(usize, Segment)], rule: Select) -> usize {
-    let time = |s: &Segment| s.us_per_unit() / 1e6;
+    if rule != Select::Time && probes.iter().any(|(_, s)| s.energy_j.is_none()) {
+        tracing::warn!(?rule, "a probe window has no energy figure: selecting by time");
+    }
+    argmin_of(scores(probes, rule).into_iter()).unwrap_or(0)
+}
+
+/// Each probe's score by `rule` (lower is better), per unit; probes a rule
+/// leaves out (past `MaxSlowdown`'s bound) are not listed.
+fn scores(probes: &[(usize, Segment)], rule: Select) -> Vec<(usize, f64)> {
+    let time = |s: &Segment| s.typical_us_per_unit() / 1e6;
     let energy: Option<Vec<f64>> = probes.iter().map(|(_, s)| s.joules_per_unit()).collect();
     let Some(energy) = energy.filter(|_| rule != Select::Time) else {
-        if rule != Select::Time {
-            tracing::warn!(?rule, "a probe window has no energy figure: selecting by time");
-        }
-        return argmin(probes.iter().map(|(k, s)| (*k, time(s))));
+        return probes.iter().map(|(k, s)| (*k, time(s))).collect();
     };
     let fastest = probes.iter().map(|(_, s)| time(s)).fold(f64::INFINITY, f64::min);
     let max_power =
@@ -317,17 +479,18 @@ pub fn select(probes: &[(usize, Segment)], rule: Select) -> usize {
         };
         Some((*k, score))
     });
-    argmin(scored)
+    scored.collect()
 }
 
-fn argmin(scored: impl Iterator<Item = (usize, f64)>) -> usize {
+/// The index with the least finite score; ties go to the earlier index.
+fn argmin_of(scored: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
     let mut best: Option<(usize, f64)> = None;
     for (k, v) in scored {
         if v.is_finite() && best.is_none_or(|(bk, bv)| v < bv || (v == bv && k < bk)) {
             best = Some((k, v));
         }
     }
-    best.map_or(0, |(k, _)| k)
+    best.map(|(k, _)| k)
 }
 
 #[cfg(test)]
@@ -383,6 +546,92 @@ mod tests {
         assert_eq!(segments[5].system, configs[1]);
     }
 
+    /// Feeds epochs of these durations (seconds) after time `t` (epoch
+    /// `e` the last ended); the steps returned and the new `(e, t)`.
+    fn feed(p: &mut Pipeline, (mut e, mut t): (u32, f64), durations: &[f64]) -> (Vec<Step>, (u32, f64)) {
+        let mut steps = Vec::new();
+        for d in durations {
+            e += 1;
+            t += d;
+            steps.push(p.on_epoch(at(e, t, 0.0)));
+        }
+        (steps, (e, t))
+    }
+
+    #[test]
+    fn a_window_with_one_outlying_epoch_is_judged_by_its_median_unit() {
+        let configs = vec![sys(1, 1), sys(2, 2)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 1, 5, Select::Time)), configs[0].clone(), vec![0]);
+        let (_, now) = feed(&mut p, (0, 0.0), &[3.0]);
+        // (1,1): 1 s an epoch but one of 10 s (a checkpoint): mean 2.8 s.
+        let (steps, now) = feed(&mut p, now, &[1.0, 1.0, 10.0, 1.0, 1.0]);
+        assert_eq!(steps.last(), Some(&Step::Apply(configs[1].clone())));
+        // (2,2): a steady 1.5 s: a better mean, a worse median.
+        let (steps, now) = feed(&mut p, now, &[1.5, 1.5, 1.5, 1.5, 1.5]);
+        assert_eq!(steps.last(), Some(&Step::Apply(configs[0].clone())), "the median unit decides");
+        let (segments, selected) = p.finish(at(now.0, now.1, 0.0));
+        assert_eq!(selected, Some(configs[0].clone()));
+        assert_eq!(segments[1].unit_median_us, Some(1_000_000));
+        assert_eq!(segments[1].unit_spread, Some(0.0));
+        assert_eq!(segments[1].us_per_unit(), 2_800_000.0, "the mean is still reported");
+    }
+
+    #[test]
+    fn configurations_closer_than_their_noise_are_probed_again_and_the_margin_recorded() {
+        let configs = vec![sys(1, 1), sys(2, 2)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 1, 5, Select::Time)), configs[0].clone(), vec![0]);
+        let (_, now) = feed(&mut p, (0, 0.0), &[3.0]);
+        let (_, now) = feed(&mut p, now, &[1.0, 1.2, 0.9, 1.1, 1.0]);
+        // Medians 1.0 and 1.05 s, each window's units spread by 5 to 10 %:
+        // too close to tell. (2,2) runs on (no switch), then (1,1) again.
+        let (steps, now) = feed(&mut p, now, &[1.05, 0.9, 1.2, 1.0, 1.1]);
+        assert_eq!(steps.last(), Some(&Step::Stay), "(2,2) measured again at once");
+        assert!(p.probing());
+        let (steps, now) = feed(&mut p, now, &[1.6, 1.5, 1.7, 1.6, 1.5]);
+        assert_eq!(steps.last(), Some(&Step::Apply(configs[0].clone())), "then (1,1) again");
+        let (steps, now) = feed(&mut p, now, &[1.0, 1.0, 1.1, 0.9, 1.0]);
+        assert_eq!(steps.last(), Some(&Step::Stay), "(1,1) kept: it runs already");
+        assert!(!p.probing());
+        let (_, now) = feed(&mut p, now, &[1.0]);
+        let (segments, selected) = p.finish(at(now.0, now.1, 0.0));
+        assert_eq!(selected, Some(configs[0].clone()));
+        let roles: Vec<(SegmentRole, SystemParams)> = segments.iter().map(|s| (s.role, s.system.clone())).collect();
+        let (a, b) = (configs[0].clone(), configs[1].clone());
+        assert_eq!(
+            roles,
+            [
+                (SegmentRole::Warmup, a.clone()),
+                (SegmentRole::Probe, a.clone()),
+                (SegmentRole::Probe, b.clone()),
+                (SegmentRole::Probe, b),
+                (SegmentRole::Probe, a.clone()),
+                (SegmentRole::Selected, a)
+            ]
+        );
+        let margin = segments[5].margin.expect("a margin for the choice");
+        assert!((2.0..5.0).contains(&margin), "pooled windows: about 3 standard errors apart, got {margin}");
+        assert!(segments[..5].iter().all(|s| s.margin.is_none()));
+    }
+
+    #[test]
+    fn configurations_noise_cannot_tell_apart_are_probed_again_at_most_twice() {
+        let configs = vec![sys(1, 1), sys(2, 2)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 0, 4, Select::Time)), configs[0].clone(), vec![0]);
+        let same = [1.0, 1.2, 0.8, 1.1];
+        let mut now = (0, 0.0);
+        for _ in 0..(2 + 2 * MAX_REPROBES) {
+            assert!(p.probing());
+            now = feed(&mut p, now, &same).1;
+        }
+        assert!(!p.probing(), "two rounds again, then a choice");
+        let (_, now) = feed(&mut p, now, &[1.0]);
+        let (segments, selected) = p.finish(at(now.0, now.1, 0.0));
+        assert_eq!(selected, Some(configs[0].clone()), "a tie goes to the first");
+        let margin = segments.last().and_then(|s| s.margin).expect("a margin");
+        assert!(margin < CONFIDENT_MARGIN, "kept with the low margin it had: {margin}");
+        assert_eq!(segments.iter().filter(|s| s.role == SegmentRole::Probe).count(), 2 + 2 * MAX_REPROBES as usize);
+    }
+
     #[test]
     fn energy_rules_pick_by_energy_and_respect_the_slowdown_bound() {
         // Probe k: seconds per epoch and joules per epoch.
@@ -401,6 +650,9 @@ mod tests {
                         wall_us: (2.0 * t * 1e6) as u64,
                         energy_j: Some(2.0 * j),
                         cpu_us: None,
+                        unit_median_us: None,
+                        unit_spread: None,
+                        margin: None,
                     };
                     (k, s)
                 })

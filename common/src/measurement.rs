@@ -288,9 +288,31 @@ pub struct Segment {
     /// CPU time of the trial's processes in the segment (the task-clock
     /// software counter), when counted.
     pub cpu_us: Option<u64>,
+    /// The median wall time of one unit (epoch or step) in the segment, in
+    /// microseconds, when at least [`Segment::MIN_UNITS_FOR_NOISE`] units
+    /// ended in it: what probe windows are compared by (an outlying unit,
+    /// a checkpoint or a garbage collection, does not move it).
+    pub unit_median_us: Option<u64>,
+    /// The spread of its units' times relative to their median (median
+    /// absolute deviation / median), measured with `unit_median_us`.
+    pub unit_spread: Option<f64>,
+    /// For the `Selected` segment of a pipelined trial: how far apart the
+    /// kept configuration and the runner-up were, in standard errors of
+    /// the difference of their windows' medians (2 or more: the choice is
+    /// not noise). `None` when the windows were too short to measure noise.
+    pub margin: Option<f64>,
 }
 
 impl Segment {
+    /// Units a window needs before its noise is measured.
+    pub const MIN_UNITS_FOR_NOISE: usize = 3;
+
+    /// Wall time per unit as probes are compared: the median unit's when
+    /// measured, else the mean.
+    pub fn typical_us_per_unit(&self) -> f64 {
+        self.unit_median_us.map_or_else(|| self.us_per_unit(), |m| m as f64)
+    }
+
     /// Epochs that ended in the segment.
     pub fn epochs(&self) -> u32 {
         self.last_epoch.saturating_sub(self.first_epoch).saturating_add(1)

@@ -87,6 +87,9 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 wall_us: wall,
                 energy_j: Some(joules),
                 cpu_us: None,
+                unit_median_us: None,
+                unit_spread: None,
+                margin: None,
             }],
             selected: Some(SystemParams { cores: Some(2), threads: Some(1), memory_mib: None }),
             window_profile: Some(tunefleet_common::measurement::WindowProfile {

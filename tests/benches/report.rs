@@ -107,6 +107,9 @@ fn measurement(t: u64, source: EnergySourceKind) -> (Measurement, SystemParams) 
             wall_us,
             energy_j: Some(wall_us as f64 / 1e6 * 12.0 * factor),
             cpu_us: Some(wall_us),
+            unit_median_us: None,
+            unit_spread: None,
+            margin: None,
         });
         start += wall_us;
     };

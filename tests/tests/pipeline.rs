@@ -292,3 +292,55 @@ select = "time"
     assert_eq!(m["epochs"].as_array().map(Vec::len), Some(3));
     assert_agents_spools_empty(&[&agent_name]);
 }
+
+/// A workload whose epochs take 0.1 s on one CPU, but its second epoch
+/// there 1 s (a checkpoint, a collection), and 0.15 s on two CPUs: the
+/// number of CPUs it may run on (`nproc`) is what the probes change.
+const ONE_SLOW_EPOCH: &str = r#"i=0; k=0; while [ $i -lt 16 ]; do i=$((i+1)); n=$(nproc); if [ "$n" = 1 ]; then k=$((k+1)); if [ $k = 2 ]; then sleep 1; else sleep 0.1; fi; else sleep 0.15; fi; echo "TUNEFLEET epoch=$i"; done; echo "TUNEFLEET final v=1""#;
+
+#[test]
+fn a_probe_window_with_one_outlying_epoch_is_judged_by_its_median_epoch() {
+    if std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) < 2 {
+        eprintln!("skipped: needs 2 CPUs to probe 1 against 2");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let command = serde_json::to_string(&["sh", "-c", ONE_SLOW_EPOCH]).expect("json");
+    let text = format!(
+        r#"name = "outlier"
+command = {command}
+{ONE_TRIAL_ON_CORES}
+[hyper.v]
+kind = "categorical"
+values = [1]
+
+[pipeline]
+mode = "pipelined"
+probe = "grid"
+window = {{ epochs = 5, warmup = 1 }}
+select = "time"
+"#
+    );
+    let study = dir.path().join("outlier.toml");
+    std::fs::write(&study, text).expect("study");
+    let out = run_with_one_agent(&study, &store, "outlier", &["--slots", "1"], Duration::from_secs(120));
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let kept: Vec<String> = query(&store, "SELECT system FROM results WHERE study = 'outlier'", |r| r.get(0));
+    let kept: serde_json::Value = serde_json::from_str(&kept[0]).expect("system");
+    // By the mean, one CPU's window (0.28 s an epoch) loses to two's (0.15 s).
+    assert_eq!(kept["cores"], 1, "the median epoch decides: {kept}");
+    let measurement: Vec<String> =
+        query(&store, "SELECT measurement FROM results WHERE study = 'outlier'", |r| r.get(0));
+    let m: serde_json::Value = serde_json::from_str(&measurement[0]).expect("measurement");
+    let probes: Vec<&serde_json::Value> =
+        m["segments"].as_array().expect("segments").iter().filter(|s| s["role"] == "Probe").collect();
+    // Told apart at once on a quiet machine; a busy one may take the two
+    // windows again (at most twice).
+    assert!([2, 4, 6].contains(&probes.len()), "{probes:?}");
+    let one = probes.iter().find(|s| s["system"]["cores"] == 1).expect("the window on one CPU");
+    let median = one["unit_median_us"].as_u64().expect("a median unit");
+    assert!((90_000..300_000).contains(&median), "median epoch about 0.1 s, not the 1 s one: {median}");
+    let selected = m["segments"].as_array().and_then(|s| s.iter().find(|s| s["role"] == "Selected")).expect("selected");
+    assert!(selected["margin"].as_f64().is_some(), "the choice's margin recorded: {selected}");
+}

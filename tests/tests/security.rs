@@ -976,6 +976,9 @@ fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
         wall_us: 1,
         energy_j: None,
         cpu_us: None,
+        unit_median_us: None,
+        unit_spread: None,
+        margin: None,
     };
     mallory.send(&AgentMessage::Result(TrialResult {
         trial: trial.clone(),

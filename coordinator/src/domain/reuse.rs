@@ -416,6 +416,9 @@ mod tests {
             wall_us,
             energy_j: joules,
             cpu_us: None,
+            unit_median_us: None,
+            unit_spread: None,
+            margin: None,
         }
     }
 

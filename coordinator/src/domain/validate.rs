@@ -247,7 +247,10 @@ fn segment(s: &Segment) -> Check {
     int("start_us", s.start_us)?;
     int("wall_us", s.wall_us)?;
     s.energy_j.map_or(Ok(()), |j| finite("energy_j", j))?;
-    s.cpu_us.map_or(Ok(()), |c| int("cpu_us", c))
+    s.cpu_us.map_or(Ok(()), |c| int("cpu_us", c))?;
+    s.unit_median_us.map_or(Ok(()), |u| int("unit_median_us", u))?;
+    s.unit_spread.map_or(Ok(()), |x| finite("unit_spread", x))?;
+    s.margin.map_or(Ok(()), |x| finite("margin", x))
 }
 
 fn measurement(m: &Measurement) -> Check {
@@ -390,6 +393,9 @@ mod tests {
             wall_us: 10,
             energy_j: Some(1.0),
             cpu_us: Some(5),
+            unit_median_us: None,
+            unit_spread: None,
+            margin: None,
         }
     }
 
@@ -552,6 +558,11 @@ mod tests {
                     "measurement.segments[0].energy_j",
                     with(|m| m.segments = vec![Segment { energy_j: Some(bad), ..seg() }]),
                 ),
+                (
+                    "measurement.segments[0].unit_spread",
+                    with(|m| m.segments = vec![Segment { unit_spread: Some(bad), ..seg() }]),
+                ),
+                ("measurement.segments[0].margin", with(|m| m.segments = vec![Segment { margin: Some(bad), ..seg() }])),
                 (
                     "measurement.counter_series[0].deltas[1]",
                     with(|m| m.counter_series = vec![CounterSample { elapsed_ms: 0, deltas: vec![1.0, bad] }]),

@@ -165,6 +165,9 @@ mod tests {
             wall_us: 1000,
             energy_j: Some(1.5),
             cpu_us: None,
+            unit_median_us: None,
+            unit_spread: None,
+            margin: None,
         }
     }
 

@@ -200,6 +200,9 @@ fn kept_mean_reads_the_epochs_of_the_kept_configuration() {
         wall_us: 1,
         energy_j: None,
         cpu_us: None,
+        unit_median_us: None,
+        unit_spread: None,
+        margin: None,
     });
     assert_eq!(s.objective_value(&m), Some(7.0), "the Selected segment's epochs");
     let final_only = parse(EXAMPLE, "s.toml").expect("parses");

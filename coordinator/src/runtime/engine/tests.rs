@@ -204,6 +204,9 @@ fn full_measurement(v: f64) -> Measurement {
             wall_us: 1_000_000,
             energy_j: Some(1.5),
             cpu_us: Some(900_000),
+            unit_median_us: None,
+            unit_spread: None,
+            margin: None,
         }],
         selected: Some(system.clone()),
         window_profile: Some(WindowProfile { system, epochs: 1, steps: 0, wall_us: 1_000_000, profile }),
@@ -316,7 +319,21 @@ fn segment(cpus: usize) -> BoxedStrategy<tunefleet_common::measurement::Segment>
         (any::<u32>(), any::<u32>(), any::<u32>(), big(), big(), prop::option::of(float()), prop::option::of(big()));
     (role, system(), some(any::<u32>().boxed(), cpus), spans)
         .prop_map(|(role, system, cpus, (first_epoch, last_epoch, steps, start_us, wall_us, energy_j, cpu_us))| {
-            Segment { role, system, cpus, first_epoch, last_epoch, steps, start_us, wall_us, energy_j, cpu_us }
+            Segment {
+                role,
+                system,
+                cpus,
+                first_epoch,
+                last_epoch,
+                steps,
+                start_us,
+                wall_us,
+                energy_j,
+                cpu_us,
+                unit_median_us: None,
+                unit_spread: None,
+                margin: None,
+            }
         })
         .boxed()
 }
@@ -1009,6 +1026,9 @@ fn a_reconfigured_trial_records_the_configuration_it_ran() {
         wall_us: 5,
         energy_j: None,
         cpu_us: None,
+        unit_median_us: None,
+        unit_spread: None,
+        margin: None,
     }];
     let msg = fx.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: m }));
     fx.turn(vec![msg]);
