@@ -32,9 +32,13 @@ fn pipelined_study(dir: &Path, name: &str, trials: u32, rest: &str) -> PathBuf {
 
 /// A pipelined training study; `reuse` false: every trial probes (its
 /// profile still teaches the model).
+/// With `lookahead = 0`: each trial is assigned once the one before it on
+/// the agent has ended, so its reuse decision sees what that one taught
+/// (held ahead, it could start before its predecessor's verdict is learnt).
 fn train_study(dir: &Path, name: &str, lrs: &str, passes: u32, trials: u32, reuse: bool) -> PathBuf {
     let rest = format!(
-        r#"command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "6", "--passes", "{passes}", "--hidden", "256", "--threads", "{{threads}}"]
+        r#"lookahead = 0
+command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "6", "--passes", "{passes}", "--hidden", "256", "--threads", "{{threads}}"]
 objective = {{ metric = "accuracy", direction = "maximize" }}
 hyper.lr = {{ kind = "categorical", values = [{lrs}] }}
 reuse = {{ enabled = {reuse} }}"#
