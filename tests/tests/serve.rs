@@ -81,6 +81,7 @@ fn studies_submitted_to_a_service_share_the_fleet_and_a_cancelled_one_stops_ever
         format!(
             r#"name = "long"
 command = ["sh", "-c", "sleep 60; echo TUNEFLEET epoch=1 v=1"]
+lookahead = 0
 env = {{ TUNEFLEET_SERVE_TEST = "{root}" }}
 timeout = 120
 [objective]
@@ -131,14 +132,15 @@ high = 4
     wait_for("the long study's workloads running", Duration::from_secs(30), || processes_with(&marker).len() >= 2);
     let (code, out, err) = cli(&store, &["cancel", "long"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("2 running attempts cancelled"), "{out}");
+    assert!(out.contains("2 attempts cancelled on their agents"), "{out}");
     wait_for("no attempt of the cancelled study left running", Duration::from_secs(30), || {
         processes_with(&marker).is_empty()
     });
     wait_for("the cancelled study finished", Duration::from_secs(30), || {
-        // Trials are created as agents have room: the two that ran, both stopped.
+        // Trials are created as agents have room (places held ahead count,
+        // though this study takes only free slots): every one stopped.
         study_state(&status(&store), "long")
-            .is_some_and(|r| r["state"] == "finished" && r["stopped"] == 2 && r["total"] == 2)
+            .is_some_and(|r| r["state"] == "finished" && r["stopped"] == r["total"] && r["total"].as_u64() >= Some(2))
     });
     let (code, _, err) = cli(&store, &["cancel", "nope"]);
     assert_ne!(code, Some(0));

@@ -443,7 +443,11 @@ fn cancel(
         effects.extend(stopped);
     }
     tracing::warn!(study = %name, running, "study cancelled");
-    Answer::Ok { message: format!("study {name} cancelled: {running} running attempts cancelled on their agents") }
+    Answer::Ok {
+        message: format!(
+            "study {name} cancelled: {running} attempts cancelled on their agents (running, or held to start next)"
+        ),
+    }
 }
 
 /// The end of a turn: new trials where agents have room, assignments, and
