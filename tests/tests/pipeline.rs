@@ -280,14 +280,24 @@ select = "time"
         })
         .collect();
     // 1438 training samples in batches of 32: 45 steps a pass, 180 an epoch:
-    // the warm-up and both windows end inside epoch 1.
-    assert_eq!(shape, vec![("Warmup", 10, 1), ("Probe", 40, 1), ("Probe", 40, 1), ("Selected", 0, 3)], "{m}");
+    // the warm-up and both windows end inside epoch 1. Both configurations
+    // run this workload about as fast: when their windows' noise cannot tell
+    // them apart, both are measured again (at most twice; an epoch end cuts
+    // a window, which is then taken again).
+    assert_eq!(shape[..3], [("Warmup", 10, 1), ("Probe", 40, 1), ("Probe", 40, 1)], "{m}");
+    assert_eq!(shape.last().map(|s| s.0), Some("Selected"), "{m}");
+    let probes = shape.iter().filter(|s| s.0 == "Probe").count();
+    assert!([2, 4, 6].contains(&probes), "{m}");
     let cores = |s: &serde_json::Value| s["system"]["cores"].as_u64();
     assert_eq!((cores(&segments[1]), cores(&segments[2])), (Some(2), Some(1)));
-    let per_step = |s: &serde_json::Value| s["wall_us"].as_f64().unwrap_or(f64::MAX) / 40.0;
-    let fastest = if per_step(&segments[1]) <= per_step(&segments[2]) { &segments[1] } else { &segments[2] };
-    assert_eq!(m["selected"], fastest["system"], "{m}");
-    assert_eq!(segments[3]["cpus"].as_array().map(|c| c.len() as u64), cores(fastest));
+    let last = segments.last().expect("selected");
+    assert_eq!(m["selected"], last["system"], "{m}");
+    assert_eq!(last["cpus"].as_array().map(|c| c.len() as u64), cores(last));
+    if probes == 2 {
+        let per_step = |s: &serde_json::Value| s["unit_median_us"].as_f64().unwrap_or(f64::MAX);
+        let fastest = if per_step(&segments[1]) <= per_step(&segments[2]) { &segments[1] } else { &segments[2] };
+        assert_eq!(m["selected"], fastest["system"], "{m}");
+    }
     // Step lines are not epochs: the measurement keeps three epochs.
     assert_eq!(m["epochs"].as_array().map(Vec::len), Some(3));
     assert_agents_spools_empty(&[&agent_name]);
