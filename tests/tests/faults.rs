@@ -37,18 +37,10 @@ fn assert_exactly_once(store: &Path, study: &str, trials: i64) {
     assert_eq!(done, trials);
 }
 
-/// (trial, attempt) of an attempt `agent` is running now, if any.
+/// (trial, attempt) of an attempt `agent` holds now (running, or held
+/// ahead), if any.
 fn running_on(store: &Path, agent: &str) -> Option<(i64, i64)> {
-    let c = Connection::open(store).ok()?;
-    c.query_row(
-        "SELECT a.trial, a.attempt FROM attempts a JOIN trials t ON t.study = a.study AND t.trial = a.trial
-         WHERE a.agent = ?1 AND a.ended_ms IS NULL AND t.state = 'running' LIMIT 1",
-        [agent],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )
-    .optional()
-    .ok()
-    .flatten()
+    held_by(store, agent).into_iter().next()
 }
 
 fn results_count(store: &Path) -> i64 {
