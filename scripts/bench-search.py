@@ -5,8 +5,10 @@
 
 The functions are the ones coordinator/examples/bench_search.rs runs on
 Tunefleet's side, with the same spaces (same names, bounds, steps and
-choices). Optuna's sampler is TPESampler(seed=seed) with every other
-argument at Optuna's default. WORKERS = 4 simulates four workers of equal
+choices), and the two two-objective problems (zdt1, fonseca_fleming) with
+the same reference points. Optuna's sampler is TPESampler(seed=seed) with
+every other argument at Optuna's default (Optuna 5's default sampler, for
+one objective and for several). WORKERS = 4 simulates four workers of equal
 speed with Optuna's ask-and-tell interface: four trials in flight, the
 oldest is told, one more is asked while the other three are RUNNING (which
 Optuna 5's default constant liar sees).
@@ -100,6 +102,56 @@ FUNCTIONS = {
 }
 
 
+def zdt1(p):
+    x = [p[f"x{i}"] for i in range(5)]
+    g = 1 + 9 * sum(x[1:]) / 4
+    return [x[0], g * (1 - math.sqrt(x[0] / g))]
+
+
+def fonseca_fleming(p):
+    x = [p[f"x{i}"] for i in range(3)]
+    c = 1 / math.sqrt(3)
+    return [1 - math.exp(-sum((v - s * c) ** 2 for v in x)) for s in (1, -1)]
+
+
+# name -> (space, function of two objectives, reference point)
+TWO_OBJECTIVES = {
+    "zdt1": (box([f"x{i}" for i in range(5)], 0.0, 1.0), zdt1, (1.1, 11.0)),
+    "fonseca_fleming": (box([f"x{i}" for i in range(3)], -4.0, 4.0), fonseca_fleming, (1.0, 1.0)),
+}
+
+
+def hypervolume2(points, reference):
+    inside = sorted(p for p in points if p[0] < reference[0] and p[1] < reference[1])
+    volume, ceiling = 0.0, reference[1]
+    for x, y in inside:
+        if y < ceiling:
+            volume += (reference[0] - x) * (ceiling - y)
+            ceiling = y
+    return volume
+
+
+def optuna_study2(name, seed, budget, workers):
+    import optuna
+
+    space, f, reference = TWO_OBJECTIVES[name]
+    study = optuna.create_study(directions=["minimize", "minimize"], sampler=optuna.samplers.TPESampler(seed=seed))
+    in_flight, seen = [], []
+    asked, at50 = 0, math.nan
+    while len(seen) < budget:
+        while len(in_flight) < max(workers, 1) and asked < budget:
+            trial = study.ask()
+            in_flight.append((trial, suggest(trial, space)))
+            asked += 1
+        trial, p = in_flight.pop(0)
+        v = f(p)
+        study.tell(trial, v)
+        seen.append(v)
+        if len(seen) == 50:
+            at50 = hypervolume2(seen, reference)
+    return at50, hypervolume2(seen, reference)
+
+
 def suggest(trial, space):
     p = {}
     for d in space:
@@ -156,6 +208,13 @@ def run_optuna(seeds, budget, workers, only):
             r50, r100 = optuna_study(name, seed, budget, workers)
             print(json.dumps({"side": "optuna", "fn": name, "seed": seed, "workers": workers,
                               "regret50": r50, "regret100": r100}), flush=True)
+    for name in TWO_OBJECTIVES:
+        if only and name not in only:
+            continue
+        for seed in range(seeds):
+            h50, h100 = optuna_study2(name, seed, budget, workers)
+            print(json.dumps({"side": "optuna", "fn": name, "seed": seed, "workers": workers,
+                              "hv50": h50, "hv100": h100}), flush=True)
 
 
 def quartiles(v):
@@ -183,6 +242,9 @@ def fmt(x):
 
 
 def table(paths):
+    """Per worker count: the regret table (one objective) and the
+    hypervolume table (two objectives), each Tunefleet sampler against
+    Optuna's."""
     rows = []
     for path in paths:
         with open(path) as fh:
@@ -190,24 +252,40 @@ def table(paths):
     groups = {}
     for r in rows:
         groups.setdefault((r["workers"], r["fn"], r["side"]), []).append(r)
+    sides = [("tunefleet-gp", "Tunefleet gp"), ("tunefleet", "Tunefleet tpe")]
+    sides = [(k, label) for k, label in sides if any(r["side"] == k for r in rows)]
     out = []
     for workers in sorted({r["workers"] for r in rows}):
-        out.append(f"\n**{'sequential' if workers == 1 else f'{workers} in flight'}** "
-                   "(median regret [IQR] over seeds; ratio = Tunefleet median / Optuna median; "
-                   "p = permutation test of the difference of the medians)\n")
-        out.append("| function | budget | Tunefleet | Optuna 5 | ratio | p | seeds |")
-        out.append("|---|---|---|---|---|---|---|")
-        for name in FUNCTIONS:
-            tf, op = groups.get((workers, name, "tunefleet")), groups.get((workers, name, "optuna"))
-            if not tf or not op:
+        mode = "sequential" if workers == 1 else f"{workers} in flight"
+        for what, names, key, better in (("regret", FUNCTIONS, "regret", "below"),
+                                           ("hypervolume", TWO_OBJECTIVES, "hv", "above")):
+            if not any((workers, n, "optuna") in groups for n in names):
                 continue
-            for budget in (50, 100):
-                key = f"regret{budget}"
-                a, b = [r[key] for r in tf], [r[key] for r in op]
-                (t1, tm, t3), (o1, om, o3) = quartiles(a), quartiles(b)
-                ratio = tm / om if om > 0 else math.inf
-                out.append(f"| {name} | {budget} | {fmt(tm)} [{fmt(t1)}, {fmt(t3)}] | {fmt(om)} [{fmt(o1)}, {fmt(o3)}] "
-                           f"| {ratio:.2f} | {permutation_p(a, b):.2f} | {len(tf)}/{len(op)} |")
+            out.append(f"\n**{mode}, {what}** (median [IQR] over seeds; ratio = Tunefleet median / Optuna median, "
+                       f"{better} 1 is better; p = permutation test of the difference of the medians)\n")
+            head = "| function | budget | " + " | ".join(label for _, label in sides) + " | Optuna 5 TPE | "
+            head += " | ".join(f"ratio {label.split()[-1]} | p" for _, label in sides) + " | seeds |"
+            out.append(head)
+            out.append("|" + "---|" * (head.count("|") - 1))
+            for name in names:
+                op = groups.get((workers, name, "optuna"))
+                ours = [groups.get((workers, name, k)) for k, _ in sides]
+                if not op or not all(ours):
+                    continue
+                for budget in (50, 100):
+                    k = f"{key}{budget}"
+                    b = [r[k] for r in op]
+                    o1, om, o3 = quartiles(b)
+                    cells, ratios = [], []
+                    for mine in ours:
+                        a = [r[k] for r in mine]
+                        t1, tm, t3 = quartiles(a)
+                        cells.append(f"{fmt(tm)} [{fmt(t1)}, {fmt(t3)}]")
+                        ratio = tm / om if om > 0 else math.inf
+                        ratios.append(f"{ratio:.3g} | {permutation_p(a, b):.2f}")
+                    seeds = "/".join(str(len(m)) for m in ours) + f"/{len(op)}"
+                    out.append(f"| {name} | {budget} | " + " | ".join(cells) + f" | {fmt(om)} [{fmt(o1)}, {fmt(o3)}] | "
+                               + " | ".join(ratios) + f" | {seeds} |")
     print("\n".join(out))
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Tunefleet's TPE and Optuna 5's default TPESampler side by side (issue 22),
-# on six standard test functions, in one run:
+# Tunefleet's search strategies (gp and tpe) and Optuna 5's default sampler
+# (TPESampler) side by side (issue 22), on six standard test functions of
+# one objective and two problems of two objectives, in one run:
 #
 #   scripts/bench-search.sh                 # SEEDS=40 BUDGET=100 WORKERS="1 4"
-#   scripts/bench-search.sh branin hartmann6  # only these functions
+#   scripts/bench-search.sh branin zdt1     # only these functions
 #
 # * Functions (all minimised; regret = true value of the best trial minus
 #   the known minimum): branin (2-d, multimodal), hartmann6 (6-d),
@@ -12,27 +13,33 @@
 #   categorical), himmelblau_noisy (2-d, Gaussian noise of sd 1 on what the
 #   sampler sees; the regret is the noise-free value of the trial with the
 #   best noisy value).
+# * Two objectives (both minimised; the hypervolume of every trial's point
+#   from a fixed reference, larger is better): zdt1 (5-d, convex front,
+#   reference (1.1, 11)), fonseca_fleming (3-d on [-4, 4], concave front,
+#   reference (1, 1)).
 # * Tunefleet: coordinator/examples/bench_search.rs runs the coordinator's
-#   own TPE (search::tpe, what `kind = "tpe"` asks) in-process, no agents:
+#   own search::gp and search::tpe (what `kind = "gp"` and `kind = "tpe"`
+#   ask; with `[objective] also` for two objectives) in-process, no agents:
 #   the sampler alone, as on Optuna's side.
 # * Optuna: TPESampler(seed=s), every other argument at its default
-#   (Optuna 5: multivariate, constant liar), ask-and-tell, in a virtual
-#   environment under target/ (made once; PyPI must be reachable the first
-#   time; OPTUNA_VENV to put it elsewhere).
+#   (Optuna 5: multivariate, constant liar; its default sampler for one
+#   objective and for several), ask-and-tell, in a virtual environment
+#   under target/ (made once; PyPI must be reachable the first time;
+#   OPTUNA_VENV to put it elsewhere).
 # * WORKERS=4: four trials in flight on both sides (the oldest is told, then
-#   one more asked while three run), Tunefleet's constant liar against
-#   Optuna's.
-# * Each (function, seed) is one study of BUDGET trials; the regret after 50
-#   and after BUDGET trials is read from the same study. Tables: median and
+#   one more asked while three run), Tunefleet's running trials (gp's
+#   kriging believer, tpe's constant liar) against Optuna's constant liar.
+# * Each (function, seed) is one study of BUDGET trials; the figures after 50
+#   and after BUDGET trials are read from the same study. Tables: median and
 #   interquartile range over the seeds, and the ratio of the medians
-#   (Tunefleet / Optuna; below 1 is better), and a permutation test's p of
-#   their difference. Ten seeds are too few to tell the two apart (see
+#   (Tunefleet / Optuna), and a permutation test's p of their difference.
+#   Ten seeds are too few to tell samplers of equal quality apart (see
 #   BENCHMARKS.md), hence 40.
 # * A spot check with real processes (tunefleet run, one agent):
 #   SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
 #
-# Runs under `nice -n 10`. How long: about 20 minutes on 2 shared cores
-# (nearly all of it Optuna's side).
+# Runs under `nice -n 10`. How long: about 45 minutes on 2 shared cores
+# (half of it Optuna's side, a third Tunefleet's gp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${OPTUNA_VENV:-$PWD/target/optuna-venv}
@@ -45,16 +52,19 @@ mkdir -p "$out"
 # shellcheck source=scripts/optuna-venv.sh
 . scripts/optuna-venv.sh
 
-cargo build --quiet -p tunefleet-coordinator --example bench_search
-bench=$PWD/target/debug/examples/bench_search
+cargo build --quiet --release -p tunefleet-coordinator --example bench_search
+bench=$PWD/target/release/examples/bench_search
 
 files=()
 for w in $workers; do
-  echo "workers=$w: Tunefleet" >&2
-  nice -n 10 "$bench" "$seeds" "$budget" "$w" "$@" >"$out/tunefleet-$w.jsonl"
+  for strategy in gp tpe; do
+    echo "workers=$w: Tunefleet $strategy" >&2
+    STRATEGY=$strategy nice -n 10 "$bench" "$seeds" "$budget" "$w" "$@" >"$out/tunefleet-$strategy-$w.jsonl"
+    files+=("$out/tunefleet-$strategy-$w.jsonl")
+  done
   echo "workers=$w: Optuna $optuna_version" >&2
   nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/optuna-$w.jsonl"
-  files+=("$out/tunefleet-$w.jsonl" "$out/optuna-$w.jsonl")
+  files+=("$out/optuna-$w.jsonl")
 done
 
 echo "Optuna $optuna_version; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); seeds $seeds; budget $budget"

@@ -16,6 +16,7 @@ use std::f64::consts::PI;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_coordinator::domain::search::gp::{Gp, GpSettings};
 use tunefleet_coordinator::domain::search::tpe::{Outcome, Tpe, TpeSettings};
 use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
 
@@ -151,25 +152,105 @@ fn functions() -> Vec<Function> {
     ]
 }
 
-/// One study: `budget` trials with `workers` in flight; the regret (true
-/// value minus the optimum) of the trial with the best observed value
-/// after 50 and after `budget` trials.
-fn study(fun: &Function, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
-    let mut tpe = Tpe::new(fun.space.clone(), Direction::Minimize, seed, TpeSettings::default());
-    let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+/// A problem of two objectives (both minimised) and the reference point
+/// its hypervolume is measured from.
+struct TwoObjectives {
+    name: &'static str,
+    space: Vec<(String, ParamSpec)>,
+    f: fn(&Params) -> [f64; 2],
+    reference: [f64; 2],
+}
+
+/// ZDT1 of 5 variables (convex front f2 = 1 - sqrt(f1)).
+fn zdt1(p: &Params) -> [f64; 2] {
+    let x: Vec<f64> = (0..5).map(|i| float(p, &format!("x{i}"))).collect();
+    let g = 1.0 + 9.0 * x[1..].iter().sum::<f64>() / 4.0;
+    [x[0], g * (1.0 - (x[0] / g).sqrt())]
+}
+
+/// Fonseca-Fleming of 3 variables (concave front).
+fn fonseca_fleming(p: &Params) -> [f64; 2] {
+    let x: Vec<f64> = (0..3).map(|i| float(p, &format!("x{i}"))).collect();
+    let c = 1.0 / 3f64.sqrt();
+    let f = |s: f64| 1.0 - (-x.iter().map(|v| (v - s * c).powi(2)).sum::<f64>()).exp();
+    [f(1.0), f(-1.0)]
+}
+
+fn two_objective_problems() -> Vec<TwoObjectives> {
+    vec![
+        TwoObjectives {
+            name: "zdt1",
+            space: box_space(&["x0", "x1", "x2", "x3", "x4"], 0.0, 1.0),
+            f: zdt1,
+            reference: [1.1, 11.0],
+        },
+        TwoObjectives {
+            name: "fonseca_fleming",
+            space: box_space(&["x0", "x1", "x2"], -4.0, 4.0),
+            f: fonseca_fleming,
+            reference: [1.0, 1.0],
+        },
+    ]
+}
+
+/// The hypervolume of two-objective points (minimised) from `reference`.
+fn hypervolume2(points: &[[f64; 2]], reference: [f64; 2]) -> f64 {
+    let mut inside: Vec<[f64; 2]> =
+        points.iter().copied().filter(|p| p[0] < reference[0] && p[1] < reference[1]).collect();
+    inside.sort_by(|a, b| a[0].total_cmp(&b[0]).then(a[1].total_cmp(&b[1])));
+    let (mut volume, mut ceiling) = (0.0, reference[1]);
+    for p in inside {
+        if p[1] < ceiling {
+            volume += (reference[0] - p[0]) * (ceiling - p[1]);
+            ceiling = p[1];
+        }
+    }
+    volume
+}
+
+/// One two-objective study as [`study`] runs one: the hypervolume of all
+/// trials after 50 and after `budget` trials.
+fn study2(problem: &TwoObjectives, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
+    let mut sampler = Sampler::new(strategy, &problem.space, 2, seed);
+    let (mut seen, mut at50) = (Vec::new(), f64::NAN);
+    drive(&mut sampler, budget, workers, |sampler, trial, p| {
+        let v = (problem.f)(&p);
+        sampler.tell_values(trial, &p, v[0], &[v[1]]);
+        seen.push(v);
+        if seen.len() == 50 {
+            at50 = hypervolume2(&seen, problem.reference);
+        }
+    });
+    (at50, hypervolume2(&seen, problem.reference))
+}
+
+/// Runs `budget` trials with `workers` in flight: asks while fewer are in
+/// flight, then `finish`es the oldest (which tells the sampler).
+fn drive(sampler: &mut Sampler, budget: u64, workers: usize, mut finish: impl FnMut(&mut Sampler, u64, Params)) {
     let mut in_flight: std::collections::VecDeque<(u64, Params)> = Default::default();
-    let mut asked = 0u64;
-    let mut finished = 0u64;
-    let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
-    let mut at50 = f64::NAN;
+    let (mut asked, mut finished) = (0u64, 0u64);
     while finished < budget {
         while in_flight.len() < workers.max(1) && asked < budget {
             let running: Vec<(u64, &Params)> = in_flight.iter().map(|(t, p)| (*t, p)).collect();
-            let p = tpe.ask(asked, &running);
+            let p = sampler.ask(asked, &running);
             in_flight.push_back((asked, p));
             asked += 1;
         }
         let Some((trial, p)) = in_flight.pop_front() else { break };
+        finish(sampler, trial, p);
+        finished += 1;
+    }
+}
+
+/// One study: `budget` trials with `workers` in flight; the regret (true
+/// value minus the optimum) of the trial with the best observed value
+/// after 50 and after `budget` trials.
+fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
+    let mut sampler = Sampler::new(strategy, &fun.space, 1, seed);
+    let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
+    let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
+    let (mut finished, mut at50) = (0u64, f64::NAN);
+    drive(&mut sampler, budget, workers, |sampler, trial, p| {
         let truth = (fun.f)(&p);
         let seen = if fun.noise > 0.0 {
             let (u1, u2) = (1.0 - noise.random::<f64>(), noise.random::<f64>());
@@ -177,7 +258,7 @@ fn study(fun: &Function, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
         } else {
             truth
         };
-        tpe.tell(trial, &p, Outcome::Complete(seen));
+        sampler.tell(trial, &p, Outcome::Complete(seen));
         if seen < best_seen {
             best_seen = seen;
             best_true = truth;
@@ -186,8 +267,48 @@ fn study(fun: &Function, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
         if finished == 50 {
             at50 = best_true - fun.optimum;
         }
-    }
+    });
     (at50, best_true - fun.optimum)
+}
+
+/// The sampler under test: `kind = "tpe"` or `kind = "gp"`.
+enum Sampler {
+    Tpe(Tpe),
+    Gp(Gp),
+}
+
+impl Sampler {
+    /// `strategy` ("gp", else TPE) over `space` with `objectives` objectives.
+    fn new(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, seed: u64) -> Self {
+        let space = space.to_vec();
+        match strategy {
+            "gp" => Sampler::Gp(Gp::new(space, Direction::Minimize, objectives, seed, GpSettings::default())),
+            _ => Sampler::Tpe(
+                Tpe::new(space, Direction::Minimize, seed, TpeSettings::default()).with_objectives(objectives),
+            ),
+        }
+    }
+
+    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
+        match self {
+            Sampler::Tpe(t) => t.ask(index, running),
+            Sampler::Gp(g) => g.ask(index, running),
+        }
+    }
+
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        match self {
+            Sampler::Tpe(t) => t.tell(trial, params, outcome),
+            Sampler::Gp(g) => g.tell(trial, params, outcome),
+        }
+    }
+
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        match self {
+            Sampler::Tpe(t) => t.tell_values(trial, params, value, also),
+            Sampler::Gp(g) => g.tell_values(trial, params, value, also),
+        }
+    }
 }
 
 fn main() {
@@ -195,12 +316,25 @@ fn main() {
     let number = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (seeds, budget, workers) = (number(0, 10), number(1, 100), number(2, 1) as usize);
     let only: Vec<&String> = args.iter().skip(3).collect();
+    let strategy = std::env::var("STRATEGY").unwrap_or_else(|_| "tpe".into());
+    let side = if strategy == "tpe" { "tunefleet".to_string() } else { format!("tunefleet-{strategy}") };
     for fun in functions().iter().filter(|f| only.is_empty() || only.iter().any(|o| o.as_str() == f.name)) {
         for seed in 0..seeds {
-            let (r50, r100) = study(fun, seed, budget, workers);
+            let (r50, r100) = study(fun, &strategy, seed, budget, workers);
             println!(
-                "{{\"side\":\"tunefleet\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100}}}",
+                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100}}}",
                 fun.name
+            );
+        }
+    }
+    for problem in
+        two_objective_problems().iter().filter(|p| only.is_empty() || only.iter().any(|o| o.as_str() == p.name))
+    {
+        for seed in 0..seeds {
+            let (h50, h100) = study2(problem, &strategy, seed, budget, workers);
+            println!(
+                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"hv50\":{h50},\"hv100\":{h100}}}",
+                problem.name
             );
         }
     }

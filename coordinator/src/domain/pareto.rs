@@ -97,10 +97,67 @@ fn slice_volume(points: &[&[f64]], reference: &[f64]) -> f64 {
     volume
 }
 
+/// The non-domination rank of every point (all minimised, finite): 0 for
+/// the front, 1 for the front of what is left, and so on. Quadratic per
+/// front peeled: for the few hundred trials a multi-objective search
+/// splits.
+pub fn ranks(points: &[Vec<f64>]) -> Vec<usize> {
+    let mut rank = vec![usize::MAX; points.len()];
+    let mut left: Vec<usize> = (0..points.len()).collect();
+    let mut r = 0;
+    while !left.is_empty() {
+        let (on, rest): (Vec<usize>, Vec<usize>) =
+            left.iter().partition(|&&i| !left.iter().any(|&j| dominates(&points[j], &points[i])));
+        for &i in &on {
+            rank[i] = r;
+        }
+        left = rest;
+        r += 1;
+    }
+    rank
+}
+
+/// `k` of `candidates` (indices into `points`, all minimised) chosen
+/// greedily to maximise the hypervolume from `reference` of those chosen:
+/// each step adds the point contributing most (the first on ties). Optuna's
+/// multi-objective TPE fills its last good front this way.
+pub fn greedy_subset(points: &[Vec<f64>], candidates: &[usize], k: usize, reference: &[f64]) -> Vec<usize> {
+    let mut chosen: Vec<usize> = Vec::new();
+    let mut left: Vec<usize> = candidates.to_vec();
+    while chosen.len() < k && !left.is_empty() {
+        let with = |c: usize| {
+            let set: Vec<Vec<f64>> = chosen.iter().chain(std::iter::once(&c)).map(|&i| points[i].clone()).collect();
+            hypervolume(&set, reference)
+        };
+        let mut best = 0;
+        let mut best_volume = f64::NEG_INFINITY;
+        for (pos, &c) in left.iter().enumerate() {
+            let v = with(c);
+            if v > best_volume {
+                best_volume = v;
+                best = pos;
+            }
+        }
+        chosen.push(left.remove(best));
+    }
+    chosen
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn ranks_peel_fronts_and_the_subset_keeps_the_spread() {
+        let p = vec![vec![1.0, 4.0], vec![2.0, 2.0], vec![4.0, 1.0], vec![3.0, 3.0], vec![4.0, 4.0], vec![2.1, 2.1]];
+        assert_eq!(ranks(&p), vec![0, 0, 0, 2, 3, 1]);
+        // Of the front, one point from (5, 5): the middle one dominates 9,
+        // an end 4; then the two ends add 1 each (first on ties).
+        assert_eq!(greedy_subset(&p, &[0, 1, 2], 1, &[5.0, 5.0]), vec![1]);
+        assert_eq!(greedy_subset(&p, &[0, 1, 2], 2, &[5.0, 5.0]), vec![1, 0]);
+        assert_eq!(greedy_subset(&p, &[0, 1, 2], 5, &[5.0, 5.0]).len(), 3);
+    }
 
     #[test]
     fn keeps_the_trade_offs_and_drops_the_dominated() {

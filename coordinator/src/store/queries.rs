@@ -52,6 +52,10 @@ pub struct TrialRow {
     /// Attempts that ended without becoming the trial's result (requeued,
     /// reassigned, ended by `Batch::end_attempt`...).
     pub failures: u32,
+    /// The accepted result's energy in joules, when validly measured.
+    pub energy_j: Option<f64>,
+    /// The accepted result's wall time.
+    pub wall_us: Option<u64>,
 }
 
 impl TrialRow {
@@ -497,7 +501,9 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
         CASE WHEN r.success = 1 THEN r.objective END,
         (SELECT COUNT(*) FROM attempts f
          WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
-           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %')
+           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'),
+        CASE WHEN r.energy_valid = 1 THEN r.energy_j END,
+        r.wall_us
     FROM trials t
     LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
     LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
@@ -514,6 +520,8 @@ fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         agent: row.get(6)?,
         objective: row.get(7)?,
         failures: row.get(8)?,
+        energy_j: row.get(9)?,
+        wall_us: row.get::<_, Option<i64>>(10)?.and_then(|v| u64::try_from(v).ok()),
     })
 }
 

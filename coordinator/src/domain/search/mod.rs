@@ -26,6 +26,8 @@ use crate::domain::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 
 pub mod asha;
 mod draw;
+pub mod gp;
+mod linalg;
 pub mod tpe;
 
 pub use draw::sample;
@@ -54,6 +56,13 @@ pub trait SearchStrategy: Send + std::fmt::Debug {
     /// value is finite; the metric's own direction). Strategies that do not
     /// learn ignore it.
     fn tell(&mut self, _trial: u64, _params: &Params, _outcome: Outcome) {}
+    /// A complete trial's objective `value` and the figures of the study's
+    /// `[objective] also` (minimised, in that order; non-finite when not
+    /// measured validly). A strategy searching one objective learns `value`.
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        let _ = also;
+        self.tell(trial, params, Outcome::Complete(value));
+    }
     /// Results the strategy has learnt from (0 for one that does not learn).
     fn observations(&self) -> usize {
         0
@@ -139,6 +148,41 @@ impl SearchStrategy for TpeSearch {
     fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
         self.tpe.tell(trial, params, outcome);
     }
+
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        self.tpe.tell_values(trial, params, value, also);
+    }
+}
+
+/// The Gaussian-process search as a strategy, asked as [`TpeSearch`] is.
+#[derive(Debug)]
+struct GpSearch {
+    gp: gp::Gp,
+    index: u64,
+}
+
+impl SearchStrategy for GpSearch {
+    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
+        let params = self.gp.ask(self.index, running);
+        self.index += 1;
+        Some(params)
+    }
+
+    fn reads_running(&self) -> bool {
+        true
+    }
+
+    fn observations(&self) -> usize {
+        self.gp.observations()
+    }
+
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        self.gp.tell(trial, params, outcome);
+    }
+
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        self.gp.tell_values(trial, params, value, also);
+    }
 }
 
 /// A study's search: its strategy, its budget and the trials created so far.
@@ -161,7 +205,18 @@ impl Search {
             Strategy::Grid => Box::new(Grid::new(&space)),
             Strategy::Random { seed } => Box::new(Random::new(&space, seed)),
             Strategy::Tpe { seed } => Box::new(TpeSearch {
-                tpe: tpe::Tpe::new(space, study.objective.direction, seed, tpe::TpeSettings::default()),
+                tpe: tpe::Tpe::new(space, study.objective.direction, seed, tpe::TpeSettings::default())
+                    .with_objectives(1 + study.objective.also.len()),
+                index: 0,
+            }),
+            Strategy::Gp { seed } => Box::new(GpSearch {
+                gp: gp::Gp::new(
+                    space,
+                    study.objective.direction,
+                    1 + study.objective.also.len(),
+                    seed,
+                    gp::GpSettings::default(),
+                ),
                 index: 0,
             }),
         };
@@ -242,10 +297,12 @@ impl Search {
     }
 
     /// Trial `trial` (run with `params`) finished with this objective
-    /// value; ignored when not finite (a failed trial, as Optuna counts it).
-    pub fn tell(&mut self, trial: u64, params: &Params, value: f64) {
+    /// value and these figures of the study's `[objective] also` (in that
+    /// order, minimised; NaN where not validly measured); ignored when the
+    /// value is not finite (a failed trial, as Optuna counts it).
+    pub fn tell(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
         if value.is_finite() {
-            self.strategy.tell(trial, params, Outcome::Complete(value));
+            self.strategy.tell_values(trial, params, value, also);
         }
     }
 
@@ -832,7 +889,7 @@ control = true
                     near += 1;
                 }
                 n += 1;
-                search.tell(t.trial, &t.params, (x - 0.8) * (x - 0.8));
+                search.tell(t.trial, &t.params, (x - 0.8) * (x - 0.8), &[]);
             }
         }
         assert_eq!(n, 60);
@@ -853,7 +910,7 @@ control = true
             for _ in 0..30 {
                 let t = search.next_trials().expect("budget left").remove(0);
                 let v = (f(&t.params["x"]) - 0.8).powi(2) + f(&t.params["n"]);
-                search.tell(t.trial, &t.params, v);
+                search.tell(t.trial, &t.params, v, &[]);
             }
             let mut running: Vec<TrialPlan> = Vec::new();
             for _ in 0..4 {

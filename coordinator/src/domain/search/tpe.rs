@@ -69,8 +69,14 @@
 //! - Trials that fail (or return a non-finite objective) are not told, as
 //!   in Optuna. A pruned trial here is one ASHA stopped; its last report is
 //!   what the engine tells.
-//! - One objective: a multi-objective study searches its first objective
-//!   (Optuna 5 switches to independent MOTPE for several objectives).
+//! - Several objectives (`[objective] also`, [`Tpe::with_objectives`]):
+//!   the good trials are chosen by front as Optuna's multi-objective TPE
+//!   does (whole fronts by non-domination rank, then the points of the
+//!   next front adding most hypervolume). Optuna then weighs the good
+//!   trials' kernels by their hypervolume contributions; here they keep
+//!   the weights of the one-objective case (by age), which is simpler and
+//!   was not measured to matter. Optuna also samples each parameter
+//!   independently for several objectives; this model stays multivariate.
 //!
 //! # Why not the `tpe` crate
 //!
@@ -91,6 +97,7 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
 use super::draw::sample;
+use crate::domain::pareto;
 use crate::domain::study::{Direction, ParamSpec};
 
 /// Most trials counted as "good", whatever `gamma` says (Optuna's 25).
@@ -141,6 +148,8 @@ pub struct Tpe {
     direction: Direction,
     seed: u64,
     settings: TpeSettings,
+    /// Objectives of the study: 1, or 1 + its `also` (see [`Tpe::with_objectives`]).
+    objectives: usize,
     /// Told trials by trial number.
     told: BTreeMap<u64, Observation>,
 }
@@ -152,6 +161,8 @@ struct Observation {
     /// Model coordinates of the modelled parameters (see [`encode`]);
     /// `None` when the configuration lacked one or had it outside its domain.
     coords: Option<Vec<f64>>,
+    /// A complete trial's figures of the study's `also` (minimised).
+    also: Vec<f64>,
 }
 
 /// A told trial's result as a loss (smaller is better).
@@ -169,7 +180,14 @@ impl Tpe {
     /// `space`: every parameter searched, in a stable order (name, domain).
     pub fn new(space: Vec<(String, ParamSpec)>, direction: Direction, seed: u64, settings: TpeSettings) -> Self {
         let modelled = space.iter().enumerate().filter(|(_, (_, spec))| choices(spec) > 1.0).map(|(i, _)| i).collect();
-        Tpe { space, modelled, direction, seed, settings, told: BTreeMap::new() }
+        Tpe { space, modelled, direction, seed, settings, objectives: 1, told: BTreeMap::new() }
+    }
+
+    /// A search of `n` objectives: the study's and its `also` (told with
+    /// [`Tpe::tell_values`]); the good trials are then chosen by front.
+    pub fn with_objectives(mut self, n: usize) -> Self {
+        self.objectives = n.max(1);
+        self
     }
 
     /// The configuration for the `index`-th ask, `running` being the trials
@@ -233,7 +251,18 @@ impl Tpe {
             }
         };
         let coords = self.coords(params);
-        self.told.insert(trial, Observation { state, coords });
+        self.told.insert(trial, Observation { state, coords, also: Vec::new() });
+    }
+
+    /// Trial `trial` completed with `value` (the metric's own direction; not
+    /// told when not finite) and the figures of the study's `also`
+    /// (minimised; non-finite ones keep the trial out of the good ones of
+    /// a multi-objective search).
+    pub fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        self.tell(trial, params, Outcome::Complete(value));
+        if let Some(o) = self.told.get_mut(&trial) {
+            o.also = also.to_vec();
+        }
     }
 
     /// Trials told so far (complete with a finite value, or pruned).
@@ -266,7 +295,11 @@ impl Tpe {
                 State::Pruned { epoch, loss } => pruned.push((trial, epoch, loss)),
             }
         }
-        complete.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        if self.objectives > 1 {
+            complete = self.by_front(&complete, n_below);
+        } else {
+            complete.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        }
         pruned.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.total_cmp(&b.2)).then(a.0.cmp(&b.0)));
         let mut below: Vec<u64> = Vec::new();
         let mut above: Vec<u64> = Vec::new();
@@ -304,6 +337,51 @@ impl Tpe {
     }
 }
 
+/// Trials (trial, loss) with every objective, and the others.
+type Split = (Vec<(u64, f64)>, Vec<(u64, f64)>);
+
+impl Tpe {
+    /// The complete trials (trial, loss) reordered so that the first
+    /// `n_below` are the good ones of a multi-objective search (Optuna's
+    /// `_split_complete_trials_multi_objective`): whole fronts by
+    /// non-domination rank while they fit, then the points of the next
+    /// front adding most hypervolume, greedily, from the reference point
+    /// 10 % beyond that front's worst. Trials without every objective come
+    /// last.
+    fn by_front(&self, complete: &[(u64, f64)], n_below: usize) -> Vec<(u64, f64)> {
+        let (full, partial): Split = complete.iter().partition(|(t, loss)| {
+            self.told.get(t).is_some_and(|o| {
+                o.also.len() + 1 == self.objectives && loss.is_finite() && o.also.iter().all(|v| v.is_finite())
+            })
+        });
+        let points: Vec<Vec<f64>> = full
+            .iter()
+            .map(|(t, loss)| {
+                let also = self.told.get(t).map(|o| o.also.as_slice()).unwrap_or_default();
+                std::iter::once(*loss).chain(also.iter().copied()).collect()
+            })
+            .collect();
+        let rank = pareto::ranks(&points);
+        let mut good: Vec<usize> = Vec::new();
+        let mut r = 0;
+        while good.len() < n_below.min(points.len()) {
+            let front: Vec<usize> = (0..points.len()).filter(|&i| rank[i] == r).collect();
+            if good.len() + front.len() <= n_below {
+                good.extend(front);
+            } else {
+                let members: Vec<Vec<f64>> = front.iter().map(|&i| points[i].clone()).collect();
+                let reference = pareto::reference_point(&members).unwrap_or_default();
+                good.extend(pareto::greedy_subset(&points, &front, n_below - good.len(), &reference));
+            }
+            r += 1;
+        }
+        let mut out: Vec<(u64, f64)> = good.iter().map(|&i| full[i]).collect();
+        out.extend((0..full.len()).filter(|i| !good.contains(i)).map(|i| full[i]));
+        out.extend(partial);
+        out
+    }
+}
+
 /// Optuna's `default_weights(n)`: 1 for the last 25, a linear ramp from
 /// `1 / n` for the older ones.
 fn default_weights(n: usize) -> Vec<f64> {
@@ -320,7 +398,7 @@ fn default_weights(n: usize) -> Vec<f64> {
 }
 
 /// How many values a parameter can take (as a float: ints can have 2^64).
-fn choices(spec: &ParamSpec) -> f64 {
+pub(super) fn choices(spec: &ParamSpec) -> f64 {
     match spec {
         ParamSpec::Categorical { values } => values.len() as f64,
         ParamSpec::Int { low, high, step } if high >= low => int_top(*low, *high, *step) as f64 + 1.0,
@@ -336,7 +414,7 @@ fn choices(spec: &ParamSpec) -> f64 {
 }
 
 /// The largest lattice index of an int domain (0 when `high < low`).
-fn int_top(low: i64, high: i64, step: i64) -> i128 {
+pub(super) fn int_top(low: i64, high: i64, step: i64) -> i128 {
     ((i128::from(high) - i128::from(low)) / i128::from(step.max(1))).max(0)
 }
 
@@ -344,7 +422,7 @@ fn int_top(low: i64, high: i64, step: i64) -> i128 {
 /// lattice index `(v - low) / step` of an int (on the lattice only), the
 /// value of a float, the natural log of a log_float. `None` outside the
 /// domain.
-fn encode(spec: &ParamSpec, value: &ParamValue) -> Option<f64> {
+pub(super) fn encode(spec: &ParamSpec, value: &ParamValue) -> Option<f64> {
     match spec {
         ParamSpec::Categorical { values } => values.iter().position(|v| v == value).map(|i| i as f64),
         ParamSpec::Int { low, high, step } => {
@@ -367,7 +445,7 @@ fn encode(spec: &ParamSpec, value: &ParamValue) -> Option<f64> {
 /// The value at model coordinate `x` (the inverse of [`encode`]), always in
 /// the domain: ints rounded to the lattice, numbers clamped to
 /// `[low, high]`. `None` only for a categorical without values.
-fn decode(spec: &ParamSpec, x: f64) -> Option<ParamValue> {
+pub(super) fn decode(spec: &ParamSpec, x: f64) -> Option<ParamValue> {
     Some(match spec {
         ParamSpec::Categorical { values } => {
             // `as` saturates: NaN and negatives give 0, huge values the last index.
@@ -582,7 +660,7 @@ fn log_sum_exp(terms: impl Iterator<Item = f64> + Clone) -> f64 {
 }
 
 /// A standard normal draw (Box-Muller).
-fn standard_normal(rng: &mut impl Rng) -> f64 {
+pub(super) fn standard_normal(rng: &mut impl Rng) -> f64 {
     // 1 - [0, 1) is (0, 1]: the log is finite.
     let u1 = 1.0 - rng.random::<f64>();
     let u2: f64 = rng.random();
@@ -625,389 +703,5 @@ fn log_gauss_mass(a: f64, b: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn float(v: &ParamValue) -> f64 {
-        v.as_f64().expect("numeric")
-    }
-
-    fn categorical(values: &[&str]) -> ParamSpec {
-        ParamSpec::Categorical { values: values.iter().map(|v| ParamValue::Text((*v).to_string())).collect() }
-    }
-
-    /// x in [-2, 2], lr log-uniform in [1e-6, 1], opt one of four.
-    fn bench_space() -> Vec<(String, ParamSpec)> {
-        vec![
-            ("x".to_string(), ParamSpec::Float { low: -2.0, high: 2.0, grid: 5 }),
-            ("lr".to_string(), ParamSpec::LogFloat { low: 1e-6, high: 1.0, grid: 5 }),
-            ("opt".to_string(), categorical(&["adam", "sgd", "rmsprop", "adagrad"])),
-        ]
-    }
-
-    /// Minimum 0 at x = 0.3, lr = 10^-2.5, opt = "adam".
-    fn bench(p: &Params) -> f64 {
-        let penalty = if p["opt"].to_string() == "adam" { 0.0 } else { 1.0 };
-        (float(&p["x"]) - 0.3).powi(2) + (float(&p["lr"]).log10() + 2.5).powi(2) + penalty
-    }
-
-    /// Runs `budget` sequential asks of a TPE on `f`, telling each result;
-    /// the values in ask order.
-    fn run(tpe: &mut Tpe, budget: u64, mut f: impl FnMut(&Params) -> f64) -> Vec<f64> {
-        (0..budget)
-            .map(|i| {
-                let p = tpe.ask(i, &[]);
-                let v = f(&p);
-                tpe.tell(i, &p, Outcome::Complete(v));
-                v
-            })
-            .collect()
-    }
-
-    fn min(values: &[f64]) -> f64 {
-        values.iter().copied().fold(f64::INFINITY, f64::min)
-    }
-
-    fn mean(values: &[f64]) -> f64 {
-        values.iter().sum::<f64>() / values.len() as f64
-    }
-
-    fn unit() -> Vec<(String, ParamSpec)> {
-        vec![("x".to_string(), ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 })]
-    }
-
-    fn at(x: f64) -> Params {
-        Params::from([("x".to_string(), ParamValue::Float(x))])
-    }
-
-    #[test]
-    fn defaults_are_optunas() {
-        assert_eq!(TpeSettings::default(), TpeSettings { startup: 10, candidates: 24, gamma: 0.1 });
-        assert_eq!(default_weights(3), vec![1.0; 3]);
-        // Optuna 5: np.concatenate([np.linspace(1 / 28, 1, 3), np.ones(25)]).
-        let w = default_weights(28);
-        assert_eq!(w.len(), 28);
-        assert!((w[0] - 1.0 / 28.0).abs() < 1e-15 && (w[1] - (1.0 / 28.0 + 1.0) / 2.0).abs() < 1e-15, "{w:?}");
-        assert!(w[2..].iter().all(|v| *v == 1.0));
-        assert_eq!(default_weights(26)[0], 1.0 / 26.0);
-    }
-
-    /// Optuna 5's `_ParzenEstimator` on the same observations (computed
-    /// with optuna 5.0.0, `scripts/bench-search.sh`'s virtual environment):
-    /// per-kernel bandwidths and the log density of a few points.
-    #[test]
-    fn the_estimator_matches_optunas_numbers() {
-        // One point at 0.8 on [0, 1]: the larger gap to the domain's ends
-        // (0.8), above the magic clip's floor 1 / 3; the prior at 0.5 with
-        // deviation 1.
-        assert_eq!(bandwidths(&[0.8], 0.0, 1.0), vec![0.8]);
-        // [0.1, 0.15, 0.9]: gaps 0.05 (the outer ones take their inner gap),
-        // 0.75, 0.75; the floor is 1 / min(100, 1 + 4) = 0.2.
-        let s = bandwidths(&[0.9, 0.1, 0.15], 0.0, 1.0);
-        assert!((s[0] - 0.75).abs() < 1e-15 && (s[1] - 0.2).abs() < 1e-15 && (s[2] - 0.75).abs() < 1e-15, "{s:?}");
-
-        // A mixed space: float [0, 1], log_float [1e-3, 1], int 1..=10 step 3
-        // (lattice 1, 4, 7, 10), categorical of three.
-        let specs = [
-            ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 },
-            ParamSpec::LogFloat { low: 1e-3, high: 1.0, grid: 3 },
-            ParamSpec::Int { low: 1, high: 10, step: 3 },
-            categorical(&["a", "b", "c"]),
-        ];
-        let obs = |x: f64, lr: f64, n: i64, c: &str| -> Vec<f64> {
-            [ParamValue::Float(x), ParamValue::Float(lr), ParamValue::Int(n), ParamValue::Text(c.into())]
-                .iter()
-                .zip(&specs)
-                .map(|(v, s)| encode(s, v).expect("in the domain"))
-                .collect()
-        };
-        let points = vec![obs(0.8, 0.01, 4, "b"), obs(0.2, 0.5, 10, "a"), obs(0.5, 0.001, 1, "b")];
-        let refs: Vec<&ParamSpec> = specs.iter().collect();
-        let m = Mixture::new(&refs, &points);
-        // Optuna 5.0.0, the same observations (script in BENCHMARKS.md):
-        //   _ParzenEstimator(obs, space, _ParzenEstimatorParameters(1.0, True, False, default_weights, True))
-        //   .log_pdf({"x": [0.3, 0.95], "lr": [0.02, 0.002], "n": [4, 10], "c": [1, 2]})
-        let want = [-3.910_397_088_000_802_3, -5.436_126_939_629_982_5];
-        for (i, (x, lr, n, c)) in [(0.3, 0.02, 4, "b"), (0.95, 0.002, 10, "c")].into_iter().enumerate() {
-            let got = m.log_pdf(&obs(x, lr, n, c));
-            assert!((got - want[i]).abs() < 1e-9, "point {i}: {got} vs Optuna's {}", want[i]);
-        }
-    }
-
-    #[test]
-    fn an_int_scores_the_probability_of_its_bin() {
-        // One kernel at index 1 of the lattice 0..=3 (bins [-0.5, 3.5]):
-        // the probabilities of the four values sum to one exactly.
-        let spec = ParamSpec::Int { low: 0, high: 3, step: 1 };
-        let d = Dim::new(&spec, &[1.0]);
-        let total: f64 = (0..4).map(|k| d.log_pdf(0, f64::from(k)).exp()).sum();
-        assert!((total - 1.0).abs() < 1e-12, "{total}");
-        // The bin's mass, not the density at the point: sigma here is 2.5
-        // (the gap to the far end, 3.5 - 1), so the two differ.
-        let Dim::Numeric { sigma, log_mass, .. } = &d else { panic!("numeric") };
-        let s = sigma[0];
-        assert_eq!(s, 2.5);
-        let bin = (0.5 * libm::erfc(-(0.5 / s) / SQRT_2) - 0.5 * libm::erfc((0.5 / s) / SQRT_2)).ln() - log_mass[0];
-        assert!((d.log_pdf(0, 1.0) - bin).abs() < 1e-12);
-        let density = -0.5 * (2.0 * PI).ln() - s.ln() - log_mass[0];
-        assert!((d.log_pdf(0, 1.0) - density).abs() > 1e-3);
-    }
-
-    #[test]
-    fn gauss_mass_is_accurate_in_the_tails() {
-        // ln(Phi(-40) - Phi(-41)) and far right, where 1 - Phi cancels.
-        assert!((log_gauss_mass(-41.0, -40.0) - log_ndtr(-40.0)).abs() < 1e-9);
-        assert!((log_ndtr(-40.0) - (-804.608_442_013_754_2)).abs() < 1e-6, "{}", log_ndtr(-40.0));
-        assert!((log_gauss_mass(40.0, 41.0) - log_gauss_mass(-41.0, -40.0)).abs() < 1e-12);
-        assert!((log_gauss_mass(-1.0, 1.0) - 0.682_689_492_137_085_9f64.ln()).abs() < 1e-14);
-        assert!((log_gauss_mass(f64::NEG_INFINITY, f64::INFINITY)).abs() < 1e-15);
-        assert_eq!(log_gauss_mass(1.0, 1.0), f64::NEG_INFINITY);
-        // A narrow bin far out: about the density times the width.
-        let narrow = log_gauss_mass(8.0, 8.0 + 1e-6);
-        let approx = -32.0 - 0.5 * (2.0 * PI).ln() + 1e-6f64.ln();
-        assert!((narrow - approx).abs() < 1e-4, "{narrow} vs {approx}");
-    }
-
-    #[test]
-    fn pruned_trials_are_bad_after_complete_ones_and_ranked_by_their_last_report() {
-        let mut t = Tpe::new(unit(), Direction::Minimize, 1, TpeSettings { startup: 0, ..Default::default() });
-        // 25 told: 3 good (ceil(2.5)). Two complete, so one pruned is good:
-        // the one that got furthest (epoch 5), not the better value at epoch 2.
-        t.tell(0, &at(0.10), Outcome::Complete(9.0));
-        t.tell(1, &at(0.11), Outcome::Complete(8.0));
-        t.tell(2, &at(0.50), Outcome::Pruned { epoch: 2, value: 0.1 });
-        t.tell(3, &at(0.60), Outcome::Pruned { epoch: 5, value: 3.0 });
-        t.tell(4, &at(0.70), Outcome::Pruned { epoch: 5, value: f64::NAN });
-        for i in 5..25 {
-            t.tell(i, &at(0.9), Outcome::Pruned { epoch: 1, value: 0.0 });
-        }
-        let (good, bad) = t.split(&[]);
-        assert_eq!(good, vec![vec![0.10], vec![0.11], vec![0.60]]);
-        assert_eq!(bad.len(), 22);
-        assert_eq!(bad[..2], [vec![0.50], vec![0.70]], "in trial order");
-        // A complete trial told later replaces the pruned one it was.
-        t.tell(4, &at(0.70), Outcome::Complete(1.0));
-        assert_eq!(t.split(&[]).0, vec![vec![0.10], vec![0.11], vec![0.70]]);
-        assert_eq!(t.observations(), 25);
-    }
-
-    #[test]
-    fn a_stopped_region_is_avoided_once_told() {
-        // Ten complete trials on a grid, the best two at 0.25 and 0.35; then
-        // ten trials stopped early, either right beside the best (0.20 to
-        // 0.29) or far away (0.80 to 0.89). Told beside the best, they pull
-        // the next asks away from there.
-        let near = |stopped_at: f64| {
-            let mut t = Tpe::new(unit(), Direction::Minimize, 4, TpeSettings::default());
-            for i in 0..10u64 {
-                let x = 0.05 + 0.1 * i as f64;
-                t.tell(i, &at(x), Outcome::Complete((x - 0.3).powi(2)));
-            }
-            for i in 10..20u64 {
-                t.tell(i, &at(stopped_at + 0.01 * (i - 10) as f64), Outcome::Pruned { epoch: 1, value: 5.0 });
-            }
-            (20..220).filter(|&i| (0.2..0.3).contains(&float(&t.ask(i, &[])["x"]))).count()
-        };
-        let (far, beside) = (near(0.8), near(0.2));
-        assert!(beside * 2 < far, "asks in [0.2, 0.3): {beside} with the stopped trials there, {far} without");
-    }
-
-    #[test]
-    fn the_constant_liar_spreads_parallel_asks() {
-        // Minimise (x - 0.8)^2, then ask four at once: each ask sees the
-        // earlier ones running. Without the liar they crowd the mode.
-        let f = |p: &Params| (float(&p["x"]) - 0.8).powi(2);
-        let (mut crowded, mut spread) = (0.0, 0.0);
-        for seed in 0..10 {
-            let mut t = Tpe::new(unit(), Direction::Minimize, seed, TpeSettings::default());
-            run(&mut t, 30, f);
-            let batch = |liar: bool| -> Vec<f64> {
-                let mut running: Vec<(u64, Params)> = Vec::new();
-                for i in 30..34 {
-                    let refs: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
-                    let p = t.ask(i, if liar { &refs } else { &[] });
-                    running.push((i, p));
-                }
-                running.iter().map(|(_, p)| float(&p["x"])).collect()
-            };
-            let width = |xs: &[f64]| {
-                let (lo, hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(*x), b.max(*x)));
-                hi - lo
-            };
-            let (plain, lied) = (batch(false), batch(true));
-            crowded += width(&plain);
-            spread += width(&lied);
-            // Asking is pure: the same running set gives the same answer.
-            assert_eq!(batch(true), lied);
-        }
-        assert!(spread > 1.5 * crowded, "mean spread of 4 parallel asks: {spread} with the liar, {crowded} without");
-    }
-
-    #[test]
-    fn same_seed_and_history_give_the_same_asks() {
-        let new = |seed| Tpe::new(bench_space(), Direction::Minimize, seed, TpeSettings::default());
-        let (mut a, mut b, mut c) = (new(5), new(5), new(6));
-        let asks = |t: &mut Tpe| -> Vec<Params> {
-            (0..30)
-                .map(|i| {
-                    let p = t.ask(i, &[]);
-                    t.tell(i, &p, Outcome::Complete(bench(&p)));
-                    p
-                })
-                .collect()
-        };
-        let (pa, pb, pc) = (asks(&mut a), asks(&mut b), asks(&mut c));
-        assert_eq!(pa, pb);
-        // Model-based asks (after the 10 random ones) too, not just the startup.
-        assert_ne!(pa[..10], pc[..10]);
-        assert_ne!(pa[10..], pc[10..]);
-
-        // Asking is a function of (seed, index, told set): a fresh TPE told the
-        // same results in reverse order answers the same, and asking twice
-        // changes nothing.
-        let mut d = new(5);
-        for (i, p) in pa.iter().enumerate().rev() {
-            d.tell(i as u64, p, Outcome::Complete(bench(p)));
-        }
-        assert_eq!(d.observations(), 30);
-        assert_eq!(a.ask(30, &[]), d.ask(30, &[]));
-        assert_eq!(a.ask(30, &[]), a.ask(30, &[]));
-        assert_ne!(a.ask(30, &[]), a.ask(31, &[]));
-    }
-
-    #[test]
-    fn non_finite_and_foreign_values_are_ignored_or_left_out() {
-        let mut t = Tpe::new(bench_space(), Direction::Minimize, 1, TpeSettings { startup: 0, ..Default::default() });
-        let p = t.ask(0, &[]);
-        t.tell(0, &p, Outcome::Complete(f64::NAN));
-        t.tell(1, &p, Outcome::Complete(f64::INFINITY));
-        assert_eq!(t.observations(), 0);
-        // Out of the domain, of the wrong type, or missing: told, but no kernel.
-        let mut odd = Params::new();
-        odd.insert("x".into(), ParamValue::Float(7.0));
-        odd.insert("opt".into(), ParamValue::Text("lbfgs".into()));
-        t.tell(2, &odd, Outcome::Complete(1.0));
-        assert_eq!(t.observations(), 1);
-        assert_eq!(t.told[&2].coords, None);
-        let ask = t.ask(1, &[]);
-        assert!((-2.0..=2.0).contains(&float(&ask["x"])));
-        assert_eq!(encode(&ParamSpec::Int { low: 1, high: 9, step: 4 }, &ParamValue::Int(3)), None, "off the lattice");
-    }
-
-    #[test]
-    fn asks_stay_in_the_domain_before_and_after_startup() {
-        let space = vec![
-            ("c".to_string(), categorical(&["a", "b", "c"])),
-            ("n".to_string(), ParamSpec::Int { low: -5, high: 8, step: 4 }),
-            ("one".to_string(), ParamSpec::Int { low: 3, high: 3, step: 1 }),
-            ("huge".to_string(), ParamSpec::Int { low: i64::MIN, high: i64::MAX, step: 1 }),
-            ("f".to_string(), ParamSpec::Float { low: 2.5, high: 3.5, grid: 3 }),
-            ("lr".to_string(), ParamSpec::LogFloat { low: 1e-4, high: 1e-1, grid: 3 }),
-            ("only".to_string(), categorical(&["z"])),
-        ];
-        for seed in 0..4 {
-            let mut t = Tpe::new(space.clone(), Direction::Minimize, seed, TpeSettings::default());
-            let mut seen_n = std::collections::BTreeSet::new();
-            let mut seen_c = std::collections::BTreeSet::new();
-            // Pulls the model towards the edges: small f, large lr, n at the top.
-            let values = run(&mut t, 150, |p| {
-                let ParamValue::Int(n) = p["n"] else { panic!("n is an int: {p:?}") };
-                let ParamValue::Int(one) = p["one"] else { panic!("one is an int: {p:?}") };
-                let ParamValue::Int(_) = p["huge"] else { panic!("huge is an int: {p:?}") };
-                assert!([-5, -1, 3, 7].contains(&n), "{n} off the lattice");
-                assert_eq!(one, 3);
-                assert_eq!(p["only"].to_string(), "z");
-                seen_n.insert(n);
-                let c = p["c"].to_string();
-                assert!(["a", "b", "c"].contains(&c.as_str()), "{c}");
-                seen_c.insert(c);
-                let f = float(&p["f"]);
-                assert!((2.5..=3.5).contains(&f), "{f}");
-                let lr = float(&p["lr"]);
-                assert!((1e-4..=1e-1).contains(&lr), "{lr}");
-                f - lr.log10() - n as f64
-            });
-            assert_eq!(values.len(), 150);
-            assert_eq!(t.observations(), 150);
-            assert_eq!(seen_n.len(), 4, "seed {seed}: {seen_n:?}");
-            assert_eq!(seen_c.len(), 3, "seed {seed}: {seen_c:?}");
-        }
-    }
-
-    #[test]
-    fn int_asks_find_the_best_lattice_point() {
-        let space = vec![("n".to_string(), ParamSpec::Int { low: 1, high: 200, step: 3 })];
-        let mut t = Tpe::new(space, Direction::Minimize, 9, TpeSettings::default());
-        // Best at 100 (on the lattice 1, 4, ..., 100, ..., 199).
-        let values = run(&mut t, 60, |p| (float(&p["n"]) - 100.0).abs());
-        assert_eq!(min(&values), 0.0, "{values:?}");
-    }
-
-    #[test]
-    fn the_mixture_integrates_to_one_over_the_domain() {
-        for points in [vec![], vec![0.9], vec![0.0, 0.1, 0.15, 1.0], vec![0.5; 7]] {
-            let spec = ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 };
-            let rows: Vec<Vec<f64>> = points.iter().map(|p| vec![*p]).collect();
-            let m = Mixture::new(&[&spec], &rows);
-            let steps = 20_000;
-            let h = 1.0 / steps as f64;
-            let integral: f64 = (0..steps).map(|i| m.log_pdf(&[(i as f64 + 0.5) * h]).exp() * h).sum();
-            assert!((integral - 1.0).abs() < 1e-3, "{points:?}: {integral}");
-            assert_eq!(m.log_pdf(&[1.5]), f64::NEG_INFINITY);
-        }
-        // Categorical: each observation's row 1/4 on every value and 1 more on
-        // its own (over 7/4), the prior row uniform; mixed with equal weights.
-        let spec = categorical(&["a", "b", "c"]);
-        let m = Mixture::new(&[&spec], &[vec![0.0], vec![0.0], vec![2.0]]);
-        let p: Vec<f64> = (0..3).map(|i| m.log_pdf(&[f64::from(i)]).exp()).collect();
-        assert!((p.iter().sum::<f64>() - 1.0).abs() < 1e-12);
-        let want = [(10.0 / 7.0 + 1.0 / 7.0 + 1.0 / 3.0) / 4.0, (3.0 / 7.0 + 1.0 / 3.0) / 4.0];
-        assert!((p[0] - want[0]).abs() < 1e-12 && (p[1] - want[1]).abs() < 1e-12, "{p:?} {want:?}");
-    }
-
-    /// TPE against the best of as many random draws ([`sample`] with ChaCha8
-    /// seeded the same), over 20 seeds; the table prints with `--nocapture`.
-    #[test]
-    fn tpe_beats_random_search() {
-        let budget = 60;
-        let mut wins = 0;
-        let (mut tpe_total, mut random_total) = (0.0, 0.0);
-        for seed in 0..20 {
-            let mut t = Tpe::new(bench_space(), Direction::Minimize, seed, TpeSettings::default());
-            let tpe_best = min(&run(&mut t, budget, bench));
-            let mut rng = ChaCha8Rng::seed_from_u64(seed);
-            let random: Vec<f64> = (0..budget)
-                .map(|_| bench(&bench_space().iter().map(|(n, s)| (n.clone(), sample(s, &mut rng))).collect()))
-                .collect();
-            let random_best = min(&random);
-            println!("seed {seed}: tpe {tpe_best:.5} random {random_best:.5}");
-            wins += usize::from(tpe_best < random_best);
-            tpe_total += tpe_best;
-            random_total += random_best;
-        }
-        println!("mean: tpe {:.5} random {:.5}; tpe better in {wins}/20", tpe_total / 20.0, random_total / 20.0);
-        assert!(tpe_total * 2.0 < random_total, "mean best: tpe {} random {}", tpe_total / 20.0, random_total / 20.0);
-        assert!(wins >= 16, "tpe better in only {wins} of 20 seeds");
-    }
-
-    #[test]
-    fn maximize_seeks_high_values_and_minimize_low_ones() {
-        let space = vec![
-            ("x".to_string(), ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 }),
-            ("n".to_string(), ParamSpec::Int { low: 0, high: 20, step: 2 }),
-        ];
-        // Highest (0) at x = 0.7, n = 6; lowest at x = 0, n = 20.
-        let h = |p: &Params| -(float(&p["x"]) - 0.7).powi(2) - ((float(&p["n"]) - 6.0) / 10.0).powi(2);
-        for seed in 0..3 {
-            let new = |d| Tpe::new(space.clone(), d, seed, TpeSettings::default());
-            let up = run(&mut new(Direction::Maximize), 60, h);
-            let down = run(&mut new(Direction::Minimize), 60, h);
-            let best_up = up.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            assert!(best_up > -0.005, "seed {seed}: best {best_up}");
-            // After the startup, each direction's asks move its own way from the random ones.
-            let (start, late_up, late_down) = (mean(&up[..10]), mean(&up[30..]), mean(&down[30..]));
-            assert!(late_up > start + 0.05, "seed {seed}: late {late_up} vs startup {start}");
-            assert!(late_down < start - 0.05, "seed {seed}: late {late_down} vs startup {start}");
-        }
-    }
-}
+#[path = "tpe_tests.rs"]
+mod tests;

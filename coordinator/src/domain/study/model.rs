@@ -127,6 +127,10 @@ pub enum Strategy {
     /// Tree-structured Parzen Estimator (Optuna's default), seeded: learns
     /// from each result which regions to sample next.
     Tpe { seed: u64 },
+    /// Bayesian optimisation with a Gaussian process, seeded: models the
+    /// objective over the whole space (best for budgets of up to a few
+    /// hundred trials).
+    Gp { seed: u64 },
 }
 
 /// Which agents may run the trials of a study.
@@ -428,6 +432,20 @@ impl Study {
             return self.hyper.iter().map(|(name, spec)| (name.clone(), spec.clone())).collect();
         }
         self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
+    }
+
+    /// A result's figures of `objective.also`, in that order (minimised):
+    /// joules of a valid energy reading, seconds of wall time; NaN where not
+    /// measured.
+    pub fn also_figures(&self, energy_j: Option<f64>, wall_us: u64) -> Vec<f64> {
+        self.objective
+            .also
+            .iter()
+            .map(|s| match s {
+                Secondary::Energy => energy_j.unwrap_or(f64::NAN),
+                Secondary::WallTime => wall_us as f64 / 1e6,
+            })
+            .collect()
     }
 
     /// A successful measurement's objective value, as `objective.aggregate` says.

@@ -123,6 +123,7 @@ pub(super) enum StrategyKind {
     Grid,
     Random,
     Tpe,
+    Gp,
 }
 
 #[derive(Deserialize)]

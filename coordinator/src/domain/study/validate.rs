@@ -120,20 +120,21 @@ impl Ctx<'_> {
 
         let strategy = match (raw.strategy.kind, &raw.strategy.seed) {
             (StrategyKind::Grid, Some(seed)) => {
-                return Err(self.at(seed.span(), "strategy.seed: only the random and tpe strategies take a seed"))
+                return Err(self.at(seed.span(), "strategy.seed: only the random, tpe and gp strategies take a seed"))
             }
             (StrategyKind::Grid, None) => Strategy::Grid,
-            (StrategyKind::Random, None) => Strategy::Random { seed: 0 },
-            (StrategyKind::Random, Some(seed)) => {
-                let s = u64::try_from(*seed.get_ref())
-                    .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?;
-                Strategy::Random { seed: s }
-            }
-            (StrategyKind::Tpe, None) => Strategy::Tpe { seed: 0 },
-            (StrategyKind::Tpe, Some(seed)) => {
-                let s = u64::try_from(*seed.get_ref())
-                    .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?;
-                Strategy::Tpe { seed: s }
+            (kind, seed) => {
+                let s = match seed {
+                    None => 0,
+                    Some(seed) => u64::try_from(*seed.get_ref())
+                        .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?,
+                };
+                match kind {
+                    StrategyKind::Random => Strategy::Random { seed: s },
+                    StrategyKind::Tpe => Strategy::Tpe { seed: s },
+                    StrategyKind::Gp => Strategy::Gp { seed: s },
+                    StrategyKind::Grid => Strategy::Grid,
+                }
             }
         };
 

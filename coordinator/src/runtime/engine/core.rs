@@ -187,7 +187,8 @@ impl Core {
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 values.insert(row.trial, value);
-                search.tell(row.trial, &row.params, value);
+                let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
+                search.tell(row.trial, &row.params, value, &also);
                 if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
                     best = Some(Best { trial: row.trial, value, agent });
                 }

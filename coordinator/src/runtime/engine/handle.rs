@@ -489,7 +489,9 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
         if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
             if let Some(plan) = a.plans.get(trial.trial as usize) {
                 if measurement.exit != ExitOutcome::Cancelled {
-                    a.search.tell(trial.trial, &plan.params, v);
+                    let energy = Some(measurement.energy.joules).filter(|_| measurement.energy.valid);
+                    let also = a.study.also_figures(energy, measurement.wall_us);
+                    a.search.tell(trial.trial, &plan.params, v, &also);
                 }
             }
             a.values.insert(trial.trial, v);

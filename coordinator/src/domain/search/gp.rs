@@ -1,0 +1,574 @@
+//! Bayesian optimisation with a Gaussian process (`kind = "gp"`): for the
+//! small budgets of real trials (tens to a few hundred), a model of the
+//! objective over the whole space finds better configurations than TPE's
+//! density ratio, as Optuna's own `GPSampler` and the literature on TPE's
+//! weaknesses show (BENCHMARKS.md, "Search quality against Optuna 5"
+//! measures it against Optuna 5's default TPE). Seeded and reproducible:
+//! an ask is a function of the seed, its index and the told and running
+//! trials, so a resumed study asks the same.
+//!
+//! # How it chooses
+//!
+//! - Until [`GpSettings::startup`] trials are told, configurations are drawn
+//!   at random ([`super::sample`]), as TPE does.
+//! - Coordinates: every parameter with more than one value is an axis of
+//!   the unit cube (a float linearly, a log_float in log space, an int by
+//!   its lattice index, always rounded to the lattice before it is scored);
+//!   a categorical is its value's index, compared for equality only.
+//! - The model: a Gaussian process with a constant mean and a Matérn 5/2
+//!   kernel with one length scale per axis (a categorical axis adds
+//!   `1 / length^2` to the squared distance when two values differ, a
+//!   Hamming kernel), a signal and a noise variance, on the told values
+//!   standardised (mean 0, deviation 1) after a monotone warping that keeps
+//!   a few huge values from flattening the rest (values above the median
+//!   are compressed as `median + s * ln(1 + (y - median) / s)`, `s` their
+//!   interquartile range). Its hyper-parameters maximise the marginal
+//!   likelihood with weak log-normal priors (Nelder-Mead in log space,
+//!   from the same start every ask, so the ask does not depend on history).
+//! - The next configuration maximises the log of the expected improvement
+//!   over the best posterior mean at a told configuration (robust to
+//!   noise), over [`GpSettings::candidates`] random points and
+//!   perturbations of the best told ones, the best few then refined one
+//!   axis at a time.
+//! - Trials still running (a fleet's parallel asks): each is added to the
+//!   model with its posterior mean as its value (the "kriging believer"),
+//!   which takes away the uncertainty, and so the improvement, where it
+//!   runs: parallel asks spread out instead of repeating one point.
+//! - A trial stopped early (ASHA) is told with the worse of its last report
+//!   and the median of the complete trials: it trailed where it was cut,
+//!   and its final value is unknown.
+//! - Several objectives (`[objective] also`): ParEGO. Every ask draws a
+//!   weight vector uniformly on the simplex and models the augmented
+//!   Chebyshev scalarisation `max_i w_i f_i + 0.05 sum_i w_i f_i` of the
+//!   objectives, each normalised to [0, 1] over the told trials: over
+//!   asks, the weights sweep the whole front. Trials without every
+//!   objective (an invalid energy reading, a stopped trial) are left out.
+//!
+//! # Cost
+//!
+//! An ask fits the model (a Cholesky factorisation per likelihood
+//! evaluation: O(n^3) for n told trials) and scores a few thousand
+//! candidates (O(n^2) each): milliseconds at 100 trials, about a second at
+//! 1,000. For studies of thousands of short trials, TPE (linear in n) is
+//! the better choice.
+
+use std::collections::BTreeMap;
+use std::f64::consts::{PI, SQRT_2};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tunefleet_common::params::Params;
+
+use super::draw::sample;
+use super::linalg::{cholesky, nelder_mead, solve_lower, solve_upper_t};
+use super::tpe::{choices, decode, encode, int_top, standard_normal, Outcome};
+use crate::domain::study::{Direction, ParamSpec};
+
+/// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
+const CHEBYSHEV_RHO: f64 = 0.05;
+/// Told configurations whose neighbourhoods are searched for candidates.
+const LOCAL_CENTRES: usize = 5;
+/// Perturbations drawn around each of them.
+const LOCAL_DRAWS: usize = 64;
+/// Candidates refined one axis at a time.
+const REFINED: usize = 3;
+/// Sweeps of that refinement (the step halves after each).
+const SWEEPS: usize = 8;
+/// Bounds of the hyper-parameters, in natural log: length scales, signal
+/// variance, noise variance (the values are standardised).
+const LOG_LENGTH: (f64, f64) = (-4.6, 3.0);
+const LOG_SIGNAL: (f64, f64) = (-4.6, 4.6);
+const LOG_NOISE: (f64, f64) = (-16.0, 0.0);
+
+/// Settings of [`Gp`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpSettings {
+    /// Trials told before the model is used; random until then. Default 10.
+    pub startup: usize,
+    /// Random candidates scored per ask (perturbations of the best told
+    /// configurations come on top). Default 1024.
+    pub candidates: usize,
+    /// Likelihood evaluations when fitting the hyper-parameters. Default 200.
+    pub fit_evals: usize,
+}
+
+impl Default for GpSettings {
+    fn default() -> Self {
+        GpSettings { startup: 10, candidates: 1024, fit_evals: 200 }
+    }
+}
+
+/// One axis of the unit cube.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Axis {
+    /// `index` into the space; the model coordinate `e` of [`encode`] maps
+    /// to `(e - lo) / (hi - lo)`; `lattice`: the largest lattice index of an
+    /// int (values are rounded to it), 0 for floats.
+    Numeric { index: usize, lo: f64, hi: f64, lattice: f64 },
+    /// `index` into the space; the coordinate is the value's index.
+    Categorical { index: usize, values: usize },
+}
+
+/// What a told trial was, in model terms.
+#[derive(Debug, Clone, PartialEq)]
+enum Told {
+    /// Losses (smaller is better): the objective, then `also`'s.
+    Complete(Vec<f64>),
+    /// The last report's loss (`+inf` for a NaN).
+    Pruned(f64),
+}
+
+/// A Gaussian-process search over a fixed space; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Gp {
+    space: Vec<(String, ParamSpec)>,
+    axes: Vec<Axis>,
+    direction: Direction,
+    /// Objectives of the study: 1, or 1 + `also`.
+    objectives: usize,
+    seed: u64,
+    settings: GpSettings,
+    told: BTreeMap<u64, (Option<Vec<f64>>, Told)>,
+}
+
+/// A fitted process.
+struct Model {
+    x: Vec<Vec<f64>>,
+    chol: Vec<f64>,
+    alpha: Vec<f64>,
+    theta: Theta,
+}
+
+#[derive(Debug, Clone)]
+struct Theta {
+    length: Vec<f64>,
+    signal: f64,
+    noise: f64,
+}
+
+impl Gp {
+    /// `space`: every parameter searched (name, domain), in a stable order;
+    /// `objectives`: 1, or 1 + the study's `also`.
+    pub fn new(
+        space: Vec<(String, ParamSpec)>,
+        direction: Direction,
+        objectives: usize,
+        seed: u64,
+        settings: GpSettings,
+    ) -> Self {
+        let axes = space
+            .iter()
+            .enumerate()
+            .filter(|(_, (_, spec))| choices(spec) > 1.0)
+            .map(|(index, (_, spec))| match spec {
+                ParamSpec::Categorical { values } => Axis::Categorical { index, values: values.len() },
+                ParamSpec::Int { low, high, step } => {
+                    let top = int_top(*low, *high, *step) as f64;
+                    Axis::Numeric { index, lo: 0.0, hi: top, lattice: top }
+                }
+                ParamSpec::Float { low, high, .. } => Axis::Numeric { index, lo: *low, hi: *high, lattice: 0.0 },
+                ParamSpec::LogFloat { low, high, .. } => {
+                    Axis::Numeric { index, lo: low.ln(), hi: high.ln(), lattice: 0.0 }
+                }
+            })
+            .collect();
+        Gp { space, axes, direction, objectives: objectives.max(1), seed, settings, told: BTreeMap::new() }
+    }
+
+    /// Trials told so far (complete with finite values, or stopped early).
+    pub fn observations(&self) -> usize {
+        self.told.len()
+    }
+
+    /// What became of trial `trial` run with `params` (one objective; see
+    /// [`Gp::tell_values`] for several). Telling a trial again replaces it.
+    pub fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        match outcome {
+            Outcome::Complete(v) => self.tell_values(trial, params, v, &[]),
+            Outcome::Pruned { value, .. } => {
+                let loss = if value.is_nan() { f64::INFINITY } else { self.loss(value) };
+                let u = self.unit(params);
+                self.told.insert(trial, (u, Told::Pruned(loss)));
+            }
+        }
+    }
+
+    /// Trial `trial` completed with objective `value` (in the metric's own
+    /// direction; not told when not finite) and the figures of `also`
+    /// (minimised; a non-finite one leaves the trial out of a
+    /// multi-objective model).
+    pub fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        if !value.is_finite() {
+            return;
+        }
+        let losses = std::iter::once(self.loss(value)).chain(also.iter().copied()).collect();
+        let u = self.unit(params);
+        self.told.insert(trial, (u, Told::Complete(losses)));
+    }
+
+    fn loss(&self, v: f64) -> f64 {
+        match self.direction {
+            Direction::Minimize => v,
+            Direction::Maximize => -v,
+        }
+    }
+
+    /// The configuration for the `index`-th ask while `running` (trials
+    /// created and not told) run; see the module documentation.
+    pub fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(index);
+        let chosen = if self.told.len() < self.settings.startup || self.axes.is_empty() {
+            None
+        } else {
+            self.choose(&mut rng, running)
+        };
+        match chosen {
+            Some(u) => self.decode(&u),
+            None => self
+                .space
+                .iter()
+                .filter(|(_, spec)| choices(spec) > 0.0)
+                .map(|(name, spec)| (name.clone(), sample(spec, &mut rng)))
+                .collect(),
+        }
+    }
+
+    /// The training set: unit coordinates and a loss for each usable told trial.
+    fn training(&self, rng: &mut ChaCha8Rng) -> (Vec<Vec<f64>>, Vec<f64>) {
+        let usable = self.told.values().filter_map(|(u, t)| Some((u.as_ref()?, t)));
+        if self.objectives > 1 {
+            let rows: Vec<(&Vec<f64>, &Vec<f64>)> = usable
+                .filter_map(|(u, t)| match t {
+                    Told::Complete(l) if l.len() == self.objectives && l.iter().all(|v| v.is_finite()) => Some((u, l)),
+                    _ => None,
+                })
+                .collect();
+            let weights = simplex_weights(self.objectives, rng);
+            let (lo, hi): (Vec<f64>, Vec<f64>) = (0..self.objectives)
+                .map(|k| {
+                    let column = rows.iter().map(|(_, l)| l[k]);
+                    (column.clone().fold(f64::INFINITY, f64::min), column.fold(f64::NEG_INFINITY, f64::max))
+                })
+                .unzip();
+            let y = rows
+                .iter()
+                .map(|(_, l)| {
+                    let scaled: Vec<f64> = (0..self.objectives)
+                        .map(|k| {
+                            let range = hi[k] - lo[k];
+                            weights[k] * if range > 0.0 { (l[k] - lo[k]) / range } else { 0.0 }
+                        })
+                        .collect();
+                    scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                        + CHEBYSHEV_RHO * scaled.iter().sum::<f64>()
+                })
+                .collect();
+            return (rows.into_iter().map(|(u, _)| u.clone()).collect(), y);
+        }
+        let mut complete: Vec<f64> = self
+            .told
+            .values()
+            .filter_map(|(_, t)| match t {
+                Told::Complete(l) => l.first().copied(),
+                Told::Pruned(_) => None,
+            })
+            .collect();
+        complete.sort_by(f64::total_cmp);
+        let median = complete.get(complete.len() / 2).copied();
+        let worst = complete.last().copied();
+        let mut x = Vec::new();
+        let mut y = Vec::new();
+        for (u, t) in usable {
+            let v = match t {
+                Told::Complete(l) => l.first().copied(),
+                Told::Pruned(loss) => match (median, worst) {
+                    (Some(m), Some(w)) => Some(if loss.is_finite() { loss.max(m) } else { w }),
+                    _ => loss.is_finite().then_some(*loss),
+                },
+            };
+            if let Some(v) = v.filter(|v| v.is_finite()) {
+                x.push(u.clone());
+                y.push(v);
+            }
+        }
+        (x, y)
+    }
+
+    /// The unit coordinates maximising the expected improvement, or `None`
+    /// when the model cannot be fitted (too few usable trials).
+    fn choose(&self, rng: &mut ChaCha8Rng, running: &[(u64, &Params)]) -> Option<Vec<f64>> {
+        let (x, y) = self.training(rng);
+        if x.len() < 2 {
+            return None;
+        }
+        let y = standardise(&warp(&y));
+        let theta = self.fit(&x, &y);
+        let model = self.model(x.clone(), &y, &theta)?;
+        // Best posterior mean at a told configuration: the incumbent.
+        let best = x.iter().map(|u| model.predict(self, u).0).fold(f64::INFINITY, f64::min);
+        let pending: Vec<Vec<f64>> =
+            running.iter().filter(|(t, _)| !self.told.contains_key(t)).filter_map(|(_, p)| self.unit(p)).collect();
+        let model = if pending.is_empty() {
+            model
+        } else {
+            let mut xs = x.clone();
+            let mut ys = y.clone();
+            for u in pending {
+                ys.push(model.predict(self, &u).0);
+                xs.push(u);
+            }
+            self.model(xs, &ys, &theta).unwrap_or(model)
+        };
+        let score = |u: &[f64]| {
+            let (mu, var) = model.predict(self, u);
+            let sd = var.sqrt();
+            log_expected_improvement((best - mu) / sd) + sd.ln()
+        };
+        let mut scored: Vec<(f64, Vec<f64>)> = Vec::new();
+        for _ in 0..self.settings.candidates.max(1) {
+            let u = self.snap(self.axes.iter().map(|a| self.random_coordinate(a, rng)).collect());
+            scored.push((score(&u), u));
+        }
+        let mut centres: Vec<usize> = (0..x.len()).collect();
+        centres.sort_by(|&a, &b| y[a].total_cmp(&y[b]));
+        for &c in centres.iter().take(LOCAL_CENTRES) {
+            for _ in 0..LOCAL_DRAWS {
+                let u = self.snap(
+                    self.axes
+                        .iter()
+                        .zip(&x[c])
+                        .zip(&theta.length)
+                        .map(|((a, v), l)| match a {
+                            Axis::Numeric { .. } => (v + 0.25 * l.min(1.0) * standard_normal(rng)).clamp(0.0, 1.0),
+                            Axis::Categorical { .. } if rng.random::<f64>() < 0.2 => self.random_coordinate(a, rng),
+                            Axis::Categorical { .. } => *v,
+                        })
+                        .collect(),
+                );
+                scored.push((score(&u), u));
+            }
+        }
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        scored.truncate(REFINED);
+        let refined = scored.into_iter().map(|(s, u)| self.refine(u, s, &score));
+        refined.max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
+    }
+
+    /// One axis at a time: a numeric axis tries a step either way, a
+    /// categorical every other value; the step halves after each sweep.
+    fn refine(&self, mut u: Vec<f64>, mut best: f64, score: &impl Fn(&[f64]) -> f64) -> (f64, Vec<f64>) {
+        let mut step: f64 = 0.1;
+        for _ in 0..SWEEPS {
+            for (d, axis) in self.axes.iter().enumerate() {
+                let tries: Vec<f64> = match axis {
+                    Axis::Numeric { lattice, .. } => {
+                        let s = if *lattice > 0.0 { step.max(1.0 / lattice) } else { step };
+                        vec![(u[d] - s).max(0.0), (u[d] + s).min(1.0)]
+                    }
+                    Axis::Categorical { values, .. } => (0..*values).map(|i| i as f64).collect(),
+                };
+                for t in tries {
+                    let mut v = u.clone();
+                    v[d] = t;
+                    let v = self.snap(v);
+                    let s = score(&v);
+                    if s > best {
+                        best = s;
+                        u = v;
+                    }
+                }
+            }
+            step *= 0.5;
+        }
+        (best, u)
+    }
+
+    fn random_coordinate(&self, axis: &Axis, rng: &mut ChaCha8Rng) -> f64 {
+        match axis {
+            Axis::Numeric { .. } => rng.random(),
+            Axis::Categorical { values, .. } => rng.random_range(0..(*values).max(1)) as f64,
+        }
+    }
+
+    /// Ints rounded to their lattice.
+    fn snap(&self, mut u: Vec<f64>) -> Vec<f64> {
+        for (v, a) in u.iter_mut().zip(&self.axes) {
+            if let Axis::Numeric { lattice, .. } = a {
+                if *lattice > 0.0 {
+                    *v = (*v * lattice).round() / lattice;
+                }
+            }
+        }
+        u
+    }
+
+    /// Unit coordinates of a configuration; `None` when it lacks a modelled
+    /// parameter or has one outside its domain.
+    fn unit(&self, params: &Params) -> Option<Vec<f64>> {
+        self.axes
+            .iter()
+            .map(|a| match a {
+                Axis::Numeric { index, lo, hi, .. } => {
+                    let (name, spec) = &self.space[*index];
+                    let e = encode(spec, params.get(name)?)?;
+                    Some(if hi > lo { ((e - lo) / (hi - lo)).clamp(0.0, 1.0) } else { 0.0 })
+                }
+                Axis::Categorical { index, .. } => {
+                    let (name, spec) = &self.space[*index];
+                    encode(spec, params.get(name)?)
+                }
+            })
+            .collect()
+    }
+
+    fn decode(&self, u: &[f64]) -> Params {
+        let mut out = Params::new();
+        for (i, (name, spec)) in self.space.iter().enumerate() {
+            let axis = self.axes.iter().position(|a| match a {
+                Axis::Numeric { index, .. } | Axis::Categorical { index, .. } => *index == i,
+            });
+            let value = match axis {
+                Some(d) => match self.axes[d] {
+                    Axis::Numeric { lo, hi, .. } => decode(spec, lo + u[d] * (hi - lo)),
+                    Axis::Categorical { .. } => decode(spec, u[d]),
+                },
+                None => decode(spec, 0.0).filter(|_| choices(spec) > 0.0),
+            };
+            if let Some(v) = value {
+                out.insert(name.clone(), v);
+            }
+        }
+        out
+    }
+
+    /// Squared scaled distance of the kernel.
+    fn distance2(&self, a: &[f64], b: &[f64], length: &[f64]) -> f64 {
+        let mut r2 = 0.0;
+        for (d, axis) in self.axes.iter().enumerate() {
+            let l = length[d];
+            match axis {
+                Axis::Numeric { .. } => {
+                    let z = (a[d] - b[d]) / l;
+                    r2 += z * z;
+                }
+                Axis::Categorical { .. } => {
+                    if a[d] != b[d] {
+                        r2 += 1.0 / (l * l);
+                    }
+                }
+            }
+        }
+        r2
+    }
+
+    fn kernel(&self, a: &[f64], b: &[f64], theta: &Theta) -> f64 {
+        let r = (5.0 * self.distance2(a, b, &theta.length)).sqrt();
+        theta.signal * (1.0 + r + r * r / 3.0) * (-r).exp()
+    }
+
+    fn model(&self, x: Vec<Vec<f64>>, y: &[f64], theta: &Theta) -> Option<Model> {
+        let n = x.len();
+        let mut k = vec![0.0; n * n];
+        for i in 0..n {
+            for j in 0..=i {
+                let v = self.kernel(&x[i], &x[j], theta);
+                k[i * n + j] = v;
+                k[j * n + i] = v;
+            }
+            k[i * n + i] += theta.noise + 1e-9;
+        }
+        let chol = cholesky(&k, n)?;
+        let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
+        Some(Model { x, chol, alpha, theta: theta.clone() })
+    }
+
+    /// Hyper-parameters maximising the marginal likelihood with their priors.
+    fn fit(&self, x: &[Vec<f64>], y: &[f64]) -> Theta {
+        let d = self.axes.len();
+        let theta_of = |p: &[f64]| Theta {
+            length: p[..d].iter().map(|v| v.clamp(LOG_LENGTH.0, LOG_LENGTH.1).exp()).collect(),
+            signal: p[d].clamp(LOG_SIGNAL.0, LOG_SIGNAL.1).exp(),
+            noise: p[d + 1].clamp(LOG_NOISE.0, LOG_NOISE.1).exp(),
+        };
+        let objective = |p: &[f64]| {
+            let theta = theta_of(p);
+            let Some(m) = self.model(x.to_vec(), y, &theta) else { return f64::INFINITY };
+            let n = x.len();
+            let fit: f64 = 0.5 * y.iter().zip(&m.alpha).map(|(a, b)| a * b).sum::<f64>();
+            let det: f64 = (0..n).map(|i| m.chol[i * n + i].ln()).sum();
+            // Weak log-normal priors: length scales around 0.5, signal
+            // around 1, noise small but learnable.
+            let prior = p[..d].iter().map(|v| 0.5 * (v - 0.5f64.ln()).powi(2)).sum::<f64>()
+                + 0.5 * p[d].powi(2)
+                + 0.5 * ((p[d + 1] - 1e-4f64.ln()) / 4.0).powi(2);
+            fit + det + prior
+        };
+        let mut start = vec![0.5f64.ln(); d];
+        start.push(0.0);
+        start.push(1e-4f64.ln());
+        let (best, _) = nelder_mead(objective, &start, 1.0, self.settings.fit_evals.max(d + 2));
+        theta_of(&best)
+    }
+}
+
+impl Model {
+    /// Posterior mean and variance (of the latent function) at `u`.
+    fn predict(&self, gp: &Gp, u: &[f64]) -> (f64, f64) {
+        let n = self.x.len();
+        let k: Vec<f64> = self.x.iter().map(|x| gp.kernel(x, u, &self.theta)).collect();
+        let mean: f64 = k.iter().zip(&self.alpha).map(|(a, b)| a * b).sum();
+        let v = solve_lower(&self.chol, n, &k);
+        let var = (self.theta.signal - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
+        (mean, var)
+    }
+}
+
+/// Weights drawn uniformly on the simplex (normalised exponentials).
+fn simplex_weights(k: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
+    let draws: Vec<f64> = (0..k).map(|_| -(1.0 - rng.random::<f64>()).ln()).collect();
+    let total: f64 = draws.iter().sum();
+    draws.iter().map(|d| if total > 0.0 { d / total } else { 1.0 / k as f64 }).collect()
+}
+
+/// Values above the median compressed logarithmically beyond their
+/// interquartile range (monotone: the order of the values is kept).
+fn warp(y: &[f64]) -> Vec<f64> {
+    let mut sorted = y.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    let (median, iqr) = (at(0.5), at(0.75) - at(0.25));
+    if iqr.is_nan() || iqr <= 0.0 {
+        return y.to_vec();
+    }
+    y.iter().map(|&v| if v > median { median + iqr * ((v - median) / iqr).ln_1p() } else { v }).collect()
+}
+
+/// Mean 0, deviation 1 (a constant set becomes zeros).
+fn standardise(y: &[f64]) -> Vec<f64> {
+    let n = y.len() as f64;
+    let mean = y.iter().sum::<f64>() / n;
+    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let sd = if sd > 0.0 { sd } else { 1.0 };
+    y.iter().map(|v| (v - mean) / sd).collect()
+}
+
+/// `ln(z Phi(z) + phi(z))`: the log of the expected improvement of a unit
+/// Gaussian over `z` deviations, accurate far into the left tail.
+fn log_expected_improvement(z: f64) -> f64 {
+    let log_phi = -0.5 * z * z - 0.5 * (2.0 * PI).ln();
+    if z > -1.0 {
+        (z * 0.5 * libm::erfc(-z / SQRT_2) + log_phi.exp()).ln()
+    } else if z > -37.0 {
+        // phi(z) (1 - t R(t)), t = -z, R = Phi(-t) / phi(t) (Mills' ratio).
+        let t = -z;
+        let ratio = t * (0.5 * libm::erfc(t / SQRT_2)).ln().exp() / log_phi.exp();
+        log_phi + (1.0 - ratio).max(f64::MIN_POSITIVE).ln()
+    } else {
+        log_phi - 2.0 * (-z).ln()
+    }
+}
+
+#[cfg(test)]
+#[path = "gp_tests.rs"]
+mod tests;
