@@ -52,7 +52,7 @@ impl Boundary {
 }
 
 /// Rounds of windows again for the two closest configurations, at most.
-pub const MAX_REPROBES: u32 = 2;
+pub use tunefleet_common::message::MAX_REPROBES;
 /// Standard errors apart that the kept configuration and the runner-up
 /// must be for the choice to stand without another round.
 pub const CONFIDENT_MARGIN: f64 = 2.0;

@@ -218,6 +218,20 @@ pub struct ProbePlan {
     pub control: bool,
 }
 
+/// Rounds in which a pipelined trial measures its two best configurations
+/// again when the noise of their windows cannot tell them apart (two
+/// windows each round), at most.
+pub const MAX_REPROBES: u32 = 2;
+
+impl ProbePlan {
+    /// The most units the probing can take: the warm-up, one window per
+    /// configuration and every round of windows measured again.
+    pub fn units_at_most(&self) -> u64 {
+        let windows = self.configs.len() as u64 + 2 * u64::from(MAX_REPROBES);
+        u64::from(self.warmup) + u64::from(self.window) * windows
+    }
+}
+
 /// What probe windows count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WindowUnit {

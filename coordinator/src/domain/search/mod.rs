@@ -474,14 +474,27 @@ pub fn spread(values: &[f64]) -> Option<f64> {
 /// that asks for nothing) first, then the others in the study's order.
 pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
     let pipeline = study.pipeline.as_ref()?;
-    let axes: Vec<(SystemParam, Vec<ParamValue>)> =
-        study.system.iter().map(|(p, spec)| (*p, grid_values(spec))).collect();
+    let configs = probe_configs(&study.system, pipeline.probe);
+    Some(ProbePlan {
+        configs: configs.iter().map(system_params).collect(),
+        window: pipeline.window,
+        warmup: pipeline.warmup,
+        unit: pipeline.unit,
+        select: pipeline.select,
+        control: pipeline.control,
+    })
+}
+
+/// The system configurations a pipelined trial probes, in order: the
+/// default (every parameter at its largest value) first.
+pub fn probe_configs(system: &std::collections::BTreeMap<SystemParam, ParamSpec>, order: ProbeOrder) -> Vec<Params> {
+    let axes: Vec<(SystemParam, Vec<ParamValue>)> = system.iter().map(|(p, spec)| (*p, grid_values(spec))).collect();
     let default: Params = axes
         .iter()
         .filter_map(|(p, values)| Some((p.as_str().to_string(), values.iter().max_by_key(|v| v.as_u64())?.clone())))
         .collect();
     let mut configs = vec![default.clone()];
-    match pipeline.probe {
+    match order {
         ProbeOrder::OneAtATime => {
             for (p, values) in &axes {
                 for v in values {
@@ -495,7 +508,7 @@ pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
         }
         ProbeOrder::Grid => {
             let space: Vec<(String, ParamSpec)> =
-                study.system.iter().map(|(p, spec)| (p.as_str().to_string(), spec.clone())).collect();
+                system.iter().map(|(p, spec)| (p.as_str().to_string(), spec.clone())).collect();
             let mut grid = Grid::new(&space);
             while let Some(c) = grid.ask(&[]) {
                 if c != default {
@@ -504,14 +517,7 @@ pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
             }
         }
     }
-    Some(ProbePlan {
-        configs: configs.iter().map(system_params).collect(),
-        window: pipeline.window,
-        warmup: pipeline.warmup,
-        unit: pipeline.unit,
-        select: pipeline.select,
-        control: pipeline.control,
-    })
+    configs
 }
 
 /// The system parameters present in `params`.

@@ -429,3 +429,27 @@ fn load_reports_missing_files_with_their_path() {
     let e = load(Path::new("/nonexistent/study.toml")).expect_err("missing");
     assert!(e.to_string().starts_with("/nonexistent/study.toml:"), "{e}");
 }
+
+#[test]
+fn early_stopping_in_a_pipelined_study_judges_only_after_every_probe_window() {
+    // Threads 1..2: two configurations; windows of 2 epochs after 1 of
+    // warm-up, and up to 2 x 2 windows again: probing may take 13 epochs.
+    let with = |grace: u32| {
+        format!(
+            "{EXAMPLE}\n[pipeline]\nmode = \"pipelined\"\ncontrol = true\nwindow = {{ epochs = 2, warmup = 1 }}\n\
+             [early_stopping]\nkind = \"asha\"\ngrace = {grace}\n"
+        )
+    };
+    let e = parse(&with(13), "s.toml").expect_err("a rung inside the probing");
+    assert!(e.to_string().contains("set grace = 14 or more"), "{e}");
+    let s = parse(&with(14), "s.toml").expect("every rung after the probing");
+    assert_eq!(s.early_stopping.map(|e| e.grace), Some(14));
+    // Windows of steps: the probing's end in epochs is not known.
+    let steps = EXAMPLE.replace("[system.threads]", "[system.cores]")
+        + "\n[pipeline]\nmode = \"pipelined\"\nwindow = { steps = 50 }\n[early_stopping]\nkind = \"asha\"\ngrace = 50\n";
+    let e = parse(&steps, "s.toml").expect_err("steps");
+    assert!(e.to_string().contains("windows of steps"), "{e}");
+    // A plain study keeps any grace.
+    let plain = format!("{EXAMPLE}\n[early_stopping]\nkind = \"asha\"\ngrace = 1\n");
+    assert!(parse(&plain, "s.toml").is_ok());
+}

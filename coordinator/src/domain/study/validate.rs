@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use toml::Spanned;
 use tunefleet_common::measurement::EnergySourceKind;
-use tunefleet_common::message::{Select, WindowUnit};
+use tunefleet_common::message::{ProbePlan, Select, SystemParams, WindowUnit};
 use tunefleet_common::params::ParamValue;
 use tunefleet_common::template;
 
@@ -299,6 +299,14 @@ impl Ctx<'_> {
                     Some(g) => positive_u32(self, g, "early_stopping.grace")?,
                     None => 1,
                 };
+                if let Some(p) = &pipeline {
+                    let span = match (&e.grace, &raw.pipeline) {
+                        (Some(g), _) => g.span(),
+                        (None, Some(p)) => p.span(),
+                        (None, None) => 0..0,
+                    };
+                    self.rungs_after_probing(span, p, &system, grace)?;
+                }
                 Some(EarlyStopping { reduction, grace })
             }
         };
@@ -528,6 +536,54 @@ impl Ctx<'_> {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// Early stopping in a pipelined study: ASHA compares trials at a rung
+    /// by the epoch they reported there, so every rung must come after the
+    /// probe windows (during them, trials run different system
+    /// configurations epoch by epoch). Only windows of epochs have a known
+    /// end.
+    fn rungs_after_probing(
+        &self,
+        span: Range<usize>,
+        p: &Pipelined,
+        system: &BTreeMap<SystemParam, ParamSpec>,
+        grace: u32,
+    ) -> Result<(), StudyError> {
+        if p.unit == WindowUnit::Steps {
+            return Err(self.at(
+                span,
+                "early_stopping: not with probe windows of steps in a pipelined study: how many epochs the \
+                 probing takes is not known in advance, so a rung could compare epochs run under different \
+                 system configurations; use window = { epochs = N }",
+            ));
+        }
+        let plan = ProbePlan {
+            configs: vec![SystemParams::default(); crate::domain::search::probe_configs(system, p.probe).len()],
+            window: p.window,
+            warmup: p.warmup,
+            unit: p.unit,
+            select: p.select,
+            control: p.control,
+        };
+        let probing = plan.units_at_most();
+        if u64::from(grace) <= probing {
+            return Err(self.at(
+                span,
+                format!(
+                    "early_stopping.grace: in a pipelined study every rung must come after the probe windows \
+                     (up to epoch {probing}: {} of warm-up, then windows of {} under {} configurations and up \
+                     to {} more to tell the two best apart), where each trial runs the configuration it \
+                     kept; set grace = {} or more",
+                    p.warmup,
+                    p.window,
+                    plan.configs.len(),
+                    2 * tunefleet_common::message::MAX_REPROBES,
+                    probing + 1
+                ),
+            ));
         }
         Ok(())
     }
