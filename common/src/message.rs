@@ -224,12 +224,17 @@ pub struct ProbePlan {
 pub const MAX_REPROBES: u32 = 2;
 
 impl ProbePlan {
-    /// The most units the probing can take: the warm-up, one window per
-    /// configuration and every round of windows measured again.
+    /// The most units the probing can take (see [`probe_units_at_most`]).
     pub fn units_at_most(&self) -> u64 {
-        let windows = self.configs.len() as u64 + 2 * u64::from(MAX_REPROBES);
-        u64::from(self.warmup) + u64::from(self.window) * windows
+        probe_units_at_most(self.configs.len() as u64, self.window, self.warmup)
     }
+}
+
+/// The most units probing `configs` configurations can take: the warm-up,
+/// one window per configuration and every round of windows measured again.
+pub fn probe_units_at_most(configs: u64, window: u32, warmup: u32) -> u64 {
+    let windows = configs.saturating_add(2 * u64::from(MAX_REPROBES));
+    u64::from(warmup).saturating_add(u64::from(window).saturating_mul(windows))
 }
 
 /// What probe windows count.

@@ -43,6 +43,7 @@ table{border-collapse:collapse;font-size:13px;margin:6px 0;width:100%}
 th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}th{background:#f4f4f4}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ok{color:#2a7a2a}.bad{color:#a33}.est{color:#666;font-style:italic}.small{font-size:12px;color:#555}
+.bar{height:10px;background:#4a7ab5}
 svg.chart{display:block;max-width:100%;height:auto;margin:6px 0;font-size:11px}
 svg text{fill:#333}svg .label{font-size:12px}svg .empty{fill:#777;font-size:14px}
 svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
@@ -411,7 +412,38 @@ fn best(out: &mut String, data: &ReportData) {
             Esc(&interference)
         );
     }
-    out.push_str("</table></section>");
+    out.push_str("</table>");
+    importance(out, data);
+    out.push_str("</section>");
+}
+
+/// Which parameters mattered ([`crate::domain::importance`]), over every
+/// ranked trial: one bar per parameter.
+fn importance(out: &mut String, data: &ReportData) {
+    let trials: Vec<(Params, f64)> = data.ranked.iter().map(|r| (r.params.clone(), r.objective)).collect();
+    let shares = crate::domain::importance::importance(&trials);
+    if shares.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<h3>Which parameters mattered</h3><p class=\"note\">Each parameter's share of the variance of {} that it \
+         explains alone over the {} ranked trials (a first-order functional ANOVA; interactions are not \
+         attributed; shares sum to 1).</p><table id=\"table-importance\"><tr><th>parameter</th><th>share</th>\
+         <th></th></tr>",
+        Esc(&data.study.metric),
+        trials.len()
+    );
+    for (name, share) in &shares {
+        let width = (share.clamp(0.0, 1.0) * 200.0).round();
+        let _ = write!(
+            out,
+            "<tr><td>{}</td><td class=\"n\">{share:.2}</td><td><div class=\"bar\" style=\"width:{width}px\"></div>\
+             </td></tr>",
+            Esc(name)
+        );
+    }
+    out.push_str("</table>");
 }
 
 fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::query::profiles::ClusterView], study: &str) {
@@ -640,6 +672,37 @@ mod tests {
         assert!(page.contains("Front: 1 trial; hypervolume "), "{page}");
         assert!(page.contains("class=\"w probe chosen\""));
         assert!(page.contains("class=\"mark\""));
+    }
+
+    #[test]
+    fn the_parameters_that_mattered_are_shown_under_the_best_ones() {
+        // The objective follows lr alone; batch is noise-free and irrelevant.
+        let ranked: Vec<BestRow> = (0..12u64)
+            .map(|t| {
+                let mut r = row(t, 0.0, None);
+                let lr = (t % 4) as f64 / 10.0;
+                r.params = Params::from([
+                    ("lr".to_string(), ParamValue::Float(lr)),
+                    ("batch".to_string(), ParamValue::Int([16, 32, 64][(t / 4) as usize])),
+                ]);
+                r.objective = lr * 3.0;
+                r
+            })
+            .collect();
+        let page = page(&data("imp", ranked));
+        assert_well_formed(&page);
+        let table = page.split("id=\"table-importance\"").nth(1).expect("an importance table").split("</table>").next();
+        let table = table.unwrap_or_default();
+        let lr = table.find(">lr<").expect("lr listed");
+        let batch = table.find(">batch<").expect("batch listed");
+        assert!(lr < batch, "the parameter that explains the objective comes first: {table}");
+        assert!(table.contains(">1.00<"), "lr explains it all: {table}");
+        // Too few trials: no table.
+        assert!(!page_of_one().contains("table-importance"));
+    }
+
+    fn page_of_one() -> String {
+        page(&data("one", vec![row(0, 0.5, None)]))
     }
 
     #[test]

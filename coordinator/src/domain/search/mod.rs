@@ -349,15 +349,7 @@ pub fn plan(study: &Study) -> Vec<TrialPlan> {
 
 /// How many values the grid strategy takes for one parameter.
 pub fn grid_len(spec: &ParamSpec) -> u64 {
-    match spec {
-        ParamSpec::Categorical { values } => values.len() as u64,
-        ParamSpec::Int { low, high, step } => {
-            // i128: no overflow for any i64 bounds; at least 1 when low <= high.
-            let points = (i128::from(*high) - i128::from(*low)).max(-1) / i128::from((*step).max(1)) + 1;
-            u64::try_from(points).unwrap_or(u64::MAX)
-        }
-        ParamSpec::Float { grid, .. } | ParamSpec::LogFloat { grid, .. } => u64::from((*grid).max(2)),
-    }
+    spec.grid_len()
 }
 
 /// The `i`-th grid value of one parameter (`i < grid_len(spec)`): ints
@@ -870,6 +862,13 @@ control = true
         let grid = PIPELINED.replace("control = true", "control = true\nprobe = \"grid\"");
         let probe = probe_plan(&study(&grid, "kind = \"grid\"", 100, 1)).expect("pipelined");
         assert_eq!(probe.configs, vec![sys(2, 2), sys(1, 1), sys(1, 2), sys(2, 1)]);
+        // What `check` counts to place early stopping's rungs is what is probed.
+        for text in [PIPELINED.to_string(), grid.clone()] {
+            let s = study(&text, "kind = \"grid\"", 100, 1);
+            let pipelined = s.pipeline.clone().expect("pipelined");
+            let probe = probe_plan(&s).expect("pipelined");
+            assert_eq!(pipelined.configurations(&s.system), probe.configs.len() as u64);
+        }
         let sequential = format!("{}mode = \"sequential\"\n", &PIPELINED[..PIPELINED.find("mode = ").unwrap_or(0)]);
         let s = study(&sequential, "kind = \"grid\"", 100, 1);
         assert_eq!(plan(&s).len(), 8, "sequential: every hyper x system combination is a trial");

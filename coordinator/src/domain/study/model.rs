@@ -193,6 +193,22 @@ pub enum ParamSpec {
     LogFloat { low: f64, high: f64, grid: u32 },
 }
 
+impl ParamSpec {
+    /// Points of the parameter's grid: every value of a categorical or an
+    /// int, `grid` points of a float.
+    pub fn grid_len(&self) -> u64 {
+        match self {
+            ParamSpec::Categorical { values } => values.len() as u64,
+            ParamSpec::Int { low, high, step } => {
+                // i128: no overflow for any i64 bounds; at least 1 when low <= high.
+                let points = (i128::from(*high) - i128::from(*low)).max(-1) / i128::from((*step).max(1)) + 1;
+                u64::try_from(points).unwrap_or(u64::MAX)
+            }
+            ParamSpec::Float { grid, .. } | ParamSpec::LogFloat { grid, .. } => u64::from((*grid).max(2)),
+        }
+    }
+}
+
 /// A system parameter the agent applies for real.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -251,6 +267,19 @@ pub struct Pipelined {
     pub select: Select,
     /// The workload speaks the control channel (live thread counts).
     pub control: bool,
+}
+
+impl Pipelined {
+    /// How many system configurations a trial probes
+    /// (`search::probe_configs` lists them): the default and each other
+    /// value of one parameter at a time, or the whole grid.
+    pub fn configurations(&self, system: &BTreeMap<SystemParam, ParamSpec>) -> u64 {
+        let sizes = system.values().map(ParamSpec::grid_len);
+        match self.probe {
+            ProbeOrder::OneAtATime => 1 + sizes.map(|n| n.saturating_sub(1)).sum::<u64>(),
+            ProbeOrder::Grid => sizes.fold(1u64, u64::saturating_mul),
+        }
+    }
 }
 
 /// `[early_stopping] kind = "asha"`: asynchronous successive halving on

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use toml::Spanned;
 use tunefleet_common::measurement::EnergySourceKind;
-use tunefleet_common::message::{ProbePlan, Select, SystemParams, WindowUnit};
+use tunefleet_common::message::{probe_units_at_most, Select, WindowUnit};
 use tunefleet_common::params::ParamValue;
 use tunefleet_common::template;
 
@@ -560,15 +560,8 @@ impl Ctx<'_> {
                  system configurations; use window = { epochs = N }",
             ));
         }
-        let plan = ProbePlan {
-            configs: vec![SystemParams::default(); crate::domain::search::probe_configs(system, p.probe).len()],
-            window: p.window,
-            warmup: p.warmup,
-            unit: p.unit,
-            select: p.select,
-            control: p.control,
-        };
-        let probing = plan.units_at_most();
+        let configurations = p.configurations(system);
+        let probing = probe_units_at_most(configurations, p.window, p.warmup);
         if u64::from(grace) <= probing {
             return Err(self.at(
                 span,
@@ -579,7 +572,7 @@ impl Ctx<'_> {
                      kept; set grace = {} or more",
                     p.warmup,
                     p.window,
-                    plan.configs.len(),
+                    configurations,
                     2 * tunefleet_common::message::MAX_REPROBES,
                     probing + 1
                 ),
