@@ -36,7 +36,7 @@
 #   Ten seeds are too few to tell samplers of equal quality apart (see
 #   BENCHMARKS.md), hence 40.
 # * A spot check with real processes (tunefleet run, one agent):
-#   SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
+#   SPOT_KIND=gp SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
 #
 # Runs under `nice -n 10`. How long: about 45 minutes on 2 shared cores
 # (half of it Optuna's side, a third Tunefleet's gp).

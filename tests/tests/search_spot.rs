@@ -1,10 +1,11 @@
 //! A spot check of the search benchmark with real processes (issue 22): a
-//! `kind = "tpe"` study of the Branin function run by `tunefleet run` and
-//! one agent, each trial an `awk` process reporting the value. Ignored by
-//! default (about 30 s a seed); `scripts/bench-search.sh` names how to run
-//! it and BENCHMARKS.md holds what it printed:
+//! `kind = "tpe"` (or, with `SPOT_KIND=gp`, `kind = "gp"`) study of the
+//! Branin function run by `tunefleet run` and one agent, each trial an
+//! `awk` process reporting the value. Ignored by default (about 30 s a
+//! seed); `scripts/bench-search.sh` names how to run it and BENCHMARKS.md
+//! holds what it printed:
 //!
-//!   SPOT_SEEDS=3 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
+//!   SPOT_KIND=gp SPOT_SEEDS=3 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
 
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 #[ignore]
 fn tpe_on_branin_with_real_processes() {
     let (seeds, slots, budget) = (env_number("SPOT_SEEDS", 3), env_number("SPOT_SLOTS", 1), 50);
+    let kind = std::env::var("SPOT_KIND").unwrap_or_else(|_| "tpe".into());
     for seed in 0..seeds {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = format!(
@@ -32,7 +34,7 @@ direction = "minimize"
 [budget]
 trials = {budget}
 [strategy]
-kind = "tpe"
+kind = "{kind}"
 seed = {seed}
 [hyper.x1]
 kind = "float"
@@ -58,7 +60,7 @@ high = 15
         let best = values.iter().copied().fold(f64::INFINITY, f64::min);
         assert!(best.is_finite() && best >= BRANIN_MIN - 1e-9, "{best}");
         println!(
-            "{{\"side\":\"tunefleet-real\",\"fn\":\"branin\",\"seed\":{seed},\"workers\":{slots},\"regret50\":{}}}",
+            "{{\"side\":\"tunefleet-{kind}-real\",\"fn\":\"branin\",\"seed\":{seed},\"workers\":{slots},\"regret50\":{}}}",
             best - BRANIN_MIN
         );
     }
