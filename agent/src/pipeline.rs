@@ -129,6 +129,9 @@ pub struct Pipeline {
     /// than the plan's window would cut every window, and probing would
     /// never end.
     adapted_window: Option<u32>,
+    /// A reused configuration that arrived during the first probe window:
+    /// applied when that window ends.
+    deferred: Option<SystemParams>,
 }
 
 impl Pipeline {
@@ -156,6 +159,7 @@ impl Pipeline {
             pipelined,
             steps_in_epoch: 0,
             adapted_window: None,
+            deferred: None,
         }
     }
 
@@ -181,10 +185,20 @@ impl Pipeline {
         self.open.cpus = cpus;
     }
 
-    /// The first window of a pipelined trial, once it has closed: what the
-    /// job's profile is taken over.
+    /// The first probe window of a pipelined trial, once it has closed:
+    /// what the job's profile is taken over (after the warm-up, so the
+    /// start-up is not in it).
     pub fn first_window(&self) -> Option<&Segment> {
-        self.segments.first().filter(|_| self.pipelined)
+        self.segments.iter().find(|s| s.role == SegmentRole::Probe).filter(|_| self.pipelined)
+    }
+
+    /// The first probe window is open after a warm-up (the start-up is
+    /// behind: what the first window's profile counts from).
+    pub fn first_window_open_after_warmup(&self) -> bool {
+        self.open.role == SegmentRole::Probe
+            && self.open.probe == Some(0)
+            && self.segments.iter().any(|s| s.role == SegmentRole::Warmup)
+            && !self.segments.iter().any(|s| s.role == SegmentRole::Probe)
     }
 
     /// Still probing: more windows to come.
@@ -248,6 +262,10 @@ impl Pipeline {
                 self.close_and_open(b, SegmentRole::Probe, system, Some(0));
                 Step::Stay
             }
+            (SegmentRole::Probe, Some(0)) if count >= self.window(&plan) && self.deferred.is_some() => {
+                let system = self.deferred.take().unwrap_or_default();
+                self.switch(b, system, SegmentRole::Reused)
+            }
             (SegmentRole::Probe, Some(k)) if count >= self.window(&plan) => {
                 let mut margin = None;
                 let mut best = k;
@@ -294,8 +312,23 @@ impl Pipeline {
 
     /// The coordinator sent `system` for this trial at `b`: probing (if
     /// any) ends, and a segment of `role` (`Reconfigured`, or `Reused` for a
-    /// configuration reused from similar jobs) starts.
+    /// configuration reused from similar jobs) starts. A reuse that comes
+    /// during the first probe window waits for its end: that window (the
+    /// plan's first configuration, after the warm-up) is the one every job
+    /// of its cluster ran, which its verification is normalised by.
     pub fn reconfigure(&mut self, b: Boundary, system: SystemParams, role: SegmentRole) -> Step {
+        if role == SegmentRole::Reused
+            && self.plan.is_some()
+            && matches!((self.open.role, self.open.probe), (SegmentRole::Probe, Some(0)) | (SegmentRole::Warmup, _))
+        {
+            self.deferred = Some(system);
+            return Step::Stay;
+        }
+        self.switch(b, system, role)
+    }
+
+    /// Probing (if any) ends at `b` and a segment of `role` under `system` starts.
+    fn switch(&mut self, b: Boundary, system: SystemParams, role: SegmentRole) -> Step {
         if system == self.open.system && self.reconfigured {
             return Step::Stay;
         }
@@ -671,6 +704,35 @@ mod tests {
         let mut q = p.clone();
         q[0].1.energy_j = None;
         assert_eq!(select(&q, Select::Energy), 0);
+    }
+
+    #[test]
+    fn a_reuse_waits_for_the_first_probe_window_the_window_every_job_ran() {
+        let configs = vec![sys(2, 2), sys(1, 2), sys(2, 1)];
+        let mut p = Pipeline::new(Some(plan(configs.clone(), 1, 2, Select::Time)), configs[0].clone(), vec![0, 1]);
+        assert_eq!(p.on_epoch(at(1, 5.0, 0.0)), Step::Stay, "warm-up (start-up) ends");
+        // The reuse arrives inside the first probe window: it waits.
+        assert_eq!(p.reconfigure(at(1, 5.2, 0.0), sys(1, 2), SegmentRole::Reused), Step::Stay);
+        assert_eq!(p.on_epoch(at(2, 6.0, 0.0)), Step::Stay);
+        assert_eq!(p.on_epoch(at(3, 7.0, 0.0)), Step::Apply(sys(1, 2)), "applied when the window ends");
+        assert!(!p.probing(), "no other configuration is probed");
+        p.on_epoch(at(4, 7.5, 0.0));
+        let (segments, selected) = p.finish(at(5, 8.0, 0.0));
+        let roles: Vec<_> = segments.iter().map(|s| (s.role, s.first_epoch, s.last_epoch, s.system.clone())).collect();
+        assert_eq!(
+            roles,
+            vec![
+                (SegmentRole::Warmup, 1, 1, sys(2, 2)),
+                (SegmentRole::Probe, 2, 3, sys(2, 2)),
+                (SegmentRole::Reused, 4, 5, sys(1, 2)),
+            ]
+        );
+        assert_eq!(selected, None);
+        // A reuse after the first window is applied at once.
+        let mut q = Pipeline::new(Some(plan(configs.clone(), 1, 1, Select::Time)), configs[0].clone(), vec![0, 1]);
+        q.on_epoch(at(1, 5.0, 0.0));
+        assert_eq!(q.on_epoch(at(2, 6.0, 0.0)), Step::Apply(configs[1].clone()));
+        assert_eq!(q.reconfigure(at(2, 6.1, 0.0), sys(2, 1), SegmentRole::Reused), Step::Apply(sys(2, 1)));
     }
 
     #[test]

@@ -321,7 +321,7 @@ async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
 async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() {
     use tunefleet_common::measurement::SegmentRole;
     use tunefleet_common::message::{ProbePlan, Select, WindowUnit};
-    // Each epoch reads and writes a little through syscalls; epoch 2 waits
+    // Each epoch reads and writes a little through syscalls; epoch 3 waits
     // for the test's go (a marker file), so the reuse lands before probing ends.
     let dir = tempfile::tempdir().expect("tempdir");
     let go = dir.path().join("go");
@@ -329,7 +329,7 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
         r#"
         for i in 1 2 3 4 5; do
             head -c 65536 /dev/zero > /dev/null
-            if [ $i = 2 ]; then while [ ! -e {go} ]; do sleep 0.01; done; fi
+            if [ $i = 3 ]; then while [ ! -e {go} ]; do sleep 0.01; done; fi
             echo "TUNEFLEET epoch=$i loss=0.$i"
         done
     "#,
@@ -356,18 +356,21 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
     let run = TrialRun { spec: s, cpus: vec![], label: "profiled".into() };
     let cfg = config();
     let trial = run_trial(&cfg, &run, Some(tx), control);
-    let reused = SystemParams { threads: Some(2), ..SystemParams::default() };
+    let reused = SystemParams { threads: Some(3), ..SystemParams::default() };
     let steer = async {
-        let first = rx.recv().await.expect("epoch 1");
-        assert_eq!(first.metrics.epoch, 1);
-        let wp = first.profile.expect("the warm-up window closed at epoch 1: its profile comes with it");
+        let warmup = rx.recv().await.expect("epoch 1");
+        assert_eq!(warmup.metrics.epoch, 1);
+        assert!(warmup.profile.is_none(), "the warm-up (the start-up) is not what a job is recognised by");
+        let first = rx.recv().await.expect("epoch 2");
+        assert_eq!(first.metrics.epoch, 2);
+        let wp = first.profile.expect("the first probe window closed at epoch 2: its profile comes with it");
         assert_eq!(wp.system, configs[0]);
         assert_eq!(wp.epochs, 1);
         assert!(wp.profile.get("log2_threads").is_some(), "{:?}", wp.profile);
         assert!(wp.profile.get("log_io_kib_per_s").is_some_and(|v| v > 0.0), "{:?}", wp.profile);
         assert!(wp.profile.get("cpus_busy").is_some(), "task-clock is a software counter");
         assert!(handle.send(tunefleet_agent::runner::Control::Apply(reused.clone(), SegmentRole::Reused)));
-        // The change is applied at once; then epoch 2 may end.
+        // The change is applied at once; then epoch 3 may end.
         std::fs::write(&go, b"").expect("go");
         let mut later = Vec::new();
         while let Some(r) = rx.recv().await {
@@ -381,9 +384,10 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
     let kept = m.window_profile.as_ref().expect("the measurement keeps the window profile");
     assert_eq!(kept.profile, sent);
     let roles: Vec<_> = m.segments.iter().map(|s| s.role).collect();
-    assert_eq!(roles, vec![SegmentRole::Warmup, SegmentRole::Reused], "{:?}", m.segments);
-    assert_eq!(m.segments[1].system, reused);
-    assert_eq!(m.segments[1].last_epoch, 5);
+    assert_eq!(roles, vec![SegmentRole::Warmup, SegmentRole::Probe, SegmentRole::Reused], "{:?}", m.segments);
+    assert_eq!(m.segments[1].system, configs[0], "the first probe window: the base every job ran");
+    assert_eq!(m.segments[2].system, reused);
+    assert_eq!(m.segments[2].last_epoch, 5);
 }
 
 fn task_clock_ns(m: &Measurement) -> u64 {

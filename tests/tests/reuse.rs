@@ -88,6 +88,38 @@ fn roles(db: &Connection, study: &str, trial: u64) -> Vec<String> {
 }
 
 #[test]
+fn a_reused_job_is_verified_against_its_first_probe_window_not_its_start_up() {
+    // Two jobs probed that start slowly (1.5 s before their first epoch),
+    // then the same program starting at once: its reused configuration must
+    // be judged as fast as promised. Relative to the first window with the
+    // start-up in it, it looked several times slower.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store.db");
+    let agent = format!("{}-agent", unique_root("reuse-s"));
+    let study = |name: &str, startup: &str, lrs: &str, trials: u32, reuse: bool| {
+        let rest = format!(
+            r#"lookahead = 0
+command = ["sh", "-c", "sleep {{startup}} && exec tunefleet-train --lr {{lr}} --epochs 6 --passes 4 --hidden 256 --threads {{threads}}"]
+objective = {{ metric = "accuracy", direction = "maximize" }}
+hyper.lr = {{ kind = "categorical", values = [{lrs}] }}
+hyper.startup = {{ kind = "categorical", values = [{startup}] }}
+reuse = {{ enabled = {reuse} }}"#
+        );
+        pipelined_study(dir.path(), name, trials, &rest)
+    };
+    let one_slot = ["--slots", "1"];
+    let out = run(&study("slow", "1.5", "0.05, 0.1", 2, false), &store, &agent, &one_slot);
+    assert!(out.contains("2/2 trials done"), "{out}");
+    let out = run(&study("quick", "0", "0.2", 1, true), &store, &agent, &one_slot);
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let db = Connection::open(&store).expect("store");
+    let quick = decisions(&db, "quick");
+    assert_eq!(quick.first().map(|d| d.1.as_str()), Some("reuse"), "{quick:?}");
+    assert!(quick.iter().any(|d| d.1 == "kept"), "a quicker start-up is no slower configuration: {quick:?}");
+    assert!(!quick.iter().any(|d| d.1 == "worse"), "{quick:?}");
+}
+
+#[test]
 fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("store.db");
@@ -114,7 +146,11 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     let recur = decisions(&db, "recur");
     assert_eq!(recur[0].1, "reuse", "{recur:?}");
     assert!(recur[0].2.contains("reused threads=") && recur[0].2.contains("<= threshold"), "{recur:?}");
-    assert_eq!(roles(&db, "recur", 0), vec!["warmup", "reused"], "no probe window ran");
+    assert_eq!(
+        roles(&db, "recur", 0),
+        vec!["warmup", "probe", "reused"],
+        "only the first probe window ran (the default configuration, the window every job ran)"
+    );
     assert!(recur.iter().any(|d| d.1 == "kept" || d.1 == "worse"), "the reuse is checked: {recur:?}");
 
     // 3. An I/O job is another kind: probed.

@@ -72,18 +72,35 @@ impl ControlInput {
     }
 }
 
-/// Once a pipelined trial's first window has closed: its profile, from the
-/// counters (sampled at the window's end) and `/proc`, kept for the
-/// measurement and sent with the next epoch's progress.
+/// Once a pipelined trial's first probe window has closed: its profile,
+/// from the counters (sampled at the window's end) and `/proc`, counted
+/// from the end of the warm-up (the start-up is no part of what a job is
+/// recognised by), kept for the measurement and sent with the next
+/// epoch's progress.
 pub(super) fn profile_first_window(cfg: &RunnerConfig, t: &mut Spawned) {
     if t.window_profile.is_some() {
         return;
     }
+    if t.window_base.is_none() && t.pipeline.first_window_open_after_warmup() {
+        let pids = crate::live::trial_processes(&cfg.proc_root, &t.members);
+        t.window_base = Some((t.counters.totals(), procfs::proc_counts(&cfg.proc_root, &pids)));
+    }
     let Some(window) = t.pipeline.first_window() else { return };
     let pids = crate::live::trial_processes(&cfg.proc_root, &t.members);
     let after = procfs::proc_counts(&cfg.proc_root, &pids);
-    // The first window starts with the workload: its counts are all it did.
-    let profile = Profile::window(&t.counters.totals(), Some(&procfs::ProcCounts::default()), &after, window.wall_us);
+    // Without a warm-up the first window starts with the workload: its counts are all it did.
+    let (before_counters, before) = t.window_base.take().unwrap_or_default();
+    let counters: Vec<_> = t
+        .counters
+        .totals()
+        .into_iter()
+        .map(|mut c| {
+            let base = before_counters.iter().find(|b| b.event == c.event).map_or(0, |b| b.value);
+            c.value = c.value.saturating_sub(base);
+            c
+        })
+        .collect();
+    let profile = Profile::window(&counters, Some(&before), &after, window.wall_us);
     tracing::debug!(epochs = window.epochs(), wall_us = window.wall_us, "first window profiled");
     t.window_profile = Some(WindowProfile {
         system: window.system.clone(),

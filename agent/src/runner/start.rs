@@ -229,6 +229,9 @@ pub(super) struct Spawned {
     pub(super) cpu_pool: Vec<u32>,
     /// The profile of a pipelined trial's first window, once it closed.
     pub(super) window_profile: Option<WindowProfile>,
+    /// Counter totals and `/proc` counts when the warm-up ended: what the
+    /// first probe window's profile counts from.
+    pub(super) window_base: Option<(Vec<tunefleet_common::measurement::CounterReading>, procfs::ProcCounts)>,
     /// ... and not yet sent with an epoch's progress.
     pub(super) profile_unsent: bool,
 }
@@ -456,6 +459,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         last_boundary: None,
         cpu_pool,
         window_profile: None,
+        window_base: None,
         profile_unsent: false,
     })
 }

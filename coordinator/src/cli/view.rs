@@ -222,7 +222,7 @@ pub fn classes(views: &[ClassView]) -> String {
             for (group, system, t, from) in &c.configurations {
                 let _ = writeln!(
                     out,
-                    "    best for {group}: {system} ({t:.3} x the first window, from {from} probed jobs)"
+                    "    best for {group}: {system} ({t:.3} x the first probe window, from {from} probed jobs)"
                 );
             }
         }

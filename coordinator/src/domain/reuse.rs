@@ -4,7 +4,8 @@
 //! Pure: records and a [`Model`] in, a [`Decision`] or a [`Verdict`] out; the
 //! engine keeps the records ([`Book`]), stores them and sends the decision.
 //!
-//! A pipelined trial profiles its first window and sends the profile. The
+//! A pipelined trial profiles its first probe window (after its warm-up)
+//! and sends the profile. The
 //! decision, in this order:
 //! 1. the profile is malformed (another version, wrong length, not finite):
 //!    probe;
@@ -21,12 +22,21 @@
 //! 6. otherwise **reuse**: the configuration with the best mean over the
 //!    cluster's probed jobs, by the study's selection rule.
 //!
-//! Times and energies are compared *relative to the first window* (which
-//! every pipelined trial runs under the plan's first configuration), so a
-//! job on a larger data set, with slower epochs, compares with its cluster.
-//! A reused trial is verified when its result comes: its reused
-//! configuration's time relative to its first window must be within
-//! `verify_bound` of the cluster's record, or the next such job probes.
+//! Times and energies are compared *relative to the first probe window*
+//! (which every pipelined trial runs under the plan's first configuration,
+//! after its warm-up, reused or not), so a job on a larger data set, with
+//! slower epochs, compares with its cluster, and start-up (in the warm-up)
+//! counts nowhere. Windows are compared by their median unit where they
+//! measured one (an outlying epoch does not move them). A reused trial is
+//! verified when its result comes: its reused configuration's time
+//! relative to that window must be within a bound of the cluster's record,
+//! or the next such job probes. The bound is the study's `verify_bound`
+//! when it sets one, else derived from the noise its own windows measured:
+//! three standard errors of the measured ratio (each window's median unit
+//! has a relative standard error of about `1.86 x spread / sqrt(units)`,
+//! `spread` the median absolute deviation of its units over their median),
+//! at least [`MIN_VERIFY_BOUND`]; [`UNMEASURED_VERIFY_BOUND`] when a window
+//! was too short to measure its noise.
 
 use std::collections::BTreeMap;
 
@@ -39,14 +49,34 @@ use tunefleet_common::profile::{Profile, FEATURES, PROFILE_VERSION};
 use crate::domain::cluster::Model;
 use crate::domain::study::ReusePolicy;
 
-/// How one configuration ran in one trial, relative to the trial's first window.
+/// How one configuration ran in one trial, relative to the trial's first
+/// probe window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
     pub system: SystemParams,
-    /// Time per unit / the first window's.
+    /// Time per unit / the first probe window's.
     pub rel_time: f64,
-    /// Energy per unit / the first window's, when both have energy.
+    /// Energy per unit / the first probe window's, when both have energy.
     pub rel_energy: Option<f64>,
+    /// Relative standard error of `rel_time`, from the spread of the units
+    /// of its windows and of the first; `None` when a window was too short.
+    #[serde(default)]
+    pub noise: Option<f64>,
+}
+
+/// Smallest bound a reuse is verified with when it is derived from noise.
+pub const MIN_VERIFY_BOUND: f64 = 0.05;
+/// The bound when the windows were too short to measure their noise.
+pub const UNMEASURED_VERIFY_BOUND: f64 = 0.5;
+/// Standard errors of the ratio a reused configuration may run slower.
+pub const VERIFY_ERRORS: f64 = 3.0;
+
+/// Relative standard error of a window's typical unit time (its median's,
+/// from the median absolute deviation of its units); `None` without one.
+fn window_error(s: &Segment) -> Option<f64> {
+    let spread = s.unit_spread.filter(|v| v.is_finite() && *v >= 0.0)?;
+    // MAD to a deviation (1.4826), the median's standard error (1.2533 / sqrt n).
+    Some(1.4826 * 1.2533 * spread / f64::from(s.units().max(1)).sqrt())
 }
 
 /// One job the model learned from: a probed trial, or a reused one.
@@ -95,7 +125,7 @@ impl Decision {
     pub fn reason(&self) -> String {
         match self {
             Decision::Reuse { cluster, distance, threshold, system, expected, from } => format!(
-                "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs measured it at {expected:.3} x their first window",
+                "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs measured it at {expected:.3} x their first probe window",
                 system_text(system)
             ),
             Decision::Probe { reason, .. } => reason.clone(),
@@ -133,27 +163,31 @@ fn per_unit_energy(s: &Segment) -> Option<f64> {
     s.energy_j.map(|e| e / f64::from(s.units().max(1)))
 }
 
-/// The trial's configurations relative to its first window (the
-/// segments' first), averaged over its segments of each configuration
-/// (probes, the kept rest, a reused rest); `None` without a first window.
+/// The trial's configurations relative to its first probe window (the
+/// first segment when none is a probe), averaged over its segments of each
+/// configuration (probes, the kept rest, a reused rest); `None` without a
+/// base window.
 pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
-    let first = segments.first()?;
-    let base_t = first.us_per_unit();
+    let first = segments.iter().find(|s| s.role == SegmentRole::Probe).or_else(|| segments.first())?;
+    let base_t = first.typical_us_per_unit();
     if base_t <= 0.0 || !base_t.is_finite() {
         return None;
     }
+    let base_noise = window_error(first);
     let base_e = per_unit_energy(first).filter(|e| *e > 0.0);
-    let mut by: Vec<(SystemParams, Vec<f64>, Vec<f64>)> = Vec::new();
-    for (i, s) in segments.iter().enumerate() {
+    // Per configuration: relative times, energies, squared errors (None: unmeasured).
+    type Acc = (SystemParams, Vec<f64>, Vec<f64>, Option<f64>);
+    let mut by: Vec<Acc> = Vec::new();
+    for s in segments {
         let counts = match s.role {
             SegmentRole::Probe | SegmentRole::Selected | SegmentRole::Reused => true,
-            // The warm-up is the base, not a measurement of its configuration.
+            // The warm-up holds the start-up: never a measurement of its configuration.
             SegmentRole::Warmup | SegmentRole::Cut | SegmentRole::Reconfigured | SegmentRole::Initial => false,
         };
-        if !counts {
+        if !counts && !std::ptr::eq(s, first) {
             continue;
         }
-        let t = if i == 0 { 1.0 } else { s.us_per_unit() / base_t };
+        let t = s.typical_us_per_unit() / base_t;
         let e = match (per_unit_energy(s), base_e) {
             (Some(e), Some(b)) => Some(e / b),
             _ => None,
@@ -161,21 +195,29 @@ pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
         if !t.is_finite() {
             continue;
         }
+        let error2 = if std::ptr::eq(s, first) {
+            base_noise.map(|b| b * b)
+        } else {
+            window_error(s).zip(base_noise).map(|(w, b)| w * w + b * b)
+        };
         match by.iter_mut().find(|(sys, ..)| *sys == s.system) {
-            Some((_, ts, es)) => {
+            Some((_, ts, es, errors)) => {
                 ts.push(t);
                 es.extend(e);
+                *errors = errors.zip(error2).map(|(a, b)| a + b);
             }
-            None => by.push((s.system.clone(), vec![t], e.into_iter().collect())),
+            None => by.push((s.system.clone(), vec![t], e.into_iter().collect(), error2)),
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     Some(
         by.into_iter()
-            .map(|(system, ts, es)| Outcome {
+            .map(|(system, ts, es, errors)| Outcome {
                 system,
                 rel_time: mean(&ts),
                 rel_energy: (!es.is_empty() && es.len() == ts.len()).then(|| mean(&es)),
+                // The error of a mean of k ratios: sqrt(sum of squares) / k.
+                noise: errors.map(|e2| e2.sqrt() / ts.len() as f64),
             })
             .collect(),
     )
@@ -234,7 +276,8 @@ pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) 
         let t = v.iter().map(|o| o.rel_time).sum::<f64>() / v.len() as f64;
         let es: Vec<f64> = v.iter().filter_map(|o| o.rel_energy).collect();
         let e = (es.len() == v.len()).then(|| es.iter().sum::<f64>() / es.len() as f64);
-        Outcome { system: v[0].system.clone(), rel_time: t, rel_energy: e }
+        // The mean's own error is not carried: verification bounds the reused trial's windows.
+        Outcome { system: v[0].system.clone(), rel_time: t, rel_energy: e, noise: None }
     };
     by.iter()
         .filter(|(_, v, _)| !v.is_empty())
@@ -337,13 +380,23 @@ pub enum Verdict {
     Unverified,
 }
 
-/// Checks a reused trial's `outcomes` for `system` against `expected`.
-pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: f64) -> Verdict {
+/// Checks a reused trial's `outcomes` for `system` against `expected`:
+/// slower by more than `bound` (the study's), or by default than the bound
+/// the windows' own noise gives (see the module documentation), is worse.
+pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: Option<f64>) -> Verdict {
     let Some(o) = outcomes.iter().find(|o| o.system == *system) else { return Verdict::Unverified };
     let measured = o.rel_time;
+    let (bound, from) = match (bound, o.noise) {
+        (Some(b), _) => (b, "the study's".to_string()),
+        (None, Some(noise)) => {
+            let b = (VERIFY_ERRORS * noise).max(MIN_VERIFY_BOUND);
+            (b, format!("{VERIFY_ERRORS} standard errors of its windows' noise,"))
+        }
+        (None, None) => (UNMEASURED_VERIFY_BOUND, "windows too short to measure noise:".to_string()),
+    };
     if measured > expected * (1.0 + bound) {
         let why = format!(
-            "ran the reused {} at {measured:.3} x its first window, {:.0} % slower than the cluster's {expected:.3} (bound {:.0} %)",
+            "ran the reused {} at {measured:.3} x its first probe window, {:.0} % slower than the cluster's {expected:.3} (bound: {from} {:.0} %)",
             system_text(system),
             (measured / expected - 1.0) * 100.0,
             bound * 100.0
@@ -447,24 +500,25 @@ mod tests {
     }
 
     fn o(threads: u32, rel_time: f64) -> Outcome {
-        Outcome { system: sys(threads), rel_time, rel_energy: None }
+        Outcome { system: sys(threads), rel_time, rel_energy: None, noise: None }
     }
 
     #[test]
-    fn outcomes_are_relative_to_the_first_window_and_averaged_per_configuration() {
-        // Warm-up 1 s/epoch under 1 thread; probes 1 thread 0.9 s, 2 threads 0.5 s; kept 2 threads 0.4 s.
+    fn outcomes_are_relative_to_the_first_probe_window_and_averaged_per_configuration() {
+        // Warm-up (start-up) 1 s/epoch under 1 thread; probes 1 thread 0.9 s,
+        // 2 threads 0.45 s; kept 2 threads 0.36 s.
         let segments = vec![
             seg(SegmentRole::Warmup, 1, 1_000_000, 1, Some(10.0)),
             seg(SegmentRole::Probe, 1, 900_000, 1, Some(9.0)),
-            seg(SegmentRole::Probe, 2, 500_000, 1, Some(6.0)),
-            seg(SegmentRole::Selected, 2, 1_200_000, 3, Some(15.0)),
+            seg(SegmentRole::Probe, 2, 450_000, 1, Some(6.0)),
+            seg(SegmentRole::Selected, 2, 1_080_000, 3, Some(13.5)),
         ];
         let out = outcomes(&segments).expect("a first window");
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].system, sys(1));
-        assert!((out[0].rel_time - 0.9).abs() < 1e-9);
+        assert!((out[0].rel_time - 1.0).abs() < 1e-9, "the base: {:?}", out[0]);
         assert!((out[1].rel_time - 0.45).abs() < 1e-9, "mean of 0.5 and 0.4: {:?}", out[1]);
-        assert!((out[1].rel_energy.unwrap_or(0.0) - 0.55).abs() < 1e-9, "mean of 0.6 and 0.5");
+        assert!((out[1].rel_energy.unwrap_or(0.0) - 0.583_333_333).abs() < 1e-6, "mean of 6/9 and 4.5/9");
         let sig = with_signature(
             &WindowProfile { system: sys(1), epochs: 1, steps: 0, wall_us: 1, profile: Profile::empty() },
             &out,
@@ -472,6 +526,48 @@ mod tests {
         );
         assert!((sig.get("speedup_best").unwrap_or(0.0) - 1.0 / 0.45).abs() < 1e-9);
         assert!(outcomes(&[]).is_none());
+    }
+
+    #[test]
+    fn start_up_in_the_warm_up_changes_no_outcome_and_a_median_ignores_an_outlier() {
+        let windows = |startup_us: u64, reused_median: u64| {
+            let mut reused = seg(SegmentRole::Reused, 2, 2_000_000, 4, None);
+            reused.unit_median_us = Some(reused_median);
+            vec![
+                seg(SegmentRole::Warmup, 1, startup_us, 1, None),
+                seg(SegmentRole::Probe, 1, 1_000_000, 1, None),
+                reused,
+            ]
+        };
+        let quick = outcomes(&windows(1_100_000, 500_000)).expect("outcomes");
+        let slow_start = outcomes(&windows(9_000_000, 500_000)).expect("outcomes");
+        assert_eq!(quick, slow_start, "a slower start-up is no slower configuration");
+        // The reused window's 2 s over 4 epochs had one slow epoch: its median unit is 0.5 s.
+        assert!((quick[1].rel_time - 0.5).abs() < 1e-9, "{quick:?}");
+        assert_eq!(verify(&quick, &sys(2), 0.5, None), Verdict::Kept { measured: 0.5, expected: 0.5 });
+    }
+
+    #[test]
+    fn the_verify_bound_follows_the_noise_the_windows_measured() {
+        let with_noise = |rel_time: f64, noise: Option<f64>| Outcome { noise, ..o(2, rel_time) };
+        // Quiet windows (2 % error): 10 % slower than promised is worse.
+        let v = verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, None);
+        assert!(matches!(&v, Verdict::Worse { why, .. } if why.contains("standard errors")), "{v:?}");
+        // Noisy windows (10 %): 20 % slower is within three errors.
+        assert!(matches!(verify(&[with_noise(0.6, Some(0.1))], &sys(2), 0.5, None), Verdict::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.7, Some(0.1))], &sys(2), 0.5, None), Verdict::Worse { .. }));
+        // Never below 5 %; too short to measure: 50 %; the study's own bound wins.
+        assert!(matches!(verify(&[with_noise(0.52, Some(0.0))], &sys(2), 0.5, None), Verdict::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.7, None)], &sys(2), 0.5, None), Verdict::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, Some(0.15)), Verdict::Kept { .. }));
+        // Outcomes carry the error of their windows.
+        let mut a = seg(SegmentRole::Probe, 1, 1_000_000, 4, None);
+        (a.unit_median_us, a.unit_spread) = (Some(250_000), Some(0.1));
+        let mut b = seg(SegmentRole::Reused, 2, 500_000, 4, None);
+        (b.unit_median_us, b.unit_spread) = (Some(125_000), Some(0.1));
+        let out = outcomes(&[a, b]).expect("outcomes");
+        let one: f64 = 1.4826 * 1.2533 * 0.1 / 2.0;
+        assert!((out[1].noise.unwrap_or(0.0) - (2.0 * one * one).sqrt()).abs() < 1e-9, "{out:?}");
     }
 
     #[test]
@@ -535,11 +631,11 @@ mod tests {
     fn a_reuse_that_ran_slower_is_probed_again_until_a_new_probe() {
         let mut records: Vec<Record> =
             (0..3).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
-        let verdict = verify(&[o(2, 0.8)], &sys(2), 0.5, 0.15);
+        let verdict = verify(&[o(2, 0.8)], &sys(2), 0.5, Some(0.15));
         let Verdict::Worse { why, .. } = verdict else { panic!("0.8 is 60 % slower than 0.5: {verdict:?}") };
         assert!(why.contains("60 % slower"), "{why}");
-        assert_eq!(verify(&[o(2, 0.55)], &sys(2), 0.5, 0.15), Verdict::Kept { measured: 0.55, expected: 0.5 });
-        assert_eq!(verify(&[o(1, 0.55)], &sys(2), 0.5, 0.15), Verdict::Unverified);
+        assert_eq!(verify(&[o(2, 0.55)], &sys(2), 0.5, Some(0.15)), Verdict::Kept { measured: 0.55, expected: 0.5 });
+        assert_eq!(verify(&[o(1, 0.55)], &sys(2), 0.5, Some(0.15)), Verdict::Unverified);
         let mut reused = record(0, 10, vec![o(2, 0.8)], true, 10);
         reused.worse = Some(why);
         records.push(reused);

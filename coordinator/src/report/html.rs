@@ -459,7 +459,7 @@ fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::query::profiles
             let best: Vec<String> = c
                 .configurations
                 .iter()
-                .map(|(g, sys, t, from)| format!("{g}: {sys} ({t:.3} x first window, {from} jobs)"))
+                .map(|(g, sys, t, from)| format!("{g}: {sys} ({t:.3} x first probe window, {from} jobs)"))
                 .collect();
             let _ = write!(
                 out,
@@ -622,7 +622,7 @@ mod tests {
         let page = page(&d);
         assert_well_formed(&page);
         assert!(page.contains("id=\"table-clusters\""));
-        assert!(page.contains("threads=2 (0.500 x first window, 2 jobs)"), "a cluster's best configuration");
+        assert!(page.contains("threads=2 (0.500 x first probe window, 2 jobs)"), "a cluster's best configuration");
         for raw in ["<script>", "<b>agent", "<img", "acc<&>", "<fast>", "reused<", "</table></td>", "<rapl>", "<train>"]
         {
             assert!(!page.contains(raw), "{raw} not escaped");

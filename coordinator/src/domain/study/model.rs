@@ -313,13 +313,14 @@ pub struct ReusePolicy {
     pub radius_factor: f64,
     pub min_threshold: f64,
     /// How much slower (relative) a reused configuration may run than its
-    /// record before the cluster is probed again.
-    pub verify_bound: f64,
+    /// record before the cluster is probed again; `None`: derived from the
+    /// noise of the trial's own windows ([`crate::domain::reuse::verify`]).
+    pub verify_bound: Option<f64>,
 }
 
 impl Default for ReusePolicy {
     fn default() -> Self {
-        ReusePolicy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: 0.5 }
+        ReusePolicy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: None }
     }
 }
 

@@ -404,10 +404,11 @@ impl Ctx<'_> {
             }
             policy.group.push(g.get_ref().clone());
         }
+        let mut verify_bound = f64::NAN;
         for (value, key, slot) in [
             (r.radius_factor, "reuse.radius_factor", &mut policy.radius_factor),
             (r.min_threshold, "reuse.min_threshold", &mut policy.min_threshold),
-            (r.verify_bound, "reuse.verify_bound", &mut policy.verify_bound),
+            (r.verify_bound, "reuse.verify_bound", &mut verify_bound),
         ] {
             if let Some(v) = value {
                 if !(v.is_finite() && v >= 0.0) {
@@ -416,6 +417,7 @@ impl Ctx<'_> {
                 *slot = v;
             }
         }
+        policy.verify_bound = Some(verify_bound).filter(|v| v.is_finite());
         Ok(policy)
     }
 

@@ -169,7 +169,7 @@ pub(super) fn learn(
             Verdict::Kept { measured, .. } => (
                 "kept",
                 format!(
-                    "the reused configuration ran at {measured:.3} x the first window, as promised ({expected:.3})"
+                    "the reused configuration ran at {measured:.3} x the first probe window, as promised ({expected:.3})"
                 ),
                 Some(*measured),
             ),
