@@ -89,7 +89,12 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
     println!("accuracy: {right}/{total} = {:.1} %", 100.0 * right as f64 / total.max(1) as f64);
 
     // Leave one out: would the job reuse, and from a cluster of its own kind?
-    let policy = tunefleet_coordinator::domain::study::ReusePolicy::default();
+    // The profile distance alone decides here (what this bench measures), as
+    // with `[reuse] across_workloads = true`.
+    let policy = tunefleet_coordinator::domain::study::ReusePolicy {
+        across_workloads: true,
+        ..tunefleet_coordinator::domain::study::ReusePolicy::default()
+    };
     let (mut reused_own, mut reused_other, mut probed) = (0, 0, 0);
     for i in 0..records.len() {
         let rest: Vec<Record> = records.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, r)| r.clone()).collect();
@@ -101,8 +106,7 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
             Some(&model),
             &rest,
             &placed,
-            &records[i].profile,
-            &records[i].group,
+            &reuse::Job { profile: &records[i].profile, group: &records[i].group, identity: &records[i].identity },
             tunefleet_common::message::Select::Time,
         );
         match d {

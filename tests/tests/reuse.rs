@@ -4,8 +4,10 @@
 //! training and I/O workloads:
 //!
 //! 1. a training study probes and teaches the model;
-//! 2. after a restart, a recurring training job (other learning rate,
-//!    more data per epoch) skips probing and runs the cluster's configuration;
+//! 2. after a restart, a recurring training job (other learning rate)
+//!    skips probing and runs the cluster's configuration; the same program
+//!    with more data per epoch (another fixed argument) is another
+//!    workload and probes;
 //! 3. an I/O job is not taken for a training job;
 //! 4. an agent of another device class gets nothing learned on this one;
 //! 5. a reused configuration that runs slower than its record gets the
@@ -31,7 +33,8 @@ fn pipelined_study(dir: &Path, name: &str, trials: u32, rest: &str) -> PathBuf {
 }
 
 /// A pipelined training study; `reuse` false: every trial probes (its
-/// profile still teaches the model).
+/// profile still teaches the model). `passes` is a fixed argument, so
+/// studies of other passes are other workloads.
 /// With `lookahead = 0`: each trial is assigned once the one before it on
 /// the agent has ended, so its reuse decision sees what that one taught
 /// (held ahead, it could start before its predecessor's verdict is learnt).
@@ -140,8 +143,8 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     assert_eq!((profiles, models), (2, 1), "both jobs joined one class's model");
 
     // 2. A new coordinator process: the recurring job (another learning
-    //    rate, twice the data per epoch) reuses and skips probing.
-    let out = run(&train_study(dir.path(), "recur", "0.2", 8, 1, true), &store, &agent, &one_slot);
+    //    rate) reuses and skips probing.
+    let out = run(&train_study(dir.path(), "recur", "0.2", 4, 1, true), &store, &agent, &one_slot);
     assert!(out.contains("1/1 trials done"), "{out}");
     let recur = decisions(&db, "recur");
     assert_eq!(recur[0].1, "reuse", "{recur:?}");
@@ -152,6 +155,15 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
         "only the first probe window ran (the default configuration, the window every job ran)"
     );
     assert!(recur.iter().any(|d| d.1 == "kept" || d.1 == "worse"), "the reuse is checked: {recur:?}");
+
+    // 2b. The same program with twice the data per epoch (another fixed
+    //     argument: another workload) probes, though its profile is close:
+    //     only jobs of its own workload decide by default.
+    let out = run(&train_study(dir.path(), "bigger", "0.2", 8, 1, true), &store, &agent, &one_slot);
+    assert!(out.contains("1/1 trials done"), "{out}");
+    let bigger = decisions(&db, "bigger");
+    assert_eq!(bigger[0].1, "probe", "{bigger:?}");
+    assert!(bigger[0].2.contains("no probed job of this workload"), "{bigger:?}");
 
     // 3. An I/O job is another kind: probed.
     let out = run(&io_study(dir.path(), "io"), &store, &agent, &one_slot);
@@ -262,6 +274,7 @@ fn regression_profiles_forget_drops_exactly_one_agents_profiles() {
                 trial,
                 class: class.into(),
                 workload: "w".into(),
+                identity: "w".into(),
                 group: "{}".into(),
                 profile,
                 outcomes: vec![],

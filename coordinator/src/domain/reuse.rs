@@ -88,6 +88,10 @@ pub struct Record {
     pub class: String,
     /// The workload's program (its command's first word).
     pub workload: String,
+    /// The workload's identity ([`crate::domain::study::Study::workload`]);
+    /// empty in records stored before it was kept (they match none).
+    #[serde(default)]
+    pub identity: String,
     pub group: String,
     /// The first-window profile, with the scaling signature when probed.
     pub profile: Profile,
@@ -97,6 +101,15 @@ pub struct Record {
     /// A reuse that ran slower than its record by more than the bound.
     pub worse: Option<String>,
     pub at_ms: u64,
+}
+
+/// The job a decision is for: its first probe window's profile, its
+/// `[reuse] group` key and its workload identity.
+#[derive(Debug, Clone, Copy)]
+pub struct Job<'a> {
+    pub profile: &'a Profile,
+    pub group: &'a str,
+    pub identity: &'a str,
 }
 
 /// What to do with a job whose first window was just profiled.
@@ -297,10 +310,10 @@ pub fn decide(
     model: Option<&Model>,
     records: &[Record],
     clusters: &[Option<usize>],
-    profile: &Profile,
-    group: &str,
+    job: &Job<'_>,
     select: Select,
 ) -> Decision {
+    let Job { profile, group, identity } = *job;
     let probe = |cluster, distance, threshold, reason: String| Decision::Probe { cluster, distance, threshold, reason };
     if let Err(why) = check(profile) {
         return probe(None, None, None, format!("probed: malformed profile ({why})"));
@@ -328,6 +341,7 @@ pub fn decide(
         .iter()
         .zip(clusters)
         .filter(|(r, k)| **k == Some(c) && r.group == group && !r.outcomes.is_empty())
+        .filter(|(r, _)| policy.across_workloads || (!identity.is_empty() && r.identity == identity))
         .map(|(r, _)| r)
         .collect();
     members.sort_by_key(|r| r.at_ms);
@@ -355,11 +369,20 @@ pub fn decide(
                 system_text(&system)
             ),
         ),
-        None => probe(
+        None if policy.across_workloads => probe(
             Some(c),
             Some(place.distance),
             Some(threshold),
             format!("probed: cluster {c} has no probed job with these hyper-parameters ({group})"),
+        ),
+        None => probe(
+            Some(c),
+            Some(place.distance),
+            Some(threshold),
+            format!(
+                "probed: cluster {c} has no probed job of this workload ({identity}) with these hyper-parameters \
+                 ({group}); [reuse] across_workloads = true lets close profiles of other workloads decide"
+            ),
         ),
     }
 }
@@ -490,6 +513,7 @@ mod tests {
             trial: i as u64,
             class: "x86_64, 2 cores, estimate".into(),
             workload: "w".into(),
+            identity: "w".into(),
             group: "{}".into(),
             profile: profile(kind, i),
             outcomes,
@@ -497,6 +521,18 @@ mod tests {
             worse: None,
             at_ms,
         }
+    }
+
+    /// [`decide`] for a job of workload "w" (the records' own), by time.
+    fn decide_w(
+        policy: &ReusePolicy,
+        model: Option<&Model>,
+        records: &[Record],
+        clusters: &[Option<usize>],
+        profile: &Profile,
+        group: &str,
+    ) -> Decision {
+        decide(policy, model, records, clusters, &Job { profile, group, identity: "w" }, Select::Time)
     }
 
     fn o(threads: u32, rel_time: f64) -> Outcome {
@@ -578,7 +614,7 @@ mod tests {
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let policy = ReusePolicy::default();
-        let d = decide(&policy, Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        let d = decide_w(&policy, Some(&model), &records, &clusters, &profile(0, 99), "{}");
         match &d {
             Decision::Reuse { system, expected, from, distance, threshold, .. } => {
                 assert_eq!(*system, sys(2));
@@ -589,16 +625,15 @@ mod tests {
             other => panic!("expected a reuse: {other:?}"),
         }
         assert!(d.reason().contains("reused threads=2 from cluster"), "{}", d.reason());
-        let other_kind = decide(&policy, Some(&model), &records, &clusters, &profile(1, 1), "{}", Select::Time);
+        let other_kind = decide_w(&policy, Some(&model), &records, &clusters, &profile(1, 1), "{}");
         assert!(matches!(&other_kind, Decision::Probe { reason, .. } if reason.contains("new kind")), "{other_kind:?}");
-        let other_group =
-            decide(&policy, Some(&model), &records, &clusters, &profile(0, 1), "{\"batch\":64}", Select::Time);
+        let other_group = decide_w(&policy, Some(&model), &records, &clusters, &profile(0, 1), "{\"batch\":64}");
         assert!(matches!(&other_group, Decision::Probe { reason, .. } if reason.contains("no probed job")));
-        let none = decide(&policy, None, &[], &[], &profile(0, 1), "{}", Select::Time);
+        let none = decide_w(&policy, None, &[], &[], &profile(0, 1), "{}");
         assert!(matches!(&none, Decision::Probe { reason, .. } if reason.contains("no profiles")));
         let mut bad = profile(0, 1);
         bad.values.pop();
-        let refused = decide(&policy, Some(&model), &records, &clusters, &bad, "{}", Select::Time);
+        let refused = decide_w(&policy, Some(&model), &records, &clusters, &bad, "{}");
         assert!(matches!(&refused, Decision::Probe { reason, .. } if reason.contains("malformed")));
     }
 
@@ -614,7 +649,7 @@ mod tests {
         let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}");
         assert!(
             matches!(&d, Decision::Probe { reason, .. } if reason.contains("1 probed job(s)") && reason.contains("reuse needs 2")),
             "{d:?}"
@@ -622,7 +657,7 @@ mod tests {
         // A second job measures it: reused, and the reason counts the two that measured it (not all six).
         let mut records = records;
         records[1].outcomes.push(o(2, 0.6));
-        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}", Select::Time);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}");
         assert!(matches!(&d, Decision::Reuse { system, from: 2, .. } if *system == sys(2)), "{d:?}");
         assert!(d.reason().contains("2 probed jobs measured it"), "{}", d.reason());
     }
@@ -642,13 +677,44 @@ mod tests {
         let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
         assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A new probe says threads=1 is now the better one: learned, reused.
         records.push(record(0, 11, vec![o(1, 1.0), o(2, 3.0)], false, 11));
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
-        let d = decide(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}", Select::Time);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
         assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
+    }
+
+    #[test]
+    fn only_jobs_of_the_same_workload_decide_unless_the_study_opts_in() {
+        let records: Vec<Record> = (0..4).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+        let other = "w --data big.csv";
+        let d = decide(
+            &ReusePolicy::default(),
+            Some(&model),
+            &records,
+            &clusters,
+            &Job { profile: &profile(0, 9), group: "{}", identity: other },
+            Select::Time,
+        );
+        assert!(
+            matches!(&d, Decision::Probe { reason, .. } if reason.contains("no probed job of this workload")),
+            "{d:?}"
+        );
+        let across = ReusePolicy { across_workloads: true, ..ReusePolicy::default() };
+        let d = decide(
+            &across,
+            Some(&model),
+            &records,
+            &clusters,
+            &Job { profile: &profile(0, 9), group: "{}", identity: other },
+            Select::Time,
+        );
+        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
     }
 
     #[test]

@@ -316,11 +316,21 @@ pub struct ReusePolicy {
     /// record before the cluster is probed again; `None`: derived from the
     /// noise of the trial's own windows ([`crate::domain::reuse::verify`]).
     pub verify_bound: Option<f64>,
+    /// Reuse what jobs of other workloads measured when their profiles are
+    /// close (by default only jobs of the same [`Study::workload`]).
+    pub across_workloads: bool,
 }
 
 impl Default for ReusePolicy {
     fn default() -> Self {
-        ReusePolicy { enabled: true, group: Vec::new(), radius_factor: 2.0, min_threshold: 1.5, verify_bound: None }
+        ReusePolicy {
+            enabled: true,
+            group: Vec::new(),
+            radius_factor: 2.0,
+            min_threshold: 1.5,
+            verify_bound: None,
+            across_workloads: false,
+        }
     }
 }
 
@@ -462,6 +472,16 @@ impl Study {
             return self.hyper.iter().map(|(name, spec)| (name.clone(), spec.clone())).collect();
         }
         self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
+    }
+
+    /// What makes two jobs the same workload for reuse: the program's file
+    /// name and the command's other arguments as the study writes them
+    /// (placeholders unexpanded, so hyper-parameters' values do not count
+    /// and fixed arguments, such as a data set or an epoch count, do).
+    pub fn workload(&self) -> String {
+        let mut words = self.command.iter();
+        let program = words.next().map_or("", |c| c.rsplit('/').next().unwrap_or(c));
+        std::iter::once(program).chain(words.map(String::as_str)).collect::<Vec<_>>().join(" ")
     }
 
     /// A result's figures of `objective.also`, in that order (minimised):

@@ -50,6 +50,7 @@ pub(super) struct RawReuse {
     pub(super) radius_factor: Option<f64>,
     pub(super) min_threshold: Option<f64>,
     pub(super) verify_bound: Option<f64>,
+    pub(super) across_workloads: Option<bool>,
 }
 
 #[derive(Deserialize)]

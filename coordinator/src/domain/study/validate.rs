@@ -418,6 +418,7 @@ impl Ctx<'_> {
             }
         }
         policy.verify_bound = Some(verify_bound).filter(|v| v.is_finite());
+        policy.across_workloads = r.across_workloads.unwrap_or(false);
         Ok(policy)
     }
 

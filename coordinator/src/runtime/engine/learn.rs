@@ -68,8 +68,7 @@ pub(super) fn on_profile(
         c.and_then(|c| c.model.as_ref()),
         &records,
         c.map_or(&[][..], |c| &c.clusters),
-        &wp.profile,
-        &group,
+        &reuse::Job { profile: &wp.profile, group: &group, identity: &a.study.workload() },
         probe.select,
     );
     let decision = match decision {
@@ -203,6 +202,7 @@ pub(super) fn learn(
         trial: trial.trial,
         class: class.clone(),
         workload,
+        identity: a.study.workload(),
         group: reuse::group_key(&a.study.reuse.group, &plan.params),
         profile,
         outcomes,
