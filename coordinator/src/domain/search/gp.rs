@@ -46,11 +46,13 @@
 //!
 //! # Cost
 //!
-//! An ask fits the model (a Cholesky factorisation per likelihood
-//! evaluation: O(n^3) for n told trials) and scores a few thousand
-//! candidates (O(n^2) each): milliseconds at 100 trials, about a second at
-//! 1,000. For studies of thousands of short trials, TPE (linear in n) is
-//! the better choice.
+//! An ask fits the hyper-parameters (a Cholesky factorisation per
+//! likelihood evaluation, O(n^3), on at most [`FIT_POINTS`] told trials)
+//! and scores a few thousand candidates (O(n^2) each, the model
+//! conditioned on at most [`MODEL_POINTS`]); beyond those counts the best
+//! half and an even spread of the rest are kept. BENCHMARKS.md gives the
+//! time per ask; for studies of thousands of short trials, TPE (linear in
+//! n, no cap) is the better choice.
 
 use std::collections::BTreeMap;
 use std::f64::consts::{PI, SQRT_2};
@@ -74,6 +76,11 @@ const LOCAL_DRAWS: usize = 64;
 const REFINED: usize = 3;
 /// Sweeps of that refinement (the step halves after each).
 const SWEEPS: usize = 8;
+/// Most told trials the hyper-parameters are fitted on (a likelihood
+/// evaluation is cubic in them), and most the model is conditioned on;
+/// beyond, the best half and an even spread of the rest ([`subset`]).
+const FIT_POINTS: usize = 100;
+const MODEL_POINTS: usize = 400;
 /// Bounds of the hyper-parameters, in natural log: length scales, signal
 /// variance, noise variance (the values are standardised).
 const LOG_LENGTH: (f64, f64) = (-4.6, 3.0);
@@ -303,7 +310,9 @@ impl Gp {
             return None;
         }
         let y = standardise(&warp(&y));
-        let theta = self.fit(&x, &y);
+        let (x, y) = subset(x, y, MODEL_POINTS);
+        let (fit_x, fit_y) = subset(x.clone(), y.clone(), FIT_POINTS);
+        let theta = self.fit(&fit_x, &fit_y);
         let model = self.model(x.clone(), &y, &theta)?;
         // Best posterior mean at a told configuration: the incumbent.
         let best = x.iter().map(|u| model.predict(self, u).0).fold(f64::INFINITY, f64::min);
@@ -522,6 +531,24 @@ impl Model {
         let var = (self.theta.signal - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
         (mean, var)
     }
+}
+
+/// At most `max` of the points: all when there are no more, else the best
+/// half (lowest `y`) and an even spread of the rest, in their order.
+fn subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
+    if x.len() <= max {
+        return (x, y);
+    }
+    let mut order: Vec<usize> = (0..y.len()).collect();
+    order.sort_by(|&a, &b| y[a].total_cmp(&y[b]).then(a.cmp(&b)));
+    let best = max / 2;
+    let mut keep: Vec<usize> = order[..best].to_vec();
+    let mut rest: Vec<usize> = order[best..].to_vec();
+    rest.sort_unstable();
+    let spread = max - best;
+    keep.extend((0..spread).map(|k| rest[k * rest.len() / spread]));
+    keep.sort_unstable();
+    (keep.iter().map(|&i| x[i].clone()).collect(), keep.iter().map(|&i| y[i]).collect())
 }
 
 /// Weights drawn uniformly on the simplex (normalised exponentials).
