@@ -17,9 +17,20 @@
 #    reuse off) and the same job again with other learning rates (reuse on),
 #    in a new store: tuning time and energy (what each trial ran before its
 #    kept configuration) and the kept configuration's time per epoch.
+# 4. Reuse on kinds it did not learn from (issue 23): a campaign of six
+#    kinds (examples/campaigns/kinds6.toml: the three bundled workloads and
+#    three third-party programs, xz, an SQLite bulk load and GNU sort, 8
+#    pipelined trials each, reuse off), then leave one kind out: every job
+#    of the kind left out against a model of the other five (the profile
+#    alone deciding: a reuse is a false reuse), and every job against a
+#    model of all the others (a recurring job of a kind seen: a reuse is
+#    what it should get), with the default rule (only its own workload
+#    decides) and with the profile alone.
+#
+# STEPS="1 2 3 4" (the default) or any of them, e.g. STEPS=4.
 #
 # Needs: cargo build --release -p tunefleet-coordinator -p tunefleet-agent -p tunefleet-workloads
-# How long: about 2 minutes on 2 vCPUs.
+# How long: about 2 minutes on 2 vCPUs, and 3 more for step 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=$PWD/target/release
@@ -30,12 +41,14 @@ export XDG_STATE_HOME=$work/state
 
 # Runs `tunefleet SUBCOMMAND FILE` on STORE with one agent; waits for the end.
 run() {
-  local sub=$1 file=$2 store=$3 root=bp-$RANDOM
+  local sub=$1 file=$2 store=$3 root=bp-$RANDOM token
+  token=$("$bin/tunefleet" token create --store "$store" 2>/dev/null)
   "$bin/tunefleet" "$sub" "$file" --store "$store" --listen 127.0.0.1:0 --root "$root" --quiet >"$work/$root.log" 2>&1 &
   local coord=$!
   for _ in $(seq 1 100); do grep -q '^broker: ' "$work/$root.log" && break; sleep 0.1; done
   local url; url=$(grep -m1 '^broker: ' "$work/$root.log" | cut -d' ' -f2)
-  "$bin/tunefleet-agent" --broker "$url" --name "bench-agent" --root "$root" --slots 1 >"$work/$root-agent.log" 2>&1 &
+  "$bin/tunefleet-agent" --broker "$url" --name "bench-agent" --root "$root" --slots 1 --join "$token" \
+    >"$work/$root-agent.log" 2>&1 &
   local agent=$!
   wait $coord
   kill $agent 2>/dev/null || true
@@ -49,14 +62,29 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="profiles" and m.get("executable"): print(m["executable"])' | tail -1)
 
+steps=${STEPS:-1 2 3 4}
+step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if step 1 || step 2; then
+  run campaign examples/campaigns/kinds.toml "$work/kinds.db"
+fi
+if step 1; then
 echo "## 1. Three kinds of workload"
-run campaign examples/campaigns/kinds.toml "$work/kinds.db"
 mkdir -p docs/bench
 "$bench" accuracy "$work/kinds.db" docs/bench/clusters.svg
 echo
+fi
+if step 2; then
 echo "## 2. Refit over 100,000 profiles"
 "$bench" refit "$work/kinds.db" 100000
 echo
+fi
+if step 4; then
+echo "## 4. Reuse on kinds it did not learn from"
+run campaign examples/campaigns/kinds6.toml "$work/kinds6.db"
+"$bench" kinds "$work/kinds6.db"
+echo
+fi
+step 3 || exit 0
 echo "## 3. Fresh against recurring"
 for which in fresh recurring; do
   if [ $which = fresh ]; then lrs="0.05, 0.1, 0.2"; enabled=false; else lrs="0.03, 0.07, 0.15"; enabled=true; fi

@@ -11,6 +11,14 @@
 //!   the way the coordinator refits (k chosen on a sample, one run over all)
 //!   and, side by side, with linfa's defaults (10 k-means++ runs over all,
 //!   for the same k).
+//! * `kinds STORE`: reuse on kinds it did not learn from. Leave one kind
+//!   (study) out: a model fitted on the other kinds' jobs, and every job
+//!   of the left-out kind decides against it with the profile alone
+//!   (`across_workloads`: the identity rule would refuse it trivially): a
+//!   reuse is a false reuse. Then recurring jobs of kinds seen: each job
+//!   against a model fitted on all the others (its own kind's included),
+//!   with the default rule (only its own workload decides) and with the
+//!   profile alone: a reuse is what a recurring job should get.
 //! * `compare STORE FRESH RECURRING`: tuning time and energy (everything a
 //!   trial ran before its kept configuration) of a fresh pipelined study
 //!   against the same job run again with reuse, and the kept configuration's
@@ -31,8 +39,11 @@ fn main() -> anyhow::Result<()> {
         Some("accuracy") if args.len() >= 2 => accuracy(&args[1], args.get(2).map(String::as_str)),
         Some("refit") if args.len() == 3 => refit(&args[1], args[2].parse()?),
         Some("compare") if args.len() == 4 => compare(&args[1], &args[2], &args[3]),
+        Some("kinds") if args.len() == 2 => kinds(&args[1]),
         _ => {
-            eprintln!("usage: profiles accuracy STORE [SVG] | refit STORE N | compare STORE FRESH RECURRING");
+            eprintln!(
+                "usage: profiles accuracy STORE [SVG] | refit STORE N | kinds STORE | compare STORE FRESH RECURRING"
+            );
             Ok(())
         }
     }
@@ -135,6 +146,65 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
         std::fs::write(path, plane_svg(&plane, &records, &kinds))?;
         println!("wrote {path}");
     }
+    Ok(())
+}
+
+/// Would `job` reuse against a model fitted on `known`?
+fn reuses(
+    known: &[&Record],
+    job: &Record,
+    policy: &tunefleet_coordinator::domain::study::ReusePolicy,
+) -> anyhow::Result<bool> {
+    let rest: Vec<Record> = known.iter().map(|r| (*r).clone()).collect();
+    let profiles: Vec<Profile> = rest.iter().map(|r| r.profile.clone()).collect();
+    let model = cluster::fit(&profiles, &FitOptions::default())?.model;
+    let placed: Vec<Option<usize>> = rest.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
+    let d = reuse::decide(
+        policy,
+        Some(&model),
+        &rest,
+        &placed,
+        &reuse::Job { profile: &job.profile, group: &job.group, identity: &job.identity },
+        tunefleet_common::message::Select::Time,
+    );
+    Ok(matches!(d, reuse::Decision::Reuse { .. }))
+}
+
+fn kinds(store: &str) -> anyhow::Result<()> {
+    use tunefleet_coordinator::domain::study::ReusePolicy;
+    let records = largest_class(store)?;
+    let kinds: Vec<String> =
+        records.iter().map(|r| r.study.clone()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    let across = ReusePolicy { across_workloads: true, ..ReusePolicy::default() };
+    let default = ReusePolicy::default();
+    println!("| kind (study) | jobs | unseen: false reuses (default rule) | unseen: false reuses (profile alone) | recurring: reuses (default rule) | recurring: reuses (profile alone) |");
+    println!("|---|---|---|---|---|---|");
+    let (mut false_reuse, mut false_default, mut unseen, mut own, mut any, mut seen) = (0, 0, 0, 0, 0, 0);
+    for kind in &kinds {
+        let jobs: Vec<&Record> = records.iter().filter(|r| &r.study == kind).collect();
+        let others: Vec<&Record> = records.iter().filter(|r| &r.study != kind).collect();
+        let (mut f, mut fd, mut o, mut a) = (0, 0, 0, 0);
+        for job in &jobs {
+            f += usize::from(reuses(&others, job, &across)?);
+            fd += usize::from(reuses(&others, job, &default)?);
+            let all_but: Vec<&Record> =
+                records.iter().filter(|r| !(r.study == job.study && r.trial == job.trial)).collect();
+            o += usize::from(reuses(&all_but, job, &default)?);
+            a += usize::from(reuses(&all_but, job, &across)?);
+        }
+        let n = jobs.len();
+        println!("| {kind} | {n} | {fd} of {n} | {f} of {n} | {o} of {n} | {a} of {n} |");
+        (false_reuse, false_default, unseen) = (false_reuse + f, false_default + fd, unseen + n);
+        (own, any, seen) = (own + o, any + a, seen + n);
+    }
+    let pct = |a: usize, b: usize| 100.0 * a as f64 / b.max(1) as f64;
+    println!(
+        "false reuse (unseen kinds): {false_default} of {unseen} = {:.1} % (default rule), {false_reuse} of {unseen} = {:.1} % (profile alone); recurring reuse: {own} of {seen} = {:.1} % (default rule), {any} of {seen} = {:.1} % (profile alone)",
+        pct(false_default, unseen),
+        pct(false_reuse, unseen),
+        pct(own, seen),
+        pct(any, seen)
+    );
     Ok(())
 }
 

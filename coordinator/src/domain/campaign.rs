@@ -184,6 +184,12 @@ values = [0.3]
         let names: Vec<&str> = c.studies.iter().map(|s| s.name.as_str()).collect();
         assert_eq!(names, vec!["kinds-train", "kinds-stream", "kinds-io"]);
         assert!(c.studies.iter().all(|s| s.pipeline.is_some() && !s.reuse.enabled));
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/campaigns/kinds6.toml");
+        let c = load(&path).expect("examples/campaigns/kinds6.toml");
+        assert_eq!(c.studies.len(), 6);
+        assert!(c.studies.iter().all(|s| s.pipeline.is_some() && !s.reuse.enabled && s.budget == 8));
+        let identities: std::collections::BTreeSet<String> = c.studies.iter().map(|s| s.workload()).collect();
+        assert_eq!(identities.len(), 6, "six workloads: {identities:?}");
     }
 
     #[test]
