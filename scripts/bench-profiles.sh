@@ -27,7 +27,17 @@
 #    what it should get), with the default rule (only its own workload
 #    decides) and with the profile alone.
 #
-# STEPS="1 2 3 4" (the default) or any of them, e.g. STEPS=4.
+# 5. The recurring saving over a campaign (issue 23): a fresh pipelined
+#    training study (3 trials, 4 configurations probed) followed by 5
+#    recurrences (3 trials each, other learning rates, the same program and
+#    arguments), once with reuse on and once with reuse off (every trial
+#    probes), each series in a new store; the fresh study's cost is in both.
+#    Printed: the whole trials' time and energy of each series, and of the
+#    same 18 jobs run plain at the default configuration (what a user who
+#    does not tune the system would run), and the kept configurations'
+#    time per epoch.
+#
+# STEPS="1 2 3 4 5" (the default) or any of them, e.g. STEPS="4 5".
 #
 # Needs: cargo build --release -p tunefleet-coordinator -p tunefleet-agent -p tunefleet-workloads
 # How long: about 2 minutes on 2 vCPUs, and 3 more for step 4.
@@ -62,7 +72,7 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="profiles" and m.get("executable"): print(m["executable"])' | tail -1)
 
-steps=${STEPS:-1 2 3 4}
+steps=${STEPS:-1 2 3 4 5}
 step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if step 1 || step 2; then
   run campaign examples/campaigns/kinds.toml "$work/kinds.db"
@@ -82,6 +92,87 @@ if step 4; then
 echo "## 4. Reuse on kinds it did not learn from"
 run campaign examples/campaigns/kinds6.toml "$work/kinds6.db"
 "$bench" kinds "$work/kinds6.db"
+echo
+fi
+if step 5; then
+echo "## 5. The recurring saving over a campaign of 5 recurrences"
+# series: reuse (fresh, then 5 recurrences with reuse on), probe (reuse off
+# throughout), plain (the same jobs at the default configuration, no probing).
+lrs=("0.05, 0.1, 0.2" "0.03, 0.07, 0.15" "0.04, 0.08, 0.16" "0.06, 0.12, 0.25" "0.02, 0.09, 0.18" "0.035, 0.11, 0.22")
+for series in reuse probe plain; do
+  for i in 0 1 2 3 4 5; do
+    if [ $series = reuse ] && [ $i -gt 0 ]; then enabled=true; else enabled=false; fi
+    if [ $series = plain ]; then
+      system='[system.cores]
+kind = "categorical"
+values = [2]
+[system.threads]
+kind = "categorical"
+values = [2]'
+      pipeline=''
+    else
+      system='[system.cores]
+kind = "int"
+low = 1
+high = 2
+[system.threads]
+kind = "int"
+low = 1
+high = 2'
+      pipeline="[pipeline]
+mode = \"pipelined\"
+probe = \"grid\"
+window = { epochs = 1, warmup = 1 }
+select = \"time\"
+control = true
+[reuse]
+enabled = $enabled"
+    fi
+    cat >"$work/$series-$i.toml" <<STUDY
+name = "job-$i"
+command = ["tunefleet-train", "--lr", "{lr}", "--epochs", "12", "--passes", "6", "--threads", "{threads}"]
+timeout = 300
+lookahead = 0
+[objective]
+metric = "accuracy"
+direction = "maximize"
+[budget]
+trials = 3
+[strategy]
+kind = "grid"
+[hyper.lr]
+kind = "categorical"
+values = [${lrs[$i]}]
+$system
+$pipeline
+STUDY
+    run run "$work/$series-$i.toml" "$work/series-$series.db" >/dev/null
+  done
+done
+python3 - "$work" <<'PY'
+import json, sqlite3, statistics, sys
+work = sys.argv[1]
+print("| series (6 studies of 3 trials: the fresh one and 5 recurrences) | whole trials (s) | energy (J, source) | probe windows | kept configuration, median ms per epoch after the first |")
+print("|---|---|---|---|---|")
+totals = {}
+for series in ("plain", "probe", "reuse"):
+    db = sqlite3.connect(f"{work}/series-{series}.db")
+    wall, joules, sources, probes, epoch_ms = 0.0, 0.0, set(), 0, []
+    for w, j, src, m in db.execute("SELECT wall_us, energy_j, energy_source, measurement FROM results WHERE success = 1"):
+        wall += w / 1e6
+        joules += j or 0.0
+        sources.add(src)
+        m = json.loads(m)
+        probes += sum(1 for s in m.get("segments", []) if s.get("role") == "Probe")
+        e = sorted(m["epochs"], key=lambda e: e["epoch"])
+        tail = [(b["elapsed_us"] - a["elapsed_us"]) / 1e3 for a, b in zip(e[-6:], e[-5:])]
+        epoch_ms += tail
+    totals[series] = (wall, joules)
+    print(f"| {series} | {wall:.2f} | {joules:.1f} ({', '.join(sorted(s or 'none' for s in sources))}) | {probes} | {statistics.median(epoch_ms):.1f} |")
+(pw, pj), (rw, rj), (nw, nj) = totals["probe"], totals["reuse"], totals["plain"]
+print(f"reuse against probing every job: {rw / pw:.2f}x the time, {rj / max(pj, 1e-9):.2f}x the energy; "
+      f"against the plain jobs at the default: {rw / nw:.2f}x the time, {rj / max(nj, 1e-9):.2f}x the energy")
+PY
 echo
 fi
 step 3 || exit 0

@@ -310,6 +310,10 @@ impl Gp {
             return None;
         }
         let y = standardise(&warp(&y));
+        if y.iter().any(|v| !v.is_finite()) {
+            // Values so far apart that their spread overflows: sample at random.
+            return None;
+        }
         let (x, y) = subset(x, y, MODEL_POINTS);
         let (fit_x, fit_y) = subset(x.clone(), y.clone(), FIT_POINTS);
         let theta = self.fit(&fit_x, &fit_y);
@@ -332,7 +336,12 @@ impl Gp {
         let score = |u: &[f64]| {
             let (mu, var) = model.predict(self, u);
             let sd = var.sqrt();
-            log_expected_improvement((best - mu) / sd) + sd.ln()
+            let s = log_expected_improvement((best - mu) / sd) + sd.ln();
+            if s.is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                s
+            }
         };
         let mut scored: Vec<(f64, Vec<f64>)> = Vec::new();
         for _ in 0..self.settings.candidates.max(1) {

@@ -192,3 +192,25 @@ fn the_log_expected_improvement_is_continuous_and_increasing() {
         assert!((a - b).abs() < 1e-3 * a.abs().max(1.0), "jump at {edge}: {a} {b}");
     }
 }
+
+#[test]
+fn extreme_values_neither_panic_nor_make_an_ask_leave_its_domain() {
+    // Finite but enormous values (a workload reporting garbage, or a hostile
+    // one): the model may give up, the asks stay finite and in range.
+    let mut gp = Gp::new(box3(), Direction::Minimize, 2, 5, GpSettings::default());
+    for i in 0..30u64 {
+        let p = gp.ask(i, &[]);
+        for k in ["a", "b", "c"] {
+            let v = x(&p, k);
+            assert!(v.is_finite() && (0.0..=1.0).contains(&v), "ask {i}: {p:?}");
+        }
+        let huge = if i % 2 == 0 { 1e300 } else { -1e300 };
+        gp.tell_values(i, &p, huge * (i as f64 + 1.0), &[f64::MAX / (i as f64 + 1.0)]);
+    }
+    let mut one = Gp::new(box3(), Direction::Maximize, 1, 5, GpSettings::default());
+    for i in 0..20u64 {
+        let p = one.ask(i, &[]);
+        assert!(["a", "b", "c"].iter().all(|k| (0.0..=1.0).contains(&x(&p, k))), "{p:?}");
+        one.tell(i, &p, Outcome::Complete(if i % 3 == 0 { f64::MAX } else { -f64::MAX }));
+    }
+}
