@@ -72,6 +72,58 @@ for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m["target"]["name"]=="profiles" and m.get("executable"): print(m["executable"])' | tail -1)
 
+# Writes FILE: a training study NAME of 3 trials over learning rates LRS
+# (12 epochs, 6 passes), pipelined over cores {1, 2} x threads {1, 2} with
+# reuse ENABLED (true|false), or plain at cores 2 and threads 2 (ENABLED
+# "plain").
+train_study() {
+  local file=$1 name=$2 lrs=$3 enabled=$4 system pipeline
+  if [ "$enabled" = plain ]; then
+    system='[system.cores]
+kind = "categorical"
+values = [2]
+[system.threads]
+kind = "categorical"
+values = [2]'
+    pipeline=''
+  else
+    system='[system.cores]
+kind = "int"
+low = 1
+high = 2
+[system.threads]
+kind = "int"
+low = 1
+high = 2'
+    pipeline="[pipeline]
+mode = \"pipelined\"
+probe = \"grid\"
+window = { epochs = 1, warmup = 1 }
+select = \"time\"
+control = true
+[reuse]
+enabled = $enabled"
+  fi
+  cat >"$file" <<STUDY
+name = "$name"
+command = ["tunefleet-train", "--lr", "{lr}", "--epochs", "12", "--passes", "6", "--threads", "{threads}"]
+timeout = 300
+lookahead = 0
+[objective]
+metric = "accuracy"
+direction = "maximize"
+[budget]
+trials = 3
+[strategy]
+kind = "grid"
+[hyper.lr]
+kind = "categorical"
+values = [$lrs]
+$system
+$pipeline
+STUDY
+}
+
 steps=${STEPS:-1 2 3 4 5}
 step() { case " $steps " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if step 1 || step 2; then
@@ -101,51 +153,10 @@ echo "## 5. The recurring saving over a campaign of 5 recurrences"
 lrs=("0.05, 0.1, 0.2" "0.03, 0.07, 0.15" "0.04, 0.08, 0.16" "0.06, 0.12, 0.25" "0.02, 0.09, 0.18" "0.035, 0.11, 0.22")
 for series in reuse probe plain; do
   for i in 0 1 2 3 4 5; do
-    if [ $series = reuse ] && [ $i -gt 0 ]; then enabled=true; else enabled=false; fi
-    if [ $series = plain ]; then
-      system='[system.cores]
-kind = "categorical"
-values = [2]
-[system.threads]
-kind = "categorical"
-values = [2]'
-      pipeline=''
-    else
-      system='[system.cores]
-kind = "int"
-low = 1
-high = 2
-[system.threads]
-kind = "int"
-low = 1
-high = 2'
-      pipeline="[pipeline]
-mode = \"pipelined\"
-probe = \"grid\"
-window = { epochs = 1, warmup = 1 }
-select = \"time\"
-control = true
-[reuse]
-enabled = $enabled"
-    fi
-    cat >"$work/$series-$i.toml" <<STUDY
-name = "job-$i"
-command = ["tunefleet-train", "--lr", "{lr}", "--epochs", "12", "--passes", "6", "--threads", "{threads}"]
-timeout = 300
-lookahead = 0
-[objective]
-metric = "accuracy"
-direction = "maximize"
-[budget]
-trials = 3
-[strategy]
-kind = "grid"
-[hyper.lr]
-kind = "categorical"
-values = [${lrs[$i]}]
-$system
-$pipeline
-STUDY
+    if [ $series = plain ]; then enabled=plain
+    elif [ $series = reuse ] && [ $i -gt 0 ]; then enabled=true
+    else enabled=false; fi
+    train_study "$work/$series-$i.toml" "job-$i" "${lrs[$i]}" $enabled
     run run "$work/$series-$i.toml" "$work/series-$series.db" >/dev/null
   done
 done
@@ -179,37 +190,7 @@ step 3 || exit 0
 echo "## 3. Fresh against recurring"
 for which in fresh recurring; do
   if [ $which = fresh ]; then lrs="0.05, 0.1, 0.2"; enabled=false; else lrs="0.03, 0.07, 0.15"; enabled=true; fi
-  cat >"$work/$which.toml" <<STUDY
-name = "$which"
-command = ["tunefleet-train", "--lr", "{lr}", "--epochs", "12", "--passes", "6", "--threads", "{threads}"]
-timeout = 300
-[objective]
-metric = "accuracy"
-direction = "maximize"
-[budget]
-trials = 3
-[strategy]
-kind = "grid"
-[hyper.lr]
-kind = "categorical"
-values = [$lrs]
-[system.cores]
-kind = "int"
-low = 1
-high = 2
-[system.threads]
-kind = "int"
-low = 1
-high = 2
-[pipeline]
-mode = "pipelined"
-probe = "grid"
-window = { epochs = 1, warmup = 1 }
-select = "time"
-control = true
-[reuse]
-enabled = $enabled
-STUDY
+  train_study "$work/$which.toml" "$which" "$lrs" $enabled
   run run "$work/$which.toml" "$work/reuse.db"
 done
 "$bench" compare "$work/reuse.db" fresh recurring
