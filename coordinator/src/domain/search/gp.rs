@@ -241,16 +241,21 @@ impl Gp {
         }
     }
 
-    /// The training set: unit coordinates and a loss for each usable told trial.
+    /// The training set: unit coordinates and a loss for each usable told
+    /// trial (the ParEGO scalarisation with several objectives, when at
+    /// least two trials measured every one; the first objective otherwise).
     fn training(&self, rng: &mut ChaCha8Rng) -> (Vec<Vec<f64>>, Vec<f64>) {
         let usable = self.told.values().filter_map(|(u, t)| Some((u.as_ref()?, t)));
-        if self.objectives > 1 {
-            let rows: Vec<(&Vec<f64>, &Vec<f64>)> = usable
-                .filter_map(|(u, t)| match t {
-                    Told::Complete(l) if l.len() == self.objectives && l.iter().all(|v| v.is_finite()) => Some((u, l)),
-                    _ => None,
-                })
-                .collect();
+        let rows: Vec<(&Vec<f64>, &Vec<f64>)> = usable
+            .clone()
+            .filter_map(|(u, t)| match t {
+                Told::Complete(l) if l.len() == self.objectives && l.iter().all(|v| v.is_finite()) => Some((u, l)),
+                _ => None,
+            })
+            .collect();
+        // Several objectives need trials that measured them all; without two
+        // such (energy never valid, say) the first objective alone is searched.
+        if self.objectives > 1 && rows.len() >= 2 {
             let weights = simplex_weights(self.objectives, rng);
             let (lo, hi): (Vec<f64>, Vec<f64>) = (0..self.objectives)
                 .map(|k| {

@@ -214,3 +214,18 @@ fn extreme_values_neither_panic_nor_make_an_ask_leave_its_domain() {
         one.tell(i, &p, Outcome::Complete(if i % 3 == 0 { f64::MAX } else { -f64::MAX }));
     }
 }
+
+#[test]
+fn without_every_objective_measured_the_first_one_is_searched() {
+    // Two objectives, the second never measured (an energy reading never
+    // valid): the search still learns the first instead of sampling blindly.
+    let mut gp = Gp::new(box3(), Direction::Minimize, 2, 7, GpSettings::default());
+    let mut best = f64::INFINITY;
+    for i in 0..30u64 {
+        let p = gp.ask(i, &[]);
+        let v = bowl(&p);
+        best = best.min(v);
+        gp.tell_values(i, &p, v, &[f64::NAN]);
+    }
+    assert!(best < 3e-3, "best {best}: the first objective was not searched");
+}

@@ -377,6 +377,9 @@ impl Tpe {
         }
         let mut out: Vec<(u64, f64)> = good.iter().map(|&i| full[i]).collect();
         out.extend((0..full.len()).filter(|i| !good.contains(i)).map(|i| full[i]));
+        // By the first objective among themselves, should they be needed.
+        let mut partial = partial;
+        partial.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         out.extend(partial);
         out
     }

@@ -423,3 +423,17 @@ fn several_objectives_choose_the_good_trials_by_front() {
     let (good, _) = single.split(&[]);
     assert!(good.iter().all(|c| c[0] < 0.1), "{good:?}");
 }
+
+#[test]
+fn without_every_objective_measured_the_good_trials_are_the_best_by_the_first() {
+    let space = vec![("x".to_string(), ParamSpec::Float { low: 0.0, high: 1.0, grid: 2 })];
+    let mut tpe = Tpe::new(space, Direction::Minimize, 0, TpeSettings::default()).with_objectives(2);
+    for i in 0..30u64 {
+        // Told in an order unrelated to the value; the second objective never measured.
+        let x = ((i * 7) % 30) as f64 / 29.0;
+        tpe.tell_values(i, &[("x".to_string(), ParamValue::Float(x))].into(), x, &[f64::NAN]);
+    }
+    let (good, _) = tpe.split(&[]);
+    assert_eq!(good.len(), 3);
+    assert!(good.iter().all(|c| c[0] < 0.1), "the three smallest x: {good:?}");
+}
