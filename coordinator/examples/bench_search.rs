@@ -18,6 +18,7 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 use tunefleet_coordinator::domain::search::gp::{Gp, GpSettings};
 use tunefleet_coordinator::domain::search::tpe::{Outcome, Tpe, TpeSettings};
+use tunefleet_coordinator::domain::search::Sampler;
 use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
 
 /// A test function: its space, its value (noise-free) and its minimum.
@@ -211,7 +212,7 @@ fn hypervolume2(points: &[[f64; 2]], reference: [f64; 2]) -> f64 {
 /// One two-objective study as [`study`] runs one: the hypervolume of all
 /// trials after 50 and after `budget` trials.
 fn study2(problem: &TwoObjectives, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
-    let mut sampler = Sampler::new(strategy, &problem.space, 2, seed);
+    let mut sampler = sampler(strategy, &problem.space, 2, seed);
     let (mut seen, mut at50) = (Vec::new(), f64::NAN);
     drive(&mut sampler, budget, workers, |sampler, trial, p| {
         let v = (problem.f)(&p);
@@ -226,7 +227,12 @@ fn study2(problem: &TwoObjectives, strategy: &str, seed: u64, budget: u64, worke
 
 /// Runs `budget` trials with `workers` in flight: asks while fewer are in
 /// flight, then `finish`es the oldest (which tells the sampler).
-fn drive(sampler: &mut Sampler, budget: u64, workers: usize, mut finish: impl FnMut(&mut Sampler, u64, Params)) {
+fn drive(
+    sampler: &mut Box<dyn Sampler>,
+    budget: u64,
+    workers: usize,
+    mut finish: impl FnMut(&mut Box<dyn Sampler>, u64, Params),
+) {
     let mut in_flight: std::collections::VecDeque<(u64, Params)> = Default::default();
     let (mut asked, mut finished) = (0u64, 0u64);
     while finished < budget {
@@ -246,7 +252,7 @@ fn drive(sampler: &mut Sampler, budget: u64, workers: usize, mut finish: impl Fn
 /// value minus the optimum) of the trial with the best observed value
 /// after 50 and after `budget` trials.
 fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
-    let mut sampler = Sampler::new(strategy, &fun.space, 1, seed);
+    let mut sampler = sampler(strategy, &fun.space, 1, seed);
     let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
     let (mut finished, mut at50) = (0u64, f64::NAN);
@@ -271,43 +277,13 @@ fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize)
     (at50, best_true - fun.optimum)
 }
 
-/// The sampler under test: `kind = "tpe"` or `kind = "gp"`.
-enum Sampler {
-    Tpe(Tpe),
-    Gp(Gp),
-}
-
-impl Sampler {
-    /// `strategy` ("gp", else TPE) over `space` with `objectives` objectives.
-    fn new(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, seed: u64) -> Self {
-        let space = space.to_vec();
-        match strategy {
-            "gp" => Sampler::Gp(Gp::new(space, Direction::Minimize, objectives, seed, GpSettings::default())),
-            _ => Sampler::Tpe(
-                Tpe::new(space, Direction::Minimize, seed, TpeSettings::default()).with_objectives(objectives),
-            ),
-        }
-    }
-
-    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
-        match self {
-            Sampler::Tpe(t) => t.ask(index, running),
-            Sampler::Gp(g) => g.ask(index, running),
-        }
-    }
-
-    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        match self {
-            Sampler::Tpe(t) => t.tell(trial, params, outcome),
-            Sampler::Gp(g) => g.tell(trial, params, outcome),
-        }
-    }
-
-    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        match self {
-            Sampler::Tpe(t) => t.tell_values(trial, params, value, also),
-            Sampler::Gp(g) => g.tell_values(trial, params, value, also),
-        }
+/// The sampler under test: `kind = "gp"` for "gp", else `kind = "tpe"`,
+/// over `space` with `objectives` objectives.
+fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, seed: u64) -> Box<dyn Sampler> {
+    let space = space.to_vec();
+    match strategy {
+        "gp" => Box::new(Gp::new(space, Direction::Minimize, objectives, seed, GpSettings::default())),
+        _ => Box::new(Tpe::new(space, Direction::Minimize, seed, TpeSettings::default()).with_objectives(objectives)),
     }
 }
 

@@ -64,6 +64,7 @@ use tunefleet_common::params::Params;
 use super::draw::sample;
 use super::linalg::{cholesky, nelder_mead, solve_lower, solve_upper_t};
 use super::tpe::{choices, decode, encode, int_top, standard_normal, Outcome};
+use super::Sampler;
 use crate::domain::study::{Direction, ParamSpec};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
@@ -182,62 +183,10 @@ impl Gp {
         Gp { space, axes, direction, objectives: objectives.max(1), seed, settings, told: BTreeMap::new() }
     }
 
-    /// Trials told so far (complete with finite values, or stopped early).
-    pub fn observations(&self) -> usize {
-        self.told.len()
-    }
-
-    /// What became of trial `trial` run with `params` (one objective; see
-    /// [`Gp::tell_values`] for several). Telling a trial again replaces it.
-    pub fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        match outcome {
-            Outcome::Complete(v) => self.tell_values(trial, params, v, &[]),
-            Outcome::Pruned { value, .. } => {
-                let loss = if value.is_nan() { f64::INFINITY } else { self.loss(value) };
-                let u = self.unit(params);
-                self.told.insert(trial, (u, Told::Pruned(loss)));
-            }
-        }
-    }
-
-    /// Trial `trial` completed with objective `value` (in the metric's own
-    /// direction; not told when not finite) and the figures of `also`
-    /// (minimised; a non-finite one leaves the trial out of a
-    /// multi-objective model).
-    pub fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        if !value.is_finite() {
-            return;
-        }
-        let losses = std::iter::once(self.loss(value)).chain(also.iter().copied()).collect();
-        let u = self.unit(params);
-        self.told.insert(trial, (u, Told::Complete(losses)));
-    }
-
     fn loss(&self, v: f64) -> f64 {
         match self.direction {
             Direction::Minimize => v,
             Direction::Maximize => -v,
-        }
-    }
-
-    /// The configuration for the `index`-th ask while `running` (trials
-    /// created and not told) run; see the module documentation.
-    pub fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(index);
-        let chosen = if self.told.len() < self.settings.startup || self.axes.is_empty() {
-            None
-        } else {
-            self.choose(&mut rng, running)
-        };
-        match chosen {
-            Some(u) => self.decode(&u),
-            None => self
-                .space
-                .iter()
-                .filter(|(_, spec)| choices(spec) > 0.0)
-                .map(|(name, spec)| (name.clone(), sample(spec, &mut rng)))
-                .collect(),
         }
     }
 
@@ -532,6 +481,60 @@ impl Gp {
         start.push(1e-4f64.ln());
         let (best, _) = nelder_mead(objective, &start, 1.0, self.settings.fit_evals.max(d + 2));
         theta_of(&best)
+    }
+}
+
+impl Sampler for Gp {
+    /// The configuration for the `index`-th ask while `running` (trials
+    /// created and not told) run; see the module documentation.
+    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(index);
+        let chosen = if self.told.len() < self.settings.startup || self.axes.is_empty() {
+            None
+        } else {
+            self.choose(&mut rng, running)
+        };
+        match chosen {
+            Some(u) => self.decode(&u),
+            None => self
+                .space
+                .iter()
+                .filter(|(_, spec)| choices(spec) > 0.0)
+                .map(|(name, spec)| (name.clone(), sample(spec, &mut rng)))
+                .collect(),
+        }
+    }
+
+    /// What became of trial `trial` run with `params` (one objective; see
+    /// [`Gp::tell_values`] for several). Telling a trial again replaces it.
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        match outcome {
+            Outcome::Complete(v) => self.tell_values(trial, params, v, &[]),
+            Outcome::Pruned { value, .. } => {
+                let loss = if value.is_nan() { f64::INFINITY } else { self.loss(value) };
+                let u = self.unit(params);
+                self.told.insert(trial, (u, Told::Pruned(loss)));
+            }
+        }
+    }
+
+    /// Trial `trial` completed with objective `value` (in the metric's own
+    /// direction; not told when not finite) and the figures of `also`
+    /// (minimised; a non-finite one leaves the trial out of a
+    /// multi-objective model).
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        if !value.is_finite() {
+            return;
+        }
+        let losses = std::iter::once(self.loss(value)).chain(also.iter().copied()).collect();
+        let u = self.unit(params);
+        self.told.insert(trial, (u, Told::Complete(losses)));
+    }
+
+    /// Trials told so far (complete with finite values, or stopped early).
+    fn observations(&self) -> usize {
+        self.told.len()
     }
 }
 

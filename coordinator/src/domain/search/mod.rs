@@ -122,17 +122,35 @@ impl SearchStrategy for Random {
     }
 }
 
-/// TPE as a strategy: the `i`-th ask draws from an RNG seeded by (seed, i)
-/// and the model of everything told so far.
+/// A model-based sampler (TPE, the Gaussian process): the `index`-th ask
+/// is a function of its seed, the index and the told and running trials,
+/// so a resumed study asks the same.
+pub trait Sampler: Send + std::fmt::Debug {
+    /// The configuration of the `index`-th ask while `running` run.
+    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params;
+    /// What became of a trial (one objective, or its last report when stopped).
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome);
+    /// A complete trial's objective and the figures of `[objective] also`.
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]);
+    /// Trials told so far.
+    fn observations(&self) -> usize;
+}
+
+/// A [`Sampler`] as a strategy: its asks numbered in the order they are made.
 #[derive(Debug)]
-struct TpeSearch {
-    tpe: tpe::Tpe,
+struct Adaptive<S> {
+    sampler: S,
     index: u64,
 }
 
-impl SearchStrategy for TpeSearch {
+/// `sampler` as a study's strategy, from its first ask.
+fn adaptive(sampler: impl Sampler + 'static) -> Box<dyn SearchStrategy> {
+    Box::new(Adaptive { sampler, index: 0 })
+}
+
+impl<S: Sampler> SearchStrategy for Adaptive<S> {
     fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
-        let params = self.tpe.ask(self.index, running);
+        let params = self.sampler.ask(self.index, running);
         self.index += 1;
         Some(params)
     }
@@ -142,46 +160,15 @@ impl SearchStrategy for TpeSearch {
     }
 
     fn observations(&self) -> usize {
-        self.tpe.observations()
+        self.sampler.observations()
     }
 
     fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        self.tpe.tell(trial, params, outcome);
+        self.sampler.tell(trial, params, outcome);
     }
 
     fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        self.tpe.tell_values(trial, params, value, also);
-    }
-}
-
-/// The Gaussian-process search as a strategy, asked as [`TpeSearch`] is.
-#[derive(Debug)]
-struct GpSearch {
-    gp: gp::Gp,
-    index: u64,
-}
-
-impl SearchStrategy for GpSearch {
-    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
-        let params = self.gp.ask(self.index, running);
-        self.index += 1;
-        Some(params)
-    }
-
-    fn reads_running(&self) -> bool {
-        true
-    }
-
-    fn observations(&self) -> usize {
-        self.gp.observations()
-    }
-
-    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        self.gp.tell(trial, params, outcome);
-    }
-
-    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        self.gp.tell_values(trial, params, value, also);
+        self.sampler.tell_values(trial, params, value, also);
     }
 }
 
@@ -201,24 +188,16 @@ impl Search {
     /// The search of a study that has created no trial yet.
     pub fn new(study: &Study) -> Self {
         let space = study.searched();
+        let (direction, objectives) = (study.objective.direction, 1 + study.objective.also.len());
         let strategy: Box<dyn SearchStrategy> = match study.strategy {
             Strategy::Grid => Box::new(Grid::new(&space)),
             Strategy::Random { seed } => Box::new(Random::new(&space, seed)),
-            Strategy::Tpe { seed } => Box::new(TpeSearch {
-                tpe: tpe::Tpe::new(space, study.objective.direction, seed, tpe::TpeSettings::default())
-                    .with_objectives(1 + study.objective.also.len()),
-                index: 0,
-            }),
-            Strategy::Gp { seed } => Box::new(GpSearch {
-                gp: gp::Gp::new(
-                    space,
-                    study.objective.direction,
-                    1 + study.objective.also.len(),
-                    seed,
-                    gp::GpSettings::default(),
-                ),
-                index: 0,
-            }),
+            Strategy::Tpe { seed } => {
+                adaptive(tpe::Tpe::new(space, direction, seed, tpe::TpeSettings::default()).with_objectives(objectives))
+            }
+            Strategy::Gp { seed } => {
+                adaptive(gp::Gp::new(space, direction, objectives, seed, gp::GpSettings::default()))
+            }
         };
         let repeats = study.repeats.max(1);
         let mut configs_left = study.budget / u64::from(repeats);

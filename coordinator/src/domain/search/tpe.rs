@@ -97,6 +97,7 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
 use super::draw::sample;
+use super::Sampler;
 use crate::domain::pareto;
 use crate::domain::study::{Direction, ParamSpec};
 
@@ -190,86 +191,6 @@ impl Tpe {
         self
     }
 
-    /// The configuration for the `index`-th ask, `running` being the trials
-    /// created and not yet told (trial number, configuration): random while
-    /// fewer than `settings.startup` trials were told, chosen by the model
-    /// after. A function of (seed, index, told trials, running trials). A
-    /// categorical parameter without values is left out.
-    pub fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
-        rng.set_stream(index);
-        if self.told.len() < self.settings.startup || self.modelled.is_empty() {
-            return self
-                .space
-                .iter()
-                .filter(|(_, spec)| choices(spec) > 0.0)
-                .map(|(name, spec)| (name.clone(), sample(spec, &mut rng)))
-                .collect();
-        }
-        let (below, above) = self.split(running);
-        let specs: Vec<&ParamSpec> = self.modelled.iter().map(|&i| &self.space[i].1).collect();
-        let l = Mixture::new(&specs, &below);
-        let g = Mixture::new(&specs, &above);
-        let mut best: Option<(f64, Vec<f64>)> = None;
-        for _ in 0..self.settings.candidates.max(1) {
-            let x = l.draw(&mut rng);
-            let score = l.log_pdf(&x) - g.log_pdf(&x);
-            if best.as_ref().is_none_or(|(s, _)| score > *s || s.is_nan()) {
-                best = Some((score, x));
-            }
-        }
-        let chosen = best.map(|(_, x)| x).unwrap_or_default();
-        let mut out = Params::new();
-        for (i, (name, spec)) in self.space.iter().enumerate() {
-            let value = match self.modelled.iter().position(|&m| m == i) {
-                Some(d) => chosen.get(d).and_then(|x| decode(spec, *x)),
-                // A single possible value (or none).
-                None => decode(spec, 0.0).filter(|_| choices(spec) > 0.0),
-            };
-            if let Some(v) = value {
-                out.insert(name.clone(), v);
-            }
-        }
-        out
-    }
-
-    /// What became of trial `trial` run with `params`: a complete trial's
-    /// objective as the study's metric reports it (the direction given to
-    /// [`Tpe::new`] decides what is better; a non-finite value is not told,
-    /// as Optuna fails such a trial), or the last report of a pruned one.
-    /// Telling a trial again replaces what was told.
-    pub fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        let loss = |v: f64| match self.direction {
-            Direction::Minimize => v,
-            Direction::Maximize => -v,
-        };
-        let state = match outcome {
-            Outcome::Complete(v) if !v.is_finite() => return,
-            Outcome::Complete(v) => State::Complete(loss(v)),
-            Outcome::Pruned { epoch, value } => {
-                State::Pruned { epoch, loss: if value.is_nan() { f64::INFINITY } else { loss(value) } }
-            }
-        };
-        let coords = self.coords(params);
-        self.told.insert(trial, Observation { state, coords, also: Vec::new() });
-    }
-
-    /// Trial `trial` completed with `value` (the metric's own direction; not
-    /// told when not finite) and the figures of the study's `also`
-    /// (minimised; non-finite ones keep the trial out of the good ones of
-    /// a multi-objective search).
-    pub fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        self.tell(trial, params, Outcome::Complete(value));
-        if let Some(o) = self.told.get_mut(&trial) {
-            o.also = also.to_vec();
-        }
-    }
-
-    /// Trials told so far (complete with a finite value, or pruned).
-    pub fn observations(&self) -> usize {
-        self.told.len()
-    }
-
     /// Model coordinates of the modelled parameters of `params`.
     fn coords(&self, params: &Params) -> Option<Vec<f64>> {
         self.modelled
@@ -334,6 +255,88 @@ impl Tpe {
         }
         bad.sort_by_key(|(t, _)| *t);
         (good.into_iter().map(|(_, c)| c).collect(), bad.into_iter().map(|(_, c)| c).collect())
+    }
+}
+
+impl Sampler for Tpe {
+    /// The configuration for the `index`-th ask, `running` being the trials
+    /// created and not yet told (trial number, configuration): random while
+    /// fewer than `settings.startup` trials were told, chosen by the model
+    /// after. A function of (seed, index, told trials, running trials). A
+    /// categorical parameter without values is left out.
+    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        rng.set_stream(index);
+        if self.told.len() < self.settings.startup || self.modelled.is_empty() {
+            return self
+                .space
+                .iter()
+                .filter(|(_, spec)| choices(spec) > 0.0)
+                .map(|(name, spec)| (name.clone(), sample(spec, &mut rng)))
+                .collect();
+        }
+        let (below, above) = self.split(running);
+        let specs: Vec<&ParamSpec> = self.modelled.iter().map(|&i| &self.space[i].1).collect();
+        let l = Mixture::new(&specs, &below);
+        let g = Mixture::new(&specs, &above);
+        let mut best: Option<(f64, Vec<f64>)> = None;
+        for _ in 0..self.settings.candidates.max(1) {
+            let x = l.draw(&mut rng);
+            let score = l.log_pdf(&x) - g.log_pdf(&x);
+            if best.as_ref().is_none_or(|(s, _)| score > *s || s.is_nan()) {
+                best = Some((score, x));
+            }
+        }
+        let chosen = best.map(|(_, x)| x).unwrap_or_default();
+        let mut out = Params::new();
+        for (i, (name, spec)) in self.space.iter().enumerate() {
+            let value = match self.modelled.iter().position(|&m| m == i) {
+                Some(d) => chosen.get(d).and_then(|x| decode(spec, *x)),
+                // A single possible value (or none).
+                None => decode(spec, 0.0).filter(|_| choices(spec) > 0.0),
+            };
+            if let Some(v) = value {
+                out.insert(name.clone(), v);
+            }
+        }
+        out
+    }
+
+    /// What became of trial `trial` run with `params`: a complete trial's
+    /// objective as the study's metric reports it (the direction given to
+    /// [`Tpe::new`] decides what is better; a non-finite value is not told,
+    /// as Optuna fails such a trial), or the last report of a pruned one.
+    /// Telling a trial again replaces what was told.
+    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
+        let loss = |v: f64| match self.direction {
+            Direction::Minimize => v,
+            Direction::Maximize => -v,
+        };
+        let state = match outcome {
+            Outcome::Complete(v) if !v.is_finite() => return,
+            Outcome::Complete(v) => State::Complete(loss(v)),
+            Outcome::Pruned { epoch, value } => {
+                State::Pruned { epoch, loss: if value.is_nan() { f64::INFINITY } else { loss(value) } }
+            }
+        };
+        let coords = self.coords(params);
+        self.told.insert(trial, Observation { state, coords, also: Vec::new() });
+    }
+
+    /// Trial `trial` completed with `value` (the metric's own direction; not
+    /// told when not finite) and the figures of the study's `also`
+    /// (minimised; non-finite ones keep the trial out of the good ones of
+    /// a multi-objective search).
+    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
+        self.tell(trial, params, Outcome::Complete(value));
+        if let Some(o) = self.told.get_mut(&trial) {
+            o.also = also.to_vec();
+        }
+    }
+
+    /// Trials told so far (complete with a finite value, or pruned).
+    fn observations(&self) -> usize {
+        self.told.len()
     }
 }
 
