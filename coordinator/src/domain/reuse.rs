@@ -181,7 +181,8 @@ fn per_unit_energy(s: &Segment) -> Option<f64> {
 /// configuration (probes, the kept rest, a reused rest); `None` without a
 /// base window.
 pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
-    let first = segments.iter().find(|s| s.role == SegmentRole::Probe).or_else(|| segments.first())?;
+    let base = segments.iter().position(|s| s.role == SegmentRole::Probe).or((!segments.is_empty()).then_some(0))?;
+    let first = &segments[base];
     let base_t = first.typical_us_per_unit();
     if base_t <= 0.0 || !base_t.is_finite() {
         return None;
@@ -191,13 +192,13 @@ pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
     // Per configuration: relative times, energies, squared errors (None: unmeasured).
     type Acc = (SystemParams, Vec<f64>, Vec<f64>, Option<f64>);
     let mut by: Vec<Acc> = Vec::new();
-    for s in segments {
+    for (i, s) in segments.iter().enumerate() {
         let counts = match s.role {
             SegmentRole::Probe | SegmentRole::Selected | SegmentRole::Reused => true,
             // The warm-up holds the start-up: never a measurement of its configuration.
             SegmentRole::Warmup | SegmentRole::Cut | SegmentRole::Reconfigured | SegmentRole::Initial => false,
         };
-        if !counts && !std::ptr::eq(s, first) {
+        if !counts && i != base {
             continue;
         }
         let t = s.typical_us_per_unit() / base_t;
@@ -208,7 +209,7 @@ pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
         if !t.is_finite() {
             continue;
         }
-        let error2 = if std::ptr::eq(s, first) {
+        let error2 = if i == base {
             base_noise.map(|b| b * b)
         } else {
             window_error(s).zip(base_noise).map(|(w, b)| w * w + b * b)

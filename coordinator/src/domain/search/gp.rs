@@ -440,6 +440,13 @@ impl Gp {
     }
 
     fn model(&self, x: Vec<Vec<f64>>, y: &[f64], theta: &Theta) -> Option<Model> {
+        let (chol, alpha) = self.factor(&x, y, theta)?;
+        Some(Model { x, chol, alpha, theta: theta.clone() })
+    }
+
+    /// The Cholesky factor of the kernel matrix over `x` (noise on its
+    /// diagonal) and `alpha = K^-1 y`; `None` when not positive definite.
+    fn factor(&self, x: &[Vec<f64>], y: &[f64], theta: &Theta) -> Option<(Vec<f64>, Vec<f64>)> {
         let n = x.len();
         let mut k = vec![0.0; n * n];
         for i in 0..n {
@@ -452,7 +459,7 @@ impl Gp {
         }
         let chol = cholesky(&k, n)?;
         let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
-        Some(Model { x, chol, alpha, theta: theta.clone() })
+        Some((chol, alpha))
     }
 
     /// Hyper-parameters maximising the marginal likelihood with their priors.
@@ -465,10 +472,11 @@ impl Gp {
         };
         let objective = |p: &[f64]| {
             let theta = theta_of(p);
-            let Some(m) = self.model(x.to_vec(), y, &theta) else { return f64::INFINITY };
+            // Factored in place: the points are not copied per evaluation.
+            let Some((chol, alpha)) = self.factor(x, y, &theta) else { return f64::INFINITY };
             let n = x.len();
-            let fit: f64 = 0.5 * y.iter().zip(&m.alpha).map(|(a, b)| a * b).sum::<f64>();
-            let det: f64 = (0..n).map(|i| m.chol[i * n + i].ln()).sum();
+            let fit: f64 = 0.5 * y.iter().zip(&alpha).map(|(a, b)| a * b).sum::<f64>();
+            let det: f64 = (0..n).map(|i| chol[i * n + i].ln()).sum();
             // Weak log-normal priors: length scales around 0.5, signal
             // around 1, noise small but learnable.
             let prior = p[..d].iter().map(|v| 0.5 * (v - 0.5f64.ln()).powi(2)).sum::<f64>()

@@ -474,14 +474,20 @@ impl Study {
         self.parameters().map(|(name, spec)| (name.to_string(), spec.clone())).collect()
     }
 
+    /// The program's file name (the command's first word without its directory).
+    pub fn program(&self) -> &str {
+        self.command.first().map_or("", |c| c.rsplit('/').next().unwrap_or(c))
+    }
+
     /// What makes two jobs the same workload for reuse: the program's file
     /// name and the command's other arguments as the study writes them
     /// (placeholders unexpanded, so hyper-parameters' values do not count
     /// and fixed arguments, such as a data set or an epoch count, do).
     pub fn workload(&self) -> String {
-        let mut words = self.command.iter();
-        let program = words.next().map_or("", |c| c.rsplit('/').next().unwrap_or(c));
-        std::iter::once(program).chain(words.map(String::as_str)).collect::<Vec<_>>().join(" ")
+        std::iter::once(self.program())
+            .chain(self.command.iter().skip(1).map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// A result's figures of `objective.also`, in that order (minimised):

@@ -404,20 +404,19 @@ impl Ctx<'_> {
             }
             policy.group.push(g.get_ref().clone());
         }
-        let mut verify_bound = f64::NAN;
-        for (value, key, slot) in [
-            (r.radius_factor, "reuse.radius_factor", &mut policy.radius_factor),
-            (r.min_threshold, "reuse.min_threshold", &mut policy.min_threshold),
-            (r.verify_bound, "reuse.verify_bound", &mut verify_bound),
-        ] {
-            if let Some(v) = value {
-                if !(v.is_finite() && v >= 0.0) {
-                    return Err(self.at(raw.span(), format!("{key}: must be a number of 0 or more (got {v})")));
-                }
-                *slot = v;
+        let non_negative = |value: Option<f64>, key: &str| match value {
+            Some(v) if !(v.is_finite() && v >= 0.0) => {
+                Err(self.at(raw.span(), format!("{key}: must be a number of 0 or more (got {v})")))
             }
+            v => Ok(v),
+        };
+        if let Some(v) = non_negative(r.radius_factor, "reuse.radius_factor")? {
+            policy.radius_factor = v;
         }
-        policy.verify_bound = Some(verify_bound).filter(|v| v.is_finite());
+        if let Some(v) = non_negative(r.min_threshold, "reuse.min_threshold")? {
+            policy.min_threshold = v;
+        }
+        policy.verify_bound = non_negative(r.verify_bound, "reuse.verify_bound")?;
         policy.across_workloads = r.across_workloads.unwrap_or(false);
         Ok(policy)
     }

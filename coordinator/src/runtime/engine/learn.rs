@@ -196,7 +196,7 @@ pub(super) fn learn(
         })?;
     }
     let profile = if reused { wp.profile.clone() } else { reuse::with_signature(wp, &outcomes, probe.select) };
-    let workload = a.study.command.first().map_or("", |c| c.rsplit('/').next().unwrap_or(c)).to_string();
+    let workload = a.study.program().to_string();
     let record = Record {
         study: trial.study.clone(),
         trial: trial.trial,
