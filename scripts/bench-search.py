@@ -131,25 +131,35 @@ def hypervolume2(points, reference):
     return volume
 
 
+def drive(study, space, budget, workers, finish):
+    """Runs `budget` trials with `workers` in flight: asks while fewer are in
+    flight, then finishes the oldest with `finish(trial, params)` (which
+    tells the study), as the Rust side's `drive` does."""
+    in_flight, asked = [], 0
+    for _ in range(budget):
+        while len(in_flight) < max(workers, 1) and asked < budget:
+            trial = study.ask()
+            in_flight.append((trial, suggest(trial, space)))
+            asked += 1
+        finish(*in_flight.pop(0))
+
+
 def optuna_study2(name, seed, budget, workers):
     import optuna
 
     space, f, reference = TWO_OBJECTIVES[name]
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=optuna.samplers.TPESampler(seed=seed))
-    in_flight, seen = [], []
-    asked, at50 = 0, math.nan
-    while len(seen) < budget:
-        while len(in_flight) < max(workers, 1) and asked < budget:
-            trial = study.ask()
-            in_flight.append((trial, suggest(trial, space)))
-            asked += 1
-        trial, p = in_flight.pop(0)
+    seen, at50 = [], [math.nan]
+
+    def finish(trial, p):
         v = f(p)
         study.tell(trial, v)
         seen.append(v)
         if len(seen) == 50:
-            at50 = hypervolume2(seen, reference)
-    return at50, hypervolume2(seen, reference)
+            at50[0] = hypervolume2(seen, reference)
+
+    drive(study, space, budget, workers, finish)
+    return at50[0], hypervolume2(seen, reference)
 
 
 def suggest(trial, space):
@@ -174,24 +184,20 @@ def optuna_study(name, seed, budget, workers):
     space, f, optimum, noise = FUNCTIONS[name]
     rng = random.Random(seed ^ 0x9E3779B97F4A7C15)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
-    in_flight = []
-    asked = finished = 0
-    best_seen, best_true, at50 = math.inf, math.inf, math.nan
-    while finished < budget:
-        while len(in_flight) < max(workers, 1) and asked < budget:
-            trial = study.ask()
-            in_flight.append((trial, suggest(trial, space)))
-            asked += 1
-        trial, p = in_flight.pop(0)
+    state = {"finished": 0, "best_seen": math.inf, "best_true": math.inf, "at50": math.nan}
+
+    def finish(trial, p):
         truth = f(p)
         seen = truth + (rng.gauss(0.0, noise) if noise > 0 else 0.0)
         study.tell(trial, seen)
-        if seen < best_seen:
-            best_seen, best_true = seen, truth
-        finished += 1
-        if finished == 50:
-            at50 = best_true - optimum
-    return at50, best_true - optimum
+        if seen < state["best_seen"]:
+            state["best_seen"], state["best_true"] = seen, truth
+        state["finished"] += 1
+        if state["finished"] == 50:
+            state["at50"] = state["best_true"] - optimum
+
+    drive(study, space, budget, workers, finish)
+    return state["at50"], state["best_true"] - optimum
 
 
 def run_optuna(seeds, budget, workers, only):
