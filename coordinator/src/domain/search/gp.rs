@@ -63,8 +63,8 @@ use tunefleet_common::params::Params;
 
 use super::draw::sample;
 use super::linalg::{cholesky, nelder_mead, solve_lower, solve_upper_t};
-use super::tpe::{choices, decode, encode, int_top, standard_normal, Outcome};
-use super::Sampler;
+use super::sampler::{Outcome, Sampler};
+use super::tpe::{choices, decode, encode, int_top, standard_normal};
 use crate::domain::study::{Direction, ParamSpec};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).

@@ -28,10 +28,11 @@ pub mod asha;
 mod draw;
 pub mod gp;
 mod linalg;
+mod sampler;
 pub mod tpe;
 
 pub use draw::sample;
-pub use tpe::Outcome;
+pub use sampler::{Outcome, Sampler};
 
 /// One trial: a configuration and which repetition of it this is.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,20 +121,6 @@ impl SearchStrategy for Random {
     fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
         Some(self.space.iter().map(|(name, spec)| (name.clone(), sample(spec, &mut self.rng))).collect())
     }
-}
-
-/// A model-based sampler (TPE, the Gaussian process): the `index`-th ask
-/// is a function of its seed, the index and the told and running trials,
-/// so a resumed study asks the same.
-pub trait Sampler: Send + std::fmt::Debug {
-    /// The configuration of the `index`-th ask while `running` run.
-    fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params;
-    /// What became of a trial (one objective, or its last report when stopped).
-    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome);
-    /// A complete trial's objective and the figures of `[objective] also`.
-    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]);
-    /// Trials told so far.
-    fn observations(&self) -> usize;
 }
 
 /// A [`Sampler`] as a strategy: its asks numbered in the order they are made.

@@ -97,7 +97,8 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
 use super::draw::sample;
-use super::Sampler;
+pub use super::sampler::Outcome;
+use super::sampler::Sampler;
 use crate::domain::pareto;
 use crate::domain::study::{Direction, ParamSpec};
 
@@ -128,15 +129,6 @@ impl Default for TpeSettings {
     fn default() -> Self {
         TpeSettings { startup: 10, candidates: 24, gamma: 0.1 }
     }
-}
-
-/// What became of a trial, as the model is told it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Outcome {
-    /// It finished with this objective value (as the metric reports it).
-    Complete(f64),
-    /// It was stopped early after reporting `value` at `epoch`, its last report.
-    Pruned { epoch: u32, value: f64 },
 }
 
 /// A TPE search over a fixed space; see the module documentation.
