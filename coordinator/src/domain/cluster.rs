@@ -157,6 +157,20 @@ impl Model {
             .min_by(|a, b| a.distance.total_cmp(&b.distance))
     }
 
+    /// The distance between two profiles in the model's scaled units,
+    /// over the features both measured; `None` when they share none.
+    pub fn distance(&self, a: &Profile, b: &Profile) -> Option<f64> {
+        let (x, y) = (self.scaled(a)?, self.scaled(b)?);
+        let (mut sum, mut n) = (0.0, 0usize);
+        for (u, v) in x.iter().zip(&y) {
+            if let (Some(u), Some(v)) = (u, v) {
+                sum += (u - v) * (u - v);
+                n += 1;
+            }
+        }
+        (n > 0).then(|| (sum / n as f64).sqrt())
+    }
+
     pub fn k(&self) -> usize {
         self.centroids.len()
     }

@@ -17,8 +17,9 @@
 //! 4. no job of that cluster with the same hyper-parameter group (the
 //!    values of the study's `[reuse] group` parameters, PipeTune's batch
 //!    size) has been probed: probe;
-//! 5. the latest record of that cluster and group is a reuse that ran
-//!    slower than promised: probe again (re-probing);
+//! 5. the latest record of that group in that cluster, or within the
+//!    threshold of the profile in any cluster (a refit may move records),
+//!    is a reuse that ran slower than promised: probe again (re-probing);
 //! 6. otherwise **reuse**: the configuration with the best mean over the
 //!    cluster's probed jobs, by the study's selection rule.
 //!
@@ -338,15 +339,23 @@ pub fn decide(
             ),
         );
     }
-    let mut members: Vec<&Record> = records
-        .iter()
-        .zip(clusters)
-        .filter(|(r, k)| **k == Some(c) && r.group == group && !r.outcomes.is_empty())
-        .filter(|(r, _)| policy.across_workloads || (!identity.is_empty() && r.identity == identity))
-        .map(|(r, _)| r)
-        .collect();
+    let peer = |r: &Record| {
+        r.group == group
+            && !r.outcomes.is_empty()
+            && (policy.across_workloads || (!identity.is_empty() && r.identity == identity))
+    };
+    let mut members: Vec<&Record> =
+        records.iter().zip(clusters).filter(|(r, k)| **k == Some(c) && peer(r)).map(|(r, _)| r).collect();
     members.sort_by_key(|r| r.at_ms);
-    if let Some(last) = members.last() {
+    // The latest record near this job: its cluster's, or one as close as
+    // the threshold that a refit placed in another cluster (a broken
+    // promise is not forgotten because the clusters moved).
+    let near = records
+        .iter()
+        .filter(|r| peer(r) && model.distance(profile, &r.profile).is_some_and(|d| d <= threshold))
+        .chain(members.iter().copied())
+        .max_by_key(|r| r.at_ms);
+    if let Some(last) = near {
         if let Some(why) = &last.worse {
             return probe(
                 Some(c),
@@ -685,6 +694,25 @@ mod tests {
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
         assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
+    }
+
+    #[test]
+    fn a_broken_promise_is_not_forgotten_when_a_refit_moves_it_to_another_cluster() {
+        let mut records: Vec<Record> =
+            (0..3).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let mut reused = record(0, 10, vec![o(2, 0.8)], true, 10);
+        reused.worse = Some("ran slower".into());
+        records.push(reused);
+        // The refit put the broken promise in a cluster of its own; the job is near it.
+        let clusters = vec![Some(0), Some(0), Some(0), Some(1)];
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
+        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        // A broken promise of another kind of job, far from this one: not its concern.
+        records[3].profile = profile(1, 10);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
+        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
     }
 
     #[test]
