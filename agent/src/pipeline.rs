@@ -267,6 +267,7 @@ impl Pipeline {
                 self.switch(b, system, SegmentRole::Reused)
             }
             (SegmentRole::Probe, Some(k)) if count >= self.window(&plan) => {
+                let plan = self.next_from_best(&b, k).unwrap_or(plan);
                 let mut margin = None;
                 let mut best = k;
                 if self.queue.is_empty() {
@@ -308,6 +309,44 @@ impl Pipeline {
             }
             _ => Step::Stay,
         }
+    }
+
+    /// With a plan of changes probed from the best so far: the window of
+    /// configuration `k` closed at `b`, so the next configuration not yet
+    /// probed becomes its change applied to the best measured so far
+    /// (changes that lead to a configuration already measured are dropped
+    /// from the queue). Returns the plan as it now is.
+    fn next_from_best(&mut self, b: &Boundary, k: usize) -> Option<ProbePlan> {
+        let plan = self.plan.as_mut().filter(|p| p.from_best)?;
+        let mut probes = self.probes.clone();
+        let mut units = self.units.clone();
+        if let Some(s) = segment(&self.open, b) {
+            probes.push((k, s));
+            units.push((k, self.open.unit_us.clone()));
+        }
+        let measured = |j: usize| probes.iter().any(|(i, _)| *i == j);
+        let best = plan.configs.get(select(&pool(&probes, &units), plan.select)).cloned().unwrap_or_default();
+        while let Some(&next) = self.queue.front() {
+            if measured(next) {
+                break; // measured again (a round of re-probing): as it was
+            }
+            let Some(change) = plan.configs.get(next).cloned() else { break };
+            let first = plan.configs.first().cloned().unwrap_or_default();
+            let config = SystemParams {
+                cores: changed(change.cores, first.cores, best.cores),
+                threads: changed(change.threads, first.threads, best.threads),
+                memory_mib: changed(change.memory_mib, first.memory_mib, best.memory_mib),
+            };
+            if probes.iter().any(|(i, _)| plan.configs.get(*i) == Some(&config)) {
+                self.queue.pop_front();
+                continue;
+            }
+            if let Some(c) = plan.configs.get_mut(next) {
+                *c = config;
+            }
+            break;
+        }
+        Some(plan.clone())
     }
 
     /// The coordinator sent `system` for this trial at `b`: probing (if
@@ -363,6 +402,16 @@ impl Pipeline {
             self.segments.push(s);
         }
         (self.segments, self.selected)
+    }
+}
+
+/// A parameter of a change from `first`: the change's value where it
+/// differs, else the best configuration's.
+fn changed<T: PartialEq>(change: Option<T>, first: Option<T>, best: Option<T>) -> Option<T> {
+    if change != first {
+        change
+    } else {
+        best
     }
 }
 
@@ -535,7 +584,7 @@ mod tests {
     }
 
     fn plan(configs: Vec<SystemParams>, warmup: u32, window: u32, select: Select) -> ProbePlan {
-        ProbePlan { configs, window, warmup, unit: WindowUnit::Epochs, select, control: false }
+        ProbePlan { configs, window, warmup, unit: WindowUnit::Epochs, select, control: false, from_best: false }
     }
 
     /// Epoch `e` ends at `t` seconds, with `j` joules counted so far.
@@ -577,6 +626,33 @@ mod tests {
         assert_eq!(segments[2].system, configs[1]);
         assert_eq!(segments[2].wall_us, 1_000_000);
         assert_eq!(segments[5].system, configs[1]);
+    }
+
+    #[test]
+    fn one_at_a_time_changes_are_probed_from_the_best_so_far() {
+        // The default (2,2), then "cores 1" and "threads 1" as changes.
+        let configs = vec![sys(2, 2), sys(1, 2), sys(2, 1)];
+        let from_best = ProbePlan { from_best: true, ..plan(configs.clone(), 1, 1, Select::Time) };
+        let mut p = Pipeline::new(Some(from_best), configs[0].clone(), vec![0, 1]);
+        assert_eq!(p.on_epoch(at(1, 1.0, 0.0)), Step::Stay, "warm-up");
+        assert_eq!(p.on_epoch(at(2, 2.0, 0.0)), Step::Apply(sys(1, 2)), "1 s under (2,2)");
+        // (1,2) at 0.4 s is the best so far: "threads 1" is tried on it.
+        assert_eq!(p.on_epoch(at(3, 2.4, 0.0)), Step::Apply(sys(1, 1)), "the change on the best so far");
+        assert_eq!(p.on_epoch(at(4, 2.7, 0.0)), Step::Stay, "(1,1) at 0.3 s is kept");
+        let (segments, selected) = p.finish(at(5, 3.0, 0.0));
+        assert_eq!(selected, Some(sys(1, 1)), "never probed from the default, (2,1), would have missed it");
+        let probed: Vec<_> =
+            segments.iter().filter(|s| s.role == SegmentRole::Probe).map(|s| s.system.clone()).collect();
+        assert_eq!(probed, vec![sys(2, 2), sys(1, 2), sys(1, 1)]);
+        // When the default stays the best, the changes are the plain ones.
+        let mut q = Pipeline::new(
+            Some(ProbePlan { from_best: true, ..plan(configs.clone(), 1, 1, Select::Time) }),
+            configs[0].clone(),
+            vec![0, 1],
+        );
+        q.on_epoch(at(1, 1.0, 0.0));
+        assert_eq!(q.on_epoch(at(2, 2.0, 0.0)), Step::Apply(sys(1, 2)));
+        assert_eq!(q.on_epoch(at(3, 4.0, 0.0)), Step::Apply(sys(2, 1)), "(1,2) slower: threads 1 on the default");
     }
 
     /// Feeds epochs of these durations (seconds) after time `t` (epoch

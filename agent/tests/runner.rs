@@ -350,6 +350,7 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
         unit: WindowUnit::Epochs,
         select: Select::Time,
         control: false,
+        from_best: false,
     });
     let (tx, mut rx) = mpsc::channel(16);
     let (handle, control) = TrialHandle::new();

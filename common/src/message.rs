@@ -216,6 +216,14 @@ pub struct ProbePlan {
     /// The workload speaks the control channel (`TUNEFLEET_CONTROL=stdin`,
     /// docs/PROTOCOL.md), so thread counts can change live.
     pub control: bool,
+    /// `configs` are the first and, after it, each a change of some
+    /// parameters from it (one at a time): each change is probed on top of
+    /// the best configuration measured so far, not of the first, so
+    /// parameters that interact are still found together (a change that
+    /// leads to a configuration already measured is skipped). Absent in
+    /// an older coordinator's plans: the configurations as listed.
+    #[serde(default)]
+    pub from_best: bool,
 }
 
 /// Rounds in which a pipelined trial measures its two best configurations

@@ -181,6 +181,7 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
                         unit: tunefleet_common::message::WindowUnit::Steps,
                         select: tunefleet_common::message::Select::Cost { eta_permille: 500 },
                         control: true,
+                        from_best: true,
                     }),
                 },
             })

@@ -440,6 +440,7 @@ pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
         unit: pipeline.unit,
         select: pipeline.select,
         control: pipeline.control,
+        from_best: pipeline.probe == crate::domain::study::ProbeOrder::OneAtATime,
     })
 }
 

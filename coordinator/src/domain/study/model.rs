@@ -247,8 +247,9 @@ impl fmt::Display for SystemParam {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ProbeOrder {
-    /// PipeTune's: the default configuration, then each other value of one
-    /// parameter at a time with the others at their default.
+    /// The default configuration, then each other value of one parameter
+    /// at a time, applied to the best configuration measured so far (the
+    /// agent's pipeline chooses it as windows close: `ProbePlan::from_best`).
     OneAtATime,
     /// Every combination, the default first.
     Grid,
