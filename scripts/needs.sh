@@ -25,6 +25,12 @@
 #                        `slurmctld`, `slurmd` and `munged` print their versions and
 #                        `mungekey` makes a key (the Slurm test runs its own
 #                        cluster: munged, slurmctld and slurmd)
+#   spark                a virtual environment ($SPARK_VENV, default target/spark-venv
+#                        of the repository) whose python imports pyspark and numpy
+#                        and whose spark-submit prints its version on the machine's
+#                        Java (the Spark test runs a standalone master and worker
+#                        from it); installed with pip from PyPI, with Debian's
+#                        python3-venv and OpenJDK 17
 #   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
 #                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
 #                        which the kernel hands to qemu through binfmt_misc (the
@@ -39,6 +45,9 @@
 # Debian's recommended packages are installed too (no --no-install-recommends):
 # every package a check needs is named below all the same, so what is
 # installed does not hang on what Debian recommends.
+
+# The Spark test's virtual environment.
+needs_spark_venv=${SPARK_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/spark-venv}
 
 needs_as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -99,6 +108,11 @@ needs_check() {
       [ $status = 0 ] && [ -s "$dir/munge.key" ] || status=1
       rm -rf "$dir"
       return $status
+      ;;
+    spark)
+      needs_output=$("$needs_spark_venv/bin/python" -c 'import numpy, pyspark; print("pyspark", pyspark.__version__)' 2>&1 \
+        && PATH="$needs_spark_venv/bin:$PATH" spark-submit --version 2>&1) || status=$?
+      [ $status = 0 ] && grep -q 'version' <<<"$needs_output"
       ;;
     man)
       dir=$(mktemp -d)
@@ -174,6 +188,7 @@ needs_packages() {
     systemd-analyze) echo systemd ;;
     slurm) echo slurmctld slurmd slurm-client munge ;;
     man) echo man-db groff-base ;;
+    spark) echo python3-venv openjdk-17-jre-headless ;;
     chromium) echo chromium ;;
     cc:*)
       var=CC_${1#cc:}
@@ -246,6 +261,11 @@ needs() {
   done
   for need in "${failed[@]}"; do
     if [ "$need" = qemu-aarch64 ]; then needs_binfmt_aarch64 >&2 || true; fi
+    if [ "$need" = spark ]; then
+      echo "needs: pip install pyspark numpy into $needs_spark_venv" >&2
+      { python3 -m venv "$needs_spark_venv" \
+        && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark numpy; } >&2 || true
+    fi
     if ! needs_check "$need"; then
       echo "needs: $need still fails its check${needs_output:+: $needs_output}" >&2
       still+=("$need")

@@ -7,7 +7,9 @@
 # the aarch64 Rust target, the aarch64 cross gcc with its C library (ring's
 # C code), qemu-user-static registered with binfmt_misc, and
 # systemd-analyze; man (the generated man pages are rendered with it);
-# Debian's Slurm and munge (the Slurm test starts its own one-node cluster).
+# Debian's Slurm and munge (the Slurm test starts its own one-node cluster);
+# pyspark and numpy from PyPI in target/spark-venv, on Debian's OpenJDK 17
+# (the Spark test starts its own standalone master and worker).
 # Safe to run again.
 #
 #   scripts/test.sh [--install-only]
@@ -25,7 +27,7 @@ esac
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh
-needs mosquitto ejabberd victoria-metrics systemd-analyze chromium man slurm python3 \
+needs mosquitto ejabberd victoria-metrics systemd-analyze chromium man slurm spark python3 \
   rust-target:aarch64-unknown-linux-musl cc:aarch64-unknown-linux-musl qemu-aarch64
 [ $install_only = 0 ] || exit 0
 # Debian installs mosquitto in /usr/sbin, which is not on every user's PATH.

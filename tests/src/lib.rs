@@ -6,6 +6,7 @@ pub mod chromium;
 pub mod mosquitto;
 pub mod ports;
 pub mod slurm;
+pub mod spark;
 pub mod victoria;
 
 use std::io::{BufRead, BufReader};
@@ -245,7 +246,11 @@ pub fn start_agent(url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
 /// Starts an agent through `launcher`: an agent binary given by path, or an
 /// emulator with the agent as its first argument (`qemu-aarch64-static AGENT`).
 pub fn start_agent_with(mut launcher: Command, url: &str, name: &str, root: &str, extra: &[&str]) -> Proc {
-    launcher.args(["--broker", url, "--name", name, "--root", root]).args(extra).env("PATH", path_with_bins());
+    launcher.args(["--broker", url, "--name", name, "--root", root]).args(extra);
+    // A PATH the launcher sets already includes the binaries (a Spark client's).
+    if !launcher.get_envs().any(|(k, _)| k == "PATH") {
+        launcher.env("PATH", path_with_bins());
+    }
     let trusts = extra.iter().any(|a| matches!(*a, "--join" | "--join-file" | "--coordinator-key"));
     match join_token_of(root) {
         Some(token) if !trusts => launcher.env("TUNEFLEET_JOIN", token),

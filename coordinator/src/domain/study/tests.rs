@@ -148,6 +148,27 @@ fn pipelined_mode_is_checked_before_anything_runs() {
 }
 
 #[test]
+fn a_system_parameter_the_command_reads_at_start_is_not_probed_inside_a_trial() {
+    let study = |command: &str, env: &str| {
+        format!(
+            "name = \"spark\"\ncommand = {command}\n{env}\n[objective]\nmetric = \"wall_time\"\ndirection = \"minimize\"\n[budget]\ntrials = 4\n[strategy]\nkind = \"grid\"\n\
+             [hyper.partitions]\nkind = \"categorical\"\nvalues = [4, 8]\n[system.cores]\nkind = \"int\"\nlow = 1\nhigh = 2\n\
+             [pipeline]\nmode = \"pipelined\"\n"
+        )
+    };
+    let spark = r#"["spark-submit", "--executor-cores", "{cores}", "job.py", "{partitions}"]"#;
+    let e = parse(&study(spark, ""), "s.toml").expect_err("executor cores are read when spark-submit starts");
+    assert!(e.to_string().contains("command[2]: {cores} is read when the process starts"), "{e}");
+    let e = parse(&study(r#"["make"]"#, "env = { MAKEFLAGS = \"-j{cores}\" }"), "s.toml").expect_err("env too");
+    assert!(e.to_string().contains("env.MAKEFLAGS"), "{e}");
+    // Cores left to the agent (CPU affinity, changed live): probed.
+    assert!(parse(&study(r#"["job", "{partitions}"]"#, ""), "s.toml").is_ok());
+    // Sequential: a trial per value, read at start as it should be.
+    let sequential = study(spark, "").replace("mode = \"pipelined\"", "mode = \"sequential\"");
+    assert!(parse(&sequential, "s.toml").is_ok());
+}
+
+#[test]
 fn a_pipelined_study_warms_up_one_unit_unless_it_says_otherwise() {
     let with = |pipeline: &str| edited("[system.threads]", &format!("[pipeline]\n{pipeline}\n\n[system.threads]"));
     let s = parse(&with("mode = \"pipelined\"\ncontrol = true"), "s.toml").expect("parses");

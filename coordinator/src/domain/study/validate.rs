@@ -281,6 +281,9 @@ impl Ctx<'_> {
             Some(p) => self.pipeline(p, &system)?,
             None => None,
         };
+        if let Some(p) = &pipeline {
+            self.read_at_start(p, &system, &raw.command, raw.env.as_ref())?;
+        }
 
         let early_stopping = match &raw.early_stopping {
             None => None,
@@ -524,6 +527,43 @@ impl Ctx<'_> {
             }
             _ => Err(bad()),
         }
+    }
+
+    /// A pipelined study's system parameter that the command or its
+    /// environment reads through a placeholder is read once, when the
+    /// process starts (an executor's cores in `spark-submit
+    /// --executor-cores {cores}`, `make -j{cores}`): a window inside the
+    /// running trial cannot change it, and would measure another
+    /// configuration than it records. Refused, but for threads with the
+    /// control channel (the first value from the placeholder, the rest
+    /// live).
+    fn read_at_start(
+        &self,
+        p: &Pipelined,
+        system: &BTreeMap<SystemParam, ParamSpec>,
+        command: &Spanned<Vec<Spanned<String>>>,
+        env: Option<&Spanned<BTreeMap<Spanned<String>, Spanned<String>>>>,
+    ) -> Result<(), StudyError> {
+        let args = command.get_ref().iter().enumerate().map(|(i, a)| (format!("command[{i}]"), a));
+        let env = env.iter().flat_map(|t| t.get_ref().iter().map(|(k, v)| (format!("env.{}", k.get_ref()), v)));
+        for (what, arg) in args.chain(env) {
+            let names = template::placeholders(arg.get_ref()).unwrap_or_default();
+            for param in system.keys() {
+                if (*param == SystemParam::Threads && p.control) || !names.iter().any(|n| n == param.as_str()) {
+                    continue;
+                }
+                return Err(self.at(
+                    arg.span(),
+                    format!(
+                        "{what}: {{{param}}} is read when the process starts, so pipelined probe windows inside a \
+                         running trial cannot change it (each window would run the first value and record \
+                         another); use mode = \"sequential\" (a trial per value), or leave it to the agent (cores: CPU \
+                         affinity, changed live; threads: the control channel)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check_template(&self, what: &str, t: &Spanned<String>, known: &BTreeSet<&str>) -> Result<(), StudyError> {
