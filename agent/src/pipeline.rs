@@ -325,7 +325,9 @@ impl Pipeline {
             units.push((k, self.open.unit_us.clone()));
         }
         let measured = |j: usize| probes.iter().any(|(i, _)| *i == j);
-        let best = plan.configs.get(select(&pool(&probes, &units), plan.select)).cloned().unwrap_or_default();
+        // As `select` chooses, without its warning at every window.
+        let best_so_far = argmin_of(scores(&pool(&probes, &units), plan.select).into_iter()).unwrap_or(0);
+        let best = plan.configs.get(best_so_far).cloned().unwrap_or_default();
         while let Some(&next) = self.queue.front() {
             if measured(next) {
                 break; // measured again (a round of re-probing): as it was

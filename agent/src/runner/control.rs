@@ -132,11 +132,30 @@ pub(super) fn boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u
 /// the change is applied to the live process tree before the workload,
 /// when it speaks the control channel, is told to go on.
 pub(super) fn on_epoch_boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u64) {
+    // Probing over and nothing to change: the workload goes on at once,
+    // while the boundary is sampled (it waits for this line).
+    let early = !t.pipeline.probing() && t.pending_line.is_empty();
+    if early {
+        answer(t, &[]);
+    }
     let b = boundary(cfg, t, epoch, at_us);
     t.last_boundary = Some(b);
     let step = t.pipeline.on_epoch(b);
     let mut line = std::mem::take(&mut t.pending_line);
     line.extend(apply_step(cfg, t, step));
+    if early {
+        // Outside probing the pipeline changes nothing at an epoch.
+        if !line.is_empty() {
+            t.pending_line = line;
+        }
+    } else {
+        answer(t, &line);
+    }
+}
+
+/// Writes one control line (the settings `line`, empty: go on) when the
+/// workload speaks the control channel.
+fn answer(t: &mut Spawned, line: &[String]) {
     if let Some(w) = t.control.as_mut() {
         let text = format!("{}\n", line.join(" "));
         if let Err(e) = w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
