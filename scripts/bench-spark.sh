@@ -15,7 +15,7 @@
 # Tunefleet. Prints the trials, the re-measured medians with min and max,
 # and their ratio. Stops the cluster at the end.
 #
-# How long: about 4 minutes on 2 vCPUs. Needs the release binaries:
+# How long: about 6 minutes on 2 vCPUs. Needs the release binaries:
 #   cargo build --release -p tunefleet-coordinator -p tunefleet-agent
 # BENCH_KEEP=1 keeps the temp dir (store, logs).
 set -euo pipefail
