@@ -34,7 +34,7 @@
 # the workload's --threads), REPEATS interleaved rounds: each mode's kept
 # configuration against the best by median, with [min, max].
 #
-# How long: about 12 minutes per run on 2 vCPUs. Needs the release binaries:
+# How long: about 7 minutes per run on 2 vCPUs. Needs the release binaries:
 #   cargo build --release -p tunefleet-coordinator -p tunefleet-agent -p tunefleet-workloads
 # BENCH_KEEP=1 keeps the temp dir (studies, stores, logs, results.json).
 set -euo pipefail

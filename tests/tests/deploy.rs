@@ -302,7 +302,7 @@ fn spark_example_study_is_valid() {
     cmd.arg("check").arg(&study);
     let (code, out, err) = run(cmd);
     assert_eq!(code, Some(0), "tunefleet check {}: {err}", study.display());
-    assert!(out.starts_with("spark-pi: 12 trials"), "{out}");
+    assert!(out.starts_with("spark-kmeans: 4 trials"), "{out}");
     assert!(
         out.contains("cores=") && out.contains("memory="),
         "executor cores and memory are system parameters: {out}"
