@@ -5,8 +5,10 @@
 //! (examples/python/spark_kmeans.py) submitted by `spark-submit` from an
 //! agent tagged `role=spark-edge`, executor cores and memory as system
 //! parameters, partitions as a hyper-parameter, an epoch line per k-means
-//! iteration. The same study in pipelined mode is refused at check, with
-//! the reason (executor settings are read when spark-submit starts).
+//! iteration. Then ASHA stops trailing Spark jobs at their first rung
+//! (driver and executors with them). The same study in pipelined mode is
+//! refused at check, with the reason (executor settings are read when
+//! spark-submit starts).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,6 +78,59 @@ fn a_spark_kmeans_study_runs_on_a_standalone_cluster_as_the_example_is_written()
     drop(agent);
     assert_agents_spools_empty(&[&agent_name]);
     wait_for("every driver and executor of the study to exit", Duration::from_secs(30), || {
+        spark.job_processes().is_empty()
+    });
+
+    // ASHA on the same cluster: k-means cost per iteration as the
+    // objective, k searched from the largest down, so each trial trails
+    // the ones before at its first rung and is stopped there (its driver
+    // and executors with it); the first runs to the end.
+    let asha = spark.dir().join("asha.toml");
+    std::fs::write(
+        &asha,
+        r#"name = "spark-asha"
+command = ["spark-submit", "--driver-memory", "512m", "examples/python/spark_kmeans.py",
+           "--k", "{k}", "--points", "20000", "--iterations", "5", "--partitions", "2"]
+timeout = 600
+[objective]
+metric = "cost"
+direction = "minimize"
+[budget]
+trials = 4
+[strategy]
+kind = "grid"
+[early_stopping]
+kind = "asha"
+reduction = 2
+grace = 1
+[hyper.k]
+kind = "categorical"
+values = [12, 6, 3, 2]
+"#,
+    )
+    .expect("study");
+    let store = spark.dir().join("asha.db");
+    let root = unique_root("spark-asha");
+    let (mut coord, url) = start_coordinator(&asha, &store, &root, &[]);
+    let agent_name = format!("{root}-agent");
+    let mut launcher = spark.command(bin("tunefleet-agent").to_str().expect("path"));
+    launcher.current_dir(repo());
+    let agent = start_agent_with(launcher, &url, &agent_name, &root, &["--slots", "1"]);
+    let status = coord.wait_exit(Duration::from_secs(600));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{status:?}\n{out}");
+    let rows =
+        query(&store, "SELECT trial, state, reason FROM trials WHERE study = 'spark-asha' ORDER BY trial", |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
+        });
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(rows[0].1, "done", "the first at a rung goes on: {rows:?}\n{out}");
+    let stopped: Vec<_> = rows.iter().filter(|r| r.1 == "stopped").collect();
+    assert!(stopped.len() >= 2, "trailing Spark jobs stopped early: {rows:?}\n{out}");
+    assert!(stopped.iter().all(|r| r.2.as_deref().is_some_and(|w| w.contains("ASHA"))), "{rows:?}");
+    drop(agent);
+    assert_agents_spools_empty(&[&agent_name]);
+    wait_for("every stopped driver and its executors to exit", Duration::from_secs(30), || {
         spark.job_processes().is_empty()
     });
 }
