@@ -201,6 +201,8 @@ def read_study(work, name, w):
 
 def best(trials, w):
     ok = [t for t in trials if t["ok"]]
+    if not ok:
+        sys.exit("bench-pipeline: a study had no successful trial; BENCH_KEEP=1 keeps its logs")
     sign = 1 if w["objective"][1] == "maximize" else -1
     return max(ok, key=lambda t: sign * t["objective"])
 

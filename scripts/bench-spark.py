@@ -82,18 +82,26 @@ def tune(work, env):
                              stdout=open(f"{work}/coordinator.out", "w"), stderr=open(f"{work}/coordinator.err", "w"),
                              env=env)
     url = None
+    deadline = time.monotonic() + 30
     while url is None:
         m = re.search(r"^broker: (\S+)", open(f"{work}/coordinator.out").read(), re.M)
         if m:
             url = m.group(1)
-        elif coord.poll() is not None:
-            sys.exit("bench-spark: the coordinator failed:\n" + open(f"{work}/coordinator.err").read())
+        elif coord.poll() is not None or time.monotonic() > deadline:
+            coord.kill()
+            sys.exit("bench-spark: the coordinator printed no broker URL:\n" + open(f"{work}/coordinator.err").read())
         else:
             time.sleep(0.05)
     agent = subprocess.Popen(["tunefleet-agent", "--broker", url, "--name", "spark-edge", "--slots", "1",
                               "--tag", "role=spark-edge", "--join", token], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=open(f"{work}/agent.err", "w"), env=env)
-    code = coord.wait()
+    while coord.poll() is None:
+        if agent.poll() is not None:
+            coord.kill()
+            sys.exit(f"bench-spark: the agent exited with {agent.returncode}:\n"
+                     + open(f"{work}/agent.err").read()[-3000:])
+        time.sleep(0.1)
+    code = coord.returncode
     seconds = time.monotonic() - start
     agent.send_signal(signal.SIGTERM)
     agent.wait()
@@ -135,6 +143,8 @@ def report(work, env, seconds):
     for params, objective, energy, source in rows:
         p = json.loads(params)
         print(f"| {p['partitions']} | {p['cores']} | {p['memory']} | {objective:.2f} | {energy or 0:.0f} ({source}) |")
+    if not rows:
+        sys.exit("bench-spark: no trial succeeded; see the agent's log in the kept dir (BENCH_KEEP=1)")
     best = json.loads(rows[0][0])
     # Spark's default: no executor settings (standalone: every core of the
     # worker, 1 GiB), the best trial's partitions.

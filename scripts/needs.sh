@@ -262,9 +262,9 @@ needs() {
   for need in "${failed[@]}"; do
     if [ "$need" = qemu-aarch64 ]; then needs_binfmt_aarch64 >&2 || true; fi
     if [ "$need" = spark ]; then
-      echo "needs: pip install pyspark numpy into $needs_spark_venv" >&2
+      echo "needs: pip install pyspark==4.3.0 numpy into $needs_spark_venv" >&2
       { python3 -m venv "$needs_spark_venv" \
-        && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark numpy; } >&2 || true
+        && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark==4.3.0 numpy; } >&2 || true
     fi
     if ! needs_check "$need"; then
       echo "needs: $need still fails its check${needs_output:+: $needs_output}" >&2

@@ -10,7 +10,10 @@
 //! 1. `warmup` under the first configuration (a `Warmup` segment, not
 //!    a probe: start-up and cold caches would make it look slow);
 //! 2. one window of `window` under each configuration, in order
-//!    (`Probe` segments), every epoch real work;
+//!    (`Probe` segments), every epoch real work; with
+//!    [`ProbePlan::from_best`] each configuration after the first is a
+//!    change applied to the best measured so far when its window opens
+//!    (one that lands on a configuration already measured is skipped);
 //! 3. when the two best configurations are closer than the noise of their
 //!    windows can tell apart (their units' times vary; a window of at least
 //!    [`Segment::MIN_UNITS_FOR_NOISE`] units measures how much), one more
@@ -655,6 +658,22 @@ mod tests {
         q.on_epoch(at(1, 1.0, 0.0));
         assert_eq!(q.on_epoch(at(2, 2.0, 0.0)), Step::Apply(sys(1, 2)));
         assert_eq!(q.on_epoch(at(3, 4.0, 0.0)), Step::Apply(sys(2, 1)), "(1,2) slower: threads 1 on the default");
+    }
+
+    #[test]
+    fn a_change_that_lands_on_a_configuration_already_measured_is_skipped() {
+        // "cores 1" twice (a plan no coordinator makes, but an agent takes
+        // plans as they come): the second lands on (1,2), measured.
+        let configs = vec![sys(2, 2), sys(1, 2), sys(1, 2)];
+        let from_best = ProbePlan { from_best: true, ..plan(configs.clone(), 1, 1, Select::Time) };
+        let mut p = Pipeline::new(Some(from_best), configs[0].clone(), vec![0, 1]);
+        p.on_epoch(at(1, 1.0, 0.0));
+        assert_eq!(p.on_epoch(at(2, 2.0, 0.0)), Step::Apply(sys(1, 2)));
+        assert_eq!(p.on_epoch(at(3, 2.5, 0.0)), Step::Stay, "skipped: (1,2) is selected at once");
+        assert!(!p.probing());
+        let (segments, selected) = p.finish(at(4, 3.0, 0.0));
+        assert_eq!(selected, Some(sys(1, 2)));
+        assert_eq!(segments.iter().filter(|s| s.role == SegmentRole::Probe).count(), 2);
     }
 
     /// Feeds epochs of these durations (seconds) after time `t` (epoch

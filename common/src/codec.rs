@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 8;
+pub const PROTOCOL_VERSION: u8 = 9;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -63,8 +63,11 @@ mod tests {
         assert_eq!(decode::<AgentMessage>(&[]), Err(CodecError::Empty));
         bytes.push(0);
         assert!(matches!(decode::<AgentMessage>(&bytes), Err(CodecError::Decode(_))));
-        bytes[0] = 9;
-        assert_eq!(decode::<AgentMessage>(&bytes), Err(CodecError::Version { got: 9, expected: PROTOCOL_VERSION }));
+        bytes[0] = PROTOCOL_VERSION + 1;
+        assert_eq!(
+            decode::<AgentMessage>(&bytes),
+            Err(CodecError::Version { got: PROTOCOL_VERSION + 1, expected: PROTOCOL_VERSION })
+        );
         let big = vec![PROTOCOL_VERSION; MAX_MESSAGE_BYTES + 1];
         assert!(matches!(decode::<AgentMessage>(&big), Err(CodecError::TooLarge { .. })));
     }

@@ -220,9 +220,8 @@ pub struct ProbePlan {
     /// parameters from it (one at a time): each change is probed on top of
     /// the best configuration measured so far, not of the first, so
     /// parameters that interact are still found together (a change that
-    /// leads to a configuration already measured is skipped). Absent in
-    /// an older coordinator's plans: the configurations as listed.
-    #[serde(default)]
+    /// leads to a configuration already measured is skipped). Since
+    /// protocol version 9.
     pub from_best: bool,
 }
 

@@ -2,7 +2,7 @@
 generated on the executors around `k` centres, clustered by MLlib's k-means
 one iteration at a time (each resumed from the last model), an epoch line
 per iteration with the within-cluster sum of squared errors (`cost`).
-Study: examples/studies/spark-kmeans.toml.
+Study: examples/studies/spark-submit.toml.
 
     spark-submit --master spark://HOST:7077 examples/python/spark_kmeans.py --points 20000
 """

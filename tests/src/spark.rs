@@ -79,12 +79,16 @@ impl Spark {
         self.master = format!("spark://127.0.0.1:{port}");
         let master_log = self.dir.path().join("logs/master.log");
         let mut c = self.command("spark-class");
+        // A port taken meanwhile: fail (and be tried again on others), not
+        // bind the next one while the URL names this one.
+        c.env("SPARK_MASTER_OPTS", "-Dspark.port.maxRetries=0");
         c.args(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"])
             .args(["--port", &port.to_string(), "--webui-port", &ui.to_string()])
             .stderr(File::create(&master_log).expect("log"));
         self.procs.push(Proc::spawn("spark-master", c));
         self.wait_log(&master_log, "Successfully started service 'sparkMaster'", Duration::from_secs(60))?;
         let mut c = self.command("spark-class");
+        c.env("SPARK_WORKER_OPTS", "-Dspark.port.maxRetries=0");
         c.args(["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "2", "--memory", "4g"])
             .args(["--webui-port", &worker_ui.to_string(), "--work-dir"])
             .arg(self.dir.path().join("work"))
@@ -180,7 +184,11 @@ impl Drop for Spark {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let left = self.job_processes();
-            if left.is_empty() || Instant::now() > deadline {
+            if left.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                eprintln!("spark: processes left after 10 s of SIGKILL: {left:?}");
                 break;
             }
             for pid in left {

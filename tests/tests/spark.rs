@@ -21,23 +21,41 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo").to_path_buf()
 }
 
+/// Runs `study` into `spark`'s dir with one agent of one slot (`tags`
+/// added), started as a Spark client in the repository (the studies'
+/// script path is relative to the agent's working directory), until the
+/// coordinator ends; asserts it succeeded, the agent's spool is empty and
+/// every driver and executor exited. The store and the coordinator's output.
+fn run_study(spark: &Spark, study: &Path, test: &str, tags: &[&str]) -> (PathBuf, String) {
+    let store = spark.dir().join(format!("{test}.db"));
+    let root = unique_root(test);
+    let (mut coord, url) = start_coordinator(study, &store, &root, &[]);
+    let agent_name = format!("{root}-agent");
+    let mut launcher = spark.command(bin("tunefleet-agent").to_str().expect("path"));
+    launcher.current_dir(repo());
+    let mut args = vec!["--slots", "1"];
+    for t in tags {
+        args.extend(["--tag", t]);
+    }
+    let agent = start_agent_with(launcher, &url, &agent_name, &root, &args);
+    let status = coord.wait_exit(Duration::from_secs(600));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{status:?}\n{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&agent_name]);
+    wait_for("every driver and executor of the study to exit", Duration::from_secs(30), || {
+        spark.job_processes().is_empty()
+    });
+    (store, out)
+}
+
 #[test]
 fn a_spark_kmeans_study_runs_on_a_standalone_cluster_as_the_example_is_written() {
     let started = Instant::now();
     let spark = Spark::start();
     eprintln!("spark cluster up in {:?}", started.elapsed());
     let study = repo().join("examples/studies/spark-submit.toml");
-    let store = spark.dir().join("spark.db");
-    let root = unique_root("spark");
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let agent_name = format!("{root}-agent");
-    let mut launcher = spark.command(bin("tunefleet-agent").to_str().expect("path"));
-    // The study's script path is relative to the agent's working directory.
-    launcher.current_dir(repo());
-    let agent = start_agent_with(launcher, &url, &agent_name, &root, &["--slots", "1", "--tag", "role=spark-edge"]);
-    let status = coord.wait_exit(Duration::from_secs(600));
-    let out = coord.rest_of_stdout().join("\n");
-    assert!(status.success(), "{status:?}\n{out}");
+    let (store, out) = run_study(&spark, &study, "spark", &["role=spark-edge"]);
     assert!(out.contains("4/4 trials done, 0 failed"), "{out}");
     eprintln!("spark study done in {:?} from the start", started.elapsed());
 
@@ -75,12 +93,6 @@ fn a_spark_kmeans_study_runs_on_a_standalone_cluster_as_the_example_is_written()
     assert_eq!(best.0, Some(0), "{}", best.2);
     assert!(best.1.contains("cores=") && best.1.contains("memory="), "best shows the configuration: {}", best.1);
 
-    drop(agent);
-    assert_agents_spools_empty(&[&agent_name]);
-    wait_for("every driver and executor of the study to exit", Duration::from_secs(30), || {
-        spark.job_processes().is_empty()
-    });
-
     // ASHA on the same cluster: k-means cost per iteration as the
     // objective, k searched from the largest down, so each trial trails
     // the ones before at its first rung and is stopped there (its driver
@@ -109,16 +121,7 @@ values = [12, 6, 3, 2]
 "#,
     )
     .expect("study");
-    let store = spark.dir().join("asha.db");
-    let root = unique_root("spark-asha");
-    let (mut coord, url) = start_coordinator(&asha, &store, &root, &[]);
-    let agent_name = format!("{root}-agent");
-    let mut launcher = spark.command(bin("tunefleet-agent").to_str().expect("path"));
-    launcher.current_dir(repo());
-    let agent = start_agent_with(launcher, &url, &agent_name, &root, &["--slots", "1"]);
-    let status = coord.wait_exit(Duration::from_secs(600));
-    let out = coord.rest_of_stdout().join("\n");
-    assert!(status.success(), "{status:?}\n{out}");
+    let (store, out) = run_study(&spark, &asha, "spark-asha", &[]);
     let rows =
         query(&store, "SELECT trial, state, reason FROM trials WHERE study = 'spark-asha' ORDER BY trial", |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, Option<String>>(2)?))
@@ -128,11 +131,6 @@ values = [12, 6, 3, 2]
     let stopped: Vec<_> = rows.iter().filter(|r| r.1 == "stopped").collect();
     assert!(stopped.len() >= 2, "trailing Spark jobs stopped early: {rows:?}\n{out}");
     assert!(stopped.iter().all(|r| r.2.as_deref().is_some_and(|w| w.contains("ASHA"))), "{rows:?}");
-    drop(agent);
-    assert_agents_spools_empty(&[&agent_name]);
-    wait_for("every stopped driver and its executors to exit", Duration::from_secs(30), || {
-        spark.job_processes().is_empty()
-    });
 }
 
 #[test]

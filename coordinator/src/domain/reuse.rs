@@ -347,15 +347,15 @@ pub fn decide(
     let mut members: Vec<&Record> =
         records.iter().zip(clusters).filter(|(r, k)| **k == Some(c) && peer(r)).map(|(r, _)| r).collect();
     members.sort_by_key(|r| r.at_ms);
-    // The latest record near this job: its cluster's, or one as close as
-    // the threshold that a refit placed in another cluster (a broken
-    // promise is not forgotten because the clusters moved).
+    // The latest record of its cluster, and the latest as close as the
+    // threshold that a refit may have placed in another cluster: either a
+    // broken promise means probe again (it is not forgotten because the
+    // clusters moved, nor hidden by a newer record next door).
     let near = records
         .iter()
         .filter(|r| peer(r) && model.distance(profile, &r.profile).is_some_and(|d| d <= threshold))
-        .chain(members.iter().copied())
         .max_by_key(|r| r.at_ms);
-    if let Some(last) = near {
+    for last in members.last().copied().into_iter().chain(near) {
         if let Some(why) = &last.worse {
             return probe(
                 Some(c),
@@ -708,6 +708,14 @@ mod tests {
         // The refit put the broken promise in a cluster of its own; the job is near it.
         let clusters = vec![Some(0), Some(0), Some(0), Some(1)];
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
+        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        // A newer record next door that kept its promise does not hide
+        // this cluster's broken one.
+        let mut next_door = record(0, 12, vec![o(1, 1.0), o(2, 0.5)], false, 12);
+        next_door.profile = profile(0, 6);
+        let (mut with, placed) = (records.clone(), vec![Some(0), Some(0), Some(0), Some(0), Some(1)]);
+        with.push(next_door);
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &with, &placed, &profile(0, 5), "{}");
         assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A broken promise of another kind of job, far from this one: not its concern.
         records[3].profile = profile(1, 10);

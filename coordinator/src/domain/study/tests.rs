@@ -163,6 +163,21 @@ fn a_system_parameter_the_command_reads_at_start_is_not_probed_inside_a_trial() 
     assert!(e.to_string().contains("env.MAKEFLAGS"), "{e}");
     // Cores left to the agent (CPU affinity, changed live): probed.
     assert!(parse(&study(r#"["job", "{partitions}"]"#, ""), "s.toml").is_ok());
+    // Resume arguments are read at start too.
+    let resumed = study(r#"["job", "{partitions}"]"#, r#"resume = ["--from", "{checkpoint}", "-j{cores}"]"#);
+    let e = parse(&resumed, "s.toml").expect_err("resume");
+    assert!(e.to_string().contains("resume[2]: {cores}"), "{e}");
+    // Threads with the control channel: the first value from the placeholder, the rest live.
+    let threads = study(r#"["job", "--threads", "{threads}"]"#, "")
+        .replace("[pipeline]", "[system.threads]\nkind = \"int\"\nlow = 1\nhigh = 2\n[pipeline]")
+        .replace("mode = \"pipelined\"", "mode = \"pipelined\"\ncontrol = true");
+    assert!(parse(&threads, "s.toml").is_ok(), "{:?}", parse(&threads, "s.toml").err());
+    // One value of cores: nothing probed, the placeholder is fine.
+    let one = study(spark, "").replace(
+        "[system.cores]\nkind = \"int\"\nlow = 1\nhigh = 2",
+        "[system.cores]\nkind = \"categorical\"\nvalues = [2]",
+    );
+    assert!(parse(&one, "s.toml").is_ok(), "{:?}", parse(&one, "s.toml").err());
     // Sequential: a trial per value, read at start as it should be.
     let sequential = study(spark, "").replace("mode = \"pipelined\"", "mode = \"sequential\"");
     assert!(parse(&sequential, "s.toml").is_ok());

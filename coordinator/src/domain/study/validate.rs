@@ -282,7 +282,7 @@ impl Ctx<'_> {
             None => None,
         };
         if let Some(p) = &pipeline {
-            self.read_at_start(p, &system, &raw.command, raw.env.as_ref())?;
+            self.read_at_start(p, &system, &raw.command, raw.resume.as_ref(), raw.env.as_ref())?;
         }
 
         let early_stopping = match &raw.early_stopping {
@@ -542,14 +542,22 @@ impl Ctx<'_> {
         p: &Pipelined,
         system: &BTreeMap<SystemParam, ParamSpec>,
         command: &Spanned<Vec<Spanned<String>>>,
+        resume: Option<&Spanned<Vec<Spanned<String>>>>,
         env: Option<&Spanned<BTreeMap<Spanned<String>, Spanned<String>>>>,
     ) -> Result<(), StudyError> {
         let args = command.get_ref().iter().enumerate().map(|(i, a)| (format!("command[{i}]"), a));
+        let resume =
+            resume.iter().flat_map(|r| r.get_ref().iter().enumerate().map(|(i, a)| (format!("resume[{i}]"), a)));
         let env = env.iter().flat_map(|t| t.get_ref().iter().map(|(k, v)| (format!("env.{}", k.get_ref()), v)));
-        for (what, arg) in args.chain(env) {
+        for (what, arg) in args.chain(resume).chain(env) {
             let names = template::placeholders(arg.get_ref()).unwrap_or_default();
-            for param in system.keys() {
-                if (*param == SystemParam::Threads && p.control) || !names.iter().any(|n| n == param.as_str()) {
+            for (param, spec) in system {
+                // One value: nothing is probed.
+                let probed = spec.grid_len() > 1;
+                if !probed
+                    || (*param == SystemParam::Threads && p.control)
+                    || !names.iter().any(|n| n == param.as_str())
+                {
                     continue;
                 }
                 return Err(self.at(
