@@ -33,14 +33,30 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
+/// Protocol versions whose encoding of a [`crate::message::TrialResult`]
+/// is this version's (8 changed only the probe plan of an assignment): an
+/// upgraded agent still reads, and sends in this version, the results an
+/// older one stored and never saw acknowledged. A bump that changes a
+/// result's shape starts the list again.
+pub const STORED_RESULT_VERSIONS: &[u8] = &[8, PROTOCOL_VERSION];
+
 /// Decodes a payload produced by [`encode`]. Trailing bytes are an error:
 /// a payload is exactly one message.
 pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
+    decode_versions(payload, &[PROTOCOL_VERSION])
+}
+
+/// Decodes a result an agent stored (see [`STORED_RESULT_VERSIONS`]).
+pub fn decode_stored_result(payload: &[u8]) -> Result<crate::message::TrialResult, CodecError> {
+    decode_versions(payload, STORED_RESULT_VERSIONS)
+}
+
+fn decode_versions<T: DeserializeOwned>(payload: &[u8], versions: &[u8]) -> Result<T, CodecError> {
     if payload.len() > MAX_MESSAGE_BYTES {
         return Err(CodecError::TooLarge { size: payload.len(), max: MAX_MESSAGE_BYTES });
     }
     let (&version, body) = payload.split_first().ok_or(CodecError::Empty)?;
-    if version != PROTOCOL_VERSION {
+    if !versions.contains(&version) {
         return Err(CodecError::Version { got: version, expected: PROTOCOL_VERSION });
     }
     let (msg, rest) = postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;

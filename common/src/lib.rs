@@ -30,7 +30,7 @@ pub mod template;
 pub mod topic;
 
 pub use broker_url::BrokerUrl;
-pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
+pub use codec::{decode, decode_stored_result, encode, CodecError, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
 
 /// What `--version` shows after the program's name, on the agent and the
 /// coordinator alike: the release, the wire protocol ([`PROTOCOL_VERSION`];

@@ -36,7 +36,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use tunefleet_common::message::{TrialRef, TrialResult};
-use tunefleet_common::{decode, encode};
+use tunefleet_common::{decode_stored_result, encode};
 
 pub use error::PendingError;
 use error::{io_err, sync_dir};
@@ -303,7 +303,7 @@ fn decode_all(encoded: &BTreeMap<String, Vec<u8>>) -> Vec<TrialResult> {
     let mut out: Vec<TrialResult> = encoded
         .iter()
         .filter_map(|(key, bytes)| {
-            decode::<TrialResult>(bytes)
+            decode_stored_result(bytes)
                 .inspect_err(|e| tracing::warn!(%key, error = %e, "skipping an unreadable stored result"))
                 .ok()
         })
@@ -322,7 +322,7 @@ fn read_results(dir: &Path) -> Vec<(TrialResult, PathBuf)> {
         }
         match fs::read(&path)
             .map_err(|e| e.to_string())
-            .and_then(|b| decode::<TrialResult>(&b).map_err(|e| e.to_string()))
+            .and_then(|b| decode_stored_result(&b).map_err(|e| e.to_string()))
         {
             Ok(r) => out.push((r, path)),
             Err(e) => tracing::warn!(path = %path.display(), error = %e, "skipping an unreadable stored result"),

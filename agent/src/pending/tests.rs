@@ -217,6 +217,27 @@ fn results_of_the_earlier_layout_are_moved_into_the_log() {
 }
 
 #[test]
+fn results_an_older_protocol_version_stored_are_still_read_and_others_are_left() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inbox = dir.path().join(INBOX);
+    fs::create_dir_all(&inbox).expect("mkdir");
+    let (a, b) = (result("old", 1), result("old", 2));
+    // Version 8 encoded a result as this version does; 7 did not.
+    let with_version = |r: &TrialResult, v: u8| {
+        let mut bytes = encode(r).expect("encode");
+        bytes[0] = v;
+        bytes
+    };
+    fs::write(inbox.join(file_name(&a.trial)), with_version(&a, 8)).expect("write");
+    fs::write(inbox.join(file_name(&b.trial)), with_version(&b, 7)).expect("write");
+    let store = PendingResults::open(dir.path()).expect("open");
+    assert_eq!(store.load(), vec![a.clone()], "the version-8 result is read (and would be sent in this version)");
+    drop(store);
+    assert_eq!(reopened(dir.path()), vec![a], "and kept in the log");
+    assert!(inbox.join(file_name(&b.trial)).exists(), "an unreadable version stays where it was");
+}
+
+#[test]
 fn one_agent_per_state_directory() {
     let (dir, store) = fresh();
     assert!(matches!(PendingResults::open(dir.path()), Err(PendingError::Locked(_))));
@@ -276,7 +297,7 @@ fn regression_parking_never_overwrites_a_parked_result() {
     assert_eq!(reasons, ["first refusal", "second refusal"]);
     let walls: Vec<u64> = parked
         .iter()
-        .map(|p| decode::<TrialResult>(&fs::read(&p.path).expect("read")).expect("decode").measurement.wall_us)
+        .map(|p| decode_stored_result(&fs::read(&p.path).expect("read")).expect("decode").measurement.wall_us)
         .collect();
     assert!(walls.contains(&7) && walls.contains(&99), "{walls:?}");
     assert!(store.load().is_empty());
