@@ -24,12 +24,13 @@ mode's kept configuration against the best by median.
 import json
 import os
 import re
-import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
 import time
+
+import benchstudy
 
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", "20"))
 REPEATS = int(os.environ.get("REPEATS", "5"))
@@ -130,49 +131,7 @@ def run_study(work, name, toml):
     path = f"{work}/{name}.toml"
     with open(path, "w") as f:
         f.write(toml)
-    root = f"bench-{name}-{os.getpid()}"
-    env = dict(os.environ, XDG_STATE_HOME=f"{work}/state")
-    out = open(f"{work}/{name}.coordinator.out", "w+")
-    err = open(f"{work}/{name}.coordinator.err", "w")
-    # An enrolment token for the agent (a coordinator trusts no agent by
-    # default, nor an agent a coordinator).
-    token = subprocess.run(["tunefleet", "token", "create", "--store", f"{work}/{name}.db"], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
-    start = time.monotonic()
-    coord = subprocess.Popen(
-        ["tunefleet", "run", path, "--store", f"{work}/{name}.db", "--root", root, "--quiet", "--listen", "127.0.0.1:0"],
-        stdout=out, stderr=err, env=env,
-    )
-    url = None
-    deadline = time.monotonic() + 30
-    while url is None:
-        with open(f"{work}/{name}.coordinator.out") as f:
-            m = re.search(r"^broker: (\S+)", f.read(), re.M)
-        if m:
-            url = m.group(1)
-        elif coord.poll() is not None or time.monotonic() > deadline:
-            sys.exit(f"bench-pipeline: the coordinator of {name} printed no broker URL:\n"
-                     + open(f"{work}/{name}.coordinator.err").read())
-        else:
-            time.sleep(0.05)
-    agent = subprocess.Popen(
-        ["tunefleet-agent", "--broker", url, "--name", f"{root}-agent", "--root", root, "--slots", "1", "--join", token],
-        stdout=open(f"{work}/{name}.agent.out", "w"), stderr=open(f"{work}/{name}.agent.err", "w"), env=env,
-    )
-    while coord.poll() is None:
-        if agent.poll() is not None:
-            coord.kill()
-            sys.exit(f"bench-pipeline: the agent of {name} exited with {agent.returncode}:\n"
-                     + "".join(open(f"{work}/{name}.agent.err").readlines()[-5:]))
-        time.sleep(0.05)
-    code = coord.returncode
-    seconds = time.monotonic() - start
-    agent.send_signal(signal.SIGTERM)
-    agent.wait()
-    if code != 0:
-        sys.exit(f"bench-pipeline: tunefleet run {name} exited with {code}:\n"
-                 + "".join(open(f"{work}/{name}.coordinator.err").readlines()[-20:]))
-    return seconds
+    return benchstudy.run(work, name, path, dict(os.environ, XDG_STATE_HOME=f"{work}/state"))
 
 
 def read_study(work, name, w):

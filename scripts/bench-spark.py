@@ -15,6 +15,8 @@ import sys
 import time
 import tomllib
 
+import benchstudy
+
 REPEATS = int(os.environ.get("REPEATS", "5"))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STUDY = os.path.join(REPO, "examples/studies/spark-submit.toml")
@@ -74,40 +76,9 @@ def main():
 
 
 def tune(work, env):
-    store = f"{work}/spark.db"
-    token = subprocess.run(["tunefleet", "token", "create", "--store", store], env=env, check=True,
-                           capture_output=True, text=True).stdout.strip()
-    start = time.monotonic()
-    coord = subprocess.Popen(["tunefleet", "run", STUDY, "--store", store, "--quiet", "--listen", "127.0.0.1:0"],
-                             stdout=open(f"{work}/coordinator.out", "w"), stderr=open(f"{work}/coordinator.err", "w"),
-                             env=env)
-    url = None
-    deadline = time.monotonic() + 30
-    while url is None:
-        m = re.search(r"^broker: (\S+)", open(f"{work}/coordinator.out").read(), re.M)
-        if m:
-            url = m.group(1)
-        elif coord.poll() is not None or time.monotonic() > deadline:
-            coord.kill()
-            sys.exit("bench-spark: the coordinator printed no broker URL:\n" + open(f"{work}/coordinator.err").read())
-        else:
-            time.sleep(0.05)
-    agent = subprocess.Popen(["tunefleet-agent", "--broker", url, "--name", "spark-edge", "--slots", "1",
-                              "--tag", "role=spark-edge", "--join", token], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=open(f"{work}/agent.err", "w"), env=env)
-    while coord.poll() is None:
-        if agent.poll() is not None:
-            coord.kill()
-            sys.exit(f"bench-spark: the agent exited with {agent.returncode}:\n"
-                     + open(f"{work}/agent.err").read()[-3000:])
-        time.sleep(0.1)
-    code = coord.returncode
-    seconds = time.monotonic() - start
-    agent.send_signal(signal.SIGTERM)
-    agent.wait()
-    if code != 0:
-        sys.exit("bench-spark: tunefleet run failed:\n" + open(f"{work}/coordinator.err").read()[-3000:])
-    return seconds
+    """The study as written, its agent tagged for it in the repository (the
+    script path is relative); its wall seconds."""
+    return benchstudy.run(work, "spark", STUDY, env, ["--tag", "role=spark-edge"], cwd=REPO)
 
 
 def study():
