@@ -20,6 +20,7 @@ pub mod allow;
 pub mod auth;
 pub mod caps;
 pub mod cgroup;
+pub mod comeasure;
 pub mod conditions;
 pub mod counters;
 pub mod cpus;
@@ -179,6 +180,8 @@ struct Executor {
     publish_failures: u64,
     /// Results the coordinator refused, moved aside.
     parked: u64,
+    /// This machine measured over other agents' trials.
+    co: comeasure::CoMeter,
 }
 
 /// How long the agent waits for a Welcome before it says Hello again.
@@ -242,6 +245,11 @@ impl Executor {
             }
             // Stored by `apply`, with the rest of its group.
             Action::Keep(_) => {}
+            Action::CoMeasure(c) => {
+                if let Some(answer) = self.co.on(c) {
+                    self.publish(&AgentMessage::CoMeasured(answer));
+                }
+            }
             Action::Forget(trial) => {
                 if let Some(Err(e)) = self.pending.as_mut().map(|p| p.remove(&trial)) {
                     tracing::warn!(%trial, error = %e, "cannot forget a stored result");
@@ -383,6 +391,7 @@ fn on_inbound(
                 Ok(Some(CoordinatorMessage::Ack(a))) => state.on_ack(a),
                 Ok(Some(CoordinatorMessage::Sync(n))) => state.on_sync(n),
                 Ok(Some(CoordinatorMessage::Reconfigure(r))) => state.on_reconfigure(r),
+                Ok(Some(CoordinatorMessage::CoMeasure(c))) => vec![Action::CoMeasure(c)],
                 Err(e) => {
                     refused.unauthenticated += 1;
                     if loud(refused.unauthenticated) {
@@ -536,7 +545,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     }
     let agent_auth = auth::AgentAuth::new(&config.name, identity, trust)?;
     tracing::info!(key = %tunefleet_common::auth::short_key(&agent_auth.public_key()), "this agent's public key");
-    let mut state = AgentState::new(info, cpus, config.max_trials);
+    let mut state = AgentState::new(info, cpus.clone(), config.max_trials);
     for result in pending.iter().flat_map(PendingResults::load) {
         tracing::info!(trial = %result.trial, "restored an unacknowledged result");
         state.restore_unacked(result);
@@ -561,7 +570,16 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         done_tx,
         progress_tx,
         publish_failures: 0,
+        co: comeasure::CoMeter::new(
+            Arc::clone(&selection.source),
+            config.energy_model,
+            PathBuf::from("/proc"),
+            cpus.clone(),
+            config.sample_interval,
+        ),
     };
+    let mut co_tick = tokio::time::interval(config.sample_interval);
+    co_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut refused = Refused::default();
     // A Hello that got no Welcome (lost, rate-limited, or answered by a
     // coordinator that restarted meanwhile) is sent again.
@@ -625,6 +643,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                     exec.apply(state.hello_again());
                 }
             }
+            _ = co_tick.tick(), if !exec.co.is_idle() => exec.co.sample(),
             _ = request_again.tick() => {
                 if exec.transport.is_connected() {
                     exec.apply(state.request_again());

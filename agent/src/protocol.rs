@@ -60,6 +60,8 @@ pub enum Action {
     Forget(TrialRef),
     /// The coordinator refused this result: keep it aside, with the reason.
     Park(TrialRef, String),
+    /// Measure this machine over another agent's trial ([`crate::comeasure`]).
+    CoMeasure(tunefleet_common::message::CoMeasure),
 }
 
 /// The agent's protocol state.
@@ -548,6 +550,8 @@ mod tests {
                 Action::Publish(AgentMessage::Refuse(_)) => "refuse",
                 Action::Publish(AgentMessage::Telemetry(_)) => "telemetry",
                 Action::Publish(AgentMessage::Synced(_)) => "synced",
+                Action::Publish(AgentMessage::CoMeasured(_)) => "comeasured",
+                Action::CoMeasure(_) => "comeasure",
                 Action::Start(_) => "start",
                 Action::Cancel(_) => "cancel",
                 Action::Reconfigure(..) => "reconfigure",

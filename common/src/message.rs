@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::measurement::{EnergySourceKind, Measurement, Metrics, Telemetry};
+use crate::measurement::{EnergyReading, EnergySourceKind, Measurement, Metrics, Telemetry};
 // Kept while the coordinator still names it here (issue 21); new code
 // imports it from `crate::params`.
 pub use crate::params::SystemParams;
@@ -181,6 +181,53 @@ pub enum AgentMessage {
     /// Answers [`CoordinatorMessage::Sync`] with its number: everything the
     /// coordinator sent before it has arrived.
     Synced(u64),
+    /// What this machine used over the window of a trial another agent ran
+    /// ([`CoordinatorMessage::CoMeasure`]). Since protocol version 10.
+    CoMeasured(CoMeasured),
+}
+
+/// Measure this machine over a trial another agent runs: a study's
+/// `[measure] nodes` (a Spark or MPI job spans machines; the agent that
+/// starts it measures only its own). Since protocol version 10.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoMeasure {
+    /// The attempt measured (it runs on another agent).
+    pub trial: TrialRef,
+    pub step: CoMeasureStep,
+}
+
+/// What a [`CoMeasure`] asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CoMeasureStep {
+    /// Start sampling this machine's energy and CPU time now (the attempt
+    /// was just assigned: it starts after this).
+    Start,
+    /// The attempt ran from `from_unix_ms` to `to_unix_ms` by its agent's
+    /// marks: answer with [`CoMeasured`] for that window (again, when
+    /// asked again: the answer may have been lost).
+    Window { from_unix_ms: u64, to_unix_ms: u64 },
+    /// The attempt ended without a result: stop and forget it.
+    Abandon,
+}
+
+/// What one machine used over a trial's window ([`CoMeasureStep::Window`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CoMeasured {
+    pub trial: TrialRef,
+    /// The window asked for, echoed.
+    pub from_unix_ms: u64,
+    pub to_unix_ms: u64,
+    /// Energy of the whole machine (or, for the estimate, of the agent's
+    /// CPUs) over the window; no power series.
+    pub energy: EnergyReading,
+    /// Busy CPU time of the agent's CPUs over the window (every process,
+    /// not only the trial's), and how many CPUs that is.
+    pub cpu_us: u64,
+    pub cpus: u32,
+    /// How much of the window the samples covered (the rest is
+    /// extrapolated from the covered part; the reading is invalid below
+    /// nine tenths).
+    pub covered_ms: u64,
 }
 
 /// What to run: the command with parameters already substituted.
@@ -339,6 +386,9 @@ pub enum CoordinatorMessage {
     /// Apply this system configuration to a running trial from now on
     /// (it ends the trial's current segment).
     Reconfigure(Reconfigure),
+    /// Measure this machine over another agent's trial. Since protocol
+    /// version 10.
+    CoMeasure(CoMeasure),
 }
 
 /// Retained on the coordinator topic, signed with the coordinator's key

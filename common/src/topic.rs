@@ -136,6 +136,8 @@ impl AgentTopic {
             AgentMessage::Refuse(_) => AgentTopic::Refuse,
             AgentMessage::Telemetry(_) => AgentTopic::Telemetry,
             AgentMessage::Synced(_) => AgentTopic::Synced,
+            // What the agent measured of its machine, like its telemetry.
+            AgentMessage::CoMeasured(_) => AgentTopic::Telemetry,
         }
     }
 
@@ -146,7 +148,7 @@ impl AgentTopic {
             CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
             CoordinatorMessage::Sync(_) => AgentTopic::Sync,
-            CoordinatorMessage::Reconfigure(_) => AgentTopic::Control,
+            CoordinatorMessage::Reconfigure(_) | CoordinatorMessage::CoMeasure(_) => AgentTopic::Control,
         }
     }
 }

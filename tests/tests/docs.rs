@@ -1166,12 +1166,15 @@ fn parser_keys(minimal: &str) -> Vec<(String, BTreeSet<String>)> {
             "early_stopping" => format!("{minimal}[early_stopping]\nkind = \"asha\"\n{unknown}"),
             "stability" => format!("{minimal}[stability]\nspread = 0.1\n{unknown}"),
             "group" => format!("{minimal}[[group]]\nname = \"g\"\n{unknown}"),
+            "measure" => format!("{minimal}[measure]\n{unknown}"),
             other => panic!("the parser takes a new table `{other}`: document it in {STUDY} and add it here"),
         };
         out.push((key.clone(), accepted_keys(&probe)));
     }
     let window = format!("{pipelined}window = {{ zzz_unknown = 1 }}\n");
     out.push(("pipeline.window".into(), accepted_keys(&window)));
+    let nodes = format!("{minimal}[measure]\nnodes = {{ zzz_unknown = 1 }}\n");
+    out.push(("measure.nodes".into(), accepted_keys(&nodes)));
     out
 }
 

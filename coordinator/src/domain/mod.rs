@@ -4,6 +4,7 @@
 
 pub mod campaign;
 pub mod cluster;
+pub mod comeasure;
 pub mod failure;
 pub mod importance;
 pub mod offload;

@@ -320,6 +320,15 @@ pub fn message(msg: &AgentMessage) -> Check {
             each("held", &r.held, MAX_SLOTS, trial)
         }
         AgentMessage::Telemetry(t) => telemetry(t),
+        AgentMessage::CoMeasured(m) => {
+            trial(&m.trial)?;
+            int("from_unix_ms", m.from_unix_ms)?;
+            int("to_unix_ms", m.to_unix_ms)?;
+            energy(&m.energy).map_err(under("energy"))?;
+            int("cpu_us", m.cpu_us)?;
+            at_most("cpus", u64::from(m.cpus), MAX_CPUS as u64)?;
+            int("covered_ms", m.covered_ms)
+        }
         AgentMessage::Status(_) | AgentMessage::Synced(_) => Ok(()),
     }
 }

@@ -6,7 +6,8 @@ use rusqlite::types::Type;
 use tunefleet_common::params::Params;
 
 use super::{
-    get_opt_u64, get_u64, param_value_json, params_col, trial_state, Result, SqlContext, Store, StoreError, TrialState,
+    get_opt_u64, get_u64, param_value_json, params_col, trial_state, NodeRow, Result, SqlContext, Store, StoreError,
+    TrialState,
 };
 
 /// Format of [`Store::export`].
@@ -24,16 +25,20 @@ impl Store {
     /// CSV columns: `trial, repeat, state`, one column per parameter (named
     /// after it, prefixed `param_` if it collides with a fixed column),
     /// `objective, wall_us, energy_j, energy_source, energy_valid, agent,
-    /// attempt, attempts, exit`. JSON: an array of objects with the same
-    /// fields, `params` as an object and the full `measurement` (or null).
+    /// attempt, attempts, exit`, and for a study measured on several nodes
+    /// (`[measure] nodes`) `nodes, energy_nodes_j, energy_nodes_valid`.
+    /// JSON: an array of objects with the same fields, `params` as an
+    /// object, the full `measurement` (or null), and `nodes`: what each
+    /// other node measured of the stored attempt.
     pub fn export(&self, study: &str, format: ExportFormat, out: &mut impl Write) -> Result<()> {
         if self.study(study)?.is_none() {
             return Err(StoreError::UnknownStudy(study.to_string()));
         }
         let rows = self.export_rows(study)?;
+        let nodes = self.node_measurements(study)?;
         match format {
-            ExportFormat::Csv => write_csv(study, &rows, out),
-            ExportFormat::Json => write_json(study, &rows, out),
+            ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
+            ExportFormat::Json => write_json(study, &rows, &nodes, out),
         }
     }
 
@@ -114,11 +119,24 @@ const FIXED_COLUMNS: [&str; 12] = [
     "exit",
 ];
 
+/// The nodes that measured the row's stored attempt, and the energy of
+/// the trial over every machine: its own agent's and theirs, valid only
+/// when every figure is (a missing node makes it invalid).
+fn with_nodes<'a>(r: &ExportRow, nodes: &'a [NodeRow]) -> (Vec<&'a NodeRow>, Option<f64>, Option<bool>) {
+    let mine: Vec<&NodeRow> = nodes.iter().filter(|n| n.trial == r.trial && Some(n.attempt) == r.attempt).collect();
+    if mine.is_empty() {
+        return (mine, None, None);
+    }
+    let sum = r.energy_j.unwrap_or(0.0) + mine.iter().filter_map(|n| n.joules).sum::<f64>();
+    let valid = r.energy_valid == Some(true) && mine.iter().all(|n| n.valid);
+    (mine, Some(sum), Some(valid))
+}
+
 fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
-fn write_csv(study: &str, rows: &[ExportRow], out: &mut impl Write) -> Result<()> {
+fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl Write) -> Result<()> {
     let names: std::collections::BTreeSet<&str> =
         rows.iter().flat_map(|r| r.params.keys().map(String::as_str)).collect();
     let csv_err = |source| StoreError::Csv { study: study.to_string(), source };
@@ -127,6 +145,11 @@ fn write_csv(study: &str, rows: &[ExportRow], out: &mut impl Write) -> Result<()
     header
         .extend(names.iter().map(|n| if FIXED_COLUMNS.contains(n) { format!("param_{n}") } else { (*n).to_string() }));
     header.extend(FIXED_COLUMNS[3..].iter().map(|s| (*s).to_string()));
+    // Co-measured studies only: the energy over every node.
+    let co = !nodes.is_empty();
+    if co {
+        header.extend(["nodes".to_string(), "energy_nodes_j".into(), "energy_nodes_valid".into()]);
+    }
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
         let mut rec: Vec<String> = vec![r.trial.to_string(), r.repeat.to_string(), r.state.to_string()];
@@ -142,15 +165,20 @@ fn write_csv(study: &str, rows: &[ExportRow], out: &mut impl Write) -> Result<()
             r.attempts.to_string(),
             opt(&r.exit),
         ]);
+        if co {
+            let (mine, sum, valid) = with_nodes(r, nodes);
+            rec.extend([mine.len().to_string(), opt(&sum), opt(&valid)]);
+        }
         w.write_record(&rec).map_err(csv_err)?;
     }
     w.flush().map_err(|source| StoreError::Write { study: study.to_string(), source })
 }
 
-fn write_json(study: &str, rows: &[ExportRow], out: &mut impl Write) -> Result<()> {
+fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl Write) -> Result<()> {
     let values: Vec<serde_json::Value> = rows
         .iter()
         .map(|r| {
+            let (mine, sum, valid) = with_nodes(r, nodes);
             let params: serde_json::Map<String, serde_json::Value> =
                 r.params.iter().map(|(k, v)| (k.clone(), param_value_json(v))).collect();
             serde_json::json!({
@@ -168,6 +196,9 @@ fn write_json(study: &str, rows: &[ExportRow], out: &mut impl Write) -> Result<(
                 "attempts": r.attempts,
                 "exit": r.exit,
                 "measurement": r.measurement,
+                "nodes": mine,
+                "energy_nodes_j": sum,
+                "energy_nodes_valid": valid,
             })
         })
         .collect();

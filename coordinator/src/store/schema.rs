@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::outbox::OUTBOX_SCHEMA;
-use super::{enrol, keys, profiles, Result, SqlContext, Store, StoreError};
+use super::{enrol, keys, nodes, profiles, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
 pub const SCHEMA_VERSION: i64 = 4;
@@ -237,6 +237,7 @@ impl Store {
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;
         tx.execute_batch(profiles::PROFILES_SCHEMA).ctx(|| format!("{path}: creating the profile tables"))?;
+        tx.execute_batch(nodes::NODES_SCHEMA).ctx(|| format!("{path}: creating the node measurements table"))?;
         tx.commit().ctx(|| format!("{path}: committing schema"))
     }
 

@@ -204,6 +204,16 @@ impl Scheduler {
             .count()
     }
 
+    /// Agents online that said who they are and carry all of `tags`, by name.
+    pub fn agents_tagged(&self, tags: &BTreeMap<String, String>) -> Vec<String> {
+        self.agents
+            .values()
+            .filter(|a| a.online)
+            .filter(|a| a.info.as_ref().is_some_and(|i| tags.iter().all(|(k, v)| i.tags.get(k) == Some(v))))
+            .map(|a| a.name.to_string())
+            .collect()
+    }
+
     /// Whether `trial` is the live attempt of `agent` (progress worth recording).
     pub fn is_live(&self, agent: &str, trial: &TrialRef) -> bool {
         self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize)).is_some_and(

@@ -378,6 +378,10 @@ pub struct Study {
     /// `[[group]]`: device groups (phones, Graviton, x86...) tuned apart,
     /// each with its selector and budget; see [`Study::expand`].
     pub groups: Vec<Group>,
+    /// `[measure] nodes = { tags = {...} }`: the agents with all these tags
+    /// (but the one that runs the trial) measure their machines over each
+    /// trial ([`crate::domain::comeasure`]); `None`: only the trial's agent.
+    pub measure_nodes: Option<BTreeMap<String, String>>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.
@@ -389,7 +393,7 @@ impl Study {
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.
     pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
-        let pairs: [(&'static str, bool); 19] = [
+        let pairs: [(&'static str, bool); 20] = [
             ("command", self.command != newer.command),
             ("env", self.env != newer.env),
             ("resume", self.resume != newer.resume),
@@ -409,6 +413,7 @@ impl Study {
             ("[stability]", self.stability != newer.stability),
             ("[reuse]", self.reuse != newer.reuse),
             ("[[group]]", self.groups != newer.groups),
+            ("[measure]", self.measure_nodes != newer.measure_nodes),
         ];
         pairs.into_iter().filter(|(_, differs)| *differs).map(|(key, _)| key).collect()
     }

@@ -32,6 +32,19 @@ pub(super) struct RawStudy {
     pub(super) stability: Option<Spanned<RawStability>>,
     pub(super) reuse: Option<Spanned<RawReuse>>,
     pub(super) group: Option<Vec<Spanned<RawGroup>>>,
+    pub(super) measure: Option<RawMeasure>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMeasure {
+    pub(super) nodes: Option<RawNodes>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawNodes {
+    pub(super) tags: BTreeMap<String, String>,
 }
 
 #[derive(Deserialize)]

@@ -361,6 +361,7 @@ impl Ctx<'_> {
             stability,
             reuse,
             groups,
+            measure_nodes: raw.measure.and_then(|m| m.nodes).map(|n| n.tags),
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })

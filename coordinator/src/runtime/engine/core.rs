@@ -20,6 +20,7 @@ use super::ctx::{usable_checkpoint, Ctx};
 use super::handle::handle_all;
 use super::learn::load_book;
 pub use super::types::{EngineError, EngineStats, Now};
+use crate::domain::comeasure::{CoMeasures, NodeRecord};
 use crate::domain::offload::{Decision, Policy, Telemetry};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
@@ -77,6 +78,8 @@ pub struct Core {
     book: Option<Book>,
     /// When the heartbeat was last written (Unix ms).
     beat_ms: u64,
+    /// Nodes measuring other agents' trials (`[measure] nodes`).
+    pub(super) co: CoMeasures,
 }
 
 impl Core {
@@ -95,6 +98,7 @@ impl Core {
             last_decision_ms: 0,
             book: None,
             beat_ms: 0,
+            co: CoMeasures::default(),
         }
     }
 
@@ -304,17 +308,33 @@ impl Core {
                 now,
                 remeasure: self.offload.is_some(),
                 book: self.book.get_or_insert_with(Default::default),
+                co: &mut self.co,
             },
             events,
         )?;
         if tick {
+            let (again, missing) = self.co.tick(now.engine_ms);
+            out.messages.extend(again.into_iter().map(|(agent, m)| (agent, CoordinatorMessage::CoMeasure(m))));
+            for record in &missing {
+                tracing::warn!(trial = %record.trial, node = %record.agent, "a node did not say what it measured of the trial");
+                self.stats.comeasures_missing += 1;
+                record_node(&mut batch, record, now.unix_ms)?;
+            }
             effects.extend(self.sched.expire(now.engine_ms));
             if let Some(policy) = self.offload.filter(|p| now.engine_ms >= self.last_decision_ms + p.interval_ms) {
                 self.last_decision_ms = now.engine_ms;
                 effects.extend(offload(&mut self.sched, &self.telemetry, &policy, now.engine_ms));
             }
         }
-        schedule(&mut self.sched, &mut batch, &mut self.studies, &mut self.stats, &mut out.messages, effects, now)?;
+        let mut turn = Turn {
+            sched: &mut self.sched,
+            batch: &mut batch,
+            studies: &mut self.studies,
+            stats: &mut self.stats,
+            out: &mut out.messages,
+            co: &mut self.co,
+        };
+        schedule(&mut turn, effects, now)?;
         batch.commit()?;
         Ok(out)
     }
@@ -451,39 +471,47 @@ fn cancel(
     }
 }
 
+/// What the end of a turn touches.
+struct Turn<'a, 'b> {
+    sched: &'a mut Scheduler,
+    batch: &'a mut Batch<'b>,
+    studies: &'a mut HashMap<String, ActiveStudy>,
+    stats: &'a mut EngineStats,
+    out: &'a mut Vec<(String, CoordinatorMessage)>,
+    co: &'a mut CoMeasures,
+}
+
+/// Keeps a node's record of an attempt; a store error is the turn's.
+fn record_node(batch: &mut Batch<'_>, record: &NodeRecord, unix_ms: u64) -> Result<(), EngineError> {
+    batch.record_node(record, unix_ms)?;
+    Ok(())
+}
+
 /// The end of a turn: new trials where agents have room, assignments, and
 /// every effect applied to the store.
-fn schedule(
-    sched: &mut Scheduler,
-    batch: &mut Batch<'_>,
-    studies: &mut HashMap<String, ActiveStudy>,
-    stats: &mut EngineStats,
-    out: &mut Vec<(String, CoordinatorMessage)>,
-    mut effects: Vec<Effect>,
-    now: Now,
-) -> Result<(), EngineError> {
-    top_up(sched, batch, studies)?;
-    effects.extend(sched.assign(now.engine_ms));
+fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<(), EngineError> {
+    top_up(t.sched, t.batch, t.studies)?;
+    effects.extend(t.sched.assign(now.engine_ms));
     for effect in effects {
-        apply(batch, studies, stats, out, effect, now)?;
+        apply(t, effect, now)?;
     }
     Ok(())
 }
 
+/// An attempt that ended without a result: the nodes measuring it forget it.
+fn abandon(t: &mut Turn<'_, '_>, trial: &tunefleet_common::message::TrialRef) {
+    let sends = t.co.abandon(trial);
+    t.out.extend(sends.into_iter().map(|(agent, m)| (agent, CoordinatorMessage::CoMeasure(m))));
+}
+
 /// Does what the scheduler decided: an assignment rendered, recorded and
-/// queued for its agent, a cancel queued, a trial's end recorded (at `now`,
-/// Unix milliseconds).
-fn apply(
-    batch: &mut Batch<'_>,
-    studies: &mut HashMap<String, ActiveStudy>,
-    stats: &mut EngineStats,
-    out: &mut Vec<(String, CoordinatorMessage)>,
-    effect: Effect,
-    now: Now,
-) -> Result<(), EngineError> {
+/// queued for its agent (and the nodes that measure with it told to
+/// start), a cancel queued, a trial's end recorded (at `now`, Unix
+/// milliseconds).
+fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineError> {
     match effect {
         Effect::Assign { agent, trial, request_seq } => {
-            let Some(active) = studies.get_mut(&trial.study) else { return Ok(()) };
+            let Some(active) = t.studies.get_mut(&trial.study) else { return Ok(()) };
             active.first_assigned.get_or_insert(now.instant);
             let Some(plan) = active.plans.get(trial.trial as usize) else { return Ok(()) };
             let checkpoint = active.checkpoints.get(&trial.trial);
@@ -492,38 +520,46 @@ fn apply(
             }
             match search::render_resumed(&active.study, active.probe.as_ref(), plan, &trial, checkpoint) {
                 Ok(spec) => {
-                    batch.record_assignment(&trial, &agent, now.unix_ms)?;
-                    stats.assignments += 1;
-                    out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
+                    t.batch.record_assignment(&trial, &agent, now.unix_ms)?;
+                    t.stats.assignments += 1;
+                    if let Some(tags) = &active.study.measure_nodes {
+                        let nodes = t.sched.agents_tagged(tags);
+                        let sends = t.co.start(&trial, &agent, nodes, now.unix_ms);
+                        t.out.extend(sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
+                    }
+                    t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }
                 Err(e) => {
                     // Validated at load time, so this is a bug; fail the trial rather than loop.
                     tracing::error!(trial = %trial, error = %e, "command template does not render");
-                    batch.fail_trial(&trial.study, trial.trial, &e.to_string())?;
+                    t.batch.fail_trial(&trial.study, trial.trial, &e.to_string())?;
                 }
             }
         }
         Effect::Cancel { agent, trial, reason } => {
             tracing::info!(agent = %agent, trial = %trial, reason = %reason, "cancelling");
-            out.push((agent, CoordinatorMessage::Cancel(Cancel { trial, reason })));
+            t.out.push((agent, CoordinatorMessage::Cancel(Cancel { trial, reason })));
         }
         Effect::Requeued { trial, reason } => {
-            stats.requeued += 1;
+            t.stats.requeued += 1;
             tracing::info!(trial = %trial, reason = %reason, "trial requeued");
-            batch.requeue(&trial, &reason)?;
+            t.batch.requeue(&trial, &reason)?;
+            abandon(t, &trial);
         }
         Effect::Failed { trial, reason } => {
             tracing::warn!(trial = %trial, reason = %reason, "trial failed");
-            batch.fail_trial(&trial.study, trial.trial, &reason)?;
+            t.batch.fail_trial(&trial.study, trial.trial, &reason)?;
+            abandon(t, &trial);
         }
         Effect::Moved { trial, from, reason } => {
-            stats.moved += 1;
+            t.stats.moved += 1;
             tracing::warn!(trial = %trial, from = %from, reason = %reason, "trial moved");
-            batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
+            t.batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
+            abandon(t, &trial);
         }
         Effect::Stopped { trial, reason } => {
-            stats.stopped += 1;
-            batch.stop_trial(&trial, &reason, now.unix_ms)?;
+            t.stats.stopped += 1;
+            t.batch.stop_trial(&trial, &reason, now.unix_ms)?;
         }
     }
     Ok(())

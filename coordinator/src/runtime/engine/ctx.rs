@@ -9,6 +9,7 @@ use tunefleet_common::message::{CoordinatorMessage, Progress};
 
 use super::active::ActiveStudy;
 use super::types::{EngineError, EngineStats, Now};
+use crate::domain::comeasure::CoMeasures;
 use crate::domain::offload::Telemetry;
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Scheduler};
@@ -38,6 +39,8 @@ pub(super) struct Ctx<'a, 'b> {
     /// Measurements agents flag as disturbed are taken again (with offloading).
     pub(super) remeasure: bool,
     pub(super) book: &'a mut Book,
+    /// Nodes measuring other agents' trials (`[measure] nodes`).
+    pub(super) co: &'a mut CoMeasures,
 }
 
 /// Whether `reference` may be resumed from in `study` (message validation

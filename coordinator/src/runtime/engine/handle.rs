@@ -15,6 +15,7 @@ use super::active::Best;
 use super::ctx::{early_stop, repeat_until_stable, usable_checkpoint, Ctx};
 use super::learn::{learn, on_profile};
 use super::types::{loud, EngineError};
+use crate::domain::comeasure::{NodeOutcome, NodeRecord};
 use crate::domain::offload::Sample;
 use crate::domain::sched::{ResultKind, Scheduler, Verdict};
 use crate::domain::search;
@@ -248,6 +249,18 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
                 cx.unsynced.remove(&agent);
             }
         }
+        AgentMessage::CoMeasured(m) => match cx.co.answer(&agent, &m) {
+            Ok(()) => {
+                let record = NodeRecord { trial: m.trial.clone(), agent, outcome: NodeOutcome::Measured(m) };
+                cx.batch.record_node(&record, now)?;
+            }
+            Err(why) => {
+                cx.stats.refused_comeasures += 1;
+                if loud(cx.stats.refused_comeasures) {
+                    tracing::warn!(agent = %agent, trial = %m.trial, reason = %why, refused = cx.stats.refused_comeasures, "co-measurement refused");
+                }
+            }
+        },
     }
     Ok(())
 }
@@ -483,6 +496,18 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             }
         }
     }
+    // The nodes measuring with the attempt: its window, now that it ended
+    // with a result; forgotten when it ended without one.
+    let co = if stored {
+        let from = measurement.started_unix_ms;
+        let to = from.saturating_add(measurement.wall_us / 1000);
+        cx.co.window(&trial, from, to, now, cx.now.engine_ms)
+    } else if matches!(verdict, Verdict::Retried | Verdict::Superseded | Verdict::Remeasured) {
+        cx.co.abandon(&trial)
+    } else {
+        Vec::new()
+    };
+    cx.out.extend(co.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
     // The store has everything this result decides: now the scheduler and memory.
     cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
     if verdict == Verdict::Accepted {

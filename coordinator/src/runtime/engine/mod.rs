@@ -201,7 +201,9 @@ impl Engine {
                     }
                 }
             }
-            if studies.is_some() && finished.len() == names.len() {
+            // Done once the nodes measuring the last trials have answered
+            // (or were given up on: `comeasure::GIVE_UP_MS`).
+            if studies.is_some() && finished.len() == names.len() && self.core.co.awaiting() == 0 {
                 break;
             }
             let mut tick = false;

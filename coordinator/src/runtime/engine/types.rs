@@ -58,6 +58,11 @@ pub struct EngineStats {
     pub reuse_worse: u64,
     /// Window profiles refused as malformed (the trial probes as usual).
     pub bad_profiles: u64,
+    /// Co-measurements refused: from a node not asked, for another window,
+    /// twice, or out of range ([`crate::domain::comeasure::Refusal`]).
+    pub refused_comeasures: u64,
+    /// Nodes recorded as missing: no answer in time.
+    pub comeasures_missing: u64,
     /// Connections to the broker lost or refused (each retry counts).
     pub broker_losses: u64,
 }

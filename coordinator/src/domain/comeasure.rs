@@ -1,0 +1,317 @@
+//! Co-measurement: the agents that measure their own machines over a trial
+//! another agent runs (a study's `[measure] nodes`: a Spark or MPI job
+//! spans machines, and the agent that starts it measures only its own).
+//!
+//! Pure bookkeeping, no I/O: [`CoMeasures::start`] when an attempt is
+//! assigned (each node starts sampling before the attempt can start),
+//! [`CoMeasures::window`] when its result arrives (the starting agent's
+//! start and end marks, bounded by what the coordinator itself saw),
+//! [`CoMeasures::answer`] for each node's [`CoMeasured`], and
+//! [`CoMeasures::tick`] to ask again those that did not answer and, past
+//! [`GIVE_UP_MS`], to record them as missing with why. An attempt that ends
+//! without a result is abandoned ([`CoMeasures::abandon`]).
+//!
+//! An answer is taken only from a node that was asked, once, for the very
+//! attempt and window asked: a member of the fleet with a valid key cannot
+//! add a node to a trial, answer for another, or answer twice.
+
+use std::collections::{BTreeMap, HashMap};
+
+use tunefleet_common::message::{CoMeasure, CoMeasureStep, CoMeasured, TrialRef};
+
+/// How long a node has to answer a window before it is asked again.
+pub const ASK_AGAIN_MS: u64 = 5_000;
+/// How long after the window was first asked a node that has not answered
+/// is recorded as missing.
+pub const GIVE_UP_MS: u64 = 30_000;
+/// How far the starting agent's marks may lie outside what the coordinator
+/// saw (assigned, result received): clocks of two machines differ.
+pub const SKEW_MS: u64 = 60_000;
+/// Most nodes measuring one trial (the first by name are asked).
+pub const MAX_NODES: usize = 64;
+
+/// What one node gave for one attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeOutcome {
+    Measured(CoMeasured),
+    /// No answer (the node went away, or its answers were lost), and why.
+    Missing(String),
+}
+
+/// A node's entry for an attempt, to store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub trial: TrialRef,
+    pub agent: String,
+    pub outcome: NodeOutcome,
+}
+
+/// Why an answer was not taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no co-measurement of this attempt is open")]
+    NotOpen,
+    #[error("this agent was not asked to measure this attempt, or answered already")]
+    NotAsked,
+    #[error("the attempt's window was not asked yet")]
+    NoWindow,
+    #[error("the answer is for another window ({got_from}..{got_to}, asked {from}..{to})")]
+    OtherWindow { got_from: u64, got_to: u64, from: u64, to: u64 },
+    #[error("{0}")]
+    OutOfRange(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    from: u64,
+    to: u64,
+    /// Engine ms when it was first asked, and last asked.
+    first_ms: u64,
+    last_ms: u64,
+}
+
+#[derive(Debug)]
+struct Open {
+    assigned_unix_ms: u64,
+    /// Nodes asked, and whether each has answered.
+    nodes: BTreeMap<String, bool>,
+    window: Option<Window>,
+}
+
+/// Every open co-measurement.
+#[derive(Debug, Default)]
+pub struct CoMeasures {
+    open: HashMap<TrialRef, Open>,
+}
+
+fn ask(nodes: &BTreeMap<String, bool>, trial: &TrialRef, step: CoMeasureStep) -> Vec<(String, CoMeasure)> {
+    nodes
+        .iter()
+        .filter(|(_, answered)| !**answered)
+        .map(|(node, _)| (node.clone(), CoMeasure { trial: trial.clone(), step }))
+        .collect()
+}
+
+impl CoMeasures {
+    /// Attempts with a co-measurement open.
+    pub fn len(&self) -> usize {
+        self.open.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty()
+    }
+
+    /// Attempts that ended whose nodes have not all answered yet (a
+    /// finishing coordinator waits for them, at most [`GIVE_UP_MS`]).
+    pub fn awaiting(&self) -> usize {
+        self.open.values().filter(|o| o.window.is_some()).count()
+    }
+
+    /// `trial` was just assigned to `starter`: `nodes` (but the starter, at
+    /// most [`MAX_NODES`]) start measuring. Nothing when none is left.
+    pub fn start(
+        &mut self,
+        trial: &TrialRef,
+        starter: &str,
+        nodes: impl IntoIterator<Item = String>,
+        unix_ms: u64,
+    ) -> Vec<(String, CoMeasure)> {
+        let nodes: BTreeMap<String, bool> =
+            nodes.into_iter().filter(|n| n != starter).take(MAX_NODES).map(|n| (n, false)).collect();
+        if nodes.is_empty() {
+            return Vec::new();
+        }
+        let sends = ask(&nodes, trial, CoMeasureStep::Start);
+        self.open.insert(trial.clone(), Open { assigned_unix_ms: unix_ms, nodes, window: None });
+        sends
+    }
+
+    /// The result of `trial` arrived with its agent's marks: the window,
+    /// kept within [`SKEW_MS`] of when the coordinator assigned it and now,
+    /// is asked of every node. The window actually asked is returned too.
+    pub fn window(
+        &mut self,
+        trial: &TrialRef,
+        from_unix_ms: u64,
+        to_unix_ms: u64,
+        unix_ms: u64,
+        engine_ms: u64,
+    ) -> Vec<(String, CoMeasure)> {
+        let Some(open) = self.open.get_mut(trial) else { return Vec::new() };
+        if open.window.is_some() {
+            return Vec::new();
+        }
+        let from = from_unix_ms.clamp(open.assigned_unix_ms.saturating_sub(SKEW_MS), unix_ms.saturating_add(SKEW_MS));
+        let to = to_unix_ms.clamp(from, unix_ms.saturating_add(SKEW_MS));
+        open.window = Some(Window { from, to, first_ms: engine_ms, last_ms: engine_ms });
+        ask(&open.nodes, trial, CoMeasureStep::Window { from_unix_ms: from, to_unix_ms: to })
+    }
+
+    /// `trial` ended without a result: its nodes stop and forget it.
+    pub fn abandon(&mut self, trial: &TrialRef) -> Vec<(String, CoMeasure)> {
+        match self.open.remove(trial) {
+            Some(open) => ask(&open.nodes, trial, CoMeasureStep::Abandon),
+            None => Vec::new(),
+        }
+    }
+
+    /// `agent` answered: taken when it was asked for this very window and
+    /// had not answered yet, with figures in range.
+    pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
+        let open = self.open.get_mut(&m.trial).ok_or(Refusal::NotOpen)?;
+        if open.nodes.get(agent) != Some(&false) {
+            return Err(Refusal::NotAsked);
+        }
+        let w = open.window.ok_or(Refusal::NoWindow)?;
+        if (m.from_unix_ms, m.to_unix_ms) != (w.from, w.to) {
+            return Err(Refusal::OtherWindow {
+                got_from: m.from_unix_ms,
+                got_to: m.to_unix_ms,
+                from: w.from,
+                to: w.to,
+            });
+        }
+        if m.energy.joules < 0.0 || m.energy.domains.iter().any(|d| d.joules < 0.0) {
+            return Err(Refusal::OutOfRange(format!("negative energy ({} J)", m.energy.joules)));
+        }
+        if m.covered_ms > w.to - w.from {
+            return Err(Refusal::OutOfRange(format!("covers {} ms of a window of {} ms", m.covered_ms, w.to - w.from)));
+        }
+        open.nodes.insert(agent.to_string(), true);
+        if open.nodes.values().all(|answered| *answered) {
+            self.open.remove(&m.trial);
+        }
+        Ok(())
+    }
+
+    /// Asks again the nodes that have not answered a window for
+    /// [`ASK_AGAIN_MS`]; records as missing those that have not for
+    /// [`GIVE_UP_MS`], and closes their attempts.
+    pub fn tick(&mut self, engine_ms: u64) -> (Vec<(String, CoMeasure)>, Vec<NodeRecord>) {
+        let mut sends = Vec::new();
+        let mut missing = Vec::new();
+        self.open.retain(|trial, open| {
+            let Some(w) = open.window.as_mut() else { return true };
+            if engine_ms >= w.first_ms.saturating_add(GIVE_UP_MS) {
+                for (node, _) in open.nodes.iter().filter(|(_, answered)| !**answered) {
+                    missing.push(NodeRecord {
+                        trial: trial.clone(),
+                        agent: node.clone(),
+                        outcome: NodeOutcome::Missing(format!(
+                            "no answer within {} s of the trial's end (the agent went away, or its answers were lost)",
+                            GIVE_UP_MS / 1000
+                        )),
+                    });
+                }
+                return false;
+            }
+            if engine_ms >= w.last_ms.saturating_add(ASK_AGAIN_MS) {
+                w.last_ms = engine_ms;
+                let step = CoMeasureStep::Window { from_unix_ms: w.from, to_unix_ms: w.to };
+                sends.extend(ask(&open.nodes, trial, step));
+            }
+            true
+        });
+        (sends, missing)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind};
+
+    use super::*;
+
+    fn tref(trial: u64) -> TrialRef {
+        TrialRef { study: "s".into(), study_id: 7, trial, attempt: 1 }
+    }
+
+    fn answer(trial: u64, from: u64, to: u64, joules: f64) -> CoMeasured {
+        let mut energy = EnergyReading::none(EnergySourceKind::Estimated, "test");
+        energy.joules = joules;
+        energy.valid = true;
+        CoMeasured {
+            trial: tref(trial),
+            from_unix_ms: from,
+            to_unix_ms: to,
+            energy,
+            cpu_us: 5,
+            cpus: 1,
+            covered_ms: to - from,
+        }
+    }
+
+    fn names(sends: &[(String, CoMeasure)]) -> Vec<&str> {
+        sends.iter().map(|(n, _)| n.as_str()).collect()
+    }
+
+    #[test]
+    fn nodes_start_at_assignment_and_answer_the_window_of_the_result_once() {
+        let mut co = CoMeasures::default();
+        let sends = co.start(&tref(1), "a", ["a".to_string(), "w2".into(), "w1".into()], 1_000);
+        assert_eq!(names(&sends), ["w1", "w2"], "the starter is not a node of its own trial");
+        assert!(sends.iter().all(|(_, m)| m.step == CoMeasureStep::Start));
+        assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NoWindow));
+        let sends = co.window(&tref(1), 2_000, 3_000, 3_100, 10);
+        assert_eq!(
+            sends[0].1.step,
+            CoMeasureStep::Window { from_unix_ms: 2_000, to_unix_ms: 3_000 },
+            "marks within what the coordinator saw are asked as they are"
+        );
+        assert!(matches!(co.answer("w1", &answer(1, 2_000, 2_900, 1.0)), Err(Refusal::OtherWindow { .. })));
+        assert_eq!(co.answer("a", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NotAsked), "the starter was not asked");
+        assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Ok(()));
+        assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NotAsked), "only once");
+        assert!(matches!(co.answer("w2", &answer(1, 2_000, 3_000, -1.0)), Err(Refusal::OutOfRange(_))));
+        assert_eq!(co.answer("w2", &answer(2, 2_000, 3_000, 1.0)), Err(Refusal::NotOpen));
+        assert_eq!(co.len(), 1);
+        assert_eq!(co.answer("w2", &answer(1, 2_000, 3_000, 1.0)), Ok(()));
+        assert!(co.is_empty(), "closed once every node answered");
+    }
+
+    #[test]
+    fn marks_far_outside_what_the_coordinator_saw_are_bounded() {
+        let mut co = CoMeasures::default();
+        co.start(&tref(1), "a", ["w".to_string()], 1_000_000);
+        let sends = co.window(&tref(1), 0, u64::MAX, 1_005_000, 0);
+        assert_eq!(
+            sends[0].1.step,
+            CoMeasureStep::Window { from_unix_ms: 1_000_000 - SKEW_MS, to_unix_ms: 1_005_000 + SKEW_MS }
+        );
+        assert!(co.window(&tref(1), 1, 2, 1_005_000, 0).is_empty(), "a window is asked once");
+    }
+
+    #[test]
+    fn silent_nodes_are_asked_again_then_recorded_missing() {
+        let mut co = CoMeasures::default();
+        co.start(&tref(1), "a", ["w1".to_string(), "w2".into()], 0);
+        assert_eq!(co.tick(60_000), (Vec::new(), Vec::new()), "no deadline while the trial runs");
+        assert_eq!(co.awaiting(), 0, "a running trial is not awaited");
+        co.window(&tref(1), 10, 20, 100, 100_000);
+        assert_eq!(co.awaiting(), 1);
+        co.answer("w1", &answer(1, 10, 20, 1.0)).expect("w1");
+        assert!(co.tick(100_000 + ASK_AGAIN_MS - 1).0.is_empty());
+        let (again, missing) = co.tick(100_000 + ASK_AGAIN_MS);
+        assert_eq!(names(&again), ["w2"], "only the silent node is asked again");
+        assert!(missing.is_empty());
+        let (_, missing) = co.tick(100_000 + GIVE_UP_MS);
+        assert_eq!(missing.len(), 1);
+        assert_eq!(missing[0].agent, "w2");
+        assert!(matches!(&missing[0].outcome, NodeOutcome::Missing(why) if why.contains("no answer")));
+        assert!(co.is_empty());
+        assert_eq!(co.answer("w2", &answer(1, 10, 20, 1.0)), Err(Refusal::NotOpen), "too late");
+    }
+
+    #[test]
+    fn an_attempt_without_a_result_is_abandoned_on_its_nodes() {
+        let mut co = CoMeasures::default();
+        assert!(co.start(&tref(1), "a", ["a".to_string()], 0).is_empty(), "no node but the starter: nothing open");
+        assert!(co.is_empty());
+        co.start(&tref(1), "a", ["w".to_string()], 0);
+        let sends = co.abandon(&tref(1));
+        assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(1), step: CoMeasureStep::Abandon })]);
+        assert!(co.is_empty());
+        assert!(co.abandon(&tref(1)).is_empty());
+    }
+}
