@@ -4,6 +4,7 @@
 #
 #   scripts/compare-optuna.sh        # ROUNDS=2 OPTUNA_TRIALS=600 JOURNAL_TRIALS=2000 TUNEFLEET_TRIALS=3000
 #   TUNEFLEET_BEFORE=/path/to/other/release scripts/compare-optuna.sh   # and another build, before/after
+#   OPTUNA=0 TUNEFLEET_BEFORE=... scripts/compare-optuna.sh   # Tunefleet builds and process creation only
 #
 # * Optuna 5, 2 worker processes each, RandomSampler (Tunefleet's strategy
 #   here is random too: no model to fit on either side), one integer
@@ -250,14 +251,21 @@ tunefleet_round() {
   "$py" "$work/tunefleet_rate.py" "$store" "$work/cpu-$2.jsonl"
 }
 
-kinds=(spawn sqlite-inproc sqlite-true journal-inproc journal-true ${before:+before} after)
+optuna=${OPTUNA:-1}
+if [ "$optuna" = 0 ]; then
+  kinds=(spawn ${before:+before} after)
+else
+  kinds=(spawn sqlite-inproc sqlite-true journal-inproc journal-true ${before:+before} after)
+fi
 declare -A runs
 for r in $(seq "$rounds"); do
   runs[spawn]+="$(spawn_round)"$'\n'
+  if [ "$optuna" != 0 ]; then
   runs[sqlite-inproc]+="$(optuna_round sqlite inproc "$optuna_trials" "$r")"$'\n'
   runs[sqlite-true]+="$(optuna_round sqlite true "$optuna_trials" "$r")"$'\n'
   runs[journal-inproc]+="$(optuna_round journal inproc "$journal_trials" "$r")"$'\n'
   runs[journal-true]+="$(optuna_round journal true "$journal_trials" "$r")"$'\n'
+  fi
   if [ -n "$before" ]; then
     runs[before]+="$(tunefleet_round "$before" "before-$r")"$'\n'
   fi
@@ -283,10 +291,23 @@ done
 echo
 echo "Round by round (same round, side by side):"
 echo
-echo "| round | Tunefleet / Optuna SQLite running \`true\` | / Optuna journal running \`true\` | / Optuna journal in-process | % of process creation |${before:+ after / before |}"
-echo "|---|---|---|---|---|${before:+---|}"
+if [ "$optuna" = 0 ]; then
+  echo "| round | % of process creation |${before:+ after / before |}"
+  echo "|---|---|${before:+---|}"
+else
+  echo "| round | Tunefleet / Optuna SQLite running \`true\` | / Optuna journal running \`true\` | / Optuna journal in-process | % of process creation |${before:+ after / before |}"
+  echo "|---|---|---|---|---|${before:+---|}"
+fi
 for r in $(seq "$rounds"); do
   at() { col "$1" 2 | sed -n "${r}p"; }
+  if [ "$optuna" = 0 ]; then
+    "$py" -c "
+a, p = $(at after), $(at spawn)
+b = '${before:+$(at before)}'
+print(f'| {$r} | {100 * a / p:.0f} % |' + (f' {a / int(b):.2f}x |' if b else ''))
+"
+    continue
+  fi
   "$py" -c "
 a, s, j, i, p = $(at after), $(at sqlite-true), $(at journal-true), $(at journal-inproc), $(at spawn)
 b = '${before:+$(at before)}'

@@ -18,6 +18,7 @@
 
 pub mod allow;
 pub mod auth;
+pub mod blocking;
 pub mod caps;
 pub mod cgroup;
 pub mod comeasure;

@@ -115,12 +115,22 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the async runtime")
 }
 
+/// Runs `f` to its end on a new runtime, then stops the runtime without
+/// waiting long for its blocking threads: one still reading a pipe that a
+/// stray process of a trial holds open must not keep the agent from exiting.
+fn block_on<F: std::future::Future>(f: F) -> anyhow::Result<F::Output> {
+    let runtime = runtime()?;
+    let out = runtime.block_on(f);
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    Ok(out)
+}
+
 fn run(config: tunefleet_agent::AgentConfig) -> anyhow::Result<()> {
     // Before the runtime starts any thread: everything the agent starts inherits the mask.
     if let Some(cpus) = &config.cpus {
         tunefleet_agent::cpus::pin_self(cpus).context("--cpus: cannot confine the agent to its CPUs")?;
     }
-    runtime()?.block_on(async {
+    block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("cannot install the SIGTERM handler")?;
         let shutdown = async move {
@@ -130,7 +140,7 @@ fn run(config: tunefleet_agent::AgentConfig) -> anyhow::Result<()> {
             }
         };
         tunefleet_agent::run(config, shutdown).await.context("agent failed")
-    })
+    })?
 }
 
 fn run_measure(
@@ -147,7 +157,7 @@ fn run_measure(
     let file = output
         .map(|path| std::fs::File::create(path).with_context(|| format!("-o: cannot create {}", path.display())))
         .transpose()?;
-    let measurement = runtime()?.block_on(async {
+    let measurement = block_on(async {
         let (handle, control) = tunefleet_agent::runner::TrialHandle::new();
         // Ctrl-C reaches the command too (same terminal); the runner then stops its group.
         tokio::spawn(async move {
@@ -156,7 +166,7 @@ fn run_measure(
             }
         });
         measure::measure(&cfg, control).await
-    });
+    })?;
     let line = serde_json::to_string(&measurement).context("cannot encode the measurement")?;
     if json {
         eprintln!("{line}");
