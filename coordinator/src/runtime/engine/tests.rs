@@ -568,6 +568,13 @@ fn message() -> impl Strategy<Value = AgentMessage> {
         1 => (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
         1 => any::<u64>().prop_map(AgentMessage::Synced),
+        1 => (trial_ref(), big(), big(), energy(), big(), any::<u32>(), big()).prop_map(
+            |(trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms)| {
+                AgentMessage::CoMeasured(tunefleet_common::message::CoMeasured {
+                    trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms,
+                })
+            }
+        ),
     ]
 }
 
@@ -1075,5 +1082,114 @@ fn a_trial_asha_stops_is_cancelled_and_told_to_the_tpe_search() {
     assert_eq!(cancels, vec![&work[1].trial], "the trial behind the cut is cancelled on its agent");
     assert_eq!(fx.core.stats.stopped, 1);
     assert_eq!(fx.core.studies["s"].search.observations(), before + 1, "the model learnt where ASHA cut");
+    assert_eq!(fx.consistent(), Ok(()));
+}
+
+impl Fixture {
+    /// Another agent `name` welcomed through a real handshake; its session.
+    fn welcome(&mut self, name: &str) -> Session {
+        let me = Identity::generate().expect("key").0;
+        let info = AgentInfo { slots: 1, ..AgentInfo::minimal(name, 2) };
+        let (signed, pending) = auth::hello(&me, info, 9, 1, [0; 32], None).expect("hello");
+        let hello =
+            Inbound::Agent { agent: name.into(), kind: AgentTopic::Hello, frame: Box::new(UpFrame::Hello(signed)) };
+        let (welcomes, _) = self.turn(vec![hello]);
+        let (_, welcome) = welcomes.into_iter().find(|(a, _)| a == name).expect("a Welcome");
+        let Ok(auth::DownFrame::Welcome(w)) = tunefleet_common::decode(&welcome) else { panic!("not a Welcome") };
+        pending.finish(name, &self.core.sessions.public_key(), &w).expect("session")
+    }
+}
+
+/// `msg` sealed in `session`, the session of agent `name`.
+fn sealed_as(session: &mut Session, name: &str, msg: &AgentMessage) -> Inbound {
+    let kind = AgentTopic::of_agent_message(msg);
+    let body = tunefleet_common::encode(msg).expect("encode");
+    let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body))).expect("encode");
+    let topics = tunefleet_common::topic::Topics::default();
+    crate::runtime::transport::classify(&topics, &topics.agent(name, kind), &frame)
+}
+
+/// The co-measurement steps sent to `agent` in `out`.
+fn comeasures<'a>(out: &'a Messages, agent: &str) -> Vec<&'a tunefleet_common::message::CoMeasure> {
+    out.iter()
+        .filter_map(|(a, m)| match m {
+            CoordinatorMessage::CoMeasure(c) if a == agent => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Issue 24, through the engine: a node of a study (`[measure] nodes`) is
+/// told to start when a trial is assigned to another agent and the
+/// trial's window when its result is stored; its answer for that window
+/// is stored, while an answer from an agent not asked, for another window
+/// or a second time is counted and dropped; a node that stays silent is
+/// recorded as missing.
+#[test]
+fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
+    use tunefleet_common::message::{CoMeasureStep, CoMeasured};
+    let study = STUDY.replace("[hyper.x]", "[measure]\nnodes = { tags = {} }\n[hyper.x]");
+    let mut fx = Fixture::with_study(&study);
+    let mut b = fx.welcome("b");
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
+    let (_, out) = fx.turn(vec![req]);
+    let starts = comeasures(&out, "b");
+    let work = assigned(out.clone());
+    assert_eq!(work.len(), 1);
+    assert_eq!(starts.len(), 1, "{out:?}");
+    assert_eq!((&starts[0].trial, starts[0].step), (&work[0].trial, CoMeasureStep::Start));
+    assert!(comeasures(&out, "a").is_empty(), "the trial's own agent is no node of it");
+
+    let trial = work[0].trial.clone();
+    let mut m = ok_measurement(3.0);
+    m.started_unix_ms = unix_ms();
+    m.wall_us = 2_000_000;
+    let result = fx.sealed(&AgentMessage::Result(TrialResult { trial: trial.clone(), measurement: m.clone() }));
+    let (_, out) = fx.turn(vec![result]);
+    let window = comeasures(&out, "b");
+    let (from, to) = (m.started_unix_ms, m.started_unix_ms + 2_000);
+    assert_eq!(window.len(), 1);
+    assert_eq!(window[0].step, CoMeasureStep::Window { from_unix_ms: from, to_unix_ms: to });
+
+    let mut energy = EnergyReading::none(EnergySourceKind::Rapl, "co-measured");
+    energy.joules = 40.0;
+    energy.valid = true;
+    let answer = CoMeasured {
+        trial: trial.clone(),
+        from_unix_ms: from,
+        to_unix_ms: to,
+        energy,
+        cpu_us: 7,
+        cpus: 1,
+        covered_ms: 2_000,
+    };
+    let mut other_window = CoMeasured { to_unix_ms: to + 1, ..answer.clone() };
+    other_window.energy.joules = 99.0;
+    let events = vec![
+        fx.sealed(&AgentMessage::CoMeasured(answer.clone())),
+        sealed_as(&mut b, "b", &AgentMessage::CoMeasured(other_window)),
+        sealed_as(&mut b, "b", &AgentMessage::CoMeasured(answer.clone())),
+        sealed_as(&mut b, "b", &AgentMessage::CoMeasured(answer)),
+    ];
+    fx.turn(events);
+    assert_eq!(fx.core.stats.refused_comeasures, 3, "not asked, another window, twice");
+    let rows = fx.core.store.node_measurements("s").expect("rows");
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].agent.as_str(), rows[0].joules, rows[0].valid), ("b", Some(40.0), true));
+    assert_eq!((rows[0].from_unix_ms, rows[0].to_unix_ms), (Some(from), Some(to)), "the window asked, not another");
+
+    // A node that never answers is recorded as missing once given up on.
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 2, free: 1, ahead: 0, running: vec![], held: vec![] }));
+    let second = assigned(fx.turn(vec![req]).1).pop().expect("work");
+    let result = fx.sealed(&AgentMessage::Result(TrialResult { trial: second.trial.clone(), measurement: m }));
+    fx.turn(vec![result]);
+    fx.turn(Vec::new());
+    assert_eq!(fx.core.stats.comeasures_missing, 1);
+    let rows = fx.core.store.node_measurements("s").expect("rows");
+    let missing = rows.iter().find(|r| r.trial == second.trial.trial).expect("a row for the silent node");
+    assert!(!missing.valid && missing.joules.is_none(), "{missing:?}");
+    assert!(missing.note.as_deref().is_some_and(|n| n.contains("no answer")), "{missing:?}");
     assert_eq!(fx.consistent(), Ok(()));
 }
