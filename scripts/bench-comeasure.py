@@ -105,10 +105,10 @@ def run(name, measure):
     worker_cpu = sum(cpu_s(reap(w, signal.SIGTERM)) for w in workers)
     con = sqlite3.connect(db)
     answers = con.execute("SELECT COUNT(*) FROM node_measurements WHERE valid = 1").fetchone()[0]
-    missing = con.execute("SELECT COUNT(*) FROM node_measurements WHERE valid = 0").fetchone()[0]
+    invalid = con.execute("SELECT COUNT(*) FROM node_measurements WHERE valid = 0").fetchone()[0]
     done = con.execute("SELECT COUNT(*) FROM results WHERE study = 'co'").fetchone()[0]
     return dict(seconds=seconds, coord_cpu=cpu_s(coord_ru), worker_cpu=worker_cpu, answers=answers,
-                missing=missing, done=done)
+                invalid=invalid, done=done)
 
 
 rows = {False: [], True: []}
@@ -119,7 +119,7 @@ for r in range(rounds):
         rows[measure].append(res)
         print(f"round {r + 1} {'co-measured' if measure else 'plain      '}: {res['done']} trials in "
               f"{res['seconds']:.1f} s, coordinator CPU {res['coord_cpu'] * 1e3:.0f} ms, workers' CPU "
-              f"{res['worker_cpu'] * 1e3:.0f} ms, node answers {res['answers']} valid / {res['missing']} invalid",
+              f"{res['worker_cpu'] * 1e3:.0f} ms, node answers {res['answers']} valid / {res['invalid']} invalid or missing",
               flush=True)
 
 

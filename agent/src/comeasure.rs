@@ -13,8 +13,12 @@
 //! nine tenths covered the reading is invalid. Answers are kept a while,
 //! so a window asked again (its answer lost) gets the same answer.
 //!
-//! Bounded: at most [`MAX_OPEN`] windows at once (more are refused with a
-//! warning), each closed after [`MAX_OPEN_FOR`] without its window, and at
+//! Points are stamped with the wall clock at the start plus the monotonic
+//! time since, so a clock step during a window cannot disorder them.
+//!
+//! Bounded: at most [`MAX_OPEN`] windows at once (the oldest is dropped for
+//! a new one, with a warning), each closed when not told its window within
+//! the time the Start gave (the attempt's lease) and [`LATE`] more, and at
 //! most [`MAX_SAMPLES`] samples each (thinned, the ends kept).
 
 use std::collections::{HashMap, VecDeque};
@@ -29,11 +33,11 @@ use crate::energy::{start_or_estimate, EnergyMeter, EnergySource, EstimateModel,
 use crate::telemetry::{cpus_between, parse_proc_stat, CpuTimes};
 
 /// Most windows open at once.
-pub const MAX_OPEN: usize = 256;
-/// A window never told its marks is closed after this long.
-pub const MAX_OPEN_FOR: Duration = Duration::from_secs(48 * 3600);
+pub const MAX_OPEN: usize = 64;
+/// How long past the time its Start gave a window waits for its marks.
+pub const LATE: Duration = Duration::from_secs(60);
 /// Most samples kept per window.
-pub const MAX_SAMPLES: usize = 8192;
+pub const MAX_SAMPLES: usize = 2048;
 /// Answers kept to answer a window asked again.
 const MAX_ANSWERS: usize = 256;
 
@@ -99,6 +103,10 @@ fn unix_ms() -> u64 {
 struct Open {
     meter: Box<dyn EnergyMeter>,
     started: Instant,
+    /// The wall clock at `started`: points are stamped from it.
+    started_unix_ms: u64,
+    /// Closed, untold, after this.
+    until: Instant,
     busy_at_start: u64,
     series: Vec<Point>,
 }
@@ -112,13 +120,13 @@ pub struct CoMeter {
     interval: Duration,
     open: HashMap<TrialRef, Open>,
     answers: VecDeque<CoMeasured>,
-    /// Starts refused because [`MAX_OPEN`] windows were open.
-    pub refused: u64,
+    /// Windows dropped, untold, to make room for a new one.
+    pub dropped: u64,
 }
 
 impl std::fmt::Debug for CoMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoMeter").field("open", &self.open.len()).field("refused", &self.refused).finish()
+        f.debug_struct("CoMeter").field("open", &self.open.len()).field("dropped", &self.dropped).finish()
     }
 }
 
@@ -132,7 +140,7 @@ impl CoMeter {
         cpus: Vec<u32>,
         interval: Duration,
     ) -> Self {
-        CoMeter { source, model, proc_root, cpus, interval, open: HashMap::new(), answers: VecDeque::new(), refused: 0 }
+        CoMeter { source, model, proc_root, cpus, interval, open: HashMap::new(), answers: VecDeque::new(), dropped: 0 }
     }
 
     /// Whether any window is open (the sampling tick runs only then).
@@ -158,7 +166,8 @@ impl CoMeter {
         open.meter.sample(elapsed);
         let busy_us = busy_now.saturating_sub(open.busy_at_start);
         let usage = Usage { wall: elapsed, cpu: Duration::from_micros(busy_us), cores: self.cores() };
-        Point { unix_ms: unix_ms(), joules: open.meter.so_far(&usage).unwrap_or(0.0), busy_us }
+        let unix_ms = open.started_unix_ms.saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        Point { unix_ms, joules: open.meter.so_far(&usage).unwrap_or(0.0), busy_us }
     }
 
     /// Takes a sample of every open window; closes those open too long.
@@ -166,7 +175,7 @@ impl CoMeter {
         let busy = self.busy_us();
         let mut open = std::mem::take(&mut self.open);
         open.retain(|trial, o| {
-            if o.started.elapsed() > MAX_OPEN_FOR {
+            if Instant::now() > o.until {
                 tracing::warn!(trial = %trial, "co-measurement never told its window: closed");
                 return false;
             }
@@ -183,18 +192,23 @@ impl CoMeter {
     /// Carries out `c`; returns the answer to publish, if any.
     pub fn on(&mut self, c: CoMeasure) -> Option<CoMeasured> {
         match c.step {
-            CoMeasureStep::Start => {
+            CoMeasureStep::Start { within_ms } => {
                 if self.open.contains_key(&c.trial) || self.answers.iter().any(|a| a.trial == c.trial) {
                     return None;
                 }
                 if self.open.len() >= MAX_OPEN {
-                    self.refused += 1;
-                    tracing::warn!(trial = %c.trial, open = MAX_OPEN, refused = self.refused, "co-measurement refused: too many open");
-                    return None;
+                    if let Some(oldest) = self.open.iter().min_by_key(|(_, o)| o.started).map(|(t, _)| t.clone()) {
+                        self.open.remove(&oldest);
+                        self.dropped += 1;
+                        tracing::warn!(trial = %oldest, open = MAX_OPEN, dropped = self.dropped, "co-measurement dropped, untold, for a newer one");
+                    }
                 }
                 let meter = start_or_estimate(self.source.as_ref(), self.model);
                 let busy = self.busy_us();
-                let mut open = Open { meter, started: Instant::now(), busy_at_start: busy, series: Vec::new() };
+                let started = Instant::now();
+                let until = started + Duration::from_millis(within_ms) + LATE;
+                let mut open =
+                    Open { meter, started, started_unix_ms: unix_ms(), until, busy_at_start: busy, series: Vec::new() };
                 let first = self.point(&mut open, busy);
                 open.series.push(first);
                 tracing::debug!(trial = %c.trial, "co-measuring");
@@ -245,7 +259,8 @@ impl CoMeter {
         let whole = open.meter.stop(elapsed, &usage);
         let (joules, cpu_us, covered_ms) = over(&open.series, from, to);
         let window_ms = to.saturating_sub(from);
-        let enough = covered_ms.saturating_mul(10) >= window_ms.saturating_mul(9);
+        // A window of no length (an attempt stopped before it started) measures nothing.
+        let enough = window_ms > 0 && covered_ms.saturating_mul(10) >= window_ms.saturating_mul(9);
         let mut note = format!(
             "co-measured: the whole machine{} over {covered_ms} of the window's {window_ms} ms{}",
             if whole.source == tunefleet_common::measurement::EnergySourceKind::Estimated {
@@ -323,7 +338,7 @@ mod tests {
     fn a_window_is_answered_once_measured_and_again_the_same() {
         let source: Arc<dyn EnergySource> = Arc::new(crate::energy::Estimate::default());
         let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10));
-        assert!(co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start }).is_none());
+        assert!(co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start { within_ms: 60_000 } }).is_none());
         assert!(!co.is_idle());
         let from = unix_ms();
         std::thread::sleep(Duration::from_millis(30));
@@ -350,7 +365,7 @@ mod tests {
     fn abandoned_windows_are_forgotten() {
         let source: Arc<dyn EnergySource> = Arc::new(crate::energy::Estimate::default());
         let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10));
-        co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start });
+        co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start { within_ms: 60_000 } });
         co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Abandon });
         assert!(co.is_idle());
     }

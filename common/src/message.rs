@@ -200,8 +200,9 @@ pub struct CoMeasure {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CoMeasureStep {
     /// Start sampling this machine's energy and CPU time now (the attempt
-    /// was just assigned: it starts after this).
-    Start,
+    /// was just assigned: it starts after this). Not told its window
+    /// within `within_ms` (the attempt's lease), the agent forgets it.
+    Start { within_ms: u64 },
     /// The attempt ran from `from_unix_ms` to `to_unix_ms` by its agent's
     /// marks: answer with [`CoMeasured`] for that window (again, when
     /// asked again: the answer may have been lost).

@@ -147,7 +147,9 @@ nodes = { tags = { role = "worker" } }
         let (from, to, covered) = (from.expect("from"), to.expect("to"), covered.expect("covered"));
         let window_s = (to - from) as f64 / 1000.0;
         assert!((1.1..10.0).contains(&window_s), "the trial's window: {window_s} s");
-        assert_eq!(covered, to - from, "the samples cover the whole window");
+        // The node starts when the trial is assigned, before it starts: all
+        // of it covered but for the delivery of the Start racing the spawn.
+        assert!(covered * 10 >= 9 * (to - from), "the samples cover the window: {covered} of {} ms", to - from);
         let joules = joules.expect("joules");
         if agent == &metered {
             assert_eq!(source.as_deref(), Some("rapl"));

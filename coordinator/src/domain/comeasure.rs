@@ -29,6 +29,9 @@ pub const GIVE_UP_MS: u64 = 30_000;
 pub const SKEW_MS: u64 = 60_000;
 /// Most nodes measuring one trial (the first by name are asked).
 pub const MAX_NODES: usize = 64;
+/// The most power one node may report (W): a figure above it over its
+/// window is refused as out of range.
+pub const MAX_NODE_WATTS: f64 = 100_000.0;
 
 /// What one node gave for one attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,6 +75,8 @@ struct Window {
 
 #[derive(Debug)]
 struct Open {
+    /// The agent the attempt was assigned to.
+    starter: String,
     assigned_unix_ms: u64,
     /// Nodes asked, and whether each has answered.
     nodes: BTreeMap<String, bool>,
@@ -108,22 +113,25 @@ impl CoMeasures {
         self.open.values().filter(|o| o.window.is_some()).count()
     }
 
-    /// `trial` was just assigned to `starter`: `nodes` (but the starter, at
-    /// most [`MAX_NODES`]) start measuring. Nothing when none is left.
+    /// `trial` was just assigned to `starter` (leased for `lease_ms`):
+    /// `nodes` (but the starter, at most [`MAX_NODES`]) start measuring.
+    /// Nothing when none is left.
     pub fn start(
         &mut self,
         trial: &TrialRef,
         starter: &str,
         nodes: impl IntoIterator<Item = String>,
         unix_ms: u64,
+        lease_ms: u64,
     ) -> Vec<(String, CoMeasure)> {
         let nodes: BTreeMap<String, bool> =
             nodes.into_iter().filter(|n| n != starter).take(MAX_NODES).map(|n| (n, false)).collect();
         if nodes.is_empty() {
             return Vec::new();
         }
-        let sends = ask(&nodes, trial, CoMeasureStep::Start);
-        self.open.insert(trial.clone(), Open { assigned_unix_ms: unix_ms, nodes, window: None });
+        let sends = ask(&nodes, trial, CoMeasureStep::Start { within_ms: lease_ms });
+        let open = Open { starter: starter.to_string(), assigned_unix_ms: unix_ms, nodes, window: None };
+        self.open.insert(trial.clone(), open);
         sends
     }
 
@@ -142,8 +150,12 @@ impl CoMeasures {
         if open.window.is_some() {
             return Vec::new();
         }
-        let from = from_unix_ms.clamp(open.assigned_unix_ms.saturating_sub(SKEW_MS), unix_ms.saturating_add(SKEW_MS));
-        let to = to_unix_ms.clamp(from, unix_ms.saturating_add(SKEW_MS));
+        // Never `clamp`: a wall clock stepped back between the assignment
+        // and now makes the bounds cross.
+        let (lo, hi) = (open.assigned_unix_ms.saturating_sub(SKEW_MS), unix_ms.saturating_add(SKEW_MS));
+        let hi = hi.max(lo);
+        let from = from_unix_ms.max(lo).min(hi);
+        let to = to_unix_ms.max(from).min(hi);
         open.window = Some(Window { from, to, first_ms: engine_ms, last_ms: engine_ms });
         ask(&open.nodes, trial, CoMeasureStep::Window { from_unix_ms: from, to_unix_ms: to })
     }
@@ -156,10 +168,11 @@ impl CoMeasures {
         }
     }
 
-    /// `agent` answered: taken when it was asked for this very window and
-    /// had not answered yet, with figures in range.
-    pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
-        let open = self.open.get_mut(&m.trial).ok_or(Refusal::NotOpen)?;
+    /// Whether `agent`'s answer is to be taken: it was asked for this very
+    /// window and has not answered yet, with figures in range. Changes
+    /// nothing: [`CoMeasures::taken`] once the answer is stored.
+    pub fn check(&self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
+        let open = self.open.get(&m.trial).ok_or(Refusal::NotOpen)?;
         if open.nodes.get(agent) != Some(&false) {
             return Err(Refusal::NotAsked);
         }
@@ -172,27 +185,74 @@ impl CoMeasures {
                 to: w.to,
             });
         }
+        let window_ms = w.to - w.from;
         if m.energy.joules < 0.0 || m.energy.domains.iter().any(|d| d.joules < 0.0) {
             return Err(Refusal::OutOfRange(format!("negative energy ({} J)", m.energy.joules)));
         }
-        if m.covered_ms > w.to - w.from {
-            return Err(Refusal::OutOfRange(format!("covers {} ms of a window of {} ms", m.covered_ms, w.to - w.from)));
+        // Over a window of 0 ms, still a second's worth.
+        let most = MAX_NODE_WATTS * (window_ms.max(1_000) as f64 / 1000.0);
+        if m.energy.joules > most {
+            return Err(Refusal::OutOfRange(format!(
+                "{} J over {window_ms} ms is above {MAX_NODE_WATTS} W",
+                m.energy.joules
+            )));
         }
-        open.nodes.insert(agent.to_string(), true);
-        if open.nodes.values().all(|answered| *answered) {
-            self.open.remove(&m.trial);
+        if m.covered_ms > window_ms {
+            return Err(Refusal::OutOfRange(format!("covers {} ms of a window of {window_ms} ms", m.covered_ms)));
+        }
+        let cpu_most = window_ms.saturating_mul(1000).saturating_mul(u64::from(m.cpus.max(1)));
+        if m.cpu_us > cpu_most.max(1_000_000) {
+            return Err(Refusal::OutOfRange(format!("{} µs of CPU over {window_ms} ms on {} CPUs", m.cpu_us, m.cpus)));
         }
         Ok(())
+    }
+
+    /// `agent`'s answer for `trial` is stored: it is not asked again, and
+    /// the attempt closes once every node answered.
+    pub fn taken(&mut self, agent: &str, trial: &TrialRef) {
+        let Some(open) = self.open.get_mut(trial) else { return };
+        if let Some(answered) = open.nodes.get_mut(agent) {
+            *answered = true;
+        }
+        if open.nodes.values().all(|answered| *answered) {
+            self.open.remove(trial);
+        }
+    }
+
+    /// [`CoMeasures::check`], then [`CoMeasures::taken`].
+    pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
+        self.check(agent, m)?;
+        self.taken(agent, &m.trial);
+        Ok(())
+    }
+
+    /// Every open attempt abandoned on its nodes (the coordinator stops).
+    pub fn abandon_all(&mut self) -> Vec<(String, CoMeasure)> {
+        let trials: Vec<TrialRef> = self.open.keys().cloned().collect();
+        trials.iter().flat_map(|t| self.abandon(t)).collect()
     }
 
     /// Asks again the nodes that have not answered a window for
     /// [`ASK_AGAIN_MS`]; records as missing those that have not for
     /// [`GIVE_UP_MS`], and closes their attempts.
-    pub fn tick(&mut self, engine_ms: u64) -> (Vec<(String, CoMeasure)>, Vec<NodeRecord>) {
+    /// An attempt without a window whose starter no longer holds it
+    /// (`live(starter, trial)` false: stopped, moved, its agent gone) ended
+    /// without a result that counts: abandoned on its nodes.
+    pub fn tick(
+        &mut self,
+        engine_ms: u64,
+        live: impl Fn(&str, &TrialRef) -> bool,
+    ) -> (Vec<(String, CoMeasure)>, Vec<NodeRecord>) {
         let mut sends = Vec::new();
         let mut missing = Vec::new();
         self.open.retain(|trial, open| {
-            let Some(w) = open.window.as_mut() else { return true };
+            let Some(w) = open.window.as_mut() else {
+                if live(&open.starter, trial) {
+                    return true;
+                }
+                sends.extend(ask(&open.nodes, trial, CoMeasureStep::Abandon));
+                return false;
+            };
             if engine_ms >= w.first_ms.saturating_add(GIVE_UP_MS) {
                 for (node, _) in open.nodes.iter().filter(|(_, answered)| !**answered) {
                     missing.push(NodeRecord {
@@ -249,9 +309,9 @@ mod tests {
     #[test]
     fn nodes_start_at_assignment_and_answer_the_window_of_the_result_once() {
         let mut co = CoMeasures::default();
-        let sends = co.start(&tref(1), "a", ["a".to_string(), "w2".into(), "w1".into()], 1_000);
+        let sends = co.start(&tref(1), "a", ["a".to_string(), "w2".into(), "w1".into()], 1_000, 90_000);
         assert_eq!(names(&sends), ["w1", "w2"], "the starter is not a node of its own trial");
-        assert!(sends.iter().all(|(_, m)| m.step == CoMeasureStep::Start));
+        assert!(sends.iter().all(|(_, m)| m.step == CoMeasureStep::Start { within_ms: 90_000 }));
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NoWindow));
         let sends = co.window(&tref(1), 2_000, 3_000, 3_100, 10);
         assert_eq!(
@@ -264,6 +324,10 @@ mod tests {
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Ok(()));
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NotAsked), "only once");
         assert!(matches!(co.answer("w2", &answer(1, 2_000, 3_000, -1.0)), Err(Refusal::OutOfRange(_))));
+        let more_than_a_plant = answer(1, 2_000, 3_000, 2.0 * MAX_NODE_WATTS);
+        assert!(matches!(co.answer("w2", &more_than_a_plant), Err(Refusal::OutOfRange(_))));
+        let busier_than_its_cpus = CoMeasured { cpu_us: 10_000_000, ..answer(1, 2_000, 3_000, 1.0) };
+        assert!(matches!(co.answer("w2", &busier_than_its_cpus), Err(Refusal::OutOfRange(_))));
         assert_eq!(co.answer("w2", &answer(2, 2_000, 3_000, 1.0)), Err(Refusal::NotOpen));
         assert_eq!(co.len(), 1);
         assert_eq!(co.answer("w2", &answer(1, 2_000, 3_000, 1.0)), Ok(()));
@@ -273,29 +337,34 @@ mod tests {
     #[test]
     fn marks_far_outside_what_the_coordinator_saw_are_bounded() {
         let mut co = CoMeasures::default();
-        co.start(&tref(1), "a", ["w".to_string()], 1_000_000);
+        co.start(&tref(1), "a", ["w".to_string()], 1_000_000, 1);
         let sends = co.window(&tref(1), 0, u64::MAX, 1_005_000, 0);
         assert_eq!(
             sends[0].1.step,
             CoMeasureStep::Window { from_unix_ms: 1_000_000 - SKEW_MS, to_unix_ms: 1_005_000 + SKEW_MS }
         );
         assert!(co.window(&tref(1), 1, 2, 1_005_000, 0).is_empty(), "a window is asked once");
+        // The wall clock stepped back 10 minutes since the assignment: no panic, a window of 0.
+        co.start(&tref(2), "a", ["w".to_string()], 1_000_000, 1);
+        let sends = co.window(&tref(2), 999_000, 1_001_000, 400_000, 0);
+        assert_eq!(sends[0].1.step, CoMeasureStep::Window { from_unix_ms: 940_000, to_unix_ms: 940_000 });
     }
 
     #[test]
     fn silent_nodes_are_asked_again_then_recorded_missing() {
         let mut co = CoMeasures::default();
-        co.start(&tref(1), "a", ["w1".to_string(), "w2".into()], 0);
-        assert_eq!(co.tick(60_000), (Vec::new(), Vec::new()), "no deadline while the trial runs");
+        co.start(&tref(1), "a", ["w1".to_string(), "w2".into()], 0, 1);
+        let live = |_: &str, _: &TrialRef| true;
+        assert_eq!(co.tick(60_000, live), (Vec::new(), Vec::new()), "no deadline while the trial runs");
         assert_eq!(co.awaiting(), 0, "a running trial is not awaited");
         co.window(&tref(1), 10, 20, 100, 100_000);
         assert_eq!(co.awaiting(), 1);
         co.answer("w1", &answer(1, 10, 20, 1.0)).expect("w1");
-        assert!(co.tick(100_000 + ASK_AGAIN_MS - 1).0.is_empty());
-        let (again, missing) = co.tick(100_000 + ASK_AGAIN_MS);
+        assert!(co.tick(100_000 + ASK_AGAIN_MS - 1, live).0.is_empty());
+        let (again, missing) = co.tick(100_000 + ASK_AGAIN_MS, live);
         assert_eq!(names(&again), ["w2"], "only the silent node is asked again");
         assert!(missing.is_empty());
-        let (_, missing) = co.tick(100_000 + GIVE_UP_MS);
+        let (_, missing) = co.tick(100_000 + GIVE_UP_MS, live);
         assert_eq!(missing.len(), 1);
         assert_eq!(missing[0].agent, "w2");
         assert!(matches!(&missing[0].outcome, NodeOutcome::Missing(why) if why.contains("no answer")));
@@ -306,12 +375,23 @@ mod tests {
     #[test]
     fn an_attempt_without_a_result_is_abandoned_on_its_nodes() {
         let mut co = CoMeasures::default();
-        assert!(co.start(&tref(1), "a", ["a".to_string()], 0).is_empty(), "no node but the starter: nothing open");
+        assert!(co.start(&tref(1), "a", ["a".to_string()], 0, 1).is_empty(), "no node but the starter: nothing open");
         assert!(co.is_empty());
-        co.start(&tref(1), "a", ["w".to_string()], 0);
+        co.start(&tref(1), "a", ["w".to_string()], 0, 1);
         let sends = co.abandon(&tref(1));
         assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(1), step: CoMeasureStep::Abandon })]);
         assert!(co.is_empty());
         assert!(co.abandon(&tref(1)).is_empty());
+        // An attempt its agent no longer holds (stopped, moved, the agent
+        // gone) before any result: abandoned at the next tick.
+        co.start(&tref(2), "a", ["w".to_string()], 0, 1);
+        co.start(&tref(3), "a", ["w".to_string()], 0, 1);
+        let (sends, missing) = co.tick(0, |_, t| t.trial == 3);
+        assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(2), step: CoMeasureStep::Abandon })]);
+        assert!(missing.is_empty());
+        assert_eq!(co.len(), 1);
+        let all = co.abandon_all();
+        assert_eq!(all, vec![("w".to_string(), CoMeasure { trial: tref(3), step: CoMeasureStep::Abandon })]);
+        assert!(co.is_empty());
     }
 }

@@ -123,7 +123,10 @@ const FIXED_COLUMNS: [&str; 12] = [
 /// the trial over every machine: its own agent's and theirs, valid only
 /// when every figure is (a missing node makes it invalid).
 fn with_nodes<'a>(r: &ExportRow, nodes: &'a [NodeRow]) -> (Vec<&'a NodeRow>, Option<f64>, Option<bool>) {
-    let mine: Vec<&NodeRow> = nodes.iter().filter(|n| n.trial == r.trial && Some(n.attempt) == r.attempt).collect();
+    // `nodes` is sorted by trial and attempt (`Store::node_measurements`).
+    let key = (r.trial, r.attempt.unwrap_or(u32::MAX));
+    let first = nodes.partition_point(|n| (n.trial, n.attempt) < key);
+    let mine: Vec<&NodeRow> = nodes[first..].iter().take_while(|n| (n.trial, n.attempt) == key).collect();
     if mine.is_empty() {
         return (mine, None, None);
     }

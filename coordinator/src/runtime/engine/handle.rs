@@ -249,10 +249,15 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
                 cx.unsynced.remove(&agent);
             }
         }
-        AgentMessage::CoMeasured(m) => match cx.co.answer(&agent, &m) {
+        // Checked, stored, and only then taken: a store error leaves the
+        // node to be asked again (see `guarded`).
+        AgentMessage::CoMeasured(m) => match cx.co.check(&agent, &m) {
             Ok(()) => {
-                let record = NodeRecord { trial: m.trial.clone(), agent, outcome: NodeOutcome::Measured(m) };
+                let trial = m.trial.clone();
+                let record =
+                    NodeRecord { trial: trial.clone(), agent: agent.clone(), outcome: NodeOutcome::Measured(m) };
                 cx.batch.record_node(&record, now)?;
+                cx.co.taken(&agent, &trial);
             }
             Err(why) => {
                 cx.stats.refused_comeasures += 1;

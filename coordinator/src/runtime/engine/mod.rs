@@ -233,6 +233,10 @@ impl Engine {
             }
             self.turn(&mut events, tick).await?;
         }
+        // Nodes still measuring attempts that will have no result here stop.
+        let abandoned = self.core.co.abandon_all();
+        self.send(Vec::new(), abandoned.into_iter().map(|(a, m)| (a, CoordinatorMessage::CoMeasure(m))).collect())
+            .await;
         self.sync(&mut inbound, SYNC_GRACE).await?;
         let names: Vec<String> = match studies {
             Some(s) => s.to_vec(),

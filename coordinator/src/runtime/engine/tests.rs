@@ -1138,7 +1138,8 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
     let work = assigned(out.clone());
     assert_eq!(work.len(), 1);
     assert_eq!(starts.len(), 1, "{out:?}");
-    assert_eq!((&starts[0].trial, starts[0].step), (&work[0].trial, CoMeasureStep::Start));
+    let lease_ms = fx.core.studies["s"].study.timeout_s * 1000 + LEASE_GRACE.as_millis() as u64;
+    assert_eq!((&starts[0].trial, starts[0].step), (&work[0].trial, CoMeasureStep::Start { within_ms: lease_ms }));
     assert!(comeasures(&out, "a").is_empty(), "the trial's own agent is no node of it");
 
     let trial = work[0].trial.clone();
@@ -1191,5 +1192,16 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
     let missing = rows.iter().find(|r| r.trial == second.trial.trial).expect("a row for the silent node");
     assert!(!missing.valid && missing.joules.is_none(), "{missing:?}");
     assert!(missing.note.as_deref().is_some_and(|n| n.contains("no answer")), "{missing:?}");
+
+    // An attempt that ends without a result (its lease ran out: the
+    // fixture's clock passes every lease between turns) is abandoned on
+    // its node, and nothing of it stays open.
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 3, free: 1, ahead: 0, running: vec![], held: vec![] }));
+    let third = assigned(fx.turn(vec![req]).1).pop().expect("work");
+    let (_, out) = fx.turn(Vec::new());
+    let abandoned = comeasures(&out, "b").iter().any(|c| c.trial == third.trial && c.step == CoMeasureStep::Abandon);
+    assert!(abandoned, "{out:?}");
+    assert!(fx.core.co.is_empty());
     assert_eq!(fx.consistent(), Ok(()));
 }
