@@ -48,7 +48,7 @@ pub fn agent_info(input: CapsInput) -> AgentInfo {
         cores: u32::try_from(input.cpus.len()).unwrap_or(u32::MAX),
         memory_bytes: total_memory_bytes(),
         slots: input.slots,
-        lookahead: input.lookahead.min(input.slots),
+        lookahead: input.lookahead.min(input.slots.saturating_mul(tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT)),
         energy: input.energy,
         counters: crate::counters::probe(),
         tags: input.tags,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use tunefleet_common::agent_cli::{Cli, Command, EnergyArgs, SpoolAction, StateArgs};
+use tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT;
 use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
@@ -121,8 +122,8 @@ pub enum ConfigError {
     Tag(String),
     #[error("--slots must be at least 1")]
     Slots,
-    #[error("--lookahead {lookahead}: at most --slots ({slots}) trials are held ahead")]
-    Lookahead { lookahead: u32, slots: u32 },
+    #[error("--lookahead {lookahead}: at most {most} trials are held ahead ({per} per slot, --slots {slots})")]
+    Lookahead { lookahead: u32, slots: u32, per: u32, most: u32 },
     #[error("--name: {0}")]
     Name(TopicError),
     #[error("cannot find a host name for the default --name; pass --name")]
@@ -273,7 +274,10 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     config.tags = tags;
     config.slots = cli.slots;
     config.lookahead = match cli.lookahead {
-        Some(n) if n > cli.slots => return Err(ConfigError::Lookahead { lookahead: n, slots: cli.slots }),
+        Some(n) if n > cli.slots.saturating_mul(MAX_LOOKAHEAD_PER_SLOT) => {
+            let (per, most) = (MAX_LOOKAHEAD_PER_SLOT, cli.slots.saturating_mul(MAX_LOOKAHEAD_PER_SLOT));
+            return Err(ConfigError::Lookahead { lookahead: n, slots: cli.slots, per, most });
+        }
         Some(n) => n,
         None => cli.slots,
     };

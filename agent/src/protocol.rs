@@ -141,7 +141,7 @@ impl AgentState {
         }
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut free = self.idle_slots();
-        let mut ahead = self.info.lookahead.min(self.info.slots).saturating_sub(count(self.held.len()));
+        let mut ahead = self.info.ahead_places().saturating_sub(count(self.held.len()));
         if let Some(max) = self.max_trials {
             let left = u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX);
             free = free.min(left);
@@ -675,6 +675,23 @@ mod tests {
         let drained = st.begin_drain();
         assert_eq!(kinds(&drained), ["refuse", "cancel"]);
         assert!(matches!(&drained[0], Action::Publish(AgentMessage::Refuse(r)) if r.trial == tref(4)));
+    }
+
+    #[test]
+    fn a_deeper_lookahead_holds_several_in_order_and_no_more_than_four_per_slot() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 2, ..info(1) }, vec![0], None);
+        let first = welcome(&mut st);
+        assert_eq!(request_of(&first).map(|r| (r.free, r.ahead)), Some((1, 2)));
+        assert_eq!(kinds(&st.on_assign(assign(1, None))), ["start"]);
+        assert!(st.on_assign(assign(2, None)).is_empty());
+        assert!(st.on_assign(assign(3, None)).is_empty(), "two held behind one slot");
+        assert_eq!(kinds(&st.on_assign(assign(4, None))), ["refuse"], "no room past the lookahead");
+        let done = st.on_finished(tref(1), measurement());
+        assert!(matches!(&done[0], Action::Start(s) if s.trial == tref(2)), "held ones start in the order assigned");
+        assert_eq!(request_of(&done).map(|r| (r.free, r.ahead, r.held)), Some((0, 1, vec![tref(3)])));
+        // An info claiming more than four per slot is held to four.
+        let st = AgentState::new(AgentInfo { lookahead: 9, ..info(1) }, vec![0], None);
+        assert_eq!(st.info.ahead_places(), tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT);
     }
 
     #[test]

@@ -55,7 +55,8 @@ pub struct Cli {
     pub slots: u32,
     /// Trials held ready behind the running ones, started the moment a
     /// slot frees (no round trip to the coordinator between trials); at
-    /// most --slots, 0 turns it off. Default: one per slot
+    /// most 4 per slot, 0 turns it off. Default: one per slot (two for
+    /// trials as short as a round trip to the coordinator)
     #[arg(long)]
     pub lookahead: Option<u32>,
     /// Topic root shared with the coordinator

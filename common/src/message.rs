@@ -56,9 +56,10 @@ pub struct AgentInfo {
     pub cores: u32,
     pub memory_bytes: u64,
     pub slots: u32,
-    /// Trials it holds ready behind its slots (at most `slots`): assigned
-    /// ahead, started the moment a slot frees. Still leased to it until
-    /// they end; a study with `lookahead = 0` never gets one of these.
+    /// Trials it holds ready behind its slots (at most
+    /// [`MAX_LOOKAHEAD_PER_SLOT`] x `slots`): assigned ahead, started the
+    /// moment a slot frees. Still leased to it until they end; a study with
+    /// `lookahead = 0` never gets one of these.
     pub lookahead: u32,
     pub energy: Vec<EnergySourceInfo>,
     /// Counter events this agent can open (hardware and software).
@@ -66,7 +67,18 @@ pub struct AgentInfo {
     pub tags: BTreeMap<String, String>,
 }
 
+/// Most trials an agent holds ahead per slot ([`AgentInfo::lookahead`]):
+/// one keeps a slot busy while the next trial's assignment takes a round
+/// trip; more, when its trials are as short as that round trip.
+pub const MAX_LOOKAHEAD_PER_SLOT: u32 = 4;
+
 impl AgentInfo {
+    /// The trials it may hold ahead: its `lookahead`, at most
+    /// [`MAX_LOOKAHEAD_PER_SLOT`] per slot.
+    pub fn ahead_places(&self) -> u32 {
+        self.lookahead.min(self.slots.saturating_mul(MAX_LOOKAHEAD_PER_SLOT))
+    }
+
     /// An agent that says nothing about itself but its name and process
     /// instance (one slot, no energy source, no counters): for simulators
     /// and tests, which change the fields they care about.

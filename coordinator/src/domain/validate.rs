@@ -365,7 +365,8 @@ pub fn agent_info(info: &AgentInfo) -> Result<(), Invalid> {
     at_most("cores", u64::from(info.cores), MAX_CPUS as u64)?;
     int("memory_bytes", info.memory_bytes)?;
     at_most("slots", u64::from(info.slots), MAX_SLOTS as u64)?;
-    at_most("lookahead", u64::from(info.lookahead), u64::from(info.slots))?;
+    let most = u64::from(info.slots) * u64::from(tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT);
+    at_most("lookahead", u64::from(info.lookahead), most)?;
     each("energy", &info.energy, MAX_ENERGY_SOURCES, energy_source)?;
     each("counters", &info.counters, MAX_COUNTERS, |c| text("", c, MAX_COUNTER_NAME_BYTES))?;
     tags(&info.tags)
@@ -882,7 +883,7 @@ mod tests {
             ("kernel", info_with(|i| i.kernel = long(MAX_NAME_BYTES + 1))),
             ("cores", info_with(|i| i.cores = MAX_CPUS as u32 + 1)),
             ("slots", info_with(|i| i.slots = MAX_SLOTS as u32 + 1)),
-            ("lookahead", info_with(|i| i.lookahead = i.slots + 1)),
+            ("lookahead", info_with(|i| i.lookahead = i.slots * tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT + 1)),
             ("memory_bytes", info_with(|i| i.memory_bytes = u64::MAX)),
             ("tags", info_with(|i| i.tags = (0..=MAX_TAGS).map(|k| (k.to_string(), String::new())).collect())),
             ("tags", info_with(|i| i.tags = [(long(MAX_NAME_BYTES + 1), String::new())].into())),

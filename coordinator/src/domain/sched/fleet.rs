@@ -36,7 +36,7 @@ impl AgentState {
     /// The trials an agent takes at once: its slots, and as many held
     /// ahead as it offers (never more than its slots).
     pub(super) fn places(info: &AgentInfo) -> u32 {
-        info.slots.saturating_add(info.lookahead.min(info.slots))
+        info.slots.saturating_add(info.ahead_places())
     }
 
     /// Counts `credit` as what this agent adds to the `ready_credit` of the
