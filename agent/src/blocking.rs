@@ -1,13 +1,15 @@
-//! Blocking work of a trial (its output readers, its memory sampler) on
-//! the runtime's pool of blocking threads, reused from one trial to the
-//! next: a short trial does not pay for creating and ending three threads.
-//! Outside a runtime, a thread of its own.
+//! Short blocking work of a trial that always ends with it (its memory
+//! sampler, which stops when the trial's state is dropped) on the
+//! runtime's pool of blocking threads, reused from one trial to the next:
+//! a short trial does not pay for creating and ending a thread. Outside a
+//! runtime, a thread of its own. (The output readers keep threads of their
+//! own: a reader stays blocked as long as any process holds its pipe, and
+//! a runtime waits for its pool's tasks when it is dropped.)
 //!
-//! At most [`MAX_IN_POOL`] such tasks hold pool threads at once: a reader
-//! stays blocked as long as any process holds its pipe open (a daemon a
-//! workload left behind), and stuck readers must never take the threads
-//! the rest of the agent needs (waiting for a trial's exit, name lookups).
-//! Past the bound, each gets a thread of its own, as before the pool.
+//! At most [`MAX_IN_POOL`] such tasks hold pool threads at once, so they
+//! never take the threads the rest of the agent needs (waiting for a
+//! trial's exit, name lookups); past the bound, each gets a thread of its
+//! own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

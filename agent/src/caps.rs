@@ -29,7 +29,7 @@ pub struct CapsInput {
     pub agent: String,
     pub instance: u64,
     pub slots: u32,
-    /// Trials held ready behind the slots (at most `slots`).
+    /// Trials held ready behind the slots (at most 4 per slot).
     pub lookahead: u32,
     pub cpus: Vec<u32>,
     pub energy: Vec<EnergySourceInfo>,

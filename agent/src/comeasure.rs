@@ -16,8 +16,8 @@
 //! Points are stamped with the wall clock at the start plus the monotonic
 //! time since, so a clock step during a window cannot disorder them.
 //!
-//! Bounded: at most [`MAX_OPEN`] windows at once (the oldest is dropped for
-//! a new one, with a warning), each closed when not told its window within
+//! Bounded: at most [`MAX_OPEN`] windows at once (a Start past that is
+//! refused with a warning), each closed when not told its window within
 //! the time the Start gave (the attempt's lease) and [`LATE`] more, and at
 //! most [`MAX_SAMPLES`] samples each (thinned, the ends kept).
 
@@ -32,12 +32,13 @@ use tunefleet_common::message::{CoMeasure, CoMeasureStep, CoMeasured, TrialRef};
 use crate::energy::{start_or_estimate, EnergyMeter, EnergySource, EstimateModel, Usage};
 use crate::telemetry::{cpus_between, parse_proc_stat, CpuTimes};
 
-/// Most windows open at once.
-pub const MAX_OPEN: usize = 64;
+/// Most windows open at once (every attempt leased in the fleet, held
+/// ones included, may have one here).
+pub const MAX_OPEN: usize = 256;
 /// How long past the time its Start gave a window waits for its marks.
 pub const LATE: Duration = Duration::from_secs(60);
 /// Most samples kept per window.
-pub const MAX_SAMPLES: usize = 2048;
+pub const MAX_SAMPLES: usize = 1024;
 /// Answers kept to answer a window asked again.
 const MAX_ANSWERS: usize = 256;
 
@@ -120,13 +121,13 @@ pub struct CoMeter {
     interval: Duration,
     open: HashMap<TrialRef, Open>,
     answers: VecDeque<CoMeasured>,
-    /// Windows dropped, untold, to make room for a new one.
-    pub dropped: u64,
+    /// Starts refused because [`MAX_OPEN`] windows were open.
+    pub refused: u64,
 }
 
 impl std::fmt::Debug for CoMeter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoMeter").field("open", &self.open.len()).field("dropped", &self.dropped).finish()
+        f.debug_struct("CoMeter").field("open", &self.open.len()).field("refused", &self.refused).finish()
     }
 }
 
@@ -140,7 +141,7 @@ impl CoMeter {
         cpus: Vec<u32>,
         interval: Duration,
     ) -> Self {
-        CoMeter { source, model, proc_root, cpus, interval, open: HashMap::new(), answers: VecDeque::new(), dropped: 0 }
+        CoMeter { source, model, proc_root, cpus, interval, open: HashMap::new(), answers: VecDeque::new(), refused: 0 }
     }
 
     /// Whether any window is open (the sampling tick runs only then).
@@ -196,12 +197,11 @@ impl CoMeter {
                 if self.open.contains_key(&c.trial) || self.answers.iter().any(|a| a.trial == c.trial) {
                     return None;
                 }
+                // The open ones are measuring trials leased now: a new one waits its turn.
                 if self.open.len() >= MAX_OPEN {
-                    if let Some(oldest) = self.open.iter().min_by_key(|(_, o)| o.started).map(|(t, _)| t.clone()) {
-                        self.open.remove(&oldest);
-                        self.dropped += 1;
-                        tracing::warn!(trial = %oldest, open = MAX_OPEN, dropped = self.dropped, "co-measurement dropped, untold, for a newer one");
-                    }
+                    self.refused += 1;
+                    tracing::warn!(trial = %c.trial, open = MAX_OPEN, refused = self.refused, "co-measurement refused: too many open");
+                    return None;
                 }
                 let meter = start_or_estimate(self.source.as_ref(), self.model);
                 let busy = self.busy_us();

@@ -70,7 +70,7 @@ pub struct AgentConfig {
     pub name: String,
     pub tags: BTreeMap<String, String>,
     pub slots: u32,
-    /// Trials held ready behind the slots (`--lookahead`, at most `slots`).
+    /// Trials held ready behind the slots (`--lookahead`, at most 4 per slot).
     pub lookahead: u32,
     pub topics: Topics,
     pub keepalive: Duration,

@@ -39,8 +39,20 @@ fn holding_two(study: &str) -> (tempfile::TempDir, PendingResults, TrialResult, 
 }
 
 /// What the spool of `dir` holds, opened anew (the agent restarted).
+/// Another test of this process forking at the moment the lock's file is
+/// open hands its child a copy of the descriptor until the child's exec
+/// closes it: the lock is waited for briefly, as a restarted agent finds
+/// it free once the old process is gone.
 fn reopened(dir: &Path) -> Vec<TrialResult> {
-    PendingResults::open(dir).expect("reopen").load()
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match PendingResults::open(dir) {
+            Err(PendingError::Locked(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.expect("reopen").load(),
+        }
+    }
 }
 
 fn log_path(dir: &Path) -> PathBuf {

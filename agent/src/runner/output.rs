@@ -1,4 +1,4 @@
-//! The workload's output, read line by line on two blocking threads with
+//! The workload's output, read line by line on two threads of its own with
 //! bounded memory ([`crate::output`]): metric lines ([`crate::metrics`])
 //! become epochs (forwarded as progress while the trial runs), the exec
 //! wrapper's failure marker says why the workload did not start, and the
@@ -61,7 +61,11 @@ pub(super) fn spawn_reader(
     let Some(pipe) = pipe else { return };
     let tx = tx.clone();
     let name = if is_stderr { "tf-stderr" } else { "tf-stdout" };
-    if let Err(e) = crate::blocking::run(name, move || read_stream(pipe, is_stderr, start, tx)) {
+    // Threads of their own, not the runtime's pool: a reader stays blocked
+    // as long as any process holds its pipe (a daemon the workload left),
+    // and a runtime waits for its pool's tasks when it is dropped.
+    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx))
+    {
         tracing::warn!(error = %e, "cannot start an output reader thread; that stream is ignored");
     }
 }

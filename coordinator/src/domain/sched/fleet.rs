@@ -34,7 +34,7 @@ pub(super) struct AgentState {
 
 impl AgentState {
     /// The trials an agent takes at once: its slots, and as many held
-    /// ahead as it offers (never more than its slots).
+    /// ahead as it offers (never more than 4 per slot).
     pub(super) fn places(info: &AgentInfo) -> u32 {
         info.slots.saturating_add(info.ahead_places())
     }

@@ -214,6 +214,28 @@ impl Scheduler {
             .collect()
     }
 
+    /// How long the lease of `trial`'s live attempt has left at `now_ms`.
+    pub fn lease_left(&self, trial: &TrialRef, now_ms: u64) -> Option<u64> {
+        let slot = self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize))?;
+        match &slot.state {
+            State::Running(l) if l.attempt == trial.attempt => Some(l.deadline_ms.saturating_sub(now_ms)),
+            _ => None,
+        }
+    }
+
+    /// Whether a result of `trial` from `agent` may still come and be kept:
+    /// its live attempt, or the attempt of a trial stopped early whose
+    /// result has not arrived (kept for the record).
+    pub fn awaits_result(&self, agent: &str, trial: &TrialRef) -> bool {
+        self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize)).is_some_and(
+            |slot| match &slot.state {
+                State::Running(l) => l.agent == agent && l.attempt == trial.attempt,
+                State::Stopped { agent: a, attempt, delivered: false } => a == agent && *attempt == trial.attempt,
+                _ => false,
+            },
+        )
+    }
+
     /// Whether `trial` is the live attempt of `agent` (progress worth recording).
     pub fn is_live(&self, agent: &str, trial: &TrialRef) -> bool {
         self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize)).is_some_and(

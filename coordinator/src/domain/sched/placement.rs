@@ -66,8 +66,11 @@ impl Scheduler {
                         slot.last_attempt += 1;
                         let attempt = slot.last_attempt;
                         slot.history.push((attempt, name.to_string()));
-                        let lease_ms =
-                            if ahead { study.policy.lease_ms.saturating_mul(2) } else { study.policy.lease_ms };
+                        // A held trial waits behind one trial per slot for
+                        // each round of held ones before it: its lease
+                        // covers them and its own run.
+                        let waits = if ahead { (holding + 1 - slots).div_ceil(slots.max(1)) } else { 0 };
+                        let lease_ms = study.policy.lease_ms.saturating_mul(1 + waits as u64);
                         let deadline_ms = now_ms.saturating_add(lease_ms);
                         study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq });
                         agent.credit -= 1;

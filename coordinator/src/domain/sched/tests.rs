@@ -682,6 +682,33 @@ fn an_agent_with_lookahead_holds_one_trial_ahead_per_slot_of_studies_that_allow_
 }
 
 #[test]
+fn trials_held_deeper_than_a_slot_get_a_lease_for_each_trial_they_wait_behind() {
+    let mut s = sched(10, 1, Selector::default());
+    s.hello(AgentInfo { slots: 1, lookahead: 3, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 3, running: vec![], held: vec![] });
+    let work = assigned(&s.assign(0));
+    assert_eq!(work.len(), 4, "one running, three held behind one slot");
+    // Leases of 1, 2, 3 and 4 s (the study's is 1 s): each expires alone.
+    for (k, (_, trial)) in work.iter().enumerate() {
+        let at = 1_000 * (k as u64 + 1);
+        let cancelled: Vec<TrialRef> = s
+            .expire(at)
+            .into_iter()
+            .filter_map(|e| match e {
+                Effect::Cancel { trial, .. } => Some(trial),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cancelled, std::slice::from_ref(trial), "at {at} ms");
+    }
+    // An agent claiming more than four per slot is held to four.
+    let mut s = sched(20, 1, Selector::default());
+    s.hello(AgentInfo { slots: 1, lookahead: 9, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 9, running: vec![], held: vec![] });
+    assert_eq!(assigned(&s.assign(0)).len(), 5);
+}
+
+#[test]
 fn without_lookahead_a_busy_agent_gets_nothing_ahead() {
     let mut s = sched(10, 1, Selector::default());
     s.hello(AgentInfo { slots: 1, lookahead: 0, ..info("a", 1, "x86_64", &[]) });
@@ -721,4 +748,21 @@ fn a_held_trial_whose_lease_ended_is_cancelled_on_the_agent_and_one_still_leased
         })
         .collect();
     assert_eq!(cancelled, [&held], "only the held one: a running one's late result may still count");
+}
+
+#[test]
+fn a_result_is_awaited_from_a_live_attempt_and_from_a_stopped_one_not_yet_delivered() {
+    let mut s = sched(2, 1, Selector::default());
+    s.hello(AgentInfo { slots: 2, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &req(1, 2));
+    let work = assigned(&s.assign(0));
+    let (t0, t1) = (work[0].1.clone(), work[1].1.clone());
+    assert!(s.awaits_result("a", &t0) && !s.awaits_result("b", &t0));
+    assert!(!s.awaits_result("a", &TrialRef { attempt: t0.attempt + 1, ..t0.clone() }), "another attempt");
+    s.stop("s", t0.trial, "ASHA");
+    assert!(s.awaits_result("a", &t0), "stopped early, its result still to come (kept for the record)");
+    s.result("a", &t0, ResultKind::Complete { success: true }, 0);
+    assert!(!s.awaits_result("a", &t0), "delivered");
+    s.result("a", &t1, ResultKind::Complete { success: true }, 0);
+    assert!(!s.awaits_result("a", &t1), "done");
 }

@@ -314,7 +314,7 @@ impl Core {
         )?;
         if tick {
             let sched = &self.sched;
-            let (again, missing) = self.co.tick(now.engine_ms, |starter, trial| sched.is_live(starter, trial));
+            let (again, missing) = self.co.tick(now.engine_ms, |starter, trial| sched.awaits_result(starter, trial));
             out.messages.extend(again.into_iter().map(|(agent, m)| (agent, CoordinatorMessage::CoMeasure(m))));
             for record in &missing {
                 tracing::warn!(trial = %record.trial, node = %record.agent, "a node did not say what it measured of the trial");
@@ -525,7 +525,8 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
                     t.stats.assignments += 1;
                     if let Some(tags) = &active.study.measure_nodes {
                         let nodes = t.sched.agents_tagged(tags);
-                        let lease_ms = active.study.timeout_s.saturating_mul(1000) + LEASE_GRACE.as_millis() as u64;
+                        // Until the lease the scheduler gave (longer for a trial held ahead).
+                        let lease_ms = t.sched.lease_left(&trial, now.engine_ms).unwrap_or(0);
                         let sends = t.co.start(&trial, &agent, nodes, now.unix_ms, lease_ms);
                         t.out.extend(sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
                     }
@@ -540,7 +541,6 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
         }
         Effect::Cancel { agent, trial, reason } => {
             tracing::info!(agent = %agent, trial = %trial, reason = %reason, "cancelling");
-            abandon(t, &trial);
             t.out.push((agent, CoordinatorMessage::Cancel(Cancel { trial, reason })));
         }
         Effect::Requeued { trial, reason } => {
@@ -563,7 +563,6 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
         Effect::Stopped { trial, reason } => {
             t.stats.stopped += 1;
             t.batch.stop_trial(&trial, &reason, now.unix_ms)?;
-            abandon(t, &trial);
         }
     }
     Ok(())

@@ -233,11 +233,12 @@ impl Engine {
             }
             self.turn(&mut events, tick).await?;
         }
-        // Nodes still measuring attempts that will have no result here stop.
+        self.sync(&mut inbound, SYNC_GRACE).await?;
+        // Nodes still measuring attempts that will have no result here stop
+        // (after the sync: a result it brought in still had its window asked).
         let abandoned = self.core.co.abandon_all();
         self.send(Vec::new(), abandoned.into_iter().map(|(a, m)| (a, CoordinatorMessage::CoMeasure(m))).collect())
             .await;
-        self.sync(&mut inbound, SYNC_GRACE).await?;
         let names: Vec<String> = match studies {
             Some(s) => s.to_vec(),
             None => {
