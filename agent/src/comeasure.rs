@@ -235,7 +235,7 @@ impl CoMeter {
                         to_unix_ms,
                         energy: EnergyReading::none(
                             self.source.kind(),
-                            "this agent was not measuring this attempt (it restarted, or the start was lost)",
+                            "this agent was not measuring this attempt (it restarted, the start was lost, or it was refused: too many windows open)",
                         ),
                         cpu_us: 0,
                         cpus: self.cores(),

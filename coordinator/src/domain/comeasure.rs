@@ -78,6 +78,9 @@ struct Open {
     /// The agent the attempt was assigned to.
     starter: String,
     assigned_unix_ms: u64,
+    /// Engine ms past which, still without a window, it is abandoned
+    /// whatever the scheduler says (its lease and [`GIVE_UP_MS`] more).
+    until_ms: u64,
     /// Nodes asked, and whether each has answered.
     nodes: BTreeMap<String, bool>,
     window: Option<Window>,
@@ -113,15 +116,15 @@ impl CoMeasures {
         self.open.values().filter(|o| o.window.is_some()).count()
     }
 
-    /// `trial` was just assigned to `starter` (leased for `lease_ms`):
-    /// `nodes` (but the starter, at most [`MAX_NODES`]) start measuring.
-    /// Nothing when none is left.
+    /// `trial` was just assigned to `starter` (at `unix_ms`, engine clock
+    /// `engine_ms`, leased for `lease_ms`): `nodes` (but the starter, at
+    /// most [`MAX_NODES`]) start measuring. Nothing when none is left.
     pub fn start(
         &mut self,
         trial: &TrialRef,
         starter: &str,
         nodes: impl IntoIterator<Item = String>,
-        unix_ms: u64,
+        (unix_ms, engine_ms): (u64, u64),
         lease_ms: u64,
     ) -> Vec<(String, CoMeasure)> {
         let nodes: BTreeMap<String, bool> =
@@ -130,7 +133,8 @@ impl CoMeasures {
             return Vec::new();
         }
         let sends = ask(&nodes, trial, CoMeasureStep::Start { within_ms: lease_ms });
-        let open = Open { starter: starter.to_string(), assigned_unix_ms: unix_ms, nodes, window: None };
+        let until_ms = engine_ms.saturating_add(lease_ms).saturating_add(GIVE_UP_MS);
+        let open = Open { starter: starter.to_string(), assigned_unix_ms: unix_ms, until_ms, nodes, window: None };
         self.open.insert(trial.clone(), open);
         sends
     }
@@ -235,19 +239,20 @@ impl CoMeasures {
     /// Asks again the nodes that have not answered a window for
     /// [`ASK_AGAIN_MS`]; records as missing those that have not for
     /// [`GIVE_UP_MS`], and closes their attempts.
-    /// An attempt without a window whose starter no longer holds it
-    /// (`live(starter, trial)` false: stopped, moved, its agent gone) ended
-    /// without a result that counts: abandoned on its nodes.
+    /// An attempt without a window of which no result is awaited any more
+    /// (`awaited(starter, trial)` false: moved, requeued, its agent gone),
+    /// or still without one past its lease and [`GIVE_UP_MS`] (a stopped
+    /// trial whose result never came), is abandoned on its nodes.
     pub fn tick(
         &mut self,
         engine_ms: u64,
-        live: impl Fn(&str, &TrialRef) -> bool,
+        awaited: impl Fn(&str, &TrialRef) -> bool,
     ) -> (Vec<(String, CoMeasure)>, Vec<NodeRecord>) {
         let mut sends = Vec::new();
         let mut missing = Vec::new();
         self.open.retain(|trial, open| {
             let Some(w) = open.window.as_mut() else {
-                if live(&open.starter, trial) {
+                if engine_ms < open.until_ms && awaited(&open.starter, trial) {
                     return true;
                 }
                 sends.extend(ask(&open.nodes, trial, CoMeasureStep::Abandon));
@@ -309,7 +314,7 @@ mod tests {
     #[test]
     fn nodes_start_at_assignment_and_answer_the_window_of_the_result_once() {
         let mut co = CoMeasures::default();
-        let sends = co.start(&tref(1), "a", ["a".to_string(), "w2".into(), "w1".into()], 1_000, 90_000);
+        let sends = co.start(&tref(1), "a", ["a".to_string(), "w2".into(), "w1".into()], (1_000, 0), 90_000);
         assert_eq!(names(&sends), ["w1", "w2"], "the starter is not a node of its own trial");
         assert!(sends.iter().all(|(_, m)| m.step == CoMeasureStep::Start { within_ms: 90_000 }));
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NoWindow));
@@ -337,7 +342,7 @@ mod tests {
     #[test]
     fn marks_far_outside_what_the_coordinator_saw_are_bounded() {
         let mut co = CoMeasures::default();
-        co.start(&tref(1), "a", ["w".to_string()], 1_000_000, 1);
+        co.start(&tref(1), "a", ["w".to_string()], (1_000_000, 0), 1);
         let sends = co.window(&tref(1), 0, u64::MAX, 1_005_000, 0);
         assert_eq!(
             sends[0].1.step,
@@ -345,7 +350,7 @@ mod tests {
         );
         assert!(co.window(&tref(1), 1, 2, 1_005_000, 0).is_empty(), "a window is asked once");
         // The wall clock stepped back 10 minutes since the assignment: no panic, a window of 0.
-        co.start(&tref(2), "a", ["w".to_string()], 1_000_000, 1);
+        co.start(&tref(2), "a", ["w".to_string()], (1_000_000, 0), 1);
         let sends = co.window(&tref(2), 999_000, 1_001_000, 400_000, 0);
         assert_eq!(sends[0].1.step, CoMeasureStep::Window { from_unix_ms: 940_000, to_unix_ms: 940_000 });
     }
@@ -353,9 +358,9 @@ mod tests {
     #[test]
     fn silent_nodes_are_asked_again_then_recorded_missing() {
         let mut co = CoMeasures::default();
-        co.start(&tref(1), "a", ["w1".to_string(), "w2".into()], 0, 1);
+        co.start(&tref(1), "a", ["w1".to_string(), "w2".into()], (0, 0), 100_000);
         let live = |_: &str, _: &TrialRef| true;
-        assert_eq!(co.tick(60_000, live), (Vec::new(), Vec::new()), "no deadline while the trial runs");
+        assert_eq!(co.tick(60_000, live), (Vec::new(), Vec::new()), "no deadline while its result is awaited");
         assert_eq!(co.awaiting(), 0, "a running trial is not awaited");
         co.window(&tref(1), 10, 20, 100, 100_000);
         assert_eq!(co.awaiting(), 1);
@@ -375,23 +380,32 @@ mod tests {
     #[test]
     fn an_attempt_without_a_result_is_abandoned_on_its_nodes() {
         let mut co = CoMeasures::default();
-        assert!(co.start(&tref(1), "a", ["a".to_string()], 0, 1).is_empty(), "no node but the starter: nothing open");
+        assert!(
+            co.start(&tref(1), "a", ["a".to_string()], (0, 0), 1).is_empty(),
+            "no node but the starter: nothing open"
+        );
         assert!(co.is_empty());
-        co.start(&tref(1), "a", ["w".to_string()], 0, 1);
+        co.start(&tref(1), "a", ["w".to_string()], (0, 0), 1);
         let sends = co.abandon(&tref(1));
         assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(1), step: CoMeasureStep::Abandon })]);
         assert!(co.is_empty());
         assert!(co.abandon(&tref(1)).is_empty());
-        // An attempt its agent no longer holds (stopped, moved, the agent
-        // gone) before any result: abandoned at the next tick.
-        co.start(&tref(2), "a", ["w".to_string()], 0, 1);
-        co.start(&tref(3), "a", ["w".to_string()], 0, 1);
+        // An attempt of which no result is awaited any more (moved, the
+        // agent gone) before any result: abandoned at the next tick.
+        co.start(&tref(2), "a", ["w".to_string()], (0, 0), 1);
+        co.start(&tref(3), "a", ["w".to_string()], (0, 0), 1_000);
         let (sends, missing) = co.tick(0, |_, t| t.trial == 3);
         assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(2), step: CoMeasureStep::Abandon })]);
         assert!(missing.is_empty());
         assert_eq!(co.len(), 1);
+        // Still awaited (a trial stopped early whose result never comes),
+        // but past its lease and the grace: abandoned all the same.
+        assert!(co.tick(1_000 + GIVE_UP_MS - 1, |_, _| true).0.is_empty());
+        let (sends, _) = co.tick(1_000 + GIVE_UP_MS, |_, _| true);
+        assert_eq!(sends, vec![("w".to_string(), CoMeasure { trial: tref(3), step: CoMeasureStep::Abandon })]);
+        co.start(&tref(4), "a", ["w".to_string()], (0, 0), 1);
         let all = co.abandon_all();
-        assert_eq!(all, vec![("w".to_string(), CoMeasure { trial: tref(3), step: CoMeasureStep::Abandon })]);
+        assert_eq!(all, vec![("w".to_string(), CoMeasure { trial: tref(4), step: CoMeasureStep::Abandon })]);
         assert!(co.is_empty());
     }
 }

@@ -3,7 +3,8 @@
 //! moved trial off the agent it left and in its device class. An agent
 //! holding as many leases as it has slots takes more only as trials held
 //! ahead ([`tunefleet_common::message::AgentInfo::lookahead`]): only of
-//! studies that allow it, with a lease twice as long.
+//! studies that allow it, with a lease once more as long for each trial
+//! per slot it waits behind.
 
 use std::ops::Bound;
 

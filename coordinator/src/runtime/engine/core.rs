@@ -527,7 +527,7 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
                         let nodes = t.sched.agents_tagged(tags);
                         // Until the lease the scheduler gave (longer for a trial held ahead).
                         let lease_ms = t.sched.lease_left(&trial, now.engine_ms).unwrap_or(0);
-                        let sends = t.co.start(&trial, &agent, nodes, now.unix_ms, lease_ms);
+                        let sends = t.co.start(&trial, &agent, nodes, (now.unix_ms, now.engine_ms), lease_ms);
                         t.out.extend(sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
                     }
                     t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));

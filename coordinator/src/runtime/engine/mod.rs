@@ -234,8 +234,8 @@ impl Engine {
             self.turn(&mut events, tick).await?;
         }
         self.sync(&mut inbound, SYNC_GRACE).await?;
-        // Nodes still measuring attempts that will have no result here stop
-        // (after the sync: a result it brought in still had its window asked).
+        // Nodes still measuring attempts stop: this coordinator records
+        // nothing more of them (a window asked during the sync included).
         let abandoned = self.core.co.abandon_all();
         self.send(Vec::new(), abandoned.into_iter().map(|(a, m)| (a, CoordinatorMessage::CoMeasure(m))).collect())
             .await;
