@@ -223,7 +223,9 @@ impl CoMeasures {
         }
     }
 
-    /// [`CoMeasures::check`], then [`CoMeasures::taken`].
+    /// [`CoMeasures::check`], then [`CoMeasures::taken`] (the engine stores
+    /// the answer between the two).
+    #[cfg(test)]
     pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
         self.check(agent, m)?;
         self.taken(agent, &m.trial);

@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage};
 
 use super::active::{ActiveStudy, Best, Summary};
-use super::ctx::{usable_checkpoint, Ctx};
+use super::ctx::{co_messages, usable_checkpoint, Ctx};
 use super::handle::handle_all;
 use super::learn::load_book;
 pub use super::types::{EngineError, EngineStats, Now};
-use crate::domain::comeasure::{CoMeasures, NodeRecord};
+use crate::domain::comeasure::CoMeasures;
 use crate::domain::offload::{Decision, Policy, Telemetry};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
@@ -315,11 +315,11 @@ impl Core {
         if tick {
             let sched = &self.sched;
             let (again, missing) = self.co.tick(now.engine_ms, |starter, trial| sched.awaits_result(starter, trial));
-            out.messages.extend(again.into_iter().map(|(agent, m)| (agent, CoordinatorMessage::CoMeasure(m))));
+            out.messages.extend(co_messages(again));
             for record in &missing {
                 tracing::warn!(trial = %record.trial, node = %record.agent, "a node did not say what it measured of the trial");
                 self.stats.comeasures_missing += 1;
-                record_node(&mut batch, record, now.unix_ms)?;
+                batch.record_node(record, now.unix_ms)?;
             }
             effects.extend(self.sched.expire(now.engine_ms));
             if let Some(policy) = self.offload.filter(|p| now.engine_ms >= self.last_decision_ms + p.interval_ms) {
@@ -482,12 +482,6 @@ struct Turn<'a, 'b> {
     co: &'a mut CoMeasures,
 }
 
-/// Keeps a node's record of an attempt; a store error is the turn's.
-fn record_node(batch: &mut Batch<'_>, record: &NodeRecord, unix_ms: u64) -> Result<(), EngineError> {
-    batch.record_node(record, unix_ms)?;
-    Ok(())
-}
-
 /// The end of a turn: new trials where agents have room, assignments, and
 /// every effect applied to the store.
 fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<(), EngineError> {
@@ -502,7 +496,7 @@ fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<
 /// An attempt that ended without a result: the nodes measuring it forget it.
 fn abandon(t: &mut Turn<'_, '_>, trial: &tunefleet_common::message::TrialRef) {
     let sends = t.co.abandon(trial);
-    t.out.extend(sends.into_iter().map(|(agent, m)| (agent, CoordinatorMessage::CoMeasure(m))));
+    t.out.extend(co_messages(sends));
 }
 
 /// Does what the scheduler decided: an assignment rendered, recorded and
@@ -528,7 +522,7 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
                         // Until the lease the scheduler gave (longer for a trial held ahead).
                         let lease_ms = t.sched.lease_left(&trial, now.engine_ms).unwrap_or(0);
                         let sends = t.co.start(&trial, &agent, nodes, (now.unix_ms, now.engine_ms), lease_ms);
-                        t.out.extend(sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
+                        t.out.extend(co_messages(sends));
                     }
                     t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }

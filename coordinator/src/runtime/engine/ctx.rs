@@ -43,6 +43,13 @@ pub(super) struct Ctx<'a, 'b> {
     pub(super) co: &'a mut CoMeasures,
 }
 
+/// Co-measurement steps ([`CoMeasures`]) as the messages that carry them.
+pub(super) fn co_messages(
+    sends: Vec<(String, tunefleet_common::message::CoMeasure)>,
+) -> impl Iterator<Item = (String, CoordinatorMessage)> {
+    sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m)))
+}
+
 /// Whether `reference` may be resumed from in `study` (message validation
 /// checked its form already; this checks it again for stored ones).
 pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::validate::Why> {

@@ -12,7 +12,7 @@ use tunefleet_common::message::{
 use tunefleet_common::topic::AgentTopic;
 
 use super::active::Best;
-use super::ctx::{early_stop, repeat_until_stable, usable_checkpoint, Ctx};
+use super::ctx::{co_messages, early_stop, repeat_until_stable, usable_checkpoint, Ctx};
 use super::learn::{learn, on_profile};
 use super::types::{loud, EngineError};
 use crate::domain::comeasure::{NodeOutcome, NodeRecord};
@@ -512,7 +512,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     } else {
         Vec::new()
     };
-    cx.out.extend(co.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m))));
+    cx.out.extend(co_messages(co));
     // The store has everything this result decides: now the scheduler and memory.
     cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
     if verdict == Verdict::Accepted {

@@ -237,8 +237,7 @@ impl Engine {
         // Nodes still measuring attempts stop: this coordinator records
         // nothing more of them (a window asked during the sync included).
         let abandoned = self.core.co.abandon_all();
-        self.send(Vec::new(), abandoned.into_iter().map(|(a, m)| (a, CoordinatorMessage::CoMeasure(m))).collect())
-            .await;
+        self.send(Vec::new(), ctx::co_messages(abandoned).collect()).await;
         let names: Vec<String> = match studies {
             Some(s) => s.to_vec(),
             None => {
