@@ -18,7 +18,6 @@
 
 pub mod allow;
 pub mod auth;
-pub mod blocking;
 pub mod caps;
 pub mod cgroup;
 pub mod comeasure;

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use tunefleet_common::profile::ProcCounts;
 
@@ -183,12 +183,11 @@ struct RssShared {
 }
 
 /// Samples the peak resident set of a trial's processes every interval on a
-/// blocking thread ([`crate::blocking`]), until [`RssSampler::stop`] (or drop).
+/// thread of its own, until [`RssSampler::stop`] (or drop).
 #[derive(Debug)]
 pub struct RssSampler {
     shared: Arc<RssShared>,
-    /// Sending (or dropping) ends the sampling at once.
-    stop_tx: Option<std::sync::mpsc::SyncSender<()>>,
+    thread: Option<std::thread::Thread>,
 }
 
 impl RssSampler {
@@ -197,31 +196,32 @@ impl RssSampler {
     pub fn spawn(proc_root: PathBuf, members: Members, every: Duration) -> Self {
         let shared = Arc::new(RssShared::default());
         let theirs = Arc::clone(&shared);
-        let (stop_tx, stop_rx) = std::sync::mpsc::sync_channel::<()>(1);
-        let spawned = crate::blocking::run("tf-rss", move || {
+        let spawned = std::thread::Builder::new().name("tf-rss".into()).stack_size(256 << 10).spawn(move || {
             let mut tracker = RssTracker::new(proc_root, members);
-            loop {
+            while !theirs.stop.load(Ordering::Acquire) {
                 if let Some(kib) = tracker.sample() {
                     theirs.peak_kib.fetch_max(kib, Ordering::AcqRel);
                 }
                 theirs.samples.fetch_add(1, Ordering::AcqRel);
-                if theirs.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                match stop_rx.recv_timeout(every) {
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                let next = Instant::now() + every;
+                // park_timeout may wake early; stop() unparks to end at once.
+                while !theirs.stop.load(Ordering::Acquire) {
+                    let left = next.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    std::thread::park_timeout(left);
                 }
             }
         });
-        let stop_tx = match spawned {
-            Ok(()) => Some(stop_tx),
+        let thread = match spawned {
+            Ok(handle) => Some(handle.thread().clone()),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot start the memory sampling thread; peak RSS will be 0");
                 None
             }
         };
-        RssSampler { shared, stop_tx }
+        RssSampler { shared, thread }
     }
 
     /// Samples taken so far.
@@ -238,8 +238,8 @@ impl RssSampler {
     /// progress (it may still finish, unseen).
     pub fn stop(&self) -> Option<u64> {
         self.shared.stop.store(true, Ordering::Release);
-        if let Some(tx) = &self.stop_tx {
-            let _ = tx.try_send(());
+        if let Some(t) = &self.thread {
+            t.unpark();
         }
         self.peak_kib()
     }
@@ -340,8 +340,6 @@ pub(crate) mod fixture {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
 
     const STAT: &str = "4242 (a (weird) name) Z 1 4242 4242 0 -1 4194828 100 0 0 0 250 30 7 2 20 0 1 0 1 0 0";

@@ -61,9 +61,6 @@ pub(super) fn spawn_reader(
     let Some(pipe) = pipe else { return };
     let tx = tx.clone();
     let name = if is_stderr { "tf-stderr" } else { "tf-stdout" };
-    // Threads of their own, not the runtime's pool: a reader stays blocked
-    // as long as any process holds its pipe (a daemon the workload left),
-    // and a runtime waits for its pool's tasks when it is dropped.
     if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx))
     {
         tracing::warn!(error = %e, "cannot start an output reader thread; that stream is ignored");
