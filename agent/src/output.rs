@@ -2,7 +2,9 @@
 //! absurdly long lines, and the tail of log lines kept for the measurement.
 
 use std::collections::VecDeque;
-use std::io::{self, BufRead};
+use std::io;
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// Longest line kept from the workload; the rest of a longer line is skipped.
 pub const MAX_LINE_BYTES: usize = 64 * 1024;
@@ -23,25 +25,26 @@ pub struct Line {
 }
 
 /// Reads lines of at most `max` bytes; the excess of a longer line is skipped
-/// without being buffered.
+/// without being buffered. Asynchronous: the agent reads a workload's pipes
+/// on its event loop, with no thread per stream.
 #[derive(Debug)]
 pub struct LineReader<R> {
     inner: R,
     max: usize,
 }
 
-impl<R: BufRead> LineReader<R> {
+impl<R: AsyncBufRead + Unpin> LineReader<R> {
     pub fn new(inner: R, max: usize) -> Self {
         LineReader { inner, max }
     }
 
     /// The next line, or `None` at end of input.
-    pub fn next_line(&mut self) -> io::Result<Option<Line>> {
+    pub async fn next_line(&mut self) -> io::Result<Option<Line>> {
         let mut buf = Vec::new();
         let mut truncated = false;
         let mut seen_any = false;
         loop {
-            let chunk = match self.inner.fill_buf() {
+            let chunk = match self.inner.fill_buf().await {
                 Ok(c) => c,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
@@ -150,12 +153,15 @@ mod tests {
 
     fn lines(input: &[u8], max: usize) -> Vec<Line> {
         // A tiny buffer so lines span several fill_buf calls.
-        let mut r = LineReader::new(io::BufReader::with_capacity(4, input), max);
-        let mut out = Vec::new();
-        while let Some(l) = r.next_line().expect("in-memory read") {
-            out.push(l);
-        }
-        out
+        let mut r = LineReader::new(tokio::io::BufReader::with_capacity(4, input), max);
+        let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        rt.block_on(async {
+            let mut out = Vec::new();
+            while let Some(l) = r.next_line().await.expect("in-memory read") {
+                out.push(l);
+            }
+            out
+        })
     }
 
     #[test]

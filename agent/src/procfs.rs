@@ -4,7 +4,8 @@
 //!
 //! Sampling the peak resident set 10 times a second is blocking file I/O,
 //! so [`RssSampler`] does it on a thread of its own, never on the agent's
-//! runtime thread (which also drives MQTT). And it is kept cheap:
+//! runtime thread (which also drives MQTT); only a trial's first sample,
+//! its leader alone, is read where it starts. And it is kept cheap:
 //!
 //! * A trial with a cgroup: its `cgroup.procs` lists its processes (those
 //!   that left the process group included); only theirs are read.
@@ -188,21 +189,57 @@ struct RssShared {
 pub struct RssSampler {
     shared: Arc<RssShared>,
     thread: Option<std::thread::Thread>,
+    /// The tracker and the interval, until sampling moves to a thread.
+    deferred: Option<(RssTracker, Duration)>,
+}
+
+impl RssShared {
+    fn record(&self, kib: Option<u64>) {
+        if let Some(kib) = kib {
+            self.peak_kib.fetch_max(kib, Ordering::AcqRel);
+        }
+        self.samples.fetch_add(1, Ordering::AcqRel);
+    }
 }
 
 impl RssSampler {
-    /// Starts sampling now. Without a thread (the system refused one) there
-    /// is no sample and the peak stays unknown.
-    pub fn spawn(proc_root: PathBuf, members: Members, every: Duration) -> Self {
+    /// Takes the first sample now, on the caller's thread (as a trial
+    /// starts: its leader alone, one small read), and the next ones only
+    /// after [`RssSampler::continue_on_thread`]: a trial that ends before
+    /// then costs no thread.
+    pub fn start(proc_root: PathBuf, members: Members, every: Duration) -> Self {
         let shared = Arc::new(RssShared::default());
-        let theirs = Arc::clone(&shared);
+        let mut tracker = RssTracker::new(proc_root, members);
+        shared.record(tracker.sample());
+        RssSampler { shared, thread: None, deferred: Some((tracker, every)) }
+    }
+
+    /// Starts sampling now, on a thread of its own.
+    pub fn spawn(proc_root: PathBuf, members: Members, every: Duration) -> Self {
+        let tracker = RssTracker::new(proc_root, members);
+        let mut sampler =
+            RssSampler { shared: Arc::new(RssShared::default()), thread: None, deferred: Some((tracker, every)) };
+        sampler.continue_on_thread();
+        sampler
+    }
+
+    /// Whether the sampling waits for [`RssSampler::continue_on_thread`].
+    pub fn deferred(&self) -> bool {
+        self.deferred.is_some()
+    }
+
+    /// Samples at once, then every interval, on a thread of its own until
+    /// stopped. Without a thread (the system refused one) no more samples
+    /// are taken. Does nothing when already on its thread or stopped.
+    pub fn continue_on_thread(&mut self) {
+        let Some((mut tracker, every)) = self.deferred.take() else { return };
+        if self.shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let theirs = Arc::clone(&self.shared);
         let spawned = std::thread::Builder::new().name("tf-rss".into()).stack_size(256 << 10).spawn(move || {
-            let mut tracker = RssTracker::new(proc_root, members);
             while !theirs.stop.load(Ordering::Acquire) {
-                if let Some(kib) = tracker.sample() {
-                    theirs.peak_kib.fetch_max(kib, Ordering::AcqRel);
-                }
-                theirs.samples.fetch_add(1, Ordering::AcqRel);
+                theirs.record(tracker.sample());
                 let next = Instant::now() + every;
                 // park_timeout may wake early; stop() unparks to end at once.
                 while !theirs.stop.load(Ordering::Acquire) {
@@ -214,14 +251,13 @@ impl RssSampler {
                 }
             }
         });
-        let thread = match spawned {
+        self.thread = match spawned {
             Ok(handle) => Some(handle.thread().clone()),
             Err(e) => {
-                tracing::warn!(error = %e, "cannot start the memory sampling thread; peak RSS will be 0");
+                tracing::warn!(error = %e, "cannot start the memory sampling thread; the peak RSS is from fewer samples");
                 None
             }
         };
-        RssSampler { shared, thread }
     }
 
     /// Samples taken so far.
@@ -456,6 +492,32 @@ mod tests {
         let stopped = sampler.samples();
         std::thread::sleep(Duration::from_millis(50));
         assert!(sampler.samples() <= stopped + 1, "stop ends the sampling");
+    }
+
+    #[test]
+    fn a_started_sampler_samples_once_then_waits_to_be_moved_to_a_thread() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        process(dir.path(), 10, 10, 700);
+        let mut sampler = RssSampler::start(dir.path().to_path_buf(), Members::Group(10), Duration::from_millis(5));
+        assert_eq!(sampler.samples(), 1, "the first sample is taken where it starts");
+        assert_eq!(sampler.peak_kib(), Some(700));
+        assert!(sampler.deferred());
+        process(dir.path(), 10, 10, 800);
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(sampler.samples(), 1, "no thread samples before it is moved to one");
+        sampler.continue_on_thread();
+        assert!(!sampler.deferred());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sampler.samples() < 3 {
+            assert!(Instant::now() < deadline, "the thread took no sample");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(sampler.stop(), Some(800), "the thread's samples count");
+        let mut stopped = RssSampler::start(dir.path().to_path_buf(), Members::Group(10), Duration::from_millis(5));
+        stopped.stop();
+        stopped.continue_on_thread();
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(stopped.samples(), 1, "a stopped sampler starts no thread");
     }
 }
 

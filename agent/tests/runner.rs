@@ -436,3 +436,39 @@ async fn direct_and_wrapped_starts_count_the_same_tree_and_only_it() {
     let (b, i) = (task_clock_ns(&b), task_clock_ns(&i));
     assert!(i * 10 < b, "the idle trial counted {i} ns, the busy one {b} ns");
 }
+
+/// A process that escaped the trial's group (`setsid`) keeps its output pipe
+/// open: the trial still ends one output grace after its exit, and the
+/// task reading that pipe is stopped with it rather than left waiting.
+#[tokio::test]
+async fn output_held_open_by_an_escaped_process_ends_with_the_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("escaped.pid");
+    let script = format!("echo before; setsid sh -c 'echo $$ > {}; exec sleep 30' & sleep 0.2", pidfile.display());
+    let mut cfg = config();
+    cfg.output_grace = Duration::from_millis(300);
+    let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let started = std::time::Instant::now();
+    let run = TrialRun { spec: sh(&script), cpus: vec![], label: "escaped".into() };
+    let m = run_trial(&cfg, &run, None, TrialHandle::new().1).await;
+    let took = started.elapsed();
+    let pid = std::fs::read_to_string(&pidfile).expect("the escaped process wrote its pid");
+    let kill_escaped = || {
+        let _ = std::process::Command::new("kill").arg(pid.trim()).status();
+    };
+    assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
+    assert!(m.log_tail.contains("before"), "{}", m.log_tail);
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    // Aborted tasks are released on the runtime's next turns.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while tokio::runtime::Handle::current().metrics().num_alive_tasks() > tasks {
+        if std::time::Instant::now() > deadline {
+            kill_escaped();
+            panic!("a reader task outlived its trial");
+        }
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Still holding the pipe until now.
+    kill_escaped();
+}

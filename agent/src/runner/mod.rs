@@ -11,7 +11,7 @@
 //! itself. (Entering a cgroup or setting a limit of the child's own between
 //! fork and exec needs `clone3(CLONE_INTO_CGROUP)` or a `pre_exec` hook,
 //! which std offers only as `unsafe`; the agent has no `unsafe`.) Standard output and error are read line by
-//! line on two threads with bounded memory ([`crate::output`]); metric lines
+//! line by two tasks of the agent's event loop with bounded memory ([`crate::output`]); metric lines
 //! ([`crate::metrics`]) become epochs, forwarded as progress while the trial
 //! runs, and the rest feeds the log tail.
 //!
@@ -28,9 +28,12 @@
 //! `max_rss_kib` is best effort: the runner samples `VmHWM` (the kernel's
 //! peak resident set) of every live process of the trial (those listed by
 //! its cgroup when it has one, else the members of its process group) every
-//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. That is blocking `/proc`
-//! I/O, so it runs on a thread of its own ([`crate::procfs::RssSampler`]), not on
-//! the runtime thread. Growth in the last interval before a process exits
+//! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. The first sample (the
+//! leader alone, one small read) is taken as the workload starts; the next
+//! ones scan `/proc`, blocking I/O, so they run on a thread of its own
+//! ([`crate::procfs::RssSampler`]), not on the runtime thread, started only
+//! once the trial has run for an interval (a trial of a few milliseconds
+//! costs no thread). Growth in the last interval before a process exits
 //! and processes shorter than one interval are missed; 0 means no sample
 //! could be taken.
 //!
@@ -108,6 +111,7 @@ async fn monitor(
     let mut output_deadline: Option<tokio::time::Instant> = None;
     let mut m = Monitored { exited: None, stopped: None, collected: Collected::default(), peak_rss: None };
     let mut readers_open = true;
+    let rss_thread_at = tokio::time::Instant::now() + RSS_SAMPLE_INTERVAL;
     let (pid, pgid) = (t.pid, t.pid.as_raw_nonzero().get());
     loop {
         if m.exited.is_some() && !readers_open {
@@ -181,6 +185,9 @@ async fn monitor(
                 signal_group(pid, Signal::KILL);
                 kill_at = None;
             }
+            _ = tokio::time::sleep_until(rss_thread_at), if t.rss.deferred() && m.exited.is_none() => {
+                t.rss.continue_on_thread();
+            }
             _ = measure_tick.tick(), if m.exited.is_none() => {
                 let elapsed = t.start.elapsed();
                 t.meter.sample(elapsed);
@@ -206,6 +213,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         started_unix_ms,
         start,
         output,
+        readers,
         rss,
         pipeline,
         last_boundary,
@@ -213,6 +221,10 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         ..
     } = t;
     drop(output);
+    // A reader still waiting on a pipe an escaped process holds open.
+    for reader in readers {
+        reader.abort();
+    }
     let peak_rss = m.peak_rss.or_else(|| rss.stop());
     if let Some(cg) = prepared.cgroup {
         cg.remove();

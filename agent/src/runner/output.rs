@@ -1,13 +1,14 @@
-//! The workload's output, read line by line on two threads of its own with
-//! bounded memory ([`crate::output`]): metric lines ([`crate::metrics`])
+//! The workload's output, read line by line by two tasks on the agent's
+//! event loop (no thread per stream) with bounded memory ([`crate::output`]): metric lines ([`crate::metrics`])
 //! become epochs (forwarded as progress while the trial runs), the exec
 //! wrapper's failure marker says why the workload did not start, and the
 //! rest feeds the log tail.
 
-use std::io::{BufReader, Read};
 use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, BufReader};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tunefleet_common::measurement::{EpochMetrics, Metrics, WindowProfile};
 
 use crate::exec::EXEC_FAILED_MARKER;
@@ -17,7 +18,7 @@ use crate::output::{LineReader, LogTail, MAX_LINE_BYTES};
 /// Epochs kept in one measurement (the message must stay far below 1 MiB).
 pub const MAX_EPOCHS: usize = 2000;
 
-/// A line of output, classified on the reader thread.
+/// A line of output, classified by its reader.
 #[derive(Debug)]
 pub(super) enum OutputEvent {
     Epoch { epoch: u32, metrics: Metrics, checkpoint: Option<String>, elapsed_us: u64 },
@@ -32,9 +33,9 @@ pub(super) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
-fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sender<OutputEvent>) {
+async fn read_stream(pipe: impl AsyncRead + Unpin, is_stderr: bool, start: Instant, tx: mpsc::Sender<OutputEvent>) {
     let mut reader = LineReader::new(BufReader::new(pipe), MAX_LINE_BYTES);
-    while let Ok(Some(line)) = reader.next_line() {
+    while let Ok(Some(line)) = reader.next_line().await {
         let event = match (is_stderr, line.text.strip_prefix(EXEC_FAILED_MARKER)) {
             (true, Some(reason)) => OutputEvent::ExecFailed(reason.to_string()),
             _ => match parse_metric_line(&line.text) {
@@ -46,25 +47,23 @@ fn read_stream(pipe: impl Read, is_stderr: bool, start: Instant, tx: mpsc::Sende
                 MetricLine::Log => OutputEvent::Log { text: line.text, truncated: line.truncated },
             },
         };
-        if tx.blocking_send(event).is_err() {
+        if tx.send(event).await.is_err() {
             break;
         }
     }
 }
 
+/// Reads `pipe` (the workload's stdout, or its stderr) on a task of the
+/// event loop until it closes or the task is aborted (a pipe an escaped
+/// process keeps open: [`super::ended`] aborts it).
 pub(super) fn spawn_reader(
-    pipe: Option<impl Read + Send + 'static>,
+    pipe: Option<impl AsyncRead + Unpin + Send + 'static>,
     is_stderr: bool,
     start: Instant,
     tx: &mpsc::Sender<OutputEvent>,
-) {
-    let Some(pipe) = pipe else { return };
+) -> Option<JoinHandle<()>> {
     let tx = tx.clone();
-    let name = if is_stderr { "tf-stderr" } else { "tf-stdout" };
-    if let Err(e) = std::thread::Builder::new().name(name.into()).spawn(move || read_stream(pipe, is_stderr, start, tx))
-    {
-        tracing::warn!(error = %e, "cannot start an output reader thread; that stream is ignored");
-    }
+    pipe.map(|pipe| tokio::spawn(read_stream(pipe, is_stderr, start, tx)))
 }
 
 /// What the workload's output added up to.

@@ -3,7 +3,9 @@
 //! itself and opens the counters on what it starts; or held by the exec
 //! wrapper ([`crate::exec`]) until it is in its cgroup and counted, when a
 //! memory limit must be set before the exec. Then its output readers
-//! ([`super::output`]), the RSS sampler and its registration for telemetry.
+//! ([`super::output`], tasks of the event loop), the RSS sampler (its first
+//! sample now, the next ones on a thread of its own once the trial has run
+//! for an interval) and its registration for telemetry.
 //! A workload that cannot start is its measurement already.
 
 use std::io::Write;
@@ -199,6 +201,12 @@ fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, ener
     }
 }
 
+/// A pipe of the workload's output as the event loop reads it; one it
+/// cannot take (never, short of a broken runtime) is read as closed.
+fn async_pipe<P>(pipe: std::io::Result<P>) -> Option<P> {
+    pipe.map_err(|e| tracing::warn!(error = %e, "cannot read the workload's output; that stream is ignored")).ok()
+}
+
 /// A workload started through the exec wrapper and let go: what the monitor
 /// watches and the assembly reads.
 pub(super) struct Spawned {
@@ -210,6 +218,8 @@ pub(super) struct Spawned {
     pub(super) started_unix_ms: u64,
     pub(super) start: Instant,
     pub(super) output: mpsc::Receiver<OutputEvent>,
+    /// The tasks reading it, aborted when the trial is over.
+    pub(super) readers: Vec<tokio::task::JoinHandle<()>>,
     pub(super) waiter: oneshot::Receiver<std::io::Result<Exited>>,
     pub(super) rss: procfs::RssSampler,
     /// The trial's processes, for live changes.
@@ -428,14 +438,19 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     let (tx, output) = mpsc::channel::<OutputEvent>(1024);
     // Kept open as the control channel, or closed: the workload reads /dev/null.
     let control = stdin.filter(|_| control);
-    spawn_reader(stdout, false, start, &tx);
-    spawn_reader(stderr, true, start, &tx);
+    let readers = [
+        spawn_reader(stdout.and_then(|p| async_pipe(tokio::process::ChildStdout::from_std(p))), false, start, &tx),
+        spawn_reader(stderr.and_then(|p| async_pipe(tokio::process::ChildStderr::from_std(p))), true, start, &tx),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     drop(tx);
     let members = match &prepared.cgroup {
         Some(cg) => procfs::Members::Cgroup(cg.path().join("cgroup.procs")),
         None => procfs::Members::Group(pid.as_raw_nonzero().get()),
     };
-    let rss = procfs::RssSampler::spawn(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
+    let rss = procfs::RssSampler::start(cfg.proc_root.clone(), members.clone(), RSS_SAMPLE_INTERVAL);
     let registration = cfg.trials.register(members.clone());
     let pipeline = Pipeline::new(spec.probe.clone(), spec.system.clone(), run.cpus.clone());
     let mut cpu_pool = run.cpus.clone();
@@ -449,6 +464,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         started_unix_ms,
         start,
         output,
+        readers,
         waiter,
         rss,
         members,
