@@ -69,8 +69,10 @@ pub struct AgentConfig {
     pub name: String,
     pub tags: BTreeMap<String, String>,
     pub slots: u32,
-    /// Trials held ready behind the slots (`--lookahead`, at most 4 per slot).
-    pub lookahead: u32,
+    /// Trials held ready behind the slots (`--lookahead`, at most 4 per
+    /// slot); `None`: automatic, one per slot and two for trials no longer
+    /// than a round trip to the coordinator ([`AgentState::with_auto_lookahead`]).
+    pub lookahead: Option<u32>,
     pub topics: Topics,
     pub keepalive: Duration,
     /// Where unacknowledged results survive a restart; none: memory only.
@@ -123,7 +125,7 @@ impl AgentConfig {
             name,
             tags: BTreeMap::new(),
             slots: 1,
-            lookahead: 1,
+            lookahead: None,
             topics,
             keepalive: Duration::from_secs(5),
             state_dir: None,
@@ -183,6 +185,10 @@ struct Executor {
     /// This machine measured over other agents' trials.
     co: comeasure::CoMeter,
 }
+
+/// Places held ahead per slot an automatic lookahead announces (it holds
+/// one per slot but for trials no longer than a round trip).
+pub const AUTO_LOOKAHEAD_PER_SLOT: u32 = 2;
 
 /// How long the agent waits for a Welcome before it says Hello again.
 const HELLO_RETRY: Duration = Duration::from_secs(3);
@@ -503,7 +509,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         agent: config.name.clone(),
         instance,
         slots: config.slots,
-        lookahead: config.lookahead,
+        lookahead: config.lookahead.unwrap_or(config.slots.saturating_mul(AUTO_LOOKAHEAD_PER_SLOT)),
         cpus: cpus.clone(),
         energy: selection.found.clone(),
         tags: config.tags.clone(),
@@ -546,6 +552,11 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let agent_auth = auth::AgentAuth::new(&config.name, identity, trust)?;
     tracing::info!(key = %tunefleet_common::auth::short_key(&agent_auth.public_key()), "this agent's public key");
     let mut state = AgentState::new(info, cpus.clone(), config.max_trials);
+    if config.lookahead.is_none() {
+        state = state.with_auto_lookahead(config.slots);
+    }
+    let clock = Instant::now();
+    let micros = || u64::try_from(clock.elapsed().as_micros()).unwrap_or(u64::MAX);
     for result in pending.iter().flat_map(PendingResults::load) {
         tracing::info!(trial = %result.trial, "restored an unacknowledged result");
         state.restore_unacked(result);
@@ -602,6 +613,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             event = inbound.recv() => match event {
                 Some(event) => {
                     let was_running = state.running().count();
+                    state.set_clock(micros());
                     let actions = on_inbound(&mut state, &mut exec.auth, &config.allow_commands, event, &mut refused);
                     if actions.iter().any(|a| matches!(a, Action::Hello(_))) {
                         hello_retry.reset();
@@ -623,6 +635,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                     && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
                 let threshold = config.interference_threshold;
                 let first = (trial, measurement);
+                state.set_clock(micros());
                 on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first, stopped_with_agent);
                 idle_since = Instant::now();
                 if stopped_with_agent {
@@ -646,6 +659,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             _ = co_tick.tick(), if !exec.co.is_idle() => exec.co.sample(),
             _ = request_again.tick() => {
                 if exec.transport.is_connected() {
+                    state.set_clock(micros());
                     exec.apply(state.request_again());
                 }
             }

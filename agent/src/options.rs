@@ -278,8 +278,7 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
             let (per, most) = (MAX_LOOKAHEAD_PER_SLOT, cli.slots.saturating_mul(MAX_LOOKAHEAD_PER_SLOT));
             return Err(ConfigError::Lookahead { lookahead: n, slots: cli.slots, per, most });
         }
-        Some(n) => n,
-        None => cli.slots,
+        other => other,
     };
     config.keepalive = Duration::from_secs(cli.keepalive);
     config.state_dir = cli.state_dir.or_else(|| {

@@ -90,6 +90,35 @@ pub struct AgentState {
     conditions: Vec<String>,
     /// The condition reasons each running trial ran through.
     flagged: BTreeMap<TrialRef, Vec<String>>,
+    /// With an automatic lookahead: the places held ahead for trials longer
+    /// than a round trip (`info.lookahead` for shorter ones).
+    auto_ahead: Option<u32>,
+    /// The caller's clock (µs), set before each event ([`AgentState::set_clock`]).
+    now_us: u64,
+    /// The latest requests: their `seq` and when they went out.
+    sent: VecDeque<(u64, u64)>,
+    /// The latest round trips, request to assignment (µs).
+    round_trips: VecDeque<u64>,
+    /// The wall times of the latest trials (µs).
+    walls: VecDeque<u64>,
+}
+
+/// Requests, round trips and trial times remembered for the automatic lookahead.
+const RECENT: usize = 8;
+
+/// Pushes `v`, keeping the latest [`RECENT`].
+fn remember<T>(q: &mut VecDeque<T>, v: T) {
+    if q.len() == RECENT {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+/// The median of `q` (the upper one of an even count); `None` when empty.
+fn median(q: &VecDeque<u64>) -> Option<u64> {
+    let mut v: Vec<u64> = q.iter().copied().collect();
+    v.sort_unstable();
+    v.get(v.len() / 2).copied()
 }
 
 impl AgentState {
@@ -111,6 +140,45 @@ impl AgentState {
             finished: 0,
             conditions: Vec::new(),
             flagged: BTreeMap::new(),
+            auto_ahead: None,
+            now_us: 0,
+            sent: VecDeque::new(),
+            round_trips: VecDeque::new(),
+            walls: VecDeque::new(),
+        }
+    }
+
+    /// An automatic lookahead (the agent's default): `base` places held
+    /// ahead, and all of `info.lookahead` while the latest trials are no
+    /// longer than a round trip to the coordinator (median of the latest
+    /// 8 of each, at least 4 trials and 2 round trips seen): then a held
+    /// trial ends before the assignment that replaces it arrives, and one
+    /// more held keeps the slot busy. Longer trials keep `base`, so that a
+    /// trial does not wait behind a long one while another agent frees up.
+    pub fn with_auto_lookahead(mut self, base: u32) -> Self {
+        self.auto_ahead = Some(base);
+        self
+    }
+
+    /// The caller's monotonic clock, in µs, before it hands over an event:
+    /// what round trips are measured with.
+    pub fn set_clock(&mut self, now_us: u64) {
+        self.now_us = now_us;
+    }
+
+    /// Whether the latest trials are no longer than a round trip.
+    fn trials_within_round_trip(&self) -> bool {
+        self.walls.len() >= 4
+            && self.round_trips.len() >= 2
+            && matches!((median(&self.walls), median(&self.round_trips)), (Some(w), Some(rt)) if w <= rt)
+    }
+
+    /// Places to hold trials ahead now.
+    fn ahead_places(&self) -> u32 {
+        let most = self.info.ahead_places();
+        match self.auto_ahead {
+            Some(base) if !self.trials_within_round_trip() => base.min(most),
+            _ => most,
         }
     }
 
@@ -136,12 +204,17 @@ impl AgentState {
     /// both 0 while draining or while conditions are bad, and together at
     /// most what `max_trials` leaves.
     fn room(&self) -> (u32, u32) {
+        self.room_of(self.ahead_places())
+    }
+
+    /// [`AgentState::room`] with `places` to hold trials ahead.
+    fn room_of(&self, places: u32) -> (u32, u32) {
         if self.draining || !self.conditions.is_empty() {
             return (0, 0);
         }
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         let mut free = self.idle_slots();
-        let mut ahead = self.info.ahead_places().saturating_sub(count(self.held.len()));
+        let mut ahead = places.saturating_sub(count(self.held.len()));
         if let Some(max) = self.max_trials {
             let left = u32::try_from(max.saturating_sub(self.started)).unwrap_or(u32::MAX);
             free = free.min(left);
@@ -199,6 +272,7 @@ impl AgentState {
             return None;
         }
         self.seq += 1;
+        remember(&mut self.sent, (self.seq, self.now_us));
         let (free, ahead) = self.room();
         Some(Action::Publish(AgentMessage::Request(WorkRequest {
             seq: self.seq,
@@ -295,6 +369,12 @@ impl AgentState {
     }
 
     pub fn on_assign(&mut self, assignment: Assignment) -> Vec<Action> {
+        // The first assignment answering a request times its round trip.
+        if let Some(i) = self.sent.iter().position(|(seq, _)| *seq == assignment.request_seq) {
+            let (_, at) = self.sent[i];
+            self.sent.remove(i);
+            remember(&mut self.round_trips, self.now_us.saturating_sub(at));
+        }
         let trial = assignment.trial.clone();
         if self.running.contains_key(&trial) {
             return vec![self.refuse(trial, "already running")];
@@ -309,7 +389,9 @@ impl AgentState {
             out.extend(again);
             return out;
         }
-        let (free, ahead) = self.room();
+        // Up to every place announced: an automatic lookahead that shrank
+        // since its last request still takes what that request asked for.
+        let (free, ahead) = self.room_of(self.info.ahead_places());
         if free == 0 && ahead > 0 {
             self.started += 1;
             self.held.push_back(assignment);
@@ -443,6 +525,7 @@ impl AgentState {
     pub fn on_finished(&mut self, trial: TrialRef, mut measurement: Measurement) -> Vec<Action> {
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
+            remember(&mut self.walls, measurement.wall_us);
         }
         for reason in self.flagged.remove(&trial).unwrap_or_default() {
             if !measurement.interference.contains(&reason) {
@@ -692,6 +775,50 @@ mod tests {
         // An info claiming more than four per slot is held to four.
         let st = AgentState::new(AgentInfo { lookahead: 9, ..info(1) }, vec![0], None);
         assert_eq!(st.info.ahead_places(), tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT);
+    }
+
+    /// Runs trials `from..to` of `wall_us` each on a one-slot agent whose
+    /// coordinator answers every request with one trial after `rtt_us`;
+    /// then the agent's room (free slots, places to hold ahead).
+    fn run_trials(st: &mut AgentState, from: u64, to: u64, wall_us: u64, rtt_us: u64) -> (u32, u32) {
+        for n in from..to {
+            st.set_clock(st.now_us + wall_us);
+            let running = st.running().next().cloned().expect("a trial runs");
+            let done = st.on_finished(running, Measurement { wall_us, ..measurement() });
+            assert!(matches!(&done[0], Action::Start(_)), "a held trial starts as one ends");
+            if let Some(req) = request_of(&done) {
+                st.set_clock(st.now_us + rtt_us);
+                let mut next = assign(1000 + n, None);
+                next.request_seq = req.seq;
+                assert!(st.on_assign(next).is_empty(), "held");
+            }
+        }
+        st.room()
+    }
+
+    #[test]
+    fn an_automatic_lookahead_holds_two_per_slot_only_for_trials_shorter_than_a_round_trip() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 2, ..info(1) }, vec![0], None).with_auto_lookahead(1);
+        let first = welcome(&mut st);
+        assert_eq!(request_of(&first).map(|r| (r.free, r.ahead)), Some((1, 1)), "one per slot to begin with");
+        assert_eq!(kinds(&st.on_assign(assign(0, None))), ["start"]);
+        assert!(st.on_assign(assign(1, None)).is_empty());
+        // Trials of 5 ms, round trips of 1 ms: one held is enough.
+        assert_eq!(run_trials(&mut st, 0, 8, 5_000, 1_000), (0, 0), "one held per slot, and it is");
+        // Trials of 0.3 ms, round trips of 1 ms: the slot would wait; two held.
+        assert_eq!(run_trials(&mut st, 8, 20, 300, 1_000), (0, 1), "room for a second held trial");
+        st.set_clock(st.now_us + 10);
+        assert!(st.on_assign(assign(100, None)).is_empty(), "a second one is held");
+        assert_eq!(st.held_count(), 2);
+        // Long trials again: back to one per slot once the latest are long.
+        assert_eq!(run_trials(&mut st, 20, 40, 50_000, 1_000), (0, 0));
+        assert_eq!(st.held_count(), 1, "one held per slot again");
+        // A fixed lookahead ignores the times.
+        let mut fixed = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], None);
+        welcome(&mut fixed);
+        fixed.on_assign(assign(0, None));
+        fixed.on_assign(assign(1, None));
+        assert_eq!(run_trials(&mut fixed, 0, 12, 300, 1_000), (0, 0));
     }
 
     #[test]

@@ -210,7 +210,9 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     // The retained coordinator status brings a signed Hello; once welcomed:
     // the online status and a request, sealed in the session.
     let info = coord.welcome_next_hello(500).await.info;
-    assert_eq!((info.agent.as_str(), info.slots, info.lookahead), ("a1", 1, 1));
+    // The automatic lookahead announces two places per slot (it holds one
+    // but for trials shorter than a round trip).
+    assert_eq!((info.agent.as_str(), info.slots, info.lookahead), ("a1", 1, 2));
     let status = coord.expect("online status", |m| matches!(m, AgentMessage::Status(s) if s.online)).await;
     assert!(matches!(status, AgentMessage::Status(s) if s.instance == info.instance));
     coord.expect("request", |m| matches!(m, AgentMessage::Request(r) if r.free == 1)).await;

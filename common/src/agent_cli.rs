@@ -55,8 +55,9 @@ pub struct Cli {
     pub slots: u32,
     /// Trials held ready behind the running ones, started the moment a
     /// slot frees (no round trip to the coordinator between trials); at
-    /// most 4 per slot, 0 turns it off. Default: one per slot (two for
-    /// trials as short as a round trip to the coordinator)
+    /// most 4 per slot, 0 turns it off. Default: automatic, one per slot,
+    /// two while the latest trials are no longer than the latest round
+    /// trips to the coordinator (request to assignment; median of 8)
     #[arg(long)]
     pub lookahead: Option<u32>,
     /// Topic root shared with the coordinator
