@@ -51,7 +51,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tunefleet_common::auth::DownFrame;
 use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
-use tunefleet_common::message::{AgentMessage, CoordinatorMessage, TrialRef, TrialResult};
+use tunefleet_common::message::{frames, AgentMessage, CoordinatorMessage, TrialRef, TrialResult};
 use tunefleet_common::topic::Topics;
 use tunefleet_common::BrokerUrl;
 
@@ -221,9 +221,19 @@ impl Executor {
                     tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
                 }
             }
+            // Messages in a row go out bundled (a result and the request
+            // after it: one frame).
+            let mut run = Vec::new();
             for action in actions {
-                self.apply_one(action);
+                match action {
+                    Action::Publish(msg) if msg.bundleable() => run.push(msg),
+                    other => {
+                        self.publish_all(std::mem::take(&mut run));
+                        self.apply_one(other);
+                    }
+                }
             }
+            self.publish_all(run);
             actions = rest;
         }
     }
@@ -285,16 +295,45 @@ impl Executor {
     }
 
     fn publish(&mut self, msg: &AgentMessage) {
+        self.publish_within(msg, usize::MAX);
+    }
+
+    /// Publishes `msg` unless its frame is larger than `max` bytes: then
+    /// false, and nothing sent.
+    fn publish_within(&mut self, msg: &AgentMessage, max: usize) -> bool {
         if !self.transport.is_connected() {
             // Sealed in a session the next connection will not have: what
             // matters (results, requests) is sent again once welcomed.
             tracing::debug!("not connected: message not sent");
-            return;
+            return true;
         }
         match self.auth.seal(msg) {
+            Some(Ok((_, payload))) if payload.len() > max => return false,
             Some(Ok((kind, payload))) => self.send(kind, payload),
             Some(Err(e)) => tracing::error!(error = %e, "cannot seal a message"),
             None => tracing::debug!("no session: message not sent"),
+        }
+        true
+    }
+
+    /// Publishes `msgs` in order, in as few frames as [`frames`] makes; a
+    /// bundle that would not fit in one message goes out one by one.
+    fn publish_all(&mut self, msgs: Vec<AgentMessage>) {
+        for group in frames(msgs, AgentMessage::bundleable) {
+            if group.len() < 2 {
+                group.iter().for_each(|m| self.publish(m));
+                continue;
+            }
+            let sent = match AgentMessage::bundle(&group) {
+                Ok(bundle) => self.publish_within(&bundle, tunefleet_common::MAX_MESSAGE_BYTES),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot bundle messages: sent one by one");
+                    false
+                }
+            };
+            if !sent {
+                group.iter().for_each(|m| self.publish(m));
+            }
         }
     }
 
@@ -385,19 +424,16 @@ fn on_inbound(
                     tracing::info!("welcomed by the coordinator: session open");
                     state.on_welcome()
                 }
-                Ok(Some(CoordinatorMessage::Assign(a))) => match allow::allowed(allow, &a.spec.argv) {
-                    Ok(()) => state.on_assign(a),
+                Ok(Some(msg)) => match msg.unbundle() {
+                    Ok(msgs) => msgs.into_iter().flat_map(|m| on_message(state, allow, m, refused)).collect(),
                     Err(why) => {
-                        refused.disallowed += 1;
-                        tracing::warn!(trial = %a.trial, reason = %why, refused = refused.disallowed, "assignment refused by --allow-command");
-                        state.refuse_assignment(a.trial, why)
+                        refused.undecodable += 1;
+                        if loud(refused.undecodable) {
+                            tracing::warn!(topic = kind.as_str(), reason = %why, count = refused.undecodable, "ignoring a malformed bundle");
+                        }
+                        Vec::new()
                     }
                 },
-                Ok(Some(CoordinatorMessage::Cancel(c))) => state.on_cancel(c),
-                Ok(Some(CoordinatorMessage::Ack(a))) => state.on_ack(a),
-                Ok(Some(CoordinatorMessage::Sync(n))) => state.on_sync(n),
-                Ok(Some(CoordinatorMessage::Reconfigure(r))) => state.on_reconfigure(r),
-                Ok(Some(CoordinatorMessage::CoMeasure(c))) => vec![Action::CoMeasure(c)],
                 Err(e) => {
                     refused.unauthenticated += 1;
                     if loud(refused.unauthenticated) {
@@ -427,6 +463,32 @@ fn on_inbound(
             }
             Vec::new()
         }
+    }
+}
+
+/// One message of the coordinator's (a bundle's, in order).
+fn on_message(
+    state: &mut AgentState,
+    allow: &[glob::Pattern],
+    msg: CoordinatorMessage,
+    refused: &mut Refused,
+) -> Vec<Action> {
+    match msg {
+        CoordinatorMessage::Assign(a) => match allow::allowed(allow, &a.spec.argv) {
+            Ok(()) => state.on_assign(a),
+            Err(why) => {
+                refused.disallowed += 1;
+                tracing::warn!(trial = %a.trial, reason = %why, refused = refused.disallowed, "assignment refused by --allow-command");
+                state.refuse_assignment(a.trial, why)
+            }
+        },
+        CoordinatorMessage::Cancel(c) => state.on_cancel(c),
+        CoordinatorMessage::Ack(a) => state.on_ack(a),
+        CoordinatorMessage::Sync(n) => state.on_sync(n),
+        CoordinatorMessage::Reconfigure(r) => state.on_reconfigure(r),
+        CoordinatorMessage::CoMeasure(c) => vec![Action::CoMeasure(c)],
+        // `unbundle` leaves none.
+        CoordinatorMessage::Bundle(_) => Vec::new(),
     }
 }
 

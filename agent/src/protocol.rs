@@ -634,6 +634,7 @@ mod tests {
                 Action::Publish(AgentMessage::Telemetry(_)) => "telemetry",
                 Action::Publish(AgentMessage::Synced(_)) => "synced",
                 Action::Publish(AgentMessage::CoMeasured(_)) => "comeasured",
+                Action::Publish(AgentMessage::Bundle(_)) => "bundle",
                 Action::CoMeasure(_) => "comeasure",
                 Action::Start(_) => "start",
                 Action::Cancel(_) => "cancel",

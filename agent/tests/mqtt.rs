@@ -45,6 +45,8 @@ struct Coordinator {
     hellos: VecDeque<(Hello, auth::Digest)>,
     /// Sealed frames of an earlier session (sent before the agent saw the new Welcome).
     stale: u32,
+    /// The rest of a bundle already opened.
+    queued: VecDeque<AgentMessage>,
 }
 
 impl Coordinator {
@@ -84,11 +86,30 @@ impl Coordinator {
         });
         tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("coordinator subscribed").expect("ready");
         let identity = Identity::generate().expect("key").0;
-        Coordinator { client, topics, identity, rx, session: None, hellos: VecDeque::new(), stale: 0 }
+        Coordinator {
+            client,
+            topics,
+            identity,
+            rx,
+            session: None,
+            hellos: VecDeque::new(),
+            stale: 0,
+            queued: VecDeque::new(),
+        }
     }
 
-    /// Takes the next frame; Hellos are queued, sealed frames opened.
+    /// Takes the next message: of a bundle already opened, or of the next
+    /// frame; Hellos are queued, sealed frames opened (bundles taken apart).
     async fn next(&mut self) -> Option<AgentMessage> {
+        if let Some(msg) = self.queued.pop_front() {
+            return Some(msg);
+        }
+        let msg = self.next_frame().await?;
+        self.queued.extend(msg.unbundle().expect("a well-formed bundle"));
+        self.queued.pop_front()
+    }
+
+    async fn next_frame(&mut self) -> Option<AgentMessage> {
         let (kind, frame) = self.rx.recv().await.expect("coordinator channel open");
         match frame {
             UpFrame::Hello(signed) => {
@@ -256,20 +277,24 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     let parked = std::fs::read_dir(state.path().join("parked")).expect("parked dir").count();
     assert_eq!(parked, 2, "the parked result and its reason");
 
-    // Busy: a second assignment is held ahead (one per slot), a third refused.
+    // Busy: the next two assignments are held ahead (the two places per
+    // slot an automatic lookahead announces), a fourth refused.
     coord.send(assign(3, "sleep 30")).await;
     // Assignments on one topic arrive in order: 3 starts before 4 is seen.
     coord.send(assign(4, "true")).await;
     coord.send(assign(5, "true")).await;
+    coord.send(assign(6, "true")).await;
     let refusal = coord.expect("refusal", |m| matches!(m, AgentMessage::Refuse(_))).await;
     let AgentMessage::Refuse(refusal) = refusal else { unreachable!() };
-    assert_eq!(refusal.trial, trial(5), "4 is held, 5 has no room");
+    assert_eq!(refusal.trial, trial(6), "4 and 5 are held, 6 has no room");
 
-    // Shutdown: the held trial 4 is given back, never started; trial 3 is
-    // cancelled and reported, then the agent goes offline.
+    // Shutdown: the held trials 4 and 5 are given back, never started;
+    // trial 3 is cancelled and reported, then the agent goes offline.
     let _ = stop_tx.send(());
-    let given_back = coord.expect("held trial given back", |m| matches!(m, AgentMessage::Refuse(_))).await;
-    assert!(matches!(&given_back, AgentMessage::Refuse(r) if r.trial == trial(4)), "{given_back:?}");
+    for held in [4, 5] {
+        let given_back = coord.expect("held trial given back", |m| matches!(m, AgentMessage::Refuse(_))).await;
+        assert!(matches!(&given_back, AgentMessage::Refuse(r) if r.trial == trial(held)), "{given_back:?}");
+    }
     let cancelled = coord.expect("cancelled result", is_result_of(3)).await;
     let AgentMessage::Result(cancelled) = cancelled else { unreachable!() };
     assert_eq!(cancelled.measurement.exit, ExitOutcome::Cancelled);

@@ -196,6 +196,34 @@ pub enum AgentMessage {
     /// What this machine used over the window of a trial another agent ran
     /// ([`CoordinatorMessage::CoMeasure`]). Since protocol version 10.
     CoMeasured(CoMeasured),
+    /// Several messages in one frame, in the order sent (typically a result
+    /// and the work request that follows it), each encoded on its own
+    /// ([`AgentMessage::bundle`]). 2 to [`MAX_BUNDLE`] of them, none a
+    /// bundle or a status (retained on a topic of its own); travels on the
+    /// `result` topic. Since protocol version 11.
+    Bundle(Vec<Encoded>),
+}
+
+impl AgentMessage {
+    /// Whether this message may travel in a bundle: not a status (retained)
+    /// nor a bundle.
+    pub fn bundleable(&self) -> bool {
+        !matches!(self, AgentMessage::Status(_) | AgentMessage::Bundle(_))
+    }
+
+    /// A bundle of `msgs` (none of them a bundle or a status).
+    pub fn bundle(msgs: &[AgentMessage]) -> Result<Self, crate::CodecError> {
+        encode_items(msgs).map(AgentMessage::Bundle)
+    }
+
+    /// The messages of a bundle, in order; any other message alone. A
+    /// bundle that is not well formed is an error, saying why.
+    pub fn unbundle(self) -> Result<Vec<AgentMessage>, String> {
+        match self {
+            AgentMessage::Bundle(items) => decode_items(&items, AgentMessage::bundleable),
+            other => Ok(vec![other]),
+        }
+    }
 }
 
 /// Measure this machine over a trial another agent runs: a study's
@@ -402,6 +430,86 @@ pub enum CoordinatorMessage {
     /// Measure this machine over another agent's trial. Since protocol
     /// version 10.
     CoMeasure(CoMeasure),
+    /// Several messages to one agent in one frame, in the order sent (what
+    /// one turn of the coordinator has for it: typically an acknowledgement
+    /// and the next assignment), each encoded on its own
+    /// ([`CoordinatorMessage::bundle`]). 2 to [`MAX_BUNDLE`] of them, none a
+    /// bundle; travels on the `ack` topic. Since protocol version 11.
+    Bundle(Vec<Encoded>),
+}
+
+/// One message of a bundle, encoded on its own (postcard, no version byte):
+/// a bundle holds bytes, not messages, so decoding one never recurses
+/// however it was made.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Encoded(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+/// Most messages in one [`AgentMessage::Bundle`] or [`CoordinatorMessage::Bundle`].
+pub const MAX_BUNDLE: usize = 64;
+
+/// `msgs` encoded one by one, for a bundle.
+fn encode_items<T: Serialize>(msgs: &[T]) -> Result<Vec<Encoded>, crate::CodecError> {
+    msgs.iter()
+        .map(|m| postcard::to_allocvec(m).map(Encoded).map_err(|e| crate::CodecError::Encode(e.to_string())))
+        .collect()
+}
+
+/// The messages of a bundle's `items`, each of which must decode whole and
+/// be `bundleable`; 2 to [`MAX_BUNDLE`] of them.
+fn decode_items<T: serde::de::DeserializeOwned>(
+    items: &[Encoded],
+    bundleable: fn(&T) -> bool,
+) -> Result<Vec<T>, String> {
+    if items.len() < 2 || items.len() > MAX_BUNDLE {
+        return Err(format!("a bundle of {} messages (2 to {MAX_BUNDLE})", items.len()));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| match postcard::take_from_bytes::<T>(&item.0) {
+            Ok((msg, [])) if bundleable(&msg) => Ok(msg),
+            Ok((_, [])) => Err(format!("message {i} of a bundle cannot be bundled (a bundle or a status)")),
+            Ok(_) => Err(format!("message {i} of a bundle has trailing bytes")),
+            Err(e) => Err(format!("message {i} of a bundle does not decode: {e}")),
+        })
+        .collect()
+}
+
+/// `msgs` to one peer, in order, as the frames to send them in: each run of
+/// bundleable messages in groups of up to [`MAX_BUNDLE`] (a group of two or
+/// more goes as a bundle), every other message alone.
+pub fn frames<T>(msgs: Vec<T>, bundleable: fn(&T) -> bool) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = Vec::new();
+    for msg in msgs {
+        match out.last_mut() {
+            Some(group) if bundleable(&msg) && group.len() < MAX_BUNDLE && group.first().is_some_and(bundleable) => {
+                group.push(msg)
+            }
+            _ => out.push(vec![msg]),
+        }
+    }
+    out
+}
+
+impl CoordinatorMessage {
+    /// Whether this message may travel in a bundle: anything but a bundle.
+    pub fn bundleable(&self) -> bool {
+        !matches!(self, CoordinatorMessage::Bundle(_))
+    }
+
+    /// A bundle of `msgs` (none of them a bundle).
+    pub fn bundle(msgs: &[CoordinatorMessage]) -> Result<Self, crate::CodecError> {
+        encode_items(msgs).map(CoordinatorMessage::Bundle)
+    }
+
+    /// The messages of a bundle, in order; any other message alone. A
+    /// bundle that is not well formed is an error, saying why.
+    pub fn unbundle(self) -> Result<Vec<CoordinatorMessage>, String> {
+        match self {
+            CoordinatorMessage::Bundle(items) => decode_items(&items, CoordinatorMessage::bundleable),
+            other => Ok(vec![other]),
+        }
+    }
 }
 
 /// Retained on the coordinator topic, signed with the coordinator's key
@@ -416,4 +524,60 @@ pub struct CoordinatorStatus {
     pub started_unix_ms: u64,
     /// The coordinator's Ed25519 public key.
     pub key: [u8; 32],
+}
+
+#[cfg(test)]
+mod bundle_tests {
+    use super::*;
+
+    #[test]
+    fn frames_bundle_runs_of_bundleable_messages_in_order_and_leave_the_rest_alone() {
+        let even = |n: &u32| n % 2 == 0;
+        assert_eq!(
+            frames(vec![2, 4, 1, 6, 3, 3, 8, 10, 12], even),
+            vec![vec![2, 4], vec![1], vec![6], vec![3], vec![3], vec![8, 10, 12]]
+        );
+        assert!(frames(Vec::<u32>::new(), even).is_empty());
+        let long = frames((0..(2 * MAX_BUNDLE as u32 + 1)).map(|n| n * 2).collect(), even);
+        assert_eq!(long.iter().map(Vec::len).collect::<Vec<_>>(), vec![MAX_BUNDLE, MAX_BUNDLE, 1]);
+        assert_eq!(long.concat(), (0..(2 * MAX_BUNDLE as u32 + 1)).map(|n| n * 2).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_bundle_unbundles_in_order_and_a_malformed_one_is_refused() {
+        let sync = CoordinatorMessage::Sync;
+        let bundle = |msgs: &[CoordinatorMessage]| CoordinatorMessage::bundle(msgs).expect("encodes");
+        let two = bundle(&[sync(1), sync(2)]);
+        assert_eq!(two.clone().unbundle(), Ok(vec![sync(1), sync(2)]));
+        assert_eq!(sync(1).unbundle(), Ok(vec![sync(1)]));
+        assert!(bundle(&[sync(1)]).unbundle().is_err(), "one message is no bundle");
+        assert!(bundle(&[sync(1), two.clone()]).unbundle().is_err(), "nested");
+        assert!(bundle(&vec![sync(1); MAX_BUNDLE + 1]).unbundle().is_err(), "too many");
+        let CoordinatorMessage::Bundle(mut items) = two else { panic!("a bundle") };
+        items[1].0.push(0);
+        assert!(CoordinatorMessage::Bundle(items.clone()).unbundle().is_err(), "trailing bytes");
+        items[1].0 = vec![0xff; 3];
+        assert!(CoordinatorMessage::Bundle(items).unbundle().is_err(), "garbage");
+        let status = AgentMessage::Status(AgentStatus { online: true, instance: 1 });
+        assert!(!status.bundleable());
+        let agent = |msgs: &[AgentMessage]| AgentMessage::bundle(msgs).expect("encodes");
+        assert!(agent(&[AgentMessage::Synced(1), status]).unbundle().is_err(), "a status is retained alone");
+        assert_eq!(
+            agent(&[AgentMessage::Synced(1), AgentMessage::Synced(2)]).unbundle(),
+            Ok(vec![AgentMessage::Synced(1), AgentMessage::Synced(2)])
+        );
+    }
+
+    #[test]
+    fn a_bundle_nested_deep_decodes_flat_without_recursing() {
+        // However deep a forged bundle nests, each level is bytes: decoding
+        // the outer one reads one level, and the nested one is refused.
+        let mut msg = CoordinatorMessage::Sync(0);
+        for _ in 0..10_000 {
+            msg = CoordinatorMessage::bundle(&[msg, CoordinatorMessage::Sync(1)]).expect("encodes");
+        }
+        let bytes = crate::encode(&msg).expect("encodes");
+        let decoded: CoordinatorMessage = crate::decode(&bytes).expect("decodes");
+        assert!(decoded.unbundle().is_err(), "a bundle in a bundle is refused");
+    }
 }

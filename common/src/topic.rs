@@ -8,14 +8,14 @@
 //! | `{root}/v2/up/{id}/status` | agent → all, retained | `AgentMessage::Status`, or the Last Will `UpFrame::Will` |
 //! | `{root}/v2/up/{id}/request` | agent → coordinator | `AgentMessage::Request` |
 //! | `{root}/v2/up/{id}/progress` | agent → coordinator | `AgentMessage::Progress` |
-//! | `{root}/v2/up/{id}/result` | agent → coordinator | `AgentMessage::Result` |
+//! | `{root}/v2/up/{id}/result` | agent → coordinator | `AgentMessage::Result`, `AgentMessage::Bundle` |
 //! | `{root}/v2/up/{id}/refuse` | agent → coordinator | `AgentMessage::Refuse` |
 //! | `{root}/v2/up/{id}/telemetry` | agent → coordinator | `AgentMessage::Telemetry` |
 //! | `{root}/v2/up/{id}/synced` | agent → coordinator | `AgentMessage::Synced` |
 //! | `{root}/v2/down/{id}/welcome` | coordinator → agent | `DownFrame::Welcome` (signed) |
 //! | `{root}/v2/down/{id}/assign` | coordinator → agent | `CoordinatorMessage::Assign` |
 //! | `{root}/v2/down/{id}/cancel` | coordinator → agent | `CoordinatorMessage::Cancel` |
-//! | `{root}/v2/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack` |
+//! | `{root}/v2/down/{id}/ack` | coordinator → agent | `CoordinatorMessage::Ack`, `CoordinatorMessage::Bundle` |
 //! | `{root}/v2/down/{id}/sync` | coordinator → agent | `CoordinatorMessage::Sync` |
 //! | `{root}/v2/coordinator/status` | coordinator → all, retained, Last Will | signed `CoordinatorStatus` |
 //!
@@ -138,6 +138,8 @@ impl AgentTopic {
             AgentMessage::Synced(_) => AgentTopic::Synced,
             // What the agent measured of its machine, like its telemetry.
             AgentMessage::CoMeasured(_) => AgentTopic::Telemetry,
+            // A result, typically, and the request after it.
+            AgentMessage::Bundle(_) => AgentTopic::Result,
         }
     }
 
@@ -149,6 +151,8 @@ impl AgentTopic {
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
             CoordinatorMessage::Sync(_) => AgentTopic::Sync,
             CoordinatorMessage::Reconfigure(_) | CoordinatorMessage::CoMeasure(_) => AgentTopic::Control,
+            // An acknowledgement, typically, and the next assignment.
+            CoordinatorMessage::Bundle(_) => AgentTopic::Ack,
         }
     }
 }

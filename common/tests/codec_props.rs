@@ -103,7 +103,7 @@ fn measurement() -> impl Strategy<Value = Measurement> {
         })
 }
 
-fn agent_message() -> impl Strategy<Value = AgentMessage> {
+fn single_agent_message() -> impl Strategy<Value = AgentMessage> {
     prop_oneof![
         (trial_ref(), measurement())
             .prop_map(|(trial, measurement)| AgentMessage::Result(TrialResult { trial, measurement })),
@@ -160,7 +160,7 @@ fn agent_message() -> impl Strategy<Value = AgentMessage> {
     ]
 }
 
-fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
+fn single_coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
     prop_oneof![
         (trial_ref(), any::<u64>(), prop::collection::vec(".{0,10}", 1..5), prop::option::of(1u32..64)).prop_map(
             |(trial, request_seq, argv, cores)| CoordinatorMessage::Assign(Assignment {
@@ -196,6 +196,31 @@ fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
             }
         })),
         any::<u64>().prop_map(CoordinatorMessage::Sync),
+    ]
+}
+
+/// A message, or a bundle of 2 to 4 (which unbundles to them, in order).
+fn agent_message() -> impl Strategy<Value = AgentMessage> {
+    let bundleable = single_agent_message().prop_filter("a status is never bundled", AgentMessage::bundleable);
+    prop_oneof![
+        3 => single_agent_message(),
+        1 => prop::collection::vec(bundleable, 2..5).prop_map(|msgs| {
+            let bundle = AgentMessage::bundle(&msgs).expect("bundles");
+            assert_eq!(bundle.clone().unbundle().expect("unbundles"), msgs);
+            bundle
+        }),
+    ]
+}
+
+/// A message, or a bundle of 2 to 4 (which unbundles to them, in order).
+fn coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
+    prop_oneof![
+        3 => single_coordinator_message(),
+        1 => prop::collection::vec(single_coordinator_message(), 2..5).prop_map(|msgs| {
+            let bundle = CoordinatorMessage::bundle(&msgs).expect("bundles");
+            assert_eq!(bundle.clone().unbundle().expect("unbundles"), msgs);
+            bundle
+        }),
     ]
 }
 

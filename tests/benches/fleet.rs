@@ -255,10 +255,8 @@ async fn sim_agent_for(
                 let Some(s) = session.as_mut() else { continue };
                 seq += 1;
                 asked = Instant::now();
-                for msg in answer(trial, &m, seq) {
-                    let (k, payload) = s.seal_agent(&msg).expect("seal");
-                    send(&c, k, payload);
-                }
+                let (k, payload) = s.seal_agent(&answer(trial, &m, seq)).expect("seal");
+                send(&c, k, payload);
                 continue;
             }
             _ = async {
@@ -350,26 +348,27 @@ async fn sim_agent_for(
                     Ok(auth::DownFrame::Stale(_)) => {}
                     Ok(auth::DownFrame::Sealed(sealed)) => {
                         let Some(s) = session.as_mut() else { continue };
-                        let msg = s.open_coordinator(kind, &sealed);
-                        if let Ok(CoordinatorMessage::Sync(n)) = msg {
-                            // Confirm delivery, as the real agent does, so the coordinator exits at once.
-                            let (k, payload) = s.seal_agent(&AgentMessage::Synced(n)).expect("seal");
-                            send(&c, k, payload);
-                        }
-                        if let Ok(CoordinatorMessage::Assign(a)) = msg {
-                            lat.push(asked.elapsed().as_secs_f64() * 1e3);
-                            if !duration.is_zero() {
-                                let done = done_tx.clone();
-                                tokio::spawn(async move {
-                                    tokio::time::sleep(duration).await;
-                                    let _ = done.send(a.trial);
-                                });
-                                continue;
+                        // A bundle (an ack and the next assignment) is its messages, in order.
+                        let msgs = s.open_coordinator(kind, &sealed).ok().and_then(|m| m.unbundle().ok());
+                        for msg in msgs.unwrap_or_default() {
+                            if let CoordinatorMessage::Sync(n) = msg {
+                                // Confirm delivery, as the real agent does, so the coordinator exits at once.
+                                let (k, payload) = s.seal_agent(&AgentMessage::Synced(n)).expect("seal");
+                                send(&c, k, payload);
                             }
-                            seq += 1;
-                            asked = Instant::now();
-                            for msg in answer(a.trial, &m, seq) {
-                                let (k, payload) = s.seal_agent(&msg).expect("seal");
+                            if let CoordinatorMessage::Assign(a) = msg {
+                                lat.push(asked.elapsed().as_secs_f64() * 1e3);
+                                if !duration.is_zero() {
+                                    let done = done_tx.clone();
+                                    tokio::spawn(async move {
+                                        tokio::time::sleep(duration).await;
+                                        let _ = done.send(a.trial);
+                                    });
+                                    continue;
+                                }
+                                seq += 1;
+                                asked = Instant::now();
+                                let (k, payload) = s.seal_agent(&answer(a.trial, &m, seq)).expect("seal");
                                 send(&c, k, payload);
                             }
                         }
@@ -395,12 +394,14 @@ async fn sim_agent_for(
     }
 }
 
-/// A finished trial's result and the request (number `seq`) for the next.
-fn answer(trial: TrialRef, m: &Measurement, seq: u64) -> [AgentMessage; 2] {
-    [
+/// A finished trial's result and the request (number `seq`) for the next,
+/// bundled in one frame as the real agent sends them.
+fn answer(trial: TrialRef, m: &Measurement, seq: u64) -> AgentMessage {
+    AgentMessage::bundle(&[
         AgentMessage::Result(TrialResult { trial, measurement: m.clone() }),
         AgentMessage::Request(WorkRequest { seq, free: 1, ahead: 0, running: vec![], held: vec![] }),
-    ]
+    ])
+    .expect("bundles")
 }
 
 /// Connection errors the simulated agents saw (the embedded broker going

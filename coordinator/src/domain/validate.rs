@@ -66,6 +66,8 @@ pub enum Why {
     TooMany { len: usize, max: usize },
     #[error("has a control character")]
     Control,
+    #[error("is a bundle where a message belongs (bundles are taken apart first, never nested)")]
+    Nested,
     #[error("is empty")]
     Empty,
     #[error("starts with '-' (it would read as an option)")]
@@ -330,6 +332,8 @@ pub fn message(msg: &AgentMessage) -> Check {
             int("covered_ms", m.covered_ms)
         }
         AgentMessage::Status(_) | AgentMessage::Synced(_) => Ok(()),
+        // Taken apart before any check (`AgentMessage::unbundle`): one inside another is refused there.
+        AgentMessage::Bundle(_) => Err(bad("bundle", Why::Nested)),
     }
 }
 

@@ -131,3 +131,40 @@ mod tests {
         assert_eq!(readable(0.0), "0");
     }
 }
+
+/// `msgs` by agent: each agent's in the order sent, the agents in the order
+/// of their first message (what [`super::Engine`] bundles per agent).
+pub(super) fn by_agent(msgs: Vec<(String, CoordinatorMessage)>) -> Vec<(String, Vec<CoordinatorMessage>)> {
+    let mut out: Vec<(String, Vec<CoordinatorMessage>)> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
+    for (agent, msg) in msgs {
+        match at.get(&agent) {
+            Some(&i) => out[i].1.push(msg),
+            None => {
+                at.insert(agent.clone(), out.len());
+                out.push((agent, vec![msg]));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod by_agent_tests {
+    use super::*;
+
+    #[test]
+    fn each_agent_gets_its_messages_in_the_order_sent() {
+        let m = |agent: &str, n: u64| (agent.to_string(), CoordinatorMessage::Sync(n));
+        let got = by_agent(vec![m("b", 1), m("a", 2), m("b", 3), m("a", 4), m("c", 5)]);
+        let sync = |n| CoordinatorMessage::Sync(n);
+        assert_eq!(
+            got,
+            vec![
+                ("b".to_string(), vec![sync(1), sync(3)]),
+                ("a".to_string(), vec![sync(2), sync(4)]),
+                ("c".to_string(), vec![sync(5)])
+            ]
+        );
+    }
+}

@@ -163,6 +163,33 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             }
         },
     };
+    // A bundle is its messages, each taken as if it came alone.
+    let msgs = match msg.unbundle() {
+        Ok(msgs) => msgs,
+        Err(why) => {
+            cx.stats.invalid_messages += 1;
+            if loud(cx.stats.invalid_messages) {
+                tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: a malformed bundle");
+            }
+            return Ok(());
+        }
+    };
+    for msg in msgs {
+        let kind = AgentTopic::of_agent_message(&msg);
+        on_message(cx, agent.clone(), kind, msg, now)?;
+    }
+    Ok(())
+}
+
+/// One authenticated message (of a bundle, or alone): checked against the
+/// bounds, then dispatched.
+fn on_message(
+    cx: &mut Ctx<'_, '_>,
+    agent: String,
+    kind: AgentTopic,
+    msg: AgentMessage,
+    now: u64,
+) -> Result<(), EngineError> {
     if let Err(why) = crate::domain::validate::message(&msg) {
         cx.stats.invalid_messages += 1;
         if loud(cx.stats.invalid_messages) {
@@ -240,6 +267,8 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
         }
         AgentMessage::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         AgentMessage::Result(result) => on_result(cx, agent, result, now)?,
+        // Taken apart before dispatch (`handle`); refused by the bounds check.
+        AgentMessage::Bundle(_) => {}
         AgentMessage::Telemetry(t) => {
             cx.batch.record_telemetry(&agent, &t)?;
             cx.telemetry.observe(&agent, Sample::of(&t, cx.now.engine_ms));

@@ -30,7 +30,7 @@ use std::future::Future;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::mpsc;
-use tunefleet_common::message::CoordinatorMessage;
+use tunefleet_common::message::{frames, CoordinatorMessage};
 use tunefleet_common::topic::AgentTopic;
 
 use crate::domain::study::Study;
@@ -309,24 +309,57 @@ impl Engine {
                 tracing::warn!(agent = %agent, error = %e, "could not send");
             }
         }
-        for (agent, msg) in msgs {
-            if !matches!(msg, CoordinatorMessage::Sync(_)) {
+        // What each agent gets, in the order sent, bundled (an ack and the
+        // next assignment: one frame); a bundle too large for one message
+        // goes out one by one.
+        for (agent, msgs) in ctx::by_agent(msgs) {
+            if msgs.iter().any(|m| !matches!(m, CoordinatorMessage::Sync(_))) {
                 self.sent_to.insert(agent.clone());
             }
-            let (kind, payload) = match self.core.sessions.seal(&agent, &msg) {
-                Some(Ok(sealed)) => sealed,
-                Some(Err(e)) => {
-                    tracing::error!(agent = %agent, error = %e, "cannot seal a message");
-                    continue;
+            for group in frames(msgs, CoordinatorMessage::bundleable) {
+                if group.len() >= 2 {
+                    let bundled = CoordinatorMessage::bundle(&group)
+                        .map_err(
+                            |e| tracing::error!(agent = %agent, error = %e, "cannot bundle messages: sent one by one"),
+                        )
+                        .ok()
+                        .and_then(|bundle| self.seal(&agent, &bundle));
+                    match bundled {
+                        Some((kind, payload)) if payload.len() <= tunefleet_common::MAX_MESSAGE_BYTES => {
+                            self.publish(&agent, kind, payload).await;
+                            continue;
+                        }
+                        // Too large together (or not bundled): one by one.
+                        _ => {}
+                    }
                 }
-                None => {
-                    tracing::debug!(agent = %agent, "no session: message not sent");
-                    continue;
+                for msg in group {
+                    if let Some((kind, payload)) = self.seal(&agent, &msg) {
+                        self.publish(&agent, kind, payload).await;
+                    }
                 }
-            };
-            if let Err(e) = self.outbox.send(&agent, kind, payload).await {
-                tracing::warn!(agent = %agent, error = %e, "could not send");
             }
+        }
+    }
+
+    /// `msg` sealed in `agent`'s session; `None` (said why) without one.
+    fn seal(&mut self, agent: &str, msg: &CoordinatorMessage) -> Option<(AgentTopic, Vec<u8>)> {
+        match self.core.sessions.seal(agent, msg) {
+            Some(Ok(sealed)) => Some(sealed),
+            Some(Err(e)) => {
+                tracing::error!(agent = %agent, error = %e, "cannot seal a message");
+                None
+            }
+            None => {
+                tracing::debug!(agent = %agent, "no session: message not sent");
+                None
+            }
+        }
+    }
+
+    async fn publish(&mut self, agent: &str, kind: AgentTopic, payload: Vec<u8>) {
+        if let Err(e) = self.outbox.send(agent, kind, payload).await {
+            tracing::warn!(agent = %agent, error = %e, "could not send");
         }
     }
 

@@ -543,8 +543,18 @@ fn spliced() -> BoxedStrategy<Measurement> {
         .boxed()
 }
 
-/// Every message an agent sends, every field of it, nested ones included.
+/// Every message an agent sends, every field of it, nested ones included,
+/// alone or bundled with others.
 fn message() -> impl Strategy<Value = AgentMessage> {
+    let single = single_message();
+    let bundleable = single.clone().prop_filter("a status is never bundled", AgentMessage::bundleable);
+    prop_oneof![
+        8 => single,
+        1 => prop::collection::vec(bundleable, 2..4).prop_map(|msgs| AgentMessage::bundle(&msgs).expect("bundles")),
+    ]
+}
+
+fn single_message() -> BoxedStrategy<AgentMessage> {
     let checkpoint = prop::option::of(prop_oneof![3 => "/ckpt/[a-z0-9]{1,4}", 1 => text()]);
     prop_oneof![
         2 => (trial_ref(), measurement())
@@ -576,6 +586,7 @@ fn message() -> impl Strategy<Value = AgentMessage> {
             }
         ),
     ]
+    .boxed()
 }
 
 proptest! {
@@ -597,8 +608,9 @@ proptest! {
             let ev = fx.sealed(m);
             // An offline status ends the session: what follows is refused
             // unanswered; a frame too large never reaches the engine.
-            if online && matches!(ev, Inbound::Agent { .. }) && matches!(m, AgentMessage::Result(_)) {
-                results += 1;
+            if online && matches!(ev, Inbound::Agent { .. }) {
+                let inner = m.clone().unbundle().unwrap_or_default();
+                results += inner.iter().filter(|m| matches!(m, AgentMessage::Result(_))).count();
             }
             online &= !matches!(m, AgentMessage::Status(s) if !s.online);
             let (_, out) = fx.turn(vec![ev]);
