@@ -179,6 +179,8 @@ struct Executor {
     trials: HashMap<TrialRef, runner::TrialHandle>,
     done_tx: mpsc::Sender<(TrialRef, Measurement)>,
     progress_tx: mpsc::Sender<(TrialRef, runner::EpochReport)>,
+    /// Trials whose workload exited, their measurement not yet ready.
+    exited_tx: mpsc::Sender<TrialRef>,
     publish_failures: u64,
     /// Results the coordinator refused, moved aside.
     parked: u64,
@@ -354,6 +356,10 @@ impl Executor {
         let runner = Arc::clone(&self.runner);
         let done = self.done_tx.clone();
         let progress = self.progress_tx.clone();
+        let exited = self.exited_tx.clone();
+        // Started here, not in the task: the task runs only once the loop
+        // is free again, after the sync of the result that freed the slot.
+        let launched = runner::launch(&runner, &run);
         tokio::spawn(async move {
             let (ptx, mut prx) = mpsc::channel::<runner::EpochReport>(256);
             let forward = async {
@@ -362,7 +368,16 @@ impl Executor {
                     let _ = progress.try_send((trial.clone(), epoch));
                 }
             };
-            let (measurement, ()) = tokio::join!(runner::run_trial(&runner, &run, Some(ptx), control), forward);
+            // The slot is free at the exit, before the measurement is ready.
+            let (exit_tx, exit_rx) = tokio::sync::oneshot::channel();
+            let free = async {
+                if exit_rx.await.is_ok() {
+                    // Advisory: the result frees the slot anyway.
+                    let _ = exited.try_send(trial.clone());
+                }
+            };
+            let (measurement, (), ()) =
+                tokio::join!(launched.finish(&runner, &run, Some(ptx), control, Some(exit_tx)), forward, free);
             tracing::info!(%trial, exit = ?measurement.exit, wall_us = measurement.wall_us, "trial ended");
             let _ = done.send((trial, measurement)).await;
         });
@@ -633,6 +648,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     })?;
     let (done_tx, mut done_rx) = mpsc::channel(64);
     let (progress_tx, mut progress_rx) = mpsc::channel(1024);
+    let (exited_tx, mut exited_rx) = mpsc::channel(64);
     let mut exec = Executor {
         transport,
         auth: agent_auth,
@@ -642,6 +658,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         trials: HashMap::new(),
         done_tx,
         progress_tx,
+        exited_tx,
         publish_failures: 0,
         co: comeasure::CoMeter::new(
             Arc::clone(&selection.source),
@@ -712,6 +729,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             }
             Some((trial, epoch)) = progress_rx.recv() => {
                 exec.apply(state.progress(trial, epoch).into_iter().collect());
+            }
+            Some(trial) = exited_rx.recv() => {
+                state.set_clock(micros());
+                exec.apply(state.on_exited(trial));
             }
             _ = hello_retry.tick() => {
                 if exec.transport.is_connected() {

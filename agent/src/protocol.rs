@@ -71,6 +71,9 @@ pub struct AgentState {
     allowed_cpus: Vec<u32>,
     seq: u64,
     running: BTreeMap<TrialRef, Vec<u32>>,
+    /// Running trials whose workload exited, their result not yet in: no
+    /// longer in a slot ([`AgentState::on_exited`]).
+    exited: std::collections::BTreeSet<TrialRef>,
     /// Trials assigned while every slot was busy, started in this order as
     /// slots free (at most `info.lookahead`).
     held: VecDeque<Assignment>,
@@ -128,6 +131,7 @@ impl AgentState {
             allowed_cpus,
             seq: 0,
             running: BTreeMap::new(),
+            exited: Default::default(),
             held: VecDeque::new(),
             unacked: BTreeMap::new(),
             draining: false,
@@ -197,7 +201,8 @@ impl AgentState {
         if self.draining || !self.conditions.is_empty() {
             return 0;
         }
-        self.info.slots.saturating_sub(u32::try_from(self.running.len()).unwrap_or(u32::MAX))
+        let busy = self.running.len().saturating_sub(self.exited.len());
+        self.info.slots.saturating_sub(u32::try_from(busy).unwrap_or(u32::MAX))
     }
 
     /// Free slots and free places to hold a trial ahead, in that order;
@@ -415,7 +420,8 @@ impl AgentState {
 
     /// Starts an accepted assignment in a free slot.
     fn start(&mut self, assignment: Assignment) -> Action {
-        let in_use: Vec<u32> = self.running.values().flatten().copied().collect();
+        let in_use: Vec<u32> =
+            self.running.iter().filter(|(t, _)| !self.exited.contains(*t)).flat_map(|(_, c)| c).copied().collect();
         let cpus = cpus::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
         self.running.insert(assignment.trial.clone(), cpus.clone());
         Action::Start(StartTrial { trial: assignment.trial, spec: assignment.spec, cpus })
@@ -521,8 +527,25 @@ impl AgentState {
         out
     }
 
+    /// A running trial's workload exited; its measurement is still being
+    /// put together. Its slot is free: a trial held ahead starts now, not
+    /// once the result is ready. It stays listed as running (its result is
+    /// to come) until [`AgentState::on_finished`].
+    pub fn on_exited(&mut self, trial: TrialRef) -> Vec<Action> {
+        if !self.running.contains_key(&trial) || !self.exited.insert(trial) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        while self.idle_slots() > 0 {
+            let Some(next) = self.held.pop_front() else { break };
+            out.push(self.start(next));
+        }
+        out
+    }
+
     /// A trial ended: publish its result, keep it until acked, ask for more.
     pub fn on_finished(&mut self, trial: TrialRef, mut measurement: Measurement) -> Vec<Action> {
+        self.exited.remove(&trial);
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
             remember(&mut self.walls, measurement.wall_us);
@@ -776,6 +799,34 @@ mod tests {
         // An info claiming more than four per slot is held to four.
         let st = AgentState::new(AgentInfo { lookahead: 9, ..info(1) }, vec![0], None);
         assert_eq!(st.info.ahead_places(), tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT);
+    }
+
+    #[test]
+    fn a_held_trial_starts_when_the_one_before_exits_not_when_its_result_is_ready() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], None);
+        welcome(&mut st);
+        assert_eq!(kinds(&st.on_assign(assign(1, Some(1)))), ["start"]);
+        assert!(st.on_assign(assign(2, Some(1))).is_empty(), "held");
+        let exited = st.on_exited(tref(1));
+        assert!(
+            matches!(exited.as_slice(), [Action::Start(s)] if s.trial == tref(2) && s.cpus == vec![0]),
+            "the held trial starts on the CPU the exited one freed: {:?}",
+            kinds(&exited)
+        );
+        assert!(st.on_exited(tref(1)).is_empty(), "told twice: nothing more");
+        // Its result is still to come: it is listed as running.
+        let again = st.request_again();
+        let listed = request_of(&again).map(|r| r.running);
+        assert_eq!(listed, Some(vec![tref(1), tref(2)]));
+        assert_eq!(st.running().count(), 2);
+        let done = st.on_finished(tref(1), measurement());
+        assert_eq!(kinds(&done), ["keep", "result", "request"], "nothing more to start");
+        assert_eq!(request_of(&done).map(|r| (r.free, r.ahead, r.running)), Some((0, 1, vec![tref(2)])));
+        assert!(st.on_exited(tref(1)).is_empty(), "an exit told after the result: nothing");
+        // Without a notice of the exit, the result frees the slot as before.
+        st.on_assign(assign(3, Some(1)));
+        let done = st.on_finished(tref(2), measurement());
+        assert!(matches!(&done[0], Action::Start(s) if s.trial == tref(3)));
     }
 
     /// Runs trials `from..to` of `wall_us` each on a one-slot agent whose

@@ -58,7 +58,7 @@ mod start;
 use std::time::Duration;
 
 use rustix::process::Signal;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::TrialSpec;
 
@@ -81,12 +81,42 @@ pub async fn run_trial(
     progress: Option<mpsc::Sender<EpochReport>>,
     control: ControlInput,
 ) -> Measurement {
-    match spawn(cfg, run) {
-        Ok(mut spawned) => {
-            let monitored = monitor(cfg, &run.spec, &mut spawned, progress, control).await;
-            assemble(cfg.machine_cpus, &run.cpus, ended(spawned, monitored))
+    launch(cfg, run).finish(cfg, run, progress, control, None).await
+}
+
+/// A trial whose workload was started (or could not be), for
+/// [`Launched::finish`] to watch and measure.
+pub struct Launched(Result<Spawned, Box<Measurement>>);
+
+/// Starts `run`'s workload now: when this returns its process exists (or
+/// its start failed), whatever the caller does before it awaits
+/// [`Launched::finish`] (the agent keeps the result of the trial before it
+/// on disk meanwhile: the slot is not idle during that sync).
+pub fn launch(cfg: &RunnerConfig, run: &TrialRun) -> Launched {
+    Launched(spawn(cfg, run))
+}
+
+impl Launched {
+    /// Watches the workload to its end and measures it (`monitor`,
+    /// `assemble`); `cfg` and `run` are those it was launched with. `exited`
+    /// is told the moment the workload's top process exits, before its
+    /// output is drained and its measurement put together (a workload that
+    /// never started never tells it).
+    pub async fn finish(
+        self,
+        cfg: &RunnerConfig,
+        run: &TrialRun,
+        progress: Option<mpsc::Sender<EpochReport>>,
+        control: ControlInput,
+        exited: Option<oneshot::Sender<()>>,
+    ) -> Measurement {
+        match self.0 {
+            Ok(mut spawned) => {
+                let monitored = monitor(cfg, &run.spec, &mut spawned, progress, control, exited).await;
+                assemble(cfg.machine_cpus, &run.cpus, ended(spawned, monitored))
+            }
+            Err(not_started) => *not_started,
         }
-        Err(not_started) => *not_started,
     }
 }
 
@@ -100,6 +130,7 @@ async fn monitor(
     t: &mut Spawned,
     progress: Option<mpsc::Sender<EpochReport>>,
     mut control: ControlInput,
+    mut exited: Option<oneshot::Sender<()>>,
 ) -> Monitored {
     let timeout = (spec.timeout_ms > 0).then(|| Duration::from_millis(spec.timeout_ms));
     let deadline = tokio::time::sleep(timeout.unwrap_or(Duration::ZERO));
@@ -124,6 +155,9 @@ async fn monitor(
                     Ok(Err(e)) => Err(format!("waiting for the workload failed: {e}")),
                     Err(_) => Err("the thread waiting for the workload ended without a word".to_string()),
                 });
+                if let Some(tx) = exited.take() {
+                    let _ = tx.send(());
+                }
                 m.peak_rss = t.rss.stop();
                 // The leader as a zombie: its CPU time and its waited-for children's.
                 let final_ticks = match &m.exited {
