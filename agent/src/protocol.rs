@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use tunefleet_common::measurement::Measurement;
+use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::{
     AckOutcome, AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal,
     ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
@@ -98,7 +98,7 @@ pub struct AgentState {
     auto_ahead: Option<u32>,
     /// The caller's clock (µs), set before each event ([`AgentState::set_clock`]).
     now_us: u64,
-    /// The latest requests: their `seq` and when they went out.
+    /// The latest requests sent with a result: their `seq` and when they went out.
     sent: VecDeque<(u64, u64)>,
     /// The latest round trips, request to assignment (µs).
     round_trips: VecDeque<u64>,
@@ -277,7 +277,6 @@ impl AgentState {
             return None;
         }
         self.seq += 1;
-        remember(&mut self.sent, (self.seq, self.now_us));
         let (free, ahead) = self.room();
         Some(Action::Publish(AgentMessage::Request(WorkRequest {
             seq: self.seq,
@@ -548,7 +547,9 @@ impl AgentState {
         self.exited.remove(&trial);
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
-            remember(&mut self.walls, measurement.wall_us);
+            if !matches!(measurement.exit, ExitOutcome::SpawnFailed(_)) {
+                remember(&mut self.walls, measurement.wall_us);
+            }
         }
         for reason in self.flagged.remove(&trial).unwrap_or_default() {
             if !measurement.interference.contains(&reason) {
@@ -571,7 +572,12 @@ impl AgentState {
         out.extend(self.publish_result(&result));
         self.unacked.insert(trial, result);
         if self.room() != (0, 0) {
-            out.extend(self.request());
+            if let Some(request) = self.request() {
+                out.push(request);
+                // Timed: a request sent as work flows (not one repeated
+                // while idle, whose answer waits for work, not the link).
+                remember(&mut self.sent, (self.seq, self.now_us));
+            }
         }
         if self.cancelling.is_empty() && self.welcomed {
             if let Some(n) = self.sync_waiting.take() {

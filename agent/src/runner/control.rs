@@ -112,12 +112,19 @@ pub(super) fn profile_first_window(cfg: &RunnerConfig, t: &mut Spawned) {
     t.profile_unsent = true;
 }
 
-/// Energy and CPU time counted so far, sampled now, at epoch `epoch`
-/// that ended `at_us` after the start.
+/// Energy and CPU time counted so far, sampled now (or at the exit, once
+/// the workload exited), at epoch `epoch` that ended `at_us` after the start.
 pub(super) fn boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u64) -> Boundary {
-    let now = t.start.elapsed();
-    t.meter.sample(now);
-    t.counters.sample(now);
+    // After the exit, the totals at the exit (sampled then).
+    let now = match t.exited_at {
+        Some(at_exit) => at_exit,
+        None => {
+            let now = t.start.elapsed();
+            t.meter.sample(now);
+            t.counters.sample(now);
+            now
+        }
+    };
     // task-clock counts nanoseconds of CPU time of the whole trial.
     let cpu_us = t.counters.total("task-clock").map(|ns| (ns / 1000.0) as u64);
     let cores = match t.pipeline.current().cores {

@@ -166,6 +166,10 @@ async fn monitor(
                 };
                 t.registration.end(final_ticks);
                 let at_exit = t.start.elapsed();
+                // Nothing is measured after this: a boundary read later
+                // (buffered output) takes the totals at the exit, not what
+                // the machine did meanwhile (the next trial starting).
+                t.exited_at = Some(at_exit);
                 t.meter.sample(at_exit);
                 t.counters.sample(at_exit);
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);

@@ -244,6 +244,9 @@ pub(super) struct Spawned {
     pub(super) window_base: Option<(Vec<tunefleet_common::measurement::CounterReading>, procfs::ProcCounts)>,
     /// ... and not yet sent with an epoch's progress.
     pub(super) profile_unsent: bool,
+    /// When the workload's top process exited (since `start`): the meter
+    /// and the counters were sampled then, for the last time.
+    pub(super) exited_at: Option<Duration>,
 }
 
 /// A workload just started, with what watches it.
@@ -477,5 +480,6 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         window_profile: None,
         window_base: None,
         profile_unsent: false,
+        exited_at: None,
     })
 }

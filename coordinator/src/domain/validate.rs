@@ -317,9 +317,11 @@ pub fn message(msg: &AgentMessage) -> Check {
             trial(&r.trial)?;
             text("reason", &r.reason, MAX_TEXT_BYTES)
         }
+        // Running: its slots, and as many trials that exited whose results
+        // are still to come; held: up to four per slot.
         AgentMessage::Request(r) => {
-            each("running", &r.running, MAX_SLOTS, trial)?;
-            each("held", &r.held, MAX_SLOTS, trial)
+            each("running", &r.running, 2 * MAX_SLOTS, trial)?;
+            each("held", &r.held, MAX_SLOTS * tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT as usize, trial)
         }
         AgentMessage::Telemetry(t) => telemetry(t),
         AgentMessage::CoMeasured(m) => {
@@ -770,7 +772,7 @@ mod tests {
                     seq: 1,
                     free: 1,
                     ahead: 0,
-                    running: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; MAX_SLOTS + 1],
+                    running: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; 2 * MAX_SLOTS + 1],
                     held: vec![],
                 }),
             ),
@@ -781,7 +783,10 @@ mod tests {
                     free: 1,
                     ahead: 0,
                     running: vec![],
-                    held: vec![TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 }; MAX_SLOTS + 1],
+                    held: vec![
+                        TrialRef { study: "s".into(), study_id: 7, trial: 0, attempt: 0 };
+                        MAX_SLOTS * tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT as usize + 1
+                    ],
                 }),
             ),
             (

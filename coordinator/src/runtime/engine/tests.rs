@@ -571,7 +571,7 @@ fn single_message() -> BoxedStrategy<AgentMessage> {
                 profile,
             })
         ),
-        3 => (any::<u64>(), prop_oneof![0u32..4, any::<u32>()], some(trial_ref().boxed(), 1100))
+        3 => (any::<u64>(), prop_oneof![0u32..4, any::<u32>()], some(trial_ref().boxed(), 2100))
             .prop_map(|(seq, free, running)| AgentMessage::Request(WorkRequest { seq, free, ahead: 0, running, held: vec![] })),
         1 => (trial_ref(), text()).prop_map(|(trial, reason)| AgentMessage::Refuse(Refusal { trial, reason })),
         1 => telemetry().prop_map(AgentMessage::Telemetry),
