@@ -201,7 +201,7 @@ pub enum AgentMessage {
     /// ([`AgentMessage::bundle`]). 2 to [`MAX_BUNDLE`] of them, none a
     /// bundle or a status (retained on a topic of its own); travels on the
     /// `result` topic. Since protocol version 11.
-    Bundle(Vec<Encoded>),
+    Bundle(#[serde(deserialize_with = "bounded_items")] Vec<Encoded>),
 }
 
 impl AgentMessage {
@@ -435,7 +435,7 @@ pub enum CoordinatorMessage {
     /// and the next assignment), each encoded on its own
     /// ([`CoordinatorMessage::bundle`]). 2 to [`MAX_BUNDLE`] of them, none a
     /// bundle; travels on the `ack` topic. Since protocol version 11.
-    Bundle(Vec<Encoded>),
+    Bundle(#[serde(deserialize_with = "bounded_items")] Vec<Encoded>),
 }
 
 /// One message of a bundle, encoded on its own (postcard, no version byte):
@@ -446,6 +446,29 @@ pub struct Encoded(#[serde(with = "serde_bytes")] pub Vec<u8>);
 
 /// Most messages in one [`AgentMessage::Bundle`] or [`CoordinatorMessage::Bundle`].
 pub const MAX_BUNDLE: usize = 64;
+
+/// A bundle's items as decoded: more than [`MAX_BUNDLE`] fail at the one
+/// past it, so a frame claiming a million items allocates no more than that.
+fn bounded_items<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Encoded>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<Encoded>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "at most {MAX_BUNDLE} messages")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut items = Vec::new();
+            while let Some(item) = seq.next_element::<Encoded>()? {
+                if items.len() == MAX_BUNDLE {
+                    return Err(serde::de::Error::invalid_length(MAX_BUNDLE + 1, &self));
+                }
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+    d.deserialize_seq(Bounded)
+}
 
 /// `msgs` encoded one by one, for a bundle.
 fn encode_items<T: Serialize>(msgs: &[T]) -> Result<Vec<Encoded>, crate::CodecError> {
@@ -566,6 +589,19 @@ mod bundle_tests {
             agent(&[AgentMessage::Synced(1), AgentMessage::Synced(2)]).unbundle(),
             Ok(vec![AgentMessage::Synced(1), AgentMessage::Synced(2)])
         );
+    }
+
+    #[test]
+    fn a_bundle_of_too_many_items_does_not_decode() {
+        let item = Encoded(Vec::new());
+        let fits = crate::encode(&AgentMessage::Bundle(vec![item.clone(); MAX_BUNDLE])).expect("encodes");
+        assert!(crate::decode::<AgentMessage>(&fits).is_ok());
+        for n in [MAX_BUNDLE + 1, 500_000] {
+            let many = crate::encode(&AgentMessage::Bundle(vec![item.clone(); n])).expect("encodes");
+            assert!(crate::decode::<AgentMessage>(&many).is_err(), "{n} items");
+            let many = crate::encode(&CoordinatorMessage::Bundle(vec![item.clone(); n])).expect("encodes");
+            assert!(crate::decode::<CoordinatorMessage>(&many).is_err(), "{n} items");
+        }
     }
 
     #[test]
