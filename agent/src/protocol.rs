@@ -534,6 +534,12 @@ impl AgentState {
         if !self.running.contains_key(&trial) || !self.exited.insert(trial) {
             return Vec::new();
         }
+        self.start_held()
+    }
+
+    /// Starts held trials, in order, in the idle slots. Held trials were
+    /// counted against `max_trials` when accepted: only the slots decide.
+    fn start_held(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
         while self.idle_slots() > 0 {
             let Some(next) = self.held.pop_front() else { break };
@@ -558,17 +564,10 @@ impl AgentState {
         }
         self.cancelling.remove(&trial);
         let result = TrialResult { trial: trial.clone(), measurement };
-        // Kept on disk first, whether or not it can be published now.
-        let mut out = vec![Action::Keep(result.clone())];
-        // The next one starts before anything is said about this one.
-        // Held trials were counted against `max_trials` when accepted: only
-        // the slots decide.
-        let mut started = 0;
-        while self.idle_slots() > 0 {
-            let Some(next) = self.held.pop_front() else { break };
-            out.insert(started, self.start(next));
-            started += 1;
-        }
+        // The next one starts before anything is said about this one; this
+        // one is kept on disk first, whether or not it can be published now.
+        let mut out = self.start_held();
+        out.push(Action::Keep(result.clone()));
         out.extend(self.publish_result(&result));
         self.unacked.insert(trial, result);
         if self.room() != (0, 0) {

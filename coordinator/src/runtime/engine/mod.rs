@@ -317,20 +317,19 @@ impl Engine {
                 self.sent_to.insert(agent.clone());
             }
             for group in frames(msgs, CoordinatorMessage::bundleable) {
-                if group.len() >= 2 {
-                    let bundled = CoordinatorMessage::bundle(&group)
-                        .map_err(
-                            |e| tracing::error!(agent = %agent, error = %e, "cannot bundle messages: sent one by one"),
-                        )
-                        .ok()
-                        .and_then(|bundle| self.seal(&agent, &bundle));
-                    match bundled {
+                let bundle = (group.len() >= 2)
+                    .then(|| CoordinatorMessage::bundle(&group))
+                    .and_then(|b| b.map_err(|e| tracing::error!(agent = %agent, error = %e, "cannot bundle")).ok());
+                if let Some(bundle) = bundle {
+                    match self.seal(&agent, &bundle) {
                         Some((kind, payload)) if payload.len() <= tunefleet_common::MAX_MESSAGE_BYTES => {
                             self.publish(&agent, kind, payload).await;
                             continue;
                         }
-                        // Too large together (or not bundled): one by one.
-                        _ => {}
+                        // Too large together: one by one.
+                        Some(_) => {}
+                        // No session: none of them can be sealed either.
+                        None => continue,
                     }
                 }
                 for msg in group {
