@@ -63,6 +63,9 @@ pub struct CounterSet {
     #[cfg_attr(not(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64"))), allow(dead_code))]
     previous: Vec<f64>,
     series: Vec<CounterSample>,
+    /// Dropped after the counters above are closed: tells the thread they
+    /// are attached to that it may start another workload.
+    release: Option<std::sync::mpsc::Sender<()>>,
 }
 
 /// What the counters of one run add up to.
@@ -94,7 +97,15 @@ impl CounterSet {
             missing,
             previous: Vec::new(),
             series: Vec::new(),
+            release: None,
         }
+    }
+
+    /// The same set, which drops `release` once its counters are closed
+    /// (its receiver then sees the channel disconnected).
+    pub fn released_to(mut self, release: std::sync::mpsc::Sender<()>) -> Self {
+        self.release = Some(release);
+        self
     }
 
     /// Opens every event on `pid` (disabled until it execs).
@@ -102,7 +113,7 @@ impl CounterSet {
     pub fn open_for_exec(pid: i32) -> Self {
         let (open, missing) = backend::open_all(backend::Target::Exec(pid));
         let previous = vec![0.0; open.len()];
-        CounterSet { open, missing, previous, series: Vec::new() }
+        CounterSet { open, missing, previous, series: Vec::new(), release: None }
     }
 
     /// Opens every event on the calling thread, disabled, inherited by the
@@ -114,7 +125,7 @@ impl CounterSet {
     pub fn open_for_children() -> Self {
         let (open, missing) = backend::open_all(backend::Target::Children);
         let previous = vec![0.0; open.len()];
-        CounterSet { open, missing, previous, series: Vec::new() }
+        CounterSet { open, missing, previous, series: Vec::new(), release: None }
     }
 
     /// Opens every event on the calling thread's future children.
@@ -128,7 +139,7 @@ impl CounterSet {
     pub fn open_for_self() -> Self {
         let (open, missing) = backend::open_all(backend::Target::This);
         let previous = vec![0.0; open.len()];
-        CounterSet { open, missing, previous, series: Vec::new() }
+        CounterSet { open, missing, previous, series: Vec::new(), release: None }
     }
 
     /// Opens every event on this process (for benchmarks and `probe`).

@@ -60,7 +60,7 @@ pub fn parse_stat(contents: &str) -> Option<StatFields> {
 
 /// Reads and parses `{proc_root}/{pid}/stat`.
 pub fn read_stat(proc_root: &Path, pid: i32) -> Option<StatFields> {
-    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let text = read_small(&proc_root.join(pid.to_string()).join("stat"))?;
     parse_stat(&text)
 }
 
@@ -72,8 +72,39 @@ pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
 
 /// The `VmHWM` of one process, KiB; `None` when it is gone or a zombie.
 pub fn vm_hwm_kib(proc_root: &Path, pid: i32) -> Option<u64> {
-    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    let status = read_small(&proc_root.join(pid.to_string()).join("status"))?;
     parse_vm_hwm_kib(&status)
+}
+
+/// The largest `/proc` file [`read_small`] reads.
+const SMALL_FILE_MAX: usize = 1 << 20;
+
+/// A small file of `/proc` read whole, in one read for most: a `/proc`
+/// file reports no size, so `std::fs::read_to_string` starts with reads of
+/// 32 bytes and doubles, seven system calls for a process's `status`.
+/// `None` when it cannot be read, is not UTF-8 or is larger than
+/// [`SMALL_FILE_MAX`].
+pub fn read_small(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).ok()?;
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            if buf.len() >= SMALL_FILE_MAX {
+                return None;
+            }
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        }
+    }
+    buf.truncate(len);
+    String::from_utf8(buf).ok()
 }
 
 /// The largest `VmHWM` among the live processes of process group `pgid`,
@@ -386,6 +417,24 @@ mod tests {
         assert_eq!(s, StatFields { ppid: 1, pgrp: 4242, utime: 250, stime: 30, cutime: 7, cstime: 2 });
         assert_eq!(parse_stat("12 (x) R 1"), None);
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn small_files_are_read_whole_up_to_the_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Longer than the first read: read to its end.
+        let long: String = (0..3000).map(|i| format!("{i}\n")).collect();
+        std::fs::write(dir.path().join("long"), &long).expect("write");
+        assert_eq!(read_small(&dir.path().join("long")).as_deref(), Some(long.as_str()));
+        std::fs::write(dir.path().join("huge"), vec![b'x'; SMALL_FILE_MAX + 1]).expect("write");
+        assert_eq!(read_small(&dir.path().join("huge")), None);
+        std::fs::write(dir.path().join("binary"), [0xff, 0xfe]).expect("write");
+        assert_eq!(read_small(&dir.path().join("binary")), None);
+        assert_eq!(read_small(&dir.path().join("absent")), None);
+        // A real /proc file, which reports no size.
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(vm_hwm_kib(Path::new("/proc"), me).is_some_and(|k| k > 0));
+        assert!(read_stat(Path::new("/proc"), me).is_some());
     }
 
     #[test]

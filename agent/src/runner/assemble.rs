@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use tunefleet_common::measurement::{AppliedLimits, ExitOutcome, Measurement, MissingCounter, WindowProfile};
 use tunefleet_common::profile::Profile;
 
+use super::child::Exited;
 use super::output::{micros, Collected, MAX_EPOCHS};
-use super::start::Exited;
 use crate::counters::CounterSet;
 use crate::energy::{EnergyMeter, Usage};
 use crate::exec::EXIT_EXEC_FAILED;

@@ -1,8 +1,9 @@
 //! Runs one trial for real and measures it.
 //!
 //! The workload runs in its own process group. A trial without a memory
-//! limit is started directly, one `exec`, by a thread of its own that pins
-//! itself to the trial's CPUs and opens the perf counters on what it starts
+//! limit is started directly, one `exec`, by a thread of the agent's pool
+//! ([`launcher`]: kept for the next trial once this one's counters are
+//! closed) that pins itself to the trial's CPUs and opens the perf counters on what it starts
 //! ([`crate::counters`]; each counter is enabled at the workload's exec), then
 //! waits for its end. A trial with a memory limit is started through the
 //! exec wrapper ([`crate::exec`]), held until the runner has moved it into
@@ -51,7 +52,9 @@
 //! trial's and not as load from outside ([`crate::foreign`]).
 
 mod assemble;
+mod child;
 mod control;
+mod launcher;
 mod output;
 mod start;
 
@@ -63,11 +66,13 @@ use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::TrialSpec;
 
 use assemble::{assemble, Ended, Monitored};
+use child::{signal_group, Exited};
 use control::{apply_step, boundary, on_epoch_boundary, on_step_boundary, profile_first_window};
 use output::{micros, Collected, OutputEvent};
-use start::{signal_group, spawn, Exited, Spawned};
+use start::{spawn, Spawned};
 
 pub use control::{Control, ControlInput, TrialHandle};
+pub use launcher::{Launchers, IDLE_KEEP};
 pub use output::{EpochReport, MAX_EPOCHS};
 pub use start::{RunnerConfig, TrialRun, CONTROL_VAR, RSS_SAMPLE_INTERVAL, STEPS_VAR, THREAD_VARS};
 

@@ -1,6 +1,7 @@
 //! What a trial runs with ([`RunnerConfig`], [`TrialRun`]) and how its
-//! workload starts: directly, one `exec` by a thread of its own that pins
-//! itself and opens the counters on what it starts; or held by the exec
+//! workload starts: directly, one `exec` by a thread of the agent's pool
+//! ([`super::launcher`]) that pins itself and opens the counters on what it
+//! starts; or held by the exec
 //! wrapper ([`crate::exec`]) until it is in its cgroup and counted, when a
 //! memory limit must be set before the exec. Then its output readers
 //! ([`super::output`], tasks of the event loop), the RSS sampler (its first
@@ -11,15 +12,16 @@
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
-use rustix::process::{kill_process_group, waitid, Pid, Signal, WaitId, WaitIdOptions};
+use rustix::process::Pid;
 use tokio::sync::{mpsc, oneshot};
 use tunefleet_common::measurement::{AppliedLimits, ExitOutcome, Measurement, MemoryLimit, WindowProfile};
 use tunefleet_common::message::TrialSpec;
 
+use super::child::{child_pid, unix_ms, wait_exit, Exited, Started};
 use super::output::{spawn_reader, OutputEvent};
 use crate::cgroup::{CgroupV2, TrialCgroup};
 use crate::counters::CounterSet;
@@ -70,6 +72,8 @@ pub struct RunnerConfig {
     /// Start every workload through the exec wrapper, even one that could
     /// be started directly (for benchmarks and tests of the wrapper).
     pub always_wrap: bool,
+    /// The threads that start workloads directly ([`super::launcher`]).
+    pub launchers: Arc<super::launcher::Launchers>,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -99,6 +103,7 @@ impl RunnerConfig {
             inherit_output: false,
             trials: crate::foreign::TrialRegistry::default(),
             always_wrap: false,
+            launchers: Arc::default(),
         }
     }
 }
@@ -111,47 +116,6 @@ pub struct TrialRun {
     pub cpus: Vec<u32>,
     /// Short name for the trial's cgroup, `[A-Za-z0-9._-]` only.
     pub label: String,
-}
-
-/// The top process's end, observed on a blocking thread.
-#[derive(Debug)]
-pub(super) struct Exited {
-    pub(super) status: ExitStatus,
-    pub(super) at: Instant,
-    pub(super) stat: Option<procfs::StatFields>,
-}
-
-/// Waits for the leader to exit, reads its CPU times as a zombie, kills what
-/// is left of its process group, then reaps it.
-fn wait_exit(mut child: Child, pid: Pid, proc_root: PathBuf) -> std::io::Result<Exited> {
-    loop {
-        match waitid(WaitId::Pid(pid), WaitIdOptions::EXITED | WaitIdOptions::NOWAIT) {
-            Err(rustix::io::Errno::INTR) => continue,
-            Ok(_) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, "waitid failed; CPU times will be missing");
-                break;
-            }
-        }
-    }
-    let at = Instant::now();
-    let stat = procfs::read_stat(&proc_root, pid.as_raw_nonzero().get());
-    // The leader is an unreaped zombie, so its group id is still reserved.
-    let _ = kill_process_group(pid, Signal::KILL);
-    let status = child.wait()?;
-    Ok(Exited { status, at, stat })
-}
-
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
-}
-
-pub(super) fn signal_group(pid: Pid, sig: Signal) {
-    if let Err(e) = kill_process_group(pid, sig) {
-        if e != rustix::io::Errno::SRCH {
-            tracing::warn!(pgid = pid.as_raw_nonzero().get(), error = %e, "cannot signal the trial's process group");
-        }
-    }
 }
 
 pub(super) struct Prepared {
@@ -249,93 +213,6 @@ pub(super) struct Spawned {
     pub(super) exited_at: Option<Duration>,
 }
 
-/// A workload just started, with what watches it.
-struct Started {
-    pid: Pid,
-    stdin: Option<ChildStdin>,
-    stdout: Option<std::process::ChildStdout>,
-    stderr: Option<std::process::ChildStderr>,
-    counters: CounterSet,
-    meter: Box<dyn energy::EnergyMeter>,
-    started_unix_ms: u64,
-    start: Instant,
-    /// The leader's end, from the thread that waits for it.
-    waiter: oneshot::Receiver<std::io::Result<Exited>>,
-}
-
-/// The pid of a child just started; a child that has none as a positive
-/// i32 (never, on Linux) is killed and reaped.
-fn child_pid(child: &mut Child) -> Result<Pid, String> {
-    match i32::try_from(child.id()).ok().and_then(Pid::from_raw) {
-        Some(pid) => Ok(pid),
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            Err("invalid child pid".into())
-        }
-    }
-}
-
-/// Starts the workload directly (one exec) from a thread of its own: the
-/// thread pins itself to the trial's CPUs (the workload inherits them),
-/// opens the counters on the processes it will start (each enabled at its
-/// exec), spawns, hands the workload over and then waits for its end.
-/// The thread starts nothing else, so the counters count the workload's
-/// process tree only. `meter` was started just before.
-fn start_direct(
-    mut cmd: Command,
-    cpus: Vec<u32>,
-    proc_root: PathBuf,
-    meter: Box<dyn energy::EnergyMeter>,
-) -> Result<Started, String> {
-    let (started_tx, started_rx) = std::sync::mpsc::sync_channel::<Result<Started, String>>(1);
-    let (exit_tx, waiter) = oneshot::channel();
-    let program = cmd.get_program().to_owned();
-    let thread = std::thread::Builder::new().name("tf-trial".into()).stack_size(256 << 10).spawn(move || {
-        if let Err(e) = crate::exec::pin_current_thread(&cpus) {
-            let _ = started_tx.send(Err(e));
-            return;
-        }
-        let counters = CounterSet::open_for_children();
-        let started_unix_ms = unix_ms(SystemTime::now());
-        let start = Instant::now();
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = started_tx.send(Err(format!("cannot execute {program:?}: {e}")));
-                return;
-            }
-        };
-        let pid = match child_pid(&mut child) {
-            Ok(pid) => pid,
-            Err(e) => {
-                let _ = started_tx.send(Err(e));
-                return;
-            }
-        };
-        let started = Started {
-            pid,
-            stdin: child.stdin.take(),
-            stdout: child.stdout.take(),
-            stderr: child.stderr.take(),
-            counters,
-            meter,
-            started_unix_ms,
-            start,
-            waiter,
-        };
-        if started_tx.send(Ok(started)).is_err() {
-            // The runner is gone: stop the workload rather than leave it.
-            signal_group(pid, Signal::KILL);
-        }
-        let _ = exit_tx.send(wait_exit(child, pid, proc_root));
-    });
-    if let Err(e) = thread {
-        return Err(format!("cannot start the trial's thread: {e}"));
-    }
-    started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))
-}
-
 /// Starts the workload held by the exec wrapper, moves it into its cgroup,
 /// opens its counters, starts the energy meter and lets it go; a blocking
 /// task waits for its end.
@@ -421,7 +298,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
     let started = if direct {
         let meter = energy::start_or_estimate(energy, cfg.energy_model);
-        match start_direct(cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
+        match super::launcher::start_direct(&cfg.launchers, cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
             Ok(started) => started,
             Err(reason) => return Err(refused(prepared.limits, reason)),
         }
