@@ -76,6 +76,20 @@ pub fn vm_hwm_kib(proc_root: &Path, pid: i32) -> Option<u64> {
     parse_vm_hwm_kib(&status)
 }
 
+/// The resident set of one process now, KiB (`/proc/PID/statm`, which the
+/// kernel makes far more cheaply than `status`); `None` when it is gone.
+pub fn resident_kib(proc_root: &Path, pid: i32) -> Option<u64> {
+    let statm = read_small(&proc_root.join(pid.to_string()).join("statm"))?;
+    parse_statm_resident_kib(&statm, rustix::param::page_size() as u64)
+}
+
+/// The resident set (second field, in pages of `page_size` bytes) of a
+/// `/proc/PID/statm`, KiB.
+pub fn parse_statm_resident_kib(statm: &str, page_size: u64) -> Option<u64> {
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages.saturating_mul(page_size) / 1024)
+}
+
 /// The largest `/proc` file [`read_small`] reads.
 const SMALL_FILE_MAX: usize = 1 << 20;
 
@@ -180,8 +194,10 @@ impl RssTracker {
             // The first sample is taken as the trial starts, when its group
             // is its leader alone: no scan of every process for that (it
             // was most of the agent's cost of a trial of a few
-            // milliseconds). The next sample lists the group.
-            let peak = vm_hwm_kib(&self.proc_root, pgid);
+            // milliseconds), and its resident set now (`statm`) rather than
+            // its peak (`status`, several times the kernel's work): the two
+            // are one as a process starts. The next sample lists the group.
+            let peak = resident_kib(&self.proc_root, pgid);
             self.known.insert(pgid, true);
             return peak;
         }
@@ -434,12 +450,17 @@ mod tests {
         // A real /proc file, which reports no size.
         let me = i32::try_from(std::process::id()).expect("pid");
         assert!(vm_hwm_kib(Path::new("/proc"), me).is_some_and(|k| k > 0));
+        let resident = resident_kib(Path::new("/proc"), me).expect("statm");
+        assert!(resident > 0 && resident <= vm_hwm_kib(Path::new("/proc"), me).expect("status"));
         assert!(read_stat(Path::new("/proc"), me).is_some());
     }
 
     #[test]
     fn parses_vm_hwm() {
         assert_eq!(parse_vm_hwm_kib("Name:\tx\nVmHWM:\t  1234 kB\nVmRSS:\t 5 kB\n"), Some(1234));
+        assert_eq!(parse_statm_resident_kib("2000 300 200 10 0 150 0\n", 4096), Some(1200));
+        assert_eq!(parse_statm_resident_kib("2000 x", 4096), None);
+        assert_eq!(parse_statm_resident_kib("", 4096), None);
         assert_eq!(parse_vm_hwm_kib("Name:\tx\n"), None);
     }
 
@@ -450,6 +471,15 @@ mod tests {
         let stat = format!("{pid} (w) S 1 {pgrp} {pgrp} 0 -1 0 0 0 0 0 1 1 0 0 20 0 1 0 1 0 0");
         std::fs::write(p.join("stat"), stat).expect("write stat");
         std::fs::write(p.join("status"), format!("VmHWM:\t{hwm} kB\n")).expect("write status");
+        let pages = hwm * 1024 / rustix::param::page_size() as u64;
+        std::fs::write(p.join("statm"), format!("{} {pages} 0 0 0 0 0\n", pages * 2)).expect("write statm");
+    }
+
+    /// What the first sample reads of a fixture process of peak `hwm`: its
+    /// resident set, in whole pages.
+    fn resident(hwm: u64) -> Option<u64> {
+        let page = rustix::param::page_size() as u64;
+        Some(hwm * 1024 / page * page / 1024)
     }
 
     #[test]
@@ -483,7 +513,7 @@ mod tests {
         write(10, 10, 500);
         write(20, 99, 7000);
         let mut t = RssTracker::new(dir.path().to_path_buf(), Members::Group(10));
-        assert_eq!(t.sample(), Some(500), "first sample: the leader");
+        assert_eq!(t.sample(), resident(500), "first sample: the leader");
         // A new child is found at the next sample; a member's peak is re-read.
         write(11, 10, 800);
         write(10, 10, 600);
@@ -511,7 +541,7 @@ mod tests {
         process(dir.path(), 10, 10, 500);
         process(dir.path(), 12, 10, 900);
         let mut t = RssTracker::new(dir.path().to_path_buf(), Members::Group(10));
-        assert_eq!(t.sample(), Some(500));
+        assert_eq!(t.sample(), resident(500));
         assert_eq!(t.sample(), Some(900));
     }
 
@@ -549,7 +579,7 @@ mod tests {
         process(dir.path(), 10, 10, 700);
         let mut sampler = RssSampler::start(dir.path().to_path_buf(), Members::Group(10), Duration::from_millis(5));
         assert_eq!(sampler.samples(), 1, "the first sample is taken where it starts");
-        assert_eq!(sampler.peak_kib(), Some(700));
+        assert_eq!(sampler.peak_kib(), resident(700));
         assert!(sampler.deferred());
         process(dir.path(), 10, 10, 800);
         std::thread::sleep(Duration::from_millis(30));

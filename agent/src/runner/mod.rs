@@ -30,7 +30,8 @@
 //! peak resident set) of every live process of the trial (those listed by
 //! its cgroup when it has one, else the members of its process group) every
 //! [`RSS_SAMPLE_INTERVAL`] and keeps the largest. The first sample (the
-//! leader alone, one small read) is taken as the workload starts; the next
+//! leader alone, its resident set from `statm`, one small read) is taken as
+//! the workload starts; the next
 //! ones scan `/proc`, blocking I/O, so they run on a thread of its own
 //! ([`crate::procfs::RssSampler`]), not on the runtime thread, started only
 //! once the trial has run for an interval (a trial of a few milliseconds
