@@ -71,8 +71,8 @@ pub struct AgentConfig {
     pub tags: BTreeMap<String, String>,
     pub slots: u32,
     /// Trials held ready behind the slots (`--lookahead`, at most 4 per
-    /// slot); `None`: automatic, one per slot and two for trials no longer
-    /// than a round trip to the coordinator ([`AgentState::with_auto_lookahead`]).
+    /// slot); `None`: automatic, one per slot and more for trials short
+    /// beside a round trip to the coordinator ([`AgentState::with_auto_lookahead`]).
     pub lookahead: Option<u32>,
     pub topics: Topics,
     pub keepalive: Duration,
@@ -189,9 +189,10 @@ struct Executor {
     co: comeasure::CoMeter,
 }
 
-/// Places held ahead per slot an automatic lookahead announces (it holds
-/// one per slot but for trials no longer than a round trip).
-pub const AUTO_LOOKAHEAD_PER_SLOT: u32 = 2;
+/// Places held ahead per slot an automatic lookahead announces: the most
+/// it holds (one per slot, more for trials short beside a round trip:
+/// [`AgentState::with_auto_lookahead`]).
+pub const AUTO_LOOKAHEAD_PER_SLOT: u32 = tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT;
 
 /// How long the agent waits for a Welcome before it says Hello again.
 const HELLO_RETRY: Duration = Duration::from_secs(3);

@@ -153,12 +153,15 @@ impl AgentState {
     }
 
     /// An automatic lookahead (the agent's default): `base` places held
-    /// ahead, and all of `info.lookahead` while the latest trials are no
-    /// longer than a round trip to the coordinator (median of the latest
-    /// 8 of each, at least 4 trials and 2 round trips seen): then a held
-    /// trial ends before the assignment that replaces it arrives, and one
-    /// more held keeps the slot busy. Longer trials keep `base`, so that a
-    /// trial does not wait behind a long one while another agent frees up.
+    /// ahead (one per slot), and more while the latest trials are short
+    /// beside a round trip to the coordinator (medians of the latest 8 of
+    /// each, at least 4 trials and 2 round trips seen): as many per slot as
+    /// the slot finishes in two round trips, up to `info.lookahead`. A held
+    /// trial starts as one ends and its replacement is asked for then; it
+    /// arrives a round trip later, so a slot whose held trials all end
+    /// sooner waits (twice the round trip: they vary). Trials longer than
+    /// two round trips keep `base`, so that a trial does not wait behind a
+    /// long one while another agent frees up.
     pub fn with_auto_lookahead(mut self, base: u32) -> Self {
         self.auto_ahead = Some(base);
         self
@@ -170,19 +173,25 @@ impl AgentState {
         self.now_us = now_us;
     }
 
-    /// Whether the latest trials are no longer than a round trip.
-    fn trials_within_round_trip(&self) -> bool {
-        self.walls.len() >= 4
-            && self.round_trips.len() >= 2
-            && matches!((median(&self.walls), median(&self.round_trips)), (Some(w), Some(rt)) if w <= rt)
+    /// Trials a slot finishes in two round trips (at least 1), from the
+    /// latest trials and round trips; `None` before enough are seen.
+    fn trials_per_two_round_trips(&self) -> Option<u64> {
+        if self.walls.len() < 4 || self.round_trips.len() < 2 {
+            return None;
+        }
+        let (wall, rtt) = (median(&self.walls)?.max(1), median(&self.round_trips)?);
+        Some(rtt.saturating_mul(2).div_ceil(wall).max(1))
     }
 
     /// Places to hold trials ahead now.
     fn ahead_places(&self) -> u32 {
         let most = self.info.ahead_places();
         match self.auto_ahead {
-            Some(base) if !self.trials_within_round_trip() => base.min(most),
-            _ => most,
+            Some(base) => {
+                let per_slot = self.trials_per_two_round_trips().unwrap_or(1);
+                base.saturating_mul(u32::try_from(per_slot).unwrap_or(u32::MAX)).min(most)
+            }
+            None => most,
         }
     }
 
@@ -854,21 +863,27 @@ mod tests {
     }
 
     #[test]
-    fn an_automatic_lookahead_holds_two_per_slot_only_for_trials_shorter_than_a_round_trip() {
-        let mut st = AgentState::new(AgentInfo { lookahead: 2, ..info(1) }, vec![0], None).with_auto_lookahead(1);
+    fn an_automatic_lookahead_holds_what_a_slot_finishes_in_two_round_trips() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 4, ..info(1) }, vec![0], None).with_auto_lookahead(1);
         let first = welcome(&mut st);
         assert_eq!(request_of(&first).map(|r| (r.free, r.ahead)), Some((1, 1)), "one per slot to begin with");
         assert_eq!(kinds(&st.on_assign(assign(0, None))), ["start"]);
         assert!(st.on_assign(assign(1, None)).is_empty());
         // Trials of 5 ms, round trips of 1 ms: one held is enough.
         assert_eq!(run_trials(&mut st, 0, 8, 5_000, 1_000), (0, 0), "one held per slot, and it is");
-        // Trials of 0.3 ms, round trips of 1 ms: the slot would wait; two held.
-        assert_eq!(run_trials(&mut st, 8, 20, 300, 1_000), (0, 1), "room for a second held trial");
-        st.set_clock(st.now_us + 10);
-        assert!(st.on_assign(assign(100, None)).is_empty(), "a second one is held");
-        assert_eq!(st.held_count(), 2);
-        // Long trials again: back to one per slot once the latest are long.
-        assert_eq!(run_trials(&mut st, 20, 40, 50_000, 1_000), (0, 0));
+        // Trials of 0.8 ms, round trips of 1 ms: 2.5 trials in two round trips, three held.
+        assert_eq!(run_trials(&mut st, 8, 20, 800, 1_000), (0, 2), "room for two more held trials");
+        // Trials of 0.3 ms: all four places the agent announced.
+        assert_eq!(run_trials(&mut st, 20, 32, 300, 1_000), (0, 3), "room for three more");
+        for n in 0..3 {
+            st.set_clock(st.now_us + 10);
+            assert!(st.on_assign(assign(100 + n, None)).is_empty(), "held");
+        }
+        assert_eq!(st.held_count(), 4);
+        assert_eq!(st.room(), (0, 0), "never more than announced");
+        // Long trials again: back to one per slot once the latest are long
+        // (the trials held meanwhile run first).
+        assert_eq!(run_trials(&mut st, 32, 52, 50_000, 1_000), (0, 0));
         assert_eq!(st.held_count(), 1, "one held per slot again");
         // A fixed lookahead ignores the times.
         let mut fixed = AgentState::new(AgentInfo { lookahead: 1, ..info(1) }, vec![0], None);

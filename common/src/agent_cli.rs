@@ -56,8 +56,9 @@ pub struct Cli {
     /// Trials held ready behind the running ones, started the moment a
     /// slot frees (no round trip to the coordinator between trials); at
     /// most 4 per slot, 0 turns it off. Default: automatic, one per slot,
-    /// two while the latest trials are no longer than the latest round
-    /// trips to the coordinator (request to assignment; median of 8)
+    /// and for trials shorter than two round trips to the coordinator
+    /// (request to assignment; medians of 8) as many as a slot finishes in
+    /// two round trips, up to 4
     #[arg(long)]
     pub lookahead: Option<u32>,
     /// Topic root shared with the coordinator
