@@ -1,7 +1,7 @@
 //! The spool's tests: round trip, group commit, torn tails, a crash between
 //! an append and its ack, compaction, the earlier layout, parking.
 
-use super::log::{replay, should_compact, COMPACT_ABOVE, COMPACT_SETTLED, MAGIC};
+use super::log::{replay, should_compact, CHUNK, COMPACT_ABOVE, COMPACT_SETTLED, MAGIC};
 use super::*;
 use tunefleet_common::measurement::{
     AppliedLimits, EnergyReading, EnergySourceKind, ExitOutcome, Measurement, MemoryLimit,
@@ -63,6 +63,32 @@ fn log_len(dir: &Path) -> u64 {
     fs::metadata(log_path(dir)).expect("log").len()
 }
 
+/// Where the records of the log in `dir` end (zeros follow, to the file's end).
+fn records_end(dir: &Path) -> usize {
+    let bytes = fs::read(log_path(dir)).expect("read");
+    let r = replay(&bytes);
+    assert!(r.dropped.is_none(), "{:?}", r.dropped);
+    assert!(bytes[r.valid_len..].iter().all(|&b| b == 0), "zeros after the records");
+    r.valid_len
+}
+
+/// Writes zeros over `from..to` of the log in `dir`: what a crash leaves of
+/// bytes written there but never synced (the file was made with zeros ahead).
+fn zero(dir: &Path, from: usize, to: usize) {
+    let mut bytes = fs::read(log_path(dir)).expect("read");
+    assert!(bytes[from..to].iter().any(|&b| b != 0), "something to lose");
+    bytes[from..to].fill(0);
+    fs::write(log_path(dir), &bytes).expect("write");
+}
+
+/// The log file of `dir` is `records`, then zeros to a whole chunk.
+fn assert_log_is(dir: &Path, records: &[u8]) {
+    let bytes = fs::read(log_path(dir)).expect("read");
+    assert_eq!(&bytes[..records.len()], records);
+    assert!(bytes[records.len()..].iter().all(|&b| b == 0));
+    assert_eq!(bytes.len() as u64 % CHUNK, 0, "made a chunk at a time");
+}
+
 #[test]
 fn saves_loads_and_removes() {
     let (dir, mut store, a, b) = holding_two("st/../x");
@@ -93,17 +119,22 @@ fn results_kept_together_take_one_sync() {
 
 #[test]
 fn a_torn_last_record_is_dropped_and_the_rest_kept() {
-    for cut in [1usize, 7, 30] {
+    // A crash during b's write: its record cut short, the rest of it left
+    // as the zeros made ahead, or the file itself shorter.
+    for (cut, truncated) in [(7usize, false), (30, false), (1, true), (7, true), (30, true)] {
         let (dir, store, a, _) = holding_two("t");
         let c = result("t", 3);
         drop(store);
-        // A crash during b's write: its record cut short.
-        let len = log_len(dir.path());
-        fs::OpenOptions::new()
-            .write(true)
-            .open(log_path(dir.path()))
-            .and_then(|f| f.set_len(len - cut as u64))
-            .expect("cut");
+        let end = records_end(dir.path());
+        if truncated {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(log_path(dir.path()))
+                .and_then(|f| f.set_len((end - cut) as u64))
+                .expect("cut");
+        } else {
+            zero(dir.path(), end - cut, end);
+        }
         let mut store = PendingResults::open(dir.path()).expect("a torn tail is no error");
         assert_eq!(store.load(), vec![a.clone()], "cut {cut}");
         // Appends after it are read back: the torn bytes are gone.
@@ -117,13 +148,49 @@ fn a_torn_last_record_is_dropped_and_the_rest_kept() {
 fn a_last_record_with_a_bad_checksum_is_dropped() {
     let (dir, store, a, _) = holding_two("t");
     drop(store);
+    let end = records_end(dir.path());
     let mut bytes = fs::read(log_path(dir.path())).expect("read");
-    let last = bytes.len() - 3;
-    bytes[last] ^= 0x40;
+    bytes[end - 3] ^= 0x40;
     fs::write(log_path(dir.path()), &bytes).expect("write");
     let r = replay(&bytes);
     assert_eq!(r.dropped.as_ref().map(|d| d.why), Some("a record whose checksum does not match (torn write)"));
     assert_eq!(reopened(dir.path()), vec![a]);
+}
+
+/// An append changes neither the file's size nor its blocks (its sync
+/// writes the record alone, not the inode); the file grows a chunk at a
+/// time, and a log of an earlier version (no zeros after its records)
+/// is read as it is and grows so from its next append.
+#[test]
+fn appends_go_into_zeros_made_ahead_a_chunk_at_a_time() {
+    let (dir, mut store) = fresh();
+    assert_eq!(log_len(dir.path()), CHUNK, "a new log is one chunk");
+    let mut trial = 0;
+    while (records_end(dir.path()) as u64) < CHUNK - 4096 {
+        store.save(&result("z", trial)).expect("save");
+        assert_eq!(log_len(dir.path()), CHUNK, "an append within the chunk keeps the size");
+        trial += 1;
+    }
+    while (records_end(dir.path()) as u64) < CHUNK + 1 {
+        store.save(&result("z", trial)).expect("save");
+        trial += 1;
+    }
+    assert_eq!(log_len(dir.path()), 2 * CHUNK, "the next chunk, zeros ahead");
+    drop(store);
+    assert_eq!(reopened(dir.path()).len() as u64, trial);
+    // The records alone, as an earlier version left them.
+    let end = records_end(dir.path());
+    fs::OpenOptions::new()
+        .write(true)
+        .open(log_path(dir.path()))
+        .and_then(|f| f.set_len(end as u64))
+        .expect("cut the zeros");
+    let mut store = PendingResults::open(dir.path()).expect("reopen");
+    assert_eq!(store.load().len() as u64, trial);
+    store.save(&result("z", trial)).expect("save");
+    assert_eq!(log_len(dir.path()) % CHUNK, 0, "grown to a whole chunk");
+    drop(store);
+    assert_eq!(reopened(dir.path()).len() as u64, trial + 1);
 }
 
 #[test]
@@ -131,7 +198,7 @@ fn a_crash_between_the_append_and_the_ack_sends_the_result_again() {
     let (dir, mut store) = fresh();
     let (a, b) = (result("c", 1), result("c", 2));
     store.save(&a).expect("save");
-    let before_ack = log_len(dir.path());
+    let before_ack = records_end(dir.path());
     // Killed after the append, before any ack: the result is there.
     drop(store);
     let mut store = PendingResults::open(dir.path()).expect("reopen");
@@ -139,13 +206,13 @@ fn a_crash_between_the_append_and_the_ack_sends_the_result_again() {
     // Acked, then a power cut loses the unsynced ack mark: sent again (the
     // coordinator answers Duplicate), never lost.
     store.save(&b).expect("save");
-    let synced = log_len(dir.path());
+    let synced = records_end(dir.path());
     store.remove(&a.trial).expect("ack");
-    assert!(log_len(dir.path()) > synced, "the ack mark appended");
+    let end = records_end(dir.path());
+    assert!(end > synced, "the ack mark appended");
     drop(store);
-    let len = log_len(dir.path());
-    fs::OpenOptions::new().write(true).open(log_path(dir.path())).and_then(|f| f.set_len(synced)).expect("cut");
-    assert!(len > synced && synced > before_ack);
+    zero(dir.path(), synced, end);
+    assert!(synced > before_ack);
     assert_eq!(reopened(dir.path()), vec![a.clone(), b.clone()]);
     // With the ack kept, it is gone for good.
     let mut store = PendingResults::open(dir.path()).expect("reopen");
@@ -166,7 +233,7 @@ fn the_log_is_compacted_once_everything_in_it_is_acknowledged() {
         store.save(&r).expect("save");
         store.remove(&r.trial).expect("ack");
         let len = store.log.len();
-        assert_eq!(len, log_len(dir.path()));
+        assert_eq!(len, records_end(dir.path()) as u64);
         if len < peak {
             break;
         }
@@ -175,7 +242,8 @@ fn the_log_is_compacted_once_everything_in_it_is_acknowledged() {
         assert!(trial < 10_000, "never compacted");
     }
     assert!(peak >= COMPACT_SETTLED - 1024, "{peak}");
-    assert_eq!(fs::read(log_path(dir.path())).expect("read"), MAGIC.to_vec(), "nothing acknowledged kept");
+    assert_log_is(dir.path(), MAGIC);
+    assert_eq!(records_end(dir.path()), MAGIC.len(), "nothing acknowledged kept");
     assert!(!dir.path().join("spool.log.tmp").exists());
     // With one result unacknowledged, the log is not rewritten at that size.
     let held = result("k", 100_000);
@@ -192,7 +260,8 @@ fn the_log_is_compacted_once_everything_in_it_is_acknowledged() {
     assert_eq!(store.load(), vec![held.clone()]);
     let mut alone = MAGIC.to_vec();
     log::push_result(&mut alone, &file_name(&held.trial), &encode(&held).expect("encode")).expect("frame");
-    assert_eq!(fs::read(log_path(dir.path())).expect("read"), alone);
+    assert_log_is(dir.path(), &alone);
+    assert_eq!(records_end(dir.path()), alone.len());
 }
 
 #[test]
