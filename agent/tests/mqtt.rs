@@ -231,9 +231,10 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     // The retained coordinator status brings a signed Hello; once welcomed:
     // the online status and a request, sealed in the session.
     let info = coord.welcome_next_hello(500).await.info;
-    // The automatic lookahead announces two places per slot (it holds one
-    // but for trials shorter than a round trip).
-    assert_eq!((info.agent.as_str(), info.slots, info.lookahead), ("a1", 1, 2));
+    // The automatic lookahead announces four places per slot (it holds one
+    // but for trials shorter than two round trips).
+    assert_eq!((info.agent.as_str(), info.slots, info.lookahead), ("a1", 1, tunefleet_agent::AUTO_LOOKAHEAD_PER_SLOT));
+    assert_eq!(tunefleet_agent::AUTO_LOOKAHEAD_PER_SLOT, 4);
     let status = coord.expect("online status", |m| matches!(m, AgentMessage::Status(s) if s.online)).await;
     assert!(matches!(status, AgentMessage::Status(s) if s.instance == info.instance));
     coord.expect("request", |m| matches!(m, AgentMessage::Request(r) if r.free == 1)).await;
@@ -277,21 +278,21 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     let parked = std::fs::read_dir(state.path().join("parked")).expect("parked dir").count();
     assert_eq!(parked, 2, "the parked result and its reason");
 
-    // Busy: the next two assignments are held ahead (the two places per
-    // slot an automatic lookahead announces), a fourth refused.
+    // Busy: the next four assignments are held ahead (the four places per
+    // slot an automatic lookahead announces), a sixth refused.
     coord.send(assign(3, "sleep 30")).await;
     // Assignments on one topic arrive in order: 3 starts before 4 is seen.
-    coord.send(assign(4, "true")).await;
-    coord.send(assign(5, "true")).await;
-    coord.send(assign(6, "true")).await;
+    for held in 4..=8 {
+        coord.send(assign(held, "true")).await;
+    }
     let refusal = coord.expect("refusal", |m| matches!(m, AgentMessage::Refuse(_))).await;
     let AgentMessage::Refuse(refusal) = refusal else { unreachable!() };
-    assert_eq!(refusal.trial, trial(6), "4 and 5 are held, 6 has no room");
+    assert_eq!(refusal.trial, trial(8), "4 to 7 are held, 8 has no room");
 
-    // Shutdown: the held trials 4 and 5 are given back, never started;
+    // Shutdown: the held trials 4 to 7 are given back, never started;
     // trial 3 is cancelled and reported, then the agent goes offline.
     let _ = stop_tx.send(());
-    for held in [4, 5] {
+    for held in 4..=7 {
         let given_back = coord.expect("held trial given back", |m| matches!(m, AgentMessage::Refuse(_))).await;
         assert!(matches!(&given_back, AgentMessage::Refuse(r) if r.trial == trial(held)), "{given_back:?}");
     }
