@@ -498,7 +498,7 @@ fn sched_policy(max_attempts: u32) -> StudyPolicy {
         id: 7,
         selector: Selector::default(),
         max_attempts,
-        lookahead: true,
+        ahead_per_slot: tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
         lease_ms: 65_000,
     }
 }

@@ -155,10 +155,29 @@ impl Scheduler {
     }
 
     /// How many more trials `study` could hand out now: the free slots of
-    /// the live agents that match it, less the trials already queued.
+    /// the live agents that match it, less the trials already queued. For a
+    /// study held shallower than agents offer (`ahead_per_slot`), what each
+    /// can take of it: a trial is asked of the search only when it can go
+    /// out, not to wait in the queue asked blind.
     pub fn demand(&self, study: &str) -> u64 {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };
-        s.ready_credit.saturating_sub(s.queue.len() as u64)
+        let mut credit = s.ready_credit;
+        if s.policy.ahead_per_slot < tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT {
+            let room: u64 = self
+                .ready
+                .iter()
+                .filter_map(|name| Some((name, self.agents.get(&**name)?)))
+                .filter_map(|(name, a)| Some((name, a, a.info.as_ref().filter(|i| s.policy.selector.matches(i))?)))
+                .map(|(name, a, info)| {
+                    let most = u64::from(info.slots).saturating_mul(1 + u64::from(s.policy.ahead_per_slot));
+                    let holding: usize =
+                        self.studies.iter().map(|st| st.held.get(&**name).map_or(0, |h| h.len())).sum();
+                    u64::from(a.counted).min(most.saturating_sub(holding as u64))
+                })
+                .sum();
+            credit = credit.min(room);
+        }
+        credit.saturating_sub(s.queue.len() as u64)
     }
 
     /// Drops a finished study from memory.

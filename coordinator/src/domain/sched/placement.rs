@@ -42,9 +42,12 @@ impl Scheduler {
                 for k in 0..n {
                     let i = (*next_study + k) % n;
                     let ahead = holding >= slots;
+                    let room_ahead = |per_slot: u32| {
+                        holding.saturating_sub(slots) < slots.saturating_mul(usize::try_from(per_slot).unwrap_or(0))
+                    };
                     let Some(study) = studies
                         .get_mut(i)
-                        .filter(|s| s.policy.selector.matches(info) && (s.policy.lookahead || !ahead))
+                        .filter(|s| s.policy.selector.matches(info) && (!ahead || room_ahead(s.policy.ahead_per_slot)))
                     else {
                         continue;
                     };

@@ -2,7 +2,7 @@
 
 use proptest::prelude::*;
 
-use tunefleet_common::message::{AgentStatus, WorkRequest};
+use tunefleet_common::message::{AgentStatus, WorkRequest, MAX_LOOKAHEAD_PER_SLOT};
 
 use super::fleet::credit;
 use super::*;
@@ -27,12 +27,20 @@ fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentIn
 
 /// A study of any agent, leases of 1 s.
 fn policy(name: &str, id: u64, max_attempts: u32, lookahead: bool) -> StudyPolicy {
-    StudyPolicy { name: name.into(), id, selector: Selector::default(), max_attempts, lookahead, lease_ms: 1_000 }
+    let ahead_per_slot = if lookahead { MAX_LOOKAHEAD_PER_SLOT } else { 0 };
+    StudyPolicy { name: name.into(), id, selector: Selector::default(), max_attempts, ahead_per_slot, lease_ms: 1_000 }
 }
 
 fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
     let mut s = Scheduler::new();
-    let policy = StudyPolicy { name: "s".into(), id: 7, selector, max_attempts, lookahead: true, lease_ms: 1_000 };
+    let policy = StudyPolicy {
+        name: "s".into(),
+        id: 7,
+        selector,
+        max_attempts,
+        ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT,
+        lease_ms: 1_000,
+    };
     s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
     s
 }
@@ -578,7 +586,7 @@ proptest! {
         let mut s = sched(12, 3, Selector::default());
         s.set_open("s", true);
         let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, lookahead: true, lease_ms: 700 };
+        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, lease_ms: 700 };
         let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
         states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
         s.add_study(policy, states, 0);
@@ -706,6 +714,34 @@ fn trials_held_deeper_than_a_slot_get_a_lease_for_each_trial_they_wait_behind() 
     s.hello(AgentInfo { slots: 1, lookahead: 9, ..info("a", 1, "x86_64", &[]) });
     s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 9, running: vec![], held: vec![] });
     assert_eq!(assigned(&s.assign(0)).len(), 5);
+}
+
+/// A study whose search learns from each result (`tpe`, `gp`) has one of
+/// its trials held ahead per slot at most, whatever the agent offers; a
+/// study of another search beside it fills the other places.
+#[test]
+fn a_study_that_learns_from_each_result_is_held_one_deep_at_most() {
+    let mut s = Scheduler::new();
+    let queue = |n| vec![Restored::Pending { last_attempt: 0, failures: 0 }; n];
+    s.add_study(StudyPolicy { ahead_per_slot: 1, ..policy("model", 7, 1, true) }, queue(20), 0);
+    s.hello(AgentInfo { slots: 2, lookahead: 8, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 2, ahead: 8, running: vec![], held: vec![] });
+    let work = assigned(&s.assign(0));
+    assert_eq!(work.len(), 4, "two running, one held per slot: {work:?}");
+    s.add_study(policy("random", 8, 1, true), queue(20), 0);
+    let running = work.iter().map(|(_, t)| t.clone()).collect();
+    s.request("a", &WorkRequest { seq: 2, free: 0, ahead: 6, running, held: vec![] });
+    let more = assigned(&s.assign(0));
+    assert_eq!(more.len(), 6, "the other study fills the places left: {more:?}");
+    assert!(more.iter().all(|(_, t)| t.study == "random"), "{more:?}");
+    // What each may ask of its search: the model's study no more than it
+    // could hand out (its slots and one ahead each), the other all offered.
+    let mut s = Scheduler::new();
+    s.add_study(StudyPolicy { ahead_per_slot: 1, ..policy("model", 7, 1, true) }, Vec::new(), 0);
+    s.add_study(policy("random", 8, 1, true), Vec::new(), 0);
+    s.hello(AgentInfo { slots: 2, lookahead: 8, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 2, ahead: 8, running: vec![], held: vec![] });
+    assert_eq!((s.demand("model"), s.demand("random")), (4, 10));
 }
 
 #[test]

@@ -16,9 +16,10 @@ pub struct StudyPolicy {
     pub id: u64,
     pub selector: Selector,
     pub max_attempts: u32,
-    /// Whether its trials may be held ahead on an agent whose slots are
-    /// busy (the study's `lookahead`); if not, only a free slot takes one.
-    pub lookahead: bool,
+    /// How many of its trials an agent may hold ahead per slot, its slots
+    /// busy ([`crate::domain::study::Study::ahead_per_slot`]); 0: only a
+    /// free slot takes one.
+    pub ahead_per_slot: u32,
     /// How long an attempt may hold its lease (trial timeout plus a grace);
     /// one held ahead may hold it twice as long: it waits at most for one
     /// of the trials running there.

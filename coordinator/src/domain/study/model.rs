@@ -389,6 +389,20 @@ pub struct Study {
 }
 
 impl Study {
+    /// How many of its trials an agent may hold ahead per slot while its
+    /// slots are busy: none with `lookahead = 0`; one for a search that
+    /// learns from each result (`tpe`, `gp`: a trial held ahead is asked
+    /// without the results of those it waits behind, so the deeper an
+    /// agent holds, the more of the study is asked blind); else as many as
+    /// an agent may announce.
+    pub fn ahead_per_slot(&self) -> u32 {
+        match (self.lookahead, &self.strategy) {
+            (false, _) => 0,
+            (true, Strategy::Tpe { .. } | Strategy::Gp { .. }) => 1,
+            (true, Strategy::Grid | Strategy::Random { .. }) => tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
+        }
+    }
+
     /// The keys of the study file in which `self` and `newer` differ
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.

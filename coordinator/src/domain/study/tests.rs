@@ -325,6 +325,14 @@ high = 1
     assert_eq!((s.timeout_s, s.repeats, s.max_attempts), (DEFAULT_TIMEOUT_S, 1, DEFAULT_MAX_ATTEMPTS));
     assert!(s.lookahead, "trials may be held ahead unless a study says not");
     assert_eq!(s.strategy, Strategy::Grid);
+    let most = tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT;
+    assert_eq!(s.ahead_per_slot(), most);
+    let with = |strategy, lookahead| Study { strategy, lookahead, ..s.clone() }.ahead_per_slot();
+    assert_eq!(with(Strategy::Random { seed: 1 }, true), most);
+    assert_eq!(with(Strategy::Tpe { seed: 1 }, true), 1, "a model asks as few as it can blind");
+    assert_eq!(with(Strategy::Gp { seed: 1 }, true), 1);
+    assert_eq!(with(Strategy::Tpe { seed: 1 }, false), 0);
+    assert_eq!(with(Strategy::Grid, false), 0);
     assert_eq!(s.hyper["x"], ParamSpec::Float { low: 0.0, high: 1.0, grid: DEFAULT_GRID_POINTS });
     assert_eq!(s.selector, Selector::default());
     assert!(s.env.is_empty());

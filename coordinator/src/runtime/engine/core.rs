@@ -203,7 +203,7 @@ impl Core {
             id,
             selector: study.selector.clone(),
             max_attempts: study.max_attempts,
-            lookahead: study.lookahead,
+            ahead_per_slot: study.ahead_per_slot(),
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
         };
         self.sched.add_study(policy, states, now.engine_ms);
