@@ -121,6 +121,10 @@ pub(super) fn replay(bytes: &[u8]) -> Replay {
     let stop = |rest: &[u8], why| Some(Dropped { at: bytes.len() - rest.len(), bytes: rest.len(), why });
     while !rest.is_empty() {
         let Some((header, after)) = rest.split_first_chunk::<FRAME_HEADER>() else {
+            if rest.iter().all(|&b| b == 0) {
+                // Zeros made ahead of the records, fewer than a header: the clean end.
+                break;
+            }
             out.dropped = stop(rest, "a short record header (torn write)");
             break;
         };
@@ -334,6 +338,10 @@ impl Log {
     /// whole [`CHUNK`]: a temporary file, fsynced, renamed over the log, and
     /// the directory fsynced.
     pub(super) fn compact(&mut self) -> Result<(), PendingError> {
+        // Until the new file is open for appends, the next write rewrites
+        // first: a failure after the rename would leave appends going to
+        // the file it replaced.
+        self.rewrite = true;
         let mut buf = MAGIC.to_vec();
         for (key, encoded) in &self.live {
             // Each was a record already: it fits.

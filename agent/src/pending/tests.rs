@@ -426,5 +426,12 @@ fn replay_stops_at_what_it_cannot_read() {
     assert_eq!(r.valid_len, whole);
     assert_eq!(r.dropped.map(|d| (d.at, d.why)), Some((whole, "a record this agent cannot read")));
     assert_eq!(replay(b"").valid_len, 0);
+    // Zeros after the records are the clean end, even fewer than a header.
+    for zeros in [1usize, 7, 8, 4096] {
+        let mut padded = log[..whole].to_vec();
+        padded.resize(whole + zeros, 0);
+        let r = replay(&padded);
+        assert_eq!((r.valid_len, r.dropped), (whole, None), "{zeros} zeros");
+    }
     assert_eq!(replay(b"TFSPOOL9").dropped.map(|d| d.at), Some(0));
 }

@@ -33,10 +33,13 @@ use crate::energy;
 pub const IDLE_KEEP: Duration = Duration::from_secs(10);
 
 /// The pool (one an agent, shared by its slots through [`super::RunnerConfig`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Launchers {
-    /// The idle threads, each as the sending half of its job channel.
-    idle: Mutex<Vec<Sender<Job>>>,
+    /// How long a thread waits for another trial before it ends.
+    keep: Duration,
+    /// The idle threads, each by its number and the sending half of its
+    /// job channel.
+    idle: Mutex<Vec<(u64, Sender<Job>)>>,
     /// Threads started so far.
     threads: AtomicU64,
 }
@@ -69,7 +72,18 @@ struct Launched {
     start: Instant,
 }
 
+impl Default for Launchers {
+    fn default() -> Self {
+        Launchers::keeping(IDLE_KEEP)
+    }
+}
+
 impl Launchers {
+    /// A pool whose threads end once idle for `keep`.
+    pub fn keeping(keep: Duration) -> Self {
+        Launchers { keep, idle: Mutex::default(), threads: AtomicU64::new(0) }
+    }
+
     /// Threads the pool has started so far.
     pub fn threads_started(&self) -> u64 {
         self.threads.load(Ordering::Relaxed)
@@ -79,9 +93,10 @@ impl Launchers {
     fn dispatch(self: &Arc<Self>, mut job: Job) -> Result<(), String> {
         loop {
             let idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
-            let Some(thread) = idle else { break };
-            // A thread that ended (idle too long) between being listed and
-            // now gives the job back.
+            let Some((_, thread)) = idle else { break };
+            // A listed thread takes its job (one that waited too long
+            // leaves the list itself, or takes the job it was popped for);
+            // one gone all the same gives it back.
             match thread.send(job) {
                 Ok(()) => return Ok(()),
                 Err(mpsc::SendError(back)) => job = back,
@@ -90,45 +105,76 @@ impl Launchers {
         let (tx, rx) = mpsc::channel();
         let me = tx.clone();
         let pool = Arc::clone(self);
+        let number = self.threads.fetch_add(1, Ordering::Relaxed);
         std::thread::Builder::new()
             .name("tf-trial".into())
             .stack_size(256 << 10)
-            .spawn(move || pool.serve(&rx, &me))
+            .spawn(move || pool.serve(number, &rx, &me))
             .map_err(|e| format!("cannot start the trial's thread: {e}"))?;
-        self.threads.fetch_add(1, Ordering::Relaxed);
         tx.send(job).map_err(|_| "the trial's thread ended before the workload started".to_string())
     }
 
     /// A thread of the pool: starts the jobs it is given, one at a time,
     /// each only once the counters of the one before are closed.
-    fn serve(&self, jobs: &Receiver<Job>, me: &Sender<Job>) {
+    fn serve(&self, number: u64, jobs: &Receiver<Job>, me: &Sender<Job>) {
         // What the thread may run on when a trial is not pinned.
         let unpinned = sched_getaffinity(None).ok();
         let mut pinned = false;
         loop {
-            let job = match jobs.recv_timeout(IDLE_KEEP) {
+            let job = match jobs.recv_timeout(self.keep) {
                 Ok(job) => job,
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {
+                    let mut idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if let Some(i) = idle.iter().position(|(n, _)| *n == number) {
+                        idle.swap_remove(i);
+                        return;
+                    }
+                    drop(idle);
+                    // Taken off the list by a dispatch: its job is coming.
+                    match jobs.recv() {
+                        Ok(job) => job,
+                        Err(_) => return,
+                    }
+                }
             };
-            let released = start(job, &mut pinned, unpinned.as_ref());
+            let Some(released) = start(job, &mut pinned, unpinned.as_ref()) else {
+                // Its CPUs could not be set: a thread that might refuse the
+                // next trial too ends instead.
+                return;
+            };
             // Disconnected once the trial's counters are dropped (or at once
             // when none were handed over).
             if let Some(released) = released {
                 let _ = released.recv();
             }
-            self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(me.clone());
+            self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((number, me.clone()));
         }
     }
 }
 
 /// Starts one workload, hands it over and waits for its top process to
-/// end; returns what tells when its counters are closed.
-fn start(job: Job, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Receiver<()>> {
-    let Job { mut cmd, cpus, proc_root, meter, started: started_tx, exit } = job;
+/// end; returns what tells when its counters are closed, `Some(None)` when
+/// it did not start, and `None` when this thread's CPUs could not be set.
+fn start(job: Job, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Option<Receiver<()>>> {
+    let Job { cmd, cpus, proc_root, meter, started: started_tx, exit } = job;
     if let Err(e) = pin(&cpus, pinned, unpinned) {
         let _ = started_tx.send(Err(e));
         return None;
     }
+    Some(spawn_counted(cmd, started_tx, exit, meter, proc_root))
+}
+
+/// Opens the counters on this thread, starts `cmd`, hands it over and
+/// waits for its top process to end; what tells when the counters are
+/// closed, or `None` when it did not start.
+fn spawn_counted(
+    mut cmd: Command,
+    started_tx: mpsc::SyncSender<Result<Launched, String>>,
+    exit: oneshot::Sender<std::io::Result<Exited>>,
+    meter: Box<dyn energy::EnergyMeter>,
+    proc_root: PathBuf,
+) -> Option<Receiver<()>> {
     let (release, released) = mpsc::channel();
     let counters = CounterSet::open_for_children().released_to(release);
     let started_unix_ms = unix_ms(SystemTime::now());
@@ -174,9 +220,8 @@ fn pin(cpus: &[u32], pinned: &mut bool, unpinned: Option<&CpuSet>) -> Result<(),
         crate::exec::pin_current_thread(cpus)?;
         *pinned = true;
     } else if *pinned {
-        if let Some(set) = unpinned {
-            sched_setaffinity(None, set).map_err(|e| format!("cannot unpin the trial's thread: {e}"))?;
-        }
+        let set = unpinned.ok_or("cannot unpin the trial's thread: the CPUs it started on are unknown")?;
+        sched_setaffinity(None, set).map_err(|e| format!("cannot unpin the trial's thread: {e}"))?;
         *pinned = false;
     }
     Ok(())
@@ -243,5 +288,16 @@ mod tests {
             end(sleep_for(&pool, "0"));
         }
         assert_eq!(pool.threads_started(), 2, "idle threads were not reused");
+    }
+
+    /// A thread that waited too long leaves the list itself: a trial
+    /// handed to it as it leaves is never lost (threads here end the
+    /// moment they are idle, so every trial meets one leaving).
+    #[test]
+    fn no_trial_is_lost_to_a_thread_that_ends() {
+        let pool = Arc::new(Launchers::keeping(Duration::ZERO));
+        for _ in 0..1000 {
+            end(sleep_for(&pool, "0"));
+        }
     }
 }

@@ -169,10 +169,18 @@ impl Scheduler {
                 .filter_map(|name| Some((name, self.agents.get(&**name)?)))
                 .filter_map(|(name, a)| Some((name, a, a.info.as_ref().filter(|i| s.policy.selector.matches(i))?)))
                 .map(|(name, a, info)| {
-                    let most = u64::from(info.slots).saturating_mul(1 + u64::from(s.policy.ahead_per_slot));
-                    let holding: usize =
-                        self.studies.iter().map(|st| st.held.get(&**name).map_or(0, |h| h.len())).sum();
-                    u64::from(a.counted).min(most.saturating_sub(holding as u64))
+                    // Its own depth there; or, when it waits for a free
+                    // slot, the agent's free slots.
+                    let slots = u64::from(info.slots);
+                    let room = if s.policy.ahead_per_slot == 0 {
+                        let holding: usize =
+                            self.studies.iter().map(|st| st.held.get(&**name).map_or(0, |h| h.len())).sum();
+                        slots.saturating_sub(holding as u64)
+                    } else {
+                        let own = s.held.get(&**name).map_or(0, |h| h.len()) as u64;
+                        slots.saturating_mul(1 + u64::from(s.policy.ahead_per_slot)).saturating_sub(own)
+                    };
+                    u64::from(a.counted).min(room)
                 })
                 .sum();
             credit = credit.min(room);

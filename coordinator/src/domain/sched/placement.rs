@@ -8,8 +8,18 @@
 
 use std::ops::Bound;
 
-use super::lease::{trial_ref, Lease, State};
+use super::lease::{trial_ref, Lease, State, StudyState};
 use super::{Effect, Scheduler};
+
+/// Whether `study` may have one more of its trials held ahead on agent
+/// `name` of `slots` slots, its slots busy: as deep as the study allows
+/// (`ahead_per_slot`), counting its own leases there (another study's held
+/// trials take the agent's places, not this study's depth).
+pub(super) fn room_ahead(study: &StudyState, name: &str, slots: usize) -> bool {
+    let per_slot = usize::try_from(study.policy.ahead_per_slot).unwrap_or(usize::MAX);
+    let own = study.held.get(name).map_or(0, |h| h.len());
+    per_slot > 0 && own < slots.saturating_mul(per_slot.saturating_add(1))
+}
 
 impl Scheduler {
     /// Hands queued trials to agents with credit.
@@ -42,12 +52,9 @@ impl Scheduler {
                 for k in 0..n {
                     let i = (*next_study + k) % n;
                     let ahead = holding >= slots;
-                    let room_ahead = |per_slot: u32| {
-                        holding.saturating_sub(slots) < slots.saturating_mul(usize::try_from(per_slot).unwrap_or(0))
-                    };
                     let Some(study) = studies
                         .get_mut(i)
-                        .filter(|s| s.policy.selector.matches(info) && (!ahead || room_ahead(s.policy.ahead_per_slot)))
+                        .filter(|s| s.policy.selector.matches(info) && (!ahead || room_ahead(s, name, slots)))
                     else {
                         continue;
                     };

@@ -742,6 +742,29 @@ fn a_study_that_learns_from_each_result_is_held_one_deep_at_most() {
     s.hello(AgentInfo { slots: 2, lookahead: 8, ..info("a", 1, "x86_64", &[]) });
     s.request("a", &WorkRequest { seq: 1, free: 2, ahead: 8, running: vec![], held: vec![] });
     assert_eq!((s.demand("model"), s.demand("random")), (4, 10));
+    // Another study's held trials take the agent's places, not the
+    // model's depth: an agent kept full by a random study still takes the
+    // model's trials as its places free, in turn with the other study.
+    let mut s = Scheduler::new();
+    s.add_study(policy("random", 8, 1, true), queue(50), 0);
+    s.hello(AgentInfo { slots: 1, lookahead: 4, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 4, running: vec![], held: vec![] });
+    let mut out: Vec<TrialRef> = assigned(&s.assign(0)).into_iter().map(|(_, t)| t).collect();
+    assert_eq!(out.len(), 5);
+    s.add_study(StudyPolicy { ahead_per_slot: 1, ..policy("model", 7, 1, true) }, queue(20), 0);
+    let mut models = 0;
+    for seq in 2..12 {
+        let done = out.remove(0);
+        assert_eq!(s.result("a", &done, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        s.request("a", &WorkRequest { seq, free: 0, ahead: 1, running: vec![], held: out.clone() });
+        let next = assigned(&s.assign(0));
+        assert_eq!(next.len(), 1, "a place freed, a trial given");
+        models += usize::from(next[0].1.study == "model");
+        out.extend(next.into_iter().map(|(_, t)| t));
+        let own = out.iter().filter(|t| t.study == "model").count();
+        assert!(own <= 2, "the model's trials: one running at most and one held per slot ({own})");
+    }
+    assert!(models >= 2, "the model's study got {models} of 10 places");
 }
 
 #[test]
