@@ -327,7 +327,7 @@ impl Log {
         if end <= self.capacity {
             return Ok(());
         }
-        let capacity = end.div_ceil(CHUNK).saturating_mul(CHUNK);
+        let capacity = whole_chunks(end);
         let zeros = vec![0u8; usize::try_from(capacity - self.capacity).unwrap_or(usize::MAX)];
         self.file.write_all_at(&zeros, self.capacity)?;
         self.capacity = capacity;
@@ -348,7 +348,7 @@ impl Log {
             let _ = push_result(&mut buf, key, encoded);
         }
         let len = buf.len() as u64;
-        let capacity = len.div_ceil(CHUNK).saturating_mul(CHUNK);
+        let capacity = whole_chunks(len);
         buf.resize(usize::try_from(capacity).unwrap_or(buf.len()), 0);
         let tmp = self.path.with_extension("log.tmp");
         let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
@@ -380,6 +380,11 @@ impl Log {
 /// [`COMPACT_SETTLED`], or past [`COMPACT_ABOVE`] and half of it settled.
 pub(super) fn should_compact(len: u64, live: usize, live_len: u64) -> bool {
     (live == 0 && len >= COMPACT_SETTLED) || (len >= COMPACT_ABOVE && live_len <= len / 2)
+}
+
+/// `len` rounded up to whole [`CHUNK`]s.
+fn whole_chunks(len: u64) -> u64 {
+    len.div_ceil(CHUNK).saturating_mul(CHUNK)
 }
 
 /// The log opened for writes at given offsets (records go where the last

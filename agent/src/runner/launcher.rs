@@ -49,8 +49,10 @@ struct Job {
     cmd: Command,
     cpus: Vec<u32>,
     meter: Box<dyn energy::EnergyMeter>,
-    started: mpsc::SyncSender<Result<Launched, String>>,
+    started: mpsc::SyncSender<Result<Started, String>>,
+    /// Where the top process's end is told, and what the runner waits on.
     exit: oneshot::Sender<std::io::Result<Exited>>,
+    waiter: oneshot::Receiver<std::io::Result<Exited>>,
     proc_root: PathBuf,
 }
 
@@ -58,18 +60,6 @@ impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job").field("cmd", &self.cmd).field("cpus", &self.cpus).finish_non_exhaustive()
     }
-}
-
-/// A workload just started by a thread of the pool.
-struct Launched {
-    pid: rustix::process::Pid,
-    stdin: Option<std::process::ChildStdin>,
-    stdout: Option<std::process::ChildStdout>,
-    stderr: Option<std::process::ChildStderr>,
-    counters: CounterSet,
-    meter: Box<dyn energy::EnergyMeter>,
-    started_unix_ms: u64,
-    start: Instant,
 }
 
 impl Default for Launchers {
@@ -157,24 +147,18 @@ impl Launchers {
 /// end; returns what tells when its counters are closed, `Some(None)` when
 /// it did not start, and `None` when this thread's CPUs could not be set.
 fn start(job: Job, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Option<Receiver<()>>> {
-    let Job { cmd, cpus, proc_root, meter, started: started_tx, exit } = job;
-    if let Err(e) = pin(&cpus, pinned, unpinned) {
-        let _ = started_tx.send(Err(e));
+    if let Err(e) = pin(&job.cpus, pinned, unpinned) {
+        let _ = job.started.send(Err(e));
         return None;
     }
-    Some(spawn_counted(cmd, started_tx, exit, meter, proc_root))
+    Some(spawn_counted(job))
 }
 
-/// Opens the counters on this thread, starts `cmd`, hands it over and
-/// waits for its top process to end; what tells when the counters are
-/// closed, or `None` when it did not start.
-fn spawn_counted(
-    mut cmd: Command,
-    started_tx: mpsc::SyncSender<Result<Launched, String>>,
-    exit: oneshot::Sender<std::io::Result<Exited>>,
-    meter: Box<dyn energy::EnergyMeter>,
-    proc_root: PathBuf,
-) -> Option<Receiver<()>> {
+/// Opens the counters on this thread, starts the job's command, hands it
+/// over and waits for its top process to end; what tells when the
+/// counters are closed, or `None` when it did not start.
+fn spawn_counted(job: Job) -> Option<Receiver<()>> {
+    let Job { mut cmd, meter, started: started_tx, exit, waiter, proc_root, .. } = job;
     let (release, released) = mpsc::channel();
     let counters = CounterSet::open_for_children().released_to(release);
     let started_unix_ms = unix_ms(SystemTime::now());
@@ -194,7 +178,7 @@ fn spawn_counted(
             return None;
         }
     };
-    let started = Launched {
+    let started = Started {
         pid,
         stdin: child.stdin.take(),
         stdout: child.stdout.take(),
@@ -203,6 +187,7 @@ fn spawn_counted(
         meter,
         started_unix_ms,
         start,
+        waiter,
     };
     if let Err(mpsc::SendError(unwanted)) = started_tx.send(Ok(started)) {
         // The runner is gone: stop the workload rather than leave it.
@@ -241,10 +226,8 @@ pub(super) fn start_direct(
 ) -> Result<Started, String> {
     let (started, started_rx) = mpsc::sync_channel(1);
     let (exit, waiter) = oneshot::channel();
-    pool.dispatch(Job { cmd, cpus, meter, started, exit, proc_root })?;
-    let Launched { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start } =
-        started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))?;
-    Ok(Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter })
+    pool.dispatch(Job { cmd, cpus, meter, started, exit, waiter, proc_root })?;
+    started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))
 }
 
 #[cfg(test)]

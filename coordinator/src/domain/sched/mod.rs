@@ -171,16 +171,13 @@ impl Scheduler {
                 .map(|(name, a, info)| {
                     // Its own depth there; or, when it waits for a free
                     // slot, the agent's free slots.
-                    let slots = u64::from(info.slots);
+                    let slots = usize::try_from(info.slots).unwrap_or(usize::MAX);
                     let room = if s.policy.ahead_per_slot == 0 {
-                        let holding: usize =
-                            self.studies.iter().map(|st| st.held.get(&**name).map_or(0, |h| h.len())).sum();
-                        slots.saturating_sub(holding as u64)
+                        slots.saturating_sub(lease::leases_on(&self.studies, name))
                     } else {
-                        let own = s.held.get(&**name).map_or(0, |h| h.len()) as u64;
-                        slots.saturating_mul(1 + u64::from(s.policy.ahead_per_slot)).saturating_sub(own)
+                        lease::depth_left(s, name, slots)
                     };
-                    u64::from(a.counted).min(room)
+                    u64::from(a.counted).min(room as u64)
                 })
                 .sum();
             credit = credit.min(room);

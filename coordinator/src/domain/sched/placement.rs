@@ -8,18 +8,8 @@
 
 use std::ops::Bound;
 
-use super::lease::{trial_ref, Lease, State, StudyState};
+use super::lease::{depth_left, leases_on, trial_ref, Lease, State};
 use super::{Effect, Scheduler};
-
-/// Whether `study` may have one more of its trials held ahead on agent
-/// `name` of `slots` slots, its slots busy: as deep as the study allows
-/// (`ahead_per_slot`), counting its own leases there (another study's held
-/// trials take the agent's places, not this study's depth).
-pub(super) fn room_ahead(study: &StudyState, name: &str, slots: usize) -> bool {
-    let per_slot = usize::try_from(study.policy.ahead_per_slot).unwrap_or(usize::MAX);
-    let own = study.held.get(name).map_or(0, |h| h.len());
-    per_slot > 0 && own < slots.saturating_mul(per_slot.saturating_add(1))
-}
 
 impl Scheduler {
     /// Hands queued trials to agents with credit.
@@ -46,7 +36,7 @@ impl Scheduler {
             let credit = agent.credit;
             let slots = usize::try_from(info.slots).unwrap_or(usize::MAX);
             // Leases it holds: past its slots, a trial waits there.
-            let mut holding: usize = studies.iter().map(|s| s.held.get(&**name).map_or(0, |h| h.len())).sum();
+            let mut holding = leases_on(studies, name);
             'credit: while agent.credit > 0 {
                 let n = studies.len();
                 for k in 0..n {
@@ -54,7 +44,7 @@ impl Scheduler {
                     let ahead = holding >= slots;
                     let Some(study) = studies
                         .get_mut(i)
-                        .filter(|s| s.policy.selector.matches(info) && (!ahead || room_ahead(s, name, slots)))
+                        .filter(|s| s.policy.selector.matches(info) && (!ahead || depth_left(s, name, slots) > 0))
                     else {
                         continue;
                     };
