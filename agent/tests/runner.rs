@@ -322,18 +322,24 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
     use tunefleet_common::measurement::SegmentRole;
     use tunefleet_common::message::{ProbePlan, Select, WindowUnit};
     // Each epoch reads and writes a little through syscalls; epoch 3 waits
-    // for the test's go (a marker file), so the reuse lands before probing ends.
+    // for the test's go (a marker file), so the reuse lands before probing
+    // ends; epoch 2 waits until the test has the warm-up's progress (the
+    // first window's counts are taken from then: under load the agent
+    // could read the warm-up's line after epoch 2's reading, and see none).
     let dir = tempfile::tempdir().expect("tempdir");
     let go = dir.path().join("go");
+    let window = dir.path().join("window");
     let script = format!(
         r#"
         for i in 1 2 3 4 5; do
+            if [ $i = 2 ]; then while [ ! -e {window} ]; do sleep 0.01; done; fi
             head -c 65536 /dev/zero > /dev/null
             if [ $i = 3 ]; then while [ ! -e {go} ]; do sleep 0.01; done; fi
             echo "TUNEFLEET epoch=$i loss=0.$i"
         done
     "#,
-        go = go.display()
+        go = go.display(),
+        window = window.display()
     );
     let mut s = sh(&script);
     s.timeout_ms = 30_000;
@@ -362,6 +368,7 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
         let warmup = rx.recv().await.expect("epoch 1");
         assert_eq!(warmup.metrics.epoch, 1);
         assert!(warmup.profile.is_none(), "the warm-up (the start-up) is not what a job is recognised by");
+        std::fs::write(&window, b"").expect("window");
         let first = rx.recv().await.expect("epoch 2");
         assert_eq!(first.metrics.epoch, 2);
         let wp = first.profile.expect("the first probe window closed at epoch 2: its profile comes with it");
