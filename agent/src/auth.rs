@@ -260,6 +260,23 @@ impl AgentAuth {
         Ok(true)
     }
 
+    /// A signed notice that the coordinator refused a Hello: returned when
+    /// it answers the Hello this agent sent last, with this agent's name and
+    /// key (a replayed notice answers an older Hello, a forger's carries
+    /// another key); that Hello is then over.
+    pub fn refused(&mut self, signed: &Signed) -> Result<Option<auth::HelloRefused>, AuthError> {
+        let key = self.pinned.ok_or(AuthError::Signature)?;
+        let notice = auth::open_refused(&key, signed)?;
+        let ours = self.pending.as_ref().is_some_and(|p| p.digest() == notice.hello)
+            && notice.agent == self.name
+            && notice.key == self.identity.public();
+        if !ours {
+            return Ok(None);
+        }
+        self.pending = None;
+        Ok(Some(notice))
+    }
+
     pub fn welcomed(&self) -> bool {
         self.session.is_some()
     }

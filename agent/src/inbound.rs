@@ -20,6 +20,11 @@ pub(crate) struct Refused {
     pub(crate) statuses: u64,
     /// Assignments of programs outside `--allow-command`.
     pub(crate) disallowed: u64,
+    /// The last refusal of a Hello the coordinator told this agent (logged
+    /// once per kind).
+    pub(crate) hello: Option<tunefleet_common::auth::RefusalKind>,
+    /// A refusal that saying Hello again cannot help: the agent stops.
+    pub(crate) fatal: Option<String>,
 }
 
 /// Logs the first ten of a kind of refusal, then at powers of two.
@@ -53,14 +58,36 @@ pub(crate) fn on_inbound(
                 Vec::new()
             }
         },
+        Inbound::Coordinator { kind: _, frame: DownFrame::Refused(signed) } => {
+            match auth.refused(&signed) {
+                Ok(Some(notice)) => {
+                    if notice.kind.fatal() {
+                        tracing::error!(reason = ?notice.kind, "the coordinator refused this agent: {}", notice.message);
+                        refused.fatal = Some(notice.message);
+                    } else if refused.hello != Some(notice.kind) {
+                        tracing::warn!(reason = ?notice.kind, "the coordinator refused this agent for now (asking again): {}", notice.message);
+                    }
+                    refused.hello = Some(notice.kind);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    refused.unauthenticated += 1;
+                    if loud(refused.unauthenticated) {
+                        tracing::warn!(error = %e, refused = refused.unauthenticated, "unauthenticated refusal notice ignored");
+                    }
+                }
+            }
+            Vec::new()
+        }
         Inbound::Coordinator { kind, frame } => {
             let opened = match &frame {
                 DownFrame::Welcome(signed) => auth.welcome(signed).map(|()| None),
                 DownFrame::Sealed(sealed) => auth.open(kind, sealed).map(Some),
-                DownFrame::Stale(_) => Err(tunefleet_common::auth::AuthError::OtherHello),
+                DownFrame::Stale(_) | DownFrame::Refused(_) => Err(tunefleet_common::auth::AuthError::OtherHello),
             };
             match opened {
                 Ok(None) => {
+                    refused.hello = None;
                     tracing::info!("welcomed by the coordinator: session open");
                     state.on_welcome()
                 }

@@ -168,6 +168,8 @@ pub enum AgentError {
     Transport(#[from] transport::TransportError),
     #[error("the MQTT event loop stopped unexpectedly")]
     TransportClosed,
+    #[error("refused by the coordinator: {0}")]
+    Refused(String),
 }
 
 /// Carries out the state machine's actions.
@@ -579,6 +581,10 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                     exec.apply(actions);
                     if state.running().count() != was_running {
                         idle_since = Instant::now();
+                    }
+                    // Saying Hello again cannot help: stop, saying why.
+                    if let Some(why) = refused.fatal.take() {
+                        break Err(AgentError::Refused(why));
                     }
                 }
                 None => break Err(AgentError::TransportClosed),

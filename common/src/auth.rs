@@ -279,6 +279,7 @@ const DOMAIN_WELCOME: &[u8] = b"tunefleet v3 welcome\0";
 const DOMAIN_STATUS: &[u8] = b"tunefleet v3 coordinator status\0";
 const DOMAIN_ENROL: &[u8] = b"tunefleet v4 enrolment\0";
 const DOMAIN_STALE: &[u8] = b"tunefleet v4 stale session\0";
+const DOMAIN_REFUSED: &[u8] = b"tunefleet v5 hello refused\0";
 
 /// Largest signed Hello body the coordinator opens; checked before the body
 /// is decoded or its signature verified.
@@ -481,6 +482,67 @@ pub enum DownFrame {
     Sealed(Sealed),
     /// A signed [`StaleSession`]: on the Welcome topic.
     Stale(Signed),
+    /// A signed [`HelloRefused`]: on the Welcome topic. Since protocol 12.
+    Refused(Signed),
+}
+
+/// Why a Hello was refused, as the agent is told ([`HelloRefused`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RefusalKind {
+    /// Its join token has expired.
+    TokenExpired,
+    /// Its join token was revoked.
+    TokenRevoked,
+    /// Its join token has admitted as many agents as it may.
+    TokenUsedUp,
+    /// Its join token is not one of this coordinator's.
+    TokenUnknown,
+    /// Its key is unknown and it has no join token.
+    NotEnrolled,
+    /// Another key is pinned for its name (another machine of that name, or
+    /// this one re-installed).
+    NameTaken,
+    /// The coordinator pins as many agents as it may.
+    FleetFull,
+    /// The Hello itself is out of bounds (what the agent says of itself).
+    Invalid,
+}
+
+impl RefusalKind {
+    /// Whether saying Hello again cannot help until the operator acts.
+    pub fn fatal(self) -> bool {
+        !matches!(self, RefusalKind::FleetFull)
+    }
+}
+
+/// The coordinator refused this Hello. Signed by the coordinator, and
+/// naming the Hello it answers (its digest, so the agent acts only on the
+/// answer to the Hello it sent last: a replayed notice answers no later
+/// Hello, and a Hello forged in its name is signed by another key, which
+/// the notice names too).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloRefused {
+    pub agent: String,
+    /// SHA-256 of the refused Hello's body.
+    pub hello: Digest,
+    /// The key that Hello carried.
+    pub key: PublicKey,
+    pub kind: RefusalKind,
+    /// Why, and what to do, in words.
+    pub message: String,
+}
+
+/// Signs a [`HelloRefused`].
+pub fn sign_refused(identity: &Identity, refused: &HelloRefused) -> Result<Signed, AuthError> {
+    let body = encode(refused)?;
+    let signature = identity.sign(DOMAIN_REFUSED, &body);
+    Ok(Signed { body, signature })
+}
+
+/// Checks a signed [`HelloRefused`] against the coordinator's key.
+pub fn open_refused(coordinator: &PublicKey, signed: &Signed) -> Result<HelloRefused, AuthError> {
+    verify(coordinator, DOMAIN_REFUSED, &signed.body, &signed.signature)?;
+    Ok(decode(&signed.body)?)
 }
 
 /// The coordinator refused a sealed frame of this agent's because it holds
@@ -655,6 +717,11 @@ impl PendingHello {
     /// Whether `signed` (a Welcome) answers this Hello; cheap, no signature check.
     pub fn answers(&self, signed: &Signed) -> bool {
         decode::<Welcome>(&signed.body).is_ok_and(|w| w.hello == self.digest)
+    }
+
+    /// SHA-256 of this Hello's body (what a Welcome or a refusal names).
+    pub fn digest(&self) -> Digest {
+        self.digest
     }
 }
 

@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 11;
+pub const PROTOCOL_VERSION: u8 = 12;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -35,11 +35,12 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 
 /// Protocol versions whose encoding of a [`crate::message::TrialResult`]
 /// is this version's (9 changed only the probe plan of an assignment, 10
-/// added the co-measurement messages): an
+/// added the co-measurement messages, 11 bundles, 12 the signed refusal
+/// of a Hello): an
 /// upgraded agent still reads, and sends in this version, the results an
 /// older one stored and never saw acknowledged. A bump that changes a
 /// result's shape starts the list again.
-pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, PROTOCOL_VERSION];
+pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, PROTOCOL_VERSION];
 
 /// Decodes a payload produced by [`encode`]. Trailing bytes are an error:
 /// a payload is exactly one message.

@@ -345,7 +345,7 @@ async fn sim_agent_for(
                         }
                     }
                     // The simulator's sessions never go stale on their own.
-                    Ok(auth::DownFrame::Stale(_)) => {}
+                    Ok(auth::DownFrame::Stale(_) | auth::DownFrame::Refused(_)) => {}
                     Ok(auth::DownFrame::Sealed(sealed)) => {
                         let Some(s) = session.as_mut() else { continue };
                         // A bundle (an ack and the next assignment) is its messages, in order.

@@ -221,6 +221,14 @@ pub enum TokenAction {
         /// A tag the agents it admits get, whatever they claim (repeatable, key=value).
         #[arg(long = "tag", value_name = "K=V")]
         tags: Vec<String>,
+        /// The most slots an agent it admits is given, whatever it announces
+        /// [default: the coordinator's --max-slots-per-agent].
+        #[arg(long, value_name = "N")]
+        slots: Option<u32>,
+        /// The most trials an agent it admits holds ahead of its slots
+        /// [default: 4 per slot].
+        #[arg(long, value_name = "N")]
+        lookahead: Option<u32>,
         /// Write the token to this file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -242,7 +250,17 @@ pub enum AgentsAction {
     /// Pin KEY (64 hex digits, from `tunefleet-agent key`) for agent NAME,
     /// replacing the key pinned before: for a re-installed agent, or to
     /// register agents ahead of time.
-    Trust { name: String, key: String },
+    Trust {
+        name: String,
+        key: String,
+        /// The most slots it is given, whatever it announces [default: the
+        /// coordinator's --max-slots-per-agent].
+        #[arg(long, value_name = "N")]
+        slots: Option<u32>,
+        /// The most trials it holds ahead of its slots [default: 4 per slot].
+        #[arg(long, value_name = "N")]
+        lookahead: Option<u32>,
+    },
     /// Forget the key pinned for NAME: its next Hello pins a new one.
     Forget { name: String },
 }
@@ -305,6 +323,12 @@ pub struct BrokerArgs {
     /// Most agents whose keys the coordinator pins; Hellos from further new agents are refused.
     #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_AGENTS, value_name = "N")]
     pub max_agents: u64,
+    /// Most slots any agent is given, whatever it announces; a join token's
+    /// or `agents trust`'s grant may give less (trials held ahead: at most 4
+    /// per slot, or the grant's lookahead).
+    #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_SLOTS, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_slots_per_agent: u32,
     /// Pin the key of any new agent, without a join token: any broker user
     /// can then join the fleet. For a lab only (logged loudly).
     #[arg(long)]

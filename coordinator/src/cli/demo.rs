@@ -55,7 +55,14 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
             path: args.store.clone(),
             source: Box::new(source),
         })?;
-        new_token(&mut store, &identity, Some(3_600_000), Some(u64::from(args.agents)), &BTreeMap::new())?
+        new_token(
+            &mut store,
+            &identity,
+            Some(3_600_000),
+            Some(u64::from(args.agents)),
+            &BTreeMap::new(),
+            Default::default(),
+        )?
     };
     let mut agents = Vec::new();
     for i in 1..=args.agents {
@@ -88,6 +95,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         security: SecurityArgs::default(),
         key: KeyArg { path: None },
         max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,
+        max_slots_per_agent: crate::runtime::auth::DEFAULT_MAX_SLOTS,
         open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their
         // trials load each other's CPUs, which is not overload.

@@ -9,7 +9,7 @@ use std::path::Path;
 use super::args::{AgentsAction, KeyArg, TokenAction};
 use super::error::{CliError, Result};
 use super::output::{emit, emit_json, open_existing, unix_now_ms, watch_text};
-use crate::store::Store;
+use crate::store::{Grant, Store};
 
 /// A new join token for the coordinator holding `identity`, kept (its
 /// public half) in `store`; returns the token's text.
@@ -19,10 +19,11 @@ pub fn new_token(
     ttl_ms: Option<u64>,
     uses: Option<u64>,
     tags: &BTreeMap<String, String>,
+    grant: Grant,
 ) -> Result<String> {
     let token = tunefleet_common::auth::JoinToken::generate(&identity.public())?;
     let now = unix_now_ms();
-    store.create_token(&token.public()?, ttl_ms.map(|t| now.saturating_add(t)), uses, tags, now)?;
+    store.create_token(&token.public()?, ttl_ms.map(|t| now.saturating_add(t)), uses, tags, grant, now)?;
     Ok(token.to_string())
 }
 
@@ -37,7 +38,10 @@ pub fn key(key: &KeyArg) -> Result<()> {
 pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
     let mut store = Store::open(store_path).map_err(CliError::open_store(store_path))?;
     match action {
-        TokenAction::Create { ttl, uses, tags, out, key } => {
+        TokenAction::Create { ttl, uses, tags, slots, lookahead, out, key } => {
+            if slots == Some(0) {
+                return Err(CliError::refused("--slots 0 would let its agents run nothing"));
+            }
             let ttl_ms = match ttl.trim() {
                 "0" => None,
                 t => Some(
@@ -57,7 +61,7 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
                 granted.insert(k.to_string(), v.to_string());
             }
             let identity = key.load(store_path)?;
-            let text = new_token(&mut store, &identity, ttl_ms, uses, &granted)?;
+            let text = new_token(&mut store, &identity, ttl_ms, uses, &granted, Grant { slots, lookahead })?;
             match out {
                 Some(path) => {
                     tunefleet_common::auth::write_secret(&path, &text)?;
@@ -89,7 +93,8 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
                 };
                 let uses = t.uses_left.map_or("any number".to_string(), |u| u.to_string());
                 let tags: Vec<String> = t.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                writeln!(out, "{}  {state}, {} used, {uses} left  {}", t.id, t.used, tags.join(","))?;
+                let grant = describe_grant(&t.grant);
+                writeln!(out, "{}  {state}, {} used, {uses} left  {grant}  {}", t.id, t.used, tags.join(","))?;
             }
             emit(&out)
         }
@@ -111,8 +116,11 @@ pub fn change(action: AgentsAction, store_path: &Path) -> Result<()> {
     let mut store = Store::open(store_path).map_err(CliError::open_store(store_path))?;
     let now = unix_now_ms();
     match action {
-        AgentsAction::Trust { name, key } => {
+        AgentsAction::Trust { name, key, slots, lookahead } => {
             tunefleet_common::topic::validate_agent_id(&name)?;
+            if slots == Some(0) {
+                return Err(CliError::refused("--slots 0 would let the agent run nothing"));
+            }
             let Some(key) = tunefleet_common::auth::parse_public_key(&key) else {
                 return Err(CliError::refused(
                     "not a public key: give the 64 hex digits that `tunefleet-agent key` prints",
@@ -125,6 +133,11 @@ pub fn change(action: AgentsAction, store_path: &Path) -> Result<()> {
                     tunefleet_common::auth::hex(&old)
                 ),
                 _ => println!("{name}: key {} pinned", tunefleet_common::auth::hex(&key)),
+            }
+            if slots.is_some() || lookahead.is_some() {
+                let grant = Grant { slots, lookahead };
+                store.grant_capacity(&name, grant)?;
+                println!("{name}: {}", describe_grant(&grant));
             }
         }
         AgentsAction::Forget { name } => {
@@ -160,8 +173,18 @@ fn agents_text(store: &Store) -> Result<String> {
     let mut out = String::new();
     writeln!(
         out,
-        "{:<24} {:<8} {:>5} {:>9} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} tags",
-        "agent", "arch", "cores", "mem GiB", "slots", "energy", "last status", "outside", "conditions", "running"
+        "{:<24} {:<8} {:>5} {:>9} {:>5} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} tags",
+        "agent",
+        "arch",
+        "cores",
+        "mem GiB",
+        "slots",
+        "lost",
+        "energy",
+        "last status",
+        "outside",
+        "conditions",
+        "running"
     )?;
     let now = unix_now_ms();
     for a in store.agents()? {
@@ -178,12 +201,13 @@ fn agents_text(store: &Store) -> Result<String> {
         let running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
         writeln!(
             out,
-            "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",
+            "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",
             a.info.agent,
             a.info.arch,
             a.info.cores,
             a.info.memory_bytes as f64 / (1u64 << 30) as f64,
             a.info.slots,
+            a.lost_held,
             energy,
             status,
             outside,
@@ -193,6 +217,17 @@ fn agents_text(store: &Store) -> Result<String> {
         )?;
     }
     Ok(out)
+}
+
+/// A grant in words: `slots ≤ 4, lookahead ≤ 8` (`fleet caps` for none).
+fn describe_grant(g: &Grant) -> String {
+    let part = |what: &str, v: Option<u32>| v.map(|v| format!("{what} <= {v}"));
+    let parts: Vec<String> = [part("slots", g.slots), part("lookahead", g.lookahead)].into_iter().flatten().collect();
+    if parts.is_empty() {
+        "fleet caps".to_string()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// A device's conditions in a few words (`-` when it reports none).

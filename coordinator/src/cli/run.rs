@@ -202,6 +202,12 @@ pub fn print_summary(s: &Summary, store: &Path) {
         let parts: Vec<String> = refused.iter().map(|(n, what)| format!("{n} {what}")).collect();
         println!("refused: {}", parts.join(", "));
     }
+    if st.lost_held > 0 {
+        println!(
+            "lost before they started: {} attempts, queued again with no failure counted (see tunefleet agents)",
+            st.lost_held
+        );
+    }
     if st.moved > 0 {
         println!("moved: {} attempts off overloaded agents or disturbed measurements", st.moved);
     }

@@ -139,6 +139,7 @@ pub async fn run_studies(
         store: store_path.to_path_buf(),
         identity: args.key.resolve(store_path),
         max_agents: args.max_agents,
+        max_slots: args.max_slots_per_agent,
         open_enrolment: args.open_enrolment,
         influx: influx.config().map(|c| (c, Duration::from_secs(influx.influx_grace))),
         progress,

@@ -82,6 +82,7 @@ mod tests {
             online: false,
             telemetry: None,
             running: Vec::new(),
+            lost_held: 0,
         }
     }
 

@@ -18,13 +18,15 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use tunefleet_common::auth::{self, AuthError, Digest, Hello, Identity, Sealed, Session, Signed, Will};
+use tunefleet_common::auth::{self, AuthError, Digest, Hello, Identity, RefusalKind, Sealed, Session, Signed, Will};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus, SessionToken};
 use tunefleet_common::topic::AgentTopic;
 use tunefleet_common::{encode, CodecError};
 
 /// Default bound on the agents a coordinator pins keys for.
 pub const DEFAULT_MAX_AGENTS: u64 = 10_000;
+/// Default bound on the slots any one agent is given, whatever it announces.
+pub const DEFAULT_MAX_SLOTS: u32 = 64;
 /// Hellos of agents whose key is pinned, accepted per second, sustained (a
 /// whole fleet reconnecting after a coordinator restart comes in at the burst).
 pub const HELLO_RATE: f64 = 2_000.0;
@@ -77,7 +79,7 @@ pub enum HelloRefusal {
     #[error("a Hello out of bounds: {0}")]
     Invalid(String),
     #[error("agent {agent:?}: join token {token} {why}")]
-    BadToken { agent: String, token: String, why: String },
+    BadToken { agent: String, token: String, why: String, kind: RefusalKind },
     #[error("{0}")]
     Auth(#[from] AuthError),
     #[error("agent {claimed:?} announced itself on the topic of {topic:?}")]
@@ -87,12 +89,34 @@ pub enum HelloRefusal {
     #[error("replayed Hello (instance {instance}, seq {seq}; the last accepted was instance {last_instance}, seq {last_seq})")]
     Replay { instance: u64, seq: u64, last_instance: u64, last_seq: u64 },
     #[error(
-        "agent {agent:?} presented key {got}, but {pinned} is pinned for that name. If the agent was re-installed, \
-         accept its new key with: tunefleet agents trust {agent} {got} (and this coordinator's --store)"
+        "agent {agent:?} presented key {got}, but {pinned} is pinned for that name: another machine may use the \
+         name (give each agent its own --name), or the agent was re-installed (then accept its new key with: \
+         tunefleet agents trust {agent} {got}, and this coordinator's --store)"
     )]
     KeyChanged { agent: String, got: String, pinned: String },
     #[error("the coordinator already pins {max} agents (--max-agents): new agent {agent:?} refused")]
     TooManyAgents { agent: String, max: u64 },
+}
+
+impl HelloRefusal {
+    /// What the agent is told of this refusal; `None` for those it is not
+    /// told: a budget (it asks again), and Hellos that are not its own
+    /// (another name, another coordinator instance, a replay, a bad
+    /// signature).
+    pub fn kind(&self) -> Option<RefusalKind> {
+        match self {
+            HelloRefusal::NotEnrolled { .. } => Some(RefusalKind::NotEnrolled),
+            HelloRefusal::BadToken { kind, .. } => Some(*kind),
+            HelloRefusal::KeyChanged { .. } => Some(RefusalKind::NameTaken),
+            HelloRefusal::TooManyAgents { .. } => Some(RefusalKind::FleetFull),
+            HelloRefusal::Invalid(_) => Some(RefusalKind::Invalid),
+            HelloRefusal::RateLimited(_)
+            | HelloRefusal::Auth(_)
+            | HelloRefusal::Name { .. }
+            | HelloRefusal::Instance { .. }
+            | HelloRefusal::Replay { .. } => None,
+        }
+    }
 }
 
 /// What a Last Will turned out to be.
@@ -145,10 +169,14 @@ pub struct Sessions {
     fresh: Bucket,
     /// When each agent was last told its session is stale.
     stale_sent: HashMap<String, Instant>,
+    /// When each name was last told why its Hello was refused.
+    refused_sent: HashMap<String, Instant>,
     /// Budget of stale-session notices (each costs a signature).
     stale_budget: Bucket,
     /// Bound on pinned agents.
     pub max_agents: u64,
+    /// Bound on the slots any one agent is given.
+    pub max_slots: u32,
     /// Pin any new key without a join token (a lab; logged loudly).
     pub open_enrolment: bool,
 }
@@ -201,8 +229,10 @@ impl Sessions {
             known: Bucket { level: HELLO_BURST, at: Instant::now() },
             fresh: Bucket { level: NEW_PIN_BURST, at: Instant::now() },
             stale_sent: HashMap::new(),
+            refused_sent: HashMap::new(),
             stale_budget: Bucket { level: STALE_BURST, at: Instant::now() },
             max_agents: DEFAULT_MAX_AGENTS,
+            max_slots: DEFAULT_MAX_SLOTS,
             open_enrolment: false,
         }
     }
@@ -282,19 +312,20 @@ impl Sessions {
             None => match (&hello.enrol, token) {
                 (Some(e), Some(t)) => {
                     let why = if t.revoked {
-                        Some("was revoked")
+                        Some(("was revoked", RefusalKind::TokenRevoked))
                     } else if t.expires_ms.is_some_and(|x| now_ms >= x) {
-                        Some("has expired")
+                        Some(("has expired", RefusalKind::TokenExpired))
                     } else if t.uses_left == Some(0) {
-                        Some("has no uses left")
+                        Some(("has no uses left", RefusalKind::TokenUsedUp))
                     } else {
                         None
                     };
-                    if let Some(why) = why {
+                    if let Some((why, kind)) = why {
                         return Err(HelloRefusal::BadToken {
                             agent: agent.to_string(),
                             token: t.id.clone(),
-                            why: why.into(),
+                            why: format!("{why}: ask the operator for a new one (tunefleet token create)"),
+                            kind,
                         });
                     }
                     Admission::Token(e.token)
@@ -303,13 +334,28 @@ impl Sessions {
                     return Err(HelloRefusal::BadToken {
                         agent: agent.to_string(),
                         token: auth::hex(&e.token[..4]),
-                        why: "is not one of this coordinator's (tunefleet token list)".into(),
+                        why: "is not one of this coordinator's (tunefleet token list): the token is for another \
+                              coordinator or another store"
+                            .into(),
+                        kind: RefusalKind::TokenUnknown,
                     })
                 }
                 _ if self.open_enrolment => Admission::Open,
                 _ => return Err(HelloRefusal::NotEnrolled { agent: agent.to_string(), key: auth::hex(&hello.key) }),
             },
         };
+        // A known key spends its budget before its signature is checked (the
+        // budget bounds what a flood of them costs); a new key only once its
+        // signatures are checked ([`Sessions::spend`]), so forged proofs
+        // never spend the budget new agents need.
+        if admission == Admission::Known {
+            self.spend(&admission, now)?;
+        }
+        Ok(admission)
+    }
+
+    /// Takes one Hello of `admission`'s kind from its budget.
+    pub fn spend(&mut self, admission: &Admission, now: Instant) -> Result<(), HelloRefusal> {
         let (bucket, rate, burst, what) = match admission {
             Admission::Known => (&mut self.known, HELLO_RATE, HELLO_BURST, "known agents"),
             _ => (&mut self.fresh, NEW_PIN_RATE, NEW_PIN_BURST, "new agents"),
@@ -317,7 +363,7 @@ impl Sessions {
         if !bucket.take(now, rate, burst) {
             return Err(HelloRefusal::RateLimited(what));
         }
-        Ok(admission)
+        Ok(())
     }
 
     /// The signatures: the Hello's, by the key it carries, and for a new key
@@ -358,6 +404,44 @@ impl Sessions {
         let stale = auth::StaleSession { agent: agent.to_string(), token };
         let signed = auth::sign_stale(&self.identity, &stale).ok()?;
         encode(&tunefleet_common::auth::DownFrame::Stale(signed)).ok()
+    }
+
+    /// The payload telling the agent that sent `signed` (a Hello, already
+    /// decoded as `hello`) why it was refused, when the refusal is one it
+    /// should hear ([`HelloRefusal::kind`]): signed, naming that Hello and
+    /// its key. Only for a Hello whose own signature holds (a notice to a
+    /// forger would be ignored anyway), at most one per name every 2 s,
+    /// within a budget (each costs a verification and a signature); `None`
+    /// otherwise.
+    pub fn refusal_notice(
+        &mut self,
+        hello: &Hello,
+        signed: &Signed,
+        refusal: &HelloRefusal,
+        now: Instant,
+    ) -> Option<Vec<u8>> {
+        let kind = refusal.kind()?;
+        let agent = hello.info.agent.as_str();
+        if self.refused_sent.get(agent).is_some_and(|at| now.saturating_duration_since(*at) < STALE_EVERY) {
+            return None;
+        }
+        if !self.stale_budget.take(now, STALE_RATE, STALE_BURST) {
+            return None;
+        }
+        auth::verify_hello(hello, signed).ok()?;
+        if self.refused_sent.len() >= 100_000 {
+            self.refused_sent.retain(|_, at| now.saturating_duration_since(*at) < STALE_EVERY);
+        }
+        self.refused_sent.insert(agent.to_string(), now);
+        let notice = auth::HelloRefused {
+            agent: agent.to_string(),
+            hello: auth::sha256(&[&signed.body]),
+            key: hello.key,
+            kind,
+            message: refusal.to_string(),
+        };
+        let signed = auth::sign_refused(&self.identity, &notice).ok()?;
+        encode(&tunefleet_common::auth::DownFrame::Refused(signed)).ok()
     }
 
     /// Opens a sealed frame from `agent` that came on a `kind` topic.
@@ -532,10 +616,13 @@ mod tests {
         s.open_enrolment = true;
         let stranger = Identity::generate().expect("key").0;
         let fresh_hello = auth::peek_hello(&hello_of(&stranger, "n", 1, 1, None)).expect("peek");
+        // (a new key's admission spends nothing until its signatures hold:
+        // the engine then spends, so forged proofs never drain it).
         let drained = (0..NEW_PIN_BURST as usize + 5)
             .filter(|_| {
-                s.admit("n", &fresh_hello, &Known::default(), None, now, 0)
-                    == Err(HelloRefusal::RateLimited("new agents"))
+                let a = s.admit("n", &fresh_hello, &Known::default(), None, now, 0);
+                assert_eq!(a, Ok(Admission::Open), "admission itself spends nothing for a new key");
+                s.spend(&Admission::Open, now) == Err(HelloRefusal::RateLimited("new agents"))
             })
             .count();
         assert_eq!(drained, 5, "the burst passes, the rest is dropped");
@@ -543,7 +630,31 @@ mod tests {
         let hello = s.peek_hello("k", &good).expect("peek");
         assert_eq!(s.admit("k", &hello, &pinned, None, now, 0), Ok(Admission::Known));
         let later = now + std::time::Duration::from_secs(1);
-        assert_eq!(s.admit("n", &fresh_hello, &Known::default(), None, later, 0), Ok(Admission::Open));
+        assert_eq!(s.spend(&Admission::Open, later), Ok(()));
+    }
+
+    #[test]
+    fn a_refused_agent_is_told_why_signed_for_its_own_hello_only() {
+        let mut s = sessions();
+        let agent = Identity::generate().expect("key").0;
+        let signed = hello_of(&agent, "a", 1, 1, None);
+        let hello = s.peek_hello("a", &signed).expect("peek");
+        let now = Instant::now();
+        let refusal = s.admit("a", &hello, &Known::default(), None, now, 0).expect_err("not enrolled");
+        let notice = s.refusal_notice(&hello, &signed, &refusal, now).expect("a notice");
+        let Ok(tunefleet_common::auth::DownFrame::Refused(n)) = decode(&notice) else { panic!("not a refusal") };
+        let told = auth::open_refused(&s.public_key(), &n).expect("signed by the coordinator");
+        assert_eq!((told.agent.as_str(), told.kind, told.key), ("a", RefusalKind::NotEnrolled, agent.public()));
+        assert_eq!(told.hello, auth::sha256(&[&signed.body]), "it names the Hello it answers");
+        assert!(told.message.contains("tunefleet token create"), "{}", told.message);
+        assert_eq!(s.refusal_notice(&hello, &signed, &refusal, now), None, "one per name every 2 s");
+        // A Hello whose signature does not hold is told nothing.
+        let forged = Signed { signature: vec![0; 64], ..hello_of(&agent, "b", 1, 1, None) };
+        let fh = s.peek_hello("b", &forged).expect("peek");
+        let r = s.admit("b", &fh, &Known::default(), None, now, 0).expect_err("refused");
+        assert_eq!(s.refusal_notice(&fh, &forged, &r, now), None);
+        // A budget is not a refusal the agent is told of.
+        assert_eq!(s.refusal_notice(&hello, &signed, &HelloRefusal::RateLimited("x"), now + STALE_EVERY), None);
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct RunConfig {
     pub identity: PathBuf,
     /// Bound on the agents whose keys are pinned.
     pub max_agents: u64,
+    /// Most slots any agent is given, whatever it announces.
+    pub max_slots: u32,
     /// Pin new agent keys without a join token (a lab).
     pub open_enrolment: bool,
     /// Where results' points go besides the store, and how long to keep
@@ -113,6 +115,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         store,
         identity: key_path,
         max_agents,
+        max_slots,
         open_enrolment,
         influx,
         progress,
@@ -152,6 +155,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut sessions = Sessions::new(identity, instance, started);
     sessions.max_agents = max_agents;
+    sessions.max_slots = max_slots;
     sessions.open_enrolment = open_enrolment;
     if open_enrolment {
         tracing::warn!(
@@ -183,6 +187,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
                 Some(started.saturating_add(LAUNCH_TOKEN_TTL_MS)),
                 None,
                 &Default::default(),
+                Default::default(),
                 started,
             )
             .map_err(|source| RunError::Store { path: store.clone(), source })?;

@@ -34,6 +34,49 @@ CREATE TABLE IF NOT EXISTS agent_enrolment (
 );
 "#;
 
+/// Columns added since the enrolment tables were first made (a store of
+/// an older program gets them on open): the capacity a token grants, the
+/// capacity an agent was granted, and the trials it lost before they started.
+const ENROL_COLUMNS: [(&str, &str, &str); 5] = [
+    ("join_tokens", "slots", "INTEGER"),
+    ("join_tokens", "lookahead", "INTEGER"),
+    ("agent_enrolment", "slots", "INTEGER"),
+    ("agent_enrolment", "lookahead", "INTEGER"),
+    ("agent_enrolment", "lost_held", "INTEGER NOT NULL DEFAULT 0"),
+];
+
+/// Adds the [`ENROL_COLUMNS`] a store lacks.
+pub(super) fn add_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+    for (table, column, kind) in ENROL_COLUMNS {
+        let present: i64 = tx.query_row(
+            &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+            [column],
+            |r| r.get(0),
+        )?;
+        if present == 0 {
+            tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind};"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The capacity the operator granted an agent (its join token's, or what
+/// `tunefleet agents trust --slots --lookahead` set): the most slots and
+/// trials held ahead it is given, whatever it announces. `None`: the
+/// coordinator's cap per agent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Grant {
+    pub slots: Option<u32>,
+    pub lookahead: Option<u32>,
+}
+
+impl Grant {
+    fn of(slots: Option<i64>, lookahead: Option<i64>) -> Self {
+        let u = |v: Option<i64>| v.map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
+        Grant { slots: u(slots), lookahead: u(lookahead) }
+    }
+}
+
 /// A join token as `tunefleet token list` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TokenRow {
@@ -45,6 +88,8 @@ pub struct TokenRow {
     pub used: u64,
     pub tags: BTreeMap<String, String>,
     pub revoked: bool,
+    /// The capacity it grants the agents it admits.
+    pub grant: Grant,
 }
 
 /// A token's short id.
@@ -108,7 +153,7 @@ impl Batch<'_> {
     pub fn enrol(&mut self, agent: &str, key: &PublicKey, token: Option<&PublicKey>, at_ms: u64) -> Result<()> {
         self.pin_agent_key(agent, key, at_ms)?;
         let context = || format!("enrolling {agent}");
-        let (via, tags) = match token {
+        let (via, tags, grant) = match token {
             Some(public) => {
                 self.tx
                     .prepare_cached(
@@ -119,24 +164,26 @@ impl Batch<'_> {
                     .ctx(context)?
                     .execute([public.as_slice()])
                     .ctx(context)?;
-                let tags: Option<String> = self
+                let granted: Option<(String, Option<i64>, Option<i64>)> = self
                     .tx
-                    .prepare_cached("SELECT tags FROM join_tokens WHERE public = ?1")
+                    .prepare_cached("SELECT tags, slots, lookahead FROM join_tokens WHERE public = ?1")
                     .ctx(context)?
-                    .query_row([public.as_slice()], |r| r.get(0))
+                    .query_row([public.as_slice()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                     .optional()
                     .ctx(context)?;
-                (format!("token {}", token_id(public)), tags.unwrap_or_else(|| "{}".into()))
+                let (tags, slots, lookahead) = granted.unwrap_or_else(|| ("{}".into(), None, None));
+                (format!("token {}", token_id(public)), tags, Grant::of(slots, lookahead))
             }
-            None => ("open enrolment".to_string(), "{}".to_string()),
+            None => ("open enrolment".to_string(), "{}".to_string(), Grant::default()),
         };
         self.tx
             .prepare_cached(
-                "INSERT INTO agent_enrolment (name, via, tags) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET via = excluded.via, tags = excluded.tags",
+                "INSERT INTO agent_enrolment (name, via, tags, slots, lookahead) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (name) DO UPDATE SET via = excluded.via, tags = excluded.tags,
+                     slots = excluded.slots, lookahead = excluded.lookahead",
             )
             .ctx(context)?
-            .execute(params![agent, via, tags])
+            .execute(params![agent, via, tags, grant.slots, grant.lookahead])
             .ctx(context)?;
         Ok(())
     }
@@ -152,6 +199,33 @@ impl Batch<'_> {
             )
             .ctx(context)?
             .execute(params![agent, to_i64("instance", instance)?, to_i64("hello seq", seq)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// The capacity granted to `agent` (by its token, or `agents trust`).
+    pub fn granted_capacity(&mut self, agent: &str) -> Result<Grant> {
+        let context = || format!("reading the capacity granted to {agent}");
+        let row: Option<(Option<i64>, Option<i64>)> = self
+            .tx
+            .prepare_cached("SELECT slots, lookahead FROM agent_enrolment WHERE name = ?1")
+            .ctx(context)?
+            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()
+            .ctx(context)?;
+        Ok(row.map(|(s, l)| Grant::of(s, l)).unwrap_or_default())
+    }
+
+    /// Counts `n` more trials that `agent` lost before they started.
+    pub fn add_lost_held(&mut self, agent: &str, n: u32) -> Result<()> {
+        let context = || format!("counting the trials {agent} lost");
+        self.tx
+            .prepare_cached(
+                "INSERT INTO agent_enrolment (name, lost_held) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET lost_held = lost_held + excluded.lost_held",
+            )
+            .ctx(context)?
+            .execute(params![agent, n])
             .ctx(context)?;
         Ok(())
     }
@@ -178,6 +252,7 @@ impl Store {
         expires_ms: Option<u64>,
         uses: Option<u64>,
         tags: &BTreeMap<String, String>,
+        grant: Grant,
         at_ms: u64,
     ) -> Result<()> {
         let batch = self.batch()?;
@@ -185,7 +260,8 @@ impl Store {
         batch
             .tx
             .prepare_cached(
-                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .ctx(context)?
             .execute(params![
@@ -193,8 +269,27 @@ impl Store {
                 to_i64("time", at_ms)?,
                 expires_ms.map(|e| to_i64("expiry", e)).transpose()?,
                 uses.map(|u| to_i64("uses", u)).transpose()?,
-                tags_json(tags)
+                tags_json(tags),
+                grant.slots,
+                grant.lookahead
             ])
+            .ctx(context)?;
+        batch.commit()
+    }
+
+    /// Grants `agent` at most `grant` (its name need not be enrolled yet:
+    /// `agents trust` ahead of its first Hello).
+    pub fn grant_capacity(&mut self, agent: &str, grant: Grant) -> Result<()> {
+        let batch = self.batch()?;
+        let context = || format!("granting capacity to {agent}");
+        batch
+            .tx
+            .prepare_cached(
+                "INSERT INTO agent_enrolment (name, slots, lookahead) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET slots = excluded.slots, lookahead = excluded.lookahead",
+            )
+            .ctx(context)?
+            .execute(params![agent, grant.slots, grant.lookahead])
             .ctx(context)?;
         batch.commit()
     }
@@ -205,7 +300,7 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked FROM join_tokens
+                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead FROM join_tokens
                  ORDER BY created_ms DESC, public",
             )
             .ctx(context)?;
@@ -220,6 +315,7 @@ impl Store {
                     used: get_u64(r, 4)?,
                     tags: tags_of(&r.get::<_, String>(5)?),
                     revoked: r.get(6)?,
+                    grant: Grant::of(r.get(7)?, r.get(8)?),
                 })
             })
             .ctx(context)?
@@ -257,7 +353,8 @@ mod tests {
         let mut store = Store::open_in_memory().expect("store");
         let tags: BTreeMap<String, String> = [("pool".to_string(), "arm".to_string())].into();
         let public = [7u8; 32];
-        store.create_token(&public, Some(1_000), Some(2), &tags, 5).expect("create");
+        let grant = Grant { slots: Some(2), lookahead: Some(3) };
+        store.create_token(&public, Some(1_000), Some(2), &tags, grant, 5).expect("create");
         let mut b = store.batch().expect("batch");
         let t = b.token(&public).expect("read").expect("kept");
         assert_eq!((t.expires_ms, t.uses_left, t.revoked), (Some(1_000), Some(2), false));
@@ -267,6 +364,10 @@ mod tests {
         b.record_hello("a", 10, 3).expect("hello");
         assert_eq!(b.known("a").expect("known"), Known { pin: Some([1; 32]), last: Some((10, 3)), pinned: 0 });
         assert_eq!(b.granted_tags("a").expect("tags"), tags);
+        assert_eq!(b.granted_capacity("a").expect("grant"), grant, "the token's grant is the agent's");
+        assert_eq!(b.granted_capacity("z").expect("grant"), Grant::default());
+        b.add_lost_held("a", 3).expect("lost");
+        b.add_lost_held("a", 2).expect("lost");
         assert_eq!(b.token(&public).expect("read").expect("kept").uses_left, Some(1));
         b.commit().expect("commit");
         let rows = store.tokens().expect("list");

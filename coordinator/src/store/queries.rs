@@ -169,6 +169,10 @@ pub struct AgentRow {
     pub telemetry: Option<tunefleet_common::measurement::Telemetry>,
     /// Attempts it holds now, as `study/trial#attempt`.
     pub running: Vec<String>,
+    /// Trials it lost before they started (offline, restarted, or their
+    /// lease ran out while it held them): none counted a failure, and each
+    /// loss halved what it may hold at once.
+    pub lost_held: u64,
 }
 
 impl Store {
@@ -436,7 +440,8 @@ impl Store {
                 "SELECT a.name, a.info, a.first_seen_ms, a.last_seen_ms, a.online, a.telemetry,
                         (SELECT group_concat(t.study || '/' || t.trial || '#' || t.attempts, ' ') FROM trials t
                          JOIN attempts x ON x.study = t.study AND x.trial = t.trial AND x.attempt = t.attempts
-                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL)
+                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL),
+                        COALESCE((SELECT e.lost_held FROM agent_enrolment e WHERE e.name = a.name), 0)
                  FROM agents a ORDER BY a.name",
             )
             .ctx(context)?;
@@ -453,6 +458,7 @@ impl Store {
                         .get::<_, Option<String>>(6)?
                         .map(|text| text.split(' ').map(str::to_string).collect())
                         .unwrap_or_default(),
+                    lost_held: get_u64(row, 7)?,
                 })
             })
             .ctx(context)?;
@@ -501,7 +507,8 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
         CASE WHEN r.success = 1 THEN r.objective END,
         (SELECT COUNT(*) FROM attempts f
          WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
-           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'),
+           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'
+           AND COALESCE(f.outcome, '') NOT LIKE 'not started: %'),
         CASE WHEN r.energy_valid = 1 THEN r.energy_j END,
         r.wall_us
     FROM trials t

@@ -252,6 +252,7 @@ impl Store {
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;
+        enrol::add_columns(&tx).ctx(|| format!("{path}: adding the enrolment grants"))?;
         tx.execute_batch(profiles::PROFILES_SCHEMA).ctx(|| format!("{path}: creating the profile tables"))?;
         tx.execute_batch(nodes::NODES_SCHEMA).ctx(|| format!("{path}: creating the node measurements table"))?;
         tx.commit().ctx(|| format!("{path}: committing schema"))

@@ -56,6 +56,8 @@ impl Scheduler {
             live: false,
             ready: false,
             counted: 0,
+            window: u32::MAX,
+            lost_held: 0,
         });
         // What it matches may change with what it says it is.
         agent.recount(&mut self.studies, 0);
@@ -98,6 +100,54 @@ impl Scheduler {
         self.release_leases(agent, "agent went offline")
     }
 
+    /// `agent` lost `n` trials it held before they started: the places it
+    /// may hold at once are halved (at least one), and grow back by one
+    /// with each result it delivers ([`Scheduler::delivered`]). An honest
+    /// agent on a bad link loses little; one that takes trials and drops
+    /// them is soon given one at a time.
+    pub(super) fn lost_unstarted(&mut self, agent: &str, n: u32) -> Vec<Effect> {
+        if n == 0 {
+            return Vec::new();
+        }
+        let Some(a) = self.agents.get_mut(agent) else {
+            return vec![Effect::LostHeld { agent: agent.to_string(), trials: n, places: 0 }];
+        };
+        let full = a.info.as_ref().map_or(1, AgentState::places);
+        a.window = (a.window.min(full) / 2).max(1);
+        a.lost_held = a.lost_held.saturating_add(u64::from(n));
+        let places = a.window;
+        a.credit = a.credit.min(places);
+        self.sync_agent(agent);
+        vec![Effect::LostHeld { agent: agent.to_string(), trials: n, places }]
+    }
+
+    /// `agent` delivered a result: one more place, up to all it may hold.
+    pub(super) fn delivered(&mut self, agent: &str) {
+        if let Some(a) = self.agents.get_mut(agent) {
+            a.window = a.window.saturating_add(1);
+        }
+    }
+
+    /// `agent` sent progress of `trial`: the attempt has started.
+    pub fn started(&mut self, agent: &str, trial: &TrialRef) {
+        let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return };
+        if let Some(State::Running(l)) =
+            study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX)).map(|s| &mut s.state)
+        {
+            if l.agent == agent && l.attempt == trial.attempt {
+                l.started = true;
+            }
+        }
+    }
+
+    /// How many trials `agent` lost before they started, and how many it
+    /// may hold at once now (for `tunefleet agents` and the log).
+    pub fn reliability(&self, agent: &str) -> Option<(u64, u32)> {
+        let a = self.agents.get(agent)?;
+        let full = a.info.as_ref().map_or(0, AgentState::places);
+        Some((a.lost_held, a.window.min(full)))
+    }
+
     /// An agent's request for work: its credit becomes `free` (and `ahead`).
     /// Trials that a previous coordinator handed to this agent and that it no
     /// longer lists as running or held are lost (their results, had there
@@ -112,6 +162,9 @@ impl Scheduler {
         state.last_seq = Some(req.seq);
         state.online = true;
         let mut effects = Vec::new();
+        for t in &req.running {
+            self.started(agent, t);
+        }
         for t in &req.held {
             let Some(study) = self.studies.iter().find(|s| s.owns(t)) else { continue };
             let leased_here = matches!(
@@ -166,7 +219,7 @@ impl Scheduler {
         // a `free` past that would let one agent take every pending trial.
         let held: usize = self.studies.iter().map(|s| s.held.get(agent).map_or(0, BTreeSet::len)).sum();
         if let Some(state) = self.agents.get_mut(agent) {
-            let places = state.info.as_ref().map_or(0, AgentState::places);
+            let places = state.places_now();
             let asked = req.free.saturating_add(req.ahead);
             state.credit = credit(asked, places, in_flight, held);
             // Leases it holds but no longer runs (a result on its way) end

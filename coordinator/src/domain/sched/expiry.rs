@@ -33,6 +33,7 @@ impl Scheduler {
     /// Cancels and requeues every lease past its deadline.
     pub fn expire(&mut self, now_ms: u64) -> Vec<Effect> {
         let mut effects = Vec::new();
+        let mut lost = Vec::new();
         for study in &mut self.studies {
             let mut due: Vec<u64> = study.deadlines.range(..=(now_ms, u64::MAX)).map(|&(_, i)| i).collect();
             // In trial order, as a scan of the trials would find them.
@@ -41,22 +42,40 @@ impl Scheduler {
                 let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
                 let (agent, tr) = (l.agent.clone(), trial_ref(&study.policy, i, l.attempt));
                 let reason = "lease expired".to_string();
-                effects.push(Effect::Cancel { agent, trial: tr.clone(), reason: reason.clone() });
-                effects.extend(study.end_attempt(i, tr, reason));
+                effects.push(Effect::Cancel { agent: agent.clone(), trial: tr.clone(), reason: reason.clone() });
+                if let Some((effect, unstarted)) = study.lose_attempt(i, tr, reason) {
+                    effects.push(effect);
+                    if unstarted {
+                        lost.push(agent);
+                    }
+                }
             }
+        }
+        for agent in lost {
+            effects.extend(self.lost_unstarted(&agent, 1));
         }
         effects
     }
 
+    /// Gives up every lease `agent` holds (it went offline or restarted):
+    /// started attempts are failed attempts, the others are queued again
+    /// without a failure ([`super::lease::StudyState::lose_attempt`]), and
+    /// the agent, having lost trials it held, is given fewer
+    /// ([`Scheduler::lost_unstarted`]).
     pub(super) fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {
         let mut effects = Vec::new();
+        let mut unstarted = 0;
         for study in &mut self.studies {
             for i in study.held_by(agent) {
                 let Some(State::Running(l)) = study.trials.get(i as usize).map(|t| &t.state) else { continue };
                 let tr = trial_ref(&study.policy, i, l.attempt);
-                effects.extend(study.end_attempt(i, tr, reason.into()));
+                if let Some((effect, u)) = study.lose_attempt(i, tr, reason.into()) {
+                    effects.push(effect);
+                    unstarted += u32::from(u);
+                }
             }
         }
+        effects.extend(self.lost_unstarted(agent, unstarted));
         effects
     }
 }

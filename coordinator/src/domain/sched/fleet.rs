@@ -30,6 +30,12 @@ pub(super) struct AgentState {
     /// Counted in the `ready_credit` of the studies it matches: its credit
     /// while it is ready, else 0.
     pub(super) counted: u32,
+    /// The most leases it may hold at once, however many places it has:
+    /// halved each time it loses trials before they start, one more with
+    /// each result (`u32::MAX`: all its places).
+    pub(super) window: u32,
+    /// Trials it lost before they started, since this coordinator started.
+    pub(super) lost_held: u64,
 }
 
 impl AgentState {
@@ -37,6 +43,11 @@ impl AgentState {
     /// ahead as it offers (never more than 4 per slot).
     pub(super) fn places(info: &AgentInfo) -> u32 {
         info.slots.saturating_add(info.ahead_places())
+    }
+
+    /// The trials it may hold at once now: its places, at most its window.
+    pub(super) fn places_now(&self) -> u32 {
+        self.info.as_ref().map_or(0, |i| Self::places(i).min(self.window))
     }
 
     /// Counts `credit` as what this agent adds to the `ready_credit` of the
@@ -61,4 +72,34 @@ impl AgentState {
 pub(super) fn credit(free: u32, slots: u32, in_flight: usize, held: usize) -> u32 {
     let sub = |n: u32, k: usize| n.saturating_sub(u32::try_from(k).unwrap_or(u32::MAX));
     sub(free, in_flight).min(sub(slots, held))
+}
+
+/// What an agent may use of what it announced (`info`): at most the
+/// `slots` and `lookahead` the operator granted it, and at most `cap`
+/// slots whatever the grant; trials held ahead at most
+/// [`tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT`] per slot as
+/// before. Returns whether anything was cut.
+pub fn grant(info: &mut AgentInfo, slots: Option<u32>, lookahead: Option<u32>, cap: u32) -> bool {
+    let before = (info.slots, info.lookahead);
+    info.slots = info.slots.min(slots.unwrap_or(u32::MAX)).min(cap.max(1));
+    info.lookahead = info.lookahead.min(lookahead.unwrap_or(u32::MAX)).min(info.ahead_places());
+    before != (info.slots, info.lookahead)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_gets_what_it_was_granted_not_what_it_claims() {
+        let mut claimed = AgentInfo { slots: 1024, lookahead: 4096, ..AgentInfo::minimal("m", 1) };
+        assert!(grant(&mut claimed, Some(2), Some(3), 64));
+        assert_eq!((claimed.slots, claimed.lookahead), (2, 3));
+        let mut capped = AgentInfo { slots: 1024, lookahead: 4096, ..AgentInfo::minimal("m", 1) };
+        assert!(grant(&mut capped, None, None, 64));
+        assert_eq!((capped.slots, capped.lookahead), (64, 256), "the fleet cap, 4 ahead per slot");
+        let mut modest = AgentInfo { slots: 2, lookahead: 1, ..AgentInfo::minimal("h", 1) };
+        assert!(!grant(&mut modest, Some(8), None, 64), "less than granted is kept as announced");
+        assert_eq!((modest.slots, modest.lookahead), (2, 1));
+    }
 }

@@ -18,6 +18,10 @@ pub(super) struct Lease {
     pub(super) restored: bool,
     /// The agent's request this lease answered (0 when restored).
     pub(super) seq: u64,
+    /// The agent said it started the attempt (listed it as running, or
+    /// sent its progress). One lost before that was never a failure of the
+    /// trial, whoever held it ([`StudyState::lose_attempt`]).
+    pub(super) started: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +55,15 @@ pub(super) struct TrialSlot {
     /// Once moved or measured again: the device class it must stay in, so
     /// its measurements stay comparable (and a checkpoint fits).
     pub(super) class: Option<String>,
+    /// Attempts lost before they started (no failure counted for them).
+    pub(super) unstarted: u32,
 }
+
+/// A trial lost before it started more than this many times its
+/// `max_attempts` counts the next such loss as a failure: one whose
+/// workload takes its agent down before the agent can say it started
+/// would otherwise go round for ever.
+pub(super) const UNSTARTED_PER_ATTEMPT: u32 = 4;
 
 impl TrialSlot {
     /// A trial in `state` that no attempt has touched yet.
@@ -64,6 +76,7 @@ impl TrialSlot {
             avoid: Vec::new(),
             remeasures: 0,
             class: None,
+            unstarted: 0,
         }
     }
 }
@@ -154,6 +167,30 @@ impl StudyState {
         }
     }
 
+    /// Ends the attempt of trial `i` that its agent lost (offline,
+    /// restarted, lease run out, no longer listed). A started one is a
+    /// failed attempt ([`StudyState::end_attempt`]). One never started (held
+    /// ahead, or on its way) is no failure, whoever held it: queued again at
+    /// the back. Returns the effect and whether the attempt had not started.
+    pub(super) fn lose_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<(Effect, bool)> {
+        let started = match self.trials.get(usize::try_from(i).ok()?).map(|t| &t.state) {
+            Some(State::Running(l)) => l.started,
+            _ => return None,
+        };
+        let limit = self.policy.max_attempts.saturating_mul(UNSTARTED_PER_ATTEMPT);
+        let unstarted = self.trials.get(usize::try_from(i).ok()?).map_or(0, |t| t.unstarted);
+        if started || unstarted >= limit {
+            return self.end_attempt(i, trial, reason).map(|e| (e, !started));
+        }
+        self.unlease(i)?;
+        let slot = self.trials.get_mut(usize::try_from(i).ok()?)?;
+        slot.unstarted += 1;
+        // At the back: an agent that drops what it takes, and comes back
+        // for more, gets other trials first, never the same ones in a loop.
+        self.queue.push_back(i);
+        Some((Effect::Requeued { trial, reason: format!("{NOT_STARTED}{reason}") }, true))
+    }
+
     /// Takes trial `i` off `agent` because of `why` without counting a
     /// failure: queued again at the front, kept off `agent` for
     /// [`AVOID_MS`] and, when `class` is known, in that device class.
@@ -166,6 +203,10 @@ impl StudyState {
         Some(lease)
     }
 }
+
+/// How the reason of an attempt lost before it started begins: the store
+/// counts no failure for it.
+pub const NOT_STARTED: &str = "not started: ";
 
 pub(super) fn trial_ref(policy: &StudyPolicy, trial: u64, attempt: u32) -> TrialRef {
     TrialRef { study: policy.name.clone(), study_id: policy.id, trial, attempt }

@@ -41,7 +41,9 @@ mod results;
 mod tests;
 mod types;
 
+pub use fleet::grant;
 use fleet::AgentState;
+pub use lease::NOT_STARTED;
 use lease::{Lease, State, StudyState, TrialSlot};
 pub use types::{
     Effect, Judgement, Restored, ResultKind, Selector, StudyCounts, StudyPolicy, Verdict, AVOID_MS, MAX_REMEASURES,
@@ -101,6 +103,8 @@ impl Scheduler {
                         deadline_ms: now_ms + study.policy.lease_ms,
                         restored: true,
                         seq: 0,
+                        // It may have run for a while: lost, it counts.
+                        started: true,
                     };
                     let slot = TrialSlot {
                         last_attempt: attempt,

@@ -1,14 +1,19 @@
-//! Placement: queued trials handed to the agents with credit, round robin
-//! over the ready agents and over the studies that share them, keeping a
-//! moved trial off the agent it left and in its device class. An agent
-//! holding as many leases as it has slots takes more only as trials held
-//! ahead ([`tunefleet_common::message::AgentInfo::lookahead`]): only of
-//! studies that allow it, with a lease once more as long for each trial
-//! per slot it waits behind.
+//! Placement: queued trials handed to the agents with credit, one trial to
+//! each agent in turn (round robin over the ready agents, and over the
+//! studies that share them), keeping a moved trial off the agent it left
+//! and in its device class. An agent holding as many leases as it has
+//! slots takes more only as trials held ahead
+//! ([`tunefleet_common::message::AgentInfo::lookahead`]): only of studies
+//! that allow it, with a lease once more as long for each trial per slot it
+//! waits behind, and never past its share of the study's outstanding
+//! trials (see [`fair_share`]), so no agent drains a queue that others
+//! wait on.
 
 use std::ops::Bound;
+use std::sync::Arc;
 
-use super::lease::{depth_left, leases_on, trial_ref, Lease, State};
+use super::fleet::AgentState;
+use super::lease::{depth_left, leases_on, trial_ref, Lease, State, StudyState};
 use super::{Effect, Scheduler};
 
 impl Scheduler {
@@ -16,12 +21,15 @@ impl Scheduler {
     pub fn assign(&mut self, now_ms: u64) -> Vec<Effect> {
         self.give_back();
         let mut effects = Vec::new();
+        let live = self.live;
         let Scheduler { studies, agents, ready, next_agent, next_study, .. } = self;
         // The ready agent after the one the last turn began with.
         let after = ready.range::<str, _>((Bound::Excluded(&**next_agent), Bound::Unbounded)).next();
         let Some(start) = after.or_else(|| ready.first()).cloned() else { return effects };
         // Agents whose credit changed.
-        let mut served = Vec::new();
+        let mut served: Vec<Arc<str>> = Vec::new();
+        // Agents with credit left after their trial of this pass.
+        let mut again: Vec<Arc<str>> = Vec::new();
         let (from_start, before_start) =
             ((Bound::Included(&*start), Bound::Unbounded), (Bound::Unbounded, Bound::Excluded(&*start)));
         for name in ready.range::<str, _>(from_start).chain(ready.range::<str, _>(before_start)) {
@@ -29,76 +37,118 @@ impl Scheduler {
                 break;
             }
             let Some(agent) = agents.get_mut(&**name) else { continue };
-            let Some(info) = agent.info.as_ref().filter(|_| agent.online && agent.overloaded.is_none()) else {
-                continue;
-            };
-            let seq = agent.last_seq.unwrap_or(0);
-            let credit = agent.credit;
-            let slots = usize::try_from(info.slots).unwrap_or(usize::MAX);
-            // Leases it holds: past its slots, a trial waits there.
-            let mut holding = leases_on(studies, name);
-            'credit: while agent.credit > 0 {
-                let n = studies.len();
-                for k in 0..n {
-                    let i = (*next_study + k) % n;
-                    let ahead = holding >= slots;
-                    let Some(study) = studies
-                        .get_mut(i)
-                        .filter(|s| s.policy.selector.matches(info) && (!ahead || depth_left(s, name, slots) > 0))
-                    else {
-                        continue;
-                    };
-                    // Trials kept off this agent wait for another one.
-                    let mut kept_off = Vec::new();
-                    while let Some(t) = study.queue.pop_front() {
-                        let Some(slot) = study.trials.get_mut(t as usize) else { continue };
-                        if slot.state != State::Pending {
-                            continue;
-                        }
-                        slot.avoid.retain(|(_, until)| *until > now_ms);
-                        let other_class = slot.class.as_ref().is_some_and(|c| *c != info.device_class());
-                        if other_class || slot.avoid.iter().any(|(a, _)| **a == **name) {
-                            kept_off.push(t);
-                            continue;
-                        }
-                        for k in kept_off.drain(..).rev() {
-                            study.queue.push_front(k);
-                        }
-                        slot.last_attempt += 1;
-                        let attempt = slot.last_attempt;
-                        slot.history.push((attempt, name.to_string()));
-                        // A held trial waits behind one trial per slot for
-                        // each round of held ones before it: its lease
-                        // covers them and its own run.
-                        let waits = if ahead { (holding + 1 - slots).div_ceil(slots.max(1)) } else { 0 };
-                        let lease_ms = study.policy.lease_ms.saturating_mul(1 + waits as u64);
-                        let deadline_ms = now_ms.saturating_add(lease_ms);
-                        study.lease(t, Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq });
-                        agent.credit -= 1;
-                        holding += 1;
-                        // The next free slot goes first to the study after this one.
-                        *next_study = (i + 1) % n;
-                        effects.push(Effect::Assign {
-                            agent: name.to_string(),
-                            trial: trial_ref(&study.policy, t, attempt),
-                            request_seq: seq,
-                        });
-                        continue 'credit;
-                    }
-                    for k in kept_off.into_iter().rev() {
-                        study.queue.push_front(k);
+            if let Some(effect) = place_one(studies, agent, next_study, live, now_ms) {
+                effects.push(effect);
+                served.push(name.clone());
+                if agent.credit > 0 {
+                    again.push(name.clone());
+                }
+            }
+        }
+        // Further passes visit only the agents that took a trial and still
+        // have credit: one more trial each, until the queues or the credit run out.
+        while !again.is_empty() && !studies.iter().all(|s| s.queue.is_empty()) {
+            let pass = std::mem::take(&mut again);
+            for name in pass {
+                let Some(agent) = agents.get_mut(&*name) else { continue };
+                if let Some(effect) = place_one(studies, agent, next_study, live, now_ms) {
+                    effects.push(effect);
+                    if agent.credit > 0 {
+                        again.push(name);
                     }
                 }
-                break;
-            }
-            if agent.credit != credit {
-                served.push(name.clone());
             }
         }
         *next_agent = start;
+        served.sort_unstable();
+        served.dedup();
         for name in served {
             self.sync_agent(&name);
         }
         effects
     }
+}
+
+/// The most of `study`'s leases one agent may hold once its slots are
+/// busy: its equal share of the study's outstanding trials (queued and
+/// running) among the `live` agents. An agent with a free slot always
+/// takes a trial; only trials held ahead are bounded so.
+fn fair_share(study: &StudyState, live: usize) -> usize {
+    let outstanding = study.queue.len() + study.deadlines.len();
+    outstanding.div_ceil(live.max(1))
+}
+
+/// One trial for `agent` (one with credit, online, not overloaded), of the
+/// next study after `next_study` with a trial it may take; `None` when
+/// none fits.
+fn place_one(
+    studies: &mut [StudyState],
+    agent: &mut AgentState,
+    next_study: &mut usize,
+    live: usize,
+    now_ms: u64,
+) -> Option<Effect> {
+    if agent.credit == 0 || !agent.online || agent.overloaded.is_some() {
+        return None;
+    }
+    let info = agent.info.as_ref()?;
+    let name = &*agent.name;
+    let seq = agent.last_seq.unwrap_or(0);
+    let slots = usize::try_from(info.slots).unwrap_or(usize::MAX);
+    // Leases it holds: past its slots, a trial waits there.
+    let holding = leases_on(studies, name);
+    let ahead = holding >= slots;
+    let n = studies.len();
+    for k in 0..n {
+        let i = (*next_study + k) % n;
+        let Some(study) = studies.get_mut(i).filter(|s| {
+            s.policy.selector.matches(info)
+                && (!ahead
+                    || (depth_left(s, name, slots) > 0
+                        && s.held.get(name).map_or(0, |h| h.len()) < fair_share(s, live)))
+        }) else {
+            continue;
+        };
+        // Trials kept off this agent wait for another one.
+        let mut kept_off = Vec::new();
+        let mut chosen = None;
+        while let Some(t) = study.queue.pop_front() {
+            let Some(slot) = study.trials.get_mut(t as usize) else { continue };
+            if slot.state != State::Pending {
+                continue;
+            }
+            slot.avoid.retain(|(_, until)| *until > now_ms);
+            let other_class = slot.class.as_ref().is_some_and(|c| *c != info.device_class());
+            if other_class || slot.avoid.iter().any(|(a, _)| **a == *name) {
+                kept_off.push(t);
+                continue;
+            }
+            chosen = Some(t);
+            break;
+        }
+        for k in kept_off.into_iter().rev() {
+            study.queue.push_front(k);
+        }
+        let Some(t) = chosen else { continue };
+        let Some(slot) = study.trials.get_mut(t as usize) else { continue };
+        slot.last_attempt += 1;
+        let attempt = slot.last_attempt;
+        slot.history.push((attempt, name.to_string()));
+        // A held trial waits behind one trial per slot for each round of
+        // held ones before it: its lease covers them and its own run.
+        let waits = if ahead { (holding + 1 - slots).div_ceil(slots.max(1)) } else { 0 };
+        let lease_ms = study.policy.lease_ms.saturating_mul(1 + waits as u64);
+        let deadline_ms = now_ms.saturating_add(lease_ms);
+        let lease = Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq, started: false };
+        study.lease(t, lease);
+        agent.credit -= 1;
+        // The next free slot goes first to the study after this one.
+        *next_study = (i + 1) % n;
+        return Some(Effect::Assign {
+            agent: name.to_string(),
+            trial: trial_ref(&study.policy, t, attempt),
+            request_seq: seq,
+        });
+    }
+    None
 }

@@ -75,6 +75,9 @@ impl Scheduler {
     /// Does what [`Scheduler::judge`] decided.
     pub fn settle(&mut self, judgement: Judgement, now_ms: u64) -> Vec<Effect> {
         let Judgement { change, agent, trial, .. } = judgement;
+        if matches!(change, Change::Complete { .. }) {
+            self.delivered(&agent);
+        }
         let Some(study) = self.studies.iter_mut().find(|s| s.owns(&trial)) else { return Vec::new() };
         let Some(slot) = study.trials.get_mut(trial.trial as usize) else { return Vec::new() };
         match change {

@@ -314,6 +314,7 @@ fn offline_agent_trials_are_requeued_and_late_results_win_once() {
     let first = assigned(&s.assign(0));
     assert_eq!(first[0].0, "a");
     let t1 = first[0].1.clone();
+    s.started("a", &t1);
     let eff = s.status("a", &AgentStatus { online: false, instance: 1 });
     assert!(matches!(&eff[..], [Effect::Requeued { .. }]), "{eff:?}");
     s.request("b", &req(1, 1));
@@ -339,6 +340,7 @@ fn regression_late_result_of_a_failed_trial_completes_it_once() {
     s.request("a", &req(1, 2));
     let got = assigned(&s.assign(0));
     let (t0, t1) = (got[0].1.clone(), got[1].1.clone());
+    s.request("a", &WorkRequest { seq: 2, free: 0, ahead: 0, running: vec![t0.clone(), t1.clone()], held: vec![] });
     // The agent is presumed dead: with one attempt allowed, both trials fail.
     let eff = s.status("a", &AgentStatus { online: false, instance: 1 });
     assert_eq!(eff.iter().filter(|e| matches!(e, Effect::Failed { .. })).count(), 2, "{eff:?}");
@@ -365,6 +367,7 @@ fn regression_a_disturbed_late_result_of_a_failed_trial_counts_once() {
     s.hello(info("a", 1, "x86_64", &[]));
     s.request("a", &req(1, 1));
     let t0 = assigned(&s.assign(0))[0].1.clone();
+    s.started("a", &t0);
     s.status("a", &AgentStatus { online: false, instance: 1 });
     assert_eq!(s.counts("s").map(|c| (c.done, c.failed)), Some((0, 1)));
     let disturbed = ResultKind::Interfered { success: true, reason: "load".into() };
@@ -824,4 +827,84 @@ fn a_result_is_awaited_from_a_live_attempt_and_from_a_stopped_one_not_yet_delive
     assert!(!s.awaits_result("a", &t0), "delivered");
     s.result("a", &t1, ResultKind::Complete { success: true }, 0);
     assert!(!s.awaits_result("a", &t1), "done");
+}
+
+/// Issue 35, finding 1: a member announcing the most slots took nearly
+/// every pending trial, and each time it went offline every trial it held
+/// (none started) counted a failed attempt.
+#[test]
+fn regression_trials_lost_before_they_start_never_fail_and_the_loser_is_given_fewer() {
+    let mut s = sched(40, 2, Selector::default());
+    s.hello(AgentInfo { slots: 4, lookahead: 16, ..info("m", 1, "x86_64", &[]) });
+    for round in 1..=5u64 {
+        let ask = WorkRequest { seq: round, free: 4, ahead: 16, running: vec![], held: vec![] };
+        s.request("m", &ask);
+        let got = assigned(&s.assign(0)).len();
+        let eff = s.status("m", &AgentStatus { online: false, instance: 1 });
+        assert!(!eff.iter().any(|e| matches!(e, Effect::Failed { .. })), "round {round}: {eff:?}");
+        let requeued: Vec<_> = eff.iter().filter(|e| matches!(e, Effect::Requeued { .. })).collect();
+        assert_eq!(requeued.len(), got, "every trial it held is queued again");
+        assert!(requeued
+            .iter()
+            .all(|e| matches!(e, Effect::Requeued { reason, .. } if reason.starts_with(NOT_STARTED))));
+        let lost = eff.iter().find_map(|e| match e {
+            Effect::LostHeld { agent, trials, places } if agent == "m" => Some((*trials, *places)),
+            _ => None,
+        });
+        assert_eq!(lost.map(|l| l.0), Some(got as u32), "round {round}");
+        s.hello(AgentInfo { slots: 4, lookahead: 16, ..info("m", 1, "x86_64", &[]) });
+    }
+    assert_eq!(s.counts("s").map(|c| c.failed), Some(0));
+    // Five losses: it may hold one trial at once now, and earns places back with results.
+    assert_eq!(s.reliability("m"), Some((20 + 10 + 5 + 2 + 1, 1)));
+    s.request("m", &WorkRequest { seq: 9, free: 4, ahead: 16, running: vec![], held: vec![] });
+    let t = assigned(&s.assign(0));
+    assert_eq!(t.len(), 1, "its window is one trial");
+    s.started("m", &t[0].1);
+    assert_eq!(s.result("m", &t[0].1, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+    assert_eq!(s.reliability("m").map(|r| r.1), Some(2));
+    // A started attempt lost is a failed attempt, as before.
+    s.request("m", &WorkRequest { seq: 10, free: 4, ahead: 16, running: vec![], held: vec![] });
+    let t = assigned(&s.assign(0));
+    s.request("m", &WorkRequest { seq: 11, free: 2, ahead: 0, running: vec![t[0].1.clone()], held: vec![] });
+    let eff = s.status("m", &AgentStatus { online: false, instance: 1 });
+    assert_eq!(
+        eff.iter().filter(|e| matches!(e, Effect::Requeued { reason, .. } if !reason.starts_with(NOT_STARTED))).count(),
+        1,
+        "{eff:?}"
+    );
+}
+
+/// Issue 35: pending trials are shared among the agents that ask, one
+/// each in turn, and an agent holds trials ahead only up to its share of
+/// what is outstanding while others are live.
+#[test]
+fn regression_no_agent_drains_the_queue_while_others_wait() {
+    let mut s = sched(30, 3, Selector::default());
+    s.hello(AgentInfo { slots: 4, lookahead: 16, ..info("greedy", 1, "x86_64", &[]) });
+    s.hello(AgentInfo { slots: 1, lookahead: 0, ..info("h1", 1, "x86_64", &[]) });
+    s.hello(AgentInfo { slots: 1, lookahead: 0, ..info("h2", 1, "x86_64", &[]) });
+    s.request("greedy", &WorkRequest { seq: 1, free: 4, ahead: 16, running: vec![], held: vec![] });
+    let got = assigned(&s.assign(0));
+    // 30 outstanding among 3 live agents: at most 10 for the greedy one.
+    assert_eq!(got.len(), 10, "{got:?}");
+    s.request("h1", &req(1, 1));
+    s.request("h2", &req(1, 1));
+    let got = assigned(&s.assign(0));
+    assert_eq!(got.iter().map(|g| g.0.as_str()).collect::<Vec<_>>().len(), 2);
+    assert!(got.iter().any(|g| g.0 == "h1") && got.iter().any(|g| g.0 == "h2"), "{got:?}");
+    // Alone, an agent may hold as deep as it asks.
+    let mut alone = sched(30, 3, Selector::default());
+    alone.hello(AgentInfo { slots: 4, lookahead: 16, ..info("a", 1, "x86_64", &[]) });
+    alone.request("a", &WorkRequest { seq: 1, free: 4, ahead: 16, running: vec![], held: vec![] });
+    assert_eq!(assigned(&alone.assign(0)).len(), 20);
+    // Two agents asking at once are served in turn, not one after the other.
+    let mut both = sched(4, 3, Selector::default());
+    both.hello(AgentInfo { slots: 4, ..info("a", 1, "x86_64", &[]) });
+    both.hello(AgentInfo { slots: 4, ..info("b", 1, "x86_64", &[]) });
+    both.request("a", &req(1, 4));
+    both.request("b", &req(1, 4));
+    let got = assigned(&both.assign(0));
+    assert_eq!(got.iter().filter(|g| g.0 == "a").count(), 2, "{got:?}");
+    assert_eq!(got.iter().filter(|g| g.0 == "b").count(), 2, "{got:?}");
 }

@@ -53,6 +53,10 @@ pub enum Effect {
     /// disturbed): the trial is queued again, not counted as a failure, and
     /// kept off `from` for a while.
     Moved { trial: TrialRef, from: String, reason: String },
+    /// `agent` lost `trials` it held before they started (offline,
+    /// restarted, or their lease ran out): none counted a failure; it may
+    /// now hold `places` at once.
+    LostHeld { agent: String, trials: u32, places: u32 },
 }
 
 /// How a result relates to what the scheduler knows.

@@ -554,6 +554,11 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
             t.batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
             abandon(t, &trial);
         }
+        Effect::LostHeld { agent, trials, places } => {
+            t.stats.lost_held += u64::from(trials);
+            tracing::warn!(agent = %agent, trials, places, lost = t.stats.lost_held, "agent lost trials it held before they started (none counts a failure): it may hold fewer at once");
+            t.batch.add_lost_held(&agent, trials)?;
+        }
         Effect::Stopped { trial, reason } => {
             t.stats.stopped += 1;
             t.batch.stop_trial(&trial, &reason, now.unix_ms)?;

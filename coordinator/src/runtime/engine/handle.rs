@@ -256,6 +256,7 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
                     }
                 }
                 cx.batch.record_progress(&p)?;
+                cx.sched.started(&agent, &p.trial);
                 if let Some(wp) = &p.profile {
                     on_profile(cx, &agent, &p.trial, wp)?;
                 }
@@ -319,42 +320,51 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
 /// enrolment) and their budgets, then the signatures; a new key is pinned,
 /// then a session and its Welcome.
 fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
-    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal| {
+    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal, hello: Option<&auth::Hello>| {
         if matches!(e, HelloRefusal::RateLimited(_)) {
             cx.stats.rate_limited_hellos += 1;
             if loud(cx.stats.rate_limited_hellos) {
                 tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
             }
-        } else {
-            cx.stats.refused_hellos += 1;
-            if loud(cx.stats.refused_hellos) {
-                tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
-            }
+            return;
+        }
+        cx.stats.refused_hellos += 1;
+        if loud(cx.stats.refused_hellos) {
+            tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
+        }
+        // The agent hears why, signed, where it can act on it.
+        if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
+            cx.welcomes.push((agent.clone(), notice));
         }
     };
-    let peeked =
-        cx.sessions.peek_hello(&agent, signed).and_then(|h| match crate::domain::validate::agent_info(&h.info) {
-            Ok(()) => Ok(h),
-            Err(why) => Err(HelloRefusal::Invalid(why.to_string())),
-        });
-    let hello = match peeked {
+    let hello = match cx.sessions.peek_hello(&agent, signed) {
         Ok(h) => h,
         Err(e) => {
-            refused(cx, e);
+            refused(cx, e, None);
             return Ok(());
         }
     };
+    if let Err(why) = crate::domain::validate::agent_info(&hello.info) {
+        refused(cx, HelloRefusal::Invalid(why.to_string()), Some(&hello));
+        return Ok(());
+    }
     let known = cx.batch.known(&agent)?;
     let token = match (&known.pin, &hello.enrol) {
         (None, Some(e)) => cx.batch.token(&e.token)?,
         _ => None,
     };
     let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), cx.now.instant, now);
-    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d)));
+    // A new key spends the budget of new agents only once its signatures hold.
+    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d))).and_then(|(a, d)| {
+        if a != Admission::Known {
+            cx.sessions.spend(&a, cx.now.instant)?;
+        }
+        Ok((a, d))
+    });
     let (admission, digest) = match checked {
         Ok(c) => c,
         Err(e) => {
-            refused(cx, e);
+            refused(cx, e, Some(&hello));
             return Ok(());
         }
     };
@@ -373,8 +383,14 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
     // savepoint) before any session is opened.
     cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
     let mut info = hello.info.clone();
-    // The tags a join token granted are the agent's, whatever it claims.
+    // The tags a join token granted are the agent's, whatever it claims;
+    // so is the capacity it was granted (at most the fleet's cap).
     info.tags.extend(cx.batch.granted_tags(&agent)?);
+    let granted = cx.batch.granted_capacity(&agent)?;
+    let announced = (info.slots, info.lookahead);
+    if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
+        tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
+    }
     cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
     cx.batch.upsert_agent(&info, now)?;
     let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {

@@ -52,6 +52,9 @@ pub struct EngineStats {
     /// Attempts moved off an overloaded agent, or measured again because
     /// their measurement was disturbed.
     pub moved: u64,
+    /// Trials agents lost before they started (offline, restarted, a held
+    /// trial's lease run out): queued again, no failure counted.
+    pub lost_held: u64,
     /// Trials that skipped probing for a configuration reused from jobs
     /// that profiled alike, and reuses that then ran slower than promised.
     pub reused: u64,
