@@ -96,8 +96,11 @@ nodes = { tags = { role = "worker" } }
             r[2].clone(),
         ]
     };
+    // A node measures others' trials only with the tag its token granted
+    // (issue 35): the operator makes the workers' token so.
+    let worker_token = create_join_token(&store, &["--tag", "role=worker"]);
     let worker_args = |r: &[String]| {
-        let mut a = vec!["--tag".to_string(), "role=worker".into(), "--cpus".into(), "1".into()];
+        let mut a = vec!["--join".to_string(), worker_token.clone(), "--cpus".into(), "1".into()];
         a.extend(["--sample-interval".into(), "200ms".into()]);
         a.extend(energy(r));
         a
@@ -106,10 +109,16 @@ nodes = { tags = { role = "worker" } }
     let _est = start_agent(&url, &est, &root, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let args = worker_args(&r);
     let _metered = start_agent(&url, &metered, &root, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    // Issue 35, finding 4: a member claiming the workers' tag that its token
+    // never granted measures no one's trial.
+    let claimer = format!("{root}-claims");
+    let args: Vec<String> =
+        ["--tag", "role=worker", "--cpus", "1"].iter().map(|s| s.to_string()).chain(energy(&e)).collect();
+    let _claimer = start_agent(&url, &claimer, &root, &args.iter().map(String::as_str).collect::<Vec<_>>());
     // The nodes are in the fleet before the first trial is assigned.
-    wait_for("both nodes welcomed", Duration::from_secs(30), || {
+    wait_for("the nodes welcomed", Duration::from_secs(30), || {
         let online: Vec<String> = query(&store, "SELECT name FROM agents WHERE online = 1", |row| row.get(0));
-        online.contains(&est) && online.contains(&metered)
+        online.contains(&est) && online.contains(&metered) && online.contains(&claimer)
     });
     let args: Vec<String> =
         ["--tag", "role=driver", "--cpus", "0"].iter().map(|s| s.to_string()).chain(energy(&e)).collect();
@@ -141,6 +150,7 @@ nodes = { tags = { role = "worker" } }
         },
     );
     assert_eq!(rows.len(), 6, "two nodes for each of three trials: {rows:#?}");
+    assert!(rows.iter().all(|r| r.1 != claimer), "a claimed tag grants nothing: {rows:#?}");
     for (trial, agent, source, joules, valid, note, from, to, covered) in &rows {
         assert_ne!(agent, &driver, "the trial's own agent is no node of it");
         assert!(valid, "trial {trial} on {agent}: {note:?}");
@@ -182,5 +192,5 @@ nodes = { tags = { role = "worker" } }
         assert!(total > own, "the nodes add to the trial's energy");
         assert_eq!(t["energy_nodes_valid"], serde_json::Value::Bool(true));
     }
-    assert_agents_spools_empty(&[&driver, &est, &metered]);
+    assert_agents_spools_empty(&[&driver, &est, &metered, &claimer]);
 }

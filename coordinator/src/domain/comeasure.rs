@@ -29,9 +29,24 @@ pub const GIVE_UP_MS: u64 = 30_000;
 pub const SKEW_MS: u64 = 60_000;
 /// Most nodes measuring one trial (the first by name are asked).
 pub const MAX_NODES: usize = 64;
-/// The most power one node may report (W): a figure above it over its
-/// window is refused as out of range.
-pub const MAX_NODE_WATTS: f64 = 100_000.0;
+/// The power a node may report (W) besides its cores': a board, memory,
+/// disks, fans and a few accelerators. A figure above [`node_watts`] over
+/// its window is refused as out of range.
+pub const NODE_BASE_WATTS: f64 = 3_000.0;
+/// The power each core a node announced may add (W): more than any server
+/// CPU draws a core at full load.
+pub const WATTS_PER_CORE: f64 = 100.0;
+/// Honest rounding over a bound (energy counters read at the window's
+/// edges, clock ticks of CPU time): 2 %.
+pub const TOLERANCE: f64 = 0.02;
+/// CPU time over a window's bound that is honest rounding besides
+/// [`TOLERANCE`]: the clock ticks at either edge.
+pub const CPU_SLACK_US: u64 = 50_000;
+
+/// The most power a node of `cores` cores may report (W).
+pub fn node_watts(cores: u32) -> f64 {
+    NODE_BASE_WATTS + WATTS_PER_CORE * f64::from(cores.max(1))
+}
 
 /// What one node gave for one attempt.
 #[derive(Debug, Clone, PartialEq)]
@@ -175,7 +190,12 @@ impl CoMeasures {
     /// Whether `agent`'s answer is to be taken: it was asked for this very
     /// window and has not answered yet, with figures in range. Changes
     /// nothing: [`CoMeasures::taken`] once the answer is stored.
-    pub fn check(&self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
+    /// An answer of `agent` (a node of `cores` cores): asked of it, for the
+    /// window asked, and within physical bounds (its power at most
+    /// [`NODE_BASE_WATTS`] plus [`WATTS_PER_CORE`] a core, its CPU time at
+    /// most its CPUs over the window), each with [`TOLERANCE`] for honest
+    /// rounding.
+    pub fn check(&self, agent: &str, m: &CoMeasured, cores: u32) -> Result<(), Refusal> {
         let open = self.open.get(&m.trial).ok_or(Refusal::NotOpen)?;
         if open.nodes.get(agent) != Some(&false) {
             return Err(Refusal::NotAsked);
@@ -194,10 +214,11 @@ impl CoMeasures {
             return Err(Refusal::OutOfRange(format!("negative energy ({} J)", m.energy.joules)));
         }
         // Over a window of 0 ms, still a second's worth.
-        let most = MAX_NODE_WATTS * (window_ms.max(1_000) as f64 / 1000.0);
+        let watts = node_watts(cores);
+        let most = watts * (window_ms.max(1_000) as f64 / 1000.0) * (1.0 + TOLERANCE);
         if m.energy.joules > most {
             return Err(Refusal::OutOfRange(format!(
-                "{} J over {window_ms} ms is above {MAX_NODE_WATTS} W",
+                "{} J over {window_ms} ms is above {watts} W (a node of {cores} cores)",
                 m.energy.joules
             )));
         }
@@ -205,6 +226,8 @@ impl CoMeasures {
             return Err(Refusal::OutOfRange(format!("covers {} ms of a window of {window_ms} ms", m.covered_ms)));
         }
         let cpu_most = window_ms.saturating_mul(1000).saturating_mul(u64::from(m.cpus.max(1)));
+        // Clock ticks and the window's edges: a little over is honest rounding.
+        let cpu_most = (cpu_most as f64 * (1.0 + TOLERANCE)) as u64 + CPU_SLACK_US;
         if m.cpu_us > cpu_most.max(1_000_000) {
             return Err(Refusal::OutOfRange(format!("{} µs of CPU over {window_ms} ms on {} CPUs", m.cpu_us, m.cpus)));
         }
@@ -227,7 +250,7 @@ impl CoMeasures {
     /// the answer between the two).
     #[cfg(test)]
     pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
-        self.check(agent, m)?;
+        self.check(agent, m, 4)?;
         self.taken(agent, &m.trial);
         Ok(())
     }
@@ -331,10 +354,17 @@ mod tests {
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Ok(()));
         assert_eq!(co.answer("w1", &answer(1, 2_000, 3_000, 1.0)), Err(Refusal::NotAsked), "only once");
         assert!(matches!(co.answer("w2", &answer(1, 2_000, 3_000, -1.0)), Err(Refusal::OutOfRange(_))));
-        let more_than_a_plant = answer(1, 2_000, 3_000, 2.0 * MAX_NODE_WATTS);
+        let more_than_a_plant = answer(1, 2_000, 3_000, 2.0 * node_watts(4));
         assert!(matches!(co.answer("w2", &more_than_a_plant), Err(Refusal::OutOfRange(_))));
         let busier_than_its_cpus = CoMeasured { cpu_us: 10_000_000, ..answer(1, 2_000, 3_000, 1.0) };
         assert!(matches!(co.answer("w2", &busier_than_its_cpus), Err(Refusal::OutOfRange(_))));
+        // Issue 35: a 99 kW answer of a small node is out of range; an
+        // honest answer a hair over its CPU bound is rounding, not a lie.
+        let plant = answer(1, 2_000, 3_000, 99_000.0);
+        assert!(matches!(co.check("w2", &plant, 4), Err(Refusal::OutOfRange(_))));
+        let rounding = CoMeasured { cpu_us: 1_000_200, cpus: 1, ..answer(1, 2_000, 3_000, 1.0) };
+        assert_eq!(co.check("w2", &rounding, 4), Ok(()), "0.02 % over its CPUs' time");
+        assert_eq!(co.check("w2", &answer(1, 2_000, 3_000, 0.9 * node_watts(4)), 4), Ok(()));
         assert_eq!(co.answer("w2", &answer(2, 2_000, 3_000, 1.0)), Err(Refusal::NotOpen));
         assert_eq!(co.len(), 1);
         assert_eq!(co.answer("w2", &answer(1, 2_000, 3_000, 1.0)), Ok(()));

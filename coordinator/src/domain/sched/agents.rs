@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
 use super::fleet::{credit, AgentState};
-use super::lease::{trial_ref, State};
+use super::lease::{trial_ref, State, MAX_PROGRESS_BYTES, MAX_PROGRESS_ROWS};
 use super::{Effect, Scheduler};
 
 impl Scheduler {
@@ -58,6 +58,7 @@ impl Scheduler {
             counted: 0,
             window: u32::MAX,
             lost_held: 0,
+            granted: Default::default(),
         });
         // What it matches may change with what it says it is.
         agent.recount(&mut self.studies, 0);
@@ -128,16 +129,40 @@ impl Scheduler {
         }
     }
 
-    /// `agent` sent progress of `trial`: the attempt has started.
-    pub fn started(&mut self, agent: &str, trial: &TrialRef) {
-        let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return };
-        if let Some(State::Running(l)) =
-            study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX)).map(|s| &mut s.state)
-        {
-            if l.agent == agent && l.attempt == trial.attempt {
-                l.started = true;
-            }
+    /// `agent` says it runs `trial` (its request lists it as running, or it
+    /// sent progress): the attempt has started. [`Effect::Started`] for one
+    /// that was held ahead and had not started.
+    pub fn started(&mut self, agent: &str, trial: &TrialRef) -> Option<Effect> {
+        let study = self.studies.iter_mut().find(|s| s.owns(trial))?;
+        let slot = study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX))?;
+        let State::Running(l) = &mut slot.state else { return None };
+        if l.agent != agent || l.attempt != trial.attempt || l.started {
+            return None;
         }
+        l.started = true;
+        l.ahead.then(|| Effect::Started { agent: agent.to_string(), trial: trial.clone() })
+    }
+
+    /// Counts a progress message of `bytes` for `agent`'s live attempt
+    /// `trial`: whether it may be kept (at most [`MAX_PROGRESS_ROWS`] rows
+    /// and [`MAX_PROGRESS_BYTES`] of them an attempt, so a member cannot
+    /// fill the store with in-bounds epochs).
+    pub fn take_progress(&mut self, agent: &str, trial: &TrialRef, bytes: u64) -> Result<(), &'static str> {
+        let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return Err("not a live attempt") };
+        let slot = study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX));
+        let Some(State::Running(l)) = slot.map(|s| &mut s.state) else { return Err("not a live attempt") };
+        if l.agent != agent || l.attempt != trial.attempt {
+            return Err("not a live attempt");
+        }
+        let (rows, total) = l.progress;
+        if rows >= MAX_PROGRESS_ROWS {
+            return Err("the attempt has sent as many epochs as are kept");
+        }
+        if total.saturating_add(bytes) > MAX_PROGRESS_BYTES {
+            return Err("the attempt has sent as many bytes of progress as are kept");
+        }
+        l.progress = (rows + 1, total + bytes);
+        Ok(())
     }
 
     /// How many trials `agent` lost before they started, and how many it
@@ -163,7 +188,7 @@ impl Scheduler {
         state.online = true;
         let mut effects = Vec::new();
         for t in &req.running {
-            self.started(agent, t);
+            effects.extend(self.started(agent, t));
         }
         for t in &req.held {
             let Some(study) = self.studies.iter().find(|s| s.owns(t)) else { continue };

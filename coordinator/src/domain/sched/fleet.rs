@@ -36,6 +36,8 @@ pub(super) struct AgentState {
     pub(super) window: u32,
     /// Trials it lost before they started, since this coordinator started.
     pub(super) lost_held: u64,
+    /// The tags the operator granted it (what it claims is in `info`).
+    pub(super) granted: std::collections::BTreeMap<String, String>,
 }
 
 impl AgentState {

@@ -22,7 +22,20 @@ pub(super) struct Lease {
     /// sent its progress). One lost before that was never a failure of the
     /// trial, whoever held it ([`StudyState::lose_attempt`]).
     pub(super) started: bool,
+    /// Progress rows kept of this attempt, and their size in bytes
+    /// ([`super::Scheduler::take_progress`]).
+    pub(super) progress: (u32, u64),
+    /// Assigned to be held ahead (every slot of its agent was busy): the
+    /// nodes that measure with it start once it starts ([`Effect::Started`]).
+    pub(super) ahead: bool,
 }
+
+/// Most progress rows kept of one attempt (an epoch each).
+pub const MAX_PROGRESS_ROWS: u32 = 4096;
+/// Most bytes of progress (metric names and values, checkpoints) kept of
+/// one attempt: an honest training run of a thousand epochs with a few
+/// metrics each stays far below.
+pub const MAX_PROGRESS_BYTES: u64 = 1 << 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum State {

@@ -105,6 +105,8 @@ impl Scheduler {
                         seq: 0,
                         // It may have run for a while: lost, it counts.
                         started: true,
+                        progress: (0, 0),
+                        ahead: false,
                     };
                     let slot = TrialSlot {
                         last_attempt: attempt,
@@ -232,14 +234,28 @@ impl Scheduler {
             .count()
     }
 
-    /// Agents online that said who they are and carry all of `tags`, by name.
+    /// Agents online that said who they are and were granted all of `tags`
+    /// by the operator (their join token's, or `agents trust --tag`), by
+    /// name: what an agent only claims makes it no measuring node of others' trials.
     pub fn agents_tagged(&self, tags: &BTreeMap<String, String>) -> Vec<String> {
         self.agents
             .values()
-            .filter(|a| a.online)
-            .filter(|a| a.info.as_ref().is_some_and(|i| tags.iter().all(|(k, v)| i.tags.get(k) == Some(v))))
+            .filter(|a| a.online && a.info.is_some())
+            .filter(|a| tags.iter().all(|(k, v)| a.granted.get(k) == Some(v)))
             .map(|a| a.name.to_string())
             .collect()
+    }
+
+    /// The tags the operator granted `agent` (set after its Hello).
+    pub fn set_granted(&mut self, agent: &str, tags: BTreeMap<String, String>) {
+        if let Some(a) = self.agents.get_mut(agent) {
+            a.granted = tags;
+        }
+    }
+
+    /// The cores `agent` announced (for the bounds of what it measures).
+    pub fn agent_cores(&self, agent: &str) -> Option<u32> {
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).map(|i| i.cores)
     }
 
     /// How long the lease of `trial`'s live attempt has left at `now_ms`.

@@ -139,7 +139,16 @@ fn place_one(
         let waits = if ahead { (holding + 1 - slots).div_ceil(slots.max(1)) } else { 0 };
         let lease_ms = study.policy.lease_ms.saturating_mul(1 + waits as u64);
         let deadline_ms = now_ms.saturating_add(lease_ms);
-        let lease = Lease { agent: name.to_string(), attempt, deadline_ms, restored: false, seq, started: false };
+        let lease = Lease {
+            agent: name.to_string(),
+            attempt,
+            deadline_ms,
+            restored: false,
+            seq,
+            started: false,
+            progress: (0, 0),
+            ahead,
+        };
         study.lease(t, lease);
         agent.credit -= 1;
         // The next free slot goes first to the study after this one.
@@ -148,6 +157,7 @@ fn place_one(
             agent: name.to_string(),
             trial: trial_ref(&study.policy, t, attempt),
             request_seq: seq,
+            ahead,
         });
     }
     None

@@ -39,8 +39,11 @@ pub enum Restored {
 /// What the engine must do because of a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// Send this attempt to this agent (and record the assignment).
-    Assign { agent: String, trial: TrialRef, request_seq: u64 },
+    /// Send this attempt to this agent (and record the assignment); `ahead`:
+    /// to be held until a slot frees there.
+    Assign { agent: String, trial: TrialRef, request_seq: u64, ahead: bool },
+    /// An attempt assigned to be held ahead has started on its agent.
+    Started { agent: String, trial: TrialRef },
     /// Tell this agent to stop this attempt.
     Cancel { agent: String, trial: TrialRef, reason: String },
     /// This attempt ended without a usable result; the trial is queued again.

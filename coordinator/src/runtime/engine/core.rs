@@ -493,6 +493,17 @@ fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<
     Ok(())
 }
 
+/// The nodes that measure with `trial` (its study's `[measure] nodes`, by
+/// the tags the operator granted them) start measuring: it starts now.
+fn co_start(t: &mut Turn<'_, '_>, agent: &str, trial: &tunefleet_common::message::TrialRef, now: Now) {
+    let Some(tags) = t.studies.get(&trial.study).and_then(|a| a.study.measure_nodes.as_ref()) else { return };
+    let nodes = t.sched.agents_tagged(tags);
+    // Until the lease the scheduler gave (longer for a trial held ahead).
+    let lease_ms = t.sched.lease_left(trial, now.engine_ms).unwrap_or(0);
+    let sends = t.co.start(trial, agent, nodes, (now.unix_ms, now.engine_ms), lease_ms);
+    t.out.extend(co_messages(sends));
+}
+
 /// An attempt that ended without a result: the nodes measuring it forget it.
 fn abandon(t: &mut Turn<'_, '_>, trial: &tunefleet_common::message::TrialRef) {
     let sends = t.co.abandon(trial);
@@ -505,7 +516,7 @@ fn abandon(t: &mut Turn<'_, '_>, trial: &tunefleet_common::message::TrialRef) {
 /// milliseconds).
 fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineError> {
     match effect {
-        Effect::Assign { agent, trial, request_seq } => {
+        Effect::Assign { agent, trial, request_seq, ahead } => {
             let Some(active) = t.studies.get_mut(&trial.study) else { return Ok(()) };
             active.first_assigned.get_or_insert(now.instant);
             let Some(plan) = active.plans.get(trial.trial as usize) else { return Ok(()) };
@@ -517,12 +528,9 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
                 Ok(spec) => {
                     t.batch.record_assignment(&trial, &agent, now.unix_ms)?;
                     t.stats.assignments += 1;
-                    if let Some(tags) = &active.study.measure_nodes {
-                        let nodes = t.sched.agents_tagged(tags);
-                        // Until the lease the scheduler gave (longer for a trial held ahead).
-                        let lease_ms = t.sched.lease_left(&trial, now.engine_ms).unwrap_or(0);
-                        let sends = t.co.start(&trial, &agent, nodes, (now.unix_ms, now.engine_ms), lease_ms);
-                        t.out.extend(co_messages(sends));
+                    // A trial held ahead has its nodes started once it starts.
+                    if !ahead {
+                        co_start(t, &agent, &trial, now);
                     }
                     t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }
@@ -554,6 +562,7 @@ fn apply(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineErr
             t.batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
             abandon(t, &trial);
         }
+        Effect::Started { agent, trial } => co_start(t, &agent, &trial, now),
         Effect::LostHeld { agent, trials, places } => {
             t.stats.lost_held += u64::from(trials);
             tracing::warn!(agent = %agent, trials, places, lost = t.stats.lost_held, "agent lost trials it held before they started (none counts a failure): it may hold fewer at once");

@@ -255,8 +255,18 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
                         p.checkpoint = None;
                     }
                 }
+                // Bounded per attempt: rows and bytes (names, values, checkpoint).
+                let bytes = p.metrics.keys().map(|k| k.len() as u64 + 16).sum::<u64>()
+                    + p.checkpoint.as_ref().map_or(0, |c| c.len() as u64);
+                cx.effects.extend(cx.sched.started(&agent, &p.trial));
+                if let Err(why) = cx.sched.take_progress(&agent, &p.trial, bytes) {
+                    cx.stats.refused_progress += 1;
+                    if loud(cx.stats.refused_progress) {
+                        tracing::warn!(agent = %agent, trial = %p.trial, epoch = p.epoch, reason = why, refused = cx.stats.refused_progress, "progress not kept");
+                    }
+                    return Ok(());
+                }
                 cx.batch.record_progress(&p)?;
-                cx.sched.started(&agent, &p.trial);
                 if let Some(wp) = &p.profile {
                     on_profile(cx, &agent, &p.trial, wp)?;
                 }
@@ -281,7 +291,7 @@ fn dispatch(cx: &mut Ctx<'_, '_>, agent: String, msg: AgentMessage, now: u64) ->
         }
         // Checked, stored, and only then taken: a store error leaves the
         // node to be asked again (see `guarded`).
-        AgentMessage::CoMeasured(m) => match cx.co.check(&agent, &m) {
+        AgentMessage::CoMeasured(m) => match cx.co.check(&agent, &m, cx.sched.agent_cores(&agent).unwrap_or(1)) {
             Ok(()) => {
                 let trial = m.trial.clone();
                 let record =
@@ -385,7 +395,8 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
     let mut info = hello.info.clone();
     // The tags a join token granted are the agent's, whatever it claims;
     // so is the capacity it was granted (at most the fleet's cap).
-    info.tags.extend(cx.batch.granted_tags(&agent)?);
+    let granted_tags = cx.batch.granted_tags(&agent)?;
+    info.tags.extend(granted_tags.clone());
     let granted = cx.batch.granted_capacity(&agent)?;
     let announced = (info.slots, info.lookahead);
     if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
@@ -403,6 +414,7 @@ fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> R
     tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
     cx.agents_seen.insert(agent.clone());
     cx.effects.extend(cx.sched.hello(info));
+    cx.sched.set_granted(&agent, granted_tags);
     cx.welcomes.push((agent, payload));
     Ok(())
 }

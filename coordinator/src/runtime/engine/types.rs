@@ -35,6 +35,8 @@ pub struct EngineStats {
     /// Messages (or the bookkeeping after one) whose store writes failed:
     /// rolled back alone, the turn went on.
     pub store_errors: u64,
+    /// Progress past an attempt's bound of rows or bytes: not kept.
+    pub refused_progress: u64,
     /// Checkpoints outside their study's `resume_prefix`: not kept.
     pub refused_checkpoints: u64,
     /// Results the coordinator cannot place, answered so the agent parks them.
