@@ -308,7 +308,9 @@ impl Poller {
             },
             Ok(Topic::Agent { agent, kind }) if agent == self.agent && AgentTopic::TO_AGENT.contains(&kind) => {
                 match decode::<DownFrame>(payload) {
-                    Ok(frame @ (DownFrame::Welcome(_) | DownFrame::Stale(_))) if kind == AgentTopic::Welcome => {
+                    Ok(frame @ (DownFrame::Welcome(_) | DownFrame::Stale(_) | DownFrame::Refused(_)))
+                        if kind == AgentTopic::Welcome =>
+                    {
                         Inbound::Coordinator { kind, frame }
                     }
                     Ok(frame @ DownFrame::Sealed(_)) if kind != AgentTopic::Welcome => {

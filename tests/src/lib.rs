@@ -3,6 +3,7 @@
 //! under a deadline (never a fixed sleep).
 
 pub mod chromium;
+pub mod member;
 pub mod mosquitto;
 pub mod ports;
 pub mod slurm;

@@ -1,0 +1,233 @@
+//! Issue 35: what a fleet member may take is what the operator granted,
+//! and a refused agent hears why. Real coordinator and agent processes on
+//! the embedded broker; the member is a protocol client written here
+//! ([`tunefleet_tests::member`]), as a stolen phone would be.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, WorkRequest};
+use tunefleet_tests::member::{Answer, Member};
+use tunefleet_tests::*;
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+}
+
+/// `trials` trials that sleep 20 ms and report `v`; two attempts each.
+fn short_study(dir: &Path, name: &str, trials: u32) -> std::path::PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+command = ["sh", "-c", "sleep 0.02; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
+timeout = 60
+max_attempts = 2
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "grid"
+[hyper.v]
+kind = "int"
+low = 1
+high = {trials}
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+/// Finding 1: a member announcing the most slots and lookahead took 296 of
+/// 300 pending trials, and going offline twice failed 290 of them for good.
+/// Now it gets what it was granted (the fleet's cap), never more than its
+/// share while others ask, loses held trials without failing them, and
+/// is given fewer each time it drops them.
+#[test]
+fn regression_a_member_claiming_every_slot_and_going_offline_fails_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("greedy");
+    let trials = 300u32;
+    let started = Instant::now();
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "greedy", trials), &store, &root, &[]);
+    let token: tunefleet_common::auth::JoinToken = join_token_of(&root).expect("token").parse().expect("token");
+    let mut member = Member::connect(port_of(&url), &root, "phone-m");
+    let honest = [format!("{root}-h1"), format!("{root}-h2")];
+    let agents: Vec<Proc> = honest.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
+
+    let greedy = AgentInfo { slots: 1024, lookahead: 4096, ..AgentInfo::minimal("x", 0) };
+    let (mut rounds, mut taken, mut seq) = (0u32, 0usize, 0u64);
+    let done = || -> i64 {
+        query(&store, "SELECT COUNT(*) FROM trials WHERE state = 'done' OR state = 'failed'", |r| r.get(0))
+            .first()
+            .copied()
+            .unwrap_or(0)
+    };
+    while done() < i64::from(trials) {
+        assert!(started.elapsed() < Duration::from_secs(240), "the study did not end: {} done", done());
+        let enrol = (rounds == 0).then_some(&token);
+        assert!(matches!(member.hello(greedy.clone(), enrol), Answer::Welcome), "round {rounds}");
+        seq += 1;
+        member.send(&AgentMessage::Request(WorkRequest {
+            seq,
+            free: 1024,
+            ahead: 4096,
+            running: vec![],
+            held: vec![],
+        }));
+        let got = member.receive(Duration::from_millis(300));
+        taken += got.iter().filter(|m| matches!(m, CoordinatorMessage::Assign(_))).count();
+        member.go_offline();
+        rounds += 1;
+    }
+    member.disconnect();
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
+    let failed: Vec<i64> = query(&store, "SELECT COUNT(*) FROM trials WHERE state = 'failed'", |r| r.get(0));
+    assert_eq!(failed, [0], "no trial failed: {out}");
+    let by_honest: Vec<i64> = query(
+        &store,
+        &format!("SELECT COUNT(*) FROM results WHERE agent IN ('{}', '{}')", honest[0], honest[1]),
+        |r| r.get(0),
+    );
+    assert_eq!(by_honest, [i64::from(trials)], "the honest agents ran every trial");
+    // It was given what the fleet's cap allows at most (64 slots, 256 ahead),
+    // and fewer with every loss.
+    let lost: Vec<i64> = query(&store, "SELECT lost_held FROM agent_enrolment WHERE name = 'phone-m'", |r| r.get(0));
+    // (Assignments still on their way when it went offline are lost too.)
+    let lost = lost.first().copied().unwrap_or(0);
+    assert!(lost > 0 && lost as usize >= taken, "{lost} lost, {taken} taken");
+    let agents_out = {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["agents", "--store"]).arg(&store);
+        run(c)
+    };
+    let line = agents_out.1.lines().find(|l| l.starts_with("phone-m")).unwrap_or_default().to_string();
+    assert!(line.split_whitespace().any(|w| w == lost.to_string()), "the operator sees what it lost: {line}");
+    eprintln!(
+        "measured: {rounds} offline rounds, the member was given {taken} trials in all, {} s for {trials} trials",
+        started.elapsed().as_secs_f64()
+    );
+    drop(agents);
+    assert_agents_spools_empty(&honest.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// A token's grant caps what its agents are given, whatever they announce.
+#[test]
+fn a_tokens_grant_caps_the_slots_an_agent_is_given() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("grant");
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "grant", 40), &store, &root, &[]);
+    let token: tunefleet_common::auth::JoinToken =
+        create_join_token(&store, &["--slots", "2", "--lookahead", "1"]).parse().expect("token");
+    let mut member = Member::connect(port_of(&url), &root, "phone-g");
+    let claims = AgentInfo { slots: 512, lookahead: 2048, ..AgentInfo::minimal("x", 0) };
+    assert!(matches!(member.hello(claims, Some(&token)), Answer::Welcome));
+    member.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 512, ahead: 2048, running: vec![], held: vec![] }));
+    let got = member.receive(Duration::from_secs(2));
+    let assigned = got.iter().filter(|m| matches!(m, CoordinatorMessage::Assign(_))).count();
+    assert_eq!(assigned, 3, "two slots and one held ahead: {got:?}");
+    let slots: Vec<String> = query(&store, "SELECT info FROM agents WHERE name = 'phone-g'", |r| r.get(0));
+    assert!(slots.first().is_some_and(|i| i.contains("\"slots\":2")), "{slots:?}");
+    member.go_offline();
+    member.disconnect();
+    let agent = start_agent(&url, &format!("{root}-a"), &root, &[]);
+    assert!(coord.wait_exit(Duration::from_secs(120)).success());
+    drop(agent);
+    assert_agents_spools_empty(&[&format!("{root}-a")]);
+}
+
+/// Starts a real agent with `args` and waits for it to stop: its exit
+/// status, its log, and how long it took.
+fn refused_agent(url: &str, name: &str, root: &str, log: &Path, args: &[&str]) -> (i32, String, Duration) {
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.args(["--broker", url, "--name", name, "--root", root]).args(args);
+    cmd.env("XDG_STATE_HOME", state_home()).env_remove("TUNEFLEET_JOIN").env("RUST_LOG", "info");
+    cmd.stderr(std::fs::File::create(log).expect("log"));
+    let started = Instant::now();
+    let mut p = Proc::spawn(name, cmd);
+    let status = loop {
+        if let Some(status) = p.child.try_wait().expect("try_wait") {
+            break status;
+        }
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(started.elapsed() < Duration::from_secs(20), "{name} did not stop in 20 s:\n{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    (status.code().unwrap_or(-1), std::fs::read_to_string(log).unwrap_or_default(), took)
+}
+
+/// A refused agent logged `connected`, `coordinator status online=true`
+/// and idled for ever, while only the coordinator's log said why. Now it
+/// is told, signed, and stops where asking again cannot help.
+#[test]
+fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("refused");
+    // Its trials wait for the last agent (tagged): the coordinator outlives the refusals.
+    let study = short_study(dir.path(), "refused", 4);
+    let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"last\" }\n";
+    std::fs::write(&study, text).expect("study");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let key = {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["key", "--identity"]).arg(state_home().join("tunefleet/coordinator.key"));
+        run(c).1.trim().to_string()
+    };
+    assert_eq!(key.len(), 64, "{key}");
+    let revoked = create_join_token(&store, &[]);
+    let list = {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["token", "list", "--json", "--store"]).arg(&store);
+        run(c).1
+    };
+    let newest: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
+    let id = newest[0]["id"].as_str().expect("id").to_string();
+    let mut c = Command::new(bin("tunefleet"));
+    c.args(["token", "revoke", &id, "--store"]).arg(&store);
+    assert_eq!(run(c).0, Some(0));
+    let once = {
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["token", "create", "--uses", "1", "--store"]).arg(&store).env("XDG_STATE_HOME", state_home());
+        run(c).1.trim().to_string()
+    };
+    let first = start_agent(&url, &format!("{root}-one"), &root, &["--join", &once]);
+    wait_for("the first agent enrolled", Duration::from_secs(30), || {
+        let n: Vec<String> = query(&store, "SELECT name FROM agents", |r| r.get(0));
+        n.contains(&format!("{root}-one"))
+    });
+    let fleet_token = join_token_of(&root).expect("token");
+    let cases: [(&str, Vec<&str>, &str); 4] = [
+        ("no token", vec!["--coordinator-key", &key], "tunefleet token create"),
+        ("revoked", vec!["--join", &revoked], "was revoked"),
+        ("used up", vec!["--join", &once], "has no uses left"),
+        // Another machine under a name that is taken (its own key).
+        ("name taken", vec!["--join", &fleet_token], "another machine may use the name"),
+    ];
+    for (i, (what, args, says)) in cases.iter().enumerate() {
+        let name = if *what == "name taken" { format!("{root}-one") } else { format!("{root}-r{i}") };
+        // Its own key: a state directory of its own.
+        let state = dir.path().join(format!("state-{i}"));
+        let mut args = args.clone();
+        let state_arg = state.display().to_string();
+        args.extend(["--state-dir", &state_arg]);
+        let log = dir.path().join(format!("agent-{i}.log"));
+        let (code, text, took) = refused_agent(&url, &name, &root, &log, &args);
+        assert_ne!(code, 0, "{what}: exits non-zero\n{text}");
+        assert!(text.contains("refused this agent") && text.contains(says), "{what}: {text}");
+        assert!(took < Duration::from_secs(10), "{what}: told in {took:?}");
+        eprintln!("measured: {what}: refused and stopped in {:.2} s", took.as_secs_f64());
+    }
+    let agent = start_agent(&url, &format!("{root}-two"), &root, &["--tag", "pool=last"]);
+    assert!(coord.wait_exit(Duration::from_secs(120)).success());
+    drop((first, agent));
+    assert_agents_spools_empty(&[&format!("{root}-one"), &format!("{root}-two")]);
+}
