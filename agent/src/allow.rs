@@ -10,7 +10,15 @@ pub fn allowed(patterns: &[glob::Pattern], argv: &[String]) -> Result<(), String
         return Ok(());
     }
     let Some(program) = argv.first() else { return Err("an empty command".into()) };
-    if patterns.iter().any(|p| p.matches(program)) {
+    // Matched by its components: `*` never crosses a `/`, and a path that
+    // climbs (`/dir/../../bin/sh`) or names `.` is refused before any
+    // pattern, whatever it would match as text.
+    if program.split('/').any(|c| c == ".." || c == ".") {
+        return Err(format!("{program:?} has a . or .. component: refused by --allow-command"));
+    }
+    let options =
+        glob::MatchOptions { case_sensitive: true, require_literal_separator: true, require_literal_leading_dot: true };
+    if patterns.iter().any(|p| p.matches_with(program, options)) {
         Ok(())
     } else {
         Err(format!("{program:?} matches no --allow-command pattern"))
@@ -40,5 +48,18 @@ mod tests {
         assert!(allowed(&pats, &argv("/tmp/tunefleet-train")).is_err(), "a path is matched as written");
         assert!(allowed(&pats, &[]).is_err());
         assert!(parse(&["[".into()]).is_err());
+    }
+
+    /// Issue 35, finding 6: `/dir/*` admitted `/dir/../../../../bin/sh`.
+    #[test]
+    fn regression_a_pattern_matches_by_components_and_a_path_never_climbs() {
+        let pats = parse(&["/opt/bench/*".into(), "tunefleet-*".into()]).expect("patterns");
+        for climbing in ["/opt/bench/../../../../bin/sh", "/opt/bench/./run", "/opt/bench/sub/../run"] {
+            assert!(allowed(&pats, &argv(climbing)).is_err(), "{climbing}");
+        }
+        assert!(allowed(&pats, &argv("/opt/bench/sub/run")).is_err(), "* stays within one component");
+        assert!(allowed(&pats, &argv("tunefleet-x/../../sh")).is_err());
+        assert!(allowed(&pats, &argv("/opt/bench/.hidden")).is_err(), "a leading dot is literal");
+        assert_eq!(allowed(&pats, &argv("/opt/bench/run")), Ok(()));
     }
 }

@@ -495,6 +495,15 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
     let identity = auth::load_identity(config.state_dir.as_deref())?;
+    // The name this key is known under, for a later start without --name.
+    if let Some(dir) = config.state_dir.as_deref() {
+        let file = dir.join(options::NAME_FILE);
+        if !file.exists() {
+            if let Err(e) = std::fs::write(&file, format!("{}\n", config.name)) {
+                tracing::warn!(file = %file.display(), error = %e, "cannot keep this agent's name");
+            }
+        }
+    }
     let trust = auth::Trust {
         given: config.coordinator_key,
         token: config.join.clone(),

@@ -87,10 +87,15 @@ pub fn parse_metric_line(line: &str) -> MetricLine {
 pub const MAX_CHECKPOINT_LEN: usize = 1024;
 
 /// A checkpoint reference as the workload gave it, when it is usable: not
-/// empty, not too long, no control characters.
+/// empty, not too long, no control characters, and not starting with `-`
+/// (it is passed on a command line; the coordinator refuses it too, and a
+/// result carrying it would be refused whole).
 fn checkpoint(text: &str) -> Option<String> {
-    (!text.is_empty() && text.len() <= MAX_CHECKPOINT_LEN && !text.chars().any(char::is_control))
-        .then(|| text.to_string())
+    (!text.is_empty()
+        && text.len() <= MAX_CHECKPOINT_LEN
+        && !text.starts_with('-')
+        && !text.chars().any(char::is_control))
+    .then(|| text.to_string())
 }
 
 fn valid_name(name: &str) -> bool {
@@ -195,6 +200,10 @@ mod tests {
         );
         let bad = parse_metric_line(&format!(r#"{{"event":"epoch","epoch":1,"checkpoint":"{}"}}"#, "x".repeat(5000)));
         assert!(matches!(bad, MetricLine::Epoch { checkpoint: None, .. }), "too long: dropped, the epoch kept");
+        // Issue 35: the coordinator refuses a leading dash; the agent drops it
+        // rather than have every result of the trial refused and parked.
+        let dash = parse_metric_line(r#"{"event":"epoch","epoch":1,"checkpoint":"-rf"}"#);
+        assert!(matches!(dash, MetricLine::Epoch { checkpoint: None, .. }), "{dash:?}");
     }
 
     #[test]

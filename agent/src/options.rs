@@ -24,7 +24,7 @@ pub fn state_dir(args: &StateArgs) -> Result<PathBuf, ConfigError> {
     }
     let name = match &args.name {
         Some(n) => n.clone(),
-        None => hostname().ok_or(ConfigError::NoHostname)?,
+        None => default_name(fixed_state_dir(None).as_deref()).ok_or(ConfigError::NoHostname)?,
     };
     validate_agent_id(&name).map_err(ConfigError::Name)?;
     let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
@@ -144,6 +144,10 @@ pub enum ConfigError {
     Join(tunefleet_common::auth::BadJoinToken),
     #[error("--join-file {path}: {source}")]
     JoinFile { path: PathBuf, source: std::io::Error },
+    #[error(
+        "--join-file {path}: every user can read it (mode {mode:o}), and a join token admits agents: chmod 600 {path}"
+    )]
+    JoinFileMode { path: PathBuf, mode: u32 },
     #[error("{0}")]
     AllowCommand(String),
     #[error("no state directory: give --state-dir (or set HOME, XDG_STATE_HOME or STATE_DIRECTORY)")]
@@ -215,6 +219,54 @@ fn hostname() -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
+/// The agent's default name: the host name and 6 hex digits of a hash of
+/// this machine's id (`/etc/machine-id`), so boards imaged alike (twenty
+/// called `raspberrypi`) get names of their own; the bare host name where
+/// an agent of that name already keeps its state here (an agent installed
+/// before names had the id), or where the machine has no id.
+///
+/// A state directory that does not depend on the name (`--state-dir`,
+/// systemd's `$STATE_DIRECTORY`) keeps the name its key was made under
+/// ([`NAME_FILE`], written by the agent): that one is used.
+fn default_name(fixed_state: Option<&std::path::Path>) -> Option<String> {
+    let host = hostname()?;
+    let id = std::fs::read_to_string("/etc/machine-id").ok();
+    let legacy = match fixed_state {
+        Some(dir) => {
+            let kept = std::fs::read_to_string(dir.join(NAME_FILE)).ok();
+            if let Some(name) = kept.as_deref().map(str::trim).filter(|n| validate_agent_id(n).is_ok()) {
+                return Some(name.to_string());
+            }
+            dir.join("agent.key").exists()
+        }
+        None => {
+            let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+            default_state_dir(&host, None, env("XDG_STATE_HOME"), env("HOME"))
+                .is_some_and(|d| d.join("agent.key").exists())
+        }
+    };
+    Some(name_for(&host, id.as_deref(), legacy))
+}
+
+/// The file in a state directory that keeps the name its key was made under.
+pub const NAME_FILE: &str = "name";
+
+/// The state directory named by flags or systemd, whatever the agent's name.
+fn fixed_state_dir(flag: Option<&PathBuf>) -> Option<PathBuf> {
+    flag.cloned().or_else(|| std::env::var_os("STATE_DIRECTORY").filter(|v| !v.is_empty()).map(PathBuf::from))
+}
+
+/// [`default_name`] from its parts.
+fn name_for(host: &str, machine_id: Option<&str>, legacy: bool) -> String {
+    match machine_id.map(str::trim).filter(|id| !id.is_empty() && !legacy) {
+        Some(id) => {
+            let digest = tunefleet_common::auth::sha256(&[b"tunefleet agent name\0", id.as_bytes()]);
+            format!("{host}-{}", tunefleet_common::auth::hex(&digest[..3]))
+        }
+        None => host.to_string(),
+    }
+}
+
 /// Validates the options into what to do.
 pub fn into_mode(cli: Cli) -> Result<Mode, ConfigError> {
     match cli.command.clone() {
@@ -243,7 +295,7 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     let security = cli.security.resolve(&broker, password)?;
     let name = match cli.name {
         Some(n) => n,
-        None => hostname().ok_or(ConfigError::NoHostname)?,
+        None => default_name(fixed_state_dir(cli.state_dir.as_ref()).as_deref()).ok_or(ConfigError::NoHostname)?,
     };
     validate_agent_id(&name).map_err(ConfigError::Name)?;
     if cli.slots == 0 {
@@ -310,6 +362,14 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     let join = match (cli.join, cli.join_file) {
         (Some(text), _) => Some(text),
         (None, Some(path)) => {
+            // A token admits agents: one every user can read is refused, as ssh refuses such a key.
+            use std::os::unix::fs::PermissionsExt;
+            let meta =
+                std::fs::metadata(&path).map_err(|source| ConfigError::JoinFile { path: path.clone(), source })?;
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o004 != 0 {
+                return Err(ConfigError::JoinFileMode { path, mode });
+            }
             Some(std::fs::read_to_string(&path).map_err(|source| ConfigError::JoinFile { path, source })?)
         }
         (None, None) => None,
@@ -495,6 +555,35 @@ mod tests {
         assert_eq!(sanitize_name(&"a".repeat(100)).len(), MAX_AGENT_ID);
         assert!(validate_agent_id(&sanitize_name("wéird näme")).is_ok());
         assert_eq!(parse_tag("k=v=w").expect("ok"), ("k".into(), "v=w".into()));
+    }
+
+    /// Issue 35: a world-readable join file was accepted silently.
+    #[test]
+    fn regression_a_join_file_every_user_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let file = dir.path().join("join.token");
+        std::fs::write(&file, "not read").expect("write");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let path = file.display().to_string();
+        let args = ["--broker", "mqtt://127.0.0.1:1883", "--name", "a", "--join-file", &path];
+        let e = into_config(cli(&args).expect("parses")).expect_err("refused");
+        assert!(matches!(e, ConfigError::JoinFileMode { mode: 0o644, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+    }
+
+    /// Issue 35: the unit names agents after the host, and twenty boards
+    /// imaged alike were all `raspberrypi`.
+    #[test]
+    fn regression_default_names_differ_between_machines_of_one_host_name() {
+        let a = name_for("raspberrypi", Some("4f1d0c1e9a2b4c7d8e9f0a1b2c3d4e5f\n"), false);
+        let b = name_for("raspberrypi", Some("0123456789abcdef0123456789abcdef"), false);
+        assert!(a.starts_with("raspberrypi-") && a.len() == "raspberrypi-".len() + 6, "{a}");
+        assert_ne!(a, b);
+        assert_eq!(a, name_for("raspberrypi", Some("4f1d0c1e9a2b4c7d8e9f0a1b2c3d4e5f"), false), "stable");
+        assert_eq!(name_for("raspberrypi", Some("4f1d"), true), "raspberrypi", "an installed agent keeps its name");
+        assert_eq!(name_for("raspberrypi", None, false), "raspberrypi");
+        assert!(validate_agent_id(&a).is_ok());
     }
 
     #[test]

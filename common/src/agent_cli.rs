@@ -44,8 +44,10 @@ pub struct Cli {
     /// Broker URL, mqtt://HOST:PORT (required to run as an agent)
     #[arg(long, env = "TUNEFLEET_BROKER", value_name = "URL")]
     pub broker: Option<String>,
-    /// Agent name (default: the host name, sanitised)
-    #[arg(long)]
+    /// Agent name (default: the host name, sanitised, and 6 hex digits of
+    /// this machine's id, so machines imaged alike differ; the bare host name
+    /// where an agent of that name already keeps its state)
+    #[arg(long, env = "TUNEFLEET_AGENT_NAME")]
     pub name: Option<String>,
     /// A tag announced to the coordinator, KEY=VALUE (repeatable)
     #[arg(long = "tag", value_name = "KEY=VALUE")]
@@ -62,7 +64,7 @@ pub struct Cli {
     #[arg(long)]
     pub lookahead: Option<u32>,
     /// Topic root shared with the coordinator
-    #[arg(long, default_value = DEFAULT_ROOT)]
+    #[arg(long, env = "TUNEFLEET_ROOT", default_value = DEFAULT_ROOT)]
     pub root: String,
     /// MQTT keepalive in seconds
     #[arg(long, default_value_t = 5, value_name = "SECS")]

@@ -197,7 +197,15 @@ fn write_private(path: &Path, bytes: &[u8], replace: bool) -> Result<bool, KeyFi
     use std::os::unix::fs::OpenOptionsExt;
     let io = |action, source| KeyFileError::Io { action, path: path.to_path_buf(), source };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| io("create the directory of", e))?;
+    if !dir.exists() {
+        // A directory made for a secret is its owner's alone.
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io("create the directory of", e))?;
+    }
     let unique = random_bytes::<8>().map_err(|_| KeyFileError::Random)?;
     let tmp = path.with_extension(format!("tmp-{}", hex(&unique)));
     let mut f = std::fs::OpenOptions::new()
@@ -509,9 +517,19 @@ pub enum RefusalKind {
 }
 
 impl RefusalKind {
-    /// Whether saying Hello again cannot help until the operator acts.
+    /// Whether saying Hello again cannot help: the token it brings is dead
+    /// for good, or its own Hello is out of bounds. An unknown key, a name
+    /// pinned to another key and a full fleet can change while it asks
+    /// (`tunefleet agents trust`, `forget`): the agent goes on asking.
     pub fn fatal(self) -> bool {
-        !matches!(self, RefusalKind::FleetFull)
+        matches!(
+            self,
+            RefusalKind::TokenExpired
+                | RefusalKind::TokenRevoked
+                | RefusalKind::TokenUsedUp
+                | RefusalKind::TokenUnknown
+                | RefusalKind::Invalid
+        )
     }
 }
 

@@ -30,6 +30,16 @@ pub mod template;
 pub mod topic;
 
 pub use broker_url::BrokerUrl;
+
+/// Whether `c` changes how text around it is shown without being seen
+/// itself: bidirectional overrides and isolates (U+202E makes `exe.txt`
+/// of `txt.exe`), zero-width characters and the byte-order mark. Text from
+/// a workload or an agent is refused or cleaned of them where people read
+/// it (logs, summaries, `status`, the report), as of control characters.
+pub fn is_invisible_format(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2060}'..='\u{2064}'
+        | '\u{2066}'..='\u{2069}' | '\u{FEFF}')
+}
 pub use codec::{decode, decode_stored_result, encode, CodecError, MAX_MESSAGE_BYTES, PROTOCOL_VERSION};
 
 /// What `--version` shows after the program's name, on the agent and the

@@ -16,6 +16,11 @@ use crate::BrokerUrl;
 
 /// Environment variable holding the broker password.
 pub const PASSWORD_ENV: &str = "TUNEFLEET_PASSWORD";
+/// Where an agent may be given its join token.
+pub const JOIN_ENV: &str = "TUNEFLEET_JOIN";
+/// The agent's and the coordinator's secrets that may sit in their
+/// environment: never passed on to a trial's workload.
+pub const SECRET_ENV: &[&str] = &[PASSWORD_ENV, JOIN_ENV];
 
 /// Why the security settings were refused.
 #[derive(Debug, thiserror::Error)]

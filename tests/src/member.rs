@@ -162,6 +162,16 @@ impl Member {
         std::mem::take(&mut self.inbox)
     }
 
+    /// Publishes `payload` on `topic` as it is (a broker user's forgery).
+    pub fn publish_raw(&mut self, topic: &str, payload: Vec<u8>, retain: bool) {
+        let client = self.client.clone();
+        let topic = topic.to_string();
+        self.rt
+            .block_on(async move { client.publish(topic, QoS::AtLeastOnce, retain, payload).await.expect("publish") });
+        // Let the event loop write it.
+        self.pump(Duration::from_millis(100));
+    }
+
     /// Disconnects from the broker, once everything sent before is written.
     pub fn disconnect(self) {
         let Member { rt, client, poller, .. } = self;

@@ -143,30 +143,43 @@ fn a_tokens_grant_caps_the_slots_an_agent_is_given() {
     assert_agents_spools_empty(&[&format!("{root}-a")]);
 }
 
-/// Starts a real agent with `args` and waits for it to stop: its exit
-/// status, its log, and how long it took.
-fn refused_agent(url: &str, name: &str, root: &str, log: &Path, args: &[&str]) -> (i32, String, Duration) {
+/// Starts a real agent with `args` and waits until it says it was refused
+/// (then stops it, when it goes on asking): whether it exited and how, its
+/// log, and how long it took.
+fn refused_agent(url: &str, name: &str, root: &str, log: &Path, args: &[&str]) -> (Option<i32>, String, Duration) {
     let mut cmd = Command::new(bin("tunefleet-agent"));
     cmd.args(["--broker", url, "--name", name, "--root", root]).args(args);
     cmd.env("XDG_STATE_HOME", state_home()).env_remove("TUNEFLEET_JOIN").env("RUST_LOG", "info");
     cmd.stderr(std::fs::File::create(log).expect("log"));
     let started = Instant::now();
     let mut p = Proc::spawn(name, cmd);
-    let status = loop {
-        if let Some(status) = p.child.try_wait().expect("try_wait") {
-            break status;
-        }
+    let told = |text: &str| text.contains("the coordinator refused this agent");
+    loop {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        assert!(started.elapsed() < Duration::from_secs(20), "{name} did not stop in 20 s:\n{text}");
+        if let Some(status) = p.child.try_wait().expect("try_wait") {
+            return (status.code(), std::fs::read_to_string(log).unwrap_or_default(), started.elapsed());
+        }
+        if told(&text) {
+            // Told: it exits now where asking again cannot help, or goes on asking.
+            let took = started.elapsed();
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Some(status) = p.child.try_wait().expect("try_wait") {
+                    return (status.code(), std::fs::read_to_string(log).unwrap_or_default(), took);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            return (None, std::fs::read_to_string(log).unwrap_or_default(), took);
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{name} was not told in 20 s:\n{text}");
         std::thread::sleep(Duration::from_millis(20));
-    };
-    let took = started.elapsed();
-    (status.code().unwrap_or(-1), std::fs::read_to_string(log).unwrap_or_default(), took)
+    }
 }
 
 /// A refused agent logged `connected`, `coordinator status online=true`
 /// and idled for ever, while only the coordinator's log said why. Now it
-/// is told, signed, and stops where asking again cannot help.
+/// is told, signed, and stops where asking again cannot help (a dead
+/// token); where the operator can still let it in, it says why and asks on.
 #[test]
 fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -205,14 +218,16 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
         n.contains(&format!("{root}-one"))
     });
     let fleet_token = join_token_of(&root).expect("token");
-    let cases: [(&str, Vec<&str>, &str); 4] = [
-        ("no token", vec!["--coordinator-key", &key], "tunefleet token create"),
-        ("revoked", vec!["--join", &revoked], "was revoked"),
-        ("used up", vec!["--join", &once], "has no uses left"),
+    // (what, flags, what it is told, whether it stops: a dead token cannot
+    // help, an unknown key or a taken name can once the operator acts).
+    let cases: [(&str, Vec<&str>, &str, bool); 4] = [
+        ("no token", vec!["--coordinator-key", &key], "tunefleet token create", false),
+        ("revoked", vec!["--join", &revoked], "was revoked", true),
+        ("used up", vec!["--join", &once], "has no uses left", true),
         // Another machine under a name that is taken (its own key).
-        ("name taken", vec!["--join", &fleet_token], "another machine may use the name"),
+        ("name taken", vec!["--join", &fleet_token], "another machine may use the name", false),
     ];
-    for (i, (what, args, says)) in cases.iter().enumerate() {
+    for (i, (what, args, says, stops)) in cases.iter().enumerate() {
         let name = if *what == "name taken" { format!("{root}-one") } else { format!("{root}-r{i}") };
         // Its own key: a state directory of its own.
         let state = dir.path().join(format!("state-{i}"));
@@ -221,7 +236,11 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
         args.extend(["--state-dir", &state_arg]);
         let log = dir.path().join(format!("agent-{i}.log"));
         let (code, text, took) = refused_agent(&url, &name, &root, &log, &args);
-        assert_ne!(code, 0, "{what}: exits non-zero\n{text}");
+        if *stops {
+            assert!(code.is_some_and(|c| c != 0), "{what}: exits non-zero ({code:?})\n{text}");
+        } else {
+            assert_eq!(code, None, "{what}: goes on asking\n{text}");
+        }
         assert!(text.contains("refused this agent") && text.contains(says), "{what}: {text}");
         assert!(took < Duration::from_secs(10), "{what}: told in {took:?}");
         eprintln!("measured: {what}: refused and stopped in {:.2} s", took.as_secs_f64());
@@ -230,4 +249,37 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
     assert!(coord.wait_exit(Duration::from_secs(120)).success());
     drop((first, agent));
     assert_agents_spools_empty(&[&format!("{root}-one"), &format!("{root}-two")]);
+}
+
+/// Issue 35: anyone on the broker could overwrite the retained coordinator
+/// status; a restarting agent then ignored it (its signature fails) and
+/// waited for the next refresh, about 27 s. The coordinator now puts its
+/// own back at once.
+#[test]
+fn regression_an_overwritten_retained_status_is_put_back_at_once() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("retained");
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "retained", 4), &store, &root, &[]);
+    let mut member = Member::connect(port_of(&url), &root, "vandal");
+    let topic = tunefleet_common::topic::Topics::new(&root).expect("root").coordinator_status();
+    member.publish_raw(&topic, b"not a status".to_vec(), true);
+    member.disconnect();
+    let name = format!("{root}-a");
+    let started = Instant::now();
+    let agent = start_agent(&url, &name, &root, &[]);
+    wait_for("the agent welcomed despite the forged status", Duration::from_secs(10), || {
+        let n: Vec<String> = query(&store, "SELECT name FROM agents WHERE online = 1", |r| r.get(0));
+        n.contains(&name)
+    });
+    eprintln!(
+        "measured: welcomed {:.2} s after start, the status overwritten just before",
+        started.elapsed().as_secs_f64()
+    );
+    let status = coord.wait_exit(Duration::from_secs(60));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains("malformed messages") || out.contains("refused:"), "the overwrite was counted: {out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
 }

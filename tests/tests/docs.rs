@@ -1466,10 +1466,15 @@ fn a_pinned_key_changed() {
     assert_eq!(code, Some(0), "{err}");
     let tokenless = agent("node-10", &d.join("fresh"), &["bare", "--coordinator-key", coordinator_key.trim()]);
     wait_for_log(&log, "does not know");
+    // The agent hears why on its own side (issue 35).
+    wait_for_log(&d.join("node-10.log"), "refused this agent");
+    output.extend(log_lines(&d.join("node-10.log")));
     drop(tokenless);
     let _node7 = agent("node-7", &second, &[]);
     wait_for_log(&log, "is pinned for that name");
+    wait_for_log(&d.join("node-7.log"), "refused this agent");
     output.extend(log_lines(&log));
+    output.extend(log_lines(&d.join("node-7.log")));
     let new_key = key_of(&second);
     assert!(!welcomed("node-7"), "refused, node-7 is not among the store's agents");
     let (code, out) = run_lines(tf("tunefleet", d, &["agents", "trust", "node-7", &new_key, "--store", "k.db"]));

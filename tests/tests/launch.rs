@@ -29,7 +29,7 @@ fn launched_agents_run_the_study_within_the_bound_and_exit_when_idle() {
     let root = unique_root("launch");
     let agent = bin("tunefleet-agent");
     let template = format!(
-        "{} --broker {{broker}} --name {{name}} --root {{root}} --join {{join}} --slots 1 --exit-when-idle=1s",
+        "{} --broker {{broker}} --name {{name}} --root {{root}} --slots 1 --exit-when-idle=1s",
         agent.display()
     );
     let (mut coord, _url) = start_coordinator(
@@ -60,6 +60,19 @@ fn launched_agents_run_the_study_within_the_bound_and_exit_when_idle() {
         .expect("agents");
     assert!(!names.is_empty() && names.len() <= 2, "{names:?}");
     assert!(names.iter().all(|n| n.starts_with("launched-")), "the launcher named them: {names:?}");
+    // Each joined with its batch's token (from the environment, not the
+    // command line), made for its name alone (issue 35).
+    let bound: Vec<String> = db
+        .prepare("SELECT names FROM join_tokens WHERE names IS NOT NULL")
+        .expect("query")
+        .query_map([], |r| r.get(0))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("tokens");
+    for n in &names {
+        assert!(bound.iter().any(|b| b.contains(&format!("\"{n}\""))), "{n} has a token of its own: {bound:?}");
+    }
+    assert!(!out.contains("--join"), "no token on a command line: {out}");
     wait_for("the launched agents exit when idle", Duration::from_secs(30), || launched_agents(&root) == 0);
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }

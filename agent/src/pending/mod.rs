@@ -126,6 +126,11 @@ impl PendingResults {
         let inbox = state_dir.join(INBOX);
         let parked = state_dir.join(PARKED);
         fs::create_dir_all(&parked).map_err(io_err("create", &parked))?;
+        // Its key, results and pins are this agent's alone, whatever the umask.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(state_dir, fs::Permissions::from_mode(0o700)).map_err(io_err("restrict", state_dir))?;
+        }
         let lock_path = state_dir.join(LOCK);
         let lock = fs::OpenOptions::new()
             .create(true)

@@ -435,3 +435,16 @@ fn replay_stops_at_what_it_cannot_read() {
     }
     assert_eq!(replay(b"TFSPOOL9").dropped.map(|d| d.at), Some(0));
 }
+
+/// Issue 35: state files were world-readable under umask 022.
+#[test]
+fn regression_the_state_directory_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let state = dir.path().join("agent-state");
+    fs::create_dir_all(&state).expect("dir");
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let _store = PendingResults::open(&state).expect("open");
+    let mode = fs::metadata(&state).expect("meta").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{mode:o}");
+}

@@ -278,6 +278,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
             cmd
         }
     };
+    scrub_secrets(&mut cmd);
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
     if control {
         cmd.env(CONTROL_VAR, "stdin");
@@ -359,4 +360,28 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         profile_unsent: false,
         exited_at: None,
     })
+}
+
+/// Takes the agent's own secrets (its join token, its broker password) out
+/// of what a workload inherits: a trial runs someone else's command.
+pub(crate) fn scrub_secrets(cmd: &mut Command) {
+    for var in tunefleet_common::security::SECRET_ENV {
+        cmd.env_remove(var);
+    }
+}
+
+#[cfg(test)]
+mod secret_tests {
+    use super::*;
+
+    /// Issue 35: `TUNEFLEET_JOIN` and `TUNEFLEET_PASSWORD` reached every trial's environment.
+    #[test]
+    fn regression_a_workload_inherits_none_of_the_agents_secrets() {
+        let mut cmd = Command::new("env");
+        scrub_secrets(&mut cmd);
+        let removed: Vec<String> =
+            cmd.get_envs().filter(|(_, v)| v.is_none()).map(|(k, _)| k.to_string_lossy().into_owned()).collect();
+        assert!(removed.contains(&"TUNEFLEET_JOIN".to_string()), "{removed:?}");
+        assert!(removed.contains(&"TUNEFLEET_PASSWORD".to_string()), "{removed:?}");
+    }
 }

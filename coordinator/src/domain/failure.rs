@@ -52,8 +52,10 @@ pub fn ending(exit: &ExitOutcome) -> String {
 /// `text` on one line: control characters dropped, whitespace runs made
 /// one space, at most [`MAX_LINE_CHARS`] characters (an ellipsis marks a cut).
 fn clean(text: &str) -> String {
-    let words: Vec<&str> =
-        text.split(|c: char| c.is_whitespace() || c.is_control()).filter(|w| !w.is_empty()).collect();
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || c.is_control() || tunefleet_common::is_invisible_format(c))
+        .filter(|w| !w.is_empty())
+        .collect();
     let one = words.join(" ");
     if one.chars().count() <= MAX_LINE_CHARS {
         return one;
@@ -166,6 +168,8 @@ mod tests {
         let rust = "thread 'main' panicked at src/main.rs:3:5:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
         assert_eq!(last_line(rust).as_deref(), Some("thread 'main' panicked at src/main.rs:3:5:"));
         assert_eq!(last_line("a\nb\n").as_deref(), Some("b"));
+        // Issue 35: a bidirectional override survived into logs, summary, status and report.
+        assert_eq!(last_line("error: evil\u{202E}txt.exe\n").as_deref(), Some("error: evil txt.exe"));
     }
 
     #[test]

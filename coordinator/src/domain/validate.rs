@@ -64,7 +64,7 @@ pub enum Why {
     TooLong { len: usize, max: usize },
     #[error("{len} entries are too many (at most {max})")]
     TooMany { len: usize, max: usize },
-    #[error("has a control character")]
+    #[error("has a control character or an invisible formatting one (a bidirectional override)")]
     Control,
     #[error("is a bundle where a message belongs (bundles are taken apart first, never nested)")]
     Nested,
@@ -145,7 +145,7 @@ fn bytes(field: &str, s: &str, max: usize) -> Check {
 /// Text of at most `max` bytes without control characters (it is logged).
 fn text(field: &str, s: &str, max: usize) -> Check {
     bytes(field, s, max)?;
-    if s.chars().any(char::is_control) {
+    if s.chars().any(|c| c.is_control() || tunefleet_common::is_invisible_format(c)) {
         return Err(bad(field, Why::Control));
     }
     Ok(())
@@ -192,8 +192,14 @@ pub fn checkpoint(field: &str, reference: &str) -> Check {
 /// one): it starts with it and no path segment after it is `..`.
 pub fn checkpoint_under(reference: &str, prefix: Option<&str>) -> Result<(), Why> {
     let Some(prefix) = prefix else { return Ok(()) };
+    // By components: `/shared/ckpt` holds `/shared/ckpt/a.pt`, not `/shared/ckpt-other/a.pt`.
     match reference.strip_prefix(prefix) {
-        Some(rest) if !rest.split(['/', '\\']).any(|seg| seg == "..") => Ok(()),
+        Some(rest)
+            if (prefix.ends_with(['/', '\\']) || rest.is_empty() || rest.starts_with(['/', '\\']))
+                && !rest.split(['/', '\\']).any(|seg| seg == "..") =>
+        {
+            Ok(())
+        }
         _ => Err(Why::NotUnder { prefix: prefix.to_string() }),
     }
 }
@@ -845,6 +851,24 @@ mod tests {
         {
             assert!(checkpoint_under(outside, prefix).is_err(), "{outside}");
         }
+        // Issue 35: a prefix without its slash holds its directory, not its namesakes.
+        let bare = Some("/shared/ckpt");
+        assert_eq!(checkpoint_under("/shared/ckpt/t1.pt", bare), Ok(()));
+        assert!(checkpoint_under("/shared/ckpt-other/evil.pt", bare).is_err());
+        assert!(checkpoint_under("/shared/ckptevil.pt", bare).is_err());
+    }
+
+    /// Issue 35: U+202E survived into logs, the summary, `status` and the report.
+    #[test]
+    fn regression_a_bidirectional_override_is_refused_like_a_control_character() {
+        let e = message(&progress(|p| {
+            p.metrics = [("acc\u{202E}ssol".to_string(), 1.0)].into();
+        }))
+        .expect_err("refused");
+        assert_eq!(e.why, Why::Control);
+        let e = message(&progress(|p| p.checkpoint = Some("/ckpt/\u{2066}x".into()))).expect_err("refused");
+        assert_eq!(e.why, Why::Control);
+        assert!(message(&progress(|p| p.metrics = [("accuracy".to_string(), 1.0)].into())).is_ok());
     }
 
     fn info_with(edit: impl FnOnce(&mut AgentInfo)) -> Option<String> {

@@ -200,6 +200,8 @@ pub struct TokenState {
     pub expires_ms: Option<u64>,
     pub uses_left: Option<u64>,
     pub revoked: bool,
+    /// The names it admits (a launcher's token); empty: any name.
+    pub names: Vec<String>,
 }
 
 /// How a Hello was admitted.
@@ -317,6 +319,8 @@ impl Sessions {
                         Some(("has expired", RefusalKind::TokenExpired))
                     } else if t.uses_left == Some(0) {
                         Some(("has no uses left", RefusalKind::TokenUsedUp))
+                    } else if !t.names.is_empty() && !t.names.iter().any(|n| n == agent) {
+                        Some(("admits only the agents it was made for (a launcher's)", RefusalKind::TokenUnknown))
                     } else {
                         None
                     };
@@ -499,7 +503,7 @@ mod tests {
     }
 
     fn valid(id: &str) -> TokenState {
-        TokenState { id: id.into(), expires_ms: Some(1_000), uses_left: Some(1), revoked: false }
+        TokenState { id: id.into(), expires_ms: Some(1_000), uses_left: Some(1), revoked: false, names: vec![] }
     }
 
     /// A Hello of `agent` (process `instance`, number `seq`), with a join
@@ -541,6 +545,7 @@ mod tests {
             (TokenState { revoked: true, ..valid("t") }, "revoked"),
             (TokenState { expires_ms: Some(10), ..valid("t") }, "expired"),
             (TokenState { uses_left: Some(0), ..valid("t") }, "no uses left"),
+            (TokenState { names: vec!["launched-1".into()], ..valid("t") }, "made for"),
         ] {
             let Err(e) = admit(&mut s, &good, &new, Some(&state)) else { panic!("admitted: {why}") };
             assert!(e.to_string().contains(why), "{e}");

@@ -4,17 +4,21 @@
 //! `--launcher TEMPLATE` is a command run with `sh -c` to start one agent
 //! somewhere: `aws batch submit-job ...`, `kubectl create job ...`,
 //! `sbatch ...`, `ssh host ...`, or a local `tunefleet-agent ...`. In it,
-//! `{broker}` is the URL agents use, `{name}` a new agent name, `{root}` the
-//! topic root, `{coordinator_key}` the coordinator's public key (for the
-//! agent's `--coordinator-key`, so it trusts no other) and `{join}` the
-//! enrolment token (`tunefleet token create`); each is also in the
+//! `{broker}` is the URL agents use, `{name}` a new agent name (random:
+//! `launched-` and 12 hex digits), `{root}` the topic root and
+//! `{coordinator_key}` the coordinator's public key (for the agent's
+//! `--coordinator-key`, so it trusts no other); each is also in the
 //! command's environment (`TUNEFLEET_BROKER`, `TUNEFLEET_AGENT_NAME`,
-//! `TUNEFLEET_ROOT`, `TUNEFLEET_COORDINATOR_KEY`, `TUNEFLEET_JOIN` when there
-//! is a token), and a broker password the coordinator has
-//! (`TUNEFLEET_PASSWORD`) passes through. The template is read once: a
-//! value is shell-quoted and never expanded again; braces that are not one
-//! of these placeholders are left as they are. The agent it
-//! starts should exit when idle (`tunefleet-agent --exit-when-idle=60s`).
+//! `TUNEFLEET_ROOT`, `TUNEFLEET_COORDINATOR_KEY`), and a broker password
+//! the coordinator has (`TUNEFLEET_PASSWORD`) passes through. The join token
+//! is only in the environment (`TUNEFLEET_JOIN`, which the agent reads):
+//! each launch batch gets a token of its own, with one use per agent it
+//! launches and admitting only their names, valid a day; `{join}` is the
+//! shell text `"$TUNEFLEET_JOIN"`, so the line the coordinator logs and
+//! runs never holds it. The template is read once: a value is shell-quoted
+//! and never expanded again; braces that are not one of these placeholders
+//! are left as they are. The agent it starts should exit when idle
+//! (`tunefleet-agent --exit-when-idle=60s`).
 //!
 //! While any study has work, the coordinator keeps up to `--launch-max`
 //! launched agents: an agent counts from its launch until it has been seen
@@ -51,7 +55,8 @@ const QUERY_EVERY_MS: u64 = 2_000;
 #[derive(Debug, Clone, clap::Args)]
 pub struct LaunchArgs {
     /// Start agents with this shell command template ({broker}, {name},
-    /// {root}, {coordinator_key}, {join}) while studies have work; see docs/DEPLOY.md "Launchers".
+    /// {root}, {coordinator_key}; the join token is in TUNEFLEET_JOIN) while studies have work;
+    /// see docs/DEPLOY.md "Launchers".
     #[arg(long, value_name = "TEMPLATE")]
     pub launcher: Option<String>,
     /// Launched agents at most at once.
@@ -82,12 +87,12 @@ pub struct Context {
     pub broker: String,
     pub root: String,
     pub coordinator_key: String,
-    /// Launched agents are named `{prefix}-{n}`.
+    /// Launched agents are named `{prefix}-{12 random hex digits}`.
     pub prefix: String,
-    /// The enrolment token (`tunefleet token create`) a launched agent
-    /// joins with: `{join}`, and `TUNEFLEET_JOIN` when not empty.
-    pub join: String,
 }
+
+/// What `{join}` becomes: the token stays in the environment.
+const JOIN_TEXT: &str = "\"$TUNEFLEET_JOIN\"";
 
 /// `value` quoted for `sh`.
 fn quoted(value: &str) -> String {
@@ -104,7 +109,7 @@ pub fn render(template: &str, cx: &Context, name: &str) -> String {
         "name" => Some(name),
         "root" => Some(cx.root.as_str()),
         "coordinator_key" => Some(cx.coordinator_key.as_str()),
-        "join" => Some(cx.join.as_str()),
+        "join" => Some(JOIN_TEXT),
         _ => None,
     };
     let mut out = String::with_capacity(template.len());
@@ -115,7 +120,11 @@ pub fn render(template: &str, cx: &Context, name: &str) -> String {
         let found = from.find('}').and_then(|close| Some((value(from.get(1..close)?)?, close)));
         match found {
             Some((v, close)) => {
-                out.push_str(&quoted(v));
+                if v == JOIN_TEXT {
+                    out.push_str(v);
+                } else {
+                    out.push_str(&quoted(v));
+                }
                 rest = from.get(close + 1..).unwrap_or_default();
             }
             None => {
@@ -327,8 +336,16 @@ impl Launcher {
         Some(jobs::with_ids(s.cancel, &ids))
     }
 
-    /// Launches what [`Launcher::plan`] says, at `now_ms` (engine clock).
-    pub fn tick(&mut self, now_ms: u64, work: bool, online: &dyn Fn(&str) -> bool) {
+    /// Launches what [`Launcher::plan`] says, at `now_ms` (engine clock),
+    /// with a join token `mint` makes for the batch's names (none: nothing
+    /// is launched, and launching backs off).
+    pub fn tick(
+        &mut self,
+        now_ms: u64,
+        work: bool,
+        online: &dyn Fn(&str) -> bool,
+        mint: &mut dyn FnMut(&[String]) -> Option<String>,
+    ) {
         let counted = self.count(now_ms, online);
         if !work {
             if let Some(line) = self.cancel_queued() {
@@ -337,8 +354,19 @@ impl Launcher {
             }
         }
         let n = Self::plan(self.max, counted, work, now_ms < self.not_before_ms);
-        for _ in 0..n {
-            let name = format!("{}-{}", self.cx.prefix, self.next);
+        if n == 0 {
+            return;
+        }
+        // Names nobody can guess (a member cannot enrol them first), bound to this batch's token.
+        let names: Vec<String> =
+            (0..n).map(|_| format!("{}-{:012x}", self.cx.prefix, rand::random::<u64>() >> 16)).collect();
+        let Some(join) = mint(&names) else {
+            self.failed += 1;
+            self.failures = self.failures.saturating_add(1);
+            self.not_before_ms = now_ms + 1_000u64.saturating_mul(1 << self.failures.min(9)).min(300_000);
+            return;
+        };
+        for name in names {
             self.next += 1;
             let line = render(&self.template, &self.cx, &name);
             let mut cmd = Command::new("sh");
@@ -350,10 +378,8 @@ impl Launcher {
             cmd.env("TUNEFLEET_BROKER", &self.cx.broker)
                 .env("TUNEFLEET_AGENT_NAME", &name)
                 .env("TUNEFLEET_ROOT", &self.cx.root)
-                .env("TUNEFLEET_COORDINATOR_KEY", &self.cx.coordinator_key);
-            if !self.cx.join.is_empty() {
-                cmd.env("TUNEFLEET_JOIN", &self.cx.join);
-            }
+                .env("TUNEFLEET_COORDINATOR_KEY", &self.cx.coordinator_key)
+                .env(tunefleet_common::security::JOIN_ENV, &join);
             match cmd.spawn() {
                 Ok(child) => {
                     tracing::info!(agent = %name, command = %line, "launching an agent");
@@ -377,6 +403,13 @@ impl Launcher {
                 }
             }
         }
+    }
+}
+
+impl Launcher {
+    /// The names of the agents launched that still count.
+    pub fn names(&self) -> Vec<String> {
+        self.launches.keys().cloned().collect()
     }
 }
 
@@ -405,22 +438,20 @@ mod tests {
             root: "tunefleet".into(),
             coordinator_key: "ab".repeat(32),
             prefix: "launched".into(),
-            join: String::new(),
         }
+    }
+
+    fn mint(_: &[String]) -> Option<String> {
+        Some("a-token".into())
     }
 
     #[test]
     fn regression_a_value_containing_a_placeholder_is_not_expanded_again() {
-        let cx = Context {
-            broker: "mqtt://h:1/{name}".into(),
-            root: "r{coordinator_key}{broker}".into(),
-            join: "tok{root}".into(),
-            ..cx()
-        };
+        let cx = Context { broker: "mqtt://h:1/{name}".into(), root: "r{coordinator_key}{broker}".into(), ..cx() };
         assert_eq!(
             render("a {broker} {root} {join} {name}", &cx, "n-1"),
-            "a 'mqtt://h:1/{name}' 'r{coordinator_key}{broker}' 'tok{root}' 'n-1'",
-            "each value is put in once, as it is"
+            "a 'mqtt://h:1/{name}' 'r{coordinator_key}{broker}' \"$TUNEFLEET_JOIN\" 'n-1'",
+            "each value is put in once, as it is; the token stays in the environment"
         );
         // Unknown placeholders, shell braces and a lone brace stay.
         assert_eq!(
@@ -459,32 +490,60 @@ mod tests {
         let args = LaunchArgs { launcher: Some("exit 3".into()), launch_max: 2, launch_grace: Duration::from_secs(60) };
         let mut l = Launcher::new(&args, cx()).expect("a launcher");
         let never = |_: &str| false;
-        l.tick(0, true, &never);
+        l.tick(0, true, &never, &mut mint);
         assert_eq!(l.started, 2);
         // Wait for both commands to fail.
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while l.failed < 2 && std::time::Instant::now() < deadline {
-            l.tick(10, true, &never);
+            l.tick(10, true, &never, &mut mint);
             std::thread::yield_now();
         }
         assert_eq!(l.failed, 2);
         let started = l.started;
-        l.tick(20, true, &never);
+        l.tick(20, true, &never, &mut mint);
         assert_eq!(l.started, started, "backing off after failures");
 
         let slow = LaunchArgs { launcher: Some("true".into()), launch_max: 1, launch_grace: Duration::from_secs(5) };
         let mut l = Launcher::new(&slow, cx()).expect("a launcher");
-        l.tick(0, true, &never);
-        l.tick(1_000, true, &never);
+        l.tick(0, true, &never, &mut mint);
+        l.tick(1_000, true, &never, &mut mint);
         assert_eq!(l.started, 1, "a submitted agent that has not connected counts within the grace");
-        l.tick(6_000, true, &never);
+        l.tick(6_000, true, &never, &mut mint);
         assert_eq!(l.started, 2, "after the grace it no longer counts: another is launched");
-        let up = |n: &str| n == "launched-1";
-        l.tick(7_000, true, &up);
-        l.tick(70_000, true, &up);
+        let names = l.names();
+        assert_eq!(names.len(), 1, "the first no longer counts: {names:?}");
+        let second = names[0].clone();
+        assert!(second.starts_with("launched-") && second.len() == "launched-".len() + 12, "{second}");
+        let up = |n: &str| n == second;
+        l.tick(7_000, true, &up, &mut mint);
+        l.tick(70_000, true, &up, &mut mint);
         assert_eq!(l.started, 2, "a connected agent counts however long it runs");
-        l.tick(71_000, false, &never);
+        l.tick(71_000, false, &never, &mut mint);
         assert_eq!(l.started, 2, "no work: nothing launched");
         assert!(Launcher::new(&LaunchArgs { launcher: None, ..slow }, cx()).is_none());
+    }
+
+    /// Issue 35, findings 5 and 7: launched agents' names were predictable
+    /// (a member enrolled them first), and one launch token lived a day.
+    #[test]
+    fn regression_each_batch_gets_a_token_for_its_random_names_and_none_launches_without() {
+        let args = LaunchArgs { launcher: Some("true".into()), launch_max: 3, launch_grace: Duration::from_secs(60) };
+        let mut l = Launcher::new(&args, cx()).expect("a launcher");
+        let mut batches: Vec<Vec<String>> = Vec::new();
+        let mut record = |names: &[String]| {
+            batches.push(names.to_vec());
+            Some("t".to_string())
+        };
+        l.tick(0, true, &|_| false, &mut record);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].len(), 3, "one token for the batch, one name per agent");
+        let mut unique = batches[0].clone();
+        unique.dedup();
+        assert_eq!(unique.len(), 3);
+        assert_eq!(l.names().len(), 3);
+        let mut refuse = |_: &[String]| None;
+        let mut l = Launcher::new(&args, cx()).expect("a launcher");
+        l.tick(0, true, &|_| false, &mut refuse);
+        assert_eq!((l.started, l.failed), (0, 1), "no token, no launch");
     }
 }

@@ -67,9 +67,6 @@ pub struct RunConfig {
     pub control: Option<PathBuf>,
 }
 
-/// How long the join token of launched agents admits new ones (made anew at every start).
-const LAUNCH_TOKEN_TTL_MS: u64 = 24 * 3_600_000;
-
 /// A callback given the broker URL agents use.
 pub type OnBroker = Box<dyn FnOnce(&BrokerUrl) + Send>;
 
@@ -143,7 +140,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     if let Some(tell) = on_broker {
         tell(&public);
     }
-    let mut db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
+    let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
     let (identity, created) = Identity::load_or_create(&key_path)?;
     if created {
         tracing::warn!(path = %key_path.display(), key = %auth::short_key(&identity.public()), "created the coordinator's key");
@@ -176,32 +173,12 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         offline_status: sessions.status_payload(false)?,
     })?;
     let sink = influx.as_ref().map(|(c, _)| Flusher::spawn(c.clone(), &store)).transpose()?;
-    // Launched agents join with a token of their own: valid a day, any
-    // number of uses (a launcher starts as many as the studies need).
-    let join = match launch.as_ref().filter(|a| a.launcher.is_some()) {
-        Some(_) => {
-            let token = auth::JoinToken::generate(&sessions.public_key()).map_err(|_| KeyFileError::Random)?;
-            let public = token.public().map_err(|_| KeyFileError::Random)?;
-            db.create_token(
-                &public,
-                Some(started.saturating_add(LAUNCH_TOKEN_TTL_MS)),
-                None,
-                &Default::default(),
-                Default::default(),
-                started,
-            )
-            .map_err(|source| RunError::Store { path: store.clone(), source })?;
-            token.to_string()
-        }
-        None => String::new(),
-    };
     let launcher = launch.as_ref().and_then(|args| {
         let cx = crate::runtime::launch::Context {
             broker: public.to_string(),
             root: root.clone(),
             coordinator_key: auth::hex(&sessions.public_key()),
-            prefix: format!("launched-{:08x}", instance as u32),
-            join: join.clone(),
+            prefix: "launched".to_string(),
         };
         crate::runtime::launch::Launcher::new(args, cx)
     });

@@ -159,6 +159,7 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
         true,
     ));
     let online = config.online_status.clone();
+    let offline = config.offline_status.clone();
 
     let (client, mut eventloop) = AsyncClient::new(opts, 4096);
     let mut net = rumqttc::NetworkOptions::new();
@@ -173,18 +174,45 @@ pub fn connect(config: TransportConfig) -> Result<(Outbox, mpsc::Receiver<Inboun
     tokio::spawn(async move {
         let _stopped = Stopped(stopped_tx);
         let mut backoff = Duration::from_millis(50);
+        let mut restored: Option<std::time::Instant> = None;
         loop {
             match eventloop.poll().await {
                 Ok(Event::Incoming(Packet::ConnAck(_))) => {
                     backoff = Duration::from_millis(50);
                     // try_*: these requests are drained by this very loop, so awaiting could deadlock.
-                    let sub = loop_client.try_subscribe(topics.from_agents(), QoS::AtLeastOnce);
+                    let sub = loop_client
+                        .try_subscribe(topics.from_agents(), QoS::AtLeastOnce)
+                        .and_then(|()| loop_client.try_subscribe(topics.coordinator_status(), QoS::AtLeastOnce));
                     let status =
                         loop_client.try_publish(topics.coordinator_status(), QoS::AtLeastOnce, true, online.clone());
                     if let Err(e) = sub.and(status) {
                         tracing::error!(error = %e, "could not subscribe after connecting");
                     }
                     if tx.send(Inbound::Connected).await.is_err() {
+                        return;
+                    }
+                }
+                // Anyone on the broker can overwrite the retained status (it
+                // cannot forge it: agents check its signature, and then wait
+                // for the next refresh): ours is put back at once, at most
+                // once a second.
+                Ok(Event::Incoming(Packet::Publish(p))) if p.topic == topics.coordinator_status() => {
+                    if p.payload[..] == online[..] || p.payload[..] == offline[..] {
+                        continue;
+                    }
+                    if restored.is_some_and(|at: std::time::Instant| at.elapsed() < Duration::from_secs(1)) {
+                        continue;
+                    }
+                    restored = Some(std::time::Instant::now());
+                    let again =
+                        loop_client.try_publish(topics.coordinator_status(), QoS::AtLeastOnce, true, online.clone());
+                    let reason = match again {
+                        Ok(()) => "the retained coordinator status was overwritten: published again".to_string(),
+                        Err(e) => format!(
+                            "the retained coordinator status was overwritten, and cannot be published again: {e}"
+                        ),
+                    };
+                    if tx.send(Inbound::Rejected { topic: p.topic.clone(), reason }).await.is_err() {
                         return;
                     }
                 }

@@ -37,8 +37,9 @@ CREATE TABLE IF NOT EXISTS agent_enrolment (
 /// Columns added since the enrolment tables were first made (a store of
 /// an older program gets them on open): the capacity a token grants, the
 /// capacity an agent was granted, and the trials it lost before they started.
-const ENROL_COLUMNS: [(&str, &str, &str); 5] = [
+const ENROL_COLUMNS: [(&str, &str, &str); 6] = [
     ("join_tokens", "slots", "INTEGER"),
+    ("join_tokens", "names", "TEXT"),
     ("join_tokens", "lookahead", "INTEGER"),
     ("agent_enrolment", "slots", "INTEGER"),
     ("agent_enrolment", "lookahead", "INTEGER"),
@@ -133,19 +134,23 @@ impl Batch<'_> {
     /// The join token whose public half is `public`, if this store has it.
     pub fn token(&mut self, public: &PublicKey) -> Result<Option<TokenState>> {
         let context = || "reading a join token".to_string();
-        let row: Option<(Option<i64>, Option<i64>, bool)> = self
-            .tx
-            .prepare_cached("SELECT expires_ms, uses_left, revoked FROM join_tokens WHERE public = ?1")
+        self.tx
+            .prepare_cached("SELECT expires_ms, uses_left, revoked, names FROM join_tokens WHERE public = ?1")
             .ctx(context)?
-            .query_row([public.as_slice()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_row([public.as_slice()], |r| {
+                Ok(TokenState {
+                    id: token_id(public),
+                    expires_ms: opt_u64(r.get(0)?),
+                    uses_left: opt_u64(r.get(1)?),
+                    revoked: r.get(2)?,
+                    names: r
+                        .get::<_, Option<String>>(3)?
+                        .and_then(|n| serde_json::from_str(&n).ok())
+                        .unwrap_or_default(),
+                })
+            })
             .optional()
-            .ctx(context)?;
-        Ok(row.map(|(expires, uses, revoked)| TokenState {
-            id: token_id(public),
-            expires_ms: opt_u64(expires),
-            uses_left: opt_u64(uses),
-            revoked,
-        }))
+            .ctx(context)
     }
 
     /// Pins `key` for the new agent `agent`, admitted by `token` (one use
@@ -290,6 +295,36 @@ impl Store {
             )
             .ctx(context)?
             .execute(params![agent, grant.slots, grant.lookahead])
+            .ctx(context)?;
+        batch.commit()
+    }
+
+    /// Keeps a launcher's join token: one use for each of `names`, and only
+    /// for them (a launched agent's name cannot be taken first by another
+    /// member), valid until `expires_ms`.
+    pub fn create_launch_token(
+        &mut self,
+        public: &PublicKey,
+        names: &[String],
+        expires_ms: u64,
+        at_ms: u64,
+    ) -> Result<()> {
+        let batch = self.batch()?;
+        let context = || "creating a launcher's join token".to_string();
+        let names_json = serde_json::to_string(names).unwrap_or_else(|_| "[]".into());
+        batch
+            .tx
+            .prepare_cached(
+                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, names) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .ctx(context)?
+            .execute(params![
+                public.as_slice(),
+                to_i64("time", at_ms)?,
+                to_i64("expiry", expires_ms)?,
+                to_i64("uses", names.len() as u64)?,
+                names_json
+            ])
             .ctx(context)?;
         batch.commit()
     }

@@ -82,7 +82,33 @@ pub struct Core {
     pub(super) co: CoMeasures,
 }
 
+/// How long a launcher's join token admits the agents it was made for (a
+/// batch job may wait in a queue for a while).
+pub const LAUNCH_TOKEN_TTL_MS: u64 = 24 * 3_600_000;
+
 impl Core {
+    /// A join token for one launch batch: one use for each of `names`, and
+    /// only for them, valid [`LAUNCH_TOKEN_TTL_MS`]; its public half in the
+    /// store, its text for the launched agents' environment (never logged).
+    pub fn mint_launch_token(&mut self, names: &[String], now_unix_ms: u64) -> Option<String> {
+        let made = tunefleet_common::auth::JoinToken::generate(&self.sessions.public_key())
+            .and_then(|t| t.public().map(|p| (t, p)));
+        let (token, public) = match made {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot make a launcher's join token");
+                return None;
+            }
+        };
+        let expires = now_unix_ms.saturating_add(LAUNCH_TOKEN_TTL_MS);
+        if let Err(e) = self.store.create_launch_token(&public, names, expires, now_unix_ms) {
+            tracing::error!(error = %e, "cannot keep a launcher's join token");
+            return None;
+        }
+        tracing::info!(token = %crate::store::token_id(&public), agents = names.len(), "join token made for a launch batch");
+        Some(token.to_string())
+    }
+
     pub fn new(store: Store, sessions: Sessions) -> Self {
         Core {
             store,

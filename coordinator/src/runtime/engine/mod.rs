@@ -379,8 +379,11 @@ impl Engine {
         if tick {
             if let Some(launcher) = self.launcher.as_mut() {
                 let work = self.core.has_work();
-                let online: HashSet<&str> = self.core.sessions.live_agents().collect();
-                launcher.tick(now.engine_ms, work, &|name| online.contains(name));
+                let online: HashSet<String> = self.core.sessions.live_agents().map(str::to_string).collect();
+                let core = &mut self.core;
+                launcher.tick(now.engine_ms, work, &|name| online.contains(name), &mut |names| {
+                    core.mint_launch_token(names, now.unix_ms)
+                });
             }
         }
         self.send(out.welcomes, out.messages).await;
