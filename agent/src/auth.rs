@@ -23,6 +23,8 @@ pub const KEY_FILE: &str = "agent.key";
 pub const COORDINATOR_KEY_FILE: &str = "coordinator.pub";
 /// The last process instance, in the state directory (see `next_instance`).
 pub const INSTANCE_FILE: &str = "instance";
+/// The file in a state directory that keeps the name its key was made under.
+pub const NAME_FILE: &str = "name";
 
 /// How this agent comes to trust a coordinator key. Never from a broker
 /// topic alone, unless the operator opts in for a lab (`first_use`).

@@ -497,7 +497,7 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     let identity = auth::load_identity(config.state_dir.as_deref())?;
     // The name this key is known under, for a later start without --name.
     if let Some(dir) = config.state_dir.as_deref() {
-        let file = dir.join(options::NAME_FILE);
+        let file = dir.join(auth::NAME_FILE);
         if !file.exists() {
             if let Err(e) = std::fs::write(&file, format!("{}\n", config.name)) {
                 tracing::warn!(file = %file.display(), error = %e, "cannot keep this agent's name");

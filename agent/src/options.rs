@@ -13,6 +13,7 @@ use tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT;
 use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, MAX_AGENT_ID};
 use tunefleet_common::BrokerUrl;
 
+use crate::auth::NAME_FILE;
 use crate::energy::external::{ExternalConfig, Target};
 use crate::energy::{EnergyRoots, EstimateModel};
 use crate::AgentConfig;
@@ -247,9 +248,6 @@ fn default_name(fixed_state: Option<&std::path::Path>) -> Option<String> {
     };
     Some(name_for(&host, id.as_deref(), legacy))
 }
-
-/// The file in a state directory that keeps the name its key was made under.
-pub const NAME_FILE: &str = "name";
 
 /// The state directory named by flags or systemd, whatever the agent's name.
 fn fixed_state_dir(flag: Option<&PathBuf>) -> Option<PathBuf> {

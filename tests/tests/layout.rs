@@ -687,6 +687,90 @@ fn no_import_circle_and_no_oversized_file() {
     );
 }
 
+/// The coordinator's layers, lowest first ([`upward`]): a file may import
+/// only from its own layer and the ones before it. The crate root and
+/// `main.rs` stand above them all.
+const LAYERS: [&str; 5] = ["domain/", "store/", "runtime/", "query/ report/", "cli/"];
+
+/// The engine decides and stores; the transport, the control socket and
+/// the InfluxDB sink are I/O around it and import the engine, never the
+/// reverse (issue 36): of the engine's files only its async shell
+/// (`runtime/engine/mod.rs`, which sends and takes requests) uses them.
+const ENGINE: &str = "runtime/engine/";
+const ENGINE_SHELL: &str = "runtime/engine/mod.rs";
+const AROUND_THE_ENGINE: [&str; 3] = ["runtime/transport.rs", "runtime/control.rs", "runtime/sink/"];
+
+/// The layer of a coordinator file, by its folder.
+fn layer(file: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.split(' ').any(|prefix| file.starts_with(prefix)))
+}
+
+/// Each import of the coordinator's `edges` that goes up a layer, or from
+/// the engine to what is around it, as `from → to`.
+fn upward(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut found = Vec::new();
+    for (from, targets) in edges {
+        for to in targets {
+            let up = matches!((layer(from), layer(to)), (Some(a), Some(b)) if b > a);
+            let out_of_engine =
+                from.starts_with(ENGINE) && from != ENGINE_SHELL && AROUND_THE_ENGINE.iter().any(|a| to.starts_with(a));
+            if up || out_of_engine {
+                found.push(format!("{from} → {to}"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_coordinators_layers_import_only_downwards() {
+    let src = workspace().join("coordinator/src");
+    let tree = read_tree(&src);
+    // Test code wires the real parts together.
+    let tests = test_only(&tree);
+    let edges: BTreeMap<String, BTreeSet<String>> =
+        graph(&tree).into_iter().filter(|(f, _)| !tests.contains(f)).collect();
+    let found = upward(&edges);
+    assert!(found.is_empty(), "imports that go up a layer or out of the engine:\n  {}", found.join("\n  "));
+}
+
+/// Every file or folder that docs/ARCHITECTURE.md names in backquotes
+/// (`engine/gate.rs`, `sink/`) is one of the workspace's: the page says
+/// where things are, and a test holds it to it.
+#[test]
+fn the_architecture_page_names_only_paths_that_exist() {
+    let root = workspace();
+    let mut known: BTreeSet<String> = BTreeSet::new();
+    for krate in CRATES.iter().chain(&["tests/tests"]) {
+        let dir = root.join(krate);
+        let mut stack = vec![dir.clone()];
+        while let Some(d) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&d) else { continue };
+            for e in entries.flatten() {
+                let path = e.path();
+                let rel = path.strip_prefix(&root).unwrap_or(&path).to_string_lossy().replace('\\', "/");
+                if path.is_dir() {
+                    known.insert(format!("{rel}/"));
+                    stack.push(path);
+                } else {
+                    known.insert(rel);
+                }
+            }
+        }
+    }
+    let text = std::fs::read_to_string(root.join("docs/ARCHITECTURE.md")).unwrap_or_else(|e| panic!("{e}"));
+    let cited: Vec<&str> = text
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| !t.contains(' ') && (t.ends_with(".rs") || (t.ends_with('/') && t.len() > 1)))
+        .collect();
+    assert!(cited.len() > 20, "the page cites paths: {cited:?}");
+    let missing: Vec<&&str> =
+        cited.iter().filter(|c| !known.iter().any(|k| k == *c || k.ends_with(&format!("/{c}")))).collect();
+    assert!(missing.is_empty(), "docs/ARCHITECTURE.md names paths that do not exist: {missing:?}");
+}
+
 #[cfg(test)]
 mod checks {
     use super::*;
@@ -795,6 +879,28 @@ mod checks {
             ("plain.rs", "#[cfg(test)]\nmod tests {\n}\n"),
         ]));
         assert_eq!(found, BTreeSet::from(["engine/tests.rs".to_string(), "engine/tests/rig.rs".to_string()]));
+    }
+
+    #[test]
+    fn an_upward_import_and_the_engine_reaching_out_are_found() {
+        let edges = graph(&tree(&[
+            ("lib.rs", "pub mod domain;\npub mod store;\npub mod runtime;\n"),
+            ("domain/mod.rs", "pub fn d() {}\n"),
+            ("store/mod.rs", "use crate::domain::d;\nuse crate::runtime::auth::Known;\n"),
+            ("runtime/mod.rs", "pub mod auth;\npub mod engine;\npub mod transport;\n"),
+            ("runtime/auth.rs", "pub struct Known;\n"),
+            ("runtime/transport.rs", "pub use crate::runtime::engine::Inbound as In;\nfn f(_: In) {}\n"),
+            ("runtime/engine/mod.rs", "mod core;\nuse crate::runtime::transport::Wire;\npub enum Inbound {}\n"),
+            ("runtime/engine/core.rs", "fn f() { crate::runtime::transport::send(); }\n"),
+        ]));
+        assert_eq!(
+            upward(&edges),
+            vec![
+                "runtime/engine/core.rs → runtime/transport.rs".to_string(),
+                "store/mod.rs → runtime/auth.rs".to_string()
+            ],
+            "the shell may send; the core may not"
+        );
     }
 
     #[test]

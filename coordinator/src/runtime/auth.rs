@@ -21,6 +21,8 @@ use std::time::Instant;
 use tunefleet_common::auth::{self, AuthError, Digest, Hello, Identity, RefusalKind, Sealed, Session, Signed, Will};
 use tunefleet_common::message::{AgentMessage, CoordinatorMessage, CoordinatorStatus, SessionToken};
 use tunefleet_common::topic::AgentTopic;
+
+pub use crate::store::{Known, TokenState};
 use tunefleet_common::{encode, CodecError};
 
 /// Default bound on the agents a coordinator pins keys for.
@@ -179,29 +181,6 @@ pub struct Sessions {
     pub max_slots: u32,
     /// Pin any new key without a join token (a lab; logged loudly).
     pub open_enrolment: bool,
-}
-
-/// What the store knows of the name a Hello comes under.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Known {
-    /// Its pinned key.
-    pub pin: Option<auth::PublicKey>,
-    /// The last accepted Hello's process instance and number.
-    pub last: Option<(u64, u64)>,
-    /// How many names are pinned (for the bound), when `pin` is `None`.
-    pub pinned: u64,
-}
-
-/// A join token as the store keeps it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TokenState {
-    /// Its short id (the first hex digits of its public half).
-    pub id: String,
-    pub expires_ms: Option<u64>,
-    pub uses_left: Option<u64>,
-    pub revoked: bool,
-    /// The names it admits (a launcher's token); empty: any name.
-    pub names: Vec<String>,
 }
 
 /// How a Hello was admitted.

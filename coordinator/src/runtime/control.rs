@@ -16,29 +16,11 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-/// What a client asks.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Ask {
-    /// Run this study file (its text) on the fleet, beside the others;
-    /// resumed if the store has it.
-    Submit { study: String, origin: String },
-    /// Stop this study: no more trials, running attempts cancelled on their agents.
-    Cancel { study: String },
-}
-
-/// The service's answer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Answer {
-    Ok { message: String },
-    Error { message: String },
-}
+pub use crate::runtime::engine::types::{Answer, Ask};
 
 /// A request on its way to the engine, with where the answer goes.
 #[derive(Debug)]

@@ -11,6 +11,8 @@ use std::time::Duration;
 use rumqttc::{AsyncClient, Event, LastWill, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
 use tokio::sync::{mpsc, watch};
 use tunefleet_common::auth::UpFrame;
+
+use crate::runtime::engine::types::Inbound;
 use tunefleet_common::security::{self, ClientSecurity, SecurityError};
 use tunefleet_common::topic::{AgentTopic, Topic, Topics};
 use tunefleet_common::{decode, BrokerUrl, CodecError};
@@ -27,20 +29,6 @@ pub struct TransportConfig {
     /// and offline (the Last Will, and published by [`Outbox::close`]).
     pub online_status: Vec<u8>,
     pub offline_status: Vec<u8>,
-}
-
-/// What the transport hands to the engine.
-#[derive(Debug)]
-pub enum Inbound {
-    /// (Re)connected and subscribed.
-    Connected,
-    /// Lost the broker; the transport keeps reconnecting.
-    Disconnected(String),
-    /// A well-formed frame from an agent, not yet authenticated (boxed: a
-    /// result is large, a status small).
-    Agent { agent: String, kind: AgentTopic, frame: Box<UpFrame> },
-    /// A payload that was refused, with the reason.
-    Rejected { topic: String, reason: String },
 }
 
 /// Why a publish failed.

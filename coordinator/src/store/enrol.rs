@@ -12,7 +12,29 @@ use serde::Serialize;
 use tunefleet_common::auth::{self, PublicKey};
 
 use super::{get_u64, to_i64, Batch, Result, SqlContext, Store};
-use crate::runtime::auth::{Known, TokenState};
+
+/// What the store knows of the name a Hello comes under.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Known {
+    /// Its pinned key.
+    pub pin: Option<auth::PublicKey>,
+    /// The last accepted Hello's process instance and number.
+    pub last: Option<(u64, u64)>,
+    /// How many names are pinned (for the bound), when `pin` is `None`.
+    pub pinned: u64,
+}
+
+/// A join token as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenState {
+    /// Its short id (the first hex digits of its public half).
+    pub id: String,
+    pub expires_ms: Option<u64>,
+    pub uses_left: Option<u64>,
+    pub revoked: bool,
+    /// The names it admits (a launcher's token); empty: any name.
+    pub names: Vec<String>,
+}
 
 /// Created on open, like the agent keys: older programs ignore it.
 pub(super) const ENROL_SCHEMA: &str = r#"

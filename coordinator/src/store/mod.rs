@@ -45,7 +45,7 @@ mod report;
 mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
-pub use enrol::{token_id, Grant, TokenRow};
+pub use enrol::{token_id, Grant, Known, TokenRow, TokenState};
 pub use export::ExportFormat;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};

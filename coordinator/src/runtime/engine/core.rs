@@ -19,6 +19,7 @@ use super::active::{ActiveStudy, Best, Summary};
 use super::ctx::{co_messages, usable_checkpoint, Ctx};
 use super::handle::handle_all;
 use super::learn::load_book;
+use super::types::{Answer, Ask, Inbound};
 pub use super::types::{EngineError, EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
 use crate::domain::offload::{Decision, Policy, Telemetry};
@@ -27,8 +28,6 @@ use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
 use crate::domain::search::{self, Search, TrialPlan};
 use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
-use crate::runtime::control::{Answer, Ask};
-use crate::runtime::transport::Inbound;
 use crate::store::{Batch, Store, TrialState};
 
 /// How often the coordinator's heartbeat is written (Unix ms), at most.

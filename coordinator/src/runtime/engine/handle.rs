@@ -1,10 +1,12 @@
-//! Inbound events, each message in a savepoint of its own: the handshake
-//! (a signed Hello), Last Wills, and sealed messages opened, validated and
-//! dispatched: statuses, work requests, progress, refusals, telemetry and
-//! results, judged, stored, then settled in the scheduler (see [`guarded`]).
-//! No I/O but the store: what is to be sent is queued in the [`Ctx`].
+//! Inbound events, each in a savepoint of its own, in three stages: the
+//! gate ([`super::gate`]) opens and bounds what came in; the handshake
+//! ([`super::hello`]) and Last Wills; and the dispatch of each message of
+//! an authenticated agent: statuses, work requests, progress, refusals,
+//! telemetry and results, judged, stored, then settled in the scheduler
+//! (see [`guarded`]). No I/O but the store: what is to be sent is queued in
+//! the [`Ctx`].
 
-use tunefleet_common::auth::{self, Signed, UpFrame, Will};
+use tunefleet_common::auth::{self, Will};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
     AckOutcome, AgentMessage, AgentStatus, CoordinatorMessage, ResultAck, TrialRef, TrialResult,
@@ -13,15 +15,17 @@ use tunefleet_common::topic::AgentTopic;
 
 use super::active::Best;
 use super::ctx::{co_messages, early_stop, repeat_until_stable, usable_checkpoint, Ctx};
+use super::gate::{gate, Gated};
+use super::hello::on_hello;
 use super::learn::{learn, on_profile};
+use super::types::Inbound;
 use super::types::{loud, EngineError};
 use crate::domain::comeasure::{NodeOutcome, NodeRecord};
 use crate::domain::offload::Sample;
 use crate::domain::sched::{ResultKind, Scheduler, Verdict};
 use crate::domain::search;
 use crate::domain::study::Direction;
-use crate::runtime::auth::{Admission, HelloRefusal, WillCheck};
-use crate::runtime::transport::Inbound;
+use crate::runtime::auth::WillCheck;
 use crate::store::{RecordOutcome, StoreError};
 
 /// Handles `events` in order, each in its own savepoint ([`handle`]).
@@ -104,112 +108,39 @@ fn aside(
     Ok(())
 }
 
+/// One event: the gate makes it an authenticated, bounded, typed message
+/// ([`gate`]); a handshake or a Last Will is taken in its savepoint, each
+/// message in its own ([`dispatch`]).
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
-    let (agent, kind, frame) = match ev {
-        Inbound::Connected => {
-            tracing::info!("connected to the broker");
-            return Ok(());
-        }
-        Inbound::Disconnected(why) => {
-            // Retried every few seconds while the broker is down: said loudly
-            // the first times, then at powers of two, with the count.
-            cx.stats.broker_losses += 1;
-            if loud(cx.stats.broker_losses) {
-                tracing::warn!(error = %why, failures = cx.stats.broker_losses, "lost the broker; reconnecting");
-            } else {
-                tracing::debug!(error = %why, failures = cx.stats.broker_losses, "lost the broker; reconnecting");
-            }
-            return Ok(());
-        }
-        Inbound::Rejected { topic, reason } => {
-            cx.stats.rejected_messages += 1;
-            let n = cx.stats.rejected_messages;
-            if loud(n) {
-                tracing::warn!(topic = %topic, reason = %reason, rejected = n, "rejected a message");
-            }
-            return Ok(());
-        }
-        Inbound::Agent { agent, kind, frame } => (agent, kind, *frame),
-    };
     let now = cx.now.unix_ms;
-    let (agent, msg) = match frame {
-        UpFrame::Hello(signed) => {
+    match gate(cx, ev)? {
+        Gated::Nothing => Ok(()),
+        Gated::Hello { agent, signed } => {
             let name = agent.clone();
-            return guarded(cx, &name, kind, None, |cx| on_hello(cx, agent, &signed, now));
+            guarded(cx, &name, AgentTopic::Hello, None, |cx| on_hello(cx, agent, &signed, now))
         }
-        UpFrame::Will(will) => {
+        Gated::Will { agent, will } => {
             let name = agent.clone();
-            return guarded(cx, &name, kind, None, |cx| on_will(cx, agent, &will, now));
+            guarded(cx, &name, AgentTopic::Status, None, |cx| on_will(cx, agent, &will, now))
         }
-        UpFrame::Sealed(sealed) => match cx.sessions.open(&agent, kind, &sealed) {
-            Ok(msg) => (agent, msg),
-            Err(e) => {
-                cx.stats.bad_tokens += 1;
-                if loud(cx.stats.bad_tokens) {
-                    tracing::warn!(agent = %agent, topic = kind.as_str(), error = %e, refused = cx.stats.bad_tokens, "unauthenticated message refused");
-                }
-                // A frame of a session this coordinator does not hold (it
-                // restarted, or another Hello replaced it): a known agent is
-                // told, signed, so it says Hello again instead of talking
-                // into the void.
-                if matches!(e, auth::AuthError::NoSession | auth::AuthError::Token { .. })
-                    && cx.batch.agent_key(&agent)?.is_some()
-                {
-                    if let Some(notice) = cx.sessions.stale_notice(&agent, sealed.token, cx.now.instant) {
-                        cx.welcomes.push((agent, notice));
+        Gated::Messages { agent, msgs } => {
+            for (kind, msg) in msgs {
+                let result = match &msg {
+                    AgentMessage::Result(r) => Some(r.trial.clone()),
+                    // Requests and sync answers change the scheduler and memory only:
+                    // no savepoint (two statements a message) to guard them.
+                    AgentMessage::Request(_) | AgentMessage::Synced(_) => {
+                        dispatch(cx, agent.clone(), msg, now)?;
+                        continue;
                     }
-                }
-                return Ok(());
+                    _ => None,
+                };
+                let name = agent.clone();
+                guarded(cx, &name, kind, result, |cx| dispatch(cx, name.clone(), msg, now))?;
             }
-        },
-    };
-    // A bundle is its messages, each taken as if it came alone.
-    let msgs = match msg.unbundle() {
-        Ok(msgs) => msgs,
-        Err(why) => {
-            cx.stats.invalid_messages += 1;
-            if loud(cx.stats.invalid_messages) {
-                tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: a malformed bundle");
-            }
-            return Ok(());
+            Ok(())
         }
-    };
-    for msg in msgs {
-        let kind = AgentTopic::of_agent_message(&msg);
-        on_message(cx, agent.clone(), kind, msg, now)?;
     }
-    Ok(())
-}
-
-/// One authenticated message (of a bundle, or alone): checked against the
-/// bounds, then dispatched.
-fn on_message(
-    cx: &mut Ctx<'_, '_>,
-    agent: String,
-    kind: AgentTopic,
-    msg: AgentMessage,
-    now: u64,
-) -> Result<(), EngineError> {
-    if let Err(why) = crate::domain::validate::message(&msg) {
-        cx.stats.invalid_messages += 1;
-        if loud(cx.stats.invalid_messages) {
-            tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: out of bounds");
-        }
-        if let AgentMessage::Result(r) = msg {
-            let outcome = AckOutcome::Refused(format!("out of bounds: {why}"));
-            cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial: r.trial, outcome })));
-        }
-        return Ok(());
-    }
-    let result = match &msg {
-        AgentMessage::Result(r) => Some(r.trial.clone()),
-        // Requests and sync answers change the scheduler and memory only:
-        // no savepoint (two statements a message) to guard them.
-        AgentMessage::Request(_) | AgentMessage::Synced(_) => return dispatch(cx, agent, msg, now),
-        _ => None,
-    };
-    let name = agent.clone();
-    guarded(cx, &name, kind, result, |cx| dispatch(cx, agent, msg, now))
 }
 
 /// A valid message from an authenticated agent: store writes first, then
@@ -323,100 +254,6 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
     if loud(cx.stats.other_study_refs) {
         tracing::warn!(agent = %agent, trial = %trial, study_id = format!("{:016x}", trial.study_id), what, count = cx.stats.other_study_refs, "another study of this name (another store): ignored");
     }
-}
-
-/// A signed Hello: the cheap checks, then with what the store knows of the
-/// name the replay check and admission (a pinned key, a join token, or open
-/// enrolment) and their budgets, then the signatures; a new key is pinned,
-/// then a session and its Welcome.
-fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
-    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal, hello: Option<&auth::Hello>| {
-        if matches!(e, HelloRefusal::RateLimited(_)) {
-            cx.stats.rate_limited_hellos += 1;
-            if loud(cx.stats.rate_limited_hellos) {
-                tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
-            }
-            return;
-        }
-        cx.stats.refused_hellos += 1;
-        if loud(cx.stats.refused_hellos) {
-            tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
-        }
-        // The agent hears why, signed, where it can act on it.
-        if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
-            cx.welcomes.push((agent.clone(), notice));
-        }
-    };
-    let hello = match cx.sessions.peek_hello(&agent, signed) {
-        Ok(h) => h,
-        Err(e) => {
-            refused(cx, e, None);
-            return Ok(());
-        }
-    };
-    if let Err(why) = crate::domain::validate::agent_info(&hello.info) {
-        refused(cx, HelloRefusal::Invalid(why.to_string()), Some(&hello));
-        return Ok(());
-    }
-    let known = cx.batch.known(&agent)?;
-    let token = match (&known.pin, &hello.enrol) {
-        (None, Some(e)) => cx.batch.token(&e.token)?,
-        _ => None,
-    };
-    let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), cx.now.instant, now);
-    // A new key spends the budget of new agents only once its signatures hold.
-    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d))).and_then(|(a, d)| {
-        if a != Admission::Known {
-            cx.sessions.spend(&a, cx.now.instant)?;
-        }
-        Ok((a, d))
-    });
-    let (admission, digest) = match checked {
-        Ok(c) => c,
-        Err(e) => {
-            refused(cx, e, Some(&hello));
-            return Ok(());
-        }
-    };
-    match &admission {
-        Admission::Known => {}
-        Admission::Token(public) => {
-            cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
-            tracing::info!(agent = %agent, key = %auth::short_key(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
-        }
-        Admission::Open => {
-            cx.batch.enrol(&agent, &hello.key, None, now)?;
-            tracing::warn!(agent = %agent, key = %auth::short_key(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
-        }
-    }
-    // The store first: a store error here undoes this Hello alone (its
-    // savepoint) before any session is opened.
-    cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
-    let mut info = hello.info.clone();
-    // The tags a join token granted are the agent's, whatever it claims;
-    // so is the capacity it was granted (at most the fleet's cap).
-    let granted_tags = cx.batch.granted_tags(&agent)?;
-    info.tags.extend(granted_tags.clone());
-    let granted = cx.batch.granted_capacity(&agent)?;
-    let announced = (info.slots, info.lookahead);
-    if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
-        tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
-    }
-    cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
-    cx.batch.upsert_agent(&info, now)?;
-    let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
-        Ok(w) => w,
-        Err(e) => {
-            tracing::error!(agent = %agent, error = %e, "cannot open a session");
-            return Ok(());
-        }
-    };
-    tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
-    cx.agents_seen.insert(agent.clone());
-    cx.effects.extend(cx.sched.hello(info));
-    cx.sched.set_granted(&agent, granted_tags);
-    cx.welcomes.push((agent, payload));
-    Ok(())
 }
 
 /// An agent's Last Will: offline only if it is the will its session (or,
@@ -545,7 +382,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
             }
             if cx.influx && stored {
-                let points = crate::runtime::sink::trial_points(&trial, &agent, &measurement, objective);
+                let points = super::points::trial_points(&trial, &agent, &measurement, objective);
                 cx.batch.enqueue_points(&points, now)?;
             }
             match verdict {

@@ -1,17 +1,8 @@
-//! The engine: one loop that turns broker events into scheduler decisions,
-//! store writes and messages to agents.
-//!
-//! This module is its async shell ([`Engine`]): it waits for broker events,
-//! control-socket requests and ticks, reads the clocks, hands each batch to
-//! the core ([`Core::turn`], no I/O but the store), and performs what the
-//! core returns: answers the requests, seals and publishes the messages,
-//! ticks the launcher, refreshes the retained status and the progress
-//! display. At the end it asks every agent to confirm delivery ([`Engine`]'s
-//! `sync`).
-//!
-//! Each turn takes every event that is waiting (up to a batch), applies them
-//! in one store transaction, commits, and only then sends assignments and
-//! result acknowledgements: an agent forgets a result only once it is on disk.
+//! The engine: what the coordinator does with each turn's events, with no
+//! I/O but the store. [`core::Core::turn`] takes the broker's events, the
+//! control socket's asks and the clocks, and returns what to send; the
+//! async shell in this file ([`Engine`]) reads the transport and the
+//! clocks and performs what it returns.
 //!
 //! Every frame is authenticated first ([`crate::runtime::auth`]); every message that
 //! passes is validated before it reaches the scheduler or the store
@@ -22,8 +13,26 @@
 //! writes (counted, logged, a result answered `Refused` so the agent parks
 //! it) and the turn goes on with the next.
 //!
-//! The rooms: [`core`] (a turn's decisions), `handle` (each inbound message),
-//! `learn` (reuse learning and refits), `active` (a running study).
+//! The rooms: [`core`] (a turn's decisions), `gate` (a frame made an
+//! authenticated, bounded, typed message), `hello` (the handshake),
+//! `handle` (each message of an authenticated agent, in its savepoint),
+//! `learn` (reuse learning and refits), `active` (a running study), `types`
+//! (what the engine speaks in: its inbound events, the control socket's
+//! asks and answers, errors, counters and clocks). The transport, the
+//! control socket and the sink import these; of the engine, only this
+//! shell uses them (to send, and to take requests), never the core.
+//!
+//! The shell ([`Engine`]) waits for broker events,
+//! control-socket requests and ticks, reads the clocks, hands each batch to
+//! the core ([`Core::turn`], no I/O but the store), and performs what the
+//! core returns: answers the requests, seals and publishes the messages,
+//! ticks the launcher, refreshes the retained status and the progress
+//! display. At the end it asks every agent to confirm delivery ([`Engine`]'s
+//! `sync`).
+//!
+//! Each turn takes every event that is waiting (up to a batch), applies them
+//! in one store transaction, commits, and only then sends assignments and
+//! result acknowledgements: an agent forgets a result only once it is on disk.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -37,22 +46,26 @@ use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
 use crate::runtime::control::Request;
 use crate::runtime::progress::Progress;
-use crate::runtime::transport::{Inbound, Outbox};
+use crate::runtime::transport::Outbox;
 use crate::store::Store;
 
 mod active;
 pub mod core;
 mod ctx;
+mod gate;
 mod handle;
+mod hello;
 mod learn;
+pub mod points;
 #[cfg(test)]
 mod tests;
-mod types;
+pub mod types;
 
 pub use self::active::{Best, Summary};
 pub use self::core::{Core, Outgoing, Started, LEASE_GRACE};
 pub use self::types::{EngineError, EngineStats, Now};
 
+pub use self::types::{Answer, Ask, Inbound};
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;
 /// How long a finishing coordinator waits for its agents to confirm that

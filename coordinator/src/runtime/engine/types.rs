@@ -1,10 +1,50 @@
-//! The engine's vocabulary, shared by its parts: why it stops
-//! ([`EngineError`]), what it counts ([`EngineStats`]), a turn's clocks
-//! ([`Now`]), and how loudly a repeated refusal is logged ([`loud`]).
+//! The engine's vocabulary, shared by its parts and spoken by what is
+//! around it: what comes in from the broker ([`Inbound`], which the
+//! transport makes), what the control socket asks and is answered
+//! ([`Ask`], [`Answer`]), why it stops ([`EngineError`]), what it counts
+//! ([`EngineStats`]), a turn's clocks ([`Now`]), and how loudly a repeated
+//! refusal is logged ([`loud`]).
 
 use std::time::Instant;
 
+use serde::{Deserialize, Serialize};
+use tunefleet_common::auth::UpFrame;
+use tunefleet_common::topic::AgentTopic;
+
 use crate::store::StoreError;
+
+/// What the engine takes from the broker (the transport makes these).
+#[derive(Debug)]
+pub enum Inbound {
+    /// (Re)connected and subscribed.
+    Connected,
+    /// Lost the broker; the transport keeps reconnecting.
+    Disconnected(String),
+    /// A well-formed frame from an agent, not yet authenticated (boxed: a
+    /// result is large, a status small).
+    Agent { agent: String, kind: AgentTopic, frame: Box<UpFrame> },
+    /// A payload that was refused, with the reason.
+    Rejected { topic: String, reason: String },
+}
+
+/// What a client asks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ask {
+    /// Run this study file (its text) on the fleet, beside the others;
+    /// resumed if the store has it.
+    Submit { study: String, origin: String },
+    /// Stop this study: no more trials, running attempts cancelled on their agents.
+    Cancel { study: String },
+}
+
+/// The service's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    Ok { message: String },
+    Error { message: String },
+}
 
 /// Why the engine stopped early.
 #[derive(Debug, thiserror::Error)]

@@ -20,8 +20,6 @@
 //! offending point is alone; that point is parked in the outbox with the
 //! server's reason and the rest flow on.
 
-pub mod points;
-
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +31,9 @@ use tokio::task::JoinHandle;
 
 use crate::store::{OutboxCounts, OutboxRow, Store, StoreError};
 
-pub use points::trial_points;
+/// What a stored result becomes in InfluxDB (the engine queues the points
+/// in the result's transaction).
+pub use crate::runtime::engine::points::{self, trial_points};
 
 /// Where and how to write.
 #[derive(Clone, PartialEq, Eq)]

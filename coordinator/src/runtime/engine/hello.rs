@@ -1,0 +1,105 @@
+//! The handshake: a signed Hello checked from cheapest to dearest (its
+//! shape and names, what the store knows of the name and of its join
+//! token, the budgets, the signatures), a new key pinned, the capacity and
+//! tags the operator granted applied, then a session and its Welcome; a
+//! refusal the agent can act on is told to it, signed.
+
+use tunefleet_common::auth::{self, Signed};
+
+use super::ctx::Ctx;
+use super::types::{loud, EngineError};
+use crate::runtime::auth::{Admission, HelloRefusal};
+
+/// A signed Hello: the cheap checks, then with what the store knows of the
+/// name the replay check and admission (a pinned key, a join token, or open
+/// enrolment) and their budgets, then the signatures; a new key is pinned,
+/// then a session and its Welcome.
+pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
+    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal, hello: Option<&auth::Hello>| {
+        if matches!(e, HelloRefusal::RateLimited(_)) {
+            cx.stats.rate_limited_hellos += 1;
+            if loud(cx.stats.rate_limited_hellos) {
+                tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
+            }
+            return;
+        }
+        cx.stats.refused_hellos += 1;
+        if loud(cx.stats.refused_hellos) {
+            tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
+        }
+        // The agent hears why, signed, where it can act on it.
+        if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
+            cx.welcomes.push((agent.clone(), notice));
+        }
+    };
+    let hello = match cx.sessions.peek_hello(&agent, signed) {
+        Ok(h) => h,
+        Err(e) => {
+            refused(cx, e, None);
+            return Ok(());
+        }
+    };
+    if let Err(why) = crate::domain::validate::agent_info(&hello.info) {
+        refused(cx, HelloRefusal::Invalid(why.to_string()), Some(&hello));
+        return Ok(());
+    }
+    let known = cx.batch.known(&agent)?;
+    let token = match (&known.pin, &hello.enrol) {
+        (None, Some(e)) => cx.batch.token(&e.token)?,
+        _ => None,
+    };
+    let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), cx.now.instant, now);
+    // A new key spends the budget of new agents only once its signatures hold.
+    let checked = admitted.and_then(|a| cx.sessions.verify(&hello, signed, &a).map(|d| (a, d))).and_then(|(a, d)| {
+        if a != Admission::Known {
+            cx.sessions.spend(&a, cx.now.instant)?;
+        }
+        Ok((a, d))
+    });
+    let (admission, digest) = match checked {
+        Ok(c) => c,
+        Err(e) => {
+            refused(cx, e, Some(&hello));
+            return Ok(());
+        }
+    };
+    match &admission {
+        Admission::Known => {}
+        Admission::Token(public) => {
+            cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
+            tracing::info!(agent = %agent, key = %auth::short_key(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
+        }
+        Admission::Open => {
+            cx.batch.enrol(&agent, &hello.key, None, now)?;
+            tracing::warn!(agent = %agent, key = %auth::short_key(&hello.key), "new agent pinned by OPEN ENROLMENT (no join token): any broker user could have been it");
+        }
+    }
+    // The store first: a store error here undoes this Hello alone (its
+    // savepoint) before any session is opened.
+    cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
+    let mut info = hello.info.clone();
+    // The tags a join token granted are the agent's, whatever it claims;
+    // so is the capacity it was granted (at most the fleet's cap).
+    let granted_tags = cx.batch.granted_tags(&agent)?;
+    info.tags.extend(granted_tags.clone());
+    let granted = cx.batch.granted_capacity(&agent)?;
+    let announced = (info.slots, info.lookahead);
+    if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
+        tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
+    }
+    cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
+    cx.batch.upsert_agent(&info, now)?;
+    let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!(agent = %agent, error = %e, "cannot open a session");
+            return Ok(());
+        }
+    };
+    tracing::info!(agent = %agent, arch = %info.arch, cores = info.cores, slots = info.slots, session = %format!("{token:016x}"), "agent announced");
+    cx.agents_seen.insert(agent.clone());
+    cx.effects.extend(cx.sched.hello(info));
+    cx.sched.set_granted(&agent, granted_tags);
+    cx.welcomes.push((agent, payload));
+    Ok(())
+}
