@@ -12,18 +12,39 @@
 # (the Spark test starts its own standalone master and worker).
 # Safe to run again.
 #
-#   scripts/test.sh [--install-only]
+#   scripts/test.sh [--install-only | --quick]
 #
 # --install-only stops after the checks and installs.
+# --quick is the tier to run while working: every unit test, the engine
+# driven through its turn, and the fast integration tests (real agent and
+# coordinator processes on the embedded broker); no installs, no Slurm,
+# Spark, qemu, ejabberd, InfluxDB, Chromium, Mosquitto or docs walk-through.
+# CI runs the full command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 install_only=0
+quick=0
 case "${1:-}" in
   "") ;;
   --install-only) install_only=1 ;;
-  *) echo "test.sh: unknown argument $1 (scripts/test.sh [--install-only])" >&2; exit 2 ;;
+  --quick) quick=1 ;;
+  *) echo "test.sh: unknown argument $1 (scripts/test.sh [--install-only | --quick])" >&2; exit 2 ;;
 esac
+
+# The integration tests of the quick tier: each under about 10 s here, on
+# the embedded broker alone.
+QUICK_TESTS="__QUICK__"
+if [ $quick = 1 ]; then
+  cargo build --workspace --bins --quiet
+  # Units and the engine's turn (the coordinator's lib tests), and each
+  # crate's own integration tests.
+  cargo test -p tunefleet-common -p tunefleet-agent -p tunefleet-coordinator --tests --quiet
+  args=()
+  for t in $QUICK_TESTS; do args+=(--test "$t"); done
+  cargo test -p tunefleet-tests --lib "${args[@]}" --quiet
+  exit 0
+fi
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh

@@ -1658,11 +1658,18 @@ fn failed_and_unranked_trials() {
     output.extend(out);
     // A workload that prints `acc` where the study expects `score`.
     let acc = failing_study(d, "acc", r#"["sh", "-c", "echo TUNEFLEET final acc=0.{x}"]"#, "x", 2);
-    let (mut coord, _) =
-        start_coordinator(&acc, &d.join("s.db"), &root, &["--listen", url.trim_start_matches("mqtt://")]);
+    let acc_log = d.join("acc.log");
+    let (mut coord, _) = start_coordinator_logged(
+        &acc,
+        &d.join("s.db"),
+        &root,
+        &["--listen", url.trim_start_matches("mqtt://")],
+        Some(&acc_log),
+    );
     let status = coord.wait_exit(LONG);
     output.extend(coord.rest_of_stdout());
-    assert_eq!(status.code(), Some(0), "{output:?}");
+    output.extend(lines(&std::fs::read_to_string(&acc_log).expect("log")));
+    assert_eq!(status.code(), Some(5), "nothing ranked (issue 40): {output:?}");
     // A parameter nothing uses.
     let unused = failing_study(d, "crash-unused", r#"["true"]"#, "lr", 2);
     let (code, out, err) = run(tf("tunefleet", d, &["check", unused.to_str().expect("utf-8")]));

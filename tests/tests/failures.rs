@@ -350,3 +350,18 @@ fn on_a_terminal_log_lines_print_above_the_bar_and_an_interrupted_bar_stays_wher
     drop(agent);
     assert_agents_spools_empty(&[&name]);
 }
+
+/// Issue 40, finding 4: `run` exited 0 when no trial reported the
+/// objective, while "every trial crashed" exits 4: a script could not tell
+/// either from success.
+#[test]
+fn regression_a_study_whose_trials_never_report_the_objective_exits_5() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let command = r#"["sh", "-c", "echo TUNEFLEET final other={x}"]"#;
+    let study = study(dir.path(), "unranked", command, "score", 2);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "unranked");
+    assert_eq!(code, Some(5), "{out}\n{log}");
+    assert!(out.contains("2/2 trials done"), "{out}");
+    assert!(log.contains("none reported \"score\": nothing is ranked"), "{log}");
+}

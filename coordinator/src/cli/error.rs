@@ -80,7 +80,7 @@ pub enum CliError {
     Refused(String),
     /// How a run ended when it did not end with every trial a success: the
     /// exit code ([`EXIT_FAILURES`], [`EXIT_NOTHING_SUCCEEDED`],
-    /// [`EXIT_INTERRUPTED`]) and what to tell the user.
+    /// [`EXIT_NOTHING_RANKED`], [`EXIT_INTERRUPTED`]) and what to tell the user.
     #[error("{message}")]
     Ended { code: u8, message: String },
 }
@@ -89,6 +89,9 @@ pub enum CliError {
 pub const EXIT_FAILURES: u8 = 3;
 /// `run` and `campaign`: a study ended without one successful trial.
 pub const EXIT_NOTHING_SUCCEEDED: u8 = 4;
+/// `run` and `campaign`: trials succeeded, but none reported the study's
+/// objective metric: nothing could be ranked.
+pub const EXIT_NOTHING_RANKED: u8 = 5;
 /// `run` and `campaign`: stopped (Ctrl-C, SIGTERM) before every trial was
 /// final; the same command resumes.
 pub const EXIT_INTERRUPTED: u8 = 130;

@@ -27,10 +27,11 @@ pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>
 
 /// How a run ended, as the exit code says it: every trial a success
 /// (`Ok`), or [`CliError::Ended`] when it was interrupted, when a study has
-/// no successful trial, or when some trials failed, in that order; the
-/// message says why and what to do.
+/// no successful trial, when none of its successful trials reported the
+/// objective (nothing ranked), or when some trials failed, in that order;
+/// the message says why and what to do.
 pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
-    use super::error::{EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_SUCCEEDED};
+    use super::error::{EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_RANKED, EXIT_NOTHING_SUCCEEDED};
     if let Some(s) = summaries.iter().find(|s| !s.finished) {
         let message = format!(
             "interrupted: study {}: {} of {} trials done; run the same command to resume",
@@ -49,6 +50,19 @@ pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
             format!("study {}: no trial succeeded ({} stopped early)", s.study, s.stopped)
         };
         return Err(CliError::Ended { code: EXIT_NOTHING_SUCCEEDED, message });
+    }
+    if let Some(s) = summaries.iter().find(|s| s.done > 0 && s.best.is_none()) {
+        let metric = Store::open_read_only(store)
+            .ok()
+            .and_then(|st| st.study(&s.study).ok().flatten())
+            .map_or_else(|| "the objective".to_string(), |r| format!("{:?}", r.metric));
+        let message = format!(
+            "study {}: {} trials succeeded but none reported {metric}: nothing is ranked; make the workload print it \
+             (a final line `{{\"event\":\"final\",{metric}: VALUE}}`, see docs/PROTOCOL.md \"Workload output\"), then \
+             run again under a new name",
+            s.study, s.done
+        );
+        return Err(CliError::Ended { code: EXIT_NOTHING_RANKED, message });
     }
     if let Some(s) = summaries.iter().find(|s| s.failed > 0) {
         let message = format!("study {}: finished with failures: {}", s.study, why(s));
