@@ -25,6 +25,8 @@ pub(crate) struct Refused {
     pub(crate) hello: Option<tunefleet_common::auth::RefusalKind>,
     /// A refusal that saying Hello again cannot help: the agent stops.
     pub(crate) fatal: Option<String>,
+    /// Notices from the coordinator (logged at a bounded rate).
+    pub(crate) notices: u64,
 }
 
 /// Logs the first ten of a kind of refusal, then at powers of two.
@@ -154,6 +156,20 @@ fn on_message(
         CoordinatorMessage::Sync(n) => state.on_sync(n),
         CoordinatorMessage::Reconfigure(r) => state.on_reconfigure(r),
         CoordinatorMessage::CoMeasure(c) => vec![Action::CoMeasure(c)],
+        CoordinatorMessage::Notice(text) => {
+            // Authenticated (sealed in this agent's session), but shown
+            // cleaned and cut: it goes to the operator's terminal.
+            let shown: String = text
+                .chars()
+                .filter(|c| !c.is_control() && !tunefleet_common::is_invisible_format(*c))
+                .take(tunefleet_common::message::MAX_NOTICE_BYTES)
+                .collect();
+            refused.notices += 1;
+            if loud(refused.notices) {
+                tracing::warn!(notices = refused.notices, "the coordinator says: {shown}");
+            }
+            Vec::new()
+        }
         // `unbundle` leaves none.
         CoordinatorMessage::Bundle(_) => Vec::new(),
     }

@@ -430,6 +430,10 @@ pub enum CoordinatorMessage {
     /// Measure this machine over another agent's trial. Since protocol
     /// version 10.
     CoMeasure(CoMeasure),
+    /// Something the agent's operator should hear (another machine tried
+    /// to join under this agent's name): the agent logs it. At most
+    /// [`MAX_NOTICE_BYTES`]. Since protocol version 12.
+    Notice(String),
     /// Several messages to one agent in one frame, in the order sent (what
     /// one turn of the coordinator has for it: typically an acknowledgement
     /// and the next assignment), each encoded on its own
@@ -443,6 +447,9 @@ pub enum CoordinatorMessage {
 /// however it was made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Encoded(#[serde(with = "serde_bytes")] pub Vec<u8>);
+
+/// Longest [`CoordinatorMessage::Notice`] an agent logs (a longer one is cut).
+pub const MAX_NOTICE_BYTES: usize = 1024;
 
 /// Most messages in one [`AgentMessage::Bundle`] or [`CoordinatorMessage::Bundle`].
 pub const MAX_BUNDLE: usize = 64;

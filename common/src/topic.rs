@@ -150,7 +150,9 @@ impl AgentTopic {
             CoordinatorMessage::Cancel(_) => AgentTopic::Cancel,
             CoordinatorMessage::Ack(_) => AgentTopic::Ack,
             CoordinatorMessage::Sync(_) => AgentTopic::Sync,
-            CoordinatorMessage::Reconfigure(_) | CoordinatorMessage::CoMeasure(_) => AgentTopic::Control,
+            CoordinatorMessage::Reconfigure(_) | CoordinatorMessage::CoMeasure(_) | CoordinatorMessage::Notice(_) => {
+                AgentTopic::Control
+            }
             // An acknowledgement, typically, and the next assignment.
             CoordinatorMessage::Bundle(_) => AgentTopic::Ack,
         }

@@ -212,7 +212,10 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
         c.args(["token", "create", "--uses", "1", "--store"]).arg(&store).env("XDG_STATE_HOME", state_home());
         run(c).1.trim().to_string()
     };
-    let first = start_agent(&url, &format!("{root}-one"), &root, &["--join", &once]);
+    let first_log = dir.path().join("one.log");
+    let mut first_cmd = Command::new(bin("tunefleet-agent"));
+    first_cmd.stderr(std::fs::File::create(&first_log).expect("log"));
+    let first = start_agent_with(first_cmd, &url, &format!("{root}-one"), &root, &["--join", &once]);
     wait_for("the first agent enrolled", Duration::from_secs(30), || {
         let n: Vec<String> = query(&store, "SELECT name FROM agents", |r| r.get(0));
         n.contains(&format!("{root}-one"))
@@ -243,8 +246,13 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
         }
         assert!(text.contains("refused this agent") && text.contains(says), "{what}: {text}");
         assert!(took < Duration::from_secs(10), "{what}: told in {took:?}");
-        eprintln!("measured: {what}: refused and stopped in {:.2} s", took.as_secs_f64());
+        eprintln!("measured: {what}: told in {:.2} s (stopped: {stops})", took.as_secs_f64());
     }
+    // The agent that holds the name is told too.
+    wait_for("the name's holder told", Duration::from_secs(10), || {
+        std::fs::read_to_string(&first_log)
+            .is_ok_and(|t| t.contains("another machine tried to join under this agent's name"))
+    });
     let agent = start_agent(&url, &format!("{root}-two"), &root, &["--tag", "pool=last"]);
     assert!(coord.wait_exit(Duration::from_secs(120)).success());
     drop((first, agent));
@@ -282,4 +290,54 @@ fn regression_an_overwritten_retained_status_is_put_back_at_once() {
     assert!(out.contains("malformed messages") || out.contains("refused:"), "the overwrite was counted: {out}");
     drop(agent);
     assert_agents_spools_empty(&[&name]);
+}
+
+/// Finding 2: progress rows had no bound (one per epoch number, an epoch a
+/// u32): 1,000 in-bounds messages added 82 MiB to the store in 6 s. Now an
+/// attempt keeps at most 4,096 epochs and 1 MiB of progress.
+#[test]
+fn regression_a_member_cannot_fill_the_store_with_progress() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("progress");
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "progress", 4), &store, &root, &[]);
+    let token: tunefleet_common::auth::JoinToken = join_token_of(&root).expect("token").parse().expect("token");
+    let mut member = Member::connect(port_of(&url), &root, "phone-p");
+    assert!(matches!(member.hello(AgentInfo::minimal("x", 0), Some(&token)), Answer::Welcome));
+    member.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
+    let trial = member
+        .receive(Duration::from_secs(5))
+        .into_iter()
+        .find_map(|m| match m {
+            CoordinatorMessage::Assign(a) => Some(a.trial),
+            _ => None,
+        })
+        .expect("an assignment");
+    // 1,000 epochs of 256 metrics with long names: about 55 MiB unbounded.
+    let metrics: tunefleet_common::measurement::Metrics =
+        (0..256).map(|i| (format!("{}{i:03}", "m".repeat(200)), i as f64)).collect();
+    for epoch in 0..1_000u32 {
+        member.send(&AgentMessage::Progress(tunefleet_common::message::Progress {
+            trial: trial.clone(),
+            epoch,
+            elapsed_us: u64::from(epoch),
+            metrics: metrics.clone(),
+            checkpoint: None,
+            profile: None,
+        }));
+    }
+    member.receive(Duration::from_millis(500));
+    member.go_offline();
+    member.disconnect();
+    let agent = start_agent(&url, &format!("{root}-a"), &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    let rows: Vec<i64> = query(&store, "SELECT COUNT(*) FROM progress", |r| r.get(0));
+    let bytes: Vec<i64> = query(&store, "SELECT COALESCE(SUM(length(metrics)), 0) FROM progress", |r| r.get(0));
+    eprintln!("measured: {} progress rows, {} bytes of metrics kept of 1,000 epochs sent", rows[0], bytes[0]);
+    assert!(bytes[0] < 2 << 20, "at most about 1 MiB of progress kept: {} bytes in {} rows", bytes[0], rows[0]);
+    assert!(out.contains("epochs past an attempt's bound"), "the rest counted: {out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&format!("{root}-a")]);
 }

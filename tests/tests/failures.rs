@@ -91,18 +91,19 @@ fn a_crashing_workload_says_why_in_the_log_the_summary_best_and_the_exit_status(
 }
 
 #[test]
-fn some_failures_exit_3_and_a_missing_objective_names_what_was_expected_and_seen() {
+fn some_failures_and_nothing_ranked_exit_5_and_a_missing_objective_names_what_was_expected_and_seen() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");
     // Trial x=2 fails with a message; the others report `acc`, not `score`.
     let command = r#"["sh", "-c", "if [ {x} = 2 ]; then echo 'out of memory' >&2; exit 3; fi; echo 'TUNEFLEET final acc=0.{x}'"]"#;
     let study = study(dir.path(), "mixed", command, "score", 3);
     let (code, out, log) = run_study(dir.path(), &study, &store, "mixed");
-    assert_eq!(code, Some(3), "finished with failures\n{out}\n{log}");
+    // Nothing is ranked (issue 40): that is what a script must hear first.
+    assert_eq!(code, Some(5), "nothing ranked\n{out}\n{log}");
     assert!(out.contains("2/3 trials done, 1 failed"), "{out}");
     assert!(out.contains("1 trial failed: exit 3, `out of memory`"), "{out}");
     assert!(out.contains("the objective `score` was expected; they reported acc"), "{out}");
-    assert!(log.contains("finished with failures: 1 trial failed: exit 3"), "{log}");
+    assert!(log.contains("2 trials succeeded but none reported \"score\""), "{log}");
     assert!(log.contains("trial reported no value for the objective"), "{log}");
 }
 
@@ -364,4 +365,15 @@ fn regression_a_study_whose_trials_never_report_the_objective_exits_5() {
     assert_eq!(code, Some(5), "{out}\n{log}");
     assert!(out.contains("2/2 trials done"), "{out}");
     assert!(log.contains("none reported \"score\": nothing is ranked"), "{log}");
+}
+
+#[test]
+fn some_failures_with_the_others_ranked_exit_3() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let command = r#"["sh", "-c", "if [ {x} = 2 ]; then echo 'out of memory' >&2; exit 3; fi; echo 'TUNEFLEET final score=0.{x}'"]"#;
+    let study = study(dir.path(), "ranked", command, "score", 3);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "ranked");
+    assert_eq!(code, Some(3), "finished with failures\n{out}\n{log}");
+    assert!(log.contains("finished with failures: 1 trial failed: exit 3"), "{log}");
 }

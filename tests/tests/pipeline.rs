@@ -306,7 +306,7 @@ select = "time"
 /// A workload whose epochs take 0.1 s on one CPU, but its second epoch
 /// there 1 s (a checkpoint, a collection), and 0.15 s on two CPUs: the
 /// number of CPUs it may run on (`nproc`) is what the probes change.
-const ONE_SLOW_EPOCH: &str = r#"i=0; k=0; while [ $i -lt 16 ]; do i=$((i+1)); n=$(nproc); if [ "$n" = 1 ]; then k=$((k+1)); if [ $k = 2 ]; then sleep 1; else sleep 0.1; fi; else sleep 0.15; fi; echo "TUNEFLEET epoch=$i"; done; echo "TUNEFLEET final v=1""#;
+const ONE_SLOW_EPOCH: &str = r#"i=0; k=0; while [ $i -lt 16 ]; do i=$((i+1)); n=$(nproc); if [ "$n" = 1 ]; then k=$((k+1)); if [ $k = 2 ]; then sleep 1; else sleep 0.1; fi; else sleep 0.15; fi; echo "TUNEFLEET epoch=$i"; done; echo "TUNEFLEET final accuracy=1""#;
 
 #[test]
 fn a_probe_window_with_one_outlying_epoch_is_judged_by_its_median_epoch() {

@@ -298,7 +298,7 @@ impl Search {
     /// Whether the strategy's choices depend on results (so the trials
     /// cannot be listed before the study runs).
     pub fn adaptive(study: &Study) -> bool {
-        !matches!(study.strategy, Strategy::Grid | Strategy::Random { .. })
+        study.strategy.learns_from_results()
     }
 }
 
@@ -840,6 +840,25 @@ control = true
         let s = study(&sequential, "kind = \"grid\"", 100, 1);
         assert_eq!(plan(&s).len(), 8, "sequential: every hyper x system combination is a trial");
         assert_eq!(probe_plan(&s), None);
+    }
+
+    /// Issue 36: "learns from results" was decided in three places; now the
+    /// strategy says it, and what the search is built as agrees.
+    #[test]
+    fn whether_a_strategy_learns_is_one_fact_the_search_agrees_with() {
+        let space =
+            "[hyper.a]\nkind = \"categorical\"\nvalues = [\"only\"]\n[hyper.x]\nkind = \"float\"\nlow = 0\nhigh = 1\n";
+        for (kind, learns) in [
+            ("kind = \"grid\"", false),
+            ("kind = \"random\"\nseed = 1", false),
+            ("kind = \"tpe\"\nseed = 1", true),
+            ("kind = \"gp\"\nseed = 1", true),
+        ] {
+            let s = study(space, kind, 10, 1);
+            assert_eq!(s.strategy.learns_from_results(), learns, "{kind}");
+            assert_eq!(Search::adaptive(&s), learns, "{kind}");
+            assert_eq!(Search::new(&s).reads_running(), learns, "{kind}: told of running trials");
+        }
     }
 
     #[test]

@@ -133,6 +133,20 @@ pub enum Strategy {
     Gp { seed: u64 },
 }
 
+impl Strategy {
+    /// Whether it chooses each trial from the results told so far (a model
+    /// of the objective): its trials are asked when a slot can start them,
+    /// held at most one per slot ahead ([`Study::ahead_per_slot`]), and it
+    /// is told of the trials still running. The one place this is decided:
+    /// a new strategy must say (the match has no catch-all).
+    pub fn learns_from_results(&self) -> bool {
+        match self {
+            Strategy::Grid | Strategy::Random { .. } => false,
+            Strategy::Tpe { .. } | Strategy::Gp { .. } => true,
+        }
+    }
+}
+
 /// Which agents may run the trials of a study.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Selector {
@@ -396,10 +410,10 @@ impl Study {
     /// agent holds, the more of the study is asked blind); else as many as
     /// an agent may announce.
     pub fn ahead_per_slot(&self) -> u32 {
-        match (self.lookahead, &self.strategy) {
+        match (self.lookahead, self.strategy.learns_from_results()) {
             (false, _) => 0,
-            (true, Strategy::Tpe { .. } | Strategy::Gp { .. }) => 1,
-            (true, Strategy::Grid | Strategy::Random { .. }) => tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
+            (true, true) => 1,
+            (true, false) => tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
         }
     }
 

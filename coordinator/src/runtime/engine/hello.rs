@@ -27,9 +27,19 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
         if loud(cx.stats.refused_hellos) {
             tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
         }
-        // The agent hears why, signed, where it can act on it.
+        // The agent hears why, signed, where it can act on it; and the agent
+        // that holds the name, when another machine tried to take it.
         if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
             cx.welcomes.push((agent.clone(), notice));
+            if let HelloRefusal::KeyChanged { got, .. } = &e {
+                if cx.sessions.is_live(&agent) {
+                    let text = format!(
+                        "another machine tried to join under this agent's name {agent:?} with key {got} and was \
+                         refused: give each agent its own --name"
+                    );
+                    cx.out.push((agent.clone(), tunefleet_common::message::CoordinatorMessage::Notice(text)));
+                }
+            }
         }
     };
     let hello = match cx.sessions.peek_hello(&agent, signed) {
