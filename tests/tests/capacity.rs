@@ -17,25 +17,9 @@ fn port_of(url: &str) -> u16 {
 
 /// `trials` trials that sleep 20 ms and report `v`; two attempts each.
 fn short_study(dir: &Path, name: &str, trials: u32) -> std::path::PathBuf {
-    let text = format!(
-        r#"name = "{name}"
-command = ["sh", "-c", "sleep 0.02; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'"]
-timeout = 60
-max_attempts = 2
-[objective]
-metric = "v"
-direction = "maximize"
-[budget]
-trials = {trials}
-[strategy]
-kind = "grid"
-[hyper.v]
-kind = "int"
-low = 1
-high = {trials}
-"#
-    );
-    let path = dir.join(format!("{name}.toml"));
+    let path = sleep_study(dir, name, trials, 0.02);
+    let text = std::fs::read_to_string(&path).expect("study").replace("max_attempts = 5", "max_attempts = 2");
+    assert!(text.contains("max_attempts = 2"), "{text}");
     std::fs::write(&path, text).expect("study");
     path
 }

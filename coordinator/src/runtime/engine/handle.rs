@@ -350,7 +350,11 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                 .as_ref()
                 .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
             stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)? == RecordOutcome::Stored;
-            if stored && !measurement.exit.success() {
+            if stored && measurement.exit == ExitOutcome::Cancelled {
+                // Cancelled on purpose (stopped early, moved, the study
+                // cancelled): kept for the record, no failure of the trial.
+                tracing::info!(trial = %trial, agent = %agent, "the cancelled attempt's result is kept for the record");
+            } else if stored && !measurement.exit.success() {
                 let cause = crate::domain::failure::cause(&measurement.exit, &measurement.log_tail);
                 tracing::warn!(trial = %trial, agent = %agent, %cause, "trial failed");
             } else if stored && objective.is_none() {
