@@ -42,7 +42,6 @@
 pub mod jobs;
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -137,12 +136,53 @@ pub fn render(template: &str, cx: &Context, name: &str) -> String {
     out
 }
 
+/// The lines a launch command prints, read by a thread of its own.
+#[derive(Debug)]
+struct Printed {
+    lines: std::sync::mpsc::Receiver<String>,
+    text: String,
+}
+
+impl Printed {
+    /// Reads `out` on a thread of its own, line by line.
+    fn read(out: std::process::ChildStdout) -> Printed {
+        use std::io::BufRead;
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Printed { lines, text: String::new() }
+    }
+
+    /// Takes in what has been printed so far; whether more may come.
+    fn drain(&mut self) -> bool {
+        loop {
+            match self.lines.try_recv() {
+                Ok(line) => {
+                    self.text.push_str(&line);
+                    self.text.push('\n');
+                }
+                Err(std::sync::mpsc::TryRecvError::Empty) => return true,
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Launch {
     at_ms: u64,
     seen: bool,
     /// The launch command, until it has been reaped.
     child: Option<Child>,
+    /// Whether the launch command exited with success, once it exited.
+    exit_ok: Option<bool>,
+    /// What it prints, while the launcher follows its job (the job id).
+    printed: Option<Printed>,
     /// The scheduler's job id, when the launch is followed.
     job_id: Option<String>,
     /// What the scheduler said last (`None`: not followed).
@@ -216,21 +256,7 @@ impl Launcher {
             if let Some(child) = l.child.as_mut() {
                 match child.try_wait() {
                     Ok(Some(status)) => {
-                        if let (Some(s), Some(mut out)) = (scheduler, child.stdout.take()) {
-                            let mut text = String::new();
-                            let _ = out.read_to_string(&mut text);
-                            l.job_id = jobs::job_id(s, &text);
-                            match &l.job_id {
-                                Some(id) => {
-                                    tracing::info!(agent = %name, job = %id, scheduler = s.name, "submitted");
-                                    l.job = Some(Job::Unknown);
-                                }
-                                None if status.success() => {
-                                    tracing::warn!(agent = %name, printed = %text.trim(), "no job id in what the submit command printed: not followed")
-                                }
-                                None => {}
-                            }
-                        }
+                        l.exit_ok = Some(status.success());
                         l.child = None;
                         if !status.success() && !l.seen && !online(name) {
                             tracing::warn!(agent = %name, %status, "launch command failed");
@@ -240,6 +266,25 @@ impl Launcher {
                     }
                     Ok(None) => {}
                     Err(e) => tracing::warn!(agent = %name, error = %e, "cannot wait for a launch command"),
+                }
+            }
+            // What the submit command printed, read by a thread of its own:
+            // a command whose child keeps its output open never blocks this
+            // loop (a read to the end would wait for that child).
+            if let (Some(s), Some(p)) = (scheduler, l.printed.as_mut()) {
+                let open = p.drain();
+                if l.job_id.is_none() {
+                    if let Some(id) = jobs::job_id(s, &p.text) {
+                        tracing::info!(agent = %name, job = %id, scheduler = s.name, "submitted");
+                        l.job_id = Some(id);
+                        l.job = Some(Job::Unknown);
+                    }
+                }
+                if !open && l.exit_ok.is_some() {
+                    if l.job_id.is_none() && l.exit_ok == Some(true) {
+                        tracing::warn!(agent = %name, printed = %p.text.trim(), "no job id in what the submit command printed: not followed");
+                    }
+                    l.printed = None;
                 }
             }
             let up = online(name);
@@ -381,13 +426,16 @@ impl Launcher {
                 .env("TUNEFLEET_COORDINATOR_KEY", &self.cx.coordinator_key)
                 .env(tunefleet_common::security::JOIN_ENV, &join);
             match cmd.spawn() {
-                Ok(child) => {
+                Ok(mut child) => {
+                    let printed = child.stdout.take().map(Printed::read);
                     tracing::info!(agent = %name, command = %line, "launching an agent");
                     self.started += 1;
                     let launch = Launch {
                         at_ms: now_ms,
                         seen: false,
                         child: Some(child),
+                        exit_ok: None,
+                        printed,
                         job_id: None,
                         job: None,
                         reported_ms: None,
@@ -410,6 +458,11 @@ impl Launcher {
     /// The names of the agents launched that still count.
     pub fn names(&self) -> Vec<String> {
         self.launches.keys().cloned().collect()
+    }
+
+    /// The ids of the jobs followed (read from what the submit commands printed).
+    pub fn jobs(&self) -> Vec<String> {
+        self.launches.values().filter_map(|l| l.job_id.clone()).collect()
     }
 }
 
@@ -521,6 +574,33 @@ mod tests {
         l.tick(71_000, false, &never, &mut mint);
         assert_eq!(l.started, 2, "no work: nothing launched");
         assert!(Launcher::new(&LaunchArgs { launcher: None, ..slow }, cx()).is_none());
+    }
+
+    /// Issue 40, finding 5: a launch command that exited while a child kept
+    /// its output open froze the whole coordinator for 15 s (the launcher
+    /// read that output to its end).
+    #[test]
+    fn regression_a_submit_command_whose_child_keeps_its_output_never_blocks_a_tick() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tmp");
+        let sbatch = dir.path().join("sbatch");
+        std::fs::write(&sbatch, "#!/bin/sh\necho 'Submitted batch job 42'\nsleep 5 &\nexit 0\n").expect("write");
+        std::fs::set_permissions(&sbatch, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let template = format!("{} --wrap true", sbatch.display());
+        let args = LaunchArgs { launcher: Some(template), launch_max: 1, launch_grace: Duration::from_secs(60) };
+        let mut l = Launcher::new(&args, cx()).expect("a launcher");
+        let deadline = std::time::Instant::now() + Duration::from_secs(4);
+        let mut slowest = Duration::ZERO;
+        let mut now_ms = 0;
+        while l.jobs().is_empty() && std::time::Instant::now() < deadline {
+            let t = std::time::Instant::now();
+            l.tick(now_ms, true, &|_| false, &mut mint);
+            slowest = slowest.max(t.elapsed());
+            now_ms += 10;
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(l.jobs(), vec!["42".to_string()], "the job id read while its child still holds the output");
+        assert!(slowest < Duration::from_secs(1), "a tick took {slowest:?}");
     }
 
     /// Issue 35, findings 5 and 7: launched agents' names were predictable
