@@ -325,3 +325,39 @@ fn regression_a_member_cannot_fill_the_store_with_progress() {
     drop(agent);
     assert_agents_spools_empty(&[&format!("{root}-a")]);
 }
+
+/// Finding 6: `--allow-command '/dir/*'` admitted `/dir/../../../../bin/sh`.
+/// A real agent now refuses it (and the trial runs nowhere it may not).
+#[test]
+fn regression_allow_command_refuses_a_path_that_climbs_out_of_its_directory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("allow");
+    let allowed = dir.path().join("bench");
+    std::fs::create_dir_all(&allowed).expect("dir");
+    let marker = dir.path().join("escaped");
+    let climbing = format!("{}/../../../../../../bin/sh", allowed.display());
+    let study = dir.path().join("allow.toml");
+    let text = format!(
+        "name = \"allow\"\ncommand = [{climbing:?}, \"-c\", \"touch {} ; echo TUNEFLEET final v={{v}}\"]\ntimeout = 60\n\
+         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 1\n[strategy]\nkind = \"grid\"\n\
+         [hyper.v]\nkind = \"categorical\"\nvalues = [1]\n",
+        marker.display()
+    );
+    std::fs::write(&study, text).expect("study");
+    let (_coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let log = dir.path().join("agent.log");
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.stderr(std::fs::File::create(&log).expect("log"));
+    let pattern = format!("{}/*", allowed.display());
+    let name = format!("{root}-a");
+    let agent = start_agent_with(cmd, &url, &name, &root, &["--allow-command", &pattern]);
+    wait_for("the climbing command refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("assignment refused by --allow-command"))
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("has a . or .. component"), "{text}");
+    assert!(!marker.exists(), "the command ran");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

@@ -908,3 +908,35 @@ fn regression_no_agent_drains_the_queue_while_others_wait() {
     assert_eq!(got.iter().filter(|g| g.0 == "a").count(), 2, "{got:?}");
     assert_eq!(got.iter().filter(|g| g.0 == "b").count(), 2, "{got:?}");
 }
+
+/// Issue 35, finding 3: every lease a member hoarded opened a
+/// co-measurement window on every node. A trial held ahead now says it
+/// started ([`Effect::Started`]) only once its agent runs it, and only then
+/// are its nodes started; a trial into a free slot starts at once.
+#[test]
+fn regression_a_held_trial_says_it_started_once_its_agent_runs_it() {
+    let mut s = sched(4, 3, Selector::default());
+    s.hello(AgentInfo { slots: 1, lookahead: 2, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 1, ahead: 2, running: vec![], held: vec![] });
+    let eff = s.assign(0);
+    let ahead: Vec<(TrialRef, bool)> = eff
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Assign { trial, ahead, .. } => Some((trial.clone(), *ahead)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ahead.iter().map(|a| a.1).collect::<Vec<_>>(), vec![false, true, true], "{ahead:?}");
+    let (first, held) = (ahead[0].0.clone(), ahead[1].0.clone());
+    // Listed as held: not started, nothing to say.
+    let eff = s.request(
+        "a",
+        &WorkRequest { seq: 2, free: 0, ahead: 0, running: vec![first.clone()], held: vec![held.clone()] },
+    );
+    assert!(!eff.iter().any(|e| matches!(e, Effect::Started { .. })), "{eff:?}");
+    // Now running: said once.
+    let eff = s.request("a", &WorkRequest { seq: 3, free: 0, ahead: 1, running: vec![held.clone()], held: vec![] });
+    assert!(matches!(&eff[..], [Effect::Started { trial, .. }] if *trial == held), "{eff:?}");
+    let eff = s.request("a", &WorkRequest { seq: 4, free: 0, ahead: 1, running: vec![held.clone()], held: vec![] });
+    assert!(!eff.iter().any(|e| matches!(e, Effect::Started { .. })), "once: {eff:?}");
+}
