@@ -38,16 +38,14 @@ pub async fn status(
     if !watch {
         return emit(&show(&look()?)?);
     }
-    // Each look after the first gets the pace since the one before.
-    let mut before: Option<(Instant, Vec<StudyStatus>)> = None;
+    // Each look after the first gets the pace over the looks of the last
+    // half minute (a steady figure, not the last second's).
+    let started = Instant::now();
+    let mut pacer = crate::query::status::Pacer::default();
     let next = move || -> Result<String> {
         let mut now = look()?;
-        if let Some((at, prev)) = &before {
-            crate::query::status::pace(prev, &mut now, at.elapsed().as_secs_f64());
-        }
-        let text = show(&now)?;
-        before = Some((Instant::now(), now));
-        Ok(text)
+        pacer.look(started.elapsed().as_secs_f64(), &mut now);
+        show(&now)
     };
     watch_text(next, json, shutdown).await
 }

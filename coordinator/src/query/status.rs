@@ -121,9 +121,60 @@ pub fn pace(before: &[StudyStatus], now: &mut [StudyStatus], seconds: f64) {
     }
 }
 
+/// How far back the pace of `status --watch` looks: long enough that a
+/// trial ending every few seconds gives a steady figure, short enough to
+/// follow a change of pace.
+pub const PACE_WINDOW_S: f64 = 30.0;
+
+/// The pace over a sliding window of looks (issue 40: from the previous
+/// look alone, one second before, it flipped between a rate and 0.0 as
+/// trials ended between looks).
+#[derive(Debug, Default)]
+pub struct Pacer {
+    /// Earlier looks, oldest first: when (seconds on any clock) and what.
+    looks: std::collections::VecDeque<(f64, Vec<StudyStatus>)>,
+}
+
+impl Pacer {
+    /// Fills the pace of `now`, seen at `at_s`, from the oldest look within
+    /// [`PACE_WINDOW_S`] (the newest older one while none is), and keeps it.
+    pub fn look(&mut self, at_s: f64, now: &mut [StudyStatus]) {
+        while self.looks.len() > 1 && self.looks.get(1).is_some_and(|(t, _)| at_s - t >= PACE_WINDOW_S) {
+            self.looks.pop_front();
+        }
+        if let Some((t, before)) = self.looks.front() {
+            pace(before, now, at_s - t);
+        }
+        self.looks.push_back((at_s, now.to_vec()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 40, finding 6: one look a second, a trial ending every 1.5 s:
+    /// the pace no longer flips between 60 and 0 trials a minute.
+    #[test]
+    fn regression_the_watched_pace_is_steady_when_trials_end_between_looks() {
+        let mut p = Pacer::default();
+        let mut paces = Vec::new();
+        for second in 0..90u64 {
+            let mut now = vec![row(second * 2 / 3, "running")];
+            p.look(second as f64, &mut now);
+            if second >= 40 {
+                paces.push(now[0].per_minute.expect("a pace"));
+            }
+        }
+        let (lo, hi) = paces.iter().fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+        assert!(lo > 36.0 && hi < 44.0, "about 40 a minute, steadily: {lo} to {hi}");
+        // The previous look alone flips.
+        let (mut a, mut b) = (vec![row(10, "running")], vec![row(10, "running")]);
+        pace(&a.clone(), &mut b, 1.0);
+        assert_eq!(b[0].per_minute, Some(0.0));
+        pace(&[row(9, "running")], &mut a, 1.0);
+        assert_eq!(a[0].per_minute, Some(60.0));
+    }
 
     fn row(done: u64, state: &str) -> StudyStatus {
         StudyStatus {
