@@ -11,6 +11,13 @@ use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, Wor
 use tunefleet_tests::member::{Answer, Member};
 use tunefleet_tests::*;
 
+/// `tunefleet ARGS` with the tests' state home: exit code, stdout, stderr.
+fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut c = Command::new(bin("tunefleet"));
+    c.args(args).env("XDG_STATE_HOME", state_home());
+    run(c)
+}
+
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
 }
@@ -86,11 +93,7 @@ fn regression_a_member_claiming_every_slot_and_going_offline_fails_nothing() {
     // (Assignments still on their way when it went offline are lost too.)
     let lost = lost.first().copied().unwrap_or(0);
     assert!(lost > 0 && lost as usize >= taken, "{lost} lost, {taken} taken");
-    let agents_out = {
-        let mut c = Command::new(bin("tunefleet"));
-        c.args(["agents", "--store"]).arg(&store);
-        run(c)
-    };
+    let agents_out = tunefleet(&["agents", "--store", &store.display().to_string()]);
     let line = agents_out.1.lines().find(|l| l.starts_with("phone-m")).unwrap_or_default().to_string();
     assert!(line.split_whitespace().any(|w| w == lost.to_string()), "the operator sees what it lost: {line}");
     eprintln!(
@@ -174,28 +177,15 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
     let text = std::fs::read_to_string(&study).expect("study") + "[selector]\ntags = { pool = \"last\" }\n";
     std::fs::write(&study, text).expect("study");
     let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let key = {
-        let mut c = Command::new(bin("tunefleet"));
-        c.args(["key", "--identity"]).arg(state_home().join("tunefleet/coordinator.key"));
-        run(c).1.trim().to_string()
-    };
+    let store_arg = store.display().to_string();
+    let key = tunefleet(&["key"]).1.trim().to_string();
     assert_eq!(key.len(), 64, "{key}");
     let revoked = create_join_token(&store, &[]);
-    let list = {
-        let mut c = Command::new(bin("tunefleet"));
-        c.args(["token", "list", "--json", "--store"]).arg(&store);
-        run(c).1
-    };
+    let list = tunefleet(&["token", "list", "--json", "--store", &store_arg]).1;
     let newest: Vec<serde_json::Value> = serde_json::from_str(&list).expect("json");
     let id = newest[0]["id"].as_str().expect("id").to_string();
-    let mut c = Command::new(bin("tunefleet"));
-    c.args(["token", "revoke", &id, "--store"]).arg(&store);
-    assert_eq!(run(c).0, Some(0));
-    let once = {
-        let mut c = Command::new(bin("tunefleet"));
-        c.args(["token", "create", "--uses", "1", "--store"]).arg(&store).env("XDG_STATE_HOME", state_home());
-        run(c).1.trim().to_string()
-    };
+    assert_eq!(tunefleet(&["token", "revoke", &id, "--store", &store_arg]).0, Some(0));
+    let once = tunefleet(&["token", "create", "--uses", "1", "--store", &store_arg]).1.trim().to_string();
     let first_log = dir.path().join("one.log");
     let mut first_cmd = Command::new(bin("tunefleet-agent"));
     first_cmd.stderr(std::fs::File::create(&first_log).expect("log"));

@@ -10,6 +10,23 @@ use crate::message::SessionToken;
 
 use super::AuthError;
 
+/// `notice` encoded and signed under `domain`.
+fn sign_notice<T: Serialize>(identity: &Identity, domain: &[u8], notice: &T) -> Result<Signed, AuthError> {
+    let body = encode(notice)?;
+    let signature = identity.sign(domain, &body);
+    Ok(Signed { body, signature })
+}
+
+/// A notice signed by `coordinator` under `domain`, decoded.
+fn open_notice<T: serde::de::DeserializeOwned>(
+    coordinator: &PublicKey,
+    domain: &[u8],
+    signed: &Signed,
+) -> Result<T, AuthError> {
+    verify(coordinator, domain, &signed.body, &signed.signature)?;
+    Ok(decode(&signed.body)?)
+}
+
 /// The coordinator refused a sealed frame of this agent's because it holds
 /// no session with that token (it lost it, or another Hello replaced it):
 /// the agent says Hello again. Signed by the coordinator; it names the
@@ -23,15 +40,12 @@ pub struct StaleSession {
 
 /// Signs a [`StaleSession`].
 pub fn sign_stale(identity: &Identity, stale: &StaleSession) -> Result<Signed, AuthError> {
-    let body = encode(stale)?;
-    let signature = identity.sign(DOMAIN_STALE, &body);
-    Ok(Signed { body, signature })
+    sign_notice(identity, DOMAIN_STALE, stale)
 }
 
 /// Checks a signed [`StaleSession`] against the coordinator's key.
 pub fn open_stale(coordinator: &PublicKey, signed: &Signed) -> Result<StaleSession, AuthError> {
-    verify(coordinator, DOMAIN_STALE, &signed.body, &signed.signature)?;
-    Ok(decode(&signed.body)?)
+    open_notice(coordinator, DOMAIN_STALE, signed)
 }
 
 /// Why a Hello was refused, as the agent is told ([`HelloRefused`]).
@@ -92,13 +106,10 @@ pub struct HelloRefused {
 
 /// Signs a [`HelloRefused`].
 pub fn sign_refused(identity: &Identity, refused: &HelloRefused) -> Result<Signed, AuthError> {
-    let body = encode(refused)?;
-    let signature = identity.sign(DOMAIN_REFUSED, &body);
-    Ok(Signed { body, signature })
+    sign_notice(identity, DOMAIN_REFUSED, refused)
 }
 
 /// Checks a signed [`HelloRefused`] against the coordinator's key.
 pub fn open_refused(coordinator: &PublicKey, signed: &Signed) -> Result<HelloRefused, AuthError> {
-    verify(coordinator, DOMAIN_REFUSED, &signed.body, &signed.signature)?;
-    Ok(decode(&signed.body)?)
+    open_notice(coordinator, DOMAIN_REFUSED, signed)
 }

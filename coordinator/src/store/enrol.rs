@@ -230,19 +230,6 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// The capacity granted to `agent` (by its token, or `agents trust`).
-    pub fn granted_capacity(&mut self, agent: &str) -> Result<Grant> {
-        let context = || format!("reading the capacity granted to {agent}");
-        let row: Option<(Option<i64>, Option<i64>)> = self
-            .tx
-            .prepare_cached("SELECT slots, lookahead FROM agent_enrolment WHERE name = ?1")
-            .ctx(context)?
-            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()
-            .ctx(context)?;
-        Ok(row.map(|(s, l)| Grant::of(s, l)).unwrap_or_default())
-    }
-
     /// Counts `n` more trials that `agent` lost before they started.
     pub fn add_lost_held(&mut self, agent: &str, n: u32) -> Result<()> {
         let context = || format!("counting the trials {agent} lost");
@@ -257,17 +244,19 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// The tags `agent`'s join token granted (they override what it claims).
-    pub fn granted_tags(&mut self, agent: &str) -> Result<BTreeMap<String, String>> {
-        let context = || format!("reading the tags granted to {agent}");
-        let tags: Option<String> = self
+    /// What the operator granted `agent`: the tags of its join token (they
+    /// override what it claims) and the capacity of its token or of
+    /// `agents trust`. One read, at every Hello.
+    pub fn granted(&mut self, agent: &str) -> Result<(BTreeMap<String, String>, Grant)> {
+        let context = || format!("reading what was granted to {agent}");
+        let row: Option<(String, Grant)> = self
             .tx
-            .prepare_cached("SELECT tags FROM agent_enrolment WHERE name = ?1")
+            .prepare_cached("SELECT tags, slots, lookahead FROM agent_enrolment WHERE name = ?1")
             .ctx(context)?
-            .query_row([agent], |r| r.get(0))
+            .query_row([agent], |r| Ok((r.get(0)?, Grant::of(r.get(1)?, r.get(2)?))))
             .optional()
             .ctx(context)?;
-        Ok(tags.as_deref().map(tags_of).unwrap_or_default())
+        Ok(row.map(|(tags, grant)| (tags_of(&tags), grant)).unwrap_or_default())
     }
 }
 
@@ -420,9 +409,8 @@ mod tests {
         b.enrol("a", &[1; 32], Some(&public), 6).expect("enrol");
         b.record_hello("a", 10, 3).expect("hello");
         assert_eq!(b.known("a").expect("known"), Known { pin: Some([1; 32]), last: Some((10, 3)), pinned: 0 });
-        assert_eq!(b.granted_tags("a").expect("tags"), tags);
-        assert_eq!(b.granted_capacity("a").expect("grant"), grant, "the token's grant is the agent's");
-        assert_eq!(b.granted_capacity("z").expect("grant"), Grant::default());
+        assert_eq!(b.granted("a").expect("granted"), (tags, grant), "the token's tags and grant are the agent's");
+        assert_eq!(b.granted("z").expect("granted"), (BTreeMap::new(), Grant::default()));
         b.add_lost_held("a", 3).expect("lost");
         b.add_lost_held("a", 2).expect("lost");
         assert_eq!(b.token(&public).expect("read").expect("kept").uses_left, Some(1));

@@ -186,13 +186,11 @@ impl StudyState {
     /// ahead, or on its way) is no failure, whoever held it: queued again at
     /// the back. Returns the effect and whether the attempt had not started.
     pub(super) fn lose_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<(Effect, bool)> {
-        let started = match self.trials.get(usize::try_from(i).ok()?).map(|t| &t.state) {
-            Some(State::Running(l)) => l.started,
-            _ => return None,
-        };
+        let slot = self.trials.get(usize::try_from(i).ok()?)?;
+        let State::Running(lease) = &slot.state else { return None };
+        let started = lease.started;
         let limit = self.policy.max_attempts.saturating_mul(UNSTARTED_PER_ATTEMPT);
-        let unstarted = self.trials.get(usize::try_from(i).ok()?).map_or(0, |t| t.unstarted);
-        if started || unstarted >= limit {
+        if started || slot.unstarted >= limit {
             return self.end_attempt(i, trial, reason).map(|e| (e, !started));
         }
         self.unlease(i)?;

@@ -235,8 +235,8 @@ impl Scheduler {
     }
 
     /// Agents online that said who they are and were granted all of `tags`
-    /// by the operator (their join token's, or `agents trust --tag`), by
-    /// name: what an agent only claims makes it no measuring node of others' trials.
+    /// by the operator (their join token's `--tag`), by name: what an agent
+    /// only claims makes it no measuring node of others' trials.
     pub fn agents_tagged(&self, tags: &BTreeMap<String, String>) -> Vec<String> {
         self.agents
             .values()

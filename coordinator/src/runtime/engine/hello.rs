@@ -90,9 +90,8 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     let mut info = hello.info.clone();
     // The tags a join token granted are the agent's, whatever it claims;
     // so is the capacity it was granted (at most the fleet's cap).
-    let granted_tags = cx.batch.granted_tags(&agent)?;
+    let (granted_tags, granted) = cx.batch.granted(&agent)?;
     info.tags.extend(granted_tags.clone());
-    let granted = cx.batch.granted_capacity(&agent)?;
     let announced = (info.slots, info.lookahead);
     if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
         tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
