@@ -19,6 +19,15 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tunefleet_tests::*;
 
+/// These tests judge jobs by their measured windows and profiles: run side
+/// by side, each one's workloads are the others' noise (on 2 cores a job
+/// then fell into another cluster, or its probes disagreed). One at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A pipelined study of `trials` trials over threads 1 and 2 (one warm-up
 /// epoch, one epoch per configuration), `rest` its command, objective and
 /// hyper-parameters.
@@ -92,6 +101,7 @@ fn roles(db: &Connection, study: &str, trial: u64) -> Vec<String> {
 
 #[test]
 fn a_reused_job_is_verified_against_its_first_probe_window_not_its_start_up() {
+    let _serial = one_at_a_time();
     // Two jobs probed that start slowly (1.5 s before their first epoch),
     // then the same program starting at once: its reused configuration must
     // be judged as fast as promised. Relative to the first window with the
@@ -124,6 +134,7 @@ reuse = {{ enabled = {reuse} }}"#
 
 #[test]
 fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
+    let _serial = one_at_a_time();
     let dir = tempfile::tempdir().expect("tempdir");
     let store = dir.path().join("store.db");
     let agent = format!("{}-agent", unique_root("reuse-a"));
@@ -197,8 +208,14 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
         .expect("records");
     for (id, record) in records {
         let mut r: serde_json::Value = serde_json::from_str(&record).expect("json");
+        // Every record names the same best (threads=2, as this machine's
+        // probes find it when nothing else runs), with a tiny noise: under
+        // the full suite's load two probed jobs' noisy windows could tie or
+        // disagree, and reuse (which needs two in agreement) then probed.
         for o in r["outcomes"].as_array_mut().expect("outcomes") {
-            o["rel_time"] = serde_json::json!(0.05);
+            let best = o["system"]["threads"] == serde_json::json!(2);
+            o["rel_time"] = serde_json::json!(if best { 0.05 } else { 0.06 });
+            o["noise"] = serde_json::json!(0.01);
         }
         // Whatever the verification of step 2 found on this noisy machine
         // (a reuse judged worse has its cluster probed again) is forgotten:
@@ -255,6 +272,7 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
 /// the class's clusters again on the rest.
 #[test]
 fn regression_profiles_forget_drops_exactly_one_agents_profiles() {
+    let _serial = one_at_a_time();
     use tunefleet_common::profile::Profile;
     use tunefleet_coordinator::domain::reuse::Record;
     let dir = tempfile::tempdir().expect("tempdir");

@@ -600,7 +600,8 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(l.jobs(), vec!["42".to_string()], "the job id read while its child still holds the output");
-        assert!(slowest < Duration::from_secs(1), "a tick took {slowest:?}");
+        // The old read-to-end waited for the 5 s child; a busy machine stays well under 3 s.
+        assert!(slowest < Duration::from_secs(3), "a tick took {slowest:?}");
     }
 
     /// Issue 35, findings 5 and 7: launched agents' names were predictable
