@@ -259,7 +259,8 @@ fn print_best(best: &[BestRow]) {
     println!("best trials:");
     for r in best {
         let params = crate::domain::params::params_text(&r.params);
-        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}", r.trial, r.objective, r.agent);
+        let mean = if r.runs > 1 { format!("  (mean {:.6} of {} runs)", r.mean, r.runs) } else { String::new() };
+        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}{mean}", r.trial, r.objective, r.agent);
     }
 }
 

@@ -145,7 +145,10 @@ pub fn status(rows: &[StudyStatus]) -> String {
         out.push_str("no studies\n");
     }
     for s in rows {
-        let best = s.best.map_or(String::new(), |(v, t)| format!(", best {}={v:.6} (trial {t})", s.metric));
+        let best = s.best.map_or(String::new(), |(v, t)| match s.best_runs {
+            0 | 1 => format!(", best {}={v:.6} (trial {t})", s.metric),
+            n => format!(", best {}={v:.6} (mean of {n} runs, best run trial {t})", s.metric),
+        });
         let pace = match (s.per_minute, s.eta_s) {
             (Some(p), Some(eta)) => format!(", {p:.1} trials/min, about {eta:.0} s left"),
             (Some(p), None) => format!(", {p:.1} trials/min"),
@@ -282,6 +285,7 @@ mod tests {
             stopped: 0,
             metric: "loss".into(),
             best: Some((0.5, 3)),
+            best_runs: 1,
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),

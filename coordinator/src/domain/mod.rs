@@ -10,6 +10,7 @@ pub mod importance;
 pub mod offload;
 pub mod params;
 pub mod pareto;
+pub mod rank;
 pub mod reuse;
 pub mod sched;
 pub mod search;

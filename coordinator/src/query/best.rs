@@ -221,54 +221,41 @@ fn best_by_class(store: &Store, study: &str, n: usize) -> Result<View, BestError
     Ok(View::ByClass { study: study.to_string(), classes })
 }
 
-/// For a study that runs each configuration more than once: its
-/// configurations ranked by their mean objective (`None` for another study).
+/// When some configuration of `study` ran more than once: its
+/// configurations in the one ranking order ([`crate::domain::rank`], the
+/// order [`Store::best`] returns), each with its runs (`None` when every
+/// configuration ran once: the trials are the configurations then).
 fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Option<View>, BestError> {
     let Some(row) = store.study(study)? else { return Ok(None) };
-    let Ok(parsed) = study::parse(&row.config, &format!("study {study:?} in the store")) else { return Ok(None) };
-    if parsed.repeats < 2 && parsed.stability.is_none() {
+    let rows = store.best(study, usize::MAX)?;
+    if rows.iter().all(|r| r.runs < 2) {
         return Ok(None);
     }
-    let mut groups: Vec<(BestRow, Vec<(u64, f64)>)> = Vec::new();
-    for r in store.best(study, usize::MAX)? {
-        match groups.iter_mut().find(|(g, _)| g.params == r.params) {
-            Some((_, runs)) => runs.push((r.trial, r.objective)),
-            None => {
-                let run = (r.trial, r.objective);
-                groups.push((r, vec![run]));
-            }
-        }
-    }
-    let mean = |runs: &[(u64, f64)]| runs.iter().map(|r| r.1).sum::<f64>() / runs.len().max(1) as f64;
-    let dir = parsed.objective.direction;
-    groups.sort_by(|a, b| {
-        let (x, y) = (mean(&a.1), mean(&b.1));
-        if dir.better(x, y) {
-            std::cmp::Ordering::Less
-        } else if dir.better(y, x) {
-            std::cmp::Ordering::Greater
-        } else {
-            std::cmp::Ordering::Equal
-        }
-    });
-    let configurations = groups
-        .into_iter()
-        .take(n)
-        .map(|(r, runs)| {
-            let values: Vec<f64> = runs.iter().map(|r| r.1).collect();
-            Configuration {
+    // Runs of one configuration come together, best first: the first of
+    // each group leads it.
+    let mut configurations: Vec<Configuration> = Vec::new();
+    for r in rows {
+        let full = configurations.len() == n;
+        match configurations.last_mut().filter(|c| c.params == r.params) {
+            Some(c) => c.runs.push((r.trial, r.objective)),
+            None if full => break,
+            None => configurations.push(Configuration {
                 params: r.params,
                 system: r.system,
-                mean: mean(&runs),
-                spread: crate::domain::search::spread(&values),
-                runs,
-            }
-        })
-        .collect();
+                mean: r.mean,
+                spread: None,
+                runs: vec![(r.trial, r.objective)],
+            }),
+        }
+    }
+    for c in &mut configurations {
+        let values: Vec<f64> = c.runs.iter().map(|r| r.1).collect();
+        c.spread = crate::domain::search::spread(&values);
+    }
     Ok(Some(View::Configurations {
         study: study.to_string(),
-        metric: parsed.objective.metric,
-        direction: dir,
+        metric: row.metric,
+        direction: row.direction,
         configurations,
     }))
 }

@@ -19,8 +19,11 @@ pub struct StudyStatus {
     pub failed: u64,
     pub stopped: u64,
     pub metric: String,
-    /// The best objective so far and its trial.
+    /// The leading configuration's mean objective and its best run's trial
+    /// (the one ranking rule, [`crate::domain::rank`]).
     pub best: Option<(f64, u64)>,
+    /// How many ranked runs that mean is over.
+    pub best_runs: u32,
     /// Agents online now (the whole fleet's); 0 when no coordinator runs.
     pub live_agents: usize,
     /// Whether a coordinator is running on this store now (its heartbeat
@@ -71,7 +74,9 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         if study.is_some_and(|n| n != s.name) {
             continue;
         }
-        let best = store.best(&s.name, 1)?.first().map(|b| (b.objective, b.trial));
+        let leader = store.best(&s.name, 1)?;
+        let best = leader.first().map(|b| (b.mean, b.trial));
+        let best_runs = leader.first().map_or(0, |b| b.runs);
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
         let total = planned(&s);
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
@@ -92,6 +97,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             stopped,
             metric: s.metric,
             best,
+            best_runs,
             live_agents,
             coordinator_running,
             coordinator_seen_s,
@@ -188,6 +194,7 @@ mod tests {
             stopped: 0,
             metric: "loss".into(),
             best: Some((0.5, 3)),
+            best_runs: 1,
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),

@@ -99,6 +99,8 @@ mod tests {
             energy_source: energy.map(|_| "rapl".to_string()),
             energy_valid: valid,
             system: None,
+            runs: 1,
+            mean: objective,
         }
     }
 

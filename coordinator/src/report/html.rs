@@ -319,6 +319,15 @@ fn params_text(params: &Params) -> String {
     crate::domain::params::params_text(params)
 }
 
+/// A ranked trial's objective, with its configuration's mean and runs
+/// where the configuration ran more than once (what it is ranked by).
+fn objective_cell(r: &BestRow) -> String {
+    match r.runs {
+        0 | 1 => fmt_num(r.objective),
+        n => format!("{} <span class=\"small\">mean {} of {n} runs</span>", fmt_num(r.objective), fmt_num(r.mean)),
+    }
+}
+
 fn list_or_none(v: &[String]) -> String {
     if v.is_empty() {
         "none".to_string()
@@ -338,7 +347,8 @@ fn best(out: &mut String, data: &ReportData) {
     let _ = write!(
         out,
         "<p class=\"note\">The {} best of {} ranked trials, with where their figures came from: the energy source and \
-         whether its reading is valid, and which counters were hardware (PMU) or software (kernel) events.</p>",
+         whether its reading is valid, and which counters were hardware (PMU) or software (kernel) events. \
+         Configurations are ranked by the mean of their runs, each one's runs best first.</p>",
         rows.len(),
         data.ranked.len()
     );
@@ -402,7 +412,7 @@ fn best(out: &mut String, data: &ReportData) {
              <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{} {validity}</td><td>{counters}</td><td>{}</td></tr>",
             rank + 1,
             r.trial,
-            fmt_num(r.objective),
+            objective_cell(r),
             Esc(&params_text(&r.params)),
             Esc(&system_text(r.system.as_ref())),
             Esc(&r.agent),
@@ -559,6 +569,8 @@ mod tests {
             energy_source: energy.map(|_| "estimated".to_string()),
             energy_valid: energy.is_some(),
             system: Some(SystemParams { cores: Some(2), ..SystemParams::default() }),
+            runs: 1,
+            mean: objective,
         }
     }
 

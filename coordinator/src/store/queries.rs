@@ -129,6 +129,11 @@ pub struct BestRow {
     /// The system configuration of the result: the one its pipelined trial
     /// selected, else the one it ran under (`None` in a store from before).
     pub system: Option<SystemParams>,
+    /// Ranked runs of its configuration (its hyper-parameters), this one
+    /// included, and their mean objective: what it is ranked by
+    /// ([`crate::domain::rank`]).
+    pub runs: u32,
+    pub mean: f64,
 }
 
 /// Successful results [`Store::best`] does not rank (see [`Store::unranked`]).
@@ -266,30 +271,28 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 
-    /// The `n` best successful results with an objective, in the study's
-    /// direction; ties go to the lower trial id. In an `energy` study only
-    /// valid energy readings are ranked (stores written before objectives
-    /// left invalid readings out hold their joules anyway); [`Store::unranked`]
-    /// counts what was left out.
+    /// The `n` best successful results with an objective, by the one
+    /// ranking rule ([`crate::domain::rank`]: configurations by the mean of
+    /// their runs, each configuration's runs best first). In an `energy`
+    /// study only valid energy readings are ranked (stores written before
+    /// objectives left invalid readings out hold their joules anyway);
+    /// [`Store::unranked`] counts what was left out.
     pub fn best(&self, study: &str, n: usize) -> Result<Vec<BestRow>> {
         let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
-        let order = match row.direction {
-            Direction::Minimize => "ASC",
-            Direction::Maximize => "DESC",
-        };
-        let sql = format!(
-            "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
-                    r.energy_source, COALESCE(r.energy_valid, 0), r.system
-             FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
-             WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
-                   AND (?3 != 'energy' OR r.energy_valid = 1)
-             ORDER BY r.objective {order}, r.trial ASC LIMIT ?2"
-        );
         let context = || format!("reading the best results of study {study:?}");
-        let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;
-        let limit = i64::try_from(n).unwrap_or(i64::MAX);
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
+                        r.energy_source, COALESCE(r.energy_valid, 0), r.system
+                 FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
+                 WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
+                       AND (?2 != 'energy' OR r.energy_valid = 1)
+                 ORDER BY r.trial ASC",
+            )
+            .ctx(context)?;
         let rows = stmt
-            .query_map(params![study, limit, row.metric], |row| {
+            .query_map(params![study, row.metric], |row| {
                 Ok(BestRow {
                     trial: get_u64(row, 0)?,
                     repeat: row.get(1)?,
@@ -304,10 +307,26 @@ impl Store {
                     system: row
                         .get::<_, Option<String>>(10)?
                         .and_then(|text| serde_json::from_str::<SystemParams>(&text).ok()),
+                    runs: 1,
+                    mean: 0.0,
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        let rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        let keyed: Vec<(String, u64, f64)> =
+            rows.iter().map(|r| (super::params_json(&r.params), r.trial, r.objective)).collect();
+        let order = crate::domain::rank::rank(row.direction, &keyed);
+        let mut slots: Vec<Option<BestRow>> = rows.into_iter().map(Some).collect();
+        Ok(order
+            .into_iter()
+            .take(n)
+            .filter_map(|(i, standing)| {
+                let mut r = slots.get_mut(i)?.take()?;
+                r.runs = standing.runs;
+                r.mean = standing.mean;
+                Some(r)
+            })
+            .collect())
     }
 
     /// Successful results of `study` that [`Store::best`] leaves out, by why.

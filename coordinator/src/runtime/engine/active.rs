@@ -9,16 +9,23 @@ use std::time::{Duration, Instant};
 use tunefleet_common::message::{ProbePlan, SystemParams};
 
 use super::types::{EngineError, EngineStats};
+use crate::domain::rank::Standings;
 use crate::domain::sched::Scheduler;
 use crate::domain::search::{self, Search, TrialPlan};
 use crate::domain::study::Study;
 use crate::store::Batch;
 
-/// The best result so far, for the progress display and the summary.
+/// The leading configuration so far by the one ranking rule
+/// ([`crate::domain::rank`]), for the progress display and the summary.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Best {
+    /// Its best run.
     pub trial: u64,
+    /// The mean objective of its runs.
     pub value: f64,
+    /// Its ranked runs.
+    pub runs: u32,
+    /// Where its best run ran.
     pub agent: String,
 }
 
@@ -64,39 +71,38 @@ pub(super) struct ActiveStudy {
     /// Trials running a reused configuration: it, and the time relative
     /// to the first window its cluster promised.
     pub(super) reused: HashMap<u64, (SystemParams, f64)>,
-    pub(super) best: Option<Best>,
+    /// The ranked results (one rule, [`crate::domain::rank`]) and where
+    /// each ranked trial ran.
+    standings: Standings,
+    ran_on: HashMap<u64, String>,
     /// When this run first handed one of its trials to an agent: the
     /// study's time counts from here (not the seconds before any agent came).
     pub(super) first_assigned: Option<Instant>,
 }
 
 impl ActiveStudy {
-    /// A study that starts (or resumes) now, with the trials
-    /// `plans` already made, the objective `values` they reached, and the
-    /// `best` of them.
-    pub(super) fn new(
-        study: Study,
-        search: Search,
-        plans: Vec<TrialPlan>,
-        values: HashMap<u64, f64>,
-        best: Option<Best>,
-    ) -> Self {
+    /// A study that starts (or resumes) now, with the trials `plans`
+    /// already made; the objective values they reached are told with
+    /// [`ActiveStudy::record_value`].
+    pub(super) fn new(study: Study, search: Search, plans: Vec<TrialPlan>) -> Self {
         let asha =
             study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
         let probe = search::probe_plan(&study);
+        let study_dir = study.objective.direction;
         let mut active = ActiveStudy {
             study,
             search,
             plans: Vec::new(),
             asha,
-            values,
+            values: HashMap::new(),
             checkpoints: HashMap::new(),
             runs: HashMap::new(),
             probe,
             cancelled: false,
             decided: Default::default(),
             reused: HashMap::new(),
-            best,
+            standings: Standings::new(study_dir),
+            ran_on: HashMap::new(),
             first_assigned: None,
         };
         active.remember(plans);
@@ -112,6 +118,23 @@ impl ActiveStudy {
             }
         }
         self.plans.extend(trials);
+    }
+
+    /// Counts `value`, the objective trial `trial` reached on `agent`, in
+    /// the ranking (and for `[stability]`).
+    pub(super) fn record_value(&mut self, trial: u64, value: f64, agent: &str) {
+        self.values.insert(trial, value);
+        if let Some(plan) = self.plans.get(trial as usize) {
+            self.standings.record(&crate::store::params_json(&plan.params), trial, value);
+            self.ran_on.insert(trial, agent.to_string());
+        }
+    }
+
+    /// The leading configuration so far.
+    pub(super) fn best(&self) -> Option<Best> {
+        let (_, s) = self.standings.leader()?;
+        let agent = self.ran_on.get(&s.best_trial).cloned().unwrap_or_default();
+        Some(Best { trial: s.best_trial, value: s.mean, runs: s.runs, agent })
     }
 
     /// Creates `trials` in the store and the scheduler, and remembers them.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage};
 
-use super::active::{ActiveStudy, Best, Summary};
+use super::active::{ActiveStudy, Summary};
 use super::ctx::{co_messages, usable_checkpoint, Ctx};
 use super::handle::handle_all;
 use super::learn::load_book;
@@ -191,8 +191,7 @@ impl Core {
         let mut search = Search::new(&study);
         search.resume(&plans);
         let mut states = Vec::with_capacity(rows.len());
-        let mut values = HashMap::new();
-        let mut best: Option<Best> = None;
+        let mut values: Vec<(u64, f64, String)> = Vec::new();
         // Trials ASHA stopped: told to the search with their last report below.
         let mut stopped: HashMap<u64, tunefleet_common::params::Params> = HashMap::new();
         for row in rows {
@@ -215,12 +214,9 @@ impl Core {
                 }
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
-                values.insert(row.trial, value);
                 let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
                 search.tell(row.trial, &row.params, value, &also);
-                if best.as_ref().is_none_or(|b| study.objective.direction.better(value, b.value)) {
-                    best = Some(Best { trial: row.trial, value, agent });
-                }
+                values.push((row.trial, value, agent));
             }
         }
         let policy = StudyPolicy {
@@ -239,7 +235,10 @@ impl Core {
             total: search.planned().max(c.total),
             done: c.done + c.failed + c.stopped,
         };
-        let mut active = ActiveStudy::new(study, search, plans, values, best);
+        let mut active = ActiveStudy::new(study, search, plans);
+        for (trial, value, agent) in values {
+            active.record_value(trial, value, &agent);
+        }
         // What a coordinator that stopped had seen: early stopping's rungs,
         // and the checkpoint each trial's latest attempt reported.
         let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();
@@ -401,7 +400,7 @@ impl Core {
             stopped: c.stopped,
             finished: c.finished(),
             planned: active.map_or(c.total, |a| a.search.planned().max(c.total)),
-            best: active.and_then(|a| a.best.clone()),
+            best: active.and_then(|a| a.best()),
             elapsed: active
                 .and_then(|a| a.first_assigned)
                 .map(|first| now.saturating_duration_since(first))

@@ -13,7 +13,6 @@ use tunefleet_common::message::{
 };
 use tunefleet_common::topic::AgentTopic;
 
-use super::active::Best;
 use super::ctx::{co_messages, early_stop, repeat_until_stable, usable_checkpoint, Ctx};
 use super::gate::{gate, Gated};
 use super::hello::on_hello;
@@ -24,7 +23,6 @@ use crate::domain::comeasure::{NodeOutcome, NodeRecord};
 use crate::domain::offload::Sample;
 use crate::domain::sched::{ResultKind, Scheduler, Verdict};
 use crate::domain::search;
-use crate::domain::study::Direction;
 use crate::runtime::auth::WillCheck;
 use crate::store::{RecordOutcome, StoreError};
 
@@ -422,11 +420,7 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                     a.search.tell(trial.trial, &plan.params, v, &also);
                 }
             }
-            a.values.insert(trial.trial, v);
-            let dir: Direction = a.study.objective.direction;
-            if a.best.as_ref().is_none_or(|b| dir.better(v, b.value)) {
-                a.best = Some(Best { trial: trial.trial, value: v, agent: agent.clone() });
-            }
+            a.record_value(trial.trial, v, &agent);
             // A savepoint costs two statements: only where there is a repeat to judge.
             if a.study.stability.is_some() {
                 aside(cx, "an extra repeat", |cx| {

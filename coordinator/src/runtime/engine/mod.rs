@@ -410,7 +410,7 @@ impl Engine {
         let core = &self.core;
         for (name, active) in &core.studies {
             if let Some(c) = core.sched.counts(name) {
-                let best = active.best.as_ref().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
+                let best = active.best().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial));
                 let update = crate::runtime::progress::Update {
                     finished: c.done + c.failed + c.stopped,
                     running: c.running,

@@ -1,0 +1,99 @@
+//! Issue 40: one ranking in every view, and a study's life after a run
+//! (fixed and run again, renamed, deleted). Real coordinator and agent
+//! processes on the embedded broker.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(args).env("XDG_STATE_HOME", state_home());
+    run(cmd)
+}
+
+/// Two configurations (`x` = 1, 2), four runs each, maximised: `x = 1`
+/// scores 50, 10, 30, 30 (a lucky first run, mean 30); `x = 2` scores 41,
+/// 39, 40, 40 (mean 40).
+fn repeated_study(dir: &Path, name: &str) -> PathBuf {
+    let text = r#"name = "NAME"
+command = ["awk", "-v", "x={x}", "-v", "r={repeat}", 'BEGIN {{ split(x == 1 ? "50 10 30 30" : "41 39 40 40", v, " "); printf "{{\"event\":\"final\",\"score\":%s}}\n", v[r + 1] }}']
+timeout = 60
+repeats = 4
+[objective]
+metric = "score"
+direction = "maximize"
+[budget]
+trials = 8
+[strategy]
+kind = "grid"
+[hyper.x]
+kind = "int"
+low = 1
+high = 2
+"#
+    .replace("NAME", name);
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study file");
+    path
+}
+
+#[test]
+fn every_view_ranks_configurations_by_the_same_rule() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = repeated_study(dir.path(), "ranked");
+    let out = run_with_one_agent(&study, &store, "rank-views", &[], Duration::from_secs(120));
+    let s = store.to_str().expect("utf-8");
+    // The best run of the better mean: x = 2's first run (41).
+    let leader: Vec<i64> =
+        query(&store, "SELECT trial FROM trials WHERE study = 'ranked' AND repeat = 0 AND params LIKE '%2%'", |r| {
+            r.get(0)
+        });
+    let lucky: Vec<i64> =
+        query(&store, "SELECT trial FROM trials WHERE study = 'ranked' AND repeat = 0 AND params LIKE '%1%'", |r| {
+            r.get(0)
+        });
+    let (leader, lucky) = (leader[0] as u64, lucky[0] as u64);
+
+    // The run's summary: its first best trial is the leader's, with its mean.
+    let summary: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("best trials:")).collect();
+    assert!(
+        summary
+            .get(1)
+            .is_some_and(|l| l.contains(&format!("trial {leader:>4}")) && l.contains("(mean 40.000000 of 4 runs)")),
+        "{out}"
+    );
+
+    // `status`: the leader's mean over its 4 runs.
+    let (code, text, err) = tunefleet(&["status", "--store", s, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let status: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let row = status.as_array().and_then(|a| a.first()).cloned().unwrap_or(status.clone());
+    let row = row.get("studies").and_then(|s| s.get(0)).cloned().unwrap_or(row);
+    assert_eq!(row["best"], serde_json::json!([40.0, leader]), "{text}");
+    assert_eq!(row["best_runs"], 4, "{text}");
+    let (_, text, _) = tunefleet(&["status", "--store", s]);
+    assert!(text.contains(&format!("best score=40.000000 (mean of 4 runs, best run trial {leader})")), "{text}");
+
+    // `best`: configurations by mean, x = 2 first.
+    let (code, text, err) = tunefleet(&["best", "ranked", "--store", s, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let best: serde_json::Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(best["view"], "configurations", "{text}");
+    let first = &best["configurations"][0];
+    assert_eq!((first["mean"].as_f64(), first["runs"][0][0].as_u64()), (Some(40.0), Some(leader)), "{text}");
+
+    // The report: the first row of the best table is the leader's best run.
+    let page = dir.path().join("r.html");
+    let (code, _, err) = tunefleet(&["report", "ranked", "--store", s, "-o", page.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    let html = std::fs::read_to_string(&page).expect("page");
+    let table = &html[html.find("id=\"table-best\"").expect("the best table")..];
+    let first_row = &table[table.find("<td class=\"n\">1</td>").expect("a first row")..];
+    assert!(first_row.starts_with(&format!("<td class=\"n\">1</td><td class=\"n\">{leader}</td>")), "{first_row:.300}");
+    assert!(first_row[..400.min(first_row.len())].contains("mean 40 of 4 runs"), "{first_row:.400}");
+    assert!(!first_row.starts_with(&format!("<td class=\"n\">1</td><td class=\"n\">{lucky}</td>")));
+}
