@@ -285,17 +285,22 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     // A smaller budget, or another direction: refused, naming the study and the keys.
     let smaller = study("res", "minimize", 4);
     let e = b.create_study(&smaller, &search::plan(&smaller)).expect_err("refused");
-    assert!(matches!(&e, StoreError::ConfigMismatch { study, keys } if study == "res" && keys == "[budget]"), "{e}");
-    assert!(e.to_string().contains("\"res\"") && e.to_string().contains("[budget] differ"), "{e}");
+    let smaller_keys = "budget.trials: 6 -> 4";
+    assert!(matches!(&e, StoreError::ConfigMismatch { study, keys } if study == "res" && keys == smaller_keys), "{e}");
+    assert!(e.to_string().contains("\"res\"") && e.to_string().contains("(budget.trials: 6 -> 4)"), "{e}");
+    assert!(e.to_string().contains("tunefleet studies rename res res-1"), "says the way out: {e}");
     let other = study("res", "maximize", 6);
     let e = b.create_study(&other, &search::plan(&other)).expect_err("refused");
-    assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "[objective]"), "{e}");
+    assert!(
+        matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "objective.direction: \"minimize\" -> \"maximize\""),
+        "{e}"
+    );
     // A larger budget alone: the study continues, the store keeps the new
     // file and records the change; the old file is then a smaller budget.
     let larger = study("res", "minimize", 8);
     assert_eq!(b.create_study_at(&larger, &[], 2000).expect("continues"), StudyOpened::Resumed);
     let e = b.create_study(&s, &search::plan(&s)).expect_err("now smaller");
-    assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "[budget]"), "{e}");
+    assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "budget.trials: 8 -> 6"), "{e}");
     assert_eq!(b.reset_running("res", "coordinator restarted", 5000).expect("resets"), 1);
     b.commit().expect("commits");
 
@@ -314,7 +319,7 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     let row = store.study("res").expect("reads").expect("exists");
     assert_eq!(row.config, larger.source, "the store keeps the file that raised the budget");
     let changes = store.study_changes("res").expect("reads");
-    assert_eq!(changes, vec![(2000, "budget 6 -> 8".to_string())], "the change is recorded");
+    assert_eq!(changes, vec![(2000, "budget.trials: 6 -> 8".to_string())], "the change is recorded");
 }
 
 #[test]

@@ -316,6 +316,22 @@ pub fn run_with_one_agent(study: &Path, store: &Path, test: &str, agent_args: &[
     out
 }
 
+/// Runs `study` with one agent (its log in `dir`), whatever the outcome:
+/// the coordinator's exit code, stdout and log; asserts the agent's spool
+/// is empty.
+pub fn run_study_logged(dir: &Path, study: &Path, store: &Path, test: &str) -> (Option<i32>, String, String) {
+    let root = unique_root(test);
+    let log = dir.join(format!("{test}.log"));
+    let (mut coord, url) = start_coordinator_logged(study, store, &root, &[], Some(&log));
+    let agent_name = format!("{root}-agent");
+    let agent = start_agent(&url, &agent_name, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    drop(agent);
+    assert_agents_spools_empty(&[&agent_name]);
+    (status.code(), out, std::fs::read_to_string(&log).unwrap_or_default())
+}
+
 /// The rows `sql` selects from the store at `store`, each mapped by `row`.
 pub fn query<T>(store: &Path, sql: &str, row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>) -> Vec<T> {
     let db = rusqlite::Connection::open(store).expect("store");

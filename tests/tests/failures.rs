@@ -32,19 +32,7 @@ fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
     run(cmd)
 }
 
-/// Runs `study` with one agent; the coordinator's exit code, stdout and log.
-fn run_study(dir: &Path, study: &Path, store: &Path, test: &str) -> (Option<i32>, String, String) {
-    let root = unique_root(test);
-    let log = dir.join(format!("{test}.log"));
-    let (mut coord, url) = start_coordinator_logged(study, store, &root, &[], Some(&log));
-    let agent_name = format!("{root}-agent");
-    let agent = start_agent(&url, &agent_name, &root, &[]);
-    let status = coord.wait_exit(Duration::from_secs(120));
-    let out = coord.rest_of_stdout().join("\n");
-    drop(agent);
-    assert_agents_spools_empty(&[&agent_name]);
-    (status.code(), out, std::fs::read_to_string(&log).unwrap_or_default())
-}
+use tunefleet_tests::run_study_logged as run_study;
 
 #[test]
 fn a_crashing_workload_says_why_in_the_log_the_summary_best_and_the_exit_status() {
@@ -159,12 +147,15 @@ fn a_larger_budget_continues_a_finished_study_and_anything_else_is_refused_by_na
     let (code, out, log) = run_study(dir.path(), &first, &store, "grow2");
     assert_eq!(code, Some(0), "{out}\n{log}");
     assert!(out.contains("4/4 trials done"), "{out}");
-    assert!(log.contains("study continues with a larger budget"), "{log}");
+    assert!(log.contains("study continues under its changed file") && log.contains("budget.trials: 2 -> 4"), "{log}");
     // The first two trials ran once: continued, not started over.
     let attempts = query(&store, "SELECT COUNT(*) FROM attempts WHERE study = 'grow'", |r| r.get::<_, i64>(0));
     assert_eq!(attempts, vec![4], "{out}");
-    // Another change is refused as a usage error, naming the keys that differ.
-    let text = std::fs::read_to_string(&first).expect("read").replace("timeout = 60", "timeout = 61");
+    // A change of what trials compute is refused as a usage error, naming
+    // each value that differs.
+    let text = std::fs::read_to_string(&first)
+        .expect("read")
+        .replace("kind = \"random\"\nseed = 7", "kind = \"random\"\nseed = 8");
     std::fs::write(&first, text).expect("write");
     let (code, out, err) = tunefleet(&[
         "run",
@@ -175,7 +166,7 @@ fn a_larger_budget_continues_a_finished_study_and_anything_else_is_refused_by_na
         "127.0.0.1:0",
     ]);
     assert_eq!(code, Some(2), "{out}{err}");
-    assert!(err.contains("timeout differ"), "{err}");
+    assert!(err.contains("(strategy.seed: 7 -> 8)"), "{err}");
 }
 
 /// The trials of `study` in `store` that are done.

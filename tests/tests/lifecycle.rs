@@ -97,3 +97,74 @@ fn every_view_ranks_configurations_by_the_same_rule() {
     assert!(first_row[..400.min(first_row.len())].contains("mean 40 of 4 runs"), "{first_row:.400}");
     assert!(!first_row.starts_with(&format!("<td class=\"n\">1</td><td class=\"n\">{lucky}</td>")));
 }
+
+/// A grid study of 3 trials running `command` (a TOML array), reporting `v`.
+fn fixable_study(dir: &Path, name: &str, command: &str, timeout: u32) -> PathBuf {
+    let text = format!(
+        "name = \"{name}\"\ncommand = {command}\ntimeout = {timeout}\nmax_attempts = 1\n\
+         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 3\n\
+         [strategy]\nkind = \"grid\"\n[hyper.x]\nkind = \"int\"\nlow = 1\nhigh = 3\n"
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study file");
+    path
+}
+
+use tunefleet_tests::run_study_logged as run_study;
+
+#[test]
+fn a_failed_study_is_fixed_and_run_again_under_its_name_and_the_old_one_stays_readable() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let s = store.to_str().expect("utf-8");
+    let crashing = r#"["sh", "-c", "echo 'no such file: data.csv' >&2; exit 3", "{x}"]"#;
+    let study = fixable_study(dir.path(), "fixme", crashing, 60);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "fix-1");
+    assert_eq!(code, Some(4), "every trial crashed: {out}\n{log}");
+
+    // The fixed file is refused, naming the value that differs and the way out.
+    let fixed = r#"["sh", "-c", "echo \"{{\\\"event\\\":\\\"final\\\",\\\"v\\\":$0}}\"", "{x}"]"#;
+    let study = fixable_study(dir.path(), "fixme", fixed, 60);
+    let (code, out, err) = tunefleet(&["run", study.to_str().expect("utf-8"), "--store", s, "--listen", "127.0.0.1:0"]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(err.contains("command: [\"sh\", \"-c\", \"echo 'no such file: data.csv' >&2; exit 3\""), "{err}");
+    assert!(err.contains("tunefleet studies rename fixme fixme-1"), "{err}");
+
+    // Renamed, the old study stays readable; the fixed file runs from the start.
+    let (code, out, err) = tunefleet(&["studies", "rename", "fixme", "fixme-1", "--store", s]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, out, log) = run_study(dir.path(), &study, &store, "fix-2");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(out.contains("3/3 trials done, 0 failed"), "{out}");
+    let (code, text, err) = tunefleet(&["best", "fixme", "--store", s, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("\"objective\": 3.0"), "the fixed study ranks its own trials: {text}");
+    let (code, _, err) = tunefleet(&["best", "fixme-1", "--store", s]);
+    assert_eq!(code, Some(1), "the old study's failures stay readable: {err}");
+    assert!(err.contains("no such file: data.csv"), "{err}");
+    let (_, list, _) = tunefleet(&["studies", "--store", s]);
+    assert!(list.contains("fixme-1") && list.contains("fixme "), "{list}");
+
+    // A longer timeout alone continues the study (nothing runs again).
+    let study = fixable_study(dir.path(), "fixme", fixed, 120);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "fix-3");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(log.contains("timeout: 60 -> 120"), "{log}");
+    let attempts = query(&store, "SELECT COUNT(*) FROM attempts WHERE study = 'fixme'", |r| r.get::<_, i64>(0));
+    assert_eq!(attempts, vec![3]);
+
+    // Deleted, the old study is gone everywhere; the new one is untouched.
+    let (code, out, err) = tunefleet(&["studies", "delete", "fixme-1", "--store", s]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("3 trials"), "{out}");
+    for table in ["trials", "attempts", "results", "studies"] {
+        let column = if table == "studies" { "name" } else { "study" };
+        let left =
+            query(&store, &format!("SELECT COUNT(*) FROM {table} WHERE {column} = 'fixme-1'"), |r| r.get::<_, i64>(0));
+        assert_eq!(left, vec![0], "{table}");
+    }
+    assert_eq!(query(&store, "SELECT COUNT(*) FROM results WHERE study = 'fixme'", |r| r.get::<_, i64>(0)), vec![3]);
+    let (code, _, err) = tunefleet(&["studies", "delete", "fixme-1", "--store", s]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no study \"fixme-1\""), "{err}");
+}

@@ -105,10 +105,12 @@ pub enum Command {
         #[command(flatten)]
         key: KeyArg,
     },
-    /// List the studies in the store.
+    /// List the studies in the store; `rename` and `delete` one.
     Studies {
+        #[command(subcommand)]
+        action: Option<StudiesAction>,
         /// Print JSON (the store's rows) instead of text.
-        #[arg(long)]
+        #[arg(long, global = true)]
         json: bool,
         #[command(flatten)]
         store: StoreArg,
@@ -189,6 +191,17 @@ pub enum Command {
         #[arg(long)]
         agent: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StudiesAction {
+    /// Give study OLD the name NEW: its trials, results and measurements
+    /// stay readable under NEW, and OLD is free for a fixed study file run
+    /// from the start.
+    Rename { old: String, new: String },
+    /// Delete STUDY and everything the store holds of it (trials, results,
+    /// progress, measurements, the profiles learnt from it).
+    Delete { study: String },
 }
 
 #[derive(Debug, Subcommand)]

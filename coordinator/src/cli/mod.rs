@@ -51,7 +51,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Status { study, watch, json, store } => {
             results::status(&store.store, study.as_deref(), watch, json, shutdown).await
         }
-        Command::Studies { json, store } => results::studies(&store.store, json),
+        Command::Studies { action, json, store } => results::studies(&store.store, action, json),
         Command::Best { study, n, pareto, by_class, json, store } => {
             let ask = match (pareto, by_class) {
                 (true, _) => crate::query::best::Ask::Pareto,

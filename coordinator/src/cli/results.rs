@@ -7,12 +7,12 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::args::{Format, ProfilesAction};
+use super::args::{Format, ProfilesAction, StudiesAction};
 use super::error::{CliError, Result};
 use super::output::{emit, emit_json, open_existing, unix_now_ms, watch_text};
 use super::view;
 use crate::query::status::StudyStatus;
-use crate::store::{ExportFormat, Store};
+use crate::store::{ExportFormat, LifecycleError, Store};
 
 /// `tunefleet status`: once, or every second until `shutdown` (redrawn on
 /// a terminal, a line per change otherwise).
@@ -51,7 +51,48 @@ pub async fn status(
 }
 
 /// `tunefleet studies`: the studies in the store.
-pub fn studies(path: &Path, json: bool) -> Result<()> {
+pub fn studies(path: &Path, action: Option<StudiesAction>, json: bool) -> Result<()> {
+    let Some(action) = action else { return list_studies(path, json) };
+    if !path.exists() {
+        return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
+    }
+    let mut store = Store::open(path).map_err(CliError::open_store(path))?;
+    let study = match &action {
+        StudiesAction::Rename { old, .. } => old,
+        StudiesAction::Delete { study } => study,
+    };
+    // A coordinator running the study holds it in memory: it would write
+    // under the old name again.
+    let running = crate::query::status::snapshot(&store, Some(study), unix_now_ms())?;
+    if running.iter().any(|s| s.coordinator_running && s.state == "running") {
+        return Err(CliError::refused(format!(
+            "study {study:?} is running on a coordinator of this store: stop it (Ctrl-C, or `tunefleet cancel \
+             {study}` for the service) first"
+        )));
+    }
+    let mut batch = store.batch()?;
+    let text = match &action {
+        StudiesAction::Rename { old, new } => {
+            batch.rename_study(old, new).map_err(lifecycle_error)?;
+            format!("study {old} is now {new}; {old} is free for a new study file\n")
+        }
+        StudiesAction::Delete { study } => {
+            let trials = batch.delete_study(study).map_err(lifecycle_error)?;
+            format!("study {study} deleted ({trials} trials and everything stored of them)\n")
+        }
+    };
+    batch.commit()?;
+    emit(&text)
+}
+
+fn lifecycle_error(e: LifecycleError) -> CliError {
+    match e {
+        LifecycleError::Store(e) => e.into(),
+        e => CliError::refused(e.to_string()),
+    }
+}
+
+fn list_studies(path: &Path, json: bool) -> Result<()> {
     let store = open_existing(path)?;
     if json {
         return emit_json(&store.studies()?);

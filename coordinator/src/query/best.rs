@@ -265,7 +265,11 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
 /// successful result and every figure valid.
 fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
     let row = store.study(study)?.ok_or_else(|| no_study(store, study))?;
-    let parsed = study::parse(&row.config, &format!("study {study:?} in the store"))?;
+    let parsed = match store.stored_study(study)? {
+        Some(parsed) => parsed,
+        // Not readable by this program: the parse error says why.
+        None => study::parse(&row.config, &format!("study {study:?} in the store"))?,
+    };
     let mut axes = parsed.objective.also.clone();
     if axes.is_empty() {
         axes.push(Secondary::Energy);

@@ -53,12 +53,12 @@ pub const STALE_MS: u64 = 10_000;
 /// study its budget as its search counts it (at least the trials it has),
 /// read from the file the store kept; a finished (or cancelled) one the
 /// trials it ran. `status` and the report both count this way.
-pub fn planned(row: &crate::store::StudyRow) -> u64 {
+pub fn planned(store: &Store, row: &crate::store::StudyRow) -> Result<u64, StoreError> {
     if row.state == StudyState::Finished {
-        return row.total;
+        return Ok(row.total);
     }
-    let study = crate::domain::study::named(&row.config, "the store", &row.name);
-    study.map_or(row.total, |s| crate::domain::search::Search::new(&s).planned().max(row.total))
+    let study = store.stored_study(&row.name)?;
+    Ok(study.map_or(row.total, |s| crate::domain::search::Search::new(&s).planned().max(row.total)))
 }
 
 /// Every study (or `study` alone) as the store has it now, at `now_ms`
@@ -78,7 +78,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         let best = leader.first().map(|b| (b.mean, b.trial));
         let best_runs = leader.first().map_or(0, |b| b.runs);
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
-        let total = planned(&s);
+        let total = planned(store, &s)?;
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
         out.push(StudyStatus {
             study: s.name,

@@ -78,7 +78,7 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         unranked: store.unranked(study)?,
-        planned: crate::query::status::planned(&row),
+        planned: crate::query::status::planned(store, &row)?,
         failures: store.failure_causes(study)?,
         agents: store.agents()?,
         windows: store.recent_windows(study, options.windows_per_agent)?,

@@ -98,8 +98,8 @@ pub enum RunError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Control(#[from] crate::runtime::control::ControlError),
-    #[error("study {name} in the store no longer parses")]
-    StoredStudy { name: String, source: Box<crate::domain::study::StudyError> },
+    #[error("study {name} in the store no longer parses: {why}")]
+    StoredStudy { name: String, why: String },
 }
 
 /// Runs `config.studies` to the end (or until `shutdown`).
@@ -195,23 +195,30 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
             engine.run_studies(&names, inbound, shutdown).await
         }
         Some(path) => {
-            // The studies a service (or a run) left unfinished go on.
-            let unfinished: Vec<_> = {
+            // The studies a service (or a run) left unfinished go on, as the
+            // store reads them back.
+            let unfinished: Vec<crate::domain::study::Study> = {
                 let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
-                db.studies()
-                    .map_err(|source| RunError::Store { path: store.clone(), source })?
-                    .into_iter()
-                    .filter(|s| s.state == crate::store::StudyState::Running)
-                    .collect()
-            };
-            for row in unfinished {
-                let file = crate::domain::study::parse(&row.config, &format!("{} (stored)", row.name))
-                    .map_err(|e| RunError::StoredStudy { name: row.name.clone(), source: Box::new(e) })?;
-                // A group's study is stored with its whole file.
-                for study in file.expand().into_iter().filter(|s| s.name == row.name) {
-                    tracing::info!(study = %study.name, "resuming an unfinished study");
-                    engine.start_study(study)?;
+                let rows = db.studies().map_err(|source| RunError::Store { path: store.clone(), source })?;
+                let mut studies = Vec::new();
+                for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
+                    match db.stored_study(&row.name) {
+                        Ok(Some(study)) => studies.push(study),
+                        // Not readable by this program: the parse error says why.
+                        _ => {
+                            let origin = format!("{} (stored)", row.name);
+                            let why = crate::domain::study::parse(&row.config, &origin)
+                                .err()
+                                .map_or_else(|| "not found in its stored file".to_string(), |e| e.to_string());
+                            return Err(RunError::StoredStudy { name: row.name.clone(), why });
+                        }
+                    }
                 }
+                studies
+            };
+            for study in unfinished {
+                tracing::info!(study = %study.name, "resuming an unfinished study");
+                engine.start_study(study)?;
             }
             for study in studies {
                 engine.start_study(study)?;

@@ -95,22 +95,24 @@ impl Batch<'_> {
         self.create_study_at(study, plan, unix_ms())
     }
 
-    /// Continues `study` with its larger budget (from `old`): the store
-    /// keeps the new file, the study runs again, and the change is recorded.
-    fn grow_budget(&mut self, study: &Study, old: u64, at_ms: u64) -> Result<()> {
-        let context = || format!("raising the budget of study {:?}", study.name);
+    /// Continues `study` under its changed file (`changes`, what differs):
+    /// the store keeps the new file, the study runs again, and each change
+    /// is recorded.
+    fn continue_with(&mut self, study: &Study, changes: &[String], at_ms: u64) -> Result<()> {
+        let context = || format!("continuing study {:?} under its changed file", study.name);
         self.tx
             .prepare_cached("UPDATE studies SET config = ?2, state = 'running', finished_ms = NULL WHERE name = ?1")
             .ctx(context)?
             .execute(params![study.name, study.source])
             .ctx(context)?;
-        let change = format!("budget {old} -> {}", study.budget);
-        self.tx
-            .prepare_cached("INSERT INTO study_changes (study, at_ms, change) VALUES (?1, ?2, ?3)")
-            .ctx(context)?
-            .execute(params![study.name, to_i64("time", at_ms)?, change])
-            .ctx(context)?;
-        tracing::info!(study = %study.name, %change, "study continues with a larger budget");
+        for change in changes {
+            self.tx
+                .prepare_cached("INSERT INTO study_changes (study, at_ms, change) VALUES (?1, ?2, ?3)")
+                .ctx(context)?
+                .execute(params![study.name, to_i64("time", at_ms)?, change])
+                .ctx(context)?;
+            tracing::info!(study = %study.name, %change, "study continues under its changed file");
+        }
         Ok(())
     }
 
@@ -146,19 +148,26 @@ impl Batch<'_> {
             if existing.config == study.source {
                 return Ok(StudyOpened::Resumed);
             }
-            // The stored file read back once: the keys that differ, and its budget.
-            let old = study::named(&existing.config, &study.origin, &study.name);
-            let keys = old.as_ref().map_or_else(|| vec!["the whole file"], |old| old.differences(study));
-            return match (keys.as_slice(), old) {
-                ([], _) => Ok(StudyOpened::Resumed),
-                // A larger budget alone continues the study (as Optuna's
-                // `optimize` does with more trials); the store keeps the new file.
-                (["[budget]"], Some(old)) if study.budget > old.budget => {
-                    self.grow_budget(study, old.budget, at_ms)?;
-                    Ok(StudyOpened::Resumed)
-                }
-                (keys, _) => Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: keys.join(", ") }),
+            // The stored file read back once: the keys that differ, with their values.
+            let in_file = super::lifecycle::in_file_name(&self.tx, &study.name)?;
+            let old = study::named(&existing.config, &study.origin, &in_file);
+            let Some(old) = old else {
+                let keys = "the whole file (the stored one no longer reads)".to_string();
+                return Err(StoreError::ConfigMismatch { study: study.name.clone(), keys });
             };
+            let keys = old.differences(study);
+            if keys.is_empty() {
+                return Ok(StudyOpened::Resumed);
+            }
+            let changes = study::diff::value_differences(&existing.config, &study.source, &keys);
+            // How trials are run and given out, or a larger budget: the
+            // study goes on (as Optuna's `optimize` does with more trials);
+            // the store keeps the new file and records what changed.
+            if study::diff::continues(&old, study) {
+                self.continue_with(study, &changes, at_ms)?;
+                return Ok(StudyOpened::Resumed);
+            }
+            return Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: changes.join("; ") });
         }
         let context = || format!("creating study {:?}", study.name);
         self.tx

@@ -37,6 +37,7 @@ mod batch;
 mod enrol;
 mod export;
 mod keys;
+mod lifecycle;
 mod nodes;
 mod outbox;
 mod profiles;
@@ -47,6 +48,7 @@ mod schema;
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenState};
 pub use export::ExportFormat;
+pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
@@ -62,8 +64,10 @@ pub enum StoreError {
     #[error("{context}: {source}")]
     Json { context: String, source: serde_json::Error },
     #[error(
-        "study {study:?} already exists in the store with a different configuration: {keys} differ \
-         (give the study a new name, or resume it with its original file; a larger [budget] alone continues it)"
+        "study {study:?} already exists in the store with another configuration ({keys}): to run this file from \
+         the start, keep what ran under another name (`tunefleet studies rename {study} {study}-1`) or delete it \
+         (`tunefleet studies delete {study}`), or give this file another name; to resume, use the original file \
+         (a larger [budget], timeout, max_attempts, lookahead or [selector] alone continue it)"
     )]
     ConfigMismatch { study: String, keys: String },
     #[error("unknown study {0:?}")]

@@ -8,13 +8,14 @@
 //! [`Study::source`], so the store can record it and a resumed study can be
 //! compared with the one that was started.
 //!
-//! `model` holds the types, `raw` the file as written (serde mirrors with
+//! `model` holds the types, `diff` what differs between two files, `raw` the file as written (serde mirrors with
 //! spans), `validate` the check from one to the other, `error` what it
 //! reports. Which agents a
 //! [`Selector`] admits is a scheduling rule: [`crate::domain::select`].
 
 use std::path::Path;
 
+pub mod diff;
 mod error;
 pub mod model;
 mod raw;
