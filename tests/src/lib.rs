@@ -181,7 +181,7 @@ static JOIN: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec
 /// coordinator that keeps `store` (its key under [`state_home`]).
 pub fn create_join_token(store: &Path, extra: &[&str]) -> String {
     let out = Command::new(bin("tunefleet"))
-        .args(["token", "create", "--uses", "1000", "--ttl", "2h", "--store"])
+        .args(["token", "create", "--uses", "1000000", "--ttl", "2h", "--store"])
         .arg(store)
         .args(extra)
         .env("XDG_STATE_HOME", state_home())
