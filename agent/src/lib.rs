@@ -189,6 +189,13 @@ struct Executor {
     parked: u64,
     /// This machine measured over other agents' trials.
     co: comeasure::CoMeter,
+    /// Results the state directory could not take, kept in memory until
+    /// acknowledged or stored (see [`Executor::retry_spool`]).
+    unsaved: Vec<TrialResult>,
+    /// Why results cannot be stored now (`None`: they can).
+    spool_problem: Option<String>,
+    /// `spool_problem` changed since the agent's state was last told.
+    spool_changed: bool,
 }
 
 /// Places held ahead per slot an automatic lookahead announces: the most
@@ -202,6 +209,8 @@ const HELLO_RETRY: Duration = Duration::from_secs(3);
 /// coordinator that lost its session answers with a signed stale-session
 /// notice, and the agent says Hello again (a lost notice is asked for anew).
 const REQUEST_AGAIN: Duration = Duration::from_secs(30);
+/// How often an agent whose state directory could not store a result tries again.
+const SPOOL_RETRY: Duration = Duration::from_secs(2);
 
 impl Executor {
     /// Carries out `actions` in order, except that trials held ahead start
@@ -224,7 +233,18 @@ impl Executor {
                 actions.iter().filter_map(|a| if let Action::Keep(r) = a { Some(r) } else { None }).collect();
             if let Some(Err(e)) = self.pending.as_mut().filter(|_| !kept.is_empty()).map(|p| p.save_all(&kept)) {
                 for result in &kept {
-                    tracing::warn!(trial = %result.trial, error = %e, "cannot store a result in the state directory");
+                    tracing::debug!(trial = %result.trial, error = %e, "result not stored in the state directory");
+                }
+                self.unsaved.extend(kept.iter().map(|r| (*r).clone()));
+                if self.spool_problem.is_none() {
+                    tracing::error!(
+                        error = %e,
+                        unsaved = self.unsaved.len(),
+                        "cannot store results in the state directory: taking no trials until it can (the results are \
+                         sent, and kept in memory until acknowledged)"
+                    );
+                    self.spool_problem = Some(e.to_string());
+                    self.spool_changed = true;
                 }
             }
             // Messages in a row go out bundled (a result and the request
@@ -273,6 +293,7 @@ impl Executor {
                 }
             }
             Action::Forget(trial) => {
+                self.unsaved.retain(|r| r.trial != trial);
                 if let Some(Err(e)) = self.pending.as_mut().map(|p| p.remove(&trial)) {
                     tracing::warn!(%trial, error = %e, "cannot forget a stored result");
                 }
@@ -289,6 +310,30 @@ impl Executor {
                     tracing::error!(%trial, error = %e, "cannot move a refused result aside");
                 }
             }
+        }
+    }
+
+    /// What the agent's state must hear of the state directory, once per
+    /// change: `Some(Some(why))` it cannot store results, `Some(None)` it can again.
+    fn spool_change(&mut self) -> Option<Option<String>> {
+        std::mem::take(&mut self.spool_changed).then(|| self.spool_problem.clone())
+    }
+
+    /// While results cannot be stored: tries again (the results not yet
+    /// acknowledged, or a probe write when every one was); once the state
+    /// directory takes them, the agent takes trials again.
+    fn retry_spool(&mut self) {
+        let Some(pending) = self.pending.as_mut() else { return };
+        let unsaved: Vec<&TrialResult> = self.unsaved.iter().collect();
+        let tried = if unsaved.is_empty() { pending.probe_space() } else { pending.save_all(&unsaved) };
+        match tried {
+            Ok(()) => {
+                tracing::info!(stored = unsaved.len(), "the state directory stores results again: taking trials");
+                self.unsaved.clear();
+                self.spool_problem = None;
+                self.spool_changed = true;
+            }
+            Err(e) => tracing::debug!(error = %e, "the state directory still cannot store results"),
         }
     }
 
@@ -430,6 +475,9 @@ fn on_trial_done(
         actions.extend(state.on_finished(trial, measurement));
     }
     exec.apply(actions);
+    if let Some(problem) = exec.spool_change() {
+        exec.apply(state.on_spool(problem));
+    }
 }
 
 /// SIGTERM's number (Linux, and every platform the agent runs on).
@@ -557,6 +605,9 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             cpus.clone(),
             config.sample_interval,
         ),
+        unsaved: Vec::new(),
+        spool_problem: None,
+        spool_changed: false,
     };
     let mut co_tick = tokio::time::interval(config.sample_interval);
     co_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -567,6 +618,8 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     hello_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut request_again = tokio::time::interval(REQUEST_AGAIN);
     request_again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut spool_retry = tokio::time::interval(SPOOL_RETRY);
+    spool_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut idle_since = Instant::now();
     let far = Duration::from_secs(365 * 86_400);
     tokio::pin!(shutdown);
@@ -634,6 +687,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
                 }
             }
             _ = co_tick.tick(), if !exec.co.is_idle() => exec.co.sample(),
+            _ = spool_retry.tick(), if exec.spool_problem.is_some() => {
+                exec.retry_spool();
+                if let Some(problem) = exec.spool_change() {
+                    state.set_clock(micros());
+                    exec.apply(state.on_spool(problem));
+                }
+            }
             _ = request_again.tick() => {
                 if exec.transport.is_connected() {
                     state.set_clock(micros());
@@ -693,6 +753,13 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
         handle.cancel();
     }
     exec.apply(vec![Action::Publish(state.status(false))]);
+    if !exec.unsaved.is_empty() {
+        tracing::error!(
+            results = exec.unsaved.len(),
+            "stopping with results the coordinator has not acknowledged and the state directory could not store: \
+             they are lost"
+        );
+    }
     let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
     exec.transport.disconnect(remaining).await;
     tracing::info!(

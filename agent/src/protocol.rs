@@ -91,6 +91,9 @@ pub struct AgentState {
     finished: u64,
     /// Why the device's conditions are bad for measuring; empty: good.
     conditions: Vec<String>,
+    /// Why results cannot be made durable in the state directory (full,
+    /// failing); `None`: they can. No trial is taken meanwhile.
+    spool: Option<String>,
     /// The condition reasons each running trial ran through.
     flagged: BTreeMap<TrialRef, Vec<String>>,
     /// With an automatic lookahead: the places held ahead for trials longer
@@ -143,6 +146,7 @@ impl AgentState {
             started: 0,
             finished: 0,
             conditions: Vec::new(),
+            spool: None,
             flagged: BTreeMap::new(),
             auto_ahead: None,
             now_us: 0,
@@ -207,7 +211,7 @@ impl AgentState {
 
     /// Slots running nothing (0 while draining or while conditions are bad).
     fn idle_slots(&self) -> u32 {
-        if self.draining || !self.conditions.is_empty() {
+        if self.draining || !self.conditions.is_empty() || self.spool.is_some() {
             return 0;
         }
         let busy = self.running.len().saturating_sub(self.exited.len());
@@ -223,7 +227,7 @@ impl AgentState {
 
     /// [`AgentState::room`] with `places` to hold trials ahead.
     fn room_of(&self, places: u32) -> (u32, u32) {
-        if self.draining || !self.conditions.is_empty() {
+        if self.draining || !self.conditions.is_empty() || self.spool.is_some() {
             return (0, 0);
         }
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -529,6 +533,24 @@ impl AgentState {
             out.extend(self.give_back_held(&why));
         }
         self.conditions = reasons;
+        if changed && !self.draining {
+            out.extend(self.request());
+        }
+        out
+    }
+
+    /// Results can no longer be made durable (`Some(why)`: the state
+    /// directory is full or failing) or can again (`None`). Meanwhile the
+    /// agent takes no trials (a result it could not keep would be lost with
+    /// the link or a crash): trials held ahead go back, and a Request says
+    /// how many slots it offers when that changes. Running trials go on.
+    pub fn on_spool(&mut self, problem: Option<String>) -> Vec<Action> {
+        let changed = self.spool.is_some() != problem.is_some();
+        let mut out = Vec::new();
+        if let Some(why) = problem.as_ref().filter(|_| !self.held.is_empty()) {
+            out.extend(self.give_back_held(&format!("the agent cannot store results: {why}")));
+        }
+        self.spool = problem;
         if changed && !self.draining {
             out.extend(self.request());
         }
@@ -921,6 +943,23 @@ mod tests {
         assert_eq!(kinds(&bad), ["refuse", "request"]);
         assert_eq!(request_of(&bad).map(|r| (r.free, r.ahead, r.running.len())), Some((0, 0, 2)));
         assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "nothing held to start");
+    }
+
+    #[test]
+    fn an_agent_that_cannot_store_results_takes_no_trials_until_it_can() {
+        let mut st = AgentState::new(AgentInfo { lookahead: 1, ..info(2) }, vec![0, 1], None);
+        welcome(&mut st);
+        st.on_assign(assign(1, None));
+        st.on_assign(assign(2, None));
+        assert!(st.on_assign(assign(3, None)).is_empty(), "held");
+        let full = st.on_spool(Some("No space left on device".into()));
+        assert_eq!(kinds(&full), ["refuse", "request"], "the held trial goes back");
+        assert_eq!(request_of(&full).map(|r| (r.free, r.ahead)), Some((0, 0)));
+        // A slot frees: nothing is asked for while results cannot be kept.
+        assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"]);
+        assert!(st.on_spool(Some("still full".into())).is_empty(), "no change, nothing to say");
+        let back = st.on_spool(None);
+        assert_eq!(request_of(&back).map(|r| (r.free, r.ahead)), Some((1, 1)), "space returned: the slot is offered");
     }
 
     #[test]

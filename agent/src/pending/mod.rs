@@ -194,6 +194,20 @@ impl PendingResults {
         self.log.append(batch)
     }
 
+    /// Whether the state directory can take a result now: a probe file of
+    /// one log chunk written, synced and removed.
+    pub fn probe_space(&mut self) -> Result<(), PendingError> {
+        let dir = self.inbox.parent().unwrap_or(&self.inbox);
+        let path = dir.join("space.probe");
+        let written = (|| {
+            let mut f = fs::File::create(&path)?;
+            std::io::Write::write_all(&mut f, &vec![0u8; usize::try_from(log::CHUNK).unwrap_or(65_536)])?;
+            f.sync_data()
+        })();
+        let _ = fs::remove_file(&path);
+        written.map_err(|source| PendingError::Io { action: "probing", path, source })
+    }
+
     /// Forgets an acknowledged result (forgetting one not held is fine).
     pub fn remove(&mut self, trial: &TrialRef) -> Result<(), PendingError> {
         self.log.settle(&file_name(trial), false)
