@@ -103,3 +103,54 @@ fn an_agent_whose_state_directory_fills_takes_no_trials_until_space_returns_and_
     drop(agent);
     assert_spools_empty(&[state]);
 }
+
+/// Bytes free on the filesystem of `dir` (`df`).
+fn avail(dir: &Path) -> u64 {
+    let out = Command::new("df").args(["-B1", "--output=avail"]).arg(dir).output().expect("df");
+    String::from_utf8_lossy(&out.stdout).lines().nth(1).and_then(|l| l.trim().parse().ok()).expect("a figure")
+}
+
+#[test]
+fn a_coordinator_whose_store_disk_fills_pauses_and_goes_on_with_nothing_lost() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let Some(mnt) = Tmpfs::mount(&dir.path().join("store"), "24m") else { return };
+    let trials = 120;
+    let study = sleep_study(dir.path(), "storefull", trials, 0.01);
+    let store = mnt.0.join("s.db");
+    let root = unique_root("store-full");
+    let log_path = dir.path().join("coordinator.log");
+    let (mut coord, url) =
+        start_coordinator_logged(&study, &store, &root, &["--store-min-free-mib", "8"], Some(&log_path));
+    let agent = start_agent(&url, "patient", &root, &["--lookahead", "2"]);
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    wait_for("some results", Duration::from_secs(60), || count(&store, "SELECT COUNT(*) FROM results") >= 10);
+
+    // Leave 4 MiB: below the floor of 8.
+    let filler = mnt.0.join("fill");
+    let size = avail(&mnt.0).saturating_sub(4 << 20);
+    std::fs::write(&filler, vec![0xA5u8; usize::try_from(size).expect("size")]).expect("fill");
+    wait_for("the coordinator to pause", Duration::from_secs(30), || {
+        log().contains("the store's disk is nearly full: paused")
+    });
+    let at_pause = count(&store, "SELECT COUNT(*) FROM results");
+    // The agent keeps what it finishes meanwhile: nothing is acknowledged.
+    let state = agent_state_dir("patient");
+    wait_for("the agent to hold results", Duration::from_secs(30), || spool(&state).len() >= 2);
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM results"), at_pause, "nothing stored while paused");
+    let (_, status, _) = run({
+        let mut c = Command::new(bin("tunefleet"));
+        c.arg("status").arg("--store").arg(&store).env("XDG_STATE_HOME", state_home());
+        c
+    });
+    assert!(status.contains("the store's disk is nearly full"), "{status}");
+
+    std::fs::remove_file(&filler).expect("free the space");
+    let code = coord.wait_exit(Duration::from_secs(120));
+    assert!(code.success(), "{}", log());
+    let text = log();
+    assert!(text.contains("the store's disk has room again: going on"), "{text}");
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM results"), i64::from(trials));
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM results WHERE objective != trial + 1"), 0);
+    drop(agent);
+    assert_agents_spools_empty(&["patient"]);
+}

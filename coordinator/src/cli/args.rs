@@ -342,6 +342,11 @@ pub struct BrokerArgs {
     #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_SLOTS, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_slots_per_agent: u32,
+    /// Below this much room on the store's disk (MiB) the coordinator
+    /// pauses, taking no message and assigning nothing (agents keep their
+    /// results), and goes on once it has twice that; at start it waits for it.
+    #[arg(long, default_value_t = crate::runtime::space::DEFAULT_MIN_FREE_MIB, value_name = "MIB")]
+    pub store_min_free_mib: u64,
     /// Pin the key of any new agent, without a join token: any broker user
     /// can then join the fleet. For a lab only (logged loudly).
     #[arg(long)]

@@ -96,6 +96,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         key: KeyArg { path: None },
         max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,
         max_slots_per_agent: crate::runtime::auth::DEFAULT_MAX_SLOTS,
+        store_min_free_mib: crate::runtime::space::DEFAULT_MIN_FREE_MIB,
         open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their
         // trials load each other's CPUs, which is not overload.

@@ -174,6 +174,16 @@ pub fn status(rows: &[StudyStatus]) -> String {
             let _ = writeln!(out, "  run the same command (or `tunefleet serve` on this store) to resume it");
         }
     }
+    let floor = crate::runtime::space::DEFAULT_MIN_FREE_MIB * 1024 * 1024;
+    if let Some(free) = rows.first().and_then(|s| s.store_free_bytes).filter(|f| *f < floor) {
+        let _ = writeln!(
+            out,
+            "the store's disk is nearly full ({} free): a coordinator pauses below its --store-min-free-mib \
+             (default {} MiB), taking no message and assigning nothing, until it has room",
+            crate::runtime::space::readable(free),
+            crate::runtime::space::DEFAULT_MIN_FREE_MIB
+        );
+    }
     out
 }
 
@@ -286,6 +296,7 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             best_runs: 1,
+            store_free_bytes: None,
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),

@@ -24,6 +24,9 @@ pub struct StudyStatus {
     pub best: Option<(f64, u64)>,
     /// How many ranked runs that mean is over.
     pub best_runs: u32,
+    /// Bytes free on the store's disk (a coordinator pauses below its
+    /// `--store-min-free-mib`).
+    pub store_free_bytes: Option<u64>,
     /// Agents online now (the whole fleet's); 0 when no coordinator runs.
     pub live_agents: usize,
     /// Whether a coordinator is running on this store now (its heartbeat
@@ -69,6 +72,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         beat.is_some_and(|(at, stopped)| stopped.is_none() && now_ms.saturating_sub(at) < STALE_MS);
     let coordinator_seen_s = beat.map(|(at, _)| now_ms.saturating_sub(at) as f64 / 1000.0);
     let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
+    let store_free_bytes = crate::runtime::space::free_bytes(std::path::Path::new(store.path()));
     let mut out = Vec::new();
     for s in store.studies()? {
         if study.is_some_and(|n| n != s.name) {
@@ -98,6 +102,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             metric: s.metric,
             best,
             best_runs,
+            store_free_bytes,
             live_agents,
             coordinator_running,
             coordinator_seen_s,
@@ -195,6 +200,7 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             best_runs: 1,
+            store_free_bytes: None,
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),

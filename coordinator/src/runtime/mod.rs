@@ -11,4 +11,5 @@ pub mod launch;
 pub mod progress;
 pub mod run;
 pub mod sink;
+pub mod space;
 pub mod transport;

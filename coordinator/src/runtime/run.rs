@@ -46,6 +46,9 @@ pub struct RunConfig {
     pub max_agents: u64,
     /// Most slots any agent is given, whatever it announces.
     pub max_slots: u32,
+    /// Bytes the store's disk keeps free: below, the engine pauses
+    /// ([`crate::runtime::space`]).
+    pub store_min_free: u64,
     /// Pin new agent keys without a join token (a lab).
     pub open_enrolment: bool,
     /// Where results' points go besides the store, and how long to keep
@@ -98,6 +101,8 @@ pub enum RunError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Control(#[from] crate::runtime::control::ControlError),
+    #[error("stopped while waiting for room on the disk of the store {path}")]
+    NoRoom { path: PathBuf },
     #[error("study {name} in the store no longer parses: {why}")]
     StoredStudy { name: String, why: String },
 }
@@ -113,6 +118,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         identity: key_path,
         max_agents,
         max_slots,
+        store_min_free,
         open_enrolment,
         influx,
         progress,
@@ -139,6 +145,28 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     };
     if let Some(tell) = on_broker {
         tell(&public);
+    }
+    tokio::pin!(shutdown);
+    // A disk too full to commit to: wait for room instead of failing (and,
+    // under systemd, restarting into the same full disk).
+    if !crate::runtime::space::has_room(&store, store_min_free) {
+        let free = crate::runtime::space::free_bytes(&store).unwrap_or(0);
+        tracing::error!(
+            store = %store.display(),
+            free = %crate::runtime::space::readable(free),
+            floor = %crate::runtime::space::readable(store_min_free),
+            "the store's disk is nearly full: waiting for room before starting"
+        );
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Err(RunError::NoRoom { path: store.clone() }),
+                () = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            if crate::runtime::space::has_room(&store, store_min_free) {
+                tracing::warn!("the store's disk has room: starting");
+                break;
+            }
+        }
     }
     let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
     let (identity, created) = Identity::load_or_create(&key_path)?;
@@ -185,7 +213,8 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions)
         .with_influx(sink.is_some())
         .with_offload(offload)
-        .with_launcher(launcher);
+        .with_launcher(launcher)
+        .with_space(Some(crate::runtime::space::Guard::new(store.clone(), store_min_free)));
     let result = match control {
         None => {
             let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();

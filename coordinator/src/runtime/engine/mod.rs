@@ -87,6 +87,10 @@ pub struct Engine {
     launcher: Option<crate::runtime::launch::Launcher>,
     /// When the status was last published again (engine clock).
     status_ms: u64,
+    /// Room on the store's disk: below its floor the engine pauses.
+    space: Option<crate::runtime::space::Guard>,
+    /// Messages dropped while paused (their agents send them again).
+    dropped_while_paused: u64,
 }
 
 fn unix_ms() -> u64 {
@@ -104,7 +108,58 @@ impl Engine {
             requests: Vec::new(),
             launcher: None,
             status_ms: 0,
+            space: None,
+            dropped_while_paused: 0,
         }
+    }
+
+    /// Pauses while the store's disk has less room than `guard`'s floor.
+    pub fn with_space(mut self, guard: Option<crate::runtime::space::Guard>) -> Self {
+        self.space = guard;
+        self
+    }
+
+    /// Whether the engine is paused for room on the store's disk, after a
+    /// look at it. Paused, it takes no message and assigns nothing: what
+    /// came is dropped (an agent keeps its results until acknowledged) and
+    /// control requests are answered with the reason. Resumed, every
+    /// session ends: each agent is told so at its next message, says Hello
+    /// again and sends what it kept, as after a coordinator's restart.
+    fn paused_for_space(&mut self, events: &mut Vec<Inbound>) -> bool {
+        use crate::runtime::space::{readable, Change};
+        let now = self.now();
+        let Some(guard) = self.space.as_mut() else { return false };
+        match guard.look(now.engine_ms) {
+            Change::Same => {}
+            Change::Paused { free } => tracing::error!(
+                store = %guard.path.display(),
+                free = %readable(free),
+                floor = %readable(guard.floor),
+                "the store's disk is nearly full: paused (no message taken, no trial assigned; agents keep their \
+                 results) until it has room again"
+            ),
+            Change::Resumed { free } => {
+                tracing::warn!(
+                    free = %readable(free),
+                    dropped = self.dropped_while_paused,
+                    "the store's disk has room again: going on (agents say Hello again and send what they kept)"
+                );
+                let live: Vec<String> = self.core.sessions.live_agents().map(str::to_string).collect();
+                for agent in &live {
+                    self.core.sessions.end(agent);
+                }
+            }
+        }
+        if !guard.paused() {
+            return false;
+        }
+        self.dropped_while_paused += events.len() as u64;
+        events.clear();
+        let why = format!("the store's disk is nearly full ({}): paused until it has room", guard.path.display());
+        for r in self.requests.drain(..) {
+            let _ = r.reply.send(Answer::Error { message: why.clone() });
+        }
+        true
     }
 
     /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]).
@@ -243,6 +298,9 @@ impl Engine {
                     None => return Err(EngineError::TransportClosed),
                 },
                 _ = ticker.tick() => tick = true,
+            }
+            if self.paused_for_space(&mut events) {
+                continue;
             }
             self.turn(&mut events, tick).await?;
         }
