@@ -37,18 +37,17 @@ pub fn binary() -> PathBuf {
     PathBuf::from("chromium")
 }
 
-/// Runs chromium headless on `page` with `extra` flags, killing it after `timeout`.
-fn run(page: &Path, extra: &[String], timeout: Duration) -> Run {
+/// Runs chromium headless on `url` with `extra` flags, killing it after `timeout`.
+fn run_url(page: &str, extra: &[String], timeout: Duration) -> Run {
     let profile = tempfile::tempdir().expect("profile dir");
     let out_dir = tempfile::tempdir().expect("output dir");
     let (out_path, err_path) = (out_dir.path().join("stdout"), out_dir.path().join("stderr"));
-    let page = std::fs::canonicalize(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
     let mut cmd = Command::new(binary());
     // Root (as in CI containers) needs --no-sandbox.
     cmd.args(["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run", "--no-default-browser-check"])
         .arg(format!("--user-data-dir={}", profile.path().display()))
         .args(extra)
-        .arg(format!("file://{}", page.display()))
+        .arg(page)
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).expect("stdout file"))
         .stderr(std::fs::File::create(&err_path).expect("stderr file"));
@@ -61,7 +60,7 @@ fn run(page: &Path, extra: &[String], timeout: Duration) -> Run {
         if started.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
-            panic!("chromium did not finish within {timeout:?} on {}", page.display());
+            panic!("chromium did not finish within {timeout:?} on {page}");
         }
         std::thread::sleep(Duration::from_millis(5));
     };
@@ -74,13 +73,29 @@ fn run(page: &Path, extra: &[String], timeout: Duration) -> Run {
     }
 }
 
+/// `file://` and the absolute path of `page`.
+fn file_url(page: &Path) -> String {
+    let page = std::fs::canonicalize(page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    format!("file://{}", page.display())
+}
+
 /// Loads `page` and prints its DOM after the load event, with the console on stderr.
 pub fn dump_dom(page: &Path, timeout: Duration) -> Run {
-    run(page, &["--enable-logging=stderr".into(), "--v=0".into(), "--dump-dom".into()], timeout)
+    dump_dom_url(&file_url(page), timeout)
+}
+
+/// Loads `url` (a served page) and prints its DOM after the load event.
+pub fn dump_dom_url(url: &str, timeout: Duration) -> Run {
+    run_url(url, &["--enable-logging=stderr".into(), "--v=0".into(), "--dump-dom".into()], timeout)
 }
 
 /// Loads `page` in a `width` x `height` window and saves a PNG of it at `png`.
-pub fn screenshot(page: &Path, png: &Path, (width, height): (u32, u32), timeout: Duration) -> Run {
+pub fn screenshot(page: &Path, png: &Path, size: (u32, u32), timeout: Duration) -> Run {
+    screenshot_url(&file_url(page), png, size, timeout)
+}
+
+/// Loads `url` in a `width` x `height` window and saves a PNG of it at `png`.
+pub fn screenshot_url(url: &str, png: &Path, (width, height): (u32, u32), timeout: Duration) -> Run {
     let args = [
         "--enable-logging=stderr".to_string(),
         "--v=0".to_string(),
@@ -88,5 +103,5 @@ pub fn screenshot(page: &Path, png: &Path, (width, height): (u32, u32), timeout:
         format!("--window-size={width},{height}"),
         format!("--screenshot={}", png.display()),
     ];
-    run(page, &args, timeout)
+    run_url(url, &args, timeout)
 }

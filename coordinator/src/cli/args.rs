@@ -423,6 +423,15 @@ pub struct RunArgs {
 pub struct ServeArgs {
     #[command(flatten)]
     pub broker: BrokerArgs,
+    /// The live page (read only: the fleet, the studies, their reports),
+    /// at this address [default: 127.0.0.1:8765, skipped when taken]; `off`
+    /// for none. Beyond loopback it needs --page-token-file.
+    #[arg(long, value_name = "ADDR")]
+    pub page: Option<String>,
+    /// A file holding the token the page asks for (`?token=` or
+    /// `Authorization: Bearer`, at least 16 characters).
+    #[arg(long, value_name = "FILE")]
+    pub page_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub influx: InfluxArgs,
     #[command(flatten)]

@@ -19,6 +19,7 @@ mod error;
 mod fleet;
 pub mod manual;
 mod output;
+mod page;
 mod results;
 mod run;
 mod view;

@@ -93,8 +93,22 @@ pub async fn serve(args: &ServeArgs, shutdown: impl std::future::Future<Output =
     let control = args.control.resolve(&args.store.store);
     // Scripts and tests read this line; the socket exists once the broker is up.
     println!("control: {}", control.display());
+    let page = super::page::PageConfig {
+        addr: match args.page.as_deref() {
+            Some("off") => None,
+            Some(addr) => Some(addr.to_string()),
+            None => Some(super::page::DEFAULT_PAGE.to_string()),
+        },
+        explicit: args.page.is_some(),
+        token_file: args.page_token_file.clone(),
+    };
+    let page = super::page::start(&page, &args.store.store).await?;
     let summaries =
-        run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(control), shutdown).await?;
+        run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(control), shutdown).await;
+    if let Some(page) = page {
+        page.abort();
+    }
+    let summaries = summaries?;
     for s in &summaries {
         print_summary(s, &args.store.store);
     }

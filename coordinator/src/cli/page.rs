@@ -1,0 +1,174 @@
+//! `tunefleet serve`'s live page over HTTP, read only: `/` the fleet and
+//! its studies ([`crate::report::live`]), `/main` the part that updates,
+//! `/status.json` the same figures as JSON, `/report/STUDY` a study's
+//! report. On loopback by default; beyond it only with a token
+//! (`--page-token-file`), asked for as `?token=` or `Authorization: Bearer`.
+//! Requests are small and bounded (8 KiB, 5 s); each reads the store read
+//! only, as `tunefleet status` does, never the engine.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::error::{CliError, Result};
+use crate::report::live::{main_html, page_html, LiveData};
+use crate::store::Store;
+
+/// Where the page listens unless `--page` says otherwise.
+pub const DEFAULT_PAGE: &str = "127.0.0.1:8765";
+/// The most a request's head may take.
+const MAX_REQUEST: usize = 8 * 1024;
+/// How long a client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The page's settings from `serve`'s flags.
+#[derive(Debug, Clone)]
+pub struct PageConfig {
+    /// `None`: no page (`--page off`).
+    pub addr: Option<String>,
+    /// Whether `addr` was given (a default that is taken is skipped, not an error).
+    pub explicit: bool,
+    pub token_file: Option<PathBuf>,
+}
+
+/// Starts the page for `store`; prints `page: URL` once it listens.
+pub async fn start(config: &PageConfig, store: &Path) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(addr) = config.addr.as_deref() else { return Ok(None) };
+    let addr: SocketAddr =
+        addr.parse().map_err(|_| CliError::refused(format!("--page {addr}: not an address (HOST:PORT, or off)")))?;
+    let token = match &config.token_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(CliError::file("reading", path))?;
+            let token = text.trim().to_string();
+            if token.len() < 16 {
+                return Err(CliError::refused(format!("{}: a page token of at least 16 characters", path.display())));
+            }
+            Some(token)
+        }
+        None if !addr.ip().is_loopback() => {
+            return Err(CliError::refused(format!(
+                "--page {addr} listens beyond loopback: give --page-token-file FILE (the page shows the fleet)"
+            )))
+        }
+        None => None,
+    };
+    let listener = match TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) if !config.explicit => {
+            tracing::warn!(%addr, error = %e, "no live page: its default address is taken (give --page ADDR)");
+            return Ok(None);
+        }
+        Err(e) => return Err(CliError::refused(format!("--page {addr}: {e}"))),
+    };
+    let local = listener.local_addr().map_err(|e| CliError::refused(format!("--page {addr}: {e}")))?;
+    // Scripts and tests read this line.
+    println!("page: http://{local}/");
+    let store = store.to_path_buf();
+    Ok(Some(tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let (store, token) = (store.clone(), token.clone());
+            tokio::spawn(async move {
+                if let Err(e) = answer(stream, &store, token.as_deref()).await {
+                    tracing::debug!(error = %e, "live page request");
+                }
+            });
+        }
+    })))
+}
+
+/// Reads one request and answers it.
+async fn answer(mut stream: TcpStream, store: &Path, token: Option<&str>) -> std::io::Result<()> {
+    let mut head = Vec::with_capacity(1024);
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+    let (status, kind, body) = match read {
+        Ok(Ok(())) => route(&String::from_utf8_lossy(&head), store, token).await,
+        _ => (408, "text/plain", "request timed out\n".to_string()),
+    };
+    let reason = match status {
+        200 => "OK",
+        401 => "Unauthorized",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        _ => "Internal Server Error",
+    };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}; charset=utf-8\r\nContent-Length: {}\r\n\
+         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// The answer to a request's head: status, content type, body.
+async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static str, String) {
+    let mut words = head.lines().next().unwrap_or_default().split_whitespace();
+    let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    if method != "GET" {
+        return (405, "text/plain", "read only: GET\n".to_string());
+    }
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let given = query.split('&').find_map(|kv| kv.strip_prefix("token=")).map(str::to_string).or_else(|| {
+        head.lines()
+            .find_map(|l| l.strip_prefix("Authorization: Bearer ").or_else(|| l.strip_prefix("authorization: Bearer ")))
+            .map(|t| t.trim().to_string())
+    });
+    let keep = match token {
+        Some(t) if given.as_deref() != Some(t) => return (401, "text/plain", "a token is needed (?token=)\n".into()),
+        Some(t) => format!("?token={t}"),
+        None => String::new(),
+    };
+    let path = path.to_string();
+    let store = store.to_path_buf();
+    let answered = tokio::task::spawn_blocking(move || read(&store, &path, &keep)).await;
+    answered.unwrap_or_else(|_| (500, "text/plain", "the page failed\n".to_string()))
+}
+
+/// What `path` shows, read from the store now.
+fn read(store: &Path, path: &str, query: &str) -> (u16, &'static str, String) {
+    let failed = |e: &dyn std::fmt::Display| (500, "text/plain", format!("cannot read the store: {e}\n"));
+    let db = match Store::open_read_only(store) {
+        Ok(db) => db,
+        Err(e) => return failed(&e),
+    };
+    if let Some(study) = path.strip_prefix("/report/") {
+        return match crate::report::load(&db, study, crate::report::Options::default()) {
+            Ok(data) => (200, "text/html", crate::report::render(&data)),
+            Err(e) => (404, "text/plain", format!("{e}\n")),
+        };
+    }
+    let at_ms = super::output::unix_now_ms();
+    let data = match crate::query::status::snapshot(&db, None, at_ms).and_then(|studies| {
+        let agents = db.agents()?;
+        Ok(LiveData { studies, agents, at_ms })
+    }) {
+        Ok(d) => d,
+        Err(e) => return failed(&e),
+    };
+    match path {
+        "/" => (200, "text/html", page_html(&data, query)),
+        "/main" => (200, "text/html", main_html(&data, query)),
+        "/status.json" => match serde_json::to_string_pretty(&data) {
+            Ok(json) => (200, "application/json", json),
+            Err(e) => failed(&e),
+        },
+        _ => (404, "text/plain", "not found\n".to_string()),
+    }
+}

@@ -1,0 +1,178 @@
+//! The live page of `tunefleet serve` (`cli/page.rs` serves it): the fleet
+//! (each agent, whether it is online, its slots and the attempts it holds,
+//! when it was last seen, the trials it lost before they started, whether
+//! its last telemetry says it was disturbed) and the studies (progress,
+//! best by the one ranking rule, failures by cause, a link to each
+//! report), rendered here from what `status --json` and `agents --json`
+//! say, so the page and the commands agree. The page reloads its `<main>`
+//! every 2 s.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::Esc;
+use crate::query::status::StudyStatus;
+use crate::store::AgentRow;
+
+/// What the page shows, as `/status.json` serves it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveData {
+    pub studies: Vec<StudyStatus>,
+    pub agents: Vec<AgentRow>,
+    /// Unix ms the data was read at.
+    pub at_ms: u64,
+}
+
+/// Seconds since `then_ms`, for reading (`4 s ago`, `3 min ago`).
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    let s = now_ms.saturating_sub(then_ms) / 1000;
+    match s {
+        0..=119 => format!("{s} s ago"),
+        120..=7199 => format!("{} min ago", s / 60),
+        _ => format!("{} h ago", s / 3600),
+    }
+}
+
+/// What the agent's last telemetry says disturbs its measurements: work
+/// from outside (over half a CPU), charging, throttling.
+fn disturbance(t: &tunefleet_common::measurement::Telemetry) -> String {
+    let mut why = Vec::new();
+    if let Some(cpu) = t.foreign_cpu.filter(|c| *c > 0.5) {
+        why.push(format!("outside load {cpu:.1} CPUs"));
+    }
+    if t.conditions.charging == Some(true) {
+        why.push("charging".to_string());
+    }
+    if t.conditions.throttled == Some(true) {
+        why.push("throttled".to_string());
+    }
+    why.join(", ")
+}
+
+/// The page's `<main>`: the fleet and the studies. `query` is appended to
+/// links (the access token, when the page needs one).
+pub fn main_html(data: &LiveData, query: &str) -> String {
+    let mut out = String::from("<main id=\"live\">");
+    let online = data.agents.iter().filter(|a| a.online).count();
+    let slots: u32 = data.agents.iter().filter(|a| a.online).map(|a| a.info.slots).sum();
+    let busy: usize = data.agents.iter().filter(|a| a.online).map(|a| a.running.len()).sum();
+    let _ = write!(
+        out,
+        "<h2>Fleet</h2><p id=\"fleet-summary\"><span id=\"agents-online\">{online}</span> of \
+         <span id=\"agents-known\">{}</span> agents online, <span id=\"slots-busy\">{busy}</span> of \
+         <span id=\"slots-online\">{slots}</span> slots busy</p>",
+        data.agents.len()
+    );
+    out.push_str(
+        "<table id=\"agents\"><tr><th>agent</th><th>state</th><th>slots</th><th>running</th><th>last seen</th>\
+         <th>lost before start</th><th>disturbed</th></tr>",
+    );
+    for a in &data.agents {
+        let disturbed = a.telemetry.as_ref().map(disturbance).filter(|t| !t.is_empty()).unwrap_or_else(|| "-".into());
+        let _ = write!(
+            out,
+            "<tr data-agent=\"{0}\"><td>{0}</td><td class=\"{1}\">{1}</td><td class=\"n\">{2}</td>\
+             <td class=\"n\">{3}</td><td>{4}</td><td class=\"n\">{5}</td><td>{6}</td></tr>",
+            Esc(&a.name),
+            if a.online { "online" } else { "offline" },
+            a.info.slots,
+            a.running.len(),
+            ago(data.at_ms, a.last_seen_ms),
+            a.lost_held,
+            Esc(&disturbed),
+        );
+    }
+    out.push_str("</table><h2>Studies</h2>");
+    out.push_str(
+        "<table id=\"studies\"><tr><th>study</th><th>state</th><th>done</th><th>of</th><th>running</th>\
+         <th>failed</th><th>stopped</th><th>best</th><th>failures by cause</th><th>report</th></tr>",
+    );
+    for s in &data.studies {
+        let best = match (s.best, s.best_runs) {
+            (Some((v, t)), 0 | 1) => format!("{}={v:.6} (trial {t})", Esc(&s.metric)),
+            (Some((v, t)), n) => format!("{}={v:.6} (mean of {n} runs, best run trial {t})", Esc(&s.metric)),
+            (None, _) => "-".to_string(),
+        };
+        let causes = if s.failures.is_empty() {
+            "-".to_string()
+        } else {
+            s.failures.iter().map(|(c, n)| format!("{n} &times; {}", Esc(c))).collect::<Vec<_>>().join("<br>")
+        };
+        let _ = write!(
+            out,
+            "<tr data-study=\"{0}\"><td>{0}</td><td>{1}</td><td class=\"n done\">{2}</td><td class=\"n\">{3}</td>\
+             <td class=\"n\">{4}</td><td class=\"n failed\">{5}</td><td class=\"n\">{6}</td><td class=\"best\">{best}</td>\
+             <td>{causes}</td><td><a href=\"/report/{0}{query}\">report</a></td></tr>",
+            Esc(&s.study),
+            Esc(&s.state),
+            s.done,
+            s.total,
+            s.running,
+            s.failed,
+            s.stopped,
+        );
+    }
+    out.push_str("</table>");
+    if let Some(free) = data.studies.first().and_then(|s| s.store_free_bytes) {
+        let _ = write!(
+            out,
+            "<p class=\"small\" id=\"store-free\">The store's disk has {} free.</p>",
+            crate::runtime::space::readable(free)
+        );
+    }
+    out.push_str("</main>");
+    out
+}
+
+/// The whole page: `main` and the script that reloads it every 2 s.
+pub fn page_html(data: &LiveData, query: &str) -> String {
+    format!(
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tunefleet: fleet and studies</title>\
+         <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}table{{border-collapse:collapse;\
+         margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.n{{text-align:right}}\
+         .online{{color:#1a7f37}}.offline{{color:#999}}.small{{color:#666;font-size:12px}}</style></head><body>\
+         <h1>Tunefleet</h1><p class=\"small\">Read only; updates every 2 s. The same figures as \
+         <code>tunefleet status --json</code> and <code>tunefleet agents --json</code> \
+         (<a href=\"/status.json{query}\">status.json</a>).</p>{}\
+         <script>setInterval(function(){{fetch(location.pathname+'main'+location.search).then(function(r){{\
+         return r.ok?r.text():null}}).then(function(t){{if(t){{document.getElementById('live').outerHTML=t}}}})\
+         .catch(function(){{}})}},2000);</script></body></html>",
+        main_html(data, query)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_escaped_and_links_keep_the_token() {
+        let study = StudyStatus {
+            study: "s<1>".into(),
+            state: "running".into(),
+            total: 10,
+            pending: 5,
+            running: 2,
+            done: 3,
+            failed: 1,
+            stopped: 0,
+            metric: "loss".into(),
+            best: Some((0.5, 3)),
+            best_runs: 2,
+            store_free_bytes: None,
+            live_agents: 1,
+            coordinator_running: true,
+            coordinator_seen_s: Some(1.0),
+            failures: vec![("exit 1, `boom`".into(), 1)],
+            per_minute: None,
+            eta_s: None,
+        };
+        let data = LiveData { studies: vec![study], agents: Vec::new(), at_ms: 0 };
+        let html = page_html(&data, "?token=abc");
+        assert!(html.contains("<td>s&lt;1&gt;</td>") && !html.contains("<td>s<1></td>"), "{html}");
+        assert!(html.contains("href=\"/report/s&lt;1&gt;?token=abc\""));
+        assert!(html.contains("loss=0.500000 (mean of 2 runs, best run trial 3)"));
+        assert!(html.contains("1 &times; exit 1, `boom`"));
+    }
+}

@@ -1,0 +1,151 @@
+//! Issue 40: `tunefleet serve`'s live page in a real headless Chromium: the
+//! fleet and a study a real agent ran, with the numbers `status --json` and
+//! `agents --json` give; a screenshot kept as an artifact; beyond loopback
+//! only with a token.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+fn cli(store: &Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(args).arg("--store").arg(store).env("XDG_STATE_HOME", state_home());
+    run(cmd)
+}
+
+fn json(store: &Path, args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = cli(store, args);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str(&out).expect("json")
+}
+
+/// `GET path` on `addr` (`127.0.0.1:PORT`): status code and body.
+fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    (code, body)
+}
+
+fn artifacts() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-artifacts");
+    std::fs::create_dir_all(&dir).expect("artifact dir");
+    dir
+}
+
+/// `tunefleet serve` with `extra` flags: the process, its page's URL and its broker's.
+fn serve(store: &Path, root: &str, extra: &[&str]) -> (Proc, String, String) {
+    join_root(root, store);
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", root]).arg("--store").arg(store).args(extra);
+    cmd.env("XDG_STATE_HOME", state_home());
+    let mut service = Proc::spawn("service", cmd);
+    let page = service.wait_line(Duration::from_secs(30), |l| l.starts_with("page: "));
+    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    wait_for("the control socket", Duration::from_secs(30), || {
+        tunefleet_coordinator::runtime::control::default_path(store).exists()
+    });
+    let page = page.trim_start_matches("page: ").trim().to_string();
+    (service, page, broker.trim_start_matches("broker: ").trim().to_string())
+}
+
+/// The text of the element with `id` in `dom` (its first text).
+fn by_id<'a>(dom: &'a str, id: &str) -> &'a str {
+    let at = dom.find(&format!("id=\"{id}\"")).unwrap_or_else(|| panic!("no #{id} in the page"));
+    let rest = &dom[at..];
+    let start = rest.find('>').expect("tag end") + 1;
+    let end = rest[start..].find('<').expect("text end");
+    &rest[start..start + end]
+}
+
+#[test]
+fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("page.db");
+    let root = unique_root("page");
+    let (mut service, url, broker) = serve(&store, &root, &["--page", "127.0.0.1:0"]);
+    let addr = url.trim_start_matches("http://").trim_end_matches('/').to_string();
+    let agents = ["page-a", "page-b"];
+    let _procs: Vec<Proc> = agents.iter().map(|n| start_agent(&broker, n, &root, &[])).collect();
+    let study = sleep_study(dir.path(), "paged", 6, 0.1);
+    let (code, _, err) = cli(&store, &["submit", study.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_for("the study to finish", Duration::from_secs(60), || {
+        json(&store, &["status", "--json"])[0]["done"].as_u64() == Some(6)
+    });
+    wait_for("both agents online", Duration::from_secs(30), || {
+        json(&store, &["agents", "--json"])
+            .as_array()
+            .is_some_and(|a| a.iter().filter(|r| r["online"] == true).count() == 2)
+    });
+
+    // The page Chromium builds has the numbers status --json has.
+    let status = json(&store, &["status", "--json"]);
+    let dom = chromium::dump_dom_url(&url, Duration::from_secs(60));
+    assert!(dom.success, "chromium failed:\n{}", dom.stderr);
+    assert_eq!(dom.console_lines(), Vec::<&str>::new());
+    let row_at = dom.stdout.find("data-study=\"paged\"").expect("the study's row");
+    let row = &dom.stdout[row_at..row_at + dom.stdout[row_at..].find("</tr>").expect("row end")];
+    assert!(row.contains(&format!("<td class=\"n done\">{}</td>", status[0]["done"])), "{row}");
+    assert!(row.contains(&format!("<td class=\"n failed\">{}</td>", status[0]["failed"])), "{row}");
+    let best = &status[0]["best"];
+    assert!(row.contains(&format!("v={:.6} (trial {})", best[0].as_f64().expect("best"), best[1])), "{row}");
+    assert_eq!(by_id(&dom.stdout, "agents-online"), "2");
+    for a in agents {
+        assert!(dom.stdout.contains(&format!("data-agent=\"{a}\"><td>{a}</td><td class=\"online\">online</td>")));
+    }
+    // status.json is the same snapshot.
+    let (code, body) = get(&addr, "/status.json");
+    assert_eq!(code, 200);
+    let live: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(live["studies"][0]["done"], status[0]["done"]);
+    assert_eq!(live["agents"].as_array().map(Vec::len), Some(2));
+    // The study's report, linked from the page.
+    let (code, body) = get(&addr, "/report/paged");
+    assert_eq!(code, 200);
+    assert!(body.contains("<title>") && body.contains("paged"));
+    assert_eq!(get(&addr, "/nothing").0, 404);
+
+    let png = artifacts().join("live-page.png");
+    let _ = std::fs::remove_file(&png);
+    let shot = chromium::screenshot_url(&url, &png, (1280, 900), Duration::from_secs(60));
+    assert!(shot.success, "chromium failed:\n{}", shot.stderr);
+    let bytes = std::fs::read(&png).expect("screenshot written");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert!(bytes.len() > 10_000, "a page of tables, not a blank one: {} bytes", bytes.len());
+    eprintln!("live page screenshot: {} ({} bytes)", png.display(), bytes.len());
+
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert_agents_spools_empty(&agents);
+}
+
+#[test]
+fn beyond_loopback_the_page_asks_for_its_token() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("token.db");
+    let (code, _, err) = cli(&store, &["serve", "--listen", "127.0.0.1:0", "--page", "0.0.0.0:0"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--page-token-file"), "{err}");
+
+    let token_file = dir.path().join("page.token");
+    std::fs::write(&token_file, "a-token-of-enough-length\n").expect("token");
+    let root = unique_root("page-token");
+    let (mut service, url, _) =
+        serve(&store, &root, &["--page", "0.0.0.0:0", "--page-token-file", token_file.to_str().expect("utf-8")]);
+    let port = url.rsplit(':').next().expect("port").trim_end_matches('/');
+    let addr = format!("127.0.0.1:{port}");
+    assert_eq!(get(&addr, "/status.json").0, 401);
+    assert_eq!(get(&addr, "/status.json?token=wrong-token-of-enough").0, 401);
+    let (code, body) = get(&addr, "/?token=a-token-of-enough-length");
+    assert_eq!(code, 200);
+    assert!(body.contains("href=\"/status.json?token=a-token-of-enough-length\""), "links keep the token");
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+}
