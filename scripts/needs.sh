@@ -10,6 +10,8 @@
 #   ejabberd             Erlang loads Debian's ejabberd application, and epmd
 #                        exists (the two-node cluster test runs both itself)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
+#   systemd-nspawn       `systemd-nspawn --version` starts (the agent unit's test
+#                        boots a container with systemd as its init)
 #   python3              Python 3.7 or newer runs with json, threading and unittest
 #                        (the workload helper's tests, the Python workloads)
 #   man                  `man -l` renders a page given by path (the man-page test
@@ -95,6 +97,7 @@ needs_check() {
       grep -q '^ejabberd ' <<<"$needs_output"
       ;;
     systemd-analyze) needs_output=$(systemd-analyze --version 2>&1) ;;
+    systemd-nspawn) needs_output=$(systemd-nspawn --version 2>&1) ;;
     slurm)
       # Debian installs the daemons in /usr/sbin. The clients read a
       # slurm.conf before anything else (without one they look for the
@@ -186,6 +189,7 @@ needs_packages() {
     python3) echo python3 ;;
     ejabberd) echo ejabberd ;;
     systemd-analyze) echo systemd ;;
+    systemd-nspawn) echo systemd-container ;;
     slurm) echo slurmctld slurmd slurm-client munge ;;
     man) echo man-db groff-base ;;
     spark) echo python3-venv openjdk-17-jre-headless ;;

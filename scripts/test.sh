@@ -48,7 +48,7 @@ fi
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh
-needs mosquitto ejabberd victoria-metrics systemd-analyze chromium man slurm spark python3 \
+needs mosquitto ejabberd victoria-metrics systemd-analyze systemd-nspawn chromium man slurm spark python3 \
   rust-target:aarch64-unknown-linux-musl cc:aarch64-unknown-linux-musl qemu-aarch64
 [ $install_only = 0 ] || exit 0
 # Debian installs mosquitto in /usr/sbin, which is not on every user's PATH.

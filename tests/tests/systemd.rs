@@ -1,0 +1,180 @@
+//! Issue 40, finding 9: the agent's systemd unit run by a real systemd. A
+//! container booted with systemd as its init (`systemd-nspawn` over this
+//! machine's own /usr, read only, on a fresh tmpfs root: `--volatile=yes`;
+//! the built binaries bound at /usr/local/bin, the repository's units at
+//! /opt/tunefleet-units) gets the unit and its environment file as
+//! DEPLOY.md installs them, and the
+//! test starts it, kills it (systemd restarts it), checks its hardening by
+//! a workload that tries what the sandbox forbids, and stops it (the agent
+//! drains). Root only (CI runs as root); needs systemd-container
+//! (`scripts/needs.sh systemd-nspawn`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+/// A booted container: `systemd-nspawn` and the container's PID 1.
+struct Container {
+    nspawn: std::process::Child,
+    init: u32,
+}
+
+impl Container {
+    fn boot(name: &str, log: &Path, bin_dir: &Path, units: &Path) -> Option<Container> {
+        if !tunefleet_tests::slurm::is_root() {
+            eprintln!("SKIPPED: booting a container needs root (CI runs as root)");
+            return None;
+        }
+        let nspawn = Command::new("systemd-nspawn")
+            .args(["-D", "/", "--volatile=yes", "--register=no", "--keep-unit", "--console=pipe", "-q"])
+            .arg(format!("--bind-ro={}:/usr/local/bin", bin_dir.display()))
+            .arg(format!("--bind-ro={}:/opt/tunefleet-units", units.display()))
+            .arg(format!("--machine={name}"))
+            .args(["-b", "systemd.firstboot=off", "systemd.log_color=0"])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(log).expect("log"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("systemd-nspawn (scripts/needs.sh installs systemd-container)");
+        let mut c = Container { nspawn, init: 0 };
+        let pid = c.nspawn.id();
+        wait_for("the container's init", Duration::from_secs(30), || {
+            c.init = descendants(pid).into_iter().find(|p| comm(*p).as_deref() == Some("systemd")).unwrap_or(0);
+            c.init != 0
+        });
+        wait_for("the container to boot", Duration::from_secs(90), || {
+            let (_, out, _) = c.run(&["systemctl", "is-system-running"]);
+            matches!(out.trim(), "running" | "degraded")
+        });
+        Some(c)
+    }
+
+    /// Runs `argv` in the container's namespaces: exit code, stdout, stderr.
+    fn run(&self, argv: &[&str]) -> (Option<i32>, String, String) {
+        let mut cmd = Command::new("nsenter");
+        cmd.args(["-t", &self.init.to_string(), "-a", "--"]).args(argv);
+        run(cmd)
+    }
+
+    fn sh(&self, script: &str) -> String {
+        let (code, out, err) = self.run(&["sh", "-ec", script]);
+        assert_eq!(code, Some(0), "{script}\n{out}{err}");
+        out
+    }
+
+    /// `systemctl show -p KEY --value UNIT`.
+    fn show(&self, unit: &str, key: &str) -> String {
+        self.run(&["systemctl", "show", "-p", key, "--value", unit]).1.trim().to_string()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = self.run(&["systemctl", "poweroff"]);
+        for _ in 0..100 {
+            if self.nspawn.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.nspawn.kill();
+        let _ = self.nspawn.wait();
+    }
+}
+
+fn comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).ok().map(|s| s.trim().to_string())
+}
+
+/// Every process below `pid`.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for (child, _) in children(p) {
+            out.push(child);
+            queue.push(child);
+        }
+    }
+    out
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("repo")
+}
+
+/// Four trials that each try to write in two directories anyone may write
+/// to, /srv/tf-probe (the unit's ProtectSystem=strict, which its
+/// DynamicUser=yes implies too, makes it read only) and /home/tf-probe
+/// (ProtectHome=read-only, likewise), and in the unit's state directory
+/// (allowed): `v` = 1 when the sandbox held and the state directory was
+/// writable. (Checked: without DynamicUser and both settings, every trial
+/// reports 0.)
+fn hardening_study(dir: &Path) -> PathBuf {
+    let probe = "if touch /srv/tf-probe/{x} 2>/dev/null || touch /home/tf-probe/{x} 2>/dev/null; then v=0; \
+                 elif touch /var/lib/tunefleet-agent/probe-{x}; then v=1; else v=2; fi; echo TUNEFLEET final v=$v";
+    let text = format!(
+        "name = \"sandboxed\"\ncommand = [\"sh\", \"-c\", \"{probe}\"]\ntimeout = 60\n[objective]\nmetric = \"v\"\n\
+         direction = \"maximize\"\n[budget]\ntrials = 4\n[strategy]\nkind = \"grid\"\n[hyper.x]\nkind = \"int\"\n\
+         low = 1\nhigh = 4\n"
+    );
+    let path = dir.join("sandboxed.toml");
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+#[test]
+fn the_agent_unit_starts_restarts_after_a_kill_keeps_its_sandbox_and_drains_on_stop() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let name = format!("tf-{}", std::process::id());
+    let agent = bin("tunefleet-agent");
+    let bin_dir = agent.parent().expect("the binaries' directory").to_path_buf();
+    let units = repo().join("systemd");
+    let Some(c) = Container::boot(&name, &dir.path().join("boot.log"), &bin_dir, &units) else { return };
+    let store = dir.path().join("s.db");
+    let root = unique_root("systemd");
+    let (mut coord, url) = start_coordinator(&hardening_study(dir.path()), &store, &root, &[]);
+    let token = join_token_of(&root).expect("a join token");
+
+    // Installed as DEPLOY.md says: the unit, its environment file, the
+    // powercap group (the binary is at /usr/local/bin already).
+    c.sh(&format!(
+        "install -m 0644 /opt/tunefleet-units/tunefleet-agent.service /etc/systemd/system/\n\
+         groupadd --system powercap\n\
+         install -d -m 1777 /srv/tf-probe /home/tf-probe\n\
+         mkdir -p /etc/tunefleet\n\
+         umask 077\n\
+         printf 'TUNEFLEET_BROKER=%s\\nTUNEFLEET_JOIN=%s\\nTUNEFLEET_AGENT_ARGS=--name unit-agent --root %s --slots 1\\nTUNEFLEET_LOG=info\\n' \
+           '{url}' '{token}' '{root}' > /etc/tunefleet/agent.env\n\
+         systemctl daemon-reload\n\
+         systemctl start tunefleet-agent"
+    ));
+    assert_eq!(c.show("tunefleet-agent", "ActiveState"), "active");
+    let first = c.show("tunefleet-agent", "MainPID");
+
+    // Killed: systemd starts it again (Restart=on-failure) and it rejoins.
+    c.sh("systemctl kill -s KILL tunefleet-agent");
+    wait_for("systemd to restart the agent", Duration::from_secs(30), || {
+        c.show("tunefleet-agent", "NRestarts") == "1" && c.show("tunefleet-agent", "ActiveState") == "active"
+    });
+    assert_ne!(c.show("tunefleet-agent", "MainPID"), first, "a new process");
+
+    // The study runs in the unit's sandbox: every trial found /etc and /usr
+    // read only and its state directory writable.
+    let status = coord.wait_exit(Duration::from_secs(120));
+    assert!(status.success(), "{:?}", coord.rest_of_stdout());
+    let values = query(&store, "SELECT objective FROM results ORDER BY trial", |r| r.get::<_, f64>(0));
+    assert_eq!(values, vec![1.0; 4], "1: the sandbox held; 0: a write under /srv or /home went through");
+    assert_eq!(c.sh("ls /srv/tf-probe /home/tf-probe"), "/home/tf-probe:\n\n/srv/tf-probe:\n", "nothing written");
+
+    // Stopped: SIGTERM to the agent, which drains and exits 0 in time.
+    c.sh("systemctl stop tunefleet-agent");
+    assert_eq!(c.show("tunefleet-agent", "Result"), "success");
+    assert_eq!(c.show("tunefleet-agent", "ActiveState"), "inactive");
+    let journal = c.sh("journalctl -u tunefleet-agent --no-pager -o cat");
+    assert!(journal.contains("agent stopped"), "{journal}");
+    let left = c.sh("tunefleet-agent spool --state-dir /var/lib/private/tunefleet-agent");
+    assert!(left.contains(": 0 awaiting an acknowledgement, 0 kept aside"), "the unit's spool is empty: {left}");
+}
