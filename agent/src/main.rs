@@ -27,6 +27,12 @@ fn main() -> ExitCode {
         return ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
     let cli = Cli::parse(); // exits with 2 on usage errors, 0 for --help
+    if let Some(dir) = &cli.workdir {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            eprintln!("tunefleet-agent: --workdir {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
+    }
     let mode = match options::into_mode(cli) {
         Ok(m) => m,
         Err(e) => {

@@ -66,6 +66,11 @@ pub struct Cli {
     /// Topic root shared with the coordinator
     #[arg(long, env = "TUNEFLEET_ROOT", default_value = DEFAULT_ROOT)]
     pub root: String,
+    /// The directory trials run in: relative paths in a study's command
+    /// (and in this agent's own flags) are relative to it [default: the
+    /// directory the agent was started in]
+    #[arg(long, env = "TUNEFLEET_WORKDIR", value_name = "DIR")]
+    pub workdir: Option<std::path::PathBuf>,
     /// MQTT keepalive in seconds
     #[arg(long, default_value_t = 5, value_name = "SECS")]
     pub keepalive: u64,

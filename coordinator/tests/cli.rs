@@ -326,11 +326,22 @@ fn man_renders_the_generated_pages_and_they_name_every_subcommand() {
         let listed = tunefleet(
             [OsStr::new("man"), OsStr::new("-o"), pages.as_os_str()].into_iter().chain(flags.iter().map(OsStr::new)),
         );
-        let first = pages.join(format!("{name}.1"));
+        // In a man1 folder under DIR, where `man` looks with DIR on MANPATH.
+        let section = pages.join("man1");
+        let first = section.join(format!("{name}.1"));
         assert_eq!(listed.lines().next().map(Path::new), Some(first.as_path()), "the main page first: {listed}");
+        let found =
+            Command::new("man").args(["-w", &format!("{name}-{}", subcommands[0])]).env("MANPATH", &pages).output();
+        let found = found.expect("man runs");
+        assert!(
+            found.status.success(),
+            "man finds the pages with DIR on MANPATH: {}",
+            String::from_utf8_lossy(&found.stderr)
+        );
+        assert!(String::from_utf8_lossy(&found.stdout).starts_with(&section.display().to_string()));
         assert_eq!(man(&first), text);
         for sub in &subcommands {
-            let page = pages.join(format!("{name}-{sub}.1"));
+            let page = section.join(format!("{name}-{sub}.1"));
             assert!(listed.lines().any(|l| Path::new(l) == page), "{} not listed: {listed}", page.display());
             let text = man(&page);
             assert!(text.contains(&format!("{name}-{sub} - ")), "NAME of {sub}: {text}");

@@ -168,3 +168,19 @@ fn a_failed_study_is_fixed_and_run_again_under_its_name_and_the_old_one_stays_re
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no study \"fixme-1\""), "{err}");
 }
+
+#[test]
+fn relative_paths_in_a_command_are_relative_to_the_agents_workdir() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(work.join("scripts")).expect("workdir");
+    std::fs::write(work.join("scripts/job.sh"), "echo TUNEFLEET final v=$1\n").expect("script");
+    let study = fixable_study(dir.path(), "relative", r#"["sh", "scripts/job.sh", "{x}"]"#, 60);
+    let store = dir.path().join("s.db");
+    let work_arg = work.to_str().expect("utf-8").to_string();
+    // The agent starts elsewhere (the test's directory); --workdir says where trials run.
+    let out = run_with_one_agent(&study, &store, "workdir", &["--workdir", &work_arg], Duration::from_secs(60));
+    assert!(out.contains("3/3 trials done, 0 failed"), "{out}");
+    let values = query(&store, "SELECT objective FROM results ORDER BY trial", |r| r.get::<_, f64>(0));
+    assert_eq!(values, vec![1.0, 2.0, 3.0]);
+}

@@ -49,6 +49,10 @@ pub fn man(output: Option<PathBuf>, agent: bool) -> Result<()> {
     match output {
         None => emit_bytes(&manual::page(cmd)),
         Some(dir) => {
+            // `man` looks for section 1 pages in a man1 folder under each
+            // MANPATH entry: the pages go there unless DIR is one already.
+            let section = dir.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("man") && n.len() > 3);
+            let dir = if section { dir } else { dir.join("man1") };
             for path in manual::write_pages(cmd, &dir)? {
                 println!("{}", path.display());
             }
@@ -72,10 +76,9 @@ fn manpath_hint(dir: &std::path::Path, manpath: Option<&str>) -> Option<String> 
     (!listed).then(|| {
         format!(
             "note: for `man tunefleet-run` and the others to find these pages, put {} on MANPATH: \
-             export MANPATH=\"{}:$MANPATH\" (a trailing ':' keeps the system's pages){}",
+             export MANPATH=\"{}:$MANPATH\" (a trailing ':' keeps the system's pages)",
             base.display(),
             base.display(),
-            if dir == base { "; man also wants them in a man1 folder under it" } else { "" }
         )
     })
 }

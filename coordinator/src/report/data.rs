@@ -68,5 +68,7 @@ pub struct ReportData {
     pub reuse: Vec<ReuseRow>,
     /// The profile clusters this study's jobs are members of.
     pub clusters: Vec<crate::query::profiles::ClusterView>,
+    /// The study asks for energy (its metric, or one of `also`).
+    pub asks_energy: bool,
     pub options: Options,
 }

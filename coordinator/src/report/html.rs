@@ -191,9 +191,21 @@ fn pareto(out: &mut String, data: &ReportData) {
         front_chart(out, CHART_IDS[1], "Wall time against energy", ("wall time (s)", "energy (J)"), &wall_time, 1.0);
     }
     let metric = data.study.metric.as_str();
-    let objective: Vec<(u64, f64, f64)> = valid.iter().map(|r| (r.trial, energy(r), r.objective)).collect();
-    let sign = if data.study.direction == Direction::Maximize { -1.0 } else { 1.0 };
-    front_chart(out, CHART_IDS[2], &format!("{metric} against energy"), ("energy (J)", metric), &objective, sign);
+    if !valid.is_empty() && valid.iter().all(estimated) && !data.asks_energy {
+        // A study that never asked for energy, and only a model of CPU time to show.
+        let _ = write!(
+            out,
+            "<h3>{} against energy</h3><p class=\"note\" id=\"{}\">Not drawn: this study does not ask for energy \
+             (its metric, or <code>[objective] also</code>), and every energy figure here is estimated from CPU time, \
+             so a front of it would only redraw CPU time.</p>",
+            Esc(metric),
+            CHART_IDS[2]
+        );
+    } else {
+        let objective: Vec<(u64, f64, f64)> = valid.iter().map(|r| (r.trial, energy(r), r.objective)).collect();
+        let sign = if data.study.direction == Direction::Maximize { -1.0 } else { 1.0 };
+        front_chart(out, CHART_IDS[2], &format!("{metric} against energy"), ("energy (J)", metric), &objective, sign);
+    }
     out.push_str("</section>");
 }
 
@@ -552,6 +564,7 @@ mod tests {
             provenance: Vec::new(),
             reuse: Vec::new(),
             clusters: Vec::new(),
+            asks_energy: true,
             options: Options::default(),
         }
     }
@@ -715,6 +728,18 @@ mod tests {
 
     fn page_of_one() -> String {
         page(&data("one", vec![row(0, 0.5, None)]))
+    }
+
+    #[test]
+    fn estimated_energy_draws_no_front_for_a_study_that_never_asked_for_energy() {
+        let rows: Vec<BestRow> = (0..6u64).map(|t| row(t, t as f64, Some(1.0 + t as f64))).collect();
+        let mut d = data("noenergy", rows);
+        let asked = page(&d);
+        assert!(!asked.contains("this study does not ask for energy"));
+        d.asks_energy = false;
+        let not_asked = page(&d);
+        assert!(not_asked.contains(&format!("id=\"{}\">Not drawn: this study does not ask for energy", CHART_IDS[2])));
+        assert!(asked.matches("<svg").count() > not_asked.matches("<svg").count(), "one chart fewer");
     }
 
     #[test]
