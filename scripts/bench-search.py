@@ -241,10 +241,13 @@ def run_optuna(seeds, budget, workers, only):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.simplefilter("ignore")
+    import os
+
+    first = int(os.environ.get("SEED_FROM", "0"))  # seeds from there, as the Rust side
     for name in FUNCTIONS:
         if only and name not in only:
             continue
-        for seed in range(seeds):
+        for seed in range(first, first + seeds):
             r50, r100 = optuna_study(name, seed, budget, workers)
             print(json.dumps({"side": "optuna", "fn": name, "seed": seed, "workers": workers,
                               "regret50": r50, "regret100": r100}), flush=True)

@@ -377,8 +377,10 @@ fn main() {
         ("gp", Ok(batch)) => format!("tunefleet-gp-{batch}"),
         _ => format!("tunefleet-{strategy}"),
     };
+    // SEED_FROM: seeds from there (to confirm on seeds a comparison never saw).
+    let first: u64 = std::env::var("SEED_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     for fun in functions().iter().filter(|f| only.is_empty() || only.iter().any(|o| o.as_str() == f.name)) {
-        for seed in 0..seeds {
+        for seed in first..first + seeds {
             let (r50, r100, ask_ms) = study(fun, &strategy, seed, budget, workers);
             println!(
                 "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100},\"ask_ms\":{ask_ms}}}",

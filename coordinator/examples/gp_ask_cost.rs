@@ -5,7 +5,8 @@
 //! alone). Every ask the `gp` search makes between two refits of its
 //! hyper-parameters costs what the median says.
 //!
-//! Usage: `gp_ask_cost [ASKS]`.
+//! Usage: `gp_ask_cost [ASKS]`; `GP_REFIT_FROM=1000000` fits the
+//! hyper-parameters at every ask, as before issue 37.
 
 use std::time::Instant;
 
@@ -23,7 +24,11 @@ fn main() {
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     for told in [100u64, 300, 1000] {
         for in_flight in [0usize, 4] {
-            let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, 7, GpSettings::default());
+            let mut settings = GpSettings::default();
+            if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
+                settings.refit_from = from;
+            }
+            let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, 7, settings);
             for t in 0..told {
                 let p: Params = space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect();
                 let v: f64 = space.iter().map(|(n, _)| (p[n].as_f64().unwrap_or(0.0) - 0.3).powi(2)).sum();

@@ -29,6 +29,7 @@ pub enum Batch {
     LiarMean,
     /// Believer, scored by a lower confidence bound (mean less two
     /// deviations) instead of the expected improvement: wider exploration.
+    /// The default ([`super::GpSettings`]).
     Ucb,
     /// The expected improvement averaged over a few joint draws of the
     /// running trials' results from the posterior (fantasies).
