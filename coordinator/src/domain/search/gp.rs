@@ -88,7 +88,10 @@ use crate::domain::study::{Direction, ParamSpec};
 
 #[path = "gp_batch.rs"]
 mod batch;
+#[path = "gp_values.rs"]
+mod values;
 pub use batch::Batch;
+use values::{simplex_weights, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
 const CHEBYSHEV_RHO: f64 = 0.05;
@@ -104,7 +107,7 @@ const SCORED_AT_ONCE: usize = 256;
 const SWEEPS: usize = 8;
 /// Most told trials the hyper-parameters are fitted on (a likelihood
 /// evaluation is cubic in them), and most the model is conditioned on;
-/// beyond, the best half and an even spread of the rest ([`subset`]).
+/// beyond, the best half and an even spread of the rest (`values::subset`).
 const FIT_POINTS: usize = 100;
 const MODEL_POINTS: usize = 400;
 /// Bounds of the hyper-parameters, in natural log: length scales, signal
@@ -709,24 +712,6 @@ impl Model {
     }
 }
 
-/// At most `max` of the points: all when there are no more, else the best
-/// half (lowest `y`) and an even spread of the rest, in their order.
-fn subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
-    if x.len() <= max {
-        return (x, y);
-    }
-    let mut order: Vec<usize> = (0..y.len()).collect();
-    order.sort_by(|&a, &b| y[a].total_cmp(&y[b]).then(a.cmp(&b)));
-    let best = max / 2;
-    let mut keep: Vec<usize> = order[..best].to_vec();
-    let mut rest: Vec<usize> = order[best..].to_vec();
-    rest.sort_unstable();
-    let spread = max - best;
-    keep.extend((0..spread).map(|k| rest[k * rest.len() / spread]));
-    keep.sort_unstable();
-    (keep.iter().map(|&i| x[i].clone()).collect(), keep.iter().map(|&i| y[i]).collect())
-}
-
 /// How many of `n` told trials the hyper-parameters are fitted on: all up
 /// to `from`, then the last point of the sequence `from`, then a tenth more
 /// than the one before each (30, 33, 36, 39, 42, 46...) not above `n`.
@@ -742,35 +727,6 @@ fn fit_point(n: usize, from: usize) -> usize {
         }
         m = next;
     }
-}
-
-/// Weights drawn uniformly on the simplex (normalised exponentials).
-fn simplex_weights(k: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
-    let draws: Vec<f64> = (0..k).map(|_| -(1.0 - rng.random::<f64>()).ln()).collect();
-    let total: f64 = draws.iter().sum();
-    draws.iter().map(|d| if total > 0.0 { d / total } else { 1.0 / k as f64 }).collect()
-}
-
-/// Values above the median compressed logarithmically beyond their
-/// interquartile range (monotone: the order of the values is kept).
-fn warp(y: &[f64]) -> Vec<f64> {
-    let mut sorted = y.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
-    let (median, iqr) = (at(0.5), at(0.75) - at(0.25));
-    if iqr.is_nan() || iqr <= 0.0 {
-        return y.to_vec();
-    }
-    y.iter().map(|&v| if v > median { median + iqr * ((v - median) / iqr).ln_1p() } else { v }).collect()
-}
-
-/// Mean 0, deviation 1 (a constant set becomes zeros).
-fn standardise(y: &[f64]) -> Vec<f64> {
-    let n = y.len() as f64;
-    let mean = y.iter().sum::<f64>() / n;
-    let sd = (y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
-    let sd = if sd > 0.0 { sd } else { 1.0 };
-    y.iter().map(|v| (v - mean) / sd).collect()
 }
 
 /// The log expected improvement over `best` of a posterior of mean `mu` and
