@@ -360,6 +360,9 @@ fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, see
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
                 settings.refit_from = from;
             }
+            if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
+                settings.model_points = points;
+            }
             Box::new(Gp::new(space, Direction::Minimize, objectives, seed, settings))
         }
         _ => Box::new(Tpe::new(space, Direction::Minimize, seed, TpeSettings::default()).with_objectives(objectives)),

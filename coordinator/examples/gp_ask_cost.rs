@@ -28,6 +28,9 @@ fn main() {
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
                 settings.refit_from = from;
             }
+            if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
+                settings.model_points = points;
+            }
             let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, 7, settings);
             for t in 0..told {
                 let p: Params = space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect();

@@ -66,7 +66,7 @@
 //! each time a tenth more are told, on the first told trials up to that
 //! point (by id), and remembered in between: most asks fit nothing and an
 //! ask is still a function of what was told. An ask then conditions the
-//! model on at most [`MODEL_POINTS`] told trials (one factorisation) and
+//! model on at most [`GpSettings::model_points`] told trials (one factorisation) and
 //! scores a few thousand candidates (O(n^2) each); beyond those counts the
 //! best half and an even spread of the rest are kept. BENCHMARKS.md gives
 //! the time per ask (`cargo run --release --example gp_ask_cost`); for
@@ -106,10 +106,9 @@ const SCORED_AT_ONCE: usize = 256;
 /// Sweeps of that refinement (the step halves after each).
 const SWEEPS: usize = 8;
 /// Most told trials the hyper-parameters are fitted on (a likelihood
-/// evaluation is cubic in them), and most the model is conditioned on;
-/// beyond, the best half and an even spread of the rest (`values::subset`).
+/// evaluation is cubic in them); beyond, the best half and an even spread
+/// of the rest (`values::subset`).
 const FIT_POINTS: usize = 100;
-const MODEL_POINTS: usize = 400;
 /// Bounds of the hyper-parameters, in natural log: length scales, signal
 /// variance, noise variance (the values are standardised).
 const LOG_LENGTH: (f64, f64) = (-4.6, 3.0);
@@ -133,11 +132,21 @@ pub struct GpSettings {
     /// ask; past them, again each time a tenth more are told
     /// ([`fit_point`]). Default 30; `usize::MAX`: at every ask.
     pub refit_from: usize,
+    /// Most told trials the model is conditioned on (the best half and an
+    /// even spread of the rest beyond). Default 400.
+    pub model_points: usize,
 }
 
 impl Default for GpSettings {
     fn default() -> Self {
-        GpSettings { startup: 10, candidates: 1024, fit_evals: 200, batch: Batch::Ucb, refit_from: 30 }
+        GpSettings {
+            startup: 10,
+            candidates: 1024,
+            fit_evals: 200,
+            batch: Batch::Ucb,
+            refit_from: 30,
+            model_points: 400,
+        }
     }
 }
 
@@ -323,7 +332,7 @@ impl Gp {
             // Values so far apart that their spread overflows: sample at random.
             return None;
         }
-        let (x, y) = subset(x, y, MODEL_POINTS);
+        let (x, y) = subset(x, y, self.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
         let model = self.model(x.clone(), &y, &theta)?;
         // Best posterior mean at a told configuration: the incumbent.
