@@ -35,6 +35,13 @@
 #   (Tunefleet / Optuna), and a permutation test's p of their difference.
 #   Ten seeds are too few to tell samplers of equal quality apart (see
 #   BENCHMARKS.md), hence 40.
+# * WORKERS="1 4 16 64": as many in flight; the `parallel` table puts every
+#   worker count side by side, each median's ratio to the same sampler's
+#   sequential one (x1) and to Optuna's at the same workers (/O), and the
+#   median time of an ask.
+# * GP_BATCHES="believer penalise ...": gp once per rule for the trials in
+#   flight (search/gp_batch.rs, issue 37) instead of its default;
+#   STRATEGIES="gp" leaves tpe out; NO_OPTUNA=1 leaves Optuna out.
 # * A spot check with real processes (tunefleet run, one agent):
 #   SPOT_KIND=gp SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
 #
@@ -46,6 +53,8 @@ venv=${OPTUNA_VENV:-$PWD/target/optuna-venv}
 seeds=${SEEDS:-40}
 budget=${BUDGET:-100}
 workers=${WORKERS:-1 4}
+strategies=${STRATEGIES:-gp tpe}
+batches=${GP_BATCHES:-}
 out=${BENCH_OUT:-$PWD/target/bench-search}
 mkdir -p "$out"
 
@@ -57,15 +66,30 @@ bench=$PWD/target/release/examples/bench_search
 
 files=()
 for w in $workers; do
-  for strategy in gp tpe; do
+  for strategy in $strategies; do
+    if [ "$strategy" = gp ] && [ -n "$batches" ]; then
+      for batch in $batches; do
+        echo "workers=$w: Tunefleet gp, batch rule $batch" >&2
+        GP_BATCH=$batch STRATEGY=gp nice -n 10 "$bench" "$seeds" "$budget" "$w" "$@" >"$out/tunefleet-gp-$batch-$w.jsonl"
+        files+=("$out/tunefleet-gp-$batch-$w.jsonl")
+      done
+      continue
+    fi
     echo "workers=$w: Tunefleet $strategy" >&2
     STRATEGY=$strategy nice -n 10 "$bench" "$seeds" "$budget" "$w" "$@" >"$out/tunefleet-$strategy-$w.jsonl"
     files+=("$out/tunefleet-$strategy-$w.jsonl")
   done
-  echo "workers=$w: Optuna $optuna_version" >&2
-  nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/optuna-$w.jsonl"
-  files+=("$out/optuna-$w.jsonl")
+  if [ -z "${NO_OPTUNA:-}" ]; then
+    echo "workers=$w: Optuna $optuna_version" >&2
+    nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/optuna-$w.jsonl"
+    files+=("$out/optuna-$w.jsonl")
+  fi
 done
 
 echo "Optuna $optuna_version; $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); seeds $seeds; budget $budget"
-"$py" scripts/bench-search.py table "${files[@]}"
+if [ -n "$batches" ]; then
+  "$py" scripts/bench-search.py parallel "${files[@]}"
+else
+  "$py" scripts/bench-search.py table "${files[@]}"
+  "$py" scripts/bench-search.py parallel "${files[@]}"
+fi

@@ -16,7 +16,7 @@ use std::f64::consts::PI;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
-use tunefleet_coordinator::domain::search::gp::{Gp, GpSettings};
+use tunefleet_coordinator::domain::search::gp::{Batch, Gp, GpSettings};
 use tunefleet_coordinator::domain::search::tpe::{Outcome, Tpe, TpeSettings};
 use tunefleet_coordinator::domain::search::Sampler;
 use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
@@ -90,6 +90,39 @@ fn mixed(p: &Params) -> f64 {
         + offset
 }
 
+/// Held out (issue 37): never looked at while the batch rules were written.
+fn levy(p: &Params) -> f64 {
+    let w: Vec<f64> = (0..5).map(|i| 1.0 + (float(p, &format!("x{i}")) - 1.0) / 4.0).collect();
+    let last = w[4];
+    (PI * w[0]).sin().powi(2)
+        + w[..4].iter().map(|wi| (wi - 1.0).powi(2) * (1.0 + 10.0 * (PI * wi + 1.0).sin().powi(2))).sum::<f64>()
+        + (last - 1.0).powi(2) * (1.0 + (2.0 * PI * last).sin().powi(2))
+}
+
+fn hartmann3(p: &Params) -> f64 {
+    const ALPHA: [f64; 4] = [1.0, 1.2, 3.0, 3.2];
+    const A: [[f64; 3]; 4] = [[3.0, 10.0, 30.0], [0.1, 10.0, 35.0], [3.0, 10.0, 30.0], [0.1, 10.0, 35.0]];
+    const P: [[f64; 3]; 4] =
+        [[3689.0, 1170.0, 2673.0], [4699.0, 4387.0, 7470.0], [1091.0, 8732.0, 5547.0], [381.0, 5743.0, 8828.0]];
+    let x: Vec<f64> = (0..3).map(|i| float(p, &format!("x{i}"))).collect();
+    -(0..4)
+        .map(|i| ALPHA[i] * (-(0..3).map(|j| A[i][j] * (x[j] - P[i][j] * 1e-4).powi(2)).sum::<f64>()).exp())
+        .sum::<f64>()
+}
+
+fn ackley(p: &Params) -> f64 {
+    let x: Vec<f64> = (0..4).map(|i| float(p, &format!("x{i}"))).collect();
+    let n = x.len() as f64;
+    let s1 = x.iter().map(|v| v * v).sum::<f64>() / n;
+    let s2 = x.iter().map(|v| (2.0 * PI * v).cos()).sum::<f64>() / n;
+    -20.0 * (-0.2 * s1.sqrt()).exp() - s2.exp() + 20.0 + std::f64::consts::E
+}
+
+fn camel(p: &Params) -> f64 {
+    let (x, y) = (float(p, "x1"), float(p, "x2"));
+    (4.0 - 2.1 * x * x + x.powi(4) / 3.0) * x * x + x * y + (-4.0 + 4.0 * y * y) * y * y
+}
+
 fn himmelblau(p: &Params) -> f64 {
     let (x, y) = (float(p, "x"), float(p, "y"));
     (x * x + y - 11.0).powi(2) + (x + y * y - 7.0).powi(2)
@@ -149,6 +182,37 @@ fn functions() -> Vec<Function> {
             f: himmelblau,
             optimum: 0.0,
             noise: 1.0,
+        },
+        Function {
+            name: "levy5",
+            space: box_space(&["x0", "x1", "x2", "x3", "x4"], -10.0, 10.0),
+            f: levy,
+            optimum: 0.0,
+            noise: 0.0,
+        },
+        Function {
+            name: "hartmann3",
+            space: box_space(&["x0", "x1", "x2"], 0.0, 1.0),
+            f: hartmann3,
+            optimum: -3.862_782_147_820_756,
+            noise: 0.0,
+        },
+        Function {
+            name: "ackley4",
+            space: box_space(&["x0", "x1", "x2", "x3"], -5.0, 5.0),
+            f: ackley,
+            optimum: 0.0,
+            noise: 0.0,
+        },
+        Function {
+            name: "camel",
+            space: vec![
+                ("x1".into(), ParamSpec::Float { low: -3.0, high: 3.0, grid: 2 }),
+                ("x2".into(), ParamSpec::Float { low: -2.0, high: 2.0, grid: 2 }),
+            ],
+            f: camel,
+            optimum: -1.031_628_453_489_877,
+            noise: 0.0,
         },
     ]
 }
@@ -214,7 +278,7 @@ fn hypervolume2(points: &[[f64; 2]], reference: [f64; 2]) -> f64 {
 fn study2(problem: &TwoObjectives, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
     let mut sampler = sampler(strategy, &problem.space, 2, seed);
     let (mut seen, mut at50) = (Vec::new(), f64::NAN);
-    drive(&mut sampler, budget, workers, |sampler, trial, p| {
+    let _ = drive(&mut sampler, budget, workers, |sampler, trial, p| {
         let v = (problem.f)(&p);
         sampler.tell_values(trial, &p, v[0], &[v[1]]);
         seen.push(v);
@@ -226,19 +290,23 @@ fn study2(problem: &TwoObjectives, strategy: &str, seed: u64, budget: u64, worke
 }
 
 /// Runs `budget` trials with `workers` in flight: asks while fewer are in
-/// flight, then `finish`es the oldest (which tells the sampler).
+/// flight, then `finish`es the oldest (which tells the sampler). Returns
+/// each ask's time in milliseconds.
 fn drive(
     sampler: &mut Box<dyn Sampler>,
     budget: u64,
     workers: usize,
     mut finish: impl FnMut(&mut Box<dyn Sampler>, u64, Params),
-) {
+) -> Vec<f64> {
+    let mut times = Vec::new();
     let mut in_flight: std::collections::VecDeque<(u64, Params)> = Default::default();
     let (mut asked, mut finished) = (0u64, 0u64);
     while finished < budget {
         while in_flight.len() < workers.max(1) && asked < budget {
             let running: Vec<(u64, &Params)> = in_flight.iter().map(|(t, p)| (*t, p)).collect();
+            let started = std::time::Instant::now();
             let p = sampler.ask(asked, &running);
+            times.push(started.elapsed().as_secs_f64() * 1e3);
             in_flight.push_back((asked, p));
             asked += 1;
         }
@@ -246,17 +314,18 @@ fn drive(
         finish(sampler, trial, p);
         finished += 1;
     }
+    times
 }
 
 /// One study: `budget` trials with `workers` in flight; the regret (true
 /// value minus the optimum) of the trial with the best observed value
-/// after 50 and after `budget` trials.
-fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64) {
+/// after 50 and after `budget` trials, and the median time of an ask (ms).
+fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64, f64) {
     let mut sampler = sampler(strategy, &fun.space, 1, seed);
     let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
     let (mut finished, mut at50) = (0u64, f64::NAN);
-    drive(&mut sampler, budget, workers, |sampler, trial, p| {
+    let mut times = drive(&mut sampler, budget, workers, |sampler, trial, p| {
         let truth = (fun.f)(&p);
         let seen = if fun.noise > 0.0 {
             let (u1, u2) = (1.0 - noise.random::<f64>(), noise.random::<f64>());
@@ -274,7 +343,8 @@ fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize)
             at50 = best_true - fun.optimum;
         }
     });
-    (at50, best_true - fun.optimum)
+    times.sort_by(f64::total_cmp);
+    (at50, best_true - fun.optimum, times.get(times.len() / 2).copied().unwrap_or(f64::NAN))
 }
 
 /// The sampler under test: `kind = "gp"` for "gp", else `kind = "tpe"`,
@@ -282,7 +352,19 @@ fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize)
 fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, seed: u64) -> Box<dyn Sampler> {
     let space = space.to_vec();
     match strategy {
-        "gp" => Box::new(Gp::new(space, Direction::Minimize, objectives, seed, GpSettings::default())),
+        "gp" => {
+            let mut settings = GpSettings::default();
+            if let Some(batch) = std::env::var("GP_BATCH").ok().and_then(|b| Batch::from_name(&b)) {
+                settings.batch = batch;
+            }
+            if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
+                settings.refit_from = from;
+            }
+            if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
+                settings.model_points = points;
+            }
+            Box::new(Gp::new(space, Direction::Minimize, objectives, seed, settings))
+        }
         _ => Box::new(Tpe::new(space, Direction::Minimize, seed, TpeSettings::default()).with_objectives(objectives)),
     }
 }
@@ -293,12 +375,18 @@ fn main() {
     let (seeds, budget, workers) = (number(0, 10), number(1, 100), number(2, 1) as usize);
     let only: Vec<&String> = args.iter().skip(3).collect();
     let strategy = std::env::var("STRATEGY").unwrap_or_else(|_| "tpe".into());
-    let side = if strategy == "tpe" { "tunefleet".to_string() } else { format!("tunefleet-{strategy}") };
+    let side = match (strategy.as_str(), std::env::var("GP_BATCH")) {
+        ("tpe", _) => "tunefleet".to_string(),
+        ("gp", Ok(batch)) => format!("tunefleet-gp-{batch}"),
+        _ => format!("tunefleet-{strategy}"),
+    };
+    // SEED_FROM: seeds from there (to confirm on seeds a comparison never saw).
+    let first: u64 = std::env::var("SEED_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     for fun in functions().iter().filter(|f| only.is_empty() || only.iter().any(|o| o.as_str() == f.name)) {
-        for seed in 0..seeds {
-            let (r50, r100) = study(fun, &strategy, seed, budget, workers);
+        for seed in first..first + seeds {
+            let (r50, r100, ask_ms) = study(fun, &strategy, seed, budget, workers);
             println!(
-                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100}}}",
+                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100},\"ask_ms\":{ask_ms}}}",
                 fun.name
             );
         }

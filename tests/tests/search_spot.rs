@@ -59,8 +59,10 @@ high = 15
         assert_eq!(values.len(), budget as usize, "{out}");
         let best = values.iter().copied().fold(f64::INFINITY, f64::min);
         assert!(best.is_finite() && best >= BRANIN_MIN - 1e-9, "{best}");
+        // The summary's count of the trials in flight at each ask (issue 37).
+        let depth = out.lines().find(|l| l.starts_with("search: ")).unwrap_or("search: not printed");
         println!(
-            "{{\"side\":\"tunefleet-{kind}-real\",\"fn\":\"branin\",\"seed\":{seed},\"workers\":{slots},\"regret50\":{}}}",
+            "{{\"side\":\"tunefleet-{kind}-real\",\"fn\":\"branin\",\"seed\":{seed},\"workers\":{slots},\"regret50\":{},\"depth\":{depth:?}}}",
             best - BRANIN_MIN
         );
     }

@@ -205,6 +205,10 @@ pub fn print_summary(s: &Summary, store: &Path) {
             s.agents_seen
         );
     }
+    if let Some((d, median, most)) = s.ask_depth.as_ref().and_then(|d| Some((d, d.median()?, d.max()?))) {
+        // Issue 37: how much of the study its search chose without results.
+        println!("search: {} asks, {median} trials in flight at the median ask, {most} at most", d.asks());
+    }
     if s.failed > 0 {
         // Why, grouped: the exit status and the last line each failed trial wrote.
         match Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)) {

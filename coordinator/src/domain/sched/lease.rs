@@ -237,14 +237,19 @@ pub(super) fn leases_on(studies: &[StudyState], name: &str) -> usize {
 
 /// How many more of `study`'s trials agent `name` of `slots` slots may
 /// hold, running or held ahead: as deep as the study allows
-/// (`ahead_per_slot`), counting its own leases there (another study's held
-/// trials take the agent's places, not this study's depth); 0 for a study
-/// held nowhere ahead.
+/// (`ahead_per_slot`, and `ahead_per_agent` held past its slots), counting
+/// its own leases there (another study's held trials take the agent's
+/// places, not this study's depth); 0 for a study held nowhere ahead.
 pub(super) fn depth_left(study: &StudyState, name: &str, slots: usize) -> usize {
     let per_slot = usize::try_from(study.policy.ahead_per_slot).unwrap_or(usize::MAX);
     if per_slot == 0 {
         return 0;
     }
     let own = study.held.get(name).map_or(0, |h| h.len());
-    slots.saturating_mul(per_slot.saturating_add(1)).saturating_sub(own)
+    let mut depth = slots.saturating_mul(per_slot.saturating_add(1));
+    if let Some(per_agent) = study.policy.ahead_per_agent {
+        let per_agent = usize::try_from(per_agent).unwrap_or(usize::MAX);
+        depth = depth.min(slots.saturating_add(per_agent));
+    }
+    depth.saturating_sub(own)
 }

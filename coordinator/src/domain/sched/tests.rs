@@ -28,7 +28,15 @@ fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentIn
 /// A study of any agent, leases of 1 s.
 fn policy(name: &str, id: u64, max_attempts: u32, lookahead: bool) -> StudyPolicy {
     let ahead_per_slot = if lookahead { MAX_LOOKAHEAD_PER_SLOT } else { 0 };
-    StudyPolicy { name: name.into(), id, selector: Selector::default(), max_attempts, ahead_per_slot, lease_ms: 1_000 }
+    StudyPolicy {
+        name: name.into(),
+        id,
+        selector: Selector::default(),
+        max_attempts,
+        ahead_per_slot,
+        ahead_per_agent: None,
+        lease_ms: 1_000,
+    }
 }
 
 fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
@@ -39,6 +47,7 @@ fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
         selector,
         max_attempts,
         ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT,
+        ahead_per_agent: None,
         lease_ms: 1_000,
     };
     s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
@@ -589,7 +598,7 @@ proptest! {
         let mut s = sched(12, 3, Selector::default());
         s.set_open("s", true);
         let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, lease_ms: 700 };
+        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, ahead_per_agent: None, lease_ms: 700 };
         let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
         states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
         s.add_study(policy, states, 0);
@@ -768,6 +777,26 @@ fn a_study_that_learns_from_each_result_is_held_one_deep_at_most() {
         assert!(own <= 2, "the model's trials: one running at most and one held per slot ({own})");
     }
     assert!(models >= 2, "the model's study got {models} of 10 places");
+}
+
+/// Issue 37: a study that learns from each result has one of its trials
+/// held per agent, not per slot, so its search is asked just in time.
+#[test]
+fn a_study_that_learns_from_each_result_is_held_one_per_agent() {
+    let mut s = Scheduler::new();
+    let queue = |n| vec![Restored::Pending { last_attempt: 0, failures: 0 }; n];
+    let model = StudyPolicy { ahead_per_slot: 1, ahead_per_agent: Some(1), ..policy("model", 7, 1, true) };
+    s.add_study(model.clone(), Vec::new(), 0);
+    s.hello(AgentInfo { slots: 4, lookahead: 8, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 4, ahead: 8, running: vec![], held: vec![] });
+    assert_eq!(s.demand("model"), 5, "four slots and one held: what the search may be asked");
+    let mut s = Scheduler::new();
+    s.add_study(model, queue(20), 0);
+    s.hello(AgentInfo { slots: 4, lookahead: 8, ..info("a", 1, "x86_64", &[]) });
+    s.request("a", &WorkRequest { seq: 1, free: 4, ahead: 8, running: vec![], held: vec![] });
+    let work = assigned(&s.assign(0));
+    assert_eq!(work.len(), 5, "four running, one held: {work:?}");
+    assert_eq!(work.iter().filter(|(_, t)| t.study == "model").count(), 5);
 }
 
 #[test]

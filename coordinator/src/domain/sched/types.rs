@@ -20,6 +20,11 @@ pub struct StudyPolicy {
     /// busy ([`crate::domain::study::Study::ahead_per_slot`]); 0: only a
     /// free slot takes one.
     pub ahead_per_slot: u32,
+    /// At most this many held ahead per agent, whatever its slots
+    /// ([`crate::domain::study::Study::ahead_per_agent`]: a search that
+    /// learns from results has its trials asked just in time); `None`: no
+    /// bound but the slots'.
+    pub ahead_per_agent: Option<u32>,
     /// How long an attempt may hold its lease (trial timeout plus a grace);
     /// one held ahead may hold it twice as long: it waits at most for one
     /// of the trials running there.

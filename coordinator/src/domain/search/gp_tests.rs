@@ -97,28 +97,16 @@ fn asks_are_reproducible_and_stay_in_the_domain_on_lattices_and_categories() {
 
 #[test]
 fn parallel_asks_spread_out_while_trials_run() {
-    let mut gp = Gp::new(box3(), Direction::Minimize, 1, 11, GpSettings::default());
-    for i in 0..20 {
-        let p = gp.ask(i, &[]);
-        gp.tell(i, &p, Outcome::Complete(bowl(&p)));
-    }
-    // Four asks, each while the ones before it run.
-    let mut running: Vec<(u64, Params)> = Vec::new();
-    for i in 20..24 {
-        let view: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
-        let p = gp.ask(i, &view);
-        running.push((i, p));
-    }
-    for (i, (_, a)) in running.iter().enumerate() {
-        for (_, b) in &running[i + 1..] {
-            let d: f64 = ["a", "b", "c"].iter().map(|k| (x(a, k) - x(b, k)).powi(2)).sum::<f64>().sqrt();
-            assert!(d > 1e-3, "two parallel asks at the same point: {a:?} {b:?}");
+    let (gp, running) = parallel_asks(Batch::Believer, 11);
+    for (i, a) in running.iter().enumerate() {
+        for b in &running[i + 1..] {
+            assert!(distance(a, b) > 1e-3, "two parallel asks at the same point: {a:?} {b:?}");
         }
     }
     // Without the running trials the same index asks what the first did.
     let alone = gp.ask(20, &[]);
-    assert_eq!(alone, running[0].1);
-    assert_ne!(gp.ask(21, &[]), gp.ask(21, &[(20, &running[0].1)]), "the running trial changes the next ask");
+    assert_eq!(alone, running[0]);
+    assert_ne!(gp.ask(21, &[]), gp.ask(21, &[(20, &running[0])]), "the running trial changes the next ask");
 }
 
 #[test]
@@ -228,4 +216,79 @@ fn without_every_objective_measured_the_first_one_is_searched() {
         gp.tell_values(i, &p, v, &[f64::NAN]);
     }
     assert!(best < 3e-3, "best {best}: the first objective was not searched");
+}
+
+/// Twenty told trials of the bowl, then four asks under `rule`, each while
+/// the ones before it run: the search and the asks.
+fn parallel_asks(rule: Batch, seed: u64) -> (Gp, Vec<Params>) {
+    let settings = GpSettings { batch: rule, ..GpSettings::default() };
+    let mut gp = Gp::new(box3(), Direction::Minimize, 1, seed, settings);
+    for i in 0..20 {
+        let p = gp.ask(i, &[]);
+        gp.tell(i, &p, Outcome::Complete(bowl(&p)));
+    }
+    let mut running: Vec<(u64, Params)> = Vec::new();
+    for i in 20..24 {
+        let view: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
+        let p = gp.ask(i, &view);
+        running.push((i, p));
+    }
+    (gp, running.into_iter().map(|(_, p)| p).collect())
+}
+
+fn distance(a: &Params, b: &Params) -> f64 {
+    ["a", "b", "c"].iter().map(|k| (x(a, k) - x(b, k)).powi(2)).sum::<f64>().sqrt()
+}
+
+#[test]
+fn every_batch_rule_spreads_the_asks_made_while_trials_run() {
+    for rule in Batch::ALL {
+        assert_eq!(Batch::from_name(rule.name()), Some(rule));
+        let (_, asks) = parallel_asks(rule, 11);
+        for (i, a) in asks.iter().enumerate() {
+            for b in &asks[i + 1..] {
+                assert!(distance(a, b) > 1e-3, "{}: two parallel asks at one point: {a:?} {b:?}", rule.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn local_penalisation_keeps_an_ask_off_the_ball_around_a_running_trial() {
+    // The running trial sits at the bowl's minimum, where the expected
+    // improvement is largest: without its penalty, the next ask lands on it.
+    let settings = GpSettings { batch: Batch::Penalise, ..GpSettings::default() };
+    let mut gp = Gp::new(box3(), Direction::Minimize, 1, 5, settings);
+    for i in 0..25 {
+        let p = gp.ask(i, &[]);
+        gp.tell(i, &p, Outcome::Complete(bowl(&p)));
+    }
+    let alone = gp.ask(25, &[]);
+    let next = gp.ask(25, &[(25, &alone)]);
+    assert!(distance(&alone, &next) > 0.02, "{alone:?} then {next:?}");
+}
+
+#[test]
+fn the_hyper_parameters_are_refitted_on_a_schedule_and_an_ask_stays_a_function_of_the_history() {
+    let points: Vec<usize> = (28..=50).map(|n| fit_point(n, 30)).collect();
+    assert_eq!(points, [28, 29, 30, 30, 30, 33, 33, 33, 36, 36, 36, 39, 39, 39, 42, 42, 42, 42, 46, 46, 46, 46, 50]);
+    assert_eq!(fit_point(1000, 30), 972);
+    // One search asked along the way (its fit remembered), one fresh with
+    // the same history: the same asks, also after a trial is told again
+    // with another value (the remembered fit is then not reused).
+    let mut along = Gp::new(box3(), Direction::Minimize, 1, 9, GpSettings::default());
+    let mut told = Vec::new();
+    for i in 0..40 {
+        let p = along.ask(i, &[]);
+        along.tell(i, &p, Outcome::Complete(bowl(&p)));
+        told.push(p);
+    }
+    let _ = along.ask(40, &[]);
+    along.tell(3, &told[3], Outcome::Complete(50.0));
+    let mut fresh = Gp::new(box3(), Direction::Minimize, 1, 9, GpSettings::default());
+    for (i, p) in told.iter().enumerate() {
+        let v = if i == 3 { 50.0 } else { bowl(p) };
+        fresh.tell(i as u64, p, Outcome::Complete(v));
+    }
+    assert_eq!(along.ask(41, &[]), fresh.ask(41, &[]));
 }

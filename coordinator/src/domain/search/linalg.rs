@@ -40,6 +40,27 @@ pub fn solve_lower(l: &[f64], n: usize, b: &[f64]) -> Vec<f64> {
     x
 }
 
+/// Solves `L X = B` in place for the lower triangular `l` (`n` by `n`) and
+/// `b` of `n` rows of `m` columns (row-major): every row an update of
+/// contiguous columns, so many right-hand sides cost little more than one.
+pub fn solve_lower_many(l: &[f64], n: usize, b: &mut [f64], m: usize) {
+    for i in 0..n {
+        let (done, rest) = b.split_at_mut(i * m);
+        let row = &mut rest[..m];
+        for (k, c) in l[i * n..i * n + i].iter().enumerate() {
+            if *c != 0.0 {
+                for (r, s) in row.iter_mut().zip(&done[k * m..(k + 1) * m]) {
+                    *r -= c * s;
+                }
+            }
+        }
+        let d = l[i * n + i];
+        for r in row.iter_mut() {
+            *r /= d;
+        }
+    }
+}
+
 /// Solves `L^T x = b` for the lower triangular `l`.
 pub fn solve_upper_t(l: &[f64], n: usize, b: &[f64]) -> Vec<f64> {
     let mut x = b.to_vec();
@@ -133,6 +154,15 @@ mod tests {
             assert!((ax - b[i]).abs() < 1e-12, "row {i}: {ax} vs {}", b[i]);
         }
         assert!(cholesky(&[1.0, 2.0, 2.0, 1.0], 2).is_none(), "indefinite");
+        // Many right-hand sides at once: each column as solved alone.
+        let mut many = vec![1.0, 0.3, -2.0, 4.0, 0.5, -1.5];
+        solve_lower_many(&l, 3, &mut many, 2);
+        for (column, b) in [[1.0, -2.0, 0.5], [0.3, 4.0, -1.5]].iter().enumerate() {
+            let alone = solve_lower(&l, 3, b);
+            for i in 0..3 {
+                assert!((many[i * 2 + column] - alone[i]).abs() < 1e-12, "column {column} row {i}");
+            }
+        }
     }
 
     #[test]

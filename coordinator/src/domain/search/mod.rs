@@ -25,12 +25,14 @@ use tunefleet_common::template::{self, TemplateError};
 use crate::domain::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
 
 pub mod asha;
+mod depth;
 mod draw;
 pub mod gp;
 mod linalg;
 mod sampler;
 pub mod tpe;
 
+pub use depth::AskDepth;
 pub use draw::sample;
 pub use sampler::{Outcome, Sampler};
 
@@ -169,6 +171,8 @@ pub struct Search {
     /// Trials created so far (the next trial id).
     created: u64,
     exhausted: bool,
+    /// Trials in flight at each ask of a strategy that reads them.
+    depth: AskDepth,
 }
 
 impl Search {
@@ -191,7 +195,7 @@ impl Search {
         if study.strategy == Strategy::Grid {
             configs_left = configs_left.min(grid_size(study));
         }
-        Search { strategy, repeats, configs_left, created: 0, exhausted: false }
+        Search { strategy, repeats, configs_left, created: 0, exhausted: false, depth: AskDepth::default() }
     }
 
     /// Replays the trials a study created before (in trial order, as read
@@ -232,6 +236,9 @@ impl Search {
             self.exhausted = true;
             return None;
         };
+        if self.strategy.reads_running() {
+            self.depth.record(running.len());
+        }
         self.configs_left -= 1;
         let first = self.created;
         self.created += u64::from(self.repeats);
@@ -246,6 +253,12 @@ impl Search {
     /// to a TPE search; 0 for grid and random, which do not learn.
     pub fn observations(&self) -> usize {
         self.strategy.observations()
+    }
+
+    /// The trials in flight at each ask of a strategy that reads them (gp,
+    /// tpe): how much of the study it chose without the results.
+    pub fn ask_depth(&self) -> &AskDepth {
+        &self.depth
     }
 
     /// Whether [`Search::next_trials_while`] reads the running trials
@@ -886,6 +899,23 @@ control = true
         assert_eq!(n, 60);
         // Uniform: 20 % of the 40 later draws (8) within 0.1 of 0.8.
         assert!(near >= 16, "{near} of 40 TPE draws near the optimum");
+    }
+
+    #[test]
+    fn the_trials_in_flight_at_each_ask_are_counted_for_adaptive_searches_only() {
+        let space =
+            "[hyper.a]\nkind = \"categorical\"\nvalues = [\"only\"]\n[hyper.x]\nkind = \"float\"\nlow = 0\nhigh = 1\n";
+        let mut search = Search::new(&study(space, "kind = \"tpe\"\nseed = 5", 10, 1));
+        let mut running: Vec<TrialPlan> = Vec::new();
+        for _ in 0..5 {
+            let refs: Vec<(u64, &Params)> = running.iter().map(|t| (t.trial, &t.params)).collect();
+            running.extend(search.next_trials_while(&refs).expect("budget left"));
+        }
+        let depth = search.ask_depth();
+        assert_eq!((depth.asks(), depth.median(), depth.max()), (5, Some(2), Some(4)), "0 1 2 3 4 in flight");
+        let mut random = Search::new(&study(space, "kind = \"random\"\nseed = 5", 10, 1));
+        let _ = random.next_trials_while(&[]);
+        assert_eq!(random.ask_depth().asks(), 0, "a search that reads no running trial");
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub struct Summary {
     pub elapsed: Duration,
     pub stats: EngineStats,
     pub agents_seen: usize,
+    /// Trials in flight at each ask of its search (gp, tpe); `None` when
+    /// it never read them.
+    pub ask_depth: Option<crate::domain::search::AskDepth>,
 }
 
 pub(super) struct ActiveStudy {

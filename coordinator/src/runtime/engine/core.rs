@@ -225,6 +225,7 @@ impl Core {
             selector: study.selector.clone(),
             max_attempts: study.max_attempts,
             ahead_per_slot: study.ahead_per_slot(),
+            ahead_per_agent: study.ahead_per_agent(),
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
         };
         self.sched.add_study(policy, states, now.engine_ms);
@@ -407,6 +408,7 @@ impl Core {
                 .unwrap_or_default(),
             stats: self.stats.clone(),
             agents_seen: self.agents_seen.len(),
+            ask_depth: active.map(|a| a.search.ask_depth().clone()).filter(|d| d.asks() > 0),
         }
     }
 }

@@ -715,6 +715,7 @@ fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
         selector: Default::default(),
         max_attempts: 3,
         ahead_per_slot: tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
+        ahead_per_agent: None,
         lease_ms: 60_000,
     };
     let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];

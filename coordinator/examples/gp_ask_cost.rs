@@ -1,0 +1,59 @@
+//! The cost of one `gp` ask (issue 37) at 100, 300 and 1,000 told trials,
+//! with 0 and 4 trials in flight: a study of 6 floats (hartmann6's space)
+//! told random configurations, then asks timed one by one (median and
+//! largest of `ASKS`, after the first, whose hyper-parameters fit is timed
+//! alone). Every ask the `gp` search makes between two refits of its
+//! hyper-parameters costs what the median says.
+//!
+//! Usage: `gp_ask_cost [ASKS]`; `GP_REFIT_FROM=1000000` fits the
+//! hyper-parameters at every ask, as before issue 37.
+
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_coordinator::domain::search::gp::{Gp, GpSettings};
+use tunefleet_coordinator::domain::search::{Outcome, Sampler};
+use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
+
+fn main() {
+    let asks: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20);
+    let space: Vec<(String, ParamSpec)> =
+        (0..6).map(|i| (format!("x{i}"), ParamSpec::Float { low: 0.0, high: 1.0, grid: 2 })).collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for told in [100u64, 300, 1000] {
+        for in_flight in [0usize, 4] {
+            let mut settings = GpSettings::default();
+            if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
+                settings.refit_from = from;
+            }
+            if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
+                settings.model_points = points;
+            }
+            let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, 7, settings);
+            for t in 0..told {
+                let p: Params = space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect();
+                let v: f64 = space.iter().map(|(n, _)| (p[n].as_f64().unwrap_or(0.0) - 0.3).powi(2)).sum();
+                gp.tell(t, &p, Outcome::Complete(v));
+            }
+            let running: Vec<(u64, Params)> = (0..in_flight as u64)
+                .map(|k| (told + k, space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect()))
+                .collect();
+            let view: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
+            let mut times = Vec::new();
+            for k in 0..=asks {
+                let started = Instant::now();
+                let _ = gp.ask(told + 100 + k as u64, &view);
+                times.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+            let first = times.remove(0);
+            times.sort_by(f64::total_cmp);
+            println!(
+                "told {told:>5}, in flight {in_flight}: first ask (fits) {first:7.1} ms, then median {:6.1} ms, largest {:6.1} ms",
+                times[times.len() / 2],
+                times[times.len() - 1]
+            );
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! How a Gaussian-process ask accounts for the trials still running (a
+//! fleet's parallel asks, issue 37): each rule turns the model of the told
+//! trials and the configurations in flight into a score whose maximum is
+//! the next configuration, spread away from what already runs.
+
+use rand_chacha::ChaCha8Rng;
+
+use super::{Gp, Model};
+use crate::domain::search::linalg::{cholesky, solve_lower};
+use crate::domain::search::tpe::standard_normal;
+
+/// Fantasies averaged by [`Batch::Fantasy`].
+const FANTASIES: usize = 4;
+/// Random candidates a Thompson sample is drawn over (the local ones come
+/// on top, every second of them): a joint sample is cubic in their number.
+const THOMPSON_RANDOM: usize = 128;
+/// Width of the confidence bound of [`Batch::Ucb`], in deviations.
+const UCB_WIDTH: f64 = 2.0;
+
+/// What stands for a running trial's unknown result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Batch {
+    /// Kriging believer: its posterior mean (no uncertainty left there),
+    /// then the expected improvement.
+    Believer,
+    /// Constant liar: the worst told value, then the expected improvement.
+    LiarMax,
+    /// Constant liar: the mean told value.
+    LiarMean,
+    /// Believer, scored by a lower confidence bound (mean less two
+    /// deviations) instead of the expected improvement: wider exploration.
+    /// The default ([`super::GpSettings`]).
+    Ucb,
+    /// The expected improvement averaged over a few joint draws of the
+    /// running trials' results from the posterior (fantasies).
+    Fantasy,
+    /// Local penalisation: the expected improvement of the told trials'
+    /// model times, for each running trial, the probability that a point
+    /// lies outside the ball its posterior puts around the minimum
+    /// (the model's Lipschitz constant estimated on the candidates).
+    Penalise,
+    /// Thompson sampling: the minimum of one joint draw of the posterior
+    /// (running trials believed) over a few hundred candidates.
+    Thompson,
+}
+
+impl Batch {
+    /// Every rule, for benchmarks.
+    pub const ALL: [Batch; 7] = [
+        Batch::Believer,
+        Batch::LiarMax,
+        Batch::LiarMean,
+        Batch::Ucb,
+        Batch::Fantasy,
+        Batch::Penalise,
+        Batch::Thompson,
+    ];
+
+    /// Its name: `believer`, `liar_max`, `liar_mean`, `ucb`, `fantasy`,
+    /// `penalise`, `thompson`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Batch::Believer => "believer",
+            Batch::LiarMax => "liar_max",
+            Batch::LiarMean => "liar_mean",
+            Batch::Ucb => "ucb",
+            Batch::Fantasy => "fantasy",
+            Batch::Penalise => "penalise",
+            Batch::Thompson => "thompson",
+        }
+    }
+
+    /// The rule of that [`Batch::name`].
+    pub fn from_name(name: &str) -> Option<Batch> {
+        Batch::ALL.into_iter().find(|b| b.name() == name)
+    }
+}
+
+/// An ask with trials in flight.
+pub(super) struct Pending<'a> {
+    pub gp: &'a Gp,
+    /// The model of the told trials alone.
+    pub model: &'a Model,
+    /// The incumbent: the best posterior mean at a told configuration.
+    pub best: f64,
+    /// The told values, standardised.
+    pub y: &'a [f64],
+    /// Unit coordinates of the running trials (at least one).
+    pub pending: Vec<Vec<f64>>,
+}
+
+impl Pending<'_> {
+    /// The next configuration under `rule`, from `candidates`.
+    pub fn choose(&self, rule: Batch, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
+        let gp = self.gp;
+        match rule {
+            Batch::Believer | Batch::Ucb => {
+                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
+                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+                if rule == Batch::Ucb {
+                    gp.maximise(candidates, &|us| {
+                        model.predict_many(gp, us).into_iter().map(|(mu, var)| UCB_WIDTH * var.sqrt() - mu).collect()
+                    })
+                } else {
+                    gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us))
+                }
+            }
+            Batch::LiarMax | Batch::LiarMean => {
+                let n = self.y.len().max(1) as f64;
+                let lie = match rule {
+                    Batch::LiarMax => self.y.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    _ => self.y.iter().sum::<f64>() / n,
+                };
+                let model = self.with_pending(&vec![lie; self.pending.len()]).unwrap_or_else(|| self.model.clone());
+                gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us))
+            }
+            Batch::Fantasy => {
+                let draws = self.joint_draws(&self.pending, FANTASIES, rng)?;
+                let models: Vec<(Model, f64)> = draws
+                    .iter()
+                    .filter_map(|f| {
+                        let best = f.iter().copied().fold(self.best, f64::min);
+                        Some((self.with_pending(f)?, best))
+                    })
+                    .collect();
+                if models.is_empty() {
+                    return gp.maximise(candidates, &|us| gp.log_ei(self.model, self.best, us));
+                }
+                let k = (models.len() as f64).ln();
+                gp.maximise(candidates, &|us| {
+                    let each: Vec<Vec<f64>> = models.iter().map(|(m, b)| gp.log_ei(m, *b, us)).collect();
+                    (0..us.len()).map(|j| log_sum_exp(&each.iter().map(|e| e[j]).collect::<Vec<f64>>()) - k).collect()
+                })
+            }
+            Batch::Penalise => {
+                let lipschitz = self.lipschitz(&candidates);
+                let balls: Vec<(Vec<f64>, f64, f64)> = self
+                    .pending
+                    .iter()
+                    .map(|u| {
+                        let (mu, var) = self.model.predict(gp, u);
+                        (u.clone(), mu, (var + self.model.theta.noise).sqrt())
+                    })
+                    .collect();
+                gp.maximise(candidates, &|us| {
+                    let ei = gp.log_ei(self.model, self.best, us);
+                    us.iter()
+                        .zip(ei)
+                        .map(|(u, ei)| {
+                            let penalty: f64 = balls
+                                .iter()
+                                .map(|(c, mu, sd)| {
+                                    log_normal_cdf((lipschitz * gp.unit_distance(u, c) + self.best - mu) / sd)
+                                })
+                                .sum();
+                            ei + penalty
+                        })
+                        .collect()
+                })
+            }
+            Batch::Thompson => {
+                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
+                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+                let random = gp.settings.candidates.max(1).min(candidates.len());
+                let points: Vec<Vec<f64>> = candidates
+                    .iter()
+                    .take(random.min(THOMPSON_RANDOM))
+                    .chain(candidates[random..].iter().step_by(2))
+                    .cloned()
+                    .collect();
+                let pending = Pending { model: &model, ..self.shallow() };
+                match pending.joint_draws(&points, 1, rng).and_then(|d| d.into_iter().next()) {
+                    Some(draw) => {
+                        let at = (0..points.len()).min_by(|&a, &b| draw[a].total_cmp(&draw[b]))?;
+                        points.into_iter().nth(at)
+                    }
+                    None => gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us)),
+                }
+            }
+        }
+    }
+
+    fn shallow(&self) -> Pending<'_> {
+        Pending { gp: self.gp, model: self.model, best: self.best, y: self.y, pending: Vec::new() }
+    }
+
+    /// The model of the told trials and the running ones with `values`.
+    fn with_pending(&self, values: &[f64]) -> Option<Model> {
+        let model = self.model;
+        let mut xs = model.x.clone();
+        xs.extend(self.pending.iter().cloned());
+        let mut ys = model.y.clone();
+        ys.extend_from_slice(values);
+        self.gp.model(xs, &ys, &model.theta)
+    }
+
+    /// `count` joint draws of the posterior (latent, plus the noise) at
+    /// `points`; `None` when their covariance is not positive definite
+    /// even with some jitter.
+    fn joint_draws(&self, points: &[Vec<f64>], count: usize, rng: &mut ChaCha8Rng) -> Option<Vec<Vec<f64>>> {
+        let (gp, model) = (self.gp, self.model);
+        let n = model.x.len();
+        let m = points.len();
+        let mut mean = Vec::with_capacity(m);
+        let mut v = Vec::with_capacity(m);
+        for u in points {
+            let k: Vec<f64> = model.x.iter().map(|x| gp.kernel(x, u, &model.theta)).collect();
+            mean.push(k.iter().zip(&model.alpha).map(|(a, b)| a * b).sum::<f64>());
+            v.push(solve_lower(&model.chol, n, &k));
+        }
+        let mut cov = vec![0.0; m * m];
+        for a in 0..m {
+            for b in 0..=a {
+                let c = gp.kernel(&points[a], &points[b], &model.theta)
+                    - v[a].iter().zip(&v[b]).map(|(p, q)| p * q).sum::<f64>();
+                cov[a * m + b] = c;
+                cov[b * m + a] = c;
+            }
+        }
+        let mut jitter = model.theta.noise.max(1e-8 * model.theta.signal);
+        for _ in 0..4 {
+            let mut with = cov.clone();
+            for i in 0..m {
+                with[i * m + i] += jitter;
+            }
+            if let Some(l) = cholesky(&with, m) {
+                return Some(
+                    (0..count)
+                        .map(|_| {
+                            let z: Vec<f64> = (0..m).map(|_| standard_normal(rng)).collect();
+                            (0..m).map(|i| mean[i] + (0..=i).map(|k| l[i * m + k] * z[k]).sum::<f64>()).collect()
+                        })
+                        .collect(),
+                );
+            }
+            jitter *= 100.0;
+        }
+        None
+    }
+
+    /// The largest slope of the model's mean over the first candidates
+    /// (finite differences along the numeric axes), at least a small floor.
+    fn lipschitz(&self, candidates: &[Vec<f64>]) -> f64 {
+        let (gp, model) = (self.gp, self.model);
+        let h = 1e-4;
+        let mut most: f64 = 1e-7;
+        for u in candidates.iter().take(200) {
+            let mu = model.predict_mean(gp, u);
+            let mut g2 = 0.0;
+            for d in gp.numeric_axes() {
+                let mut v = u.clone();
+                v[d] = if u[d] + h <= 1.0 { u[d] + h } else { u[d] - h };
+                let slope = (model.predict_mean(gp, &v) - mu) / (v[d] - u[d]);
+                g2 += slope * slope;
+            }
+            most = most.max(g2.sqrt());
+        }
+        most
+    }
+}
+
+/// `ln sum exp` of finite or minus-infinite values.
+fn log_sum_exp(v: &[f64]) -> f64 {
+    let top = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if top == f64::NEG_INFINITY {
+        return top;
+    }
+    top + v.iter().map(|x| (x - top).exp()).sum::<f64>().ln()
+}
+
+/// `ln Phi(z)`, with its asymptote far in the left tail.
+fn log_normal_cdf(z: f64) -> f64 {
+    if z > -37.0 {
+        (0.5 * libm::erfc(-z / std::f64::consts::SQRT_2)).ln()
+    } else {
+        // Phi(z) ~ phi(z) / -z.
+        -0.5 * z * z - 0.5 * (2.0 * std::f64::consts::PI).ln() - (-z).ln()
+    }
+}
