@@ -178,3 +178,72 @@ fn the_agent_unit_starts_restarts_after_a_kill_keeps_its_sandbox_and_drains_on_s
     let left = c.sh("tunefleet-agent spool --state-dir /var/lib/private/tunefleet-agent");
     assert!(left.contains(": 0 awaiting an acknowledgement, 0 kept aside"), "the unit's spool is empty: {left}");
 }
+
+/// Six trials of half a second.
+const SLOW_STUDY: &str = "name = \"served\"\ncommand = [\"sh\", \"-c\", \"sleep 0.5; echo TUNEFLEET final v={x}\"]\n\
+    timeout = 60\n[objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 6\n[strategy]\n\
+    kind = \"grid\"\n[hyper.x]\nkind = \"int\"\nlow = 1\nhigh = 6\n";
+
+#[test]
+fn the_coordinator_unit_serves_restarts_after_a_kill_resumes_its_study_and_stops_cleanly() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let agent = bin("tunefleet-agent");
+    let bin_dir = agent.parent().expect("the binaries' directory").to_path_buf();
+    let units = repo().join("systemd");
+    let name = format!("tfc-{}", std::process::id());
+    let Some(c) = Container::boot(&name, &dir.path().join("boot.log"), &bin_dir, &units) else { return };
+    let port = free_port();
+    // The coordinator's unit and environment file, as DEPLOY.md installs them.
+    c.sh(&format!(
+        "install -m 0644 /opt/tunefleet-units/tunefleet-coordinator.service /opt/tunefleet-units/tunefleet-agent.service \
+           /etc/systemd/system/\n\
+         groupadd --system powercap\n\
+         mkdir -p /etc/tunefleet\n\
+         printf 'TUNEFLEET_LISTEN=127.0.0.1:{port}\\n' > /etc/tunefleet/coordinator.env\n\
+         chmod 0600 /etc/tunefleet/coordinator.env\n\
+         systemctl daemon-reload\n\
+         systemctl start tunefleet-coordinator"
+    ));
+    wait_for("the coordinator's broker", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    // The operator's commands run as root, as DEPLOY.md's `sudo tunefleet ...`.
+    let store = "/var/lib/private/tunefleet/tunefleet.db";
+    let token = c
+        .sh(&format!("tunefleet token create --identity /var/lib/tunefleet/coordinator.key --store {store} --uses 1"))
+        .trim()
+        .to_string();
+    assert!(token.starts_with("tfjoin"), "{token}");
+    c.sh(&format!(
+        "umask 077\n\
+         printf 'TUNEFLEET_BROKER=mqtt://127.0.0.1:{port}\\nTUNEFLEET_JOIN={token}\\nTUNEFLEET_AGENT_ARGS=--name unit-agent --slots 1\\n' \
+           > /etc/tunefleet/agent.env\n\
+         systemctl start tunefleet-agent"
+    ));
+    c.sh(&format!(
+        "cat > /etc/tunefleet/served.toml <<'STUDY'\n{SLOW_STUDY}STUDY\n\
+         tunefleet submit /etc/tunefleet/served.toml --control /run/tunefleet/control.sock"
+    ));
+    let done = || -> u64 {
+        let (_, out, _) = c.run(&["sh", "-c", &format!("tunefleet status --store {store} --json")]);
+        serde_json::from_str::<serde_json::Value>(&out).ok().and_then(|v| v[0]["done"].as_u64()).unwrap_or(0)
+    };
+    wait_for("two trials done", Duration::from_secs(60), || done() >= 2);
+
+    // Killed: systemd starts the service again, and it resumes the study.
+    c.sh("systemctl kill -s KILL tunefleet-coordinator");
+    wait_for("systemd to restart the coordinator", Duration::from_secs(30), || {
+        c.show("tunefleet-coordinator", "NRestarts") == "1"
+            && c.show("tunefleet-coordinator", "ActiveState") == "active"
+    });
+    wait_for("the study to finish after the restart", Duration::from_secs(90), || done() == 6);
+    let journal = c.sh("journalctl -u tunefleet-coordinator --no-pager -o cat");
+    assert!(journal.contains("resuming an unfinished study"), "{journal}");
+
+    // Stopped: SIGTERM, the service collects what is in flight and exits 0.
+    c.sh("systemctl stop tunefleet-agent tunefleet-coordinator");
+    assert_eq!(c.show("tunefleet-coordinator", "Result"), "success");
+    assert_eq!(c.show("tunefleet-agent", "Result"), "success");
+    let left = c.sh("tunefleet-agent spool --state-dir /var/lib/private/tunefleet-agent");
+    assert!(left.contains(": 0 awaiting an acknowledgement, 0 kept aside"), "the agent's spool is empty: {left}");
+}

@@ -209,12 +209,34 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     let mut nodelay = settings.nodelay;
     let mut listening = |want: SocketAddr| -> Result<SocketAddr, BrokerError> {
         loop {
-            if let Some((fd, local)) = find_listener(&before, want).map_err(BrokerError::Inspect)? {
-                if settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
-                    tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
-                    nodelay = false;
+            match find_listener(&before, want).map_err(BrokerError::Inspect)? {
+                Listener::Found(fd, local) => {
+                    if settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
+                        tracing::warn!(
+                            "could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle"
+                        );
+                        nodelay = false;
+                    }
+                    return Ok(local);
                 }
-                return Ok(local);
+                // A seccomp filter without @debug (a systemd unit's
+                // SystemCallFilter=@system-service) refuses pidfd_getfd:
+                // a known port is found by connecting to it instead.
+                Listener::Hidden if want.port() != 0 => {
+                    let dial =
+                        if want.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], want.port())) } else { want };
+                    if std::net::TcpStream::connect_timeout(&dial, Duration::from_millis(100)).is_ok() {
+                        if nodelay {
+                            tracing::warn!(
+                                "cannot look at the broker's listener (pidfd_getfd refused: a seccomp filter?): no \
+                                 TCP_NODELAY, replies may wait for Nagle; allow pidfd_getfd (the unit does)"
+                            );
+                        }
+                        nodelay = false;
+                        return Ok(want);
+                    }
+                }
+                Listener::Hidden | Listener::NotYet => {}
             }
             if Instant::now() > deadline {
                 return Err(BrokerError::NotListening { addr: want, waited });
@@ -315,14 +337,32 @@ fn to_std(addr: &SocketAddrAny) -> Option<SocketAddr> {
     SocketAddrV6::try_from(addr.clone()).ok().map(SocketAddr::V6)
 }
 
+/// What a look for the broker's listener found.
+enum Listener {
+    /// A new listening TCP socket bound to the address wanted, and its address.
+    Found(OwnedFd, SocketAddr),
+    /// None yet.
+    NotYet,
+    /// New sockets this process may not look at (pidfd_getfd refused).
+    Hidden,
+}
+
 /// A new listening TCP socket bound to `want` (any port when `want`'s is 0).
-fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Option<(OwnedFd, SocketAddr)>> {
+fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Listener> {
     let pidfd = pidfd_open(getpid(), PidfdFlags::empty())?;
+    let mut hidden = false;
     for (fd, ino) in socket_fds() {
         if before.contains(&ino) {
             continue;
         }
-        let Ok(dup) = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()) else { continue };
+        let dup = match pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()) {
+            Ok(dup) => dup,
+            Err(rustix::io::Errno::PERM | rustix::io::Errno::ACCESS | rustix::io::Errno::NOSYS) => {
+                hidden = true;
+                continue;
+            }
+            Err(_) => continue,
+        };
         if !rustix::net::sockopt::socket_acceptconn(&dup).unwrap_or(false) {
             continue;
         }
@@ -330,10 +370,10 @@ fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Opt
         let ip_ok = local.ip() == want.ip() || want.ip().is_unspecified() && local.ip().is_unspecified();
         let port_ok = want.port() == 0 || local.port() == want.port();
         if ip_ok && port_ok {
-            return Ok(Some((dup, local)));
+            return Ok(Listener::Found(dup, local));
         }
     }
-    Ok(None)
+    Ok(if hidden { Listener::Hidden } else { Listener::NotYet })
 }
 
 #[cfg(test)]
