@@ -96,6 +96,15 @@ fn every_view_ranks_configurations_by_the_same_rule() {
     assert!(first_row.starts_with(&format!("<td class=\"n\">1</td><td class=\"n\">{leader}</td>")), "{first_row:.300}");
     assert!(first_row[..400.min(first_row.len())].contains("mean 40 of 4 runs"), "{first_row:.400}");
     assert!(!first_row.starts_with(&format!("<td class=\"n\">1</td><td class=\"n\">{lucky}</td>")));
+
+    // The export: the same places, with the configuration's mean and runs.
+    let (code, text, err) = tunefleet(&["export", "ranked", "--store", s, "--format", "json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&text).expect("json");
+    let row = |t: u64| rows.as_array().and_then(|a| a.iter().find(|r| r["trial"] == t)).expect("a row").clone();
+    assert_eq!((row(leader)["rank"].as_u64(), row(leader)["config_mean"].as_f64()), (Some(1), Some(40.0)));
+    assert_eq!(row(leader)["config_runs"], 4);
+    assert_eq!(row(lucky)["rank"], 5, "the lucky 50 ranks after the four runs of the better mean");
 }
 
 /// A grid study of 3 trials running `command` (a TOML array), reporting `v`.

@@ -25,7 +25,10 @@ impl Store {
     /// CSV columns: `trial, repeat, state`, one column per parameter (named
     /// after it, prefixed `param_` if it collides with a fixed column),
     /// `objective, wall_us, energy_j, energy_source, energy_valid, agent,
-    /// attempt, attempts, exit`, and for a study measured on several nodes
+    /// attempt, attempts, exit, rank, config_mean, config_runs` (the one
+    /// ranking rule, [`crate::domain::rank`]: the trial's place among the
+    /// ranked ones, its configuration's mean and runs; empty when not
+    /// ranked), and for a study measured on several nodes
     /// (`[measure] nodes`) `nodes, energy_nodes_j, energy_nodes_valid`.
     /// JSON: an array of objects with the same fields, `params` as an
     /// object, the full `measurement` (or null), and `nodes`: what each
@@ -34,7 +37,13 @@ impl Store {
         if self.study(study)?.is_none() {
             return Err(StoreError::UnknownStudy(study.to_string()));
         }
-        let rows = self.export_rows(study)?;
+        let mut rows = self.export_rows(study)?;
+        let ranked = self.best(study, usize::MAX)?;
+        let places: std::collections::HashMap<u64, (u64, f64, u32)> =
+            ranked.iter().enumerate().map(|(i, r)| (r.trial, (i as u64 + 1, r.mean, r.runs))).collect();
+        for r in &mut rows {
+            r.rank = places.get(&r.trial).copied();
+        }
         let nodes = self.node_measurements(study)?;
         match format {
             ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
@@ -79,6 +88,7 @@ impl Store {
                     attempt: row.get(11)?,
                     exit: row.get(12)?,
                     measurement,
+                    rank: None,
                 })
             })
             .ctx(context)?;
@@ -102,9 +112,11 @@ struct ExportRow {
     attempt: Option<u32>,
     exit: Option<String>,
     measurement: Option<serde_json::Value>,
+    /// Its place among the ranked trials, its configuration's mean and runs.
+    rank: Option<(u64, f64, u32)>,
 }
 
-const FIXED_COLUMNS: [&str; 12] = [
+const FIXED_COLUMNS: [&str; 15] = [
     "trial",
     "repeat",
     "state",
@@ -117,6 +129,9 @@ const FIXED_COLUMNS: [&str; 12] = [
     "attempt",
     "attempts",
     "exit",
+    "rank",
+    "config_mean",
+    "config_runs",
 ];
 
 /// The nodes that measured the row's stored attempt, and the energy of
@@ -167,6 +182,9 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
             opt(&r.attempt),
             r.attempts.to_string(),
             opt(&r.exit),
+            opt(&r.rank.map(|p| p.0)),
+            opt(&r.rank.map(|p| p.1)),
+            opt(&r.rank.map(|p| p.2)),
         ]);
         if co {
             let (mine, sum, valid) = with_nodes(r, nodes);
@@ -198,6 +216,9 @@ fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl
                 "attempt": r.attempt,
                 "attempts": r.attempts,
                 "exit": r.exit,
+                "rank": r.rank.map(|p| p.0),
+                "config_mean": r.rank.map(|p| p.1),
+                "config_runs": r.rank.map(|p| p.2),
                 "measurement": r.measurement,
                 "nodes": mine,
                 "energy_nodes_j": sum,
