@@ -1056,10 +1056,11 @@ fn quick_start_runs_as_written() {
     // The same counts in `run`'s summary, `status` and the report.
     let summary = qs.summaries.iter().find(|l| l.starts_with("study first: ")).expect("run's summary of first");
     let counts = summary.trim_start_matches("study first: ").split(" trials done").next().expect("counts");
-    let (code, status, err) = run(tf("tunefleet", qs.dir.path(), &["status", "first", "--store", "first.db"]));
+    // Section 3 ends by renaming the study `first-1` (its name freed for a changed file).
+    let (code, status, err) = run(tf("tunefleet", qs.dir.path(), &["status", "first-1", "--store", "first.db"]));
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        status.starts_with(&format!("first finished: {counts} done, 0 running, 0 pending, 0 failed")),
+        status.starts_with(&format!("first-1 finished: {counts} done, 0 running, 0 pending, 0 failed")),
         "{summary}\n{status}"
     );
     let html = std::fs::read_to_string(qs.dir.path().join("first.html")).expect("the report");
