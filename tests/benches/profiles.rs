@@ -121,7 +121,7 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
             tunefleet_common::message::Select::Time,
         );
         match d {
-            reuse::Decision::Reuse { cluster, .. } => {
+            reuse::ReuseDecision::Reuse { cluster, .. } => {
                 let own = rest.iter().zip(&placed).filter(|(_, p)| **p == Some(cluster));
                 let same = own.clone().filter(|(r, _)| r.workload == records[i].workload).count();
                 if same * 2 > own.count() {
@@ -130,7 +130,7 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
                     reused_other += 1;
                 }
             }
-            reuse::Decision::Probe { .. } => probed += 1,
+            reuse::ReuseDecision::Probe { .. } => probed += 1,
         }
     }
     println!(
@@ -167,7 +167,7 @@ fn reuses(
         &reuse::Job { profile: &job.profile, group: &job.group, identity: &job.identity },
         tunefleet_common::message::Select::Time,
     );
-    Ok(matches!(d, reuse::Decision::Reuse { .. }))
+    Ok(matches!(d, reuse::ReuseDecision::Reuse { .. }))
 }
 
 fn kinds(store: &str) -> anyhow::Result<()> {

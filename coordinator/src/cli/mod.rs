@@ -55,9 +55,9 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Studies { action, json, store } => results::studies(&store.store, action, json),
         Command::Best { study, n, pareto, by_class, json, store } => {
             let ask = match (pareto, by_class) {
-                (true, _) => crate::query::best::Ask::Pareto,
-                (false, true) => crate::query::best::Ask::ByClass,
-                (false, false) => crate::query::best::Ask::Best,
+                (true, _) => crate::query::best::BestAsk::Pareto,
+                (false, true) => crate::query::best::BestAsk::ByClass,
+                (false, false) => crate::query::best::BestAsk::Best,
             };
             results::best(&store.store, &study, n, ask, json)
         }

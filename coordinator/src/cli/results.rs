@@ -105,7 +105,7 @@ fn list_studies(path: &Path, json: bool) -> Result<()> {
 }
 
 /// `tunefleet best`: the view `ask` of `study`.
-pub fn best(path: &Path, study: &str, n: usize, ask: crate::query::best::Ask, json: bool) -> Result<()> {
+pub fn best(path: &Path, study: &str, n: usize, ask: crate::query::best::BestAsk, json: bool) -> Result<()> {
     let store = open_existing(path)?;
     let found = crate::query::best::view(&store, study, n, ask)?;
     if json {

@@ -2,6 +2,7 @@
 //! I/O or reads a clock; the runtime passes plain values in and performs what
 //! comes back.
 
+pub mod bounds;
 pub mod campaign;
 pub mod cluster;
 pub mod comeasure;
@@ -16,4 +17,3 @@ pub mod sched;
 pub mod search;
 pub mod select;
 pub mod study;
-pub mod validate;

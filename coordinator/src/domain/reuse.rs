@@ -1,7 +1,7 @@
 //! Reuse of known-good system configurations for recurring jobs (PipeTune's
 //! idea, switched on and checked).
 //!
-//! Pure: records and a [`Model`] in, a [`Decision`] or a [`Verdict`] out; the
+//! Pure: records and a [`Model`] in, a [`ReuseDecision`] or a [`Promise`] out; the
 //! engine keeps the records ([`Book`]), stores them and sends the decision.
 //!
 //! A pipelined trial profiles its first probe window (after its warm-up)
@@ -115,7 +115,7 @@ pub struct Job<'a> {
 
 /// What to do with a job whose first window was just profiled.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum ReuseDecision {
     Reuse {
         cluster: usize,
         distance: f64,
@@ -134,15 +134,15 @@ pub enum Decision {
     },
 }
 
-impl Decision {
+impl ReuseDecision {
     /// One line for logs, the store and `tunefleet profiles`.
     pub fn reason(&self) -> String {
         match self {
-            Decision::Reuse { cluster, distance, threshold, system, expected, from } => format!(
+            ReuseDecision::Reuse { cluster, distance, threshold, system, expected, from } => format!(
                 "reused {} from cluster {cluster}: distance {distance:.3} <= threshold {threshold:.3}; {from} probed jobs measured it at {expected:.3} x their first probe window",
                 system_text(system)
             ),
-            Decision::Probe { reason, .. } => reason.clone(),
+            ReuseDecision::Probe { reason, .. } => reason.clone(),
         }
     }
 }
@@ -314,9 +314,10 @@ pub fn decide(
     clusters: &[Option<usize>],
     job: &Job<'_>,
     select: Select,
-) -> Decision {
+) -> ReuseDecision {
     let Job { profile, group, identity } = *job;
-    let probe = |cluster, distance, threshold, reason: String| Decision::Probe { cluster, distance, threshold, reason };
+    let probe =
+        |cluster, distance, threshold, reason: String| ReuseDecision::Probe { cluster, distance, threshold, reason };
     if let Err(why) = check(profile) {
         return probe(None, None, None, format!("probed: malformed profile ({why})"));
     }
@@ -367,7 +368,7 @@ pub fn decide(
     }
     match recommend(members.into_iter(), select) {
         Some((system, expected, from)) if from >= MIN_PROBED_JOBS => {
-            Decision::Reuse { cluster: c, distance: place.distance, threshold, system, expected, from }
+            ReuseDecision::Reuse { cluster: c, distance: place.distance, threshold, system, expected, from }
         }
         Some((system, _, from)) => probe(
             Some(c),
@@ -399,7 +400,7 @@ pub fn decide(
 
 /// Whether a reused configuration did what its cluster promised.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Verdict {
+pub enum Promise {
     Kept {
         measured: f64,
         expected: f64,
@@ -416,8 +417,8 @@ pub enum Verdict {
 /// Checks a reused trial's `outcomes` for `system` against `expected`:
 /// slower by more than `bound` (the study's), or by default than the bound
 /// the windows' own noise gives (see the module documentation), is worse.
-pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: Option<f64>) -> Verdict {
-    let Some(o) = outcomes.iter().find(|o| o.system == *system) else { return Verdict::Unverified };
+pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: Option<f64>) -> Promise {
+    let Some(o) = outcomes.iter().find(|o| o.system == *system) else { return Promise::Unverified };
     let measured = o.rel_time;
     let (bound, from) = match (bound, o.noise) {
         (Some(b), _) => (b, "the study's".to_string()),
@@ -434,9 +435,9 @@ pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound:
             (measured / expected - 1.0) * 100.0,
             bound * 100.0
         );
-        Verdict::Worse { measured, expected, why }
+        Promise::Worse { measured, expected, why }
     } else {
-        Verdict::Kept { measured, expected }
+        Promise::Kept { measured, expected }
     }
 }
 
@@ -541,7 +542,7 @@ mod tests {
         clusters: &[Option<usize>],
         profile: &Profile,
         group: &str,
-    ) -> Decision {
+    ) -> ReuseDecision {
         decide(policy, model, records, clusters, &Job { profile, group, identity: "w" }, Select::Time)
     }
 
@@ -590,7 +591,7 @@ mod tests {
         assert_eq!(quick, slow_start, "a slower start-up is no slower configuration");
         // The reused window's 2 s over 4 epochs had one slow epoch: its median unit is 0.5 s.
         assert!((quick[1].rel_time - 0.5).abs() < 1e-9, "{quick:?}");
-        assert_eq!(verify(&quick, &sys(2), 0.5, None), Verdict::Kept { measured: 0.5, expected: 0.5 });
+        assert_eq!(verify(&quick, &sys(2), 0.5, None), Promise::Kept { measured: 0.5, expected: 0.5 });
     }
 
     #[test]
@@ -598,14 +599,14 @@ mod tests {
         let with_noise = |rel_time: f64, noise: Option<f64>| Outcome { noise, ..o(2, rel_time) };
         // Quiet windows (2 % error): 10 % slower than promised is worse.
         let v = verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, None);
-        assert!(matches!(&v, Verdict::Worse { why, .. } if why.contains("standard errors")), "{v:?}");
+        assert!(matches!(&v, Promise::Worse { why, .. } if why.contains("standard errors")), "{v:?}");
         // Noisy windows (10 %): 20 % slower is within three errors.
-        assert!(matches!(verify(&[with_noise(0.6, Some(0.1))], &sys(2), 0.5, None), Verdict::Kept { .. }));
-        assert!(matches!(verify(&[with_noise(0.7, Some(0.1))], &sys(2), 0.5, None), Verdict::Worse { .. }));
+        assert!(matches!(verify(&[with_noise(0.6, Some(0.1))], &sys(2), 0.5, None), Promise::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.7, Some(0.1))], &sys(2), 0.5, None), Promise::Worse { .. }));
         // Never below 5 %; too short to measure: 50 %; the study's own bound wins.
-        assert!(matches!(verify(&[with_noise(0.52, Some(0.0))], &sys(2), 0.5, None), Verdict::Kept { .. }));
-        assert!(matches!(verify(&[with_noise(0.7, None)], &sys(2), 0.5, None), Verdict::Kept { .. }));
-        assert!(matches!(verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, Some(0.15)), Verdict::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.52, Some(0.0))], &sys(2), 0.5, None), Promise::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.7, None)], &sys(2), 0.5, None), Promise::Kept { .. }));
+        assert!(matches!(verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, Some(0.15)), Promise::Kept { .. }));
         // Outcomes carry the error of their windows.
         let mut a = seg(SegmentRole::Probe, 1, 1_000_000, 4, None);
         (a.unit_median_us, a.unit_spread) = (Some(250_000), Some(0.1));
@@ -626,7 +627,7 @@ mod tests {
         let policy = ReusePolicy::default();
         let d = decide_w(&policy, Some(&model), &records, &clusters, &profile(0, 99), "{}");
         match &d {
-            Decision::Reuse { system, expected, from, distance, threshold, .. } => {
+            ReuseDecision::Reuse { system, expected, from, distance, threshold, .. } => {
                 assert_eq!(*system, sys(2));
                 assert!((expected - 0.525).abs() < 1e-9);
                 assert_eq!(*from, 6);
@@ -636,15 +637,18 @@ mod tests {
         }
         assert!(d.reason().contains("reused threads=2 from cluster"), "{}", d.reason());
         let other_kind = decide_w(&policy, Some(&model), &records, &clusters, &profile(1, 1), "{}");
-        assert!(matches!(&other_kind, Decision::Probe { reason, .. } if reason.contains("new kind")), "{other_kind:?}");
+        assert!(
+            matches!(&other_kind, ReuseDecision::Probe { reason, .. } if reason.contains("new kind")),
+            "{other_kind:?}"
+        );
         let other_group = decide_w(&policy, Some(&model), &records, &clusters, &profile(0, 1), "{\"batch\":64}");
-        assert!(matches!(&other_group, Decision::Probe { reason, .. } if reason.contains("no probed job")));
+        assert!(matches!(&other_group, ReuseDecision::Probe { reason, .. } if reason.contains("no probed job")));
         let none = decide_w(&policy, None, &[], &[], &profile(0, 1), "{}");
-        assert!(matches!(&none, Decision::Probe { reason, .. } if reason.contains("no profiles")));
+        assert!(matches!(&none, ReuseDecision::Probe { reason, .. } if reason.contains("no profiles")));
         let mut bad = profile(0, 1);
         bad.values.pop();
         let refused = decide_w(&policy, Some(&model), &records, &clusters, &bad, "{}");
-        assert!(matches!(&refused, Decision::Probe { reason, .. } if reason.contains("malformed")));
+        assert!(matches!(&refused, ReuseDecision::Probe { reason, .. } if reason.contains("malformed")));
     }
 
     #[test]
@@ -661,14 +665,14 @@ mod tests {
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}");
         assert!(
-            matches!(&d, Decision::Probe { reason, .. } if reason.contains("1 probed job(s)") && reason.contains("reuse needs 2")),
+            matches!(&d, ReuseDecision::Probe { reason, .. } if reason.contains("1 probed job(s)") && reason.contains("reuse needs 2")),
             "{d:?}"
         );
         // A second job measures it: reused, and the reason counts the two that measured it (not all six).
         let mut records = records;
         records[1].outcomes.push(o(2, 0.6));
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 99), "{}");
-        assert!(matches!(&d, Decision::Reuse { system, from: 2, .. } if *system == sys(2)), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Reuse { system, from: 2, .. } if *system == sys(2)), "{d:?}");
         assert!(d.reason().contains("2 probed jobs measured it"), "{}", d.reason());
     }
 
@@ -677,10 +681,10 @@ mod tests {
         let mut records: Vec<Record> =
             (0..3).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
         let verdict = verify(&[o(2, 0.8)], &sys(2), 0.5, Some(0.15));
-        let Verdict::Worse { why, .. } = verdict else { panic!("0.8 is 60 % slower than 0.5: {verdict:?}") };
+        let Promise::Worse { why, .. } = verdict else { panic!("0.8 is 60 % slower than 0.5: {verdict:?}") };
         assert!(why.contains("60 % slower"), "{why}");
-        assert_eq!(verify(&[o(2, 0.55)], &sys(2), 0.5, Some(0.15)), Verdict::Kept { measured: 0.55, expected: 0.5 });
-        assert_eq!(verify(&[o(1, 0.55)], &sys(2), 0.5, Some(0.15)), Verdict::Unverified);
+        assert_eq!(verify(&[o(2, 0.55)], &sys(2), 0.5, Some(0.15)), Promise::Kept { measured: 0.55, expected: 0.5 });
+        assert_eq!(verify(&[o(1, 0.55)], &sys(2), 0.5, Some(0.15)), Promise::Unverified);
         let mut reused = record(0, 10, vec![o(2, 0.8)], true, 10);
         reused.worse = Some(why);
         records.push(reused);
@@ -688,12 +692,12 @@ mod tests {
         let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
-        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A new probe says threads=1 is now the better one: learned, reused.
         records.push(record(0, 11, vec![o(1, 1.0), o(2, 3.0)], false, 11));
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
-        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
     }
 
     #[test]
@@ -708,7 +712,7 @@ mod tests {
         // The refit put the broken promise in a cluster of its own; the job is near it.
         let clusters = vec![Some(0), Some(0), Some(0), Some(1)];
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
-        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A newer record next door that kept its promise does not hide
         // this cluster's broken one.
         let mut next_door = record(0, 12, vec![o(1, 1.0), o(2, 0.5)], false, 12);
@@ -716,11 +720,11 @@ mod tests {
         let (mut with, placed) = (records.clone(), vec![Some(0), Some(0), Some(0), Some(0), Some(1)]);
         with.push(next_door);
         let d = decide_w(&ReusePolicy::default(), Some(&model), &with, &placed, &profile(0, 5), "{}");
-        assert!(matches!(&d, Decision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Probe { reason, .. } if reason.starts_with("probed again: s/10")), "{d:?}");
         // A broken promise of another kind of job, far from this one: not its concern.
         records[3].profile = profile(1, 10);
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
-        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
     }
 
     #[test]
@@ -739,7 +743,7 @@ mod tests {
             Select::Time,
         );
         assert!(
-            matches!(&d, Decision::Probe { reason, .. } if reason.contains("no probed job of this workload")),
+            matches!(&d, ReuseDecision::Probe { reason, .. } if reason.contains("no probed job of this workload")),
             "{d:?}"
         );
         let across = ReusePolicy { across_workloads: true, ..ReusePolicy::default() };
@@ -751,7 +755,7 @@ mod tests {
             &Job { profile: &profile(0, 9), group: "{}", identity: other },
             Select::Time,
         );
-        assert!(matches!(&d, Decision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
+        assert!(matches!(&d, ReuseDecision::Reuse { system, .. } if *system == sys(2)), "{d:?}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::store::{AgentRow, BestRow, DecisionRow, Store, StoreError, Unranked};
 
 /// Which view `best` asks for (the flags `--pareto` and `--by-class`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ask {
+pub enum BestAsk {
     /// The `n` best trials, or, for a study that repeats its
     /// configurations, its `n` best configurations.
     Best,
@@ -140,14 +140,14 @@ pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String
 
 /// The view `ask` of `study`, with at most `n` trials (or configurations)
 /// per list; the Pareto front is shown whole.
-pub fn view(store: &Store, study: &str, n: usize, ask: Ask) -> Result<View, BestError> {
+pub fn view(store: &Store, study: &str, n: usize, ask: BestAsk) -> Result<View, BestError> {
     if store.study(study)?.is_none() {
         return Err(no_study(store, study));
     }
     match ask {
-        Ask::Pareto => pareto_front(store, study),
-        Ask::ByClass => best_by_class(store, study, n),
-        Ask::Best => match repeated_configurations(store, study, n)? {
+        BestAsk::Pareto => pareto_front(store, study),
+        BestAsk::ByClass => best_by_class(store, study, n),
+        BestAsk::Best => match repeated_configurations(store, study, n)? {
             Some(view) => Ok(view),
             None => ranked(store, study, n),
         },

@@ -8,7 +8,7 @@ use serde::Serialize;
 use tunefleet_common::message::Select;
 
 use crate::domain::cluster::Model;
-use crate::domain::reuse::{self, Decision, Record};
+use crate::domain::reuse::{self, Record, ReuseDecision};
 use crate::store::{Store, StoreError};
 
 /// Why a listing cannot be made.
@@ -162,7 +162,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
     let policy = parsed.as_ref().map(|s| s.reuse.clone()).unwrap_or_default();
     let identity = parsed.as_ref().map(|s| s.workload()).unwrap_or_default();
     let group = reuse::group_key(&policy.group, &result.params);
-    let decision: Decision = reuse::decide(
+    let decision: ReuseDecision = reuse::decide(
         &policy,
         model.as_ref(),
         &records,

@@ -134,7 +134,7 @@ pub struct Bar {
 
 /// One agent's row of lanes (a lane per trial running at once).
 #[derive(Debug, Clone, PartialEq)]
-pub struct AgentRow {
+pub struct AgentLanes {
     pub agent: String,
     pub lanes: usize,
     pub bars: Vec<Bar>,
@@ -146,7 +146,7 @@ pub struct AgentRow {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Timeline {
     /// By agent name.
-    pub agents: Vec<AgentRow>,
+    pub agents: Vec<AgentLanes>,
     /// Agents with windows, shown or not.
     pub agents_total: usize,
     /// Each configuration as text, with how many shown windows ran under
@@ -198,7 +198,7 @@ pub fn timeline(windows: &[WindowRow], per_agent: usize, max_agents: usize) -> T
     let index: BTreeMap<&str, usize> = configs.iter().enumerate().map(|(i, (c, _))| (c.as_str(), i)).collect();
 
     let mut span: Option<(u64, u64)> = None;
-    let mut agents: Vec<AgentRow> = kept
+    let mut agents: Vec<AgentLanes> = kept
         .iter()
         .map(|(agent, ws)| {
             for w in ws {
@@ -221,7 +221,12 @@ pub fn timeline(windows: &[WindowRow], per_agent: usize, max_agents: usize) -> T
                     chosen: chosen.contains(&i),
                 })
                 .collect();
-            AgentRow { agent: (*agent).to_string(), lanes, bars, windows_read: by_agent.get(agent).map_or(0, Vec::len) }
+            AgentLanes {
+                agent: (*agent).to_string(),
+                lanes,
+                bars,
+                windows_read: by_agent.get(agent).map_or(0, Vec::len),
+            }
         })
         .collect();
     agents.sort_by(|a, b| a.agent.cmp(&b.agent));

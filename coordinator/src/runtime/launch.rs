@@ -45,7 +45,7 @@ use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use jobs::{Job, Query, Scheduler, Verdict};
+use jobs::{BatchScheduler, Job, JobStanding, Query};
 
 /// How often the scheduler is asked about the launched jobs.
 const QUERY_EVERY_MS: u64 = 2_000;
@@ -203,7 +203,7 @@ pub struct Launcher {
     failures: u32,
     not_before_ms: u64,
     /// The batch scheduler the template submits to, when it is one the launcher follows.
-    scheduler: Option<&'static Scheduler>,
+    scheduler: Option<&'static BatchScheduler>,
     /// The scheduler query in flight.
     query: Option<Query>,
     last_query_ms: Option<u64>,
@@ -305,9 +305,9 @@ impl Launcher {
                 }
             }
             match jobs::judge(l.job.as_ref(), l.seen, up, age_ms, grace) {
-                Verdict::Counts => true,
-                Verdict::Gone => false,
-                Verdict::Failed => {
+                JobStanding::Counts => true,
+                JobStanding::Gone => false,
+                JobStanding::Failed => {
                     tracing::warn!(agent = %name, job = l.job_id.as_deref().unwrap_or_default(), "the launched job ended before its agent connected");
                     failed += 1;
                     false

@@ -59,7 +59,7 @@ impl Scheduler {
 
     /// Gives up every lease `agent` holds (it went offline or restarted):
     /// started attempts are failed attempts, the others are queued again
-    /// without a failure ([`super::lease::StudyState::lose_attempt`]), and
+    /// without a failure ([`super::lease::StudyLeases::lose_attempt`]), and
     /// the agent, having lost trials it held, is given fewer
     /// ([`Scheduler::lost_unstarted`]).
     pub(super) fn release_leases(&mut self, agent: &str, reason: &str) -> Vec<Effect> {

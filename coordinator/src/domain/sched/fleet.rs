@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tunefleet_common::message::AgentInfo;
 
-use super::lease::StudyState;
+use super::lease::StudyLeases;
 
 #[derive(Debug)]
 pub(super) struct AgentState {
@@ -54,7 +54,7 @@ impl AgentState {
 
     /// Counts `credit` as what this agent adds to the `ready_credit` of the
     /// studies it matches (by the info it has now).
-    pub(super) fn recount(&mut self, studies: &mut [StudyState], credit: u32) {
+    pub(super) fn recount(&mut self, studies: &mut [StudyLeases], credit: u32) {
         if credit == self.counted {
             return;
         }

@@ -1,6 +1,6 @@
 //! Trials and their leases: each study's trial slots, the lease an
 //! attempt runs under, and the indexes by deadline and by agent that every
-//! lease keeps from [`StudyState::lease`] to [`StudyState::unlease`]; the
+//! lease keeps from [`StudyLeases::lease`] to [`StudyLeases::unlease`]; the
 //! expiry tick, stopping a trial, and giving up an agent's leases.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -20,7 +20,7 @@ pub(super) struct Lease {
     pub(super) seq: u64,
     /// The agent said it started the attempt (listed it as running, or
     /// sent its progress). One lost before that was never a failure of the
-    /// trial, whoever held it ([`StudyState::lose_attempt`]).
+    /// trial, whoever held it ([`StudyLeases::lose_attempt`]).
     pub(super) started: bool,
     /// Progress rows kept of this attempt, and their size in bytes
     /// ([`super::Scheduler::take_progress`]).
@@ -95,7 +95,7 @@ impl TrialSlot {
 }
 
 #[derive(Debug)]
-pub(super) struct StudyState {
+pub(super) struct StudyLeases {
     pub(super) policy: StudyPolicy,
     pub(super) trials: Vec<TrialSlot>,
     pub(super) queue: VecDeque<u64>,
@@ -120,7 +120,7 @@ pub(super) struct StudyState {
     pub(super) open: bool,
 }
 
-impl StudyState {
+impl StudyLeases {
     /// Trial `i` runs under `lease` (it was not running).
     pub(super) fn lease(&mut self, i: u64, lease: Lease) {
         let Some(slot) = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i)) else { return };
@@ -182,7 +182,7 @@ impl StudyState {
 
     /// Ends the attempt of trial `i` that its agent lost (offline,
     /// restarted, lease run out, no longer listed). A started one is a
-    /// failed attempt ([`StudyState::end_attempt`]). One never started (held
+    /// failed attempt ([`StudyLeases::end_attempt`]). One never started (held
     /// ahead, or on its way) is no failure, whoever held it: queued again at
     /// the back. Returns the effect and whether the attempt had not started.
     pub(super) fn lose_attempt(&mut self, i: u64, trial: TrialRef, reason: String) -> Option<(Effect, bool)> {
@@ -223,7 +223,7 @@ pub(super) fn trial_ref(policy: &StudyPolicy, trial: u64, attempt: u32) -> Trial
     TrialRef { study: policy.name.clone(), study_id: policy.id, trial, attempt }
 }
 
-impl StudyState {
+impl StudyLeases {
     /// Whether `trial` refers to this study: its name and its id.
     pub(super) fn owns(&self, trial: &TrialRef) -> bool {
         self.policy.name == trial.study && self.policy.id == trial.study_id
@@ -231,7 +231,7 @@ impl StudyState {
 }
 
 /// The leases agent `name` holds, of every study.
-pub(super) fn leases_on(studies: &[StudyState], name: &str) -> usize {
+pub(super) fn leases_on(studies: &[StudyLeases], name: &str) -> usize {
     studies.iter().map(|s| s.held.get(name).map_or(0, |h| h.len())).sum()
 }
 
@@ -240,7 +240,7 @@ pub(super) fn leases_on(studies: &[StudyState], name: &str) -> usize {
 /// (`ahead_per_slot`, and `ahead_per_agent` held past its slots), counting
 /// its own leases there (another study's held trials take the agent's
 /// places, not this study's depth); 0 for a study held nowhere ahead.
-pub(super) fn depth_left(study: &StudyState, name: &str, slots: usize) -> usize {
+pub(super) fn depth_left(study: &StudyLeases, name: &str, slots: usize) -> usize {
     let per_slot = usize::try_from(study.policy.ahead_per_slot).unwrap_or(usize::MAX);
     if per_slot == 0 {
         return 0;

@@ -21,7 +21,7 @@
 //! by agent (an agent going offline, restarting or overloaded touches only
 //! its own); the scheduler keeps the set of agents that have credit (a turn
 //! visits only them) and a count of the live ones. Every lease starts in
-//! `StudyState::lease` and ends in `StudyState::unlease`, which keep the
+//! `StudyLeases::lease` and ends in `StudyLeases::unlease`, which keep the
 //! study's indexes; `Scheduler::sync_agent` keeps the fleet's after every
 //! change to an agent. A property test checks them all against a full scan
 //! after any sequence of events.
@@ -44,7 +44,7 @@ mod types;
 pub use fleet::grant;
 use fleet::AgentState;
 pub use lease::NOT_STARTED;
-use lease::{Lease, State, StudyState, TrialSlot};
+use lease::{Lease, State, StudyLeases, TrialSlot};
 pub use types::{
     Effect, Judgement, Restored, ResultKind, Selector, StudyCounts, StudyPolicy, Verdict, AVOID_MS, MAX_REMEASURES,
 };
@@ -52,7 +52,7 @@ pub use types::{
 /// The scheduler.
 #[derive(Debug, Default)]
 pub struct Scheduler {
-    studies: Vec<StudyState>,
+    studies: Vec<StudyLeases>,
     agents: BTreeMap<String, AgentState>,
     /// Agents online, announced and with credit: the only ones a turn visits.
     ready: BTreeSet<Arc<str>>,
@@ -74,7 +74,7 @@ impl Scheduler {
     /// Adds a study whose trials `0..states.len()` are in the given states.
     pub fn add_study(&mut self, policy: StudyPolicy, states: Vec<Restored>, now_ms: u64) {
         self.studies.retain(|s| s.policy.name != policy.name);
-        let mut study = StudyState {
+        let mut study = StudyLeases {
             trials: Vec::with_capacity(states.len()),
             queue: VecDeque::new(),
             finished: 0,

@@ -13,7 +13,7 @@ use std::ops::Bound;
 use std::sync::Arc;
 
 use super::fleet::AgentState;
-use super::lease::{depth_left, leases_on, trial_ref, Lease, State, StudyState};
+use super::lease::{depth_left, leases_on, trial_ref, Lease, State, StudyLeases};
 use super::{Effect, Scheduler};
 
 impl Scheduler {
@@ -73,7 +73,7 @@ impl Scheduler {
 /// busy: its equal share of the study's outstanding trials (queued and
 /// running) among the `live` agents. An agent with a free slot always
 /// takes a trial; only trials held ahead are bounded so.
-fn fair_share(study: &StudyState, live: usize) -> usize {
+fn fair_share(study: &StudyLeases, live: usize) -> usize {
     let outstanding = study.queue.len() + study.deadlines.len();
     outstanding.div_ceil(live.max(1))
 }
@@ -82,7 +82,7 @@ fn fair_share(study: &StudyState, live: usize) -> usize {
 /// next study after `next_study` with a trial it may take; `None` when
 /// none fits.
 fn place_one(
-    studies: &mut [StudyState],
+    studies: &mut [StudyLeases],
     agent: &mut AgentState,
     next_study: &mut usize,
     live: usize,

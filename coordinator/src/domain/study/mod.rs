@@ -33,7 +33,7 @@ pub fn load(path: &Path) -> Result<Study, StudyError> {
 
 /// Parses and validates study text; `origin` names it in error messages.
 pub fn parse(text: &str, origin: &str) -> Result<Study, StudyError> {
-    let ctx = validate::Ctx { origin, text };
+    let ctx = validate::FileCheck { origin, text };
     let raw: raw::RawStudy = toml::from_str(text).map_err(|e| ctx.toml(&e))?;
     ctx.validate(raw)
 }

@@ -20,12 +20,12 @@ use super::raw::*;
 pub const DEFAULT_WARMUP: u32 = 1;
 
 /// The study text being checked and where it came from, for messages.
-pub(super) struct Ctx<'a> {
+pub(super) struct FileCheck<'a> {
     pub(super) origin: &'a str,
     pub(super) text: &'a str,
 }
 
-impl Ctx<'_> {
+impl FileCheck<'_> {
     fn at(&self, span: Range<usize>, message: impl Into<String>) -> StudyError {
         StudyError::Invalid {
             origin: self.origin.to_string(),
@@ -258,7 +258,7 @@ impl Ctx<'_> {
             }
             Some(prefix) => {
                 let text = prefix.get_ref();
-                if let Err(e) = crate::domain::validate::checkpoint("resume_prefix", text) {
+                if let Err(e) = crate::domain::bounds::checkpoint("resume_prefix", text) {
                     return Err(self.at(prefix.span(), e.to_string()));
                 }
                 Some(text.clone())
@@ -759,14 +759,14 @@ impl Ctx<'_> {
     }
 }
 
-fn positive(ctx: &Ctx<'_>, v: &Spanned<i64>, key: &str) -> Result<u64, StudyError> {
+fn positive(ctx: &FileCheck<'_>, v: &Spanned<i64>, key: &str) -> Result<u64, StudyError> {
     u64::try_from(*v.get_ref())
         .ok()
         .filter(|n| *n >= 1)
         .ok_or_else(|| ctx.at(v.span(), format!("{key}: must be at least 1 (got {})", v.get_ref())))
 }
 
-fn positive_u32(ctx: &Ctx<'_>, v: &Spanned<i64>, key: &str) -> Result<u32, StudyError> {
+fn positive_u32(ctx: &FileCheck<'_>, v: &Spanned<i64>, key: &str) -> Result<u32, StudyError> {
     let n = positive(ctx, v, key)?;
     u32::try_from(n).map_err(|_| ctx.at(v.span(), format!("{key}: {n} is too large")))
 }

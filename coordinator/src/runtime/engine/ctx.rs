@@ -52,9 +52,9 @@ pub(super) fn co_messages(
 
 /// Whether `reference` may be resumed from in `study` (message validation
 /// checked its form already; this checks it again for stored ones).
-pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::validate::Why> {
-    crate::domain::validate::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
-    crate::domain::validate::checkpoint_under(reference, study.resume_prefix.as_deref())
+pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::bounds::Why> {
+    crate::domain::bounds::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::domain::bounds::checkpoint_under(reference, study.resume_prefix.as_deref())
 }
 
 /// `[stability]`: once every run of a trial's configuration has ended, one

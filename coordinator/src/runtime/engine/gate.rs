@@ -2,7 +2,7 @@
 //! typed message, or refused and counted. Connection events are logged; a
 //! sealed frame is opened with its agent's session (a known agent whose
 //! session is gone is told so, signed); a bundle is taken apart; each
-//! message is checked against the bounds of [`crate::domain::validate`] (a
+//! message is checked against the bounds of [`crate::domain::bounds`] (a
 //! result out of bounds is answered `Refused`, so its agent parks it). A
 //! Hello and a Last Will pass as they are, to the handshake.
 
@@ -92,7 +92,7 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
     let mut passed = Vec::with_capacity(msgs.len());
     for msg in msgs {
         let kind = AgentTopic::of_agent_message(&msg);
-        match crate::domain::validate::message(&msg) {
+        match crate::domain::bounds::message(&msg) {
             Ok(()) => passed.push((kind, msg)),
             Err(why) => {
                 cx.stats.invalid_messages += 1;

@@ -49,7 +49,7 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
             return Ok(());
         }
     };
-    if let Err(why) = crate::domain::validate::agent_info(&hello.info) {
+    if let Err(why) = crate::domain::bounds::agent_info(&hello.info) {
         refused(cx, HelloRefusal::Invalid(why.to_string()), Some(&hello));
         return Ok(());
     }

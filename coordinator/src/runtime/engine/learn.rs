@@ -42,7 +42,7 @@ pub(super) fn on_profile(
     trial: &TrialRef,
     wp: &tunefleet_common::measurement::WindowProfile,
 ) -> Result<(), EngineError> {
-    use crate::domain::reuse::{self, Decision};
+    use crate::domain::reuse::{self, ReuseDecision};
     let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
     let (Some(probe), Some(plan)) = (a.probe.as_ref(), a.plans.get(trial.trial as usize)) else { return Ok(()) };
     if a.decided.contains(&(trial.trial, trial.attempt)) {
@@ -72,7 +72,7 @@ pub(super) fn on_profile(
         probe.select,
     );
     let decision = match decision {
-        Decision::Reuse { cluster, distance, threshold, .. } if !a.study.reuse.enabled => Decision::Probe {
+        ReuseDecision::Reuse { cluster, distance, threshold, .. } if !a.study.reuse.enabled => ReuseDecision::Probe {
             cluster: Some(cluster),
             distance: Some(distance),
             threshold: Some(threshold),
@@ -98,13 +98,13 @@ pub(super) fn on_profile(
         at_ms: cx.now.unix_ms,
     };
     match &decision {
-        Decision::Reuse { cluster, distance, threshold, system, expected, .. } => {
+        ReuseDecision::Reuse { cluster, distance, threshold, system, expected, .. } => {
             row.decision = "reuse".into();
             (row.cluster, row.distance, row.threshold) = (Some(*cluster as u64), Some(*distance), Some(*threshold));
             row.system = Some(reuse::system_text(system));
             row.expected = Some(*expected);
         }
-        Decision::Probe { cluster, distance, threshold, .. } => {
+        ReuseDecision::Probe { cluster, distance, threshold, .. } => {
             (row.cluster, row.distance, row.threshold) = (cluster.map(|c| c as u64), *distance, *threshold);
         }
     }
@@ -115,7 +115,7 @@ pub(super) fn on_profile(
         cx.stats.bad_profiles += 1;
     }
     match decision {
-        Decision::Reuse { system, expected, .. } => {
+        ReuseDecision::Reuse { system, expected, .. } => {
             a.reused.insert(trial.trial, (system.clone(), expected));
             cx.stats.reused += 1;
             tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "configuration reused: probing skipped");
@@ -128,7 +128,7 @@ pub(super) fn on_profile(
                 }),
             ));
         }
-        Decision::Probe { .. } => tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "probing"),
+        ReuseDecision::Probe { .. } => tracing::info!(trial = %trial, agent = %agent, reason = %row.reason, "probing"),
     }
     Ok(())
 }
@@ -145,7 +145,7 @@ pub(super) fn learn(
     m: &tunefleet_common::measurement::Measurement,
     now: u64,
 ) -> Result<(), EngineError> {
-    use crate::domain::reuse::{self, Record, Verdict};
+    use crate::domain::reuse::{self, Promise, Record};
     let Some(a) = cx.studies.get(&trial.study) else { return Ok(()) };
     let (Some(wp), Some(probe), Some(plan)) = (&m.window_profile, &a.probe, a.plans.get(trial.trial as usize)) else {
         return Ok(());
@@ -165,20 +165,20 @@ pub(super) fn learn(
     if let Some((system, expected)) = a.reused.get(&trial.trial).filter(|_| reused) {
         let verdict = reuse::verify(&outcomes, system, *expected, a.study.reuse.verify_bound);
         let (decision, reason, measured) = match &verdict {
-            Verdict::Kept { measured, .. } => (
+            Promise::Kept { measured, .. } => (
                 "kept",
                 format!(
                     "the reused configuration ran at {measured:.3} x the first probe window, as promised ({expected:.3})"
                 ),
                 Some(*measured),
             ),
-            Verdict::Worse { why, measured, .. } => {
+            Promise::Worse { why, measured, .. } => {
                 cx.stats.reuse_worse += 1;
                 tracing::warn!(trial = %trial, %why, "reused configuration ran slower than its record: its cluster is probed again");
                 worse = Some(why.clone());
                 ("worse", why.clone(), Some(*measured))
             }
-            Verdict::Unverified => ("kept", "not verified: no reused window was measured".to_string(), None),
+            Promise::Unverified => ("kept", "not verified: no reused window was measured".to_string(), None),
         };
         cx.batch.record_decision(&crate::store::DecisionRow {
             study: trial.study.clone(),

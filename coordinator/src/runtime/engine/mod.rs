@@ -6,7 +6,7 @@
 //!
 //! Every frame is authenticated first ([`crate::runtime::auth`]); every message that
 //! passes is validated before it reaches the scheduler or the store
-//! ([`crate::domain::validate`]). Bad input is counted, logged at a bounded rate and
+//! ([`crate::domain::bounds`]). Bad input is counted, logged at a bounded rate and
 //! answered where the agent must act (a refused result is parked by the
 //! agent); it never ends the run. Each message is handled inside a
 //! savepoint of its own: a store error while handling it undoes only its

@@ -2,7 +2,7 @@
 //! submitted, so a job that died counts no longer and one stuck in the
 //! queue is reported instead of being launched again and again.
 //!
-//! A [`Scheduler`] is data: the submit programs it follows, how the job id
+//! A [`BatchScheduler`] is data: the submit programs it follows, how the job id
 //! is printed on submission, a documented query command (`{ids}` stands for
 //! the comma-separated ids) that prints one line `ID STATE REASON...` per job
 //! it still knows, which states are queued and which run, and a cancel
@@ -18,7 +18,7 @@ use std::sync::mpsc;
 
 /// How to follow one batch scheduler's jobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Scheduler {
+pub struct BatchScheduler {
     pub name: &'static str,
     /// Launch templates whose program is one of these are followed.
     pub submit: &'static [&'static str],
@@ -37,7 +37,7 @@ pub struct Scheduler {
 }
 
 /// The schedulers the launcher knows.
-pub const SCHEDULERS: &[Scheduler] = &[Scheduler {
+pub const SCHEDULERS: &[BatchScheduler] = &[BatchScheduler {
     name: "Slurm",
     submit: &["sbatch"],
     submitted: "Submitted batch job ",
@@ -50,7 +50,7 @@ pub const SCHEDULERS: &[Scheduler] = &[Scheduler {
 
 /// The scheduler whose submit program `template` runs, if any: its first
 /// word, after variable assignments and `exec`, by its file name.
-pub fn scheduler_of(template: &str) -> Option<&'static Scheduler> {
+pub fn scheduler_of(template: &str) -> Option<&'static BatchScheduler> {
     let program = template
         .split_whitespace()
         .find(|w| *w != "exec" && !(w.contains('=') && !w.starts_with('-') && !w.starts_with('/')))?;
@@ -59,9 +59,9 @@ pub fn scheduler_of(template: &str) -> Option<&'static Scheduler> {
 }
 
 /// The job id the submit command printed: the word after
-/// [`Scheduler::submitted`], or a line that is only the id (`sbatch
+/// [`BatchScheduler::submitted`], or a line that is only the id (`sbatch
 /// --parsable` prints `ID` or `ID;CLUSTER`).
-pub fn job_id(s: &Scheduler, stdout: &str) -> Option<String> {
+pub fn job_id(s: &BatchScheduler, stdout: &str) -> Option<String> {
     let id = stdout.lines().find_map(|line| {
         let line = line.trim();
         match line.find(s.submitted) {
@@ -87,7 +87,7 @@ pub enum Job {
 /// The states a query printed, by job id. An id it does not list has
 /// ended; `None` when the query failed for another reason (no news).
 pub fn parse_query(
-    s: &Scheduler,
+    s: &BatchScheduler,
     ids: &[String],
     success: bool,
     stdout: &str,
@@ -119,7 +119,7 @@ pub fn parse_query(
 
 /// What a launch counts as now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum JobStanding {
     /// Still one of the `--launch-max`.
     Counts,
     /// Done with: its agent came and went, or its grace ran out.
@@ -137,13 +137,13 @@ pub enum Verdict {
 /// stops counting when it ends, even if its agent's session has not timed
 /// out yet; before the scheduler has answered, or unfollowed, a launch
 /// counts while its agent is connected or, never seen, within the grace.
-pub fn judge(job: Option<&Job>, seen: bool, up: bool, age_ms: u64, grace_ms: u64) -> Verdict {
+pub fn judge(job: Option<&Job>, seen: bool, up: bool, age_ms: u64, grace_ms: u64) -> JobStanding {
     match job {
-        Some(Job::Queued(_) | Job::Running) => Verdict::Counts,
-        Some(Job::Ended) if !seen && !up => Verdict::Failed,
-        Some(Job::Ended) => Verdict::Gone,
-        Some(Job::Unknown) | None if up || (!seen && age_ms < grace_ms) => Verdict::Counts,
-        Some(Job::Unknown) | None => Verdict::Gone,
+        Some(Job::Queued(_) | Job::Running) => JobStanding::Counts,
+        Some(Job::Ended) if !seen && !up => JobStanding::Failed,
+        Some(Job::Ended) => JobStanding::Gone,
+        Some(Job::Unknown) | None if up || (!seen && age_ms < grace_ms) => JobStanding::Counts,
+        Some(Job::Unknown) | None => JobStanding::Gone,
     }
 }
 
@@ -191,7 +191,7 @@ impl Query {
 mod tests {
     use super::*;
 
-    fn slurm() -> &'static Scheduler {
+    fn slurm() -> &'static BatchScheduler {
         scheduler_of("sbatch --wrap true").expect("sbatch is Slurm's")
     }
 
@@ -237,19 +237,19 @@ mod tests {
         let q = Job::Queued("Priority".into());
         // Queued or running: counts, past the grace too, agent seen or not.
         for job in [&q, &Job::Running] {
-            assert_eq!(judge(Some(job), false, false, 10_000_000, 60_000), Verdict::Counts);
-            assert_eq!(judge(Some(job), true, false, 10, 60_000), Verdict::Counts);
+            assert_eq!(judge(Some(job), false, false, 10_000_000, 60_000), JobStanding::Counts);
+            assert_eq!(judge(Some(job), true, false, 10, 60_000), JobStanding::Counts);
         }
         // Ended: a failure before its agent came; gone after, even while the session lingers.
-        assert_eq!(judge(Some(&Job::Ended), false, false, 10, 60_000), Verdict::Failed);
-        assert_eq!(judge(Some(&Job::Ended), true, false, 10, 60_000), Verdict::Gone);
-        assert_eq!(judge(Some(&Job::Ended), true, true, 10, 60_000), Verdict::Gone);
+        assert_eq!(judge(Some(&Job::Ended), false, false, 10, 60_000), JobStanding::Failed);
+        assert_eq!(judge(Some(&Job::Ended), true, false, 10, 60_000), JobStanding::Gone);
+        assert_eq!(judge(Some(&Job::Ended), true, true, 10, 60_000), JobStanding::Gone);
         // Not asked yet, or not followed: the grace rules.
         for job in [Some(&Job::Unknown), None] {
-            assert_eq!(judge(job, false, false, 59_999, 60_000), Verdict::Counts);
-            assert_eq!(judge(job, false, false, 60_000, 60_000), Verdict::Gone);
-            assert_eq!(judge(job, true, true, 600_000, 60_000), Verdict::Counts);
-            assert_eq!(judge(job, true, false, 10, 60_000), Verdict::Gone);
+            assert_eq!(judge(job, false, false, 59_999, 60_000), JobStanding::Counts);
+            assert_eq!(judge(job, false, false, 60_000, 60_000), JobStanding::Gone);
+            assert_eq!(judge(job, true, true, 600_000, 60_000), JobStanding::Counts);
+            assert_eq!(judge(job, true, false, 10, 60_000), JobStanding::Gone);
         }
     }
 
