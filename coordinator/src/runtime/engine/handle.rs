@@ -294,6 +294,45 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     // fails leaves the scheduler as it was (see `guarded`).
     let judgement = cx.sched.judge(&agent, &trial, kind);
     let verdict = judgement.verdict;
+    let (outcome, objective, stored) = record(cx, &agent, &trial, &measurement, verdict, now)?;
+    // The nodes measuring with the attempt: its window, now that it ended
+    // with a result; forgotten when it ended without one.
+    let co = if stored {
+        let from = measurement.started_unix_ms;
+        let to = from.saturating_add(measurement.wall_us / 1000);
+        cx.co.window(&trial, from, to, now, cx.now.engine_ms)
+    } else if matches!(verdict, Verdict::Retried | Verdict::Superseded | Verdict::Remeasured) {
+        cx.co.abandon(&trial)
+    } else {
+        Vec::new()
+    };
+    cx.out.extend(co_messages(co));
+    // The store has everything this result decides: now the scheduler and memory.
+    cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
+    if verdict == Verdict::Accepted {
+        tell_accepted(cx, &agent, &trial, &measurement, objective)?;
+    }
+    // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
+    let probed =
+        measurement.window_profile.is_some() && cx.studies.get(&trial.study).is_some_and(|a| a.probe.is_some());
+    if stored && measurement.exit.success() && probed {
+        aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
+    }
+    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    Ok(())
+}
+
+/// Stores what the judged result `verdict` says of `measurement` (a result,
+/// an ended attempt, nothing): the answer for the agent, the objective
+/// value read from it and whether a result row was stored.
+fn record(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &TrialRef,
+    measurement: &tunefleet_common::measurement::Measurement,
+    verdict: Verdict,
+    now: u64,
+) -> Result<(AckOutcome, Option<f64>, bool), EngineError> {
     let mut outcome = AckOutcome::Stored;
     let mut objective = None;
     let mut stored = false;
@@ -301,14 +340,14 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
     // this study (its id), its trial is finished, and the store shows the
     // attempt was given to this agent (this process or an earlier one on
     // the same store): the agent deletes a result answered `Duplicate`.
-    let other = verdict == Verdict::Unknown && of_another_study(cx.sched, &trial);
+    let other = verdict == Verdict::Unknown && of_another_study(cx.sched, trial);
     let known = verdict == Verdict::Unknown
         && !other
         && cx.sched.is_finished(&trial.study, trial.trial)
-        && cx.batch.attempt_given(&trial, &agent)?;
+        && cx.batch.attempt_given(trial, agent)?;
     match verdict {
         Verdict::Unknown if other => {
-            other_study(cx, &agent, "result", &trial);
+            other_study(cx, agent, "result", trial);
             outcome = AckOutcome::Refused(format!(
                 "a result of another study of that name (another store): the study {} this coordinator runs has another id",
                 trial.study
@@ -333,21 +372,21 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
         }
         Verdict::Retried => {
-            cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            cx.batch.end_attempt(trial, agent, &crate::store::exit_text(&measurement.exit), now)?;
             tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result");
         }
         // An attempt the trial moved on from (moved, lease expired) that was
         // cancelled or never started: it ends; it is no result of the trial.
         Verdict::Superseded if matches!(measurement.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
-            cx.batch.end_attempt(&trial, &agent, &crate::store::exit_text(&measurement.exit), now)?;
+            cx.batch.end_attempt(trial, agent, &crate::store::exit_text(&measurement.exit), now)?;
             cx.stats.superseded_results += 1;
         }
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
             let active = cx.studies.get(&trial.study);
             objective = active
                 .as_ref()
-                .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(&measurement)).flatten());
-            stored = cx.batch.record_result(&trial, &agent, &measurement, objective, now)? == RecordOutcome::Stored;
+                .and_then(|a| measurement.exit.success().then(|| a.study.objective_value(measurement)).flatten());
+            stored = cx.batch.record_result(trial, agent, measurement, objective, now)? == RecordOutcome::Stored;
             if stored && measurement.exit == ExitOutcome::Cancelled {
                 // Cancelled on purpose (stopped early, moved, the study
                 // cancelled): kept for the record, no failure of the trial.
@@ -381,10 +420,10 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
                     let plan = active?.plans.get(trial.trial as usize)?;
                     Some(search::system_params(&plan.params))
                 });
-                cx.batch.record_segments(&trial, &measurement, &system.unwrap_or_default())?;
+                cx.batch.record_segments(trial, measurement, &system.unwrap_or_default())?;
             }
             if cx.influx && stored {
-                let points = super::points::trial_points(&trial, &agent, &measurement, objective);
+                let points = super::points::trial_points(trial, agent, measurement, objective);
                 cx.batch.enqueue_points(&points, now)?;
             }
             match verdict {
@@ -397,45 +436,34 @@ fn on_result(cx: &mut Ctx<'_, '_>, agent: String, result: TrialResult, now: u64)
             }
         }
     }
-    // The nodes measuring with the attempt: its window, now that it ended
-    // with a result; forgotten when it ended without one.
-    let co = if stored {
-        let from = measurement.started_unix_ms;
-        let to = from.saturating_add(measurement.wall_us / 1000);
-        cx.co.window(&trial, from, to, now, cx.now.engine_ms)
-    } else if matches!(verdict, Verdict::Retried | Verdict::Superseded | Verdict::Remeasured) {
-        cx.co.abandon(&trial)
-    } else {
-        Vec::new()
-    };
-    cx.out.extend(co_messages(co));
-    // The store has everything this result decides: now the scheduler and memory.
-    cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
-    if verdict == Verdict::Accepted {
-        if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
-            if let Some(plan) = a.plans.get(trial.trial as usize) {
-                if measurement.exit != ExitOutcome::Cancelled {
-                    let energy = Some(measurement.energy.joules).filter(|_| measurement.energy.valid);
-                    let also = a.study.also_figures(energy, measurement.wall_us);
-                    a.search.tell(trial.trial, &plan.params, v, &also);
-                }
-            }
-            a.record_value(trial.trial, v, &agent);
-            // A savepoint costs two statements: only where there is a repeat to judge.
-            if a.study.stability.is_some() {
-                aside(cx, "an extra repeat", |cx| {
-                    let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
-                    repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
-                })?;
+    Ok((outcome, objective, stored))
+}
+
+/// An accepted result with its objective `objective`: told to the search,
+/// counted in the ranking, judged for `[stability]`.
+fn tell_accepted(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &TrialRef,
+    measurement: &tunefleet_common::measurement::Measurement,
+    objective: Option<f64>,
+) -> Result<(), EngineError> {
+    if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
+        if let Some(plan) = a.plans.get(trial.trial as usize) {
+            if measurement.exit != ExitOutcome::Cancelled {
+                let energy = Some(measurement.energy.joules).filter(|_| measurement.energy.valid);
+                let also = a.study.also_figures(energy, measurement.wall_us);
+                a.search.tell(trial.trial, &plan.params, v, &also);
             }
         }
+        a.record_value(trial.trial, v, agent);
+        // A savepoint costs two statements: only where there is a repeat to judge.
+        if a.study.stability.is_some() {
+            aside(cx, "an extra repeat", |cx| {
+                let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+                repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
+            })?;
+        }
     }
-    // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
-    let probed =
-        measurement.window_profile.is_some() && cx.studies.get(&trial.study).is_some_and(|a| a.probe.is_some());
-    if stored && measurement.exit.success() && probed {
-        aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
-    }
-    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
     Ok(())
 }
