@@ -79,6 +79,18 @@ fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
     wait_for("the study to finish", Duration::from_secs(60), || {
         json(&store, &["status", "--json"])[0]["done"].as_u64() == Some(6)
     });
+    // An agent that trusts the coordinator but has no token: refused, told why, listed on the page.
+    let (code, key, err) = {
+        let mut cmd = Command::new(bin("tunefleet"));
+        cmd.arg("key").env("XDG_STATE_HOME", state_home());
+        run(cmd)
+    };
+    assert_eq!(code, Some(0), "{err}");
+    let _stranger = start_agent(&broker, "page-stranger", &root, &["--coordinator-key", key.trim()]);
+    wait_for("the stranger refused", Duration::from_secs(30), || {
+        let (code, body) = get(&addr, "/status.json");
+        code == 200 && body.contains("\"name\": \"page-stranger\"")
+    });
     wait_for("both agents online", Duration::from_secs(30), || {
         json(&store, &["agents", "--json"])
             .as_array()
@@ -97,6 +109,12 @@ fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
     let best = &status[0]["best"];
     assert!(row.contains(&format!("v={:.6} (trial {})", best[0].as_f64().expect("best"), best[1])), "{row}");
     assert_eq!(by_id(&dom.stdout, "agents-online"), "2");
+    let refused_at = dom.stdout.find("data-refused=\"page-stranger\"").expect("the refused agent's row");
+    let refused = &dom.stdout[refused_at..refused_at + dom.stdout[refused_at..].find("</tr>").expect("row end")];
+    assert!(
+        refused.contains("join token") || refused.contains("not enrolled") || refused.contains("unknown"),
+        "{refused}"
+    );
     for a in agents {
         assert!(dom.stdout.contains(&format!("data-agent=\"{a}\"><td>{a}</td><td class=\"online\">online</td>")));
     }

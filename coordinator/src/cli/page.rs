@@ -157,7 +157,8 @@ fn read(store: &Path, path: &str, query: &str) -> (u16, &'static str, String) {
     let at_ms = super::output::unix_now_ms();
     let data = match crate::query::status::snapshot(&db, None, at_ms).and_then(|studies| {
         let agents = db.agents()?;
-        Ok(LiveData { studies, agents, at_ms })
+        let refusals = db.refusals()?;
+        Ok(LiveData { studies, agents, refusals, at_ms })
     }) {
         Ok(d) => d,
         Err(e) => return failed(&e),

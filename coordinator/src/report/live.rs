@@ -13,13 +13,15 @@ use serde::Serialize;
 
 use super::Esc;
 use crate::query::status::StudyStatus;
-use crate::store::AgentRow;
+use crate::store::{AgentRow, RefusalRow};
 
 /// What the page shows, as `/status.json` serves it.
 #[derive(Debug, Clone, Serialize)]
 pub struct LiveData {
     pub studies: Vec<StudyStatus>,
     pub agents: Vec<AgentRow>,
+    /// Names whose Hello was refused, and why (the latest first).
+    pub refusals: Vec<RefusalRow>,
     /// Unix ms the data was read at.
     pub at_ms: u64,
 }
@@ -83,7 +85,24 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
             Esc(&disturbed),
         );
     }
-    out.push_str("</table><h2>Studies</h2>");
+    out.push_str("</table>");
+    if !data.refusals.is_empty() {
+        out.push_str(
+            "<h3>Refused</h3><table id=\"refused\"><tr><th>name</th><th>why</th><th>last</th><th>times</th></tr>",
+        );
+        for r in data.refusals.iter().take(50) {
+            let _ = write!(
+                out,
+                "<tr data-refused=\"{0}\"><td>{0}</td><td>{1}</td><td>{2}</td><td class=\"n\">{3}</td></tr>",
+                Esc(&r.name),
+                Esc(&r.reason),
+                ago(data.at_ms, r.at_ms),
+                r.count
+            );
+        }
+        out.push_str("</table>");
+    }
+    out.push_str("<h2>Studies</h2>");
     out.push_str(
         "<table id=\"studies\"><tr><th>study</th><th>state</th><th>done</th><th>of</th><th>running</th>\
          <th>failed</th><th>stopped</th><th>best</th><th>failures by cause</th><th>report</th></tr>",
@@ -168,11 +187,13 @@ mod tests {
             per_minute: None,
             eta_s: None,
         };
-        let data = LiveData { studies: vec![study], agents: Vec::new(), at_ms: 0 };
+        let refused = RefusalRow { name: "x<y>".into(), reason: "no <token>".into(), at_ms: 0, count: 2 };
+        let data = LiveData { studies: vec![study], agents: Vec::new(), refusals: vec![refused], at_ms: 0 };
         let html = page_html(&data, "?token=abc");
         assert!(html.contains("<td>s&lt;1&gt;</td>") && !html.contains("<td>s<1></td>"), "{html}");
         assert!(html.contains("href=\"/report/s&lt;1&gt;?token=abc\""));
         assert!(html.contains("loss=0.500000 (mean of 2 runs, best run trial 3)"));
         assert!(html.contains("1 &times; exit 1, `boom`"));
+        assert!(html.contains("<td>x&lt;y&gt;</td><td>no &lt;token&gt;</td>"), "{html}");
     }
 }

@@ -42,6 +42,7 @@ mod nodes;
 mod outbox;
 mod profiles;
 mod queries;
+mod refusals;
 mod report;
 mod schema;
 
@@ -53,6 +54,7 @@ pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
 pub use queries::{AgentRow, AttemptRow, BestRow, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
+pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
 pub use schema::SCHEMA_VERSION;
 

@@ -255,6 +255,7 @@ impl Store {
         enrol::add_columns(&tx).ctx(|| format!("{path}: adding the enrolment grants"))?;
         tx.execute_batch(profiles::PROFILES_SCHEMA).ctx(|| format!("{path}: creating the profile tables"))?;
         tx.execute_batch(nodes::NODES_SCHEMA).ctx(|| format!("{path}: creating the node measurements table"))?;
+        tx.execute_batch(super::refusals::REFUSALS_SCHEMA).ctx(|| format!("{path}: creating the refusals table"))?;
         tx.execute_batch(super::lifecycle::STUDY_NAMES_SCHEMA)
             .ctx(|| format!("{path}: creating the study names table"))?;
         tx.commit().ctx(|| format!("{path}: committing schema"))

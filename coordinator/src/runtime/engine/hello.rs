@@ -31,6 +31,10 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
         // that holds the name, when another machine tried to take it.
         if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
             cx.welcomes.push((agent.clone(), notice));
+            // Kept for the live page (bounded, at the notices' own rate).
+            if let Err(err) = cx.batch.record_refusal(&agent, &e.to_string(), now) {
+                tracing::warn!(agent = %agent, error = %err, "cannot record a refused Hello");
+            }
             if let HelloRefusal::KeyChanged { got, .. } = &e {
                 if cx.sessions.is_live(&agent) {
                     let text = format!(
@@ -87,6 +91,7 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     // The store first: a store error here undoes this Hello alone (its
     // savepoint) before any session is opened.
     cx.batch.record_hello(&agent, hello.info.instance, hello.seq)?;
+    cx.batch.clear_refusal(&agent)?;
     let mut info = hello.info.clone();
     // The tags a join token granted are the agent's, whatever it claims;
     // so is the capacity it was granted (at most the fleet's cap).
