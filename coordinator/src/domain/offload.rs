@@ -116,7 +116,7 @@ pub struct Averages {
 
 /// What the decider concluded about one agent.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision {
+pub enum LoadChange {
     /// Give it nothing and move its trials; `why` quotes the telemetry.
     Overloaded {
         agent: String,
@@ -128,7 +128,7 @@ pub enum Decision {
 }
 
 /// Decisions for every agent with telemetry, given which are overloaded now.
-pub fn decide(policy: &Policy, telemetry: &Telemetry, overloaded: impl Fn(&str) -> bool, now_ms: u64) -> Vec<Decision> {
+pub fn decide(policy: &Policy, telemetry: &Telemetry, overloaded: impl Fn(&str) -> bool, now_ms: u64) -> Vec<LoadChange> {
     let mut out = Vec::new();
     let mut agents: Vec<&str> = telemetry.agents().collect();
     agents.sort_unstable();
@@ -155,9 +155,9 @@ pub fn decide(policy: &Policy, telemetry: &Telemetry, overloaded: impl Fn(&str) 
                         policy.memory_ratio * 100.0
                     )
                 };
-                out.push(Decision::Overloaded { agent: agent.to_string(), why });
+                out.push(LoadChange::Overloaded { agent: agent.to_string(), why });
             }
-            (true, _, true) => out.push(Decision::Recovered { agent: agent.to_string() }),
+            (true, _, true) => out.push(LoadChange::Recovered { agent: agent.to_string() }),
             _ => {}
         }
     }
@@ -183,7 +183,7 @@ mod tests {
         feed(&mut t, "own", 0, &[(0.05, 0.3), (0.02, 0.3), (0.04, 0.3)]);
         let d = decide(&p, &t, |_| false, 2_000);
         assert_eq!(d.len(), 1, "{d:?}");
-        let Decision::Overloaded { agent, why } = &d[0] else { panic!("{d:?}") };
+        let LoadChange::Overloaded { agent, why } = &d[0] else { panic!("{d:?}") };
         assert_eq!(agent, "busy");
         assert!(why.contains("92 %") && why.contains("threshold 50 %"), "{why}");
     }
@@ -194,14 +194,14 @@ mod tests {
         let mut t = Telemetry::default();
         feed(&mut t, "a", 0, &[(0.0, 0.97), (0.0, 0.98), (0.0, 0.97)]);
         assert!(
-            matches!(&decide(&p, &t, |_| false, 2_000)[..], [Decision::Overloaded { why, .. }] if why.contains("memory"))
+            matches!(&decide(&p, &t, |_| false, 2_000)[..], [LoadChange::Overloaded { why, .. }] if why.contains("memory"))
         );
         // Already overloaded: nothing new while it stays loaded, or sits just under the threshold.
         assert!(decide(&p, &t, |_| true, 2_000).is_empty());
         feed(&mut t, "a", 4_000, &[(0.45, 0.5), (0.45, 0.5), (0.45, 0.5)]);
         assert!(decide(&p, &t, |_| true, 6_000).is_empty(), "0.45 is under 0.5 but not under 0.4");
         feed(&mut t, "a", 8_000, &[(0.1, 0.5), (0.1, 0.5), (0.1, 0.5)]);
-        assert_eq!(decide(&p, &t, |_| true, 10_000), vec![Decision::Recovered { agent: "a".into() }]);
+        assert_eq!(decide(&p, &t, |_| true, 10_000), vec![LoadChange::Recovered { agent: "a".into() }]);
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::domain::study::model::Direction;
 
 /// What to do with a trial after a report.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Decision {
+pub enum Pruning {
     Continue,
     /// Stop it: at rung epoch `rung`, `value` is behind `cutoff`.
     Stop {
@@ -88,12 +88,12 @@ impl Asha {
     }
 
     /// Trial `trial` reached `value` of the objective at the end of `epoch`.
-    pub fn report(&mut self, trial: u64, epoch: u32, value: f64) -> Decision {
-        let Some(rung) = self.rung_of(epoch) else { return Decision::Continue };
+    pub fn report(&mut self, trial: u64, epoch: u32, value: f64) -> Pruning {
+        let Some(rung) = self.rung_of(epoch) else { return Pruning::Continue };
         // Judged once per rung; a report past a rung already judged is not
         // judged again at a lower one.
         if !self.seen.insert((trial, rung)) {
-            return Decision::Continue;
+            return Pruning::Continue;
         }
         // NaN is the worst value there is.
         let value = match (value.is_nan(), self.direction) {
@@ -104,9 +104,9 @@ impl Asha {
         let recorded = self.rungs.entry(rung).or_default();
         let decision = match cutoff(recorded, self.reduction, self.direction) {
             Some(cut) if self.direction.better(cut, value) || value == worst(self.direction) => {
-                Decision::Stop { rung, value, cutoff: cut }
+                Pruning::Stop { rung, value, cutoff: cut }
             }
-            _ => Decision::Continue,
+            _ => Pruning::Continue,
         };
         recorded.push(value);
         decision
@@ -180,20 +180,20 @@ mod tests {
     #[test]
     fn trailing_trials_are_stopped_and_leading_ones_go_on() {
         let mut a = Asha::new(2, 1, Direction::Maximize);
-        assert_eq!(a.report(0, 1, 0.5), Decision::Continue, "the first at a rung always goes on");
-        assert_eq!(a.report(1, 1, 0.7), Decision::Continue, "better than the median of [0.5]");
-        assert!(matches!(a.report(2, 1, 0.4), Decision::Stop { rung: 1, .. }), "below the median of [0.5, 0.7]");
-        assert_eq!(a.report(3, 3, 0.1), Decision::Continue, "epoch 3 is past rung 2, the first there");
-        assert_eq!(a.report(2, 1, 0.4), Decision::Continue, "a repeated report counts once");
+        assert_eq!(a.report(0, 1, 0.5), Pruning::Continue, "the first at a rung always goes on");
+        assert_eq!(a.report(1, 1, 0.7), Pruning::Continue, "better than the median of [0.5]");
+        assert!(matches!(a.report(2, 1, 0.4), Pruning::Stop { rung: 1, .. }), "below the median of [0.5, 0.7]");
+        assert_eq!(a.report(3, 3, 0.1), Pruning::Continue, "epoch 3 is past rung 2, the first there");
+        assert_eq!(a.report(2, 1, 0.4), Pruning::Continue, "a repeated report counts once");
         // Minimize: small is good.
         let mut m = Asha::new(3, 1, Direction::Minimize);
         m.report(0, 1, 1.0);
         m.report(1, 1, 2.0);
         m.report(2, 1, 3.0);
         // Keep the best third: cutoff at the 1/3 quantile of [1, 2, 3] = 1.667.
-        assert!(matches!(m.report(3, 1, 1.8), Decision::Stop { .. }));
-        assert_eq!(m.report(4, 1, 1.5), Decision::Continue);
-        assert!(matches!(m.report(5, 1, f64::NAN), Decision::Stop { .. }), "NaN is the worst value");
+        assert!(matches!(m.report(3, 1, 1.8), Pruning::Stop { .. }));
+        assert_eq!(m.report(4, 1, 1.5), Pruning::Continue);
+        assert!(matches!(m.report(5, 1, f64::NAN), Pruning::Stop { .. }), "NaN is the worst value");
     }
 
     #[test]
@@ -205,14 +205,14 @@ mod tests {
         a.report(1, 1, 0.8);
         a.report(1, 3, 0.8);
         // Reporting every second epoch: epoch 2 is judged at rung 1, epoch 4 at rung 3.
-        assert!(matches!(a.report(2, 2, 0.1), Decision::Stop { rung: 1, .. }));
-        assert!(matches!(a.report(3, 4, 0.1), Decision::Stop { rung: 3, .. }), "first report past rung 3");
+        assert!(matches!(a.report(2, 2, 0.1), Pruning::Stop { rung: 1, .. }));
+        assert!(matches!(a.report(3, 4, 0.1), Pruning::Stop { rung: 3, .. }), "first report past rung 3");
         // Judged once per rung: a later report before the next rung is not.
         let mut b = Asha::new(3, 1, Direction::Maximize);
         b.report(0, 1, 0.9);
-        assert!(matches!(b.report(1, 2, 0.1), Decision::Stop { .. }));
-        assert_eq!(b.report(1, 4, 0.1), Decision::Continue, "rung 3: the first there");
-        assert_eq!(b.report(1, 6, 0.1), Decision::Continue, "rung 3 already judged");
+        assert!(matches!(b.report(1, 2, 0.1), Pruning::Stop { .. }));
+        assert_eq!(b.report(1, 4, 0.1), Pruning::Continue, "rung 3: the first there");
+        assert_eq!(b.report(1, 6, 0.1), Pruning::Continue, "rung 3 already judged");
     }
 
     /// The same nine workloads reporting every epoch and every second epoch
@@ -228,7 +228,7 @@ mod tests {
             for trial in 0..9u64 {
                 let quality = [0.5, 0.2, 0.9, 0.1, 0.6, 0.3, 0.8, 0.4, 0.7][trial as usize];
                 for epoch in (every..=10).step_by(every as usize) {
-                    if matches!(a.report(trial, epoch, quality * f64::from(epoch)), Decision::Stop { .. }) {
+                    if matches!(a.report(trial, epoch, quality * f64::from(epoch)), Pruning::Stop { .. }) {
                         stopped += 1;
                         break;
                     }
@@ -244,10 +244,10 @@ mod tests {
     #[test]
     fn nan_counts_as_the_worst_value_at_its_rung() {
         let mut a = Asha::new(2, 1, Direction::Minimize);
-        assert_eq!(a.report(0, 1, f64::NAN), Decision::Continue, "the first at a rung goes on");
+        assert_eq!(a.report(0, 1, f64::NAN), Pruning::Continue, "the first at a rung goes on");
         // Recorded as the worst: a finite value is better than the cut.
-        assert_eq!(a.report(1, 1, 5.0), Decision::Continue);
-        assert!(matches!(a.report(2, 1, f64::NAN), Decision::Stop { .. }));
+        assert_eq!(a.report(1, 1, 5.0), Pruning::Continue);
+        assert!(matches!(a.report(2, 1, f64::NAN), Pruning::Stop { .. }));
     }
 
     #[test]
@@ -265,7 +265,7 @@ mod tests {
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let mut a = Asha::new(3, 1, Direction::Maximize);
         let stopped =
-            (0..900).filter(|&t| matches!(a.report(t, 1, rng.random::<f64>()), Decision::Stop { .. })).count();
+            (0..900).filter(|&t| matches!(a.report(t, 1, rng.random::<f64>()), Pruning::Stop { .. })).count();
         assert!((520..680).contains(&stopped), "{stopped} of 900 stopped at the first rung (about 2/3 expected)");
     }
 }

@@ -22,7 +22,7 @@ use super::learn::load_book;
 use super::types::{Answer, Ask, Inbound};
 pub use super::types::{EngineError, EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
-use crate::domain::offload::{Decision, Policy, Telemetry};
+use crate::domain::offload::{LoadChange, Policy, Telemetry};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
 use crate::domain::search::{self, Search, TrialPlan};
@@ -419,11 +419,11 @@ fn offload(sched: &mut Scheduler, telemetry: &Telemetry, policy: &Policy, now: u
     let mut effects = Vec::new();
     for decision in crate::domain::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
         match decision {
-            Decision::Overloaded { agent, why } => {
+            LoadChange::Overloaded { agent, why } => {
                 tracing::warn!(agent = %agent, reason = %why, "agent overloaded: no new trials, its trials move");
                 effects.extend(sched.set_overloaded(&agent, Some(why), now));
             }
-            Decision::Recovered { agent } => {
+            LoadChange::Recovered { agent } => {
                 tracing::info!(agent = %agent, "agent no longer overloaded");
                 effects.extend(sched.set_overloaded(&agent, None, now));
             }
