@@ -128,7 +128,12 @@ pub enum LoadChange {
 }
 
 /// Decisions for every agent with telemetry, given which are overloaded now.
-pub fn decide(policy: &Policy, telemetry: &Telemetry, overloaded: impl Fn(&str) -> bool, now_ms: u64) -> Vec<LoadChange> {
+pub fn decide(
+    policy: &Policy,
+    telemetry: &Telemetry,
+    overloaded: impl Fn(&str) -> bool,
+    now_ms: u64,
+) -> Vec<LoadChange> {
     let mut out = Vec::new();
     let mut agents: Vec<&str> = telemetry.agents().collect();
     agents.sort_unstable();

@@ -264,8 +264,7 @@ mod tests {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
         let mut a = Asha::new(3, 1, Direction::Maximize);
-        let stopped =
-            (0..900).filter(|&t| matches!(a.report(t, 1, rng.random::<f64>()), Pruning::Stop { .. })).count();
+        let stopped = (0..900).filter(|&t| matches!(a.report(t, 1, rng.random::<f64>()), Pruning::Stop { .. })).count();
         assert!((520..680).contains(&stopped), "{stopped} of 900 stopped at the first rung (about 2/3 expected)");
     }
 }
