@@ -316,6 +316,13 @@ pub fn run_with_one_agent(study: &Path, store: &Path, test: &str, agent_args: &[
     out
 }
 
+/// `tunefleet ARGS` with the tests' state home: exit code, stdout, stderr.
+pub fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut c = Command::new(bin("tunefleet"));
+    c.args(args).env("XDG_STATE_HOME", state_home());
+    run(c)
+}
+
 /// Runs `study` with one agent (its log in `dir`), whatever the outcome:
 /// the coordinator's exit code, stdout and log; asserts the agent's spool
 /// is empty.

@@ -11,13 +11,6 @@ use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, Wor
 use tunefleet_tests::member::{Answer, Member};
 use tunefleet_tests::*;
 
-/// `tunefleet ARGS` with the tests' state home: exit code, stdout, stderr.
-fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut c = Command::new(bin("tunefleet"));
-    c.args(args).env("XDG_STATE_HOME", state_home());
-    run(c)
-}
-
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
 }

@@ -26,12 +26,6 @@ fn study(dir: &Path, name: &str, command: &str, metric: &str, trials: u32) -> Pa
     p
 }
 
-fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(args).env("XDG_STATE_HOME", state_home());
-    run(cmd)
-}
-
 use tunefleet_tests::run_study_logged as run_study;
 
 #[test]

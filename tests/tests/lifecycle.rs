@@ -3,16 +3,9 @@
 //! processes on the embedded broker.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use tunefleet_tests::*;
-
-fn tunefleet(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(args).env("XDG_STATE_HOME", state_home());
-    run(cmd)
-}
 
 /// Two configurations (`x` = 1, 2), four runs each, maximised: `x = 1`
 /// scores 50, 10, 30, 30 (a lucky first run, mean 30); `x = 2` scores 41,

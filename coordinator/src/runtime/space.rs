@@ -11,10 +11,9 @@ pub const DEFAULT_MIN_FREE_MIB: u64 = 64;
 /// Bytes free to an unprivileged writer on the filesystem holding `path`
 /// (its directory, for a file not made yet); `None` when it cannot be read.
 pub fn free_bytes(path: &Path) -> Option<u64> {
-    let dir = match path.parent() {
-        Some(p) if !path.exists() && !p.as_os_str().is_empty() => p,
-        _ if path.as_os_str().is_empty() => Path::new("."),
-        _ => path,
+    let dir = match path.exists() {
+        true => path,
+        false => path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")),
     };
     let st = rustix::fs::statvfs(dir).ok()?;
     Some(st.f_bavail.saturating_mul(st.f_frsize))
