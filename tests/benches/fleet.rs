@@ -46,7 +46,7 @@ use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode};
 use tunefleet_coordinator::domain::sched::{Effect, Restored, ResultKind, Scheduler, Selector, StudyPolicy};
-use tunefleet_coordinator::runtime::broker::{self, BrokerSettings};
+use tunefleet_coordinator::runtime::broker::{self, BrokerEngine, BrokerSettings};
 use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
 use tunefleet_tests::*;
 
@@ -137,15 +137,17 @@ async fn bench_rtt() {
     println!("\n### QoS 1 request/reply round trip (ms)\n");
     println!("| broker | round trips | median | p99 |");
     println!("|---|---|---|---|");
-    for (label, nodelay, n) in [
-        ("embedded rumqttd, TCP_NODELAY set (default)", true, 2000),
-        ("embedded rumqttd, as shipped (no TCP_NODELAY)", false, 40),
+    for (label, engine, nodelay, n) in [
+        ("embedded (Tunefleet's own, default)", BrokerEngine::Native, true, 2000),
+        ("embedded rumqttd, TCP_NODELAY set", BrokerEngine::Rumqttd, true, 2000),
+        ("embedded rumqttd, as shipped (no TCP_NODELAY)", BrokerEngine::Rumqttd, false, 40),
     ] {
         let b = broker::start(&BrokerSettings {
             listen: "127.0.0.1:0".parse().expect("addr"),
             users: None,
             nodelay,
             tls: None,
+            engine,
         })
         .expect("broker");
         let (med, p99) = rtt(b.addr.port(), n).await;
@@ -686,12 +688,15 @@ async fn bench_memory(agents: usize) {
     println!("\n### Coordinator memory per connected agent (10, then {agents} idle authenticated agents)\n");
     println!("| broker | coordinator VmRSS, 10 agents (MiB) | {agents} agents (MiB) | coordinator per added agent (KiB) | its peak (VmHWM) per added agent (KiB) | broker process per added agent (KiB) | connect + welcome {} agents (s) |", agents - 10);
     println!("|---|---|---|---|---|---|---|");
-    let mosquitto = Command::new("mosquitto").arg("-h").output().is_ok();
-    for external in [false, true].into_iter().filter(|&e| !e || mosquitto) {
+    for which in fleet_brokers() {
+        let external = which == FleetBroker::Mosquitto;
         let dir = tempfile::tempdir().expect("tmp");
         let root = unique_root("mem");
         let broker = external.then(|| Mosquitto::start(dir.path(), FLEET_OPTIONS));
-        let extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
+        let mut extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
+        if which == FleetBroker::Rumqttd {
+            extra.extend(["--embedded-broker".to_string(), "rumqttd".to_string()]);
+        }
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
         let (coord, url) = start_coordinator(&noop_study(dir.path(), 1), &dir.path().join("s.db"), &root, &extra);
         let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
@@ -708,7 +713,7 @@ async fn bench_memory(agents: usize) {
         let per = |end: u64, start: u64| end.saturating_sub(start) as f64 / added;
         println!(
             "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {connect_s:.1} |",
-            if external { "Mosquitto 2.0 (separate process)" } else { "embedded rumqttd (in the coordinator)" },
+            which.label(),
             base as f64 / 1024.0,
             rss as f64 / 1024.0,
             per(rss, base),
@@ -780,12 +785,51 @@ struct FleetOutcome {
 /// One study of `trials` no-op trials on `agents` simulated agents (one slot
 /// each, trials lasting `duration`), through the embedded broker or through
 /// Mosquitto; a fresh coordinator, store and broker per run.
-async fn fleet_run(agents: usize, duration: Duration, trials: u64, mosquitto: bool) -> FleetOutcome {
+/// Which broker a fleet run meets on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FleetBroker {
+    /// The coordinator's embedded broker (its own, the default).
+    Embedded,
+    /// The embedded rumqttd it replaced (`--embedded-broker rumqttd`).
+    Rumqttd,
+    /// Debian's Mosquitto in a process of its own.
+    Mosquitto,
+}
+
+impl FleetBroker {
+    fn label(self) -> &'static str {
+        match self {
+            FleetBroker::Embedded => "embedded (own)",
+            FleetBroker::Rumqttd => "embedded rumqttd (before)",
+            FleetBroker::Mosquitto => "Mosquitto 2.0",
+        }
+    }
+}
+
+/// The brokers to compare: `FLEET_BROKERS=embedded,rumqttd,mosquitto` (all by default; Mosquitto when installed).
+fn fleet_brokers() -> Vec<FleetBroker> {
+    let mosquitto = Command::new("mosquitto").arg("-h").output().is_ok();
+    let wanted = std::env::var("FLEET_BROKERS").unwrap_or_else(|_| "embedded,rumqttd,mosquitto".into());
+    wanted
+        .split(',')
+        .filter_map(|w| match w.trim() {
+            "embedded" => Some(FleetBroker::Embedded),
+            "rumqttd" => Some(FleetBroker::Rumqttd),
+            "mosquitto" if mosquitto => Some(FleetBroker::Mosquitto),
+            _ => None,
+        })
+        .collect()
+}
+
+async fn fleet_run(agents: usize, duration: Duration, trials: u64, which: FleetBroker) -> FleetOutcome {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");
     let root = unique_root("fleet");
-    let broker = mosquitto.then(|| Mosquitto::start(dir.path(), FLEET_OPTIONS));
-    let extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
+    let broker = (which == FleetBroker::Mosquitto).then(|| Mosquitto::start(dir.path(), FLEET_OPTIONS));
+    let mut extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
+    if which == FleetBroker::Rumqttd {
+        extra.extend(["--embedded-broker".to_string(), "rumqttd".to_string()]);
+    }
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let (mut coord, url) = start_coordinator(&noop_study(dir.path(), trials), &store, &root, &extra);
     let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
@@ -879,17 +923,16 @@ async fn bench_fleet() {
         .unwrap_or_else(|| vec![10, 100, 1_000, 5_000]);
     let trial_ms: u64 = std::env::var("FLEET_TRIAL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let duration = Duration::from_millis(trial_ms);
-    let mosquitto = Command::new("mosquitto").arg("-h").output().is_ok();
     println!("\n### Fleet simulator: N authenticated agents in one process, trials of {trial_ms} ms, durable store\n");
     println!("| broker | agents | trials | assigned/s | completed/s | assignment latency median (ms) | p99 (ms) | study (s) | welcome all: s, coordinator CPU s | study: coordinator CPU s (µs per trial) | coordinator peak memory MiB (KiB per agent) | broker CPU s, peak MiB | simulator CPU s | attempts given again, agent reconnects |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
-    for external in [false, true].into_iter().filter(|&e| !e || mosquitto) {
-        for &agents in &sizes {
+    for &agents in &sizes {
+        for which in fleet_brokers() {
             let trials = fleet_trials(agents);
-            let o = fleet_run(agents, duration, trials, external).await;
+            let o = fleet_run(agents, duration, trials, which).await;
             println!(
                 "| {} | {agents} | {trials} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {:.1}, {:.1} | {:.1} ({:.0}) | {:.0} ({:.1}) | {} | {:.1} | {}, {} |",
-                if external { "Mosquitto 2.0" } else { "embedded rumqttd" },
+                which.label(),
                 o.assigned_per_s,
                 o.completed_per_s,
                 o.latency_median_ms,
@@ -922,7 +965,7 @@ async fn bench_fleet_flat() {
     for agents in [100usize, 1_000] {
         let mut first = None;
         for trials in [1_000u64, 10_000, 100_000] {
-            let o = fleet_run(agents, Duration::ZERO, trials, false).await;
+            let o = fleet_run(agents, Duration::ZERO, trials, FleetBroker::Embedded).await;
             let per = o.coordinator_cpu_s * 1e6 / trials as f64;
             let base = *first.get_or_insert(per);
             println!(

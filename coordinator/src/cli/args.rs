@@ -328,6 +328,9 @@ pub struct BrokerArgs {
     /// Embedded broker: CA (PEM) that signs the client certificates it accepts (mutual TLS).
     #[arg(long, value_name = "FILE", requires = "broker_cert")]
     pub broker_client_ca: Option<PathBuf>,
+    /// Embedded broker: which code serves it (rumqttd only to compare; it falls off past 1,000-2,000 agents).
+    #[arg(long, value_enum, default_value = "native", hide = true)]
+    pub embedded_broker: crate::runtime::broker::BrokerEngine,
     /// How to log in to an external broker (--broker).
     #[command(flatten)]
     pub security: SecurityArgs,

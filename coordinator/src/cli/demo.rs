@@ -92,6 +92,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         broker_cert: None,
         broker_key: None,
         broker_client_ca: None,
+        embedded_broker: crate::runtime::broker::BrokerEngine::Native,
         security: SecurityArgs::default(),
         key: KeyArg { path: None },
         max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,

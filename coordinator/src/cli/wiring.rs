@@ -80,7 +80,13 @@ impl BrokerArgs {
                 self.listen
             );
         }
-        Ok(BrokerChoice::Embedded(BrokerSettings { listen: self.listen, users, nodelay: true, tls }))
+        Ok(BrokerChoice::Embedded(BrokerSettings {
+            listen: self.listen,
+            users,
+            nodelay: true,
+            tls,
+            engine: self.embedded_broker,
+        }))
     }
 }
 

@@ -1,4 +1,6 @@
-//! The embedded MQTT broker: rumqttd on a dedicated thread.
+//! The embedded broker as it was up to wave 4: rumqttd on a dedicated
+//! thread, kept behind `--embedded-broker rumqttd` so the two can be
+//! measured side by side (BENCHMARKS.md, issue 39).
 //!
 //! rumqttd's `Broker::start()` blocks forever and has no stop, so it lives on
 //! its own `std::thread` and ends with the process. Its config is built here
@@ -16,10 +18,10 @@
 //!
 //! Security: with `users`, every connection must log in. With `tls`, the
 //! public listener speaks TLS and requires a client certificate signed by
-//! `client_ca` (rumqttd checks client certificates whenever TLS is on; it also
-//! reads a certificate's Organization as a tenant namespace, so fleet
-//! certificates carry none). The coordinator itself then connects through a
-//! second, loopback-only listener with a credential made up at start.
+//! `client_ca` (rumqttd reads a certificate's Organization as a tenant
+//! namespace, so fleet certificates carry none). The coordinator itself then
+//! connects through a second, loopback-only listener with a credential made
+//! up at start.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -31,71 +33,7 @@ use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfi
 use rustix::net::{SocketAddrAny, SocketAddrV4, SocketAddrV6};
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 
-/// Largest MQTT payload the embedded broker accepts.
-pub const MAX_PAYLOAD: usize = tunefleet_common::MAX_MESSAGE_BYTES + 64 * 1024;
-
-/// Why the broker could not be started.
-#[derive(Debug, thiserror::Error)]
-pub enum BrokerError {
-    #[error("could not start the broker thread")]
-    Thread(#[source] std::io::Error),
-    #[error("the embedded broker did not start listening on {addr} within {waited:?} (port in use?)")]
-    NotListening { addr: SocketAddr, waited: Duration },
-    #[error("cannot listen on {addr}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
-    #[error("TLS file {path}")]
-    TlsFile { path: std::path::PathBuf, source: std::io::Error },
-    #[error("could not inspect the broker's socket")]
-    Inspect(#[source] std::io::Error),
-}
-
-/// Settings of the embedded broker.
-#[derive(Debug, Clone)]
-pub struct BrokerSettings {
-    /// Address to listen on; port 0 lets the OS choose.
-    pub listen: SocketAddr,
-    /// username -> password; `None` runs the broker open.
-    pub users: Option<HashMap<String, String>>,
-    /// Give accepted connections `TCP_NODELAY` (off only to measure what it buys).
-    pub nodelay: bool,
-    /// Serve TLS (with client certificates) on `listen`.
-    pub tls: Option<BrokerTls>,
-}
-
-/// The embedded broker's TLS files (PEM).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BrokerTls {
-    pub cert: std::path::PathBuf,
-    pub key: std::path::PathBuf,
-    /// CA that signs the client certificates the broker accepts.
-    pub client_ca: std::path::PathBuf,
-}
-
-/// How the coordinator itself connects to its embedded broker.
-#[derive(Debug, Clone)]
-pub struct InternalAccess {
-    /// Plain MQTT on loopback: the public address, or a second listener when the public one is TLS.
-    pub addr: SocketAddr,
-    /// A credential made up at start, when the broker requires one.
-    pub credentials: Option<(String, String)>,
-}
-
-impl Default for BrokerSettings {
-    fn default() -> Self {
-        BrokerSettings { listen: SocketAddr::from(([127, 0, 0, 1], 1883)), users: None, nodelay: true, tls: None }
-    }
-}
-
-/// A running embedded broker.
-#[derive(Debug)]
-pub struct EmbeddedBroker {
-    /// The address it really listens on (the chosen port when 0 was asked).
-    pub addr: SocketAddr,
-    /// Whether accepted connections get `TCP_NODELAY` (false only if the kernel refused).
-    pub nodelay: bool,
-    /// How the coordinator reaches it.
-    pub internal: InternalAccess,
-}
+use super::settings::{internal_credential, BrokerError, BrokerSettings, EmbeddedBroker, InternalAccess, MAX_PAYLOAD};
 
 fn server(
     name: &str,
@@ -147,10 +85,10 @@ fn rumqttd_config(servers: Vec<ServerSettings>) -> Config {
 /// other's port-0 listener for its own. Other code of this process that opens
 /// a listener on the same address at that moment could still be mistaken for
 /// rumqttd's; the coordinator opens none, and tests that do hold this lock.
-static STARTING: Mutex<()> = Mutex::new(());
+pub(super) static STARTING: Mutex<()> = Mutex::new(());
 
 /// Starts rumqttd and returns once it accepts connections.
-pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
+pub(super) fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     // rumqttd only logs a failed bind on its own thread: a fixed port is
     // bound here first, which finds a taken one at once. Port 0 goes to
     // rumqttd as it is: the OS chooses the port of the socket that listens,
@@ -251,36 +189,7 @@ pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
         None if addr.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
         None => addr,
     };
-    Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials } })
-}
-
-/// The host agents should use for a listener bound to `ip`: `ip` itself,
-/// or, for a wildcard (`0.0.0.0`, `::`), no address anyone can dial, this
-/// machine's address on its default route (found by connecting a UDP
-/// socket, which sends nothing), else its host name, else loopback.
-pub fn reachable_host(ip: std::net::IpAddr) -> String {
-    if !ip.is_unspecified() {
-        return ip.to_string();
-    }
-    // A documentation address (TEST-NET-1): never dialled, only routed.
-    let routed = std::net::UdpSocket::bind((ip, 0))
-        .and_then(|s| s.connect(("192.0.2.1", 9)).and_then(|()| s.local_addr()))
-        .map(|a| a.ip())
-        .ok()
-        .filter(|a| !a.is_unspecified() && !a.is_loopback());
-    if let Some(addr) = routed {
-        return addr.to_string();
-    }
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
-    let resolves = |n: &str| std::net::ToSocketAddrs::to_socket_addrs(&(n, 0u16)).is_ok_and(|mut a| a.next().is_some());
-    if !name.is_empty() && resolves(&name) {
-        return name;
-    }
-    if ip.is_ipv4() {
-        "127.0.0.1".to_string()
-    } else {
-        "::1".to_string()
-    }
+    Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials }, counters: None })
 }
 
 /// Where the coordinator's own listener goes beside a TLS one: loopback, a
@@ -291,34 +200,8 @@ fn internal_listen_addr(public: SocketAddr) -> SocketAddr {
     SocketAddr::from((ip, 0))
 }
 
-/// A user name and random password for the coordinator's own connection.
-fn internal_credential() -> (String, String) {
-    (format!("tf-coordinator-{:08x}", rand::random::<u32>()), format!("{:032x}", rand::random::<u128>()))
-}
-
-/// Reads a users file: one `user:password` per line, `#` comments.
-pub fn read_users(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut users = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (user, pass) = line
-            .split_once(':')
-            .filter(|(u, p)| !u.is_empty() && !p.is_empty())
-            .ok_or_else(|| format!("{}:{}: expected user:password", path.display(), i + 1))?;
-        users.insert(user.to_string(), pass.to_string());
-    }
-    if users.is_empty() {
-        return Err(format!("{}: no user:password line", path.display()));
-    }
-    Ok(users)
-}
-
 /// `(fd number, socket inode)` for every socket this process holds.
-fn socket_fds() -> Vec<(i32, u64)> {
+pub(super) fn socket_fds() -> Vec<(i32, u64)> {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
     dir.flatten()
         .filter_map(|entry| {
@@ -330,7 +213,7 @@ fn socket_fds() -> Vec<(i32, u64)> {
         .collect()
 }
 
-fn to_std(addr: &SocketAddrAny) -> Option<SocketAddr> {
+pub(super) fn to_std(addr: &SocketAddrAny) -> Option<SocketAddr> {
     if let Ok(v4) = SocketAddrV4::try_from(addr.clone()) {
         return Some(SocketAddr::V4(v4));
     }
@@ -374,71 +257,4 @@ fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Lis
         }
     }
     Ok(if hidden { Listener::Hidden } else { Listener::NotYet })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::TcpStream;
-
-    #[test]
-    fn chooses_a_port_and_accepted_sockets_have_nodelay() {
-        let broker = start(&BrokerSettings {
-            listen: "127.0.0.1:0".parse().expect("addr"),
-            users: None,
-            nodelay: true,
-            tls: None,
-        })
-        .expect("broker starts");
-        assert_ne!(broker.addr.port(), 0);
-        assert!(broker.nodelay);
-        let before: HashSet<u64> = socket_fds().into_iter().map(|(_, i)| i).collect();
-        let client = TcpStream::connect(broker.addr).expect("connects");
-        let client_port = client.local_addr().expect("addr").port();
-        // The accepted socket is ours too (same process): find it and read its option.
-        let pidfd = pidfd_open(getpid(), PidfdFlags::empty()).expect("pidfd");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let accepted = socket_fds().into_iter().filter(|(_, i)| !before.contains(i)).find_map(|(fd, _)| {
-                let dup = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).ok()?;
-                let peer = rustix::net::getpeername(&dup).ok()??;
-                (to_std(&peer)?.port() == client_port).then_some(dup)
-            });
-            if let Some(sock) = accepted {
-                assert!(rustix::net::sockopt::tcp_nodelay(&sock).expect("getsockopt"), "accepted socket lacks nodelay");
-                break;
-            }
-            assert!(Instant::now() < deadline, "broker never accepted the connection");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    #[test]
-    fn brokers_started_at_once_each_find_their_own_port() {
-        let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-        let starts: Vec<_> = (0..3)
-            .map(|_| std::thread::spawn(move || start(&BrokerSettings { listen: any, ..BrokerSettings::default() })))
-            .collect();
-        let mut ports: Vec<u16> =
-            starts.into_iter().map(|t| t.join().expect("thread").expect("broker starts").addr.port()).collect();
-        ports.sort_unstable();
-        ports.dedup();
-        assert_eq!(ports.len(), 3, "three brokers, three ports: {ports:?}");
-        for port in ports {
-            TcpStream::connect(("127.0.0.1", port)).expect("each broker accepts");
-        }
-    }
-
-    #[test]
-    fn a_taken_port_is_a_clear_error() {
-        // Opened under STARTING, so a broker starting in another test cannot take it for its own.
-        let taken = {
-            let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
-            std::net::TcpListener::bind("127.0.0.1:0").expect("bind")
-        };
-        let addr = taken.local_addr().expect("addr");
-        let err =
-            start(&BrokerSettings { listen: addr, users: None, nodelay: true, tls: None }).expect_err("port is taken");
-        assert!(err.to_string().contains(&addr.to_string()), "{err}");
-    }
 }

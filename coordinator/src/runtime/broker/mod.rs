@@ -1,0 +1,185 @@
+//! The embedded MQTT broker: Tunefleet's own ([`serve`], [`routes`]) on a
+//! thread and runtime of its own, or, behind `--embedded-broker rumqttd`,
+//! the rumqttd router it replaced ([`rumqttd`]), kept to measure the two
+//! side by side.
+//!
+//! Why its own: rumqttd's router matches every newly seen topic against
+//! every filter and every new filter against every topic it has cached, so
+//! a fleet joining costs N x N work; on 2 cores it fell off between 1,000
+//! and 2,000 agents (connection timeouts, a reconnect storm) where
+//! Mosquitto stayed flat. Ours routes through trees of topic levels, gives
+//! each connection bounded queues (a slow subscriber slows its publishers,
+//! a stuck one is disconnected), sets `TCP_NODELAY` on what it accepts, and
+//! binds its own sockets (port 0 is read back from the socket).
+//!
+//! Security: with `users`, every connection must log in. With `tls`, the
+//! public listener speaks TLS and requires a client certificate signed by
+//! `client_ca`. The coordinator itself then connects through a second,
+//! loopback-only listener with a credential made up at start.
+
+pub mod routes;
+mod rumqttd;
+pub mod serve;
+mod settings;
+
+pub use settings::*;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rumqttc::tokio_rustls::rustls;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+pub use serve::BrokerCounters;
+
+/// Starts the embedded broker and returns once it accepts connections.
+pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
+    match settings.engine {
+        BrokerEngine::Native => start_native(settings),
+        BrokerEngine::Rumqttd => rumqttd::start(settings),
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BrokerError> {
+    std::net::TcpListener::bind(addr).map_err(|source| BrokerError::Bind { addr, source })
+}
+
+fn start_native(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
+    start_native_with(settings, serve::STALL)
+}
+
+/// [`start_native`] with how long a subscriber may take nothing (tests shorten it).
+fn start_native_with(settings: &BrokerSettings, stall: Duration) -> Result<EmbeddedBroker, BrokerError> {
+    let public = bind(settings.listen)?;
+    let addr = public.local_addr().map_err(BrokerError::Inspect)?;
+    let mut listeners = Vec::new();
+    let (internal, credentials) = match &settings.tls {
+        Some(tls) => {
+            let acceptor = tls_acceptor(tls)?;
+            let users = settings.users.clone().map(Arc::new);
+            listeners.push(serve::Listener { socket: public, tls: Some(acceptor), users });
+            let credentials = internal_credential();
+            let own = bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+            let own_addr = own.local_addr().map_err(BrokerError::Inspect)?;
+            let users = Some(Arc::new(HashMap::from([credentials.clone()])));
+            listeners.push(serve::Listener { socket: own, tls: None, users });
+            (own_addr, Some(credentials))
+        }
+        None => {
+            let credentials = settings.users.as_ref().map(|_| internal_credential());
+            let mut users = settings.users.clone();
+            if let (Some(map), Some((u, p))) = (users.as_mut(), &credentials) {
+                map.insert(u.clone(), p.clone());
+            }
+            listeners.push(serve::Listener { socket: public, tls: None, users: users.map(Arc::new) });
+            let internal =
+                if addr.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], addr.port())) } else { addr };
+            (internal, credentials)
+        }
+    };
+    let shared = serve::Shared::new(MAX_PAYLOAD, settings.nodelay, stall);
+    let counters = shared.counters.clone();
+    std::thread::Builder::new()
+        .name("tunefleet-broker".into())
+        .spawn(move || {
+            if let Err(e) = serve::serve(shared, listeners) {
+                tracing::error!(error = %e, "embedded broker stopped");
+            }
+        })
+        .map_err(BrokerError::Thread)?;
+    // The sockets are bound and listening already: connections wait in the
+    // kernel's backlog until the runtime takes them.
+    Ok(EmbeddedBroker {
+        addr,
+        nodelay: settings.nodelay,
+        internal: InternalAccess { addr: internal, credentials },
+        counters: Some(counters),
+    })
+}
+
+/// A TLS acceptor that requires client certificates signed by `client_ca`.
+fn tls_acceptor(tls: &BrokerTls) -> Result<rumqttc::tokio_rustls::TlsAcceptor, BrokerError> {
+    for path in [&tls.cert, &tls.key, &tls.client_ca] {
+        std::fs::metadata(path).map_err(|source| BrokerError::TlsFile { path: path.clone(), source })?;
+    }
+    let bad = |what: &str, path: &std::path::Path, e: &dyn std::fmt::Display| {
+        BrokerError::Tls(format!("{what} {}: {e}", path.display()))
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&tls.cert)
+        .and_then(|it| it.collect::<Result<_, _>>())
+        .map_err(|e| bad("certificate", &tls.cert, &e))?;
+    if certs.is_empty() {
+        return Err(bad("certificate", &tls.cert, &"no certificate in the file"));
+    }
+    let key = PrivateKeyDer::from_pem_file(&tls.key).map_err(|e| bad("key", &tls.key, &e))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(&tls.client_ca).map_err(|e| bad("client CA", &tls.client_ca, &e))? {
+        let cert = cert.map_err(|e| bad("client CA", &tls.client_ca, &e))?;
+        roots.add(cert).map_err(|e| bad("client CA", &tls.client_ca, &e))?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| bad("client CA", &tls.client_ca, &e))?;
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|b| b.with_client_cert_verifier(verifier).with_single_cert(certs, key))
+        .map_err(|e| bad("certificate", &tls.cert, &e))?;
+    Ok(rumqttc::tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The host agents should use for a listener bound to `ip`: `ip` itself,
+/// or, for a wildcard (`0.0.0.0`, `::`), no address anyone can dial, this
+/// machine's address on its default route (found by connecting a UDP
+/// socket, which sends nothing), else its host name, else loopback.
+pub fn reachable_host(ip: std::net::IpAddr) -> String {
+    if !ip.is_unspecified() {
+        return ip.to_string();
+    }
+    // A documentation address (TEST-NET-1): never dialled, only routed.
+    let routed = std::net::UdpSocket::bind((ip, 0))
+        .and_then(|s| s.connect(("192.0.2.1", 9)).and_then(|()| s.local_addr()))
+        .map(|a| a.ip())
+        .ok()
+        .filter(|a| !a.is_unspecified() && !a.is_loopback());
+    if let Some(addr) = routed {
+        return addr.to_string();
+    }
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string();
+    let resolves = |n: &str| std::net::ToSocketAddrs::to_socket_addrs(&(n, 0u16)).is_ok_and(|mut a| a.next().is_some());
+    if !name.is_empty() && resolves(&name) {
+        return name;
+    }
+    if ip.is_ipv4() {
+        "127.0.0.1".to_string()
+    } else {
+        "::1".to_string()
+    }
+}
+
+/// Reads a users file: one `user:password` per line, `#` comments.
+pub fn read_users(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut users = HashMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (user, pass) = line
+            .split_once(':')
+            .filter(|(u, p)| !u.is_empty() && !p.is_empty())
+            .ok_or_else(|| format!("{}:{}: expected user:password", path.display(), i + 1))?;
+        users.insert(user.to_string(), pass.to_string());
+    }
+    if users.is_empty() {
+        return Err(format!("{}: no user:password line", path.display()));
+    }
+    Ok(users)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,327 @@
+//! The embedded broker against real clients (rumqttc, raw sockets), both engines where it matters.
+
+use std::collections::HashSet;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Packet, QoS};
+use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
+
+use super::rumqttd::{socket_fds, to_std, STARTING};
+use super::*;
+
+fn settings(engine: BrokerEngine) -> BrokerSettings {
+    BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), engine, ..BrokerSettings::default() }
+}
+
+#[test]
+fn chooses_a_port_and_accepted_sockets_have_nodelay() {
+    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+        let broker = start(&settings(engine)).expect("broker starts");
+        assert_ne!(broker.addr.port(), 0);
+        assert!(broker.nodelay);
+        let before: HashSet<u64> = socket_fds().into_iter().map(|(_, i)| i).collect();
+        let client = TcpStream::connect(broker.addr).expect("connects");
+        let client_port = client.local_addr().expect("addr").port();
+        // The accepted socket is ours too (same process): find it and read its option.
+        let pidfd = pidfd_open(getpid(), PidfdFlags::empty()).expect("pidfd");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let accepted = socket_fds().into_iter().filter(|(_, i)| !before.contains(i)).find_map(|(fd, _)| {
+                let dup = pidfd_getfd(&pidfd, fd, PidfdGetfdFlags::empty()).ok()?;
+                let peer = rustix::net::getpeername(&dup).ok()??;
+                (to_std(&peer)?.port() == client_port).then_some(dup)
+            });
+            if let Some(sock) = accepted {
+                assert!(
+                    rustix::net::sockopt::tcp_nodelay(&sock).expect("getsockopt"),
+                    "{engine:?}: accepted socket lacks nodelay"
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "broker never accepted the connection");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[test]
+fn brokers_started_at_once_each_find_their_own_port() {
+    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+        let starts: Vec<_> = (0..3).map(|_| std::thread::spawn(move || start(&settings(engine)))).collect();
+        let mut ports: Vec<u16> =
+            starts.into_iter().map(|t| t.join().expect("thread").expect("broker starts").addr.port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 3, "three brokers, three ports: {ports:?}");
+        for port in ports {
+            TcpStream::connect(("127.0.0.1", port)).expect("each broker accepts");
+        }
+    }
+}
+
+#[test]
+fn a_taken_port_is_a_clear_error() {
+    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+        // Opened under STARTING, so a rumqttd starting in another test cannot take it for its own.
+        let taken = {
+            let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
+            std::net::TcpListener::bind("127.0.0.1:0").expect("bind")
+        };
+        let addr = taken.local_addr().expect("addr");
+        let err = start(&BrokerSettings { listen: addr, ..settings(engine) }).expect_err("port is taken");
+        assert!(err.to_string().contains(&addr.to_string()), "{err}");
+    }
+}
+
+fn client(addr: SocketAddr, id: &str, setup: impl FnOnce(&mut MqttOptions)) -> (AsyncClient, EventLoop) {
+    let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+    o.set_keep_alive(Duration::from_secs(5)).set_max_packet_size(MAX_PAYLOAD + 1024, MAX_PAYLOAD + 1024);
+    setup(&mut o);
+    AsyncClient::new(o, 100)
+}
+
+/// Polls until the connection is acknowledged; the ConnAck's code.
+async fn connack(ev: &mut EventLoop) -> Result<(), rumqttc::ConnectionError> {
+    loop {
+        if let Event::Incoming(Packet::ConnAck(_)) = ev.poll().await? {
+            return Ok(());
+        }
+    }
+}
+
+/// Polls until a publish arrives, answering what the client must; its topic, payload and retain flag.
+async fn next_publish(ev: &mut EventLoop) -> (String, Vec<u8>, bool) {
+    let wait = async {
+        loop {
+            if let Event::Incoming(Packet::Publish(p)) = ev.poll().await.expect("connection") {
+                return (p.topic, p.payload.to_vec(), p.retain);
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("a publish in time")
+}
+
+/// Polls until a publish is acknowledged.
+async fn puback(ev: &mut EventLoop) {
+    let wait = async {
+        loop {
+            if let Event::Incoming(Packet::PubAck(_)) = ev.poll().await.expect("connection") {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("puback in time");
+}
+
+/// Polls until the subscription is acknowledged.
+async fn suback(ev: &mut EventLoop) {
+    let wait = async {
+        loop {
+            if let Event::Incoming(Packet::SubAck(_)) = ev.poll().await.expect("connection") {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("suback in time");
+}
+
+/// Keeps an event loop polled in the background.
+fn drive(mut ev: EventLoop) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move { while ev.poll().await.is_ok() {} })
+}
+
+#[tokio::test]
+async fn routes_retains_and_publishes_wills() {
+    let b = start(&settings(BrokerEngine::Native)).expect("broker");
+    let (sub, mut sub_ev) = client(b.addr, "sub", |_| {});
+    connack(&mut sub_ev).await.expect("connects");
+
+    // A retained status, then an agent that will die without DISCONNECT.
+    let (agent, mut agent_ev) = client(b.addr, "agent-1", |o| {
+        o.set_last_will(LastWill::new("r/up/agent-1/status", "offline", QoS::AtLeastOnce, true));
+    });
+    connack(&mut agent_ev).await.expect("connects");
+    agent.publish("r/up/agent-1/status", QoS::AtLeastOnce, true, "online").await.expect("publish");
+    puback(&mut agent_ev).await;
+    let agent_task = drive(agent_ev);
+
+    sub.subscribe("r/up/+/status", QoS::AtLeastOnce).await.expect("subscribe");
+    suback(&mut sub_ev).await;
+    assert_eq!(next_publish(&mut sub_ev).await, ("r/up/agent-1/status".into(), b"online".to_vec(), true));
+
+    agent.publish("r/up/agent-1/result", QoS::AtLeastOnce, false, "not subscribed").await.expect("publish");
+    agent.publish("r/up/agent-1/status", QoS::AtLeastOnce, false, "live").await.expect("publish");
+    assert_eq!(
+        next_publish(&mut sub_ev).await,
+        ("r/up/agent-1/status".into(), b"live".to_vec(), false),
+        "only the subscribed topic, live, without the retain flag"
+    );
+
+    // Lost without DISCONNECT: its will goes out, and stays retained.
+    agent_task.abort();
+    let _ = agent_task.await;
+    drop(agent);
+    assert_eq!(next_publish(&mut sub_ev).await, ("r/up/agent-1/status".into(), b"offline".to_vec(), false));
+    let (late, mut late_ev) = client(b.addr, "late", |_| {});
+    connack(&mut late_ev).await.expect("connects");
+    late.subscribe("r/up/#", QoS::AtMostOnce).await.expect("subscribe");
+    suback(&mut late_ev).await;
+    assert_eq!(next_publish(&mut late_ev).await, ("r/up/agent-1/status".into(), b"offline".to_vec(), true));
+    // An empty retained publish forgets it.
+    late.publish("r/up/agent-1/status", QoS::AtLeastOnce, true, "").await.expect("publish");
+    assert_eq!(next_publish(&mut late_ev).await.1, Vec::<u8>::new());
+    late.publish("r/up/marker", QoS::AtLeastOnce, true, "marker").await.expect("publish");
+    assert_eq!(next_publish(&mut late_ev).await.1, b"marker".to_vec());
+    let (later, mut later_ev) = client(b.addr, "later", |_| {});
+    connack(&mut later_ev).await.expect("connects");
+    later.subscribe("r/up/#", QoS::AtMostOnce).await.expect("subscribe");
+    suback(&mut later_ev).await;
+    assert_eq!(
+        next_publish(&mut later_ev).await,
+        ("r/up/marker".into(), b"marker".to_vec(), true),
+        "the forgotten status is not retained, the marker is"
+    );
+    let counters = b.counters.expect("native counters");
+    assert!(counters.delivered.load(Ordering::Relaxed) >= 5);
+}
+
+#[tokio::test]
+async fn a_client_id_connecting_again_takes_over_without_its_will() {
+    let b = start(&settings(BrokerEngine::Native)).expect("broker");
+    let (watch, mut watch_ev) = client(b.addr, "watch", |_| {});
+    connack(&mut watch_ev).await.expect("connects");
+    watch.subscribe("t/#", QoS::AtLeastOnce).await.expect("subscribe");
+    suback(&mut watch_ev).await;
+    let will = |o: &mut MqttOptions| {
+        o.set_last_will(LastWill::new("t/status", "offline", QoS::AtLeastOnce, true));
+    };
+    let (_first, mut first_ev) = client(b.addr, "same", will);
+    connack(&mut first_ev).await.expect("connects");
+    let (second, mut second_ev) = client(b.addr, "same", will);
+    connack(&mut second_ev).await.expect("connects");
+    // The first is closed by the broker.
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if first_ev.poll().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the first connection was closed");
+    second.publish("t/status", QoS::AtLeastOnce, false, "online").await.expect("publish");
+    let _second = drive(second_ev);
+    let (topic, payload, _) = next_publish(&mut watch_ev).await;
+    assert_eq!((topic.as_str(), payload.as_slice()), ("t/status", b"online".as_slice()), "no 'offline' will first");
+    let counters = b.counters.expect("counters");
+    assert_eq!(counters.taken_over.load(Ordering::Relaxed), 1);
+}
+
+#[tokio::test]
+async fn logins_are_checked_and_bad_packets_close_only_their_connection() {
+    let users = HashMap::from([("agent".to_string(), "secret".to_string())]);
+    let b = start(&BrokerSettings { users: Some(users), ..settings(BrokerEngine::Native) }).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    let (_c, mut ev) = client(b.addr, "wrong", |o| {
+        o.set_credentials("agent", "guess");
+    });
+    let refused = connack(&mut ev).await.expect_err("a wrong password is refused");
+    assert!(format!("{refused:?}").contains("BadUserNamePassword"), "{refused:?}");
+    let (_c, mut ev) = client(b.addr, "anon", |_| {});
+    let refused = connack(&mut ev).await.expect_err("no login is refused");
+    assert!(format!("{refused:?}").contains("NotAuthorized"), "{refused:?}");
+    assert_eq!(counters.refused.load(Ordering::Relaxed), 2);
+
+    let (ok, mut ok_ev) = client(b.addr, "ok", |o| {
+        o.set_credentials("agent", "secret");
+    });
+    connack(&mut ok_ev).await.expect("the right login connects");
+    ok.subscribe("x/#", QoS::AtLeastOnce).await.expect("subscribe");
+    suback(&mut ok_ev).await;
+    // Garbage on another connection: that one closes, this one goes on.
+    let mut raw = TcpStream::connect(b.addr).expect("connect");
+    std::io::Write::write_all(&mut raw, &[0x10, 0x04, 0xde, 0xad, 0xbe, 0xef]).expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.refused.load(Ordering::Relaxed) < 3 {
+        assert!(Instant::now() < deadline, "the bad CONNECT was never refused");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A packet over the limit closes its sender.
+    let (big, mut big_ev) = client(b.addr, "big", |o| {
+        o.set_credentials("agent", "secret");
+    });
+    connack(&mut big_ev).await.expect("connects");
+    big.publish("x/big", QoS::AtLeastOnce, false, vec![0u8; MAX_PAYLOAD + 10]).await.expect("queued");
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if big_ev.poll().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the oversized sender was closed");
+    assert_eq!(counters.malformed.load(Ordering::Relaxed), 1);
+    ok.publish("x/small", QoS::AtLeastOnce, false, "still here").await.expect("publish");
+    assert_eq!(next_publish(&mut ok_ev).await.1, b"still here".to_vec());
+}
+
+#[tokio::test]
+async fn a_subscriber_that_reads_nothing_slows_its_publisher_then_is_disconnected() {
+    use tokio::io::AsyncWriteExt;
+    let stall = Duration::from_secs(2);
+    let b = start_native_with(&settings(BrokerEngine::Native), stall).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    // A raw subscriber that connects, subscribes, then never reads again.
+    let mut raw = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
+    let mut out = bytes::BytesMut::new();
+    let connect = rumqttc::mqttbytes::v4::Connect::new("stuck");
+    rumqttc::mqttbytes::v4::Packet::Connect(connect).write(&mut out, usize::MAX).expect("encode");
+    let sub = rumqttc::mqttbytes::v4::Subscribe::new("s/#", QoS::AtMostOnce);
+    rumqttc::mqttbytes::v4::Packet::Subscribe(sub).write(&mut out, usize::MAX).expect("encode");
+    raw.write_all(&out).await.expect("write");
+    // A healthy subscriber beside it.
+    let (ok, mut ok_ev) = client(b.addr, "ok", |_| {});
+    connack(&mut ok_ev).await.expect("connects");
+    ok.subscribe("s/#", QoS::AtMostOnce).await.expect("subscribe");
+    suback(&mut ok_ev).await;
+    let (_ok_task, got) = {
+        let got = std::sync::Arc::new(AtomicU64::new(0));
+        let g = got.clone();
+        (
+            tokio::spawn(async move {
+                while let Ok(e) = ok_ev.poll().await {
+                    if let Event::Incoming(Packet::Publish(_)) = e {
+                        g.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }),
+            got,
+        )
+    };
+    // Publish far more than the stuck one's socket and queue hold.
+    let (publisher, pub_ev) = client(b.addr, "pub", |_| {});
+    let _pub_task = drive(pub_ev);
+    let payload = vec![7u8; 64 * 1024];
+    let n = 2_000u64;
+    let started = Instant::now();
+    for _ in 0..n {
+        publisher.publish("s/x", QoS::AtLeastOnce, false, payload.clone()).await.expect("queued");
+    }
+    let deadline = Instant::now() + stall + Duration::from_secs(30);
+    while got.load(Ordering::Relaxed) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the healthy subscriber got {} of {n}; stalled {}",
+            got.load(Ordering::Relaxed),
+            counters.stalled.load(Ordering::Relaxed)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counters.stalled.load(Ordering::Relaxed), 1, "the stuck subscriber was disconnected");
+    assert!(started.elapsed() >= stall, "the publisher waited for the stuck one first");
+    drop(raw);
+}
