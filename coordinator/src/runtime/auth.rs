@@ -29,15 +29,12 @@ use tunefleet_common::{encode, CodecError};
 pub const DEFAULT_MAX_AGENTS: u64 = 10_000;
 /// Default bound on the slots any one agent is given, whatever it announces.
 pub const DEFAULT_MAX_SLOTS: u32 = 64;
-/// Hellos of agents whose key is pinned, accepted per second, sustained (a
-/// whole fleet reconnecting after a coordinator restart comes in at the burst).
-pub const HELLO_RATE: f64 = 2_000.0;
-/// Hellos of agents whose key is pinned, accepted in one burst.
+/// Hellos of agents whose key is pinned, accepted in one burst (a whole
+/// fleet reconnecting after a coordinator restart comes in at the burst);
+/// sustained, at the rate [`HelloPace`] measures the engine can spare.
 pub const HELLO_BURST: f64 = 10_000.0;
-/// New keys pinned per second, sustained (a fleet enrolling at once comes in
-/// at the burst).
-pub const NEW_PIN_RATE: f64 = 200.0;
-/// New keys pinned in one burst.
+/// New keys pinned in one burst (a fleet enrolling at once); sustained, at
+/// the rate [`HelloPace`] measures.
 pub const NEW_PIN_BURST: f64 = 2_000.0;
 /// Stale-session notices signed per second, sustained, and in one burst.
 const STALE_RATE: f64 = 100.0;
@@ -159,16 +156,55 @@ impl Bucket {
     }
 }
 
+/// Half of the engine's time may go to Hellos while a fleet joins; the
+/// other half stays with the trials of agents already working.
+const HELLO_SHARE: f64 = 0.5;
+
+/// The sustained rate of a kind of Hello, paced by what one costs the
+/// engine (measured, a moving average) rather than by a fixed figure: a
+/// fast machine welcomes a fleet quickly, a slow or busy one at what it can
+/// spare, and a flood of Hellos never takes more than [`HELLO_SHARE`].
+#[derive(Debug, Clone)]
+pub struct HelloPace {
+    cost_s: f64,
+    floor: f64,
+    ceiling: f64,
+}
+
+impl HelloPace {
+    /// Known agents: until measured, 250 µs a Hello (2,000 a second).
+    fn known() -> Self {
+        HelloPace { cost_s: 250e-6, floor: 200.0, ceiling: 50_000.0 }
+    }
+
+    /// New keys (two signatures and a pin): until measured, 2.5 ms (200 a second).
+    fn fresh() -> Self {
+        HelloPace { cost_s: 2.5e-3, floor: 50.0, ceiling: 20_000.0 }
+    }
+
+    fn record(&mut self, took: std::time::Duration) {
+        let took = took.as_secs_f64().clamp(1e-6, 1.0);
+        self.cost_s = 0.9 * self.cost_s + 0.1 * took;
+    }
+
+    /// Hellos a second the engine can spare.
+    pub fn rate(&self) -> f64 {
+        (HELLO_SHARE / self.cost_s).clamp(self.floor, self.ceiling)
+    }
+}
+
 /// Every agent's session.
 pub struct Sessions {
     identity: Identity,
     instance: u64,
     started_unix_ms: u64,
     live: HashMap<String, Live>,
-    /// Budget of Hellos from agents whose key is pinned.
+    /// Budget of Hellos from agents whose key is pinned, and what one costs.
     known: Bucket,
-    /// Budget of new pins.
+    known_pace: HelloPace,
+    /// Budget of new pins, and what one costs.
     fresh: Bucket,
+    fresh_pace: HelloPace,
     /// When each agent was last told its session is stale.
     stale_sent: HashMap<String, Instant>,
     /// When each name was last told why its Hello was refused.
@@ -208,7 +244,9 @@ impl Sessions {
             started_unix_ms,
             live: HashMap::new(),
             known: Bucket { level: HELLO_BURST, at: Instant::now() },
+            known_pace: HelloPace::known(),
             fresh: Bucket { level: NEW_PIN_BURST, at: Instant::now() },
+            fresh_pace: HelloPace::fresh(),
             stale_sent: HashMap::new(),
             refused_sent: HashMap::new(),
             stale_budget: Bucket { level: STALE_BURST, at: Instant::now() },
@@ -340,13 +378,28 @@ impl Sessions {
     /// Takes one Hello of `admission`'s kind from its budget.
     pub fn spend(&mut self, admission: &Admission, now: Instant) -> Result<(), HelloRefusal> {
         let (bucket, rate, burst, what) = match admission {
-            Admission::Known => (&mut self.known, HELLO_RATE, HELLO_BURST, "known agents"),
-            _ => (&mut self.fresh, NEW_PIN_RATE, NEW_PIN_BURST, "new agents"),
+            Admission::Known => (&mut self.known, self.known_pace.rate(), HELLO_BURST, "known agents"),
+            _ => (&mut self.fresh, self.fresh_pace.rate(), NEW_PIN_BURST, "new agents"),
         };
         if !bucket.take(now, rate, burst) {
             return Err(HelloRefusal::RateLimited(what));
         }
         Ok(())
+    }
+
+    /// What an admitted Hello of `admission`'s kind cost the engine (its
+    /// checks, signatures and store statements): the sustained rate of its
+    /// budget follows.
+    pub fn measured(&mut self, admission: &Admission, took: std::time::Duration) {
+        match admission {
+            Admission::Known => self.known_pace.record(took),
+            _ => self.fresh_pace.record(took),
+        }
+    }
+
+    /// The sustained Hello rates now (known agents, new keys), per second.
+    pub fn hello_rates(&self) -> (f64, f64) {
+        (self.known_pace.rate(), self.fresh_pace.rate())
     }
 
     /// The signatures: the Hello's, by the key it carries, and for a new key
@@ -615,6 +668,31 @@ mod tests {
         assert_eq!(s.admit("k", &hello, &pinned, None, now, 0), Ok(Admission::Known));
         let later = now + std::time::Duration::from_secs(1);
         assert_eq!(s.spend(&Admission::Open, later), Ok(()));
+    }
+
+    #[test]
+    fn the_hello_rate_follows_what_a_hello_costs() {
+        let (mut cheap, mut dear) = (HelloPace::fresh(), HelloPace::fresh());
+        for _ in 0..100 {
+            cheap.record(std::time::Duration::from_micros(100));
+            dear.record(std::time::Duration::from_millis(20));
+        }
+        // Half the engine's time: 5,000 a second at 100 µs, 25 at 20 ms (held at the floor).
+        assert!((cheap.rate() - 5_000.0).abs() < 50.0, "{}", cheap.rate());
+        assert_eq!(dear.rate(), 50.0);
+        // Spent through a session's budget: after the burst, time refills what the pace says.
+        let (identity, _) = Identity::generate().expect("key");
+        let mut s = Sessions::new(identity, 1, 0);
+        let now = Instant::now();
+        while s.spend(&Admission::Open, now).is_ok() {}
+        for _ in 0..100 {
+            s.measured(&Admission::Open, std::time::Duration::from_micros(100));
+        }
+        // (0.3 s: under the burst, which caps any refill.)
+        let later = now + std::time::Duration::from_millis(300);
+        let refilled = std::iter::from_fn(|| s.spend(&Admission::Open, later).ok()).take(10_000).count();
+        assert!((1_450..=1_500).contains(&refilled), "{refilled} new pins in 0.3 s after measuring 100 µs each");
+        assert!(s.hello_rates().1 > 4_900.0);
     }
 
     #[test]

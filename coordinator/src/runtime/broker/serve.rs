@@ -383,6 +383,7 @@ impl Session<'_> {
             }
             let next = read_packet(reader, buf, self.shared.max_payload);
             let packet = tokio::select! {
+                biased;
                 () = self.peer.stop.cancelled() => return Ended::Lost,
                 r = async {
                     match keep_alive {
@@ -400,9 +401,11 @@ impl Session<'_> {
                     return Ended::Lost;
                 }
             };
+            // (A close from outside is seen by the select above: checking
+            // the token here, per packet, takes its lock every time.)
             match self.handle(packet).await {
-                Step::Go if !self.peer.stop.is_cancelled() => {}
-                Step::Go | Step::Close => return Ended::Lost,
+                Step::Go => {}
+                Step::Close => return Ended::Lost,
                 Step::Disconnect => return Ended::Disconnected,
             }
         }

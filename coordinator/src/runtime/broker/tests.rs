@@ -92,40 +92,37 @@ async fn connack(ev: &mut EventLoop) -> Result<(), rumqttc::ConnectionError> {
     }
 }
 
-/// Polls until a publish arrives, answering what the client must; its topic, payload and retain flag.
+/// Polls (answering what the client must) until `pick` takes an incoming packet, for at most 10 s.
+async fn until<T>(ev: &mut EventLoop, what: &str, mut pick: impl FnMut(Packet) -> Option<T>) -> T {
+    let wait = async {
+        loop {
+            if let Event::Incoming(p) = ev.poll().await.expect("connection") {
+                if let Some(t) = pick(p) {
+                    return t;
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.unwrap_or_else(|_| panic!("no {what} in time"))
+}
+
+/// The next publish: its topic, payload and retain flag.
 async fn next_publish(ev: &mut EventLoop) -> (String, Vec<u8>, bool) {
-    let wait = async {
-        loop {
-            if let Event::Incoming(Packet::Publish(p)) = ev.poll().await.expect("connection") {
-                return (p.topic, p.payload.to_vec(), p.retain);
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("a publish in time")
+    until(ev, "publish", |p| match p {
+        Packet::Publish(p) => Some((p.topic, p.payload.to_vec(), p.retain)),
+        _ => None,
+    })
+    .await
 }
 
-/// Polls until a publish is acknowledged.
+/// Until a publish is acknowledged.
 async fn puback(ev: &mut EventLoop) {
-    let wait = async {
-        loop {
-            if let Event::Incoming(Packet::PubAck(_)) = ev.poll().await.expect("connection") {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("puback in time");
+    until(ev, "puback", |p| matches!(p, Packet::PubAck(_)).then_some(())).await
 }
 
-/// Polls until the subscription is acknowledged.
+/// Until the subscription is acknowledged.
 async fn suback(ev: &mut EventLoop) {
-    let wait = async {
-        loop {
-            if let Event::Incoming(Packet::SubAck(_)) = ev.poll().await.expect("connection") {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("suback in time");
+    until(ev, "suback", |p| matches!(p, Packet::SubAck(_)).then_some(())).await
 }
 
 /// Keeps an event loop polled in the background.

@@ -15,6 +15,7 @@ use crate::runtime::auth::{Admission, HelloRefusal};
 /// enrolment) and their budgets, then the signatures; a new key is pinned,
 /// then a session and its Welcome.
 pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
+    let began = std::time::Instant::now();
     let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal, hello: Option<&auth::Hello>| {
         if matches!(e, HelloRefusal::RateLimited(_)) {
             cx.stats.rate_limited_hellos += 1;
@@ -115,5 +116,7 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     cx.effects.extend(cx.sched.hello(info));
     cx.sched.set_granted(&agent, granted_tags);
     cx.welcomes.push((agent, payload));
+    // What this Hello cost paces the next ones of its kind.
+    cx.sessions.measured(&admission, began.elapsed());
     Ok(())
 }

@@ -360,7 +360,19 @@ impl Engine {
             }
             tokio::select! {
                 ev = inbound.recv() => match ev {
-                    Some(ev) => events.push(ev),
+                    // What else has come goes into the same turn: with
+                    // 10,000 agents confirming, a turn (and the look over
+                    // every unconfirmed agent above) per confirmation was
+                    // N x N.
+                    Some(ev) => {
+                        events.push(ev);
+                        while events.len() < MAX_BATCH {
+                            match inbound.try_recv() {
+                                Ok(ev) => events.push(ev),
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => break,
                 },
                 () = tokio::time::sleep_until(deadline) => {
