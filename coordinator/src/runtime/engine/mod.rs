@@ -68,6 +68,17 @@ pub use self::types::{EngineError, EngineStats, Now};
 pub use self::types::{Answer, Ask, Inbound};
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;
+
+/// `first`, then whatever else is waiting, up to [`MAX_BATCH`]: one turn's events.
+fn take_waiting(first: Inbound, inbound: &mut mpsc::Receiver<Inbound>, events: &mut Vec<Inbound>) {
+    events.push(first);
+    while events.len() < MAX_BATCH {
+        match inbound.try_recv() {
+            Ok(ev) => events.push(ev),
+            Err(_) => break,
+        }
+    }
+}
 /// How long a finishing coordinator waits for its agents to confirm that
 /// every acknowledgement it sent has arrived.
 pub const SYNC_GRACE: Duration = Duration::from_secs(5);
@@ -286,15 +297,7 @@ impl Engine {
                     None => requests = None,
                 },
                 ev = inbound.recv() => match ev {
-                    Some(ev) => {
-                        events.push(ev);
-                        while events.len() < MAX_BATCH {
-                            match inbound.try_recv() {
-                                Ok(ev) => events.push(ev),
-                                Err(_) => break,
-                            }
-                        }
-                    }
+                    Some(ev) => take_waiting(ev, &mut inbound, &mut events),
                     None => return Err(EngineError::TransportClosed),
                 },
                 _ = ticker.tick() => tick = true,
@@ -364,15 +367,7 @@ impl Engine {
                     // 10,000 agents confirming, a turn (and the look over
                     // every unconfirmed agent above) per confirmation was
                     // N x N.
-                    Some(ev) => {
-                        events.push(ev);
-                        while events.len() < MAX_BATCH {
-                            match inbound.try_recv() {
-                                Ok(ev) => events.push(ev),
-                                Err(_) => break,
-                            }
-                        }
-                    }
+                    Some(ev) => take_waiting(ev, inbound, &mut events),
                     None => break,
                 },
                 () = tokio::time::sleep_until(deadline) => {
