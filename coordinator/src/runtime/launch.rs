@@ -22,8 +22,8 @@
 //!
 //! While any study has work, the coordinator keeps up to `--launch-max`
 //! launched agents: an agent counts from its launch until it has been seen
-//! and gone again, or, never seen, for `--launch-grace` (a batch queue may
-//! take a while). A launch whose command fails before its agent is seen
+//! and gone again and the process launched has exited, or, never seen, for
+//! `--launch-grace` (a batch queue may take a while). A launch whose command fails before its agent is seen
 //! counts as a failure, and launching backs off (doubling from 1 s, at
 //! most 5 minutes) until an agent comes up. Deciding is pure
 //! ([`Launcher::plan`], [`jobs::judge`]); running the command is
@@ -306,7 +306,10 @@ impl Launcher {
             }
             match jobs::judge(l.job.as_ref(), l.seen, up, age_ms, grace) {
                 JobStanding::Counts => true,
-                JobStanding::Gone => false,
+                // Seen and gone from the fleet, but the process launched
+                // still runs (an agent that said it is offline and is still
+                // exiting): it holds its place until it has exited.
+                JobStanding::Gone => l.seen && l.child.is_some(),
                 JobStanding::Failed => {
                     tracing::warn!(agent = %name, job = l.job_id.as_deref().unwrap_or_default(), "the launched job ended before its agent connected");
                     failed += 1;
@@ -602,6 +605,32 @@ mod tests {
         assert_eq!(l.jobs(), vec!["42".to_string()], "the job id read while its child still holds the output");
         // The old read-to-end waited for the 5 s child; a busy machine stays well under 3 s.
         assert!(slowest < Duration::from_secs(3), "a tick took {slowest:?}");
+    }
+
+    /// An agent that said it is offline still holds its place while its
+    /// process exits (the fleet test saw three agents at once with
+    /// `--launch-max 2` when the offline status outran the exit).
+    #[test]
+    fn a_launched_agent_gone_offline_counts_until_its_process_exits() {
+        let args =
+            LaunchArgs { launcher: Some("sleep 1".into()), launch_max: 1, launch_grace: Duration::from_secs(60) };
+        let mut l = Launcher::new(&args, cx()).expect("a launcher");
+        l.tick(0, true, &|_| false, &mut mint);
+        assert_eq!(l.started, 1);
+        let name = l.names()[0].clone();
+        l.tick(10, true, &|n: &str| n == name, &mut mint);
+        // Offline now, its process still running: no other is launched.
+        l.tick(20, true, &|_| false, &mut mint);
+        assert_eq!(l.started, 1, "the exiting agent still counts");
+        // Once it has exited, its place is free.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut now_ms = 30;
+        while l.started < 2 {
+            assert!(std::time::Instant::now() < deadline, "no launch after the first agent's process exited");
+            l.tick(now_ms, true, &|_| false, &mut mint);
+            now_ms += 10;
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Issue 35, findings 5 and 7: launched agents' names were predictable
