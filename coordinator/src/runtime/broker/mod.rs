@@ -48,11 +48,16 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BrokerError> {
 }
 
 fn start_native(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
-    start_native_with(settings, serve::STALL)
+    start_native_with(settings, serve::STALL, serve::MAX_SOCKETS)
 }
 
-/// [`start_native`] with how long a subscriber may take nothing (tests shorten it).
-fn start_native_with(settings: &BrokerSettings, stall: Duration) -> Result<EmbeddedBroker, BrokerError> {
+/// [`start_native`] with how long a subscriber may take nothing and how
+/// many sockets may be open (tests lower both).
+fn start_native_with(
+    settings: &BrokerSettings,
+    stall: Duration,
+    max_sockets: u64,
+) -> Result<EmbeddedBroker, BrokerError> {
     let public = bind(settings.listen)?;
     let addr = public.local_addr().map_err(BrokerError::Inspect)?;
     let mut listeners = Vec::new();
@@ -80,7 +85,7 @@ fn start_native_with(settings: &BrokerSettings, stall: Duration) -> Result<Embed
             (internal, credentials)
         }
     };
-    let shared = serve::Shared::new(MAX_PAYLOAD, settings.nodelay, stall);
+    let shared = serve::Shared::new(MAX_PAYLOAD, settings.nodelay, stall, max_sockets);
     let counters = shared.counters.clone();
     std::thread::Builder::new()
         .name("tunefleet-broker".into())

@@ -15,6 +15,13 @@ use std::collections::HashMap;
 /// A connection, as the broker numbers them.
 pub type ConnId = u64;
 
+/// Levels a topic or filter may have. The trees are walked level by level
+/// (recursively): a bound keeps a hostile topic of a million `/` from
+/// overflowing the stack. Tunefleet's own topics have 5.
+pub const MAX_LEVELS: usize = 32;
+/// Bytes a topic or filter may have.
+pub const MAX_TOPIC_BYTES: usize = 1024;
+
 /// Why a topic or filter is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TopicError {
@@ -28,6 +35,15 @@ pub enum TopicError {
     BadSingleLevel,
     #[error("a NUL character in a topic")]
     Nul,
+    #[error("more than {MAX_LEVELS} levels or {MAX_TOPIC_BYTES} bytes")]
+    TooLong,
+}
+
+fn check_size(topic: &str) -> Result<(), TopicError> {
+    if topic.len() > MAX_TOPIC_BYTES || topic.bytes().filter(|b| *b == b'/').count() >= MAX_LEVELS {
+        return Err(TopicError::TooLong);
+    }
+    Ok(())
 }
 
 /// Checks a topic a client publishes to.
@@ -38,6 +54,7 @@ pub fn check_topic(topic: &str) -> Result<(), TopicError> {
     if topic.contains('\0') {
         return Err(TopicError::Nul);
     }
+    check_size(topic)?;
     if topic.contains(['+', '#']) {
         return Err(TopicError::WildcardInTopic);
     }
@@ -52,6 +69,7 @@ pub fn check_filter(filter: &str) -> Result<(), TopicError> {
     if filter.contains('\0') {
         return Err(TopicError::Nul);
     }
+    check_size(filter)?;
     let levels: Vec<&str> = filter.split('/').collect();
     for (i, level) in levels.iter().enumerate() {
         if level.contains('#') && (*level != "#" || i + 1 != levels.len()) {
@@ -396,5 +414,11 @@ mod tests {
         assert_eq!(check_filter("a/#/b"), Err(TopicError::BadMultiLevel));
         assert_eq!(check_filter("a/b#"), Err(TopicError::BadMultiLevel));
         assert_eq!(check_filter("a/b+"), Err(TopicError::BadSingleLevel));
+        let deep = "a/".repeat(MAX_LEVELS - 1) + "a";
+        assert!(check_topic(&deep).is_ok() && check_filter(&deep).is_ok(), "{MAX_LEVELS} levels pass");
+        let deeper = format!("{deep}/a");
+        assert_eq!(check_topic(&deeper), Err(TopicError::TooLong));
+        assert_eq!(check_filter(&deeper), Err(TopicError::TooLong));
+        assert_eq!(check_topic(&"x".repeat(MAX_TOPIC_BYTES + 1)), Err(TopicError::TooLong));
     }
 }

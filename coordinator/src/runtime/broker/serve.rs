@@ -46,12 +46,26 @@ const MAX_RETAINED: usize = 200_000;
 const MAX_RETAINED_BYTES: usize = 256 * 1024 * 1024;
 /// What a writer gathers into one write.
 const WRITE_BATCH: usize = 64 * 1024;
+/// The largest CONNECT taken (before a client has logged in, it holds no
+/// more than this of the broker's memory; Tunefleet's are a few hundred bytes).
+const MAX_CONNECT_BYTES: usize = 64 * 1024;
+/// Subscriptions one connection may hold (Tunefleet's clients hold 2).
+const MAX_FILTERS: usize = 64;
+/// Sockets open at once, logged in or not (10,000 agents by default, room
+/// for reconnects and a coordinator); past it a new socket is closed at once.
+pub const MAX_SOCKETS: u64 = 20_000;
 
 /// What the broker has counted since it started.
 #[derive(Debug, Default)]
 pub struct BrokerCounters {
-    /// Connections open now.
+    /// Connections open now (logged in).
     pub connected: AtomicU64,
+    /// Sockets open now, logged in or not.
+    pub sockets: AtomicU64,
+    /// Sockets closed at once: [`MAX_SOCKETS`] were open.
+    pub over_capacity: AtomicU64,
+    /// Subscriptions refused (a bad filter, or more than a connection may hold).
+    pub refused_filters: AtomicU64,
     /// Connections that logged in.
     pub accepted: AtomicU64,
     /// CONNECTs refused (bad login, a protocol other than 3.1.1, no CONNECT in time, TLS failed).
@@ -122,6 +136,7 @@ pub struct Shared {
     max_payload: usize,
     nodelay: bool,
     stall: Duration,
+    max_sockets: u64,
 }
 
 /// A packet in a connection's queue, holding its share of the queue's budget until written.
@@ -148,7 +163,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    pub fn new(max_payload: usize, nodelay: bool, stall: Duration) -> Arc<Shared> {
+    pub fn new(max_payload: usize, nodelay: bool, stall: Duration, max_sockets: u64) -> Arc<Shared> {
         Arc::new(Shared {
             tables: Mutex::new(Tables::default()),
             next_id: AtomicU64::new(1),
@@ -157,6 +172,7 @@ impl Shared {
             max_payload,
             nodelay,
             stall,
+            max_sockets,
         })
     }
 
@@ -206,11 +222,20 @@ async fn accept(
                 continue;
             }
         };
+        if shared.counters.sockets.fetch_add(1, Ordering::Relaxed) >= shared.max_sockets {
+            shared.counters.sockets.fetch_sub(1, Ordering::Relaxed);
+            bump(&shared.counters.over_capacity);
+            tracing::warn!(%peer, max = shared.max_sockets, "broker: too many sockets open; closed a new one");
+            drop(stream);
+            continue;
+        }
         if shared.nodelay {
             let _ = stream.set_nodelay(true);
         }
         let (shared, tls, users) = (shared.clone(), tls.clone(), users.clone());
         tokio::spawn(async move {
+            // Counted down however the connection ends.
+            let _open = SocketCount(shared.clone());
             match tls {
                 Some(acceptor) => match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(stream)).await {
                     Ok(Ok(stream)) => connection(shared, stream, users).await,
@@ -223,6 +248,15 @@ async fn accept(
                 None => connection(shared, stream, users).await,
             }
         });
+    }
+}
+
+/// One open socket, counted in [`BrokerCounters::sockets`] while it lives.
+struct SocketCount(Arc<Shared>);
+
+impl Drop for SocketCount {
+    fn drop(&mut self) {
+        self.0.counters.sockets.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -259,7 +293,7 @@ where
 {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(1024);
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_packet(&mut reader, &mut buf, shared.max_payload)).await;
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_packet(&mut reader, &mut buf, MAX_CONNECT_BYTES)).await;
     let connect = match first {
         Ok(Ok(Some(Packet::Connect(c)))) => c,
         _ => {
@@ -456,7 +490,9 @@ impl Session<'_> {
                 {
                     let mut t = lock(&self.shared.tables);
                     for f in &s.filters {
-                        if check_filter(&f.path).is_err() {
+                        let room = self.filters.len() < MAX_FILTERS || self.filters.contains(&f.path);
+                        if check_filter(&f.path).is_err() || !room {
+                            bump(&c.refused_filters);
                             codes.push(SubscribeReasonCode::Failure);
                             continue;
                         }

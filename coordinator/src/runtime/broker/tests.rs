@@ -270,7 +270,7 @@ async fn logins_are_checked_and_bad_packets_close_only_their_connection() {
 async fn a_subscriber_that_reads_nothing_slows_its_publisher_then_is_disconnected() {
     use tokio::io::AsyncWriteExt;
     let stall = Duration::from_secs(2);
-    let b = start_native_with(&settings(BrokerEngine::Native), stall).expect("broker");
+    let b = start_native_with(&settings(BrokerEngine::Native), stall, serve::MAX_SOCKETS).expect("broker");
     let counters = b.counters.clone().expect("counters");
     // A raw subscriber that connects, subscribes, then never reads again.
     let mut raw = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
@@ -321,4 +321,61 @@ async fn a_subscriber_that_reads_nothing_slows_its_publisher_then_is_disconnecte
     assert_eq!(counters.stalled.load(Ordering::Relaxed), 1, "the stuck subscriber was disconnected");
     assert!(started.elapsed() >= stall, "the publisher waited for the stuck one first");
     drop(raw);
+}
+
+#[tokio::test]
+async fn hostile_topics_connects_and_socket_floods_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = start_native_with(&settings(BrokerEngine::Native), serve::STALL, 4).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    let (ok, mut ok_ev) = client(b.addr, "ok", |_| {});
+    connack(&mut ok_ev).await.expect("connects");
+    ok.subscribe("x/#", QoS::AtLeastOnce).await.expect("subscribe");
+    suback(&mut ok_ev).await;
+
+    // A topic of 30,000 levels (the routing trees are walked recursively):
+    // refused, its sender closed, the broker alive.
+    let (deep, mut deep_ev) = client(b.addr, "deep", |_| {});
+    connack(&mut deep_ev).await.expect("connects");
+    deep.publish("x/".repeat(30_000) + "x", QoS::AtLeastOnce, false, "boom").await.expect("queued");
+    let closed = tokio::time::timeout(Duration::from_secs(10), async { while deep_ev.poll().await.is_ok() {} }).await;
+    assert!(closed.is_ok(), "the sender of the deep topic was closed");
+    assert_eq!(counters.malformed.load(Ordering::Relaxed), 1);
+    // ... and a filter as deep is refused, the connection kept.
+    ok.subscribe("y/".repeat(100) + "#", QoS::AtLeastOnce).await.expect("subscribe");
+    let codes = until(&mut ok_ev, "suback", |p| match p {
+        Packet::SubAck(s) => Some(s.return_codes),
+        _ => None,
+    })
+    .await;
+    assert_eq!(codes, vec![rumqttc::SubscribeReasonCode::Failure]);
+    assert_eq!(counters.refused_filters.load(Ordering::Relaxed), 1);
+
+    // A CONNECT announcing a megabyte is refused at once, not read.
+    let mut raw = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
+    // Fixed header: CONNECT, remaining length 1,048,576 (varint 0x80 0x80 0x40).
+    raw.write_all(&[0x10, 0x80, 0x80, 0x40]).await.expect("write");
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), raw.read(&mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed at once, not after the CONNECT timeout: {read:?}");
+
+    // Sockets past the bound (4 here: `ok` and three idle ones) are closed at once.
+    let idle = idle_sockets(3, b.addr).await;
+    let mut extra = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
+    let read = tokio::time::timeout(Duration::from_secs(5), extra.read(&mut byte)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the socket over the bound is closed: {read:?}");
+    assert!(counters.over_capacity.load(Ordering::Relaxed) >= 1);
+    drop(idle);
+    // The broker still routes.
+    ok.publish("x/after", QoS::AtLeastOnce, false, "alive").await.expect("publish");
+    assert_eq!(next_publish(&mut ok_ev).await.1, b"alive".to_vec());
+}
+
+/// `n` idle TCP connections (the broker accepts them in the order made).
+async fn idle_sockets(n: usize, addr: SocketAddr) -> Vec<tokio::net::TcpStream> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    out
 }
