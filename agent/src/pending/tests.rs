@@ -25,7 +25,7 @@ fn result(study: &str, trial: u64) -> TrialResult {
 /// A new state directory and the spool opened in it.
 fn fresh() -> (tempfile::TempDir, PendingResults) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = PendingResults::open(dir.path()).expect("open");
+    let store = reopen(dir.path());
     (dir, store)
 }
 
@@ -44,13 +44,19 @@ fn holding_two(study: &str) -> (tempfile::TempDir, PendingResults, TrialResult, 
 /// closes it: the lock is waited for briefly, as a restarted agent finds
 /// it free once the old process is gone.
 fn reopened(dir: &Path) -> Vec<TrialResult> {
+    reopen(dir).load()
+}
+
+/// The spool of `dir` opened (again), waiting out such a brief lock.
+fn reopen(dir: &Path) -> PendingResults {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
         match PendingResults::open(dir) {
+            // Waiting for a condition (the forked child's exec) nothing announces.
             Err(PendingError::Locked(_)) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            other => return other.expect("reopen").load(),
+            other => return other.expect("reopen"),
         }
     }
 }
@@ -135,7 +141,7 @@ fn a_torn_last_record_is_dropped_and_the_rest_kept() {
         } else {
             zero(dir.path(), end - cut, end);
         }
-        let mut store = PendingResults::open(dir.path()).expect("a torn tail is no error");
+        let mut store = reopen(dir.path());
         assert_eq!(store.load(), vec![a.clone()], "cut {cut}");
         // Appends after it are read back: the torn bytes are gone.
         store.save(&c).expect("save");
@@ -185,7 +191,7 @@ fn appends_go_into_zeros_made_ahead_a_chunk_at_a_time() {
         .open(log_path(dir.path()))
         .and_then(|f| f.set_len(end as u64))
         .expect("cut the zeros");
-    let mut store = PendingResults::open(dir.path()).expect("reopen");
+    let mut store = reopen(dir.path());
     assert_eq!(store.load().len() as u64, trial);
     store.save(&result("z", trial)).expect("save");
     assert_eq!(log_len(dir.path()) % CHUNK, 0, "grown to a whole chunk");
@@ -201,7 +207,7 @@ fn a_crash_between_the_append_and_the_ack_sends_the_result_again() {
     let before_ack = records_end(dir.path());
     // Killed after the append, before any ack: the result is there.
     drop(store);
-    let mut store = PendingResults::open(dir.path()).expect("reopen");
+    let mut store = reopen(dir.path());
     assert_eq!(store.load(), vec![a.clone()]);
     // Acked, then a power cut loses the unsynced ack mark: sent again (the
     // coordinator answers Duplicate), never lost.
@@ -215,7 +221,7 @@ fn a_crash_between_the_append_and_the_ack_sends_the_result_again() {
     assert!(synced > before_ack);
     assert_eq!(reopened(dir.path()), vec![a.clone(), b.clone()]);
     // With the ack kept, it is gone for good.
-    let mut store = PendingResults::open(dir.path()).expect("reopen");
+    let mut store = reopen(dir.path());
     store.remove(&a.trial).expect("ack");
     drop(store);
     assert_eq!(reopened(dir.path()), vec![b]);
@@ -256,7 +262,7 @@ fn the_log_is_compacted_once_everything_in_it_is_acknowledged() {
     assert!(store.log.len() > COMPACT_SETTLED, "kept while something is unacknowledged");
     drop(store);
     // Reopened, it is rewritten with the unacknowledged result alone.
-    let store = PendingResults::open(dir.path()).expect("reopen");
+    let store = reopen(dir.path());
     assert_eq!(store.load(), vec![held.clone()]);
     let mut alone = MAGIC.to_vec();
     log::push_result(&mut alone, &file_name(&held.trial), &encode(&held).expect("encode")).expect("frame");
@@ -287,7 +293,7 @@ fn results_of_the_earlier_layout_are_moved_into_the_log() {
     }
     fs::write(inbox.join("junk.bin"), b"\x01\xff").expect("write junk");
     assert_eq!(SpoolView::open(dir.path()).load(), vec![a.clone(), b.clone()], "listed before the agent starts");
-    let mut store = PendingResults::open(dir.path()).expect("open");
+    let mut store = reopen(dir.path());
     assert_eq!(store.load(), vec![a.clone(), b.clone()]);
     let left: Vec<String> =
         fs::read_dir(&inbox).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
@@ -311,7 +317,7 @@ fn results_an_older_protocol_version_stored_are_still_read_and_others_are_left()
     };
     fs::write(inbox.join(file_name(&a.trial)), with_version(&a, 8)).expect("write");
     fs::write(inbox.join(file_name(&b.trial)), with_version(&b, 7)).expect("write");
-    let store = PendingResults::open(dir.path()).expect("open");
+    let store = reopen(dir.path());
     assert_eq!(store.load(), vec![a.clone()], "the version-8 result is read (and would be sent in this version)");
     drop(store);
     assert_eq!(reopened(dir.path()), vec![a], "and kept in the log");
@@ -323,14 +329,14 @@ fn one_agent_per_state_directory() {
     let (dir, store) = fresh();
     assert!(matches!(PendingResults::open(dir.path()), Err(PendingError::Locked(_))));
     drop(store);
-    assert!(PendingResults::open(dir.path()).is_ok(), "free once the first is gone");
+    drop(reopen(dir.path())); // free once the first is gone
 }
 
 #[test]
 fn a_file_that_is_not_a_spool_log_is_moved_aside() {
     let dir = tempfile::tempdir().expect("tempdir");
     fs::write(log_path(dir.path()), b"something else").expect("write");
-    let mut store = PendingResults::open(dir.path()).expect("open");
+    let mut store = reopen(dir.path());
     assert!(store.load().is_empty());
     assert_eq!(fs::read(dir.path().join("spool.log.unreadable")).expect("aside"), b"something else");
     let a = result("n", 1);
@@ -388,7 +394,7 @@ fn regression_parking_never_overwrites_a_parked_result() {
     assert_eq!(view.load().len(), 1);
     assert_eq!(view.parked().len(), 1, "never written over");
     // Once the first is in the log, requeueing again leaves the second parked too.
-    let store = PendingResults::open(dir.path()).expect("open");
+    let store = reopen(dir.path());
     assert_eq!(store.load().len(), 1);
     assert_eq!(view.requeue().expect("requeue"), 0);
     assert_eq!(view.parked().len(), 1);
@@ -405,7 +411,7 @@ fn a_requeued_result_whose_trial_waits_in_the_log_is_parked_again() {
     let inbox = dir.path().join(INBOX);
     fs::create_dir_all(&inbox).expect("mkdir");
     fs::write(inbox.join(file_name(&old.trial)), encode(&old).expect("encode")).expect("write");
-    let store = PendingResults::open(dir.path()).expect("open");
+    let store = reopen(dir.path());
     assert_eq!(store.load(), vec![result("r", 1)], "the log's result is not written over");
     let parked = SpoolView::open(dir.path()).parked();
     assert_eq!(parked.len(), 1);
