@@ -64,7 +64,11 @@ for target in "${targets[@]}"; do
   if [[ "$target" == *-gnu* ]] || compiles_c "$target"; then wanted+=("cc:$target"); fi
   if ! needs "${no_install[@]}" "${wanted[@]}"; then failed+=("$target"); continue; fi
   echo "build.sh: building tunefleet-agent for $target (profile $profile)" >&2
-  if ! cargo build --quiet -p tunefleet-agent --profile "$profile" --target "$target"; then
+  # A static (musl) agent cannot load the GPU driver's library: built
+  # without NVML (its `probe` says so), and no bigger for it.
+  features=()
+  [[ "$target" == *-musl* ]] && features=(--no-default-features)
+  if ! cargo build --quiet -p tunefleet-agent --profile "$profile" --target "$target" "${features[@]}"; then
     failed+=("$target")
     continue
   fi

@@ -75,6 +75,7 @@ pub fn energy(args: &EnergyArgs) -> Result<(EstimateModel, EnergyRoots), ConfigE
         hwmon: args.hwmon_root.clone(),
         power_supply: args.power_supply_root.clone(),
         external: external(args)?,
+        nvml_lib: args.nvml_lib.clone(),
         ..EnergyRoots::default()
     };
     Ok((model, roots))

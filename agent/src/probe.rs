@@ -28,6 +28,8 @@ pub struct ProbeReport {
     pub counters_missing: Vec<MissingCounter>,
     /// True when at least one hardware event opens.
     pub hardware_counters: bool,
+    /// GPUs, through NVML (read only).
+    pub gpus: energy::gpu::GpuReport,
 }
 
 /// Probes this machine.
@@ -49,6 +51,7 @@ pub fn probe(roots: &EnergyRoots, model: EstimateModel) -> ProbeReport {
         counters,
         counters_missing,
         hardware_counters,
+        gpus: energy::gpu::probe(roots.nvml_lib.as_deref()),
     }
 }
 
@@ -92,6 +95,7 @@ impl ProbeReport {
         for m in &self.counters_missing {
             out.push_str(&format!("  {:<26} missing: {}\n", m.event, m.reason));
         }
+        out.push_str(&self.gpus.render());
         out
     }
 }
@@ -111,5 +115,8 @@ mod tests {
         assert!(table.contains("selected: estimated"), "{table}");
         assert!(table.contains("perf counters:"), "{table}");
         assert_eq!(report.counters.len() + report.counters_missing.len(), 16);
+        // The fixture tree's NVML is absent: said so, never the machine's.
+        assert!(matches!(report.gpus, energy::gpu::GpuReport::Unavailable { .. } | energy::gpu::GpuReport::NotBuilt));
+        assert!(table.contains("gpus (NVML, read only)"), "{table}");
     }
 }

@@ -182,6 +182,9 @@ pub struct EnergyArgs {
     /// Battery (power_supply) root
     #[arg(long, default_value = POWER_SUPPLY_ROOT, value_name = "DIR")]
     pub power_supply_root: PathBuf,
+    /// NVML, the NVIDIA driver's library, for GPU energy (default: libnvidia-ml.so.1 where the driver installs it)
+    #[arg(long, value_name = "FILE")]
+    pub nvml_lib: Option<PathBuf>,
     /// External meter: a shell command printing watts or joules (a PDU, a
     /// smart plug), e.g. "12.5 W" or {"joules": 3600}; used instead of the
     /// sources found here

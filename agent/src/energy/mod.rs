@@ -24,6 +24,7 @@
 pub mod battery;
 pub mod estimate;
 pub mod external;
+pub mod gpu;
 pub mod hwmon;
 mod metered;
 pub mod rapl;
@@ -55,6 +56,8 @@ pub struct EnergyRoots {
     pub fs: Arc<dyn SysfsRead>,
     /// An external meter; when set, it is the source.
     pub external: Option<external::ExternalConfig>,
+    /// NVML, the GPU driver's library ([`gpu`]); `None`: where the driver installs it.
+    pub nvml_lib: Option<PathBuf>,
 }
 
 impl Default for EnergyRoots {
@@ -65,12 +68,13 @@ impl Default for EnergyRoots {
             power_supply: PathBuf::from(POWER_SUPPLY_ROOT),
             fs: Arc::new(RealFs),
             external: None,
+            nvml_lib: None,
         }
     }
 }
 
 impl EnergyRoots {
-    /// All three roots under one directory (`powercap`, `hwmon`, `power_supply`).
+    /// All roots under one directory (`powercap`, `hwmon`, `power_supply`, `nvml`).
     pub fn under(dir: &Path) -> Self {
         EnergyRoots {
             powercap: dir.join("powercap"),
@@ -78,6 +82,8 @@ impl EnergyRoots {
             power_supply: dir.join("power_supply"),
             fs: Arc::new(RealFs),
             external: None,
+            // A fixture tree has its own (usually absent) NVML, never the machine's.
+            nvml_lib: Some(dir.join("nvml").join(gpu::DEFAULT_NVML_LIB)),
         }
     }
 }

@@ -1,0 +1,141 @@
+//! GPU energy through NVML, against a stand-in library built here from
+//! `tests/nvml/standin.c` (the few NVML calls the agent makes, over a
+//! fixture each test controls), loaded through the same path as the
+//! driver's. The last test, ignored, runs the real library where a GPU is.
+
+#![cfg(feature = "nvml")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tunefleet_agent::energy::gpu::{self, GpuMeter, GpuMethod, GpuReport};
+
+/// Builds the stand-in as `dir/libnvidia-ml.so.1` (each test its own copy:
+/// its fixture sits beside it).
+fn standin(dir: &Path) -> PathBuf {
+    let lib = dir.join("libnvidia-ml.so.1");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nvml/standin.c");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .expect("cc runs (a C compiler is part of the Rust toolchain's needs)");
+    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
+    lib
+}
+
+fn fixture(lib: &Path, text: &str) {
+    let mut path = lib.as_os_str().to_owned();
+    path.push(".fixture");
+    std::fs::write(path, text).expect("fixture");
+}
+
+#[test]
+fn probe_lists_each_gpu_its_counter_and_its_power() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(&lib, "H200 GPU-aaaa 1000 82000\nT4 GPU-bbbb - 70500\n");
+    let report = gpu::probe(Some(&lib));
+    let GpuReport::Found { gpus, .. } = &report else { panic!("{report:?}") };
+    assert_eq!(gpus.len(), 2);
+    assert_eq!((gpus[0].name.as_str(), gpus[0].uuid.as_str()), ("H200", "GPU-aaaa"));
+    assert!(gpus[0].energy_counter);
+    assert_eq!(gpus[0].power_w, Some(82.0));
+    assert!(!gpus[1].energy_counter, "a GPU without the counter is said so");
+    assert_eq!(gpus[1].power_w, Some(70.5));
+    let table = report.render();
+    assert!(table.contains("GPU-bbbb") && table.contains("power x time"), "{table}");
+}
+
+#[test]
+fn the_energy_of_a_window_is_the_counter_difference() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(&lib, "H200 GPU-aaaa 1000 82000\n");
+    let mut meter = GpuMeter::start(Some(&lib), &[0]).expect("starts");
+    fixture(&lib, "H200 GPU-aaaa 4000 300000\n");
+    meter.sample(Duration::from_secs(1));
+    fixture(&lib, "H200 GPU-aaaa 6500 300000\n");
+    let got = meter.stop(Duration::from_secs(2));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].method, GpuMethod::Counter);
+    assert!((got[0].joules - 5.5).abs() < 1e-9, "{got:?}");
+    assert!(got[0].valid && got[0].note.is_none(), "{got:?}");
+    assert_eq!(got[0].uuid, "GPU-aaaa");
+}
+
+#[test]
+fn without_a_counter_the_power_is_integrated_over_the_samples() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(&lib, "H200 GPU-aaaa 1000 82000\nT4 GPU-bbbb - 100000\n");
+    let mut meter = GpuMeter::start(Some(&lib), &[1]).expect("starts");
+    fixture(&lib, "H200 GPU-aaaa 1000 82000\nT4 GPU-bbbb - 200000\n");
+    meter.sample(Duration::from_secs(1)); // (100 + 200) / 2 x 1 s
+    let got = meter.stop(Duration::from_secs(3)); // + 200 x 2 s
+    assert_eq!(got[0].method, GpuMethod::PowerIntegrated);
+    assert!((got[0].joules - 550.0).abs() < 1e-9, "{got:?}");
+    assert!(got[0].valid);
+}
+
+#[test]
+fn a_failing_read_makes_the_figure_invalid_and_says_why() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(&lib, "H200 GPU-aaaa 1000 82000\nT4 GPU-bbbb - 100000\n");
+    let mut meter = GpuMeter::start(Some(&lib), &[0, 1]).expect("starts");
+    fixture(&lib, "H200 GPU-aaaa fail 82000\nT4 GPU-bbbb - fail\n");
+    meter.sample(Duration::from_secs(1));
+    let got = meter.stop(Duration::from_secs(2));
+    assert!(got.iter().all(|g| !g.valid), "{got:?}");
+    assert!(got[0].note.as_deref().unwrap_or("").contains("energy read at the end"), "{got:?}");
+    assert!(got[1].note.as_deref().unwrap_or("").contains("power read at 1.0 s"), "{got:?}");
+    // A counter that went back (the driver reloaded) is no figure either.
+    assert!(GpuMeter::start(Some(&lib), &[1]).is_err(), "a GPU with neither a counter nor power cannot be measured");
+    fixture(&lib, "H200 GPU-aaaa 9000 82000\n");
+    let m = GpuMeter::start(Some(&lib), &[0]).expect("starts");
+    fixture(&lib, "H200 GPU-aaaa 10 82000\n");
+    let got = m.stop(Duration::from_secs(1));
+    assert!(!got[0].valid && got[0].note.as_deref().unwrap_or("").contains("went back"), "{got:?}");
+}
+
+#[test]
+fn no_library_or_no_driver_is_said_plainly() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let missing = dir.path().join("nowhere/libnvidia-ml.so.1");
+    let report = gpu::probe(Some(&missing));
+    assert!(matches!(&report, GpuReport::Unavailable { lib, .. } if *lib == missing), "{report:?}");
+    assert!(report.render().contains("did not load"), "{}", report.render());
+    let lib = standin(dir.path());
+    fixture(&lib, "init-fail\nH200 GPU-aaaa 1000 82000\n");
+    let report = gpu::probe(Some(&lib));
+    let GpuReport::Unavailable { reason, .. } = &report else { panic!("{report:?}") };
+    assert!(reason.to_lowercase().contains("driver"), "{reason}");
+    assert!(GpuMeter::start(Some(&lib), &[0]).is_err());
+    // The fixture trees of the other energy tests never reach the machine's NVML.
+    let roots = tunefleet_agent::energy::EnergyRoots::under(dir.path());
+    assert!(roots.nvml_lib.as_deref().is_some_and(|p| p.starts_with(dir.path())));
+}
+
+/// Where a GPU is (`cargo test -p tunefleet-agent --test gpu_nvml -- --ignored`):
+/// the driver's NVML lists it, and its energy over two seconds is read.
+#[test]
+#[ignore = "needs an NVIDIA GPU and its driver"]
+fn real_nvml_lists_gpus_and_measures_a_window() {
+    let report = gpu::probe(None);
+    println!("{}", report.render());
+    let GpuReport::Found { gpus, .. } = &report else { panic!("{report:?}") };
+    assert!(!gpus.is_empty(), "NVML loaded and lists no GPU");
+    let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+    let mut meter = GpuMeter::start(None, &indices).expect("starts");
+    for i in 1..=20 {
+        std::thread::sleep(Duration::from_millis(100));
+        meter.sample(Duration::from_millis(100 * i));
+    }
+    for g in meter.stop(Duration::from_secs(2)) {
+        println!("GPU {} {}: {:.3} J ({:?}, valid {}) {:?}", g.index, g.uuid, g.joules, g.method, g.valid, g.note);
+        assert!(g.valid && g.joules > 0.0, "{g:?}");
+    }
+}
