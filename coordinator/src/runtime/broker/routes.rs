@@ -257,6 +257,15 @@ impl<T> Retained<T> {
         }
     }
 
+    /// The message kept for exactly `topic`.
+    pub fn get(&self, topic: &str) -> Option<&T> {
+        let mut node = &self.root;
+        for level in topic.split('/') {
+            node = node.children.get(level)?;
+        }
+        node.value.as_ref()
+    }
+
     /// Retained messages kept.
     pub fn len(&self) -> usize {
         self.count

@@ -110,6 +110,25 @@ struct Peer {
     /// Milliseconds since the broker started at which its writer last took
     /// from its queue or finished a write.
     progress: Arc<AtomicU64>,
+    /// Bytes its writer has written.
+    taken: Arc<AtomicU64>,
+    /// When its queue was last found full with no room (ms + 1; 0: it had
+    /// room since), and what it had taken then: a subscriber that keeps its
+    /// queue full while taking a trickle is as stuck as one taking nothing.
+    full_since: Arc<AtomicU64>,
+    taken_at_full: Arc<AtomicU64>,
+}
+
+/// What a subscriber whose queue stays full must take per [`STALL`] not to be
+/// disconnected: a queue's worth (a working coordinator takes megabytes a
+/// second; an agent's queue never fills).
+pub(super) const MIN_DRAIN_BYTES: u64 = QUEUE_KIB as u64 * 1024;
+
+/// Whether a subscriber is stuck: its writer took nothing for `stall`, or
+/// its queue has stayed full for `stall` while it took less than
+/// [`MIN_DRAIN_BYTES`] (a client reading a trickle to stay connected).
+pub(super) fn stuck(idle: Duration, full_for: Duration, drained: u64, stall: Duration) -> bool {
+    idle >= stall || (full_for >= stall && drained < MIN_DRAIN_BYTES)
 }
 
 impl Peer {
@@ -144,10 +163,7 @@ type Queued = (Packet, OwnedSemaphorePermit);
 
 /// A packet's share of a queue's budget.
 fn cost(packet: &Packet) -> u32 {
-    match packet {
-        Packet::Publish(p) => 1 + ((p.payload.len() + p.topic.len()) / 1024) as u32,
-        _ => 1,
-    }
+    1 + u32::try_from(packet.size() / 1024).unwrap_or(u32::MAX)
 }
 
 impl std::fmt::Debug for Shared {
@@ -315,6 +331,11 @@ where
             return refuse(&shared, &mut writer, code).await;
         }
     }
+    if connect.last_will.as_ref().is_some_and(|w| check_topic(&w.topic).is_err()) {
+        // A will it could never publish: a protocol error, no ConnAck.
+        bump(&shared.counters.malformed);
+        return;
+    }
     if connect.client_id.is_empty() && !connect.clean_session {
         return refuse(&shared, &mut writer, ConnectReturnCode::BadClientId).await;
     }
@@ -327,6 +348,9 @@ where
         stop: CancellationToken::new(),
         why: Arc::default(),
         progress: Arc::new(AtomicU64::new(shared.now_ms())),
+        taken: Arc::default(),
+        full_since: Arc::default(),
+        taken_at_full: Arc::default(),
     };
     // The ConnAck is the first thing queued: nothing routed to this
     // connection can be written before it.
@@ -350,25 +374,27 @@ where
     let ended = session.read_loop(&mut reader, &mut buf, keep_alive).await;
     let filters = std::mem::take(&mut session.filters);
 
-    let why = *lock(&peer.why);
-    {
+    // Whether this connection still holds its client id is decided under
+    // the lock: one taken over (whatever else closed it first) publishes no
+    // will, so an "offline" will never follows the client's new "online".
+    let still_ours = {
         let mut t = lock(&shared.tables);
         for f in &filters {
             t.subs.remove(f, id);
         }
         t.peers.remove(&id);
-        if t.clients.get(&client_id) == Some(&id) {
+        let ours = t.clients.get(&client_id) == Some(&id);
+        if ours {
             t.clients.remove(&client_id);
         }
-    }
+        ours
+    };
     shared.counters.connected.fetch_sub(1, Ordering::Relaxed);
-    if ended != Ended::Disconnected && why != Some(Closed::TakenOver) {
+    if ended != Ended::Disconnected && still_ours {
         if let Some(will) = connect.last_will {
-            if check_topic(&will.topic).is_ok() {
-                let mut p = Publish::from_bytes(will.topic, will.qos, will.message);
-                p.retain = will.retain;
-                route(&shared, p).await;
-            }
+            let mut p = Publish::from_bytes(will.topic, will.qos, will.message);
+            p.retain = will.retain;
+            route(&shared, p).await;
         }
     }
     peer.stop.cancel();
@@ -460,6 +486,11 @@ impl Session<'_> {
                     bump(&c.malformed);
                     return Step::Close;
                 }
+                // Small payloads get their own copy: a view into the read
+                // buffer would keep the whole buffer alive while queued.
+                if p.payload.len() < 64 * 1024 {
+                    p.payload = bytes::Bytes::copy_from_slice(&p.payload);
+                }
                 let pkid = p.pkid;
                 match p.qos {
                     QoS::AtMostOnce => {
@@ -484,40 +515,7 @@ impl Session<'_> {
                 self.qos2.remove(&r.pkid);
                 self.step(self.own(Packet::PubComp(PubComp::new(r.pkid))).await)
             }
-            Packet::Subscribe(s) => {
-                let mut codes = Vec::with_capacity(s.filters.len());
-                let mut retained = Vec::new();
-                {
-                    let mut t = lock(&self.shared.tables);
-                    for f in &s.filters {
-                        let room = self.filters.len() < MAX_FILTERS || self.filters.contains(&f.path);
-                        if check_filter(&f.path).is_err() || !room {
-                            bump(&c.refused_filters);
-                            codes.push(SubscribeReasonCode::Failure);
-                            continue;
-                        }
-                        let granted = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
-                        t.subs.add(&f.path, self.id, granted as u8);
-                        self.filters.insert(f.path.clone());
-                        codes.push(SubscribeReasonCode::Success(granted));
-                        for r in t.retained.matching(&f.path) {
-                            let mut r = r.clone();
-                            r.qos = lower(r.qos, granted);
-                            retained.push(r);
-                        }
-                    }
-                }
-                if !self.own(Packet::SubAck(SubAck::new(s.pkid, codes))).await {
-                    return Step::Close;
-                }
-                for r in retained {
-                    bump(&c.delivered);
-                    if !self.own(Packet::Publish(r)).await {
-                        return Step::Close;
-                    }
-                }
-                Step::Go
-            }
+            Packet::Subscribe(s) => self.subscribe(s).await,
             Packet::Unsubscribe(u) => {
                 {
                     let mut t = lock(&self.shared.tables);
@@ -537,6 +535,82 @@ impl Session<'_> {
                 Step::Close
             }
         }
+    }
+
+    /// A SUBSCRIBE: each distinct filter once (at most [`MAX_FILTERS`] held),
+    /// each retained message that matches once, at the highest QoS granted
+    /// for it. The SubAck and those copies are queued under the tables' lock
+    /// while the queue has room, so that no live message of those topics,
+    /// routed from then on, can overtake its older retained copy; the rest
+    /// (a queue already full) waits like any delivery.
+    async fn subscribe(&mut self, s: rumqttc::mqttbytes::v4::Subscribe) -> Step {
+        let c = &self.shared.counters;
+        let mut codes = Vec::with_capacity(s.filters.len());
+        let mut seen: HashMap<&str, SubscribeReasonCode> = HashMap::new();
+        let mut snapshot: std::collections::BTreeMap<String, Publish> = std::collections::BTreeMap::new();
+        let mut later: Vec<Packet> = Vec::new();
+        {
+            let mut t = lock(&self.shared.tables);
+            for f in &s.filters {
+                if let Some(code) = seen.get(f.path.as_str()) {
+                    codes.push(*code);
+                    continue;
+                }
+                let room = self.filters.len() < MAX_FILTERS || self.filters.contains(&f.path);
+                let code = if check_filter(&f.path).is_err() || !room {
+                    bump(&c.refused_filters);
+                    SubscribeReasonCode::Failure
+                } else {
+                    let granted = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+                    t.subs.add(&f.path, self.id, granted as u8);
+                    self.filters.insert(f.path.clone());
+                    for r in t.retained.matching(&f.path) {
+                        let qos = lower(r.qos, granted);
+                        match snapshot.get_mut(&r.topic) {
+                            Some(kept) => kept.qos = if (qos as u8) > (kept.qos as u8) { qos } else { kept.qos },
+                            None => {
+                                let mut r = r.clone();
+                                r.qos = qos;
+                                snapshot.insert(r.topic.clone(), r);
+                            }
+                        }
+                    }
+                    SubscribeReasonCode::Success(granted)
+                };
+                seen.insert(f.path.as_str(), code);
+                codes.push(code);
+            }
+            let packets = std::iter::once(Packet::SubAck(SubAck::new(s.pkid, codes)))
+                .chain(snapshot.into_values().map(Packet::Publish));
+            for packet in packets {
+                if !later.is_empty() {
+                    later.push(packet);
+                    continue;
+                }
+                let n = cost(&packet).min(QUEUE_KIB as u32);
+                match self.peer.budget.clone().try_acquire_many_owned(n) {
+                    Ok(permit) => {
+                        if matches!(packet, Packet::Publish(_)) {
+                            bump(&c.delivered);
+                        }
+                        if self.peer.tx.send((packet, permit)).is_err() {
+                            return Step::Close;
+                        }
+                    }
+                    Err(_) => later.push(packet),
+                }
+            }
+        }
+        for packet in later {
+            let publish = matches!(packet, Packet::Publish(_));
+            if !self.own(packet).await {
+                return Step::Close;
+            }
+            if publish {
+                bump(&c.delivered);
+            }
+        }
+        Step::Go
     }
 
     fn step(&self, queued: bool) -> Step {
@@ -571,15 +645,22 @@ async fn route(shared: &Arc<Shared>, mut p: Publish) {
     let targets: Vec<(Peer, u8)> = {
         let mut t = lock(&shared.tables);
         if p.retain {
+            let size_of = |r: &Publish| r.payload.len() + r.topic.len();
             if p.payload.is_empty() {
-                t.retained.set(&p.topic, None, |r| r.payload.len());
-            } else if (t.retained.len() < MAX_RETAINED && t.retained.bytes() + p.payload.len() <= MAX_RETAINED_BYTES)
-                || !t.retained.matching(&p.topic).is_empty()
-            {
-                let size = p.payload.len();
-                t.retained.set(&p.topic, Some((p.clone(), size)), |r| r.payload.len());
+                t.retained.set(&p.topic, None, size_of);
             } else {
-                bump(&c.retained_refused);
+                let old = t.retained.get(&p.topic).map(size_of);
+                let new = size_of(&p);
+                let count_ok = old.is_some() || t.retained.len() < MAX_RETAINED;
+                if count_ok && t.retained.bytes() - old.unwrap_or(0) + new <= MAX_RETAINED_BYTES {
+                    // Its own copy: a view into the read buffer would keep
+                    // the whole buffer (and whatever else came with it) alive.
+                    let mut kept = p.clone();
+                    kept.payload = bytes::Bytes::copy_from_slice(&p.payload);
+                    t.retained.set(&p.topic, Some((kept, new)), size_of);
+                } else {
+                    bump(&c.retained_refused);
+                }
             }
         }
         t.subs.matching(&p.topic).into_iter().filter_map(|(id, q)| Some((t.peers.get(&id)?.clone(), q))).collect()
@@ -592,8 +673,9 @@ async fn route(shared: &Arc<Shared>, mut p: Publish) {
     for (peer, granted) in targets {
         let mut copy = p.clone();
         copy.qos = if granted == 0 { QoS::AtMostOnce } else { lower(qos, QoS::AtLeastOnce) };
-        bump(&c.delivered);
-        deliver(shared, &peer, Packet::Publish(copy)).await;
+        if deliver(shared, &peer, Packet::Publish(copy)).await {
+            bump(&c.delivered);
+        }
     }
 }
 
@@ -602,9 +684,16 @@ async fn route(shared: &Arc<Shared>, mut p: Publish) {
 async fn deliver(shared: &Arc<Shared>, peer: &Peer, packet: Packet) -> bool {
     let n = cost(&packet).min(QUEUE_KIB as u32);
     let permit = match peer.budget.clone().try_acquire_many_owned(n) {
-        Ok(p) => p,
+        Ok(p) => {
+            peer.full_since.store(0, Ordering::Relaxed);
+            p
+        }
         Err(TryAcquireError::Closed) => return false,
         Err(TryAcquireError::NoPermits) => loop {
+            if peer.full_since.load(Ordering::Relaxed) == 0 {
+                peer.taken_at_full.store(peer.taken.load(Ordering::Relaxed), Ordering::Relaxed);
+                peer.full_since.store(shared.now_ms() + 1, Ordering::Relaxed);
+            }
             match tokio::time::timeout(Duration::from_secs(1), peer.budget.clone().acquire_many_owned(n)).await {
                 Ok(Ok(p)) => break p,
                 Ok(Err(_)) => return false,
@@ -612,12 +701,18 @@ async fn deliver(shared: &Arc<Shared>, peer: &Peer, packet: Packet) -> bool {
                     if peer.stop.is_cancelled() {
                         return false;
                     }
-                    let idle = shared.now_ms().saturating_sub(peer.progress.load(Ordering::Relaxed));
-                    if Duration::from_millis(idle) >= shared.stall {
+                    let now = shared.now_ms();
+                    let idle = now.saturating_sub(peer.progress.load(Ordering::Relaxed));
+                    let full_since = peer.full_since.load(Ordering::Relaxed);
+                    let full_for = if full_since == 0 { 0 } else { now.saturating_sub(full_since - 1) };
+                    let drained =
+                        peer.taken.load(Ordering::Relaxed).saturating_sub(peer.taken_at_full.load(Ordering::Relaxed));
+                    if stuck(Duration::from_millis(idle), Duration::from_millis(full_for), drained, shared.stall) {
                         bump(&shared.counters.stalled);
                         tracing::warn!(
                             stalled_s = shared.stall.as_secs(),
-                            "broker: a subscriber took nothing from its queue; disconnected"
+                            drained_bytes = drained,
+                            "broker: a subscriber took (almost) nothing from its full queue; disconnected"
                         );
                         peer.close(Closed::Stalled);
                         return false;
@@ -679,6 +774,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             break;
         }
         peer.progress.store(shared.now_ms(), Ordering::Relaxed);
+        peer.taken.fetch_add(out.len() as u64, Ordering::Relaxed);
         held.clear();
         out.clear();
         if out.capacity() > 4 * WRITE_BATCH {
@@ -689,5 +785,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     // the budget give up.
     peer.stop.cancel();
     peer.budget.close();
-    let _ = writer.shutdown().await;
+    // Bounded: a TLS close waits to write its alert, and a client that reads
+    // nothing would hold this socket (and its place) for ever.
+    let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
 }

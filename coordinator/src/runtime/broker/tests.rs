@@ -369,6 +369,18 @@ async fn hostile_topics_connects_and_socket_floods_are_bounded() {
     // The broker still routes.
     ok.publish("x/after", QoS::AtLeastOnce, false, "alive").await.expect("publish");
     assert_eq!(next_publish(&mut ok_ev).await.1, b"alive".to_vec());
+    drop(extra);
+    // A Last Will it could never publish (a wildcard topic) is refused at CONNECT.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters.sockets.load(Ordering::Relaxed) >= 4 {
+        assert!(Instant::now() < deadline, "the idle sockets were never counted down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_bad, mut bad_ev) = client(b.addr, "bad-will", |o| {
+        o.set_last_will(LastWill::new("x/+/status", "offline", QoS::AtLeastOnce, true));
+    });
+    assert!(connack(&mut bad_ev).await.is_err(), "no ConnAck for a will on a wildcard topic");
+    assert_eq!(counters.malformed.load(Ordering::Relaxed), 2);
 }
 
 /// `n` idle TCP connections (the broker accepts them in the order made).
@@ -378,4 +390,56 @@ async fn idle_sockets(n: usize, addr: SocketAddr) -> Vec<tokio::net::TcpStream> 
         out.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
     }
     out
+}
+
+#[tokio::test]
+async fn a_subscribe_repeating_one_filter_copies_each_retained_message_once() {
+    let b = start(&settings(BrokerEngine::Native)).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    let (publisher, mut pub_ev) = client(b.addr, "pub", |_| {});
+    connack(&mut pub_ev).await.expect("connects");
+    for i in 0..3 {
+        publisher.publish(format!("r/{i}"), QoS::AtLeastOnce, true, "kept").await.expect("publish");
+        puback(&mut pub_ev).await;
+    }
+    let before = counters.delivered.load(Ordering::Relaxed);
+    // 5,000 copies of `#` and 5,000 of `r/+` in one SUBSCRIBE.
+    let (sub, mut sub_ev) = client(b.addr, "sub", |_| {});
+    connack(&mut sub_ev).await.expect("connects");
+    let filters = (0..10_000)
+        .map(|i| rumqttc::SubscribeFilter::new(if i % 2 == 0 { "#".into() } else { "r/+".into() }, QoS::AtLeastOnce));
+    sub.subscribe_many(filters).await.expect("subscribe");
+    let codes = until(&mut sub_ev, "suback", |p| match p {
+        Packet::SubAck(s) => Some(s.return_codes),
+        _ => None,
+    })
+    .await;
+    assert_eq!(codes.len(), 10_000, "a code for every filter asked");
+    assert!(
+        codes.iter().all(|c| *c == rumqttc::SubscribeReasonCode::Success(QoS::AtLeastOnce)),
+        "two distinct filters"
+    );
+    let mut topics = Vec::new();
+    for _ in 0..3 {
+        topics.push(next_publish(&mut sub_ev).await.0);
+    }
+    topics.sort();
+    assert_eq!(topics, ["r/0", "r/1", "r/2"]);
+    // A marker published after the SUBSCRIBE arrives next: no fourth copy queued before it.
+    publisher.publish("r/marker", QoS::AtLeastOnce, false, "live").await.expect("publish");
+    let _pub = drive(pub_ev);
+    assert_eq!(next_publish(&mut sub_ev).await.0, "r/marker");
+    assert_eq!(counters.delivered.load(Ordering::Relaxed) - before, 4, "three retained copies and the marker");
+}
+
+#[test]
+fn a_subscriber_is_stuck_when_idle_or_full_on_a_trickle() {
+    use serve::{stuck, MIN_DRAIN_BYTES};
+    let stall = Duration::from_secs(20);
+    let s = |idle, full, drained| stuck(Duration::from_secs(idle), Duration::from_secs(full), drained, stall);
+    assert!(s(20, 0, 0), "took nothing for the stall");
+    assert!(!s(19, 19, 0), "not yet");
+    assert!(s(1, 20, MIN_DRAIN_BYTES - 1), "full for the stall, taking a trickle");
+    assert!(!s(1, 20, MIN_DRAIN_BYTES), "full but taking a queue's worth: a busy subscriber");
+    assert!(!s(1, 0, 0), "its queue had room");
 }
