@@ -8,9 +8,10 @@
 //! drains its own queue into the socket, many packets per write. The
 //! queues are bounded: a publisher whose subscriber is behind waits (the
 //! wait reaches the publisher through TCP), and a subscriber that has taken
-//! nothing for [`STALL`] is disconnected (its client reconnects and its
-//! state is resynchronised by the protocol), so one stuck client cannot
-//! hold memory or hold others up for long. Nothing is dropped silently.
+//! nothing for [`STALL`], or kept its queue full that long while taking a
+//! trickle, is disconnected (its client reconnects and its state is
+//! resynchronised by the protocol), so one stuck client cannot hold memory
+//! or hold others up for long. Nothing is dropped silently.
 //!
 //! Sessions are not kept across connections (every Tunefleet client asks
 //! for a clean session; a client asking otherwise is told no session was
@@ -88,25 +89,14 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Why a connection is being closed from outside its reader.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Closed {
-    /// The same client id connected again: its Last Will is not published
-    /// (the client is back, and an "offline" will arriving after its new
-    /// "online" status would undo it).
-    TakenOver,
-    /// It stopped taking its messages.
-    Stalled,
-}
-
 /// A connection as others see it: where to queue its messages.
 #[derive(Clone)]
 struct Peer {
     tx: mpsc::UnboundedSender<Queued>,
     /// What may still be queued, in [`QUEUE_KIB`] units.
     budget: Arc<Semaphore>,
+    /// Cancelled to close it from outside (taken over, stuck) or when its writer ends.
     stop: CancellationToken,
-    why: Arc<Mutex<Option<Closed>>>,
     /// Milliseconds since the broker started at which its writer last took
     /// from its queue or finished a write.
     progress: Arc<AtomicU64>,
@@ -132,8 +122,7 @@ pub(super) fn stuck(idle: Duration, full_for: Duration, drained: u64, stall: Dur
 }
 
 impl Peer {
-    fn close(&self, why: Closed) {
-        lock(&self.why).get_or_insert(why);
+    fn close(&self) {
         self.stop.cancel();
     }
 }
@@ -321,7 +310,10 @@ where
         return refuse(&shared, &mut writer, ConnectReturnCode::RefusedProtocolVersion).await;
     }
     if let Some(users) = &users {
-        let ok = connect.login.as_ref().is_some_and(|l| users.get(&l.username).is_some_and(|p| *p == l.password));
+        let ok = connect
+            .login
+            .as_ref()
+            .is_some_and(|l| users.get(&l.username).is_some_and(|p| same_secret(p.as_bytes(), l.password.as_bytes())));
         if !ok {
             let code = if connect.login.is_some() {
                 ConnectReturnCode::BadUserNamePassword
@@ -346,7 +338,6 @@ where
         tx,
         budget: Arc::new(Semaphore::new(QUEUE_KIB)),
         stop: CancellationToken::new(),
-        why: Arc::default(),
         progress: Arc::new(AtomicU64::new(shared.now_ms())),
         taken: Arc::default(),
         full_since: Arc::default(),
@@ -361,7 +352,9 @@ where
         let mut t = lock(&shared.tables);
         if let Some(old) = t.clients.insert(client_id.clone(), id).and_then(|old| t.peers.get(&old).cloned()) {
             bump(&shared.counters.taken_over);
-            old.close(Closed::TakenOver);
+            // Its will is not published: the connection cleaning up
+            // publishes one only while it still holds the client id.
+            old.close();
         }
         t.peers.insert(id, peer.clone());
     }
@@ -399,6 +392,16 @@ where
     }
     peer.stop.cancel();
     let _ = writing.await;
+}
+
+/// Compares a password in time that does not depend on where it differs
+/// (only on the lengths), so its bytes cannot be found one by one by timing.
+pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = u8::from(a.len() != b.len());
+    for i in 0..a.len().max(b.len()) {
+        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
+    }
+    diff == 0
 }
 
 /// Answers a refused CONNECT and closes.
@@ -714,7 +717,7 @@ async fn deliver(shared: &Arc<Shared>, peer: &Peer, packet: Packet) -> bool {
                             drained_bytes = drained,
                             "broker: a subscriber took (almost) nothing from its full queue; disconnected"
                         );
-                        peer.close(Closed::Stalled);
+                        peer.close();
                         return false;
                     }
                 }

@@ -443,3 +443,13 @@ fn a_subscriber_is_stuck_when_idle_or_full_on_a_trickle() {
     assert!(!s(1, 20, MIN_DRAIN_BYTES), "full but taking a queue's worth: a busy subscriber");
     assert!(!s(1, 0, 0), "its queue had room");
 }
+
+#[test]
+fn passwords_compare_whole() {
+    use serve::same_secret;
+    assert!(same_secret(b"secret", b"secret"));
+    assert!(!same_secret(b"secret", b"secreT"));
+    assert!(!same_secret(b"secret", b"secret!"), "a longer one");
+    assert!(!same_secret(b"secret", b"secre"), "a prefix");
+    assert!(same_secret(b"", b""));
+}
