@@ -69,7 +69,12 @@ impl Container {
 
     fn sh(&self, script: &str) -> String {
         let (code, out, err) = self.run(&["sh", "-ec", script]);
-        assert_eq!(code, Some(0), "{script}\n{out}{err}");
+        if code != Some(0) {
+            // What systemd says of Tunefleet's units: a failed start is
+            // explained there, not in the command's own output.
+            let (_, journal, _) = self.run(&["journalctl", "--no-pager", "-n", "80", "-u", "tunefleet-*"]);
+            panic!("{script}\nexit {code:?}\n{out}{err}\n--- journal ---\n{journal}");
+        }
         out
     }
 
