@@ -39,7 +39,14 @@ pub enum TopicError {
     TooLong,
 }
 
-fn check_size(topic: &str) -> Result<(), TopicError> {
+/// What topics and filters share: not empty, no NUL, within the bounds.
+fn check_common(topic: &str) -> Result<(), TopicError> {
+    if topic.is_empty() {
+        return Err(TopicError::Empty);
+    }
+    if topic.contains('\0') {
+        return Err(TopicError::Nul);
+    }
     if topic.len() > MAX_TOPIC_BYTES || topic.bytes().filter(|b| *b == b'/').count() >= MAX_LEVELS {
         return Err(TopicError::TooLong);
     }
@@ -48,13 +55,7 @@ fn check_size(topic: &str) -> Result<(), TopicError> {
 
 /// Checks a topic a client publishes to.
 pub fn check_topic(topic: &str) -> Result<(), TopicError> {
-    if topic.is_empty() {
-        return Err(TopicError::Empty);
-    }
-    if topic.contains('\0') {
-        return Err(TopicError::Nul);
-    }
-    check_size(topic)?;
+    check_common(topic)?;
     if topic.contains(['+', '#']) {
         return Err(TopicError::WildcardInTopic);
     }
@@ -63,13 +64,7 @@ pub fn check_topic(topic: &str) -> Result<(), TopicError> {
 
 /// Checks a subscription filter.
 pub fn check_filter(filter: &str) -> Result<(), TopicError> {
-    if filter.is_empty() {
-        return Err(TopicError::Empty);
-    }
-    if filter.contains('\0') {
-        return Err(TopicError::Nul);
-    }
-    check_size(filter)?;
+    check_common(filter)?;
     let levels: Vec<&str> = filter.split('/').collect();
     for (i, level) in levels.iter().enumerate() {
         if level.contains('#') && (*level != "#" || i + 1 != levels.len()) {

@@ -125,6 +125,12 @@ async fn suback(ev: &mut EventLoop) {
     until(ev, "suback", |p| matches!(p, Packet::SubAck(_)).then_some(())).await
 }
 
+/// Polls until the broker closes the connection, for at most 10 s.
+async fn closed(ev: &mut EventLoop, what: &str) {
+    let gone = tokio::time::timeout(Duration::from_secs(10), async { while ev.poll().await.is_ok() {} }).await;
+    assert!(gone.is_ok(), "{what}");
+}
+
 /// Keeps an event loop polled in the background.
 fn drive(mut ev: EventLoop) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move { while ev.poll().await.is_ok() {} })
@@ -200,15 +206,7 @@ async fn a_client_id_connecting_again_takes_over_without_its_will() {
     let (second, mut second_ev) = client(b.addr, "same", will);
     connack(&mut second_ev).await.expect("connects");
     // The first is closed by the broker.
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if first_ev.poll().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the first connection was closed");
+    closed(&mut first_ev, "the first connection was closed").await;
     second.publish("t/status", QoS::AtLeastOnce, false, "online").await.expect("publish");
     let _second = drive(second_ev);
     let (topic, payload, _) = next_publish(&mut watch_ev).await;
@@ -252,15 +250,7 @@ async fn logins_are_checked_and_bad_packets_close_only_their_connection() {
     });
     connack(&mut big_ev).await.expect("connects");
     big.publish("x/big", QoS::AtLeastOnce, false, vec![0u8; MAX_PAYLOAD + 10]).await.expect("queued");
-    let closed = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if big_ev.poll().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the oversized sender was closed");
+    closed(&mut big_ev, "the oversized sender was closed").await;
     assert_eq!(counters.malformed.load(Ordering::Relaxed), 1);
     ok.publish("x/small", QoS::AtLeastOnce, false, "still here").await.expect("publish");
     assert_eq!(next_publish(&mut ok_ev).await.1, b"still here".to_vec());
@@ -338,8 +328,7 @@ async fn hostile_topics_connects_and_socket_floods_are_bounded() {
     let (deep, mut deep_ev) = client(b.addr, "deep", |_| {});
     connack(&mut deep_ev).await.expect("connects");
     deep.publish("x/".repeat(30_000) + "x", QoS::AtLeastOnce, false, "boom").await.expect("queued");
-    let closed = tokio::time::timeout(Duration::from_secs(10), async { while deep_ev.poll().await.is_ok() {} }).await;
-    assert!(closed.is_ok(), "the sender of the deep topic was closed");
+    closed(&mut deep_ev, "the sender of the deep topic was closed").await;
     assert_eq!(counters.malformed.load(Ordering::Relaxed), 1);
     // ... and a filter as deep is refused, the connection kept.
     ok.subscribe("y/".repeat(100) + "#", QoS::AtLeastOnce).await.expect("subscribe");
