@@ -171,6 +171,51 @@ pub struct EnergyReading {
     pub series: Vec<PowerSample>,
 }
 
+/// An energy figure as it is kept: its joules (none when nothing was
+/// measured) and whether its source vouched for it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EnergyFigure {
+    pub joules: Option<f64>,
+    pub valid: bool,
+}
+
+impl EnergyFigure {
+    /// The one rule for whether energy counts: a figure its source vouched
+    /// for, and a finite number. Every reader of a trial's energy (the
+    /// objective, the search's second objectives, the store's views, the
+    /// report, the export and the InfluxDB points) asks this.
+    pub fn counted(self) -> Option<f64> {
+        self.joules.filter(|j| self.valid && j.is_finite())
+    }
+
+    /// A trial's energy over every machine that measured it: this, its own
+    /// agent's figure, and what each co-measuring node measured of its
+    /// window (`[measure] nodes`). The joules of every figure there is;
+    /// valid only when each counts (a node that never answered makes it
+    /// invalid).
+    pub fn with_nodes(self, nodes: impl IntoIterator<Item = EnergyFigure>) -> EnergyFigure {
+        let mut sum = self.joules.unwrap_or(0.0);
+        let mut valid = self.counted().is_some();
+        for n in nodes {
+            sum += n.joules.unwrap_or(0.0);
+            valid &= n.counted().is_some();
+        }
+        EnergyFigure { joules: Some(sum), valid }
+    }
+}
+
+impl EnergyReading {
+    /// This reading as a figure.
+    pub fn figure(&self) -> EnergyFigure {
+        EnergyFigure { joules: Some(self.joules), valid: self.valid }
+    }
+
+    /// The joules when they count ([`EnergyFigure::counted`]).
+    pub fn counted(&self) -> Option<f64> {
+        self.figure().counted()
+    }
+}
+
 /// How the memory limit of a trial was enforced.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MemoryLimit {
@@ -390,7 +435,7 @@ impl Measurement {
         match name {
             "wall_time" => Some(self.wall_us as f64 / 1e6),
             "cpu_time" => Some((self.user_us + self.sys_us) as f64 / 1e6),
-            "energy" => self.energy.valid.then_some(self.energy.joules),
+            "energy" => self.energy.counted(),
             other => self.final_metrics.get(other).copied(),
         }
     }
@@ -441,6 +486,24 @@ pub struct Conditions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn energy_counts_only_when_vouched_for_and_finite_and_over_nodes_only_when_each_does() {
+        let f = |joules, valid| EnergyFigure { joules, valid };
+        assert_eq!(f(Some(2.5), true).counted(), Some(2.5));
+        assert_eq!(f(Some(2.5), false).counted(), None, "not vouched for");
+        assert_eq!(f(Some(f64::NAN), true).counted(), None, "not a number");
+        assert_eq!(f(Some(f64::INFINITY), true).counted(), None);
+        assert_eq!(f(None, true).counted(), None, "nothing measured");
+        let all = f(Some(1.0), true).with_nodes([f(Some(2.0), true), f(Some(4.0), true)]);
+        assert_eq!(all, f(Some(7.0), true));
+        assert_eq!(all.counted(), Some(7.0));
+        let one_bad = f(Some(1.0), true).with_nodes([f(Some(2.0), false), f(Some(4.0), true)]);
+        assert_eq!(one_bad, f(Some(7.0), false), "every figure kept, valid only when each counts");
+        let silent = f(Some(1.0), true).with_nodes([f(None, false)]);
+        assert_eq!(silent, f(Some(1.0), false), "a node that never answered");
+        assert_eq!(f(Some(1.0), false).with_nodes([]).counted(), None, "its own figure counts too");
+    }
 
     #[test]
     fn energy_source_names_round_trip() {

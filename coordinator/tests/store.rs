@@ -12,9 +12,8 @@ use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 use tunefleet_common::params::ParamValue;
 use tunefleet_coordinator::domain::search;
 use tunefleet_coordinator::domain::study::{self, Study};
-use tunefleet_coordinator::store::{
-    ExportFormat, RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked,
-};
+use tunefleet_coordinator::query::export::{export, ExportError, ExportFormat};
+use tunefleet_coordinator::store::{RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked};
 
 fn study_text(name: &str, direction: &str, trials: u64) -> String {
     format!(
@@ -409,7 +408,7 @@ fn exports_parse_back() {
     let plan = search::plan(&s);
 
     let mut csv_out = Vec::new();
-    store.export("exp", ExportFormat::Csv, &mut csv_out).expect("exports csv");
+    export(&store, "exp", ExportFormat::Csv, &mut csv_out).expect("exports csv");
     let mut reader = csv::Reader::from_reader(csv_out.as_slice());
     let header: Vec<String> = reader.headers().expect("header").iter().map(String::from).collect();
     assert_eq!(&header[..5], ["trial", "repeat", "state", "mode", "x"]);
@@ -429,7 +428,7 @@ fn exports_parse_back() {
     assert_eq!(&rows[2][col("mode")], plan[2].params["mode"].to_string());
 
     let mut json_out = Vec::new();
-    store.export("exp", ExportFormat::Json, &mut json_out).expect("exports json");
+    export(&store, "exp", ExportFormat::Json, &mut json_out).expect("exports json");
     let v: serde_json::Value = serde_json::from_slice(&json_out).expect("json parses");
     let arr = v.as_array().expect("an array");
     assert_eq!(arr.len(), 3);
@@ -439,7 +438,10 @@ fn exports_parse_back() {
     assert_eq!(m, measurement(0.25, ExitOutcome::Exited(0)));
     assert!(arr[0]["measurement"].is_null());
 
-    assert!(matches!(store.export("nope", ExportFormat::Csv, &mut Vec::new()), Err(StoreError::UnknownStudy(_))));
+    assert!(matches!(
+        export(&store, "nope", ExportFormat::Csv, &mut Vec::new()),
+        Err(ExportError::Store(StoreError::UnknownStudy(_)))
+    ));
 }
 
 #[test]
@@ -544,7 +546,7 @@ fn csv_columns_of_parameters_never_collide_with_fixed_ones() {
     let s = study::parse(&text, "clash.toml").expect("parses");
     let store = store_with(&s);
     let mut out = Vec::new();
-    store.export("clash", ExportFormat::Csv, &mut out).expect("exports");
+    export(&store, "clash", ExportFormat::Csv, &mut out).expect("exports");
     let mut reader = csv::Reader::from_reader(out.as_slice());
     let header: Vec<String> = reader.headers().expect("header").iter().map(String::from).collect();
     assert_eq!(&header[..5], ["trial", "repeat", "state", "param_state", "x"]);

@@ -35,6 +35,9 @@ pub enum CliError {
     Campaign(#[from] CampaignError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A study could not be exported.
+    #[error(transparent)]
+    Export(#[from] crate::query::export::ExportError),
     /// The store at `path` could not be opened (`what`: "opening the store").
     #[error("{what} {}", path.display())]
     OpenStore { what: &'static str, path: PathBuf, source: Box<StoreError> },

@@ -11,8 +11,9 @@ use super::args::{Format, ProfilesAction, StudiesAction};
 use super::error::{CliError, Result};
 use super::output::{emit, emit_json, open_existing, unix_now_ms, watch_text};
 use super::view;
+use crate::query::export::{export as export_study, ExportFormat};
 use crate::query::status::StudyStatus;
-use crate::store::{ExportFormat, LifecycleError, Store};
+use crate::store::{LifecycleError, Store};
 
 /// `tunefleet status`: once, or every second until `shutdown` (redrawn on
 /// a terminal, a line per change otherwise).
@@ -183,9 +184,9 @@ pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>)
     match output {
         Some(path) => {
             let mut f = std::fs::File::create(&path).map_err(CliError::file("creating", &path))?;
-            store.export(study, format, &mut f)?;
+            export_study(&store, study, format, &mut f)?;
         }
-        None => store.export(study, format, &mut std::io::stdout().lock())?,
+        None => export_study(&store, study, format, &mut std::io::stdout().lock())?,
     }
     Ok(())
 }

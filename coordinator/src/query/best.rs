@@ -277,7 +277,7 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
     let rows: Vec<_> = store
         .best(study, usize::MAX)?
         .into_iter()
-        .filter(|r| !axes.contains(&Secondary::Energy) || (r.energy_valid && r.energy_j.is_some()))
+        .filter(|r| !axes.contains(&Secondary::Energy) || r.energy().counted().is_some())
         .collect();
     let sign = if parsed.objective.direction == Direction::Maximize { -1.0 } else { 1.0 };
     let points: Vec<Vec<f64>> = rows
@@ -305,11 +305,11 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
     })
 }
 
-/// A trial's figure on a Pareto axis: joules or seconds.
-/// The figure of `r` on `axis` (energy in joules, wall time in seconds).
+/// The figure of `r` on a Pareto axis: energy in joules (NaN when it does
+/// not count), wall time in seconds.
 pub fn figure(r: &BestRow, axis: Secondary) -> f64 {
     match axis {
-        Secondary::Energy => r.energy_j.unwrap_or(f64::NAN),
+        Secondary::Energy => r.energy().counted().unwrap_or(f64::NAN),
         Secondary::WallTime => r.wall_us as f64 / 1e6,
     }
 }

@@ -35,8 +35,7 @@ pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSu
             let mid = objectives.len() / 2;
             let median_objective =
                 if objectives.len() % 2 == 1 { objectives[mid] } else { (objectives[mid - 1] + objectives[mid]) / 2.0 };
-            let energies: Vec<f64> =
-                rows.iter().filter(|r| r.energy_valid).filter_map(|r| r.energy_j).filter(|j| j.is_finite()).collect();
+            let energies: Vec<f64> = rows.iter().filter_map(|r| r.energy().counted()).collect();
             let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
             let walls: Vec<f64> = rows.iter().map(|r| r.wall_us as f64 / 1e6).collect();
             Some(ClassSummary {

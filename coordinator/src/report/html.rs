@@ -154,11 +154,8 @@ fn sampling_note(s: &ObjectiveSeries, direction: Direction) -> String {
 
 fn pareto(out: &mut String, data: &ReportData) {
     out.push_str("<section id=\"pareto\"><h2>Pareto fronts</h2>");
-    let valid: Vec<&BestRow> = data
-        .ranked
-        .iter()
-        .filter(|r| r.energy_valid && r.energy_j.is_some_and(f64::is_finite) && r.objective.is_finite())
-        .collect();
+    let valid: Vec<&BestRow> =
+        data.ranked.iter().filter(|r| r.energy().counted().is_some() && r.objective.is_finite()).collect();
     let _ = write!(
         out,
         "<p class=\"note\">Ranked trials with a valid energy reading: {} of {}. The front holds the trials no other \

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod launch;
 pub mod progress;
 pub mod run;
+pub mod shell;
 pub mod sink;
 pub mod space;
 pub mod transport;

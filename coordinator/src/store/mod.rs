@@ -48,7 +48,7 @@ mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenState};
-pub use export::ExportFormat;
+pub use export::ExportRow;
 pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
@@ -82,10 +82,6 @@ pub enum StoreError {
     SchemaVersion { path: String, found: i64 },
     #[error("{what} {value} is too large for the store")]
     OutOfRange { what: &'static str, value: u64 },
-    #[error("exporting study {study:?}: {source}")]
-    Csv { study: String, source: csv::Error },
-    #[error("exporting study {study:?}: {source}")]
-    Write { study: String, source: std::io::Error },
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

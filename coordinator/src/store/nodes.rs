@@ -47,6 +47,13 @@ pub struct NodeRow {
     pub covered_ms: Option<u64>,
 }
 
+impl NodeRow {
+    /// What the node measured, as a figure (none when it never answered).
+    pub fn energy(&self) -> tunefleet_common::measurement::EnergyFigure {
+        tunefleet_common::measurement::EnergyFigure { joules: self.joules, valid: self.valid }
+    }
+}
+
 impl Batch<'_> {
     /// Keeps a node's figures (or its absence) for an attempt; a second
     /// record of the same node and attempt is ignored.

@@ -3,7 +3,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde::Serialize;
-use tunefleet_common::measurement::Measurement;
+use tunefleet_common::measurement::{EnergyFigure, Measurement};
 use tunefleet_common::message::SystemParams;
 use tunefleet_common::message::{AgentInfo, TrialRef};
 use tunefleet_common::params::Params;
@@ -52,7 +52,8 @@ pub struct TrialRow {
     /// Attempts that ended without becoming the trial's result (requeued,
     /// reassigned, ended by `Batch::end_attempt`...).
     pub failures: u32,
-    /// The accepted result's energy in joules, when validly measured.
+    /// The accepted result's energy in joules, when it counts
+    /// ([`EnergyFigure::counted`]).
     pub energy_j: Option<f64>,
     /// The accepted result's wall time.
     pub wall_us: Option<u64>,
@@ -134,6 +135,21 @@ pub struct BestRow {
     /// ([`crate::domain::rank`]).
     pub runs: u32,
     pub mean: f64,
+}
+
+impl BestRow {
+    /// Its energy as stored ([`EnergyFigure::counted`] says whether it counts).
+    pub fn energy(&self) -> EnergyFigure {
+        EnergyFigure { joules: self.energy_j, valid: self.energy_valid }
+    }
+}
+
+/// Whether a result of a study optimising `metric` is left out of the
+/// ranking for its energy: an `energy` study ranks only energy that counts
+/// (stores written before objectives left invalid readings out hold their
+/// joules as the objective anyway).
+fn energy_left_out(metric: &str, energy: EnergyFigure) -> bool {
+    metric == "energy" && energy.counted().is_none()
 }
 
 /// Successful results [`Store::best`] does not rank (see [`Store::unranked`]).
@@ -287,12 +303,11 @@ impl Store {
                         r.energy_source, COALESCE(r.energy_valid, 0), r.system
                  FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
                  WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
-                       AND (?2 != 'energy' OR r.energy_valid = 1)
                  ORDER BY r.trial ASC",
             )
             .ctx(context)?;
         let rows = stmt
-            .query_map(params![study, row.metric], |row| {
+            .query_map(params![study], |row| {
                 Ok(BestRow {
                     trial: get_u64(row, 0)?,
                     repeat: row.get(1)?,
@@ -312,7 +327,8 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        let rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        let mut rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        rows.retain(|r| !energy_left_out(&row.metric, r.energy()));
         let keyed: Vec<(String, u64, f64)> =
             rows.iter().map(|r| (super::params_json(&r.params), r.trial, r.objective)).collect();
         let order = crate::domain::rank::rank(row.direction, &keyed);
@@ -333,17 +349,28 @@ impl Store {
     pub fn unranked(&self, study: &str) -> Result<Unranked> {
         let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
         let context = || format!("counting the unranked results of study {study:?}");
-        self.conn
+        let mut stmt = self
+            .conn
             .prepare_cached(
-                "SELECT COALESCE(SUM(?2 = 'energy' AND COALESCE(energy_valid, 0) = 0), 0),
-                        COALESCE(SUM(objective IS NULL AND NOT (?2 = 'energy' AND COALESCE(energy_valid, 0) = 0)), 0)
-                 FROM results WHERE study = ?1 AND success = 1",
+                "SELECT objective IS NULL, energy_j, COALESCE(energy_valid, 0) FROM results
+                 WHERE study = ?1 AND success = 1",
             )
-            .ctx(context)?
-            .query_row(params![study, row.metric], |r| {
-                Ok(Unranked { invalid_energy: get_u64(r, 0)?, no_value: get_u64(r, 1)? })
+            .ctx(context)?;
+        let rows = stmt
+            .query_map(params![study], |r| {
+                Ok((r.get::<_, bool>(0)?, EnergyFigure { joules: r.get(1)?, valid: r.get(2)? }))
             })
-            .ctx(context)
+            .ctx(context)?;
+        let mut unranked = Unranked::default();
+        for r in rows {
+            let (no_value, energy) = r.ctx(context)?;
+            if energy_left_out(&row.metric, energy) {
+                unranked.invalid_energy += 1;
+            } else if no_value {
+                unranked.no_value += 1;
+            }
+        }
+        Ok(unranked)
     }
 
     /// The coordinator's last heartbeat (Unix ms) and, when it stopped
@@ -528,7 +555,7 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
          WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
            AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'
            AND COALESCE(f.outcome, '') NOT LIKE 'not started: %'),
-        CASE WHEN r.energy_valid = 1 THEN r.energy_j END,
+        r.energy_j, COALESCE(r.energy_valid, 0),
         r.wall_us
     FROM trials t
     LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
@@ -546,8 +573,8 @@ fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         agent: row.get(6)?,
         objective: row.get(7)?,
         failures: row.get(8)?,
-        energy_j: row.get(9)?,
-        wall_us: row.get::<_, Option<i64>>(10)?.and_then(|v| u64::try_from(v).ok()),
+        energy_j: EnergyFigure { joules: row.get(9)?, valid: row.get(10)? }.counted(),
+        wall_us: row.get::<_, Option<i64>>(11)?.and_then(|v| u64::try_from(v).ok()),
     })
 }
 

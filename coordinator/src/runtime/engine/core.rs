@@ -2,7 +2,7 @@
 //! (no MQTT, no tokio, no clock: the turn's clocks come in as [`Now`]).
 //!
 //! [`Core::turn`] takes the control requests, then the broker's events
-//! (handled one by one, each in a savepoint: `super::handle`), and on a
+//! (each through the gate, decided by the dispatch and applied in a savepoint of its own: `super::apply`), and on a
 //! tick expires leases and runs the offloading decider; then it tops up each
 //! study's trials, hands out work, applies every scheduler [`Effect`] to the
 //! store, commits, and returns what to send ([`Outgoing`]). The caller sends
@@ -16,15 +16,16 @@ use std::time::{Duration, Instant};
 use tunefleet_common::message::{Assignment, Cancel, CoordinatorMessage};
 
 use super::active::{ActiveStudy, Summary};
-use super::ctx::{co_messages, usable_checkpoint, Ctx};
-use super::handle::handle_all;
+use super::apply::handle_all;
+use super::ctx::{co_messages, Ctx};
+use super::dispatch::usable_checkpoint;
 use super::learn::load_book;
 use super::types::{Answer, Ask, Inbound};
 pub use super::types::{EngineError, EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
 use crate::domain::offload::{LoadChange, Policy, Telemetry};
 use crate::domain::reuse::Book;
-use crate::domain::sched::{Effect, Restored, Scheduler, StudyPolicy};
+use crate::domain::sched::{Effect, Restored, Scheduler, StudyCounts, StudyPolicy};
 use crate::domain::search::{self, Search, TrialPlan};
 use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
@@ -55,6 +56,16 @@ pub struct Started {
     pub study: String,
     pub total: u64,
     pub done: u64,
+}
+
+/// One study's progress, for the display ([`Core::standings`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Standing<'a> {
+    pub study: &'a str,
+    pub counts: StudyCounts,
+    /// `(metric, value, trial)` of the best so far.
+    pub best: Option<(&'a str, f64, u64)>,
+    pub live_agents: usize,
 }
 
 /// The coordinator's state while it runs, without its transport.
@@ -387,6 +398,73 @@ impl Core {
         batch.stop_beat(unix_ms)?;
         batch.commit()?;
         Ok(())
+    }
+
+    /// The studies this core runs, in no order.
+    pub fn study_names(&self) -> Vec<String> {
+        self.studies.keys().cloned().collect()
+    }
+
+    /// How `study`'s trials stand, if this core runs it.
+    pub fn counts(&self, study: &str) -> Option<StudyCounts> {
+        self.sched.counts(study)
+    }
+
+    /// Each running study's progress, for the display.
+    pub fn standings(&self) -> impl Iterator<Item = Standing<'_>> {
+        self.studies.iter().filter_map(|(name, active)| {
+            Some(Standing {
+                study: name,
+                counts: self.sched.counts(name)?,
+                best: active.best().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial)),
+                live_agents: self.sched.live_agents(),
+            })
+        })
+    }
+
+    /// The agents' sessions (the shell seals what it sends in them).
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    pub fn sessions_mut(&mut self) -> &mut Sessions {
+        &mut self.sessions
+    }
+
+    /// Ends every session: each agent is told so at its next message and
+    /// says Hello again (after a pause for room on the store's disk).
+    pub fn end_sessions(&mut self) {
+        let live: Vec<String> = self.sessions.live_agents().map(str::to_string).collect();
+        for agent in &live {
+            self.sessions.end(agent);
+        }
+    }
+
+    /// Nodes whose measurement of a trial's window is still awaited.
+    pub fn awaiting_comeasures(&self) -> usize {
+        self.co.awaiting()
+    }
+
+    /// Every node still measuring is told to stop: this coordinator records
+    /// nothing more of them. The messages that tell them.
+    pub fn abandon_comeasures(&mut self) -> Vec<(String, CoordinatorMessage)> {
+        co_messages(self.co.abandon_all()).collect()
+    }
+
+    /// `agents` were asked to confirm delivery with `nonce`
+    /// ([`CoordinatorMessage::Sync`]): their answer is awaited.
+    pub fn await_sync(&mut self, agents: Vec<String>, nonce: u64) {
+        self.unsynced.extend(agents.into_iter().map(|a| (a, nonce)));
+    }
+
+    /// The agents whose confirmation is still awaited; an agent whose
+    /// session ended (it went offline) has nothing more to confirm.
+    pub fn unconfirmed(&mut self) -> Vec<String> {
+        let sessions = &self.sessions;
+        self.unsynced.retain(|a, _| sessions.is_live(a));
+        let mut left: Vec<String> = self.unsynced.keys().cloned().collect();
+        left.sort();
+        left
     }
 
     /// What `study` looks like now (`now`: the clock its time is measured to).

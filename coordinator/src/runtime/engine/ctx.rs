@@ -14,7 +14,6 @@ use crate::domain::offload::Telemetry;
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Scheduler};
 use crate::domain::search::{self, TrialPlan};
-use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
 use crate::store::Batch;
 
@@ -43,18 +42,24 @@ pub(super) struct Ctx<'a, 'b> {
     pub(super) co: &'a mut CoMeasures,
 }
 
+impl Ctx<'_, '_> {
+    /// What the dispatch reads ([`super::dispatch::decide`]): the state, shared.
+    pub(super) fn view(&self) -> super::dispatch::View<'_> {
+        super::dispatch::View {
+            sched: self.sched,
+            studies: self.studies,
+            co: self.co,
+            remeasure: self.remeasure,
+            influx: self.influx,
+        }
+    }
+}
+
 /// Co-measurement steps ([`CoMeasures`]) as the messages that carry them.
 pub(super) fn co_messages(
     sends: Vec<(String, tunefleet_common::message::CoMeasure)>,
 ) -> impl Iterator<Item = (String, CoordinatorMessage)> {
     sends.into_iter().map(|(node, m)| (node, CoordinatorMessage::CoMeasure(m)))
-}
-
-/// Whether `reference` may be resumed from in `study` (message validation
-/// checked its form already; this checks it again for stored ones).
-pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::bounds::Why> {
-    crate::domain::bounds::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
-    crate::domain::bounds::checkpoint_under(reference, study.resume_prefix.as_deref())
 }
 
 /// `[stability]`: once every run of a trial's configuration has ended, one
@@ -129,42 +134,5 @@ mod tests {
         assert_eq!(readable(3.0), "3");
         assert_eq!(readable(0.000_012_345), "1.2345e-5");
         assert_eq!(readable(0.0), "0");
-    }
-}
-
-/// `msgs` by agent: each agent's in the order sent, the agents in the order
-/// of their first message (what [`super::Engine`] bundles per agent).
-pub(super) fn by_agent(msgs: Vec<(String, CoordinatorMessage)>) -> Vec<(String, Vec<CoordinatorMessage>)> {
-    let mut out: Vec<(String, Vec<CoordinatorMessage>)> = Vec::new();
-    let mut at: HashMap<String, usize> = HashMap::new();
-    for (agent, msg) in msgs {
-        match at.get(&agent) {
-            Some(&i) => out[i].1.push(msg),
-            None => {
-                at.insert(agent.clone(), out.len());
-                out.push((agent, vec![msg]));
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod by_agent_tests {
-    use super::*;
-
-    #[test]
-    fn each_agent_gets_its_messages_in_the_order_sent() {
-        let m = |agent: &str, n: u64| (agent.to_string(), CoordinatorMessage::Sync(n));
-        let got = by_agent(vec![m("b", 1), m("a", 2), m("b", 3), m("a", 4), m("c", 5)]);
-        let sync = |n| CoordinatorMessage::Sync(n);
-        assert_eq!(
-            got,
-            vec![
-                ("b".to_string(), vec![sync(1), sync(3)]),
-                ("a".to_string(), vec![sync(2), sync(4)]),
-                ("c".to_string(), vec![sync(5)])
-            ]
-        );
     }
 }

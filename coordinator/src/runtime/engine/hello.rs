@@ -2,13 +2,15 @@
 //! shape and names, what the store knows of the name and of its join
 //! token, the budgets, the signatures), a new key pinned, the capacity and
 //! tags the operator granted applied, then a session and its Welcome; a
-//! refusal the agent can act on is told to it, signed.
+//! refusal the agent can act on is told to it, signed. And the end of a
+//! session: an agent's Last Will, taken only when it is its session's.
 
-use tunefleet_common::auth::{self, Signed};
+use tunefleet_common::auth::{self, Signed, Will};
+use tunefleet_common::message::AgentStatus;
 
 use super::ctx::Ctx;
 use super::types::{loud, EngineError};
-use crate::runtime::auth::{Admission, HelloRefusal};
+use crate::runtime::auth::{Admission, HelloRefusal, WillCheck};
 
 /// A signed Hello: the cheap checks, then with what the store knows of the
 /// name the replay check and admission (a pinned key, a join token, or open
@@ -118,5 +120,30 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     cx.welcomes.push((agent, payload));
     // What this Hello cost paces the next ones of its kind.
     cx.sessions.measured(&admission, began.elapsed());
+    Ok(())
+}
+
+/// An agent's Last Will: offline only if it is the will its session (or,
+/// after a coordinator restart, its last recorded session) committed to.
+pub(super) fn on_will(cx: &mut Ctx<'_, '_>, agent: String, will: &Will, now: u64) -> Result<(), EngineError> {
+    let genuine = match cx.sessions.will(&agent, will) {
+        WillCheck::Live => true,
+        WillCheck::NoSession => cx.batch.will_hash(&agent)?.is_some_and(|h| auth::will_matches(will, &h)),
+        WillCheck::Forged => {
+            cx.stats.forged_wills += 1;
+            tracing::warn!(agent = %agent, forged = cx.stats.forged_wills, "a Last Will that is not this session's: ignored");
+            return Ok(());
+        }
+    };
+    if !genuine {
+        // The retained will of an earlier session, seen again after a restart.
+        tracing::debug!(agent = %agent, "stale Last Will ignored");
+        return Ok(());
+    }
+    cx.batch.set_will_hash(&agent, None)?;
+    cx.batch.set_agent_online(&agent, false, now)?;
+    tracing::info!(agent = %agent, "agent lost its connection (Last Will)");
+    cx.telemetry.forget(&agent);
+    cx.effects.extend(cx.sched.status(&agent, &AgentStatus { online: false, instance: will.instance }));
     Ok(())
 }

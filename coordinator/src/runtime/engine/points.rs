@@ -39,7 +39,7 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
     let energy = &m.energy;
     let start = i64::try_from(m.started_unix_ms).unwrap_or(i64::MAX);
     let end = start.saturating_add(i64::try_from(m.wall_us / 1000).unwrap_or(i64::MAX));
-    let valid = if energy.valid { "true" } else { "false" };
+    let valid = if energy.counted().is_some() { "true" } else { "false" };
     let common = [
         ("study", trial.study.clone()),
         ("trial", trial.trial.to_string()),

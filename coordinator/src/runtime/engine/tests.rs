@@ -9,9 +9,16 @@ use tunefleet_common::message::{
     WorkRequest,
 };
 
+use std::time::Instant;
+
+use tunefleet_common::message::CoordinatorMessage;
+use tunefleet_common::topic::AgentTopic;
+
 use super::*;
 use crate::domain::sched::{Restored, Scheduler, StudyPolicy};
 use crate::domain::search::Search;
+use crate::runtime::auth::Sessions;
+use crate::store::Store;
 
 const STUDY: &str = r#"
 name = "s"
@@ -857,11 +864,9 @@ fn a_store_error_rolls_back_its_message_alone() {
     assert_eq!(fx.consistent(), Ok(()));
 }
 
-/// Issue 20, finding 6: a checkpoint became options of another agent's
-/// command. Checkpoints outside `resume_prefix` are not kept, malformed
-/// ones are refused with their message, and a kept one is one argument.
-#[test]
-fn regression_checkpoints_stay_under_their_prefix_and_one_argument() {
+/// A study that resumes from checkpoints under `s3://bucket/ckpt/`, and
+/// its first trial assigned to the fixture's agent.
+fn resumable_trial_running() -> (Fixture, Assignment) {
     let study = STUDY.replace(
         "[objective]",
         "resume = [\"--resume\", \"{checkpoint}\"]\nresume_prefix = \"s3://bucket/ckpt/\"\n[objective]",
@@ -870,6 +875,15 @@ fn regression_checkpoints_stay_under_their_prefix_and_one_argument() {
     let req =
         fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
     let a = assigned(fx.turn(vec![req]).1).pop().expect("work");
+    (fx, a)
+}
+
+/// Issue 20, finding 6: a checkpoint became options of another agent's
+/// command. Checkpoints outside `resume_prefix` are not kept, malformed
+/// ones are refused with their message, and a kept one is one argument.
+#[test]
+fn regression_checkpoints_stay_under_their_prefix_and_one_argument() {
+    let (mut fx, a) = resumable_trial_running();
     let progress = |epoch: u32, checkpoint: &str| {
         AgentMessage::Progress(Progress {
             trial: a.trial.clone(),
@@ -1217,4 +1231,71 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
     assert!(abandoned, "{out:?}");
     assert!(fx.core.co.is_empty());
     assert_eq!(fx.consistent(), Ok(()));
+}
+
+/// The dispatch decides from what the engine holds and changes nothing:
+/// the same message decided twice gives the same decision, the store and
+/// the scheduler are as they were, and only the apply stage (the turn)
+/// stores the result and settles the trial.
+#[test]
+fn the_dispatch_decides_without_changing_anything() {
+    use super::dispatch::{decide, Decision, Record, View};
+    let (mut fx, a) = resumable_trial_running();
+    let result = AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: ok_measurement(7.0) });
+    fn view(core: &Core) -> View<'_> {
+        View { sched: &core.sched, studies: &core.studies, co: &core.co, remeasure: true, influx: true }
+    }
+    let decided = |core: &Core, msg: AgentMessage| format!("{:?}", decide(&view(core), "a", msg));
+    let first = decided(&fx.core, result.clone());
+    assert_eq!(first, decided(&fx.core, result.clone()), "deciding again decides the same");
+    match decide(&view(&fx.core), "a", result.clone()) {
+        Decision::Result(step) => {
+            assert_eq!(step.judgement.verdict, crate::domain::sched::Verdict::Accepted);
+            assert!(
+                matches!(&step.record, Record::Result { objective: Some(v), points, .. } if *v == 7.0 && !points.is_empty()),
+                "{:?}",
+                step.record
+            );
+        }
+        other => panic!("a result decided as {other:?}"),
+    }
+    assert!(fx.core.store.results("s").expect("results").is_empty(), "nothing stored by deciding");
+    assert!(!fx.core.sched.is_finished("s", a.trial.trial), "nothing settled by deciding");
+    // Progress of an attempt that is not live decides nothing; a checkpoint
+    // outside the study's prefix is dropped from the decision.
+    let mut progress = Progress {
+        trial: a.trial.clone(),
+        epoch: 1,
+        elapsed_us: 1,
+        metrics: [("v".to_string(), 1.0)].into(),
+        checkpoint: Some("/home/victim/.bashrc".into()),
+        profile: None,
+    };
+    match decide(&view(&fx.core), "a", AgentMessage::Progress(progress.clone())) {
+        Decision::Progress { progress: p, refused_checkpoint: Some(_), .. } => assert_eq!(p.checkpoint, None),
+        other => panic!("{other:?}"),
+    }
+    progress.trial.attempt += 1;
+    assert!(matches!(decide(&view(&fx.core), "a", AgentMessage::Progress(progress)), Decision::Nothing));
+    // Applied by the turn: stored and settled.
+    let msg = fx.sealed(&result);
+    let (_, out) = fx.turn(vec![msg]);
+    assert_eq!(acks(&out).iter().map(|a| a.outcome.clone()).collect::<Vec<_>>(), [AckOutcome::Stored]);
+    assert_eq!(fx.core.store.results("s").expect("results").len(), 1);
+    assert!(fx.core.sched.is_finished("s", a.trial.trial));
+    // Decided again now: the scheduler knows it as a duplicate; an attempt
+    // it never gave of a finished trial is the store's to judge.
+    match decide(&view(&fx.core), "a", result) {
+        Decision::Result(step) => assert_eq!(step.judgement.verdict, crate::domain::sched::Verdict::Duplicate),
+        other => panic!("{other:?}"),
+    }
+    let never = TrialRef { attempt: a.trial.attempt + 1, ..a.trial.clone() };
+    let stray = AgentMessage::Result(TrialResult { trial: never, measurement: ok_measurement(7.0) });
+    match decide(&view(&fx.core), "a", stray) {
+        Decision::Result(step) => assert_eq!(
+            step.record,
+            Record::Unknown { finished: true, why: "this coordinator never gave that attempt to this agent" }
+        ),
+        other => panic!("{other:?}"),
+    }
 }

@@ -125,6 +125,11 @@ pub struct Now {
     pub instant: Instant,
 }
 
+/// Milliseconds since the Unix epoch now (0 before it).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
 /// Logs the first ten of a kind of refusal, then at powers of two.
 pub fn loud(n: u64) -> bool {
     n <= 10 || n.is_power_of_two()

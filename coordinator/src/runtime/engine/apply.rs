@@ -1,0 +1,369 @@
+//! The apply stage of a turn: each inbound event through the gate
+//! ([`super::gate`]: authenticated, bounded, typed), a handshake or a Last
+//! Will to [`super::hello`], each message of an authenticated agent decided
+//! by [`super::dispatch`] (which reads and changes nothing) and performed
+//! here in a savepoint of its own: the store writes the decision names,
+//! then the scheduler and the rest of memory, then what it sends (queued in
+//! the [`Ctx`]; the shell sends once the turn commits). No I/O but the store.
+
+use tunefleet_common::measurement::{ExitOutcome, Measurement};
+use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, ResultAck, TrialRef};
+use tunefleet_common::topic::AgentTopic;
+
+use super::ctx::{co_messages, early_stop, repeat_until_stable, Ctx};
+use super::dispatch::{decide, Decision, Record, ResultStep};
+use super::gate::{gate, Gated};
+use super::hello::{on_hello, on_will};
+use super::learn::{learn, on_profile};
+use super::types::{loud, EngineError, Inbound};
+use crate::domain::offload::Sample;
+use crate::domain::sched::Verdict;
+use crate::store::{RecordOutcome, StoreError};
+
+/// Handles `events` in order, each in its own savepoint ([`handle`]).
+pub(super) fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {
+    for ev in events {
+        handle(cx, ev)?;
+    }
+    Ok(())
+}
+
+/// Runs `f` inside savepoint `name`: kept when it succeeds; when it fails
+/// with a store error, its writes are undone (the rest of the batch stays),
+/// the error is counted and returned for the caller to answer.
+fn in_savepoint(
+    cx: &mut Ctx<'_, '_>,
+    name: &'static str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<Option<StoreError>, EngineError> {
+    cx.batch.savepoint(name)?;
+    match f(cx) {
+        Ok(()) => {
+            cx.batch.release(name)?;
+            Ok(None)
+        }
+        Err(EngineError::Store(e)) => {
+            cx.batch.rollback_to(name)?;
+            cx.stats.store_errors += 1;
+            Ok(Some(e))
+        }
+        Err(e) => {
+            cx.batch.rollback_to(name)?;
+            Err(e)
+        }
+    }
+}
+
+/// One message, in a savepoint of its own. A store error while handling it
+/// rolls back its writes alone and drops what it queued; the turn goes on.
+///
+/// The scheduler and the other in-memory state are not in the savepoint,
+/// so every handler validates first and writes the store before it changes
+/// them: a result is judged ([`Scheduler::judge`]) and settled only once its
+/// writes succeeded; a status, telemetry, progress or Last Will is written
+/// before it is applied. What follows once a result is settled (an extra
+/// repeat, a learned profile) runs in a savepoint of its own ([`aside`]), so
+/// its failure never undoes a result the scheduler already counts.
+fn guarded(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    kind: AgentTopic,
+    result: Option<TrialRef>,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let (out, effects) = (cx.out.len(), cx.effects.len());
+    let Some(e) = in_savepoint(cx, "message", f)? else { return Ok(()) };
+    cx.out.truncate(out);
+    cx.effects.truncate(effects);
+    if loud(cx.stats.store_errors) {
+        tracing::error!(agent = %agent, topic = kind.as_str(), error = %e, errors = cx.stats.store_errors, "message refused: the store could not take it (rolled back alone)");
+    }
+    if let Some(trial) = result {
+        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
+        cx.out.push((agent.to_string(), CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    }
+    Ok(())
+}
+
+/// Bookkeeping after a settled result, in a savepoint of its own: a store
+/// error undoes it alone (logged, counted) and the result stays stored.
+fn aside(
+    cx: &mut Ctx<'_, '_>,
+    what: &str,
+    f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    if let Some(e) = in_savepoint(cx, "aside", f)? {
+        if loud(cx.stats.store_errors) {
+            tracing::error!(error = %e, errors = cx.stats.store_errors, "{what}: the store could not take it (rolled back alone)");
+        }
+    }
+    Ok(())
+}
+
+/// One event: the gate makes it an authenticated, bounded, typed message
+/// ([`gate`]); a handshake or a Last Will is taken in its savepoint; each
+/// message is decided ([`decide`]) and performed in its own ([`apply`]).
+fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
+    let now = cx.now.unix_ms;
+    match gate(cx, ev)? {
+        Gated::Nothing => Ok(()),
+        Gated::Hello { agent, signed } => {
+            let name = agent.clone();
+            guarded(cx, &name, AgentTopic::Hello, None, |cx| on_hello(cx, agent, &signed, now))
+        }
+        Gated::Will { agent, will } => {
+            let name = agent.clone();
+            guarded(cx, &name, AgentTopic::Status, None, |cx| on_will(cx, agent, &will, now))
+        }
+        Gated::Messages { agent, msgs } => {
+            for (kind, msg) in msgs {
+                // Requests and sync answers change the scheduler and memory only:
+                // no savepoint (two statements a message) to guard them.
+                let unguarded = matches!(msg, AgentMessage::Request(_) | AgentMessage::Synced(_));
+                let decision = decide(&cx.view(), &agent, msg);
+                if unguarded {
+                    apply(cx, agent.clone(), decision, now)?;
+                    continue;
+                }
+                let result = match &decision {
+                    Decision::Result(step) => Some(step.trial.clone()),
+                    _ => None,
+                };
+                let name = agent.clone();
+                guarded(cx, &name, kind, result, |cx| apply(cx, name.clone(), decision, now))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Performs `decision` for `agent`: store writes first, then the scheduler
+/// and the rest of memory (see [`guarded`]), then what it sends.
+fn apply(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: u64) -> Result<(), EngineError> {
+    match decision {
+        Decision::Nothing => {}
+        Decision::OtherStudy { what, trial } => other_study(cx, &agent, what, &trial),
+        Decision::Status(status) => {
+            if !status.online {
+                cx.batch.set_will_hash(&agent, None)?;
+            }
+            cx.batch.set_agent_online(&agent, status.online, now)?;
+            if !status.online {
+                tracing::info!(agent = %agent, "agent offline");
+                cx.telemetry.forget(&agent);
+                cx.sessions.end(&agent);
+            }
+            cx.effects.extend(cx.sched.status(&agent, &status));
+        }
+        Decision::Request { request, others } => {
+            for t in &others {
+                other_study(cx, &agent, "running attempt", t);
+            }
+            cx.effects.extend(cx.sched.request(&agent, &request));
+        }
+        Decision::Progress { progress: p, refused_checkpoint, bytes } => {
+            if let Some(why) = refused_checkpoint {
+                cx.stats.refused_checkpoints += 1;
+                if loud(cx.stats.refused_checkpoints) {
+                    tracing::warn!(agent = %agent, trial = %p.trial, reason = %why, refused = cx.stats.refused_checkpoints, "checkpoint refused: not kept");
+                }
+            }
+            cx.effects.extend(cx.sched.started(&agent, &p.trial));
+            if let Err(why) = cx.sched.take_progress(&agent, &p.trial, bytes) {
+                cx.stats.refused_progress += 1;
+                if loud(cx.stats.refused_progress) {
+                    tracing::warn!(agent = %agent, trial = %p.trial, epoch = p.epoch, reason = why, refused = cx.stats.refused_progress, "progress not kept");
+                }
+                return Ok(());
+            }
+            cx.batch.record_progress(&p)?;
+            if let Some(wp) = &p.profile {
+                on_profile(cx, &agent, &p.trial, wp)?;
+            }
+            if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
+                a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
+            }
+            early_stop(cx, &p);
+        }
+        Decision::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
+        Decision::Result(step) => apply_result(cx, agent, *step, now)?,
+        Decision::Telemetry(t) => {
+            cx.batch.record_telemetry(&agent, &t)?;
+            cx.telemetry.observe(&agent, Sample::of(&t, cx.now.engine_ms));
+        }
+        Decision::Synced(n) => {
+            if cx.unsynced.get(&agent) == Some(&n) {
+                cx.unsynced.remove(&agent);
+            }
+        }
+        // Checked, stored, and only then taken: a store error leaves the
+        // node to be asked again (see `guarded`).
+        Decision::CoMeasured(Ok(record)) => {
+            cx.batch.record_node(&record, now)?;
+            cx.co.taken(&agent, &record.trial);
+        }
+        Decision::CoMeasured(Err((trial, why))) => {
+            cx.stats.refused_comeasures += 1;
+            if loud(cx.stats.refused_comeasures) {
+                tracing::warn!(agent = %agent, trial = %trial, reason = %why, refused = cx.stats.refused_comeasures, "co-measurement refused");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counts (and logs the first of) references to another study of a name
+/// this coordinator runs.
+fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) {
+    cx.stats.other_study_refs += 1;
+    if loud(cx.stats.other_study_refs) {
+        tracing::warn!(agent = %agent, trial = %trial, study_id = format!("{:016x}", trial.study_id), what, count = cx.stats.other_study_refs, "another study of this name (another store): ignored");
+    }
+}
+/// A judged result: what the store keeps of it ([`write_result`]); its
+/// co-measuring nodes' window; then, the store having everything the
+/// result decides, the scheduler settled, the search told, a profile
+/// learnt; and the answer to the agent.
+fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
+    let ResultStep { trial, measurement, judgement, record } = step;
+    let verdict = judgement.verdict;
+    let objective = match &record {
+        Record::Result { objective, .. } => *objective,
+        _ => None,
+    };
+    let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, record, now)?;
+    // The nodes measuring with the attempt: its window, now that it ended
+    // with a result; forgotten when it ended without one.
+    let co = if stored {
+        let from = measurement.started_unix_ms;
+        let to = from.saturating_add(measurement.wall_us / 1000);
+        cx.co.window(&trial, from, to, now, cx.now.engine_ms)
+    } else if matches!(verdict, Verdict::Retried | Verdict::Superseded | Verdict::Remeasured) {
+        cx.co.abandon(&trial)
+    } else {
+        Vec::new()
+    };
+    cx.out.extend(co_messages(co));
+    cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
+    if verdict == Verdict::Accepted {
+        tell_accepted(cx, &agent, &trial, &measurement, objective)?;
+    }
+    // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
+    let probed =
+        measurement.window_profile.is_some() && cx.studies.get(&trial.study).is_some_and(|a| a.probe.is_some());
+    if stored && measurement.exit.success() && probed {
+        aside(cx, "learning a profile", |cx| learn(cx, &agent, &trial, &measurement, now))?;
+    }
+    cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+    Ok(())
+}
+
+/// Writes what `record` says the store keeps of `measurement`: the answer
+/// for the agent and whether a result row was stored.
+fn write_result(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &TrialRef,
+    measurement: &Measurement,
+    verdict: Verdict,
+    record: Record,
+    now: u64,
+) -> Result<(AckOutcome, bool), EngineError> {
+    match record {
+        Record::OtherStudy => {
+            other_study(cx, agent, "result", trial);
+            let why = format!(
+                "a result of another study of that name (another store): the study {} this coordinator runs has another id",
+                trial.study
+            );
+            Ok((AckOutcome::Refused(why), false))
+        }
+        // A duplicate only when the store shows the attempt was given to
+        // this agent (this process or an earlier one on the same store).
+        Record::Unknown { finished, why } => {
+            if finished && cx.batch.attempt_given(trial, agent)? {
+                cx.stats.duplicate_results += 1;
+                tracing::info!(agent = %agent, trial = %trial, "result for a trial already finished: acknowledged as a duplicate");
+                return Ok((AckOutcome::Duplicate, false));
+            }
+            cx.stats.unknown_results += 1;
+            tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
+            Ok((AckOutcome::Refused(why.to_string()), false))
+        }
+        Record::Remeasured => {
+            tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
+            Ok((AckOutcome::Stored, false))
+        }
+        Record::EndAttempt { superseded } => {
+            cx.batch.end_attempt(trial, agent, &crate::store::exit_text(&measurement.exit), now)?;
+            match superseded {
+                true => cx.stats.superseded_results += 1,
+                false => {
+                    tracing::info!(agent = %agent, trial = %trial, exit = ?measurement.exit, "attempt ended without a result")
+                }
+            }
+            Ok((AckOutcome::Stored, false))
+        }
+        Record::Result { objective, system, points, expected } => {
+            let stored = cx.batch.record_result(trial, agent, measurement, objective, now)? == RecordOutcome::Stored;
+            if stored {
+                if measurement.exit == ExitOutcome::Cancelled {
+                    // Cancelled on purpose (stopped early, moved, the study
+                    // cancelled): kept for the record, no failure of the trial.
+                    tracing::info!(trial = %trial, agent = %agent, "the cancelled attempt's result is kept for the record");
+                } else if !measurement.exit.success() {
+                    let cause = crate::domain::failure::cause(&measurement.exit, &measurement.log_tail);
+                    tracing::warn!(trial = %trial, agent = %agent, %cause, "trial failed");
+                } else if let Some(metric) = expected {
+                    let seen: Vec<&str> = measurement.final_metrics.keys().map(String::as_str).collect();
+                    tracing::warn!(trial = %trial, expected = %metric, reported = ?seen, "trial reported no value for the objective");
+                }
+                cx.batch.record_segments(trial, measurement, &system)?;
+                if !points.is_empty() {
+                    cx.batch.enqueue_points(&points, now)?;
+                }
+            }
+            let outcome = match verdict {
+                Verdict::Duplicate => {
+                    cx.stats.duplicate_results += 1;
+                    AckOutcome::Duplicate
+                }
+                Verdict::Superseded => {
+                    cx.stats.superseded_results += 1;
+                    AckOutcome::Stored
+                }
+                _ => AckOutcome::Stored,
+            };
+            Ok((outcome, stored))
+        }
+    }
+}
+
+/// An accepted result with its objective `objective`: told to the search,
+/// counted in the ranking, judged for `[stability]`.
+fn tell_accepted(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    trial: &TrialRef,
+    measurement: &Measurement,
+    objective: Option<f64>,
+) -> Result<(), EngineError> {
+    if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
+        if let Some(plan) = a.plans.get(trial.trial as usize) {
+            if measurement.exit != ExitOutcome::Cancelled {
+                let energy = measurement.energy.counted();
+                let also = a.study.also_figures(energy, measurement.wall_us);
+                a.search.tell(trial.trial, &plan.params, v, &also);
+            }
+        }
+        a.record_value(trial.trial, v, agent);
+        // A savepoint costs two statements: only where there is a repeat to judge.
+        if a.study.stability.is_some() {
+            aside(cx, "an extra repeat", |cx| {
+                let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
+                repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
+            })?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,249 @@
+//! The dispatch: a valid message of an authenticated agent (what passed
+//! [`super::gate`]) made a [`Decision`], reading the engine's state and
+//! changing nothing: no store, no clock, no I/O, nothing written in memory.
+//! [`super::apply`] performs the decision: its store writes in a savepoint,
+//! then the in-memory changes it names, then what it sends.
+//!
+//! A result is judged here ([`Scheduler::judge`], which reads) and what it
+//! makes the store keep is chosen here ([`Record`]): the objective, the
+//! system it ran under, its InfluxDB points. Only two questions need the
+//! store and are left to the apply stage: whether an unknown result's
+//! attempt was given to its agent (a duplicate, or refused), and whether a
+//! result row already existed.
+
+use std::collections::HashMap;
+
+use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
+use tunefleet_common::message::{
+    AgentMessage, AgentStatus, Progress, Refusal, SystemParams, TrialRef, TrialResult, WorkRequest,
+};
+
+use super::active::ActiveStudy;
+use crate::domain::bounds::Why;
+use crate::domain::comeasure::{CoMeasures, NodeOutcome, NodeRecord};
+use crate::domain::sched::{Judgement, ResultKind, Scheduler, Verdict};
+use crate::domain::search;
+use crate::domain::study::Study;
+
+/// What the dispatch reads: the engine's state, shared.
+pub(super) struct View<'a> {
+    pub(super) sched: &'a Scheduler,
+    pub(super) studies: &'a HashMap<String, ActiveStudy>,
+    pub(super) co: &'a CoMeasures,
+    /// Measurements agents flag as disturbed are taken again (with offloading).
+    pub(super) remeasure: bool,
+    /// Stored results are queued for InfluxDB.
+    pub(super) influx: bool,
+}
+
+/// What one message decides.
+#[derive(Debug)]
+pub(super) enum Decision {
+    /// Nothing to do (progress of an attempt that is not live).
+    Nothing,
+    /// A message about another study of a name this coordinator runs
+    /// (another store): counted, nothing else.
+    OtherStudy { what: &'static str, trial: TrialRef },
+    /// Online or offline: stored, then told to the scheduler (offline also
+    /// ends the session and forgets the telemetry).
+    Status(AgentStatus),
+    /// A work request; `others` are the attempts it lists of another study
+    /// of a running study's name (counted).
+    Request { request: WorkRequest, others: Vec<TrialRef> },
+    /// An epoch of a live attempt: its checkpoint already dropped when it
+    /// may not be resumed from (`refused_checkpoint` says why), and its
+    /// size for the attempt's bound.
+    Progress { progress: Progress, refused_checkpoint: Option<Why>, bytes: u64 },
+    /// The agent will not run an assignment.
+    Refuse(Refusal),
+    /// A result, judged, and what the store keeps of it.
+    Result(Box<ResultStep>),
+    /// A telemetry sample: stored, then observed by the offload decider.
+    Telemetry(tunefleet_common::measurement::Telemetry),
+    /// A sync answer: the agent has everything sent before `n`.
+    Synced(u64),
+    /// A co-measuring node's answer: stored and taken, or refused and why.
+    CoMeasured(Result<NodeRecord, (TrialRef, String)>),
+}
+
+/// A result with its judgement and what the store keeps.
+#[derive(Debug)]
+pub(super) struct ResultStep {
+    pub(super) trial: TrialRef,
+    pub(super) measurement: Measurement,
+    pub(super) judgement: Judgement,
+    pub(super) record: Record,
+}
+
+/// What a judged result makes the store keep.
+#[derive(Debug, PartialEq)]
+pub(super) enum Record {
+    /// A result of another study of that name: refused.
+    OtherStudy,
+    /// The scheduler cannot place it: a duplicate when its trial is
+    /// `finished` and the store shows the attempt was given to this agent
+    /// (the agent then deletes it), else refused with `why`.
+    Unknown { finished: bool, why: &'static str },
+    /// Disturbed, to be measured again: nothing kept.
+    Remeasured,
+    /// The attempt ended without a result (`superseded`: one the trial had
+    /// moved on from, cancelled or never started).
+    EndAttempt { superseded: bool },
+    /// A result row with its objective, the system the trial ran under
+    /// in the end and its InfluxDB points; `expected` names an objective
+    /// metric the workload should have reported and did not.
+    Result { objective: Option<f64>, system: SystemParams, points: Vec<String>, expected: Option<String> },
+}
+
+/// The decision on `msg` from `agent`.
+pub(super) fn decide(view: &View<'_>, agent: &str, msg: AgentMessage) -> Decision {
+    match msg {
+        AgentMessage::Status(status) => Decision::Status(status),
+        AgentMessage::Request(request) => {
+            // Another study's attempts are none of this one's (the
+            // scheduler compares study ids too): counted, nothing else.
+            let others = request
+                .running
+                .iter()
+                .chain(&request.held)
+                .filter(|t| of_another_study(view.sched, t))
+                .cloned()
+                .collect();
+            Decision::Request { request, others }
+        }
+        AgentMessage::Progress(p) if of_another_study(view.sched, &p.trial) => {
+            Decision::OtherStudy { what: "progress", trial: p.trial }
+        }
+        AgentMessage::Refuse(r) if of_another_study(view.sched, &r.trial) => {
+            Decision::OtherStudy { what: "refusal", trial: r.trial }
+        }
+        AgentMessage::Progress(p) => progress(view, agent, p),
+        AgentMessage::Refuse(r) => Decision::Refuse(r),
+        AgentMessage::Result(r) => Decision::Result(Box::new(result(view, agent, r))),
+        // Taken apart at the gate; refused by the bounds check.
+        AgentMessage::Bundle(_) => Decision::Nothing,
+        AgentMessage::Telemetry(t) => Decision::Telemetry(t),
+        AgentMessage::Synced(n) => Decision::Synced(n),
+        AgentMessage::CoMeasured(m) => {
+            let cores = view.sched.agent_cores(agent).unwrap_or(1);
+            Decision::CoMeasured(match view.co.check(agent, &m, cores) {
+                Ok(()) => Ok(NodeRecord {
+                    trial: m.trial.clone(),
+                    agent: agent.to_string(),
+                    outcome: NodeOutcome::Measured(m),
+                }),
+                Err(why) => Err((m.trial, why.to_string())),
+            })
+        }
+    }
+}
+
+/// Whether `trial` names a study this coordinator runs but carries another
+/// study id: it belongs to another study of that name (another store).
+pub(super) fn of_another_study(sched: &Scheduler, trial: &TrialRef) -> bool {
+    sched.study_id(&trial.study).is_some_and(|id| id != trial.study_id)
+}
+
+/// Whether `reference` may be resumed from in `study` (message validation
+/// checked its form already; this checks it again for stored ones).
+pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), crate::domain::bounds::Why> {
+    crate::domain::bounds::checkpoint("checkpoint", reference).map_err(|e| e.why)?;
+    crate::domain::bounds::checkpoint_under(reference, study.resume_prefix.as_deref())
+}
+
+/// An epoch report: only a live attempt's counts; a checkpoint it may not
+/// be resumed from is dropped.
+fn progress(view: &View<'_>, agent: &str, mut p: Progress) -> Decision {
+    if !view.sched.is_live(agent, &p.trial) {
+        return Decision::Nothing;
+    }
+    let mut refused_checkpoint = None;
+    if let (Some(reference), Some(a)) = (&p.checkpoint, view.studies.get(&p.trial.study)) {
+        if let Err(why) = usable_checkpoint(&a.study, reference) {
+            refused_checkpoint = Some(why);
+        }
+    }
+    if refused_checkpoint.is_some() {
+        p.checkpoint = None;
+    }
+    // Bounded per attempt: rows and bytes (names, values, checkpoint).
+    let bytes = p.metrics.keys().map(|k| k.len() as u64 + 16).sum::<u64>()
+        + p.checkpoint.as_ref().map_or(0, |c| c.len() as u64);
+    Decision::Progress { progress: p, refused_checkpoint, bytes }
+}
+
+/// A result judged, and what the store keeps of it.
+fn result(view: &View<'_>, agent: &str, result: TrialResult) -> ResultStep {
+    let TrialResult { trial, measurement } = result;
+    let kind = match &measurement.exit {
+        ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
+        ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),
+        // A disturbed measurement is taken again only when the coordinator moves work.
+        _ if view.remeasure && !measurement.interference.is_empty() => {
+            ResultKind::Interfered { success: measurement.exit.success(), reason: measurement.interference.join("; ") }
+        }
+        _ => ResultKind::Complete { success: measurement.exit.success() },
+    };
+    let judgement = view.sched.judge(agent, &trial, kind);
+    let record = record(view, agent, &trial, &measurement, judgement.verdict);
+    ResultStep { trial, measurement, judgement, record }
+}
+
+/// What the store keeps of a result the scheduler judged `verdict`.
+fn record(view: &View<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdict: Verdict) -> Record {
+    match verdict {
+        Verdict::Unknown if of_another_study(view.sched, trial) => Record::OtherStudy,
+        Verdict::Unknown => Record::Unknown {
+            finished: view.sched.is_finished(&trial.study, trial.trial),
+            why: if view.studies.contains_key(&trial.study) {
+                "this coordinator never gave that attempt to this agent"
+            } else {
+                "this coordinator does not run that study"
+            },
+        },
+        Verdict::Remeasured => Record::Remeasured,
+        Verdict::Retried => Record::EndAttempt { superseded: false },
+        // An attempt the trial moved on from (moved, lease expired) that was
+        // cancelled or never started: it ends; it is no result of the trial.
+        Verdict::Superseded if matches!(m.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
+            Record::EndAttempt { superseded: true }
+        }
+        Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
+            let active = view.studies.get(&trial.study);
+            let objective = active.and_then(|a| m.exit.success().then(|| a.study.objective_value(m)).flatten());
+            // A measured objective (energy, times) missing has its own
+            // reasons, which `best` says; a workload's metric is warned of.
+            let expected = active
+                .map(|a| &a.study.objective.metric)
+                .filter(|metric| objective.is_none() && !matches!(metric.as_str(), "energy" | "wall_time" | "cpu_time"))
+                .cloned();
+            let points = match view.influx {
+                true => super::points::trial_points(trial, agent, m, objective),
+                false => Vec::new(),
+            };
+            Record::Result { objective, system: ran_under(active, trial, m), points, expected }
+        }
+    }
+}
+
+/// What a trial ran under in the end: the configuration its probing
+/// selected, else the one it was reconfigured to (a reused
+/// configuration), else its plan's.
+fn ran_under(active: Option<&ActiveStudy>, trial: &TrialRef, m: &Measurement) -> SystemParams {
+    let reconfigured = m
+        .segments
+        .iter()
+        .rev()
+        .find(|s| matches!(s.role, SegmentRole::Reconfigured | SegmentRole::Selected))
+        .map(|s| s.system.clone());
+    let reused = active.and_then(|a| a.reused.get(&trial.trial)).map(|(system, _)| system.clone());
+    m.selected
+        .clone()
+        .or(reconfigured)
+        .or(reused)
+        .or_else(|| {
+            let plan = active?.plans.get(trial.trial as usize)?;
+            Some(search::system_params(&plan.params))
+        })
+        .unwrap_or_default()
+}
