@@ -251,8 +251,20 @@ impl Core {
         for (trial, value, agent) in values {
             active.record_value(trial, value, &agent);
         }
-        // What a coordinator that stopped had seen: early stopping's rungs,
-        // and the checkpoint each trial's latest attempt reported.
+        self.replay_progress(&mut active, &stopped)?;
+        self.studies.insert(active.study.name.clone(), active);
+        Ok(shown)
+    }
+
+    /// What a coordinator that stopped had seen of `active`'s epochs, from
+    /// the store: early stopping's rungs, the checkpoint each trial's latest
+    /// attempt reported, and the last report of each trial ASHA `stopped`
+    /// told to the search.
+    fn replay_progress(
+        &self,
+        active: &mut ActiveStudy,
+        stopped: &HashMap<u64, tunefleet_common::params::Params>,
+    ) -> Result<(), EngineError> {
         let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();
         for p in self.store.study_progress(&active.study.name)? {
             if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
@@ -285,8 +297,7 @@ impl Core {
                 active.search.tell_pruned(trial, params, epoch, value);
             }
         }
-        self.studies.insert(active.study.name.clone(), active);
-        Ok(shown)
+        Ok(())
     }
 
     /// One turn: the control requests `asks` (submitted studies start first,

@@ -18,37 +18,7 @@ use crate::runtime::auth::{Admission, HelloRefusal, WillCheck};
 /// then a session and its Welcome.
 pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now: u64) -> Result<(), EngineError> {
     let began = std::time::Instant::now();
-    let refused = |cx: &mut Ctx<'_, '_>, e: HelloRefusal, hello: Option<&auth::Hello>| {
-        if matches!(e, HelloRefusal::RateLimited(_)) {
-            cx.stats.rate_limited_hellos += 1;
-            if loud(cx.stats.rate_limited_hellos) {
-                tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
-            }
-            return;
-        }
-        cx.stats.refused_hellos += 1;
-        if loud(cx.stats.refused_hellos) {
-            tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
-        }
-        // The agent hears why, signed, where it can act on it; and the agent
-        // that holds the name, when another machine tried to take it.
-        if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
-            cx.welcomes.push((agent.clone(), notice));
-            // Kept for the live page (bounded, at the notices' own rate).
-            if let Err(err) = cx.batch.record_refusal(&agent, &e.to_string(), now) {
-                tracing::warn!(agent = %agent, error = %err, "cannot record a refused Hello");
-            }
-            if let HelloRefusal::KeyChanged { got, .. } = &e {
-                if cx.sessions.is_live(&agent) {
-                    let text = format!(
-                        "another machine tried to join under this agent's name {agent:?} with key {got} and was \
-                         refused: give each agent its own --name"
-                    );
-                    cx.out.push((agent.clone(), tunefleet_common::message::CoordinatorMessage::Notice(text)));
-                }
-            }
-        }
-    };
+    let refused = |cx: &mut Ctx<'_, '_>, e, hello: Option<&auth::Hello>| refuse(cx, &agent, signed, e, hello, now);
     let hello = match cx.sessions.peek_hello(&agent, signed) {
         Ok(h) => h,
         Err(e) => {
@@ -121,6 +91,42 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     // What this Hello cost paces the next ones of its kind.
     cx.sessions.measured(&admission, began.elapsed());
     Ok(())
+}
+
+/// A refused Hello: counted and logged at a bounded rate; the agent hears
+/// why, signed, where it can act on it (and the refusal is kept for the
+/// live page); the agent that holds the name hears when another machine
+/// tried to take it.
+fn refuse(cx: &mut Ctx<'_, '_>, agent: &str, signed: &Signed, e: HelloRefusal, hello: Option<&auth::Hello>, now: u64) {
+    if matches!(e, HelloRefusal::RateLimited(_)) {
+        cx.stats.rate_limited_hellos += 1;
+        if loud(cx.stats.rate_limited_hellos) {
+            tracing::warn!(agent = %agent, dropped = cx.stats.rate_limited_hellos, "{e}");
+        }
+        return;
+    }
+    cx.stats.refused_hellos += 1;
+    if loud(cx.stats.refused_hellos) {
+        tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
+    }
+    // The agent hears why, signed, where it can act on it; and the agent
+    // that holds the name, when another machine tried to take it.
+    if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
+        cx.welcomes.push((agent.to_string(), notice));
+        // Kept for the live page (bounded, at the notices' own rate).
+        if let Err(err) = cx.batch.record_refusal(agent, &e.to_string(), now) {
+            tracing::warn!(agent = %agent, error = %err, "cannot record a refused Hello");
+        }
+        if let HelloRefusal::KeyChanged { got, .. } = &e {
+            if cx.sessions.is_live(agent) {
+                let text = format!(
+                    "another machine tried to join under this agent's name {agent:?} with key {got} and was \
+                     refused: give each agent its own --name"
+                );
+                cx.out.push((agent.to_string(), tunefleet_common::message::CoordinatorMessage::Notice(text)));
+            }
+        }
+    }
 }
 
 /// An agent's Last Will: offline only if it is the will its session (or,

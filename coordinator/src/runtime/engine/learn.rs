@@ -211,8 +211,20 @@ pub(super) fn learn(
         at_ms: now,
     };
     cx.batch.record_profile(&record)?;
-    // The new model is fitted and written before the book changes: a store
-    // error leaves the book as the store has it.
+    add_to_book(cx, class, record, now)
+}
+
+/// `record` joins its device class's profiles in the store and the book:
+/// the class's model is refitted first when it is stale, and written
+/// before the book changes (a store error leaves the book as the store
+/// has it).
+fn add_to_book(
+    cx: &mut Ctx<'_, '_>,
+    class: String,
+    record: crate::domain::reuse::Record,
+    now: u64,
+) -> Result<(), EngineError> {
+    use crate::domain::reuse::Record;
     let c = cx.book.classes.entry(class.clone()).or_default();
     let same = |r: &Record| r.study == record.study && r.trial == record.trial;
     let replaced = c.records.iter().any(same);
