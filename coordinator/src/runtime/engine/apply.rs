@@ -11,7 +11,7 @@ use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, Re
 use tunefleet_common::topic::AgentTopic;
 
 use super::ctx::{co_messages, early_stop, repeat_until_stable, Ctx};
-use super::dispatch::{decide, Decision, Record, ResultStep};
+use super::dispatch::{decide, Decision, Keep, ResultStep};
 use super::gate::{gate, Gated};
 use super::hello::{on_hello, on_will};
 use super::learn::{learn, on_profile};
@@ -225,13 +225,13 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
 /// result decides, the scheduler settled, the search told, a profile
 /// learnt; and the answer to the agent.
 fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
-    let ResultStep { trial, measurement, judgement, record } = step;
+    let ResultStep { trial, measurement, judgement, keep } = step;
     let verdict = judgement.verdict;
-    let objective = match &record {
-        Record::Result { objective, .. } => *objective,
+    let objective = match &keep {
+        Keep::Result { objective, .. } => *objective,
         _ => None,
     };
-    let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, record, now)?;
+    let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, keep, now)?;
     // The nodes measuring with the attempt: its window, now that it ended
     // with a result; forgotten when it ended without one.
     let co = if stored {
@@ -258,7 +258,7 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
     Ok(())
 }
 
-/// Writes what `record` says the store keeps of `measurement`: the answer
+/// Writes what `keep` says the store keeps of `measurement`: the answer
 /// for the agent and whether a result row was stored.
 fn write_result(
     cx: &mut Ctx<'_, '_>,
@@ -266,11 +266,11 @@ fn write_result(
     trial: &TrialRef,
     measurement: &Measurement,
     verdict: Verdict,
-    record: Record,
+    keep: Keep,
     now: u64,
 ) -> Result<(AckOutcome, bool), EngineError> {
-    match record {
-        Record::OtherStudy => {
+    match keep {
+        Keep::OtherStudy => {
             other_study(cx, agent, "result", trial);
             let why = format!(
                 "a result of another study of that name (another store): the study {} this coordinator runs has another id",
@@ -280,7 +280,7 @@ fn write_result(
         }
         // A duplicate only when the store shows the attempt was given to
         // this agent (this process or an earlier one on the same store).
-        Record::Unknown { finished, why } => {
+        Keep::Unknown { finished, why } => {
             if finished && cx.batch.attempt_given(trial, agent)? {
                 cx.stats.duplicate_results += 1;
                 tracing::info!(agent = %agent, trial = %trial, "result for a trial already finished: acknowledged as a duplicate");
@@ -290,11 +290,11 @@ fn write_result(
             tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
             Ok((AckOutcome::Refused(why.to_string()), false))
         }
-        Record::Remeasured => {
+        Keep::Remeasured => {
             tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");
             Ok((AckOutcome::Stored, false))
         }
-        Record::EndAttempt { superseded } => {
+        Keep::EndAttempt { superseded } => {
             cx.batch.end_attempt(trial, agent, &crate::store::exit_text(&measurement.exit), now)?;
             match superseded {
                 true => cx.stats.superseded_results += 1,
@@ -304,7 +304,7 @@ fn write_result(
             }
             Ok((AckOutcome::Stored, false))
         }
-        Record::Result { objective, system, points, expected } => {
+        Keep::Result { objective, system, points, expected } => {
             let stored = cx.batch.record_result(trial, agent, measurement, objective, now)? == RecordOutcome::Stored;
             if stored {
                 if measurement.exit == ExitOutcome::Cancelled {

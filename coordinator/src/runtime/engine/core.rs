@@ -60,7 +60,7 @@ pub struct Started {
 
 /// One study's progress, for the display ([`Core::standings`]).
 #[derive(Debug, Clone, Copy)]
-pub struct Standing<'a> {
+pub struct Headway<'a> {
     pub study: &'a str,
     pub counts: StudyCounts,
     /// `(metric, value, trial)` of the best so far.
@@ -422,9 +422,9 @@ impl Core {
     }
 
     /// Each running study's progress, for the display.
-    pub fn standings(&self) -> impl Iterator<Item = Standing<'_>> {
+    pub fn standings(&self) -> impl Iterator<Item = Headway<'_>> {
         self.studies.iter().filter_map(|(name, active)| {
-            Some(Standing {
+            Some(Headway {
                 study: name,
                 counts: self.sched.counts(name)?,
                 best: active.best().map(|b| (active.study.objective.metric.as_str(), b.value, b.trial)),

@@ -44,8 +44,8 @@ pub(super) struct Ctx<'a, 'b> {
 
 impl Ctx<'_, '_> {
     /// What the dispatch reads ([`super::dispatch::decide`]): the state, shared.
-    pub(super) fn view(&self) -> super::dispatch::View<'_> {
-        super::dispatch::View {
+    pub(super) fn view(&self) -> super::dispatch::EngineView<'_> {
+        super::dispatch::EngineView {
             sched: self.sched,
             studies: self.studies,
             co: self.co,

@@ -5,7 +5,7 @@
 //! then the in-memory changes it names, then what it sends.
 //!
 //! A result is judged here ([`Scheduler::judge`], which reads) and what it
-//! makes the store keep is chosen here ([`Record`]): the objective, the
+//! makes the store keep is chosen here ([`Keep`]): the objective, the
 //! system it ran under, its InfluxDB points. Only two questions need the
 //! store and are left to the apply stage: whether an unknown result's
 //! attempt was given to its agent (a duplicate, or refused), and whether a
@@ -26,7 +26,7 @@ use crate::domain::search;
 use crate::domain::study::Study;
 
 /// What the dispatch reads: the engine's state, shared.
-pub(super) struct View<'a> {
+pub(super) struct EngineView<'a> {
     pub(super) sched: &'a Scheduler,
     pub(super) studies: &'a HashMap<String, ActiveStudy>,
     pub(super) co: &'a CoMeasures,
@@ -72,12 +72,12 @@ pub(super) struct ResultStep {
     pub(super) trial: TrialRef,
     pub(super) measurement: Measurement,
     pub(super) judgement: Judgement,
-    pub(super) record: Record,
+    pub(super) keep: Keep,
 }
 
 /// What a judged result makes the store keep.
 #[derive(Debug, PartialEq)]
-pub(super) enum Record {
+pub(super) enum Keep {
     /// A result of another study of that name: refused.
     OtherStudy,
     /// The scheduler cannot place it: a duplicate when its trial is
@@ -96,7 +96,7 @@ pub(super) enum Record {
 }
 
 /// The decision on `msg` from `agent`.
-pub(super) fn decide(view: &View<'_>, agent: &str, msg: AgentMessage) -> Decision {
+pub(super) fn decide(view: &EngineView<'_>, agent: &str, msg: AgentMessage) -> Decision {
     match msg {
         AgentMessage::Status(status) => Decision::Status(status),
         AgentMessage::Request(request) => {
@@ -153,7 +153,7 @@ pub(super) fn usable_checkpoint(study: &Study, reference: &str) -> Result<(), cr
 
 /// An epoch report: only a live attempt's counts; a checkpoint it may not
 /// be resumed from is dropped.
-fn progress(view: &View<'_>, agent: &str, mut p: Progress) -> Decision {
+fn progress(view: &EngineView<'_>, agent: &str, mut p: Progress) -> Decision {
     if !view.sched.is_live(agent, &p.trial) {
         return Decision::Nothing;
     }
@@ -173,7 +173,7 @@ fn progress(view: &View<'_>, agent: &str, mut p: Progress) -> Decision {
 }
 
 /// A result judged, and what the store keeps of it.
-fn result(view: &View<'_>, agent: &str, result: TrialResult) -> ResultStep {
+fn result(view: &EngineView<'_>, agent: &str, result: TrialResult) -> ResultStep {
     let TrialResult { trial, measurement } = result;
     let kind = match &measurement.exit {
         ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
@@ -185,15 +185,15 @@ fn result(view: &View<'_>, agent: &str, result: TrialResult) -> ResultStep {
         _ => ResultKind::Complete { success: measurement.exit.success() },
     };
     let judgement = view.sched.judge(agent, &trial, kind);
-    let record = record(view, agent, &trial, &measurement, judgement.verdict);
-    ResultStep { trial, measurement, judgement, record }
+    let keep = keep(view, agent, &trial, &measurement, judgement.verdict);
+    ResultStep { trial, measurement, judgement, keep }
 }
 
 /// What the store keeps of a result the scheduler judged `verdict`.
-fn record(view: &View<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdict: Verdict) -> Record {
+fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdict: Verdict) -> Keep {
     match verdict {
-        Verdict::Unknown if of_another_study(view.sched, trial) => Record::OtherStudy,
-        Verdict::Unknown => Record::Unknown {
+        Verdict::Unknown if of_another_study(view.sched, trial) => Keep::OtherStudy,
+        Verdict::Unknown => Keep::Unknown {
             finished: view.sched.is_finished(&trial.study, trial.trial),
             why: if view.studies.contains_key(&trial.study) {
                 "this coordinator never gave that attempt to this agent"
@@ -201,12 +201,12 @@ fn record(view: &View<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdi
                 "this coordinator does not run that study"
             },
         },
-        Verdict::Remeasured => Record::Remeasured,
-        Verdict::Retried => Record::EndAttempt { superseded: false },
+        Verdict::Remeasured => Keep::Remeasured,
+        Verdict::Retried => Keep::EndAttempt { superseded: false },
         // An attempt the trial moved on from (moved, lease expired) that was
         // cancelled or never started: it ends; it is no result of the trial.
         Verdict::Superseded if matches!(m.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
-            Record::EndAttempt { superseded: true }
+            Keep::EndAttempt { superseded: true }
         }
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
             let active = view.studies.get(&trial.study);
@@ -221,7 +221,7 @@ fn record(view: &View<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdi
                 true => super::points::trial_points(trial, agent, m, objective),
                 false => Vec::new(),
             };
-            Record::Result { objective, system: ran_under(active, trial, m), points, expected }
+            Keep::Result { objective, system: ran_under(active, trial, m), points, expected }
         }
     }
 }

@@ -46,6 +46,6 @@ mod tests;
 pub mod types;
 
 pub use self::active::{Best, Summary};
-pub use self::core::{Core, Outgoing, Standing, Started, LEASE_GRACE};
+pub use self::core::{Core, Headway, Outgoing, Started, LEASE_GRACE};
 pub use self::types::{unix_ms, EngineError, EngineStats, Now};
 pub use self::types::{Answer, Ask, Inbound};

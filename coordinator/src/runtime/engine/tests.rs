@@ -1239,11 +1239,11 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
 /// stores the result and settles the trial.
 #[test]
 fn the_dispatch_decides_without_changing_anything() {
-    use super::dispatch::{decide, Decision, Record, View};
+    use super::dispatch::{decide, Decision, EngineView, Keep};
     let (mut fx, a) = resumable_trial_running();
     let result = AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: ok_measurement(7.0) });
-    fn view(core: &Core) -> View<'_> {
-        View { sched: &core.sched, studies: &core.studies, co: &core.co, remeasure: true, influx: true }
+    fn view(core: &Core) -> EngineView<'_> {
+        EngineView { sched: &core.sched, studies: &core.studies, co: &core.co, remeasure: true, influx: true }
     }
     let decided = |core: &Core, msg: AgentMessage| format!("{:?}", decide(&view(core), "a", msg));
     let first = decided(&fx.core, result.clone());
@@ -1252,9 +1252,9 @@ fn the_dispatch_decides_without_changing_anything() {
         Decision::Result(step) => {
             assert_eq!(step.judgement.verdict, crate::domain::sched::Verdict::Accepted);
             assert!(
-                matches!(&step.record, Record::Result { objective: Some(v), points, .. } if *v == 7.0 && !points.is_empty()),
+                matches!(&step.keep, Keep::Result { objective: Some(v), points, .. } if *v == 7.0 && !points.is_empty()),
                 "{:?}",
-                step.record
+                step.keep
             );
         }
         other => panic!("a result decided as {other:?}"),
@@ -1293,8 +1293,8 @@ fn the_dispatch_decides_without_changing_anything() {
     let stray = AgentMessage::Result(TrialResult { trial: never, measurement: ok_measurement(7.0) });
     match decide(&view(&fx.core), "a", stray) {
         Decision::Result(step) => assert_eq!(
-            step.record,
-            Record::Unknown { finished: true, why: "this coordinator never gave that attempt to this agent" }
+            step.keep,
+            Keep::Unknown { finished: true, why: "this coordinator never gave that attempt to this agent" }
         ),
         other => panic!("{other:?}"),
     }
