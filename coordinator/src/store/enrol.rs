@@ -352,16 +352,16 @@ impl Store {
             .ctx(context)?;
         let rows = stmt
             .query_map([], |r| {
-                let public: Vec<u8> = r.get(0)?;
+                let public: Vec<u8> = r.get("public")?;
                 Ok(TokenRow {
                     id: auth::hex(public.get(..8).unwrap_or_default()),
-                    created_ms: get_u64(r, 1)?,
-                    expires_ms: opt_u64(r.get(2)?),
-                    uses_left: opt_u64(r.get(3)?),
-                    used: get_u64(r, 4)?,
-                    tags: tags_of(&r.get::<_, String>(5)?),
-                    revoked: r.get(6)?,
-                    grant: Grant::of(r.get(7)?, r.get(8)?),
+                    created_ms: get_u64(r, "created_ms")?,
+                    expires_ms: opt_u64(r.get("expires_ms")?),
+                    uses_left: opt_u64(r.get("uses_left")?),
+                    used: get_u64(r, "used")?,
+                    tags: tags_of(&r.get::<_, String>("tags")?),
+                    revoked: r.get("revoked")?,
+                    grant: Grant::of(r.get("slots")?, r.get("lookahead")?),
                 })
             })
             .ctx(context)?

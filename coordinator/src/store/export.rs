@@ -6,7 +6,7 @@ use rusqlite::types::Type;
 use tunefleet_common::measurement::EnergyFigure;
 use tunefleet_common::params::Params;
 
-use super::{get_opt_u64, get_u64, params_col, trial_state, Result, SqlContext, Store, TrialState};
+use super::{at, get_opt_u64, trial_cols, trial_state, Result, SqlContext, Store, TrialState};
 
 impl Store {
     /// Every trial of `study` with its accepted result, by trial
@@ -25,28 +25,29 @@ impl Store {
             .ctx(context)?;
         let rows = stmt
             .query_map([study], |row| {
-                let measurement: Option<String> = row.get(13)?;
+                let measurement: Option<String> = row.get("measurement")?;
                 let measurement = match measurement {
-                    Some(text) => Some(
-                        serde_json::from_str::<serde_json::Value>(&text)
-                            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(13, Type::Text, Box::new(e)))?,
-                    ),
+                    Some(text) => Some(serde_json::from_str::<serde_json::Value>(&text).map_err(|e| {
+                        let i = at(row, "measurement").unwrap_or(0);
+                        rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e))
+                    })?),
                     None => None,
                 };
+                let (trial, repeat, params) = trial_cols(row)?;
                 Ok(ExportRow {
-                    trial: get_u64(row, 0)?,
-                    repeat: row.get(1)?,
-                    state: trial_state(row, 2)?,
-                    params: params_col(row, 3)?,
-                    attempts: row.get(4)?,
-                    objective: row.get(5)?,
-                    wall_us: get_opt_u64(row, 6)?,
-                    energy_j: row.get(7)?,
-                    energy_source: row.get(8)?,
-                    energy_valid: row.get(9)?,
-                    agent: row.get(10)?,
-                    attempt: row.get(11)?,
-                    exit: row.get(12)?,
+                    trial,
+                    repeat,
+                    state: trial_state(row, "state")?,
+                    params,
+                    attempts: row.get("attempts")?,
+                    objective: row.get("objective")?,
+                    wall_us: get_opt_u64(row, "wall_us")?,
+                    energy_j: row.get("energy_j")?,
+                    energy_source: row.get("energy_source")?,
+                    energy_valid: row.get("energy_valid")?,
+                    agent: row.get("agent")?,
+                    attempt: row.get("attempt")?,
+                    exit: row.get("exit")?,
                     measurement,
                     rank: None,
                 })

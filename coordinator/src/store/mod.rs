@@ -24,7 +24,7 @@
 use std::fmt;
 
 use rusqlite::types::Type;
-use rusqlite::{Connection, Row, Transaction};
+use rusqlite::{Connection, Row, RowIndex, Transaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tunefleet_common::measurement::ExitOutcome;
@@ -216,34 +216,66 @@ fn to_i64(what: &'static str, value: u64) -> Result<i64> {
     i64::try_from(value).map_err(|_| StoreError::OutOfRange { what, value })
 }
 
-fn get_u64(row: &Row<'_>, idx: usize) -> rusqlite::Result<u64> {
-    let v: i64 = row.get(idx)?;
-    u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Integer, Box::new(e)))
+// Each `*Row` type is mapped in one function, which reads its columns by
+// the names its SELECT gives them (an expression carries an `AS name`),
+// never by position: a mapper and its SELECT cannot drift apart. Columns
+// several row types share are mapped in one place per table
+// ([`trial_cols`] for `trials`, [`energy_cols`] for `results`). Only a
+// lookup of two or three columns into a tuple reads by position.
+
+/// Where column `idx` (a name or a position) is in `row`.
+fn at<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<usize> {
+    idx.idx(row.as_ref())
 }
 
-fn get_opt_u64(row: &Row<'_>, idx: usize) -> rusqlite::Result<Option<u64>> {
-    let v: Option<i64> = row.get(idx)?;
-    v.map(|v| u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Integer, Box::new(e))))
+fn get_u64<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<u64> {
+    let i = at(row, idx)?;
+    let v: i64 = row.get(i)?;
+    u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Integer, Box::new(e)))
+}
+
+fn get_opt_u64<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<Option<u64>> {
+    let i = at(row, idx)?;
+    let v: Option<i64> = row.get(i)?;
+    v.map(|v| u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Integer, Box::new(e))))
         .transpose()
 }
 
-fn json_col<T: DeserializeOwned>(row: &Row<'_>, idx: usize) -> rusqlite::Result<T> {
-    let text: String = row.get(idx)?;
-    serde_json::from_str(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+fn json_col<T: DeserializeOwned, I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<T> {
+    let i = at(row, idx)?;
+    let text: String = row.get(i)?;
+    serde_json::from_str(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
 }
 
-fn params_col(row: &Row<'_>, idx: usize) -> rusqlite::Result<Params> {
-    let text: String = row.get(idx)?;
-    params_from_json(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, Box::new(e)))
+fn params_col<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<Params> {
+    let i = at(row, idx)?;
+    let text: String = row.get(i)?;
+    params_from_json(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
 }
 
-fn bad_text(idx: usize, what: &str, value: &str) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(idx, Type::Text, format!("unknown {what} {value:?}").into())
+fn bad_text<I: RowIndex>(row: &Row<'_>, idx: I, what: &str, value: &str) -> rusqlite::Error {
+    let i = at(row, idx).unwrap_or(0);
+    rusqlite::Error::FromSqlConversionFailure(i, Type::Text, format!("unknown {what} {value:?}").into())
 }
 
-fn trial_state(row: &Row<'_>, idx: usize) -> rusqlite::Result<TrialState> {
+fn trial_state<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<TrialState> {
     let text: String = row.get(idx)?;
-    TrialState::parse(&text).ok_or_else(|| bad_text(idx, "trial state", &text))
+    TrialState::parse(&text).ok_or_else(|| bad_text(row, idx, "trial state", &text))
+}
+
+/// A trial's identity as the `trials` table keeps it: the columns
+/// `trial`, `repeat` and `params` of a row joined with it.
+fn trial_cols(row: &Row<'_>) -> rusqlite::Result<(u64, u32, Params)> {
+    Ok((get_u64(row, "trial")?, row.get("repeat")?, params_col(row, "params")?))
+}
+
+/// A result's energy as the `results` table keeps it: the columns
+/// `energy_j` and `energy_valid` (NULL read as not valid).
+fn energy_cols(row: &Row<'_>) -> rusqlite::Result<tunefleet_common::measurement::EnergyFigure> {
+    Ok(tunefleet_common::measurement::EnergyFigure {
+        joules: row.get("energy_j")?,
+        valid: row.get::<_, Option<bool>>("energy_valid")?.unwrap_or(false),
+    })
 }
 
 #[cfg(test)]

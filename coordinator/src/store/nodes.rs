@@ -126,18 +126,18 @@ impl Store {
         let rows = stmt
             .query_map([study], |row| {
                 Ok(NodeRow {
-                    trial: get_u64(row, 0)?,
-                    attempt: row.get(1)?,
-                    agent: row.get(2)?,
-                    source: row.get(3)?,
-                    joules: row.get(4)?,
-                    valid: row.get(5)?,
-                    note: row.get(6)?,
-                    cpu_us: get_opt_u64(row, 7)?,
-                    cpus: row.get(8)?,
-                    from_unix_ms: get_opt_u64(row, 9)?,
-                    to_unix_ms: get_opt_u64(row, 10)?,
-                    covered_ms: get_opt_u64(row, 11)?,
+                    trial: get_u64(row, "trial")?,
+                    attempt: row.get("attempt")?,
+                    agent: row.get("agent")?,
+                    source: row.get("source")?,
+                    joules: row.get("joules")?,
+                    valid: row.get("valid")?,
+                    note: row.get("note")?,
+                    cpu_us: get_opt_u64(row, "cpu_us")?,
+                    cpus: row.get("cpus")?,
+                    from_unix_ms: get_opt_u64(row, "from_ms")?,
+                    to_unix_ms: get_opt_u64(row, "to_ms")?,
+                    covered_ms: get_opt_u64(row, "covered_ms")?,
                 })
             })
             .ctx(context)?;

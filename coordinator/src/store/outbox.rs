@@ -47,7 +47,8 @@ impl Store {
             .prepare_cached("SELECT id, line FROM influx_outbox WHERE parked IS NULL ORDER BY id LIMIT ?1")
             .ctx(context)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let rows = stmt.query_map([limit], |row| Ok(OutboxRow { id: row.get(0)?, line: row.get(1)? })).ctx(context)?;
+        let rows =
+            stmt.query_map([limit], |row| Ok(OutboxRow { id: row.get("id")?, line: row.get("line")? })).ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 

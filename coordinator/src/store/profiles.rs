@@ -168,7 +168,7 @@ impl Store {
             let records = {
                 let mut stmt =
                     batch.tx.prepare_cached("SELECT record FROM profiles WHERE class = ?1 ORDER BY id").ctx(context)?;
-                let rows = stmt.query_map([class], |r| json_col::<Record>(r, 0)).ctx(context)?;
+                let rows = stmt.query_map([class], |r| json_col::<Record, _>(r, 0)).ctx(context)?;
                 rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?
             };
             match refit(&records) {
@@ -186,7 +186,7 @@ impl Store {
     pub fn profile_records(&self) -> Result<Vec<Record>> {
         let context = || "reading profiles".to_string();
         let mut stmt = self.conn.prepare_cached("SELECT record FROM profiles ORDER BY class, id").ctx(context)?;
-        let rows = stmt.query_map([], |r| json_col::<Record>(r, 0)).ctx(context)?;
+        let rows = stmt.query_map([], |r| json_col::<Record, _>(r, 0)).ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 
@@ -196,7 +196,7 @@ impl Store {
         let mut stmt =
             self.conn.prepare_cached("SELECT class, model, records FROM cluster_models ORDER BY class").ctx(context)?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<Model>(r, 1)?, super::get_u64(r, 2)?)))
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<Model, _>(r, 1)?, super::get_u64(r, 2)?)))
             .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
@@ -214,18 +214,18 @@ impl Store {
         let rows = stmt
             .query_map([study], |r| {
                 Ok(DecisionRow {
-                    study: r.get(0)?,
-                    trial: super::get_u64(r, 1)?,
-                    attempt: r.get(2)?,
-                    class: r.get(3)?,
-                    decision: r.get(4)?,
-                    cluster: super::get_opt_u64(r, 5)?,
-                    distance: r.get(6)?,
-                    threshold: r.get(7)?,
-                    system: r.get(8)?,
-                    expected: r.get(9)?,
-                    reason: r.get(10)?,
-                    at_ms: super::get_u64(r, 11)?,
+                    study: r.get("study")?,
+                    trial: super::get_u64(r, "trial")?,
+                    attempt: r.get("attempt")?,
+                    class: r.get("class")?,
+                    decision: r.get("decision")?,
+                    cluster: super::get_opt_u64(r, "cluster")?,
+                    distance: r.get("distance")?,
+                    threshold: r.get("threshold")?,
+                    system: r.get("system")?,
+                    expected: r.get("expected")?,
+                    reason: r.get("reason")?,
+                    at_ms: super::get_u64(r, "at_ms")?,
                 })
             })
             .ctx(context)?;

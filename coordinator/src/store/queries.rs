@@ -9,8 +9,8 @@ use tunefleet_common::message::{AgentInfo, TrialRef};
 use tunefleet_common::params::Params;
 
 use super::{
-    bad_text, get_opt_u64, get_u64, json_col, params_col, to_i64, trial_state, Result, SqlContext, Store, StoreError,
-    StudyState, TrialState,
+    bad_text, energy_cols, get_opt_u64, get_u64, json_col, to_i64, trial_cols, trial_state, Result, SqlContext, Store,
+    StoreError, StudyState, TrialState,
 };
 use crate::domain::search::TrialPlan;
 use crate::domain::study::Direction;
@@ -266,13 +266,13 @@ impl Store {
         let rows = stmt
             .query_map(params![study, to_i64("trial", trial)?], |row| {
                 Ok(AttemptRow {
-                    trial: get_u64(row, 0)?,
-                    attempt: row.get(1)?,
-                    agent: row.get(2)?,
-                    assigned_ms: get_u64(row, 3)?,
-                    ended_ms: get_opt_u64(row, 4)?,
-                    outcome: row.get(5)?,
-                    superseded: row.get(6)?,
+                    trial: get_u64(row, "trial")?,
+                    attempt: row.get("attempt")?,
+                    agent: row.get("agent")?,
+                    assigned_ms: get_u64(row, "assigned_ms")?,
+                    ended_ms: get_opt_u64(row, "ended_ms")?,
+                    outcome: row.get("outcome")?,
+                    superseded: row.get("superseded")?,
                 })
             })
             .ctx(context)?;
@@ -300,7 +300,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
-                        r.energy_source, COALESCE(r.energy_valid, 0), r.system
+                        r.energy_source, r.energy_valid, r.system
                  FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
                  WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
                  ORDER BY r.trial ASC",
@@ -308,19 +308,21 @@ impl Store {
             .ctx(context)?;
         let rows = stmt
             .query_map(params![study], |row| {
+                let (trial, repeat, params) = trial_cols(row)?;
+                let energy = energy_cols(row)?;
                 Ok(BestRow {
-                    trial: get_u64(row, 0)?,
-                    repeat: row.get(1)?,
-                    params: params_col(row, 2)?,
-                    objective: row.get(3)?,
-                    attempt: row.get(4)?,
-                    agent: row.get(5)?,
-                    wall_us: get_u64(row, 6)?,
-                    energy_j: row.get(7)?,
-                    energy_source: row.get(8)?,
-                    energy_valid: row.get(9)?,
+                    trial,
+                    repeat,
+                    params,
+                    objective: row.get("objective")?,
+                    attempt: row.get("attempt")?,
+                    agent: row.get("agent")?,
+                    wall_us: get_u64(row, "wall_us")?,
+                    energy_j: energy.joules,
+                    energy_source: row.get("energy_source")?,
+                    energy_valid: energy.valid,
                     system: row
-                        .get::<_, Option<String>>(10)?
+                        .get::<_, Option<String>>("system")?
                         .and_then(|text| serde_json::from_str::<SystemParams>(&text).ok()),
                     runs: 1,
                     mean: 0.0,
@@ -352,15 +354,12 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT objective IS NULL, energy_j, COALESCE(energy_valid, 0) FROM results
+                "SELECT objective IS NULL AS no_value, energy_j, energy_valid FROM results
                  WHERE study = ?1 AND success = 1",
             )
             .ctx(context)?;
-        let rows = stmt
-            .query_map(params![study], |r| {
-                Ok((r.get::<_, bool>(0)?, EnergyFigure { joules: r.get(1)?, valid: r.get(2)? }))
-            })
-            .ctx(context)?;
+        let rows =
+            stmt.query_map(params![study], |r| Ok((r.get::<_, bool>("no_value")?, energy_cols(r)?))).ctx(context)?;
         let mut unranked = Unranked::default();
         for r in rows {
             let (no_value, energy) = r.ctx(context)?;
@@ -466,11 +465,11 @@ impl Store {
         let rows = stmt
             .query_map([study], |row| {
                 Ok(ProgressRow {
-                    trial: get_u64(row, 0)?,
-                    attempt: row.get(1)?,
-                    epoch: row.get(2)?,
-                    metrics: json_col(row, 3)?,
-                    checkpoint: row.get(4)?,
+                    trial: get_u64(row, "trial")?,
+                    attempt: row.get("attempt")?,
+                    epoch: row.get("epoch")?,
+                    metrics: json_col(row, "metrics")?,
+                    checkpoint: row.get("checkpoint")?,
                 })
             })
             .ctx(context)?;
@@ -486,25 +485,27 @@ impl Store {
                 "SELECT a.name, a.info, a.first_seen_ms, a.last_seen_ms, a.online, a.telemetry,
                         (SELECT group_concat(t.study || '/' || t.trial || '#' || t.attempts, ' ') FROM trials t
                          JOIN attempts x ON x.study = t.study AND x.trial = t.trial AND x.attempt = t.attempts
-                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL),
-                        COALESCE((SELECT e.lost_held FROM agent_enrolment e WHERE e.name = a.name), 0)
+                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL) AS running,
+                        COALESCE((SELECT e.lost_held FROM agent_enrolment e WHERE e.name = a.name), 0) AS lost_held
                  FROM agents a ORDER BY a.name",
             )
             .ctx(context)?;
         let rows = stmt
             .query_map([], |row| {
                 Ok(AgentRow {
-                    name: row.get(0)?,
-                    info: json_col(row, 1)?,
-                    first_seen_ms: get_u64(row, 2)?,
-                    last_seen_ms: get_u64(row, 3)?,
-                    online: row.get(4)?,
-                    telemetry: row.get::<_, Option<String>>(5)?.and_then(|text| serde_json::from_str(&text).ok()),
+                    name: row.get("name")?,
+                    info: json_col(row, "info")?,
+                    first_seen_ms: get_u64(row, "first_seen_ms")?,
+                    last_seen_ms: get_u64(row, "last_seen_ms")?,
+                    online: row.get("online")?,
+                    telemetry: row
+                        .get::<_, Option<String>>("telemetry")?
+                        .and_then(|text| serde_json::from_str(&text).ok()),
                     running: row
-                        .get::<_, Option<String>>(6)?
+                        .get::<_, Option<String>>("running")?
                         .map(|text| text.split(' ').map(str::to_string).collect())
                         .unwrap_or_default(),
-                    lost_held: get_u64(row, 7)?,
+                    lost_held: get_u64(row, "lost_held")?,
                 })
             })
             .ctx(context)?;
@@ -513,29 +514,29 @@ impl Store {
 }
 
 const STUDY_SELECT: &str = "SELECT s.name, s.config, s.metric, s.direction, s.created_ms, s.finished_ms, s.state,
-        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name),
-        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'pending'),
-        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'running'),
-        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'done'),
-        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'failed')
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name) AS total,
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'pending') AS pending,
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'running') AS running,
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'done') AS done,
+        (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'failed') AS failed
     FROM studies s";
 
 fn study_row(row: &Row<'_>) -> rusqlite::Result<StudyRow> {
-    let direction: String = row.get(3)?;
-    let state: String = row.get(6)?;
+    let direction: String = row.get("direction")?;
+    let state: String = row.get("state")?;
     Ok(StudyRow {
-        name: row.get(0)?,
-        config: row.get(1)?,
-        metric: row.get(2)?,
-        direction: Direction::parse(&direction).ok_or_else(|| bad_text(3, "direction", &direction))?,
-        created_ms: get_u64(row, 4)?,
-        finished_ms: get_opt_u64(row, 5)?,
-        state: StudyState::parse(&state).ok_or_else(|| bad_text(6, "study state", &state))?,
-        total: get_u64(row, 7)?,
-        pending: get_u64(row, 8)?,
-        running: get_u64(row, 9)?,
-        done: get_u64(row, 10)?,
-        failed: get_u64(row, 11)?,
+        name: row.get("name")?,
+        config: row.get("config")?,
+        metric: row.get("metric")?,
+        direction: Direction::parse(&direction).ok_or_else(|| bad_text(row, "direction", "direction", &direction))?,
+        created_ms: get_u64(row, "created_ms")?,
+        finished_ms: get_opt_u64(row, "finished_ms")?,
+        state: StudyState::parse(&state).ok_or_else(|| bad_text(row, "state", "study state", &state))?,
+        total: get_u64(row, "total")?,
+        pending: get_u64(row, "pending")?,
+        running: get_u64(row, "running")?,
+        done: get_u64(row, "done")?,
+        failed: get_u64(row, "failed")?,
     })
 }
 
@@ -549,13 +550,13 @@ pub(super) fn study_by_name(conn: &Connection, name: &str) -> Result<Option<Stud
 }
 
 const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attempts, t.reason,
-        COALESCE(r.agent, a.agent),
-        CASE WHEN r.success = 1 THEN r.objective END,
+        COALESCE(r.agent, a.agent) AS agent,
+        CASE WHEN r.success = 1 THEN r.objective END AS objective,
         (SELECT COUNT(*) FROM attempts f
          WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
            AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'
-           AND COALESCE(f.outcome, '') NOT LIKE 'not started: %'),
-        r.energy_j, COALESCE(r.energy_valid, 0),
+           AND COALESCE(f.outcome, '') NOT LIKE 'not started: %') AS failures,
+        r.energy_j, r.energy_valid,
         r.wall_us
     FROM trials t
     LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
@@ -563,18 +564,19 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
     WHERE t.study = ?1";
 
 fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
+    let (trial, repeat, params) = trial_cols(row)?;
     Ok(TrialRow {
-        trial: get_u64(row, 0)?,
-        repeat: row.get(1)?,
-        params: params_col(row, 2)?,
-        state: trial_state(row, 3)?,
-        attempts: row.get(4)?,
-        reason: row.get(5)?,
-        agent: row.get(6)?,
-        objective: row.get(7)?,
-        failures: row.get(8)?,
-        energy_j: EnergyFigure { joules: row.get(9)?, valid: row.get(10)? }.counted(),
-        wall_us: row.get::<_, Option<i64>>(11)?.and_then(|v| u64::try_from(v).ok()),
+        trial,
+        repeat,
+        params,
+        state: trial_state(row, "state")?,
+        attempts: row.get("attempts")?,
+        reason: row.get("reason")?,
+        agent: row.get("agent")?,
+        objective: row.get("objective")?,
+        failures: row.get("failures")?,
+        energy_j: energy_cols(row)?.counted(),
+        wall_us: row.get::<_, Option<i64>>("wall_us")?.and_then(|v| u64::try_from(v).ok()),
     })
 }
 
@@ -584,21 +586,22 @@ const RESULT_SELECT: &str = "SELECT r.trial, t.repeat, t.params, r.attempt, r.ag
     WHERE r.study = ?1";
 
 fn result_row(row: &Row<'_>) -> rusqlite::Result<ResultRow> {
+    let (trial, repeat, params) = trial_cols(row)?;
     Ok(ResultRow {
-        trial: get_u64(row, 0)?,
-        repeat: row.get(1)?,
-        params: params_col(row, 2)?,
-        attempt: row.get(3)?,
-        agent: row.get(4)?,
-        success: row.get(5)?,
-        objective: row.get(6)?,
-        wall_us: get_u64(row, 7)?,
-        user_us: get_u64(row, 8)?,
-        sys_us: get_u64(row, 9)?,
-        exit: row.get(10)?,
-        energy_j: row.get(11)?,
-        energy_source: row.get(12)?,
-        received_ms: get_u64(row, 13)?,
-        measurement: json_col(row, 14)?,
+        trial,
+        repeat,
+        params,
+        attempt: row.get("attempt")?,
+        agent: row.get("agent")?,
+        success: row.get("success")?,
+        objective: row.get("objective")?,
+        wall_us: get_u64(row, "wall_us")?,
+        user_us: get_u64(row, "user_us")?,
+        sys_us: get_u64(row, "sys_us")?,
+        exit: row.get("exit")?,
+        energy_j: row.get("energy_j")?,
+        energy_source: row.get("energy_source")?,
+        received_ms: get_u64(row, "received_ms")?,
+        measurement: json_col(row, "measurement")?,
     })
 }

@@ -79,7 +79,12 @@ impl Store {
             .ctx(context)?;
         let rows = stmt
             .query_map([], |r| {
-                Ok(RefusalRow { name: r.get(0)?, reason: r.get(1)?, at_ms: get_u64(r, 2)?, count: get_u64(r, 3)? })
+                Ok(RefusalRow {
+                    name: r.get("name")?,
+                    reason: r.get("reason")?,
+                    at_ms: get_u64(r, "at_ms")?,
+                    count: get_u64(r, "count")?,
+                })
             })
             .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)

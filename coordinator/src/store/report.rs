@@ -77,8 +77,10 @@ impl Store {
                      SELECT trial, agent, received_ms, wall_us, energy_j, system,
                             ROW_NUMBER() OVER (PARTITION BY agent ORDER BY received_ms DESC, trial DESC) AS rank
                      FROM results WHERE study = ?1)
-                 SELECT r.agent, r.trial, s.role, COALESCE(s.system, r.system), r.received_ms, r.wall_us,
-                        s.start_us, s.wall_us, CASE WHEN s.idx IS NULL THEN r.energy_j ELSE s.energy_j END, r.system
+                 SELECT r.agent AS agent, r.trial AS trial, s.role AS role, COALESCE(s.system, r.system) AS system,
+                        r.received_ms AS received_ms, r.wall_us AS trial_wall_us, s.start_us AS start_us,
+                        s.wall_us AS segment_wall_us,
+                        CASE WHEN s.idx IS NULL THEN r.energy_j ELSE s.energy_j END AS energy_j, r.system AS chosen
                  FROM recent r LEFT JOIN segments s ON s.study = ?1 AND s.trial = r.trial
                  WHERE r.rank <= ?2
                  ORDER BY r.agent, r.received_ms, r.trial, s.idx",
@@ -116,28 +118,28 @@ fn parse_role(text: &str) -> Option<SegmentRole> {
 }
 
 fn window_row(row: &Row<'_>) -> rusqlite::Result<WindowRow> {
-    let system = |idx: usize| -> rusqlite::Result<Option<SystemParams>> {
-        Ok(row.get::<_, Option<String>>(idx)?.and_then(|text| serde_json::from_str(&text).ok()))
+    let system = |name: &str| -> rusqlite::Result<Option<SystemParams>> {
+        Ok(row.get::<_, Option<String>>(name)?.and_then(|text| serde_json::from_str(&text).ok()))
     };
-    let role = match row.get::<_, Option<String>>(2)? {
-        Some(text) => Some(parse_role(&text).ok_or_else(|| bad_text(2, "segment role", &text))?),
+    let role = match row.get::<_, Option<String>>("role")? {
+        Some(text) => Some(parse_role(&text).ok_or_else(|| bad_text(row, "role", "segment role", &text))?),
         None => None,
     };
-    let trial_wall_us = get_u64(row, 5)?;
-    let trial_start_us = get_u64(row, 4)?.saturating_mul(1000).saturating_sub(trial_wall_us);
-    let (start_us, wall_us) = match (get_opt_u64(row, 6)?, get_opt_u64(row, 7)?) {
+    let trial_wall_us = get_u64(row, "trial_wall_us")?;
+    let trial_start_us = get_u64(row, "received_ms")?.saturating_mul(1000).saturating_sub(trial_wall_us);
+    let (start_us, wall_us) = match (get_opt_u64(row, "start_us")?, get_opt_u64(row, "segment_wall_us")?) {
         (Some(start), Some(wall)) => (trial_start_us.saturating_add(start), wall),
         _ => (trial_start_us, trial_wall_us),
     };
     Ok(WindowRow {
-        agent: row.get(0)?,
-        trial: get_u64(row, 1)?,
+        agent: row.get("agent")?,
+        trial: get_u64(row, "trial")?,
         role,
-        system: system(3)?,
+        system: system("system")?,
         start_us,
         wall_us,
-        energy_j: row.get(8)?,
-        chosen: system(9)?,
+        energy_j: row.get("energy_j")?,
+        chosen: system("chosen")?,
     })
 }
 
