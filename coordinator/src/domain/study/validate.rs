@@ -201,7 +201,7 @@ impl FileCheck<'_> {
     /// `[strategy]`: its kind, and a seed for those that draw.
     fn strategy(&self, raw: &RawStrategy) -> Result<Strategy, StudyError> {
         let seed = match (raw.kind, &raw.seed) {
-            (StrategyKind::Grid, Some(seed)) => {
+            (RawStrategyKind::Grid, Some(seed)) => {
                 return Err(self.at(seed.span(), "strategy.seed: only the random, tpe and gp strategies take a seed"))
             }
             (_, None) => 0,
@@ -209,10 +209,10 @@ impl FileCheck<'_> {
                 .map_err(|_| self.at(seed.span(), "strategy.seed: must not be negative"))?,
         };
         Ok(match raw.kind {
-            StrategyKind::Grid => Strategy::Grid,
-            StrategyKind::Random => Strategy::Random { seed },
-            StrategyKind::Tpe => Strategy::Tpe { seed },
-            StrategyKind::Gp => Strategy::Gp { seed },
+            RawStrategyKind::Grid => Strategy::Grid,
+            RawStrategyKind::Random => Strategy::Random { seed },
+            RawStrategyKind::Tpe => Strategy::Tpe { seed },
+            RawStrategyKind::Gp => Strategy::Gp { seed },
         })
     }
 
