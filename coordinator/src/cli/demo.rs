@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use tunefleet_common::security::SecurityArgs;
+use tunefleet_common::BrokerUrl;
 
 use super::args::{BrokerArgs, DemoArgs, KeyArg};
 use super::error::{CliError, Result};
@@ -46,24 +47,7 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         std::iter::once(bin_dir.clone()).chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths)),
     )?;
     let root = format!("tunefleet-demo-{}", std::process::id());
-    // The demo's agents join as any agent does: with a join token for this
-    // coordinator, admitting exactly them, for the demo's length.
-    let join = {
-        let identity = KeyArg { path: None }.load(&args.store)?;
-        let mut store = Store::open(&args.store).map_err(|source| CliError::OpenStore {
-            what: "opening",
-            path: args.store.clone(),
-            source: Box::new(source),
-        })?;
-        new_token(
-            &mut store,
-            &identity,
-            Some(3_600_000),
-            Some(u64::from(args.agents)),
-            &BTreeMap::new(),
-            Default::default(),
-        )?
-    };
+    let join = join_token(&args)?;
     let mut agents = Vec::new();
     for i in 1..=args.agents {
         let child = tokio::process::Command::new(&agent_exe)
@@ -82,10 +66,44 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         "demo: embedded broker on {}, {} agents, study {:?} ({} trials)",
         b.addr, args.agents, study.name, study.budget
     );
-    let broker_args = BrokerArgs {
+    let broker_args = broker_args(url.parse()?, b.addr, root);
+    let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
+    stop(&mut agents).await;
+    let summary = result?;
+    print_summary(&summary, &args.store);
+    println!(
+        "look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv",
+        args.store.display()
+    );
+    Ok(())
+}
+
+/// The demo's agents join as any agent does: with a join token for this
+/// coordinator, admitting exactly them, for the demo's length.
+fn join_token(args: &DemoArgs) -> Result<String> {
+    let identity = KeyArg { path: None }.load(&args.store)?;
+    let mut store = Store::open(&args.store).map_err(|source| CliError::OpenStore {
+        what: "opening",
+        path: args.store.clone(),
+        source: Box::new(source),
+    })?;
+    new_token(
+        &mut store,
+        &identity,
+        Some(3_600_000),
+        Some(u64::from(args.agents)),
+        &BTreeMap::new(),
+        Default::default(),
+    )
+}
+
+/// How the demo's coordinator meets its agents: on the embedded broker at
+/// `broker` (listening on `listen`), under topic root `root`.
+fn broker_args(broker: BrokerUrl, listen: SocketAddr, root: String) -> BrokerArgs {
+    BrokerArgs {
         launch: crate::runtime::launch::LaunchArgs { launcher: None, launch_max: 0, launch_grace: Duration::ZERO },
-        broker: Some(url.parse()?),
-        listen: b.addr,
+        broker: Some(broker),
+        listen,
         root,
         keepalive: 5,
         broker_users: None,
@@ -105,23 +123,20 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
         offload_memory: 0.95,
         offload_window: 3,
         offload: false,
-    };
-    let result = run_study(study, &broker_args, &args.influx, &args.store, !args.quiet, shutdown).await;
-    for child in &mut agents {
+    }
+}
+
+/// Stops the demo's agents: SIGTERM to each, then a kill for one still
+/// running after 10 s.
+async fn stop(agents: &mut [tokio::process::Child]) {
+    for child in agents.iter_mut() {
         if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
         }
     }
-    for child in &mut agents {
+    for child in agents.iter_mut() {
         if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
             let _ = child.kill().await;
         }
     }
-    let summary = result?;
-    print_summary(&summary, &args.store);
-    println!(
-        "look closer: tunefleet best demo --store {0} -n 3; tunefleet export demo --store {0} --format csv",
-        args.store.display()
-    );
-    Ok(())
 }

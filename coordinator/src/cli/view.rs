@@ -12,52 +12,14 @@ use crate::domain::study::Secondary;
 use crate::query::best::{figure, unranked_note, RankedTrial, View};
 use crate::query::profiles::{ClassView, Classified};
 use crate::query::status::StudyStatus;
-use crate::store::DecisionRow;
+use crate::store::{DecisionRow, Unranked};
 
 /// The text `best` prints.
 pub fn best(view: &View) -> Result<String, std::fmt::Error> {
     let mut out = String::new();
     match view {
         View::Ranked { trials, unranked, mixed_sources, importance, ranked, .. } => {
-            if let Some(note) = mixed_sources {
-                writeln!(out, "{note}")?;
-            }
-            let disturbed = trials.iter().filter(|t| !t.interference.is_empty()).count();
-            for RankedTrial { row: r, decisions, interference } in trials {
-                let source = r.energy_source.as_deref().unwrap_or("no energy");
-                writeln!(
-                    out,
-                    "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
-                    r.trial,
-                    r.objective,
-                    r.agent,
-                    describe(&r.params, r.system.as_ref())
-                )?;
-                for d in decisions {
-                    writeln!(out, "            {}: {}", d.decision, d.reason)?;
-                }
-                if !interference.is_empty() {
-                    writeln!(out, "            disturbed: {}", interference.join("; "))?;
-                }
-            }
-            if disturbed > 0 {
-                writeln!(
-                    out,
-                    "note: {disturbed} of these trials ran while their agent was busy with other work: their time and \
-                     energy are inflated; run them again on a quiet machine, or run the study with --offload"
-                )?;
-            }
-            if let Some(note) = unranked_note(unranked) {
-                writeln!(out, "note: {note}")?;
-            }
-            if !importance.is_empty() {
-                let shares: Vec<String> = importance.iter().map(|(p, s)| format!("{p} {s:.2}")).collect();
-                writeln!(
-                    out,
-                    "importance (each parameter's share of the objective's variance it explains alone, over {ranked} trials): {}",
-                    shares.join(", ")
-                )?;
-            }
+            ranked_text(&mut out, trials, unranked, mixed_sources.as_deref(), importance, *ranked)?;
         }
         View::Configurations { study, metric, direction, configurations } => {
             writeln!(
@@ -119,6 +81,59 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
         }
     }
     Ok(out)
+}
+
+/// The text of [`View::Ranked`]: the best trials, best first, then notes on
+/// those disturbed or left out and the parameters' importance over
+/// `ranked` trials.
+fn ranked_text(
+    out: &mut String,
+    trials: &[RankedTrial],
+    unranked: &Unranked,
+    mixed_sources: Option<&str>,
+    importance: &[(String, f64)],
+    ranked: usize,
+) -> std::fmt::Result {
+    if let Some(note) = mixed_sources {
+        writeln!(out, "{note}")?;
+    }
+    let disturbed = trials.iter().filter(|t| !t.interference.is_empty()).count();
+    for RankedTrial { row: r, decisions, interference } in trials {
+        let source = r.energy_source.as_deref().unwrap_or("no energy");
+        writeln!(
+            out,
+            "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
+            r.trial,
+            r.objective,
+            r.agent,
+            describe(&r.params, r.system.as_ref())
+        )?;
+        for d in decisions {
+            writeln!(out, "            {}: {}", d.decision, d.reason)?;
+        }
+        if !interference.is_empty() {
+            writeln!(out, "            disturbed: {}", interference.join("; "))?;
+        }
+    }
+    if disturbed > 0 {
+        writeln!(
+            out,
+            "note: {disturbed} of these trials ran while their agent was busy with other work: their time and \
+             energy are inflated; run them again on a quiet machine, or run the study with --offload"
+        )?;
+    }
+    if let Some(note) = unranked_note(unranked) {
+        writeln!(out, "note: {note}")?;
+    }
+    if !importance.is_empty() {
+        let shares: Vec<String> = importance.iter().map(|(p, s)| format!("{p} {s:.2}")).collect();
+        writeln!(
+            out,
+            "importance (each parameter's share of the objective's variance it explains alone, over {ranked} trials): {}",
+            shares.join(", ")
+        )?;
+    }
+    Ok(())
 }
 
 /// A result's parameters, and the system configuration it ran (or, when

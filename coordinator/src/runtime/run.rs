@@ -5,7 +5,8 @@
 //! tests and other programs call [`run`] directly.
 
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use tunefleet_common::auth::{self, Identity, KeyFileError};
@@ -132,63 +133,14 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         // Before the broker and the store: a second service on the same store says so.
         crate::runtime::control::ensure_free(path).await?;
     }
-    let (public, connect, security) = match broker {
-        BrokerChoice::External { url, security } => (url.clone(), url, security),
-        BrokerChoice::Embedded(settings) => {
-            let b = broker::start(&settings)?;
-            let tls = settings.tls.is_some();
-            tracing::info!(addr = %b.addr, tls, "embedded broker listening");
-            let public = BrokerUrl { host: broker::reachable_host(b.addr.ip()), port: b.addr.port(), tls };
-            let internal =
-                BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
-            (public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None })
-        }
-    };
+    let (public, connect, security) = meet_on(broker)?;
     if let Some(tell) = on_broker {
         tell(&public);
     }
     tokio::pin!(shutdown);
-    // A disk too full to commit to: wait for room instead of failing (and,
-    // under systemd, restarting into the same full disk).
-    if !crate::runtime::space::has_room(&store, store_min_free) {
-        let free = crate::runtime::space::free_bytes(&store).unwrap_or(0);
-        tracing::error!(
-            store = %store.display(),
-            free = %crate::runtime::space::readable(free),
-            floor = %crate::runtime::space::readable(store_min_free),
-            "the store's disk is nearly full: waiting for room before starting"
-        );
-        loop {
-            tokio::select! {
-                () = &mut shutdown => return Err(RunError::NoRoom { path: store.clone() }),
-                () = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-            if crate::runtime::space::has_room(&store, store_min_free) {
-                tracing::warn!("the store's disk has room: starting");
-                break;
-            }
-        }
-    }
+    wait_for_room(&store, store_min_free, shutdown.as_mut()).await?;
     let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
-    let (identity, created) = Identity::load_or_create(&key_path)?;
-    if created {
-        tracing::warn!(path = %key_path.display(), key = %auth::short_key(&identity.public()), "created the coordinator's key");
-    }
-    // Grows with every start of this coordinator key (agents take an older
-    // instance's status for a replay), whatever the clock says.
-    let instance = auth::next_instance(Some(&key_path.with_extension("instance")))?;
-    let started =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-    let mut sessions = Sessions::new(identity, instance, started);
-    sessions.max_agents = max_agents;
-    sessions.max_slots = max_slots;
-    sessions.open_enrolment = open_enrolment;
-    if open_enrolment {
-        tracing::warn!(
-            "OPEN ENROLMENT: any broker user can join this fleet with a key of its own (--open-enrolment); use join \
-             tokens (tunefleet token create) outside a lab"
-        );
-    }
+    let sessions = sessions(&key_path, max_agents, max_slots, open_enrolment)?;
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
@@ -225,28 +177,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
             engine.run_studies(&names, inbound, shutdown).await
         }
         Some(path) => {
-            // The studies a service (or a run) left unfinished go on, as the
-            // store reads them back.
-            let unfinished: Vec<crate::domain::study::Study> = {
-                let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
-                let rows = db.studies().map_err(|source| RunError::Store { path: store.clone(), source })?;
-                let mut studies = Vec::new();
-                for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
-                    match db.stored_study(&row.name) {
-                        Ok(Some(study)) => studies.push(study),
-                        // Not readable by this program: the parse error says why.
-                        _ => {
-                            let origin = format!("{} (stored)", row.name);
-                            let why = crate::domain::study::parse(&row.config, &origin)
-                                .err()
-                                .map_or_else(|| "not found in its stored file".to_string(), |e| e.to_string());
-                            return Err(RunError::StoredStudy { name: row.name.clone(), why });
-                        }
-                    }
-                }
-                studies
-            };
-            for study in unfinished {
+            for study in unfinished(&store)? {
                 tracing::info!(study = %study.name, "resuming an unfinished study");
                 engine.start_study(study)?;
             }
@@ -266,4 +197,98 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         _ => None,
     };
     Ok(RunOutcome { summaries: result?, influx })
+}
+
+/// Where the fleet meets: the broker URL agents use, the one the
+/// coordinator connects to, and how it logs in (the embedded broker is
+/// started here, its internal listener for the coordinator alone).
+fn meet_on(broker: BrokerChoice) -> Result<(BrokerUrl, BrokerUrl, ClientSecurity), RunError> {
+    Ok(match broker {
+        BrokerChoice::External { url, security } => (url.clone(), url, security),
+        BrokerChoice::Embedded(settings) => {
+            let b = broker::start(&settings)?;
+            let tls = settings.tls.is_some();
+            tracing::info!(addr = %b.addr, tls, "embedded broker listening");
+            let public = BrokerUrl { host: broker::reachable_host(b.addr.ip()), port: b.addr.port(), tls };
+            let internal =
+                BrokerUrl { host: b.internal.addr.ip().to_string(), port: b.internal.addr.port(), tls: false };
+            (public, internal, ClientSecurity { credentials: b.internal.credentials, tls: None })
+        }
+    })
+}
+
+/// A disk too full to commit to: wait for room instead of failing (and,
+/// under systemd, restarting into the same full disk), or until `shutdown`.
+async fn wait_for_room(
+    store: &Path,
+    min_free: u64,
+    mut shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Result<(), RunError> {
+    if crate::runtime::space::has_room(store, min_free) {
+        return Ok(());
+    }
+    let free = crate::runtime::space::free_bytes(store).unwrap_or(0);
+    tracing::error!(
+        store = %store.display(),
+        free = %crate::runtime::space::readable(free),
+        floor = %crate::runtime::space::readable(min_free),
+        "the store's disk is nearly full: waiting for room before starting"
+    );
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Err(RunError::NoRoom { path: store.to_path_buf() }),
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+        if crate::runtime::space::has_room(store, min_free) {
+            tracing::warn!("the store's disk has room: starting");
+            return Ok(());
+        }
+    }
+}
+
+/// The coordinator's sessions with agents: its key (created when missing,
+/// at `key_path`), this start's instance, and the bounds on the fleet.
+fn sessions(key_path: &Path, max_agents: u64, max_slots: u32, open_enrolment: bool) -> Result<Sessions, RunError> {
+    let (identity, created) = Identity::load_or_create(key_path)?;
+    if created {
+        tracing::warn!(path = %key_path.display(), key = %auth::short_key(&identity.public()), "created the coordinator's key");
+    }
+    // Grows with every start of this coordinator key (agents take an older
+    // instance's status for a replay), whatever the clock says.
+    let instance = auth::next_instance(Some(&key_path.with_extension("instance")))?;
+    let started =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let mut sessions = Sessions::new(identity, instance, started);
+    sessions.max_agents = max_agents;
+    sessions.max_slots = max_slots;
+    sessions.open_enrolment = open_enrolment;
+    if open_enrolment {
+        tracing::warn!(
+            "OPEN ENROLMENT: any broker user can join this fleet with a key of its own (--open-enrolment); use join \
+             tokens (tunefleet token create) outside a lab"
+        );
+    }
+    Ok(sessions)
+}
+
+/// The studies a service (or a run) left unfinished in the store at
+/// `store`, as the store reads them back: they go on.
+fn unfinished(store: &Path) -> Result<Vec<Study>, RunError> {
+    let db = Store::open(store).map_err(|source| RunError::Store { path: store.to_path_buf(), source })?;
+    let rows = db.studies().map_err(|source| RunError::Store { path: store.to_path_buf(), source })?;
+    let mut studies = Vec::new();
+    for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
+        match db.stored_study(&row.name) {
+            Ok(Some(study)) => studies.push(study),
+            // Not readable by this program: the parse error says why.
+            _ => {
+                let origin = format!("{} (stored)", row.name);
+                let why = crate::domain::study::parse(&row.config, &origin)
+                    .err()
+                    .map_or_else(|| "not found in its stored file".to_string(), |e| e.to_string());
+                return Err(RunError::StoredStudy { name: row.name.clone(), why });
+            }
+        }
+    }
+    Ok(studies)
 }

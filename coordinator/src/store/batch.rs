@@ -407,26 +407,53 @@ impl Batch<'_> {
             .query_row(params![trial.study, id, trial.attempt, agent], |r| r.get(0))
             .ctx(context)?;
         if accepted.is_some() || !held {
-            self.tx
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO attempts (study, trial, attempt, agent, assigned_ms, superseded)
-                     VALUES (?1, ?2, ?3, ?4, ?5, 1)",
-                )
-                .ctx(context)?
-                .execute(params![trial.study, id, trial.attempt, agent, at])
-                .ctx(context)?;
-            self.tx
-                .prepare_cached(
-                    "UPDATE attempts SET superseded = 1, ended_ms = COALESCE(ended_ms, ?4),
-                         outcome = COALESCE(outcome || '; ', '') || 'superseded result: ' || ?5
-                     WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?6 AND superseded = 0",
-                )
-                .ctx(context)?
-                .execute(params![trial.study, id, trial.attempt, at, exit, agent])
-                .ctx(context)?;
+            self.supersede(trial, agent, &exit, at)?;
             return Ok(RecordOutcome::Superseded);
         }
+        self.accept(trial, agent, measurement, objective, at)?;
+        Ok(RecordOutcome::Stored)
+    }
 
+    /// Keeps a result [`Batch::record_result`] does not accept on its
+    /// attempt (one it creates when the agent never held it), superseded,
+    /// with the attempt's `exit`.
+    fn supersede(&mut self, trial: &TrialRef, agent: &str, exit: &str, at: i64) -> Result<()> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        let id = to_i64("trial", trial.trial)?;
+        self.tx
+            .prepare_cached(
+                "INSERT OR IGNORE INTO attempts (study, trial, attempt, agent, assigned_ms, superseded)
+                 VALUES (?1, ?2, ?3, ?4, ?5, 1)",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, agent, at])
+            .ctx(context)?;
+        self.tx
+            .prepare_cached(
+                "UPDATE attempts SET superseded = 1, ended_ms = COALESCE(ended_ms, ?4),
+                     outcome = COALESCE(outcome || '; ', '') || 'superseded result: ' || ?5
+                 WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?6 AND superseded = 0",
+            )
+            .ctx(context)?
+            .execute(params![trial.study, id, trial.attempt, at, exit, agent])
+            .ctx(context)?;
+        Ok(())
+    }
+
+    /// Stores the result [`Batch::record_result`] accepts: the trial is
+    /// `done` or `failed` (with why), its attempt ended, any newer attempt
+    /// still open cancelled.
+    fn accept(
+        &mut self,
+        trial: &TrialRef,
+        agent: &str,
+        measurement: &Measurement,
+        objective: Option<f64>,
+        at: i64,
+    ) -> Result<()> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        let id = to_i64("trial", trial.trial)?;
+        let exit = exit_text(&measurement.exit);
         let success = measurement.exit.success();
         let objective = objective.filter(|v| v.is_finite());
         let json =
@@ -486,7 +513,7 @@ impl Batch<'_> {
             .ctx(context)?
             .execute(params![trial.study, id, trial.attempt, at])
             .ctx(context)?;
-        Ok(RecordOutcome::Stored)
+        Ok(())
     }
 
     /// Closes an attempt that ended without a result (the workload could not

@@ -1,7 +1,7 @@
 use super::*;
 use crate::domain::pareto::{front, hypervolume};
+use crate::domain::search::Proposer;
 use crate::domain::search::Random;
-use crate::domain::search::SearchStrategy;
 use tunefleet_common::params::ParamValue;
 
 fn float(low: f64, high: f64) -> ParamSpec {

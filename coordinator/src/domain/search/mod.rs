@@ -1,12 +1,25 @@
-//! Search strategies: which configurations a study runs, chosen as the
-//! study goes, and how a trial becomes the [`TrialSpec`] an agent executes.
+//! The search: which configurations a study runs, chosen as the study goes,
+//! and how a trial becomes the [`TrialSpec`] an agent executes.
 //!
-//! A study owns a [`Search`]: the engine asks it for the next trials when
-//! agents have room for them ([`Search::next_trials`]) and tells it each result
-//! ([`Search::tell`]). Behind it a [`SearchStrategy`] proposes
-//! configurations: [`Grid`] walks the cartesian product, [`Random`] samples
-//! with a seed; adaptive strategies learn from what they are told. Trials are
-//! numbered in the order they are created.
+//! Five names, one role each:
+//!
+//! * [`Strategy`] (`domain::study::model`): what the study file chose
+//!   (grid, random, tpe, gp, with its seed), and the one place that says
+//!   whether it learns from results ([`Strategy::learns_from_results`]);
+//! * `RawStrategyKind` (`domain::study::raw`): the `[strategy] kind` value
+//!   as written, which the study check turns into a [`Strategy`];
+//! * [`Search`]: one study's search as the engine sees it: its budget, its
+//!   repeats and the trials created so far. The engine asks it for the next
+//!   trials when agents have room for them ([`Search::next_trials`]) and
+//!   tells it each result ([`Search::tell`]);
+//! * [`Proposer`]: what is behind a [`Search`], proposing one configuration
+//!   at a time: [`Grid`] walks the cartesian product, [`Random`] samples
+//!   with a seed, and a [`Sampler`] proposes for the strategies that learn;
+//! * [`Sampler`] (`sampler`): a model of the objective built from the
+//!   results it is told ([`tpe::Tpe`], [`gp::Gp`]), asked with the trials
+//!   still running.
+//!
+//! Trials are numbered in the order they are created.
 //!
 //! Each configuration is run `repeats` times as consecutive trial ids; the
 //! budget counts trials, repeats included, and only whole configurations are
@@ -45,28 +58,25 @@ pub struct TrialPlan {
 }
 
 /// Proposes configurations one at a time and may learn from results.
-pub trait SearchStrategy: Send + std::fmt::Debug {
+pub trait Proposer: Send + std::fmt::Debug {
     /// The next configuration to try; `None` when there is nothing left.
     /// `running`: the trials created and not yet told (trial number and
-    /// configuration), which an adaptive strategy may steer away from.
+    /// configuration), which a proposer that learns may steer away from;
+    /// the search lists them only for a strategy that learns
+    /// ([`Strategy::learns_from_results`]).
     fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params>;
-    /// Whether [`SearchStrategy::ask`] reads `running`: when not, the
-    /// caller need not list them (a scan of the study's trials per ask).
-    fn reads_running(&self) -> bool {
-        false
-    }
     /// What became of trial `trial` run with `params` (a complete trial's
-    /// value is finite; the metric's own direction). Strategies that do not
+    /// value is finite; the metric's own direction). Proposers that do not
     /// learn ignore it.
     fn tell(&mut self, _trial: u64, _params: &Params, _outcome: Outcome) {}
     /// A complete trial's objective `value` and the figures of the study's
     /// `[objective] also` (minimised, in that order; non-finite when not
-    /// measured validly). A strategy searching one objective learns `value`.
+    /// measured validly). A proposer searching one objective learns `value`.
     fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
         let _ = also;
         self.tell(trial, params, Outcome::Complete(value));
     }
-    /// Results the strategy has learnt from (0 for one that does not learn).
+    /// Results the proposer has learnt from (0 for one that does not learn).
     fn observations(&self) -> usize {
         0
     }
@@ -89,7 +99,7 @@ impl Grid {
     }
 }
 
-impl SearchStrategy for Grid {
+impl Proposer for Grid {
     fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
         if self.next >= self.size {
             return None;
@@ -119,33 +129,29 @@ impl Random {
     }
 }
 
-impl SearchStrategy for Random {
+impl Proposer for Random {
     fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
         Some(self.space.iter().map(|(name, spec)| (name.clone(), sample(spec, &mut self.rng))).collect())
     }
 }
 
-/// A [`Sampler`] as a strategy: its asks numbered in the order they are made.
+/// A [`Sampler`] as a proposer: its asks numbered in the order they are made.
 #[derive(Debug)]
-struct Adaptive<S> {
+struct Sampled<S> {
     sampler: S,
     index: u64,
 }
 
-/// `sampler` as a study's strategy, from its first ask.
-fn adaptive(sampler: impl Sampler + 'static) -> Box<dyn SearchStrategy> {
-    Box::new(Adaptive { sampler, index: 0 })
+/// `sampler` as a study's proposer, from its first ask.
+fn sampled(sampler: impl Sampler + 'static) -> Box<dyn Proposer> {
+    Box::new(Sampled { sampler, index: 0 })
 }
 
-impl<S: Sampler> SearchStrategy for Adaptive<S> {
+impl<S: Sampler> Proposer for Sampled<S> {
     fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
         let params = self.sampler.ask(self.index, running);
         self.index += 1;
         Some(params)
-    }
-
-    fn reads_running(&self) -> bool {
-        true
     }
 
     fn observations(&self) -> usize {
@@ -161,10 +167,14 @@ impl<S: Sampler> SearchStrategy for Adaptive<S> {
     }
 }
 
-/// A study's search: its strategy, its budget and the trials created so far.
+/// A study's search: its proposer, its budget and the trials created so far.
 #[derive(Debug)]
 pub struct Search {
-    strategy: Box<dyn SearchStrategy>,
+    proposer: Box<dyn Proposer>,
+    /// The study's strategy learns from results
+    /// ([`Strategy::learns_from_results`]): its proposer is told of the
+    /// trials running at each ask.
+    learns: bool,
     repeats: u32,
     /// Configurations still to create.
     configs_left: u64,
@@ -180,14 +190,14 @@ impl Search {
     pub fn new(study: &Study) -> Self {
         let space = study.searched();
         let (direction, objectives) = (study.objective.direction, 1 + study.objective.also.len());
-        let strategy: Box<dyn SearchStrategy> = match study.strategy {
+        let proposer: Box<dyn Proposer> = match study.strategy {
             Strategy::Grid => Box::new(Grid::new(&space)),
             Strategy::Random { seed } => Box::new(Random::new(&space, seed)),
             Strategy::Tpe { seed } => {
-                adaptive(tpe::Tpe::new(space, direction, seed, tpe::TpeSettings::default()).with_objectives(objectives))
+                sampled(tpe::Tpe::new(space, direction, seed, tpe::TpeSettings::default()).with_objectives(objectives))
             }
             Strategy::Gp { seed } => {
-                adaptive(gp::Gp::new(space, direction, objectives, seed, gp::GpSettings::default()))
+                sampled(gp::Gp::new(space, direction, objectives, seed, gp::GpSettings::default()))
             }
         };
         let repeats = study.repeats.max(1);
@@ -195,7 +205,15 @@ impl Search {
         if study.strategy == Strategy::Grid {
             configs_left = configs_left.min(grid_size(study));
         }
-        Search { strategy, repeats, configs_left, created: 0, exhausted: false, depth: AskDepth::default() }
+        Search {
+            proposer,
+            learns: study.strategy.learns_from_results(),
+            repeats,
+            configs_left,
+            created: 0,
+            exhausted: false,
+            depth: AskDepth::default(),
+        }
     }
 
     /// Replays the trials a study created before (in trial order, as read
@@ -205,7 +223,7 @@ impl Search {
         for plan in existing {
             if plan.repeat == 0 {
                 self.configs_left = self.configs_left.saturating_sub(1);
-                if self.strategy.ask(&[]).is_none() {
+                if self.proposer.ask(&[]).is_none() {
                     self.exhausted = true;
                 }
             }
@@ -217,7 +235,7 @@ impl Search {
     }
 
     /// The trials of the next configuration (its repeats), numbered from
-    /// [`Search::created`]; `None` once the budget is spent or the strategy
+    /// [`Search::created`]; `None` once the budget is spent or the proposer
     /// has nothing more. As if no trial were running: see
     /// [`Search::next_trials_while`].
     pub fn next_trials(&mut self) -> Option<Vec<TrialPlan>> {
@@ -232,11 +250,11 @@ impl Search {
             self.exhausted = true;
             return None;
         }
-        let Some(params) = self.strategy.ask(running) else {
+        let Some(params) = self.proposer.ask(running) else {
             self.exhausted = true;
             return None;
         };
-        if self.strategy.reads_running() {
+        if self.learns {
             self.depth.record(running.len());
         }
         self.configs_left -= 1;
@@ -252,7 +270,7 @@ impl Search {
     /// Results the search has learnt from: complete and pruned trials told
     /// to a TPE search; 0 for grid and random, which do not learn.
     pub fn observations(&self) -> usize {
-        self.strategy.observations()
+        self.proposer.observations()
     }
 
     /// The trials in flight at each ask of a strategy that reads them (gp,
@@ -262,9 +280,10 @@ impl Search {
     }
 
     /// Whether [`Search::next_trials_while`] reads the running trials
-    /// (TPE's constant liar); when not, the caller passes none.
+    /// (TPE's constant liar): when the study's strategy learns from results
+    /// ([`Strategy::learns_from_results`]); when not, the caller passes none.
     pub fn reads_running(&self) -> bool {
-        self.strategy.reads_running()
+        self.learns
     }
 
     /// One more run of `params` (a configuration not yet stable), numbered
@@ -281,7 +300,7 @@ impl Search {
     /// value is not finite (a failed trial, as Optuna counts it).
     pub fn tell(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
         if value.is_finite() {
-            self.strategy.tell_values(trial, params, value, also);
+            self.proposer.tell_values(trial, params, value, also);
         }
     }
 
@@ -289,7 +308,7 @@ impl Search {
     /// `value` of the objective at `epoch`, its last report: the model learns
     /// where early stopping cut (a NaN is the worst value).
     pub fn tell_pruned(&mut self, trial: u64, params: &Params, epoch: u32, value: f64) {
-        self.strategy.tell(trial, params, Outcome::Pruned { epoch, value });
+        self.proposer.tell(trial, params, Outcome::Pruned { epoch, value });
     }
 
     /// True once no more trials will be created.
@@ -308,8 +327,9 @@ impl Search {
         self.created
     }
 
-    /// Whether the strategy's choices depend on results (so the trials
-    /// cannot be listed before the study runs).
+    /// Whether the study's choices depend on results (so the trials cannot
+    /// be listed before the study runs): its strategy says
+    /// ([`Strategy::learns_from_results`]).
     pub fn adaptive(study: &Study) -> bool {
         study.strategy.learns_from_results()
     }

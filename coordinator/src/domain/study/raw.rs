@@ -131,9 +131,12 @@ pub(super) struct RawBudget {
     pub(super) trials: Spanned<i64>,
 }
 
+/// `[strategy] kind` as written; with the seed beside it, the check makes
+/// it the model's [`super::model::Strategy`] (the one the rest of the code
+/// sees: `domain::search`'s module doc names the search's other parts).
 #[derive(Deserialize, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub(super) enum StrategyKind {
+pub(super) enum RawStrategyKind {
     Grid,
     Random,
     Tpe,
@@ -143,7 +146,7 @@ pub(super) enum StrategyKind {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStrategy {
-    pub(super) kind: StrategyKind,
+    pub(super) kind: RawStrategyKind,
     pub(super) seed: Option<Spanned<i64>>,
 }
 

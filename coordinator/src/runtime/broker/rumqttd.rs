@@ -98,6 +98,47 @@ pub(super) fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerE
         std::net::TcpListener::bind(settings.listen)
             .map_err(|source| BrokerError::Bind { addr: settings.listen, source })?;
     }
+    let Servers { servers, internal_listen, credentials } = server_settings(settings)?;
+
+    // A poisoned lock guards nothing broken: the data is ().
+    let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
+    let before: HashSet<u64> = socket_fds().into_iter().map(|(_, ino)| ino).collect();
+    let config = rumqttd_config(servers);
+    std::thread::Builder::new()
+        .name("tunefleet-broker".into())
+        .spawn(move || {
+            let mut broker = rumqttd::Broker::new(config);
+            if let Err(e) = broker.start() {
+                tracing::error!(error = %e, "embedded broker stopped");
+            }
+        })
+        .map_err(BrokerError::Thread)?;
+
+    let waited = Duration::from_secs(5);
+    let deadline = Instant::now() + waited;
+    let mut nodelay = settings.nodelay;
+    let mut listening = |want| listening_at(&before, want, settings.nodelay, &mut nodelay, (deadline, waited));
+    let addr = listening(settings.listen)?;
+    let internal = match internal_listen {
+        Some(want) => listening(want)?,
+        None if addr.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
+        None => addr,
+    };
+    Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials }, counters: None })
+}
+
+/// rumqttd's servers for a start, and how the coordinator reaches them.
+struct Servers {
+    /// A public listener, and with TLS a loopback one for the coordinator.
+    servers: Vec<ServerSettings>,
+    /// Where that loopback one listens.
+    internal_listen: Option<SocketAddr>,
+    /// The credential the coordinator logs in with, when it needs one.
+    credentials: Option<(String, String)>,
+}
+
+/// rumqttd's servers for `settings`.
+fn server_settings(settings: &BrokerSettings) -> Result<Servers, BrokerError> {
     let mut servers = Vec::new();
     let (internal_listen, credentials) = match &settings.tls {
         Some(tls) => {
@@ -127,69 +168,54 @@ pub(super) fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerE
             (None, credentials)
         }
     };
+    Ok(Servers { servers, internal_listen, credentials })
+}
 
-    // A poisoned lock guards nothing broken: the data is ().
-    let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
-    let before: HashSet<u64> = socket_fds().into_iter().map(|(_, ino)| ino).collect();
-    let config = rumqttd_config(servers);
-    std::thread::Builder::new()
-        .name("tunefleet-broker".into())
-        .spawn(move || {
-            let mut broker = rumqttd::Broker::new(config);
-            if let Err(e) = broker.start() {
-                tracing::error!(error = %e, "embedded broker stopped");
+/// Where rumqttd's listener for `want` ended up, once it listens (by
+/// `deadline`, `waited` after the start): among the sockets not in
+/// `before`, `TCP_NODELAY` set on it when `set_nodelay`; `nodelay` cleared
+/// when that could not be done.
+fn listening_at(
+    before: &HashSet<u64>,
+    want: SocketAddr,
+    set_nodelay: bool,
+    nodelay: &mut bool,
+    (deadline, waited): (Instant, Duration),
+) -> Result<SocketAddr, BrokerError> {
+    loop {
+        match find_listener(before, want).map_err(BrokerError::Inspect)? {
+            Listener::Found(fd, local) => {
+                if set_nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
+                    tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
+                    *nodelay = false;
+                }
+                return Ok(local);
             }
-        })
-        .map_err(BrokerError::Thread)?;
-
-    let waited = Duration::from_secs(5);
-    let deadline = Instant::now() + waited;
-    let mut nodelay = settings.nodelay;
-    let mut listening = |want: SocketAddr| -> Result<SocketAddr, BrokerError> {
-        loop {
-            match find_listener(&before, want).map_err(BrokerError::Inspect)? {
-                Listener::Found(fd, local) => {
-                    if settings.nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
+            // A seccomp filter without @debug (a systemd unit's
+            // SystemCallFilter=@system-service) refuses pidfd_getfd:
+            // a known port is found by connecting to it instead.
+            Listener::Hidden if want.port() != 0 => {
+                let dial =
+                    if want.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], want.port())) } else { want };
+                if std::net::TcpStream::connect_timeout(&dial, Duration::from_millis(100)).is_ok() {
+                    if *nodelay {
                         tracing::warn!(
-                            "could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle"
+                            "cannot look at the broker's listener (pidfd_getfd refused: a seccomp filter?): no \
+                             TCP_NODELAY, replies may wait for Nagle; allow pidfd_getfd (the unit does)"
                         );
-                        nodelay = false;
                     }
-                    return Ok(local);
+                    *nodelay = false;
+                    return Ok(want);
                 }
-                // A seccomp filter without @debug (a systemd unit's
-                // SystemCallFilter=@system-service) refuses pidfd_getfd:
-                // a known port is found by connecting to it instead.
-                Listener::Hidden if want.port() != 0 => {
-                    let dial =
-                        if want.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], want.port())) } else { want };
-                    if std::net::TcpStream::connect_timeout(&dial, Duration::from_millis(100)).is_ok() {
-                        if nodelay {
-                            tracing::warn!(
-                                "cannot look at the broker's listener (pidfd_getfd refused: a seccomp filter?): no \
-                                 TCP_NODELAY, replies may wait for Nagle; allow pidfd_getfd (the unit does)"
-                            );
-                        }
-                        nodelay = false;
-                        return Ok(want);
-                    }
-                }
-                Listener::Hidden | Listener::NotYet => {}
             }
-            if Instant::now() > deadline {
-                return Err(BrokerError::NotListening { addr: want, waited });
-            }
-            // Waiting on a condition (the listener exists) that no event announces.
-            std::thread::sleep(Duration::from_millis(2));
+            Listener::Hidden | Listener::NotYet => {}
         }
-    };
-    let addr = listening(settings.listen)?;
-    let internal = match internal_listen {
-        Some(want) => listening(want)?,
-        None if addr.ip().is_unspecified() => SocketAddr::from(([127, 0, 0, 1], addr.port())),
-        None => addr,
-    };
-    Ok(EmbeddedBroker { addr, nodelay, internal: InternalAccess { addr: internal, credentials }, counters: None })
+        if Instant::now() > deadline {
+            return Err(BrokerError::NotListening { addr: want, waited });
+        }
+        // Waiting on a condition (the listener exists) that no event announces.
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Where the coordinator's own listener goes beside a TLS one: loopback, a

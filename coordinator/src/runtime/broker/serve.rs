@@ -367,21 +367,7 @@ where
     let ended = session.read_loop(&mut reader, &mut buf, keep_alive).await;
     let filters = std::mem::take(&mut session.filters);
 
-    // Whether this connection still holds its client id is decided under
-    // the lock: one taken over (whatever else closed it first) publishes no
-    // will, so an "offline" will never follows the client's new "online".
-    let still_ours = {
-        let mut t = lock(&shared.tables);
-        for f in &filters {
-            t.subs.remove(f, id);
-        }
-        t.peers.remove(&id);
-        let ours = t.clients.get(&client_id) == Some(&id);
-        if ours {
-            t.clients.remove(&client_id);
-        }
-        ours
-    };
+    let still_ours = forget(&shared, id, &client_id, &filters);
     shared.counters.connected.fetch_sub(1, Ordering::Relaxed);
     if ended != Ended::Disconnected && still_ours {
         if let Some(will) = connect.last_will {
@@ -392,6 +378,23 @@ where
     }
     peer.stop.cancel();
     let _ = writing.await;
+}
+
+/// Forgets connection `id` (`client_id`, subscribed to `filters`) once it
+/// ended, and says whether it still held its client id: decided under the
+/// lock, so one taken over (whatever else closed it first) publishes no
+/// will, and an "offline" will never follows the client's new "online".
+fn forget(shared: &Shared, id: ConnId, client_id: &str, filters: &HashSet<String>) -> bool {
+    let mut t = lock(&shared.tables);
+    for f in filters {
+        t.subs.remove(f, id);
+    }
+    t.peers.remove(&id);
+    let ours = t.clients.get(client_id) == Some(&id);
+    if ours {
+        t.clients.remove(client_id);
+    }
+    ours
 }
 
 /// Compares a password in time that does not depend on where it differs
