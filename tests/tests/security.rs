@@ -273,6 +273,10 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     });
     let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
 
+    /// Publishes `payload` on `topic` as it is, or fails the test.
+    async fn publish(client: &TestClient, topic: String, payload: Vec<u8>) {
+        client.publish(topic, payload, false).await.expect("publish");
+    }
     rt.block_on(async {
         // Collect: the coordinator's signed status, one Hello and one sealed Request of v-agent-1.
         let (mut status, mut hello, mut request) = (None, None, None);
@@ -299,14 +303,12 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         let (_, will_hash) = auth::new_will(666).expect("will");
         let proof = token.prove(&me.public(), "mallory").expect("proof");
         let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash, Some(proof)).expect("hello");
-        client
-            .publish(
-                topics.agent("mallory", AgentTopic::Hello),
-                tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
-                false,
-            )
-            .await
-            .expect("publish");
+        publish(
+            &client,
+            topics.agent("mallory", AgentTopic::Hello),
+            tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
+        )
+        .await;
         let mut session = loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let (topic, payload) = client.next_message(left).await.expect("welcome");
@@ -337,15 +339,13 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                 let kind = AgentTopic::of_coordinator_message(msg);
                 let body = tunefleet_common::encode(msg).expect("enc");
                 let sealed = session.seal(kind, body.clone());
-                client
-                    .publish(
-                        topics.agent(victim, kind),
-                        tunefleet_common::encode(&auth::DownFrame::Sealed(sealed)).expect("enc"),
-                        false,
-                    )
-                    .await
-                    .expect("publish");
-                client.publish(topics.agent(victim, kind), body, false).await.expect("publish");
+                publish(
+                    &client,
+                    topics.agent(victim, kind),
+                    tunefleet_common::encode(&auth::DownFrame::Sealed(sealed)).expect("enc"),
+                )
+                .await;
+                publish(&client, topics.agent(victim, kind), body).await;
             }
         }
         // 2. A result and an offline status in a victim's name, with Mallory's keys; a forged will.
@@ -361,42 +361,33 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                 },
             });
             let sealed = session.seal(AgentTopic::Result, tunefleet_common::encode(&result).expect("enc"));
-            client
-                .publish(
-                    topics.agent(names[0], AgentTopic::Result),
-                    tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
-                    false,
-                )
-                .await
-                .expect("publish");
+            publish(
+                &client,
+                topics.agent(names[0], AgentTopic::Result),
+                tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
+            )
+            .await;
         }
         let offline = AgentMessage::Status(AgentStatus { online: false, instance: 1 });
         let sealed = session.seal(AgentTopic::Status, tunefleet_common::encode(&offline).expect("enc"));
-        client
-            .publish(
-                topics.agent(names[1], AgentTopic::Status),
-                tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
-                false,
-            )
-            .await
-            .expect("publish");
+        publish(
+            &client,
+            topics.agent(names[1], AgentTopic::Status),
+            tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
+        )
+        .await;
         let (fake_will, _) = auth::new_will(1).expect("will");
         for victim in names {
-            client
-                .publish(
-                    topics.agent(victim, AgentTopic::Status),
-                    tunefleet_common::encode(&UpFrame::Will(fake_will.clone())).expect("enc"),
-                    false,
-                )
-                .await
-                .expect("publish");
+            publish(
+                &client,
+                topics.agent(victim, AgentTopic::Status),
+                tunefleet_common::encode(&UpFrame::Will(fake_will.clone())).expect("enc"),
+            )
+            .await;
         }
         // 3. Replays: v-agent-1's captured Hello and Request.
-        client.publish(topics.agent(names[0], AgentTopic::Hello), hello.expect("hello"), false).await.expect("publish");
-        client
-            .publish(topics.agent(names[0], AgentTopic::Request), request.expect("request"), false)
-            .await
-            .expect("publish");
+        publish(&client, topics.agent(names[0], AgentTopic::Hello), hello.expect("hello")).await;
+        publish(&client, topics.agent(names[0], AgentTopic::Request), request.expect("request")).await;
         // 4. A flood of Hellos under new names, each with a key of its own
         // and the fleet's token (Mallory holds it).
         for i in 0..40 {
@@ -405,14 +396,12 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             let info = AgentInfo::minimal(&name, i);
             let proof = token.prove(&id.public(), &name).expect("proof");
             let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32], Some(proof)).expect("hello");
-            client
-                .publish(
-                    topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
-                    tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
-                    false,
-                )
-                .await
-                .expect("publish");
+            publish(
+                &client,
+                topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
+                tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
+            )
+            .await;
         }
         client.disconnect().await.expect("disconnect queued");
         // The broker has read everything queued before the DISCONNECT.
