@@ -14,7 +14,8 @@
 //! * [`conditions`]: charging, battery and throttling, which stop the agent
 //!   taking trials and flag the measurements they disturb.
 //! * [`probe`] and [`measure`]: the `probe` and `measure` subcommands.
-//! * [`caps`], [`cpus`], [`pending`], [`options`]: the rest.
+//! * [`AgentConfig`]: what it runs with; [`caps`], [`cpus`], [`pending`],
+//!   [`options`]: the rest.
 
 pub mod allow;
 pub mod auth;
@@ -22,6 +23,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod comeasure;
 pub mod conditions;
+mod config;
 pub mod counters;
 pub mod cpus;
 pub mod energy;
@@ -42,114 +44,24 @@ pub mod runner;
 pub mod telemetry;
 pub mod transport;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::time::Instant;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
 use tunefleet_common::message::{frames, AgentMessage, TrialRef, TrialResult};
-use tunefleet_common::topic::Topics;
-use tunefleet_common::BrokerUrl;
 
-use crate::energy::{EnergyRoots, EstimateModel};
+pub use crate::config::AgentConfig;
 use crate::inbound::{on_inbound, Refused};
 use crate::pending::PendingResults;
 use crate::protocol::{Action, AgentState, StartTrial};
 use crate::runner::{RunnerConfig, TrialRun};
-use crate::transport::{Transport, TransportConfig};
-
-/// Everything the agent needs to run.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub broker: BrokerUrl,
-    /// Agent id, valid per `tunefleet_common::topic::validate_agent_id`.
-    pub name: String,
-    pub tags: BTreeMap<String, String>,
-    pub slots: u32,
-    /// Trials held ready behind the slots (`--lookahead`, at most 4 per
-    /// slot); `None`: automatic, one per slot and more for trials short
-    /// beside a round trip to the coordinator ([`AgentState::with_auto_lookahead`]).
-    pub lookahead: Option<u32>,
-    pub topics: Topics,
-    pub keepalive: Duration,
-    /// Where unacknowledged results survive a restart; none: memory only.
-    pub state_dir: Option<PathBuf>,
-    /// Stop after this many trials finished (and their results acked).
-    pub max_trials: Option<u64>,
-    /// Stop after no trial ran for this long.
-    pub exit_when_idle: Option<Duration>,
-    /// Bound of the shutdown drain.
-    pub grace: Duration,
-    pub cgroup_root: PathBuf,
-    pub energy_model: EstimateModel,
-    /// Where the metered energy sources are looked for.
-    pub energy_roots: EnergyRoots,
-    /// Interval between energy and counter samples while a trial runs.
-    pub sample_interval: Duration,
-    /// Interval between telemetry messages. Load from outside a trial is
-    /// judged per interval, in the samples taken while the trial runs.
-    pub telemetry_interval: Duration,
-    /// The CPUs the agent is confined to (`--cpus`); none: every CPU it
-    /// may use. Confining the process itself is the caller's part
-    /// ([`cpus::pin_self`], as `main` does before the runtime starts).
-    pub cpus: Option<Vec<u32>>,
-    /// A trial's measurement is flagged when load from outside it exceeded
-    /// this fraction of the agent's CPUs in a telemetry sample taken while
-    /// it ran.
-    pub interference_threshold: f64,
-    /// Where the device's conditions are read, and the battery threshold.
-    pub conditions: conditions::ConditionsConfig,
-    /// Executable re-run as the exec wrapper; none: this executable.
-    pub wrapper: Option<PathBuf>,
-    /// Broker login and TLS.
-    pub security: tunefleet_common::security::ClientSecurity,
-    /// The coordinator's public key; none: pinned from the join token.
-    pub coordinator_key: Option<tunefleet_common::auth::PublicKey>,
-    /// The join token: names the coordinator, and admits this agent's key.
-    pub join: Option<tunefleet_common::auth::JoinToken>,
-    /// Pin the first coordinator seen (a lab where every broker user is trusted).
-    pub trust_first_coordinator: bool,
-    /// Programs the agent may run (glob patterns on the program, `argv[0]`);
-    /// empty: any.
-    pub allow_commands: Vec<glob::Pattern>,
-}
-
-impl AgentConfig {
-    /// A configuration with the documented defaults.
-    pub fn new(broker: BrokerUrl, name: String, topics: Topics) -> Self {
-        AgentConfig {
-            broker,
-            name,
-            tags: BTreeMap::new(),
-            slots: 1,
-            lookahead: None,
-            topics,
-            keepalive: Duration::from_secs(5),
-            state_dir: None,
-            max_trials: None,
-            exit_when_idle: None,
-            grace: Duration::from_secs(10),
-            cgroup_root: PathBuf::from(cgroup::DEFAULT_ROOT),
-            energy_model: EstimateModel::default(),
-            energy_roots: EnergyRoots::default(),
-            sample_interval: counters::DEFAULT_SAMPLE_INTERVAL,
-            telemetry_interval: Duration::from_secs(1),
-            cpus: None,
-            interference_threshold: foreign::DEFAULT_THRESHOLD,
-            conditions: conditions::ConditionsConfig::default(),
-            wrapper: None,
-            security: Default::default(),
-            coordinator_key: None,
-            join: None,
-            trust_first_coordinator: false,
-            allow_commands: Vec::new(),
-        }
-    }
-}
+use crate::transport::{Inbound, Transport, TransportConfig};
 
 /// Why the agent stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -433,53 +345,6 @@ impl Executor {
     }
 }
 
-/// A trial ended, in the main loop or in the drain alike, and with it every
-/// other trial whose end is already queued: their progress still queued is
-/// published first (it was sent before the end), each measurement is
-/// flagged when load from outside disturbed it, their handles go, and the
-/// state machine takes the results, carried out together so that they are
-/// kept on disk with one sync (group commit) before any is published.
-// The loop's state, passed apart because each is borrowed mutably elsewhere in the loop.
-#[allow(clippy::too_many_arguments)]
-fn on_trial_done(
-    state: &mut AgentState,
-    exec: &mut Executor,
-    progress_rx: &mut mpsc::Receiver<(TrialRef, runner::EpochReport)>,
-    done_rx: &mut mpsc::Receiver<(TrialRef, Measurement)>,
-    foreign_peaks: &mut foreign::ForeignPeaks,
-    interference_threshold: f64,
-    first: (TrialRef, Measurement),
-    stopped_with_agent: bool,
-) {
-    let mut done = vec![first];
-    while let Ok(more) = done_rx.try_recv() {
-        done.push(more);
-    }
-    if stopped_with_agent {
-        // The SIGTERM that stops the agent stopped these trials too: they
-        // are cancelled (run again elsewhere), not failures of the workload.
-        for (_, measurement) in &mut done {
-            if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
-                measurement.exit = ExitOutcome::Cancelled;
-            }
-        }
-    }
-    while let Ok((trial, epoch)) = progress_rx.try_recv() {
-        exec.apply(state.progress(trial, epoch).into_iter().collect());
-    }
-    let mut actions = Vec::new();
-    for (trial, mut measurement) in done {
-        let peak = foreign_peaks.take(&trial);
-        measurement.interference.extend(foreign::interference_reason(peak, interference_threshold));
-        exec.trials.remove(&trial);
-        actions.extend(state.on_finished(trial, measurement));
-    }
-    exec.apply(actions);
-    if let Some(problem) = exec.spool_change() {
-        exec.apply(state.on_spool(problem));
-    }
-}
-
 /// SIGTERM's number (Linux, and every platform the agent runs on).
 const SIGTERM: i32 = 15;
 
@@ -493,15 +358,375 @@ const STOPPED_WITH_AGENT: Duration = Duration::from_millis(500);
 /// their results published, the retained status goes offline, and the
 /// connection is closed. Losing the broker is never an error.
 pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Result<(), AgentError> {
-    tunefleet_common::topic::validate_agent_id(&config.name)?;
-    let wrapper = match &config.wrapper {
-        Some(w) => w.clone(),
-        None => std::env::current_exe().map_err(AgentError::WrapperExe)?,
-    };
-    let instance = tunefleet_common::auth::next_instance(
-        config.state_dir.as_ref().map(|d| d.join(auth::INSTANCE_FILE)).as_deref(),
-    )?;
-    let cpus = match &config.cpus {
+    let mut agent = Agent::start(&config)?;
+    tokio::pin!(shutdown);
+    let outcome = agent.serve(shutdown).await;
+    agent.drain(outcome.is_ok()).await;
+    outcome
+}
+
+/// The running agent: its state machine, the executor of its actions, and
+/// what comes in (frames, trials' ends, progress and exits, telemetry).
+struct Agent<'c> {
+    config: &'c AgentConfig,
+    state: AgentState,
+    exec: Executor,
+    inbound: mpsc::Receiver<Inbound>,
+    done_rx: mpsc::Receiver<(TrialRef, Measurement)>,
+    progress_rx: mpsc::Receiver<(TrialRef, runner::EpochReport)>,
+    exited_rx: mpsc::Receiver<TrialRef>,
+    telemetry: telemetry::TelemetrySampler,
+    conditions_gate: conditions::Gate,
+    foreign_peaks: foreign::ForeignPeaks,
+    refused: Refused,
+    /// The state machine's clock starts here.
+    clock: Instant,
+}
+
+/// The loop's timers.
+struct Ticks {
+    telemetry: Interval,
+    /// Samples of the co-measurements under way.
+    co: Interval,
+    /// A Hello that got no Welcome (lost, rate-limited, or answered by a
+    /// coordinator that restarted meanwhile) is sent again.
+    hello_retry: Interval,
+    request_again: Interval,
+    spool_retry: Interval,
+}
+
+impl Ticks {
+    fn new(config: &AgentConfig) -> Self {
+        let every = |period, missed| {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(missed);
+            tick
+        };
+        Ticks {
+            telemetry: every(config.telemetry_interval, MissedTickBehavior::Skip),
+            co: every(config.sample_interval, MissedTickBehavior::Skip),
+            hello_retry: every(HELLO_RETRY, MissedTickBehavior::Delay),
+            request_again: every(REQUEST_AGAIN, MissedTickBehavior::Delay),
+            spool_retry: every(SPOOL_RETRY, MissedTickBehavior::Delay),
+        }
+    }
+}
+
+impl<'c> Agent<'c> {
+    /// Everything the agent runs with, from `config`: its CPUs, its energy
+    /// source, the runner, its keys and trust, the state machine with the
+    /// results restored from the state directory, and the connection.
+    fn start(config: &'c AgentConfig) -> Result<Self, AgentError> {
+        tunefleet_common::topic::validate_agent_id(&config.name)?;
+        let wrapper = match &config.wrapper {
+            Some(w) => w.clone(),
+            None => std::env::current_exe().map_err(AgentError::WrapperExe)?,
+        };
+        let instance = tunefleet_common::auth::next_instance(
+            config.state_dir.as_ref().map(|d| d.join(auth::INSTANCE_FILE)).as_deref(),
+        )?;
+        let cpus = agent_cpus(config);
+        let selection = energy::select(&config.energy_roots, config.energy_model);
+        let info = caps::agent_info(caps::CapsInput {
+            agent: config.name.clone(),
+            instance,
+            slots: config.slots,
+            lookahead: config.lookahead.unwrap_or(config.slots.saturating_mul(AUTO_LOOKAHEAD_PER_SLOT)),
+            cpus: cpus.clone(),
+            energy: selection.found.clone(),
+            tags: config.tags.clone(),
+        });
+        tracing::info!(agent = %config.name, instance, slots = config.slots, counters = ?info.counters, "agent starting");
+        let trials = foreign::TrialRegistry::default();
+        let runner = runner_config(config, wrapper, &selection, &cpus, trials.clone());
+        let telemetry = telemetry::TelemetrySampler::new(
+            std::path::Path::new("/proc"),
+            selection.source.as_ref(),
+            config.energy_model,
+        )
+        .with_cpus(cpus.clone())
+        .with_trials(trials)
+        .with_conditions(conditions::ConditionsReader::new(config.conditions.clone()));
+        let conditions_gate = conditions::Gate::new(conditions::Policy {
+            min_battery: config.conditions.min_battery,
+            battery_energy: selection.source.kind() == tunefleet_common::measurement::EnergySourceKind::Battery,
+        });
+        let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
+        let agent_auth = agent_auth(config)?;
+        let mut state = AgentState::new(info, cpus.clone(), config.max_trials);
+        if config.lookahead.is_none() {
+            state = state.with_auto_lookahead(config.slots);
+        }
+        let clock = Instant::now();
+        for result in pending.iter().flat_map(PendingResults::load) {
+            tracing::info!(trial = %result.trial, "restored an unacknowledged result");
+            state.restore_unacked(result);
+        }
+        let (transport, inbound) = Transport::start(TransportConfig {
+            broker: config.broker.clone(),
+            agent: config.name.clone(),
+            keepalive: config.keepalive,
+            topics: config.topics.clone(),
+            instance,
+            security: config.security.clone(),
+        })?;
+        let (done_tx, done_rx) = mpsc::channel(64);
+        let (progress_tx, progress_rx) = mpsc::channel(1024);
+        let (exited_tx, exited_rx) = mpsc::channel(64);
+        let exec = Executor {
+            transport,
+            auth: agent_auth,
+            parked: 0,
+            runner: Arc::new(runner),
+            pending,
+            trials: HashMap::new(),
+            done_tx,
+            progress_tx,
+            exited_tx,
+            publish_failures: 0,
+            co: comeasure::CoMeter::new(
+                Arc::clone(&selection.source),
+                config.energy_model,
+                PathBuf::from("/proc"),
+                cpus,
+                config.sample_interval,
+            ),
+            unsaved: Vec::new(),
+            spool_problem: None,
+            spool_changed: false,
+        };
+        let (foreign_peaks, refused) = Default::default();
+        Ok(Agent {
+            config,
+            state,
+            exec,
+            inbound,
+            done_rx,
+            progress_rx,
+            exited_rx,
+            telemetry,
+            conditions_gate,
+            foreign_peaks,
+            refused,
+            clock,
+        })
+    }
+
+    /// The main loop, until `shutdown` completes, `--max-trials` or
+    /// `--exit-when-idle` says so (`Ok`), or the agent cannot go on.
+    async fn serve(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) -> Result<(), AgentError> {
+        let config = self.config;
+        let mut ticks = Ticks::new(config);
+        let mut idle_since = Instant::now();
+        let far = Duration::from_secs(365 * 86_400);
+        loop {
+            let idle_at = idle_since + config.exit_when_idle.unwrap_or(far);
+            let idle = config.exit_when_idle.is_some() && self.state.running().next().is_none();
+            tokio::select! {
+                () = &mut shutdown => {
+                    tracing::info!("shutdown requested");
+                    return Ok(());
+                }
+                event = self.inbound.recv() => match event {
+                    Some(event) => {
+                        let was_running = self.state.running().count();
+                        self.state.set_clock(self.micros());
+                        let actions = self.inbound_actions(event);
+                        if actions.iter().any(|a| matches!(a, Action::Hello(_))) {
+                            ticks.hello_retry.reset();
+                        }
+                        self.exec.apply(actions);
+                        if self.state.running().count() != was_running {
+                            idle_since = Instant::now();
+                        }
+                        // Saying Hello again cannot help: stop, saying why.
+                        if let Some(why) = self.refused.fatal.take() {
+                            return Err(AgentError::Refused(why));
+                        }
+                    }
+                    None => return Err(AgentError::TransportClosed),
+                },
+                Some((trial, measurement)) = self.done_rx.recv() => {
+                    // A batch scheduler stopping the job (Slurm's scancel, a time
+                    // limit) sends SIGTERM to every process in it: a trial killed
+                    // by SIGTERM just before the agent's own SIGTERM was stopped
+                    // with the agent, and is cancelled (run again elsewhere), not
+                    // a failure of the workload.
+                    let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
+                        && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
+                    self.state.set_clock(self.micros());
+                    self.on_trial_done((trial, measurement), stopped_with_agent);
+                    idle_since = Instant::now();
+                    if stopped_with_agent {
+                        // `shutdown` has completed: it is not polled again.
+                        tracing::info!("shutdown requested");
+                        return Ok(());
+                    }
+                    if self.state.max_trials_done() {
+                        tracing::info!("--max-trials reached");
+                        return Ok(());
+                    }
+                }
+                Some((trial, epoch)) = self.progress_rx.recv() => self.on_progress(trial, epoch),
+                Some(trial) = self.exited_rx.recv() => {
+                    self.state.set_clock(self.micros());
+                    self.exec.apply(self.state.on_exited(trial));
+                }
+                _ = ticks.hello_retry.tick() => {
+                    if self.exec.transport.is_connected() {
+                        self.exec.apply(self.state.hello_again());
+                    }
+                }
+                _ = ticks.co.tick(), if !self.exec.co.is_idle() => self.exec.co.sample(),
+                _ = ticks.spool_retry.tick(), if self.exec.spool_problem.is_some() => self.retry_spool(),
+                _ = ticks.request_again.tick() => {
+                    if self.exec.transport.is_connected() {
+                        self.state.set_clock(self.micros());
+                        self.exec.apply(self.state.request_again());
+                    }
+                }
+                _ = ticks.telemetry.tick() => self.sample_telemetry(),
+                () = tokio::time::sleep_until(idle_at), if idle => {
+                    tracing::info!("idle for the --exit-when-idle period");
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Drain: refuse new work, cancel what runs, publish results, wait for
+    /// acks (only while connected: unacked results stay in the state dir),
+    /// all within the grace period; then the offline status, and the
+    /// connection closed. `transport_open`: the loop did not stop on an error.
+    async fn drain(mut self, mut transport_open: bool) {
+        let deadline = Instant::now() + self.config.grace;
+        self.exec.apply(self.state.begin_drain());
+        while self.state.running().next().is_some()
+            || (self.state.unacked_count() > 0 && self.exec.transport.is_connected())
+        {
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::warn!(
+                        running = self.state.running().count(),
+                        unacked = self.state.unacked_count(),
+                        "grace period over; stopping anyway"
+                    );
+                    break;
+                }
+                // Draining: the SIGTERM that stopped the agent stopped these trials too.
+                Some(first) = self.done_rx.recv() => self.on_trial_done(first, true),
+                event = self.inbound.recv(), if transport_open => match event {
+                    Some(event) => {
+                        let actions = self.inbound_actions(event);
+                        self.exec.apply(actions);
+                    }
+                    None => transport_open = false,
+                },
+                Some((trial, epoch)) = self.progress_rx.recv() => self.on_progress(trial, epoch),
+            }
+        }
+        for handle in self.exec.trials.values() {
+            handle.cancel();
+        }
+        self.exec.apply(vec![Action::Publish(self.state.status(false))]);
+        if !self.exec.unsaved.is_empty() {
+            tracing::error!(
+                results = self.exec.unsaved.len(),
+                "stopping with results the coordinator has not acknowledged and the state directory could not \
+                 store: they are lost"
+            );
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
+        self.exec.transport.disconnect(remaining).await;
+        tracing::info!(
+            undecodable = self.refused.undecodable,
+            unauthenticated = self.refused.unauthenticated,
+            statuses_ignored = self.refused.statuses,
+            disallowed = self.refused.disallowed,
+            parked = self.exec.parked,
+            "agent stopped"
+        );
+    }
+
+    /// Microseconds since the agent started, the state machine's clock.
+    fn micros(&self) -> u64 {
+        u64::try_from(self.clock.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// What the state machine does with `event`, decoded by [`inbound`].
+    fn inbound_actions(&mut self, event: Inbound) -> Vec<Action> {
+        on_inbound(&mut self.state, &mut self.exec.auth, &self.config.allow_commands, event, &mut self.refused)
+    }
+
+    fn on_progress(&mut self, trial: TrialRef, epoch: runner::EpochReport) {
+        self.exec.apply(self.state.progress(trial, epoch).into_iter().collect());
+    }
+
+    /// A trial ended, in the main loop or in the drain alike, and with it
+    /// every other trial whose end is already queued: their progress still
+    /// queued is published first (it was sent before the end), each
+    /// measurement is flagged when load from outside disturbed it, their
+    /// handles go, and the state machine takes the results, carried out
+    /// together so that they are kept on disk with one sync (group commit)
+    /// before any is published.
+    fn on_trial_done(&mut self, first: (TrialRef, Measurement), stopped_with_agent: bool) {
+        let mut done = vec![first];
+        while let Ok(more) = self.done_rx.try_recv() {
+            done.push(more);
+        }
+        if stopped_with_agent {
+            // The SIGTERM that stops the agent stopped these trials too: they
+            // are cancelled (run again elsewhere), not failures of the workload.
+            for (_, measurement) in &mut done {
+                if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
+                    measurement.exit = ExitOutcome::Cancelled;
+                }
+            }
+        }
+        while let Ok((trial, epoch)) = self.progress_rx.try_recv() {
+            self.on_progress(trial, epoch);
+        }
+        let mut actions = Vec::new();
+        for (trial, mut measurement) in done {
+            let peak = self.foreign_peaks.take(&trial);
+            measurement.interference.extend(foreign::interference_reason(peak, self.config.interference_threshold));
+            self.exec.trials.remove(&trial);
+            actions.extend(self.state.on_finished(trial, measurement));
+        }
+        self.exec.apply(actions);
+        if let Some(problem) = self.exec.spool_change() {
+            self.exec.apply(self.state.on_spool(problem));
+        }
+    }
+
+    /// The state directory tried again while it cannot store results; the
+    /// state machine hears when it can.
+    fn retry_spool(&mut self) {
+        self.exec.retry_spool();
+        if let Some(problem) = self.exec.spool_change() {
+            self.state.set_clock(self.micros());
+            self.exec.apply(self.state.on_spool(problem));
+        }
+    }
+
+    /// One telemetry sample: the load from outside the trials noted, the
+    /// device's conditions judged, the sample published.
+    fn sample_telemetry(&mut self) {
+        let sample = self.telemetry.sample(u32::try_from(self.state.running().count()).unwrap_or(u32::MAX));
+        self.foreign_peaks.observe(self.state.running(), sample.foreign_cpu);
+        if let Some(reasons) = self.conditions_gate.check(&sample.conditions) {
+            self.exec.apply(self.state.on_conditions(reasons));
+        }
+        if self.exec.transport.is_connected() {
+            self.exec.publish(&AgentMessage::Telemetry(sample));
+        }
+    }
+}
+
+/// The CPUs the agent may use: `--cpus`, warning when this process is not
+/// confined to them, or every CPU it may use.
+fn agent_cpus(config: &AgentConfig) -> Vec<u32> {
+    match &config.cpus {
         Some(set) => {
             if !cpus::allowed_cpus().iter().all(|c| set.contains(c)) {
                 tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
@@ -509,39 +734,31 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
             set.clone()
         }
         None => cpus::allowed_cpus(),
-    };
-    let selection = energy::select(&config.energy_roots, config.energy_model);
-    let info = caps::agent_info(caps::CapsInput {
-        agent: config.name.clone(),
-        instance,
-        slots: config.slots,
-        lookahead: config.lookahead.unwrap_or(config.slots.saturating_mul(AUTO_LOOKAHEAD_PER_SLOT)),
-        cpus: cpus.clone(),
-        energy: selection.found.clone(),
-        tags: config.tags.clone(),
-    });
-    tracing::info!(agent = %config.name, instance, slots = config.slots, counters = ?info.counters, "agent starting");
-    let mut runner_config = RunnerConfig::new(wrapper);
-    runner_config.cgroup = cgroup::CgroupV2::detect(&config.cgroup_root);
-    runner_config.energy = Arc::clone(&selection.source);
-    runner_config.energy_model = config.energy_model;
-    runner_config.sample_interval = config.sample_interval;
-    runner_config.machine_cpus = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
-    let trials = foreign::TrialRegistry::default();
-    runner_config.trials = trials.clone();
-    let mut telemetry =
-        telemetry::TelemetrySampler::new(std::path::Path::new("/proc"), selection.source.as_ref(), config.energy_model)
-            .with_cpus(cpus.clone())
-            .with_trials(trials)
-            .with_conditions(conditions::ConditionsReader::new(config.conditions.clone()));
-    let mut conditions_gate = conditions::Gate::new(conditions::Policy {
-        min_battery: config.conditions.min_battery,
-        battery_energy: selection.source.kind() == tunefleet_common::measurement::EnergySourceKind::Battery,
-    });
-    let mut foreign_peaks = foreign::ForeignPeaks::default();
-    let mut telemetry_tick = tokio::time::interval(config.telemetry_interval);
-    telemetry_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
+    }
+}
+
+/// How this agent runs trials: through `wrapper`, with the energy source
+/// selected, on `cpus`, its trials' processes registered in `trials`.
+fn runner_config(
+    config: &AgentConfig,
+    wrapper: PathBuf,
+    selection: &energy::Selection,
+    cpus: &[u32],
+    trials: foreign::TrialRegistry,
+) -> RunnerConfig {
+    let mut runner = RunnerConfig::new(wrapper);
+    runner.cgroup = cgroup::CgroupV2::detect(&config.cgroup_root);
+    runner.energy = Arc::clone(&selection.source);
+    runner.energy_model = config.energy_model;
+    runner.sample_interval = config.sample_interval;
+    runner.machine_cpus = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
+    runner.trials = trials;
+    runner
+}
+
+/// This agent's key (kept in the state directory, with the name it is
+/// known under) and whom it trusts as its coordinator.
+fn agent_auth(config: &AgentConfig) -> Result<auth::AgentAuth, AgentError> {
     let identity = auth::load_identity(config.state_dir.as_deref())?;
     // The name this key is known under, for a later start without --name.
     if let Some(dir) = config.state_dir.as_deref() {
@@ -566,209 +783,5 @@ pub async fn run(config: AgentConfig, shutdown: impl Future<Output = ()>) -> Res
     }
     let agent_auth = auth::AgentAuth::new(&config.name, identity, trust)?;
     tracing::info!(key = %tunefleet_common::auth::short_key(&agent_auth.public_key()), "this agent's public key");
-    let mut state = AgentState::new(info, cpus.clone(), config.max_trials);
-    if config.lookahead.is_none() {
-        state = state.with_auto_lookahead(config.slots);
-    }
-    let clock = Instant::now();
-    let micros = || u64::try_from(clock.elapsed().as_micros()).unwrap_or(u64::MAX);
-    for result in pending.iter().flat_map(PendingResults::load) {
-        tracing::info!(trial = %result.trial, "restored an unacknowledged result");
-        state.restore_unacked(result);
-    }
-    let (transport, mut inbound) = Transport::start(TransportConfig {
-        broker: config.broker.clone(),
-        agent: config.name.clone(),
-        keepalive: config.keepalive,
-        topics: config.topics.clone(),
-        instance,
-        security: config.security.clone(),
-    })?;
-    let (done_tx, mut done_rx) = mpsc::channel(64);
-    let (progress_tx, mut progress_rx) = mpsc::channel(1024);
-    let (exited_tx, mut exited_rx) = mpsc::channel(64);
-    let mut exec = Executor {
-        transport,
-        auth: agent_auth,
-        parked: 0,
-        runner: Arc::new(runner_config),
-        pending,
-        trials: HashMap::new(),
-        done_tx,
-        progress_tx,
-        exited_tx,
-        publish_failures: 0,
-        co: comeasure::CoMeter::new(
-            Arc::clone(&selection.source),
-            config.energy_model,
-            PathBuf::from("/proc"),
-            cpus.clone(),
-            config.sample_interval,
-        ),
-        unsaved: Vec::new(),
-        spool_problem: None,
-        spool_changed: false,
-    };
-    let mut co_tick = tokio::time::interval(config.sample_interval);
-    co_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut refused = Refused::default();
-    // A Hello that got no Welcome (lost, rate-limited, or answered by a
-    // coordinator that restarted meanwhile) is sent again.
-    let mut hello_retry = tokio::time::interval(HELLO_RETRY);
-    hello_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut request_again = tokio::time::interval(REQUEST_AGAIN);
-    request_again.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut spool_retry = tokio::time::interval(SPOOL_RETRY);
-    spool_retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut idle_since = Instant::now();
-    let far = Duration::from_secs(365 * 86_400);
-    tokio::pin!(shutdown);
-
-    let outcome = loop {
-        let idle_at = idle_since + config.exit_when_idle.unwrap_or(far);
-        let idle = config.exit_when_idle.is_some() && state.running().next().is_none();
-        tokio::select! {
-            () = &mut shutdown => {
-                tracing::info!("shutdown requested");
-                break Ok(());
-            }
-            event = inbound.recv() => match event {
-                Some(event) => {
-                    let was_running = state.running().count();
-                    state.set_clock(micros());
-                    let actions = on_inbound(&mut state, &mut exec.auth, &config.allow_commands, event, &mut refused);
-                    if actions.iter().any(|a| matches!(a, Action::Hello(_))) {
-                        hello_retry.reset();
-                    }
-                    exec.apply(actions);
-                    if state.running().count() != was_running {
-                        idle_since = Instant::now();
-                    }
-                    // Saying Hello again cannot help: stop, saying why.
-                    if let Some(why) = refused.fatal.take() {
-                        break Err(AgentError::Refused(why));
-                    }
-                }
-                None => break Err(AgentError::TransportClosed),
-            },
-            Some((trial, measurement)) = done_rx.recv() => {
-                // A batch scheduler stopping the job (Slurm's scancel, a time
-                // limit) sends SIGTERM to every process in it: a trial killed
-                // by SIGTERM just before the agent's own SIGTERM was stopped
-                // with the agent, and is cancelled (run again elsewhere), not
-                // a failure of the workload.
-                let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
-                    && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
-                let threshold = config.interference_threshold;
-                let first = (trial, measurement);
-                state.set_clock(micros());
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first, stopped_with_agent);
-                idle_since = Instant::now();
-                if stopped_with_agent {
-                    // `shutdown` has completed: it is not polled again.
-                    tracing::info!("shutdown requested");
-                    break Ok(());
-                }
-                if state.max_trials_done() {
-                    tracing::info!("--max-trials reached");
-                    break Ok(());
-                }
-            }
-            Some((trial, epoch)) = progress_rx.recv() => {
-                exec.apply(state.progress(trial, epoch).into_iter().collect());
-            }
-            Some(trial) = exited_rx.recv() => {
-                state.set_clock(micros());
-                exec.apply(state.on_exited(trial));
-            }
-            _ = hello_retry.tick() => {
-                if exec.transport.is_connected() {
-                    exec.apply(state.hello_again());
-                }
-            }
-            _ = co_tick.tick(), if !exec.co.is_idle() => exec.co.sample(),
-            _ = spool_retry.tick(), if exec.spool_problem.is_some() => {
-                exec.retry_spool();
-                if let Some(problem) = exec.spool_change() {
-                    state.set_clock(micros());
-                    exec.apply(state.on_spool(problem));
-                }
-            }
-            _ = request_again.tick() => {
-                if exec.transport.is_connected() {
-                    state.set_clock(micros());
-                    exec.apply(state.request_again());
-                }
-            }
-            _ = telemetry_tick.tick() => {
-                let sample = telemetry.sample(u32::try_from(state.running().count()).unwrap_or(u32::MAX));
-                foreign_peaks.observe(state.running(), sample.foreign_cpu);
-                if let Some(reasons) = conditions_gate.check(&sample.conditions) {
-                    exec.apply(state.on_conditions(reasons));
-                }
-                if exec.transport.is_connected() {
-                    exec.publish(&AgentMessage::Telemetry(sample));
-                }
-            }
-            () = tokio::time::sleep_until(idle_at), if idle => {
-                tracing::info!("idle for the --exit-when-idle period");
-                break Ok(());
-            }
-        }
-    };
-
-    // Drain: refuse new work, cancel what runs, publish results, wait for acks.
-    let deadline = Instant::now() + config.grace;
-    exec.apply(state.begin_drain());
-    let mut transport_open = outcome.is_ok();
-    // Acks are only awaited while connected; unacked results stay in the state dir.
-    while state.running().next().is_some() || (state.unacked_count() > 0 && exec.transport.is_connected()) {
-        tokio::select! {
-            () = tokio::time::sleep_until(deadline) => {
-                tracing::warn!(
-                    running = state.running().count(),
-                    unacked = state.unacked_count(),
-                    "grace period over; stopping anyway"
-                );
-                break;
-            }
-            Some(first) = done_rx.recv() => {
-                // Draining: the SIGTERM that stopped the agent stopped these trials too.
-                let threshold = config.interference_threshold;
-                on_trial_done(&mut state, &mut exec, &mut progress_rx, &mut done_rx, &mut foreign_peaks, threshold, first, true);
-            }
-            event = inbound.recv(), if transport_open => match event {
-                Some(event) => {
-                    let actions = on_inbound(&mut state, &mut exec.auth, &config.allow_commands, event, &mut refused);
-                    exec.apply(actions);
-                }
-                None => transport_open = false,
-            },
-            Some((trial, epoch)) = progress_rx.recv() => {
-                exec.apply(state.progress(trial, epoch).into_iter().collect());
-            }
-        }
-    }
-    for handle in exec.trials.values() {
-        handle.cancel();
-    }
-    exec.apply(vec![Action::Publish(state.status(false))]);
-    if !exec.unsaved.is_empty() {
-        tracing::error!(
-            results = exec.unsaved.len(),
-            "stopping with results the coordinator has not acknowledged and the state directory could not store: \
-             they are lost"
-        );
-    }
-    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(500));
-    exec.transport.disconnect(remaining).await;
-    tracing::info!(
-        undecodable = refused.undecodable,
-        unauthenticated = refused.unauthenticated,
-        statuses_ignored = refused.statuses,
-        disallowed = refused.disallowed,
-        parked = exec.parked,
-        "agent stopped"
-    );
-    outcome
+    Ok(agent_auth)
 }

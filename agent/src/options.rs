@@ -14,9 +14,9 @@ use tunefleet_common::topic::{validate_agent_id, TopicError, Topics, MAX_AGENT_I
 use tunefleet_common::BrokerUrl;
 
 use crate::auth::NAME_FILE;
+use crate::config::AgentConfig;
 use crate::energy::external::{ExternalConfig, Target};
 use crate::energy::{EnergyRoots, EstimateModel};
-use crate::AgentConfig;
 
 /// The state directory the flags of a subcommand name.
 pub fn state_dir(args: &StateArgs) -> Result<PathBuf, ConfigError> {

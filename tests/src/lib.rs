@@ -5,6 +5,7 @@
 pub mod chromium;
 pub mod member;
 pub mod mosquitto;
+pub mod mqtt;
 pub mod ports;
 pub mod slurm;
 pub mod spark;

@@ -5,11 +5,11 @@
 
 use std::time::{Duration, Instant};
 
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
-use tokio::sync::mpsc::UnboundedReceiver;
 use tunefleet_common::auth::{self, DownFrame, HelloRefused, Identity, JoinToken, Session, UpFrame};
 use tunefleet_common::message::{AgentInfo, AgentMessage, AgentStatus, CoordinatorMessage, CoordinatorStatus};
 use tunefleet_common::topic::{AgentTopic, Topics};
+
+use crate::mqtt::TestClient;
 
 /// What a Hello got.
 #[derive(Debug)]
@@ -21,10 +21,7 @@ pub enum Answer {
 /// One member's connection.
 pub struct Member {
     rt: tokio::runtime::Runtime,
-    client: AsyncClient,
-    /// The task polling the connection: it ends once the DISCONNECT is written.
-    poller: tokio::task::JoinHandle<()>,
-    frames: UnboundedReceiver<(String, Vec<u8>)>,
+    client: TestClient,
     topics: Topics,
     name: String,
     identity: Identity,
@@ -43,49 +40,16 @@ impl Member {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let topics = Topics::new(root).expect("root");
         let filters = [topics.coordinator_status(), topics.to_agent(name)];
-        let (client, frames, poller) = rt.block_on(async {
-            let mut opts = MqttOptions::new(format!("member-{name}-{:08x}", rand_u32()), "127.0.0.1", port);
-            opts.set_max_packet_size(1 << 22, 1 << 22);
-            let (client, mut el) = AsyncClient::new(opts, 4096);
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, Vec<u8>)>();
-            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-            let sub = client.clone();
-            let n = filters.len();
-            let poller = tokio::spawn(async move {
-                let mut ready = Some(ready_tx);
-                let mut acks = 0;
-                while let Ok(ev) = el.poll().await {
-                    match ev {
-                        Event::Incoming(Packet::ConnAck(_)) => {
-                            for f in &filters {
-                                let _ = sub.subscribe(f.clone(), QoS::AtLeastOnce).await;
-                            }
-                        }
-                        Event::Incoming(Packet::SubAck(_)) => {
-                            acks += 1;
-                            if acks == n {
-                                if let Some(r) = ready.take() {
-                                    let _ = r.send(());
-                                }
-                            }
-                        }
-                        Event::Incoming(Packet::Publish(p)) => {
-                            let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
-                        }
-                        Event::Outgoing(Outgoing::Disconnect) => break,
-                        _ => {}
-                    }
-                }
-            });
-            tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
-            (client, rx, poller)
+        let client = rt.block_on(async {
+            let id = format!("member-{name}-{:08x}", rand_u32());
+            let mut client = TestClient::connect(port, &id).await.expect("connects");
+            client.subscribe(&filters).await;
+            client
         });
         let identity = Identity::generate().expect("key").0;
         let mut m = Member {
             rt,
             client,
-            poller,
-            frames,
             topics,
             name: name.to_string(),
             identity,
@@ -164,20 +128,17 @@ impl Member {
 
     /// Publishes `payload` on `topic` as it is (a broker user's forgery).
     pub fn publish_raw(&mut self, topic: &str, payload: Vec<u8>, retain: bool) {
-        let client = self.client.clone();
-        let topic = topic.to_string();
-        self.rt
-            .block_on(async move { client.publish(topic, QoS::AtLeastOnce, retain, payload).await.expect("publish") });
+        self.rt.block_on(self.client.publish(topic, payload, retain)).expect("publish");
         // Let the event loop write it.
         self.pump(Duration::from_millis(100));
     }
 
     /// Disconnects from the broker, once everything sent before is written.
     pub fn disconnect(self) {
-        let Member { rt, client, poller, .. } = self;
+        let Member { rt, mut client, .. } = self;
         rt.block_on(async move {
             let _ = client.disconnect().await;
-            tokio::time::timeout(Duration::from_secs(10), poller).await.expect("disconnected in time").expect("poller");
+            assert!(client.wait_closed(Duration::from_secs(10)).await, "disconnected in time");
         });
     }
 
@@ -214,15 +175,12 @@ impl Member {
     }
 
     fn next_frame(&mut self, wait: Duration) -> Option<(String, Vec<u8>)> {
-        let frames = &mut self.frames;
-        self.rt.block_on(async { tokio::time::timeout(wait, frames.recv()).await.ok().flatten() })
+        self.rt.block_on(self.client.next_message(wait)).ok()
     }
 
     fn publish(&self, kind: AgentTopic, payload: Vec<u8>) {
         let topic = self.topics.agent(&self.name, kind);
-        let client = self.client.clone();
-        self.rt
-            .block_on(async move { client.publish(topic, QoS::AtLeastOnce, false, payload).await.expect("publish") });
+        self.rt.block_on(self.client.publish(topic, payload, false)).expect("publish");
     }
 }
 

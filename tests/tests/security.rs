@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use rumqttc::{AsyncClient, MqttOptions, QoS};
 use rusqlite::Connection;
 use tunefleet_common::auth::{self, Sealed, UpFrame};
 use tunefleet_common::measurement::*;
 use tunefleet_common::message::*;
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_tests::mosquitto::Mosquitto;
+use tunefleet_tests::mqtt::{NoMessage, TestClient};
 use tunefleet_tests::*;
 
 fn certs(dir: &Path, clients: &[&str]) -> PathBuf {
@@ -192,10 +192,7 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
     let sent = rt.block_on(async {
-        let mut opts = MqttOptions::new("mallory", "127.0.0.1", port);
-        opts.set_max_packet_size(1 << 22, 1 << 22);
-        let (client, mut el) = AsyncClient::new(opts, 256);
-        tokio::spawn(async move { while el.poll().await.is_ok() {} });
+        let client = TestClient::connect(port, "mallory").await.expect("mallory connects");
         let topics = Topics::new(&root).expect("root");
         let mut topics_all: Vec<String> = names
             .iter()
@@ -217,17 +214,17 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
                 if round % 5 == 0 && !bytes.is_empty() {
                     bytes[0] = tunefleet_common::PROTOCOL_VERSION; // right version, garbage body
                 }
-                if client.publish(t.clone(), QoS::AtLeastOnce, false, bytes).await.is_ok() {
+                if client.publish(t.clone(), bytes, false).await.is_ok() {
                     sent += 1;
                 }
             }
             // An oversized payload, and results with forged tokens in the agents' names.
             let big = vec![tunefleet_common::PROTOCOL_VERSION; tunefleet_common::MAX_MESSAGE_BYTES + 10];
-            let _ = client.publish(topics.agent(names[0], AgentTopic::Result), QoS::AtLeastOnce, false, big).await;
+            let _ = client.publish(topics.agent(names[0], AgentTopic::Result), big, false).await;
             for trial in 0..trials as u64 {
                 let forged = forged_result(trial, next());
                 let t = topics.agent(names[(trial % 2) as usize], AgentTopic::Result);
-                let _ = client.publish(t, QoS::AtLeastOnce, false, forged).await;
+                let _ = client.publish(t, forged, false).await;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -267,65 +264,26 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
 
     // Mallory connects first and listens to everything the victims publish.
-    let (client, mut frames, mut flushed) = rt.block_on(async {
-        let mut opts = MqttOptions::new("mallory-client", "127.0.0.1", port);
-        opts.set_max_packet_size(1 << 22, 1 << 22);
-        let (client, mut el) = AsyncClient::new(opts, 1024);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(String, Vec<u8>)>();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let (flushed_tx, flushed) = tokio::sync::oneshot::channel();
-        let sub = client.clone();
-        let filters = [format!("{}/v2/up/+/+", root), topics.coordinator_status(), topics.to_agent("mallory")];
-        tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            let mut flushed_tx = Some(flushed_tx);
-            let mut acks = 0;
-            while let Ok(ev) = el.poll().await {
-                match ev {
-                    rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
-                        for f in &filters {
-                            let _ = sub.subscribe(f.clone(), QoS::AtLeastOnce).await;
-                        }
-                    }
-                    rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
-                        acks += 1;
-                        if acks == filters.len() {
-                            if let Some(r) = ready.take() {
-                                let _ = r.send(());
-                            }
-                        }
-                    }
-                    rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
-                        let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
-                    }
-                    // Everything queued before the DISCONNECT has been written.
-                    rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect) => {
-                        if let Some(f) = flushed_tx.take() {
-                            let _ = f.send(());
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
-        tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
-        (client, rx, flushed)
+    let mut client = rt.block_on(async {
+        let mut client = TestClient::connect(port, "mallory-client").await.expect("mallory connects");
+        client
+            .subscribe(&[format!("{}/v2/up/+/+", root), topics.coordinator_status(), topics.to_agent("mallory")])
+            .await;
+        client
     });
     let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
 
+    /// Publishes `payload` on `topic` as it is, or fails the test.
+    async fn publish(client: &TestClient, topic: String, payload: Vec<u8>) {
+        client.publish(topic, payload, false).await.expect("publish");
+    }
     rt.block_on(async {
-        let publish = |topic: String, payload: Vec<u8>| {
-            let c = client.clone();
-            async move { c.publish(topic, QoS::AtLeastOnce, false, payload).await.expect("publish") }
-        };
         // Collect: the coordinator's signed status, one Hello and one sealed Request of v-agent-1.
         let (mut status, mut hello, mut request) = (None, None, None);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while status.is_none() || hello.is_none() || request.is_none() {
-            let (topic, payload) = tokio::time::timeout_at(deadline, frames.recv())
-                .await
-                .expect("the victims' traffic in time")
-                .expect("frames");
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (topic, payload) = client.next_message(left).await.expect("the victims' traffic in time");
             if topic == topics.coordinator_status() {
                 let signed: auth::Signed = tunefleet_common::decode(&payload).expect("signed status");
                 status = Some(auth::open_status(&signed).expect("verifies"));
@@ -346,12 +304,14 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         let proof = token.prove(&me.public(), "mallory").expect("proof");
         let (signed, pending) = auth::hello(&me, info, status.instance, 1, will_hash, Some(proof)).expect("hello");
         publish(
+            &client,
             topics.agent("mallory", AgentTopic::Hello),
             tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
         )
         .await;
         let mut session = loop {
-            let (topic, payload) = tokio::time::timeout_at(deadline, frames.recv()).await.expect("welcome").expect("f");
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (topic, payload) = client.next_message(left).await.expect("welcome");
             if topic == topics.agent("mallory", AgentTopic::Welcome) {
                 let Ok(auth::DownFrame::Welcome(w)) = tunefleet_common::decode(&payload) else { continue };
                 break pending.finish("mallory", &status.key, &w).expect("mallory is a fleet member");
@@ -380,11 +340,12 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                 let body = tunefleet_common::encode(msg).expect("enc");
                 let sealed = session.seal(kind, body.clone());
                 publish(
+                    &client,
                     topics.agent(victim, kind),
                     tunefleet_common::encode(&auth::DownFrame::Sealed(sealed)).expect("enc"),
                 )
                 .await;
-                publish(topics.agent(victim, kind), body).await;
+                publish(&client, topics.agent(victim, kind), body).await;
             }
         }
         // 2. A result and an offline status in a victim's name, with Mallory's keys; a forged will.
@@ -401,6 +362,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             });
             let sealed = session.seal(AgentTopic::Result, tunefleet_common::encode(&result).expect("enc"));
             publish(
+                &client,
                 topics.agent(names[0], AgentTopic::Result),
                 tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
             )
@@ -409,6 +371,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         let offline = AgentMessage::Status(AgentStatus { online: false, instance: 1 });
         let sealed = session.seal(AgentTopic::Status, tunefleet_common::encode(&offline).expect("enc"));
         publish(
+            &client,
             topics.agent(names[1], AgentTopic::Status),
             tunefleet_common::encode(&UpFrame::Sealed(sealed)).expect("enc"),
         )
@@ -416,14 +379,15 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
         let (fake_will, _) = auth::new_will(1).expect("will");
         for victim in names {
             publish(
+                &client,
                 topics.agent(victim, AgentTopic::Status),
                 tunefleet_common::encode(&UpFrame::Will(fake_will.clone())).expect("enc"),
             )
             .await;
         }
         // 3. Replays: v-agent-1's captured Hello and Request.
-        publish(topics.agent(names[0], AgentTopic::Hello), hello.expect("hello")).await;
-        publish(topics.agent(names[0], AgentTopic::Request), request.expect("request")).await;
+        publish(&client, topics.agent(names[0], AgentTopic::Hello), hello.expect("hello")).await;
+        publish(&client, topics.agent(names[0], AgentTopic::Request), request.expect("request")).await;
         // 4. A flood of Hellos under new names, each with a key of its own
         // and the fleet's token (Mallory holds it).
         for i in 0..40 {
@@ -433,13 +397,15 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             let proof = token.prove(&id.public(), &name).expect("proof");
             let (signed, _) = auth::hello(&id, info, status.instance, 1, [0; 32], Some(proof)).expect("hello");
             publish(
+                &client,
                 topics.agent(&format!("flood-{i}"), AgentTopic::Hello),
                 tunefleet_common::encode(&UpFrame::Hello(signed)).expect("enc"),
             )
             .await;
         }
         client.disconnect().await.expect("disconnect queued");
-        tokio::time::timeout(Duration::from_secs(10), &mut flushed).await.expect("flushed in time").expect("flushed");
+        // The broker has read everything queued before the DISCONNECT.
+        assert!(client.wait_closed(Duration::from_secs(10)).await, "flushed in time");
     });
     let status = coord.wait_exit(Duration::from_secs(120));
     let out = coord.rest_of_stdout().join("\n");
@@ -732,17 +698,12 @@ fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_
     rt.block_on(async {
         // Three times, while trials run: connect as `tf-agent-{victim}` and stay a while.
         for _ in 0..3 {
-            let opts = MqttOptions::new(format!("tf-agent-{victim}"), "127.0.0.1", port);
-            let (client, mut el) = AsyncClient::new(opts, 16);
-            let hold = async {
-                while let Ok(ev) = el.poll().await {
-                    if matches!(ev, rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) {
-                        connected += 1;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_millis(800), hold).await;
-            let _ = client.try_disconnect();
+            let Ok(mut impostor) = TestClient::connect(port, &format!("tf-agent-{victim}")).await else { continue };
+            connected += 1;
+            // Held 800 ms, unless the broker closes it first.
+            impostor.wait_closed(Duration::from_millis(800)).await;
+            let _ = impostor.disconnect().await;
+            impostor.wait_closed(Duration::from_secs(10)).await;
         }
     });
     assert!(connected > 0, "the impostor's connections were accepted");
@@ -762,8 +723,7 @@ fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_
 /// while the test waits on processes.
 struct Mallory {
     rt: tokio::runtime::Runtime,
-    client: AsyncClient,
-    frames: tokio::sync::mpsc::UnboundedReceiver<(String, Vec<u8>)>,
+    client: TestClient,
     topics: Topics,
     token: auth::JoinToken,
     name: String,
@@ -781,47 +741,17 @@ impl Mallory {
         let topics = Topics::new(root).expect("root");
         let mut filters = vec![topics.coordinator_status(), topics.to_agent(name)];
         filters.extend_from_slice(watch);
-        let (client, mut frames) = rt.block_on(async {
-            let mut opts = MqttOptions::new(format!("{name}-{}", std::process::id()), "127.0.0.1", port);
-            opts.set_max_packet_size(1 << 22, 1 << 22);
-            let (client, mut el) = AsyncClient::new(opts, 1024);
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-            let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-            let sub = client.clone();
-            tokio::spawn(async move {
-                let (mut ready, mut acks) = (Some(ready_tx), 0);
-                while let Ok(ev) = el.poll().await {
-                    match ev {
-                        rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)) => {
-                            for f in &filters {
-                                let _ = sub.subscribe(f.clone(), QoS::AtLeastOnce).await;
-                            }
-                        }
-                        rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)) => {
-                            acks += 1;
-                            if acks == filters.len() {
-                                if let Some(r) = ready.take() {
-                                    let _ = r.send(());
-                                }
-                            }
-                        }
-                        rumqttc::Event::Incoming(rumqttc::Packet::Publish(p)) => {
-                            let _ = tx.send((p.topic.clone(), p.payload.to_vec()));
-                        }
-                        _ => {}
-                    }
-                }
-            });
-            tokio::time::timeout(Duration::from_secs(10), ready_rx).await.expect("subscribed").expect("ready");
-            (client, rx)
+        let mut client = rt.block_on(async {
+            let mut client =
+                TestClient::connect(port, &format!("{name}-{}", std::process::id())).await.expect("connects");
+            client.subscribe(&filters).await;
+            client
         });
         let status_topic = topics.coordinator_status();
         let status = rt.block_on(async {
             loop {
-                let (topic, payload) = tokio::time::timeout(Duration::from_secs(30), frames.recv())
-                    .await
-                    .expect("the coordinator's status in time")
-                    .expect("frames");
+                let (topic, payload) =
+                    client.next_message(Duration::from_secs(30)).await.expect("the coordinator's status in time");
                 if topic == status_topic {
                     let signed: auth::Signed = tunefleet_common::decode(&payload).expect("signed status");
                     break auth::open_status(&signed).expect("verifies");
@@ -830,7 +760,7 @@ impl Mallory {
         });
         let token = join_token_of(root).expect("a token").parse().expect("token");
         let me = auth::Identity::generate().expect("key").0;
-        Mallory { rt, client, frames, topics, token, name: name.to_string(), me, status, session: None }
+        Mallory { rt, client, topics, token, name: name.to_string(), me, status, session: None }
     }
 
     /// A signed Hello under `name` with the key `id`, proving the fleet's join token.
@@ -840,22 +770,21 @@ impl Mallory {
     }
 
     fn publish(&self, topic: String, payload: Vec<u8>) {
-        let c = self.client.clone();
-        self.rt.block_on(async move { c.publish(topic, QoS::AtLeastOnce, false, payload).await.expect("publish") });
+        self.rt.block_on(self.client.publish(topic, payload, false)).expect("publish");
     }
 
     /// The next frame on `topic` (others are dropped), within `within`.
     fn frame_on(&mut self, topic: &str, within: Duration) -> Vec<u8> {
-        let frames = &mut self.frames;
+        let client = &mut self.client;
         self.rt.block_on(async {
             let deadline = tokio::time::Instant::now() + within;
             loop {
-                let (t, payload) = tokio::time::timeout_at(deadline, frames.recv())
-                    .await
-                    .unwrap_or_else(|_| panic!("nothing on {topic} within {within:?}"))
-                    .unwrap_or_else(|| panic!("the broker went away (did the coordinator exit?) before {topic}"));
-                if t == topic {
-                    break payload;
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match client.next_message(left).await {
+                    Ok((t, payload)) if t == topic => break payload,
+                    Ok(_) => {}
+                    Err(NoMessage::TimedOut) => panic!("nothing on {topic} within {within:?}"),
+                    Err(NoMessage::Closed) => panic!("the broker went away (did the coordinator exit?) before {topic}"),
                 }
             }
         })
@@ -1089,7 +1018,6 @@ fn regression_a_flood_of_junk_hellos_does_not_keep_a_new_agent_out() {
     let mut agent: Option<(Proc, Instant)> = None;
     let mut welcomed: Option<(Duration, u64)> = None;
     let flood = Instant::now();
-    let client = mallory.client.clone();
     mallory.rt.block_on(async {
         // 200 every 10 ms: 20,000 a second.
         let mut tick = tokio::time::interval(Duration::from_millis(10));
@@ -1109,13 +1037,13 @@ fn regression_a_flood_of_junk_hellos_does_not_keep_a_new_agent_out() {
                     vec![tunefleet_common::PROTOCOL_VERSION, 0, 0, 0]
                 };
                 let topic = topics.agent(&name, AgentTopic::Hello);
-                client.publish(topic, QoS::AtMostOnce, false, payload).await.expect("publish");
+                mallory.client.publish_at_most_once(topic, payload).await.expect("publish");
             }
             if agent.is_none() && flood.elapsed() >= Duration::from_secs(1) {
                 agent = Some((start_agent(&url, newcomer, &root, &[]), Instant::now()));
             }
             if let (None, Some((_, started))) = (welcomed, &agent) {
-                while let Ok((topic, payload)) = eye.frames.try_recv() {
+                while let Some((topic, payload)) = eye.client.try_message() {
                     let frame = tunefleet_common::decode::<auth::DownFrame>(&payload);
                     if topic == welcome && matches!(frame, Ok(auth::DownFrame::Welcome(_))) {
                         welcomed = Some((started.elapsed(), hellos + random));

@@ -61,7 +61,7 @@ mod start;
 
 use std::time::Duration;
 
-use rustix::process::Signal;
+use rustix::process::{Pid, Signal};
 use tokio::sync::{mpsc, oneshot};
 use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::TrialSpec;
@@ -164,56 +164,21 @@ async fn monitor(
                 if let Some(tx) = exited.take() {
                     let _ = tx.send(());
                 }
-                m.peak_rss = t.rss.stop();
-                // The leader as a zombie: its CPU time and its waited-for children's.
-                let final_ticks = match &m.exited {
-                    Some(Ok(Exited { stat: Some(s), .. })) => Some(s.utime + s.stime + s.cutime + s.cstime),
-                    _ => None,
-                };
-                t.registration.end(final_ticks);
-                let at_exit = t.start.elapsed();
-                // Nothing is measured after this: a boundary read later
-                // (buffered output) takes the totals at the exit, not what
-                // the machine did meanwhile (the next trial starting).
-                t.exited_at = Some(at_exit);
-                t.meter.sample(at_exit);
-                t.counters.sample(at_exit);
+                on_exit(t, &mut m);
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
             }
             event = t.output.recv(), if readers_open => match event {
-                Some(event) => {
-                    let mut profile = None;
-                    match &event {
-                        OutputEvent::Epoch { epoch, elapsed_us, .. } => {
-                            on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
-                            profile_first_window(cfg, t);
-                            if t.profile_unsent {
-                                t.profile_unsent = false;
-                                profile = t.window_profile.clone();
-                            }
-                        }
-                        OutputEvent::Step { elapsed_us } => {
-                            on_step_boundary(cfg, t, *elapsed_us);
-                            profile_first_window(cfg, t);
-                        }
-                        _ => {}
-                    }
-                    m.collected.take(event, progress.as_ref(), profile)
-                }
+                Some(event) => on_output(cfg, t, &mut m, event, progress.as_ref()),
                 None => readers_open = false,
             },
             _ = &mut deadline, if timeout.is_some() && m.stopped.is_none() && m.exited.is_none() => {
                 tracing::info!(pgid, "trial timed out; stopping its process group");
-                m.stopped = Some(ExitOutcome::TimedOut);
-                signal_group(pid, Signal::TERM);
-                kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+                kill_at = Some(stop(cfg, pid, &mut m, ExitOutcome::TimedOut));
             }
             c = control.next(), if m.stopped.is_none() && m.exited.is_none() => match c {
                 Control::Cancel => {
                     tracing::info!(pgid, "trial cancelled; stopping its process group");
-                    m.stopped = Some(ExitOutcome::Cancelled);
-                    signal_group(pid, Signal::TERM);
-                    kill_at = Some(tokio::time::Instant::now() + cfg.kill_grace);
+                    kill_at = Some(stop(cfg, pid, &mut m, ExitOutcome::Cancelled));
                 }
                 Control::Apply(system, role) => {
                     let at = t.start.elapsed();
@@ -244,6 +209,62 @@ async fn monitor(
         }
     }
     m
+}
+
+/// The workload's top process exited (`m.exited` says how): its peak RSS
+/// and CPU time taken, and the meter and counters sampled for the last time.
+fn on_exit(t: &mut Spawned, m: &mut Monitored) {
+    m.peak_rss = t.rss.stop();
+    // The leader as a zombie: its CPU time and its waited-for children's.
+    let final_ticks = match &m.exited {
+        Some(Ok(Exited { stat: Some(s), .. })) => Some(s.utime + s.stime + s.cutime + s.cstime),
+        _ => None,
+    };
+    t.registration.end(final_ticks);
+    let at_exit = t.start.elapsed();
+    // Nothing is measured after this: a boundary read later (buffered
+    // output) takes the totals at the exit, not what the machine did
+    // meanwhile (the next trial starting).
+    t.exited_at = Some(at_exit);
+    t.meter.sample(at_exit);
+    t.counters.sample(at_exit);
+}
+
+/// A line of the workload's output: an epoch or step boundary closes a
+/// probe window (the first window's profile goes out with the epoch's
+/// progress), and the line is collected.
+fn on_output(
+    cfg: &RunnerConfig,
+    t: &mut Spawned,
+    m: &mut Monitored,
+    event: OutputEvent,
+    progress: Option<&mpsc::Sender<EpochReport>>,
+) {
+    let mut profile = None;
+    match &event {
+        OutputEvent::Epoch { epoch, elapsed_us, .. } => {
+            on_epoch_boundary(cfg, t, *epoch, *elapsed_us);
+            profile_first_window(cfg, t);
+            if t.profile_unsent {
+                t.profile_unsent = false;
+                profile = t.window_profile.clone();
+            }
+        }
+        OutputEvent::Step { elapsed_us } => {
+            on_step_boundary(cfg, t, *elapsed_us);
+            profile_first_window(cfg, t);
+        }
+        _ => {}
+    }
+    m.collected.take(event, progress, profile)
+}
+
+/// Stops the workload's process group (SIGTERM) for `why`; returns when
+/// it is to be killed.
+fn stop(cfg: &RunnerConfig, pid: Pid, m: &mut Monitored, why: ExitOutcome) -> tokio::time::Instant {
+    m.stopped = Some(why);
+    signal_group(pid, Signal::TERM);
+    tokio::time::Instant::now() + cfg.kill_grace
 }
 
 /// Lets a trial that ran go: closes its output, stops its RSS sampler (its

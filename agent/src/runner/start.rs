@@ -260,42 +260,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     // exec, the workload is started directly by a thread of its own (one
     // exec); otherwise through the exec wrapper, held until "go".
     let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
-    let mut cmd = match spec.argv.split_first() {
-        Some((program, args)) if direct => {
-            let mut cmd = Command::new(program);
-            cmd.args(args).stdin(if control { Stdio::piped() } else { Stdio::null() });
-            cmd
-        }
-        _ => {
-            let plan = ExecPlan {
-                cpus: run.cpus.clone(),
-                rlimit_as: prepared.rlimit_as,
-                keep_stdin: control,
-                argv: spec.argv.iter().map(Into::into).collect(),
-            };
-            let mut cmd = Command::new(&cfg.wrapper);
-            cmd.args(plan.to_args()).stdin(Stdio::piped());
-            cmd
-        }
-    };
-    scrub_secrets(&mut cmd);
-    cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
-    if control {
-        cmd.env(CONTROL_VAR, "stdin");
-    }
-    if spec.probe.as_ref().is_some_and(|p| p.unit == tunefleet_common::message::WindowUnit::Steps) {
-        cmd.env(STEPS_VAR, "1");
-    }
-    if cfg.inherit_output {
-        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
-    } else {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    }
-    if let Some(t) = spec.system.threads {
-        for var in THREAD_VARS {
-            cmd.env(var, t.to_string());
-        }
-    }
+    let cmd = command(cfg, run, &prepared, control, direct);
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
     let started = if direct {
         let meter = energy::start_or_estimate(energy, cfg.energy_model);
@@ -360,6 +325,51 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         profile_unsent: false,
         exited_at: None,
     })
+}
+
+/// The command that starts `run`'s workload: the program itself when
+/// `direct`, else the exec wrapper with its plan; in a process group of its
+/// own, with the trial's environment (the control channel, step lines,
+/// thread counts) and without the agent's secrets.
+fn command(cfg: &RunnerConfig, run: &TrialRun, prepared: &Prepared, control: bool, direct: bool) -> Command {
+    let spec = &run.spec;
+    let mut cmd = match spec.argv.split_first() {
+        Some((program, args)) if direct => {
+            let mut cmd = Command::new(program);
+            cmd.args(args).stdin(if control { Stdio::piped() } else { Stdio::null() });
+            cmd
+        }
+        _ => {
+            let plan = ExecPlan {
+                cpus: run.cpus.clone(),
+                rlimit_as: prepared.rlimit_as,
+                keep_stdin: control,
+                argv: spec.argv.iter().map(Into::into).collect(),
+            };
+            let mut cmd = Command::new(&cfg.wrapper);
+            cmd.args(plan.to_args()).stdin(Stdio::piped());
+            cmd
+        }
+    };
+    scrub_secrets(&mut cmd);
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v))).process_group(0);
+    if control {
+        cmd.env(CONTROL_VAR, "stdin");
+    }
+    if spec.probe.as_ref().is_some_and(|p| p.unit == tunefleet_common::message::WindowUnit::Steps) {
+        cmd.env(STEPS_VAR, "1");
+    }
+    if cfg.inherit_output {
+        cmd.stdout(Stdio::inherit()).stderr(Stdio::inherit());
+    } else {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    if let Some(t) = spec.system.threads {
+        for var in THREAD_VARS {
+            cmd.env(var, t.to_string());
+        }
+    }
+    cmd
 }
 
 /// Takes the agent's own secrets (its join token, its broker password) out
