@@ -66,7 +66,9 @@
 //! each time a tenth more are told, on the first told trials up to that
 //! point (by id), and remembered in between: most asks fit nothing and an
 //! ask is still a function of what was told. An ask then conditions the
-//! model on at most [`GpSettings::model_points`] told trials (one factorisation) and
+//! model on at most [`GpSettings::model_points`] told trials (the factor
+//! continued from the rows it shares with the last ask's, `O(n^2)` a new
+//! point, bit for bit a full factorisation) and
 //! scores a few thousand candidates (O(n^2) each); beyond those counts the
 //! best half and an even spread of the rest are kept. BENCHMARKS.md gives
 //! the time per ask (`cargo run --release --example gp_ask_cost`); for
@@ -764,7 +766,7 @@ impl Model {
     }
 }
 
-/// [`cholesky_from`]; in tests with [`tests::reference`] on, the
+/// [`cholesky_from`]; in tests with `tests::reference` on, the
 /// factorisation before issue 37's incremental one: every row, one at a
 /// time, whatever is known.
 fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {

@@ -22,7 +22,7 @@ const ROWS_AT_ONCE: usize = 4;
 /// so the rows past `p` cost `O((n - p) n^2)` instead of `O(n^3)`: a point
 /// added to a model costs `O(n^2)`. Every entry is the sum of the same
 /// products in the same order as the one-row-at-a-time loop
-/// ([`tests::cholesky_reference`]): the factor is bit for bit the same.
+/// (`tests::cholesky_reference`): the factor is bit for bit the same.
 pub fn cholesky_from(a: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {
     let mut l = vec![0.0; n * n];
     for i in 0..p.min(n) {
