@@ -1,8 +1,9 @@
 //! The cost of one `gp` ask (issue 37) at 100, 300 and 1,000 told trials,
 //! with 0 and 4 trials in flight: a study of 6 floats (hartmann6's space)
-//! told random configurations, then asks timed one by one (median and
-//! largest of `ASKS`, after the first, whose hyper-parameters fit is timed
-//! alone). Every ask the `gp` search makes between two refits of its
+//! told random configurations, then `ASKS` asks timed one by one, each
+//! after one more trial is told, as in a study (median, smallest and
+//! largest, after the first, whose hyper-parameters fit is timed alone).
+//! Every ask the `gp` search makes between two refits of its
 //! hyper-parameters costs what the median says.
 //!
 //! Usage: `gp_ask_cost [ASKS]`; `GP_REFIT_FROM=1000000` fits the
@@ -32,26 +33,35 @@ fn main() {
                 settings.model_points = points;
             }
             let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, 7, settings);
-            for t in 0..told {
+            let tell = |gp: &mut Gp, t: u64, rng: &mut ChaCha8Rng| {
                 let p: Params = space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect();
                 let v: f64 = space.iter().map(|(n, _)| (p[n].as_f64().unwrap_or(0.0) - 0.3).powi(2)).sum();
                 gp.tell(t, &p, Outcome::Complete(v));
+            };
+            for t in 0..told {
+                tell(&mut gp, t, &mut rng);
             }
             let running: Vec<(u64, Params)> = (0..in_flight as u64)
-                .map(|k| (told + k, space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect()))
+                .map(|k| {
+                    (1_000_000 + k, space.iter().map(|(n, _)| (n.clone(), ParamValue::Float(rng.random()))).collect())
+                })
                 .collect();
             let view: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
             let mut times = Vec::new();
-            for k in 0..=asks {
+            for k in 0..=asks as u64 {
+                if k > 0 {
+                    tell(&mut gp, told + k, &mut rng);
+                }
                 let started = Instant::now();
-                let _ = gp.ask(told + 100 + k as u64, &view);
+                let _ = gp.ask(told + 100 + k, &view);
                 times.push(started.elapsed().as_secs_f64() * 1e3);
             }
             let first = times.remove(0);
             times.sort_by(f64::total_cmp);
             println!(
-                "told {told:>5}, in flight {in_flight}: first ask (fits) {first:7.1} ms, then median {:6.1} ms, largest {:6.1} ms",
+                "told {told:>5}, in flight {in_flight}: first ask (fits) {first:7.1} ms, then median {:6.1} ms, range {:6.1} to {:6.1} ms",
                 times[times.len() / 2],
+                times[0],
                 times[times.len() - 1]
             );
         }

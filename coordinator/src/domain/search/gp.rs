@@ -66,7 +66,9 @@
 //! each time a tenth more are told, on the first told trials up to that
 //! point (by id), and remembered in between: most asks fit nothing and an
 //! ask is still a function of what was told. An ask then conditions the
-//! model on at most [`GpSettings::model_points`] told trials (one factorisation) and
+//! model on at most [`GpSettings::model_points`] told trials (the factor
+//! continued from the rows it shares with the last ask's, `O(n^2)` a new
+//! point, bit for bit a full factorisation) and
 //! scores a few thousand candidates (O(n^2) each); beyond those counts the
 //! best half and an even spread of the rest are kept. BENCHMARKS.md gives
 //! the time per ask (`cargo run --release --example gp_ask_cost`); for
@@ -81,7 +83,7 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::Params;
 
 use super::draw::sample;
-use super::linalg::{cholesky, nelder_mead, solve_lower, solve_lower_many, solve_upper_t};
+use super::linalg::{cholesky_from, nelder_mead, solve_lower, solve_lower_many, solve_upper_t};
 use super::sampler::{Outcome, Sampler};
 use super::tpe::{choices, decode, encode, int_top, standard_normal};
 use crate::domain::study::{Direction, ParamSpec};
@@ -184,13 +186,16 @@ pub struct Gp {
     /// The hyper-parameters last fitted and the told trials (id, value
     /// bits) they were fitted on ([`Gp::hyper_parameters`]).
     fitted: RefCell<Option<(FitKey, Theta)>>,
+    /// The model of the last ask's told trials: the next ask's factor
+    /// starts from the rows of the points both begin with ([`Gp::model`]).
+    factored: RefCell<Option<Model>>,
 }
 
 /// The told trials a fit was made on: (trial id, its value's bits).
 type FitKey = Vec<(u64, u64)>;
 
 /// A fitted process.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 struct Model {
     x: Vec<Vec<f64>>,
     /// The standardised values it was conditioned on.
@@ -205,6 +210,14 @@ struct Theta {
     length: Vec<f64>,
     signal: f64,
     noise: f64,
+}
+
+impl Theta {
+    /// The same values, bit for bit (a kernel matrix of the same points is).
+    fn same_as(&self, other: &Theta) -> bool {
+        let bits = |t: &Theta| t.length.iter().chain([&t.signal, &t.noise]).map(|v| v.to_bits()).collect::<Vec<u64>>();
+        bits(self) == bits(other)
+    }
 }
 
 impl Gp {
@@ -242,6 +255,7 @@ impl Gp {
             settings,
             told: BTreeMap::new(),
             fitted: RefCell::new(None),
+            factored: RefCell::new(None),
         }
     }
 
@@ -334,7 +348,11 @@ impl Gp {
         }
         let (x, y) = subset(x, y, self.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
-        let model = self.model(x.clone(), &y, &theta)?;
+        let last = self.factored.try_borrow_mut().ok().and_then(|mut cell| cell.take());
+        let model = self.model(x.clone(), &y, &theta, last.as_ref())?;
+        if let Ok(mut cell) = self.factored.try_borrow_mut() {
+            *cell = Some(model.clone());
+        }
         // Best posterior mean at a told configuration: the incumbent.
         let best = x.iter().map(|u| model.predict_mean(self, u)).fold(f64::INFINITY, f64::min);
         let pending: Vec<Vec<f64>> =
@@ -571,8 +589,28 @@ impl Gp {
         theta.signal * (1.0 + r + r * r / 3.0) * (-r).exp()
     }
 
-    fn model(&self, x: Vec<Vec<f64>>, y: &[f64], theta: &Theta) -> Option<Model> {
-        let (chol, alpha) = self.factor(&x, y, theta)?;
+    /// The process conditioned on `x`, `y`. `known`: a model with the same
+    /// hyper-parameters whose points `x` begins with, as far as they agree
+    /// (the last ask's, or the told trials' when the running ones are added):
+    /// the factor's rows of those points are its own (bit for bit what a
+    /// full factorisation gives, [`cholesky_from`]), and only the rows of
+    /// the others are computed, `O(n^2)` each.
+    fn model(&self, x: Vec<Vec<f64>>, y: &[f64], theta: &Theta, known: Option<&Model>) -> Option<Model> {
+        let n = x.len();
+        let known = known.filter(|m| m.theta.same_as(theta));
+        let p = known.map_or(0, |m| m.x.iter().zip(&x).take_while(|(a, b)| a == b).count());
+        #[cfg(test)]
+        let p = if tests::reference() { 0 } else { p };
+        let mut k = vec![0.0; n * n];
+        for i in p..n {
+            for j in 0..=i {
+                k[i * n + j] = self.kernel(&x[i], &x[j], theta);
+            }
+            k[i * n + i] += theta.noise + 1e-9;
+        }
+        let (rows, stride) = known.map_or((&[][..], 0), |m| (&m.chol[..], m.x.len()));
+        let chol = factorise(&k, n, rows, stride, p)?;
+        let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
         Some(Model { x, y: y.to_vec(), chol, alpha, theta: theta.clone() })
     }
 
@@ -589,7 +627,7 @@ impl Gp {
             }
             k[i * n + i] += theta.noise + 1e-9;
         }
-        let chol = cholesky(&k, n)?;
+        let chol = factorise(&k, n, &[], 0, 0)?;
         let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
         Some((chol, alpha))
     }
@@ -695,6 +733,13 @@ impl Model {
                 *mu += a * kij;
             }
         }
+        #[cfg(test)]
+        if tests::reference() {
+            super::linalg::tests::solve_lower_many_reference(&self.chol, n, &mut k, m);
+        } else {
+            solve_lower_many(&self.chol, n, &mut k, m);
+        }
+        #[cfg(not(test))]
         solve_lower_many(&self.chol, n, &mut k, m);
         let mut explained = vec![0.0; m];
         for row in k.chunks(m.max(1)) {
@@ -719,6 +764,18 @@ impl Model {
         let var = (self.theta.signal - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
         (mean, var)
     }
+}
+
+/// [`cholesky_from`]; in tests with `tests::reference` on, the
+/// factorisation before issue 37's incremental one: every row, one at a
+/// time, whatever is known.
+fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {
+    #[cfg(test)]
+    if tests::reference() {
+        let full: Vec<f64> = (0..n * n).map(|c| if c % n <= c / n { k[c] } else { k[(c % n) * n + c / n] }).collect();
+        return super::linalg::tests::cholesky_reference(&full, n);
+    }
+    cholesky_from(k, n, known, stride, p)
 }
 
 /// How many of `n` told trials the hyper-parameters are fitted on: all up

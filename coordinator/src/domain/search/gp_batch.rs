@@ -191,7 +191,7 @@ impl Pending<'_> {
         xs.extend(self.pending.iter().cloned());
         let mut ys = model.y.clone();
         ys.extend_from_slice(values);
-        self.gp.model(xs, &ys, &model.theta)
+        self.gp.model(xs, &ys, &model.theta, Some(model))
     }
 
     /// `count` joint draws of the posterior (latent, plus the noise) at

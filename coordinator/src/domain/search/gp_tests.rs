@@ -4,6 +4,19 @@ use crate::domain::search::Proposer;
 use crate::domain::search::Random;
 use tunefleet_common::params::ParamValue;
 
+thread_local! {
+    /// Whether this test thread's asks take the reference path
+    /// ([`reference`]).
+    static REFERENCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// On: every factor computed in full, one row at a time, and candidates'
+/// columns solved all together, as before issue 37's incremental model;
+/// what the incremental path must propose alike.
+pub(super) fn reference() -> bool {
+    REFERENCE.with(std::cell::Cell::get)
+}
+
 fn float(low: f64, high: f64) -> ParamSpec {
     ParamSpec::Float { low, high, grid: 2 }
 }
@@ -291,4 +304,59 @@ fn the_hyper_parameters_are_refitted_on_a_schedule_and_an_ask_stays_a_function_o
         fresh.tell(i as u64, p, Outcome::Complete(v));
     }
     assert_eq!(along.ask(41, &[]), fresh.ask(41, &[]));
+}
+
+/// The configurations a study of `f` proposes over `trials` asks with
+/// `in_flight` trials running at each (the oldest told before the next
+/// ask), the model's factors computed as [`reference`] says.
+fn proposals(reference_path: bool, seed: u64, in_flight: usize, settings: GpSettings) -> Vec<Params> {
+    REFERENCE.with(|r| r.set(reference_path));
+    let space: Vec<(String, ParamSpec)> =
+        ["a", "b", "c", "d"].iter().map(|n| (n.to_string(), float(0.0, 1.0))).collect();
+    let f = |p: &Params| {
+        ["a", "b", "c", "d"].iter().enumerate().map(|(i, k)| (x(p, k) - 0.2 * i as f64).powi(2)).sum::<f64>()
+            + 0.1 * (7.0 * x(p, "a")).sin()
+    };
+    let mut gp = Gp::new(space, Direction::Minimize, 1, seed, settings);
+    let mut running: std::collections::VecDeque<(u64, Params)> = std::collections::VecDeque::new();
+    let mut asked = Vec::new();
+    for i in 0..45u64 {
+        if running.len() >= in_flight {
+            if let Some((t, p)) = running.pop_front() {
+                gp.tell(t, &p, Outcome::Complete(f(&p)));
+            }
+        }
+        let view: Vec<(u64, &Params)> = running.iter().map(|(t, p)| (*t, p)).collect();
+        let p = gp.ask(i, &view);
+        asked.push(p.clone());
+        running.push_back((i, p));
+    }
+    assert!(gp.factored.borrow().is_some(), "the last ask's model is kept for the next");
+    REFERENCE.with(|r| r.set(false));
+    asked
+}
+
+#[test]
+fn the_incremental_model_proposes_what_a_full_refactorisation_does() {
+    // Told and running trials grow one by one, the hyper-parameters are
+    // refitted along the way (at 30, 33, 36... told), and past 24 told the
+    // model keeps a subset that shifts as trials are told (the factor's
+    // known rows then end where the subsets part): every proposal as with
+    // every factor computed afresh, one row at a time.
+    let small = GpSettings { model_points: 24, ..GpSettings::default() };
+    for (seed, in_flight, settings) in
+        [(1, 1, GpSettings::default()), (2, 4, GpSettings::default()), (3, 1, small), (4, 4, small)]
+    {
+        let incremental = proposals(false, seed, in_flight, settings);
+        let reference = proposals(true, seed, in_flight, settings);
+        assert_eq!(incremental.len(), reference.len());
+        for (i, (a, b)) in incremental.iter().zip(&reference).enumerate() {
+            for k in ["a", "b", "c", "d"] {
+                assert!(
+                    (x(a, k) - x(b, k)).abs() <= 1e-12,
+                    "seed {seed}, {in_flight} in flight, ask {i}: {a:?} against the reference {b:?}"
+                );
+            }
+        }
+    }
 }
