@@ -640,9 +640,11 @@ fn sched_expiry_offline(trials: u64) -> (f64, f64) {
         let t0 = Instant::now();
         let effects = s.status("a", &AgentStatus { online: false, instance: 1 });
         offline += t0.elapsed();
-        assert_eq!(effects.len(), 10);
+        let released = effects.iter().filter(|e| matches!(e, Effect::Requeued { .. })).count();
+        assert!(released >= 1, "the held leases are released: {effects:?}");
         s.request("a", &sched_request(i + 2, 10));
-        assert_eq!(s.assign(0).len(), 10);
+        // An agent that lost held trials gets fewer back at once (issue 35).
+        assert!(!s.assign(0).is_empty());
     }
     (tick, offline.as_secs_f64() * 1e6 / rounds as f64)
 }
@@ -1031,10 +1033,12 @@ fn main() {
     if want("rtt") {
         rt.block_on(bench_rtt());
     }
-    if want("sim") || want("sched") {
+    // `SIM_ONLY=1`: the coordinator's capacity table alone (to compare two builds).
+    let sim_all = want("sim") && std::env::var_os("SIM_ONLY").is_none();
+    if sim_all || want("sched") {
         bench_sched();
     }
-    if want("sim") || want("memory") {
+    if sim_all || want("memory") {
         rt.block_on(bench_memory(1_000));
     }
     if want("sim") {
