@@ -64,8 +64,9 @@ fn main() {
         system: SystemParams::default(),
         timeout_ms: 60_000,
         probe: None,
+        gpus: 0,
     };
-    let run = TrialRun { spec, cpus: vec![], label: "bench".into() };
+    let run = TrialRun { spec, cpus: vec![], label: "bench".into(), gpus: vec![] };
     let (mut d, mut w, mut bare) = (Tally::default(), Tally::default(), Tally::default());
     let mut best = [0f64; 3];
     for _ in 0..rounds {

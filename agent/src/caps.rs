@@ -34,6 +34,8 @@ pub struct CapsInput {
     pub cpus: Vec<u32>,
     pub energy: Vec<EnergySourceInfo>,
     pub tags: BTreeMap<String, String>,
+    /// GPUs it gives trials ([`crate::energy::gpu::GpuReport::devices`]).
+    pub gpus: Vec<tunefleet_common::message::GpuDevice>,
 }
 
 /// Probes the machine (kernel, memory, counters that open) and builds the Hello.
@@ -52,6 +54,7 @@ pub fn agent_info(input: CapsInput) -> AgentInfo {
         energy: input.energy,
         counters: crate::counters::probe(),
         tags: input.tags,
+        gpus: input.gpus,
     }
 }
 
@@ -69,6 +72,7 @@ mod tests {
             cpus: vec![0, 1],
             energy: vec![],
             tags: BTreeMap::from([("rack".into(), "a".into())]),
+            gpus: vec![],
         });
         assert_eq!(info.arch, std::env::consts::ARCH);
         assert_eq!(info.cores, 2);

@@ -240,6 +240,7 @@ impl CoMeter {
                         cpu_us: 0,
                         cpus: self.cores(),
                         covered_ms: 0,
+                        gpus: vec![],
                     },
                 };
                 if self.answers.len() >= MAX_ANSWERS {
@@ -289,6 +290,7 @@ impl CoMeter {
             cpu_us,
             cpus: self.cores(),
             covered_ms,
+            gpus: vec![],
         }
     }
 }

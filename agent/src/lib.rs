@@ -308,12 +308,12 @@ impl Executor {
     }
 
     fn start(&mut self, start: StartTrial) {
-        let StartTrial { trial, spec, cpus } = start;
-        tracing::info!(%trial, argv = ?spec.argv, ?cpus, "starting trial");
+        let StartTrial { trial, spec, cpus, gpus } = start;
+        tracing::info!(%trial, argv = ?spec.argv, ?cpus, gpus = ?gpus.iter().map(|g| g.index).collect::<Vec<_>>(), "starting trial");
         let (handle, control) = runner::TrialHandle::new();
         self.trials.insert(trial.clone(), handle);
         let label = format!("{}-{:x}", pending::file_name(&trial).trim_end_matches(".bin"), rand::random::<u32>());
-        let run = TrialRun { spec, cpus, label };
+        let run = TrialRun { spec, cpus, gpus, label };
         let runner = Arc::clone(&self.runner);
         let done = self.done_tx.clone();
         let progress = self.progress_tx.clone();
@@ -427,6 +427,8 @@ impl<'c> Agent<'c> {
         )?;
         let cpus = agent_cpus(config);
         let selection = energy::select(&config.energy_roots, config.energy_model);
+        // The GPUs it gives trials (none where NVML is absent or not built in).
+        let gpus = energy::gpu::probe(config.energy_roots.nvml_lib.as_deref()).devices();
         let info = caps::agent_info(caps::CapsInput {
             agent: config.name.clone(),
             instance,
@@ -435,10 +437,11 @@ impl<'c> Agent<'c> {
             cpus: cpus.clone(),
             energy: selection.found.clone(),
             tags: config.tags.clone(),
+            gpus,
         });
-        tracing::info!(agent = %config.name, instance, slots = config.slots, counters = ?info.counters, "agent starting");
+        tracing::info!(agent = %config.name, instance, slots = config.slots, gpus = info.gpus.len(), counters = ?info.counters, "agent starting");
         let trials = foreign::TrialRegistry::default();
-        let runner = runner_config(config, wrapper, &selection, &cpus, trials.clone());
+        let runner = runner_config(config, wrapper, &selection, &cpus, &info.gpus, trials.clone());
         let telemetry = telemetry::TelemetrySampler::new(
             std::path::Path::new("/proc"),
             selection.source.as_ref(),
@@ -738,12 +741,13 @@ fn agent_cpus(config: &AgentConfig) -> Vec<u32> {
 }
 
 /// How this agent runs trials: through `wrapper`, with the energy source
-/// selected, on `cpus`, its trials' processes registered in `trials`.
+/// selected, on `cpus` (and `gpus`), its trials' processes registered in `trials`.
 fn runner_config(
     config: &AgentConfig,
     wrapper: PathBuf,
     selection: &energy::Selection,
     cpus: &[u32],
+    gpus: &[tunefleet_common::message::GpuDevice],
     trials: foreign::TrialRegistry,
 ) -> RunnerConfig {
     let mut runner = RunnerConfig::new(wrapper);
@@ -753,6 +757,8 @@ fn runner_config(
     runner.sample_interval = config.sample_interval;
     runner.machine_cpus = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
     runner.trials = trials;
+    runner.nvml_lib = config.energy_roots.nvml_lib.clone();
+    runner.gpus_offered = !gpus.is_empty();
     runner
 }
 

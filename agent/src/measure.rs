@@ -48,9 +48,11 @@ pub async fn measure(cfg: &MeasureConfig, control: ControlInput) -> Measurement 
             system: SystemParams::default(),
             timeout_ms: 0,
             probe: None,
+            gpus: 0,
         },
         cpus: Vec::new(),
         label: format!("measure-{}", std::process::id()),
+        gpus: vec![],
     };
     run_trial(&runner, &run, None, control).await
 }

@@ -4,6 +4,10 @@
 //! no clocks, no processes: `lib.rs` carries the actions out.
 //!
 //! Rules it enforces:
+//! * never two running trials on one GPU: a trial of a study with
+//!   `gpus = N` starts on N GPUs no other running trial holds, waits for
+//!   them held ahead like for a slot, or is refused (as one needing more
+//!   GPUs than the agent has);
 //! * never more trials running than slots; an assignment that finds every
 //!   slot busy is held ready (at most `lookahead` of them, in order) and
 //!   started the moment a slot frees, before the coordinator hears of it:
@@ -30,8 +34,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::{
-    AckOutcome, AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, Progress, Refusal,
-    ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
+    AckOutcome, AgentInfo, AgentMessage, AgentStatus, Assignment, Cancel, CoordinatorStatus, GpuDevice, Progress,
+    Refusal, ResultAck, TrialRef, TrialResult, TrialSpec, WorkRequest,
 };
 
 use crate::cpus;
@@ -42,6 +46,8 @@ pub struct StartTrial {
     pub trial: TrialRef,
     pub spec: TrialSpec,
     pub cpus: Vec<u32>,
+    /// Its own GPUs (`spec.gpus` of them), given to no other running trial.
+    pub gpus: Vec<GpuDevice>,
 }
 
 /// What the agent must do.
@@ -71,6 +77,8 @@ pub struct AgentState {
     allowed_cpus: Vec<u32>,
     seq: u64,
     running: BTreeMap<TrialRef, Vec<u32>>,
+    /// The GPUs (their NVML indexes) each running trial was given.
+    gpus: BTreeMap<TrialRef, Vec<u32>>,
     /// Running trials whose workload exited, their result not yet in: no
     /// longer in a slot ([`AgentState::on_exited`]).
     exited: std::collections::BTreeSet<TrialRef>,
@@ -134,6 +142,7 @@ impl AgentState {
             allowed_cpus,
             seq: 0,
             running: BTreeMap::new(),
+            gpus: BTreeMap::new(),
             exited: Default::default(),
             held: VecDeque::new(),
             unacked: BTreeMap::new(),
@@ -406,9 +415,23 @@ impl AgentState {
             out.extend(again);
             return out;
         }
+        let need = assignment.spec.gpus;
+        if need as usize > self.info.gpus.len() {
+            let reason = format!("the trial needs {need} GPUs; this agent has {}", self.info.gpus.len());
+            return vec![self.refuse(trial, reason)];
+        }
         // Up to every place announced: an automatic lookahead that shrank
         // since its last request still takes what that request asked for.
-        let (free, ahead) = self.room_of(self.info.ahead_places());
+        let (mut free, ahead) = self.room_of(self.info.ahead_places());
+        if free > 0 && self.idle_gpus().len() < need as usize {
+            // A slot, but its GPUs are another trial's: it waits for them
+            // like for a slot (held), or is refused.
+            if ahead == 0 {
+                let reason = format!("the trial needs {need} GPUs; every GPU of this agent is given to another trial");
+                return vec![self.refuse(trial, reason)];
+            }
+            free = 0;
+        }
         if free == 0 && ahead > 0 {
             self.started += 1;
             self.held.push_back(assignment);
@@ -430,13 +453,26 @@ impl AgentState {
         vec![self.start(assignment)]
     }
 
-    /// Starts an accepted assignment in a free slot.
+    /// The GPUs no running trial holds (a trial whose workload exited
+    /// holds none), in index order.
+    fn idle_gpus(&self) -> Vec<&GpuDevice> {
+        let held: Vec<u32> =
+            self.gpus.iter().filter(|(t, _)| !self.exited.contains(*t)).flat_map(|(_, g)| g).copied().collect();
+        self.info.gpus.iter().filter(|g| !held.contains(&g.index)).collect()
+    }
+
+    /// Starts an accepted assignment in a free slot, on GPUs of its own
+    /// (the caller checked that enough are idle).
     fn start(&mut self, assignment: Assignment) -> Action {
         let in_use: Vec<u32> =
             self.running.iter().filter(|(t, _)| !self.exited.contains(*t)).flat_map(|(_, c)| c).copied().collect();
         let cpus = cpus::cpus_for_trial(assignment.spec.system.cores, &self.allowed_cpus, &in_use);
+        let gpus: Vec<GpuDevice> = self.idle_gpus().into_iter().take(assignment.spec.gpus as usize).cloned().collect();
         self.running.insert(assignment.trial.clone(), cpus.clone());
-        Action::Start(StartTrial { trial: assignment.trial, spec: assignment.spec, cpus })
+        if !gpus.is_empty() {
+            self.gpus.insert(assignment.trial.clone(), gpus.iter().map(|g| g.index).collect());
+        }
+        Action::Start(StartTrial { trial: assignment.trial, spec: assignment.spec, cpus, gpus })
     }
 
     /// Gives every held trial back to the coordinator (refused with
@@ -573,7 +609,11 @@ impl AgentState {
     fn start_held(&mut self) -> Vec<Action> {
         let mut out = Vec::new();
         while self.idle_slots() > 0 {
-            let Some(next) = self.held.pop_front() else { break };
+            // The first in order whose GPUs are idle (one waiting for GPUs
+            // does not keep a slot from a trial that needs none).
+            let idle = self.idle_gpus().len();
+            let Some(at) = self.held.iter().position(|a| a.spec.gpus as usize <= idle) else { break };
+            let Some(next) = self.held.remove(at) else { break };
             out.push(self.start(next));
         }
         out
@@ -582,6 +622,7 @@ impl AgentState {
     /// A trial ended: publish its result, keep it until acked, ask for more.
     pub fn on_finished(&mut self, trial: TrialRef, mut measurement: Measurement) -> Vec<Action> {
         self.exited.remove(&trial);
+        self.gpus.remove(&trial);
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
             if !matches!(measurement.exit, ExitOutcome::SpawnFailed(_)) {
@@ -651,6 +692,7 @@ mod tests {
             energy: vec![],
             counters: vec![],
             tags: Default::default(),
+            gpus: vec![],
         }
     }
 
@@ -668,8 +710,74 @@ mod tests {
                 system: SystemParams { cores, ..SystemParams::default() },
                 timeout_ms: 1000,
                 probe: None,
+                gpus: 0,
             },
         }
+    }
+
+    fn assign_gpus(n: u64, gpus: u32) -> Assignment {
+        let mut a = assign(n, None);
+        a.spec.gpus = gpus;
+        a
+    }
+
+    fn gpu_agent(slots: u32, gpus: u32, lookahead: u32) -> AgentState {
+        let gpus = (0..gpus).map(|i| GpuDevice { index: i, uuid: format!("GPU-{i}"), name: "H200".into() }).collect();
+        let mut st = AgentState::new(AgentInfo { lookahead, gpus, ..info(slots) }, vec![0, 1, 2, 3], None);
+        st.on_coordinator_status(status(true, 1));
+        welcome(&mut st);
+        st
+    }
+
+    /// The GPUs of each trial started by `actions`.
+    fn started_gpus(actions: &[Action]) -> Vec<(u64, Vec<u32>)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Start(s) => Some((s.trial.trial, s.gpus.iter().map(|g| g.index).collect())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn refusal(actions: &[Action]) -> Option<String> {
+        actions.iter().find_map(|a| match a {
+            Action::Publish(AgentMessage::Refuse(r)) => Some(r.reason.clone()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn each_trial_gets_gpus_of_its_own_and_one_waits_for_them_like_for_a_slot() {
+        let mut st = gpu_agent(3, 2, 1);
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(1, 1))), [(1, vec![0])]);
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(2, 1))), [(2, vec![1])]);
+        // A slot is free, its GPUs are not: held, not started on a taken GPU.
+        let third = st.on_assign(assign_gpus(3, 1));
+        assert!(started_gpus(&third).is_empty() && refusal(&third).is_none(), "{third:?}");
+        assert_eq!(st.held_count(), 1);
+        // A trial needing no GPU takes the free slot past the waiting one.
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(4, 0))), [(4, vec![])]);
+        // Trial 1's workload exits: its GPU goes to the held trial.
+        assert_eq!(started_gpus(&st.on_exited(tref(1))), [(3, vec![0])]);
+        assert_eq!(started_gpus(&st.on_finished(tref(1), measurement())), []);
+        // More GPUs than the agent has: refused at once, saying why.
+        let big = st.on_assign(assign_gpus(5, 3));
+        assert_eq!(refusal(&big).as_deref(), Some("the trial needs 3 GPUs; this agent has 2"));
+        // Trial 2 ends: GPU 1 is free for the next.
+        st.on_finished(tref(2), measurement());
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(6, 1))), [(6, vec![1])]);
+    }
+
+    #[test]
+    fn a_trial_whose_gpus_are_taken_and_no_place_to_wait_is_refused() {
+        let mut st = gpu_agent(2, 1, 0);
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(1, 1))), [(1, vec![0])]);
+        let second = st.on_assign(assign_gpus(2, 1));
+        assert!(started_gpus(&second).is_empty());
+        let why = refusal(&second).expect("refused");
+        assert!(why.contains("every GPU of this agent is given to another trial"), "{why}");
+        assert_eq!(started_gpus(&st.on_assign(assign_gpus(3, 0))), [(3, vec![])], "the slot is still free");
     }
 
     fn measurement() -> Measurement {

@@ -202,6 +202,7 @@ async fn trial_ends_cleanly(cpu: u32) {
         system: SystemParams { cores: Some(1), ..SystemParams::default() },
         timeout_ms: 120_000,
         probe: None,
+        gpus: 0,
     };
     let mut tails = Vec::new();
     // A run whose end falls in a sample where something else also loaded
@@ -209,7 +210,7 @@ async fn trial_ends_cleanly(cpu: u32) {
     for attempt in 0..3 {
         let mut sampler = sampler(cpu, &registry);
         let (handle, control) = TrialHandle::new();
-        let run = TrialRun { spec: spec.clone(), cpus: vec![cpu], label: format!("foreign-{attempt}") };
+        let run = TrialRun { spec: spec.clone(), cpus: vec![cpu], label: format!("foreign-{attempt}"), gpus: vec![] };
         let cfg = cfg.clone();
         let trial = tokio::spawn(async move { run_trial(&cfg, &run, None, control).await });
         let registered = registry.clone();

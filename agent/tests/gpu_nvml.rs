@@ -5,32 +5,13 @@
 
 #![cfg(feature = "nvml")]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use tunefleet_agent::energy::gpu::{self, GpuMeter, GpuMethod, GpuReport};
 
-/// Builds the stand-in as `dir/libnvidia-ml.so.1` (each test its own copy:
-/// its fixture sits beside it).
-fn standin(dir: &Path) -> PathBuf {
-    let lib = dir.join("libnvidia-ml.so.1");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/nvml/standin.c");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .output()
-        .expect("cc runs (a C compiler is part of the Rust toolchain's needs)");
-    assert!(out.status.success(), "cc failed: {}", String::from_utf8_lossy(&out.stderr));
-    lib
-}
-
-fn fixture(lib: &Path, text: &str) {
-    let mut path = lib.as_os_str().to_owned();
-    path.push(".fixture");
-    std::fs::write(path, text).expect("fixture");
-}
+#[path = "nvml/mod.rs"]
+mod nvml;
+use nvml::{fixture, standin};
 
 #[test]
 fn probe_lists_each_gpu_its_counter_and_its_power() {
@@ -66,6 +47,33 @@ fn the_energy_of_a_window_is_the_counter_difference() {
     assert_eq!(got[0].uuid, "GPU-aaaa");
 }
 
+/// The runner samples at the workload's exit and stops at that moment:
+/// what the GPU does after it (the next trial starting) is not counted.
+#[test]
+fn the_sample_at_the_exit_ends_the_window() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(
+        &lib,
+        "H200 GPU-aaaa 1000 82000
+",
+    );
+    let mut meter = GpuMeter::start(Some(&lib), &[0]).expect("starts");
+    fixture(
+        &lib,
+        "H200 GPU-aaaa 4000 82000
+",
+    );
+    meter.sample(Duration::from_secs(1));
+    fixture(
+        &lib,
+        "H200 GPU-aaaa 9000 82000
+",
+    );
+    let got = meter.stop(Duration::from_secs(1));
+    assert!((got[0].joules - 3.0).abs() < 1e-9, "{got:?}");
+}
+
 #[test]
 fn without_a_counter_the_power_is_integrated_over_the_samples() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -90,7 +98,7 @@ fn a_failing_read_makes_the_figure_invalid_and_says_why() {
     meter.sample(Duration::from_secs(1));
     let got = meter.stop(Duration::from_secs(2));
     assert!(got.iter().all(|g| !g.valid), "{got:?}");
-    assert!(got[0].note.as_deref().unwrap_or("").contains("energy read at the end"), "{got:?}");
+    assert!(got[0].note.as_deref().unwrap_or("").contains("energy read at 1.0 s"), "{got:?}");
     assert!(got[1].note.as_deref().unwrap_or("").contains("power read at 1.0 s"), "{got:?}");
     // A counter that went back (the driver reloaded) is no figure either.
     assert!(GpuMeter::start(Some(&lib), &[1]).is_err(), "a GPU with neither a counter nor power cannot be measured");

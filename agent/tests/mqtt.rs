@@ -193,6 +193,7 @@ fn assign(n: u64, script: &str) -> CoordinatorMessage {
             system: SystemParams::default(),
             timeout_ms: 60_000,
             probe: None,
+            gpus: 0,
         },
     })
 }

@@ -23,6 +23,7 @@ fn spec(argv: &[&str]) -> TrialSpec {
         system: SystemParams::default(),
         timeout_ms: 60_000,
         probe: None,
+        gpus: 0,
     }
 }
 
@@ -31,7 +32,7 @@ fn sh(script: &str) -> TrialSpec {
 }
 
 async fn run(spec: TrialSpec, cpus: Vec<u32>) -> Measurement {
-    let run = TrialRun { spec, cpus, label: "test".into() };
+    let run = TrialRun { spec, cpus, label: "test".into(), gpus: vec![] };
     run_trial(&config(), &run, None, TrialHandle::new().1).await
 }
 
@@ -44,7 +45,7 @@ async fn epoch_lines_become_metrics_in_order() {
         echo 'an error line' >&2
     "#;
     let (tx, mut rx) = mpsc::channel(16);
-    let run = TrialRun { spec: sh(script), cpus: vec![], label: "t".into() };
+    let run = TrialRun { spec: sh(script), cpus: vec![], label: "t".into(), gpus: vec![] };
     let m = run_trial(&config(), &run, Some(tx), TrialHandle::new().1).await;
     assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
     let epochs: Vec<u32> = m.epochs.iter().map(|e| e.epoch).collect();
@@ -139,7 +140,7 @@ async fn sigterm_ignored_means_sigkill_after_grace() {
 #[tokio::test]
 async fn cancel_stops_the_trial() {
     let (handle, control) = TrialHandle::new();
-    let run = TrialRun { spec: sh("sleep 30"), cpus: vec![], label: "c".into() };
+    let run = TrialRun { spec: sh("sleep 30"), cpus: vec![], label: "c".into(), gpus: vec![] };
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;
         handle.cancel();
@@ -153,7 +154,8 @@ async fn cancel_stops_the_trial() {
 async fn dropping_the_handle_leaves_the_trial_running() {
     let (handle, control) = TrialHandle::new();
     drop(handle);
-    let run = TrialRun { spec: sh("sleep 0.2; echo 'TUNEFLEET final v=3'"), cpus: vec![], label: "d".into() };
+    let run =
+        TrialRun { spec: sh("sleep 0.2; echo 'TUNEFLEET final v=3'"), cpus: vec![], label: "d".into(), gpus: vec![] };
     let m = run_trial(&config(), &run, None, control).await;
     assert_eq!(m.exit, ExitOutcome::Exited(0));
     assert_eq!(m.final_metrics.get("v"), Some(&3.0));
@@ -260,7 +262,8 @@ fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
     let (done, finished) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-        let run = TrialRun { spec: sh("echo TUNEFLEET final loss=0.5"), cpus: vec![], label: "blocked".into() };
+        let run =
+            TrialRun { spec: sh("echo TUNEFLEET final loss=0.5"), cpus: vec![], label: "blocked".into(), gpus: vec![] };
         let m = rt.block_on(run_trial(&cfg, &run, None, TrialHandle::new().1));
         let _ = done.send(m);
     });
@@ -294,7 +297,7 @@ async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
     s.timeout_ms = 30_000;
     let (tx, mut rx) = mpsc::channel(16);
     let (handle, control) = TrialHandle::new();
-    let run = TrialRun { spec: s, cpus: vec![], label: "reconf".into() };
+    let run = TrialRun { spec: s, cpus: vec![], label: "reconf".into(), gpus: vec![] };
     let cfg = config();
     let trial = run_trial(&cfg, &run, Some(tx), control);
     let steer = async {
@@ -360,7 +363,7 @@ async fn the_first_window_is_profiled_and_a_reused_configuration_ends_probing() 
     });
     let (tx, mut rx) = mpsc::channel(16);
     let (handle, control) = TrialHandle::new();
-    let run = TrialRun { spec: s, cpus: vec![], label: "profiled".into() };
+    let run = TrialRun { spec: s, cpus: vec![], label: "profiled".into(), gpus: vec![] };
     let cfg = config();
     let trial = run_trial(&cfg, &run, Some(tx), control);
     let reused = SystemParams { threads: Some(3), ..SystemParams::default() };
@@ -413,7 +416,7 @@ async fn direct_and_wrapped_starts_count_the_same_tree_and_only_it() {
     let direct = run(sh(busy), vec![]).await;
     let mut wrapped_cfg = config();
     wrapped_cfg.always_wrap = true;
-    let run_wrapped = TrialRun { spec: sh(busy), cpus: vec![], label: "wrapped".into() };
+    let run_wrapped = TrialRun { spec: sh(busy), cpus: vec![], label: "wrapped".into(), gpus: vec![] };
     let wrapped = run_trial(&wrapped_cfg, &run_wrapped, None, TrialHandle::new().1).await;
     for m in [&direct, &wrapped] {
         assert_eq!(m.exit, ExitOutcome::Exited(0), "{}", m.log_tail);
@@ -433,8 +436,8 @@ async fn direct_and_wrapped_starts_count_the_same_tree_and_only_it() {
     // Side by side: a busy trial and an idle one started together.
     let cfg = config();
     let (busy_run, idle_run) = (
-        TrialRun { spec: sh(busy), cpus: vec![], label: "busy".into() },
-        TrialRun { spec: spec(&["sleep", "0.3"]), cpus: vec![], label: "idle".into() },
+        TrialRun { spec: sh(busy), cpus: vec![], label: "busy".into(), gpus: vec![] },
+        TrialRun { spec: spec(&["sleep", "0.3"]), cpus: vec![], label: "idle".into(), gpus: vec![] },
     );
     let (b, i) = tokio::join!(
         run_trial(&cfg, &busy_run, None, TrialHandle::new().1),
@@ -456,7 +459,7 @@ async fn output_held_open_by_an_escaped_process_ends_with_the_grace() {
     cfg.output_grace = Duration::from_millis(300);
     let tasks = tokio::runtime::Handle::current().metrics().num_alive_tasks();
     let started = std::time::Instant::now();
-    let run = TrialRun { spec: sh(&script), cpus: vec![], label: "escaped".into() };
+    let run = TrialRun { spec: sh(&script), cpus: vec![], label: "escaped".into(), gpus: vec![] };
     let m = run_trial(&cfg, &run, None, TrialHandle::new().1).await;
     let took = started.elapsed();
     let pid = std::fs::read_to_string(&pidfile).expect("the escaped process wrote its pid");

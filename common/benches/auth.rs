@@ -166,6 +166,7 @@ fn trial_result() -> AgentMessage {
         selected: None,
         window_profile: None,
         interference: Vec::new(),
+        gpus: vec![],
     };
     AgentMessage::Result(TrialResult { trial: trial(), measurement })
 }
@@ -182,6 +183,7 @@ fn assignment() -> CoordinatorMessage {
             system: SystemParams { cores: Some(2), threads: Some(2), memory_mib: Some(2048) },
             timeout_ms: 600_000,
             probe: None,
+            gpus: 0,
         },
     })
 }
@@ -210,6 +212,7 @@ fn agent_info() -> AgentInfo {
         }],
         counters: EVENTS.iter().map(|e| (*e).to_string()).collect(),
         tags: BTreeMap::from([("site".into(), "lab".into())]),
+        gpus: vec![],
     }
 }
 

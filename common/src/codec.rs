@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 12;
+pub const PROTOCOL_VERSION: u8 = 13;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -33,14 +33,19 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     Ok(out)
 }
 
-/// Protocol versions whose encoding of a [`crate::message::TrialResult`]
-/// is this version's (9 changed only the probe plan of an assignment, 10
-/// added the co-measurement messages, 11 bundles, 12 the signed refusal
-/// of a Hello): an
-/// upgraded agent still reads, and sends in this version, the results an
-/// older one stored and never saw acknowledged. A bump that changes a
-/// result's shape starts the list again.
-pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, PROTOCOL_VERSION];
+/// Protocol versions whose stored results an agent still reads and sends
+/// again in this version (9 changed only the probe plan of an assignment,
+/// 10 added the co-measurement messages, 11 bundles, 12 the signed refusal
+/// of a Hello, 13 the GPUs): an upgraded agent loses nothing an older one
+/// stored and never saw acknowledged. A bump that changes a result's shape
+/// says here how an older one is read, or starts the list again.
+pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, 12, PROTOCOL_VERSION];
+
+/// Versions whose result is this version's without the GPU readings: 13
+/// appended `Measurement::gpus`, the last field of the last field of a
+/// `TrialResult`, so such a result ends where that list begins and reads
+/// as one with none (an empty list is one byte, its length 0).
+const RESULT_BEFORE_GPUS: &[u8] = &[8, 9, 10, 11, 12];
 
 /// Decodes a payload produced by [`encode`]. Trailing bytes are an error:
 /// a payload is exactly one message.
@@ -50,7 +55,16 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, CodecError> {
 
 /// Decodes a result an agent stored (see [`STORED_RESULT_VERSIONS`]).
 pub fn decode_stored_result(payload: &[u8]) -> Result<crate::message::TrialResult, CodecError> {
-    decode_versions(payload, STORED_RESULT_VERSIONS)
+    match payload.split_first() {
+        Some((version, body)) if RESULT_BEFORE_GPUS.contains(version) && payload.len() <= MAX_MESSAGE_BYTES => {
+            let mut now = Vec::with_capacity(payload.len() + 1);
+            now.push(PROTOCOL_VERSION);
+            now.extend_from_slice(body);
+            now.push(0);
+            decode(&now)
+        }
+        _ => decode_versions(payload, STORED_RESULT_VERSIONS),
+    }
 }
 
 fn decode_versions<T: DeserializeOwned>(payload: &[u8], versions: &[u8]) -> Result<T, CodecError> {
@@ -88,5 +102,34 @@ mod tests {
         );
         let big = vec![PROTOCOL_VERSION; MAX_MESSAGE_BYTES + 1];
         assert!(matches!(decode::<AgentMessage>(&big), Err(CodecError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn a_result_stored_before_the_gpu_readings_reads_as_one_without_them() {
+        use crate::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, GpuEnergy, GpuMethod, Measurement};
+        use crate::message::{TrialRef, TrialResult};
+        let trial = TrialRef { study: "s".into(), study_id: 1, trial: 2, attempt: 1 };
+        let mut m = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Rapl, ""));
+        m.interference = vec!["charging".into()];
+        let old = TrialResult { trial: trial.clone(), measurement: m.clone() };
+        let mut bytes = encode(&old).expect("encodes");
+        assert_eq!(bytes.pop(), Some(0));
+        for v in [8, 12] {
+            bytes[0] = v;
+            assert_eq!(decode_stored_result(&bytes), Ok(old.clone()), "version {v}");
+            assert!(decode::<TrialResult>(&bytes).is_err(), "a live message is this version only");
+        }
+        bytes[0] = 7;
+        assert!(matches!(decode_stored_result(&bytes), Err(CodecError::Version { got: 7, .. })));
+        m.gpus = vec![GpuEnergy {
+            index: 0,
+            uuid: "GPU-a".into(),
+            joules: 5.5,
+            method: GpuMethod::Counter,
+            valid: true,
+            note: None,
+        }];
+        let now = TrialResult { trial, measurement: m };
+        assert_eq!(decode_stored_result(&encode(&now).expect("encodes")), Ok(now));
     }
 }

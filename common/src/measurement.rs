@@ -171,6 +171,47 @@ pub struct EnergyReading {
     pub series: Vec<PowerSample>,
 }
 
+/// How a GPU's energy over a window was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GpuMethod {
+    /// The difference of its total-energy counter (NVML, Volta and newer).
+    Counter,
+    /// Its power readings integrated over the samples (trapezoids).
+    PowerIntegrated,
+}
+
+impl GpuMethod {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuMethod::Counter => "counter",
+            GpuMethod::PowerIntegrated => "power_integrated",
+        }
+    }
+}
+
+/// One GPU's energy over a trial's run (the GPUs the trial was given) or
+/// over a co-measured window (every GPU of the node), with its provenance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuEnergy {
+    /// NVML's index on its machine.
+    pub index: u32,
+    /// `GPU-...`, stable whatever the index order.
+    pub uuid: String,
+    pub joules: f64,
+    pub method: GpuMethod,
+    /// False when a read failed on the way: the figure covers less than the window.
+    pub valid: bool,
+    pub note: Option<String>,
+}
+
+impl GpuEnergy {
+    /// This reading as a figure.
+    pub fn figure(&self) -> EnergyFigure {
+        EnergyFigure { joules: Some(self.joules), valid: self.valid }
+    }
+}
+
 /// An energy figure as it is kept: its joules (none when nothing was
 /// measured) and whether its source vouched for it.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -188,15 +229,16 @@ impl EnergyFigure {
         self.joules.filter(|j| self.valid && j.is_finite())
     }
 
-    /// A trial's energy over every machine that measured it: this, its own
-    /// agent's figure, and what each co-measuring node measured of its
-    /// window (`[measure] nodes`). The joules of every figure there is;
-    /// valid only when each counts (a node that never answered makes it
-    /// invalid).
-    pub fn with_nodes(self, nodes: impl IntoIterator<Item = EnergyFigure>) -> EnergyFigure {
+    /// This figure and `parts`, summed: a trial's CPU and GPU energy
+    /// ([`Measurement::energy_figure`]), or a trial's energy over every
+    /// machine that measured it (its own agent's figure and what each
+    /// co-measuring node measured of its window, `[measure] nodes`). The
+    /// joules of every figure there is; valid only when each counts (a GPU
+    /// read that failed, or a node that never answered, makes it invalid).
+    pub fn with_parts(self, parts: impl IntoIterator<Item = EnergyFigure>) -> EnergyFigure {
         let mut sum = self.joules.unwrap_or(0.0);
         let mut valid = self.counted().is_some();
-        for n in nodes {
+        for n in parts {
             sum += n.joules.unwrap_or(0.0);
             valid &= n.counted().is_some();
         }
@@ -273,6 +315,12 @@ pub struct Measurement {
     /// outside the trial above the agent's threshold while it ran, the
     /// device charging, throttled... Empty: clean.
     pub interference: Vec<String>,
+    /// The energy of each GPU the trial was given (`gpus = N`), apart from
+    /// the CPU's in `energy`; empty when it was given none. Last on the
+    /// wire: a result stored before it existed (protocol 12 and older)
+    /// ends where this list begins (see `codec::decode_stored_result`).
+    #[serde(default)]
+    pub gpus: Vec<GpuEnergy>,
 }
 
 /// Why a segment ran under its configuration.
@@ -423,19 +471,34 @@ impl Measurement {
             selected: None,
             window_profile: None,
             interference: Vec::new(),
+            gpus: Vec::new(),
         }
+    }
+
+    /// The trial's energy: its share of the CPU's (`energy`) and its GPUs'
+    /// (`gpus`), valid only when each part is. The one definition every
+    /// reader uses: the objective, the store, the search, the report, the
+    /// export and the InfluxDB points.
+    pub fn energy_figure(&self) -> EnergyFigure {
+        self.energy.figure().with_parts(self.gpus.iter().map(GpuEnergy::figure))
+    }
+
+    /// The joules of its GPUs together; `None` when it was given none.
+    pub fn gpu_joules(&self) -> Option<f64> {
+        (!self.gpus.is_empty()).then(|| self.gpus.iter().map(|g| g.joules).sum())
     }
 
     /// The value an objective refers to: `wall_time` (seconds), `energy`
     /// (joules), `cpu_time` (seconds), or a reported metric by name. `None`
-    /// when there is no such value, and for `energy` when the reading is not
-    /// valid (a battery charging, a zone that vanished...): such a trial has
-    /// no energy to rank.
+    /// when there is no such value, and for `energy` (the CPU's and the
+    /// GPUs', [`Measurement::energy_figure`]) when a reading is not valid (a
+    /// battery charging, a zone that vanished, a GPU read that failed...):
+    /// such a trial has no energy to rank.
     pub fn objective_value(&self, name: &str) -> Option<f64> {
         match name {
             "wall_time" => Some(self.wall_us as f64 / 1e6),
             "cpu_time" => Some((self.user_us + self.sys_us) as f64 / 1e6),
-            "energy" => self.energy.counted(),
+            "energy" => self.energy_figure().counted(),
             other => self.final_metrics.get(other).copied(),
         }
     }
@@ -495,14 +558,14 @@ mod tests {
         assert_eq!(f(Some(f64::NAN), true).counted(), None, "not a number");
         assert_eq!(f(Some(f64::INFINITY), true).counted(), None);
         assert_eq!(f(None, true).counted(), None, "nothing measured");
-        let all = f(Some(1.0), true).with_nodes([f(Some(2.0), true), f(Some(4.0), true)]);
+        let all = f(Some(1.0), true).with_parts([f(Some(2.0), true), f(Some(4.0), true)]);
         assert_eq!(all, f(Some(7.0), true));
         assert_eq!(all.counted(), Some(7.0));
-        let one_bad = f(Some(1.0), true).with_nodes([f(Some(2.0), false), f(Some(4.0), true)]);
+        let one_bad = f(Some(1.0), true).with_parts([f(Some(2.0), false), f(Some(4.0), true)]);
         assert_eq!(one_bad, f(Some(7.0), false), "every figure kept, valid only when each counts");
-        let silent = f(Some(1.0), true).with_nodes([f(None, false)]);
+        let silent = f(Some(1.0), true).with_parts([f(None, false)]);
         assert_eq!(silent, f(Some(1.0), false), "a node that never answered");
-        assert_eq!(f(Some(1.0), false).with_nodes([]).counted(), None, "its own figure counts too");
+        assert_eq!(f(Some(1.0), false).with_parts([]).counted(), None, "its own figure counts too");
     }
 
     #[test]
@@ -530,6 +593,30 @@ mod tests {
         m.energy.note = Some("battery charging".into());
         assert_eq!(m.objective_value("energy"), None, "an invalid reading ranks nowhere");
         assert_eq!(m.objective_value("wall_time"), Some(2.0), "other objectives do not depend on it");
+    }
+
+    #[test]
+    fn a_trials_energy_is_its_cpu_share_and_its_gpus_each_kept_apart() {
+        let cpu = EnergyReading { joules: 10.0, valid: true, ..EnergyReading::none(EnergySourceKind::Rapl, "") };
+        let mut m = Measurement::unmeasured(ExitOutcome::Exited(0), cpu);
+        assert_eq!(m.gpu_joules(), None, "given no GPU");
+        assert_eq!(m.objective_value("energy"), Some(10.0));
+        let gpu = |index, joules, valid| GpuEnergy {
+            index,
+            uuid: format!("GPU-{index}"),
+            joules,
+            method: GpuMethod::Counter,
+            valid,
+            note: None,
+        };
+        m.gpus = vec![gpu(0, 250.0, true), gpu(1, 40.0, true)];
+        assert_eq!(m.gpu_joules(), Some(290.0));
+        assert_eq!(m.energy.joules, 10.0, "the CPU's part kept apart");
+        assert_eq!(m.energy_figure(), EnergyFigure { joules: Some(300.0), valid: true });
+        assert_eq!(m.objective_value("energy"), Some(300.0));
+        m.gpus[1].valid = false;
+        assert_eq!(m.energy_figure().counted(), None, "one GPU read failed: the whole figure does not count");
+        assert_eq!(m.objective_value("energy"), None);
     }
 
     #[test]

@@ -65,6 +65,22 @@ pub struct AgentInfo {
     /// Counter events this agent can open (hardware and software).
     pub counters: Vec<String>,
     pub tags: BTreeMap<String, String>,
+    /// GPUs it can give trials (NVML's list, read only); each trial of a
+    /// study with `gpus = N` gets N of its own, never one another trial has.
+    pub gpus: Vec<GpuDevice>,
+}
+
+/// Most GPUs an agent offers, and a trial is given.
+pub const MAX_GPUS: u32 = 64;
+
+/// One GPU an agent offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    /// NVML's index (PCI bus order).
+    pub index: u32,
+    /// `GPU-...`: what `CUDA_VISIBLE_DEVICES` is given, whatever the order.
+    pub uuid: String,
+    pub name: String,
 }
 
 /// Most trials an agent holds ahead per slot ([`AgentInfo::lookahead`]):
@@ -97,6 +113,7 @@ impl AgentInfo {
             energy: Vec::new(),
             counters: Vec::new(),
             tags: BTreeMap::new(),
+            gpus: Vec::new(),
         }
     }
 
@@ -104,7 +121,17 @@ impl AgentInfo {
     /// another agent's (`x86_64, 2 cores, rapl`).
     pub fn device_class(&self) -> String {
         let energy = self.energy.iter().find(|e| e.readable).map_or("no energy", |e| e.kind.as_str());
-        format!("{}, {} cores, {energy}", self.arch, self.cores)
+        let mut class = format!("{}, {} cores, {energy}", self.arch, self.cores);
+        // GPUs of another model make another class (an H200 node's
+        // training times say nothing of a T4 node's).
+        let mut models: BTreeMap<&str, usize> = BTreeMap::new();
+        for g in &self.gpus {
+            *models.entry(g.name.as_str()).or_default() += 1;
+        }
+        for (name, n) in models {
+            class.push_str(&format!(", {n}x {name}"));
+        }
+        class
     }
 }
 
@@ -269,6 +296,8 @@ pub struct CoMeasured {
     /// extrapolated from the covered part; the reading is invalid below
     /// nine tenths).
     pub covered_ms: u64,
+    /// Every GPU of the machine over the window.
+    pub gpus: Vec<crate::measurement::GpuEnergy>,
 }
 
 /// What to run: the command with parameters already substituted.
@@ -282,6 +311,10 @@ pub struct TrialSpec {
     pub timeout_ms: u64,
     /// Pipelined mode: the system configurations to probe inside the trial.
     pub probe: Option<ProbePlan>,
+    /// GPUs the trial needs (`gpus = N` in its study), each its own: the
+    /// agent gives it that many it is not giving another trial, names them
+    /// in `CUDA_VISIBLE_DEVICES` and measures their energy.
+    pub gpus: u32,
 }
 
 /// How a pipelined trial probes system configurations inside itself,

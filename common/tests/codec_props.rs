@@ -100,6 +100,7 @@ fn measurement() -> impl Strategy<Value = Measurement> {
                 profile: Profile { version: PROFILE_VERSION, values: vec![None, Some(joules)] },
             }),
             interference: vec!["foreign load 0.8 of the agent's CPUs".into()],
+            gpus: vec![],
         })
 }
 
@@ -155,6 +156,7 @@ fn single_agent_message() -> impl Strategy<Value = AgentMessage> {
                 }],
                 counters: vec!["task-clock".into()],
                 tags: tags.into_iter().collect::<BTreeMap<_, _>>(),
+                gpus: vec![],
             })
         ),
     ]
@@ -183,6 +185,7 @@ fn single_coordinator_message() -> impl Strategy<Value = CoordinatorMessage> {
                         control: true,
                         from_best: true,
                     }),
+                    gpus: 0,
                 },
             })
         ),

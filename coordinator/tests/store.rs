@@ -77,6 +77,7 @@ fn agent(name: &str) -> AgentInfo {
         energy: vec![],
         counters: vec!["task-clock".into()],
         tags: BTreeMap::from([("pool".to_string(), "demo".to_string())]),
+        gpus: vec![],
     }
 }
 

@@ -534,6 +534,7 @@ fn sched_policy(max_attempts: u32) -> StudyPolicy {
         ahead_per_slot: tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
         ahead_per_agent: None,
         lease_ms: 65_000,
+        gpus: 0,
     }
 }
 

@@ -328,6 +328,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                 system: SystemParams::default(),
                 timeout_ms: 10_000,
                 probe: None,
+                gpus: 0,
             },
         });
         let cancel = CoordinatorMessage::Cancel(Cancel {

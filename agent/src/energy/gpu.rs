@@ -83,26 +83,64 @@ impl GpuReport {
     }
 }
 
-/// How a GPU's energy over a window was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GpuMethod {
-    /// The difference of its total-energy counter.
-    Counter,
-    /// Its power readings integrated over the samples (trapezoids).
-    PowerIntegrated,
+pub use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+use tunefleet_common::message::GpuDevice;
+
+impl GpuReport {
+    /// The GPUs this agent can give trials: those NVML lists and opens,
+    /// each with its UUID (what `CUDA_VISIBLE_DEVICES` is given).
+    pub fn devices(&self) -> Vec<GpuDevice> {
+        let GpuReport::Found { gpus, .. } = self else { return Vec::new() };
+        gpus.iter()
+            .filter(|g| !g.uuid.is_empty() && (g.energy_counter || g.power_w.is_some()))
+            .map(|g| GpuDevice { index: g.index, uuid: g.uuid.clone(), name: g.name.clone() })
+            .collect()
+    }
 }
 
-/// One GPU's energy over a window, with its provenance.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct GpuEnergy {
-    pub index: u32,
-    pub uuid: String,
-    pub joules: f64,
-    pub method: GpuMethod,
-    /// False when a read failed on the way: the figure covers less than the window.
-    pub valid: bool,
-    pub note: Option<String>,
+/// The GPUs of one trial (or co-measured window) being measured: a meter,
+/// or why none could start (every GPU's reading then says so, invalid:
+/// energy that was not measured never counts as none).
+#[derive(Debug)]
+pub struct TrialGpus {
+    gpus: Vec<GpuDevice>,
+    meter: Result<GpuMeter, String>,
+}
+
+impl TrialGpus {
+    /// Starts measuring `gpus` (none: nothing to measure, nothing loaded).
+    pub fn start(lib: Option<&Path>, gpus: &[GpuDevice]) -> Option<TrialGpus> {
+        if gpus.is_empty() {
+            return None;
+        }
+        let indices: Vec<u32> = gpus.iter().map(|g| g.index).collect();
+        Some(TrialGpus { gpus: gpus.to_vec(), meter: GpuMeter::start(lib, &indices) })
+    }
+
+    pub fn sample(&mut self, elapsed: Duration) {
+        if let Ok(m) = &mut self.meter {
+            m.sample(elapsed);
+        }
+    }
+
+    /// One reading per GPU from the start until `elapsed`.
+    pub fn stop(self, elapsed: Duration) -> Vec<GpuEnergy> {
+        match self.meter {
+            Ok(m) => m.stop(elapsed),
+            Err(why) => self
+                .gpus
+                .into_iter()
+                .map(|g| GpuEnergy {
+                    index: g.index,
+                    uuid: g.uuid,
+                    joules: 0.0,
+                    method: GpuMethod::Counter,
+                    valid: false,
+                    note: Some(format!("not measured: {why}")),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The library to load: `lib`, else where the driver installs it.
@@ -167,6 +205,8 @@ mod imp {
         uuid: String,
         /// The counter at the start, when it has one.
         start_mj: Option<u64>,
+        /// The counter at the latest sample (the workload's exit, at the end).
+        last_mj: Option<u64>,
         /// Power integration: the last (elapsed, watts) and the joules so far.
         last: Option<(Duration, f64)>,
         integrated_j: f64,
@@ -178,6 +218,8 @@ mod imp {
     pub struct GpuMeter {
         nvml: Nvml,
         gpus: Vec<Tracked>,
+        /// When the latest sample was taken.
+        sampled: Duration,
     }
 
     impl std::fmt::Debug for GpuMeter {
@@ -209,17 +251,27 @@ mod imp {
                     index,
                     uuid: d.uuid().unwrap_or_default(),
                     start_mj,
+                    last_mj: start_mj,
                     last,
                     integrated_j: 0.0,
                     failures: Vec::new(),
                 });
             }
-            Ok(GpuMeter { nvml, gpus })
+            Ok(GpuMeter { nvml, gpus, sampled: Duration::ZERO })
         }
 
-        /// A sample `elapsed` after the start: GPUs without a counter add a trapezoid.
+        /// A sample `elapsed` after the start: a counter is read, a GPU
+        /// without one adds a trapezoid.
         pub fn sample(&mut self, elapsed: Duration) {
+            self.sampled = elapsed;
             for g in &mut self.gpus {
+                if g.start_mj.is_some() {
+                    match self.nvml.device_by_index(g.index).and_then(|d| d.total_energy_consumption()) {
+                        Ok(mj) => g.last_mj = Some(mj),
+                        Err(e) => g.failures.push(format!("energy read at {:.1} s: {e}", elapsed.as_secs_f64())),
+                    }
+                    continue;
+                }
                 let Some((at, watts)) = g.last else { continue };
                 match self.nvml.device_by_index(g.index).and_then(|d| d.power_usage()) {
                     Ok(mw) => {
@@ -232,27 +284,24 @@ mod imp {
             }
         }
 
-        /// The energy of each GPU from the start until `elapsed`.
+        /// The energy of each GPU from the start until `elapsed`: the
+        /// sample taken then (the runner samples at the workload's exit:
+        /// nothing after it is counted), else one taken now.
         pub fn stop(mut self, elapsed: Duration) -> Vec<GpuEnergy> {
-            self.sample(elapsed);
-            let nvml = &self.nvml;
+            if self.sampled < elapsed || elapsed.is_zero() {
+                self.sample(elapsed);
+            }
             self.gpus
                 .into_iter()
                 .map(|mut g| {
-                    let (joules, method) = match g.start_mj {
-                        Some(start) => match nvml.device_by_index(g.index).and_then(|d| d.total_energy_consumption()) {
-                            Ok(end) if end >= start => ((end - start) as f64 / 1e3, GpuMethod::Counter),
-                            Ok(end) => {
-                                g.failures
-                                    .push(format!("the counter went back ({start} -> {end} mJ): driver reloaded?"));
-                                (0.0, GpuMethod::Counter)
-                            }
-                            Err(e) => {
-                                g.failures.push(format!("energy read at the end: {e}"));
-                                (0.0, GpuMethod::Counter)
-                            }
-                        },
-                        None => (g.integrated_j, GpuMethod::PowerIntegrated),
+                    let (joules, method) = match (g.start_mj, g.last_mj) {
+                        (Some(start), Some(end)) if end >= start => ((end - start) as f64 / 1e3, GpuMethod::Counter),
+                        (Some(start), Some(end)) => {
+                            g.failures.push(format!("the counter went back ({start} -> {end} mJ): driver reloaded?"));
+                            (0.0, GpuMethod::Counter)
+                        }
+                        (Some(_), None) => (0.0, GpuMethod::Counter),
+                        (None, _) => (g.integrated_j, GpuMethod::PowerIntegrated),
                     };
                     let valid = g.failures.is_empty();
                     GpuEnergy {

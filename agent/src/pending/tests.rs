@@ -309,9 +309,12 @@ fn results_an_older_protocol_version_stored_are_still_read_and_others_are_left()
     let inbox = dir.path().join(INBOX);
     fs::create_dir_all(&inbox).expect("mkdir");
     let (a, b) = (result("old", 1), result("old", 2));
-    // Version 8 encoded a result as this version does; 7 did not.
+    // Versions 8 to 12 encoded a result as this version does without its
+    // GPU readings (the last byte here: an empty list); 7 did not.
     let with_version = |r: &TrialResult, v: u8| {
+        assert!(r.measurement.gpus.is_empty());
         let mut bytes = encode(r).expect("encode");
+        assert_eq!(bytes.pop(), Some(0), "the empty GPU list ends it");
         bytes[0] = v;
         bytes
     };

@@ -33,6 +33,7 @@ pub(super) struct Ended {
     pub(super) limits: AppliedLimits,
     pub(super) counters: CounterSet,
     pub(super) meter: Box<dyn EnergyMeter>,
+    pub(super) gpus: Option<crate::energy::gpu::TrialGpus>,
     pub(super) pipeline: Pipeline,
     pub(super) last_boundary: Option<Boundary>,
     pub(super) window_profile: Option<WindowProfile>,
@@ -42,8 +43,18 @@ pub(super) struct Ended {
 /// The measurement of a trial that ran. `machine_cpus` are the cores of a
 /// trial not pinned (`pinned` empty), for the energy estimate.
 pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measurement {
-    let Ended { started_unix_ms, start, limits, counters, meter, pipeline, last_boundary, window_profile, monitored } =
-        ended;
+    let Ended {
+        started_unix_ms,
+        start,
+        limits,
+        counters,
+        meter,
+        gpus,
+        pipeline,
+        last_boundary,
+        window_profile,
+        monitored,
+    } = ended;
     let Monitored { exited, stopped, mut collected, peak_rss } = monitored;
     let ticks = rustix::param::clock_ticks_per_second();
     let (wall, user_us, sys_us, status) = match &exited {
@@ -85,6 +96,7 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
     });
     let (segments, selected) = pipeline.finish(end);
     let energy = meter.stop(wall, &usage);
+    let gpus = gpus.map(|g| g.stop(wall)).unwrap_or_default();
     if collected.epochs_dropped > 0 {
         let note =
             format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
@@ -116,6 +128,7 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
         selected,
         window_profile,
         interference: Vec::new(),
+        gpus,
     }
 }
 
@@ -141,6 +154,7 @@ mod tests {
             limits: AppliedLimits { cpus: vec![0], threads: Some(2), memory: MemoryLimit::None },
             counters: CounterSet::all_missing("no perf here"),
             meter: Estimate { model: EstimateModel::default(), skipped: Vec::new() }.meter(),
+            gpus: None,
             pipeline: Pipeline::new(None, SystemParams::default(), vec![0]),
             last_boundary: None,
             window_profile: None,

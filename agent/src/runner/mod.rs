@@ -200,6 +200,9 @@ async fn monitor(
             _ = measure_tick.tick(), if m.exited.is_none() => {
                 let elapsed = t.start.elapsed();
                 t.meter.sample(elapsed);
+                if let Some(g) = &mut t.gpus {
+                    g.sample(elapsed);
+                }
                 t.counters.sample(elapsed);
             }
             _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
@@ -227,6 +230,9 @@ fn on_exit(t: &mut Spawned, m: &mut Monitored) {
     // meanwhile (the next trial starting).
     t.exited_at = Some(at_exit);
     t.meter.sample(at_exit);
+    if let Some(g) = &mut t.gpus {
+        g.sample(at_exit);
+    }
     t.counters.sample(at_exit);
 }
 
@@ -275,6 +281,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         prepared,
         counters,
         meter,
+        gpus,
         started_unix_ms,
         start,
         output,
@@ -300,6 +307,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         limits: prepared.limits,
         counters,
         meter,
+        gpus,
         pipeline,
         last_boundary,
         window_profile,

@@ -74,6 +74,11 @@ pub struct RunnerConfig {
     pub always_wrap: bool,
     /// The threads that start workloads directly ([`super::launcher`]).
     pub launchers: Arc<super::launcher::Launchers>,
+    /// NVML, to measure a trial's GPUs ([`crate::energy::gpu`]); `None`:
+    /// where the driver installs it.
+    pub nvml_lib: Option<PathBuf>,
+    /// This agent offers GPUs: a trial given none is shown none.
+    pub gpus_offered: bool,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -104,6 +109,8 @@ impl RunnerConfig {
             trials: crate::foreign::TrialRegistry::default(),
             always_wrap: false,
             launchers: Arc::default(),
+            nvml_lib: None,
+            gpus_offered: false,
         }
     }
 }
@@ -114,6 +121,9 @@ pub struct TrialRun {
     pub spec: TrialSpec,
     /// CPUs to pin to (see [`crate::cpus::choose_cpus`]); empty: not pinned.
     pub cpus: Vec<u32>,
+    /// GPUs given to it alone ([`crate::protocol`] never gives one to two
+    /// trials): named in `CUDA_VISIBLE_DEVICES`, their energy measured.
+    pub gpus: Vec<tunefleet_common::message::GpuDevice>,
     /// Short name for the trial's cgroup, `[A-Za-z0-9._-]` only.
     pub label: String,
 }
@@ -178,6 +188,8 @@ pub(super) struct Spawned {
     pub(super) prepared: Prepared,
     pub(super) counters: CounterSet,
     pub(super) meter: Box<dyn energy::EnergyMeter>,
+    /// The trial's GPUs being measured, when it was given some.
+    pub(super) gpus: Option<energy::gpu::TrialGpus>,
     pub(super) interval: Duration,
     pub(super) started_unix_ms: u64,
     pub(super) start: Instant,
@@ -281,6 +293,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         }
     };
     let Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter } = started;
+    let gpus = energy::gpu::TrialGpus::start(cfg.nvml_lib.as_deref(), &run.gpus);
     let (tx, output) = mpsc::channel::<OutputEvent>(1024);
     // Kept open as the control channel, or closed: the workload reads /dev/null.
     let control = stdin.filter(|_| control);
@@ -306,6 +319,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         prepared,
         counters,
         meter,
+        gpus,
         interval,
         started_unix_ms,
         start,
@@ -369,8 +383,17 @@ fn command(cfg: &RunnerConfig, run: &TrialRun, prepared: &Prepared, control: boo
             cmd.env(var, t.to_string());
         }
     }
+    // Its own GPUs, by UUID (whatever the index order CUDA uses); on an
+    // agent with GPUs, a trial given none sees none (an empty list), so it
+    // never shares one with a trial that was given it.
+    if !run.gpus.is_empty() || cfg.gpus_offered {
+        cmd.env(GPUS_VAR, run.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(","));
+    }
     cmd
 }
+
+/// The variable naming a trial's GPUs.
+pub const GPUS_VAR: &str = "CUDA_VISIBLE_DEVICES";
 
 /// Takes the agent's own secrets (its join token, its broker password) out
 /// of what a workload inherits: a trial runs someone else's command.

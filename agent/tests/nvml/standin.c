@@ -6,6 +6,8 @@
  *     NAME UUID ENERGY_MJ POWER_MW
  *
  * ENERGY_MJ "-": the GPU has no energy counter (NVML_ERROR_NOT_SUPPORTED);
+ * "rate:R": a counter that advances R millijoules a second (R milliwatts
+ * drawn all along) on the monotonic clock, for a whole trial's run;
  * "fail" (either field): the call fails (NVML_ERROR_GPU_IS_LOST). A line
  * "init-fail" makes nvmlInit fail (NVML_ERROR_DRIVER_NOT_LOADED).
  * Built by agent/tests/gpu_nvml.rs with the system's cc; never shipped.
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
@@ -143,6 +146,13 @@ nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t device, unsigned l
     if (r != OK) return r;
     if (strcmp(g.energy, "-") == 0) return NOT_SUPPORTED;
     if (strcmp(g.energy, "fail") == 0) return GPU_IS_LOST;
+    if (strncmp(g.energy, "rate:", 5) == 0) {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double seconds = (double)now.tv_sec + (double)now.tv_nsec / 1e9;
+        *energy = (unsigned long long)(strtod(g.energy + 5, NULL) * seconds);
+        return OK;
+    }
     *energy = strtoull(g.energy, NULL, 10);
     return OK;
 }

@@ -10,10 +10,12 @@
 use std::collections::BTreeMap;
 
 use tunefleet_common::measurement::{
-    CounterReading, CounterSample, EnergyReading, EpochMetrics, ExitOutcome, Measurement, MemoryLimit, Metrics,
-    Segment, Telemetry, WindowProfile, MAX_COUNTER_SAMPLES, MAX_POWER_SAMPLES,
+    CounterReading, CounterSample, EnergyReading, EpochMetrics, ExitOutcome, GpuEnergy, Measurement, MemoryLimit,
+    Metrics, Segment, Telemetry, WindowProfile, MAX_COUNTER_SAMPLES, MAX_POWER_SAMPLES,
 };
-use tunefleet_common::message::{AgentInfo, AgentMessage, EnergySourceInfo, Progress, SystemParams, TrialRef};
+use tunefleet_common::message::{
+    AgentInfo, AgentMessage, EnergySourceInfo, Progress, SystemParams, TrialRef, MAX_GPUS,
+};
 use tunefleet_common::profile::Profile;
 
 /// Longest name: a study in a trial reference, a metric, an energy domain,
@@ -76,6 +78,10 @@ pub enum Why {
     Charset,
     #[error("is not under the study's resume_prefix {prefix:?}")]
     NotUnder { prefix: String },
+    #[error("{0} is negative")]
+    Negative(f64),
+    #[error("{0} is listed twice")]
+    Twice(String),
 }
 
 /// Which field of a message is refused, and why.
@@ -249,6 +255,32 @@ fn energy(e: &EnergyReading) -> Check {
     })
 }
 
+fn gpu_energy(g: &GpuEnergy) -> Check {
+    text("uuid", &g.uuid, MAX_NAME_BYTES)?;
+    finite("joules", g.joules)?;
+    if g.joules < 0.0 {
+        return Err(bad("joules", Why::Negative(g.joules)));
+    }
+    g.note.as_deref().map_or(Ok(()), |n| text("note", n, MAX_TEXT_BYTES))
+}
+
+/// At most [`MAX_GPUS`] readings, each GPU once.
+fn gpu_energies(field: &str, gpus: &[GpuEnergy]) -> Check {
+    each(field, gpus, MAX_GPUS as usize, gpu_energy)?;
+    twice(field, gpus.iter().map(|g| g.index))
+}
+
+/// The first index listed twice, refused.
+fn twice(field: &str, indices: impl Iterator<Item = u32>) -> Check {
+    let mut seen = std::collections::BTreeSet::new();
+    for i in indices {
+        if !seen.insert(i) {
+            return Err(bad(field, Why::Twice(format!("GPU {i}"))));
+        }
+    }
+    Ok(())
+}
+
 fn segment(s: &Segment) -> Check {
     system(&s.system).map_err(under("system"))?;
     len("cpus", s.cpus.len(), MAX_CPUS)?;
@@ -288,7 +320,8 @@ fn measurement(m: &Measurement) -> Check {
     each("segments", &m.segments, MAX_SEGMENTS, segment)?;
     m.selected.as_ref().map_or(Ok(()), system).map_err(under("selected"))?;
     m.window_profile.as_ref().map_or(Ok(()), window_profile).map_err(under("window_profile"))?;
-    each("interference", &m.interference, MAX_INTERFERENCE, |s| text("", s, MAX_TEXT_BYTES))
+    each("interference", &m.interference, MAX_INTERFERENCE, |s| text("", s, MAX_TEXT_BYTES))?;
+    gpu_energies("gpus", &m.gpus)
 }
 
 fn progress(p: &Progress) -> Check {
@@ -337,7 +370,8 @@ pub fn message(msg: &AgentMessage) -> Check {
             energy(&m.energy).map_err(under("energy"))?;
             int("cpu_us", m.cpu_us)?;
             at_most("cpus", u64::from(m.cpus), MAX_CPUS as u64)?;
-            int("covered_ms", m.covered_ms)
+            int("covered_ms", m.covered_ms)?;
+            gpu_energies("gpus", &m.gpus)
         }
         AgentMessage::Status(_) | AgentMessage::Synced(_) => Ok(()),
         // Taken apart before any check (`AgentMessage::unbundle`): one inside another is refused there.
@@ -381,6 +415,11 @@ pub fn agent_info(info: &AgentInfo) -> Result<(), Invalid> {
     at_most("lookahead", u64::from(info.lookahead), most)?;
     each("energy", &info.energy, MAX_ENERGY_SOURCES, energy_source)?;
     each("counters", &info.counters, MAX_COUNTERS, |c| text("", c, MAX_COUNTER_NAME_BYTES))?;
+    each("gpus", &info.gpus, MAX_GPUS as usize, |g| {
+        text("uuid", &g.uuid, MAX_NAME_BYTES)?;
+        text("name", &g.name, MAX_NAME_BYTES)
+    })?;
+    twice("gpus", info.gpus.iter().map(|g| g.index))?;
     tags(&info.tags)
 }
 

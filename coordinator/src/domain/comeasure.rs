@@ -329,6 +329,7 @@ mod tests {
             cpu_us: 5,
             cpus: 1,
             covered_ms: to - from,
+            gpus: vec![],
         }
     }
 

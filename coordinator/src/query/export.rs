@@ -1,7 +1,7 @@
 //! A study's trials exported as CSV or JSON (`tunefleet export`): the
 //! store's rows ([`Store::export_rows`]), the one ranking
 //! ([`crate::domain::rank`], through [`Store::best`]) and each trial's
-//! energy over its co-measuring nodes ([`tunefleet_common::measurement::EnergyFigure::with_nodes`]).
+//! energy over its co-measuring nodes ([`tunefleet_common::measurement::EnergyFigure::with_parts`]).
 
 use std::io::Write;
 
@@ -38,7 +38,9 @@ pub enum ExportError {
 /// ranking rule, [`crate::domain::rank`]: the trial's place among the
 /// ranked ones, its configuration's mean and runs; empty when not
 /// ranked), and for a study measured on several nodes
-/// (`[measure] nodes`) `nodes, energy_nodes_j, energy_nodes_valid`.
+/// (`[measure] nodes`) `nodes, energy_nodes_j, energy_nodes_valid`, and
+/// for a study whose trials were given GPUs `gpu_energy_j` (their part of
+/// `energy_j`, the trial's whole energy).
 /// JSON: an array of objects with the same fields, `params` as an
 /// object, the full `measurement` (or null), and `nodes`: what each
 /// other node measured of the stored attempt.
@@ -89,7 +91,7 @@ fn with_nodes<'a>(r: &ExportRow, nodes: &'a [NodeRow]) -> (Vec<&'a NodeRow>, Opt
     if mine.is_empty() {
         return (mine, None, None);
     }
-    let all = r.energy().with_nodes(mine.iter().map(|n| n.energy()));
+    let all = r.energy().with_parts(mine.iter().map(|n| n.energy()));
     (mine, all.joules, Some(all.valid))
 }
 
@@ -110,6 +112,11 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
     let co = !nodes.is_empty();
     if co {
         header.extend(["nodes".to_string(), "energy_nodes_j".into(), "energy_nodes_valid".into()]);
+    }
+    // Studies whose trials had GPUs only: their part.
+    let gpus = rows.iter().any(|r| r.gpu_energy_j.is_some());
+    if gpus {
+        header.push("gpu_energy_j".into());
     }
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
@@ -133,6 +140,9 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
             let (mine, sum, valid) = with_nodes(r, nodes);
             rec.extend([mine.len().to_string(), opt(&sum), opt(&valid)]);
         }
+        if gpus {
+            rec.push(opt(&r.gpu_energy_j));
+        }
         w.write_record(&rec).map_err(csv_err)?;
     }
     w.flush().map_err(|source| ExportError::Write { study: study.to_string(), source })
@@ -155,6 +165,7 @@ fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl
                 "energy_j": r.energy_j,
                 "energy_source": r.energy_source,
                 "energy_valid": r.energy_valid,
+                "gpu_energy_j": r.gpu_energy_j,
                 "agent": r.agent,
                 "attempt": r.attempt,
                 "attempts": r.attempts,

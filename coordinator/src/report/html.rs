@@ -415,10 +415,11 @@ fn best(out: &mut String, data: &ReportData) {
             },
         );
         let interference = p.map_or_else(|| "-".to_string(), |p| list_or_none(&p.interference));
+        let energy = energy_cell(r.energy_j, p.copied());
         let _ = write!(
             out,
             "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td class=\"n\">{}</td><td class=\"n\">{}</td><td>{} {validity}</td><td>{counters}</td><td>{}</td></tr>",
+             <td class=\"n\">{}</td><td class=\"n\">{energy}</td><td>{} {validity}</td><td>{counters}</td><td>{}</td></tr>",
             rank + 1,
             r.trial,
             objective_cell(r),
@@ -426,14 +427,37 @@ fn best(out: &mut String, data: &ReportData) {
             Esc(&system_text(r.system.as_ref())),
             Esc(&r.agent),
             fmt_num(r.wall_us as f64 / 1e6),
-            r.energy_j.map_or_else(|| "-".to_string(), fmt_num),
-            Esc(r.energy_source.as_deref().unwrap_or("none")),
+            Esc(&gpu_source(r.energy_source.as_deref(), p.copied())),
             Esc(&interference)
         );
     }
     out.push_str("</table>");
     importance(out, data);
     out.push_str("</section>");
+}
+
+/// A trial's energy, and for one given GPUs its two parts: the CPU's
+/// share and the GPUs' (with the GPUs' share of the whole).
+fn energy_cell(whole: Option<f64>, p: Option<&ProvenanceRow>) -> String {
+    let Some(whole) = whole else { return "-".to_string() };
+    let Some(p) = p.filter(|p| !p.gpus.is_empty()) else { return fmt_num(whole) };
+    let gpu: f64 = p.gpus.iter().map(|g| g.joules).sum();
+    let share = if whole > 0.0 { format!(", {:.0} % of it", 100.0 * gpu / whole) } else { String::new() };
+    format!(
+        "{}<br><span class=\"small\">CPU {}, GPU {}{share}</span>",
+        fmt_num(whole),
+        fmt_num(p.cpu_energy_j),
+        fmt_num(gpu)
+    )
+}
+
+/// The energy source, and NVML's for a trial given GPUs.
+fn gpu_source(source: Option<&str>, p: Option<&ProvenanceRow>) -> String {
+    let source = source.unwrap_or("none");
+    match p.filter(|p| !p.gpus.is_empty()) {
+        Some(p) => format!("{source} + nvml ({} GPU{})", p.gpus.len(), if p.gpus.len() == 1 { "" } else { "s" }),
+        None => source.to_string(),
+    }
 }
 
 /// Which parameters mattered ([`crate::domain::importance`]), over every
@@ -763,6 +787,8 @@ mod tests {
             software_counters: vec!["task-clock".into()],
             missing_counters: vec!["cycles".into()],
             interference: Vec::new(),
+            cpu_energy_j: 0.0,
+            gpus: vec![],
         }];
         let page = page(&d);
         assert_well_formed(&page);

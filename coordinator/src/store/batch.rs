@@ -458,12 +458,15 @@ impl Batch<'_> {
         let objective = objective.filter(|v| v.is_finite());
         let json =
             serde_json::to_string(measurement).map_err(|source| StoreError::Json { context: context(), source })?;
-        let energy = &measurement.energy;
+        // The trial's whole energy (its CPU share and its GPUs'), and the GPUs' apart.
+        let energy = measurement.energy_figure();
+        let joules = energy.joules.filter(|j| j.is_finite());
+        let gpu_joules = measurement.gpu_joules().filter(|j| j.is_finite());
         self.tx
             .prepare_cached(
                 "INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
-                     max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                     max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms, gpu_energy_j)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
             )
             .ctx(context)?
             .execute(params![
@@ -478,11 +481,12 @@ impl Batch<'_> {
                 to_i64("sys_us", measurement.sys_us)?,
                 to_i64("max_rss_kib", measurement.max_rss_kib)?,
                 exit,
-                energy.joules.is_finite().then_some(energy.joules),
-                energy.source.as_str(),
+                joules,
+                measurement.energy.source.as_str(),
                 energy.valid,
                 json,
-                at
+                at,
+                gpu_joules
             ])
             .ctx(context)?;
         // A failed trial keeps why, in words a user can act on (its exit and last line).

@@ -17,7 +17,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT t.trial, t.repeat, t.state, t.params, t.attempts,
-                        r.objective, r.wall_us, r.energy_j, r.energy_source, r.energy_valid,
+                        r.objective, r.wall_us, r.energy_j, r.energy_source, r.energy_valid, r.gpu_energy_j,
                         r.agent, r.attempt, r.exit, r.measurement
                  FROM trials t LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
                  WHERE t.study = ?1 ORDER BY t.trial",
@@ -45,6 +45,7 @@ impl Store {
                     energy_j: row.get("energy_j")?,
                     energy_source: row.get("energy_source")?,
                     energy_valid: row.get("energy_valid")?,
+                    gpu_energy_j: row.get("gpu_energy_j")?,
                     agent: row.get("agent")?,
                     attempt: row.get("attempt")?,
                     exit: row.get("exit")?,
@@ -70,6 +71,8 @@ pub struct ExportRow {
     pub energy_j: Option<f64>,
     pub energy_source: Option<String>,
     pub energy_valid: Option<bool>,
+    /// Its GPUs' part of `energy_j`; none when it was given no GPU.
+    pub gpu_energy_j: Option<f64>,
     pub agent: Option<String>,
     pub attempt: Option<u32>,
     pub exit: Option<String>,

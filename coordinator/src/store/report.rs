@@ -36,8 +36,13 @@ pub struct ProvenanceRow {
     pub trial: u64,
     pub energy_source: EnergySourceKind,
     pub energy_valid: bool,
-    /// Why the energy is invalid, or how it was made.
+    /// Why the energy is invalid, or how it was made (a GPU's note when
+    /// one of its GPUs' readings is invalid).
     pub energy_note: Option<String>,
+    /// The CPU's part of the trial's energy and its GPUs' readings (empty:
+    /// it was given none), shown apart.
+    pub cpu_energy_j: f64,
+    pub gpus: Vec<tunefleet_common::measurement::GpuEnergy>,
     /// Counter events that came from the PMU.
     pub hardware_counters: Vec<String>,
     /// Counter events that came from the kernel's software events.
@@ -55,8 +60,15 @@ impl ProvenanceRow {
         ProvenanceRow {
             trial,
             energy_source: m.energy.source,
-            energy_valid: m.energy.valid,
-            energy_note: m.energy.note.clone(),
+            energy_valid: m.energy_figure().valid,
+            energy_note: m
+                .gpus
+                .iter()
+                .filter(|g| !g.valid)
+                .find_map(|g| g.note.as_ref().map(|n| format!("GPU {}: {n}", g.index)))
+                .or_else(|| m.energy.note.clone()),
+            cpu_energy_j: m.energy.joules,
+            gpus: m.gpus.clone(),
             hardware_counters: events(CounterKind::Hardware),
             software_counters: events(CounterKind::Software),
             missing_counters: m.counters_missing.iter().map(|c| c.event.clone()).collect(),

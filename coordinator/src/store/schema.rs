@@ -10,7 +10,7 @@ use super::outbox::OUTBOX_SCHEMA;
 use super::{enrol, keys, nodes, profiles, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -168,6 +168,12 @@ const MIGRATE_2_TO_3: &str = "ALTER TABLE agents ADD COLUMN telemetry TEXT;";
 /// replays the epochs it had seen).
 const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 
+/// Version 6: the joules of a result's GPUs (issue 38; a column of
+/// `results` in a new store too, added after [`SCHEMA`]); `energy_j` is the
+/// trial's whole energy, its CPU's share and its GPUs', and NULL here
+/// means it was given none.
+const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
+
 impl Store {
     /// Opens (creating if needed) the store at `path`, in WAL mode.
     pub fn open(path: &Path) -> Result<Self> {
@@ -219,7 +225,7 @@ impl Store {
             tx.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{path}: reading schema"))?;
         match found {
             0 => {
-                for sql in [SCHEMA, TRIALS, SEGMENTS] {
+                for sql in [SCHEMA, TRIALS, SEGMENTS, MIGRATE_5_TO_6] {
                     tx.execute_batch(sql).ctx(|| format!("{path}: creating schema"))?;
                 }
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
@@ -242,6 +248,13 @@ impl Store {
                 if found <= 3 {
                     tx.execute_batch(MIGRATE_3_TO_4).ctx(|| format!("{path}: migrating the schema from version 3"))?;
                 }
+                tx.execute_batch(MIGRATE_5_TO_6)
+                    .ctx(|| format!("{path}: migrating the schema from version {found}"))?;
+                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                    .ctx(|| format!("{path}: setting schema version"))?;
+            }
+            5 => {
+                tx.execute_batch(MIGRATE_5_TO_6).ctx(|| format!("{path}: migrating the schema from version 5"))?;
                 tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                     .ctx(|| format!("{path}: setting schema version"))?;
             }
@@ -385,6 +398,38 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         assert_keeps_state_index(&store);
         let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", [], |r| r.get(0)).expect("segments table");
         assert_eq!(n, 0);
+    }
+
+    #[test]
+    fn a_version_5_store_gets_the_gpu_energy_column_and_keeps_its_results() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("v5.db");
+        {
+            let conn = Connection::open(&path).expect("open");
+            conn.execute_batch(&format!("{SCHEMA}{TRIALS}{SEGMENTS}")).expect("v5 schema");
+            conn.pragma_update(None, "user_version", 5).expect("version");
+            conn.execute(
+                "INSERT INTO results (study, trial, attempt, agent, success, wall_us, user_us, sys_us, max_rss_kib,
+                     exit, energy_j, measurement, received_ms)
+                 VALUES ('s', 0, 1, 'a', 1, 1, 1, 1, 1, 'exited 0', 2.5, '{}', 1)",
+                [],
+            )
+            .expect("a v5 result");
+        }
+        let store = Store::open(&path).expect("migrates");
+        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        assert_eq!(v, SCHEMA_VERSION);
+        let (energy, gpu): (f64, Option<f64>) = store
+            .conn
+            .query_row("SELECT energy_j, gpu_energy_j FROM results WHERE study = 's'", [], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .expect("the result is kept");
+        assert_eq!((energy, gpu), (2.5, None), "no GPU part for a result from before");
+        drop(store);
+        Store::open(&path).expect("opens again, nothing left to migrate");
+        let fresh = Store::open_in_memory().expect("fresh");
+        fresh.conn.execute("SELECT gpu_energy_j FROM results", []).expect("a new store has it");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Placement: queued trials handed to the agents with credit, one trial to
 //! each agent in turn (round robin over the ready agents, and over the
 //! studies that share them), keeping a moved trial off the agent it left
-//! and in its device class. An agent holding as many leases as it has
+//! and in its device class, and a trial that needs GPUs (`gpus = N`) on an
+//! agent with that many its leases do not take. An agent holding as many leases as it has
 //! slots takes more only as trials held ahead
 //! ([`tunefleet_common::message::AgentInfo::lookahead`]): only of studies
 //! that allow it, with a lease once more as long for each trial per slot it
@@ -78,6 +79,11 @@ fn fair_share(study: &StudyLeases, live: usize) -> usize {
     outstanding.div_ceil(live.max(1))
 }
 
+/// GPUs of agent `name` its leases take, running and held.
+fn gpus_leased(studies: &[StudyLeases], name: &str) -> usize {
+    studies.iter().map(|s| s.held.get(name).map_or(0, |h| h.len()) * s.policy.gpus as usize).sum()
+}
+
 /// One trial for `agent` (one with credit, online, not overloaded), of the
 /// next study after `next_study` with a trial it may take; `None` when
 /// none fits.
@@ -98,11 +104,15 @@ fn place_one(
     // Leases it holds: past its slots, a trial waits there.
     let holding = leases_on(studies, name);
     let ahead = holding >= slots;
+    // Its GPUs not leased: a trial of a study with `gpus = N` needs N of
+    // them (held ones count: each is started on GPUs of its own).
+    let gpus_free = info.gpus.len().saturating_sub(gpus_leased(studies, name));
     let n = studies.len();
     for k in 0..n {
         let i = (*next_study + k) % n;
         let Some(study) = studies.get_mut(i).filter(|s| {
             s.policy.selector.matches(info)
+                && s.policy.gpus as usize <= gpus_free
                 && (!ahead
                     || (depth_left(s, name, slots) > 0
                         && s.held.get(name).map_or(0, |h| h.len()) < fair_share(s, live)))
@@ -161,4 +171,69 @@ fn place_one(
         });
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use tunefleet_common::message::{AgentInfo, GpuDevice, WorkRequest};
+
+    use crate::domain::sched::{Effect, Restored, ResultKind, Scheduler, StudyPolicy, Verdict};
+    use crate::domain::study::Selector;
+
+    fn study(name: &str, id: u64, gpus: u32, trials: usize) -> (StudyPolicy, Vec<Restored>) {
+        let policy = StudyPolicy {
+            name: name.into(),
+            id,
+            selector: Selector::default(),
+            max_attempts: 1,
+            ahead_per_slot: 4,
+            ahead_per_agent: None,
+            lease_ms: 1_000,
+            gpus,
+        };
+        (policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials])
+    }
+
+    fn agent(name: &str, slots: u32, gpus: u32) -> AgentInfo {
+        let gpus = (0..gpus).map(|i| GpuDevice { index: i, uuid: format!("GPU-{i}"), name: "H200".into() }).collect();
+        AgentInfo { slots, lookahead: 4 * slots, gpus, ..AgentInfo::minimal(name, 1) }
+    }
+
+    /// (agent, study, trial) of each assignment.
+    fn placed(effects: &[Effect]) -> Vec<(String, String, u64)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Assign { agent, trial, .. } => Some((agent.clone(), trial.study.clone(), trial.trial)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_trial_needing_gpus_goes_only_where_that_many_are_not_leased() {
+        let mut s = Scheduler::new();
+        for (policy, states) in [study("train", 1, 1, 6), study("cpu", 2, 0, 6), study("big", 3, 3, 2)] {
+            s.add_study(policy, states, 0);
+        }
+        s.hello(agent("g", 3, 2));
+        s.hello(agent("c", 2, 0));
+        s.request("g", &WorkRequest { seq: 1, free: 3, ahead: 4, running: vec![], held: vec![] });
+        s.request("c", &WorkRequest { seq: 1, free: 2, ahead: 0, running: vec![], held: vec![] });
+        let first = placed(&s.assign(0));
+        let on = |who: &str, what: &str, list: &[(String, String, u64)]| {
+            list.iter().filter(|(a, st, _)| a == who && st == what).count()
+        };
+        assert_eq!(on("g", "train", &first), 2, "two GPUs, two trials of one GPU each, held ones included: {first:?}");
+        assert_eq!(on("c", "train", &first), 0, "no GPU, no training trial");
+        assert_eq!(on("g", "big", &first) + on("c", "big", &first), 0, "no agent has three GPUs");
+        assert!(on("g", "cpu", &first) > 0 && on("c", "cpu", &first) > 0, "CPU trials fill the rest: {first:?}");
+        // One training trial ends on g: its GPU takes the next one, no more.
+        let (_, _, t) = first.iter().find(|(a, st, _)| a == "g" && st == "train").cloned().expect("one");
+        let trial = tunefleet_common::message::TrialRef { study: "train".into(), study_id: 1, trial: t, attempt: 1 };
+        assert_eq!(s.result("g", &trial, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
+        s.request("g", &WorkRequest { seq: 2, free: 1, ahead: 4, running: vec![], held: vec![] });
+        let next = placed(&s.assign(0));
+        assert_eq!(on("g", "train", &next), 1, "{next:?}");
+    }
 }

@@ -22,6 +22,7 @@ fn info(name: &str, instance: u64, arch: &str, tags: &[(&str, &str)]) -> AgentIn
         energy: vec![],
         counters: vec![],
         tags: tags.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        gpus: vec![],
     }
 }
 
@@ -36,6 +37,7 @@ fn policy(name: &str, id: u64, max_attempts: u32, lookahead: bool) -> StudyPolic
         ahead_per_slot,
         ahead_per_agent: None,
         lease_ms: 1_000,
+        gpus: 0,
     }
 }
 
@@ -49,6 +51,7 @@ fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
         ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT,
         ahead_per_agent: None,
         lease_ms: 1_000,
+        gpus: 0,
     };
     s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
     s
@@ -598,7 +601,7 @@ proptest! {
         let mut s = sched(12, 3, Selector::default());
         s.set_open("s", true);
         let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, ahead_per_agent: None, lease_ms: 700 };
+        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, ahead_per_agent: None, lease_ms: 700, gpus: 0 };
         let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
         states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
         s.add_study(policy, states, 0);

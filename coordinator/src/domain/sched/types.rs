@@ -29,6 +29,9 @@ pub struct StudyPolicy {
     /// one held ahead may hold it twice as long: it waits at most for one
     /// of the trials running there.
     pub lease_ms: u64,
+    /// GPUs each trial needs (`gpus = N`): an agent takes one of its
+    /// trials only while that many of its GPUs are not leased to others.
+    pub gpus: u32,
 }
 
 /// A trial's state when a study is (re)loaded from the store.

@@ -444,7 +444,7 @@ pub fn render_resumed(
         Some(first) => first.clone(),
         None => system_params(&plan.params),
     };
-    Ok(TrialSpec { argv, env, system, timeout_ms: study.timeout_ms(), probe })
+    Ok(TrialSpec { argv, env, system, timeout_ms: study.timeout_ms(), probe, gpus: study.gpus })
 }
 
 /// The coefficient of variation of `values` (sample standard deviation

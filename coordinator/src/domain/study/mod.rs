@@ -17,11 +17,13 @@ use std::path::Path;
 
 pub mod diff;
 mod error;
+mod gpus;
 pub mod model;
 mod raw;
 mod validate;
 
 pub use error::{Location, StudyError};
+pub use gpus::gpus_as_given;
 pub use model::*;
 pub use validate::{valid_param_name, valid_study_name};
 

@@ -375,6 +375,10 @@ pub struct Study {
     /// the default); `lookahead = 0`: only to a free slot, so a trial never
     /// waits behind another on an agent.
     pub lookahead: bool,
+    /// GPUs each trial is given (`gpus = N`, default 0): its own, named in
+    /// `CUDA_VISIBLE_DEVICES`, their energy part of the trial's. Only
+    /// agents with that many GPUs take its trials.
+    pub gpus: u32,
     pub objective: Objective,
     /// Trials to run, repeats included.
     pub budget: u64,
@@ -430,7 +434,7 @@ impl Study {
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.
     pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
-        let pairs: [(&'static str, bool); 20] = [
+        let pairs: [(&'static str, bool); 21] = [
             ("command", self.command != newer.command),
             ("env", self.env != newer.env),
             ("resume", self.resume != newer.resume),
@@ -439,6 +443,7 @@ impl Study {
             ("repeats", self.repeats != newer.repeats),
             ("max_attempts", self.max_attempts != newer.max_attempts),
             ("lookahead", self.lookahead != newer.lookahead),
+            ("gpus", self.gpus != newer.gpus),
             ("[objective]", self.objective != newer.objective),
             ("[budget]", self.budget != newer.budget),
             ("[strategy]", self.strategy != newer.strategy),

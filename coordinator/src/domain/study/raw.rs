@@ -21,6 +21,7 @@ pub(super) struct RawStudy {
     pub(super) repeats: Option<Spanned<i64>>,
     pub(super) max_attempts: Option<Spanned<i64>>,
     pub(super) lookahead: Option<Spanned<i64>>,
+    pub(super) gpus: Option<Spanned<i64>>,
     pub(super) objective: RawObjective,
     pub(super) budget: RawBudget,
     pub(super) strategy: RawStrategy,

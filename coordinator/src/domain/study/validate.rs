@@ -9,6 +9,7 @@ use std::ops::Range;
 
 use toml::Spanned;
 use tunefleet_common::measurement::EnergySourceKind;
+use tunefleet_common::message::MAX_GPUS;
 use tunefleet_common::template;
 
 use super::error::{Location, StudyError};
@@ -68,6 +69,7 @@ impl FileCheck<'_> {
             None => DEFAULT_MAX_ATTEMPTS,
         };
         let lookahead = self.lookahead(raw.lookahead.as_ref())?;
+        let gpus = self.gpus(raw.gpus.as_ref())?;
         let objective = self.objective(&raw.objective)?;
         let budget = self.budget(&raw.budget, repeats)?;
         let strategy = self.strategy(&raw.strategy)?;
@@ -115,6 +117,7 @@ impl FileCheck<'_> {
             repeats,
             max_attempts,
             lookahead,
+            gpus,
             objective,
             budget,
             strategy,
@@ -150,6 +153,16 @@ impl FileCheck<'_> {
             None | Some((1, _)) => Ok(true),
             Some((0, _)) => Ok(false),
             Some((n, span)) => Err(self.at(span, format!("lookahead: {n}: 1 (trials may wait on an agent, held ready behind its busy slots; the default) or 0 (only a free slot)"))),
+        }
+    }
+
+    /// `gpus`: GPUs per trial, 0 (the default) to [`tunefleet_common::message::MAX_GPUS`].
+    fn gpus(&self, raw: Option<&Spanned<i64>>) -> Result<u32, StudyError> {
+        match raw.map(|g| (*g.get_ref(), g.span())) {
+            None => Ok(0),
+            Some((n, span)) => u32::try_from(n).ok().filter(|n| *n <= MAX_GPUS).ok_or_else(|| {
+                self.at(span, format!("gpus: {n}: GPUs each trial is given, 0 (the default) to {MAX_GPUS}"))
+            }),
         }
     }
 

@@ -351,7 +351,7 @@ fn tell_accepted(
     if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
         if let Some(plan) = a.plans.get(trial.trial as usize) {
             if measurement.exit != ExitOutcome::Cancelled {
-                let energy = measurement.energy.counted();
+                let energy = measurement.energy_figure().counted();
                 let also = a.study.also_figures(energy, measurement.wall_us);
                 a.search.tell(trial.trial, &plan.params, v, &also);
             }

@@ -238,6 +238,7 @@ impl Core {
             ahead_per_slot: study.ahead_per_slot(),
             ahead_per_agent: study.ahead_per_agent(),
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
+            gpus: study.gpus,
         };
         self.sched.add_study(policy, states, now.engine_ms);
         self.sched.set_open(&study.name, !search.exhausted());

@@ -174,7 +174,10 @@ fn progress(view: &EngineView<'_>, agent: &str, mut p: Progress) -> Decision {
 
 /// A result judged, and what the store keeps of it.
 fn result(view: &EngineView<'_>, agent: &str, result: TrialResult) -> ResultStep {
-    let TrialResult { trial, measurement } = result;
+    let TrialResult { trial, mut measurement } = result;
+    if let Some(a) = view.studies.get(&trial.study) {
+        crate::domain::study::gpus_as_given(a.study.gpus, &mut measurement.gpus);
+    }
     let kind = match &measurement.exit {
         ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
         ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),

@@ -5,12 +5,16 @@
 //!
 //! - `tunefleet_trial`: one summary per accepted result, at the moment the
 //!   workload ended. Fields `wall_s`, `user_s`, `sys_s`, `cpu_s`,
-//!   `max_rss_kib`, `success`, `exit_code` (when it exited), `energy_j` and
-//!   `objective` (when known); tags `exit` (how it ended) and `valid` (whether
-//!   the energy figure can be trusted).
+//!   `max_rss_kib`, `success`, `exit_code` (when it exited), `energy_j` (the
+//!   trial's whole energy: its CPU share and its GPUs'), for a trial given
+//!   GPUs `cpu_energy_j` and `gpu_energy_j` (the two parts), and `objective`
+//!   (when known); tags `exit` (how it ended) and `valid` (whether the
+//!   energy figure, every part of it, can be trusted).
 //! - `tunefleet_energy`: one point per energy domain, also at the end. Field
 //!   `joules`; tags `domain`, `in_total` (false for a sub-zone already counted
-//!   in its package) and `valid`.
+//!   in its package) and `valid`. A GPU is a domain `gpu-N` (its index),
+//!   tagged `gpu` (its UUID) and `method` (`counter` or `power_integrated`),
+//!   `valid` its own reading's.
 //! - `tunefleet_power`: the power time series of the run, one point per
 //!   sample at the start time plus its `elapsed_ms`. Field `watts`; tags
 //!   `domain` (`total`: the counted domains) and `valid`.
@@ -37,9 +41,10 @@ pub const POWER: &str = "tunefleet_power";
 /// optimises, when the trial has one.
 pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: Option<f64>) -> Vec<String> {
     let energy = &m.energy;
+    let whole = m.energy_figure();
     let start = i64::try_from(m.started_unix_ms).unwrap_or(i64::MAX);
     let end = start.saturating_add(i64::try_from(m.wall_us / 1000).unwrap_or(i64::MAX));
-    let valid = if energy.counted().is_some() { "true" } else { "false" };
+    let valid = if whole.counted().is_some() { "true" } else { "false" };
     let common = [
         ("study", trial.study.clone()),
         ("trial", trial.trial.to_string()),
@@ -58,7 +63,10 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
         .float("cpu_s", (m.user_us + m.sys_us) as f64 / 1e6)
         .int("max_rss_kib", i64::try_from(m.max_rss_kib).unwrap_or(i64::MAX))
         .bool("success", m.exit.success())
-        .float("energy_j", energy.joules);
+        .float("energy_j", whole.joules.unwrap_or(f64::NAN));
+    if let Some(gpu) = m.gpu_joules() {
+        summary = summary.float("cpu_energy_j", energy.joules).float("gpu_energy_j", gpu);
+    }
     if let ExitOutcome::Exited(code) = m.exit {
         summary = summary.int("exit_code", i64::from(code));
     }
@@ -72,6 +80,18 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
             .tag("domain", &d.domain)
             .tag("in_total", if d.in_total { "true" } else { "false" })
             .float("joules", d.joules);
+        out.extend(p.line());
+    }
+    for g in &m.gpus {
+        let mut tags = common.clone();
+        tags[4].1 = "nvml".to_string();
+        tags[5].1 = if g.figure().counted().is_some() { "true" } else { "false" }.to_string();
+        let p = Point::new(ENERGY, &tags, end)
+            .tag("domain", &format!("gpu-{}", g.index))
+            .tag("gpu", &g.uuid)
+            .tag("method", g.method.as_str())
+            .tag("in_total", "true")
+            .float("joules", g.joules);
         out.extend(p.line());
     }
     for s in &energy.series {
@@ -178,6 +198,47 @@ mod tests {
             },
             ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
         }
+    }
+
+    #[test]
+    fn a_trial_given_gpus_has_its_whole_energy_and_each_part_apart() {
+        use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+        let mut m = measurement();
+        m.gpus = vec![
+            GpuEnergy {
+                index: 1,
+                uuid: "GPU-b".into(),
+                joules: 200.0,
+                method: GpuMethod::Counter,
+                valid: true,
+                note: None,
+            },
+            GpuEnergy {
+                index: 3,
+                uuid: "GPU-d".into(),
+                joules: 87.5,
+                method: GpuMethod::PowerIntegrated,
+                valid: true,
+                note: None,
+            },
+        ];
+        let lines = trial_points(&trial(), "agent-1", &m, None);
+        let summary = &lines[0];
+        assert!(summary.contains("energy_j=300,") && summary.contains("cpu_energy_j=12.5,"), "{summary}");
+        assert!(summary.contains("gpu_energy_j=287.5,") && summary.contains("valid=true"), "{summary}");
+        let gpu: Vec<&String> = lines.iter().filter(|l| l.contains("domain=gpu-")).collect();
+        assert_eq!(gpu.len(), 2, "{lines:#?}");
+        assert!(gpu[0].contains("domain=gpu-1,gpu=GPU-b,") && gpu[0].contains("method=counter,"), "{}", gpu[0]);
+        assert!(gpu[0].contains("source=nvml,") && gpu[0].contains(" joules=200 "), "{}", gpu[0]);
+        assert!(gpu[1].contains("method=power_integrated,") && gpu[1].contains(" joules=87.5 "), "{}", gpu[1]);
+        // One GPU read failed: that point and the trial's whole figure say so.
+        m.gpus[1].valid = false;
+        let lines = trial_points(&trial(), "agent-1", &m, None);
+        assert!(lines[0].contains("valid=false"), "{}", lines[0]);
+        let failed = lines.iter().find(|l| l.contains("domain=gpu-3")).expect("its point");
+        assert!(failed.contains("valid=false"), "{failed}");
+        let fine = lines.iter().find(|l| l.contains("domain=gpu-1")).expect("its point");
+        assert!(fine.contains("valid=true"), "{fine}");
     }
 
     fn trial() -> TrialRef {

@@ -371,6 +371,23 @@ fn energy() -> BoxedStrategy<EnergyReading> {
         .boxed()
 }
 
+/// GPU readings: indexes from a few (some listed twice), any joules,
+/// now and then too many.
+fn gpus() -> BoxedStrategy<Vec<tunefleet_common::measurement::GpuEnergy>> {
+    use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+    let gpu = (0u32..4, text(), float(), any::<bool>(), any::<bool>(), prop::option::of(text()))
+        .prop_map(|(index, uuid, joules, counter, valid, note)| GpuEnergy {
+            index,
+            uuid,
+            joules,
+            method: if counter { GpuMethod::Counter } else { GpuMethod::PowerIntegrated },
+            valid,
+            note,
+        })
+        .boxed();
+    some(gpu, 70)
+}
+
 fn measurement() -> BoxedStrategy<Measurement> {
     use tunefleet_common::measurement::*;
     let exit = prop_oneof![
@@ -420,6 +437,7 @@ fn measurement() -> BoxedStrategy<Measurement> {
         prop::option::of(window_profile()),
         // Mostly clean: a disturbed measurement is measured again, not stored.
         prop_oneof![6 => Just(Vec::new()), 1 => some(text(), 20)],
+        gpus(),
     );
     (times, exit, series, rest)
         .prop_map(
@@ -427,7 +445,7 @@ fn measurement() -> BoxedStrategy<Measurement> {
                 (started_unix_ms, wall_us, user_us, sys_us, max_rss_kib),
                 exit,
                 (epochs, final_metrics, counters, counters_missing, counter_series),
-                (profile, energy, limits, log_tail, segments, selected, window_profile, interference),
+                (profile, energy, limits, log_tail, segments, selected, window_profile, interference, gpus),
             )| Measurement {
                 started_unix_ms,
                 wall_us,
@@ -448,6 +466,7 @@ fn measurement() -> BoxedStrategy<Measurement> {
                 selected,
                 window_profile,
                 interference,
+                gpus,
             },
         )
         .boxed()
@@ -585,10 +604,10 @@ fn single_message() -> BoxedStrategy<AgentMessage> {
         1 => (any::<bool>(), any::<u64>())
             .prop_map(|(online, instance)| AgentMessage::Status(AgentStatus { online, instance })),
         1 => any::<u64>().prop_map(AgentMessage::Synced),
-        1 => (trial_ref(), big(), big(), energy(), big(), any::<u32>(), big()).prop_map(
-            |(trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms)| {
+        1 => (trial_ref(), big(), big(), energy(), big(), any::<u32>(), big(), gpus()).prop_map(
+            |(trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms, gpus)| {
                 AgentMessage::CoMeasured(tunefleet_common::message::CoMeasured {
-                    trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms,
+                    trial, from_unix_ms, to_unix_ms, energy, cpu_us, cpus, covered_ms, gpus,
                 })
             }
         ),
@@ -724,6 +743,7 @@ fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
         ahead_per_slot: tunefleet_common::message::MAX_LOOKAHEAD_PER_SLOT,
         ahead_per_agent: None,
         lease_ms: 60_000,
+        gpus: 0,
     };
     let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];
     states[a.trial.trial as usize] = Restored::Done;
@@ -1191,6 +1211,7 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
         cpu_us: 7,
         cpus: 1,
         covered_ms: 2_000,
+        gpus: vec![],
     };
     let mut other_window = CoMeasured { to_unix_ms: to + 1, ..answer.clone() };
     other_window.energy.joules = 99.0;
