@@ -1,5 +1,6 @@
 //! Co-measurement: this machine measured over a trial another agent runs
-//! (a study's `[measure] nodes`; [`CoMeasure`] from the coordinator).
+//! (a study's `[measure] nodes`; [`CoMeasure`] from the coordinator), its
+//! GPUs included (each read over the window like the CPU's energy).
 //!
 //! On [`CoMeasureStep::Start`] a window opens: a meter of the agent's energy
 //! source starts and the busy time of the agent's CPUs is read from
@@ -27,8 +28,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tunefleet_common::measurement::EnergyReading;
-use tunefleet_common::message::{CoMeasure, CoMeasureStep, CoMeasured, TrialRef};
+use tunefleet_common::message::{CoMeasure, CoMeasureStep, CoMeasured, GpuDevice, TrialRef};
 
+use crate::energy::gpu::TrialGpus;
 use crate::energy::{start_or_estimate, EnergyMeter, EnergySource, EstimateModel, Usage};
 use crate::telemetry::{cpus_between, parse_proc_stat, CpuTimes};
 
@@ -110,6 +112,10 @@ struct Open {
     until: Instant,
     busy_at_start: u64,
     series: Vec<Point>,
+    /// The machine's GPUs over the window, and each one's cumulative
+    /// series (its joules in `joules`), stamped as `series`.
+    gpus: Option<TrialGpus>,
+    gpu_series: Vec<Vec<Point>>,
 }
 
 /// The co-measurements of this agent.
@@ -121,6 +127,9 @@ pub struct CoMeter {
     interval: Duration,
     open: HashMap<TrialRef, Open>,
     answers: VecDeque<CoMeasured>,
+    /// The machine's GPUs, measured over every window, and NVML's library.
+    gpus: Vec<GpuDevice>,
+    nvml_lib: Option<PathBuf>,
     /// Starts refused because [`MAX_OPEN`] windows were open.
     pub refused: u64,
 }
@@ -141,7 +150,25 @@ impl CoMeter {
         cpus: Vec<u32>,
         interval: Duration,
     ) -> Self {
-        CoMeter { source, model, proc_root, cpus, interval, open: HashMap::new(), answers: VecDeque::new(), refused: 0 }
+        CoMeter {
+            source,
+            model,
+            proc_root,
+            cpus,
+            interval,
+            open: HashMap::new(),
+            answers: VecDeque::new(),
+            gpus: Vec::new(),
+            nvml_lib: None,
+            refused: 0,
+        }
+    }
+
+    /// Measures `gpus` too over every window (through NVML at `nvml_lib`).
+    pub fn with_gpus(mut self, gpus: Vec<GpuDevice>, nvml_lib: Option<PathBuf>) -> Self {
+        self.gpus = gpus;
+        self.nvml_lib = nvml_lib;
+        self
     }
 
     /// Whether any window is open (the sampling tick runs only then).
@@ -168,6 +195,15 @@ impl CoMeter {
         let busy_us = busy_now.saturating_sub(open.busy_at_start);
         let usage = Usage { wall: elapsed, cpu: Duration::from_micros(busy_us), cores: self.cores() };
         let unix_ms = open.started_unix_ms.saturating_add(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX));
+        if let Some(g) = &mut open.gpus {
+            g.sample(elapsed);
+            for (series, joules) in open.gpu_series.iter_mut().zip(g.so_far()) {
+                if series.len() >= MAX_SAMPLES {
+                    thin(series);
+                }
+                series.push(Point { unix_ms, joules, busy_us: 0 });
+            }
+        }
         Point { unix_ms, joules: open.meter.so_far(&usage).unwrap_or(0.0), busy_us }
     }
 
@@ -207,8 +243,17 @@ impl CoMeter {
                 let busy = self.busy_us();
                 let started = Instant::now();
                 let until = started + Duration::from_millis(within_ms) + LATE;
-                let mut open =
-                    Open { meter, started, started_unix_ms: unix_ms(), until, busy_at_start: busy, series: Vec::new() };
+                let gpus = TrialGpus::start(self.nvml_lib.as_deref(), &self.gpus);
+                let mut open = Open {
+                    meter,
+                    started,
+                    started_unix_ms: unix_ms(),
+                    until,
+                    busy_at_start: busy,
+                    series: Vec::new(),
+                    gpu_series: vec![Vec::new(); if gpus.is_some() { self.gpus.len() } else { 0 }],
+                    gpus,
+                };
                 let first = self.point(&mut open, busy);
                 open.series.push(first);
                 tracing::debug!(trial = %c.trial, "co-measuring");
@@ -262,6 +307,20 @@ impl CoMeter {
         let window_ms = to.saturating_sub(from);
         // A window of no length (an attempt stopped before it started) measures nothing.
         let enough = window_ms > 0 && covered_ms.saturating_mul(10) >= window_ms.saturating_mul(9);
+        // Each GPU over the window, read from its series like the CPU's.
+        let gpus = match open.gpus.take() {
+            Some(g) => g
+                .stop(elapsed)
+                .into_iter()
+                .zip(&open.gpu_series)
+                .map(|(mut reading, series)| {
+                    reading.joules = over(series, from, to).0;
+                    reading.valid &= enough;
+                    reading
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         let mut note = format!(
             "co-measured: the whole machine{} over {covered_ms} of the window's {window_ms} ms{}",
             if whole.source == tunefleet_common::measurement::EnergySourceKind::Estimated {
@@ -290,7 +349,7 @@ impl CoMeter {
             cpu_us,
             cpus: self.cores(),
             covered_ms,
-            gpus: vec![],
+            gpus,
         }
     }
 }

@@ -456,6 +456,7 @@ impl<'c> Agent<'c> {
         });
         let pending = config.state_dir.as_deref().map(PendingResults::open).transpose()?;
         let agent_auth = agent_auth(config)?;
+        let gpus = info.gpus.clone();
         let mut state = AgentState::new(info, cpus.clone(), config.max_trials);
         if config.lookahead.is_none() {
             state = state.with_auto_lookahead(config.slots);
@@ -493,7 +494,8 @@ impl<'c> Agent<'c> {
                 PathBuf::from("/proc"),
                 cpus,
                 config.sample_interval,
-            ),
+            )
+            .with_gpus(gpus, config.energy_roots.nvml_lib.clone()),
             unsaved: Vec::new(),
             spool_problem: None,
             spool_changed: false,
@@ -759,6 +761,7 @@ fn runner_config(
     runner.trials = trials;
     runner.nvml_lib = config.energy_roots.nvml_lib.clone();
     runner.gpus_offered = !gpus.is_empty();
+    runner.shared_machine = config.slots > 1;
     runner
 }
 

@@ -30,6 +30,14 @@ pub struct CpuTimes {
     pub total: u64,
 }
 
+/// Busy CPU time of the whole machine since boot (every CPU, every
+/// process: `/proc/stat`'s aggregate line), in microseconds.
+pub fn machine_busy_us(proc_root: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(proc_root.join("stat")).ok()?;
+    let (all, _) = parse_proc_stat(&text);
+    Some(crate::procfs::ticks_to_us(all?.busy, rustix::param::clock_ticks_per_second()))
+}
+
 /// The aggregate `cpu` line and the per-CPU `cpuN` lines of `/proc/stat`,
 /// by CPU number (offline CPUs have no line).
 pub fn parse_proc_stat(text: &str) -> (Option<CpuTimes>, Vec<(u32, CpuTimes)>) {

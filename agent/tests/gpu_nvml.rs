@@ -127,6 +127,44 @@ fn no_library_or_no_driver_is_said_plainly() {
     assert!(roots.nvml_lib.as_deref().is_some_and(|p| p.starts_with(dir.path())));
 }
 
+/// Co-measurement: the node's GPUs are read over the window like its CPU;
+/// a stand-in GPU drawing 100 W all along gives 100 W times the window.
+#[test]
+fn a_co_measured_window_counts_the_nodes_gpus() {
+    use std::sync::Arc;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    use tunefleet_agent::comeasure::CoMeter;
+    use tunefleet_agent::energy::{EnergySource, Estimate, EstimateModel};
+    use tunefleet_common::message::{CoMeasure, CoMeasureStep, GpuDevice, TrialRef};
+    let unix_ms = || SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = standin(dir.path());
+    fixture(&lib, "H200 GPU-aaaa rate:100000 100000\n");
+    let source: Arc<dyn EnergySource> = Arc::new(Estimate::default());
+    let gpu = GpuDevice { index: 0, uuid: "GPU-aaaa".into(), name: "H200".into() };
+    let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10))
+        .with_gpus(vec![gpu], Some(lib));
+    let trial = TrialRef { study: "s".into(), study_id: 1, trial: 1, attempt: 1 };
+    co.on(CoMeasure { trial: trial.clone(), step: CoMeasureStep::Start { within_ms: 60_000 } });
+    std::thread::sleep(Duration::from_millis(50));
+    co.sample();
+    let from = unix_ms();
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(50));
+        co.sample();
+    }
+    let to = unix_ms();
+    std::thread::sleep(Duration::from_millis(50));
+    let a = co.on(CoMeasure { trial, step: CoMeasureStep::Window { from_unix_ms: from, to_unix_ms: to } });
+    let a = a.expect("answered");
+    assert_eq!(a.gpus.len(), 1, "{a:?}");
+    let g = &a.gpus[0];
+    assert!(g.valid && g.uuid == "GPU-aaaa", "{g:?}");
+    let expected = 100.0 * (to - from) as f64 / 1000.0;
+    assert!((g.joules / expected - 1.0).abs() < 0.25, "{} J over {} ms, expected {expected}", g.joules, to - from);
+    assert_eq!(a.energy_figure().joules, Some(a.energy.joules + g.joules));
+}
+
 /// Where a GPU is (`cargo test -p tunefleet-agent --test gpu_nvml -- --ignored`):
 /// the driver's NVML lists it, and its energy over two seconds is read.
 #[test]

@@ -167,6 +167,7 @@ fn trial_result() -> AgentMessage {
         window_profile: None,
         interference: Vec::new(),
         gpus: vec![],
+        cpu_share: None,
     };
     AgentMessage::Result(TrialResult { trial: trial(), measurement })
 }

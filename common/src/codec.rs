@@ -42,9 +42,10 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, 12, PROTOCOL_VERSION];
 
 /// Versions whose result is this version's without the GPU readings: 13
-/// appended `Measurement::gpus`, the last field of the last field of a
-/// `TrialResult`, so such a result ends where that list begins and reads
-/// as one with none (an empty list is one byte, its length 0).
+/// appended `Measurement::gpus` and `Measurement::cpu_share`, the last
+/// fields of the last field of a `TrialResult`, so such a result ends
+/// where they begin and reads as one with neither (an empty list is one
+/// byte, its length 0; `None` one byte, 0).
 const RESULT_BEFORE_GPUS: &[u8] = &[8, 9, 10, 11, 12];
 
 /// Decodes a payload produced by [`encode`]. Trailing bytes are an error:
@@ -60,7 +61,7 @@ pub fn decode_stored_result(payload: &[u8]) -> Result<crate::message::TrialResul
             let mut now = Vec::with_capacity(payload.len() + 1);
             now.push(PROTOCOL_VERSION);
             now.extend_from_slice(body);
-            now.push(0);
+            now.extend_from_slice(&[0, 0]);
             decode(&now)
         }
         _ => decode_versions(payload, STORED_RESULT_VERSIONS),
@@ -113,7 +114,7 @@ mod tests {
         m.interference = vec!["charging".into()];
         let old = TrialResult { trial: trial.clone(), measurement: m.clone() };
         let mut bytes = encode(&old).expect("encodes");
-        assert_eq!(bytes.pop(), Some(0));
+        assert_eq!(bytes.split_off(bytes.len() - 2), [0, 0], "no GPU, no share");
         for v in [8, 12] {
             bytes[0] = v;
             assert_eq!(decode_stored_result(&bytes), Ok(old.clone()), "version {v}");
@@ -129,6 +130,7 @@ mod tests {
             valid: true,
             note: None,
         }];
+        m.cpu_share = Some(0.5);
         let now = TrialResult { trial, measurement: m };
         assert_eq!(decode_stored_result(&encode(&now).expect("encodes")), Ok(now));
     }

@@ -321,6 +321,14 @@ pub struct Measurement {
     /// ends where this list begins (see `codec::decode_stored_result`).
     #[serde(default)]
     pub gpus: Vec<GpuEnergy>,
+    /// The trial's share of `energy` (0 to 1) where that reading is the
+    /// whole machine's while other trials of its agent ran beside it (an
+    /// agent of several slots, a metered source): its CPU time over the
+    /// busy CPU time of the machine during its run. `None`: `energy` is the
+    /// trial's alone (one slot, or the estimate, a model of its own CPU
+    /// time). Last on the wire with `gpus`.
+    #[serde(default)]
+    pub cpu_share: Option<f64>,
 }
 
 /// Why a segment ran under its configuration.
@@ -472,6 +480,7 @@ impl Measurement {
             window_profile: None,
             interference: Vec::new(),
             gpus: Vec::new(),
+            cpu_share: None,
         }
     }
 
@@ -480,7 +489,14 @@ impl Measurement {
     /// reader uses: the objective, the store, the search, the report, the
     /// export and the InfluxDB points.
     pub fn energy_figure(&self) -> EnergyFigure {
-        self.energy.figure().with_parts(self.gpus.iter().map(GpuEnergy::figure))
+        let cpu = EnergyFigure { joules: Some(self.cpu_joules()), valid: self.energy.valid };
+        cpu.with_parts(self.gpus.iter().map(GpuEnergy::figure))
+    }
+
+    /// The CPU's part of the trial's energy: the reading, or the trial's
+    /// share of it ([`Measurement::cpu_share`]).
+    pub fn cpu_joules(&self) -> f64 {
+        self.energy.joules * self.cpu_share.map_or(1.0, |s| s.clamp(0.0, 1.0))
     }
 
     /// The joules of its GPUs together; `None` when it was given none.
@@ -614,6 +630,11 @@ mod tests {
         assert_eq!(m.energy.joules, 10.0, "the CPU's part kept apart");
         assert_eq!(m.energy_figure(), EnergyFigure { joules: Some(300.0), valid: true });
         assert_eq!(m.objective_value("energy"), Some(300.0));
+        // Beside other trials of its agent: its share of the machine's reading.
+        m.cpu_share = Some(0.25);
+        assert_eq!(m.cpu_joules(), 2.5);
+        assert_eq!(m.energy_figure(), EnergyFigure { joules: Some(292.5), valid: true });
+        assert_eq!(m.energy.joules, 10.0, "the machine's reading kept as read");
         m.gpus[1].valid = false;
         assert_eq!(m.energy_figure().counted(), None, "one GPU read failed: the whole figure does not count");
         assert_eq!(m.objective_value("energy"), None);

@@ -300,6 +300,14 @@ pub struct CoMeasured {
     pub gpus: Vec<crate::measurement::GpuEnergy>,
 }
 
+impl CoMeasured {
+    /// What the machine used over the window: its CPU reading and its
+    /// GPUs', valid only when each is.
+    pub fn energy_figure(&self) -> crate::measurement::EnergyFigure {
+        self.energy.figure().with_parts(self.gpus.iter().map(crate::measurement::GpuEnergy::figure))
+    }
+}
+
 /// What to run: the command with parameters already substituted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrialSpec {

@@ -101,6 +101,7 @@ fn measurement() -> impl Strategy<Value = Measurement> {
             }),
             interference: vec!["foreign load 0.8 of the agent's CPUs".into()],
             gpus: vec![],
+            cpu_share: None,
         })
 }
 

@@ -123,6 +123,15 @@ impl TrialGpus {
         }
     }
 
+    /// Each GPU's joules from the start to the latest sample (0 for GPUs
+    /// whose meter never started).
+    pub fn so_far(&self) -> Vec<f64> {
+        match &self.meter {
+            Ok(m) => m.so_far(),
+            Err(_) => vec![0.0; self.gpus.len()],
+        }
+    }
+
     /// One reading per GPU from the start until `elapsed`.
     pub fn stop(self, elapsed: Duration) -> Vec<GpuEnergy> {
         match self.meter {
@@ -284,6 +293,18 @@ mod imp {
             }
         }
 
+        /// Each GPU's joules from the start to the latest sample.
+        pub fn so_far(&self) -> Vec<f64> {
+            self.gpus
+                .iter()
+                .map(|g| match (g.start_mj, g.last_mj) {
+                    (Some(start), Some(end)) => end.saturating_sub(start) as f64 / 1e3,
+                    (Some(_), None) => 0.0,
+                    (None, _) => g.integrated_j,
+                })
+                .collect()
+        }
+
         /// The energy of each GPU from the start until `elapsed`: the
         /// sample taken then (the runner samples at the workload's exit:
         /// nothing after it is counted), else one taken now.
@@ -335,6 +356,9 @@ mod imp {
             Err("this agent was built without NVML (the static agent): no GPU energy".into())
         }
         pub fn sample(&mut self, _elapsed: Duration) {}
+        pub fn so_far(&self) -> Vec<f64> {
+            Vec::new()
+        }
         pub fn stop(self, _elapsed: Duration) -> Vec<GpuEnergy> {
             Vec::new()
         }

@@ -310,11 +310,12 @@ fn results_an_older_protocol_version_stored_are_still_read_and_others_are_left()
     fs::create_dir_all(&inbox).expect("mkdir");
     let (a, b) = (result("old", 1), result("old", 2));
     // Versions 8 to 12 encoded a result as this version does without its
-    // GPU readings (the last byte here: an empty list); 7 did not.
+    // GPU readings and CPU share (the last two bytes here: an empty list,
+    // None); 7 did not.
     let with_version = |r: &TrialResult, v: u8| {
-        assert!(r.measurement.gpus.is_empty());
+        assert!(r.measurement.gpus.is_empty() && r.measurement.cpu_share.is_none());
         let mut bytes = encode(r).expect("encode");
-        assert_eq!(bytes.pop(), Some(0), "the empty GPU list ends it");
+        assert_eq!(bytes.split_off(bytes.len() - 2), [0, 0], "they end it");
         bytes[0] = v;
         bytes
     };

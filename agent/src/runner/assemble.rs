@@ -34,6 +34,9 @@ pub(super) struct Ended {
     pub(super) counters: CounterSet,
     pub(super) meter: Box<dyn EnergyMeter>,
     pub(super) gpus: Option<crate::energy::gpu::TrialGpus>,
+    /// The machine's busy CPU time at the start and at the exit, where its
+    /// energy reading is shared with other trials.
+    pub(super) machine_busy_us: (Option<u64>, Option<u64>),
     pub(super) pipeline: Pipeline,
     pub(super) last_boundary: Option<Boundary>,
     pub(super) window_profile: Option<WindowProfile>,
@@ -50,6 +53,7 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
         counters,
         meter,
         gpus,
+        machine_busy_us,
         pipeline,
         last_boundary,
         window_profile,
@@ -129,7 +133,19 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
         window_profile,
         interference: Vec::new(),
         gpus,
+        cpu_share: cpu_share(user_us + sys_us, machine_busy_us),
     }
+}
+
+/// A trial's share of a whole-machine energy reading: its CPU time over
+/// the machine's busy CPU time between its start and its exit (`None`
+/// where the reading is not shared, or the machine's time is unknown or
+/// nil). At most 1: its own time and the machine's are counted in ticks,
+/// apart.
+fn cpu_share(trial_cpu_us: u64, machine_busy_us: (Option<u64>, Option<u64>)) -> Option<f64> {
+    let (Some(start), Some(end)) = machine_busy_us else { return None };
+    let busy = end.checked_sub(start).filter(|b| *b > 0)?;
+    Some((trial_cpu_us as f64 / busy as f64).min(1.0))
 }
 
 #[cfg(test)]
@@ -155,6 +171,7 @@ mod tests {
             counters: CounterSet::all_missing("no perf here"),
             meter: Estimate { model: EstimateModel::default(), skipped: Vec::new() }.meter(),
             gpus: None,
+            machine_busy_us: (None, None),
             pipeline: Pipeline::new(None, SystemParams::default(), vec![0]),
             last_boundary: None,
             window_profile: None,
@@ -289,5 +306,17 @@ mod tests {
         let (one, unpinned) = (run(&[0]), run(&[]));
         assert!(unpinned > one, "unpinned {unpinned} J on 8 CPUs, pinned {one} J on 1");
         assert_eq!(run(&[0, 1, 2, 3, 4, 5, 6, 7]), unpinned);
+    }
+
+    #[test]
+    fn a_trial_beside_others_gets_its_cpu_time_share_of_the_machine() {
+        assert_eq!(cpu_share(500_000, (Some(1_000_000), Some(3_000_000))), Some(0.25));
+        assert_eq!(cpu_share(500_000, (None, Some(3_000_000))), None, "not shared");
+        assert_eq!(cpu_share(500_000, (Some(3_000_000), Some(3_000_000))), None, "no busy time seen");
+        assert_eq!(cpu_share(9_000_000, (Some(1_000_000), Some(3_000_000))), Some(1.0), "never more than all of it");
+        let mut e = ended(None, None, Collected::default());
+        e.machine_busy_us = (Some(0), Some(4_000_000));
+        let m = assemble(8, &[0], e);
+        assert_eq!(m.cpu_share, Some((m.user_us + m.sys_us) as f64 / 4e6));
     }
 }

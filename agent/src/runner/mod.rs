@@ -164,7 +164,7 @@ async fn monitor(
                 if let Some(tx) = exited.take() {
                     let _ = tx.send(());
                 }
-                on_exit(t, &mut m);
+                on_exit(cfg, t, &mut m);
                 output_deadline = Some(tokio::time::Instant::now() + cfg.output_grace);
             }
             event = t.output.recv(), if readers_open => match event {
@@ -216,7 +216,7 @@ async fn monitor(
 
 /// The workload's top process exited (`m.exited` says how): its peak RSS
 /// and CPU time taken, and the meter and counters sampled for the last time.
-fn on_exit(t: &mut Spawned, m: &mut Monitored) {
+fn on_exit(cfg: &RunnerConfig, t: &mut Spawned, m: &mut Monitored) {
     m.peak_rss = t.rss.stop();
     // The leader as a zombie: its CPU time and its waited-for children's.
     let final_ticks = match &m.exited {
@@ -229,6 +229,9 @@ fn on_exit(t: &mut Spawned, m: &mut Monitored) {
     // output) takes the totals at the exit, not what the machine did
     // meanwhile (the next trial starting).
     t.exited_at = Some(at_exit);
+    if t.machine_busy_us.0.is_some() {
+        t.machine_busy_us.1 = crate::telemetry::machine_busy_us(&cfg.proc_root);
+    }
     t.meter.sample(at_exit);
     if let Some(g) = &mut t.gpus {
         g.sample(at_exit);
@@ -282,6 +285,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         counters,
         meter,
         gpus,
+        machine_busy_us,
         started_unix_ms,
         start,
         output,
@@ -308,6 +312,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         counters,
         meter,
         gpus,
+        machine_busy_us,
         pipeline,
         last_boundary,
         window_profile,

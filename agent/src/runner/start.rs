@@ -79,6 +79,9 @@ pub struct RunnerConfig {
     pub nvml_lib: Option<PathBuf>,
     /// This agent offers GPUs: a trial given none is shown none.
     pub gpus_offered: bool,
+    /// Trials run beside each other (several slots): a whole-machine
+    /// reading is shared among them by CPU time ([`Measurement::cpu_share`]).
+    pub shared_machine: bool,
 }
 
 impl std::fmt::Debug for RunnerConfig {
@@ -111,6 +114,7 @@ impl RunnerConfig {
             launchers: Arc::default(),
             nvml_lib: None,
             gpus_offered: false,
+            shared_machine: false,
         }
     }
 }
@@ -190,6 +194,9 @@ pub(super) struct Spawned {
     pub(super) meter: Box<dyn energy::EnergyMeter>,
     /// The trial's GPUs being measured, when it was given some.
     pub(super) gpus: Option<energy::gpu::TrialGpus>,
+    /// The machine's busy CPU time when the workload started and when it
+    /// exited, on an agent whose trials share the machine.
+    pub(super) machine_busy_us: (Option<u64>, Option<u64>),
     pub(super) interval: Duration,
     pub(super) started_unix_ms: u64,
     pub(super) start: Instant,
@@ -294,6 +301,8 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     };
     let Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter } = started;
     let gpus = energy::gpu::TrialGpus::start(cfg.nvml_lib.as_deref(), &run.gpus);
+    let shared = cfg.shared_machine && energy.kind() != tunefleet_common::measurement::EnergySourceKind::Estimated;
+    let machine_busy_us = (shared.then(|| crate::telemetry::machine_busy_us(&cfg.proc_root)).flatten(), None);
     let (tx, output) = mpsc::channel::<OutputEvent>(1024);
     // Kept open as the control channel, or closed: the workload reads /dev/null.
     let control = stdin.filter(|_| control);
@@ -320,6 +329,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         counters,
         meter,
         gpus,
+        machine_busy_us,
         interval,
         started_unix_ms,
         start,

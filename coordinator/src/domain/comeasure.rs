@@ -29,6 +29,8 @@ pub const GIVE_UP_MS: u64 = 30_000;
 pub const SKEW_MS: u64 = 60_000;
 /// Most nodes measuring one trial (the first by name are asked).
 pub const MAX_NODES: usize = 64;
+/// Most a GPU draws (the largest accelerators sold draw about 1 kW).
+pub const MAX_GPU_WATTS: f64 = 1_500.0;
 /// The power a node may report (W) besides its cores': a board, memory,
 /// disks, fans and a few accelerators. A figure above [`node_watts`] over
 /// its window is refused as out of range.
@@ -195,7 +197,7 @@ impl CoMeasures {
     /// [`NODE_BASE_WATTS`] plus [`WATTS_PER_CORE`] a core, its CPU time at
     /// most its CPUs over the window), each with [`TOLERANCE`] for honest
     /// rounding.
-    pub fn check(&self, agent: &str, m: &CoMeasured, cores: u32) -> Result<(), Refusal> {
+    pub fn check(&self, agent: &str, m: &CoMeasured, cores: u32, gpus: usize) -> Result<(), Refusal> {
         let open = self.open.get(&m.trial).ok_or(Refusal::NotOpen)?;
         if open.nodes.get(agent) != Some(&false) {
             return Err(Refusal::NotAsked);
@@ -220,6 +222,17 @@ impl CoMeasures {
             return Err(Refusal::OutOfRange(format!(
                 "{} J over {window_ms} ms is above {watts} W (a node of {cores} cores)",
                 m.energy.joules
+            )));
+        }
+        // Its GPUs: no more than it announced, each at most MAX_GPU_WATTS.
+        if m.gpus.len() > gpus {
+            return Err(Refusal::OutOfRange(format!("{} GPU readings from a node of {gpus} GPUs", m.gpus.len())));
+        }
+        let gpu_most = MAX_GPU_WATTS * (window_ms.max(1_000) as f64 / 1000.0) * (1.0 + TOLERANCE);
+        if let Some(g) = m.gpus.iter().find(|g| g.joules < 0.0 || g.joules > gpu_most) {
+            return Err(Refusal::OutOfRange(format!(
+                "GPU {}: {} J over {window_ms} ms is not within 0 to {MAX_GPU_WATTS} W",
+                g.index, g.joules
             )));
         }
         if m.covered_ms > window_ms {
@@ -250,7 +263,7 @@ impl CoMeasures {
     /// the answer between the two).
     #[cfg(test)]
     pub fn answer(&mut self, agent: &str, m: &CoMeasured) -> Result<(), Refusal> {
-        self.check(agent, m, 4)?;
+        self.check(agent, m, 4, 2)?;
         self.taken(agent, &m.trial);
         Ok(())
     }
@@ -362,10 +375,24 @@ mod tests {
         // Issue 35: a 99 kW answer of a small node is out of range; an
         // honest answer a hair over its CPU bound is rounding, not a lie.
         let plant = answer(1, 2_000, 3_000, 99_000.0);
-        assert!(matches!(co.check("w2", &plant, 4), Err(Refusal::OutOfRange(_))));
+        assert!(matches!(co.check("w2", &plant, 4, 0), Err(Refusal::OutOfRange(_))));
         let rounding = CoMeasured { cpu_us: 1_000_200, cpus: 1, ..answer(1, 2_000, 3_000, 1.0) };
-        assert_eq!(co.check("w2", &rounding, 4), Ok(()), "0.02 % over its CPUs' time");
-        assert_eq!(co.check("w2", &answer(1, 2_000, 3_000, 0.9 * node_watts(4)), 4), Ok(()));
+        assert_eq!(co.check("w2", &rounding, 4, 0), Ok(()), "0.02 % over its CPUs' time");
+        assert_eq!(co.check("w2", &answer(1, 2_000, 3_000, 0.9 * node_watts(4)), 4, 0), Ok(()));
+        // Issue 38: its GPUs, no more than it announced, each within a GPU's power.
+        let gpu = |joules| tunefleet_common::measurement::GpuEnergy {
+            index: 0,
+            uuid: "GPU-a".into(),
+            joules,
+            method: tunefleet_common::measurement::GpuMethod::Counter,
+            valid: true,
+            note: None,
+        };
+        let with_gpu = |joules| CoMeasured { gpus: vec![gpu(joules)], ..answer(1, 2_000, 3_000, 1.0) };
+        assert_eq!(co.check("w2", &with_gpu(700.0), 4, 1), Ok(()), "700 W over a second");
+        assert!(matches!(co.check("w2", &with_gpu(700.0), 4, 0), Err(Refusal::OutOfRange(_))), "it has no GPU");
+        assert!(matches!(co.check("w2", &with_gpu(50_000.0), 4, 1), Err(Refusal::OutOfRange(_))), "50 kW");
+        assert!(matches!(co.check("w2", &with_gpu(-1.0), 4, 1), Err(Refusal::OutOfRange(_))));
         assert_eq!(co.answer("w2", &answer(2, 2_000, 3_000, 1.0)), Err(Refusal::NotOpen));
         assert_eq!(co.len(), 1);
         assert_eq!(co.answer("w2", &answer(1, 2_000, 3_000, 1.0)), Ok(()));

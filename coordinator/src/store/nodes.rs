@@ -71,16 +71,20 @@ impl Batch<'_> {
         let (trial, attempt, at) = (to_i64("trial", t.trial)?, i64::from(t.attempt), to_i64("received_ms", at_ms)?);
         match &record.outcome {
             NodeOutcome::Measured(m) => {
+                // The node's CPU reading and its GPUs', one figure.
                 let e = &m.energy;
-                let joules = Some(e.joules).filter(|j| j.is_finite());
+                let figure = m.energy_figure();
+                let joules = figure.joules.filter(|j| j.is_finite());
+                let source =
+                    if m.gpus.is_empty() { e.source.as_str().to_string() } else { format!("{}+nvml", e.source) };
                 stmt.execute(params![
                     t.study,
                     trial,
                     attempt,
                     record.agent,
-                    e.source.as_str(),
+                    source,
                     joules,
-                    e.valid,
+                    figure.valid,
                     e.note,
                     to_i64("cpu_us", m.cpu_us)?,
                     i64::from(m.cpus),

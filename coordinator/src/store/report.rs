@@ -67,7 +67,7 @@ impl ProvenanceRow {
                 .filter(|g| !g.valid)
                 .find_map(|g| g.note.as_ref().map(|n| format!("GPU {}: {n}", g.index)))
                 .or_else(|| m.energy.note.clone()),
-            cpu_energy_j: m.energy.joules,
+            cpu_energy_j: m.cpu_joules(),
             gpus: m.gpus.clone(),
             hardware_counters: events(CounterKind::Hardware),
             software_counters: events(CounterKind::Software),

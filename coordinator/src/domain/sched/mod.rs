@@ -258,6 +258,11 @@ impl Scheduler {
         self.agents.get(agent).and_then(|a| a.info.as_ref()).map(|i| i.cores)
     }
 
+    /// The GPUs `agent` announced (none when it is not known).
+    pub fn agent_gpus(&self, agent: &str) -> usize {
+        self.agents.get(agent).and_then(|a| a.info.as_ref()).map_or(0, |i| i.gpus.len())
+    }
+
     /// How long the lease of `trial`'s live attempt has left at `now_ms`.
     pub fn lease_left(&self, trial: &TrialRef, now_ms: u64) -> Option<u64> {
         let slot = self.studies.iter().find(|s| s.owns(trial)).and_then(|s| s.trials.get(trial.trial as usize))?;

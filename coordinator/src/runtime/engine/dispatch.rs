@@ -126,7 +126,8 @@ pub(super) fn decide(view: &EngineView<'_>, agent: &str, msg: AgentMessage) -> D
         AgentMessage::Synced(n) => Decision::Synced(n),
         AgentMessage::CoMeasured(m) => {
             let cores = view.sched.agent_cores(agent).unwrap_or(1);
-            Decision::CoMeasured(match view.co.check(agent, &m, cores) {
+            let gpus = view.sched.agent_gpus(agent);
+            Decision::CoMeasured(match view.co.check(agent, &m, cores, gpus) {
                 Ok(()) => Ok(NodeRecord {
                     trial: m.trial.clone(),
                     agent: agent.to_string(),

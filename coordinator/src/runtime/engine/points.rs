@@ -7,7 +7,9 @@
 //!   workload ended. Fields `wall_s`, `user_s`, `sys_s`, `cpu_s`,
 //!   `max_rss_kib`, `success`, `exit_code` (when it exited), `energy_j` (the
 //!   trial's whole energy: its CPU share and its GPUs'), for a trial given
-//!   GPUs `cpu_energy_j` and `gpu_energy_j` (the two parts), and `objective`
+//!   GPUs `cpu_energy_j` and `gpu_energy_j` (the two parts), `cpu_share`
+//!   where the CPU reading was the machine's, shared with other trials by
+//!   CPU time (`cpu_energy_j` is that share of it), and `objective`
 //!   (when known); tags `exit` (how it ended) and `valid` (whether the
 //!   energy figure, every part of it, can be trusted).
 //! - `tunefleet_energy`: one point per energy domain, also at the end. Field
@@ -65,7 +67,10 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
         .bool("success", m.exit.success())
         .float("energy_j", whole.joules.unwrap_or(f64::NAN));
     if let Some(gpu) = m.gpu_joules() {
-        summary = summary.float("cpu_energy_j", energy.joules).float("gpu_energy_j", gpu);
+        summary = summary.float("cpu_energy_j", m.cpu_joules()).float("gpu_energy_j", gpu);
+    }
+    if let Some(share) = m.cpu_share {
+        summary = summary.float("cpu_share", share);
     }
     if let ExitOutcome::Exited(code) = m.exit {
         summary = summary.int("exit_code", i64::from(code));
@@ -222,9 +227,11 @@ mod tests {
                 note: None,
             },
         ];
+        m.cpu_share = Some(0.8);
         let lines = trial_points(&trial(), "agent-1", &m, None);
         let summary = &lines[0];
-        assert!(summary.contains("energy_j=300,") && summary.contains("cpu_energy_j=12.5,"), "{summary}");
+        assert!(summary.contains("energy_j=297.5,") && summary.contains("cpu_energy_j=10,"), "{summary}");
+        assert!(summary.contains("cpu_share=0.8,"), "{summary}");
         assert!(summary.contains("gpu_energy_j=287.5,") && summary.contains("valid=true"), "{summary}");
         let gpu: Vec<&String> = lines.iter().filter(|l| l.contains("domain=gpu-")).collect();
         assert_eq!(gpu.len(), 2, "{lines:#?}");

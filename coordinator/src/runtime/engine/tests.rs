@@ -467,6 +467,7 @@ fn measurement() -> BoxedStrategy<Measurement> {
                 window_profile,
                 interference,
                 gpus,
+                cpu_share: None,
             },
         )
         .boxed()
