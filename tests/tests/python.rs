@@ -72,3 +72,46 @@ fn a_python_workload_is_steered_through_the_helper_and_keeps_the_faster_thread_c
         assert_eq!(k["threads"], 2, "{kept:?}");
     }
 }
+
+#[path = "../../agent/tests/nvml/mod.rs"]
+mod nvml;
+
+/// Issue 38: the GPU example (`examples/python/torch_mlp.py`, its study
+/// `examples/studies/torch-gpu.toml` cut to three trials of two epochs) runs
+/// on an agent with one GPU (the stand-in NVML, drawing 250 W): each trial
+/// gets it, reports its epochs through the helper, and its energy is its
+/// CPU's and its GPU's, energy a second objective. PyTorch is never
+/// installed here: where it is absent the plain fallback trains.
+#[test]
+fn the_gpu_example_trains_on_its_gpu_or_its_fallback_and_counts_the_gpus_energy() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = nvml::standin(dir.path());
+    nvml::fixture(&lib, "H200 GPU-aaaa rate:250000 250000\n");
+    let text = std::fs::read_to_string(repo().join("examples/studies/torch-gpu.toml")).expect("the example study");
+    let text = text.replace("trials = 16", "trials = 3").replace("\"--epochs\", \"5\"", "\"--epochs\", \"2\"");
+    assert!(text.contains("trials = 3") && text.contains("\"2\"") && text.contains("gpus = 1"), "{text}");
+    let study = dir.path().join("torch-gpu.toml");
+    std::fs::write(&study, text).expect("study");
+    let store = dir.path().join("s.db");
+    let workdir = repo().display().to_string();
+    let lib_arg = lib.display().to_string();
+    let agent = ["--workdir", workdir.as_str(), "--nvml-lib", lib_arg.as_str()];
+    let out = run_with_one_agent(&study, &store, "torch", &agent, Duration::from_secs(180));
+    assert!(out.contains("3/3 trials done, 0 failed"), "{out}");
+    let rows: Vec<(f64, f64, Option<f64>, String)> = query(
+        &store,
+        "SELECT objective, energy_j, gpu_energy_j, measurement FROM results WHERE study = 'torch-gpu'",
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    );
+    assert_eq!(rows.len(), 3);
+    let torch = Command::new("python3").args(["-c", "import torch"]).status().is_ok_and(|s| s.success());
+    for (accuracy, energy, gpu, m) in rows {
+        let m: serde_json::Value = serde_json::from_str(&m).expect("measurement");
+        assert!(accuracy > 0.7, "it learnt: {accuracy}");
+        assert_eq!(m["final_metrics"]["torch"], if torch { 1.0 } else { 0.0 }, "{}", m["final_metrics"]);
+        assert_eq!(m["epochs"].as_array().map(Vec::len), Some(2));
+        assert_eq!(m["gpus"][0]["uuid"], "GPU-aaaa");
+        let gpu = gpu.expect("its GPU's part");
+        assert!(gpu > 0.0 && (energy - gpu - m["energy"]["joules"].as_f64().expect("cpu")).abs() < 1e-6);
+    }
+}

@@ -157,6 +157,13 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
     for warning in study.unused_param_warnings() {
         eprintln!("warning: {warning}");
     }
+    if study.gpus > 0 {
+        writeln!(
+            out,
+            "{}: {} GPU(s) per trial, each its own; only agents with that many take them",
+            study.name, study.gpus
+        )?;
+    }
     if crate::domain::search::Search::adaptive(study) {
         let planned = crate::domain::search::Search::new(study).planned();
         writeln!(
