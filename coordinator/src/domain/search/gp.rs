@@ -66,11 +66,14 @@
 //! each time a tenth more are told, on the first told trials up to that
 //! point (by id), and remembered in between: most asks fit nothing and an
 //! ask is still a function of what was told. An ask then conditions the
-//! model on at most [`GpSettings::model_points`] told trials (the factor
-//! continued from the rows it shares with the last ask's, `O(n^2)` a new
-//! point, bit for bit a full factorisation) and
-//! scores a few thousand candidates (O(n^2) each); beyond those counts the
-//! best half and an even spread of the rest are kept. BENCHMARKS.md gives
+//! model on at most [`GpSettings::model_points`] told trials (beyond
+//! either count, the best half and an even spread of the rest are kept;
+//! the factor is continued from the rows it shares with the last ask's,
+//! `O(n^2)` a new point, bit for bit a full factorisation) and scores a
+//! few thousand candidates and refinement steps: a kernel column and the
+//! mean, O(n), for each, the variance (O(n^2)) only for those whose bound
+//! can still beat the best few (`gp_score.rs`: the same proposal, bit for
+//! bit). BENCHMARKS.md gives
 //! the time per ask (`cargo run --release --example gp_ask_cost`); for
 //! studies of thousands of short trials, TPE (linear in n) is cheaper.
 
