@@ -66,11 +66,14 @@
 //! each time a tenth more are told, on the first told trials up to that
 //! point (by id), and remembered in between: most asks fit nothing and an
 //! ask is still a function of what was told. An ask then conditions the
-//! model on at most [`GpSettings::model_points`] told trials (the factor
-//! continued from the rows it shares with the last ask's, `O(n^2)` a new
-//! point, bit for bit a full factorisation) and
-//! scores a few thousand candidates (O(n^2) each); beyond those counts the
-//! best half and an even spread of the rest are kept. BENCHMARKS.md gives
+//! model on at most [`GpSettings::model_points`] told trials (beyond
+//! either count, the best half and an even spread of the rest are kept;
+//! the factor is continued from the rows it shares with the last ask's,
+//! `O(n^2)` a new point, bit for bit a full factorisation) and scores a
+//! few thousand candidates and refinement steps: a kernel column and the
+//! mean, O(n), for each, the variance (O(n^2)) only for those whose bound
+//! can still beat the best few (`gp_score.rs`: the same proposal, bit for
+//! bit). BENCHMARKS.md gives
 //! the time per ask (`cargo run --release --example gp_ask_cost`); for
 //! studies of thousands of short trials, TPE (linear in n) is cheaper.
 
@@ -90,9 +93,12 @@ use crate::domain::study::{Direction, ParamSpec};
 
 #[path = "gp_batch.rs"]
 mod batch;
+#[path = "gp_score.rs"]
+mod score;
 #[path = "gp_values.rs"]
 mod values;
 pub use batch::Batch;
+use score::Rule;
 use values::{simplex_weights, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
@@ -198,8 +204,13 @@ type FitKey = Vec<(u64, u64)>;
 #[derive(Debug, Clone)]
 struct Model {
     x: Vec<Vec<f64>>,
+    /// `x` axis by axis ([`columns`]), for [`Gp::kernel_row`].
+    columns: Vec<Vec<f64>>,
     /// The standardised values it was conditioned on.
     y: Vec<f64>,
+    /// The lower triangle of the kernel matrix over `x` (row-major, the
+    /// noise on its diagonal), which `chol` factors.
+    kernel: Vec<f64>,
     chol: Vec<f64>,
     alpha: Vec<f64>,
     theta: Theta,
@@ -354,12 +365,12 @@ impl Gp {
             *cell = Some(model.clone());
         }
         // Best posterior mean at a told configuration: the incumbent.
-        let best = x.iter().map(|u| model.predict_mean(self, u)).fold(f64::INFINITY, f64::min);
+        let best = model.told_means(self).into_iter().fold(f64::INFINITY, f64::min);
         let pending: Vec<Vec<f64>> =
             running.iter().filter(|(t, _)| !self.told.contains_key(t)).filter_map(|(_, p)| self.unit(p)).collect();
         let candidates = self.candidates(rng, &x, &y, &theta);
         if pending.is_empty() {
-            return self.maximise(candidates, &|us| self.log_ei(&model, best, us));
+            return self.maximise_posterior(&model, Rule::Ei { best }, candidates);
         }
         let batch = batch::Pending { gp: self, model: &model, best, y: &y, pending };
         batch.choose(self.settings.batch, candidates, rng)
@@ -459,22 +470,8 @@ impl Gp {
     fn refine(&self, mut u: Vec<f64>, mut best: f64, score: &impl Fn(&[Vec<f64>]) -> Vec<f64>) -> (f64, Vec<f64>) {
         let mut step: f64 = 0.1;
         for _ in 0..SWEEPS {
-            for (d, axis) in self.axes.iter().enumerate() {
-                let tries: Vec<f64> = match axis {
-                    Axis::Numeric { lattice, .. } => {
-                        let s = if *lattice > 0.0 { step.max(1.0 / lattice) } else { step };
-                        vec![(u[d] - s).max(0.0), (u[d] + s).min(1.0)]
-                    }
-                    Axis::Categorical { values, .. } => (0..*values).map(|i| i as f64).collect(),
-                };
-                let tried: Vec<Vec<f64>> = tries
-                    .into_iter()
-                    .map(|t| {
-                        let mut v = u.clone();
-                        v[d] = t;
-                        self.snap(v)
-                    })
-                    .collect();
+            for d in 0..self.axes.len() {
+                let tried = self.tries(&u, d, step);
                 let scores = score(&tried);
                 for (v, s) in tried.into_iter().zip(scores) {
                     if s > best {
@@ -486,6 +483,27 @@ impl Gp {
             step *= 0.5;
         }
         (best, u)
+    }
+
+    /// The points a refinement step from `u` along axis `d` scores: a step
+    /// of `step` either way on a numeric axis (at least one lattice step of
+    /// an int), every value of a categorical.
+    fn tries(&self, u: &[f64], d: usize, step: f64) -> Vec<Vec<f64>> {
+        let values: Vec<f64> = match self.axes[d] {
+            Axis::Numeric { lattice, .. } => {
+                let s = if lattice > 0.0 { step.max(1.0 / lattice) } else { step };
+                vec![(u[d] - s).max(0.0), (u[d] + s).min(1.0)]
+            }
+            Axis::Categorical { values, .. } => (0..values).map(|i| i as f64).collect(),
+        };
+        values
+            .into_iter()
+            .map(|t| {
+                let mut v = u.to_vec();
+                v[d] = t;
+                self.snap(v)
+            })
+            .collect()
     }
 
     fn random_coordinate(&self, axis: &Axis, rng: &mut ChaCha8Rng) -> f64 {
@@ -589,6 +607,40 @@ impl Gp {
         theta.signal * (1.0 + r + r * r / 3.0) * (-r).exp()
     }
 
+    /// [`Gp::kernel`] between each of the first `count` points of
+    /// `columns` (their coordinates axis by axis, [`columns`]) and `u`, in
+    /// `out`: bit for bit the same values (the same operations for each
+    /// point in the same order, the kernel being symmetric bit for bit),
+    /// one axis at a time over all the points, which the compiler turns
+    /// into vector divisions.
+    fn kernel_row(&self, columns: &[Vec<f64>], count: usize, u: &[f64], theta: &Theta, out: &mut Vec<f64>) {
+        out.clear();
+        out.resize(count, 0.0);
+        for (d, axis) in self.axes.iter().enumerate() {
+            let (column, at, l) = (&columns[d][..count], u[d], theta.length[d]);
+            match axis {
+                Axis::Numeric { .. } => {
+                    for (r2, x) in out.iter_mut().zip(column) {
+                        let z = (x - at) / l;
+                        *r2 += z * z;
+                    }
+                }
+                Axis::Categorical { .. } => {
+                    let apart = 1.0 / (l * l);
+                    for (r2, x) in out.iter_mut().zip(column) {
+                        if *x != at {
+                            *r2 += apart;
+                        }
+                    }
+                }
+            }
+        }
+        for k in out.iter_mut() {
+            let r = (5.0 * *k).sqrt();
+            *k = theta.signal * (1.0 + r + r * r / 3.0) * (-r).exp();
+        }
+    }
+
     /// The process conditioned on `x`, `y`. `known`: a model with the same
     /// hyper-parameters whose points `x` begins with, as far as they agree
     /// (the last ask's, or the told trials' when the running ones are added):
@@ -602,16 +654,23 @@ impl Gp {
         #[cfg(test)]
         let p = if tests::reference() { 0 } else { p };
         let mut k = vec![0.0; n * n];
-        for i in p..n {
-            for j in 0..=i {
-                k[i * n + j] = self.kernel(&x[i], &x[j], theta);
+        if let Some(m) = known {
+            let stride = m.x.len();
+            for i in 0..p {
+                k[i * n..i * n + i + 1].copy_from_slice(&m.kernel[i * stride..i * stride + i + 1]);
             }
+        }
+        let cols = columns(&x, self.axes.len());
+        let mut row = Vec::with_capacity(n);
+        for i in p..n {
+            self.kernel_row(&cols, i + 1, &x[i], theta, &mut row);
+            k[i * n..i * n + i + 1].copy_from_slice(&row);
             k[i * n + i] += theta.noise + 1e-9;
         }
         let (rows, stride) = known.map_or((&[][..], 0), |m| (&m.chol[..], m.x.len()));
         let chol = factorise(&k, n, rows, stride, p)?;
         let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
-        Some(Model { x, y: y.to_vec(), chol, alpha, theta: theta.clone() })
+        Some(Model { x, columns: cols, y: y.to_vec(), kernel: k, chol, alpha, theta: theta.clone() })
     }
 
     /// The Cholesky factor of the kernel matrix over `x` (noise on its
@@ -619,11 +678,13 @@ impl Gp {
     fn factor(&self, x: &[Vec<f64>], y: &[f64], theta: &Theta) -> Option<(Vec<f64>, Vec<f64>)> {
         let n = x.len();
         let mut k = vec![0.0; n * n];
+        let cols = columns(x, self.axes.len());
+        let mut row = Vec::with_capacity(n);
         for i in 0..n {
-            for j in 0..=i {
-                let v = self.kernel(&x[i], &x[j], theta);
-                k[i * n + j] = v;
-                k[j * n + i] = v;
+            self.kernel_row(&cols, i + 1, &x[i], theta, &mut row);
+            for (j, v) in row.iter().enumerate() {
+                k[i * n + j] = *v;
+                k[j * n + i] = *v;
             }
             k[i * n + i] += theta.noise + 1e-9;
         }
@@ -750,6 +811,19 @@ impl Model {
         mean.into_iter().zip(explained).map(|(mu, e)| (mu, (self.theta.signal - e).max(1e-12))).collect()
     }
 
+    /// [`Model::predict_mean`] at each of its own points, from its kernel
+    /// matrix instead of the kernel again (the kernel is symmetric bit for
+    /// bit, and the diagonal's noise is left out: the same values).
+    fn told_means(&self, gp: &Gp) -> Vec<f64> {
+        let n = self.x.len();
+        let k = |i: usize, j: usize| match i.cmp(&j) {
+            std::cmp::Ordering::Equal => gp.kernel(&self.x[i], &self.x[i], &self.theta),
+            std::cmp::Ordering::Greater => self.kernel[i * n + j],
+            std::cmp::Ordering::Less => self.kernel[j * n + i],
+        };
+        (0..n).map(|i| self.alpha.iter().enumerate().map(|(j, a)| k(i, j) * a).sum::<f64>()).collect()
+    }
+
     /// Posterior mean at `u`.
     fn predict_mean(&self, gp: &Gp, u: &[f64]) -> f64 {
         self.x.iter().zip(&self.alpha).map(|(x, a)| gp.kernel(x, u, &self.theta) * a).sum()
@@ -776,6 +850,11 @@ fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Opt
         return super::linalg::tests::cholesky_reference(&full, n);
     }
     cholesky_from(k, n, known, stride, p)
+}
+
+/// The coordinates of `points` axis by axis: `dims` columns of one value a point.
+fn columns(points: &[Vec<f64>], dims: usize) -> Vec<Vec<f64>> {
+    (0..dims).map(|d| points.iter().map(|p| p[d]).collect()).collect()
 }
 
 /// How many of `n` told trials the hyper-parameters are fitted on: all up

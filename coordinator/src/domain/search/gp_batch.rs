@@ -5,7 +5,7 @@
 
 use rand_chacha::ChaCha8Rng;
 
-use super::{Gp, Model};
+use super::{Gp, Model, Rule};
 use crate::domain::search::linalg::{cholesky, solve_lower};
 use crate::domain::search::tpe::standard_normal;
 
@@ -97,13 +97,9 @@ impl Pending<'_> {
             Batch::Believer | Batch::Ucb => {
                 let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
                 let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
-                if rule == Batch::Ucb {
-                    gp.maximise(candidates, &|us| {
-                        model.predict_many(gp, us).into_iter().map(|(mu, var)| UCB_WIDTH * var.sqrt() - mu).collect()
-                    })
-                } else {
-                    gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us))
-                }
+                let score =
+                    if rule == Batch::Ucb { Rule::Ucb { width: UCB_WIDTH } } else { Rule::Ei { best: self.best } };
+                gp.maximise_posterior(&model, score, candidates)
             }
             Batch::LiarMax | Batch::LiarMean => {
                 let n = self.y.len().max(1) as f64;
@@ -112,7 +108,7 @@ impl Pending<'_> {
                     _ => self.y.iter().sum::<f64>() / n,
                 };
                 let model = self.with_pending(&vec![lie; self.pending.len()]).unwrap_or_else(|| self.model.clone());
-                gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us))
+                gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates)
             }
             Batch::Fantasy => {
                 let draws = self.joint_draws(&self.pending, FANTASIES, rng)?;
@@ -124,7 +120,7 @@ impl Pending<'_> {
                     })
                     .collect();
                 if models.is_empty() {
-                    return gp.maximise(candidates, &|us| gp.log_ei(self.model, self.best, us));
+                    return gp.maximise_posterior(self.model, Rule::Ei { best: self.best }, candidates);
                 }
                 let k = (models.len() as f64).ln();
                 gp.maximise(candidates, &|us| {
@@ -174,7 +170,7 @@ impl Pending<'_> {
                         let at = (0..points.len()).min_by(|&a, &b| draw[a].total_cmp(&draw[b]))?;
                         points.into_iter().nth(at)
                     }
-                    None => gp.maximise(candidates, &|us| gp.log_ei(&model, self.best, us)),
+                    None => gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates),
                 }
             }
         }

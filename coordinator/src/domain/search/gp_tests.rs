@@ -11,10 +11,23 @@ thread_local! {
 }
 
 /// On: every factor computed in full, one row at a time, and candidates'
-/// columns solved all together, as before issue 37's incremental model;
-/// what the incremental path must propose alike.
+/// columns solved all together, as before issue 37's incremental model
+/// (and every candidate's variance computed, [`unpruned`]); what the
+/// incremental path must propose alike.
 pub(super) fn reference() -> bool {
     REFERENCE.with(std::cell::Cell::get)
+}
+
+thread_local! {
+    /// Whether this test thread's asks score every candidate in full ([`unpruned`]).
+    static UNPRUNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// On (or with [`reference`]): every candidate's and refinement step's
+/// variance computed, as before the pruning of `gp_score.rs`; what the
+/// pruned path must propose alike.
+pub(super) fn unpruned() -> bool {
+    UNPRUNED.with(std::cell::Cell::get) || reference()
 }
 
 fn float(low: f64, high: f64) -> ParamSpec {
@@ -306,7 +319,7 @@ fn the_hyper_parameters_are_refitted_on_a_schedule_and_an_ask_stays_a_function_o
     assert_eq!(along.ask(41, &[]), fresh.ask(41, &[]));
 }
 
-/// The configurations a study of `f` proposes over `trials` asks with
+/// The configurations a study of `f` proposes over 45 asks with
 /// `in_flight` trials running at each (the oldest told before the next
 /// ask), the model's factors computed as [`reference`] says.
 fn proposals(reference_path: bool, seed: u64, in_flight: usize, settings: GpSettings) -> Vec<Params> {
@@ -317,10 +330,17 @@ fn proposals(reference_path: bool, seed: u64, in_flight: usize, settings: GpSett
         ["a", "b", "c", "d"].iter().enumerate().map(|(i, k)| (x(p, k) - 0.2 * i as f64).powi(2)).sum::<f64>()
             + 0.1 * (7.0 * x(p, "a")).sin()
     };
-    let mut gp = Gp::new(space, Direction::Minimize, 1, seed, settings);
+    let asked = study_asks(Gp::new(space, Direction::Minimize, 1, seed, settings), 45, in_flight, f);
+    REFERENCE.with(|r| r.set(false));
+    asked
+}
+
+/// What `gp` proposes over `asks` asks of a study of `f` with `in_flight`
+/// trials running at each (the oldest told before the next ask).
+fn study_asks(mut gp: Gp, asks: u64, in_flight: usize, f: impl Fn(&Params) -> f64) -> Vec<Params> {
     let mut running: std::collections::VecDeque<(u64, Params)> = std::collections::VecDeque::new();
     let mut asked = Vec::new();
-    for i in 0..45u64 {
+    for i in 0..asks {
         if running.len() >= in_flight {
             if let Some((t, p)) = running.pop_front() {
                 gp.tell(t, &p, Outcome::Complete(f(&p)));
@@ -332,7 +352,6 @@ fn proposals(reference_path: bool, seed: u64, in_flight: usize, settings: GpSett
         running.push_back((i, p));
     }
     assert!(gp.factored.borrow().is_some(), "the last ask's model is kept for the next");
-    REFERENCE.with(|r| r.set(false));
     asked
 }
 
@@ -357,6 +376,101 @@ fn the_incremental_model_proposes_what_a_full_refactorisation_does() {
                     "seed {seed}, {in_flight} in flight, ask {i}: {a:?} against the reference {b:?}"
                 );
             }
+        }
+    }
+}
+
+/// A space and a function on it.
+type Problem = (Vec<(String, ParamSpec)>, fn(&Params) -> f64);
+
+/// A space of every kind (two floats, a log float, an int on a lattice,
+/// a categorical) and a function on it with a minimum inside.
+fn mixed() -> Problem {
+    let text =
+        |v: &[&str]| ParamSpec::Categorical { values: v.iter().map(|s| ParamValue::Text(s.to_string())).collect() };
+    let space = vec![
+        ("a".to_string(), float(0.0, 1.0)),
+        ("b".to_string(), float(-2.0, 2.0)),
+        ("lr".to_string(), ParamSpec::LogFloat { low: 1e-4, high: 1.0, grid: 2 }),
+        ("n".to_string(), ParamSpec::Int { low: 0, high: 40, step: 4 }),
+        ("opt".to_string(), text(&["adam", "sgd", "rmsprop"])),
+    ];
+    let f = |p: &Params| {
+        let opt = if p.get("opt") == Some(&ParamValue::Text("sgd".into())) { 0.0 } else { 0.3 };
+        (x(p, "a") - 0.3).powi(2)
+            + (x(p, "b") - 0.5).powi(2)
+            + 0.2 * (3.0 * x(p, "b")).sin()
+            + (x(p, "lr").log10() + 2.0).powi(2) / 4.0
+            + ((x(p, "n") - 12.0) / 20.0).powi(2)
+            + opt
+    };
+    (space, f)
+}
+
+#[test]
+fn pruned_scoring_proposes_what_scoring_every_candidate_does() {
+    // Seeded studies, sequential (the expected improvement) and with trials
+    // in flight (the confidence bound, the believer's and a liar's expected
+    // improvement), past the model size where the rows are solved in two
+    // stages: every ask the same, bit for bit, as with every candidate's
+    // and refinement step's variance computed.
+    let (space, f) = mixed();
+    for (seed, in_flight, batch) in
+        [(1, 1, Batch::Ucb), (2, 4, Batch::Ucb), (3, 3, Batch::Believer), (4, 2, Batch::LiarMean)]
+    {
+        let settings = GpSettings { batch, ..GpSettings::default() };
+        let gp = || Gp::new(space.clone(), Direction::Minimize, 1, seed, settings);
+        let pruned = study_asks(gp(), 50, in_flight, f);
+        UNPRUNED.with(|r| r.set(true));
+        let full = study_asks(gp(), 50, in_flight, f);
+        UNPRUNED.with(|r| r.set(false));
+        for (i, (a, b)) in pruned.iter().zip(&full).enumerate() {
+            assert_eq!(a, b, "seed {seed}, {in_flight} in flight, {}: ask {i}", batch.name());
+        }
+    }
+}
+
+#[test]
+fn a_score_at_a_smaller_variance_never_exceeds_the_bound_at_a_larger() {
+    // Across the branches of the log expected improvement (its asymptote
+    // past 37 deviations overestimates by up to 3 / 37^2: a variance just
+    // below where the incumbent is 37 deviations away scores above one just
+    // at it) and for the confidence bound.
+    let rules = [Rule::Ei { best: 0.0 }, Rule::Ucb { width: 2.0 }];
+    for rule in rules {
+        for &top in &[1e-12, 1e-6, 0.01, 1.0, 30.0] {
+            let sd = f64::sqrt(top);
+            for z in [-60.0, -37.0, -36.999_999, -20.0, -1.0, -0.999_999, 0.0, 0.5, 3.0] {
+                let mu = -z * sd;
+                for shrink in [1.0, 1.0 - 1e-7, 0.999, 0.5, 1e-3, 0.0] {
+                    let var = (top * shrink).max(1e-12);
+                    let (s, b) = (rule.score(mu, var), rule.bound(mu, top));
+                    assert!(s <= b, "{rule:?}, variance {var} of {top}, mean {mu}: score {s} above the bound {b}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_row_of_the_kernel_is_the_kernel_of_each_point_bit_for_bit() {
+    // Both argument orders (the model's matrix takes a point's row over the
+    // points before it), a numeric and a categorical axis, and a point equal
+    // to the one asked about.
+    let (space, _) = mixed();
+    let gp = Gp::new(space, Direction::Minimize, 1, 0, GpSettings::default());
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut points: Vec<Vec<f64>> =
+        (0..40).map(|_| gp.snap(gp.axes.iter().map(|a| gp.random_coordinate(a, &mut rng)).collect())).collect();
+    points.push(points[3].clone());
+    let theta = Theta { length: vec![0.3, 1.7, 0.05, 0.9, 0.4], signal: 1.3, noise: 1e-4 };
+    let cols = columns(&points, gp.axes.len());
+    let mut row = Vec::new();
+    for u in &points[..5] {
+        gp.kernel_row(&cols, points.len(), u, &theta, &mut row);
+        for (x, k) in points.iter().zip(&row) {
+            assert_eq!(k.to_bits(), gp.kernel(x, u, &theta).to_bits(), "{x:?} {u:?}");
+            assert_eq!(k.to_bits(), gp.kernel(u, x, &theta).to_bits(), "{u:?} {x:?}");
         }
     }
 }

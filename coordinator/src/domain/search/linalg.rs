@@ -93,68 +93,83 @@ pub fn solve_lower(l: &[f64], n: usize, b: &[f64]) -> Vec<f64> {
 }
 
 /// Columns of [`solve_lower_many`] solved together, held in registers.
-const COLUMNS_AT_ONCE: usize = 8;
+pub const COLUMNS_AT_ONCE: usize = 8;
+
+/// A block of [`COLUMNS_AT_ONCE`] columns of `n` rows: row `i` holds the
+/// columns' entries of row `i`.
+pub type Block = Vec<[f64; COLUMNS_AT_ONCE]>;
 
 /// Solves `L X = B` in place for the lower triangular `l` (`n` by `n`) and
 /// `b` of `n` rows of `m` columns (row-major). Columns are solved
-/// [`COLUMNS_AT_ONCE`] at a time, a block small enough to stay in the
-/// first-level cache while the rows of `l` stream past; every entry is the
-/// same subtractions in the same order as a column solved alone
-/// ([`solve_lower`]): bit for bit its result.
+/// [`COLUMNS_AT_ONCE`] at a time ([`solve_lower_block`]), a block small
+/// enough to stay in the first-level cache while the rows of `l` stream
+/// past; every entry is the same subtractions in the same order as a column
+/// solved alone ([`solve_lower`]): bit for bit its result.
 pub fn solve_lower_many(l: &[f64], n: usize, b: &mut [f64], m: usize) {
     const W: usize = COLUMNS_AT_ONCE;
-    let mut block = vec![[0.0f64; W]; n];
+    let mut block: Block = vec![[0.0f64; W]; n];
     for c0 in (0..m).step_by(W) {
         let w = W.min(m - c0);
         for (i, row) in block.iter_mut().enumerate() {
             *row = [0.0; W];
             row[..w].copy_from_slice(&b[i * m + c0..i * m + c0 + w]);
         }
-        // Two rows at a time: their sums over the rows before both are
-        // independent; the second then takes the first's term, last, as
-        // it would alone.
-        let mut i = 0;
-        while i < n {
-            let two = i + 1 < n;
-            let (done, rest) = block.split_at_mut(i);
-            let mut acc = rest[0];
-            let mut next = if two { rest[1] } else { [0.0; W] };
-            let upper = &l[i * n..i * n + i];
-            let lower = if two { &l[(i + 1) * n..(i + 1) * n + i] } else { upper };
-            for ((c, e), s) in upper.iter().zip(lower).zip(done.iter()) {
-                if *c != 0.0 {
-                    for (r, v) in acc.iter_mut().zip(s) {
-                        *r -= c * v;
-                    }
-                }
-                if two && *e != 0.0 {
-                    for (r, v) in next.iter_mut().zip(s) {
-                        *r -= e * v;
-                    }
-                }
-            }
-            let d = l[i * n + i];
-            for r in acc.iter_mut() {
-                *r /= d;
-            }
-            rest[0] = acc;
-            if two {
-                let (c, d) = (l[(i + 1) * n + i], l[(i + 1) * n + i + 1]);
-                if c != 0.0 {
-                    for (r, v) in next.iter_mut().zip(&acc) {
-                        *r -= c * v;
-                    }
-                }
-                for r in next.iter_mut() {
-                    *r /= d;
-                }
-                rest[1] = next;
-            }
-            i += 2;
-        }
+        solve_lower_block(l, n, &mut block, 0..n);
         for (i, row) in block.iter().enumerate() {
             b[i * m + c0..i * m + c0 + w].copy_from_slice(&row[..w]);
         }
+    }
+}
+
+/// Rows `rows` of `L X = B` solved in place in `block` (`n` rows), its rows
+/// before `rows.start` already solved: a solve stopped after some rows and
+/// continued later ends as one solve of all of them, bit for bit (row `i`
+/// of the solution depends on the rows before it alone, and each entry is
+/// the same subtractions in the same order as in [`solve_lower`]).
+pub fn solve_lower_block(l: &[f64], n: usize, block: &mut [[f64; COLUMNS_AT_ONCE]], rows: std::ops::Range<usize>) {
+    const W: usize = COLUMNS_AT_ONCE;
+    let end = rows.end.min(n).min(block.len());
+    // Two rows at a time: their sums over the rows before both are
+    // independent; the second then takes the first's term, last, as it
+    // would alone.
+    let mut i = rows.start;
+    while i < end {
+        let two = i + 1 < end;
+        let (done, rest) = block.split_at_mut(i);
+        let mut acc = rest[0];
+        let mut next = if two { rest[1] } else { [0.0; W] };
+        let upper = &l[i * n..i * n + i];
+        let lower = if two { &l[(i + 1) * n..(i + 1) * n + i] } else { upper };
+        for ((c, e), s) in upper.iter().zip(lower).zip(done.iter()) {
+            if *c != 0.0 {
+                for (r, v) in acc.iter_mut().zip(s) {
+                    *r -= c * v;
+                }
+            }
+            if two && *e != 0.0 {
+                for (r, v) in next.iter_mut().zip(s) {
+                    *r -= e * v;
+                }
+            }
+        }
+        let d = l[i * n + i];
+        for r in acc.iter_mut() {
+            *r /= d;
+        }
+        rest[0] = acc;
+        if two {
+            let (c, d) = (l[(i + 1) * n + i], l[(i + 1) * n + i + 1]);
+            if c != 0.0 {
+                for (r, v) in next.iter_mut().zip(&acc) {
+                    *r -= c * v;
+                }
+            }
+            for r in next.iter_mut() {
+                *r /= d;
+            }
+            rest[1] = next;
+        }
+        i += 2;
     }
 }
 
@@ -326,6 +341,17 @@ pub(crate) mod tests {
             let mut reference = b.clone();
             solve_lower_many_reference(&l, n, &mut reference, m);
             assert_eq!(many, reference, "m = {m}");
+            // Stopped after `cut` rows and continued: the same, bit for bit.
+            for cut in [0, 1, 7, 13, n] {
+                let mut block: Block = (0..n).map(|i| std::array::from_fn(|c| b[i * m + c % m])).collect();
+                solve_lower_block(&l, n, &mut block, 0..cut);
+                solve_lower_block(&l, n, &mut block, cut..n);
+                for (i, row) in block.iter().enumerate() {
+                    for (c, v) in row.iter().enumerate() {
+                        assert_eq!(v.to_bits(), many[i * m + c % m].to_bits(), "m = {m}, cut {cut}, row {i}");
+                    }
+                }
+            }
             for column in 0..m {
                 let alone = solve_lower(&l, n, &(0..n).map(|i| b[i * m + column]).collect::<Vec<f64>>());
                 for i in 0..n {
