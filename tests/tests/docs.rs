@@ -55,8 +55,8 @@ const KNOWN_PROGRAMS: &[&str] = &[
 ];
 
 /// Top-level study keys that are not tables (no keys of their own to ask about).
-const SCALAR_KEYS: [&str; 9] =
-    ["name", "command", "env", "resume", "resume_prefix", "timeout", "repeats", "max_attempts", "lookahead"];
+const SCALAR_KEYS: [&str; 10] =
+    ["name", "command", "env", "resume", "resume_prefix", "timeout", "repeats", "max_attempts", "lookahead", "gpus"];
 
 const LONG: Duration = Duration::from_secs(120);
 

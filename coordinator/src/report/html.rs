@@ -773,6 +773,40 @@ mod tests {
         assert_well_formed(&page);
     }
 
+    /// Issue 38: a trial given GPUs shows its whole energy and both parts,
+    /// the GPUs' share of it, and NVML beside its CPU source.
+    #[test]
+    fn a_trial_given_gpus_shows_its_cpu_and_gpu_parts() {
+        use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+        let mut d = data("gpu", vec![row(0, 0.9, Some(400.0)), row(1, 0.8, Some(12.5))]);
+        let prov = |trial, gpus: Vec<GpuEnergy>, cpu| ProvenanceRow {
+            trial,
+            energy_source: EnergySourceKind::Rapl,
+            energy_valid: true,
+            energy_note: None,
+            hardware_counters: Vec::new(),
+            software_counters: Vec::new(),
+            missing_counters: Vec::new(),
+            interference: Vec::new(),
+            cpu_energy_j: cpu,
+            gpus,
+        };
+        let gpu = GpuEnergy {
+            index: 0,
+            uuid: "GPU-a".into(),
+            joules: 300.0,
+            method: GpuMethod::Counter,
+            valid: true,
+            note: None,
+        };
+        d.provenance = vec![prov(0, vec![gpu], 100.0), prov(1, vec![], 12.5)];
+        let page = page(&d);
+        assert_well_formed(&page);
+        assert!(page.contains("CPU 100, GPU 300, 75 % of it"), "{page}");
+        assert!(page.contains("estimated + nvml (1 GPU)"), "{page}");
+        assert!(!page.contains("CPU 12.5"), "a trial without GPUs shows its energy alone");
+    }
+
     #[test]
     fn a_large_study_stays_small() {
         let rows: Vec<BestRow> =
