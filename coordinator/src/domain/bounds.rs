@@ -910,6 +910,36 @@ mod tests {
         assert!(message(&progress(|p| p.metrics = [("accuracy".to_string(), 1.0)].into())).is_ok());
     }
 
+    /// Issue 38: GPUs an agent offers and GPU readings a result carries.
+    #[test]
+    fn gpus_are_bounded_listed_once_and_never_negative() {
+        use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+        use tunefleet_common::message::GpuDevice;
+        let gpu = |index| GpuDevice { index, uuid: format!("GPU-{index}"), name: "H200".into() };
+        assert_eq!(info_with(|i| i.gpus = (0..MAX_GPUS).map(gpu).collect()), None);
+        assert_eq!(info_with(|i| i.gpus = (0..=MAX_GPUS).map(gpu).collect()).as_deref(), Some("gpus"));
+        let twice = AgentInfo { gpus: vec![gpu(0), gpu(1), gpu(0)], ..AgentInfo::minimal("a", 1) };
+        assert_eq!(agent_info(&twice).map_err(|e| e.why), Err(Why::Twice("GPU 0".into())));
+        let reading = |index, joules| GpuEnergy {
+            index,
+            uuid: "GPU-a".into(),
+            joules,
+            method: GpuMethod::Counter,
+            valid: true,
+            note: None,
+        };
+        assert_eq!(refused(&with(|m| m.gpus = vec![reading(0, 5.0), reading(1, 0.0)])), None);
+        assert_eq!(refused(&with(|m| m.gpus = vec![reading(0, -1.0)])).as_deref(), Some("measurement.gpus[0].joules"));
+        assert_eq!(
+            refused(&with(|m| m.gpus = vec![reading(0, f64::NAN)])).as_deref(),
+            Some("measurement.gpus[0].joules")
+        );
+        assert_eq!(
+            refused(&with(|m| m.gpus = vec![reading(2, 1.0), reading(2, 1.0)])).as_deref(),
+            Some("measurement.gpus")
+        );
+    }
+
     fn info_with(edit: impl FnOnce(&mut AgentInfo)) -> Option<String> {
         let mut info = AgentInfo::minimal("agent-1.lab_b", 7);
         edit(&mut info);
