@@ -431,6 +431,23 @@ fn pruned_scoring_proposes_what_scoring_every_candidate_does() {
 }
 
 #[test]
+fn the_bound_widened_by_the_trials_in_flight_is_the_current_search_with_none() {
+    // With none in flight its width is the confidence bound's, and a
+    // sequential study asks what the default search asks, bit for bit; with
+    // trials in flight it widens with their number, and asks otherwise.
+    assert_eq!(batch::pending_width(0).to_bits(), 2.0_f64.to_bits());
+    let widths: Vec<f64> = (0..=16).map(batch::pending_width).collect();
+    assert!(widths.windows(2).all(|w| w[0] < w[1]), "{widths:?}");
+    let (space, f) = mixed();
+    let settings = |batch| GpSettings { batch, ..GpSettings::default() };
+    let asks = |in_flight, batch| {
+        study_asks(Gp::new(space.clone(), Direction::Minimize, 1, 6, settings(batch)), 30, in_flight, f)
+    };
+    assert_eq!(asks(1, Batch::UcbPending), asks(1, GpSettings::default().batch));
+    assert_ne!(asks(4, Batch::UcbPending), asks(4, Batch::Ucb));
+}
+
+#[test]
 fn a_score_at_a_smaller_variance_never_exceeds_the_bound_at_a_larger() {
     // Across the branches of the log expected improvement (its asymptote
     // past 37 deviations overestimates by up to 3 / 37^2: a variance just
