@@ -281,6 +281,9 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
     let cmd = command(cfg, run, &prepared, control, direct);
     let interval = energy::sampling_interval(cfg.sample_interval, energy);
+    // The trial's GPUs metered from before the workload goes: loading NVML
+    // takes a while, and the start of the run must not be missed.
+    let gpus = energy::gpu::TrialGpus::start(cfg.nvml_lib.as_deref(), &run.gpus);
     let started = if direct {
         let meter = energy::start_or_estimate(energy, cfg.energy_model);
         match super::launcher::start_direct(&cfg.launchers, cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
@@ -300,7 +303,6 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         }
     };
     let Started { pid, stdin, stdout, stderr, counters, meter, started_unix_ms, start, waiter } = started;
-    let gpus = energy::gpu::TrialGpus::start(cfg.nvml_lib.as_deref(), &run.gpus);
     let shared = cfg.shared_machine && energy.kind() != tunefleet_common::measurement::EnergySourceKind::Estimated;
     let machine_busy_us = (shared.then(|| crate::telemetry::machine_busy_us(&cfg.proc_root)).flatten(), None);
     let (tx, output) = mpsc::channel::<OutputEvent>(1024);
