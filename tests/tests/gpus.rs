@@ -15,8 +15,9 @@ use tunefleet_tests::*;
 #[path = "../../agent/tests/nvml/mod.rs"]
 mod nvml;
 
-/// A study of `trials` trials of one GPU each: each logs when it starts and
-/// ends and what `CUDA_VISIBLE_DEVICES` said, sleeping between.
+/// A study of `trials` trials of one GPU each ([`sleep_study`]'s, its
+/// command a script that logs when it starts and ends and what
+/// `CUDA_VISIBLE_DEVICES` said, sleeping between).
 fn gpu_study(dir: &Path, trials: u32, log: &Path) -> PathBuf {
     let script = dir.join("trial.sh");
     std::fs::write(
@@ -28,27 +29,14 @@ fn gpu_study(dir: &Path, trials: u32, log: &Path) -> PathBuf {
          echo '{\"event\":\"final\",\"v\":'\"$2\"'}'\n",
     )
     .expect("script");
-    let text = format!(
-        r#"name = "gpus"
-command = ["sh", "{}", "{}", "{{v}}"]
-timeout = 60
-gpus = 1
-[objective]
-metric = "v"
-direction = "maximize"
-[budget]
-trials = {trials}
-[strategy]
-kind = "grid"
-[hyper.v]
-kind = "int"
-low = 1
-high = {trials}
-"#,
-        script.display(),
-        log.display()
-    );
-    let path = dir.join("gpus.toml");
+    let path = sleep_study(dir, "gpus", trials, 0.6);
+    let text = std::fs::read_to_string(&path).expect("study");
+    let command = format!("command = [\"sh\", \"{}\", \"{}\", \"{{v}}\"]\ngpus = 1", script.display(), log.display());
+    let text: String = text
+        .lines()
+        .map(|l| if l.starts_with("command = ") { command.clone() } else { l.to_string() } + "\n")
+        .collect();
+    assert!(text.contains("gpus = 1\n") && text.contains("trial.sh"), "{text}");
     std::fs::write(&path, text).expect("study");
     path
 }

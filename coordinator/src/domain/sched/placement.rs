@@ -106,7 +106,10 @@ fn place_one(
     let ahead = holding >= slots;
     // Its GPUs not leased: a trial of a study with `gpus = N` needs N of
     // them (held ones count: each is started on GPUs of its own).
-    let gpus_free = info.gpus.len().saturating_sub(gpus_leased(studies, name));
+    let gpus_free = match info.gpus.len() {
+        0 => 0,
+        gpus => gpus.saturating_sub(gpus_leased(studies, name)),
+    };
     let n = studies.len();
     for k in 0..n {
         let i = (*next_study + k) % n;

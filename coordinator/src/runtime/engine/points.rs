@@ -16,7 +16,8 @@
 //!   `joules`; tags `domain`, `in_total` (false for a sub-zone already counted
 //!   in its package) and `valid`. A GPU is a domain `gpu-N` (its index),
 //!   tagged `gpu` (its UUID) and `method` (`counter` or `power_integrated`),
-//!   `valid` its own reading's.
+//!   `valid` its own reading's (a CPU domain's and a power sample's
+//!   `valid` is the CPU reading's).
 //! - `tunefleet_power`: the power time series of the run, one point per
 //!   sample at the start time plus its `elapsed_ms`. Field `watts`; tags
 //!   `domain` (`total`: the counted domains) and `valid`.
@@ -46,18 +47,22 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
     let whole = m.energy_figure();
     let start = i64::try_from(m.started_unix_ms).unwrap_or(i64::MAX);
     let end = start.saturating_add(i64::try_from(m.wall_us / 1000).unwrap_or(i64::MAX));
-    let valid = if whole.counted().is_some() { "true" } else { "false" };
-    let common = [
-        ("study", trial.study.clone()),
-        ("trial", trial.trial.to_string()),
-        ("attempt", trial.attempt.to_string()),
-        ("agent", agent.to_string()),
-        ("source", energy.source.as_str().to_string()),
-        ("valid", valid.to_string()),
-    ];
-    let mut out = Vec::with_capacity(1 + energy.domains.len() + energy.series.len());
+    // Every point's tags, with the source and the validity of what it shows.
+    let tags = |source: &str, counts: bool| {
+        [
+            ("study", trial.study.clone()),
+            ("trial", trial.trial.to_string()),
+            ("attempt", trial.attempt.to_string()),
+            ("agent", agent.to_string()),
+            ("source", source.to_string()),
+            ("valid", counts.to_string()),
+        ]
+    };
+    // The CPU reading's domains and power, as read; the summary's validity is the whole figure's.
+    let common = tags(energy.source.as_str(), energy.counted().is_some());
+    let mut out = Vec::with_capacity(1 + energy.domains.len() + m.gpus.len() + energy.series.len());
 
-    let mut summary = Point::new(TRIAL, &common, end)
+    let mut summary = Point::new(TRIAL, &tags(energy.source.as_str(), whole.counted().is_some()), end)
         .tag("exit", exit_kind(&m.exit))
         .float("wall_s", m.wall_us as f64 / 1e6)
         .float("user_s", m.user_us as f64 / 1e6)
@@ -88,10 +93,7 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
         out.extend(p.line());
     }
     for g in &m.gpus {
-        let mut tags = common.clone();
-        tags[4].1 = "nvml".to_string();
-        tags[5].1 = if g.figure().counted().is_some() { "true" } else { "false" }.to_string();
-        let p = Point::new(ENERGY, &tags, end)
+        let p = Point::new(ENERGY, &tags("nvml", g.figure().counted().is_some()), end)
             .tag("domain", &format!("gpu-{}", g.index))
             .tag("gpu", &g.uuid)
             .tag("method", g.method.as_str())
@@ -246,6 +248,8 @@ mod tests {
         assert!(failed.contains("valid=false"), "{failed}");
         let fine = lines.iter().find(|l| l.contains("domain=gpu-1")).expect("its point");
         assert!(fine.contains("valid=true"), "{fine}");
+        let cpu = lines.iter().find(|l| l.contains("domain=package-0,")).expect("the CPU's domain");
+        assert!(cpu.contains("valid=true"), "the CPU reading is as good as it was: {cpu}");
     }
 
     fn trial() -> TrialRef {
