@@ -217,7 +217,7 @@ def optuna_study(name, seed, budget, workers):
 
     space, f, optimum, noise = FUNCTIONS[name]
     rng = random.Random(seed ^ 0x9E3779B97F4A7C15)
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=seed))
+    study = optuna.create_study(sampler=make_sampler(optuna, seed))
     state = {"finished": 0, "best_seen": math.inf, "best_true": math.inf, "at50": math.nan}
 
     def finish(trial, p):
@@ -234,6 +234,24 @@ def optuna_study(name, seed, budget, workers):
     return state["at50"], state["best_true"] - optimum
 
 
+def sampler_kind():
+    """OPTUNA_SAMPLER: `tpe` (the default: TPESampler, Optuna's default
+    sampler) or `gp` (GPSampler, which needs PyTorch and SciPy)."""
+    import os
+
+    kind = os.environ.get("OPTUNA_SAMPLER", "tpe")
+    if kind not in ("tpe", "gp"):
+        sys.exit(f"OPTUNA_SAMPLER={kind}: tpe or gp")
+    return kind
+
+
+def make_sampler(optuna, seed):
+    """Optuna's sampler of `sampler_kind()`, seeded, every other argument at its default."""
+    if sampler_kind() == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
 def run_optuna(seeds, budget, workers, only):
     import warnings
 
@@ -244,15 +262,16 @@ def run_optuna(seeds, budget, workers, only):
     import os
 
     first = int(os.environ.get("SEED_FROM", "0"))  # seeds from there, as the Rust side
+    side = "optuna" if sampler_kind() == "tpe" else "optuna-gp"
     for name in FUNCTIONS:
         if only and name not in only:
             continue
         for seed in range(first, first + seeds):
             r50, r100 = optuna_study(name, seed, budget, workers)
-            print(json.dumps({"side": "optuna", "fn": name, "seed": seed, "workers": workers,
+            print(json.dumps({"side": side, "fn": name, "seed": seed, "workers": workers,
                               "regret50": r50, "regret100": r100}), flush=True)
     for name in TWO_OBJECTIVES:
-        if only and name not in only:
+        if side != "optuna" or (only and name not in only):
             continue
         for seed in range(seeds):
             h50, h100 = optuna_study2(name, seed, budget, workers)

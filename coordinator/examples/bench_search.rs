@@ -360,6 +360,9 @@ fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, see
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
                 settings.refit_from = from;
             }
+            if let Some(from) = std::env::var("GP_MODEL_FROM").ok().and_then(|v| v.parse().ok()) {
+                settings.model_from = from;
+            }
             if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
                 settings.model_points = points;
             }
@@ -375,7 +378,9 @@ fn main() {
     let (seeds, budget, workers) = (number(0, 10), number(1, 100), number(2, 1) as usize);
     let only: Vec<&String> = args.iter().skip(3).collect();
     let strategy = std::env::var("STRATEGY").unwrap_or_else(|_| "tpe".into());
+    // BENCH_SIDE: the side's name in the output (two builds or settings side by side).
     let side = match (strategy.as_str(), std::env::var("GP_BATCH")) {
+        _ if std::env::var("BENCH_SIDE").is_ok() => std::env::var("BENCH_SIDE").unwrap_or_default(),
         ("tpe", _) => "tunefleet".to_string(),
         ("gp", Ok(batch)) => format!("tunefleet-gp-{batch}"),
         _ => format!("tunefleet-{strategy}"),
