@@ -360,9 +360,6 @@ fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, see
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
                 settings.refit_from = from;
             }
-            if let Some(from) = std::env::var("GP_MODEL_FROM").ok().and_then(|v| v.parse().ok()) {
-                settings.model_from = from;
-            }
             if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
                 settings.model_points = points;
             }

@@ -143,12 +143,6 @@ pub struct GpSettings {
     /// Most told trials the model is conditioned on (the best half and an
     /// even spread of the rest beyond). Default 400.
     pub model_points: usize,
-    /// Fewest told trials the model is used from once [`GpSettings::startup`]
-    /// trials are asked (told or still running): with many trials in flight
-    /// the random start-up is not stretched by every trial asked blind
-    /// while the first results are out. `usize::MAX`: the start-up counts
-    /// told trials only. Default 2.
-    pub model_from: usize,
 }
 
 impl Default for GpSettings {
@@ -160,7 +154,6 @@ impl Default for GpSettings {
             batch: Batch::Ucb,
             refit_from: 30,
             model_points: 400,
-            model_from: 2,
         }
     }
 }
@@ -736,11 +729,11 @@ impl Sampler for Gp {
     fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(index);
-        let told = self.told.len();
-        let asked = told + running.iter().filter(|(t, _)| !self.told.contains_key(t)).count();
-        let start_up =
-            told < self.settings.startup && (asked < self.settings.startup || told < self.settings.model_from.max(2));
-        let chosen = if start_up || self.axes.is_empty() { None } else { self.choose(&mut rng, running) };
+        let chosen = if self.told.len() < self.settings.startup || self.axes.is_empty() {
+            None
+        } else {
+            self.choose(&mut rng, running)
+        };
         match chosen {
             Some(u) => self.decode(&u),
             None => self

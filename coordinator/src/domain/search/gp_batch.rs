@@ -50,15 +50,11 @@ pub enum Batch {
     /// on 4 of 10 functions at 4 in flight and 6 at 16, better on one at 4
     /// (BENCHMARKS.md, issue 37, "Not kept: a bound widened").
     UcbPending,
-    /// Every second ask (by the parity of the told trials) [`Batch::Believer`]'s
-    /// expected improvement, the others [`Batch::Ucb`]'s bound: of the
-    /// trials in flight, half refine, half explore.
-    Mixed,
 }
 
 impl Batch {
     /// Every rule, for benchmarks.
-    pub const ALL: [Batch; 9] = [
+    pub const ALL: [Batch; 8] = [
         Batch::Believer,
         Batch::LiarMax,
         Batch::LiarMean,
@@ -67,7 +63,6 @@ impl Batch {
         Batch::Penalise,
         Batch::Thompson,
         Batch::UcbPending,
-        Batch::Mixed,
     ];
 
     /// Its name: `believer`, `liar_max`, `liar_mean`, `ucb`, `fantasy`,
@@ -82,7 +77,6 @@ impl Batch {
             Batch::Penalise => "penalise",
             Batch::Thompson => "thompson",
             Batch::UcbPending => "ucb_pending",
-            Batch::Mixed => "mixed",
         }
     }
 
@@ -109,13 +103,8 @@ impl Pending<'_> {
     /// The next configuration under `rule`, from `candidates`.
     pub fn choose(&self, rule: Batch, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
         let gp = self.gp;
-        let rule = match rule {
-            Batch::Mixed if self.y.len() % 2 == 0 => Batch::Believer,
-            Batch::Mixed => Batch::Ucb,
-            other => other,
-        };
         match rule {
-            Batch::Believer | Batch::Ucb | Batch::UcbPending | Batch::Mixed => {
+            Batch::Believer | Batch::Ucb | Batch::UcbPending => {
                 let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
                 let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
                 let score = match rule {
