@@ -68,8 +68,11 @@
 //! ask is still a function of what was told. An ask then conditions the
 //! model on at most [`GpSettings::model_points`] told trials (beyond
 //! either count, the best half and an even spread of the rest are kept;
-//! the factor is continued from the rows it shares with the last ask's,
-//! `O(n^2)` a new point, bit for bit a full factorisation) and scores a
+//! past the model's count that subset is chosen again only every tenth of
+//! it more told, the trials told in between added at its end,
+//! `values::stable_subset`; the factor is continued from the rows it
+//! shares with the last ask's, `O(n^2)` a new point, bit for bit a full
+//! factorisation) and scores a
 //! few thousand candidates and refinement steps: a kernel column and the
 //! mean, O(n), for each, the variance (O(n^2)) only for those whose bound
 //! can still beat the best few (`gp_score.rs`: the same proposal, bit for
@@ -99,7 +102,7 @@ mod score;
 mod values;
 pub use batch::Batch;
 use score::Rule;
-use values::{simplex_weights, standardise, subset, warp};
+use values::{simplex_weights, stable_subset, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
 const CHEBYSHEV_RHO: f64 = 0.05;
@@ -140,8 +143,10 @@ pub struct GpSettings {
     /// ask; past them, again each time a tenth more are told
     /// ([`fit_point`]). Default 30; `usize::MAX`: at every ask.
     pub refit_from: usize,
-    /// Most told trials the model is conditioned on (the best half and an
-    /// even spread of the rest beyond). Default 400.
+    /// Most told trials the model is conditioned on (beyond, the best half
+    /// and an even spread of the rest of the first ones, chosen again each
+    /// time a tenth of this count more are told, and the trials told
+    /// since). Default 400.
     pub model_points: usize,
 }
 
@@ -357,7 +362,7 @@ impl Gp {
             // Values so far apart that their spread overflows: sample at random.
             return None;
         }
-        let (x, y) = subset(x, y, self.settings.model_points.max(2));
+        let (x, y) = stable_subset(x, y, self.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
         let last = self.factored.try_borrow_mut().ok().and_then(|mut cell| cell.take());
         let model = self.model(x.clone(), &y, &theta, last.as_ref())?;

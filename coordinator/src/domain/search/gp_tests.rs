@@ -491,3 +491,32 @@ fn a_row_of_the_kernel_is_the_kernel_of_each_point_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn past_the_model_points_an_ask_keeps_the_last_asks_points_and_adds_the_new_one() {
+    // Told points one by one past `max`: between two schedule points the
+    // model's points are the last ask's with the new one at the end (its
+    // factor continued a row, not computed again), never more than `max`,
+    // the subset chosen again every `max / 10` points, the best point kept.
+    let max = 40;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let x: Vec<Vec<f64>> = (0..200).map(|_| vec![rng.random::<f64>()]).collect();
+    let y: Vec<f64> = (0..200).map(|_| rng.random::<f64>()).collect();
+    let at = |n: usize| values::stable_subset(x[..n].to_vec(), y[..n].to_vec(), max);
+    assert_eq!(at(max).0, x[..max].to_vec(), "all the points up to max");
+    let mut chosen_again = 0;
+    for n in max..199 {
+        let (a, ya) = at(n);
+        let (b, _) = at(n + 1);
+        assert!(b.len() <= max, "{} points at {}", b.len(), n + 1);
+        let best = y[..n].iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(ya.contains(&best), "the best point is kept at {n}");
+        if b.len() == a.len() + 1 && b[..a.len()] == a[..] {
+            assert_eq!(b[a.len()], x[n], "the new point at the end");
+        } else {
+            chosen_again += 1;
+        }
+    }
+    // Once past max (all the points, then a subset), then at every step.
+    assert_eq!(chosen_again, 1 + (199 - max) / (max / 10), "chosen again every max / 10 points, only then");
+}

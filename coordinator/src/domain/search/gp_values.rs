@@ -23,6 +23,28 @@ pub(super) fn subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>
     (keep.iter().map(|&i| x[i].clone()).collect(), keep.iter().map(|&i| y[i]).collect())
 }
 
+/// The points the model is conditioned on: all while there are at most
+/// `max`; beyond, a [`subset`] of the first points chosen at a schedule
+/// point `n0` (`max`, then every `max / 10` more), then every point after
+/// `n0`, in their order. Between two schedule points an ask's points are
+/// the last ask's and the ones told since, at the end: the model's factor
+/// is continued, a row a new point, instead of computed again as a subset
+/// of all would have it (its best half and even spread shift at every
+/// point). At most `max` points: the subset at `n0` keeps `max - step`.
+pub(super) fn stable_subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let n = x.len();
+    if n <= max {
+        return (x, y);
+    }
+    let step = (max / 10).max(1);
+    let n0 = max + (n - max) / step * step;
+    let kept = max.saturating_sub(step).max(1);
+    let (mut xs, mut ys) = subset(x[..n0].to_vec(), y[..n0].to_vec(), kept);
+    xs.extend_from_slice(&x[n0..]);
+    ys.extend_from_slice(&y[n0..]);
+    (xs, ys)
+}
+
 /// Weights drawn uniformly on the simplex (normalised exponentials).
 pub(super) fn simplex_weights(k: usize, rng: &mut ChaCha8Rng) -> Vec<f64> {
     let draws: Vec<f64> = (0..k).map(|_| -(1.0 - rng.random::<f64>()).ln()).collect();
