@@ -319,12 +319,14 @@ fn drive(
 
 /// One study: `budget` trials with `workers` in flight; the regret (true
 /// value minus the optimum) of the trial with the best observed value
-/// after 50 and after `budget` trials, and the median time of an ask (ms).
-fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64, f64) {
+/// after 50 and after `budget` trials, the median time of an ask (ms), and
+/// the regret after each trial.
+fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize) -> (f64, f64, f64, Vec<f64>) {
     let mut sampler = sampler(strategy, &fun.space, 1, seed);
     let mut noise = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15);
     let (mut best_seen, mut best_true) = (f64::INFINITY, f64::INFINITY);
     let (mut finished, mut at50) = (0u64, f64::NAN);
+    let mut curve = Vec::new();
     let mut times = drive(&mut sampler, budget, workers, |sampler, trial, p| {
         let truth = (fun.f)(&p);
         let seen = if fun.noise > 0.0 {
@@ -339,12 +341,13 @@ fn study(fun: &Function, strategy: &str, seed: u64, budget: u64, workers: usize)
             best_true = truth;
         }
         finished += 1;
+        curve.push(best_true - fun.optimum);
         if finished == 50 {
             at50 = best_true - fun.optimum;
         }
     });
     times.sort_by(f64::total_cmp);
-    (at50, best_true - fun.optimum, times.get(times.len() / 2).copied().unwrap_or(f64::NAN))
+    (at50, best_true - fun.optimum, times.get(times.len() / 2).copied().unwrap_or(f64::NAN), curve)
 }
 
 /// The sampler under test: `kind = "gp"` for "gp", else `kind = "tpe"`,
@@ -359,6 +362,12 @@ fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, see
             }
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {
                 settings.refit_from = from;
+            }
+            if let Some(n) = std::env::var("GP_CANDIDATES").ok().and_then(|v| v.parse().ok()) {
+                settings.candidates = n;
+            }
+            if let Some(n) = std::env::var("GP_FIT_EVALS").ok().and_then(|v| v.parse().ok()) {
+                settings.fit_evals = n;
             }
             if let Some(points) = std::env::var("GP_MODEL_POINTS").ok().and_then(|v| v.parse().ok()) {
                 settings.model_points = points;
@@ -386,9 +395,17 @@ fn main() {
     let first: u64 = std::env::var("SEED_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     for fun in functions().iter().filter(|f| only.is_empty() || only.iter().any(|o| o.as_str() == f.name)) {
         for seed in first..first + seeds {
-            let (r50, r100, ask_ms) = study(fun, &strategy, seed, budget, workers);
+            let (r50, r100, ask_ms, curve) = study(fun, &strategy, seed, budget, workers);
+            // BENCH_CURVE: the regret after every trial too.
+            let curve = match std::env::var("BENCH_CURVE") {
+                Ok(_) => format!(
+                    ",\"curve\":[{}]",
+                    curve.iter().map(|v| format!("{v:e}")).collect::<Vec<String>>().join(",")
+                ),
+                Err(_) => String::new(),
+            };
             println!(
-                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100},\"ask_ms\":{ask_ms}}}",
+                "{{\"side\":\"{side}\",\"fn\":\"{}\",\"seed\":{seed},\"workers\":{workers},\"regret50\":{r50},\"regret100\":{r100},\"ask_ms\":{ask_ms}{curve}}}",
                 fun.name
             );
         }

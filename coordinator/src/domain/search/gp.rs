@@ -110,12 +110,59 @@ const CHEBYSHEV_RHO: f64 = 0.05;
 const LOCAL_CENTRES: usize = 5;
 /// Perturbations drawn around each of them.
 const LOCAL_DRAWS: usize = 64;
-/// Candidates refined one axis at a time.
-const REFINED: usize = 3;
+/// How an ask refines its best candidates while the model has at most
+/// [`REFINED_FULL`] points: ten of them (Optuna's `GPSampler` runs ten
+/// local searches from its best preliminary samples too), each a compass
+/// search of at most [`SWEEPS`] sweeps. Beyond, a scored point costs
+/// `O(n^2)` and an ask's work is kept about bounded: three, the step
+/// halved after every sweep, eight sweeps (the refinement before issue
+/// 37's second round).
+const FULL: Refinement = Refinement { starts: 10, compass: true, sweeps: SWEEPS };
+const BOUNDED: Refinement = Refinement { starts: 3, compass: false, sweeps: 8 };
+const REFINED_FULL: usize = 100;
+
+/// How the best candidates of an ask are refined.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refinement {
+    /// Candidates refined.
+    pub starts: usize,
+    /// A compass search (a start's step halves only after a sweep that found
+    /// nothing better), or the step halved after every sweep.
+    pub compass: bool,
+    /// Most sweeps.
+    pub sweeps: usize,
+}
+
+impl Refinement {
+    /// The refinement of an ask whose model has `n` points.
+    pub fn of(n: usize) -> Refinement {
+        if n <= REFINED_FULL {
+            FULL
+        } else {
+            BOUNDED
+        }
+    }
+
+    /// After a sweep: the step of each start in `alive` that did not move
+    /// (of every start, without a compass search) halves.
+    pub fn shrink(self, alive: &[usize], steps: &mut [f64], moved: &[bool]) {
+        for &c in alive {
+            if !self.compass || !moved[c] {
+                steps[c] *= 0.5;
+            }
+        }
+    }
+}
+
 /// Candidates scored in one batch (the kernel columns of a batch solved at once).
 const SCORED_AT_ONCE: usize = 256;
-/// Sweeps of that refinement (the step halves after each).
-const SWEEPS: usize = 8;
+/// Most sweeps of that refinement, a compass search: the step halves after
+/// a sweep that found nothing better and stays after one that did ...
+const SWEEPS: usize = 40;
+/// ... from this first step (unit coordinates) ...
+const FIRST_STEP: f64 = 0.1;
+/// ... until it falls below this.
+const MIN_STEP: f64 = 1e-5;
 /// Most told trials the hyper-parameters are fitted on (a likelihood
 /// evaluation is cubic in them); beyond, the best half and an even spread
 /// of the rest (`values::subset`).
@@ -461,33 +508,53 @@ impl Gp {
 
     /// The candidate of highest `score` (which scores a batch of points at
     /// once: one triangular solve for all), the best few refined.
-    fn maximise(&self, candidates: Vec<Vec<f64>>, score: &impl Fn(&[Vec<f64>]) -> Vec<f64>) -> Option<Vec<f64>> {
+    fn maximise(
+        &self,
+        model: &Model,
+        candidates: Vec<Vec<f64>>,
+        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
+    ) -> Option<Vec<f64>> {
         let scores = candidates.chunks(SCORED_AT_ONCE).flat_map(score);
         let mut scored: Vec<(f64, Vec<f64>)> = scores.zip(candidates.iter().cloned()).collect();
         scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        scored.truncate(REFINED);
-        let refined = scored.into_iter().map(|(s, u)| self.refine(u, s, score));
-        refined.max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
+        let plan = Refinement::of(model.x.len());
+        scored.truncate(plan.starts);
+        self.refine(scored, plan, score)
     }
 
-    /// One axis at a time: a numeric axis tries a step either way, a
-    /// categorical every other value; the step halves after each sweep.
-    fn refine(&self, mut u: Vec<f64>, mut best: f64, score: &impl Fn(&[Vec<f64>]) -> Vec<f64>) -> (f64, Vec<f64>) {
-        let mut step: f64 = 0.1;
-        for _ in 0..SWEEPS {
+    /// One axis at a time from each start (a numeric axis tries a step
+    /// either way, a categorical every other value), the step as `plan`
+    /// says, until it is below [`MIN_STEP`] or after its sweeps. The best
+    /// point found.
+    fn refine(
+        &self,
+        mut starts: Vec<(f64, Vec<f64>)>,
+        plan: Refinement,
+        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
+    ) -> Option<Vec<f64>> {
+        let mut steps = vec![FIRST_STEP; starts.len()];
+        let mut alive: Vec<usize> = (0..starts.len()).collect();
+        for _ in 0..plan.sweeps {
+            alive.retain(|&c| steps[c] >= MIN_STEP);
+            if alive.is_empty() {
+                break;
+            }
+            let mut moved = vec![false; starts.len()];
             for d in 0..self.axes.len() {
-                let tried = self.tries(&u, d, step);
-                let scores = score(&tried);
-                for (v, s) in tried.into_iter().zip(scores) {
-                    if s > best {
-                        best = s;
-                        u = v;
+                for &c in &alive {
+                    let tried = self.tries(&starts[c].1, d, steps[c]);
+                    let scores = score(&tried);
+                    for (v, s) in tried.into_iter().zip(scores) {
+                        if s > starts[c].0 {
+                            starts[c] = (s, v);
+                            moved[c] = true;
+                        }
                     }
                 }
             }
-            step *= 0.5;
+            plan.shrink(&alive, &mut steps, &moved);
         }
-        (best, u)
+        starts.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
     }
 
     /// The points a refinement step from `u` along axis `d` scores: a step

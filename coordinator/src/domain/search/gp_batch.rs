@@ -136,7 +136,7 @@ impl Pending<'_> {
                     return gp.maximise_posterior(self.model, Rule::Ei { best: self.best }, candidates);
                 }
                 let k = (models.len() as f64).ln();
-                gp.maximise(candidates, &|us| {
+                gp.maximise(self.model, candidates, &|us| {
                     let each: Vec<Vec<f64>> = models.iter().map(|(m, b)| gp.log_ei(m, *b, us)).collect();
                     (0..us.len()).map(|j| log_sum_exp(&each.iter().map(|e| e[j]).collect::<Vec<f64>>()) - k).collect()
                 })
@@ -151,7 +151,7 @@ impl Pending<'_> {
                         (u.clone(), mu, (var + self.model.theta.noise).sqrt())
                     })
                     .collect();
-                gp.maximise(candidates, &|us| {
+                gp.maximise(self.model, candidates, &|us| {
                     let ei = gp.log_ei(self.model, self.best, us);
                     us.iter()
                         .zip(ei)

@@ -15,7 +15,7 @@
 //! kernel column each), the scores computed are the unpruned ones, and the
 //! order of the kept ones is a stable sort's: the proposal is the same.
 
-use super::{log_ei_of, Gp, Model, REFINED, SWEEPS};
+use super::{log_ei_of, Gp, Model, Refinement, FIRST_STEP, MIN_STEP};
 use crate::domain::search::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
 
 /// Model points below which the rows are solved in one stage.
@@ -165,55 +165,65 @@ impl Gp {
     pub(super) fn maximise_posterior(&self, model: &Model, rule: Rule, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
         #[cfg(test)]
         if super::tests::unpruned() {
-            return self.maximise(candidates, &|us| {
+            return self.maximise(model, candidates, &|us| {
                 model.predict_many(self, us).into_iter().map(|(mu, var)| rule.score(mu, var)).collect()
             });
         }
         let mut points = Points::new(self, model, &candidates);
-        let top = best_few(&mut points, rule, REFINED);
+        let plan = Refinement::of(model.x.len());
+        let top = best_few(&mut points, rule, plan.starts);
         let starts: Vec<(f64, Vec<f64>)> = top.into_iter().map(|(s, j)| (s, candidates[j].clone())).collect();
-        let refined = self.refine_together(model, rule, starts);
+        let refined = self.refine_together(model, rule, starts, plan);
         refined.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
     }
 
-    /// [`Gp::refine`] of every start, the starts side by side (each step of
+    /// [`Gp::refine`] (a compass search) of every start, the starts side by side (each step of
     /// all of them scored together): each start's steps and result as
     /// refined alone. A step's variance is computed only where its bound
     /// beats the best score of its start so far (a step is taken only when
     /// its score is above it).
-    fn refine_together(&self, model: &Model, rule: Rule, mut starts: Vec<(f64, Vec<f64>)>) -> Vec<(f64, Vec<f64>)> {
-        let mut step: f64 = 0.1;
-        for _ in 0..SWEEPS {
+    fn refine_together(
+        &self,
+        model: &Model,
+        rule: Rule,
+        mut starts: Vec<(f64, Vec<f64>)>,
+        plan: Refinement,
+    ) -> Vec<(f64, Vec<f64>)> {
+        let mut steps = vec![FIRST_STEP; starts.len()];
+        let mut alive: Vec<usize> = (0..starts.len()).collect();
+        for _ in 0..plan.sweeps {
+            alive.retain(|&c| steps[c] >= MIN_STEP);
+            if alive.is_empty() {
+                break;
+            }
+            let mut moved = vec![false; starts.len()];
             for d in 0..self.axes.len() {
-                let tries: Vec<Vec<Vec<f64>>> = starts.iter().map(|(_, u)| self.tries(u, d, step)).collect();
-                let flat: Vec<Vec<f64>> = tries.iter().flatten().cloned().collect();
-                let owner: Vec<usize> =
-                    tries.iter().enumerate().flat_map(|(c, t)| std::iter::repeat_n(c, t.len())).collect();
+                let tries: Vec<(usize, Vec<f64>)> = alive
+                    .iter()
+                    .flat_map(|&c| self.tries(&starts[c].1, d, steps[c]).into_iter().map(move |v| (c, v)))
+                    .collect();
+                let flat: Vec<Vec<f64>> = tries.iter().map(|(_, v)| v.clone()).collect();
                 let mut points = Points::new(self, model, &flat);
                 let bound = |p: &Points, j: usize| rule.bound(p.mean[j], p.variance(j));
                 // Not above its start's best: never taken (NaN bounds are solved).
-                let hopeless = |p: &Points, j: usize| bound(p, j) <= starts[owner[j]].0;
+                let hopeless = |p: &Points, j: usize| bound(p, j) <= starts[tries[j].0].0;
                 let mut live: Vec<usize> = (0..flat.len()).filter(|&j| !hopeless(&points, j)).collect();
                 let first = points.first_stage();
                 points.advance(&live, first);
                 live.retain(|&j| !hopeless(&points, j));
                 points.advance(&live, points.n);
-                let mut next = 0;
-                for (c, t) in tries.into_iter().enumerate() {
-                    for v in t {
-                        let j = next;
-                        next += 1;
-                        if !points.exact(j) {
-                            continue;
-                        }
-                        let s = rule.score(points.mean[j], points.variance(j));
-                        if s > starts[c].0 {
-                            starts[c] = (s, v);
-                        }
+                for (j, (c, v)) in tries.into_iter().enumerate() {
+                    if !points.exact(j) {
+                        continue;
+                    }
+                    let s = rule.score(points.mean[j], points.variance(j));
+                    if s > starts[c].0 {
+                        starts[c] = (s, v);
+                        moved[c] = true;
                     }
                 }
             }
-            step *= 0.5;
+            plan.shrink(&alive, &mut steps, &moved);
         }
         starts
     }

@@ -123,7 +123,7 @@ fn asks_are_reproducible_and_stay_in_the_domain_on_lattices_and_categories() {
 
 #[test]
 fn parallel_asks_spread_out_while_trials_run() {
-    let (gp, running) = parallel_asks(Batch::Believer, 11);
+    let (gp, running) = parallel_asks(GpSettings::default().batch, 11);
     for (i, a) in running.iter().enumerate() {
         for b in &running[i + 1..] {
             assert!(distance(a, b) > 1e-3, "two parallel asks at the same point: {a:?} {b:?}");
@@ -270,10 +270,15 @@ fn distance(a: &Params, b: &Params) -> f64 {
 fn every_batch_rule_spreads_the_asks_made_while_trials_run() {
     for rule in Batch::ALL {
         assert_eq!(Batch::from_name(rule.name()), Some(rule));
+        // Ignoring the running trials, the four asks fall within 1e-5 of
+        // one point (the refinement's last step). The believer with the
+        // expected improvement, maximised precisely, asks on the rim its
+        // believed value leaves around a running trial (8e-4 away here),
+        // as the kriging believer is known to: apart, but barely.
         let (_, asks) = parallel_asks(rule, 11);
         for (i, a) in asks.iter().enumerate() {
             for b in &asks[i + 1..] {
-                assert!(distance(a, b) > 1e-3, "{}: two parallel asks at one point: {a:?} {b:?}", rule.name());
+                assert!(distance(a, b) > 1e-4, "{}: two parallel asks at one point: {a:?} {b:?}", rule.name());
             }
         }
     }
@@ -282,7 +287,11 @@ fn every_batch_rule_spreads_the_asks_made_while_trials_run() {
 #[test]
 fn local_penalisation_keeps_an_ask_off_the_ball_around_a_running_trial() {
     // The running trial sits at the bowl's minimum, where the expected
-    // improvement is largest: without its penalty, the next ask lands on it.
+    // improvement is largest: without its penalty, the next ask lands on it
+    // (within 1e-5, the refinement's last step). The ball's radius is the
+    // believed gap to the best over the Lipschitz constant, next to nothing
+    // at the minimum itself: the penalty keeps the ask off the point, no
+    // farther (3e-4 here).
     let settings = GpSettings { batch: Batch::Penalise, ..GpSettings::default() };
     let mut gp = Gp::new(box3(), Direction::Minimize, 1, 5, settings);
     for i in 0..25 {
@@ -291,7 +300,7 @@ fn local_penalisation_keeps_an_ask_off_the_ball_around_a_running_trial() {
     }
     let alone = gp.ask(25, &[]);
     let next = gp.ask(25, &[(25, &alone)]);
-    assert!(distance(&alone, &next) > 0.02, "{alone:?} then {next:?}");
+    assert!(distance(&alone, &next) > 1e-4, "{alone:?} then {next:?}");
 }
 
 #[test]
@@ -519,4 +528,27 @@ fn past_the_model_points_an_ask_keeps_the_last_asks_points_and_adds_the_new_one(
     }
     // Once past max (all the points, then a subset), then at every step.
     assert_eq!(chosen_again, 1 + (199 - max) / (max / 10), "chosen again every max / 10 points, only then");
+}
+
+#[test]
+fn the_refinement_walks_to_a_far_maximum_and_settles_on_it() {
+    // A score peaked at c, the start half the box away on every axis: the
+    // compass search keeps its step while it climbs and ends within its
+    // last step of the peak. The bounded refinement (the step halved every
+    // sweep, eight sweeps) moves at most 0.2 an axis and stops short.
+    let gp = Gp::new(box3(), Direction::Minimize, 1, 1, GpSettings::default());
+    let c = [0.33, 0.67, 0.02];
+    let score = |us: &[Vec<f64>]| -> Vec<f64> {
+        us.iter().map(|u| -u.iter().zip(&c).map(|(a, b)| (a - b).powi(2)).sum::<f64>()).collect()
+    };
+    let start = vec![0.8, 0.2, 0.5];
+    let s0 = score(std::slice::from_ref(&start))[0];
+    let far = |u: &[f64]| u.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    let full = gp.refine(vec![(s0, start.clone())], FULL, &score).expect("a point");
+    assert!(far(&full) < 1e-4, "the compass search ends at {full:?}, not at {c:?}");
+    let bounded = gp.refine(vec![(s0, start)], BOUNDED, &score).expect("a point");
+    assert!(far(&bounded) > 0.2, "the bounded refinement reached {bounded:?}");
+    // Asks of a model of at most REFINED_FULL points are refined in full.
+    assert!(Refinement::of(REFINED_FULL).compass && !Refinement::of(REFINED_FULL + 1).compass);
+    assert_eq!((Refinement::of(10).starts, Refinement::of(1000).starts), (10, 3));
 }
