@@ -143,12 +143,33 @@ impl Refinement {
         }
     }
 
-    /// After a sweep: the step of each start in `alive` that did not move
-    /// (of every start, without a compass search) halves.
-    pub fn shrink(self, alive: &[usize], steps: &mut [f64], moved: &[bool]) {
-        for &c in alive {
-            if !self.compass || !moved[c] {
-                steps[c] *= 0.5;
+    /// The sweeps of a refinement of `starts` over `axes` axes: `along(starts,
+    /// alive, steps, d, moved)` steps each start of `alive` along axis `d`
+    /// (setting `moved` where one moved); after a sweep the step of each
+    /// start that did not move (of every start, without a compass search)
+    /// halves, and a start is done when its step is below [`MIN_STEP`].
+    pub fn run<S>(
+        self,
+        starts: &mut S,
+        count: usize,
+        axes: usize,
+        mut along: impl FnMut(&mut S, &[usize], &[f64], usize, &mut [bool]),
+    ) {
+        let mut steps = vec![FIRST_STEP; count];
+        let mut alive: Vec<usize> = (0..count).collect();
+        for _ in 0..self.sweeps {
+            alive.retain(|&c| steps[c] >= MIN_STEP);
+            if alive.is_empty() {
+                break;
+            }
+            let mut moved = vec![false; count];
+            for d in 0..axes {
+                along(starts, &alive, &steps, d, &mut moved);
+            }
+            for &c in &alive {
+                if !self.compass || !moved[c] {
+                    steps[c] *= 0.5;
+                }
             }
         }
     }
@@ -532,28 +553,19 @@ impl Gp {
         plan: Refinement,
         score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
     ) -> Option<Vec<f64>> {
-        let mut steps = vec![FIRST_STEP; starts.len()];
-        let mut alive: Vec<usize> = (0..starts.len()).collect();
-        for _ in 0..plan.sweeps {
-            alive.retain(|&c| steps[c] >= MIN_STEP);
-            if alive.is_empty() {
-                break;
-            }
-            let mut moved = vec![false; starts.len()];
-            for d in 0..self.axes.len() {
-                for &c in &alive {
-                    let tried = self.tries(&starts[c].1, d, steps[c]);
-                    let scores = score(&tried);
-                    for (v, s) in tried.into_iter().zip(scores) {
-                        if s > starts[c].0 {
-                            starts[c] = (s, v);
-                            moved[c] = true;
-                        }
+        let count = starts.len();
+        plan.run(&mut starts, count, self.axes.len(), |starts, alive, steps, d, moved| {
+            for &c in alive {
+                let tried = self.tries(&starts[c].1, d, steps[c]);
+                let scores = score(&tried);
+                for (v, s) in tried.into_iter().zip(scores) {
+                    if s > starts[c].0 {
+                        starts[c] = (s, v);
+                        moved[c] = true;
                     }
                 }
             }
-            plan.shrink(&alive, &mut steps, &moved);
-        }
+        });
         starts.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
     }
 

@@ -15,7 +15,7 @@
 //! kernel column each), the scores computed are the unpruned ones, and the
 //! order of the kept ones is a stable sort's: the proposal is the same.
 
-use super::{log_ei_of, Gp, Model, Refinement, FIRST_STEP, MIN_STEP};
+use super::{log_ei_of, Gp, Model, Refinement};
 use crate::domain::search::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
 
 /// Model points below which the rows are solved in one stage.
@@ -189,42 +189,33 @@ impl Gp {
         mut starts: Vec<(f64, Vec<f64>)>,
         plan: Refinement,
     ) -> Vec<(f64, Vec<f64>)> {
-        let mut steps = vec![FIRST_STEP; starts.len()];
-        let mut alive: Vec<usize> = (0..starts.len()).collect();
-        for _ in 0..plan.sweeps {
-            alive.retain(|&c| steps[c] >= MIN_STEP);
-            if alive.is_empty() {
-                break;
-            }
-            let mut moved = vec![false; starts.len()];
-            for d in 0..self.axes.len() {
-                let tries: Vec<(usize, Vec<f64>)> = alive
-                    .iter()
-                    .flat_map(|&c| self.tries(&starts[c].1, d, steps[c]).into_iter().map(move |v| (c, v)))
-                    .collect();
-                let flat: Vec<Vec<f64>> = tries.iter().map(|(_, v)| v.clone()).collect();
-                let mut points = Points::new(self, model, &flat);
-                let bound = |p: &Points, j: usize| rule.bound(p.mean[j], p.variance(j));
-                // Not above its start's best: never taken (NaN bounds are solved).
-                let hopeless = |p: &Points, j: usize| bound(p, j) <= starts[tries[j].0].0;
-                let mut live: Vec<usize> = (0..flat.len()).filter(|&j| !hopeless(&points, j)).collect();
-                let first = points.first_stage();
-                points.advance(&live, first);
-                live.retain(|&j| !hopeless(&points, j));
-                points.advance(&live, points.n);
-                for (j, (c, v)) in tries.into_iter().enumerate() {
-                    if !points.exact(j) {
-                        continue;
-                    }
-                    let s = rule.score(points.mean[j], points.variance(j));
-                    if s > starts[c].0 {
-                        starts[c] = (s, v);
-                        moved[c] = true;
-                    }
+        let count = starts.len();
+        plan.run(&mut starts, count, self.axes.len(), |starts, alive, steps, d, moved| {
+            let tries: Vec<(usize, Vec<f64>)> = alive
+                .iter()
+                .flat_map(|&c| self.tries(&starts[c].1, d, steps[c]).into_iter().map(move |v| (c, v)))
+                .collect();
+            let flat: Vec<Vec<f64>> = tries.iter().map(|(_, v)| v.clone()).collect();
+            let mut points = Points::new(self, model, &flat);
+            let bound = |p: &Points, j: usize| rule.bound(p.mean[j], p.variance(j));
+            // Not above its start's best: never taken (NaN bounds are solved).
+            let hopeless = |p: &Points, j: usize| bound(p, j) <= starts[tries[j].0].0;
+            let mut live: Vec<usize> = (0..flat.len()).filter(|&j| !hopeless(&points, j)).collect();
+            let first = points.first_stage();
+            points.advance(&live, first);
+            live.retain(|&j| !hopeless(&points, j));
+            points.advance(&live, points.n);
+            for (j, (c, v)) in tries.into_iter().enumerate() {
+                if !points.exact(j) {
+                    continue;
+                }
+                let s = rule.score(points.mean[j], points.variance(j));
+                if s > starts[c].0 {
+                    starts[c] = (s, v);
+                    moved[c] = true;
                 }
             }
-            plan.shrink(&alive, &mut steps, &moved);
-        }
+        });
         starts
     }
 }
