@@ -42,6 +42,11 @@
 # * GP_BATCHES="believer penalise ...": gp once per rule for the trials in
 #   flight (search/gp_batch.rs, issue 37) instead of its default;
 #   STRATEGIES="gp" leaves tpe out; NO_OPTUNA=1 leaves Optuna out.
+# * OPTUNA_SAMPLERS="tpe gp": Optuna's GPSampler too (side optuna-gp; it
+#   needs PyTorch and SciPy in the venv: `target/optuna-venv/bin/pip install
+#   torch scipy greenlet`; about 25 s a 100-trial study on 2 cores).
+# * bench_search alone: BENCH_SIDE names its side, BENCH_CURVE=1 adds the
+#   regret after every trial, GP_CANDIDATES / GP_FIT_EVALS set gp's.
 # * A spot check with real processes (tunefleet run, one agent):
 #   SPOT_KIND=gp SPOT_SEEDS=10 SPOT_SLOTS=1 cargo test -p tunefleet-tests --test search_spot -- --ignored --nocapture
 #
@@ -80,9 +85,13 @@ for w in $workers; do
     files+=("$out/tunefleet-$strategy-$w.jsonl")
   done
   if [ -z "${NO_OPTUNA:-}" ]; then
-    echo "workers=$w: Optuna $optuna_version" >&2
-    nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/optuna-$w.jsonl"
-    files+=("$out/optuna-$w.jsonl")
+    for sampler in ${OPTUNA_SAMPLERS:-tpe}; do
+      echo "workers=$w: Optuna $optuna_version, $sampler" >&2
+      name=optuna-$w.jsonl
+      [ "$sampler" = tpe ] || name=optuna-$sampler-$w.jsonl
+      OPTUNA_SAMPLER=$sampler nice -n 10 "$py" scripts/bench-search.py optuna "$seeds" "$budget" "$w" "$@" >"$out/$name"
+      files+=("$out/$name")
+    done
   fi
 done
 
