@@ -385,10 +385,10 @@ fn main() {
     let only: Vec<&String> = args.iter().skip(3).collect();
     let strategy = std::env::var("STRATEGY").unwrap_or_else(|_| "tpe".into());
     // BENCH_SIDE: the side's name in the output (two builds or settings side by side).
-    let side = match (strategy.as_str(), std::env::var("GP_BATCH")) {
-        _ if std::env::var("BENCH_SIDE").is_ok() => std::env::var("BENCH_SIDE").unwrap_or_default(),
-        ("tpe", _) => "tunefleet".to_string(),
-        ("gp", Ok(batch)) => format!("tunefleet-gp-{batch}"),
+    let side = match (strategy.as_str(), std::env::var("GP_BATCH"), std::env::var("BENCH_SIDE")) {
+        (_, _, Ok(side)) => side,
+        ("tpe", _, _) => "tunefleet".to_string(),
+        ("gp", Ok(batch), _) => format!("tunefleet-gp-{batch}"),
         _ => format!("tunefleet-{strategy}"),
     };
     // SEED_FROM: seeds from there (to confirm on seeds a comparison never saw).

@@ -146,18 +146,19 @@ impl Refinement {
         }
     }
 
-    /// The sweeps of a refinement of `starts` over `axes` axes: `along(starts,
-    /// alive, steps, d, moved)` steps each start of `alive` along axis `d`
-    /// (setting `moved` where one moved); after a sweep the step of each
-    /// start that did not move (of every start, without a compass search)
-    /// halves, and a start is done when its step is below [`MIN_STEP`].
-    pub fn run<S>(
+    /// The sweeps of a refinement of `starts` (scores and points) over
+    /// `axes` axes: `along(starts, alive, steps, d, moved)` steps each start
+    /// of `alive` along axis `d` (setting `moved` where one moved); after a
+    /// sweep the step of each start that did not move (of every start,
+    /// without a compass search) halves, and a start is done when its step
+    /// is below [`MIN_STEP`].
+    pub fn run(
         self,
-        starts: &mut S,
-        count: usize,
+        starts: &mut [(f64, Vec<f64>)],
         axes: usize,
-        mut along: impl FnMut(&mut S, &[usize], &[f64], usize, &mut [bool]),
+        mut along: impl FnMut(&mut [(f64, Vec<f64>)], &[usize], &[f64], usize, &mut [bool]),
     ) {
+        let count = starts.len();
         let mut steps = vec![FIRST_STEP; count];
         let mut alive: Vec<usize> = (0..count).collect();
         for _ in 0..self.sweeps {
@@ -556,8 +557,7 @@ impl Gp {
         plan: Refinement,
         score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
     ) -> Option<Vec<f64>> {
-        let count = starts.len();
-        plan.run(&mut starts, count, self.axes.len(), |starts, alive, steps, d, moved| {
+        plan.run(&mut starts, self.axes.len(), |starts, alive, steps, d, moved| {
             for &c in alive {
                 let tried = self.tries(&starts[c].1, d, steps[c]);
                 let scores = score(&tried);

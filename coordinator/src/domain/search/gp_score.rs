@@ -189,8 +189,7 @@ impl Gp {
         mut starts: Vec<(f64, Vec<f64>)>,
         plan: Refinement,
     ) -> Vec<(f64, Vec<f64>)> {
-        let count = starts.len();
-        plan.run(&mut starts, count, self.axes.len(), |starts, alive, steps, d, moved| {
+        plan.run(&mut starts, self.axes.len(), |starts, alive, steps, d, moved| {
             let tries: Vec<(usize, Vec<f64>)> = alive
                 .iter()
                 .flat_map(|&c| self.tries(&starts[c].1, d, steps[c]).into_iter().map(move |v| (c, v)))

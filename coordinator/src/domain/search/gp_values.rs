@@ -31,7 +31,7 @@ pub(super) fn subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>
 /// is continued, a row a new point, instead of computed again as a subset
 /// of all would have it (its best half and even spread shift at every
 /// point). At most `max` points: the subset at `n0` keeps `max - step`.
-pub(super) fn stable_subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
+pub(super) fn stable_subset(mut x: Vec<Vec<f64>>, mut y: Vec<f64>, max: usize) -> (Vec<Vec<f64>>, Vec<f64>) {
     let n = x.len();
     if n <= max {
         return (x, y);
@@ -39,9 +39,10 @@ pub(super) fn stable_subset(x: Vec<Vec<f64>>, y: Vec<f64>, max: usize) -> (Vec<V
     let step = (max / 10).max(1);
     let n0 = max + (n - max) / step * step;
     let kept = max.saturating_sub(step).max(1);
-    let (mut xs, mut ys) = subset(x[..n0].to_vec(), y[..n0].to_vec(), kept);
-    xs.extend_from_slice(&x[n0..]);
-    ys.extend_from_slice(&y[n0..]);
+    let (since_x, since_y) = (x.split_off(n0), y.split_off(n0));
+    let (mut xs, mut ys) = subset(x, y, kept);
+    xs.extend(since_x);
+    ys.extend(since_y);
     (xs, ys)
 }
 
