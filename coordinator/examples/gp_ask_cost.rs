@@ -7,7 +7,8 @@
 //! hyper-parameters costs what the median says.
 //!
 //! Usage: `gp_ask_cost [ASKS]`; `GP_REFIT_FROM=1000000` fits the
-//! hyper-parameters at every ask, as before issue 37.
+//! hyper-parameters at every ask, as before issue 37; `GP_ASK_TOLD=1000`
+//! times only that count (comma-separated counts).
 
 use std::time::Instant;
 
@@ -22,8 +23,13 @@ fn main() {
     let asks: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20);
     let space: Vec<(String, ParamSpec)> =
         (0..6).map(|i| (format!("x{i}"), ParamSpec::Float { low: 0.0, high: 1.0, grid: 2 })).collect();
+    // GP_ASK_TOLD: other told counts (comma-separated), e.g. one to profile.
+    let tolds: Vec<u64> = std::env::var("GP_ASK_TOLD")
+        .ok()
+        .map(|v| v.split(',').filter_map(|t| t.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![100, 300, 1000]);
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    for told in [100u64, 300, 1000] {
+    for told in tolds {
         for in_flight in [0usize, 4] {
             let mut settings = GpSettings::default();
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {

@@ -490,7 +490,7 @@ fn a_row_of_the_kernel_is_the_kernel_of_each_point_bit_for_bit() {
         (0..40).map(|_| gp.snap(gp.axes.iter().map(|a| gp.random_coordinate(a, &mut rng)).collect())).collect();
     points.push(points[3].clone());
     let theta = Theta { length: vec![0.3, 1.7, 0.05, 0.9, 0.4], signal: 1.3, noise: 1e-4 };
-    let cols = columns(&points, gp.axes.len());
+    let cols = gp.columns(&points, &theta);
     let mut row = Vec::new();
     for u in &points[..5] {
         gp.kernel_row(&cols, points.len(), u, &theta, &mut row);
@@ -551,4 +551,33 @@ fn the_refinement_walks_to_a_far_maximum_and_settles_on_it() {
     // Asks of a model of at most REFINED_FULL points are refined in full.
     assert!(Refinement::of(REFINED_FULL).compass && !Refinement::of(REFINED_FULL + 1).compass);
     assert_eq!((Refinement::of(10).starts, Refinement::of(1000).starts), (10, 3));
+}
+
+#[test]
+fn an_expected_improvement_is_refined_from_the_incumbent_too() {
+    // A score with a broad low hill around the candidates and a narrow high
+    // peak beside the incumbent: every candidate climbs the hill; the
+    // incumbent's own start climbs the peak.
+    let gp = Gp::new(box3(), Direction::Minimize, 1, 1, GpSettings::default());
+    let (hill, peak) = ([0.85, 0.85, 0.85], [0.2, 0.3, 0.4]);
+    let d2 = |u: &[f64], c: &[f64]| u.iter().zip(c).map(|(a, b)| (a - b).powi(2)).sum::<f64>();
+    let score = |us: &[Vec<f64>]| -> Vec<f64> {
+        us.iter().map(|u| (-d2(u, &hill)).exp().max(2.0 * (-d2(u, &peak) / 0.002).exp())).collect()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let candidates: Vec<Vec<f64>> =
+        (0..30).map(|_| (0..3).map(|_| 0.7 + 0.3 * rng.random::<f64>()).collect()).collect();
+    let x: Vec<Vec<f64>> = (0..5).map(|i| vec![0.1 * i as f64, 0.5, 0.5]).collect();
+    let y: Vec<f64> = (0..5).map(|i| i as f64).collect();
+    let theta = Theta { length: vec![0.3; 3], signal: 1.0, noise: 1e-4 };
+    let model = gp.model(x, &y, &theta, None).expect("a model");
+    let incumbent = [0.23, 0.28, 0.43];
+    let with = gp.maximise(&model, candidates.clone(), Some(&incumbent), &score).expect("a point");
+    assert!(d2(&with, &peak) < 1e-6, "refined from the incumbent too, it ends at {with:?}, not at the peak");
+    let without = gp.maximise(&model, candidates, None, &score).expect("a point");
+    assert!(d2(&without, &hill) < 1e-4, "from the candidates alone it ends on the hill, at {without:?}");
+    // The pruned path starts from the incumbent under the expected
+    // improvement alone.
+    assert!(score::own_start(Rule::Ei { best: 0.0 }, &incumbent).is_some());
+    assert!(score::own_start(Rule::Ucb { width: 2.0 }, &incumbent).is_none());
 }
