@@ -680,7 +680,6 @@ impl Gp {
         r2.sqrt()
     }
 
-    /// The indices of the numeric axes.
     /// The coordinates of `points` axis by axis, a column of one value a
     /// point, a numeric axis's divided by its length scale of `theta` (as
     /// [`Gp::distance2`] divides them), for [`Gp::kernel_row`].
@@ -692,6 +691,7 @@ impl Gp {
         (0..self.axes.len()).map(|d| points.iter().map(|p| scaled(d, p[d])).collect()).collect()
     }
 
+    /// The indices of the numeric axes.
     fn numeric_axes(&self) -> impl Iterator<Item = usize> + '_ {
         self.axes.iter().enumerate().filter(|(_, a)| matches!(a, Axis::Numeric { .. })).map(|(d, _)| d)
     }
