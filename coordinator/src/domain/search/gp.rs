@@ -450,12 +450,12 @@ impl Gp {
         // a local search at its best trial).
         let means = model.told_means(self);
         let at = (0..means.len()).min_by(|&a, &b| means[a].total_cmp(&means[b]))?;
-        let (best, incumbent) = (means[at], model.x[at].clone());
+        let (best, incumbent) = (means[at], &model.x[at]);
         let pending: Vec<Vec<f64>> =
             running.iter().filter(|(t, _)| !self.told.contains_key(t)).filter_map(|(_, p)| self.unit(p)).collect();
         let candidates = self.candidates(rng, &x, &y, &theta);
         if pending.is_empty() {
-            return self.maximise_posterior(&model, Rule::Ei { best }, candidates, &incumbent);
+            return self.maximise_posterior(&model, Rule::Ei { best }, candidates, incumbent);
         }
         let batch = batch::Pending { gp: self, model: &model, best, incumbent, y: &y, pending };
         batch.choose(self.settings.batch, candidates, rng)

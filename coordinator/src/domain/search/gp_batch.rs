@@ -94,7 +94,7 @@ pub(super) struct Pending<'a> {
     /// The incumbent: the best posterior mean at a told configuration ...
     pub best: f64,
     /// ... and that configuration.
-    pub incumbent: Vec<f64>,
+    pub incumbent: &'a [f64],
     /// The told values, standardised.
     pub y: &'a [f64],
     /// Unit coordinates of the running trials (at least one).
@@ -114,7 +114,7 @@ impl Pending<'_> {
                     Batch::UcbPending => Rule::Ucb { width: pending_width(self.pending.len()) },
                     _ => Rule::Ei { best: self.best },
                 };
-                gp.maximise_posterior(&model, score, candidates, &self.incumbent)
+                gp.maximise_posterior(&model, score, candidates, self.incumbent)
             }
             Batch::LiarMax | Batch::LiarMean => {
                 let n = self.y.len().max(1) as f64;
@@ -123,7 +123,7 @@ impl Pending<'_> {
                     _ => self.y.iter().sum::<f64>() / n,
                 };
                 let model = self.with_pending(&vec![lie; self.pending.len()]).unwrap_or_else(|| self.model.clone());
-                gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, &self.incumbent)
+                gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, self.incumbent)
             }
             Batch::Fantasy => {
                 let draws = self.joint_draws(&self.pending, FANTASIES, rng)?;
@@ -135,15 +135,10 @@ impl Pending<'_> {
                     })
                     .collect();
                 if models.is_empty() {
-                    return gp.maximise_posterior(
-                        self.model,
-                        Rule::Ei { best: self.best },
-                        candidates,
-                        &self.incumbent,
-                    );
+                    return gp.maximise_posterior(self.model, Rule::Ei { best: self.best }, candidates, self.incumbent);
                 }
                 let k = (models.len() as f64).ln();
-                gp.maximise(self.model, candidates, Some(&self.incumbent), &|us| {
+                gp.maximise(self.model, candidates, Some(self.incumbent), &|us| {
                     let each: Vec<Vec<f64>> = models.iter().map(|(m, b)| gp.log_ei(m, *b, us)).collect();
                     (0..us.len()).map(|j| log_sum_exp(&each.iter().map(|e| e[j]).collect::<Vec<f64>>()) - k).collect()
                 })
@@ -158,7 +153,7 @@ impl Pending<'_> {
                         (u.clone(), mu, (var + self.model.theta.noise).sqrt())
                     })
                     .collect();
-                gp.maximise(self.model, candidates, Some(&self.incumbent), &|us| {
+                gp.maximise(self.model, candidates, Some(self.incumbent), &|us| {
                     let ei = gp.log_ei(self.model, self.best, us);
                     us.iter()
                         .zip(ei)
@@ -190,7 +185,7 @@ impl Pending<'_> {
                         let at = (0..points.len()).min_by(|&a, &b| draw[a].total_cmp(&draw[b]))?;
                         points.into_iter().nth(at)
                     }
-                    None => gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, &self.incumbent),
+                    None => gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, self.incumbent),
                 }
             }
         }
@@ -201,7 +196,7 @@ impl Pending<'_> {
             gp: self.gp,
             model: self.model,
             best: self.best,
-            incumbent: self.incumbent.clone(),
+            incumbent: self.incumbent,
             y: self.y,
             pending: Vec::new(),
         }
