@@ -17,7 +17,7 @@ const THOMPSON_RANDOM: usize = 128;
 /// Width of the confidence bound of [`Batch::Ucb`], in deviations: one
 /// (issue 37 measured 0.5, 1, 1.5 and 2 at 4 and 16 in flight; the believer
 /// already spreads the asks, and a wider bound spends them on exploring).
-pub(super) const UCB_WIDTH: f64 = 1.0;
+const UCB_WIDTH: f64 = 1.0;
 /// Width of [`Batch::UcbPending`]'s bound with none in flight, in
 /// deviations: the confidence bound's width when it was measured.
 const PENDING_BASE: f64 = 2.0;
@@ -48,13 +48,13 @@ pub enum Batch {
     /// (running trials believed) over a few hundred candidates.
     Thompson,
     /// [`Batch::Ucb`]'s believer with a bound of two deviations with none in
-    /// flight that widens with their number (`pending_width`): GP-UCB's squared width grows with the log
-    /// of the evaluations made, and a running trial is one made without its
-    /// feedback (GP-BUCB's hallucinated steps), so more of them ask for
-    /// more exploration. Measured against [`Batch::Ucb`] (then two
-    /// deviations wide) and not kept: worse
-    /// on 4 of 10 functions at 4 in flight and 6 at 16, better on one at 4
-    /// (BENCHMARKS.md, issue 37, "Not kept: a bound widened").
+    /// flight that widens with their number (`pending_width`): GP-UCB's
+    /// squared width grows with the log of the evaluations made, and a
+    /// running trial is one made without its feedback (GP-BUCB's
+    /// hallucinated steps), so more of them ask for more exploration.
+    /// Measured against [`Batch::Ucb`] (then two deviations wide) and not
+    /// kept: worse on 4 of 10 functions at 4 in flight and 6 at 16, better
+    /// on one at 4 (BENCHMARKS.md, issue 37, "Not kept: a bound widened").
     UcbPending,
 }
 
