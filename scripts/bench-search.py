@@ -105,6 +105,21 @@ def camel(p):
     return (4 - 2.1 * x * x + x**4 / 3) * x * x + x * y + (-4 + 4 * y * y) * y * y
 
 
+def rastrigin(p):
+    x = [p[f"x{i}"] for i in range(3)]
+    return 10 * len(x) + sum(v * v - 10 * math.cos(2 * math.pi * v) for v in x)
+
+
+def dixon_price(p):
+    x = [p[f"x{i}"] for i in range(4)]
+    return (x[0] - 1) ** 2 + sum((i + 1) * (2 * x[i] ** 2 - x[i - 1]) ** 2 for i in range(1, 4))
+
+
+def griewank(p):
+    x = [p[f"x{i}"] for i in range(5)]
+    return 1 + sum(v * v for v in x) / 4000 - math.prod(math.cos(v / math.sqrt(i + 1)) for i, v in enumerate(x))
+
+
 def box(names, low, high):
     return [("float", n, low, high) for n in names]
 
@@ -133,6 +148,10 @@ FUNCTIONS = {
     "hartmann3": (box([f"x{i}" for i in range(3)], 0.0, 1.0), hartmann3, -3.862782147820756, 0.0),
     "ackley4": (box([f"x{i}" for i in range(4)], -5.0, 5.0), ackley, 0.0, 0.0),
     "camel": ([("float", "x1", -3.0, 3.0), ("float", "x2", -2.0, 2.0)], camel, -1.031628453489877, 0.0),
+    # Held out from the width of gp's confidence bound (issue 37, fourth round).
+    "rastrigin3": (box([f"x{i}" for i in range(3)], -5.12, 5.12), rastrigin, 0.0, 0.0),
+    "dixon_price4": (box([f"x{i}" for i in range(4)], -10.0, 10.0), dixon_price, 0.0, 0.0),
+    "griewank5": (box([f"x{i}" for i in range(5)], -10.0, 10.0), griewank, 0.0, 0.0),
 }
 
 
