@@ -35,6 +35,11 @@ fn float(p: &Params, k: &str) -> f64 {
     p.get(k).and_then(ParamValue::as_f64).unwrap_or(f64::NAN)
 }
 
+/// The values of `x0` .. `x{n-1}`.
+fn coords(p: &Params, n: usize) -> Vec<f64> {
+    (0..n).map(|i| float(p, &format!("x{i}"))).collect()
+}
+
 fn box_space(names: &[&str], low: f64, high: f64) -> Vec<(String, ParamSpec)> {
     names.iter().map(|n| (n.to_string(), ParamSpec::Float { low, high, grid: 2 })).collect()
 }
@@ -61,18 +66,18 @@ fn hartmann6(p: &Params) -> f64 {
         [2348.0, 1451.0, 3522.0, 2883.0, 3047.0, 6650.0],
         [4047.0, 8828.0, 8732.0, 5743.0, 1091.0, 381.0],
     ];
-    let x: Vec<f64> = (0..6).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 6);
     -(0..4)
         .map(|i| ALPHA[i] * (-(0..6).map(|j| A[i][j] * (x[j] - P[i][j] * 1e-4).powi(2)).sum::<f64>()).exp())
         .sum::<f64>()
 }
 
 fn styblinski_tang(p: &Params) -> f64 {
-    (0..4).map(|i| float(p, &format!("x{i}"))).map(|x| 0.5 * (x.powi(4) - 16.0 * x * x + 5.0 * x)).sum()
+    coords(p, 4).into_iter().map(|x| 0.5 * (x.powi(4) - 16.0 * x * x + 5.0 * x)).sum()
 }
 
 fn rosenbrock(p: &Params) -> f64 {
-    let x: Vec<f64> = (0..4).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 4);
     x.windows(2).map(|w| 100.0 * (w[1] - w[0] * w[0]).powi(2) + (1.0 - w[0]).powi(2)).sum()
 }
 
@@ -92,7 +97,7 @@ fn mixed(p: &Params) -> f64 {
 
 /// Held out (issue 37): never looked at while the batch rules were written.
 fn levy(p: &Params) -> f64 {
-    let w: Vec<f64> = (0..5).map(|i| 1.0 + (float(p, &format!("x{i}")) - 1.0) / 4.0).collect();
+    let w: Vec<f64> = coords(p, 5).iter().map(|x| 1.0 + (x - 1.0) / 4.0).collect();
     let last = w[4];
     (PI * w[0]).sin().powi(2)
         + w[..4].iter().map(|wi| (wi - 1.0).powi(2) * (1.0 + 10.0 * (PI * wi + 1.0).sin().powi(2))).sum::<f64>()
@@ -104,14 +109,14 @@ fn hartmann3(p: &Params) -> f64 {
     const A: [[f64; 3]; 4] = [[3.0, 10.0, 30.0], [0.1, 10.0, 35.0], [3.0, 10.0, 30.0], [0.1, 10.0, 35.0]];
     const P: [[f64; 3]; 4] =
         [[3689.0, 1170.0, 2673.0], [4699.0, 4387.0, 7470.0], [1091.0, 8732.0, 5547.0], [381.0, 5743.0, 8828.0]];
-    let x: Vec<f64> = (0..3).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 3);
     -(0..4)
         .map(|i| ALPHA[i] * (-(0..3).map(|j| A[i][j] * (x[j] - P[i][j] * 1e-4).powi(2)).sum::<f64>()).exp())
         .sum::<f64>()
 }
 
 fn ackley(p: &Params) -> f64 {
-    let x: Vec<f64> = (0..4).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 4);
     let n = x.len() as f64;
     let s1 = x.iter().map(|v| v * v).sum::<f64>() / n;
     let s2 = x.iter().map(|v| (2.0 * PI * v).cos()).sum::<f64>() / n;
@@ -124,17 +129,17 @@ fn camel(p: &Params) -> f64 {
 }
 
 fn rastrigin(p: &Params) -> f64 {
-    let x: Vec<f64> = (0..3).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 3);
     10.0 * x.len() as f64 + x.iter().map(|v| v * v - 10.0 * (2.0 * PI * v).cos()).sum::<f64>()
 }
 
 fn dixon_price(p: &Params) -> f64 {
-    let x: Vec<f64> = (0..4).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 4);
     (x[0] - 1.0).powi(2) + (1..4).map(|i| (i + 1) as f64 * (2.0 * x[i] * x[i] - x[i - 1]).powi(2)).sum::<f64>()
 }
 
 fn griewank(p: &Params) -> f64 {
-    let x: Vec<f64> = (0..5).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 5);
     let product: f64 = x.iter().enumerate().map(|(i, v)| (v / ((i + 1) as f64).sqrt()).cos()).product();
     1.0 + x.iter().map(|v| v * v).sum::<f64>() / 4000.0 - product
 }
@@ -267,14 +272,14 @@ struct TwoObjectives {
 
 /// ZDT1 of 5 variables (convex front f2 = 1 - sqrt(f1)).
 fn zdt1(p: &Params) -> [f64; 2] {
-    let x: Vec<f64> = (0..5).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 5);
     let g = 1.0 + 9.0 * x[1..].iter().sum::<f64>() / 4.0;
     [x[0], g * (1.0 - (x[0] / g).sqrt())]
 }
 
 /// Fonseca-Fleming of 3 variables (concave front).
 fn fonseca_fleming(p: &Params) -> [f64; 2] {
-    let x: Vec<f64> = (0..3).map(|i| float(p, &format!("x{i}"))).collect();
+    let x = coords(p, 3);
     let c = 1.0 / 3f64.sqrt();
     let f = |s: f64| 1.0 - (-x.iter().map(|v| (v - s * c).powi(2)).sum::<f64>()).exp();
     [f(1.0), f(-1.0)]

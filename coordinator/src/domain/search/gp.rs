@@ -43,8 +43,9 @@
 //!   improvement: parallel asks spread out instead of repeating one point,
 //!   and explore a little wider than the improvement would, which pays
 //!   when the results they wait for are missing (two deviations explored
-//!   too much: issue 37's fourth round measured 0.5 to 2). Issue 37 compared it with the
-//!   believer and the expected improvement (the rule before), constant
+//!   too much: issue 37's fourth round measured 0.5 to 2). Issue 37
+//!   compared it with the believer and the expected improvement (the rule
+//!   before), constant
 //!   liars (the worst or the mean value), fantasies drawn from the
 //!   posterior, local penalisation and Thompson sampling on ten functions
 //!   at 4 and 16 in flight, then confirmed on ten seeds never used in the
