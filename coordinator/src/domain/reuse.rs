@@ -345,18 +345,15 @@ pub fn decide(
             && !r.outcomes.is_empty()
             && (policy.across_workloads || (!identity.is_empty() && r.identity == identity))
     };
-    let mut members: Vec<&Record> =
-        records.iter().zip(clusters).filter(|(r, k)| **k == Some(c) && peer(r)).map(|(r, _)| r).collect();
-    members.sort_by_key(|r| r.at_ms);
+    let close = |r: &Record| model.distance(profile, &r.profile).is_some_and(|d| d <= threshold);
+    let in_cluster = |(r, k): &(&Record, &Option<usize>)| **k == Some(c) && peer(r);
+    let latest = records.iter().zip(clusters).filter(in_cluster).map(|(r, _)| r).max_by_key(|r| r.at_ms);
     // The latest record of its cluster, and the latest as close as the
     // threshold that a refit may have placed in another cluster: either a
     // broken promise means probe again (it is not forgotten because the
     // clusters moved, nor hidden by a newer record next door).
-    let near = records
-        .iter()
-        .filter(|r| peer(r) && model.distance(profile, &r.profile).is_some_and(|d| d <= threshold))
-        .max_by_key(|r| r.at_ms);
-    for last in members.last().copied().into_iter().chain(near) {
+    let near = records.iter().filter(|r| peer(r) && close(r)).max_by_key(|r| r.at_ms);
+    for last in latest.into_iter().chain(near) {
         if let Some(why) = &last.worse {
             return probe(
                 Some(c),
@@ -366,6 +363,12 @@ pub fn decide(
             );
         }
     }
+    // What decides: its cluster's records, and those as close as the
+    // threshold that a refit placed in another cluster (noise in two
+    // profiles of one job can split them, and reuse needs two together).
+    let mut members: Vec<&Record> =
+        records.iter().zip(clusters).filter(|(r, k)| peer(r) && (**k == Some(c) || close(r))).map(|(r, _)| r).collect();
+    members.sort_by_key(|r| r.at_ms);
     match recommend(members.into_iter(), select) {
         Some((system, expected, from)) if from >= MIN_PROBED_JOBS => {
             ReuseDecision::Reuse { cluster: c, distance: place.distance, threshold, system, expected, from }
@@ -698,6 +701,19 @@ mod tests {
         let clusters: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
         let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
         assert!(matches!(&d, ReuseDecision::Reuse { system, .. } if *system == sys(1)), "{d:?}");
+    }
+
+    #[test]
+    fn two_probed_jobs_that_a_refit_split_between_clusters_still_decide_together() {
+        // Two probes of one kind of job, both at threads=2, that noise put
+        // in two clusters; the next job is close to both: reused, from two.
+        let records: Vec<Record> = (0..2).map(|i| record(0, i, vec![o(1, 1.0), o(2, 0.5)], false, i as u64)).collect();
+        let profiles: Vec<Profile> = records.iter().map(|r| r.profile.clone()).collect();
+        let model = fit(&profiles, &FitOptions::default()).expect("fits").model;
+        let own = model.place(&profile(0, 5)).expect("placed").cluster;
+        let clusters = vec![Some(own), Some(own + 1)];
+        let d = decide_w(&ReusePolicy::default(), Some(&model), &records, &clusters, &profile(0, 5), "{}");
+        assert!(matches!(&d, ReuseDecision::Reuse { system, from: 2, .. } if *system == sys(2)), "{d:?}");
     }
 
     #[test]
