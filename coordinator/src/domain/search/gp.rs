@@ -440,6 +440,7 @@ impl Gp {
             // Values so far apart that their spread overflows: sample at random.
             return None;
         }
+        let history = if self.settings.batch == Batch::Trust { y.clone() } else { Vec::new() };
         let (x, y) = stable_subset(x, y, self.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
         let last = self.factored.try_borrow_mut().ok().and_then(|mut cell| cell.take());
@@ -459,7 +460,7 @@ impl Gp {
         if pending.is_empty() {
             return self.maximise_posterior(&model, Rule::Ei { best }, candidates, incumbent);
         }
-        let batch = batch::Pending { gp: self, model: &model, best, incumbent, y: &y, pending };
+        let batch = batch::Pending { gp: self, model: &model, best, incumbent, y: &y, pending, history: &history };
         batch.choose(self.settings.batch, candidates, rng)
     }
 

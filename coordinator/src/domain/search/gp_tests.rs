@@ -607,3 +607,49 @@ fn with_trials_in_flight_a_study_refines_as_the_sequential_one_does() {
     let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
     assert!(geo < 1.3, "four in flight over one, seed by seed: {ratios:?} (geometric mean {geo})");
 }
+
+#[test]
+fn a_pathwise_draw_has_the_posterior_mean_and_variance() {
+    // Paths drawn from random Fourier features and conditioned on six
+    // points, against the model's own mean and variance at three points
+    // (one near the data, two away from it): 2,000 draws.
+    let gp = Gp::new(box3(), Direction::Minimize, 1, 1, GpSettings::default());
+    let x: Vec<Vec<f64>> = (0..6).map(|i| vec![0.15 * i as f64, 0.5, 0.3 + 0.05 * i as f64]).collect();
+    let y: Vec<f64> = (0..6).map(|i| ((i as f64) * 1.3).sin()).collect();
+    let theta = Theta { length: vec![0.3; 3], signal: 1.0, noise: 1e-4 };
+    let model = gp.model(x, &y, &theta, None).expect("a model");
+    let at = [vec![0.32, 0.5, 0.4], vec![0.9, 0.1, 0.8], vec![0.5, 0.9, 0.1]];
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let draws = 2000;
+    let values: Vec<Vec<f64>> = (0..draws)
+        .map(|_| {
+            let path = batch::Path::draw(&gp, &model, &mut rng).expect("a path");
+            at.iter().map(|u| path.at(&gp, &model, u)).collect()
+        })
+        .collect();
+    for (j, u) in at.iter().enumerate() {
+        let (mu, var) = model.predict(&gp, u);
+        let mean = values.iter().map(|v| v[j]).sum::<f64>() / draws as f64;
+        let spread = values.iter().map(|v| (v[j] - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
+        assert!((mean - mu).abs() < 4.0 * (var / draws as f64).sqrt() + 1e-3, "at {u:?}: mean {mean} against {mu}");
+        assert!((spread / var - 1.0).abs() < 0.2, "at {u:?}: variance {spread} against {var}");
+    }
+}
+
+#[test]
+fn a_trust_region_doubles_after_three_improving_batches_and_halves_after_enough_that_do_not() {
+    // Start-up of 2, batches of 2 (two in flight), 4 axes: ceil(4 / 2) = 2
+    // batches without improvement halve the side.
+    let improving: Vec<f64> = (0..8).map(|i| -(i as f64)).collect();
+    assert_eq!(batch::trust_side(&improving, 2, 2, 4), 1.6, "three improving batches double 0.8");
+    let flat = vec![0.0; 10];
+    assert_eq!(batch::trust_side(&flat, 2, 2, 4), 0.2, "four flat batches halve twice");
+    // A gain under a thousandth of a deviation is no gain.
+    let tiny: Vec<f64> = (0..10).map(|i| -1e-4 * i as f64).collect();
+    assert_eq!(batch::trust_side(&tiny, 2, 2, 4), 0.2);
+    // Seven halvings fall below 0.5^7: back to the first side; one more
+    // after it.
+    assert_eq!(batch::trust_side(&vec![0.0; 2 + 2 * 14], 2, 2, 4), 0.8);
+    assert_eq!(batch::trust_side(&vec![0.0; 2 + 2 * 16], 2, 2, 4), 0.4);
+    assert_eq!(batch::trust_side(&[], 10, 16, 6), 0.8, "nothing told yet");
+}
