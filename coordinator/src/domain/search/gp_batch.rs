@@ -204,55 +204,8 @@ impl Pending<'_> {
                         .collect()
                 })
             }
-            Batch::Trust => {
-                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
-                let numeric: Vec<usize> = gp.numeric_axes().collect();
-                let side = trust_side(self.history, gp.settings.startup, self.pending.len() + 1, numeric.len());
-                let length = &self.model.theta.length;
-                let mean_log =
-                    numeric.iter().map(|&d| length[d].max(1e-12).ln()).sum::<f64>() / numeric.len().max(1) as f64;
-                let mut lo = vec![0.0; self.incumbent.len()];
-                let mut hi = vec![1.0; self.incumbent.len()];
-                for &d in &numeric {
-                    let step = match gp.axes[d] {
-                        super::Axis::Numeric { lattice, .. } if lattice > 0.0 => 1.0 / lattice,
-                        _ => 0.0,
-                    };
-                    let half = (0.5 * side * (length[d].max(1e-12).ln() - mean_log).exp()).max(step);
-                    lo[d] = (self.incumbent[d] - half).max(0.0);
-                    hi[d] = (self.incumbent[d] + half).min(1.0);
-                }
-                let random = gp.settings.candidates.max(1).min(candidates.len());
-                let inside: Vec<Vec<f64>> = candidates
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, mut u)| {
-                        for &d in &numeric {
-                            u[d] = if i < random { lo[d] + u[d] * (hi[d] - lo[d]) } else { u[d].clamp(lo[d], hi[d]) };
-                        }
-                        gp.snap(u)
-                    })
-                    .collect();
-                let within = |u: &[f64]| numeric.iter().all(|&d| u[d] >= lo[d] - 1e-12 && u[d] <= hi[d] + 1e-12);
-                let rule = Rule::Ucb { width: UCB_WIDTH };
-                gp.maximise(&model, inside, Some(self.incumbent), &|us| {
-                    model
-                        .predict_many(gp, us)
-                        .into_iter()
-                        .zip(us)
-                        .map(|((mu, var), u)| if within(u) { rule.score(mu, var) } else { f64::NEG_INFINITY })
-                        .collect()
-                })
-            }
-            Batch::Pathwise => {
-                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
-                let path = Path::draw(gp, &model, rng)?;
-                gp.maximise(&model, candidates, Some(self.incumbent), &|us| {
-                    us.iter().map(|u| -path.at(gp, &model, u)).collect()
-                })
-            }
+            Batch::Trust => self.trust(candidates),
+            Batch::Pathwise => self.pathwise(candidates, rng),
             Batch::Thompson => {
                 let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
                 let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
@@ -273,6 +226,62 @@ impl Pending<'_> {
                 }
             }
         }
+    }
+
+    /// [`Batch::Trust`]'s ask: the believer's bound over the candidates
+    /// moved into the region, nothing outside it.
+    fn trust(&self, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+        let gp = self.gp;
+        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
+        let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+        let numeric: Vec<usize> = gp.numeric_axes().collect();
+        let side = trust_side(self.history, gp.settings.startup, self.pending.len() + 1, numeric.len());
+        let length = &self.model.theta.length;
+        let mean_log = numeric.iter().map(|&d| length[d].max(1e-12).ln()).sum::<f64>() / numeric.len().max(1) as f64;
+        let mut lo = vec![0.0; self.incumbent.len()];
+        let mut hi = vec![1.0; self.incumbent.len()];
+        for &d in &numeric {
+            let step = match gp.axes[d] {
+                super::Axis::Numeric { lattice, .. } if lattice > 0.0 => 1.0 / lattice,
+                _ => 0.0,
+            };
+            let half = (0.5 * side * (length[d].max(1e-12).ln() - mean_log).exp()).max(step);
+            lo[d] = (self.incumbent[d] - half).max(0.0);
+            hi[d] = (self.incumbent[d] + half).min(1.0);
+        }
+        let random = gp.settings.candidates.max(1).min(candidates.len());
+        let inside: Vec<Vec<f64>> = candidates
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut u)| {
+                for &d in &numeric {
+                    u[d] = if i < random { lo[d] + u[d] * (hi[d] - lo[d]) } else { u[d].clamp(lo[d], hi[d]) };
+                }
+                gp.snap(u)
+            })
+            .collect();
+        let within = |u: &[f64]| numeric.iter().all(|&d| u[d] >= lo[d] - 1e-12 && u[d] <= hi[d] + 1e-12);
+        let rule = Rule::Ucb { width: UCB_WIDTH };
+        gp.maximise(&model, inside, Some(self.incumbent), &|us| {
+            model
+                .predict_many(gp, us)
+                .into_iter()
+                .zip(us)
+                .map(|((mu, var), u)| if within(u) { rule.score(mu, var) } else { f64::NEG_INFINITY })
+                .collect()
+        })
+    }
+
+    /// [`Batch::Pathwise`]'s ask: the minimum of one sample path of the
+    /// believer's model.
+    fn pathwise(&self, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
+        let gp = self.gp;
+        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
+        let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+        let path = Path::draw(gp, &model, rng)?;
+        gp.maximise(&model, candidates, Some(self.incumbent), &|us| {
+            us.iter().map(|u| -path.at(gp, &model, u)).collect()
+        })
     }
 
     fn shallow(&self) -> Pending<'_> {
