@@ -3,11 +3,10 @@
 //! trials and the configurations in flight into a score whose maximum is
 //! the next configuration, spread away from what already runs.
 
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{Gp, Model, Rule};
-use rand::Rng;
-
 use crate::domain::search::linalg::{cholesky, solve_lower, solve_upper_t};
 use crate::domain::search::tpe::standard_normal;
 

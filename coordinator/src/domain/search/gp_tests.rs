@@ -612,13 +612,26 @@ fn with_trials_in_flight_a_study_refines_as_the_sequential_one_does() {
 fn a_pathwise_draw_has_the_posterior_mean_and_variance() {
     // Paths drawn from random Fourier features and conditioned on six
     // points, against the model's own mean and variance at three points
-    // (one near the data, two away from it): 2,000 draws.
-    let gp = Gp::new(box3(), Direction::Minimize, 1, 1, GpSettings::default());
+    // (one near the data, two away from it) and the first two's
+    // covariance: 2,000 draws, on three floats and on a float, a
+    // categorical of three values and a float (the categorical one-hot in
+    // the features; the two points away from the data differ in it alone).
     let x: Vec<Vec<f64>> = (0..6).map(|i| vec![0.15 * i as f64, 0.5, 0.3 + 0.05 * i as f64]).collect();
-    let y: Vec<f64> = (0..6).map(|i| ((i as f64) * 1.3).sin()).collect();
-    let theta = Theta { length: vec![0.3; 3], signal: 1.0, noise: 1e-4 };
-    let model = gp.model(x, &y, &theta, None).expect("a model");
     let at = [vec![0.32, 0.5, 0.4], vec![0.9, 0.1, 0.8], vec![0.5, 0.9, 0.1]];
+    paths_match_the_posterior(box3(), x, &at, vec![0.3; 3]);
+    let three =
+        ParamSpec::Categorical { values: ["p", "q", "r"].iter().map(|v| ParamValue::Text(v.to_string())).collect() };
+    let mixed = vec![("a".to_string(), float(0.0, 1.0)), ("c".to_string(), three), ("b".to_string(), float(0.0, 1.0))];
+    let x: Vec<Vec<f64>> = (0..6).map(|i| vec![0.15 * i as f64, (i % 3) as f64, 0.3 + 0.05 * i as f64]).collect();
+    let at = [vec![0.95, 2.0, 0.95], vec![0.95, 0.0, 0.95], vec![0.5, 1.0, 0.1]];
+    paths_match_the_posterior(mixed, x, &at, vec![0.3, 1.0, 0.3]);
+}
+
+fn paths_match_the_posterior(space: Vec<(String, ParamSpec)>, x: Vec<Vec<f64>>, at: &[Vec<f64>], length: Vec<f64>) {
+    let gp = Gp::new(space, Direction::Minimize, 1, 1, GpSettings::default());
+    let y: Vec<f64> = (0..x.len()).map(|i| ((i as f64) * 1.3).sin()).collect();
+    let theta = Theta { length, signal: 1.0, noise: 1e-4 };
+    let model = gp.model(x, &y, &theta, None).expect("a model");
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let draws = 2000;
     let values: Vec<Vec<f64>> = (0..draws)
@@ -634,6 +647,16 @@ fn a_pathwise_draw_has_the_posterior_mean_and_variance() {
         assert!((mean - mu).abs() < 4.0 * (var / draws as f64).sqrt() + 1e-3, "at {u:?}: mean {mean} against {mu}");
         assert!((spread / var - 1.0).abs() < 0.2, "at {u:?}: variance {spread} against {var}");
     }
+    let n = model.x.len();
+    let solved: Vec<Vec<f64>> = at[..2]
+        .iter()
+        .map(|u| solve_lower(&model.chol, n, &model.x.iter().map(|x| gp.kernel(x, u, &theta)).collect::<Vec<f64>>()))
+        .collect();
+    let cov = gp.kernel(&at[0], &at[1], &theta) - solved[0].iter().zip(&solved[1]).map(|(a, b)| a * b).sum::<f64>();
+    let m: Vec<f64> = (0..2).map(|j| values.iter().map(|v| v[j]).sum::<f64>() / draws as f64).collect();
+    let seen = values.iter().map(|v| (v[0] - m[0]) * (v[1] - m[1])).sum::<f64>() / (draws - 1) as f64;
+    let scale = (model.predict(&gp, &at[0]).1 * model.predict(&gp, &at[1]).1).sqrt();
+    assert!((seen - cov).abs() < 0.1 * scale, "covariance {seen} against {cov} (scale {scale})");
 }
 
 #[test]
