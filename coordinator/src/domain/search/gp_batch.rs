@@ -141,8 +141,7 @@ impl Pending<'_> {
         let gp = self.gp;
         match rule {
             Batch::Believer | Batch::Ucb | Batch::UcbPending => {
-                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+                let model = self.believed();
                 let score = match rule {
                     Batch::Ucb => Rule::Ucb { width: UCB_WIDTH },
                     Batch::UcbPending => Rule::Ucb { width: pending_width(self.pending.len()) },
@@ -206,8 +205,7 @@ impl Pending<'_> {
             Batch::Trust => self.trust(candidates),
             Batch::Pathwise => self.pathwise(candidates, rng),
             Batch::Thompson => {
-                let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-                let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+                let model = self.believed();
                 let random = gp.settings.candidates.max(1).min(candidates.len());
                 let points: Vec<Vec<f64>> = candidates
                     .iter()
@@ -231,8 +229,7 @@ impl Pending<'_> {
     /// moved into the region, nothing outside it.
     fn trust(&self, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
         let gp = self.gp;
-        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-        let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+        let model = self.believed();
         let numeric: Vec<usize> = gp.numeric_axes().collect();
         let side = trust_side(self.history, gp.settings.startup, self.pending.len() + 1, numeric.len());
         let length = &self.model.theta.length;
@@ -275,8 +272,7 @@ impl Pending<'_> {
     /// believer's model.
     fn pathwise(&self, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
         let gp = self.gp;
-        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(gp, u).0).collect();
-        let model = self.with_pending(&lies).unwrap_or_else(|| self.model.clone());
+        let model = self.believed();
         let path = Path::draw(gp, &model, rng)?;
         gp.maximise(&model, candidates, Some(self.incumbent), &|us| {
             us.iter().map(|u| -path.at(gp, &model, u)).collect()
@@ -293,6 +289,13 @@ impl Pending<'_> {
             pending: Vec::new(),
             history: self.history,
         }
+    }
+
+    /// The kriging believer's model: the running trials told their
+    /// posterior means (the told trials' model where that cannot factor).
+    fn believed(&self) -> Model {
+        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(self.gp, u).0).collect();
+        self.with_pending(&lies).unwrap_or_else(|| self.model.clone())
     }
 
     /// The model of the told trials and the running ones with `values`.
