@@ -437,6 +437,50 @@ def parallel(paths):
     print("\n".join(out))
 
 
+def null(args):
+    """How often a side meets a ratio criterion against itself (issue 37):
+    `null LIMIT GROUP KEY FILE...` splits each (side, workers) study set's
+    seeds into disjoint groups of GROUP consecutive seeds, and for every
+    ordered pair of groups counts the functions whose median regret (KEY:
+    regret50 or regret100, floored at FLOOR) in the first group is above
+    LIMIT times the second's: the same sampler, two sets of seeds. A
+    criterion "at most LIMIT times on every function" that a sampler
+    cannot meet against itself at GROUP seeds cannot tell samplers apart."""
+    limit, size, key = float(args[0]), int(args[1]), args[2]
+    rows = []
+    for path in args[3:]:
+        with open(path) as fh:
+            rows += [json.loads(line) for line in fh if line.startswith("{") and key in line]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["side"], r["workers"], r["fn"]), {})[r["seed"]] = r[key]
+    for side, workers in sorted({(s, w) for s, w, _ in groups}):
+        fns = [n for n in FUNCTIONS if (side, workers, n) in groups]
+        seeds = sorted(set.intersection(*(set(groups[(side, workers, n)]) for n in fns)))
+        blocks = [seeds[i:i + size] for i in range(0, len(seeds) - size + 1, size)]
+        if len(blocks) < 2:
+            print(f"{side}, {workers} in flight: fewer than two groups of {size} seeds")
+            continue
+        med = {(n, b): max(statistics.median(groups[(side, workers, n)][s] for s in blk), FLOOR)
+               for n in fns for b, blk in enumerate(blocks)}
+        pairs = [(a, b) for a in range(len(blocks)) for b in range(len(blocks)) if a != b]
+        above = {n: 0 for n in fns}
+        met, counts, worst = 0, [], []
+        for a, b in pairs:
+            over = [n for n in fns if med[(n, a)] > limit * med[(n, b)]]
+            for n in over:
+                above[n] += 1
+            met += not over
+            counts.append(len(over))
+            worst.append(max(med[(n, a)] / med[(n, b)] for n in fns))
+        print(f"\n{side}, {workers} in flight, {key}: {len(blocks)} groups of {size} seeds, {len(pairs)} ordered pairs, "
+              f"{len(fns)} functions")
+        print(f"- pairs within {limit}x of itself on every function: {met} of {len(pairs)}; "
+              f"functions above {limit}x per pair: median {statistics.median(counts)}; "
+              f"the largest ratio per pair: median {statistics.median(worst):.2f}")
+        print("- pairs above, by function: " + ", ".join(f"{n} {above[n]}" for n in fns))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "optuna":
         run_optuna(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
@@ -444,5 +488,7 @@ if __name__ == "__main__":
         table(sys.argv[2:])
     elif sys.argv[1] == "parallel":
         parallel(sys.argv[2:])
+    elif sys.argv[1] == "null":
+        null(sys.argv[2:])
     else:
         sys.exit(f"unknown command {sys.argv[1]}")

@@ -901,6 +901,21 @@ impl Model {
     /// Posterior mean and variance at each of `us`: the kernel columns of
     /// all of them solved at once (row by row, each a contiguous update).
     fn predict_many(&self, gp: &Gp, us: &[Vec<f64>]) -> Vec<(f64, f64)> {
+        let m = us.len();
+        let (k, mean) = self.solved_many(gp, us);
+        let mut explained = vec![0.0; m];
+        for row in k.chunks(m.max(1)) {
+            for (e, v) in explained.iter_mut().zip(row) {
+                *e += v * v;
+            }
+        }
+        mean.into_iter().zip(explained).map(|(mu, e)| (mu, (self.theta.signal - e).max(1e-12))).collect()
+    }
+
+    /// The kernel columns of `us` solved against the factor (`L^-1 k(X,
+    /// u)`, row-major: row `i` a model point, column `j` a point of `us`)
+    /// and the posterior means at `us`.
+    fn solved_many(&self, gp: &Gp, us: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
         let (n, m) = (self.x.len(), us.len());
         let mut k = vec![0.0; n * m];
         for (i, x) in self.x.iter().enumerate() {
@@ -922,13 +937,7 @@ impl Model {
         }
         #[cfg(not(test))]
         solve_lower_many(&self.chol, n, &mut k, m);
-        let mut explained = vec![0.0; m];
-        for row in k.chunks(m.max(1)) {
-            for (e, v) in explained.iter_mut().zip(row) {
-                *e += v * v;
-            }
-        }
-        mean.into_iter().zip(explained).map(|(mu, e)| (mu, (self.theta.signal - e).max(1e-12))).collect()
+        (k, mean)
     }
 
     /// [`Model::predict_mean`] at each of its own points, from its kernel
