@@ -45,6 +45,10 @@
 # * GP_BATCHES="believer penalise ...": gp once per rule for the trials in
 #   flight (search/gp_batch.rs, issue 37) instead of its default;
 #   STRATEGIES="gp" leaves tpe out; NO_OPTUNA=1 leaves Optuna out.
+# * What 20 seeds can tell: `bench-search.py null LIMIT 20 regret100 FILE`
+#   splits one side's seeds into groups of 20 and counts, for every pair of
+#   groups, the functions where one group's median is above LIMIT times the
+#   other's (the same sampler against itself; run with SEEDS=100).
 # * OPTUNA_SAMPLERS="tpe gp": Optuna's GPSampler too (side optuna-gp; it
 #   needs PyTorch and SciPy in the venv: `target/optuna-venv/bin/pip install
 #   torch scipy greenlet`; about 25 s a 100-trial study on 2 cores).
