@@ -15,10 +15,19 @@ use std::time::Duration;
 
 use tunefleet_tests::*;
 
+/// One container at a time: with `--keep-unit` both containers' inits
+/// live in this test process's cgroup, and two systemds managing one
+/// cgroup tree fail each other's units (a unit start failed with
+/// `status=219/CGROUP`, a restart never came: 3 of 5 runs of this file with
+/// the two tests in parallel, 0 of 5 one after the other).
+static ONE_CONTAINER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A booted container: `systemd-nspawn` and the container's PID 1.
 struct Container {
     nspawn: std::process::Child,
     init: u32,
+    /// Held until the container is powered off ([`ONE_CONTAINER`]).
+    _alone: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Container {
@@ -27,6 +36,7 @@ impl Container {
             eprintln!("SKIPPED: booting a container needs root (CI runs as root)");
             return None;
         }
+        let alone = ONE_CONTAINER.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let nspawn = Command::new("systemd-nspawn")
             .args(["-D", "/", "--volatile=yes", "--register=no", "--keep-unit", "--console=pipe", "-q"])
             .arg(format!("--bind-ro={}:/usr/local/bin", bin_dir.display()))
@@ -38,7 +48,7 @@ impl Container {
             .stderr(std::fs::OpenOptions::new().append(true).open(log).expect("log"))
             .spawn()
             .expect("systemd-nspawn (scripts/needs.sh installs systemd-container)");
-        let mut c = Container { nspawn, init: 0 };
+        let mut c = Container { nspawn, init: 0, _alone: alone };
         let pid = c.nspawn.id();
         let mut gone = None;
         wait_for("the container's init", Duration::from_secs(30), || {
