@@ -38,7 +38,6 @@ pub enum Batch {
     LiarMax,
     /// Constant liar: the mean told value.
     LiarMean,
-
     /// Believer, scored by a lower confidence bound (mean less one
     /// deviation, [`UCB_WIDTH`]) instead of the expected improvement.
     /// The default ([`super::GpSettings`]).
