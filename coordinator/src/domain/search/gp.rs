@@ -49,8 +49,8 @@
 //!   drawn from the posterior, local penalisation, Thompson sampling and
 //!   (its sixth round) the q-batch expected improvement of Optuna's
 //!   `GPSampler` on ten functions at 4 and 16 in flight, then confirmed
-//!   on ten seeds never used in the
-//!   comparison (BENCHMARKS.md, "gp with trials in flight"): it was the
+//!   on ten seeds never used in the comparison (BENCHMARKS.md, "gp with
+//!   trials in flight" and the rounds after it): it was the
 //!   best or tied on most functions; the others stay as
 //!   [`GpSettings::batch`] for the benchmark. With nothing in flight the
 //!   rules are the same. The scheduler asks a `gp` study's trials just in

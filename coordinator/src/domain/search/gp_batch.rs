@@ -339,25 +339,15 @@ impl Pending<'_> {
         let model = self.model;
         let m = points.len();
         let (mean, _, cov) = joint_posterior(self.gp, model, points);
-        let mut jitter = model.theta.noise.max(1e-8 * model.theta.signal);
-        for _ in 0..4 {
-            let mut with = cov.clone();
-            for i in 0..m {
-                with[i * m + i] += jitter;
-            }
-            if let Some(l) = cholesky(&with, m) {
-                return Some(
-                    (0..count)
-                        .map(|_| {
-                            let z: Vec<f64> = (0..m).map(|_| standard_normal(rng)).collect();
-                            (0..m).map(|i| mean[i] + (0..=i).map(|k| l[i * m + k] * z[k]).sum::<f64>()).collect()
-                        })
-                        .collect(),
-                );
-            }
-            jitter *= 100.0;
-        }
-        None
+        let l = jittered_cholesky(&cov, m, model.theta.noise.max(1e-8 * model.theta.signal), 4)?;
+        Some(
+            (0..count)
+                .map(|_| {
+                    let z: Vec<f64> = (0..m).map(|_| standard_normal(rng)).collect();
+                    correlated(&mean, &l, &z)
+                })
+                .collect(),
+        )
     }
 
     /// The largest slope of the model's mean over the first candidates
@@ -404,32 +394,15 @@ impl Joint {
         let p = at.pending.len();
         let (mean, solved, cov) = joint_posterior(at.gp, model, &at.pending);
         let solved = solved.concat();
-        let mut jitter = 1e-9 * model.theta.signal;
-        let chol = loop {
-            let mut with = cov.clone();
-            for i in 0..p {
-                with[i * p + i] += jitter;
-            }
-            if let Some(l) = cholesky(&with, p) {
-                break l;
-            }
-            jitter *= 100.0;
-            if jitter > model.theta.signal {
-                return None;
-            }
-        };
+        // Up to a tenth of the signal: 1e-9, 1e-7, ... 1e-1 of it.
+        let chol = jittered_cholesky(&cov, p, 1e-9 * model.theta.signal, 5)?;
         let mut z: Vec<Vec<f64>> = Vec::with_capacity(QEI_DRAWS);
         for _ in 0..QEI_DRAWS / 2 {
             let d: Vec<f64> = (0..p).map(|_| standard_normal(rng)).collect();
             z.push(d.iter().map(|v| -v).collect());
             z.push(d);
         }
-        let best = z
-            .iter()
-            .map(|d| {
-                (0..p).map(|i| mean[i] + (0..=i).map(|k| chol[i * p + k] * d[k]).sum::<f64>()).fold(at.best, f64::min)
-            })
-            .collect();
+        let best = z.iter().map(|d| correlated(&mean, &chol, d).into_iter().fold(at.best, f64::min)).collect();
         Some(Joint { solved, chol, z, best })
     }
 
@@ -461,6 +434,30 @@ impl Joint {
             })
             .collect()
     }
+}
+
+/// The Cholesky factor of the `m` by `m` covariance `cov` with `jitter` on
+/// its diagonal, the jitter a hundred times larger after each failure, at
+/// most `tries` times; `None` when none factors.
+fn jittered_cholesky(cov: &[f64], m: usize, mut jitter: f64, tries: usize) -> Option<Vec<f64>> {
+    for _ in 0..tries {
+        let mut with = cov.to_vec();
+        for i in 0..m {
+            with[i * m + i] += jitter;
+        }
+        if let Some(l) = cholesky(&with, m) {
+            return Some(l);
+        }
+        jitter *= 100.0;
+    }
+    None
+}
+
+/// `mean + l z`, `l` lower triangular (`m` by `m`, row-major): a joint
+/// draw from standard normal `z`.
+fn correlated(mean: &[f64], l: &[f64], z: &[f64]) -> Vec<f64> {
+    let m = mean.len();
+    (0..m).map(|i| mean[i] + (0..=i).map(|k| l[i * m + k] * z[k]).sum::<f64>()).collect()
 }
 
 /// `model`'s posterior jointly at `points`: the means, each point's kernel
