@@ -11,6 +11,7 @@ use std::collections::VecDeque;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use tokio::sync::{mpsc, oneshot};
 use tunefleet_agent::AgentConfig;
+use tunefleet_broker::{self as broker, BrokerSettings};
 use tunefleet_common::auth::{self, DownFrame, Hello, Identity, Sealed, Session, UpFrame};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::message::{
@@ -19,7 +20,6 @@ use tunefleet_common::message::{
 };
 use tunefleet_common::topic::{AgentTopic, Topics};
 use tunefleet_common::{decode, encode, BrokerUrl};
-use tunefleet_coordinator::runtime::broker::{self, BrokerSettings};
 
 /// Starts rumqttd (the coordinator's embedded broker, in this process) on a
 /// port the OS chose for its listener; returns once it accepts.
@@ -245,7 +245,7 @@ async fn agent_runs_an_assigned_trial_and_follows_the_protocol() {
     // A forged assignment (another client, no session key) and one in the old
     // unauthenticated format: neither runs.
     let cmd = format!("touch {}", marker.display());
-    let forged = Sealed { token: 500, seq: 1_000, body: encode(&assign(90, &cmd)).expect("enc"), mac: [7; 32] };
+    let forged = Sealed { token: 500, seq: 1_000, body: encode(&assign(90, &cmd)).expect("enc") };
     coord.publish(AgentTopic::Assign, encode(&DownFrame::Sealed(forged)).expect("enc")).await;
     coord.publish(AgentTopic::Assign, encode(&assign(91, &cmd)).expect("enc")).await;
 

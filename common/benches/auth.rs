@@ -282,13 +282,13 @@ fn main() {
         let kind = AgentTopic::of_agent_message(&msg);
         let (mut up, mut down) = sessions(&agent_id, &coord_id, name);
         let hmac = time(|| {
-            let frame = up.seal(kind, black_box(body.clone()));
+            let frame = up.seal(kind, black_box(body.clone())).expect("seal");
             black_box(down.open(kind, &frame).expect("opens").len());
         });
         let clone = time(|| {
             black_box(black_box(&body).clone());
         });
-        let frame = auth::UpFrame::Sealed(up.seal(kind, body.clone()));
+        let frame = auth::UpFrame::Sealed(up.seal(kind, body.clone()).expect("seal"));
         let framing = time(|| {
             let bytes = encode(black_box(&frame)).expect("encode");
             black_box(decode::<UpFrame>(&bytes).expect("decode"));

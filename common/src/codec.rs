@@ -6,7 +6,7 @@
 use serde::{de::DeserializeOwned, Serialize};
 
 /// Version of the wire format. Bumped whenever any message changes shape.
-pub const PROTOCOL_VERSION: u8 = 13;
+pub const PROTOCOL_VERSION: u8 = 14;
 
 /// Largest payload either side accepts (logs are truncated well below this).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -36,10 +36,11 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 /// Protocol versions whose stored results an agent still reads and sends
 /// again in this version (9 changed only the probe plan of an assignment,
 /// 10 added the co-measurement messages, 11 bundles, 12 the signed refusal
-/// of a Hello, 13 the GPUs): an upgraded agent loses nothing an older one
+/// of a Hello, 13 the GPUs, 14 encrypted sealed frames, no change to a
+/// result): an upgraded agent loses nothing an older one
 /// stored and never saw acknowledged. A bump that changes a result's shape
 /// says here how an older one is read, or starts the list again.
-pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, 12, PROTOCOL_VERSION];
+pub const STORED_RESULT_VERSIONS: &[u8] = &[8, 9, 10, 11, 12, 13, PROTOCOL_VERSION];
 
 /// Versions whose result is this version's without the GPU readings: 13
 /// appended `Measurement::gpus` and `Measurement::cpu_share`, the last

@@ -145,7 +145,9 @@ async fn bench_rtt() {
     println!("|---|---|---|---|");
     for (label, engine, nodelay, n) in [
         ("embedded (Tunefleet's own, default)", BrokerEngine::Native, true, 2000),
+        #[cfg(feature = "rumqttd")]
         ("embedded rumqttd, TCP_NODELAY set", BrokerEngine::Rumqttd, true, 2000),
+        #[cfg(feature = "rumqttd")]
         ("embedded rumqttd, as shipped (no TCP_NODELAY)", BrokerEngine::Rumqttd, false, 40),
     ] {
         let b = broker::start(&BrokerSettings {
@@ -843,7 +845,8 @@ impl FleetBroker {
     }
 }
 
-/// The brokers to compare: `FLEET_BROKERS=embedded,rumqttd,mosquitto` (all by default; Mosquitto when installed).
+/// The brokers to compare: `FLEET_BROKERS=embedded,rumqttd,mosquitto` (all by default; Mosquitto when installed;
+/// rumqttd in builds with the `rumqttd` feature: `cargo bench -p tunefleet-tests --features rumqttd`).
 fn fleet_brokers() -> Vec<FleetBroker> {
     let mosquitto = Command::new("mosquitto").arg("-h").output().is_ok();
     let wanted = std::env::var("FLEET_BROKERS").unwrap_or_else(|_| "embedded,rumqttd,mosquitto".into());
@@ -851,7 +854,7 @@ fn fleet_brokers() -> Vec<FleetBroker> {
         .split(',')
         .filter_map(|w| match w.trim() {
             "embedded" => Some(FleetBroker::Embedded),
-            "rumqttd" => Some(FleetBroker::Rumqttd),
+            "rumqttd" if cfg!(feature = "rumqttd") => Some(FleetBroker::Rumqttd),
             "mosquitto" if mosquitto => Some(FleetBroker::Mosquitto),
             _ => None,
         })

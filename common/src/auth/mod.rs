@@ -15,13 +15,17 @@
 //!   it answers, a per-process sequence number, and the hash of its Last
 //!   Will's secret. The coordinator's [`Welcome`] is signed with its key and
 //!   carries its own fresh X25519 key, the hash of the Hello it answers and
-//!   the session token. Both sides derive two HMAC-SHA256 keys (one per
-//!   direction) from the X25519 agreement with HKDF over that transcript.
+//!   the session token. Both sides derive two ChaCha20-Poly1305 keys (one
+//!   per direction) from the X25519 agreement with HKDF over that transcript.
 //! * **Every other message** is [`Sealed`]: session token, sequence number,
-//!   body and an HMAC over the direction, agent name, topic kind, token,
-//!   sequence number and body. A receiver takes only strictly increasing
-//!   sequence numbers, so a replay within a session is refused, and a replay
-//!   from another session fails the MAC.
+//!   and the body encrypted and authenticated (ChaCha20-Poly1305) with the
+//!   direction's key, the agent name, topic kind, token and sequence number
+//!   as associated data and the sequence number as the nonce. No one but
+//!   the two ends reads a trial's argv, env, results or energy: not another
+//!   member, not a stranger on an open broker, not the operator of an
+//!   external broker. A receiver takes only strictly increasing sequence
+//!   numbers, so a replay within a session is refused, and a replay from
+//!   another session fails to open.
 //! * **Last Will**: fixed at connect time, before any session exists. It
 //!   carries a random secret drawn for that connection whose hash the Hello
 //!   committed to, so a forger cannot fire it and a captured one matches no
@@ -29,7 +33,7 @@
 //!
 //! Why this design: an Ed25519 verification costs tens of microseconds and a
 //! trial takes four messages; an HMAC over a short message costs about one
-//! microsecond. Signatures are used once per session (Hello, Welcome) and per
+//! microsecond, and so does sealing one with ChaCha20-Poly1305. Signatures are used once per session (Hello, Welcome) and per
 //! coordinator start (status). All primitives come from `ring`, which the
 //! TLS stack already brings in.
 
@@ -37,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 use ring::rand::{SecureRandom, SystemRandom};
 use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
-use ring::{agreement, digest, hkdf, hmac};
+use ring::{aead, agreement, digest, hkdf};
 use serde::{Deserialize, Serialize};
 
 use crate::message::{AgentInfo, AgentMessage, CoordinatorMessage, CoordinatorStatus, SessionToken};
@@ -54,7 +58,7 @@ pub type Digest = [u8; 32];
 pub enum AuthError {
     #[error("bad signature")]
     Signature,
-    #[error("bad message authentication code")]
+    #[error("does not open: not sealed by this session's key, or changed on the way")]
     Mac,
     #[error("no session with this agent (or it ended)")]
     NoSession,
@@ -467,10 +471,9 @@ pub struct Will {
 pub struct Sealed {
     pub token: SessionToken,
     pub seq: u64,
-    /// The encoded message.
+    /// The encoded message, encrypted, and its 16-byte tag.
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
-    pub mac: [u8; 32],
 }
 
 /// Everything an agent publishes.
@@ -590,14 +593,13 @@ pub fn verify_hello(hello: &Hello, signed: &Signed) -> Result<(), AuthError> {
 
 fn derive(shared: &[u8], transcript: &Digest) -> Keys {
     let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, transcript).extract(shared);
-    let key = |info: &'static [u8]| -> hmac::Key {
+    let key = |info: &'static [u8]| -> Option<aead::LessSafeKey> {
         // Expanding 32 bytes of SHA-256 output never exceeds HKDF's limit.
-        match prk.expand(&[info], hmac::HMAC_SHA256) {
-            Ok(okm) => hmac::Key::from(okm),
-            Err(_) => hmac::Key::new(hmac::HMAC_SHA256, transcript),
-        }
+        let info = [info];
+        let okm = prk.expand(&info, &aead::CHACHA20_POLY1305).ok()?;
+        Some(aead::LessSafeKey::new(aead::UnboundKey::from(okm)))
     };
-    Keys { up: key(b"tunefleet v3 up"), down: key(b"tunefleet v3 down") }
+    Keys { up: key(b"tunefleet v14 up"), down: key(b"tunefleet v14 down") }
 }
 
 fn transcript(hello: &Digest, exchange: &[u8; 32], token: SessionToken) -> Digest {
@@ -653,9 +655,10 @@ impl PendingHello {
     }
 }
 
+/// A session's two keys; `None` only if HKDF failed, and then nothing seals or opens.
 struct Keys {
-    up: hmac::Key,
-    down: hmac::Key,
+    up: Option<aead::LessSafeKey>,
+    down: Option<aead::LessSafeKey>,
 }
 
 /// Which end of a session this is.
@@ -687,14 +690,25 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn mac_input(ctx: &mut hmac::Context, agent: &str, kind: AgentTopic, token: SessionToken, seq: u64, body: &[u8]) {
-    ctx.update(agent.as_bytes());
-    ctx.update(&[0]);
-    ctx.update(kind.as_str().as_bytes());
-    ctx.update(&[0]);
-    ctx.update(&token.to_le_bytes());
-    ctx.update(&seq.to_le_bytes());
-    ctx.update(body);
+/// What a sealed frame binds besides its body: the agent, the topic kind,
+/// the session token and the sequence number.
+fn associated(agent: &str, kind: AgentTopic, token: SessionToken, seq: u64) -> Vec<u8> {
+    let mut ad = Vec::with_capacity(agent.len() + 32);
+    ad.extend_from_slice(agent.as_bytes());
+    ad.push(0);
+    ad.extend_from_slice(kind.as_str().as_bytes());
+    ad.push(0);
+    ad.extend_from_slice(&token.to_le_bytes());
+    ad.extend_from_slice(&seq.to_le_bytes());
+    ad
+}
+
+/// The nonce of a frame: its sequence number, unique per key (each
+/// direction of each session has its own key, and a sender's numbers only grow).
+fn nonce(seq: u64) -> aead::Nonce {
+    let mut n = [0u8; aead::NONCE_LEN];
+    n[..8].copy_from_slice(&seq.to_le_bytes());
+    aead::Nonce::assume_unique_for_key(n)
 }
 
 impl Session {
@@ -706,45 +720,46 @@ impl Session {
         self.token
     }
 
-    fn keys(&self, sending: bool) -> &hmac::Key {
+    fn keys(&self, sending: bool) -> Option<&aead::LessSafeKey> {
         // Agents send up and receive down; the coordinator the other way round.
         match (self.side, sending) {
-            (Side::Agent, true) | (Side::Coordinator, false) => &self.keys.up,
-            _ => &self.keys.down,
+            (Side::Agent, true) | (Side::Coordinator, false) => self.keys.up.as_ref(),
+            _ => self.keys.down.as_ref(),
         }
     }
 
     /// Seals an encoded message for the topic kind it travels on.
-    pub fn seal(&mut self, kind: AgentTopic, body: Vec<u8>) -> Sealed {
+    pub fn seal(&mut self, kind: AgentTopic, mut body: Vec<u8>) -> Result<Sealed, AuthError> {
         self.sent += 1;
-        let mut ctx = hmac::Context::with_key(self.keys(true));
-        mac_input(&mut ctx, &self.agent, kind, self.token, self.sent, &body);
-        let mut mac = [0u8; 32];
-        mac.copy_from_slice(ctx.sign().as_ref());
-        Sealed { token: self.token, seq: self.sent, body, mac }
+        let ad = associated(&self.agent, kind, self.token, self.sent);
+        let key = self.keys(true).ok_or(AuthError::Agreement)?;
+        key.seal_in_place_append_tag(nonce(self.sent), aead::Aad::from(ad), &mut body)
+            .map_err(|_| AuthError::Agreement)?;
+        Ok(Sealed { token: self.token, seq: self.sent, body })
     }
 
-    /// Checks a sealed frame that arrived on a `kind` topic; returns its body.
-    pub fn open<'a>(&mut self, kind: AgentTopic, sealed: &'a Sealed) -> Result<&'a [u8], AuthError> {
+    /// Opens a sealed frame that arrived on a `kind` topic; returns its body.
+    pub fn open(&mut self, kind: AgentTopic, sealed: &Sealed) -> Result<Vec<u8>, AuthError> {
         if sealed.token != self.token {
             return Err(AuthError::Token { got: sealed.token });
         }
-        let mut ctx = hmac::Context::with_key(self.keys(false));
-        mac_input(&mut ctx, &self.agent, kind, sealed.token, sealed.seq, &sealed.body);
-        if !same(ctx.sign().as_ref(), &sealed.mac) {
-            return Err(AuthError::Mac);
-        }
+        let ad = associated(&self.agent, kind, sealed.token, sealed.seq);
+        let key = self.keys(false).ok_or(AuthError::Mac)?;
+        let mut body = sealed.body.clone();
+        let len =
+            key.open_in_place(nonce(sealed.seq), aead::Aad::from(ad), &mut body).map_err(|_| AuthError::Mac)?.len();
+        body.truncate(len);
         if sealed.seq <= self.received {
             return Err(AuthError::Replay { got: sealed.seq, last: self.received });
         }
         self.received = sealed.seq;
-        Ok(&sealed.body)
+        Ok(body)
     }
 
     /// Seals an agent's message (agent side): its topic kind and payload.
     pub fn seal_agent(&mut self, msg: &AgentMessage) -> Result<(AgentTopic, Vec<u8>), AuthError> {
         let kind = AgentTopic::of_agent_message(msg);
-        let sealed = self.seal(kind, encode(msg)?);
+        let sealed = self.seal(kind, encode(msg)?)?;
         Ok((kind, encode(&UpFrame::Sealed(sealed))?))
     }
 
@@ -756,7 +771,7 @@ impl Session {
     /// Seals a coordinator message (coordinator side): its topic kind and payload.
     pub fn seal_coordinator(&mut self, msg: &CoordinatorMessage) -> Result<(AgentTopic, Vec<u8>), AuthError> {
         let kind = AgentTopic::of_coordinator_message(msg);
-        let sealed = self.seal(kind, encode(msg)?);
+        let sealed = self.seal(kind, encode(msg)?)?;
         Ok((kind, encode(&DownFrame::Sealed(sealed))?))
     }
 
@@ -773,7 +788,7 @@ impl Session {
         sealed: &Sealed,
         kind_of: fn(&T) -> AgentTopic,
     ) -> Result<T, AuthError> {
-        let msg: T = decode(self.open(kind, sealed)?)?;
+        let msg: T = decode(&self.open(kind, sealed)?)?;
         let got = kind_of(&msg);
         if got != kind {
             return Err(AuthError::WrongTopic { got: got.as_str(), topic: kind.as_str() });
@@ -826,23 +841,29 @@ mod tests {
     fn tampering_is_refused() {
         let (mut agent, mut coord, _) = handshake();
         let msg = AgentMessage::Status(AgentStatus { online: false, instance: 7 });
-        let sealed = agent.seal(AgentTopic::Status, encode(&msg).expect("enc"));
-        // Another topic kind, another token, another body, another MAC.
+        let plain = encode(&msg).expect("enc");
+        let sealed = agent.seal(AgentTopic::Status, plain.clone()).expect("seal");
+        // Encrypted: the encoded message is nowhere in what travels.
+        assert!(!sealed.body.windows(plain.len() - 1).any(|w| w == &plain[1..]), "the body travels in clear");
+        assert_eq!(sealed.body.len(), plain.len() + 16, "the body and its tag");
+        // Another topic kind, another token, another body, another tag.
         assert_eq!(coord.open(AgentTopic::Request, &sealed), Err(AuthError::Mac));
         let other_token = Sealed { token: 1, ..sealed.clone() };
         assert_eq!(coord.open(AgentTopic::Status, &other_token), Err(AuthError::Token { got: 1 }));
         let mut body = sealed.clone();
         body.body.push(0);
         assert_eq!(coord.open(AgentTopic::Status, &body), Err(AuthError::Mac));
-        let mut mac = sealed.clone();
-        mac.mac[0] ^= 1;
-        assert_eq!(coord.open(AgentTopic::Status, &mac), Err(AuthError::Mac));
+        let mut flipped = sealed.clone();
+        flipped.body[0] ^= 1;
+        assert_eq!(coord.open(AgentTopic::Status, &flipped), Err(AuthError::Mac));
+        let other_seq = Sealed { seq: 2, ..sealed.clone() };
+        assert_eq!(coord.open(AgentTopic::Status, &other_seq), Err(AuthError::Mac), "the number is bound too");
         // The agent's own direction key cannot be reflected back at it.
         assert_eq!(agent.open(AgentTopic::Status, &sealed), Err(AuthError::Mac));
-        assert!(coord.open(AgentTopic::Status, &sealed).is_ok());
-        // A frame from another session (same token, other keys) fails the MAC.
+        assert_eq!(coord.open(AgentTopic::Status, &sealed), Ok(plain.clone()));
+        // A frame from another session (same token, other keys) does not open.
         let (mut agent2, _, _) = handshake();
-        let other = agent2.seal(AgentTopic::Status, encode(&msg).expect("enc"));
+        let other = agent2.seal(AgentTopic::Status, plain).expect("seal");
         let other = Sealed { seq: 5, ..other };
         assert_eq!(coord.open(AgentTopic::Status, &other), Err(AuthError::Mac));
     }
@@ -876,10 +897,9 @@ mod tests {
             token: u64,
             seq: u64,
             body: Vec<u8>,
-            mac: [u8; 32],
         }
-        let sealed = Sealed { token: 7, seq: 300, body: (0..=255).collect(), mac: [9; 32] };
-        let plain = Plain { token: 7, seq: 300, body: sealed.body.clone(), mac: [9; 32] };
+        let sealed = Sealed { token: 7, seq: 300, body: (0..=255).collect() };
+        let plain = Plain { token: 7, seq: 300, body: sealed.body.clone() };
         assert_eq!(encode(&sealed).expect("enc"), encode(&plain).expect("enc"));
     }
 

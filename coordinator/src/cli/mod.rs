@@ -18,6 +18,7 @@ mod docs;
 mod error;
 mod fleet;
 pub mod manual;
+mod metrics;
 mod output;
 mod page;
 mod results;

@@ -2,7 +2,10 @@
 //! its studies ([`crate::report::live`]), `/main` the part that updates,
 //! `/status.json` the same figures as JSON, `/report/STUDY` a study's
 //! report. On loopback by default; beyond it only with a token
-//! (`--page-token-file`), asked for as `?token=` or `Authorization: Bearer`.
+//! (`--page-token-file`), given once as `?token=` (then kept in an
+//! `HttpOnly` cookie, never in a link) or as `Authorization: Bearer`, and
+//! compared in constant time. `/metrics` is the embedded broker's counters
+//! as Prometheus text.
 //! Requests are small and bounded (8 KiB, 5 s); each reads the store read
 //! only, as `tunefleet status` does, never the engine.
 
@@ -95,9 +98,9 @@ async fn answer(mut stream: TcpStream, store: &Path, token: Option<&str>) -> std
         Ok::<(), std::io::Error>(())
     })
     .await;
-    let (status, kind, body) = match read {
+    let (status, kind, body, cookie) = match read {
         Ok(Ok(())) => route(&String::from_utf8_lossy(&head), store, token).await,
-        _ => (408, "text/plain", "request timed out\n".to_string()),
+        _ => (408, "text/plain", "request timed out\n".to_string(), None),
     };
     let reason = match status {
         200 => "OK",
@@ -107,9 +110,13 @@ async fn answer(mut stream: TcpStream, store: &Path, token: Option<&str>) -> std
         408 => "Request Timeout",
         _ => "Internal Server Error",
     };
+    // A token given once as `?token=` is kept in a cookie the page's
+    // scripts cannot read, so links never carry it.
+    let cookie =
+        cookie.map(|t| format!("Set-Cookie: {COOKIE}={t}; HttpOnly; SameSite=Strict; Path=/\r\n")).unwrap_or_default();
     let response = format!(
         "HTTP/1.1 {status} {reason}\r\nContent-Type: {kind}; charset=utf-8\r\nContent-Length: {}\r\n\
-         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n",
+         {cookie}Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(response.as_bytes()).await?;
@@ -117,28 +124,54 @@ async fn answer(mut stream: TcpStream, store: &Path, token: Option<&str>) -> std
     stream.shutdown().await
 }
 
-/// The answer to a request's head: status, content type, body.
-async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static str, String) {
+/// The cookie that carries the page's token after a first `?token=`.
+const COOKIE: &str = "tunefleet_page";
+
+/// The token a request carries: `?token=`, `Authorization: Bearer`, or the page's cookie.
+fn given_token<'a>(head: &'a str, query: &'a str) -> (Option<&'a str>, bool) {
+    if let Some(t) = query.split('&').find_map(|kv| kv.strip_prefix("token=")) {
+        return (Some(t), true);
+    }
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    };
+    if let Some(t) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+        return (Some(t.trim()), false);
+    }
+    let cookie = header("cookie").and_then(|v| {
+        v.split(';').find_map(|kv| kv.trim().strip_prefix(COOKIE).and_then(|rest| rest.strip_prefix('=')))
+    });
+    (cookie, false)
+}
+
+/// The answer to a request's head: status, content type, body, and the
+/// token to keep in a cookie.
+async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static str, String, Option<String>) {
     let mut words = head.lines().next().unwrap_or_default().split_whitespace();
     let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
     if method != "GET" {
-        return (405, "text/plain", "read only: GET\n".to_string());
+        return (405, "text/plain", "read only: GET\n".to_string(), None);
     }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
-    let given = query.split('&').find_map(|kv| kv.strip_prefix("token=")).map(str::to_string).or_else(|| {
-        head.lines()
-            .find_map(|l| l.strip_prefix("Authorization: Bearer ").or_else(|| l.strip_prefix("authorization: Bearer ")))
-            .map(|t| t.trim().to_string())
-    });
-    let keep = match token {
-        Some(t) if given.as_deref() != Some(t) => return (401, "text/plain", "a token is needed (?token=)\n".into()),
-        Some(t) => format!("?token={t}"),
-        None => String::new(),
+    let (given, in_query) = given_token(head, query);
+    let cookie = match token {
+        Some(t) if !given.is_some_and(|g| tunefleet_broker::same_secret(g.as_bytes(), t.as_bytes())) => {
+            return (401, "text/plain", "a token is needed (?token= once, then a cookie)\n".into(), None);
+        }
+        Some(t) if in_query => Some(t.to_string()),
+        _ => None,
     };
+    if path == "/metrics" {
+        return (200, "text/plain", super::metrics::prometheus(), cookie);
+    }
     let path = path.to_string();
     let store = store.to_path_buf();
-    let answered = tokio::task::spawn_blocking(move || read(&store, &path, &keep)).await;
-    answered.unwrap_or_else(|_| (500, "text/plain", "the page failed\n".to_string()))
+    let answered = tokio::task::spawn_blocking(move || read(&store, &path, "")).await;
+    let (status, kind, body) = answered.unwrap_or_else(|_| (500, "text/plain", "the page failed\n".to_string()));
+    (status, kind, body, cookie)
 }
 
 /// What `path` shows, read from the store now.

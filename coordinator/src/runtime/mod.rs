@@ -4,7 +4,8 @@
 //! progress) do the I/O.
 
 pub mod auth;
-pub mod broker;
+/// The embedded broker (its own crate: it imports nothing of the coordinator).
+pub use tunefleet_broker as broker;
 pub mod control;
 pub mod engine;
 pub mod launch;

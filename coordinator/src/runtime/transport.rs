@@ -244,7 +244,7 @@ mod tests {
     #[test]
     fn classify_rejects_mismatches_and_garbage() {
         let topics = Topics::new("t").expect("root");
-        let req = encode(&UpFrame::Sealed(Sealed { token: 1, seq: 1, body: vec![], mac: [0; 32] })).expect("enc");
+        let req = encode(&UpFrame::Sealed(Sealed { token: 1, seq: 1, body: vec![] })).expect("enc");
         assert!(matches!(
             classify(&topics, &topics.agent("a1", AgentTopic::Request), &req),
             Inbound::Agent { ref agent, kind: AgentTopic::Request, ref frame }

@@ -275,12 +275,14 @@ impl<T> Retained<T> {
         self.bytes
     }
 
-    /// The retained messages whose topics match a checked `filter`.
-    pub fn matching(&self, filter: &str) -> Vec<&T> {
+    /// The retained messages whose topics match a checked `filter`, at
+    /// most `limit` of them: the walk stops there, so its cost is bounded
+    /// by the limit, not by what is retained.
+    pub fn matching(&self, filter: &str, limit: usize) -> Vec<&T> {
         let levels: Vec<&str> = filter.split('/').collect();
-        let mut out = Vec::new();
+        let mut out = Found { items: Vec::new(), limit };
         retained_collect(&self.root, &levels, true, &mut out);
-        out
+        out.items
     }
 }
 
@@ -298,13 +300,37 @@ fn take_at<T>(node: &mut RetainedNode<T>, levels: &[&str]) -> Option<T> {
     }
 }
 
-fn retained_collect<'a, T>(node: &'a RetainedNode<T>, levels: &[&str], top: bool, out: &mut Vec<&'a T>) {
+/// What a walk of the retained tree has found, up to its limit.
+struct Found<'a, T> {
+    items: Vec<&'a T>,
+    limit: usize,
+}
+
+impl<'a, T> Found<'a, T> {
+    fn full(&self) -> bool {
+        self.items.len() >= self.limit
+    }
+
+    fn extend(&mut self, value: Option<&'a T>) {
+        if !self.full() {
+            self.items.extend(value);
+        }
+    }
+}
+
+fn retained_collect<'a, T>(node: &'a RetainedNode<T>, levels: &[&str], top: bool, out: &mut Found<'a, T>) {
+    if out.full() {
+        return;
+    }
     match levels {
         [] => out.extend(node.value.as_ref()),
         ["#"] => {
             // `a/#` matches `a` itself and everything below it.
             out.extend(node.value.as_ref());
             for (name, child) in &node.children {
+                if out.full() {
+                    return;
+                }
                 if !(top && name.starts_with('$')) {
                     subtree(child, out);
                 }
@@ -312,6 +338,9 @@ fn retained_collect<'a, T>(node: &'a RetainedNode<T>, levels: &[&str], top: bool
         }
         ["+", rest @ ..] => {
             for (name, child) in &node.children {
+                if out.full() {
+                    return;
+                }
                 if !(top && name.starts_with('$')) {
                     retained_collect(child, rest, false, out);
                 }
@@ -325,9 +354,12 @@ fn retained_collect<'a, T>(node: &'a RetainedNode<T>, levels: &[&str], top: bool
     }
 }
 
-fn subtree<'a, T>(node: &'a RetainedNode<T>, out: &mut Vec<&'a T>) {
+fn subtree<'a, T>(node: &'a RetainedNode<T>, out: &mut Found<'a, T>) {
     out.extend(node.value.as_ref());
     for child in node.children.values() {
+        if out.full() {
+            return;
+        }
         subtree(child, out);
     }
 }
@@ -394,18 +426,20 @@ mod tests {
         r.set("r/v2/up/a2/status", Some(("two", 3)), size);
         r.set("r/v2/coordinator/status", Some(("c", 1)), size);
         r.set("$SYS/x", Some(("sys", 3)), size);
-        let mut all = r.matching("r/v2/up/+/status");
+        let mut all = r.matching("r/v2/up/+/status", usize::MAX);
         all.sort();
         assert_eq!(all, vec![&"one", &"two"]);
-        assert_eq!(r.matching("r/v2/coordinator/status"), vec![&"c"]);
-        assert_eq!(r.matching("r/#").len(), 3);
-        assert_eq!(r.matching("#").len(), 3, "# does not reach $ topics");
-        assert_eq!(r.matching("$SYS/#").len(), 1);
+        assert_eq!(r.matching("r/v2/coordinator/status", usize::MAX), vec![&"c"]);
+        assert_eq!(r.matching("r/#", usize::MAX).len(), 3);
+        assert_eq!(r.matching("r/#", 2).len(), 2, "the walk stops at its limit");
+        assert_eq!(r.matching("r/v2/up/+/status", 1).len(), 1);
+        assert_eq!(r.matching("#", usize::MAX).len(), 3, "# does not reach $ topics");
+        assert_eq!(r.matching("$SYS/#", usize::MAX).len(), 1);
         r.set("r/v2/up/a1/status", Some(("uno!", 4)), size);
         assert_eq!((r.len(), r.bytes()), (4, 4 + 3 + 1 + 3));
         r.set("r/v2/up/a1/status", None, size);
         r.set("r/v2/up/a9/status", None, size);
-        assert_eq!(r.matching("r/v2/up/+/status"), vec![&"two"]);
+        assert_eq!(r.matching("r/v2/up/+/status", usize::MAX), vec![&"two"]);
         assert_eq!((r.len(), r.bytes()), (3, 3 + 1 + 3));
     }
 

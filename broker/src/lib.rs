@@ -1,7 +1,8 @@
 //! The embedded MQTT broker: Tunefleet's own ([`serve`], [`routes`]) on a
-//! thread and runtime of its own, or, behind `--embedded-broker rumqttd`,
-//! the rumqttd router it replaced ([`rumqttd`]), kept to measure the two
-//! side by side.
+//! thread and runtime of its own, or, behind `--embedded-broker rumqttd`
+//! in builds with the `rumqttd` feature, the rumqttd router it replaced,
+//! kept to measure the two side by side. It imports nothing of the
+//! coordinator: one constant of the wire protocol (the largest message).
 //!
 //! Why its own: rumqttd's router matches every newly seen topic against
 //! every filter and every new filter against every topic it has cached, so
@@ -17,10 +18,15 @@
 //! `client_ca`. The coordinator itself then connects through a second,
 //! loopback-only listener with a credential made up at start.
 
+mod connect;
+mod queue;
 pub mod routes;
+#[cfg(feature = "rumqttd")]
 mod rumqttd;
 pub mod serve;
 mod settings;
+#[cfg(any(test, feature = "rumqttd"))]
+mod sockets;
 
 pub use settings::*;
 
@@ -33,12 +39,15 @@ use rumqttc::tokio_rustls::rustls;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use connect::same_secret;
+pub use queue::STALL;
 pub use serve::BrokerCounters;
 
 /// Starts the embedded broker and returns once it accepts connections.
 pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
     match settings.engine {
         BrokerEngine::Native => start_native(settings),
+        #[cfg(feature = "rumqttd")]
         BrokerEngine::Rumqttd => rumqttd::start(settings),
     }
 }
@@ -48,7 +57,44 @@ fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, BrokerError> {
 }
 
 fn start_native(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {
-    start_native_with(settings, serve::STALL, serve::MAX_SOCKETS)
+    start_native_with(settings, STALL, socket_room(serve::MAX_SOCKETS))
+}
+
+/// The counters of the embedded broker this process started last.
+static RUNNING: std::sync::Mutex<Option<Arc<BrokerCounters>>> = std::sync::Mutex::new(None);
+
+/// The counters of the embedded broker running in this process, if any
+/// (what the live page's `/metrics` shows).
+pub fn running_counters() -> Option<Arc<BrokerCounters>> {
+    RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+}
+
+/// Descriptors kept out of the broker's reach: the store, the page and
+/// its clients, the control socket, logs, launched processes.
+pub const RESERVED_DESCRIPTORS: u64 = 512;
+
+/// How many sockets the broker may hold: `wanted`, within what the
+/// process's descriptor limit leaves after [`RESERVED_DESCRIPTORS`]. The
+/// soft limit is raised to the hard one first (systemd's default soft
+/// limit is 1,024; the units set `LimitNOFILE`).
+pub fn socket_room(wanted: u64) -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        limit.current = limit.maximum;
+        if setrlimit(Resource::Nofile, limit.clone()).is_err() {
+            limit = getrlimit(Resource::Nofile);
+        }
+    }
+    let room = limit.current.map_or(wanted, |n| n.saturating_sub(RESERVED_DESCRIPTORS));
+    if room < wanted {
+        tracing::info!(
+            descriptors = limit.current.unwrap_or(0),
+            sockets = room,
+            "broker: the descriptor limit bounds the sockets it will hold (raise LimitNOFILE for more)"
+        );
+    }
+    wanted.min(room).max(1)
 }
 
 /// [`start_native`] with how long a subscriber may take nothing and how
@@ -61,32 +107,34 @@ fn start_native_with(
     let public = bind(settings.listen)?;
     let addr = public.local_addr().map_err(BrokerError::Inspect)?;
     let mut listeners = Vec::new();
-    let (internal, credentials) = match &settings.tls {
+    // The coordinator's own login, privileged, on every listener it may use.
+    let credentials = internal_credential();
+    let internal = Some(Arc::new(credentials.clone()));
+    let internal_addr = match &settings.tls {
         Some(tls) => {
             let acceptor = tls_acceptor(tls)?;
             let users = settings.users.clone().map(Arc::new);
-            listeners.push(serve::Listener { socket: public, tls: Some(acceptor), users });
-            let credentials = internal_credential();
+            listeners.push(serve::Listener { socket: public, tls: Some(acceptor), users, internal: None });
             let own = bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
             let own_addr = own.local_addr().map_err(BrokerError::Inspect)?;
-            let users = Some(Arc::new(HashMap::from([credentials.clone()])));
-            listeners.push(serve::Listener { socket: own, tls: None, users });
-            (own_addr, Some(credentials))
+            // Only the coordinator's login opens the loopback listener.
+            let users = Some(Arc::new(HashMap::new()));
+            listeners.push(serve::Listener { socket: own, tls: None, users, internal });
+            own_addr
         }
         None => {
-            let credentials = settings.users.as_ref().map(|_| internal_credential());
-            let mut users = settings.users.clone();
-            if let (Some(map), Some((u, p))) = (users.as_mut(), &credentials) {
-                map.insert(u.clone(), p.clone());
+            let users = settings.users.clone().map(Arc::new);
+            listeners.push(serve::Listener { socket: public, tls: None, users, internal });
+            if addr.ip().is_unspecified() {
+                SocketAddr::from(([127, 0, 0, 1], addr.port()))
+            } else {
+                addr
             }
-            listeners.push(serve::Listener { socket: public, tls: None, users: users.map(Arc::new) });
-            let internal =
-                if addr.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], addr.port())) } else { addr };
-            (internal, credentials)
         }
     };
     let shared = serve::Shared::new(MAX_PAYLOAD, settings.nodelay, stall, max_sockets);
     let counters = shared.counters.clone();
+    *RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(counters.clone());
     std::thread::Builder::new()
         .name("tunefleet-broker".into())
         .spawn(move || {
@@ -100,7 +148,7 @@ fn start_native_with(
     Ok(EmbeddedBroker {
         addr,
         nodelay: settings.nodelay,
-        internal: InternalAccess { addr: internal, credentials },
+        internal: InternalAccess { addr: internal_addr, credentials: Some(credentials) },
         counters: Some(counters),
     })
 }

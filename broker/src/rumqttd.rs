@@ -30,10 +30,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rumqttd::{Config, ConnectionSettings, RouterConfig, ServerSettings, TlsConfig};
-use rustix::net::{SocketAddrAny, SocketAddrV4, SocketAddrV6};
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 
 use super::settings::{internal_credential, BrokerError, BrokerSettings, EmbeddedBroker, InternalAccess, MAX_PAYLOAD};
+use super::sockets::{socket_fds, to_std};
 
 fn server(
     name: &str,
@@ -224,26 +224,6 @@ fn listening_at(
 fn internal_listen_addr(public: SocketAddr) -> SocketAddr {
     let ip = if public.ip() == Ipv4Addr::LOCALHOST { Ipv4Addr::new(127, 0, 0, 2) } else { Ipv4Addr::LOCALHOST };
     SocketAddr::from((ip, 0))
-}
-
-/// `(fd number, socket inode)` for every socket this process holds.
-pub(super) fn socket_fds() -> Vec<(i32, u64)> {
-    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else { return Vec::new() };
-    dir.flatten()
-        .filter_map(|entry| {
-            let fd: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let target = std::fs::read_link(entry.path()).ok()?;
-            let ino = target.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()?;
-            Some((fd, ino))
-        })
-        .collect()
-}
-
-pub(super) fn to_std(addr: &SocketAddrAny) -> Option<SocketAddr> {
-    if let Ok(v4) = SocketAddrV4::try_from(addr.clone()) {
-        return Some(SocketAddr::V4(v4));
-    }
-    SocketAddrV6::try_from(addr.clone()).ok().map(SocketAddr::V6)
 }
 
 /// What a look for the broker's listener found.

@@ -6,12 +6,14 @@
 //! then routes what the client publishes into the queues of the
 //! connections subscribed to it ([`super::routes`]), and a writer that
 //! drains its own queue into the socket, many packets per write. The
-//! queues are bounded: a publisher whose subscriber is behind waits (the
-//! wait reaches the publisher through TCP), and a subscriber that has taken
-//! nothing for [`STALL`], or kept its queue full that long while taking a
-//! trickle, is disconnected (its client reconnects and its state is
-//! resynchronised by the protocol), so one stuck client cannot hold memory
-//! or hold others up for long. Nothing is dropped silently.
+//! queues and the process's memory for them are bounded ([`super::queue`]):
+//! no publisher waits on another client's reader; a subscriber that falls
+//! behind loses its QoS 0 copies or its connection, counted, never silently.
+//!
+//! Logins: the coordinator's own connection logs in with a credential made
+//! up at start and is the one privileged login (see [`super::queue`]);
+//! every other connection is a client. MQTT 3.1 and 5 CONNECTs are answered
+//! with the refusal their specifications ask for and logged.
 //!
 //! Sessions are not kept across connections (every Tunefleet client asks
 //! for a clean session; a client asking otherwise is told no session was
@@ -29,24 +31,35 @@ use rumqttc::mqttbytes::v4::{
 use rumqttc::mqttbytes::{Error as CodecError, Protocol, QoS};
 use rumqttc::tokio_rustls::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::connect::{peek_level, refuse_level, same_secret};
+use super::queue::{deliver_waiting, offer, try_offer, write_loop, Offered, Peer};
 use super::routes::{check_filter, check_topic, ConnId, Retained, Subscriptions};
 
-/// A subscriber that takes nothing from its queue for this long is disconnected.
-pub const STALL: Duration = Duration::from_secs(20);
-/// KiB of packets queued for one connection before its publishers wait
-/// (a packet costs 1 plus a unit per KiB of payload).
-const QUEUE_KIB: usize = 16 * 1024;
+/// Retained messages kept at most (beyond it a retained publish is routed but not kept).
+const MAX_RETAINED: usize = 100_000;
+/// Bytes the retained messages may cost, counted as [`retained_cost`] does.
+const MAX_RETAINED_BYTES: usize = 96 * 1024 * 1024;
+/// What one level of a retained topic costs in the tree (its node, its
+/// name and its parent's table slot), measured: 100,000 retained messages
+/// on 32-level topics took 1.8 GB, about 560 bytes a level.
+const RETAINED_LEVEL_BYTES: usize = 640;
+/// Retained copies a client's SUBSCRIBE is sent at most (what its queue
+/// holds); the coordinator's own connection gets them all.
+const MAX_RETAINED_PER_SUBSCRIBE: usize = 2_048;
+/// A client with no keep-alive is closed after this long without a packet.
+const IDLE_WITHOUT_KEEPALIVE: Duration = Duration::from_secs(300);
+/// The longest keep-alive honoured (a client asking for more gets this).
+const MAX_KEEPALIVE: Duration = Duration::from_secs(1_200);
+/// KiB of read buffers beyond the first 64 KiB of each that clients may
+/// hold together (a packet being read); the coordinator's is apart.
+const READ_BUFFERS_KIB: usize = 96 * 1024;
+/// A packet larger than the first 64 KiB must arrive whole this soon after
+/// it started, or its sender is closed: a half-sent packet holds memory.
+const LARGE_PACKET_TIMEOUT: Duration = Duration::from_secs(30);
 /// A CONNECT must arrive this soon after the TCP (and TLS) handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Retained messages kept at most (beyond it a retained publish is routed but not kept).
-const MAX_RETAINED: usize = 200_000;
-/// Bytes of retained payload kept at most.
-const MAX_RETAINED_BYTES: usize = 256 * 1024 * 1024;
-/// What a writer gathers into one write.
-const WRITE_BATCH: usize = 64 * 1024;
 /// The largest CONNECT taken (before a client has logged in, it holds no
 /// more than this of the broker's memory; Tunefleet's are a few hundred bytes).
 const MAX_CONNECT_BYTES: usize = 64 * 1024;
@@ -75,6 +88,21 @@ pub struct BrokerCounters {
     pub malformed: AtomicU64,
     /// Subscribers disconnected for taking nothing from their queue for [`STALL`].
     pub stalled: AtomicU64,
+    /// Subscribers disconnected for being too far behind to take a QoS 1 copy.
+    pub slow_closed: AtomicU64,
+    /// QoS 0 copies dropped: their subscriber's queue (or the clients' budget) was full.
+    pub dropped: AtomicU64,
+    /// CONNECTs of another protocol version (MQTT 3.1, 5), answered with a refusal.
+    pub refused_protocol: AtomicU64,
+    /// Logins as the coordinator with the wrong secret.
+    pub refused_privileged: AtomicU64,
+    /// Connections closed for going quiet past their keep-alive (or [`IDLE_WITHOUT_KEEPALIVE`]).
+    pub idle_closed: AtomicU64,
+    /// Retained messages kept now, and what they cost (bytes, as counted against the budget).
+    pub retained: AtomicU64,
+    pub retained_bytes: AtomicU64,
+    /// KiB queued for clients now (the coordinator's own queue apart).
+    pub queued_kib: Arc<AtomicU64>,
     /// A client id connecting again while connected (the old connection closed).
     pub taken_over: AtomicU64,
     /// Retained publishes not kept (the retained store full).
@@ -85,46 +113,75 @@ pub struct BrokerCounters {
     pub delivered: AtomicU64,
 }
 
-fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-/// A connection as others see it: where to queue its messages.
-#[derive(Clone)]
-struct Peer {
-    tx: mpsc::UnboundedSender<Queued>,
-    /// What may still be queued, in [`QUEUE_KIB`] units.
-    budget: Arc<Semaphore>,
-    /// Cancelled to close it from outside (taken over, stuck) or when its writer ends.
-    stop: CancellationToken,
-    /// Milliseconds since the broker started at which its writer last took
-    /// from its queue or finished a write.
-    progress: Arc<AtomicU64>,
-    /// Bytes its writer has written.
-    taken: Arc<AtomicU64>,
-    /// When its queue was last found full with no room (ms + 1; 0: it had
-    /// room since), and what it had taken then: a subscriber that keeps its
-    /// queue full while taking a trickle is as stuck as one taking nothing.
-    full_since: Arc<AtomicU64>,
-    taken_at_full: Arc<AtomicU64>,
-}
-
-/// What a subscriber whose queue stays full must take per [`STALL`] not to be
-/// disconnected: a queue's worth (a working coordinator takes megabytes a
-/// second; an agent's queue never fills).
-pub(super) const MIN_DRAIN_BYTES: u64 = QUEUE_KIB as u64 * 1024;
-
-/// Whether a subscriber is stuck: its writer took nothing for `stall`, or
-/// its queue has stayed full for `stall` while it took less than
-/// [`MIN_DRAIN_BYTES`] (a client reading a trickle to stay connected).
-pub(super) fn stuck(idle: Duration, full_for: Duration, drained: u64, stall: Duration) -> bool {
-    idle >= stall || (full_for >= stall && drained < MIN_DRAIN_BYTES)
-}
-
-impl Peer {
-    fn close(&self) {
-        self.stop.cancel();
+impl BrokerCounters {
+    /// Every counter and gauge: its name, what it counts, whether it is a
+    /// gauge (a level now) rather than a count since the start, and its value.
+    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, bool, u64)> {
+        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("connections", "connections logged in now", true, v(&self.connected)),
+            ("sockets", "sockets open now, logged in or not", true, v(&self.sockets)),
+            ("queued_bytes", "bytes queued for clients now", true, v(&self.queued_kib) * 1024),
+            ("retained_messages", "retained messages kept now", true, v(&self.retained)),
+            ("retained_bytes", "what the retained messages cost now", true, v(&self.retained_bytes)),
+            ("accepted_total", "logins accepted", false, v(&self.accepted)),
+            ("refused_total", "CONNECTs refused", false, v(&self.refused)),
+            ("refused_protocol_total", "CONNECTs of MQTT 3.1 or 5 refused", false, v(&self.refused_protocol)),
+            (
+                "refused_privileged_total",
+                "logins as the coordinator with a wrong secret",
+                false,
+                v(&self.refused_privileged),
+            ),
+            (
+                "over_capacity_total",
+                "sockets closed at once: the socket budget was full",
+                false,
+                v(&self.over_capacity),
+            ),
+            (
+                "malformed_total",
+                "connections closed for a malformed, oversized or too slow packet",
+                false,
+                v(&self.malformed),
+            ),
+            ("refused_filters_total", "subscriptions refused", false, v(&self.refused_filters)),
+            ("dropped_total", "QoS 0 copies dropped: their subscriber was behind", false, v(&self.dropped)),
+            (
+                "slow_closed_total",
+                "subscribers disconnected: too far behind for a QoS 1 copy",
+                false,
+                v(&self.slow_closed),
+            ),
+            ("stalled_total", "subscribers disconnected: took nothing for the stall", false, v(&self.stalled)),
+            ("idle_closed_total", "connections closed: quiet past their keep-alive", false, v(&self.idle_closed)),
+            ("taken_over_total", "client ids connecting again while connected", false, v(&self.taken_over)),
+            (
+                "retained_refused_total",
+                "retained publishes not kept: the budget was full",
+                false,
+                v(&self.retained_refused),
+            ),
+            ("received_total", "messages received from publishers", false, v(&self.received)),
+            ("delivered_total", "copies queued to subscribers", false, v(&self.delivered)),
+        ]
     }
+
+    /// The counters as Prometheus text, each named `tunefleet_broker_*`.
+    pub fn prometheus(&self) -> String {
+        let mut out = String::new();
+        for (name, help, gauge, value) in self.snapshot() {
+            let kind = if gauge { "gauge" } else { "counter" };
+            out.push_str(&format!(
+                "# HELP tunefleet_broker_{name} {help}\n# TYPE tunefleet_broker_{name} {kind}\ntunefleet_broker_{name} {value}\n"
+            ));
+        }
+        out
+    }
+}
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 #[derive(Default)]
@@ -138,21 +195,15 @@ struct Tables {
 /// The broker's state, shared by every connection.
 pub struct Shared {
     tables: Mutex<Tables>,
+    /// Read buffers beyond their first 64 KiB, in KiB ([`READ_BUFFERS_KIB`]).
+    read_budget: Arc<Semaphore>,
     next_id: AtomicU64,
     started: Instant,
     pub counters: Arc<BrokerCounters>,
     max_payload: usize,
     nodelay: bool,
-    stall: Duration,
+    pub(crate) stall: Duration,
     max_sockets: u64,
-}
-
-/// A packet in a connection's queue, holding its share of the queue's budget until written.
-type Queued = (Packet, OwnedSemaphorePermit);
-
-/// A packet's share of a queue's budget.
-fn cost(packet: &Packet) -> u32 {
-    1 + u32::try_from(packet.size() / 1024).unwrap_or(u32::MAX)
 }
 
 impl std::fmt::Debug for Shared {
@@ -171,6 +222,7 @@ impl Shared {
     pub fn new(max_payload: usize, nodelay: bool, stall: Duration, max_sockets: u64) -> Arc<Shared> {
         Arc::new(Shared {
             tables: Mutex::new(Tables::default()),
+            read_budget: Arc::new(Semaphore::new(READ_BUFFERS_KIB)),
             next_id: AtomicU64::new(1),
             started: Instant::now(),
             counters: Arc::default(),
@@ -181,7 +233,7 @@ impl Shared {
         })
     }
 
-    fn now_ms(&self) -> u64 {
+    pub(crate) fn now_ms(&self) -> u64 {
         self.started.elapsed().as_millis() as u64
     }
 }
@@ -192,6 +244,8 @@ pub struct Listener {
     pub tls: Option<TlsAcceptor>,
     /// username -> password; `None` runs it open.
     pub users: Option<Arc<HashMap<String, String>>>,
+    /// The coordinator's own login (privileged), whichever `users` are.
+    pub internal: Option<Arc<(String, String)>>,
 }
 
 /// Serves `listeners` on a runtime of its own, on the calling thread, forever.
@@ -202,7 +256,8 @@ pub fn serve(shared: Arc<Shared>, listeners: Vec<Listener>) -> std::io::Result<(
         for l in listeners {
             l.socket.set_nonblocking(true)?;
             let socket = tokio::net::TcpListener::from_std(l.socket)?;
-            accepting.push(tokio::spawn(accept(shared.clone(), socket, l.tls, l.users)));
+            let admit = Arc::new(Admission { users: l.users, internal: l.internal });
+            accepting.push(tokio::spawn(accept(shared.clone(), socket, l.tls, admit)));
         }
         for task in accepting {
             let _ = task.await;
@@ -211,12 +266,49 @@ pub fn serve(shared: Arc<Shared>, listeners: Vec<Listener>) -> std::io::Result<(
     })
 }
 
-async fn accept(
-    shared: Arc<Shared>,
-    socket: tokio::net::TcpListener,
-    tls: Option<TlsAcceptor>,
+/// How a listener admits logins.
+struct Admission {
     users: Option<Arc<HashMap<String, String>>>,
-) {
+    internal: Option<Arc<(String, String)>>,
+}
+
+/// Who a CONNECT logged in as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Login {
+    /// The coordinator itself, with the credential made up at start.
+    Coordinator,
+    /// Anyone else the listener admits.
+    Client,
+}
+
+impl Admission {
+    /// The login a CONNECT proves, or the refusal it gets.
+    fn check(
+        &self,
+        login: Option<&rumqttc::mqttbytes::v4::Login>,
+        counters: &BrokerCounters,
+    ) -> Result<Login, ConnectReturnCode> {
+        if let (Some(l), Some(internal)) = (login, &self.internal) {
+            if l.username == internal.0 {
+                if same_secret(internal.1.as_bytes(), l.password.as_bytes()) {
+                    return Ok(Login::Coordinator);
+                }
+                bump(&counters.refused_privileged);
+                return Err(ConnectReturnCode::BadUserNamePassword);
+            }
+        }
+        let Some(users) = &self.users else { return Ok(Login::Client) };
+        match login {
+            Some(l) if users.get(&l.username).is_some_and(|p| same_secret(p.as_bytes(), l.password.as_bytes())) => {
+                Ok(Login::Client)
+            }
+            Some(_) => Err(ConnectReturnCode::BadUserNamePassword),
+            None => Err(ConnectReturnCode::NotAuthorized),
+        }
+    }
+}
+
+async fn accept(shared: Arc<Shared>, socket: tokio::net::TcpListener, tls: Option<TlsAcceptor>, admit: Arc<Admission>) {
     loop {
         let (stream, peer) = match socket.accept().await {
             Ok(s) => s,
@@ -237,20 +329,20 @@ async fn accept(
         if shared.nodelay {
             let _ = stream.set_nodelay(true);
         }
-        let (shared, tls, users) = (shared.clone(), tls.clone(), users.clone());
+        let (shared, tls, admit) = (shared.clone(), tls.clone(), admit.clone());
         tokio::spawn(async move {
             // Counted down however the connection ends.
             let _open = SocketCount(shared.clone());
             match tls {
                 Some(acceptor) => match tokio::time::timeout(CONNECT_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => connection(shared, stream, users).await,
+                    Ok(Ok(stream)) => connection(shared, stream, peer, admit).await,
                     Ok(Err(e)) => {
                         bump(&shared.counters.refused);
                         tracing::debug!(%peer, error = %e, "broker: TLS handshake failed");
                     }
                     Err(_) => bump(&shared.counters.refused),
                 },
-                None => connection(shared, stream, users).await,
+                None => connection(shared, stream, peer, admit).await,
             }
         });
     }
@@ -265,18 +357,71 @@ impl Drop for SocketCount {
     }
 }
 
-/// Reads one packet, waiting for more bytes as needed.
+/// What a reader holds of the clients' read-buffer budget.
+struct ReadRoom {
+    /// `None` for the coordinator's own connection (not counted).
+    budget: Option<Arc<Semaphore>>,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl ReadRoom {
+    /// Grows `buf` by up to `want` bytes: the first 64 KiB free, the rest
+    /// against the budget (waiting for room; only this reader waits).
+    async fn reserve(&mut self, buf: &mut BytesMut, want: usize) -> Result<(), ReadError> {
+        let step = want.clamp(1024, 64 * 1024);
+        let after = buf.len() + step;
+        if let (Some(budget), true) = (&self.budget, after > 64 * 1024) {
+            let need = u32::try_from((after - 64 * 1024).div_ceil(1024)).map_err(|_| ReadError::TooSlow)?;
+            let have = self.held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits) as u32;
+            if need > have {
+                let more = budget.clone().acquire_many_owned(need - have).await.map_err(|_| ReadError::TooSlow)?;
+                match &mut self.held {
+                    Some(h) => h.merge(more),
+                    None => self.held = Some(more),
+                }
+            }
+        }
+        buf.reserve(step);
+        Ok(())
+    }
+
+    /// Gives back what an emptied buffer no longer needs.
+    fn release(&mut self) {
+        self.held = None;
+    }
+}
+
+/// Reads one packet, waiting for more bytes as needed; the buffer grows
+/// with what arrives, never by what a header announces.
 async fn read_packet<R: AsyncRead + Unpin>(
     stream: &mut R,
     buf: &mut BytesMut,
     max: usize,
+    room: &mut ReadRoom,
 ) -> Result<Option<Packet>, ReadError> {
+    let mut large_since: Option<tokio::time::Instant> = None;
     loop {
         match Packet::read(buf, max) {
             Ok(p) => return Ok(Some(p)),
             Err(CodecError::InsufficientBytes(n)) => {
-                buf.reserve(n.max(1024));
-                if stream.read_buf(buf).await.map_err(|_| ReadError::Io)? == 0 {
+                if buf.len() >= 64 * 1024 {
+                    let since = *large_since.get_or_insert_with(tokio::time::Instant::now);
+                    if since.elapsed() > LARGE_PACKET_TIMEOUT {
+                        return Err(ReadError::TooSlow);
+                    }
+                }
+                if buf.capacity() - buf.len() < n.min(1024) {
+                    let wait = LARGE_PACKET_TIMEOUT.saturating_sub(large_since.map_or(Duration::ZERO, |s| s.elapsed()));
+                    tokio::time::timeout(wait, room.reserve(buf, n)).await.map_err(|_| ReadError::TooSlow)??;
+                }
+                let read = match large_since {
+                    Some(since) => {
+                        let left = LARGE_PACKET_TIMEOUT.saturating_sub(since.elapsed());
+                        tokio::time::timeout(left, stream.read_buf(buf)).await.map_err(|_| ReadError::TooSlow)?
+                    }
+                    None => stream.read_buf(buf).await,
+                };
+                if read.map_err(|_| ReadError::Io)? == 0 {
                     return Ok(None);
                 }
             }
@@ -290,17 +435,51 @@ enum ReadError {
     /// The socket failed (reset, TLS error): the connection is lost either way.
     Io,
     Codec(CodecError),
+    /// A large packet did not arrive whole in [`LARGE_PACKET_TIMEOUT`].
+    TooSlow,
+    /// A CONNECT of another protocol level (MQTT 3.1: 3, MQTT 5: 5).
+    Level(u8),
 }
 
-async fn connection<S>(shared: Arc<Shared>, stream: S, users: Option<Arc<HashMap<String, String>>>)
+/// Reads the CONNECT, refusing other protocol levels as soon as their level byte is in.
+async fn read_connect<R: AsyncRead + Unpin>(stream: &mut R, buf: &mut BytesMut) -> Result<Option<Packet>, ReadError> {
+    loop {
+        if let Some(level) = peek_level(buf).filter(|l| *l != 4) {
+            return Err(ReadError::Level(level));
+        }
+        match Packet::read(buf, MAX_CONNECT_BYTES) {
+            Ok(p) => return Ok(Some(p)),
+            Err(CodecError::InsufficientBytes(n)) => {
+                buf.reserve(n.clamp(64, MAX_CONNECT_BYTES));
+                if stream.read_buf(buf).await.map_err(|_| ReadError::Io)? == 0 {
+                    return Ok(None);
+                }
+            }
+            Err(e) => return Err(ReadError::Codec(e)),
+        }
+    }
+}
+
+async fn connection<S>(shared: Arc<Shared>, stream: S, addr: std::net::SocketAddr, admit: Arc<Admission>)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (mut reader, mut writer) = tokio::io::split(stream);
     let mut buf = BytesMut::with_capacity(1024);
-    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_packet(&mut reader, &mut buf, MAX_CONNECT_BYTES)).await;
+    let first = tokio::time::timeout(CONNECT_TIMEOUT, read_connect(&mut reader, &mut buf)).await;
     let connect = match first {
         Ok(Ok(Some(Packet::Connect(c)))) => c,
+        Ok(Err(ReadError::Level(level))) => {
+            bump(&shared.counters.refused_protocol);
+            bump(&shared.counters.refused);
+            tracing::warn!(
+                peer = %addr,
+                level,
+                "broker: refused a CONNECT of MQTT protocol level {level} (this broker speaks MQTT 3.1.1, level 4; \
+                 a Mosquitto bridge needs bridge_protocol_version mqttv311)"
+            );
+            return refuse_level(&mut writer, level).await;
+        }
         _ => {
             bump(&shared.counters.refused);
             return;
@@ -309,20 +488,10 @@ where
     if connect.protocol != Protocol::V4 {
         return refuse(&shared, &mut writer, ConnectReturnCode::RefusedProtocolVersion).await;
     }
-    if let Some(users) = &users {
-        let ok = connect
-            .login
-            .as_ref()
-            .is_some_and(|l| users.get(&l.username).is_some_and(|p| same_secret(p.as_bytes(), l.password.as_bytes())));
-        if !ok {
-            let code = if connect.login.is_some() {
-                ConnectReturnCode::BadUserNamePassword
-            } else {
-                ConnectReturnCode::NotAuthorized
-            };
-            return refuse(&shared, &mut writer, code).await;
-        }
-    }
+    let login = match admit.check(connect.login.as_ref(), &shared.counters) {
+        Ok(login) => login,
+        Err(code) => return refuse(&shared, &mut writer, code).await,
+    };
     if connect.last_will.as_ref().is_some_and(|w| check_topic(&w.topic).is_err()) {
         // A will it could never publish: a protocol error, no ConnAck.
         bump(&shared.counters.malformed);
@@ -333,19 +502,11 @@ where
     }
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let client_id = if connect.client_id.is_empty() { format!("tf-anon-{id}") } else { connect.client_id.clone() };
-    let (tx, rx) = mpsc::unbounded_channel();
-    let peer = Peer {
-        tx,
-        budget: Arc::new(Semaphore::new(QUEUE_KIB)),
-        stop: CancellationToken::new(),
-        progress: Arc::new(AtomicU64::new(shared.now_ms())),
-        taken: Arc::default(),
-        full_since: Arc::default(),
-        taken_at_full: Arc::default(),
-    };
+    let privileged = login == Login::Coordinator;
+    let (peer, rx) = Peer::new(privileged, shared.now_ms());
     // The ConnAck is the first thing queued: nothing routed to this
     // connection can be written before it.
-    if !deliver(&shared, &peer, Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false))).await {
+    if !deliver_waiting(&shared, &peer, Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false))).await {
         return;
     }
     {
@@ -362,8 +523,12 @@ where
     shared.counters.connected.fetch_add(1, Ordering::Relaxed);
     let writing = tokio::spawn(write_loop(writer, rx, peer.clone(), shared.clone()));
 
-    let keep_alive = (connect.keep_alive > 0).then(|| Duration::from_millis(u64::from(connect.keep_alive) * 1500));
-    let mut session = Session { shared: &shared, id, peer: &peer, filters: HashSet::new(), qos2: HashSet::new() };
+    let keep_alive = match connect.keep_alive {
+        0 => IDLE_WITHOUT_KEEPALIVE,
+        k => (Duration::from_secs(u64::from(k)) * 3 / 2).min(MAX_KEEPALIVE),
+    };
+    let room = ReadRoom { budget: (!privileged).then(|| shared.read_budget.clone()), held: None };
+    let mut session = Session { shared: &shared, id, peer: &peer, filters: HashSet::new(), qos2: HashSet::new(), room };
     let ended = session.read_loop(&mut reader, &mut buf, keep_alive).await;
     let filters = std::mem::take(&mut session.filters);
 
@@ -373,7 +538,7 @@ where
         if let Some(will) = connect.last_will {
             let mut p = Publish::from_bytes(will.topic, will.qos, will.message);
             p.retain = will.retain;
-            route(&shared, p).await;
+            route(&shared, p, false).await;
         }
     }
     peer.stop.cancel();
@@ -395,16 +560,6 @@ fn forget(shared: &Shared, id: ConnId, client_id: &str, filters: &HashSet<String
         t.clients.remove(client_id);
     }
     ours
-}
-
-/// Compares a password in time that does not depend on where it differs
-/// (only on the lengths), so its bytes cannot be found one by one by timing.
-pub(super) fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = u8::from(a.len() != b.len());
-    for i in 0..a.len().max(b.len()) {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
 }
 
 /// Answers a refused CONNECT and closes.
@@ -433,6 +588,7 @@ struct Session<'a> {
     filters: HashSet<String>,
     /// QoS 2 packet ids received and not yet released.
     qos2: HashSet<u16>,
+    room: ReadRoom,
 }
 
 impl Session<'_> {
@@ -440,32 +596,40 @@ impl Session<'_> {
         &mut self,
         reader: &mut R,
         buf: &mut BytesMut,
-        keep_alive: Option<Duration>,
+        keep_alive: Duration,
     ) -> Ended {
         loop {
             // An idle connection holds a small buffer, not the largest packet it ever sent.
             if buf.is_empty() && buf.capacity() > 64 * 1024 {
                 *buf = BytesMut::with_capacity(1024);
+                self.room.release();
             }
-            let next = read_packet(reader, buf, self.shared.max_payload);
+            let next = read_packet(reader, buf, self.shared.max_payload, &mut self.room);
             let packet = tokio::select! {
                 biased;
                 () = self.peer.stop.cancelled() => return Ended::Lost,
-                r = async {
-                    match keep_alive {
-                        Some(k) => tokio::time::timeout(k, next).await.unwrap_or(Ok(None)),
-                        None => next.await,
+                r = tokio::time::timeout(keep_alive, next) => match r {
+                    Ok(r) => r,
+                    Err(_) => {
+                        bump(&self.shared.counters.idle_closed);
+                        return Ended::Lost;
                     }
-                } => r,
+                },
             };
             let packet = match packet {
                 Ok(Some(p)) => p,
                 Ok(None) | Err(ReadError::Io) => return Ended::Lost,
+                Err(ReadError::TooSlow) => {
+                    bump(&self.shared.counters.malformed);
+                    tracing::debug!("broker: a large packet arrived too slowly, connection closed");
+                    return Ended::Lost;
+                }
                 Err(ReadError::Codec(e)) => {
                     bump(&self.shared.counters.malformed);
                     tracing::debug!(error = %e, "broker: malformed packet, connection closed");
                     return Ended::Lost;
                 }
+                Err(ReadError::Level(_)) => return Ended::Lost,
             };
             // (A close from outside is seen by the select above: checking
             // the token here, per packet, takes its lock every time.)
@@ -481,7 +645,7 @@ impl Session<'_> {
     /// anything else queued for it, so a client that does not read its acks
     /// slows only itself.
     async fn own(&self, packet: Packet) -> bool {
-        deliver(self.shared, self.peer, packet).await
+        deliver_waiting(self.shared, self.peer, packet).await
     }
 
     async fn handle(&mut self, packet: Packet) -> Step {
@@ -500,18 +664,18 @@ impl Session<'_> {
                 let pkid = p.pkid;
                 match p.qos {
                     QoS::AtMostOnce => {
-                        route(self.shared, p).await;
+                        route(self.shared, p, self.peer.privileged).await;
                         Step::Go
                     }
                     QoS::AtLeastOnce => {
-                        route(self.shared, p).await;
+                        route(self.shared, p, self.peer.privileged).await;
                         self.step(self.own(Packet::PubAck(PubAck::new(pkid))).await)
                     }
                     QoS::ExactlyOnce => {
                         // Routed once, on first sight of its id; released by PUBREL.
                         if self.qos2.insert(pkid) {
                             p.qos = QoS::AtLeastOnce;
-                            route(self.shared, p).await;
+                            route(self.shared, p, self.peer.privileged).await;
                         }
                         self.step(self.own(Packet::PubRec(PubRec::new(pkid))).await)
                     }
@@ -544,13 +708,16 @@ impl Session<'_> {
     }
 
     /// A SUBSCRIBE: each distinct filter once (at most [`MAX_FILTERS`] held),
-    /// each retained message that matches once, at the highest QoS granted
-    /// for it. The SubAck and those copies are queued under the tables' lock
-    /// while the queue has room, so that no live message of those topics,
-    /// routed from then on, can overtake its older retained copy; the rest
-    /// (a queue already full) waits like any delivery.
+    /// and the retained messages that match, each once, at the highest QoS
+    /// granted for it: at most [`MAX_RETAINED_PER_SUBSCRIBE`] for a client
+    /// (a walk that stops there, so the tables' lock is held for a bounded
+    /// time whatever is retained). The SubAck and those copies are offered
+    /// under the lock, so that no live message of those topics, routed from
+    /// then on, can overtake its older retained copy; a retained copy that
+    /// does not fit a client's queue is dropped (counted).
     async fn subscribe(&mut self, s: rumqttc::mqttbytes::v4::Subscribe) -> Step {
         let c = &self.shared.counters;
+        let limit = if self.peer.privileged { usize::MAX } else { MAX_RETAINED_PER_SUBSCRIBE };
         let mut codes = Vec::with_capacity(s.filters.len());
         let mut seen: HashMap<&str, SubscribeReasonCode> = HashMap::new();
         let mut snapshot: std::collections::BTreeMap<String, Publish> = std::collections::BTreeMap::new();
@@ -570,7 +737,7 @@ impl Session<'_> {
                     let granted = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
                     t.subs.add(&f.path, self.id, granted as u8);
                     self.filters.insert(f.path.clone());
-                    for r in t.retained.matching(&f.path) {
+                    for r in t.retained.matching(&f.path, limit.saturating_sub(snapshot.len())) {
                         let qos = lower(r.qos, granted);
                         match snapshot.get_mut(&r.topic) {
                             Some(kept) => kept.qos = if (qos as u8) > (kept.qos as u8) { qos } else { kept.qos },
@@ -586,24 +753,24 @@ impl Session<'_> {
                 seen.insert(f.path.as_str(), code);
                 codes.push(code);
             }
-            let packets = std::iter::once(Packet::SubAck(SubAck::new(s.pkid, codes)))
-                .chain(snapshot.into_values().map(Packet::Publish));
-            for packet in packets {
+            let suback = Packet::SubAck(SubAck::new(s.pkid, codes));
+            match try_offer(self.shared, self.peer, suback, true) {
+                Ok(Offered::Queued) => {}
+                Ok(_) => return Step::Close,
+                Err(p) => later.push(p),
+            }
+            for packet in snapshot.into_values().map(Packet::Publish) {
                 if !later.is_empty() {
                     later.push(packet);
                     continue;
                 }
-                let n = cost(&packet).min(QUEUE_KIB as u32);
-                match self.peer.budget.clone().try_acquire_many_owned(n) {
-                    Ok(permit) => {
-                        if matches!(packet, Packet::Publish(_)) {
-                            bump(&c.delivered);
-                        }
-                        if self.peer.tx.send((packet, permit)).is_err() {
-                            return Step::Close;
-                        }
-                    }
-                    Err(_) => later.push(packet),
+                match try_offer(self.shared, self.peer, packet, false) {
+                    Ok(Offered::Queued) => bump(&c.delivered),
+                    Ok(Offered::Dropped) => bump(&c.dropped),
+                    Ok(Offered::Closed) => return Step::Close,
+                    // The coordinator's own waits; a client's retained copies that do not fit are dropped.
+                    Err(p) if self.peer.privileged => later.push(p),
+                    Err(_) => bump(&c.dropped),
                 }
             }
         }
@@ -644,30 +811,44 @@ fn lower(a: QoS, b: QoS) -> QoS {
     }
 }
 
+/// What a retained message costs the broker: its payload and topic, and
+/// a node per level of its topic in the tree.
+fn retained_cost(r: &Publish) -> usize {
+    r.payload.len() + 2 * r.topic.len() + RETAINED_LEVEL_BYTES * (1 + r.topic.matches('/').count())
+}
+
+/// Keeps (or forgets) a retained publish, within [`MAX_RETAINED`] and [`MAX_RETAINED_BYTES`].
+fn retain(t: &mut Tables, p: &Publish, c: &BrokerCounters) {
+    if p.payload.is_empty() {
+        t.retained.set(&p.topic, None, retained_cost);
+    } else {
+        let old = t.retained.get(&p.topic).map(retained_cost);
+        let new = retained_cost(p);
+        let count_ok = old.is_some() || t.retained.len() < MAX_RETAINED;
+        if count_ok && t.retained.bytes() - old.unwrap_or(0) + new <= MAX_RETAINED_BYTES {
+            // Its own copy: a view into the read buffer would keep
+            // the whole buffer (and whatever else came with it) alive.
+            let mut kept = p.clone();
+            kept.payload = bytes::Bytes::copy_from_slice(&p.payload);
+            t.retained.set(&p.topic, Some((kept, new)), retained_cost);
+        } else {
+            bump(&c.retained_refused);
+        }
+    }
+    c.retained.store(t.retained.len() as u64, Ordering::Relaxed);
+    c.retained_bytes.store(t.retained.bytes() as u64, Ordering::Relaxed);
+}
+
 /// Routes a publish to its subscribers, and keeps it when it is retained.
-async fn route(shared: &Arc<Shared>, mut p: Publish) {
+/// A publish `from_coordinator` never waits on a client's queue; a
+/// client's waits at most a grace (see [`super::queue`]).
+async fn route(shared: &Arc<Shared>, mut p: Publish, from_coordinator: bool) {
     let c = &shared.counters;
     bump(&c.received);
     let targets: Vec<(Peer, u8)> = {
         let mut t = lock(&shared.tables);
         if p.retain {
-            let size_of = |r: &Publish| r.payload.len() + r.topic.len();
-            if p.payload.is_empty() {
-                t.retained.set(&p.topic, None, size_of);
-            } else {
-                let old = t.retained.get(&p.topic).map(size_of);
-                let new = size_of(&p);
-                let count_ok = old.is_some() || t.retained.len() < MAX_RETAINED;
-                if count_ok && t.retained.bytes() - old.unwrap_or(0) + new <= MAX_RETAINED_BYTES {
-                    // Its own copy: a view into the read buffer would keep
-                    // the whole buffer (and whatever else came with it) alive.
-                    let mut kept = p.clone();
-                    kept.payload = bytes::Bytes::copy_from_slice(&p.payload);
-                    t.retained.set(&p.topic, Some((kept, new)), size_of);
-                } else {
-                    bump(&c.retained_refused);
-                }
-            }
+            retain(&mut t, &p, c);
         }
         t.subs.matching(&p.topic).into_iter().filter_map(|(id, q)| Some((t.peers.get(&id)?.clone(), q))).collect()
     };
@@ -679,119 +860,8 @@ async fn route(shared: &Arc<Shared>, mut p: Publish) {
     for (peer, granted) in targets {
         let mut copy = p.clone();
         copy.qos = if granted == 0 { QoS::AtMostOnce } else { lower(qos, QoS::AtLeastOnce) };
-        if deliver(shared, &peer, Packet::Publish(copy)).await {
+        if offer(shared, &peer, Packet::Publish(copy), !from_coordinator).await == Offered::Queued {
             bump(&c.delivered);
         }
     }
-}
-
-/// Queues `packet` for `peer`, waiting while its queue is full; false when
-/// it is gone or was disconnected for stalling.
-async fn deliver(shared: &Arc<Shared>, peer: &Peer, packet: Packet) -> bool {
-    let n = cost(&packet).min(QUEUE_KIB as u32);
-    let permit = match peer.budget.clone().try_acquire_many_owned(n) {
-        Ok(p) => {
-            peer.full_since.store(0, Ordering::Relaxed);
-            p
-        }
-        Err(TryAcquireError::Closed) => return false,
-        Err(TryAcquireError::NoPermits) => loop {
-            if peer.full_since.load(Ordering::Relaxed) == 0 {
-                peer.taken_at_full.store(peer.taken.load(Ordering::Relaxed), Ordering::Relaxed);
-                peer.full_since.store(shared.now_ms() + 1, Ordering::Relaxed);
-            }
-            match tokio::time::timeout(Duration::from_secs(1), peer.budget.clone().acquire_many_owned(n)).await {
-                Ok(Ok(p)) => break p,
-                Ok(Err(_)) => return false,
-                Err(_) => {
-                    if peer.stop.is_cancelled() {
-                        return false;
-                    }
-                    let now = shared.now_ms();
-                    let idle = now.saturating_sub(peer.progress.load(Ordering::Relaxed));
-                    let full_since = peer.full_since.load(Ordering::Relaxed);
-                    let full_for = if full_since == 0 { 0 } else { now.saturating_sub(full_since - 1) };
-                    let drained =
-                        peer.taken.load(Ordering::Relaxed).saturating_sub(peer.taken_at_full.load(Ordering::Relaxed));
-                    if stuck(Duration::from_millis(idle), Duration::from_millis(full_for), drained, shared.stall) {
-                        bump(&shared.counters.stalled);
-                        tracing::warn!(
-                            stalled_s = shared.stall.as_secs(),
-                            drained_bytes = drained,
-                            "broker: a subscriber took (almost) nothing from its full queue; disconnected"
-                        );
-                        peer.close();
-                        return false;
-                    }
-                }
-            }
-        },
-    };
-    peer.tx.send((packet, permit)).is_ok()
-}
-
-/// Drains a connection's queue into its socket, many packets per write.
-async fn write_loop<W: AsyncWrite + Unpin>(
-    mut writer: W,
-    mut rx: mpsc::UnboundedReceiver<Queued>,
-    peer: Peer,
-    shared: Arc<Shared>,
-) {
-    let mut out = BytesMut::with_capacity(1024);
-    let mut held: Vec<OwnedSemaphorePermit> = Vec::new();
-    let mut pkid: u16 = 0;
-    let mut encode = |packet: Packet, out: &mut BytesMut| {
-        let packet = match packet {
-            Packet::Publish(mut p) if p.qos != QoS::AtMostOnce => {
-                pkid = pkid.checked_add(1).unwrap_or(1);
-                p.pkid = pkid;
-                Packet::Publish(p)
-            }
-            other => other,
-        };
-        packet.write(out, usize::MAX).is_ok()
-    };
-    'serve: loop {
-        let first = tokio::select! {
-            () = peer.stop.cancelled() => break,
-            p = rx.recv() => p,
-        };
-        let Some((first, permit)) = first else { break };
-        peer.progress.store(shared.now_ms(), Ordering::Relaxed);
-        held.push(permit);
-        if !encode(first, &mut out) {
-            break;
-        }
-        while out.len() < WRITE_BATCH {
-            let Ok((p, permit)) = rx.try_recv() else { break };
-            held.push(permit);
-            if !encode(p, &mut out) {
-                break 'serve;
-            }
-        }
-        let wrote = tokio::select! {
-            () = peer.stop.cancelled() => break,
-            r = async {
-                writer.write_all(&out).await?;
-                writer.flush().await
-            } => r,
-        };
-        if wrote.is_err() {
-            break;
-        }
-        peer.progress.store(shared.now_ms(), Ordering::Relaxed);
-        peer.taken.fetch_add(out.len() as u64, Ordering::Relaxed);
-        held.clear();
-        out.clear();
-        if out.capacity() > 4 * WRITE_BATCH {
-            out = BytesMut::with_capacity(1024);
-        }
-    }
-    // The reader sees this and ends the connection; publishers waiting on
-    // the budget give up.
-    peer.stop.cancel();
-    peer.budget.close();
-    // Bounded: a TLS close waits to write its alert, and a client that reads
-    // nothing would hold this socket (and its place) for ever.
-    let _ = tokio::time::timeout(Duration::from_secs(2), writer.shutdown()).await;
 }

@@ -34,6 +34,7 @@ pub enum BrokerEngine {
     #[default]
     Native,
     /// rumqttd 0.20, as before wave 4 (to compare; it falls off past 1,000-2,000 agents).
+    #[cfg(feature = "rumqttd")]
     Rumqttd,
 }
 

@@ -3,14 +3,24 @@
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "rumqttd")]
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, Packet, QoS};
 use rustix::process::{getpid, pidfd_getfd, pidfd_open, PidfdFlags, PidfdGetfdFlags};
 
-use super::rumqttd::{socket_fds, to_std, STARTING};
+#[cfg(feature = "rumqttd")]
+use super::rumqttd::STARTING;
+use super::sockets::{socket_fds, to_std};
 use super::*;
+
+/// The engines built in: the rumqttd one only with its feature.
+const ENGINES: &[BrokerEngine] = &[
+    BrokerEngine::Native,
+    #[cfg(feature = "rumqttd")]
+    BrokerEngine::Rumqttd,
+];
 
 fn settings(engine: BrokerEngine) -> BrokerSettings {
     BrokerSettings { listen: "127.0.0.1:0".parse().expect("addr"), engine, ..BrokerSettings::default() }
@@ -18,7 +28,7 @@ fn settings(engine: BrokerEngine) -> BrokerSettings {
 
 #[test]
 fn chooses_a_port_and_accepted_sockets_have_nodelay() {
-    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+    for &engine in ENGINES {
         let broker = start(&settings(engine)).expect("broker starts");
         assert_ne!(broker.addr.port(), 0);
         assert!(broker.nodelay);
@@ -49,7 +59,7 @@ fn chooses_a_port_and_accepted_sockets_have_nodelay() {
 
 #[test]
 fn brokers_started_at_once_each_find_their_own_port() {
-    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+    for &engine in ENGINES {
         let starts: Vec<_> = (0..3).map(|_| std::thread::spawn(move || start(&settings(engine)))).collect();
         let mut ports: Vec<u16> =
             starts.into_iter().map(|t| t.join().expect("thread").expect("broker starts").addr.port()).collect();
@@ -64,9 +74,10 @@ fn brokers_started_at_once_each_find_their_own_port() {
 
 #[test]
 fn a_taken_port_is_a_clear_error() {
-    for engine in [BrokerEngine::Native, BrokerEngine::Rumqttd] {
+    for &engine in ENGINES {
         // Opened under STARTING, so a rumqttd starting in another test cannot take it for its own.
         let taken = {
+            #[cfg(feature = "rumqttd")]
             let _starting = STARTING.lock().unwrap_or_else(PoisonError::into_inner);
             std::net::TcpListener::bind("127.0.0.1:0").expect("bind")
         };
@@ -256,67 +267,133 @@ async fn logins_are_checked_and_bad_packets_close_only_their_connection() {
     assert_eq!(next_publish(&mut ok_ev).await.1, b"still here".to_vec());
 }
 
-#[tokio::test]
-async fn a_subscriber_that_reads_nothing_slows_its_publisher_then_is_disconnected() {
+/// A raw client that connects, subscribes to `filter` at `qos`, then never reads again.
+async fn silent_subscriber(addr: SocketAddr, id: &str, filter: &str, qos: QoS) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
-    let stall = Duration::from_secs(2);
-    let b = start_native_with(&settings(BrokerEngine::Native), stall, serve::MAX_SOCKETS).expect("broker");
-    let counters = b.counters.clone().expect("counters");
-    // A raw subscriber that connects, subscribes, then never reads again.
-    let mut raw = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
+    let mut raw = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let mut out = bytes::BytesMut::new();
-    let connect = rumqttc::mqttbytes::v4::Connect::new("stuck");
+    let connect = rumqttc::mqttbytes::v4::Connect::new(id);
     rumqttc::mqttbytes::v4::Packet::Connect(connect).write(&mut out, usize::MAX).expect("encode");
-    let sub = rumqttc::mqttbytes::v4::Subscribe::new("s/#", QoS::AtMostOnce);
+    let sub = rumqttc::mqttbytes::v4::Subscribe::new(filter, qos);
     rumqttc::mqttbytes::v4::Packet::Subscribe(sub).write(&mut out, usize::MAX).expect("encode");
     raw.write_all(&out).await.expect("write");
-    // A healthy subscriber beside it.
+    raw
+}
+
+/// A subscriber polled in the background, counting the publishes it gets.
+fn counting(mut ev: EventLoop) -> (tokio::task::JoinHandle<()>, std::sync::Arc<AtomicU64>) {
+    let got = std::sync::Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let task = tokio::spawn(async move {
+        while let Ok(e) = ev.poll().await {
+            if let Event::Incoming(Packet::Publish(_)) = e {
+                g.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    });
+    (task, got)
+}
+
+#[tokio::test]
+async fn a_subscriber_that_reads_nothing_never_makes_a_publisher_wait() {
+    // A stall far longer than the test: only the bounded queues can save it.
+    let stall = Duration::from_secs(600);
+    let b = start_native_with(&settings(BrokerEngine::Native), stall, serve::MAX_SOCKETS).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    // Two silent subscribers to everything: one at QoS 0 (loses copies), one at QoS 1 (loses its connection).
+    let quiet0 = silent_subscriber(b.addr, "stuck0", "#", QoS::AtMostOnce).await;
+    let quiet1 = silent_subscriber(b.addr, "stuck1", "#", QoS::AtLeastOnce).await;
+    // A healthy subscriber beside them.
     let (ok, mut ok_ev) = client(b.addr, "ok", |_| {});
     connack(&mut ok_ev).await.expect("connects");
-    ok.subscribe("s/#", QoS::AtMostOnce).await.expect("subscribe");
+    ok.subscribe("s/#", QoS::AtLeastOnce).await.expect("subscribe");
     suback(&mut ok_ev).await;
-    let (_ok_task, got) = {
-        let got = std::sync::Arc::new(AtomicU64::new(0));
-        let g = got.clone();
-        (
-            tokio::spawn(async move {
-                while let Ok(e) = ok_ev.poll().await {
-                    if let Event::Incoming(Packet::Publish(_)) = e {
-                        g.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }),
-            got,
-        )
-    };
-    // Publish far more than the stuck one's socket and queue hold.
+    let (_ok_task, got) = counting(ok_ev);
+    // Publish far more than the silent ones' sockets and queues hold.
     let (publisher, pub_ev) = client(b.addr, "pub", |_| {});
     let _pub_task = drive(pub_ev);
     let payload = vec![7u8; 64 * 1024];
     let n = 2_000u64;
-    let started = Instant::now();
     for _ in 0..n {
         publisher.publish("s/x", QoS::AtLeastOnce, false, payload.clone()).await.expect("queued");
     }
-    let deadline = Instant::now() + stall + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     while got.load(Ordering::Relaxed) < n {
         assert!(
             Instant::now() < deadline,
-            "the healthy subscriber got {} of {n}; stalled {}",
+            "the healthy subscriber got {} of {n} (dropped {}, closed {})",
             got.load(Ordering::Relaxed),
-            counters.stalled.load(Ordering::Relaxed)
+            counters.dropped.load(Ordering::Relaxed),
+            counters.slow_closed.load(Ordering::Relaxed)
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(counters.stalled.load(Ordering::Relaxed), 1, "the stuck subscriber was disconnected");
-    assert!(started.elapsed() >= stall, "the publisher waited for the stuck one first");
-    drop(raw);
+    assert!(counters.dropped.load(Ordering::Relaxed) > 0, "the QoS 0 one lost copies");
+    assert_eq!(counters.slow_closed.load(Ordering::Relaxed), 1, "the QoS 1 one was disconnected");
+    assert_eq!(counters.stalled.load(Ordering::Relaxed), 0, "nobody waited for the stall");
+    drop((quiet0, quiet1));
+}
+
+#[tokio::test]
+async fn mqtt5_and_mqtt31_connects_get_a_refusal_not_silence() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = start(&settings(BrokerEngine::Native)).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    // MQTT 5 CONNECT: "MQTT", level 5, clean start, keep-alive 60, no properties, client id "v5".
+    let v5 = [0x10, 0x0f, 0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0, 0, 2, b'v', b'5'];
+    // MQTT 3.1 CONNECT: "MQIsdp", level 3, client id "v3".
+    let v3 = [0x10, 0x10, 0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3, 0x02, 0, 60, 0, 2, b'v', b'3'];
+    for (connect, want) in [(&v5[..], &[0x20u8, 0x03, 0x00, 0x84, 0x00][..]), (&v3[..], &[0x20, 0x02, 0x00, 0x01][..])]
+    {
+        let mut raw = tokio::net::TcpStream::connect(b.addr).await.expect("connect");
+        raw.write_all(connect).await.expect("write");
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut got)).await;
+        assert!(read.is_ok(), "answered and closed at once");
+        assert_eq!(got, want, "the refusal its specification asks for");
+    }
+    assert_eq!(counters.refused_protocol.load(Ordering::Relaxed), 2);
+}
+
+#[tokio::test]
+async fn a_retained_flood_is_bounded_at_its_real_cost_and_a_subscribe_walks_a_bounded_part() {
+    let b = start(&settings(BrokerEngine::Native)).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    let (publisher, mut pub_ev) = client(b.addr, "pub", |_| {});
+    connack(&mut pub_ev).await.expect("connects");
+    let _pub = drive(pub_ev);
+    // 5,000 retained messages on 31-level topics: about 20 KiB each in the tree, counted as such.
+    let deep = "d/".repeat(30);
+    for i in 0..5_000 {
+        publisher.publish(format!("{deep}{i}"), QoS::AtMostOnce, true, "x").await.expect("queued");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counters.retained.load(Ordering::Relaxed) + counters.retained_refused.load(Ordering::Relaxed) < 5_000 {
+        assert!(Instant::now() < deadline, "the retained publishes were not all handled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let bytes = counters.retained_bytes.load(Ordering::Relaxed);
+    let kept = counters.retained.load(Ordering::Relaxed);
+    assert!(bytes >= kept * 31 * 512, "a 31-level topic counted at its tree's cost: {bytes} for {kept}");
+    // A client subscribing to everything gets at most its share, at once.
+    let (sub, mut sub_ev) = client(b.addr, "sub", |_| {});
+    connack(&mut sub_ev).await.expect("connects");
+    sub.subscribe("#", QoS::AtMostOnce).await.expect("subscribe");
+    suback(&mut sub_ev).await;
+    let (_t, got) = counting(sub_ev);
+    publisher.publish("marker", QoS::AtMostOnce, false, "m").await.expect("queued");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while got.load(Ordering::Relaxed) < 2_049 {
+        assert!(Instant::now() < deadline, "got {} of the 2,048 retained and the marker", got.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(got.load(Ordering::Relaxed), 2_049, "2,048 retained copies and the live marker, no more");
 }
 
 #[tokio::test]
 async fn hostile_topics_connects_and_socket_floods_are_bounded() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let b = start_native_with(&settings(BrokerEngine::Native), serve::STALL, 4).expect("broker");
+    let b = start_native_with(&settings(BrokerEngine::Native), STALL, 4).expect("broker");
     let counters = b.counters.clone().expect("counters");
     let (ok, mut ok_ev) = client(b.addr, "ok", |_| {});
     connack(&mut ok_ev).await.expect("connects");
@@ -423,7 +500,7 @@ async fn a_subscribe_repeating_one_filter_copies_each_retained_message_once() {
 
 #[test]
 fn a_subscriber_is_stuck_when_idle_or_full_on_a_trickle() {
-    use serve::{stuck, MIN_DRAIN_BYTES};
+    use queue::{stuck, MIN_DRAIN_BYTES};
     let stall = Duration::from_secs(20);
     let s = |idle, full, drained| stuck(Duration::from_secs(idle), Duration::from_secs(full), drained, stall);
     assert!(s(20, 0, 0), "took nothing for the stall");
@@ -435,7 +512,7 @@ fn a_subscriber_is_stuck_when_idle_or_full_on_a_trickle() {
 
 #[test]
 fn passwords_compare_whole() {
-    use serve::same_secret;
+    use connect::same_secret;
     assert!(same_secret(b"secret", b"secret"));
     assert!(!same_secret(b"secret", b"secreT"));
     assert!(!same_secret(b"secret", b"secret!"), "a longer one");
