@@ -34,7 +34,7 @@ esac
 
 # The integration tests of the quick tier: each under about 10 s here, on
 # the embedded broker alone.
-QUICK_TESTS="campaign capacity cli_errors comeasure failures gpus groups launch layout lifecycle pipeline reuse search serve"
+QUICK_TESTS="broker campaign capacity cli_errors comeasure failures gpus groups launch layout lifecycle pipeline reuse search serve"
 if [ $quick = 1 ]; then
   cargo build --workspace --bins --quiet
   # Units and the engine's turn (the coordinator's lib tests), and each

@@ -82,7 +82,7 @@ pub fn socket_room(wanted: u64) -> u64 {
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current != limit.maximum {
         limit.current = limit.maximum;
-        if setrlimit(Resource::Nofile, limit.clone()).is_err() {
+        if setrlimit(Resource::Nofile, limit).is_err() {
             limit = getrlimit(Resource::Nofile);
         }
     }

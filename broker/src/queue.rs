@@ -155,13 +155,13 @@ pub(crate) enum Offered {
 /// (see the module's doc).
 pub(crate) async fn offer(shared: &Arc<Shared>, peer: &Peer, packet: Packet, may_wait: bool) -> Offered {
     let packet = match try_offer(shared, peer, packet, false) {
-        Ok(offered) => {
+        Tried::Done(offered) => {
             if offered == Offered::Queued {
                 peer.behind.store(false, Ordering::Relaxed);
             }
             return offered;
         }
-        Err(packet) => packet,
+        Tried::Full(packet) => packet,
     };
     if peer.privileged {
         return if deliver_waiting(shared, peer, packet).await { Offered::Queued } else { Offered::Closed };
@@ -198,28 +198,35 @@ fn lose(shared: &Shared, peer: &Peer, packet: &Packet) -> Offered {
     Offered::Closed
 }
 
+/// What [`try_offer`] did: what became of the packet, or the packet back.
+pub(crate) enum Tried {
+    Done(Offered),
+    /// It did not fit: the caller waits, or [`lose`]s it.
+    Full(Packet),
+}
+
 /// Queues `packet` for `peer` if it fits now; gives it back when it does
 /// not (for the caller to wait, or to [`lose`] it).
-pub(crate) fn try_offer(shared: &Shared, peer: &Peer, packet: Packet, own: bool) -> Result<Offered, Packet> {
+pub(crate) fn try_offer(shared: &Shared, peer: &Peer, packet: Packet, own: bool) -> Tried {
     let n = cost(&packet).min(peer.capacity);
     let permit = match peer.budget.clone().try_acquire_many_owned(n) {
         Ok(p) => Some(p),
-        Err(TryAcquireError::Closed) => return Ok(Offered::Closed),
+        Err(TryAcquireError::Closed) => return Tried::Done(Offered::Closed),
         Err(TryAcquireError::NoPermits) => None,
     };
     if peer.privileged || own {
-        let Some(permit) = permit else { return Err(packet) };
+        let Some(permit) = permit else { return Tried::Full(packet) };
         let hold = Hold { _own: permit, shared_kib: 0, queued: shared.counters.queued_kib.clone() };
-        return Ok(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed });
+        return Tried::Done(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed });
     }
     let fits =
         permit.filter(|_| take_shared(&shared.counters.queued_kib, u64::from(n), peer.queued_kib().saturating_sub(n)));
     let Some(permit) = fits else {
         // The caller decides whether to wait (a grace) or lose it.
-        return Err(packet);
+        return Tried::Full(packet);
     };
     let hold = Hold { _own: permit, shared_kib: u64::from(n), queued: shared.counters.queued_kib.clone() };
-    Ok(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed })
+    Tried::Done(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed })
 }
 
 /// What a subscriber whose queue stays full must take per [`STALL`] not to be

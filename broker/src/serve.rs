@@ -34,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::connect::{peek_level, refuse_level, same_secret};
-use super::queue::{deliver_waiting, offer, try_offer, write_loop, Offered, Peer};
+use super::queue::{deliver_waiting, offer, try_offer, write_loop, Offered, Peer, Tried};
 use super::routes::{check_filter, check_topic, ConnId, Retained, Subscriptions};
 
 /// Retained messages kept at most (beyond it a retained publish is routed but not kept).
@@ -755,9 +755,9 @@ impl Session<'_> {
             }
             let suback = Packet::SubAck(SubAck::new(s.pkid, codes));
             match try_offer(self.shared, self.peer, suback, true) {
-                Ok(Offered::Queued) => {}
-                Ok(_) => return Step::Close,
-                Err(p) => later.push(p),
+                Tried::Done(Offered::Queued) => {}
+                Tried::Done(_) => return Step::Close,
+                Tried::Full(p) => later.push(p),
             }
             for packet in snapshot.into_values().map(Packet::Publish) {
                 if !later.is_empty() {
@@ -765,12 +765,12 @@ impl Session<'_> {
                     continue;
                 }
                 match try_offer(self.shared, self.peer, packet, false) {
-                    Ok(Offered::Queued) => bump(&c.delivered),
-                    Ok(Offered::Dropped) => bump(&c.dropped),
-                    Ok(Offered::Closed) => return Step::Close,
+                    Tried::Done(Offered::Queued) => bump(&c.delivered),
+                    Tried::Done(Offered::Dropped) => bump(&c.dropped),
+                    Tried::Done(Offered::Closed) => return Step::Close,
                     // The coordinator's own waits; a client's retained copies that do not fit are dropped.
-                    Err(p) if self.peer.privileged => later.push(p),
-                    Err(_) => bump(&c.dropped),
+                    Tried::Full(p) if self.peer.privileged => later.push(p),
+                    Tried::Full(_) => bump(&c.dropped),
                 }
             }
         }

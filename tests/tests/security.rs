@@ -339,7 +339,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             for msg in [&touch, &cancel] {
                 let kind = AgentTopic::of_coordinator_message(msg);
                 let body = tunefleet_common::encode(msg).expect("enc");
-                let sealed = session.seal(kind, body.clone());
+                let sealed = session.seal(kind, body.clone()).expect("seal");
                 publish(
                     &client,
                     topics.agent(victim, kind),
@@ -361,7 +361,8 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
                     )
                 },
             });
-            let sealed = session.seal(AgentTopic::Result, tunefleet_common::encode(&result).expect("enc"));
+            let sealed =
+                session.seal(AgentTopic::Result, tunefleet_common::encode(&result).expect("enc")).expect("seal");
             publish(
                 &client,
                 topics.agent(names[0], AgentTopic::Result),
@@ -370,7 +371,7 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
             .await;
         }
         let offline = AgentMessage::Status(AgentStatus { online: false, instance: 1 });
-        let sealed = session.seal(AgentTopic::Status, tunefleet_common::encode(&offline).expect("enc"));
+        let sealed = session.seal(AgentTopic::Status, tunefleet_common::encode(&offline).expect("enc")).expect("seal");
         publish(
             &client,
             topics.agent(names[1], AgentTopic::Status),

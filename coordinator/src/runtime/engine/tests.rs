@@ -122,7 +122,8 @@ impl Fixture {
     /// Any `body` sealed in agent `a`'s session on a `kind` topic.
     fn sealed_body(&mut self, kind: AgentTopic, body: Vec<u8>) -> Inbound {
         let session = self.agent.as_mut().expect("welcomed");
-        let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body))).expect("encode");
+        let frame =
+            tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body).expect("seal"))).expect("encode");
         wire(kind, &frame)
     }
 
@@ -1018,7 +1019,8 @@ fn random_and_mutated_frames_never_stop_the_engine() {
                 // A real sealed frame, mutated on the wire (its MAC mostly fails).
                 1 => {
                     let session = fx.agent.as_mut().expect("welcomed");
-                    let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body))).expect("encode");
+                    let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body).expect("seal")))
+                        .expect("encode");
                     wire(kind, &mutate(&mut rng, frame, 4))
                 }
                 // A mutated body under a valid MAC: it reaches decode, validate and handle.
@@ -1152,7 +1154,7 @@ impl Fixture {
 fn sealed_as(session: &mut Session, name: &str, msg: &AgentMessage) -> Inbound {
     let kind = AgentTopic::of_agent_message(msg);
     let body = tunefleet_common::encode(msg).expect("encode");
-    let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body))).expect("encode");
+    let frame = tunefleet_common::encode(&UpFrame::Sealed(session.seal(kind, body).expect("seal"))).expect("encode");
     let topics = tunefleet_common::topic::Topics::default();
     crate::runtime::transport::classify(&topics, &topics.agent(name, kind), &frame)
 }

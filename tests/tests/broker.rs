@@ -1,0 +1,246 @@
+//! The embedded broker under attack, with a real coordinator and real
+//! agents: a client that subscribes to everything and reads nothing, one
+//! that reads everything, and clients of other MQTT versions.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tunefleet_tests::mqtt::TestClient;
+use tunefleet_tests::*;
+
+/// The port of a broker URL a coordinator printed.
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+}
+
+/// A study of `trials` short trials whose argv and env carry `marker`.
+fn marked_study(dir: &Path, name: &str, trials: u32, marker: &str) -> std::path::PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+command = ["sh", "-c", "sleep 0.1; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'", "{marker}-argv"]
+env = {{ DB_PASSWORD = "{marker}-env" }}
+timeout = 60
+max_attempts = 5
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "grid"
+[hyper.v]
+kind = "int"
+low = 1
+high = {trials}
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).expect("study");
+    path
+}
+
+/// MQTT 3.1.1 CONNECT (clean session, keep-alive 60 s) for `id`.
+fn connect_packet(id: &str) -> Vec<u8> {
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
+    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    body.extend_from_slice(id.as_bytes());
+    framed(0x10, &body)
+}
+
+/// A packet: its first byte, the remaining length, the body.
+fn framed(first: u8, body: &[u8]) -> Vec<u8> {
+    let mut out = vec![first];
+    let mut len = body.len();
+    loop {
+        let mut byte = (len % 128) as u8;
+        len /= 128;
+        if len > 0 {
+            byte |= 0x80;
+        }
+        out.push(byte);
+        if len == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+/// SUBSCRIBE to `filter` at QoS 1.
+fn subscribe_packet(filter: &str) -> Vec<u8> {
+    let mut body = vec![0, 1];
+    body.extend_from_slice(&(filter.len() as u16).to_be_bytes());
+    body.extend_from_slice(filter.as_bytes());
+    body.push(1);
+    framed(0x82, &body)
+}
+
+/// A QoS 0 PUBLISH of `payload` to `topic`.
+fn publish_packet(topic: &str, payload: &[u8]) -> Vec<u8> {
+    let mut body = (topic.len() as u16).to_be_bytes().to_vec();
+    body.extend_from_slice(topic.as_bytes());
+    body.extend_from_slice(payload);
+    framed(0x30, &body)
+}
+
+/// Until `stop`: connects, subscribes to `#` at QoS 1, publishes enough
+/// junk to fill its own queue, then reads nothing; connects again when
+/// the broker closes it. Counts in `filled` the connections whose junk
+/// went out; returns how many connections it made.
+fn silent_wildcard_subscriber(
+    port: u16,
+    stop: Arc<AtomicBool>,
+    filled: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let mut connections = 0;
+        let junk = vec![0x5a; 60 * 1024];
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+            connections += 1;
+            let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+            let _ = s.write_all(&connect_packet(&format!("silent-{connections}")));
+            let _ = s.write_all(&subscribe_packet("#"));
+            // 20 MiB of its own junk, more than any queue of its holds.
+            for i in 0..340 {
+                if stop.load(Ordering::Relaxed) || s.write_all(&publish_packet(&format!("junk/{i}"), &junk)).is_err() {
+                    break;
+                }
+            }
+            filled.fetch_add(1, Ordering::Relaxed);
+            // Reads nothing; waits until the broker gives up on it (its
+            // socket errors or reads end-of-file once the writes failed).
+            let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut byte = [0u8; 1];
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                match s.write(&[0xc0, 0x00]) {
+                    // A PINGREQ now and then: alive, but never reading.
+                    Ok(_) => {}
+                    Err(_) => break,
+                }
+                if matches!(s.peek(&mut byte), Ok(0)) {
+                    break;
+                }
+            }
+        }
+        connections
+    })
+}
+
+/// What one run of the marked study saw.
+struct Run {
+    secs: f64,
+    /// Topics on which the marker was read in clear.
+    leaked: Vec<String>,
+    /// Bytes of the fleet's traffic the reading client saw.
+    fleet_bytes: usize,
+    /// Connections the silent subscriber made (0: no attack).
+    silent_connections: u64,
+}
+
+/// Runs the marked study with two agents, a client reading everything
+/// under the study's root, and, when `attack`, a silent `#` subscriber
+/// whose queue is full before the agents join.
+fn marked_run(dir: &Path, name: &str, trials: u32, attack: bool) -> Run {
+    let store = dir.join(format!("{name}.db"));
+    let root = unique_root(name);
+    let marker = format!("tf-secret-{:08x}", std::process::id());
+    let study = marked_study(dir, name, trials, &marker);
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let port = port_of(&url);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut reader = rt.block_on(TestClient::connect(port, "reader")).expect("reader connects");
+    rt.block_on(reader.subscribe(&[format!("{root}/#")]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let filled = Arc::new(AtomicU64::new(0));
+    let silent = attack.then(|| silent_wildcard_subscriber(port, stop.clone(), filled.clone()));
+    if attack {
+        let full = || filled.load(Ordering::Relaxed) >= 1;
+        wait_for("the silent subscriber's queue filled", Duration::from_secs(30), full);
+    }
+    let agents = [format!("{root}-a1"), format!("{root}-a2")];
+    let _a: Vec<Proc> = agents.iter().map(|n| start_agent(&url, n, &root, &["--slots", "2"])).collect();
+    let started = Instant::now();
+    let (mut leaked, mut fleet_bytes) = (Vec::new(), 0);
+    while coord.child.try_wait().expect("coordinator").is_none() {
+        assert!(started.elapsed() < Duration::from_secs(240), "{name}: the study did not finish");
+        if let Ok((topic, payload)) = rt.block_on(reader.next_message(Duration::from_millis(100))) {
+            fleet_bytes += payload.len();
+            if payload.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+                leaked.push(topic);
+            }
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let silent_connections = silent.map_or(0, |t| t.join().expect("attacker thread"));
+    assert_eq!(coord.wait_exit(Duration::from_secs(10)).code(), Some(0), "{name}: the study completed");
+    let done: Vec<i64> = query(&store, "SELECT trial FROM results WHERE success = 1", |r| r.get(0));
+    assert_eq!(done.len(), trials as usize, "{name}: every trial done");
+    assert_agents_spools_empty(&agents.iter().map(String::as_str).collect::<Vec<_>>());
+    Run { secs, leaked, fleet_bytes, silent_connections }
+}
+
+#[test]
+fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trials = 200;
+    let quiet = marked_run(dir.path(), "quiet", trials, false);
+    let attacked = marked_run(dir.path(), "attacked", trials, true);
+    eprintln!(
+        "{trials} trials: {:.1} s unattacked, {:.1} s beside a silent # subscriber ({} connections of it): {:.2}x \
+         the trials/s; the reader saw {} and {} bytes of the fleet's",
+        quiet.secs,
+        attacked.secs,
+        attacked.silent_connections,
+        quiet.secs / attacked.secs,
+        quiet.fleet_bytes,
+        attacked.fleet_bytes
+    );
+    assert!(attacked.silent_connections >= 1);
+    // Before, every publish to the silent subscriber waited on its full
+    // queue: 4x the time here, the fleet still 12-14 s of every 23 s in
+    // a longer run. The bound leaves room for the attacker's own CPU.
+    assert!(
+        attacked.secs < 2.0 * quiet.secs + 3.0,
+        "{:.1} s under attack against {:.1} s: the silent subscriber held the fleet up",
+        attacked.secs,
+        quiet.secs
+    );
+    for run in [&quiet, &attacked] {
+        assert!(run.fleet_bytes > 10_000, "the reader saw the fleet's traffic ({} bytes)", run.fleet_bytes);
+        assert!(run.leaked.is_empty(), "argv or env read in clear on {:?}", run.leaked);
+    }
+}
+
+#[test]
+fn mqtt5_and_mqtt31_clients_hear_a_refusal_and_the_coordinator_logs_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let log = dir.path().join("coordinator.log");
+    let root = unique_root("v5");
+    let study = sleep_study(dir.path(), "v5", 2, 0.1);
+    let (coord, url) = start_coordinator_logged(&study, &store, &root, &[], Some(&log));
+    let port = port_of(&url);
+    // MQTT 5 (as `mosquitto_sub -V mqttv5` sends it) and MQTT 3.1 ("MQIsdp", level 3).
+    let v5 = framed(0x10, &[0, 4, b'M', b'Q', b'T', b'T', 5, 0x02, 0, 60, 0, 0, 2, b'v', b'5']);
+    let v31 = framed(0x10, &[0, 6, b'M', b'Q', b'I', b's', b'd', b'p', 3, 0x02, 0, 60, 0, 3, b'v', b'3', b'1']);
+    for (connect, want) in [(v5, vec![0x20u8, 0x03, 0x00, 0x84, 0x00]), (v31, vec![0x20, 0x02, 0x00, 0x01])] {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+        s.write_all(&connect).expect("write");
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).expect("answered and closed");
+        assert_eq!(got, want, "the CONNACK its specification asks for");
+    }
+    wait_for("the refusals in the log", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        text.contains("MQTT protocol level 5") && text.contains("MQTT protocol level 3")
+    });
+    coord.signal("KILL");
+}
