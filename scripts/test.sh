@@ -39,7 +39,7 @@ if [ $quick = 1 ]; then
   cargo build --workspace --bins --quiet
   # Units and the engine's turn (the coordinator's lib tests), and each
   # crate's own integration tests.
-  cargo test -p tunefleet-common -p tunefleet-agent -p tunefleet-coordinator --tests --quiet
+  cargo test -p tunefleet-common -p tunefleet-broker -p tunefleet-agent -p tunefleet-coordinator --tests --quiet
   args=()
   for t in $QUICK_TESTS; do args+=(--test "$t"); done
   cargo test -p tunefleet-tests --lib "${args[@]}" --quiet

@@ -1,8 +1,99 @@
 //! `--allow-command`: a second lock for owners who want one. With patterns
 //! given, an assignment runs only if its program (`argv[0]`, as the study
 //! wrote it) matches one of them (shell-style globs, through the `glob`
-//! crate: `tunefleet-*`, `/opt/bench/bin/*`); authentication decides who
-//! may send work, this decides what work may run.
+//! crate: `tunefleet-*`, `/opt/bench/bin/*`), and its environment names
+//! nothing that changes how an allowed program starts or what it loads
+//! ([`LOADER_ENV`], [`LOADER_PREFIXES`]) unless the owner allows that name
+//! (`--allow-env NAME`); authentication decides who may send work, this
+//! decides what work may run.
+
+/// Variables that make a shell, the dynamic loader or an interpreter run
+/// or load code the program's path does not name: a shell's start-up file
+/// (`BASH_ENV`, `ENV`), where programs and modules are found (`PATH`,
+/// `PYTHONPATH`, `PERL5LIB`, `RUBYLIB`, `NODE_PATH`, `CLASSPATH`, ...),
+/// options an interpreter reads before the program (`PERL5OPT`, `RUBYOPT`,
+/// `NODE_OPTIONS`, `JAVA_TOOL_OPTIONS`, `PYTHONSTARTUP`, `PYTHONWARNINGS`,
+/// ...), the shell's word splitting and prompts (`IFS`, `PS4`,
+/// `PROMPT_COMMAND`, `SHELLOPTS`), glibc's loaders of modules (`GCONV_PATH`,
+/// `GLIBC_TUNABLES`).
+pub const LOADER_ENV: &[&str] = &[
+    "BASH_ENV",
+    "ENV",
+    "PATH",
+    "IFS",
+    "CDPATH",
+    "GLOBIGNORE",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "PYTHONINSPECT",
+    "PYTHONWARNINGS",
+    "PYTHONBREAKPOINT",
+    "PYTHONEXECUTABLE",
+    "PERL5LIB",
+    "PERLLIB",
+    "PERL5OPT",
+    "PERL5DB",
+    "RUBYLIB",
+    "RUBYOPT",
+    "NODE_OPTIONS",
+    "NODE_PATH",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "CLASSPATH",
+    "GCONV_PATH",
+    "GLIBC_TUNABLES",
+    "HOSTALIASES",
+    "TCLLIBPATH",
+    "R_PROFILE",
+    "R_PROFILE_USER",
+    "R_LIBS",
+    "R_LIBS_USER",
+    "JULIA_LOAD_PATH",
+    "JULIA_DEPOT_PATH",
+    "OPENSSL_CONF",
+    "SSLKEYLOGFILE",
+];
+
+/// Prefixes of such variables: the dynamic loader's (`LD_PRELOAD`,
+/// `LD_LIBRARY_PATH`, `LD_AUDIT`, ...), bash's exported functions, git's,
+/// Lua's module paths, glibc's allocator hooks.
+pub const LOADER_PREFIXES: &[&str] = &["LD_", "DYLD_", "BASH_FUNC_", "GIT_", "LUA_", "MALLOC_"];
+
+/// What `--allow-command` and `--allow-env` let run.
+#[derive(Debug, Clone, Default)]
+pub struct Allow {
+    /// Programs that may run (empty: any, and any environment).
+    pub commands: Vec<glob::Pattern>,
+    /// Names of [`LOADER_ENV`] or [`LOADER_PREFIXES`] the owner allows anyway.
+    pub env: Vec<String>,
+}
+
+impl Allow {
+    /// Checks an assignment's program and environment.
+    pub fn check(&self, argv: &[String], env: &[(String, String)]) -> Result<(), String> {
+        allowed(&self.commands, argv)?;
+        if self.commands.is_empty() {
+            return Ok(());
+        }
+        for (name, _) in env {
+            let loader = LOADER_ENV.contains(&name.as_str()) || LOADER_PREFIXES.iter().any(|p| name.starts_with(p));
+            if loader && !self.env.iter().any(|n| n == name) {
+                return Err(format!(
+                    "the study sets {name}, which changes what an allowed program runs or loads: refused by \
+                     --allow-command (the agent's owner may allow it with --allow-env {name})"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Checks `argv` against `patterns` (empty: everything is allowed).
 pub fn allowed(patterns: &[glob::Pattern], argv: &[String]) -> Result<(), String> {
@@ -33,6 +124,24 @@ pub fn parse(patterns: &[String]) -> Result<Vec<glob::Pattern>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn regression_a_study_cannot_load_code_into_an_allowed_program_through_its_env() {
+        let commands = parse(&["/opt/bench/*".into()]).expect("patterns");
+        let allow = Allow { commands, env: vec!["PYTHONPATH".into()] };
+        let run = vec!["/opt/bench/run.sh".to_string()];
+        let env = |name: &str| vec![(name.to_string(), "$(id > /tmp/owned)".to_string())];
+        for name in
+            ["BASH_ENV", "ENV", "LD_PRELOAD", "LD_AUDIT", "PATH", "JAVA_TOOL_OPTIONS", "NODE_OPTIONS", "PERL5OPT"]
+        {
+            let e = allow.check(&run, &env(name)).expect_err(name);
+            assert!(e.contains(name) && e.contains("--allow-env"), "{e}");
+        }
+        assert_eq!(allow.check(&run, &env("PYTHONPATH")), Ok(()), "allowed by name");
+        assert_eq!(allow.check(&run, &env("DB_HOST")), Ok(()), "an ordinary variable");
+        let open = Allow::default();
+        assert_eq!(open.check(&run, &env("BASH_ENV")), Ok(()), "no --allow-command: no lock to walk past");
+    }
 
     fn argv(p: &str) -> Vec<String> {
         vec![p.to_string(), "--x".into()]

@@ -63,7 +63,7 @@ pub struct AgentConfig {
     pub trust_first_coordinator: bool,
     /// Programs the agent may run (glob patterns on the program, `argv[0]`);
     /// empty: any.
-    pub allow_commands: Vec<glob::Pattern>,
+    pub allow: crate::allow::Allow,
 }
 
 impl AgentConfig {
@@ -94,7 +94,7 @@ impl AgentConfig {
             coordinator_key: None,
             join: None,
             trust_first_coordinator: false,
-            allow_commands: Vec::new(),
+            allow: crate::allow::Allow::default(),
         }
     }
 }

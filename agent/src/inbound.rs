@@ -37,7 +37,7 @@ pub(crate) fn loud(n: u64) -> bool {
 pub(crate) fn on_inbound(
     state: &mut AgentState,
     auth: &mut auth::AgentAuth,
-    allow: &[glob::Pattern],
+    allow: &allow::Allow,
     inbound: Inbound,
     refused: &mut Refused,
 ) -> Vec<Action> {
@@ -138,12 +138,12 @@ pub(crate) fn on_inbound(
 /// One message of the coordinator's (a bundle's, in order).
 fn on_message(
     state: &mut AgentState,
-    allow: &[glob::Pattern],
+    allow: &allow::Allow,
     msg: CoordinatorMessage,
     refused: &mut Refused,
 ) -> Vec<Action> {
     match msg {
-        CoordinatorMessage::Assign(a) => match allow::allowed(allow, &a.spec.argv) {
+        CoordinatorMessage::Assign(a) => match allow.check(&a.spec.argv, &a.spec.env) {
             Ok(()) => state.on_assign(a),
             Err(why) => {
                 refused.disallowed += 1;

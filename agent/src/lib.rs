@@ -660,7 +660,7 @@ impl<'c> Agent<'c> {
 
     /// What the state machine does with `event`, decoded by [`inbound`].
     fn inbound_actions(&mut self, event: Inbound) -> Vec<Action> {
-        on_inbound(&mut self.state, &mut self.exec.auth, &self.config.allow_commands, event, &mut self.refused)
+        on_inbound(&mut self.state, &mut self.exec.auth, &self.config.allow, event, &mut self.refused)
     }
 
     fn on_progress(&mut self, trial: TrialRef, epoch: runner::EpochReport) {

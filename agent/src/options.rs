@@ -375,7 +375,8 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     };
     config.join = join.map(|t| t.parse().map_err(ConfigError::Join)).transpose()?;
     config.trust_first_coordinator = cli.trust_first_coordinator;
-    config.allow_commands = crate::allow::parse(&cli.allow_commands).map_err(ConfigError::AllowCommand)?;
+    config.allow.commands = crate::allow::parse(&cli.allow_commands).map_err(ConfigError::AllowCommand)?;
+    config.allow.env.clone_from(&cli.allow_env);
     Ok(config)
 }
 

@@ -19,7 +19,9 @@
 //! loopback-only listener with a credential made up at start.
 
 mod connect;
+mod counters;
 mod queue;
+mod read;
 pub mod routes;
 #[cfg(feature = "rumqttd")]
 mod rumqttd;
@@ -40,8 +42,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 pub use connect::same_secret;
+pub use counters::BrokerCounters;
 pub use queue::STALL;
-pub use serve::BrokerCounters;
 
 /// Starts the embedded broker and returns once it accepts connections.
 pub fn start(settings: &BrokerSettings) -> Result<EmbeddedBroker, BrokerError> {

@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use rumqttc::mqttbytes::v4::Packet;
@@ -29,7 +29,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 
-use super::serve::{bump, Shared};
+use super::counters::{bump, BrokerCounters};
 
 /// A subscriber that takes nothing from its queue for this long is disconnected.
 pub const STALL: Duration = Duration::from_secs(20);
@@ -51,6 +51,21 @@ pub(crate) const LIGHT_KIB: u32 = 256;
 pub(crate) const GRACE: Duration = Duration::from_millis(500);
 /// What a writer gathers into one write.
 const WRITE_BATCH: usize = 64 * 1024;
+
+/// What the queues need of the broker: its counters, its clock and how
+/// long a subscriber may take nothing.
+pub(crate) struct Clock {
+    pub counters: Arc<BrokerCounters>,
+    pub started: Instant,
+    pub stall: Duration,
+}
+
+impl Clock {
+    /// Milliseconds since the broker started.
+    pub fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+}
 
 /// A connection as others see it: where to queue its messages.
 #[derive(Clone)]
@@ -153,7 +168,7 @@ pub(crate) enum Offered {
 /// [`GRACE`] when `may_wait` (a client's publish to a subscriber that was
 /// keeping up); the coordinator's own connection waits as long as it must
 /// (see the module's doc).
-pub(crate) async fn offer(shared: &Arc<Shared>, peer: &Peer, packet: Packet, may_wait: bool) -> Offered {
+pub(crate) async fn offer(shared: &Clock, peer: &Peer, packet: Packet, may_wait: bool) -> Offered {
     let packet = match try_offer(shared, peer, packet, false) {
         Tried::Done(offered) => {
             if offered == Offered::Queued {
@@ -180,7 +195,7 @@ pub(crate) async fn offer(shared: &Arc<Shared>, peer: &Peer, packet: Packet, may
 }
 
 /// A copy that did not fit: a QoS 0 one dropped, a QoS 1 one closing its connection.
-fn lose(shared: &Shared, peer: &Peer, packet: &Packet) -> Offered {
+fn lose(shared: &Clock, peer: &Peer, packet: &Packet) -> Offered {
     if peer.stop.is_cancelled() {
         // Closed already (its writer has not ended yet): nothing new to count.
         return Offered::Closed;
@@ -207,7 +222,7 @@ pub(crate) enum Tried {
 
 /// Queues `packet` for `peer` if it fits now; gives it back when it does
 /// not (for the caller to wait, or to [`lose`] it).
-pub(crate) fn try_offer(shared: &Shared, peer: &Peer, packet: Packet, own: bool) -> Tried {
+pub(crate) fn try_offer(shared: &Clock, peer: &Peer, packet: Packet, own: bool) -> Tried {
     let n = cost(&packet).min(peer.capacity);
     let permit = match peer.budget.clone().try_acquire_many_owned(n) {
         Ok(p) => Some(p),
@@ -245,7 +260,7 @@ pub(crate) fn stuck(idle: Duration, full_for: Duration, drained: u64, stall: Dur
 /// when it is gone or was disconnected for stalling. Used for what a
 /// connection causes itself (its acks, its retained copies) and for the
 /// coordinator's own connection: a wait here holds up no other client.
-pub(crate) async fn deliver_waiting(shared: &Arc<Shared>, peer: &Peer, packet: Packet) -> bool {
+pub(crate) async fn deliver_waiting(shared: &Clock, peer: &Peer, packet: Packet) -> bool {
     let n = cost(&packet).min(peer.capacity);
     let permit = match peer.budget.clone().try_acquire_many_owned(n) {
         Ok(p) => {
@@ -277,7 +292,7 @@ pub(crate) async fn deliver_waiting(shared: &Arc<Shared>, peer: &Peer, packet: P
 }
 
 /// Closes `peer` when it is stuck; true when it was.
-fn stalled(shared: &Shared, peer: &Peer) -> bool {
+fn stalled(shared: &Clock, peer: &Peer) -> bool {
     let now = shared.now_ms();
     let idle = now.saturating_sub(peer.progress.load(Ordering::Relaxed));
     let full_since = peer.full_since.load(Ordering::Relaxed);
@@ -301,7 +316,7 @@ pub(crate) async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut rx: mpsc::UnboundedReceiver<Queued>,
     peer: Peer,
-    shared: Arc<Shared>,
+    shared: Arc<Clock>,
 ) {
     let mut out = BytesMut::with_capacity(1024);
     let mut held: Vec<Hold> = Vec::new();

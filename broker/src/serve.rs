@@ -28,13 +28,15 @@ use bytes::BytesMut;
 use rumqttc::mqttbytes::v4::{
     ConnAck, ConnectReturnCode, Packet, PubAck, PubComp, PubRec, Publish, SubAck, SubscribeReasonCode, UnsubAck,
 };
-use rumqttc::mqttbytes::{Error as CodecError, Protocol, QoS};
+use rumqttc::mqttbytes::{Protocol, QoS};
 use rumqttc::tokio_rustls::TlsAcceptor;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Semaphore;
 
-use super::connect::{peek_level, refuse_level, same_secret};
-use super::queue::{deliver_waiting, offer, try_offer, write_loop, Offered, Peer, Tried};
+use super::connect::{refuse_level, same_secret};
+use super::counters::{bump, BrokerCounters};
+use super::queue::{deliver_waiting, offer, try_offer, write_loop, Clock, Offered, Peer, Tried};
+use super::read::{read_connect, read_packet, ReadError, ReadRoom, READ_BUFFERS_KIB};
 use super::routes::{check_filter, check_topic, ConnId, Retained, Subscriptions};
 
 /// Retained messages kept at most (beyond it a retained publish is routed but not kept).
@@ -52,137 +54,13 @@ const MAX_RETAINED_PER_SUBSCRIBE: usize = 2_048;
 const IDLE_WITHOUT_KEEPALIVE: Duration = Duration::from_secs(300);
 /// The longest keep-alive honoured (a client asking for more gets this).
 const MAX_KEEPALIVE: Duration = Duration::from_secs(1_200);
-/// KiB of read buffers beyond the first 64 KiB of each that clients may
-/// hold together (a packet being read); the coordinator's is apart.
-const READ_BUFFERS_KIB: usize = 96 * 1024;
-/// A packet larger than the first 64 KiB must arrive whole this soon after
-/// it started, or its sender is closed: a half-sent packet holds memory.
-const LARGE_PACKET_TIMEOUT: Duration = Duration::from_secs(30);
 /// A CONNECT must arrive this soon after the TCP (and TLS) handshake.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest CONNECT taken (before a client has logged in, it holds no
-/// more than this of the broker's memory; Tunefleet's are a few hundred bytes).
-const MAX_CONNECT_BYTES: usize = 64 * 1024;
 /// Subscriptions one connection may hold (Tunefleet's clients hold 2).
 const MAX_FILTERS: usize = 64;
 /// Sockets open at once, logged in or not (10,000 agents by default, room
 /// for reconnects and a coordinator); past it a new socket is closed at once.
 pub const MAX_SOCKETS: u64 = 20_000;
-
-/// What the broker has counted since it started.
-#[derive(Debug, Default)]
-pub struct BrokerCounters {
-    /// Connections open now (logged in).
-    pub connected: AtomicU64,
-    /// Sockets open now, logged in or not.
-    pub sockets: AtomicU64,
-    /// Sockets closed at once: [`MAX_SOCKETS`] were open.
-    pub over_capacity: AtomicU64,
-    /// Subscriptions refused (a bad filter, or more than a connection may hold).
-    pub refused_filters: AtomicU64,
-    /// Connections that logged in.
-    pub accepted: AtomicU64,
-    /// CONNECTs refused (bad login, a protocol other than 3.1.1, no CONNECT in time, TLS failed).
-    pub refused: AtomicU64,
-    /// Connections closed for a malformed or oversized packet or a bad topic.
-    pub malformed: AtomicU64,
-    /// Subscribers disconnected for taking nothing from their queue for [`STALL`].
-    pub stalled: AtomicU64,
-    /// Subscribers disconnected for being too far behind to take a QoS 1 copy.
-    pub slow_closed: AtomicU64,
-    /// QoS 0 copies dropped: their subscriber's queue (or the clients' budget) was full.
-    pub dropped: AtomicU64,
-    /// CONNECTs of another protocol version (MQTT 3.1, 5), answered with a refusal.
-    pub refused_protocol: AtomicU64,
-    /// Logins as the coordinator with the wrong secret.
-    pub refused_privileged: AtomicU64,
-    /// Connections closed for going quiet past their keep-alive (or [`IDLE_WITHOUT_KEEPALIVE`]).
-    pub idle_closed: AtomicU64,
-    /// Retained messages kept now, and what they cost (bytes, as counted against the budget).
-    pub retained: AtomicU64,
-    pub retained_bytes: AtomicU64,
-    /// KiB queued for clients now (the coordinator's own queue apart).
-    pub queued_kib: Arc<AtomicU64>,
-    /// A client id connecting again while connected (the old connection closed).
-    pub taken_over: AtomicU64,
-    /// Retained publishes not kept (the retained store full).
-    pub retained_refused: AtomicU64,
-    /// Messages received from publishers.
-    pub received: AtomicU64,
-    /// Copies queued to subscribers.
-    pub delivered: AtomicU64,
-}
-
-impl BrokerCounters {
-    /// Every counter and gauge: its name, what it counts, whether it is a
-    /// gauge (a level now) rather than a count since the start, and its value.
-    pub fn snapshot(&self) -> Vec<(&'static str, &'static str, bool, u64)> {
-        let v = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        vec![
-            ("connections", "connections logged in now", true, v(&self.connected)),
-            ("sockets", "sockets open now, logged in or not", true, v(&self.sockets)),
-            ("queued_bytes", "bytes queued for clients now", true, v(&self.queued_kib) * 1024),
-            ("retained_messages", "retained messages kept now", true, v(&self.retained)),
-            ("retained_bytes", "what the retained messages cost now", true, v(&self.retained_bytes)),
-            ("accepted_total", "logins accepted", false, v(&self.accepted)),
-            ("refused_total", "CONNECTs refused", false, v(&self.refused)),
-            ("refused_protocol_total", "CONNECTs of MQTT 3.1 or 5 refused", false, v(&self.refused_protocol)),
-            (
-                "refused_privileged_total",
-                "logins as the coordinator with a wrong secret",
-                false,
-                v(&self.refused_privileged),
-            ),
-            (
-                "over_capacity_total",
-                "sockets closed at once: the socket budget was full",
-                false,
-                v(&self.over_capacity),
-            ),
-            (
-                "malformed_total",
-                "connections closed for a malformed, oversized or too slow packet",
-                false,
-                v(&self.malformed),
-            ),
-            ("refused_filters_total", "subscriptions refused", false, v(&self.refused_filters)),
-            ("dropped_total", "QoS 0 copies dropped: their subscriber was behind", false, v(&self.dropped)),
-            (
-                "slow_closed_total",
-                "subscribers disconnected: too far behind for a QoS 1 copy",
-                false,
-                v(&self.slow_closed),
-            ),
-            ("stalled_total", "subscribers disconnected: took nothing for the stall", false, v(&self.stalled)),
-            ("idle_closed_total", "connections closed: quiet past their keep-alive", false, v(&self.idle_closed)),
-            ("taken_over_total", "client ids connecting again while connected", false, v(&self.taken_over)),
-            (
-                "retained_refused_total",
-                "retained publishes not kept: the budget was full",
-                false,
-                v(&self.retained_refused),
-            ),
-            ("received_total", "messages received from publishers", false, v(&self.received)),
-            ("delivered_total", "copies queued to subscribers", false, v(&self.delivered)),
-        ]
-    }
-
-    /// The counters as Prometheus text, each named `tunefleet_broker_*`.
-    pub fn prometheus(&self) -> String {
-        let mut out = String::new();
-        for (name, help, gauge, value) in self.snapshot() {
-            let kind = if gauge { "gauge" } else { "counter" };
-            out.push_str(&format!(
-                "# HELP tunefleet_broker_{name} {help}\n# TYPE tunefleet_broker_{name} {kind}\ntunefleet_broker_{name} {value}\n"
-            ));
-        }
-        out
-    }
-}
-
-pub(crate) fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
 
 #[derive(Default)]
 struct Tables {
@@ -198,11 +76,11 @@ pub struct Shared {
     /// Read buffers beyond their first 64 KiB, in KiB ([`READ_BUFFERS_KIB`]).
     read_budget: Arc<Semaphore>,
     next_id: AtomicU64,
-    started: Instant,
+    /// The queues' view of the broker (its counters, clock and stall).
+    clock: Arc<Clock>,
     pub counters: Arc<BrokerCounters>,
     max_payload: usize,
     nodelay: bool,
-    pub(crate) stall: Duration,
     max_sockets: u64,
 }
 
@@ -220,21 +98,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     pub fn new(max_payload: usize, nodelay: bool, stall: Duration, max_sockets: u64) -> Arc<Shared> {
+        let counters: Arc<BrokerCounters> = Arc::default();
         Arc::new(Shared {
             tables: Mutex::new(Tables::default()),
             read_budget: Arc::new(Semaphore::new(READ_BUFFERS_KIB)),
             next_id: AtomicU64::new(1),
-            started: Instant::now(),
-            counters: Arc::default(),
+            clock: Arc::new(Clock { counters: counters.clone(), started: Instant::now(), stall }),
+            counters,
             max_payload,
             nodelay,
-            stall,
             max_sockets,
         })
-    }
-
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
     }
 }
 
@@ -357,109 +231,6 @@ impl Drop for SocketCount {
     }
 }
 
-/// What a reader holds of the clients' read-buffer budget.
-struct ReadRoom {
-    /// `None` for the coordinator's own connection (not counted).
-    budget: Option<Arc<Semaphore>>,
-    held: Option<OwnedSemaphorePermit>,
-}
-
-impl ReadRoom {
-    /// Grows `buf` by up to `want` bytes: the first 64 KiB free, the rest
-    /// against the budget (waiting for room; only this reader waits).
-    async fn reserve(&mut self, buf: &mut BytesMut, want: usize) -> Result<(), ReadError> {
-        let step = want.clamp(1024, 64 * 1024);
-        let after = buf.len() + step;
-        if let (Some(budget), true) = (&self.budget, after > 64 * 1024) {
-            let need = u32::try_from((after - 64 * 1024).div_ceil(1024)).map_err(|_| ReadError::TooSlow)?;
-            let have = self.held.as_ref().map_or(0, OwnedSemaphorePermit::num_permits) as u32;
-            if need > have {
-                let more = budget.clone().acquire_many_owned(need - have).await.map_err(|_| ReadError::TooSlow)?;
-                match &mut self.held {
-                    Some(h) => h.merge(more),
-                    None => self.held = Some(more),
-                }
-            }
-        }
-        buf.reserve(step);
-        Ok(())
-    }
-
-    /// Gives back what an emptied buffer no longer needs.
-    fn release(&mut self) {
-        self.held = None;
-    }
-}
-
-/// Reads one packet, waiting for more bytes as needed; the buffer grows
-/// with what arrives, never by what a header announces.
-async fn read_packet<R: AsyncRead + Unpin>(
-    stream: &mut R,
-    buf: &mut BytesMut,
-    max: usize,
-    room: &mut ReadRoom,
-) -> Result<Option<Packet>, ReadError> {
-    let mut large_since: Option<tokio::time::Instant> = None;
-    loop {
-        match Packet::read(buf, max) {
-            Ok(p) => return Ok(Some(p)),
-            Err(CodecError::InsufficientBytes(n)) => {
-                if buf.len() >= 64 * 1024 {
-                    let since = *large_since.get_or_insert_with(tokio::time::Instant::now);
-                    if since.elapsed() > LARGE_PACKET_TIMEOUT {
-                        return Err(ReadError::TooSlow);
-                    }
-                }
-                if buf.capacity() - buf.len() < n.min(1024) {
-                    let wait = LARGE_PACKET_TIMEOUT.saturating_sub(large_since.map_or(Duration::ZERO, |s| s.elapsed()));
-                    tokio::time::timeout(wait, room.reserve(buf, n)).await.map_err(|_| ReadError::TooSlow)??;
-                }
-                let read = match large_since {
-                    Some(since) => {
-                        let left = LARGE_PACKET_TIMEOUT.saturating_sub(since.elapsed());
-                        tokio::time::timeout(left, stream.read_buf(buf)).await.map_err(|_| ReadError::TooSlow)?
-                    }
-                    None => stream.read_buf(buf).await,
-                };
-                if read.map_err(|_| ReadError::Io)? == 0 {
-                    return Ok(None);
-                }
-            }
-            Err(e) => return Err(ReadError::Codec(e)),
-        }
-    }
-}
-
-#[derive(Debug)]
-enum ReadError {
-    /// The socket failed (reset, TLS error): the connection is lost either way.
-    Io,
-    Codec(CodecError),
-    /// A large packet did not arrive whole in [`LARGE_PACKET_TIMEOUT`].
-    TooSlow,
-    /// A CONNECT of another protocol level (MQTT 3.1: 3, MQTT 5: 5).
-    Level(u8),
-}
-
-/// Reads the CONNECT, refusing other protocol levels as soon as their level byte is in.
-async fn read_connect<R: AsyncRead + Unpin>(stream: &mut R, buf: &mut BytesMut) -> Result<Option<Packet>, ReadError> {
-    loop {
-        if let Some(level) = peek_level(buf).filter(|l| *l != 4) {
-            return Err(ReadError::Level(level));
-        }
-        match Packet::read(buf, MAX_CONNECT_BYTES) {
-            Ok(p) => return Ok(Some(p)),
-            Err(CodecError::InsufficientBytes(n)) => {
-                buf.reserve(n.clamp(64, MAX_CONNECT_BYTES));
-                if stream.read_buf(buf).await.map_err(|_| ReadError::Io)? == 0 {
-                    return Ok(None);
-                }
-            }
-            Err(e) => return Err(ReadError::Codec(e)),
-        }
-    }
-}
-
 async fn connection<S>(shared: Arc<Shared>, stream: S, addr: std::net::SocketAddr, admit: Arc<Admission>)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -503,10 +274,10 @@ where
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let client_id = if connect.client_id.is_empty() { format!("tf-anon-{id}") } else { connect.client_id.clone() };
     let privileged = login == Login::Coordinator;
-    let (peer, rx) = Peer::new(privileged, shared.now_ms());
+    let (peer, rx) = Peer::new(privileged, shared.clock.now_ms());
     // The ConnAck is the first thing queued: nothing routed to this
     // connection can be written before it.
-    if !deliver_waiting(&shared, &peer, Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false))).await {
+    if !deliver_waiting(&shared.clock, &peer, Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false))).await {
         return;
     }
     {
@@ -521,7 +292,7 @@ where
     }
     bump(&shared.counters.accepted);
     shared.counters.connected.fetch_add(1, Ordering::Relaxed);
-    let writing = tokio::spawn(write_loop(writer, rx, peer.clone(), shared.clone()));
+    let writing = tokio::spawn(write_loop(writer, rx, peer.clone(), shared.clock.clone()));
 
     let keep_alive = match connect.keep_alive {
         0 => IDLE_WITHOUT_KEEPALIVE,
@@ -645,7 +416,7 @@ impl Session<'_> {
     /// anything else queued for it, so a client that does not read its acks
     /// slows only itself.
     async fn own(&self, packet: Packet) -> bool {
-        deliver_waiting(self.shared, self.peer, packet).await
+        deliver_waiting(&self.shared.clock, self.peer, packet).await
     }
 
     async fn handle(&mut self, packet: Packet) -> Step {
@@ -754,7 +525,7 @@ impl Session<'_> {
                 codes.push(code);
             }
             let suback = Packet::SubAck(SubAck::new(s.pkid, codes));
-            match try_offer(self.shared, self.peer, suback, true) {
+            match try_offer(&self.shared.clock, self.peer, suback, true) {
                 Tried::Done(Offered::Queued) => {}
                 Tried::Done(_) => return Step::Close,
                 Tried::Full(p) => later.push(p),
@@ -764,7 +535,7 @@ impl Session<'_> {
                     later.push(packet);
                     continue;
                 }
-                match try_offer(self.shared, self.peer, packet, false) {
+                match try_offer(&self.shared.clock, self.peer, packet, false) {
                     Tried::Done(Offered::Queued) => bump(&c.delivered),
                     Tried::Done(Offered::Dropped) => bump(&c.dropped),
                     Tried::Done(Offered::Closed) => return Step::Close,
@@ -860,8 +631,39 @@ async fn route(shared: &Arc<Shared>, mut p: Publish, from_coordinator: bool) {
     for (peer, granted) in targets {
         let mut copy = p.clone();
         copy.qos = if granted == 0 { QoS::AtMostOnce } else { lower(qos, QoS::AtLeastOnce) };
-        if offer(shared, &peer, Packet::Publish(copy), !from_coordinator).await == Offered::Queued {
+        if offer(&shared.clock, &peer, Packet::Publish(copy), !from_coordinator).await == Offered::Queued {
             bump(&c.delivered);
         }
     }
 }
+
+/// Runs one connection of a fresh, open broker with `bytes` as everything
+/// its client sends, reading what it answers, until the connection ends:
+/// the packet handling as a fuzz target drives it (`fuzz/`).
+#[cfg(feature = "fuzzing")]
+pub fn fuzz_connection(bytes: &[u8]) {
+    use tokio::io::AsyncReadExt;
+    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_time().build() else { return };
+    runtime.block_on(async {
+        let shared = Shared::new(super::settings::MAX_PAYLOAD, false, STALL_FOR_FUZZING, 16);
+        let admit = Arc::new(Admission { users: None, internal: None });
+        let (mut client, server) = tokio::io::duplex(256 * 1024);
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let conn = tokio::spawn(connection(shared, server, addr, admit));
+        let (mut read, mut write) = tokio::io::split(&mut client);
+        let talk = async {
+            let _ = write.write_all(bytes).await;
+            let _ = write.shutdown().await;
+        };
+        let listen = async {
+            let mut sink = Vec::new();
+            let _ = read.read_to_end(&mut sink).await;
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(talk, listen) }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
+    });
+}
+
+/// A subscriber's stall while fuzzing: short, so no input waits long.
+#[cfg(feature = "fuzzing")]
+const STALL_FOR_FUZZING: Duration = Duration::from_millis(200);

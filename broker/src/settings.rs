@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::serve::BrokerCounters;
+use super::counters::BrokerCounters;
 
 /// Largest MQTT payload the embedded broker accepts.
 pub const MAX_PAYLOAD: usize = tunefleet_common::MAX_MESSAGE_BYTES + 64 * 1024;

@@ -128,6 +128,10 @@ pub struct Cli {
     /// shell-style pattern (repeatable) [default: any program]
     #[arg(long = "allow-command", value_name = "PATTERN")]
     pub allow_commands: Vec<String>,
+    /// Under --allow-command, let a study set this variable although it changes what a program
+    /// runs or loads (BASH_ENV, PATH, LD_*, PYTHONPATH, ...; repeatable) [default: none]
+    #[arg(long = "allow-env", value_name = "NAME")]
+    pub allow_env: Vec<String>,
     /// Take no trials while on battery below this charge, in percent (0: no check)
     #[arg(long, default_value_t = DEFAULT_MIN_BATTERY, value_name = "PERCENT")]
     pub min_battery: f64,

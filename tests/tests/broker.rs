@@ -132,8 +132,73 @@ fn silent_wildcard_subscriber(
     })
 }
 
+/// Until `stop`: `n` connections, each subscribed to a topic of its own
+/// and publishing `mib` MiB to it at QoS 0, reading nothing; each connects
+/// again when the broker closes it. Counts in `filled` the connections
+/// whose junk went out.
+fn queue_fillers(
+    port: u16,
+    n: usize,
+    mib: usize,
+    stop: Arc<AtomicBool>,
+    filled: Arc<AtomicU64>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..n)
+        .map(|i| {
+            let (stop, filled) = (stop.clone(), filled.clone());
+            std::thread::spawn(move || {
+                let mut connections = 0;
+                let junk = vec![0xa5; 1 << 20];
+                let topic = format!("fill/{i}");
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+                    connections += 1;
+                    let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+                    let _ = s.write_all(&connect_packet(&format!("filler-{i}-{connections}")));
+                    let _ = s.write_all(&subscribe_packet(&topic));
+                    for _ in 0..mib {
+                        if stop.load(Ordering::Relaxed) || s.write_all(&publish_packet(&topic, &junk)).is_err() {
+                            break;
+                        }
+                    }
+                    filled.fetch_add(1, Ordering::Relaxed);
+                    // Holds its connection, reading nothing, until the broker closes it or the test ends.
+                    let mut byte = [0u8; 1];
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    while !stop.load(Ordering::Relaxed) && !matches!(s.peek(&mut byte), Ok(0)) {
+                        if s.write(&[0xc0, 0x00]).is_err() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+                connections
+            })
+        })
+        .collect()
+}
+
+/// A process's field of `/proc/PID/status`, in KiB (0 once it is gone).
+fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:")));
+    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// Who attacks a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Attack {
+    None,
+    /// One `#` subscriber reading nothing.
+    Silent,
+    /// 80 connections filling queues of their own.
+    Fill,
+}
+
 /// What one run of the marked study saw.
 struct Run {
+    /// The coordinator's peak resident set (VmHWM), in MiB.
+    peak_mib: u64,
     secs: f64,
     /// Topics on which the marker was read in clear.
     leaked: Vec<String>,
@@ -143,10 +208,9 @@ struct Run {
     silent_connections: u64,
 }
 
-/// Runs the marked study with two agents, a client reading everything
-/// under the study's root, and, when `attack`, a silent `#` subscriber
-/// whose queue is full before the agents join.
-fn marked_run(dir: &Path, name: &str, trials: u32, attack: bool) -> Run {
+/// Runs the marked study with two agents and a client reading everything
+/// under the study's root, under `attack`, set up before the agents join.
+fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
     let store = dir.join(format!("{name}.db"));
     let root = unique_root(name);
     let marker = format!("tf-secret-{:08x}", std::process::id());
@@ -158,16 +222,20 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: bool) -> Run {
     rt.block_on(reader.subscribe(&[format!("{root}/#")]));
     let stop = Arc::new(AtomicBool::new(false));
     let filled = Arc::new(AtomicU64::new(0));
-    let silent = attack.then(|| silent_wildcard_subscriber(port, stop.clone(), filled.clone()));
-    if attack {
-        let full = || filled.load(Ordering::Relaxed) >= 1;
-        wait_for("the silent subscriber's queue filled", Duration::from_secs(30), full);
-    }
+    let attackers = match attack {
+        Attack::None => Vec::new(),
+        Attack::Silent => vec![silent_wildcard_subscriber(port, stop.clone(), filled.clone())],
+        Attack::Fill => queue_fillers(port, 80, 12, stop.clone(), filled.clone()),
+    };
+    let want = attackers.len() as u64;
+    let full = || filled.load(Ordering::Relaxed) >= want;
+    wait_for("the attackers' queues filled", Duration::from_secs(120), full);
     let agents = [format!("{root}-a1"), format!("{root}-a2")];
     let _a: Vec<Proc> = agents.iter().map(|n| start_agent(&url, n, &root, &["--slots", "2"])).collect();
     let started = Instant::now();
-    let (mut leaked, mut fleet_bytes) = (Vec::new(), 0);
+    let (mut leaked, mut fleet_bytes, mut peak_mib) = (Vec::new(), 0, 0);
     while coord.child.try_wait().expect("coordinator").is_none() {
+        peak_mib = peak_mib.max(proc_kib(coord.child.id(), "VmHWM") / 1024);
         assert!(started.elapsed() < Duration::from_secs(240), "{name}: the study did not finish");
         if let Ok((topic, payload)) = rt.block_on(reader.next_message(Duration::from_millis(100))) {
             fleet_bytes += payload.len();
@@ -178,20 +246,20 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: bool) -> Run {
     }
     let secs = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let silent_connections = silent.map_or(0, |t| t.join().expect("attacker thread"));
+    let silent_connections = attackers.into_iter().map(|t| t.join().expect("attacker thread")).sum();
     assert_eq!(coord.wait_exit(Duration::from_secs(10)).code(), Some(0), "{name}: the study completed");
     let done: Vec<i64> = query(&store, "SELECT trial FROM results WHERE success = 1", |r| r.get(0));
     assert_eq!(done.len(), trials as usize, "{name}: every trial done");
     assert_agents_spools_empty(&agents.iter().map(String::as_str).collect::<Vec<_>>());
-    Run { secs, leaked, fleet_bytes, silent_connections }
+    Run { peak_mib, secs, leaked, fleet_bytes, silent_connections }
 }
 
 #[test]
 fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 200;
-    let quiet = marked_run(dir.path(), "quiet", trials, false);
-    let attacked = marked_run(dir.path(), "attacked", trials, true);
+    let quiet = marked_run(dir.path(), "quiet", trials, Attack::None);
+    let attacked = marked_run(dir.path(), "attacked", trials, Attack::Silent);
     eprintln!(
         "{trials} trials: {:.1} s unattacked, {:.1} s beside a silent # subscriber ({} connections of it): {:.2}x \
          the trials/s; the reader saw {} and {} bytes of the fleet's",
@@ -216,6 +284,28 @@ fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
         assert!(run.fleet_bytes > 10_000, "the reader saw the fleet's traffic ({} bytes)", run.fleet_bytes);
         assert!(run.leaked.is_empty(), "argv or env read in clear on {:?}", run.leaked);
     }
+}
+
+#[test]
+fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_fleet_going() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let trials = 200;
+    let quiet = marked_run(dir.path(), "calm", trials, Attack::None);
+    let filled = marked_run(dir.path(), "filled", trials, Attack::Fill);
+    eprintln!(
+        "{trials} trials: {:.1} s and peak RSS {} MiB unattacked; {:.1} s and {} MiB beside 80 connections that \
+         each queued 12 MiB for themselves ({} connections in all): {:.2}x the trials/s",
+        quiet.secs,
+        quiet.peak_mib,
+        filled.secs,
+        filled.peak_mib,
+        filled.silent_connections,
+        quiet.secs / filled.secs
+    );
+    // Before, each connection could queue 16 MiB for itself: 80 of them
+    // took the coordinator past 1 GiB and its unit's MemoryMax.
+    assert!(filled.peak_mib < 512, "the coordinator grew to {} MiB", filled.peak_mib);
+    assert!(filled.secs < 2.0 * quiet.secs + 5.0, "{:.1} s against {:.1} s", filled.secs, quiet.secs);
 }
 
 #[test]

@@ -344,3 +344,42 @@ fn regression_allow_command_refuses_a_path_that_climbs_out_of_its_directory() {
     drop(agent);
     assert_agents_spools_empty(&[&name]);
 }
+
+#[test]
+fn regression_allow_command_refuses_an_env_that_makes_the_allowed_program_run_more() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("allowenv");
+    let allowed = dir.path().join("bench");
+    std::fs::create_dir_all(&allowed).expect("dir");
+    let script = allowed.join("run.sh");
+    std::fs::write(&script, "#!/bin/bash\necho TUNEFLEET final v=1\n").expect("script");
+    let exec: std::fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+    std::fs::set_permissions(&script, exec).expect("chmod");
+    let marker = dir.path().join("escaped");
+    let study = dir.path().join("allowenv.toml");
+    // bash expands BASH_ENV before it sources it: the substitution runs as the agent's user.
+    let text = format!(
+        "name = \"allowenv\"\ncommand = [{:?}]\nenv = {{ BASH_ENV = \"$(touch {})\" }}\ntimeout = 60\n\
+         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 1\n[strategy]\nkind = \"grid\"\n\
+         [hyper.v]\nkind = \"categorical\"\nvalues = [1]\n",
+        script.display().to_string(),
+        marker.display()
+    );
+    std::fs::write(&study, text).expect("study");
+    let (_coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let log = dir.path().join("agent.log");
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.stderr(std::fs::File::create(&log).expect("log"));
+    let pattern = format!("{}/*", allowed.display());
+    let name = format!("{root}-a");
+    let agent = start_agent_with(cmd, &url, &name, &root, &["--allow-command", &pattern]);
+    wait_for("the env refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("assignment refused by --allow-command"))
+    });
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("BASH_ENV") && text.contains("--allow-env BASH_ENV"), "{text}");
+    assert!(!marker.exists(), "BASH_ENV ran as the agent's user");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

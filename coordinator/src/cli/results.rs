@@ -183,7 +183,15 @@ pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>)
     };
     match output {
         Some(path) => {
-            let mut f = std::fs::File::create(&path).map_err(CliError::file("creating", &path))?;
+            // An export holds the studies' env (secrets, often): its owner's alone.
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(CliError::file("creating", &path))?;
             export_study(&store, study, format, &mut f)?;
         }
         None => export_study(&store, study, format, &mut std::io::stdout().lock())?,

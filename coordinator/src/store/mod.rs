@@ -82,6 +82,8 @@ pub enum StoreError {
     SchemaVersion { path: String, found: i64 },
     #[error("{what} {value} is too large for the store")]
     OutOfRange { what: &'static str, value: u64 },
+    #[error("{path}: cannot make the store private to its owner: {source}")]
+    Private { path: String, source: std::io::Error },
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;

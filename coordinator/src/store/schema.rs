@@ -174,10 +174,40 @@ const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
+/// Creates the store's file 0600 when it is new, and takes group and
+/// other access from it and its WAL and shared-memory files when it is not.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path) {
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        // A path SQLite understands that is no plain file (":memory:", a URI): SQLite says what is wrong.
+        Err(_) => return Ok(()),
+    }
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut name = path.as_os_str().to_os_string();
+        name.push(suffix);
+        let file = Path::new(&name);
+        match std::fs::metadata(file) {
+            Ok(m) if m.is_file() && m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(file, std::fs::Permissions::from_mode(m.permissions().mode() & 0o700))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 impl Store {
-    /// Opens (creating if needed) the store at `path`, in WAL mode.
+    /// Opens (creating if needed) the store at `path`, in WAL mode. The
+    /// store holds every study's env (secrets, often): it and its WAL and
+    /// shared-memory files are its owner's alone (0600), whatever the
+    /// umask (SQLite gives the files it adds the database's mode).
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
+        make_private(path).map_err(|source| StoreError::Private { path: shown.clone(), source })?;
         let conn = Connection::open(path).ctx(|| format!("{shown}: cannot open store"))?;
         conn.busy_timeout(BUSY_TIMEOUT).ctx(|| format!("{shown}: setting busy_timeout"))?;
         conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
@@ -277,6 +307,33 @@ impl Store {
     /// Where the store lives (`:memory:` for an in-memory store).
     pub fn path(&self) -> &str {
         &self.path
+    }
+}
+
+#[cfg(test)]
+mod private_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn regression_the_store_and_its_wal_are_its_owners_alone_whatever_the_umask() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let fresh = dir.path().join("fresh.db");
+        let store = Store::open(&fresh).expect("open");
+        drop(store);
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        assert_eq!(mode(&fresh), 0o600, "a new store");
+        // An older store made under umask 022, with its WAL.
+        let old = dir.path().join("old.db");
+        drop(Store::open(&old).expect("open"));
+        for p in [old.clone(), dir.path().join("old.db-wal")] {
+            std::fs::write(&p, std::fs::read(&p).unwrap_or_default()).expect("touch");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        }
+        let store = Store::open(&old).expect("reopen");
+        assert_eq!(mode(&old), 0o600, "an older store made private");
+        assert_eq!(mode(&dir.path().join("old.db-wal")), 0o600, "and its WAL");
+        drop(store);
     }
 }
 
