@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -306,6 +307,52 @@ fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_f
     // took the coordinator past 1 GiB and its unit's MemoryMax.
     assert!(filled.peak_mib < 512, "the coordinator grew to {} MiB", filled.peak_mib);
     assert!(filled.secs < 2.0 * quiet.secs + 5.0, "{:.1} s against {:.1} s", filled.secs, quiet.secs);
+}
+
+#[test]
+fn eleven_hundred_idle_logins_under_a_soft_limit_of_1024_keep_no_agent_out() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("idle");
+    let study = sleep_study(dir.path(), "idle", 4, 0.1);
+    join_root(&root, &store);
+    // systemd's default soft limit, under a hard one that allows more.
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "ulimit -Sn 1024 && exec \"$0\" \"$@\""])
+        .arg(bin("tunefleet"))
+        .arg("run")
+        .arg(&study)
+        .arg("--store")
+        .arg(&store)
+        .args(["--root", &root, "--quiet", "--listen", "127.0.0.1:0"])
+        .env("XDG_STATE_HOME", state_home());
+    let mut coord = Proc::spawn("coordinator", cmd);
+    let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let url = url.trim_start_matches("broker: ").trim().to_string();
+    let port = port_of(&url);
+    let mut idle = Vec::new();
+    for i in 0..1_100 {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        s.write_all(&connect_packet(&format!("idle-{i}"))).expect("connect packet");
+        idle.push(s);
+    }
+    // Each login answered: the broker holds them all.
+    for s in &mut idle {
+        s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let mut connack = [0u8; 4];
+        s.read_exact(&mut connack).expect("a CONNACK");
+        assert_eq!(connack, [0x20, 0x02, 0x00, 0x00], "accepted");
+    }
+    let name = format!("{root}-late");
+    let started = Instant::now();
+    let _agent = start_agent(&url, &name, &root, &[]);
+    assert!(coord.wait_exit(Duration::from_secs(60)).success(), "the study finished");
+    let took = started.elapsed();
+    eprintln!("with 1,100 idle logins held, a new agent finished a 4-trial study in {} ms", took.as_millis());
+    // Before, the 1,100 logins took every descriptor: the agent was never welcomed.
+    assert!(took < Duration::from_secs(15), "{} ms", took.as_millis());
+    drop(idle);
+    assert_agents_spools_empty(&[&name]);
 }
 
 #[test]

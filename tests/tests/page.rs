@@ -24,13 +24,19 @@ fn json(store: &Path, args: &[&str]) -> serde_json::Value {
 
 /// `GET path` on `addr` (`127.0.0.1:PORT`): status code and body.
 fn get(addr: &str, path: &str) -> (u16, String) {
+    let (code, _, body) = get_with(addr, path, "");
+    (code, body)
+}
+
+/// `GET path` with `headers` (each line ending in CRLF): status code, head and body.
+fn get_with(addr: &str, path: &str, headers: &str) -> (u16, String, String) {
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").expect("request");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{headers}\r\n").expect("request");
     let mut text = String::new();
     s.read_to_string(&mut text).expect("response");
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (code, body)
+    let (head, body) = text.split_once("\r\n\r\n").map(|(h, b)| (h.to_string(), b.to_string())).unwrap_or_default();
+    (code, head, body)
 }
 
 fn artifacts() -> PathBuf {
@@ -161,9 +167,30 @@ fn beyond_loopback_the_page_asks_for_its_token() {
     let addr = format!("127.0.0.1:{port}");
     assert_eq!(get(&addr, "/status.json").0, 401);
     assert_eq!(get(&addr, "/status.json?token=wrong-token-of-enough").0, 401);
-    let (code, body) = get(&addr, "/?token=a-token-of-enough-length");
+    let (code, head, body) = get_with(&addr, "/?token=a-token-of-enough-length", "");
     assert_eq!(code, 200);
-    assert!(body.contains("href=\"/status.json?token=a-token-of-enough-length\""), "links keep the token");
+    assert!(
+        head.contains("Set-Cookie: tunefleet_page=a-token-of-enough-length; HttpOnly; SameSite=Strict"),
+        "the token is kept in a cookie: {head}"
+    );
+    assert!(!body.contains("a-token-of-enough-length"), "no link carries the token");
+    let cookie = "Cookie: tunefleet_page=a-token-of-enough-length\r\n";
+    assert_eq!(get_with(&addr, "/status.json", cookie).0, 200, "the cookie opens the page");
+    assert_eq!(get_with(&addr, "/status.json", "Cookie: tunefleet_page=a-token-of-enough-lengtX\r\n").0, 401);
+    let bearer = "Authorization: Bearer a-token-of-enough-length\r\n";
+    assert_eq!(get_with(&addr, "/status.json", bearer).0, 200);
+    // The embedded broker's counters, as Prometheus text.
+    assert_eq!(get(&addr, "/metrics").0, 401, "behind the token too");
+    let (code, _, metrics) = get_with(&addr, "/metrics", cookie);
+    assert_eq!(code, 200);
+    assert!(metrics.contains("tunefleet_broker_embedded 1"), "{metrics}");
+    let connections = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tunefleet_broker_connections "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("a connections gauge");
+    assert!(connections >= 1, "the coordinator's own connection at least: {metrics}");
+    assert!(metrics.contains("# TYPE tunefleet_broker_dropped_total counter"), "{metrics}");
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
 }
