@@ -124,21 +124,35 @@ fn an_agent_loaded_from_outside_loses_its_trial_to_another_and_it_completes_ther
     });
     drop(burners);
     eprintln!("load start -> decision and move recorded in the store: {:?}", moved_after.expect("moved"));
-    let status = coord.wait_exit(Duration::from_secs(120));
+    let status = coord.wait_exit(Duration::from_secs(300));
     let out = coord.rest_of_stdout().join("\n");
     assert!(status.success(), "{out}");
     assert!(out.contains("2/2 trials done, 0 failed"), "max_attempts 1: a move is no failure\n{out}");
-    assert!(out.contains("moved: 1 attempts"), "{out}");
+    // What holds however busy the machine is: the loaded agent's trial
+    // moved off it, and completed later elsewhere. Outside load on this
+    // machine may flag the other agent's measurements too (their trials
+    // are measured again, and moves counted): those are not asserted.
+    let moves: u64 = out
+        .lines()
+        .find_map(|l| l.split("moved: ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the summary counts the moves\n{out}"));
     let rows = attempts(&store);
-    let moved: Vec<_> = rows.iter().filter(|r| r.3.as_deref().is_some_and(|o| o.starts_with("moved off"))).collect();
-    assert_eq!(moved.len(), 1, "{rows:?}");
-    let why = moved[0].3.as_deref().unwrap_or_default();
+    let moved = |agent: &str, trial: i64| {
+        rows.iter().any(|r| r.0 == trial && r.2 == agent && r.3.as_deref().is_some_and(|o| o.starts_with("moved off")))
+    };
+    let off_a: Vec<_> =
+        rows.iter().filter(|r| r.2 == a && r.3.as_deref().is_some_and(|o| o.starts_with("moved off"))).collect();
+    assert!(!off_a.is_empty() && moves >= off_a.len() as u64, "{moves} moves: {rows:?}");
+    let why = off_a[0].3.as_deref().unwrap_or_default();
     assert!(why.contains("load from outside its trials"), "the move is recorded with the telemetry: {why}");
     let db = Connection::open(&store).expect("store");
     let (agent, attempt): (String, i64) = db
-        .query_row("SELECT agent, attempt FROM results WHERE trial = ?1", [moved[0].0], |r| Ok((r.get(0)?, r.get(1)?)))
+        .query_row("SELECT agent, attempt FROM results WHERE trial = ?1", [off_a[0].0], |r| Ok((r.get(0)?, r.get(1)?)))
         .expect("the moved trial has a result");
-    assert_eq!((agent.as_str(), attempt), (b.as_str(), moved[0].1 + 1), "completed on the other agent");
+    assert!(attempt > off_a[0].1, "completed by a later attempt: {rows:?}");
+    assert!(agent == b || moved(&b, off_a[0].0), "completed on the other agent, unless moved off it too: {rows:?}");
     // `tunefleet agents` shows each agent's class and its last telemetry.
     let mut list = Command::new(bin("tunefleet"));
     list.args(["agents", "--store"]).arg(&store);
