@@ -52,7 +52,7 @@ export XDG_STATE_HOME=$work/state
 # Runs `tunefleet SUBCOMMAND FILE` on STORE with one agent; waits for the end.
 run() {
   local sub=$1 file=$2 store=$3 root=bp-$RANDOM token
-  token=$("$bin/tunefleet" token create --store "$store" 2>/dev/null)
+  token=$("$bin/tunefleet" token create --uses 100000 --store "$store" 2>/dev/null)
   "$bin/tunefleet" "$sub" "$file" --store "$store" --listen 127.0.0.1:0 --root "$root" --quiet >"$work/$root.log" 2>&1 &
   local coord=$!
   for _ in $(seq 1 100); do grep -q '^broker: ' "$work/$root.log" && break; sleep 0.1; done

@@ -91,7 +91,7 @@ TOML
 # Runs a study to its end: one coordinator (embedded broker) and one agent of one slot.
 run_study() {
   local name=$1 store=$work/$1.db log=$work/$1.log url='' token
-  token=$(tunefleet token create --store "$store" 2>/dev/null)
+  token=$(tunefleet token create --uses 100000 --store "$store" 2>/dev/null)
   tunefleet run "$work/$name.toml" --store "$store" --listen 127.0.0.1:0 --root "sel-$$-$name" --quiet >"$log" 2>&1 &
   local coordinator=$!
   for _ in $(seq 100); do

@@ -223,7 +223,7 @@ optuna_round() {
 # binaries, round label.
 tunefleet_round() {
   local bin=$1 store=$work/tunefleet-$2.db root=cmp-$$-$2 log=$work/coordinator-$2.log url='' agents=() token
-  token=$("$bin/tunefleet" token create --store "$store" 2>/dev/null)
+  token=$("$bin/tunefleet" token create --uses 100000 --store "$store" 2>/dev/null)
   "$bin/tunefleet" run "$work/noop.toml" --store "$store" --listen 127.0.0.1:0 --root "$root" --quiet >"$log" 2>&1 &
   local coordinator=$!
   for _ in $(seq 100); do

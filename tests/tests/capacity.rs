@@ -383,3 +383,36 @@ fn regression_allow_command_refuses_an_env_that_makes_the_allowed_program_run_mo
     drop(agent);
     assert_agents_spools_empty(&[&name]);
 }
+
+#[test]
+fn regression_one_token_file_is_not_a_fleet_of_sybils() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("sybil");
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "sybil", 10), &store, &root, &[]);
+    // A token made with no --uses: it admits a stated number of names, not any number.
+    let store_arg = store.display().to_string();
+    let (code, text, err) = tunefleet(&["token", "create", "--store", &store_arg]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("admits 10 new agent name(s)"), "the uses are said when it is made: {err}");
+    let token: tunefleet_common::auth::JoinToken = text.trim().parse().expect("token");
+    let (mut welcomed, mut refused) = (0, 0);
+    for i in 0..25 {
+        let mut member = Member::connect(port_of(&url), &root, &format!("sybil-{i}"));
+        match member.hello(AgentInfo { slots: 64, ..AgentInfo::minimal("x", 0) }, Some(&token)) {
+            Answer::Welcome => {
+                welcomed += 1;
+                member.go_offline();
+            }
+            Answer::Refused(_) => refused += 1,
+        }
+        member.disconnect();
+    }
+    assert_eq!((welcomed, refused), (10, 15), "the token's uses, then refusals");
+    // An honest agent with another token is admitted and runs the study.
+    let name = format!("{root}-honest");
+    let agent = start_agent(&url, &name, &root, &[]);
+    assert!(coord.wait_exit(Duration::from_secs(120)).success());
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

@@ -118,3 +118,60 @@ fn each_trial_gets_a_gpu_of_its_own_and_its_energy_counts_it() {
         assert!((watts / expected - 1.0).abs() < 0.15, "trial {trial}: {watts:.1} W from its GPU, expected {expected}");
     }
 }
+
+/// The GPUs of the named agent's row in the store, as the coordinator recorded them.
+fn recorded_gpus(store: &Path, name: &str) -> usize {
+    let info: Vec<String> = query(store, &format!("SELECT info FROM agents WHERE name = '{name}'"), |r| r.get(0));
+    let info: serde_json::Value = serde_json::from_str(info.first().expect("agent row")).expect("json");
+    info["gpus"].as_array().map_or(0, Vec::len)
+}
+
+#[test]
+fn regression_gpus_are_granted_not_claimed() {
+    use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, GpuDevice, WorkRequest};
+    use tunefleet_tests::member::{Answer, Member};
+    let dir = tempfile::tempdir().expect("tmp");
+    let lib = nvml::standin(dir.path());
+    nvml::fixture(&lib, "H200 GPU-aaaa rate:300000 300000\nH200 GPU-bbbb - 150000\n");
+    let log = dir.path().join("trials.log");
+    let trials = 12;
+    let study = gpu_study(dir.path(), trials, &log);
+    let store = dir.path().join("s.db");
+    let root = unique_root("gpugrant");
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--max-gpus-per-agent", "3"]);
+    let port: u16 = url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port");
+    // A member claiming 64 GPUs under a token that grants 2, another under the fleet's token (cap 3).
+    let claims = AgentInfo {
+        slots: 64,
+        lookahead: 0,
+        gpus: (0..64)
+            .map(|index| GpuDevice { index, uuid: format!("GPU-fake-{index}"), name: "fake".into() })
+            .collect(),
+        ..AgentInfo::minimal("x", 0)
+    };
+    let granted: tunefleet_common::auth::JoinToken =
+        create_join_token(&store, &["--gpus", "2", "--lookahead", "0"]).parse().expect("token");
+    let fleet: tunefleet_common::auth::JoinToken = join_token_of(&root).expect("token").parse().expect("token");
+    let mut taken = Vec::new();
+    for (name, token) in [("hoarder-g", &granted), ("hoarder-f", &fleet)] {
+        let mut member = Member::connect(port, &root, name);
+        assert!(matches!(member.hello(claims.clone(), Some(token)), Answer::Welcome), "{name}");
+        member.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 64, ahead: 0, running: vec![], held: vec![] }));
+        let got = member.receive(Duration::from_secs(2));
+        taken.push(got.iter().filter(|m| matches!(m, CoordinatorMessage::Assign(_))).count());
+        assert_eq!(recorded_gpus(&store, name), taken.last().copied().unwrap_or(0), "{name}");
+        member.go_offline();
+        member.disconnect();
+    }
+    assert_eq!(taken, [2, 3], "the token's grant, then the fleet's cap: not the 64 claimed");
+    // An honest agent with two GPUs runs the study, the trials the members dropped included.
+    let name = format!("{root}-honest");
+    let lib_arg = lib.display().to_string();
+    let agent = start_agent(&url, &name, &root, &["--slots", "2", "--nvml-lib", &lib_arg]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    assert!(out.contains(&format!("{trials}/{trials} trials done, 0 failed")), "{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

@@ -221,6 +221,9 @@ pub enum ProfilesAction {
     },
 }
 
+/// The names a join token admits unless `--uses` says otherwise.
+pub const DEFAULT_TOKEN_USES: u64 = 10;
+
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
     /// Print a new join token (give it to agents as --join, TUNEFLEET_JOIN or --join-file).
@@ -228,9 +231,10 @@ pub enum TokenAction {
         /// How long it admits new agents (e.g. 30m, 24h, 7d; 0: for ever).
         #[arg(long, default_value = "24h", value_name = "DURATION")]
         ttl: String,
-        /// How many new agents it admits [default: any number until it expires].
-        #[arg(long, value_name = "N")]
-        uses: Option<u64>,
+        /// How many new agent names it admits (a token is never unlimited: one
+        /// file would enrol as many names as its holder cares to make).
+        #[arg(long, default_value_t = DEFAULT_TOKEN_USES, value_name = "N")]
+        uses: u64,
         /// A tag the agents it admits get, whatever they claim (repeatable, key=value).
         #[arg(long = "tag", value_name = "K=V")]
         tags: Vec<String>,
@@ -242,6 +246,10 @@ pub enum TokenAction {
         /// [default: 4 per slot].
         #[arg(long, value_name = "N")]
         lookahead: Option<u32>,
+        /// The most GPUs an agent it admits is given, whatever it announces
+        /// (0: none) [default: the coordinator's --max-gpus-per-agent].
+        #[arg(long, value_name = "N")]
+        gpus: Option<u32>,
         /// Write the token to this file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -273,6 +281,10 @@ pub enum AgentsAction {
         /// The most trials it holds ahead of its slots [default: 4 per slot].
         #[arg(long, value_name = "N")]
         lookahead: Option<u32>,
+        /// The most GPUs it is given, whatever it announces (0: none)
+        /// [default: the coordinator's --max-gpus-per-agent].
+        #[arg(long, value_name = "N")]
+        gpus: Option<u32>,
     },
     /// Forget the key pinned for NAME: its next Hello pins a new one.
     Forget { name: String },
@@ -345,6 +357,10 @@ pub struct BrokerArgs {
     #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_SLOTS, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_slots_per_agent: u32,
+    /// Most GPUs any agent is given, whatever it announces; a join token's
+    /// or `agents trust`'s grant may give fewer.
+    #[arg(long, default_value_t = crate::runtime::auth::DEFAULT_MAX_GPUS, value_name = "N")]
+    pub max_gpus_per_agent: u32,
     /// Below this much room on the store's disk (MiB) the coordinator
     /// pauses, taking no message and assigning nothing (agents keep their
     /// results), and goes on once it has twice that; at start it waits for it.

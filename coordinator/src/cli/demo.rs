@@ -115,6 +115,7 @@ fn broker_args(broker: BrokerUrl, listen: SocketAddr, root: String) -> BrokerArg
         key: KeyArg { path: None },
         max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,
         max_slots_per_agent: crate::runtime::auth::DEFAULT_MAX_SLOTS,
+        max_gpus_per_agent: crate::runtime::auth::DEFAULT_MAX_GPUS,
         store_min_free_mib: crate::runtime::space::DEFAULT_MIN_FREE_MIB,
         open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their

@@ -38,7 +38,7 @@ pub fn key(key: &KeyArg) -> Result<()> {
 pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
     let mut store = Store::open(store_path).map_err(CliError::open_store(store_path))?;
     match action {
-        TokenAction::Create { ttl, uses, tags, slots, lookahead, out, key } => {
+        TokenAction::Create { ttl, uses, tags, slots, lookahead, gpus, out, key } => {
             if slots == Some(0) {
                 return Err(CliError::refused("--slots 0 would let its agents run nothing"));
             }
@@ -50,7 +50,7 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
                         .as_millis() as u64,
                 ),
             };
-            if uses == Some(0) {
+            if uses == 0 {
                 return Err(CliError::refused("--uses 0 would admit no agent"));
             }
             let mut granted = BTreeMap::new();
@@ -61,7 +61,13 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
                 granted.insert(k.to_string(), v.to_string());
             }
             let identity = key.load(store_path)?;
-            let text = new_token(&mut store, &identity, ttl_ms, uses, &granted, Grant { slots, lookahead })?;
+            let grant = Grant { slots, lookahead, gpus };
+            let text = new_token(&mut store, &identity, ttl_ms, Some(uses), &granted, grant)?;
+            let until = if ttl_ms.is_some() { format!("for {}", ttl.trim()) } else { "never expires".to_string() };
+            eprintln!(
+                "join token: admits {uses} new agent name(s) ({}), {until}; --uses and --ttl set them",
+                describe_grant(&grant)
+            );
             match out {
                 Some(path) => {
                     tunefleet_common::auth::write_secret(&path, &text)?;
@@ -116,7 +122,7 @@ pub fn change(action: AgentsAction, store_path: &Path) -> Result<()> {
     let mut store = Store::open(store_path).map_err(CliError::open_store(store_path))?;
     let now = unix_now_ms();
     match action {
-        AgentsAction::Trust { name, key, slots, lookahead } => {
+        AgentsAction::Trust { name, key, slots, lookahead, gpus } => {
             tunefleet_common::topic::validate_agent_id(&name)?;
             if slots == Some(0) {
                 return Err(CliError::refused("--slots 0 would let the agent run nothing"));
@@ -134,8 +140,8 @@ pub fn change(action: AgentsAction, store_path: &Path) -> Result<()> {
                 ),
                 _ => println!("{name}: key {} pinned", tunefleet_common::auth::hex(&key)),
             }
-            if slots.is_some() || lookahead.is_some() {
-                let grant = Grant { slots, lookahead };
+            if slots.is_some() || lookahead.is_some() || gpus.is_some() {
+                let grant = Grant { slots, lookahead, gpus };
                 store.grant_capacity(&name, grant)?;
                 println!("{name}: {}", describe_grant(&grant));
             }
@@ -222,7 +228,8 @@ fn agents_text(store: &Store) -> Result<String> {
 /// A grant in words: `slots ≤ 4, lookahead ≤ 8` (`fleet caps` for none).
 fn describe_grant(g: &Grant) -> String {
     let part = |what: &str, v: Option<u32>| v.map(|v| format!("{what} <= {v}"));
-    let parts: Vec<String> = [part("slots", g.slots), part("lookahead", g.lookahead)].into_iter().flatten().collect();
+    let parts: Vec<String> =
+        [part("slots", g.slots), part("lookahead", g.lookahead), part("gpus", g.gpus)].into_iter().flatten().collect();
     if parts.is_empty() {
         "fleet caps".to_string()
     } else {

@@ -80,6 +80,8 @@ pub enum Why {
     NotUnder { prefix: String },
     #[error("{0} is negative")]
     Negative(f64),
+    #[error("{0} is above 1 (a share)")]
+    AboveOne(f64),
     #[error("{0} is listed twice")]
     Twice(String),
 }
@@ -321,7 +323,22 @@ fn measurement(m: &Measurement) -> Check {
     m.selected.as_ref().map_or(Ok(()), system).map_err(under("selected"))?;
     m.window_profile.as_ref().map_or(Ok(()), window_profile).map_err(under("window_profile"))?;
     each("interference", &m.interference, MAX_INTERFERENCE, |s| text("", s, MAX_TEXT_BYTES))?;
+    if let Some(share) = m.cpu_share {
+        fraction("cpu_share", share)?;
+    }
     gpu_energies("gpus", &m.gpus)
+}
+
+/// A share of something: finite, 0 to 1.
+fn fraction(field: &str, value: f64) -> Check {
+    finite(field, value)?;
+    if (0.0..=1.0).contains(&value) {
+        Ok(())
+    } else if value < 0.0 {
+        Err(bad(field, Why::Negative(value)))
+    } else {
+        Err(bad(field, Why::AboveOne(value)))
+    }
 }
 
 fn progress(p: &Progress) -> Check {
@@ -911,6 +928,22 @@ mod tests {
     }
 
     /// Issue 38: GPUs an agent offers and GPU readings a result carries.
+    #[test]
+    fn regression_a_cpu_share_is_a_finite_share() {
+        let with = |share: f64| {
+            let mut m =
+                Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+            m.cpu_share = Some(share);
+            measurement(&m).err().map(|e| (e.field, e.why))
+        };
+        assert_eq!(with(0.25), None);
+        assert_eq!(with(1.0), None);
+        for bad in [f64::NAN, -7.0, 1e308, f64::INFINITY, 1.0000001] {
+            let refused = with(bad).expect("refused");
+            assert_eq!(refused.0, "cpu_share", "{bad}");
+        }
+    }
+
     #[test]
     fn gpus_are_bounded_listed_once_and_never_negative() {
         use tunefleet_common::measurement::{GpuEnergy, GpuMethod};

@@ -29,6 +29,9 @@ use tunefleet_common::{encode, CodecError};
 pub const DEFAULT_MAX_AGENTS: u64 = 10_000;
 /// Default bound on the slots any one agent is given, whatever it announces.
 pub const DEFAULT_MAX_SLOTS: u32 = 64;
+/// Most GPUs one agent is given unless `--max-gpus-per-agent` says otherwise
+/// (a machine of eight, the largest common one).
+pub const DEFAULT_MAX_GPUS: u32 = 8;
 /// Hellos of agents whose key is pinned, accepted in one burst (a whole
 /// fleet reconnecting after a coordinator restart comes in at the burst);
 /// sustained, at the rate [`HelloPace`] measures the engine can spare.
@@ -215,6 +218,8 @@ pub struct Sessions {
     pub max_agents: u64,
     /// Bound on the slots any one agent is given.
     pub max_slots: u32,
+    /// Bound on the GPUs any one agent is given.
+    pub max_gpus: u32,
     /// Pin any new key without a join token (a lab; logged loudly).
     pub open_enrolment: bool,
 }
@@ -252,6 +257,7 @@ impl Sessions {
             stale_budget: Bucket { level: STALE_BURST, at: Instant::now() },
             max_agents: DEFAULT_MAX_AGENTS,
             max_slots: DEFAULT_MAX_SLOTS,
+            max_gpus: DEFAULT_MAX_GPUS,
             open_enrolment: false,
         }
     }

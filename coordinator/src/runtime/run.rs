@@ -48,6 +48,8 @@ pub struct RunConfig {
     pub max_agents: u64,
     /// Most slots any agent is given, whatever it announces.
     pub max_slots: u32,
+    /// Most GPUs any agent is given, whatever it announces.
+    pub max_gpus: u32,
     /// Bytes the store's disk keeps free: below, the engine pauses
     /// ([`crate::runtime::space`]).
     pub store_min_free: u64,
@@ -120,6 +122,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         identity: key_path,
         max_agents,
         max_slots,
+        max_gpus,
         store_min_free,
         open_enrolment,
         influx,
@@ -140,7 +143,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     tokio::pin!(shutdown);
     wait_for_room(&store, store_min_free, shutdown.as_mut()).await?;
     let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
-    let sessions = sessions(&key_path, max_agents, max_slots, open_enrolment)?;
+    let sessions = sessions(&key_path, max_agents, (max_slots, max_gpus), open_enrolment)?;
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
@@ -248,7 +251,12 @@ async fn wait_for_room(
 
 /// The coordinator's sessions with agents: its key (created when missing,
 /// at `key_path`), this start's instance, and the bounds on the fleet.
-fn sessions(key_path: &Path, max_agents: u64, max_slots: u32, open_enrolment: bool) -> Result<Sessions, RunError> {
+fn sessions(
+    key_path: &Path,
+    max_agents: u64,
+    (max_slots, max_gpus): (u32, u32),
+    open_enrolment: bool,
+) -> Result<Sessions, RunError> {
     let (identity, created) = Identity::load_or_create(key_path)?;
     if created {
         tracing::warn!(path = %key_path.display(), key = %auth::short_key(&identity.public()), "created the coordinator's key");
@@ -261,6 +269,7 @@ fn sessions(key_path: &Path, max_agents: u64, max_slots: u32, open_enrolment: bo
     let mut sessions = Sessions::new(identity, instance, started);
     sessions.max_agents = max_agents;
     sessions.max_slots = max_slots;
+    sessions.max_gpus = max_gpus;
     sessions.open_enrolment = open_enrolment;
     if open_enrolment {
         tracing::warn!(

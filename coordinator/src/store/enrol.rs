@@ -59,8 +59,10 @@ CREATE TABLE IF NOT EXISTS agent_enrolment (
 /// Columns added since the enrolment tables were first made (a store of
 /// an older program gets them on open): the capacity a token grants, the
 /// capacity an agent was granted, and the trials it lost before they started.
-const ENROL_COLUMNS: [(&str, &str, &str); 6] = [
+const ENROL_COLUMNS: [(&str, &str, &str); 8] = [
     ("join_tokens", "slots", "INTEGER"),
+    ("join_tokens", "gpus", "INTEGER"),
+    ("agent_enrolment", "gpus", "INTEGER"),
     ("join_tokens", "names", "TEXT"),
     ("join_tokens", "lookahead", "INTEGER"),
     ("agent_enrolment", "slots", "INTEGER"),
@@ -84,19 +86,20 @@ pub(super) fn add_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
 }
 
 /// The capacity the operator granted an agent (its join token's, or what
-/// `tunefleet agents trust --slots --lookahead` set): the most slots and
-/// trials held ahead it is given, whatever it announces. `None`: the
-/// coordinator's cap per agent.
+/// `tunefleet agents trust --slots --lookahead --gpus` set): the most
+/// slots, trials held ahead and GPUs it is given, whatever it announces.
+/// `None`: the coordinator's cap per agent.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Grant {
     pub slots: Option<u32>,
     pub lookahead: Option<u32>,
+    pub gpus: Option<u32>,
 }
 
 impl Grant {
-    fn of(slots: Option<i64>, lookahead: Option<i64>) -> Self {
+    fn of(slots: Option<i64>, lookahead: Option<i64>, gpus: Option<i64>) -> Self {
         let u = |v: Option<i64>| v.map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
-        Grant { slots: u(slots), lookahead: u(lookahead) }
+        Grant { slots: u(slots), lookahead: u(lookahead), gpus: u(gpus) }
     }
 }
 
@@ -191,26 +194,26 @@ impl Batch<'_> {
                     .ctx(context)?
                     .execute([public.as_slice()])
                     .ctx(context)?;
-                let granted: Option<(String, Option<i64>, Option<i64>)> = self
+                let granted: Option<(String, Grant)> = self
                     .tx
-                    .prepare_cached("SELECT tags, slots, lookahead FROM join_tokens WHERE public = ?1")
+                    .prepare_cached("SELECT tags, slots, lookahead, gpus FROM join_tokens WHERE public = ?1")
                     .ctx(context)?
-                    .query_row([public.as_slice()], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .query_row([public.as_slice()], |r| Ok((r.get(0)?, Grant::of(r.get(1)?, r.get(2)?, r.get(3)?))))
                     .optional()
                     .ctx(context)?;
-                let (tags, slots, lookahead) = granted.unwrap_or_else(|| ("{}".into(), None, None));
-                (format!("token {}", token_id(public)), tags, Grant::of(slots, lookahead))
+                let (tags, grant) = granted.unwrap_or_else(|| ("{}".into(), Grant::default()));
+                (format!("token {}", token_id(public)), tags, grant)
             }
             None => ("open enrolment".to_string(), "{}".to_string(), Grant::default()),
         };
         self.tx
             .prepare_cached(
-                "INSERT INTO agent_enrolment (name, via, tags, slots, lookahead) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO agent_enrolment (name, via, tags, slots, lookahead, gpus) VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                  ON CONFLICT (name) DO UPDATE SET via = excluded.via, tags = excluded.tags,
-                     slots = excluded.slots, lookahead = excluded.lookahead",
+                     slots = excluded.slots, lookahead = excluded.lookahead, gpus = excluded.gpus",
             )
             .ctx(context)?
-            .execute(params![agent, via, tags, grant.slots, grant.lookahead])
+            .execute(params![agent, via, tags, grant.slots, grant.lookahead, grant.gpus])
             .ctx(context)?;
         Ok(())
     }
@@ -251,9 +254,9 @@ impl Batch<'_> {
         let context = || format!("reading what was granted to {agent}");
         let row: Option<(String, Grant)> = self
             .tx
-            .prepare_cached("SELECT tags, slots, lookahead FROM agent_enrolment WHERE name = ?1")
+            .prepare_cached("SELECT tags, slots, lookahead, gpus FROM agent_enrolment WHERE name = ?1")
             .ctx(context)?
-            .query_row([agent], |r| Ok((r.get(0)?, Grant::of(r.get(1)?, r.get(2)?))))
+            .query_row([agent], |r| Ok((r.get(0)?, Grant::of(r.get(1)?, r.get(2)?, r.get(3)?))))
             .optional()
             .ctx(context)?;
         Ok(row.map(|(tags, grant)| (tags_of(&tags), grant)).unwrap_or_default())
@@ -276,8 +279,8 @@ impl Store {
         batch
             .tx
             .prepare_cached(
-                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead, gpus)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             )
             .ctx(context)?
             .execute(params![
@@ -287,7 +290,8 @@ impl Store {
                 uses.map(|u| to_i64("uses", u)).transpose()?,
                 tags_json(tags),
                 grant.slots,
-                grant.lookahead
+                grant.lookahead,
+                grant.gpus
             ])
             .ctx(context)?;
         batch.commit()
@@ -301,11 +305,12 @@ impl Store {
         batch
             .tx
             .prepare_cached(
-                "INSERT INTO agent_enrolment (name, slots, lookahead) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (name) DO UPDATE SET slots = excluded.slots, lookahead = excluded.lookahead",
+                "INSERT INTO agent_enrolment (name, slots, lookahead, gpus) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name) DO UPDATE SET slots = excluded.slots, lookahead = excluded.lookahead,
+                     gpus = excluded.gpus",
             )
             .ctx(context)?
-            .execute(params![agent, grant.slots, grant.lookahead])
+            .execute(params![agent, grant.slots, grant.lookahead, grant.gpus])
             .ctx(context)?;
         batch.commit()
     }
@@ -361,7 +366,7 @@ impl Store {
                     used: get_u64(r, "used")?,
                     tags: tags_of(&r.get::<_, String>("tags")?),
                     revoked: r.get("revoked")?,
-                    grant: Grant::of(r.get("slots")?, r.get("lookahead")?),
+                    grant: Grant::of(r.get("slots")?, r.get("lookahead")?, r.get("gpus")?),
                 })
             })
             .ctx(context)?
@@ -399,7 +404,7 @@ mod tests {
         let mut store = Store::open_in_memory().expect("store");
         let tags: BTreeMap<String, String> = [("pool".to_string(), "arm".to_string())].into();
         let public = [7u8; 32];
-        let grant = Grant { slots: Some(2), lookahead: Some(3) };
+        let grant = Grant { slots: Some(2), lookahead: Some(3), gpus: Some(1) };
         store.create_token(&public, Some(1_000), Some(2), &tags, grant, 5).expect("create");
         let mut b = store.batch().expect("batch");
         let t = b.token(&public).expect("read").expect("kept");

@@ -88,6 +88,18 @@ pub fn grant(info: &mut AgentInfo, slots: Option<u32>, lookahead: Option<u32>, c
     before != (info.slots, info.lookahead)
 }
 
+/// Cuts the GPUs `info` announces to what was granted (`None`: `cap`), the
+/// first ones by index kept; true when it announced more.
+pub fn grant_gpus(info: &mut AgentInfo, gpus: Option<u32>, cap: u32) -> bool {
+    let most = gpus.unwrap_or(cap).min(cap) as usize;
+    if info.gpus.len() <= most {
+        return false;
+    }
+    info.gpus.sort_by_key(|g| g.index);
+    info.gpus.truncate(most);
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +112,19 @@ mod tests {
         let mut capped = AgentInfo { slots: 1024, lookahead: 4096, ..AgentInfo::minimal("m", 1) };
         assert!(grant(&mut capped, None, None, 64));
         assert_eq!((capped.slots, capped.lookahead), (64, 256), "the fleet cap, 4 ahead per slot");
+        let gpu =
+            |index| tunefleet_common::message::GpuDevice { index, uuid: format!("GPU-{index}"), name: "g".into() };
+        let mut hoarder = AgentInfo { gpus: (0..64).rev().map(gpu).collect(), ..AgentInfo::minimal("m", 1) };
+        assert!(grant_gpus(&mut hoarder, Some(2), 8));
+        assert_eq!(hoarder.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), [0, 1], "what was granted, lowest first");
+        let mut capped = AgentInfo { gpus: (0..64).map(gpu).collect(), ..AgentInfo::minimal("m", 1) };
+        assert!(grant_gpus(&mut capped, None, 8));
+        assert_eq!(capped.gpus.len(), 8, "the fleet cap");
+        let mut none = AgentInfo { gpus: (0..2).map(gpu).collect(), ..AgentInfo::minimal("m", 1) };
+        assert!(grant_gpus(&mut none, Some(0), 8));
+        assert!(none.gpus.is_empty(), "a grant of 0 GPUs");
+        let mut honest = AgentInfo { gpus: (0..2).map(gpu).collect(), ..AgentInfo::minimal("h", 1) };
+        assert!(!grant_gpus(&mut honest, None, 8), "fewer than the cap are kept as announced");
         let mut modest = AgentInfo { slots: 2, lookahead: 1, ..AgentInfo::minimal("h", 1) };
         assert!(!grant(&mut modest, Some(8), None, 64), "less than granted is kept as announced");
         assert_eq!((modest.slots, modest.lookahead), (2, 1));

@@ -41,8 +41,8 @@ mod results;
 mod tests;
 mod types;
 
-pub use fleet::grant;
 use fleet::AgentState;
+pub use fleet::{grant, grant_gpus};
 pub use lease::NOT_STARTED;
 use lease::{Lease, State, StudyLeases, TrialSlot};
 pub use types::{

@@ -74,6 +74,10 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
         tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
     }
+    let announced_gpus = info.gpus.len();
+    if crate::domain::sched::grant_gpus(&mut info, granted.gpus, cx.sessions.max_gpus) {
+        tracing::info!(agent = %agent, announced_gpus, gpus = info.gpus.len(), "agent announced more GPUs than it was granted: given what it was granted");
+    }
     cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
     cx.batch.upsert_agent(&info, now)?;
     let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
