@@ -143,6 +143,17 @@ fn a_coordinator_whose_store_disk_fills_pauses_and_goes_on_with_nothing_lost() {
         c
     });
     assert!(status.contains("the store's disk is nearly full"), "{status}");
+    // The paused coordinator still beats: its study is paused, not interrupted.
+    let state = || {
+        let (_, json, _) = run({
+            let mut c = Command::new(bin("tunefleet"));
+            c.args(["status", "--json", "--store"]).arg(&store).env("XDG_STATE_HOME", state_home());
+            c
+        });
+        let rows: serde_json::Value = serde_json::from_str(&json).unwrap_or_default();
+        rows.as_array().and_then(|r| r.first()).and_then(|r| r["state"].as_str()).unwrap_or_default().to_string()
+    };
+    wait_for("status to say paused", Duration::from_secs(30), || state() == "paused");
 
     std::fs::remove_file(&filler).expect("free the space");
     let code = coord.wait_exit(Duration::from_secs(120));

@@ -68,9 +68,9 @@ pub fn planned(store: &Store, row: &crate::store::StudyRow) -> Result<u64, Store
 /// (Unix ms: to judge the coordinator's heartbeat).
 pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<StudyStatus>, StoreError> {
     let beat = store.heartbeat()?;
-    let coordinator_running =
-        beat.is_some_and(|(at, stopped)| stopped.is_none() && now_ms.saturating_sub(at) < STALE_MS);
-    let coordinator_seen_s = beat.map(|(at, _)| now_ms.saturating_sub(at) as f64 / 1000.0);
+    let coordinator_running = beat.is_some_and(|b| b.stopped_ms.is_none() && now_ms.saturating_sub(b.at_ms) < STALE_MS);
+    let paused = coordinator_running && beat.is_some_and(|b| b.paused);
+    let coordinator_seen_s = beat.map(|b| now_ms.saturating_sub(b.at_ms) as f64 / 1000.0);
     let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
     let store_free_bytes = crate::runtime::space::free_bytes(std::path::Path::new(store.path()));
     let mut out = Vec::new();
@@ -87,6 +87,8 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         out.push(StudyStatus {
             study: s.name,
             state: match s.state {
+                // Its coordinator waits for room on the store's disk.
+                StudyState::Running if paused => "paused",
                 StudyState::Running if coordinator_running => "running",
                 // Its coordinator stopped or died before it finished.
                 StudyState::Running => "interrupted",

@@ -118,6 +118,9 @@ impl Engine {
         }
         self.dropped_while_paused += events.len() as u64;
         events.clear();
+        if let Err(e) = self.core.beat_while_paused(now.unix_ms) {
+            tracing::debug!(error = %e, "no heartbeat while paused");
+        }
         let why = format!("the store's disk is nearly full ({}): paused until it has room", guard.path.display());
         for r in self.requests.drain(..) {
             let _ = r.reply.send(Answer::Error { message: why.clone() });

@@ -116,17 +116,19 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// The coordinator (process `pid`) is alive at `at_ms`: `status` tells
-    /// a running study from one whose coordinator is gone by this beat.
-    pub fn beat(&mut self, pid: u32, at_ms: u64) -> Result<()> {
+    /// The coordinator (process `pid`) is alive at `at_ms`, and `paused`
+    /// or not (for room on the store's disk): `status` tells a running
+    /// study from a paused one and from one whose coordinator is gone.
+    pub fn beat(&mut self, pid: u32, at_ms: u64, paused: bool) -> Result<()> {
         let context = || "recording the coordinator's heartbeat".to_string();
         self.tx
             .prepare_cached(
-                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms) VALUES (1, ?1, ?2, NULL)
-                 ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, beat_ms = excluded.beat_ms, stopped_ms = NULL",
+                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms, paused) VALUES (1, ?1, ?2, NULL, ?3)
+                 ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, beat_ms = excluded.beat_ms, stopped_ms = NULL,
+                     paused = excluded.paused",
             )
             .ctx(context)?
-            .execute(params![pid, to_i64("time", at_ms)?])
+            .execute(params![pid, to_i64("time", at_ms)?, paused])
             .ctx(context)?;
         Ok(())
     }

@@ -351,7 +351,8 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead FROM join_tokens
+                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead, gpus
+                 FROM join_tokens
                  ORDER BY created_ms DESC, public",
             )
             .ctx(context)?;

@@ -372,14 +372,21 @@ impl Store {
         Ok(unranked)
     }
 
-    /// The coordinator's last heartbeat (Unix ms) and, when it stopped
-    /// cleanly, when; `None` when no coordinator ever ran on this store.
-    pub fn heartbeat(&self) -> Result<Option<(u64, Option<u64>)>> {
+    /// The coordinator's last heartbeat (Unix ms), when it stopped cleanly,
+    /// and whether it was paused for room on the store's disk; `None` when
+    /// no coordinator ever ran on this store.
+    pub fn heartbeat(&self) -> Result<Option<Heartbeat>> {
         let context = || "reading the coordinator's heartbeat".to_string();
         self.conn
-            .prepare_cached("SELECT beat_ms, stopped_ms FROM heartbeat WHERE id = 1")
+            .prepare_cached("SELECT beat_ms, stopped_ms, paused FROM heartbeat WHERE id = 1")
             .ctx(context)?
-            .query_row([], |r| Ok((get_u64(r, 0)?, r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()))))
+            .query_row([], |r| {
+                Ok(Heartbeat {
+                    at_ms: get_u64(r, 0)?,
+                    stopped_ms: r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()),
+                    paused: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
+                })
+            })
             .optional()
             .ctx(context)
     }
@@ -604,4 +611,15 @@ fn result_row(row: &Row<'_>) -> rusqlite::Result<ResultRow> {
         received_ms: get_u64(row, "received_ms")?,
         measurement: json_col(row, "measurement")?,
     })
+}
+
+/// The coordinator's last heartbeat, as `status` reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// When it last beat (Unix ms).
+    pub at_ms: u64,
+    /// When it stopped cleanly, if it did.
+    pub stopped_ms: Option<u64>,
+    /// Paused for room on the store's disk at that beat.
+    pub paused: bool,
 }

@@ -174,6 +174,16 @@ const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
+/// The heartbeat's `paused` column, added to a store made before it.
+fn add_heartbeat_paused(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let present: i64 =
+        tx.query_row("SELECT COUNT(*) FROM pragma_table_info('heartbeat') WHERE name = 'paused'", [], |r| r.get(0))?;
+    if present == 0 {
+        tx.execute_batch("ALTER TABLE heartbeat ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;")?;
+    }
+    Ok(())
+}
+
 /// Creates the store's file 0600 when it is new, and takes group and
 /// other access from it and its WAL and shared-memory files when it is not.
 fn make_private(path: &Path) -> std::io::Result<()> {
@@ -292,6 +302,7 @@ impl Store {
             found => return Err(StoreError::SchemaVersion { path, found }),
         }
         tx.execute_batch(STUDY_IDS).ctx(|| format!("{path}: creating the study ids table"))?;
+        add_heartbeat_paused(&tx).ctx(|| format!("{path}: adding the heartbeat's pause"))?;
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;

@@ -329,7 +329,7 @@ impl Core {
         }
         let mut batch = self.store.batch()?;
         if now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS) {
-            batch.beat(std::process::id(), now.unix_ms)?;
+            batch.beat(std::process::id(), now.unix_ms, false)?;
             self.beat_ms = now.unix_ms;
         }
         let mut effects = Vec::new();
@@ -400,6 +400,19 @@ impl Core {
             batch.finish_study(s, unix_ms)?;
         }
         batch.commit()?;
+        Ok(())
+    }
+
+    /// A heartbeat while paused for room on the store's disk (one small
+    /// write every [`BEAT_MS`]): `status` says paused, not interrupted.
+    pub fn beat_while_paused(&mut self, unix_ms: u64) -> Result<(), EngineError> {
+        if unix_ms < self.beat_ms.saturating_add(BEAT_MS) {
+            return Ok(());
+        }
+        let mut batch = self.store.batch()?;
+        batch.beat(std::process::id(), unix_ms, true)?;
+        batch.commit()?;
+        self.beat_ms = unix_ms;
         Ok(())
     }
 
