@@ -340,7 +340,7 @@ pub struct BrokerArgs {
     /// Embedded broker: CA (PEM) that signs the client certificates it accepts (mutual TLS).
     #[arg(long, value_name = "FILE", requires = "broker_cert")]
     pub broker_client_ca: Option<PathBuf>,
-    /// Embedded broker: which code serves it (rumqttd only to compare; it falls off past 1,000-2,000 agents).
+    /// Embedded broker: which code serves it (rumqttd, in builds with the `rumqttd` feature, only to compare).
     #[arg(long, value_enum, default_value = "native", hide = true, env = "TUNEFLEET_EMBEDDED_BROKER")]
     pub embedded_broker: crate::runtime::broker::BrokerEngine,
     /// How to log in to an external broker (--broker).
