@@ -13,6 +13,15 @@ use std::time::{Duration, Instant};
 use tunefleet_tests::mqtt::TestClient;
 use tunefleet_tests::*;
 
+/// The tests that compare an attacked run with a quiet one run one at a
+/// time: another test's attack beside a quiet run (or an attacked one)
+/// would measure that test, not this one.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The port of a broker URL a coordinator printed.
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
@@ -257,6 +266,7 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
 
 #[test]
 fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 200;
     let quiet = marked_run(dir.path(), "quiet", trials, Attack::None);
@@ -289,6 +299,7 @@ fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
 
 #[test]
 fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_fleet_going() {
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 200;
     let quiet = marked_run(dir.path(), "calm", trials, Attack::None);
@@ -311,6 +322,7 @@ fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_f
 
 #[test]
 fn eleven_hundred_idle_logins_under_a_soft_limit_of_1024_keep_no_agent_out() {
+    let _alone = alone();
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");
     let root = unique_root("idle");
