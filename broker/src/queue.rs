@@ -154,6 +154,23 @@ fn take_shared(total: &AtomicU64, kib: u64, queued: u32) -> bool {
     total.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| (now + kib <= limit).then_some(now + kib)).is_ok()
 }
 
+/// Takes `n` KiB of the clients' shared budget for `peer`, which holds a
+/// permit for them already; false when the budget has no room for it.
+fn take_for(shared: &Clock, peer: &Peer, n: u32) -> bool {
+    take_shared(&shared.counters.queued_kib, u64::from(n), peer.queued_kib().saturating_sub(n))
+}
+
+/// Puts `packet` in `peer`'s queue with its hold on the budgets (`shared_kib`
+/// of the clients' shared one).
+fn enqueue(shared: &Clock, peer: &Peer, packet: Packet, permit: OwnedSemaphorePermit, shared_kib: u32) -> Offered {
+    let hold = Hold { _own: permit, shared_kib: u64::from(shared_kib), queued: shared.counters.queued_kib.clone() };
+    if peer.tx.send((packet, hold)).is_ok() {
+        Offered::Queued
+    } else {
+        Offered::Closed
+    }
+}
+
 /// What became of a copy offered to a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Offered {
@@ -184,9 +201,8 @@ pub(crate) async fn offer(shared: &Clock, peer: &Peer, packet: Packet, may_wait:
     if may_wait && !peer.behind.load(Ordering::Relaxed) {
         let n = cost(&packet).min(peer.capacity);
         if let Ok(Ok(permit)) = tokio::time::timeout(GRACE, peer.budget.clone().acquire_many_owned(n)).await {
-            if take_shared(&shared.counters.queued_kib, u64::from(n), peer.queued_kib().saturating_sub(n)) {
-                let hold = Hold { _own: permit, shared_kib: u64::from(n), queued: shared.counters.queued_kib.clone() };
-                return if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed };
+            if take_for(shared, peer, n) {
+                return enqueue(shared, peer, packet, permit, n);
             }
         }
         peer.behind.store(true, Ordering::Relaxed);
@@ -229,19 +245,14 @@ pub(crate) fn try_offer(shared: &Clock, peer: &Peer, packet: Packet, own: bool) 
         Err(TryAcquireError::Closed) => return Tried::Done(Offered::Closed),
         Err(TryAcquireError::NoPermits) => None,
     };
-    if peer.privileged || own {
-        let Some(permit) = permit else { return Tried::Full(packet) };
-        let hold = Hold { _own: permit, shared_kib: 0, queued: shared.counters.queued_kib.clone() };
-        return Tried::Done(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed });
-    }
-    let fits =
-        permit.filter(|_| take_shared(&shared.counters.queued_kib, u64::from(n), peer.queued_kib().saturating_sub(n)));
-    let Some(permit) = fits else {
+    // The coordinator's own queue, and what a connection caused itself,
+    // draw on its own budget alone.
+    let shared_kib = if peer.privileged || own { 0 } else { n };
+    match permit.filter(|_| shared_kib == 0 || take_for(shared, peer, n)) {
+        Some(permit) => Tried::Done(enqueue(shared, peer, packet, permit, shared_kib)),
         // The caller decides whether to wait (a grace) or lose it.
-        return Tried::Full(packet);
-    };
-    let hold = Hold { _own: permit, shared_kib: u64::from(n), queued: shared.counters.queued_kib.clone() };
-    Tried::Done(if peer.tx.send((packet, hold)).is_ok() { Offered::Queued } else { Offered::Closed })
+        None => Tried::Full(packet),
+    }
 }
 
 /// What a subscriber whose queue stays full must take per [`STALL`] not to be
@@ -287,8 +298,7 @@ pub(crate) async fn deliver_waiting(shared: &Clock, peer: &Peer, packet: Packet)
             }
         },
     };
-    let hold = Hold { _own: permit, shared_kib: 0, queued: shared.counters.queued_kib.clone() };
-    peer.tx.send((packet, hold)).is_ok()
+    enqueue(shared, peer, packet, permit, 0) == Offered::Queued
 }
 
 /// Closes `peer` when it is stuck; true when it was.

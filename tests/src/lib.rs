@@ -164,6 +164,26 @@ pub fn run(mut cmd: Command) -> (Option<i32>, String, String) {
     )
 }
 
+/// Holds the lock of the tests (of one test binary) that must run one at
+/// a time: those that load the machine on purpose, or compare a run with
+/// another, would measure each other.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The port of a broker URL a coordinator printed (`mqtt://HOST:PORT`).
+pub fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
+}
+
+/// A field of `/proc/PID/status`, in KiB (0 once the process is gone).
+pub fn proc_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status.lines().find(|l| l.starts_with(&format!("{field}:")));
+    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 /// A unique topic root for one test, so tests sharing a broker never meet.
 pub fn unique_root(test: &str) -> String {
     format!("t-{test}-{}-{}", std::process::id(), rand_suffix())

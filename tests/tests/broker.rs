@@ -13,43 +13,17 @@ use std::time::{Duration, Instant};
 use tunefleet_tests::mqtt::TestClient;
 use tunefleet_tests::*;
 
-/// The tests that compare an attacked run with a quiet one run one at a
-/// time: another test's attack beside a quiet run (or an attacked one)
-/// would measure that test, not this one.
-static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn alone() -> std::sync::MutexGuard<'static, ()> {
-    ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The port of a broker URL a coordinator printed.
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
-}
-
-/// A study of `trials` short trials whose argv and env carry `marker`.
+/// [`sleep_study`]'s study (0.1 s a trial) whose argv and env carry `marker`.
 fn marked_study(dir: &Path, name: &str, trials: u32, marker: &str) -> std::path::PathBuf {
-    let text = format!(
-        r#"name = "{name}"
-command = ["sh", "-c", "sleep 0.1; echo '{{{{\"event\":\"final\",\"v\":{{v}}}}}}'", "{marker}-argv"]
-env = {{ DB_PASSWORD = "{marker}-env" }}
-timeout = 60
-max_attempts = 5
-[objective]
-metric = "v"
-direction = "maximize"
-[budget]
-trials = {trials}
-[strategy]
-kind = "grid"
-[hyper.v]
-kind = "int"
-low = 1
-high = {trials}
-"#
+    let path = sleep_study(dir, name, trials, 0.1);
+    let text = std::fs::read_to_string(&path).expect("study");
+    let (command, rest) = text.split_once('\n').and_then(|(_, r)| r.split_once('\n')).expect("name, command");
+    let marked = format!(
+        "name = \"{name}\"\n{}, \"{marker}-argv\"]\nenv = {{ DB_PASSWORD = \"{marker}-env\" }}\n{rest}",
+        command.strip_suffix(']').expect("a command list")
     );
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, text).expect("study");
+    assert_eq!(marked.matches(marker).count(), 2, "argv and env carry the marker: {marked}");
+    std::fs::write(&path, marked).expect("study");
     path
 }
 
@@ -188,13 +162,6 @@ fn queue_fillers(
         .collect()
 }
 
-/// A process's field of `/proc/PID/status`, in KiB (0 once it is gone).
-fn proc_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let line = status.lines().find(|l| l.starts_with(&format!("{field}:")));
-    line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
-}
-
 /// Who attacks a run.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Attack {
@@ -266,7 +233,7 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
 
 #[test]
 fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
-    let _alone = alone();
+    let _alone = one_at_a_time();
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 200;
     let quiet = marked_run(dir.path(), "quiet", trials, Attack::None);
@@ -299,7 +266,7 @@ fn a_silent_wildcard_subscriber_neither_stalls_the_fleet_nor_reads_it() {
 
 #[test]
 fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_fleet_going() {
-    let _alone = alone();
+    let _alone = one_at_a_time();
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 200;
     let quiet = marked_run(dir.path(), "calm", trials, Attack::None);
@@ -322,7 +289,7 @@ fn eighty_connections_filling_their_queues_leave_the_coordinator_small_and_the_f
 
 #[test]
 fn eleven_hundred_idle_logins_under_a_soft_limit_of_1024_keep_no_agent_out() {
-    let _alone = alone();
+    let _alone = one_at_a_time();
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");
     let root = unique_root("idle");

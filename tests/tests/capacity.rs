@@ -11,10 +11,6 @@ use tunefleet_common::message::{AgentInfo, AgentMessage, CoordinatorMessage, Wor
 use tunefleet_tests::member::{Answer, Member};
 use tunefleet_tests::*;
 
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
-}
-
 /// `trials` trials that sleep 20 ms and report `v`; two attempts each.
 fn short_study(dir: &Path, name: &str, trials: u32) -> std::path::PathBuf {
     let path = sleep_study(dir, name, trials, 0.02);
@@ -311,45 +307,50 @@ fn regression_a_member_cannot_fill_the_store_with_progress() {
 
 /// Finding 6: `--allow-command '/dir/*'` admitted `/dir/../../../../bin/sh`.
 /// A real agent now refuses it (and the trial runs nowhere it may not).
+/// Runs a one-trial study of `command` (a TOML array) and `env` lines
+/// under an agent started with `--allow-command DIR/*`, where DIR is
+/// `dir/bench`; waits for the agent to refuse it and returns its log.
+fn refused_by_allow_command(dir: &Path, test: &str, command: &str, env: &str) -> String {
+    let store = dir.join("s.db");
+    let root = unique_root(test);
+    let study = dir.join(format!("{test}.toml"));
+    let text = format!(
+        "name = \"{test}\"\ncommand = {command}\n{env}timeout = 60\n\
+         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 1\n[strategy]\nkind = \"grid\"\n\
+         [hyper.v]\nkind = \"categorical\"\nvalues = [1]\n"
+    );
+    std::fs::write(&study, text).expect("study");
+    let (_coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let log = dir.join("agent.log");
+    let mut cmd = Command::new(bin("tunefleet-agent"));
+    cmd.stderr(std::fs::File::create(&log).expect("log"));
+    let pattern = format!("{}/*", dir.join("bench").display());
+    let name = format!("{root}-a");
+    let agent = start_agent_with(cmd, &url, &name, &root, &["--allow-command", &pattern]);
+    wait_for("the assignment refused", Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("assignment refused by --allow-command"))
+    });
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
 #[test]
 fn regression_allow_command_refuses_a_path_that_climbs_out_of_its_directory() {
     let dir = tempfile::tempdir().expect("tmp");
-    let store = dir.path().join("s.db");
-    let root = unique_root("allow");
     let allowed = dir.path().join("bench");
     std::fs::create_dir_all(&allowed).expect("dir");
     let marker = dir.path().join("escaped");
     let climbing = format!("{}/../../../../../../bin/sh", allowed.display());
-    let study = dir.path().join("allow.toml");
-    let text = format!(
-        "name = \"allow\"\ncommand = [{climbing:?}, \"-c\", \"touch {} ; echo TUNEFLEET final v={{v}}\"]\ntimeout = 60\n\
-         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 1\n[strategy]\nkind = \"grid\"\n\
-         [hyper.v]\nkind = \"categorical\"\nvalues = [1]\n",
-        marker.display()
-    );
-    std::fs::write(&study, text).expect("study");
-    let (_coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let log = dir.path().join("agent.log");
-    let mut cmd = Command::new(bin("tunefleet-agent"));
-    cmd.stderr(std::fs::File::create(&log).expect("log"));
-    let pattern = format!("{}/*", allowed.display());
-    let name = format!("{root}-a");
-    let agent = start_agent_with(cmd, &url, &name, &root, &["--allow-command", &pattern]);
-    wait_for("the climbing command refused", Duration::from_secs(30), || {
-        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("assignment refused by --allow-command"))
-    });
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let command = format!("[{climbing:?}, \"-c\", \"touch {} ; echo TUNEFLEET final v={{v}}\"]", marker.display());
+    let text = refused_by_allow_command(dir.path(), "allow", &command, "");
     assert!(text.contains("has a . or .. component"), "{text}");
     assert!(!marker.exists(), "the command ran");
-    drop(agent);
-    assert_agents_spools_empty(&[&name]);
 }
 
 #[test]
 fn regression_allow_command_refuses_an_env_that_makes_the_allowed_program_run_more() {
     let dir = tempfile::tempdir().expect("tmp");
-    let store = dir.path().join("s.db");
-    let root = unique_root("allowenv");
     let allowed = dir.path().join("bench");
     std::fs::create_dir_all(&allowed).expect("dir");
     let script = allowed.join("run.sh");
@@ -357,31 +358,12 @@ fn regression_allow_command_refuses_an_env_that_makes_the_allowed_program_run_mo
     let exec: std::fs::Permissions = std::os::unix::fs::PermissionsExt::from_mode(0o755);
     std::fs::set_permissions(&script, exec).expect("chmod");
     let marker = dir.path().join("escaped");
-    let study = dir.path().join("allowenv.toml");
     // bash expands BASH_ENV before it sources it: the substitution runs as the agent's user.
-    let text = format!(
-        "name = \"allowenv\"\ncommand = [{:?}]\nenv = {{ BASH_ENV = \"$(touch {})\" }}\ntimeout = 60\n\
-         [objective]\nmetric = \"v\"\ndirection = \"maximize\"\n[budget]\ntrials = 1\n[strategy]\nkind = \"grid\"\n\
-         [hyper.v]\nkind = \"categorical\"\nvalues = [1]\n",
-        script.display().to_string(),
-        marker.display()
-    );
-    std::fs::write(&study, text).expect("study");
-    let (_coord, url) = start_coordinator(&study, &store, &root, &[]);
-    let log = dir.path().join("agent.log");
-    let mut cmd = Command::new(bin("tunefleet-agent"));
-    cmd.stderr(std::fs::File::create(&log).expect("log"));
-    let pattern = format!("{}/*", allowed.display());
-    let name = format!("{root}-a");
-    let agent = start_agent_with(cmd, &url, &name, &root, &["--allow-command", &pattern]);
-    wait_for("the env refused", Duration::from_secs(30), || {
-        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("assignment refused by --allow-command"))
-    });
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let command = format!("[{:?}]", script.display().to_string());
+    let env = format!("env = {{ BASH_ENV = \"$(touch {})\" }}\n", marker.display());
+    let text = refused_by_allow_command(dir.path(), "allowenv", &command, &env);
     assert!(text.contains("BASH_ENV") && text.contains("--allow-env BASH_ENV"), "{text}");
     assert!(!marker.exists(), "BASH_ENV ran as the agent's user");
-    drop(agent);
-    assert_agents_spools_empty(&[&name]);
 }
 
 #[test]

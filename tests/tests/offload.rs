@@ -12,10 +12,8 @@ use tunefleet_tests::*;
 
 /// The tests of this file load CPUs on purpose and measure load from
 /// outside: run alone, one after the other, they do not disturb each other.
-static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
 fn alone() -> std::sync::MutexGuard<'static, ()> {
-    ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    one_at_a_time()
 }
 
 /// Busy loops pinned to `cpu`, killed when dropped.

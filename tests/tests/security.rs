@@ -67,11 +67,6 @@ fn coordinator_logged(study: &Path, store: &Path, root: &str, log: &Path) -> (Pr
     (coord, url.trim_start_matches("broker: ").trim().to_string())
 }
 
-/// The port of a broker URL a coordinator printed.
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("port")
-}
-
 /// Makes `study`'s trials only for agents tagged `pool=POOL`.
 fn only_pool(study: &Path, pool: &str) {
     let text =

@@ -169,13 +169,13 @@ async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static 
     }
     let path = path.to_string();
     let store = store.to_path_buf();
-    let answered = tokio::task::spawn_blocking(move || read(&store, &path, "")).await;
+    let answered = tokio::task::spawn_blocking(move || read(&store, &path)).await;
     let (status, kind, body) = answered.unwrap_or_else(|_| (500, "text/plain", "the page failed\n".to_string()));
     (status, kind, body, cookie)
 }
 
 /// What `path` shows, read from the store now.
-fn read(store: &Path, path: &str, query: &str) -> (u16, &'static str, String) {
+fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
     let failed = |e: &dyn std::fmt::Display| (500, "text/plain", format!("cannot read the store: {e}\n"));
     let db = match Store::open_read_only(store) {
         Ok(db) => db,
@@ -197,8 +197,9 @@ fn read(store: &Path, path: &str, query: &str) -> (u16, &'static str, String) {
         Err(e) => return failed(&e),
     };
     match path {
-        "/" => (200, "text/html", page_html(&data, query)),
-        "/main" => (200, "text/html", main_html(&data, query)),
+        // Links carry no token: the cookie does.
+        "/" => (200, "text/html", page_html(&data, "")),
+        "/main" => (200, "text/html", main_html(&data, "")),
         "/status.json" => match serde_json::to_string_pretty(&data) {
             Ok(json) => (200, "application/json", json),
             Err(e) => failed(&e),
