@@ -83,7 +83,8 @@ pub enum StatusRefusal {
 /// Authentication state of one agent process.
 pub struct AgentAuth {
     name: String,
-    identity: Identity,
+    /// Shared with the transport, which proves it at each broker login.
+    identity: std::sync::Arc<Identity>,
     trust: Trust,
     pinned: Option<PublicKey>,
     /// The join token's proof, sent in every Hello (the coordinator reads it
@@ -148,7 +149,7 @@ impl AgentAuth {
         let enrol = trust.token.as_ref().map(|t| t.prove(&identity.public(), name)).transpose()?;
         Ok(AgentAuth {
             name: name.to_string(),
-            identity,
+            identity: std::sync::Arc::new(identity),
             trust,
             pinned,
             enrol,
@@ -162,6 +163,11 @@ impl AgentAuth {
 
     pub fn public_key(&self) -> PublicKey {
         self.identity.public()
+    }
+
+    /// This agent's key, for the transport's logins by identity.
+    pub fn identity(&self) -> std::sync::Arc<Identity> {
+        self.identity.clone()
     }
 
     /// A new connection with a new Last Will: any session is over.

@@ -473,6 +473,7 @@ impl<'c> Agent<'c> {
             topics: config.topics.clone(),
             instance,
             security: config.security.clone(),
+            identity: Some(agent_auth.identity()),
         })?;
         let (done_tx, done_rx) = mpsc::channel(64);
         let (progress_tx, progress_rx) = mpsc::channel(1024);

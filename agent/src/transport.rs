@@ -18,7 +18,7 @@ use rumqttc::{AsyncClient, Event, EventLoop, LastWill, MqttOptions, NetworkOptio
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tunefleet_common::auth::{Digest, DownFrame, Signed};
+use tunefleet_common::auth::{login_password, Digest, DownFrame, Identity, Signed};
 use tunefleet_common::topic::{AgentTopic, Topic, Topics};
 use tunefleet_common::{decode, BrokerUrl, CodecError, MAX_MESSAGE_BYTES};
 
@@ -70,6 +70,48 @@ pub struct TransportConfig {
     pub instance: u64,
     /// Login and TLS.
     pub security: tunefleet_common::security::ClientSecurity,
+    /// This agent's key: it logs in as its name with a proof of it (see
+    /// [`Login`]); `None` logs in with `security`'s login alone.
+    pub identity: Option<Arc<Identity>>,
+}
+
+/// How the next CONNECT logs in. An agent with a key proves it (Tunefleet's
+/// embedded broker grants by identity) and carries its broker login, if it
+/// has one, for a broker that requires one of strangers; a broker that
+/// refuses that (Mosquitto with a password file) gets the plain login on
+/// the next attempt, and the two alternate while refused.
+#[derive(Debug)]
+struct Login {
+    identity: Option<Arc<Identity>>,
+    plain: Option<(String, String)>,
+    /// The next attempt uses the plain login.
+    use_plain: bool,
+    /// The last proof's time: each is later than the one before.
+    last_ms: u64,
+}
+
+impl Login {
+    /// The user name and password of the next attempt.
+    fn next(&mut self, agent: &str) -> Option<(String, String)> {
+        match (&self.identity, self.use_plain) {
+            (Some(id), false) => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                self.last_ms = now.max(self.last_ms + 1);
+                let secret = self.plain.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+                Some((agent.to_string(), login_password(id, agent, self.last_ms, secret)))
+            }
+            _ => self.plain.clone(),
+        }
+    }
+
+    /// A refused login: the other kind next time, when there is one.
+    fn refused(&mut self) {
+        if self.identity.is_some() && self.plain.is_some() {
+            self.use_plain = !self.use_plain;
+        }
+    }
 }
 
 /// A running MQTT connection.
@@ -135,15 +177,16 @@ pub fn client_id(agent: &str, nonce: [u8; 4]) -> String {
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
-        let TransportConfig { broker, agent, keepalive, topics, instance, security } = config;
+        let TransportConfig { broker, agent, keepalive, topics, instance, security, identity } = config;
         let nonce = tunefleet_common::auth::random_bytes::<4>().map_err(TransportError::Random)?;
         let mut opts = MqttOptions::new(client_id(&agent, nonce), broker.host.clone(), broker.port);
         opts.set_keep_alive(keepalive)
             .set_clean_session(true)
             .set_max_packet_size(MAX_MESSAGE_BYTES + 64 * 1024, MAX_MESSAGE_BYTES + 64 * 1024)
             .set_inflight(INFLIGHT);
-        if let Some((user, pass)) = &security.credentials {
-            opts.set_credentials(user.clone(), pass.clone());
+        let mut login = Login { identity, plain: security.credentials.clone(), use_plain: false, last_ms: 0 };
+        if let Some((user, pass)) = login.next(&agent) {
+            opts.set_credentials(user, pass);
         }
         if let Some(files) = &security.tls {
             let tls = tunefleet_common::security::client_config(files).map_err(TransportError::Security)?;
@@ -166,6 +209,7 @@ impl Transport {
             instance,
             tx,
             connected: Arc::clone(&connected),
+            login,
         };
         let task = tokio::spawn(poller.run(eventloop, stop.clone()));
         Ok((Transport { client, topics, agent, task, stop, connected }, rx))
@@ -218,6 +262,7 @@ struct Poller {
     instance: u64,
     tx: mpsc::Sender<Inbound>,
     connected: Arc<AtomicBool>,
+    login: Login,
 }
 
 impl Poller {
@@ -236,7 +281,7 @@ impl Poller {
         }
     }
 
-    async fn run(self, mut eventloop: EventLoop, stop: CancellationToken) {
+    async fn run(mut self, mut eventloop: EventLoop, stop: CancellationToken) {
         let mut failures: u32 = 0;
         // When a failure was last reported at warn level (the first of a run
         // of failures, then one per QUIET_REPORT).
@@ -271,6 +316,17 @@ impl Poller {
                     failures = failures.saturating_add(1);
                     self.connected.store(false, Ordering::Relaxed);
                     will_hash = self.new_will(&mut eventloop);
+                    if matches!(
+                        e,
+                        rumqttc::ConnectionError::ConnectionRefused(
+                            rumqttc::ConnectReturnCode::BadUserNamePassword | rumqttc::ConnectReturnCode::NotAuthorized
+                        )
+                    ) {
+                        self.login.refused();
+                    }
+                    if let Some((user, pass)) = self.login.next(&self.agent) {
+                        eventloop.mqtt_options.set_credentials(user, pass);
+                    }
                     let delay = backoff_delay(failures, rand::random::<f64>());
                     let retry_in_ms = delay.as_millis() as u64;
                     let error = e.to_string();

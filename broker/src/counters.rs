@@ -46,6 +46,14 @@ pub struct BrokerCounters {
     pub received: AtomicU64,
     /// Copies queued to subscribers.
     pub delivered: AtomicU64,
+    /// Logins the gatekeeper refused (a bad proof or password, none, too many strangers).
+    pub refused_login: AtomicU64,
+    /// Publishes, subscriptions, wills and client-id take-overs outside a login's grants.
+    pub denied: AtomicU64,
+    /// Strangers' publishes past their rate.
+    pub rate_limited: AtomicU64,
+    /// Connections open now by kind of login ([`crate::LoginKind`] order).
+    pub by_kind: [AtomicU64; 5],
 }
 
 impl BrokerCounters {
@@ -99,12 +107,30 @@ impl BrokerCounters {
             ),
             ("received_total", "messages received from publishers", false, v(&self.received)),
             ("delivered_total", "copies queued to subscribers", false, v(&self.delivered)),
+            ("refused_login_total", "logins refused by identity or password", false, v(&self.refused_login)),
+            (
+                "denied_total",
+                "publishes, subscriptions, wills and take-overs outside a login's grants",
+                false,
+                v(&self.denied),
+            ),
+            ("rate_limited_total", "strangers' publishes past their rate", false, v(&self.rate_limited)),
         ]
+    }
+
+    /// Connections open now by kind of login: (kind, count).
+    pub fn by_kind(&self) -> Vec<(&'static str, u64)> {
+        crate::LoginKind::ALL.iter().map(|k| (k.as_str(), self.by_kind[*k as usize].load(Ordering::Relaxed))).collect()
     }
 
     /// The counters as Prometheus text, each named `tunefleet_broker_*`.
     pub fn prometheus(&self) -> String {
-        let mut out = String::new();
+        let mut out = String::from(
+            "# HELP tunefleet_broker_logins connections open now by kind of login\n# TYPE tunefleet_broker_logins gauge\n",
+        );
+        for (kind, n) in self.by_kind() {
+            out.push_str(&format!("tunefleet_broker_logins{{kind=\"{kind}\"}} {n}\n"));
+        }
         for (name, help, gauge, value) in self.snapshot() {
             let kind = if gauge { "gauge" } else { "counter" };
             out.push_str(&format!(

@@ -18,6 +18,7 @@
 //! `client_ca`. The coordinator itself then connects through a second,
 //! loopback-only listener with a credential made up at start.
 
+mod access;
 mod connect;
 mod counters;
 mod queue;
@@ -41,6 +42,7 @@ use rumqttc::tokio_rustls::rustls;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+pub use access::{covers, matches, Gatekeeper, Grants, LoginKind, Refusal};
 pub use connect::same_secret;
 pub use counters::BrokerCounters;
 pub use queue::STALL;
@@ -116,17 +118,19 @@ fn start_native_with(
         Some(tls) => {
             let acceptor = tls_acceptor(tls)?;
             let users = settings.users.clone().map(Arc::new);
-            listeners.push(serve::Listener { socket: public, tls: Some(acceptor), users, internal: None });
+            let gate = settings.gate.clone();
+            listeners.push(serve::Listener { socket: public, tls: Some(acceptor), users, internal: None, gate });
             let own = bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
             let own_addr = own.local_addr().map_err(BrokerError::Inspect)?;
             // Only the coordinator's login opens the loopback listener.
             let users = Some(Arc::new(HashMap::new()));
-            listeners.push(serve::Listener { socket: own, tls: None, users, internal });
+            listeners.push(serve::Listener { socket: own, tls: None, users, internal, gate: None });
             own_addr
         }
         None => {
             let users = settings.users.clone().map(Arc::new);
-            listeners.push(serve::Listener { socket: public, tls: None, users, internal });
+            let gate = settings.gate.clone();
+            listeners.push(serve::Listener { socket: public, tls: None, users, internal, gate });
             if addr.ip().is_unspecified() {
                 SocketAddr::from(([127, 0, 0, 1], addr.port()))
             } else {
@@ -213,27 +217,6 @@ pub fn reachable_host(ip: std::net::IpAddr) -> String {
     } else {
         "::1".to_string()
     }
-}
-
-/// Reads a users file: one `user:password` per line, `#` comments.
-pub fn read_users(path: &std::path::Path) -> Result<HashMap<String, String>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut users = HashMap::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (user, pass) = line
-            .split_once(':')
-            .filter(|(u, p)| !u.is_empty() && !p.is_empty())
-            .ok_or_else(|| format!("{}:{}: expected user:password", path.display(), i + 1))?;
-        users.insert(user.to_string(), pass.to_string());
-    }
-    if users.is_empty() {
-        return Err(format!("{}: no user:password line", path.display()));
-    }
-    Ok(users)
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use rumqttc::tokio_rustls::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 
+use super::access::{Gatekeeper, Grants, KindCount, LoginKind, Rate, Refusal, STRANGER_MAX_PACKET};
 use super::connect::{refuse_level, same_secret};
 use super::counters::{bump, BrokerCounters};
 use super::queue::{deliver_waiting, offer, try_offer, write_loop, Clock, Offered, Peer, Tried};
@@ -67,7 +68,8 @@ struct Tables {
     subs: Subscriptions,
     retained: Retained<Publish>,
     peers: HashMap<ConnId, Peer>,
-    clients: HashMap<String, ConnId>,
+    /// Client id -> the connection holding it, and that login's identity.
+    clients: HashMap<String, (ConnId, Arc<str>)>,
 }
 
 /// The broker's state, shared by every connection.
@@ -120,6 +122,8 @@ pub struct Listener {
     pub users: Option<Arc<HashMap<String, String>>>,
     /// The coordinator's own login (privileged), whichever `users` are.
     pub internal: Option<Arc<(String, String)>>,
+    /// Decides every other login and what it may do (`users` are then its to read).
+    pub gate: Option<Arc<dyn Gatekeeper>>,
 }
 
 /// Serves `listeners` on a runtime of its own, on the calling thread, forever.
@@ -130,7 +134,7 @@ pub fn serve(shared: Arc<Shared>, listeners: Vec<Listener>) -> std::io::Result<(
         for l in listeners {
             l.socket.set_nonblocking(true)?;
             let socket = tokio::net::TcpListener::from_std(l.socket)?;
-            let admit = Arc::new(Admission { users: l.users, internal: l.internal });
+            let admit = Arc::new(Admission { users: l.users, internal: l.internal, gate: l.gate });
             accepting.push(tokio::spawn(accept(shared.clone(), socket, l.tls, admit)));
         }
         for task in accepting {
@@ -144,37 +148,41 @@ pub fn serve(shared: Arc<Shared>, listeners: Vec<Listener>) -> std::io::Result<(
 struct Admission {
     users: Option<Arc<HashMap<String, String>>>,
     internal: Option<Arc<(String, String)>>,
-}
-
-/// Who a CONNECT logged in as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Login {
-    /// The coordinator itself, with the credential made up at start.
-    Coordinator,
-    /// Anyone else the listener admits.
-    Client,
+    gate: Option<Arc<dyn Gatekeeper>>,
 }
 
 impl Admission {
-    /// The login a CONNECT proves, or the refusal it gets.
+    /// The grants a CONNECT's login earns, or the refusal it gets.
     fn check(
         &self,
+        client_id: &str,
         login: Option<&rumqttc::mqttbytes::v4::Login>,
         counters: &BrokerCounters,
-    ) -> Result<Login, ConnectReturnCode> {
+    ) -> Result<Grants, ConnectReturnCode> {
         if let (Some(l), Some(internal)) = (login, &self.internal) {
             if l.username == internal.0 {
                 if same_secret(internal.1.as_bytes(), l.password.as_bytes()) {
-                    return Ok(Login::Coordinator);
+                    return Ok(Grants::all(LoginKind::Coordinator, "coordinator"));
                 }
                 bump(&counters.refused_privileged);
                 return Err(ConnectReturnCode::BadUserNamePassword);
             }
         }
-        let Some(users) = &self.users else { return Ok(Login::Client) };
+        if let Some(gate) = &self.gate {
+            return gate.login(client_id, login.map(|l| (l.username.as_str(), l.password.as_str()))).map_err(|r| {
+                bump(&counters.refused_login);
+                match r {
+                    Refusal::BadLogin => ConnectReturnCode::BadUserNamePassword,
+                    Refusal::NotAuthorized => ConnectReturnCode::NotAuthorized,
+                    Refusal::Unavailable => ConnectReturnCode::ServiceUnavailable,
+                }
+            });
+        }
+        let open = |who: &str| Grants::all(LoginKind::Open, who);
+        let Some(users) = &self.users else { return Ok(open(login.map_or("", |l| l.username.as_str()))) };
         match login {
             Some(l) if users.get(&l.username).is_some_and(|p| same_secret(p.as_bytes(), l.password.as_bytes())) => {
-                Ok(Login::Client)
+                Ok(open(&l.username))
             }
             Some(_) => Err(ConnectReturnCode::BadUserNamePassword),
             None => Err(ConnectReturnCode::NotAuthorized),
@@ -259,10 +267,6 @@ where
     if connect.protocol != Protocol::V4 {
         return refuse(&shared, &mut writer, ConnectReturnCode::RefusedProtocolVersion).await;
     }
-    let login = match admit.check(connect.login.as_ref(), &shared.counters) {
-        Ok(login) => login,
-        Err(code) => return refuse(&shared, &mut writer, code).await,
-    };
     if connect.last_will.as_ref().is_some_and(|w| check_topic(&w.topic).is_err()) {
         // A will it could never publish: a protocol error, no ConnAck.
         bump(&shared.counters.malformed);
@@ -271,24 +275,31 @@ where
     if connect.client_id.is_empty() && !connect.clean_session {
         return refuse(&shared, &mut writer, ConnectReturnCode::BadClientId).await;
     }
+    let grants = match admit.check(&connect.client_id, connect.login.as_ref(), &shared.counters) {
+        Ok(grants) => grants,
+        Err(code) => return refuse(&shared, &mut writer, code).await,
+    };
+    let Some(kind) = KindCount::take(&shared.counters, grants.kind, shared.max_sockets) else {
+        bump(&shared.counters.refused_login);
+        return refuse(&shared, &mut writer, ConnectReturnCode::ServiceUnavailable).await;
+    };
+    let mut connect = connect;
+    if connect.last_will.as_ref().is_some_and(|w| !grants.may_will(&w.topic, w.retain)) {
+        // A will on a topic not its own is dropped, not the connection: an
+        // agent whose name another key holds can still ask to be enrolled.
+        bump(&shared.counters.denied);
+        connect.last_will = None;
+    }
     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
     let client_id = if connect.client_id.is_empty() { format!("tf-anon-{id}") } else { connect.client_id.clone() };
-    let privileged = login == Login::Coordinator;
+    let privileged = grants.kind == LoginKind::Coordinator;
     let (peer, rx) = Peer::new(privileged, shared.clock.now_ms());
-    // The ConnAck is the first thing queued: nothing routed to this
-    // connection can be written before it.
-    if !deliver_waiting(&shared.clock, &peer, Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false))).await {
-        return;
-    }
-    {
-        let mut t = lock(&shared.tables);
-        if let Some(old) = t.clients.insert(client_id.clone(), id).and_then(|old| t.peers.get(&old).cloned()) {
-            bump(&shared.counters.taken_over);
-            // Its will is not published: the connection cleaning up
-            // publishes one only while it still holds the client id.
-            old.close();
-        }
-        t.peers.insert(id, peer.clone());
+    let identity: Arc<str> = Arc::from(grants.identity.as_str());
+    if !register(&shared, id, &client_id, &identity, &peer) {
+        // Only the same login takes a client id over: no one can
+        // disconnect another's connection by copying its client id.
+        bump(&shared.counters.denied);
+        return refuse(&shared, &mut writer, ConnectReturnCode::BadClientId).await;
     }
     bump(&shared.counters.accepted);
     shared.counters.connected.fetch_add(1, Ordering::Relaxed);
@@ -299,7 +310,20 @@ where
         k => (Duration::from_secs(u64::from(k)) * 3 / 2).min(MAX_KEEPALIVE),
     };
     let room = ReadRoom { budget: (!privileged).then(|| shared.read_budget.clone()), held: None };
-    let mut session = Session { shared: &shared, id, peer: &peer, filters: HashSet::new(), qos2: HashSet::new(), room };
+    let rate = (grants.kind == LoginKind::Stranger).then(Rate::new);
+    let gate = admit.gate.clone();
+    let mut session = Session {
+        shared: &shared,
+        id,
+        peer: &peer,
+        filters: HashSet::new(),
+        qos2: HashSet::new(),
+        room,
+        grants,
+        gate,
+        rate,
+        kind,
+    };
     let ended = session.read_loop(&mut reader, &mut buf, keep_alive).await;
     let filters = std::mem::take(&mut session.filters);
 
@@ -316,6 +340,29 @@ where
     let _ = writing.await;
 }
 
+/// Queues the ConnAck (first: nothing routed to the connection can be
+/// written before it) and registers connection `id` under `client_id`,
+/// closing the connection that held it, when that was the same `identity`.
+/// False when another identity holds it.
+fn register(shared: &Shared, id: ConnId, client_id: &str, identity: &Arc<str>, peer: &Peer) -> bool {
+    let mut t = lock(&shared.tables);
+    if t.clients.get(client_id).is_some_and(|(_, who)| who != identity) {
+        return false;
+    }
+    // The queue is empty: the ConnAck waits for nothing.
+    let ack = Packet::ConnAck(ConnAck::new(ConnectReturnCode::Success, false));
+    let _ = try_offer(&shared.clock, peer, ack, true);
+    let old = t.clients.insert(client_id.to_string(), (id, identity.clone()));
+    if let Some(old) = old.and_then(|(old, _)| t.peers.get(&old).cloned()) {
+        bump(&shared.counters.taken_over);
+        // Its will is not published: the connection cleaning up
+        // publishes one only while it still holds the client id.
+        old.close();
+    }
+    t.peers.insert(id, peer.clone());
+    true
+}
+
 /// Forgets connection `id` (`client_id`, subscribed to `filters`) once it
 /// ended, and says whether it still held its client id: decided under the
 /// lock, so one taken over (whatever else closed it first) publishes no
@@ -326,7 +373,7 @@ fn forget(shared: &Shared, id: ConnId, client_id: &str, filters: &HashSet<String
         t.subs.remove(f, id);
     }
     t.peers.remove(&id);
-    let ours = t.clients.get(client_id) == Some(&id);
+    let ours = t.clients.get(client_id).is_some_and(|(held, _)| *held == id);
     if ours {
         t.clients.remove(client_id);
     }
@@ -360,6 +407,14 @@ struct Session<'a> {
     /// QoS 2 packet ids received and not yet released.
     qos2: HashSet<u16>,
     room: ReadRoom,
+    /// What it may do.
+    grants: Grants,
+    /// Who decided that (asked again when a publish is refused).
+    gate: Option<Arc<dyn Gatekeeper>>,
+    /// A stranger's publishes.
+    rate: Option<Rate>,
+    /// Counts it among its kind of login while it lives.
+    kind: KindCount,
 }
 
 impl Session<'_> {
@@ -375,7 +430,10 @@ impl Session<'_> {
                 *buf = BytesMut::with_capacity(1024);
                 self.room.release();
             }
-            let next = read_packet(reader, buf, self.shared.max_payload, &mut self.room);
+            // A stranger sends a Hello at most: its packets are small.
+            let max =
+                if self.grants.kind == LoginKind::Stranger { STRANGER_MAX_PACKET } else { self.shared.max_payload };
+            let next = read_packet(reader, buf, max, &mut self.room);
             let packet = tokio::select! {
                 biased;
                 () = self.peer.stop.cancelled() => return Ended::Lost,
@@ -433,6 +491,15 @@ impl Session<'_> {
                     p.payload = bytes::Bytes::copy_from_slice(&p.payload);
                 }
                 let pkid = p.pkid;
+                if !self.allowed(&p) {
+                    // Acknowledged and dropped, as MQTT 3.1.1 leaves it to
+                    // the server: a retried copy would be refused again.
+                    return match p.qos {
+                        QoS::AtMostOnce => Step::Go,
+                        QoS::AtLeastOnce => self.step(self.own(Packet::PubAck(PubAck::new(pkid))).await),
+                        QoS::ExactlyOnce => self.step(self.own(Packet::PubRec(PubRec::new(pkid))).await),
+                    };
+                }
                 match p.qos {
                     QoS::AtMostOnce => {
                         route(self.shared, p, self.peer.privileged).await;
@@ -504,6 +571,10 @@ impl Session<'_> {
                 let code = if check_filter(&f.path).is_err() || !room {
                     bump(&c.refused_filters);
                     SubscribeReasonCode::Failure
+                } else if !self.grants.may_subscribe(&f.path) {
+                    bump(&c.denied);
+                    tracing::debug!(who = %self.grants.identity, filter = %f.path, "broker: subscription denied");
+                    SubscribeReasonCode::Failure
                 } else {
                     let granted = if f.qos == QoS::AtMostOnce { QoS::AtMostOnce } else { QoS::AtLeastOnce };
                     t.subs.add(&f.path, self.id, granted as u8);
@@ -555,6 +626,32 @@ impl Session<'_> {
             }
         }
         Step::Go
+    }
+
+    /// Whether its grants (asked anew once when they refuse) and, for a
+    /// stranger, its rate let this publish through; counted when not.
+    fn allowed(&mut self, p: &Publish) -> bool {
+        let c = &self.shared.counters;
+        if !self.grants.may_publish(&p.topic, p.retain) {
+            match self.gate.as_ref().and_then(|g| g.regrant(&self.grants)) {
+                Some(grants) if grants.may_publish(&p.topic, p.retain) => {
+                    self.kind.moved(grants.kind);
+                    tracing::debug!(from = %self.grants.identity, to = %grants.identity, "broker: login regranted");
+                    self.rate = (grants.kind == LoginKind::Stranger).then(Rate::new);
+                    self.grants = grants;
+                }
+                _ => {
+                    bump(&c.denied);
+                    tracing::debug!(who = %self.grants.identity, topic = %p.topic, "broker: publish denied");
+                    return false;
+                }
+            }
+        }
+        if self.rate.as_mut().is_some_and(|r| !r.take()) {
+            bump(&c.rate_limited);
+            return false;
+        }
+        true
     }
 
     fn step(&self, queued: bool) -> Step {
@@ -646,7 +743,7 @@ pub fn fuzz_connection(bytes: &[u8]) {
     let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_time().build() else { return };
     runtime.block_on(async {
         let shared = Shared::new(super::settings::MAX_PAYLOAD, false, STALL_FOR_FUZZING, 16);
-        let admit = Arc::new(Admission { users: None, internal: None });
+        let admit = Arc::new(Admission { users: None, internal: None, gate: None });
         let (mut client, server) = tokio::io::duplex(256 * 1024);
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
         let conn = tokio::spawn(connection(shared, server, addr, admit));

@@ -51,6 +51,8 @@ pub struct BrokerSettings {
     pub tls: Option<BrokerTls>,
     /// Which code serves it.
     pub engine: BrokerEngine,
+    /// Decides logins and what each may do; `None`: every login may do everything.
+    pub gate: Option<Arc<dyn crate::Gatekeeper>>,
 }
 
 /// The embedded broker's TLS files (PEM).
@@ -79,6 +81,7 @@ impl Default for BrokerSettings {
             nodelay: true,
             tls: None,
             engine: BrokerEngine::Native,
+            gate: None,
         }
     }
 }

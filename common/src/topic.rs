@@ -232,6 +232,11 @@ impl Topics {
         format!("{}up/+/+", self.prefix)
     }
 
+    /// Everything one agent sends.
+    pub fn from_agent(&self, agent: &str) -> String {
+        format!("{}up/{agent}/+", self.prefix)
+    }
+
     /// The one filter an agent subscribes to: everything sent to it.
     pub fn to_agent(&self, agent: &str) -> String {
         format!("{}down/{agent}/+", self.prefix)

@@ -32,7 +32,8 @@ pub enum NoMessage {
 pub struct TestClient {
     client: AsyncClient,
     messages: mpsc::UnboundedReceiver<(String, Vec<u8>)>,
-    subacks: mpsc::UnboundedReceiver<()>,
+    /// Each SUBACK: whether each filter was granted.
+    subacks: mpsc::UnboundedReceiver<Vec<bool>>,
     /// The task polling the connection until it ends. It reads on after
     /// a DISCONNECT until the broker closes: a socket closed with data
     /// still unread is reset, and the broker may lose what it had not read.
@@ -43,8 +44,16 @@ impl TestClient {
     /// Connects to the broker on 127.0.0.1:`port` as client `id`; returns
     /// once the broker accepted the connection, or why it did not.
     pub async fn connect(port: u16, id: &str) -> Result<TestClient, String> {
+        TestClient::connect_as(port, id, None).await
+    }
+
+    /// [`TestClient::connect`] with a user name and password.
+    pub async fn connect_as(port: u16, id: &str, login: Option<(&str, &str)>) -> Result<TestClient, String> {
         let mut opts = MqttOptions::new(id, "127.0.0.1", port);
         opts.set_max_packet_size(MAX_PACKET, MAX_PACKET);
+        if let Some((user, pass)) = login {
+            opts.set_credentials(user, pass);
+        }
         let (client, mut el) = AsyncClient::new(opts, QUEUE);
         let (message_tx, messages) = mpsc::unbounded_channel();
         let (suback_tx, subacks) = mpsc::unbounded_channel();
@@ -58,8 +67,13 @@ impl TestClient {
                             let _ = tx.send(Ok(()));
                         }
                     }
-                    Ok(Event::Incoming(Packet::SubAck(_))) => {
-                        let _ = suback_tx.send(());
+                    Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                        let granted = ack
+                            .return_codes
+                            .iter()
+                            .map(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)))
+                            .collect();
+                        let _ = suback_tx.send(granted);
                     }
                     Ok(Event::Incoming(Packet::Publish(p))) => {
                         let _ = message_tx.send((p.topic.clone(), p.payload.to_vec()));
@@ -86,15 +100,26 @@ impl TestClient {
         accepted.map(|()| client)
     }
 
-    /// Subscribes to `filters` (QoS 1); returns once each is acknowledged.
+    /// Subscribes to `filters` (QoS 1); returns once each is granted.
     pub async fn subscribe(&mut self, filters: &[String]) {
+        let granted = self.try_subscribe(filters).await;
+        assert!(granted.iter().all(|g| *g), "subscriptions refused: {filters:?} -> {granted:?}");
+    }
+
+    /// Subscribes to each of `filters` (QoS 1) and says which the broker granted.
+    pub async fn try_subscribe(&mut self, filters: &[String]) -> Vec<bool> {
         for filter in filters {
             self.client.subscribe(filter.clone(), QoS::AtLeastOnce).await.expect("subscribe");
         }
+        let mut granted = Vec::new();
         for filter in filters {
             let acked = tokio::time::timeout(WAIT, self.subacks.recv()).await;
-            assert!(matches!(acked, Ok(Some(()))), "subscribed: no SUBACK for {filter} within {WAIT:?}");
+            match acked {
+                Ok(Some(codes)) => granted.extend(codes),
+                _ => panic!("subscribed: no SUBACK for {filter} within {WAIT:?}"),
+            }
         }
+        granted
     }
 
     /// Queues `payload` for `topic` at QoS 1 (written by the event loop).

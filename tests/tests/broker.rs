@@ -27,13 +27,36 @@ fn marked_study(dir: &Path, name: &str, trials: u32, marker: &str) -> std::path:
     path
 }
 
-/// MQTT 3.1.1 CONNECT (clean session, keep-alive 60 s) for `id`.
-fn connect_packet(id: &str) -> Vec<u8> {
-    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0x02, 0, 60];
-    body.extend_from_slice(&(id.len() as u16).to_be_bytes());
-    body.extend_from_slice(id.as_bytes());
+/// MQTT 3.1.1 CONNECT (clean session, keep-alive 60 s) for `id`, logging
+/// in as `user` with `password`.
+fn connect_packet(id: &str, user: &str, password: &str) -> Vec<u8> {
+    let mut body = vec![0, 4, b'M', b'Q', b'T', b'T', 4, 0xc2, 0, 60];
+    for field in [id, user, password] {
+        body.extend_from_slice(&(field.len() as u16).to_be_bytes());
+        body.extend_from_slice(field.as_bytes());
+    }
     framed(0x10, &body)
 }
+
+/// A stranger's login: `name` with a proof of a key of its own, not enrolled.
+fn stranger_login(name: &str) -> String {
+    let (key, _) = tunefleet_common::auth::Identity::generate().expect("key");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
+    tunefleet_common::auth::login_password(&key, name, now, None)
+}
+
+/// The users file of an attacked run: the reading tool, the silent one
+/// (granted everything: the worst an operator's tool can be), and the
+/// password the fleet's agents carry.
+fn users_file(dir: &Path, name: &str, root: &str) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.users"));
+    let text = format!("reader:read-pw:{root}/#\nsilent:silent-pw:#\nfleet:{FLEET_PASSWORD}\n");
+    std::fs::write(&path, text).expect("users file");
+    path
+}
+
+/// What the fleet's agents carry to join a broker with a users file.
+const FLEET_PASSWORD: &str = "fleet-pw";
 
 /// A packet: its first byte, the remaining length, the body.
 fn framed(first: u8, body: &[u8]) -> Vec<u8> {
@@ -87,7 +110,7 @@ fn silent_wildcard_subscriber(
             let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
             connections += 1;
             let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-            let _ = s.write_all(&connect_packet(&format!("silent-{connections}")));
+            let _ = s.write_all(&connect_packet(&format!("silent-{connections}"), "silent", "silent-pw"));
             let _ = s.write_all(&subscribe_packet("#"));
             // 20 MiB of its own junk, more than any queue of its holds.
             for i in 0..340 {
@@ -116,12 +139,13 @@ fn silent_wildcard_subscriber(
     })
 }
 
-/// Until `stop`: `n` connections, each subscribed to a topic of its own
-/// and publishing `mib` MiB to it at QoS 0, reading nothing; each connects
-/// again when the broker closes it. Counts in `filled` the connections
-/// whose junk went out.
+/// Until `stop`: `n` connections, each a stranger (a key of its own, not
+/// enrolled) subscribed to its own topics and publishing `mib` MiB on its
+/// Hello topic at QoS 0, reading nothing; each connects again when the
+/// broker closes it. Counts in `filled` the connections whose junk went out.
 fn queue_fillers(
     port: u16,
+    root: &str,
     n: usize,
     mib: usize,
     stop: Arc<AtomicBool>,
@@ -129,17 +153,18 @@ fn queue_fillers(
 ) -> Vec<std::thread::JoinHandle<u64>> {
     (0..n)
         .map(|i| {
-            let (stop, filled) = (stop.clone(), filled.clone());
+            let (stop, filled, root) = (stop.clone(), filled.clone(), root.to_string());
             std::thread::spawn(move || {
                 let mut connections = 0;
                 let junk = vec![0xa5; 1 << 20];
-                let topic = format!("fill/{i}");
                 while !stop.load(Ordering::Relaxed) {
                     let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
                     connections += 1;
+                    let name = format!("filler-{i}-{connections}");
+                    let topic = format!("{root}/v2/up/{name}/hello");
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-                    let _ = s.write_all(&connect_packet(&format!("filler-{i}-{connections}")));
-                    let _ = s.write_all(&subscribe_packet(&topic));
+                    let _ = s.write_all(&connect_packet(&name, &name, &stranger_login(&name)));
+                    let _ = s.write_all(&subscribe_packet(&format!("{root}/v2/down/{name}/+")));
                     for _ in 0..mib {
                         if stop.load(Ordering::Relaxed) || s.write_all(&publish_packet(&topic, &junk)).is_err() {
                             break;
@@ -192,23 +217,30 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
     let root = unique_root(name);
     let marker = format!("tf-secret-{:08x}", std::process::id());
     let study = marked_study(dir, name, trials, &marker);
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let users = users_file(dir, name, &root);
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--broker-users", &users.to_string_lossy()]);
     let port = port_of(&url);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let mut reader = rt.block_on(TestClient::connect(port, "reader")).expect("reader connects");
+    let login = Some(("reader", "read-pw"));
+    let mut reader = rt.block_on(TestClient::connect_as(port, "reader", login)).expect("reader connects");
     rt.block_on(reader.subscribe(&[format!("{root}/#")]));
     let stop = Arc::new(AtomicBool::new(false));
     let filled = Arc::new(AtomicU64::new(0));
     let attackers = match attack {
         Attack::None => Vec::new(),
         Attack::Silent => vec![silent_wildcard_subscriber(port, stop.clone(), filled.clone())],
-        Attack::Fill => queue_fillers(port, 80, 12, stop.clone(), filled.clone()),
+        Attack::Fill => queue_fillers(port, &root, 80, 12, stop.clone(), filled.clone()),
     };
     let want = attackers.len() as u64;
     let full = || filled.load(Ordering::Relaxed) >= want;
     wait_for("the attackers' queues filled", Duration::from_secs(120), full);
     let agents = [format!("{root}-a1"), format!("{root}-a2")];
-    let _a: Vec<Proc> = agents.iter().map(|n| start_agent(&url, n, &root, &["--slots", "2"])).collect();
+    let with_login = |n: &String| {
+        let mut agent = Command::new(bin("tunefleet-agent"));
+        agent.env("TUNEFLEET_PASSWORD", FLEET_PASSWORD);
+        start_agent_with(agent, &url, n, &root, &["--slots", "2", "--username", "fleet"])
+    };
+    let _a: Vec<Proc> = agents.iter().map(with_login).collect();
     let started = Instant::now();
     let (mut leaked, mut fleet_bytes, mut peak_mib) = (Vec::new(), 0, 0);
     while coord.child.try_wait().expect("coordinator").is_none() {
@@ -312,7 +344,8 @@ fn eleven_hundred_idle_logins_under_a_soft_limit_of_1024_keep_no_agent_out() {
     let mut idle = Vec::new();
     for i in 0..1_100 {
         let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        s.write_all(&connect_packet(&format!("idle-{i}"))).expect("connect packet");
+        let name = format!("idle-{i}");
+        s.write_all(&connect_packet(&name, &name, &stranger_login(&name))).expect("connect packet");
         idle.push(s);
     }
     // Each login answered: the broker holds them all.
@@ -359,4 +392,71 @@ fn mqtt5_and_mqtt31_clients_hear_a_refusal_and_the_coordinator_logs_it() {
         text.contains("MQTT protocol level 5") && text.contains("MQTT protocol level 3")
     });
     coord.signal("KILL");
+}
+
+#[test]
+fn strangers_members_and_operators_reach_only_what_they_were_granted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("acl");
+    let victim = format!("{root}-v");
+    let users = dir.path().join("users");
+    let watched = format!("{root}/v2/up/{victim}/+");
+    std::fs::write(&users, format!("watch:watch-pw:{watched}\nfleet:{FLEET_PASSWORD}\n")).expect("users");
+    let study = sleep_study(dir.path(), "acl", 8, 0.3);
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--broker-users", &users.to_string_lossy()]);
+    let port = port_of(&url);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let mut watch = rt.block_on(TestClient::connect_as(port, "watch", Some(("watch", "watch-pw")))).expect("watch");
+    rt.block_on(watch.subscribe(std::slice::from_ref(&watched)));
+    assert_eq!(rt.block_on(watch.try_subscribe(&[format!("{root}/#")])), [false], "an operator reads its grant only");
+    let mut agent = Command::new(bin("tunefleet-agent"));
+    agent.env("TUNEFLEET_PASSWORD", FLEET_PASSWORD);
+    let _agent = start_agent_with(agent, &url, &victim, &root, &["--username", "fleet"]);
+    // The victim is online: its traffic reaches the watching tool.
+    rt.block_on(watch.next_message(Duration::from_secs(30))).expect("the victim's traffic");
+
+    // No login, a password that proves no key, a stranger without the fleet's password: refused.
+    assert!(rt.block_on(TestClient::connect(port, "anon")).is_err(), "no login");
+    assert!(
+        rt.block_on(TestClient::connect_as(port, "pw", Some(("fleet", FLEET_PASSWORD)))).is_err(),
+        "a bare password"
+    );
+    let bare = stranger_login("mallory");
+    assert!(rt.block_on(TestClient::connect_as(port, "m0", Some(("mallory", &bare)))).is_err(), "no fleet password");
+    let login = |name: &str| {
+        let (key, _) = tunefleet_common::auth::Identity::generate().expect("key");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+        tunefleet_common::auth::login_password(&key, name, now as u64, Some(("fleet", FLEET_PASSWORD)))
+    };
+    // A stranger under a new name: its own topics only.
+    let mallory = login("mallory");
+    let mut m = rt.block_on(TestClient::connect_as(port, "m1", Some(("mallory", &mallory)))).expect("a stranger");
+    let filters = [
+        "#".to_string(),
+        format!("{root}/v2/down/{victim}/+"),
+        format!("{root}/v2/up/+/+"),
+        format!("{root}/v2/down/mallory/+"),
+        format!("{root}/v2/coordinator/status"),
+    ];
+    assert_eq!(rt.block_on(m.try_subscribe(&filters)), [false, false, false, true, true]);
+    // Under the victim's name with a key of its own: a forged result and a
+    // forged retained status go nowhere.
+    let marker = format!("forged-{}", std::process::id()).into_bytes();
+    let imp_login = login(&victim);
+    let imp = rt.block_on(TestClient::connect_as(port, "imp", Some((&victim, &imp_login)))).expect("a stranger");
+    for kind in ["result", "status", "request"] {
+        rt.block_on(imp.publish(format!("{root}/v2/up/{victim}/{kind}"), marker.clone(), kind == "status"))
+            .expect("queued");
+    }
+    assert!(coord.wait_exit(Duration::from_secs(120)).success(), "the study finished");
+    let mut seen = 0;
+    while let Ok((topic, payload)) = rt.block_on(watch.next_message(Duration::from_millis(300))) {
+        seen += 1;
+        assert!(!payload.windows(marker.len()).any(|w| w == marker), "a forgery on {topic} got through");
+    }
+    eprintln!("the watching tool saw {seen} more of the victim's messages, no forgery");
+    assert_agents_spools_empty(&[&victim]);
+    let done: Vec<i64> = query(&store, "SELECT trial FROM results WHERE success = 1", |r| r.get(0));
+    assert_eq!(done.len(), 8);
 }

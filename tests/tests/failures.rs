@@ -109,7 +109,8 @@ fn a_wildcard_listen_prints_an_address_agents_can_dial() {
     let store = dir.path().join("s.db");
     let study = study(dir.path(), "wild", r#"["sh", "-c", "echo TUNEFLEET final score=0.{x}"]"#, "score", 2);
     let root = unique_root("wild");
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--listen", "0.0.0.0:0"]);
+    let (mut coord, url) =
+        start_coordinator(&study, &store, &root, &["--listen", "0.0.0.0:0", "--broker-open-to-network"]);
     // `mqtt://0.0.0.0:PORT` is no address an agent (on another machine) can use.
     assert!(!url.contains("0.0.0.0"), "{url}");
     let name = format!("{root}-agent");

@@ -57,14 +57,26 @@ fn s(p: &Path) -> &str {
 
 /// `tunefleet run STUDY` on a port the OS chooses, its log (standard error)
 /// in `log`; the process and the broker URL it printed.
-fn coordinator_logged(study: &Path, store: &Path, root: &str, log: &Path) -> (Proc, String) {
+fn coordinator_logged(study: &Path, store: &Path, root: &str, log: &Path, extra: &[&str]) -> (Proc, String) {
     let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["run", s(study), "--store", s(store), "--root", root, "--quiet", "--listen", "127.0.0.1:0"])
+    cmd.args(["run", s(study), "--store", s(store), "--root", root, "--quiet"])
+        .args(extra)
         .env("XDG_STATE_HOME", state_home())
         .stderr(std::fs::File::create(log).expect("log file"));
     let mut coord = Proc::spawn("coordinator", cmd);
     let url = coord.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
     (coord, url.trim_start_matches("broker: ").trim().to_string())
+}
+
+/// An open external broker (Mosquitto, anonymous clients allowed), where
+/// any client may publish and subscribe on any topic: what stands between
+/// an attacker and the fleet is the coordinator's and agents' own checks.
+/// (The embedded broker's grants keep these attackers out before that:
+/// tests/tests/broker.rs.)
+fn open_broker(dir: &Path) -> (Mosquitto, String) {
+    let m = Mosquitto::start(dir, tunefleet_tests::mosquitto::FLEET_OPTIONS);
+    let url = m.url();
+    (m, url)
 }
 
 /// Makes `study`'s trials only for agents tagged `pool=POOL`.
@@ -180,7 +192,9 @@ fn forged_tokens_and_random_bytes_on_every_topic_are_refused_while_a_study_compl
     let store = dir.path().join("s.db");
     let root = unique_root("hostile");
     let trials = 12;
-    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "hostile", trials, 0.15), &store, &root, &[]);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) =
+        start_coordinator(&sleep_study(dir.path(), "hostile", trials, 0.15), &store, &root, &["--broker", &open]);
     let port = port_of(&url);
     let names = ["h-agent-1", "h-agent-2"];
     let _agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
@@ -251,8 +265,13 @@ fn a_fleet_member_cannot_command_impersonate_or_release_other_agents() {
     let root = unique_root("member");
     let trials = 8;
     let marker = dir.path().join("forged-command-ran");
-    let (mut coord, url) =
-        start_coordinator(&sleep_study(dir.path(), "member", trials, 0.4), &store, &root, &["--max-agents", "4"]);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) = start_coordinator(
+        &sleep_study(dir.path(), "member", trials, 0.4),
+        &store,
+        &root,
+        &["--max-agents", "4", "--broker", &open],
+    );
     let port = port_of(&url);
     let names = ["v-agent-1", "v-agent-2"];
     let topics = Topics::new(&root).expect("root");
@@ -464,7 +483,8 @@ fn a_reinstalled_agent_with_a_new_key_is_refused_until_trusted() {
     // Same name, a fresh install (new state directory, new key): refused,
     // with the command that accepts it in the coordinator's log.
     let log = dir.path().join("coordinator.log");
-    let (mut coord, url) = coordinator_logged(&sleep_study(dir.path(), "two", 2, 0.1), &store, &root, &log);
+    let embedded = ["--listen", "127.0.0.1:0"];
+    let (mut coord, url) = coordinator_logged(&sleep_study(dir.path(), "two", 2, 0.1), &store, &root, &log, &embedded);
     let _agent = start_agent(&url, "k-agent", &root, &["--state-dir", s(&second)]);
     let new_key = key_of(&second);
     assert_ne!(new_key, old_key);
@@ -579,7 +599,7 @@ fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
     assert!(!listed.contains(revoked.split('.').next_back().expect("secret")), "the secret is listed: {listed}");
     assert!(tunefleet(&["token", "revoke", &id]).contains("revoked 1"));
     let good = create_join_token(&store, &["--tag", "pool=granted"]);
-    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log);
+    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log, &["--listen", "127.0.0.1:0"]);
     let key = Command::new(bin("tunefleet")).arg("key").env("XDG_STATE_HOME", state_home()).output().expect("key");
     let coordinator_key = String::from_utf8_lossy(&key.stdout).into_owned();
     // No token (the coordinator's key given, so the agent trusts it): refused.
@@ -629,7 +649,8 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     join_root(&root, &store);
     let study = sleep_study(dir.path(), "replay", 12, 0.3);
     only_pool(&study, "work");
-    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) = coordinator_logged(&study, &store, &root, &log, &["--broker", &open]);
     let port = port_of(&url);
     // The attacker listens to the victim's Hellos.
     let hello_topic = Topics::new(&root).expect("root").agent("victim", AgentTopic::Hello);
@@ -680,7 +701,9 @@ fn regression_a_broker_user_with_the_agents_predictable_client_id_does_not_drop_
     let store = dir.path().join("s.db");
     let root = unique_root("clientid");
     let trials = 6;
-    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "clientid", trials, 0.5), &store, &root, &[]);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) =
+        start_coordinator(&sleep_study(dir.path(), "clientid", trials, 0.5), &store, &root, &["--broker", &open]);
     let port = port_of(&url);
     let victim = "cid-victim";
     let agent = start_agent(&url, victim, &root, &["--slots", "1"]);
@@ -866,7 +889,9 @@ fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
     let store = dir.path().join("s.db");
     let root = unique_root("poison");
     let trials = 6;
-    let (mut coord, url) = start_coordinator(&recording_resume_study(dir.path(), "poison", trials), &store, &root, &[]);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) =
+        start_coordinator(&recording_resume_study(dir.path(), "poison", trials), &store, &root, &["--broker", &open]);
     let port = port_of(&url);
     let mut mallory = Mallory::connect(port, &root, "mallory", &[]);
     mallory.join(1);
@@ -996,7 +1021,9 @@ fn regression_a_flood_of_junk_hellos_does_not_keep_a_new_agent_out() {
     let store = dir.path().join("s.db");
     let root = unique_root("junk");
     // Four trials of a second: the study outlasts the flood.
-    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "junk", 4, 1.0), &store, &root, &[]);
+    let (_broker, open) = open_broker(dir.path());
+    let (mut coord, url) =
+        start_coordinator(&sleep_study(dir.path(), "junk", 4, 1.0), &store, &root, &["--broker", &open]);
     let port = port_of(&url);
     let newcomer = "newcomer";
     let topics = Topics::new(&root).expect("root");

@@ -497,7 +497,9 @@ pub enum DownFrame {
     Refused(Signed),
 }
 
+mod login;
 mod notice;
+pub use login::{login_password, parse_login, LoginProof, LOGIN_PREFIX};
 pub use notice::{open_refused, open_stale, sign_refused, sign_stale, HelloRefused, RefusalKind, StaleSession};
 
 /// Signs the coordinator's status.

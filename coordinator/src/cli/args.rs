@@ -328,9 +328,14 @@ pub struct BrokerArgs {
     /// MQTT keepalive in seconds.
     #[arg(long, default_value_t = 5)]
     pub keepalive: u64,
-    /// Embedded broker: require these logins (a file of user:password lines).
+    /// Embedded broker: logins besides the agents' keys (lines of user:password, a password agents
+    /// must also carry to enrol, or user:password:FILTER,... an operator's tool reading those topics).
     #[arg(long, value_name = "FILE")]
     pub broker_users: Option<PathBuf>,
+    /// Embedded broker: listen beyond loopback with neither --broker-users nor TLS, so anyone who
+    /// reaches it may connect, ask to enrol and see topic names, sizes and timing.
+    #[arg(long)]
+    pub broker_open_to_network: bool,
     /// Embedded broker: serve TLS with this certificate (PEM); needs --broker-key and --broker-client-ca.
     #[arg(long, value_name = "FILE", requires_all = ["broker_key", "broker_client_ca"])]
     pub broker_cert: Option<PathBuf>,

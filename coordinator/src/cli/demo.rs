@@ -107,6 +107,7 @@ fn broker_args(broker: BrokerUrl, listen: SocketAddr, root: String) -> BrokerArg
         root,
         keepalive: 5,
         broker_users: None,
+        broker_open_to_network: false,
         broker_cert: None,
         broker_key: None,
         broker_client_ca: None,

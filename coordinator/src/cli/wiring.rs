@@ -12,7 +12,7 @@ use tunefleet_common::topic::Topics;
 use super::args::{BrokerArgs, ControlArg, InfluxArgs, KeyArg};
 use super::error::{CliError, Result};
 use crate::domain::study::Study;
-use crate::runtime::broker::{self, BrokerSettings, BrokerTls};
+use crate::runtime::broker::{BrokerSettings, BrokerTls};
 use crate::runtime::engine::Summary;
 use crate::runtime::run::{BrokerChoice, RunConfig};
 use crate::runtime::sink::SinkConfig;
@@ -66,7 +66,13 @@ impl BrokerArgs {
             let security = self.security.resolve(url, password)?;
             return Ok(BrokerChoice::External { url: url.clone(), security });
         }
-        let users = self.broker_users.as_deref().map(broker::read_users).transpose().map_err(CliError::Refused)?;
+        let lines = self
+            .broker_users
+            .as_deref()
+            .map(crate::runtime::logins::read_user_lines)
+            .transpose()
+            .map_err(CliError::Refused)?;
+        let users = lines.as_ref().map(|l| l.iter().map(|(u, line)| (u.clone(), line.password.clone())).collect());
         let tls = match (&self.broker_cert, &self.broker_key, &self.broker_client_ca) {
             (Some(cert), Some(key), Some(client_ca)) => {
                 Some(BrokerTls { cert: cert.clone(), key: key.clone(), client_ca: client_ca.clone() })
@@ -74,19 +80,23 @@ impl BrokerArgs {
             _ => None,
         };
         if !self.listen.ip().is_loopback() && users.is_none() && tls.is_none() {
+            if !self.broker_open_to_network {
+                return Err(CliError::refused(format!(
+                    "the embedded broker would listen on {} with neither logins nor TLS: anyone who reaches it could \
+                     connect, ask to enrol and see topic names, sizes and timing. Give --broker-users and/or \
+                     --broker-cert, or say --broker-open-to-network to accept that",
+                    self.listen
+                )));
+            }
             eprintln!(
-                "WARNING: the embedded broker listens on {} with no login and no TLS: anyone who reaches it can join \
-                 the fleet or send it data. Use --broker-users and/or --broker-cert.",
+                "WARNING: the embedded broker listens on {} with no login and no TLS (--broker-open-to-network): \
+                 anyone who reaches it can connect and ask to enrol (a join token still decides who gets in).",
                 self.listen
             );
         }
-        Ok(BrokerChoice::Embedded(BrokerSettings {
-            listen: self.listen,
-            users,
-            nodelay: true,
-            tls,
-            engine: self.embedded_broker,
-        }))
+        let settings =
+            BrokerSettings { listen: self.listen, users, nodelay: true, tls, engine: self.embedded_broker, gate: None };
+        Ok(BrokerChoice::Embedded(settings, lines))
     }
 }
 

@@ -9,6 +9,7 @@ pub use tunefleet_broker as broker;
 pub mod control;
 pub mod engine;
 pub mod launch;
+pub mod logins;
 pub mod progress;
 pub mod run;
 pub mod shell;

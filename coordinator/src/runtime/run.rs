@@ -4,6 +4,7 @@
 //! InfluxDB sink. `cli.rs` only turns flags into a [`RunConfig`] and prints;
 //! tests and other programs call [`run`] directly.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -18,6 +19,7 @@ use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
 use crate::runtime::broker::{self, BrokerError, BrokerSettings};
 use crate::runtime::engine::{EngineError, Summary};
+use crate::runtime::logins::UserLine;
 use crate::runtime::progress::Progress;
 use crate::runtime::shell::Engine;
 use crate::runtime::sink::{Flusher, SinkConfig, SinkError, SinkStats};
@@ -27,8 +29,9 @@ use crate::store::{Store, StoreError};
 /// Which broker the fleet meets on.
 #[derive(Debug, Clone)]
 pub enum BrokerChoice {
-    /// Start rumqttd in this process with these settings.
-    Embedded(BrokerSettings),
+    /// Start the embedded broker with these settings; the users file's
+    /// lines decide who else logs in ([`crate::runtime::logins`]).
+    Embedded(BrokerSettings, Option<HashMap<String, UserLine>>),
     /// Use a broker that already runs: its URL and how to log in.
     External { url: BrokerUrl, security: ClientSecurity },
 }
@@ -136,7 +139,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         // Before the broker and the store: a second service on the same store says so.
         crate::runtime::control::ensure_free(path).await?;
     }
-    let (public, connect, security) = meet_on(broker)?;
+    let (public, connect, security) = meet_on(broker, &topics, &store)?;
     if let Some(tell) = on_broker {
         tell(&public);
     }
@@ -205,10 +208,17 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
 /// Where the fleet meets: the broker URL agents use, the one the
 /// coordinator connects to, and how it logs in (the embedded broker is
 /// started here, its internal listener for the coordinator alone).
-fn meet_on(broker: BrokerChoice) -> Result<(BrokerUrl, BrokerUrl, ClientSecurity), RunError> {
+fn meet_on(
+    broker: BrokerChoice,
+    topics: &Topics,
+    store: &Path,
+) -> Result<(BrokerUrl, BrokerUrl, ClientSecurity), RunError> {
     Ok(match broker {
         BrokerChoice::External { url, security } => (url.clone(), url, security),
-        BrokerChoice::Embedded(settings) => {
+        BrokerChoice::Embedded(mut settings, users) => {
+            // Logins by identity, each to its own topics.
+            let logins = crate::runtime::logins::Logins::new(topics.clone(), store.to_path_buf(), users);
+            settings.gate = Some(std::sync::Arc::new(logins));
             let b = broker::start(&settings)?;
             let tls = settings.tls.is_some();
             tracing::info!(addr = %b.addr, tls, "embedded broker listening");

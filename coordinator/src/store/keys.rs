@@ -23,18 +23,22 @@ fn blob32(v: Option<Vec<u8>>) -> Option<[u8; 32]> {
     v.and_then(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
 }
 
+/// The key pinned for `agent` in `conn`, if any.
+fn key_of(conn: &rusqlite::Connection, agent: &str) -> Result<Option<PublicKey>> {
+    let context = || format!("reading the pinned key of {agent}");
+    let key: Option<Vec<u8>> = conn
+        .prepare_cached("SELECT key FROM agent_keys WHERE name = ?1")
+        .ctx(context)?
+        .query_row([agent], |r| r.get(0))
+        .optional()
+        .ctx(context)?;
+    Ok(blob32(key))
+}
+
 impl Batch<'_> {
     /// The key pinned for `agent`, if any.
     pub fn agent_key(&mut self, agent: &str) -> Result<Option<PublicKey>> {
-        let context = || format!("reading the pinned key of {agent}");
-        let key: Option<Vec<u8>> = self
-            .tx
-            .prepare_cached("SELECT key FROM agent_keys WHERE name = ?1")
-            .ctx(context)?
-            .query_row([agent], |r| r.get(0))
-            .optional()
-            .ctx(context)?;
-        Ok(blob32(key))
+        key_of(&self.tx, agent)
     }
 
     /// How many agent names have a pinned key.
@@ -116,6 +120,11 @@ impl Store {
             .ctx(|| format!("forgetting the key of {agent}"))?;
         batch.commit()?;
         Ok(n > 0)
+    }
+
+    /// The key pinned for `agent`, if any (what the broker's logins check).
+    pub fn pinned_key(&self, agent: &str) -> Result<Option<PublicKey>> {
+        key_of(&self.conn, agent)
     }
 
     /// Every pinned key, by agent name.
