@@ -225,13 +225,17 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
 /// Issue 35: anyone on the broker could overwrite the retained coordinator
 /// status; a restarting agent then ignored it (its signature fails) and
 /// waited for the next refresh, about 27 s. The coordinator now puts its
-/// own back at once.
+/// own back at once. On an open external broker (the embedded one keeps
+/// the coordinator's status topic to the coordinator:
+/// `strangers_members_and_operators_reach_only_what_they_were_granted`).
 #[test]
 fn regression_an_overwritten_retained_status_is_put_back_at_once() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");
     let root = unique_root("retained");
-    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "retained", 4), &store, &root, &[]);
+    let broker = tunefleet_tests::mosquitto::Mosquitto::start(dir.path(), tunefleet_tests::mosquitto::FLEET_OPTIONS);
+    let open = ["--broker", &broker.url()];
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "retained", 4), &store, &root, &open);
     let mut member = Member::connect(port_of(&url), &root, "vandal");
     let topic = tunefleet_common::topic::Topics::new(&root).expect("root").coordinator_status();
     member.publish_raw(&topic, b"not a status".to_vec(), true);

@@ -363,3 +363,53 @@ fn some_failures_with_the_others_ranked_exit_3() {
     assert_eq!(code, Some(3), "finished with failures\n{out}\n{log}");
     assert!(log.contains("finished with failures: 1 trial failed: exit 3"), "{log}");
 }
+
+/// Before, a study whose every trial failed ran its whole budget (100
+/// trials of an import error). Now a run stops once its first trials all
+/// failed, says why, exits 4, and the same command goes on once fixed.
+#[test]
+fn a_study_whose_first_trials_all_fail_stops_early_and_goes_on_once_fixed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let data = dir.path().join("data.csv");
+    let command = format!(
+        r#"["sh", "-c", "if [ ! -f {} ]; then echo 'no such file: data.csv' >&2; exit 3; fi; echo '{{{{\"event\":\"final\",\"score\":'$0'}}}}'", "{{x}}"]"#,
+        data.display()
+    );
+    let trials = 30;
+    let study = study(dir.path(), "ff", &command, "score", trials);
+    let (code, out, log) = run_study(dir.path(), &study, &store, "ff-1");
+    assert_eq!(code, Some(4), "{out}\n{log}");
+    assert!(log.contains("study ff stopped early: its first 5 trials failed and none succeeded"), "{log}");
+    assert!(log.contains("no such file: data.csv"), "the cause: {log}");
+    let attempted: Vec<i64> = query(&store, "SELECT COUNT(*) FROM attempts", |r| r.get(0));
+    assert!(attempted[0] < 12, "{} attempts of a study whose first 5 failed", attempted[0]);
+    let created: Vec<i64> = query(&store, "SELECT COUNT(*) FROM trials", |r| r.get(0));
+    // Fixed (the data is there), the same command goes on and runs the rest.
+    std::fs::write(&data, "x\n").expect("data");
+    let (code, out, log) = run_study(dir.path(), &study, &store, "ff-2");
+    assert_eq!(code, Some(3), "it finished, with the first run's failures: {out}\n{log}");
+    let done: Vec<i64> = query(&store, "SELECT COUNT(*) FROM results WHERE success = 1", |r| r.get(0));
+    assert_eq!(done[0], i64::from(trials) - created[0], "the trials the first run never made: {out}");
+}
+
+/// Before, a study no agent could run waited silently for ever (`0/16
+/// done, 0 running, 3 pending, 1 agents online`).
+#[test]
+fn a_study_no_online_agent_can_run_says_what_each_lacks_within_10_s() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("waits");
+    let study = sleep_study(dir.path(), "waits", 4, 0.1);
+    let text = std::fs::read_to_string(&study).expect("study");
+    std::fs::write(&study, format!("gpus = 1\n{text}[selector]\narch = [\"riscv64\"]\n")).expect("study");
+    let log = dir.path().join("waits.log");
+    let (_coord, url) = start_coordinator_logged(&study, &store, &root, &[], Some(&log));
+    let name = format!("{root}-cpu");
+    let _agent = start_agent(&url, &name, &root, &[]);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the coordinator to say why the study waits", Duration::from_secs(10), || said().contains("study waits"));
+    let line = said().lines().find(|l| l.contains("study waits")).map(str::to_string).unwrap_or_default();
+    assert!(line.contains(&format!("{name} lacks arch riscv64 (it is {})", std::env::consts::ARCH)), "{line}");
+    assert!(line.contains("1 GPU(s) a trial (it was granted 0)"), "{line}");
+}

@@ -32,7 +32,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Most lines a source file may have before its first `#[cfg(test)]`.
+/// Most lines a source file may have before its first top-level `#[cfg(test)]`.
 const MAX_LINES: usize = 800;
 
 /// Crates whose module graph is checked, relative to the workspace root.
@@ -549,9 +549,11 @@ fn circles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     s.found
 }
 
-/// Lines before the first `#[cfg(test)]` line (all of them without one).
+/// Lines before the first top-level `#[cfg(test)]` (all of them without
+/// one): a `#[cfg(test)]` inside an item (a switch in a function, a test
+/// field) does not end the product code, so no file hides its lines behind one.
 fn lines_before_tests(text: &str) -> usize {
-    text.lines().take_while(|l| !l.trim_start().starts_with("#[cfg(test)]")).count()
+    text.lines().take_while(|l| !l.starts_with("#[cfg(test)]")).count()
 }
 
 /// The files that are test code: a file its parent declares under
@@ -992,6 +994,9 @@ mod checks {
         let long_tests = format!("{}#[cfg(test)]\nmod tests {{\n{}}}\n", body(MAX_LINES), body(500));
         assert_eq!(lines_before_tests(&long_tests), MAX_LINES, "tests do not count");
         assert_eq!(lines_before_tests(&body(MAX_LINES + 1)), MAX_LINES + 1);
+        // A switch inside a function is no place for the product code to end (gp.rs hid 255 lines so).
+        let switch = format!("fn g() {{\n    #[cfg(test)]\n    let x = 1;\n}}\n{}", body(MAX_LINES));
+        assert_eq!(lines_before_tests(&switch), MAX_LINES + 4, "an indented cfg(test) does not count");
         // Through the whole check, on a temp tree on disk.
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temp dir: {e}"));
         let src = dir.path().join("src");

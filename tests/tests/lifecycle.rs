@@ -186,3 +186,58 @@ fn relative_paths_in_a_command_are_relative_to_the_agents_workdir() {
     let values = query(&store, "SELECT objective FROM results ORDER BY trial", |r| r.get::<_, f64>(0));
     assert_eq!(values, vec![1.0, 2.0, 3.0]);
 }
+
+/// Before, `studies rename` trusted the coordinator's heartbeat: stalled
+/// 11 s, a running coordinator was taken for gone and its study renamed
+/// under it (it then exited on `unknown trial`).
+#[test]
+fn a_stalled_coordinator_still_keeps_its_study_from_being_renamed_or_deleted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let s = store.to_str().expect("utf-8");
+    let root = unique_root("stall");
+    let study = sleep_study(dir.path(), "stall", 6, 1.0);
+    let (mut coord, url) = start_coordinator(&study, &store, &root, &[]);
+    let name = format!("{root}-a");
+    let _agent = start_agent(&url, &name, &root, &[]);
+    let running = || {
+        let (_, out, _) = tunefleet(&["status", "stall", "--store", s, "--json"]);
+        out.contains("\"coordinator_running\": true") || out.contains("\"coordinator_running\":true")
+    };
+    wait_for("the study running", Duration::from_secs(30), running);
+    coord.signal("STOP");
+    // Stopped past the heartbeat's age: status no longer takes it for running.
+    wait_for("the heartbeat gone stale", Duration::from_secs(30), || !running());
+    for args in [["studies", "rename", "stall", "stall-1"].as_slice(), ["studies", "delete", "stall"].as_slice()] {
+        let (code, out, err) = tunefleet(&[args, &["--store", s]].concat());
+        assert_eq!(code, Some(1), "{args:?} went through: {out}{err}");
+        assert!(err.contains("running lock"), "{err}");
+    }
+    coord.signal("CONT");
+    assert!(coord.wait_exit(Duration::from_secs(60)).success(), "the study finished");
+    let (code, out, err) = tunefleet(&["studies", "rename", "stall", "stall-1", "--store", s]);
+    assert_eq!(code, Some(0), "once it stopped: {out}{err}");
+    assert_agents_spools_empty(&[&name]);
+}
+
+/// Before, `last seen` was an agent's Hello: a busy agent showed `last seen
+/// 8 min ago`. Now it is the last message heard (written every 5 s at most).
+#[test]
+fn last_seen_follows_what_a_busy_agent_says() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("seen");
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "seen", 2, 6.0), &store, &root, &[]);
+    let name = format!("{root}-a");
+    let _agent = start_agent(&url, &name, &root, &["--telemetry-interval", "1s"]);
+    let seen = || {
+        let rows: Vec<(i64, i64)> =
+            query(&store, "SELECT first_seen_ms, last_seen_ms FROM agents", |r| Ok((r.get(0)?, r.get(1)?)));
+        rows.first().map_or(0, |(first, last)| last - first)
+    };
+    wait_for("last seen to move on while the agent works", Duration::from_secs(11), || seen() >= 5_000);
+    let (_, out, _) = tunefleet(&["agents", "--store", store.to_str().expect("utf-8")]);
+    assert!(!out.contains("min ago"), "{out}");
+    assert!(coord.wait_exit(Duration::from_secs(60)).success());
+    assert_agents_spools_empty(&[&name]);
+}

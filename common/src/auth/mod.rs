@@ -1,8 +1,7 @@
 //! Message authentication between agents and their coordinator.
 //!
-//! The broker is not trusted to tell who sent what: rumqttd has no ACLs, so
-//! any client with a login can publish on any topic. Every message therefore
-//! proves its origin on its own:
+//! No broker is trusted to tell who sent what (an external one may have no
+//! ACLs): every message proves its origin on its own:
 //!
 //! * **Identities.** The coordinator and every agent keep an Ed25519 key
 //!   pair in their state directories ([`Identity`]). An agent pins the
@@ -32,10 +31,10 @@
 //!   later session.
 //!
 //! Why this design: an Ed25519 verification costs tens of microseconds and a
-//! trial takes four messages; an HMAC over a short message costs about one
-//! microsecond, and so does sealing one with ChaCha20-Poly1305. Signatures are used once per session (Hello, Welcome) and per
-//! coordinator start (status). All primitives come from `ring`, which the
-//! TLS stack already brings in.
+//! trial takes four messages; sealing one with ChaCha20-Poly1305 costs about
+//! one microsecond. Signatures are used once per session (Hello, Welcome),
+//! per broker login ([`login`]) and per coordinator start (status). All
+//! primitives come from `ring`, which the TLS stack already brings in.
 
 use std::path::{Path, PathBuf};
 

@@ -63,7 +63,16 @@ pub fn studies(path: &Path, action: Option<StudiesAction>, json: bool) -> Result
         StudiesAction::Delete { study } => study,
     };
     // A coordinator running the study holds it in memory: it would write
-    // under the old name again.
+    // under the old name again. Every running coordinator holds the store's
+    // running lock, however long it has been stalled.
+    let lock = crate::store::RunLock::alone(path).map_err(CliError::file("locking the store", path))?;
+    if lock.is_none() {
+        return Err(CliError::refused(format!(
+            "a coordinator is running on {} (it holds the store's running lock): stop it (Ctrl-C, or `tunefleet \
+             cancel {study}` for the service) first",
+            path.display()
+        )));
+    }
     let running = crate::query::status::snapshot(&store, Some(study), unix_now_ms())?;
     if running.iter().any(|s| s.coordinator_running && s.state == "running") {
         return Err(CliError::refused(format!(

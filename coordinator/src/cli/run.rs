@@ -32,6 +32,15 @@ pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>
 /// the message says why and what to do.
 pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
     use super::error::{EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_RANKED, EXIT_NOTHING_SUCCEEDED};
+    if let Some((s, why)) = summaries.iter().find_map(|s| Some((s, s.failed_fast.as_ref()?))) {
+        let causes = Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)).unwrap_or_default();
+        let message = format!(
+            "study {} stopped early: {why}: {}; fix the cause and run the same command: the study goes on",
+            s.study,
+            crate::domain::failure::summary(s.failed, &causes, 3)
+        );
+        return Err(CliError::Ended { code: EXIT_NOTHING_SUCCEEDED, message });
+    }
     if let Some(s) = summaries.iter().find(|s| !s.finished) {
         let message = format!(
             "interrupted: study {}: {} of {} trials done; run the same command to resume",

@@ -16,6 +16,37 @@ impl Selector {
             && self.min_cores.is_none_or(|n| agent.cores >= n)
             && self.min_memory_mib.is_none_or(|m| agent.memory_bytes >= m.saturating_mul(1 << 20))
     }
+
+    /// What `agent` lacks of this selector and of `gpus` GPUs a trial, each
+    /// with what it offers (`arch aarch64 (it is x86_64)`); empty when it
+    /// may run the study's trials.
+    pub fn unmet(&self, agent: &AgentInfo, gpus: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.arch.is_empty() && !self.arch.contains(&agent.arch) {
+            out.push(format!("arch {} (it is {})", self.arch.join(" or "), agent.arch));
+        }
+        for (k, v) in &self.tags {
+            if agent.tags.get(k) != Some(v) {
+                let has = agent.tags.get(k).map_or_else(|| "none".to_string(), |h| format!("{k}={h}"));
+                out.push(format!("tag {k}={v} (it has {has})"));
+            }
+        }
+        if !self.energy.is_empty() && !agent.energy.iter().any(|e| e.readable && self.energy.contains(&e.kind)) {
+            let names: Vec<&str> = self.energy.iter().map(|k| k.as_str()).collect();
+            let readable: Vec<&str> = agent.energy.iter().filter(|e| e.readable).map(|e| e.kind.as_str()).collect();
+            out.push(format!("energy {} (it reads {})", names.join(" or "), readable.join(", ")));
+        }
+        if let Some(n) = self.min_cores.filter(|n| agent.cores < *n) {
+            out.push(format!("{n} cores (it has {})", agent.cores));
+        }
+        if let Some(m) = self.min_memory_mib.filter(|m| agent.memory_bytes < m.saturating_mul(1 << 20)) {
+            out.push(format!("{m} MiB of memory (it has {})", agent.memory_bytes >> 20));
+        }
+        if agent.gpus.len() < gpus as usize {
+            out.push(format!("{gpus} GPU(s) a trial (it was granted {})", agent.gpus.len()));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

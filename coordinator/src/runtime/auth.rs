@@ -136,7 +136,12 @@ struct Live {
     session: Session,
     will_hash: Digest,
     instance: u64,
+    /// When the store was last told this agent was heard (unix ms).
+    seen_written: u64,
 }
+
+/// How often an agent's `last seen` is written while it keeps talking.
+pub const SEEN_EVERY_MS: u64 = 5_000;
 
 /// A token bucket.
 #[derive(Debug)]
@@ -424,7 +429,7 @@ impl Sessions {
         let (signed, session) = auth::welcome(&self.identity, agent, hello, digest, token)?;
         let payload = encode(&tunefleet_common::auth::DownFrame::Welcome(signed))?;
         let instance = hello.info.instance;
-        self.live.insert(agent.to_string(), Live { session, will_hash: hello.will_hash, instance });
+        self.live.insert(agent.to_string(), Live { session, will_hash: hello.will_hash, instance, seen_written: 0 });
         Ok((token, payload))
     }
 
@@ -512,6 +517,18 @@ impl Sessions {
     /// Ends `agent`'s session (it said goodbye).
     pub fn end(&mut self, agent: &str) {
         self.live.remove(agent);
+    }
+
+    /// `agent`'s session was heard from at `now_ms`: whether to write it
+    /// down as its `last seen` (at most once per [`SEEN_EVERY_MS`]).
+    pub fn heard(&mut self, agent: &str, now_ms: u64) -> bool {
+        match self.live.get_mut(agent) {
+            Some(live) if now_ms.saturating_sub(live.seen_written) >= SEEN_EVERY_MS => {
+                live.seen_written = now_ms;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether `agent` has a live session.

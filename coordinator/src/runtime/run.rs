@@ -108,6 +108,8 @@ pub enum RunError {
     Engine(#[from] EngineError),
     #[error(transparent)]
     Control(#[from] crate::runtime::control::ControlError),
+    #[error("cannot take the running lock beside the store {path}")]
+    Locking { path: PathBuf, source: std::io::Error },
     #[error("stopped while waiting for room on the disk of the store {path}")]
     NoRoom { path: PathBuf },
     #[error("study {name} in the store no longer parses: {why}")]
@@ -146,6 +148,9 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     tokio::pin!(shutdown);
     wait_for_room(&store, store_min_free, shutdown.as_mut()).await?;
     let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
+    // Held until the run ends: no rename or delete under a running coordinator.
+    let _running =
+        crate::store::RunLock::running(&store).map_err(|source| RunError::Locking { path: store.clone(), source })?;
     let sessions = sessions(&key_path, max_agents, (max_slots, max_gpus), open_enrolment)?;
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {

@@ -689,6 +689,17 @@ impl Batch<'_> {
         Ok(n > 0)
     }
 
+    /// `agent` was heard from at `at_ms`: its `last seen`.
+    pub fn agent_heard(&mut self, name: &str, at_ms: u64) -> Result<()> {
+        let context = || format!("noting when agent {name} was last heard");
+        self.tx
+            .prepare_cached("UPDATE agents SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE name = ?1")
+            .ctx(context)?
+            .execute(params![name, to_i64("time", at_ms)?])
+            .ctx(context)?;
+        Ok(())
+    }
+
     /// Marks the study finished.
     pub fn finish_study(&mut self, name: &str, at_ms: u64) -> Result<()> {
         let context = || format!("finishing study {name:?}");

@@ -44,6 +44,7 @@ mod profiles;
 mod queries;
 mod refusals;
 mod report;
+mod running;
 mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
@@ -56,6 +57,7 @@ pub use profiles::DecisionRow;
 pub use queries::{AgentRow, AttemptRow, BestRow, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
 pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
+pub use running::RunLock;
 pub use schema::SCHEMA_VERSION;
 
 /// What went wrong in the store.

@@ -225,6 +225,26 @@ impl Scheduler {
         self.agents.get(agent).and_then(|a| a.info.as_ref()).is_some_and(|i| s.policy.selector.matches(i))
     }
 
+    /// Why `study` waits with agents online, if none of them can run its
+    /// trials: what each lacks (three named, the rest counted). `None`
+    /// while one can, or while no agent is online (that wait is ordinary).
+    pub fn why_waiting(&self, study: &str) -> Option<String> {
+        let s = self.studies.iter().find(|s| s.policy.name == study)?;
+        let mut online: Vec<(&String, &AgentInfo)> =
+            self.agents.iter().filter(|(_, a)| a.online).filter_map(|(n, a)| Some((n, a.info.as_ref()?))).collect();
+        online.sort_by_key(|(n, _)| n.as_str());
+        let lacks: Vec<(&String, Vec<String>)> =
+            online.iter().map(|(n, i)| (*n, s.policy.selector.unmet(i, s.policy.gpus))).collect();
+        if lacks.is_empty() || lacks.iter().any(|(_, l)| l.is_empty()) {
+            return None;
+        }
+        let mut parts: Vec<String> = lacks.iter().take(3).map(|(n, l)| format!("{n} lacks {}", l.join(", "))).collect();
+        if lacks.len() > 3 {
+            parts.push(format!("and {} more agent(s)", lacks.len() - 3));
+        }
+        Some(format!("no online agent can run its trials: {}", parts.join("; ")))
+    }
+
     /// Agents connected and matching `study`'s selector.
     pub fn eligible_agents(&self, study: &str) -> usize {
         let Some(s) = self.studies.iter().find(|s| s.policy.name == study) else { return 0 };

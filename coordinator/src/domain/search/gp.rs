@@ -90,7 +90,6 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::f64::consts::{PI, SQRT_2};
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
@@ -98,19 +97,25 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::Params;
 
 use super::draw::sample;
-use super::linalg::{cholesky_from, exp_neg, nelder_mead, solve_lower, solve_lower_many, solve_upper_t};
+use super::linalg::{exp_neg, nelder_mead, solve_lower, solve_upper_t};
 use super::sampler::{Outcome, Sampler};
 use super::tpe::{choices, decode, encode, int_top, standard_normal};
 use crate::domain::study::{Direction, ParamSpec};
 
 #[path = "gp_batch.rs"]
 mod batch;
+#[path = "gp_model.rs"]
+mod model;
+#[path = "gp_refine.rs"]
+mod refine;
 #[path = "gp_score.rs"]
 mod score;
 #[path = "gp_values.rs"]
 mod values;
 pub use batch::Batch;
-use score::Rule;
+use model::{factorise, fit_point, log_ei_of, Model, Theta};
+pub(super) use refine::Refinement;
+use score::{Rule, SCORED_AT_ONCE};
 use values::{simplex_weights, stable_subset, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
@@ -119,81 +124,6 @@ const CHEBYSHEV_RHO: f64 = 0.05;
 const LOCAL_CENTRES: usize = 5;
 /// Perturbations drawn around each of them.
 const LOCAL_DRAWS: usize = 64;
-/// How an ask refines its best candidates while the model has at most
-/// [`REFINED_FULL`] points: ten of them (Optuna's `GPSampler` runs ten
-/// local searches from its best preliminary samples too), each a compass
-/// search of at most [`SWEEPS`] sweeps. Beyond, a scored point costs
-/// `O(n^2)` and an ask's work is kept about bounded: three, the step
-/// halved after every sweep, eight sweeps (the refinement before issue
-/// 37's second round).
-const FULL: Refinement = Refinement { starts: 10, compass: true, sweeps: SWEEPS };
-const BOUNDED: Refinement = Refinement { starts: 3, compass: false, sweeps: 8 };
-const REFINED_FULL: usize = 100;
-
-/// How the best candidates of an ask are refined.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Refinement {
-    /// Candidates refined.
-    pub starts: usize,
-    /// A compass search (a start's step halves only after a sweep that found
-    /// nothing better), or the step halved after every sweep.
-    pub compass: bool,
-    /// Most sweeps.
-    pub sweeps: usize,
-}
-
-impl Refinement {
-    /// The refinement of an ask whose model has `n` points.
-    pub fn of(n: usize) -> Refinement {
-        if n <= REFINED_FULL {
-            FULL
-        } else {
-            BOUNDED
-        }
-    }
-
-    /// The sweeps of a refinement of `starts` (scores and points) over
-    /// `axes` axes: `along(starts, alive, steps, d, moved)` steps each start
-    /// of `alive` along axis `d` (setting `moved` where one moved); after a
-    /// sweep the step of each start that did not move (of every start,
-    /// without a compass search) halves, and a start is done when its step
-    /// is below [`MIN_STEP`].
-    pub fn run(
-        self,
-        starts: &mut [(f64, Vec<f64>)],
-        axes: usize,
-        mut along: impl FnMut(&mut [(f64, Vec<f64>)], &[usize], &[f64], usize, &mut [bool]),
-    ) {
-        let count = starts.len();
-        let mut steps = vec![FIRST_STEP; count];
-        let mut alive: Vec<usize> = (0..count).collect();
-        for _ in 0..self.sweeps {
-            alive.retain(|&c| steps[c] >= MIN_STEP);
-            if alive.is_empty() {
-                break;
-            }
-            let mut moved = vec![false; count];
-            for d in 0..axes {
-                along(starts, &alive, &steps, d, &mut moved);
-            }
-            for &c in &alive {
-                if !self.compass || !moved[c] {
-                    steps[c] *= 0.5;
-                }
-            }
-        }
-    }
-}
-
-/// Candidates scored in one batch (the kernel columns of a batch solved at once).
-const SCORED_AT_ONCE: usize = 256;
-/// Most sweeps of that refinement, a compass search: the step halves after
-/// a sweep that found nothing better and stays after one that did ...
-const SWEEPS: usize = 40;
-/// ... from this first step (unit coordinates) ...
-const FIRST_STEP: f64 = 0.1;
-/// ... until it falls below this.
-const MIN_STEP: f64 = 1e-5;
 /// Most told trials the hyper-parameters are fitted on (a likelihood
 /// evaluation is cubic in them); beyond, the best half and an even spread
 /// of the rest (`values::subset`).
@@ -283,37 +213,6 @@ pub struct Gp {
 
 /// The told trials a fit was made on: (trial id, its value's bits).
 type FitKey = Vec<(u64, u64)>;
-
-/// A fitted process.
-#[derive(Debug, Clone)]
-struct Model {
-    x: Vec<Vec<f64>>,
-    /// `x` axis by axis, scaled ([`Gp::columns`]), for [`Gp::kernel_row`].
-    columns: Vec<Vec<f64>>,
-    /// The standardised values it was conditioned on.
-    y: Vec<f64>,
-    /// The lower triangle of the kernel matrix over `x` (row-major, the
-    /// noise on its diagonal), which `chol` factors.
-    kernel: Vec<f64>,
-    chol: Vec<f64>,
-    alpha: Vec<f64>,
-    theta: Theta,
-}
-
-#[derive(Debug, Clone)]
-struct Theta {
-    length: Vec<f64>,
-    signal: f64,
-    noise: f64,
-}
-
-impl Theta {
-    /// The same values, bit for bit (a kernel matrix of the same points is).
-    fn same_as(&self, other: &Theta) -> bool {
-        let bits = |t: &Theta| t.length.iter().chain([&t.signal, &t.noise]).map(|v| v.to_bits()).collect::<Vec<u64>>();
-        bits(self) == bits(other)
-    }
-}
 
 impl Gp {
     /// `space`: every parameter searched (name, domain), in a stable order;
@@ -569,7 +468,7 @@ impl Gp {
 
     /// One axis at a time from each start (a numeric axis tries a step
     /// either way, a categorical every other value), the step as `plan`
-    /// says, until it is below [`MIN_STEP`] or after its sweeps. The best
+    /// says, until it is below [`refine::MIN_STEP`] or after its sweeps. The best
     /// point found.
     fn refine(
         &self,
@@ -895,135 +794,6 @@ impl Sampler for Gp {
     /// Trials told so far (complete with finite values, or stopped early).
     fn observations(&self) -> usize {
         self.told.len()
-    }
-}
-
-impl Model {
-    /// Posterior mean and variance at each of `us`: the kernel columns of
-    /// all of them solved at once (row by row, each a contiguous update).
-    fn predict_many(&self, gp: &Gp, us: &[Vec<f64>]) -> Vec<(f64, f64)> {
-        let m = us.len();
-        let (k, mean) = self.solved_many(gp, us);
-        let mut explained = vec![0.0; m];
-        for row in k.chunks(m.max(1)) {
-            for (e, v) in explained.iter_mut().zip(row) {
-                *e += v * v;
-            }
-        }
-        mean.into_iter().zip(explained).map(|(mu, e)| (mu, (self.theta.signal - e).max(1e-12))).collect()
-    }
-
-    /// The kernel columns of `us` solved against the factor (`L^-1 k(X,
-    /// u)`, row-major: row `i` a model point, column `j` a point of `us`)
-    /// and the posterior means at `us`.
-    fn solved_many(&self, gp: &Gp, us: &[Vec<f64>]) -> (Vec<f64>, Vec<f64>) {
-        let (n, m) = (self.x.len(), us.len());
-        let mut k = vec![0.0; n * m];
-        for (i, x) in self.x.iter().enumerate() {
-            for (j, u) in us.iter().enumerate() {
-                k[i * m + j] = gp.kernel(x, u, &self.theta);
-            }
-        }
-        let mut mean = vec![0.0; m];
-        for (i, a) in self.alpha.iter().enumerate() {
-            for (mu, kij) in mean.iter_mut().zip(&k[i * m..(i + 1) * m]) {
-                *mu += a * kij;
-            }
-        }
-        #[cfg(test)]
-        if tests::reference() {
-            super::linalg::tests::solve_lower_many_reference(&self.chol, n, &mut k, m);
-        } else {
-            solve_lower_many(&self.chol, n, &mut k, m);
-        }
-        #[cfg(not(test))]
-        solve_lower_many(&self.chol, n, &mut k, m);
-        (k, mean)
-    }
-
-    /// [`Model::predict_mean`] at each of its own points, from its kernel
-    /// matrix instead of the kernel again (the kernel is symmetric bit for
-    /// bit, and the diagonal's noise is left out: the same values).
-    fn told_means(&self, gp: &Gp) -> Vec<f64> {
-        let n = self.x.len();
-        let k = |i: usize, j: usize| match i.cmp(&j) {
-            std::cmp::Ordering::Equal => gp.kernel(&self.x[i], &self.x[i], &self.theta),
-            std::cmp::Ordering::Greater => self.kernel[i * n + j],
-            std::cmp::Ordering::Less => self.kernel[j * n + i],
-        };
-        (0..n).map(|i| self.alpha.iter().enumerate().map(|(j, a)| k(i, j) * a).sum::<f64>()).collect()
-    }
-
-    /// Posterior mean at `u`.
-    fn predict_mean(&self, gp: &Gp, u: &[f64]) -> f64 {
-        self.x.iter().zip(&self.alpha).map(|(x, a)| gp.kernel(x, u, &self.theta) * a).sum()
-    }
-
-    /// Posterior mean and variance (of the latent function) at `u`.
-    fn predict(&self, gp: &Gp, u: &[f64]) -> (f64, f64) {
-        let n = self.x.len();
-        let k: Vec<f64> = self.x.iter().map(|x| gp.kernel(x, u, &self.theta)).collect();
-        let mean: f64 = k.iter().zip(&self.alpha).map(|(a, b)| a * b).sum();
-        let v = solve_lower(&self.chol, n, &k);
-        let var = (self.theta.signal - v.iter().map(|x| x * x).sum::<f64>()).max(1e-12);
-        (mean, var)
-    }
-}
-
-/// [`cholesky_from`]; in tests with `tests::reference` on, the
-/// factorisation before issue 37's incremental one: every row, one at a
-/// time, whatever is known.
-fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {
-    #[cfg(test)]
-    if tests::reference() {
-        let full: Vec<f64> = (0..n * n).map(|c| if c % n <= c / n { k[c] } else { k[(c % n) * n + c / n] }).collect();
-        return super::linalg::tests::cholesky_reference(&full, n);
-    }
-    cholesky_from(k, n, known, stride, p)
-}
-
-/// How many of `n` told trials the hyper-parameters are fitted on: all up
-/// to `from`, then the last point of the sequence `from`, then a tenth more
-/// than the one before each (30, 33, 36, 39, 42, 46...) not above `n`.
-fn fit_point(n: usize, from: usize) -> usize {
-    if n <= from {
-        return n;
-    }
-    let mut m = from.max(1);
-    loop {
-        let next = m + (m / 10).max(1);
-        if next > n {
-            return m;
-        }
-        m = next;
-    }
-}
-
-/// The log expected improvement over `best` of a posterior of mean `mu` and
-/// variance `var` (minus infinity where it cannot be computed).
-fn log_ei_of(best: f64, mu: f64, var: f64) -> f64 {
-    let sd = var.sqrt();
-    let s = log_expected_improvement((best - mu) / sd) + sd.ln();
-    if s.is_nan() {
-        f64::NEG_INFINITY
-    } else {
-        s
-    }
-}
-
-/// `ln(z Phi(z) + phi(z))`: the log of the expected improvement of a unit
-/// Gaussian over `z` deviations, accurate far into the left tail.
-fn log_expected_improvement(z: f64) -> f64 {
-    let log_phi = -0.5 * z * z - 0.5 * (2.0 * PI).ln();
-    if z > -1.0 {
-        (z * 0.5 * libm::erfc(-z / SQRT_2) + log_phi.exp()).ln()
-    } else if z > -37.0 {
-        // phi(z) (1 - t R(t)), t = -z, R = Phi(-t) / phi(t) (Mills' ratio).
-        let t = -z;
-        let ratio = t * (0.5 * libm::erfc(t / SQRT_2)).ln().exp() / log_phi.exp();
-        log_phi + (1.0 - ratio).max(f64::MIN_POSITIVE).ln()
-    } else {
-        log_phi - 2.0 * (-z).ln()
     }
 }
 

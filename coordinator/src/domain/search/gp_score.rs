@@ -18,6 +18,9 @@
 use super::{log_ei_of, Gp, Model, Refinement};
 use crate::domain::search::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
 
+/// Candidates scored in one batch (the kernel columns of a batch solved at once).
+pub(super) const SCORED_AT_ONCE: usize = 256;
+
 /// Model points below which the rows are solved in one stage.
 const STAGED_FROM: usize = 32;
 

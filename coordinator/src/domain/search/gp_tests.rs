@@ -1,3 +1,5 @@
+use super::model::log_expected_improvement;
+use super::refine::{BOUNDED, FULL, REFINED_FULL};
 use super::*;
 use crate::domain::pareto::{front, hypervolume};
 use crate::domain::search::Proposer;

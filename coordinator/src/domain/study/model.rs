@@ -382,6 +382,11 @@ pub struct Study {
     pub objective: Objective,
     /// Trials to run, repeats included.
     pub budget: u64,
+    /// `[budget] max_failures`: a run stops once this many of its trials
+    /// failed (`Some(0)`: never); unset, once [`FAIL_FAST_DEFAULT`] failed
+    /// and none succeeded. Not part of what the study computes: a resumed
+    /// study may change it.
+    pub max_failures: Option<u64>,
     pub strategy: Strategy,
     pub selector: Selector,
     pub hyper: BTreeMap<String, ParamSpec>,
@@ -406,7 +411,26 @@ pub struct Study {
     pub source: String,
 }
 
+/// Trials failed with none succeeded after which a run stops, when
+/// `[budget] max_failures` does not say.
+pub const FAIL_FAST_DEFAULT: u64 = 5;
+
 impl Study {
+    /// Why a run with `failed` and `done` trials so far (this run's) stops
+    /// early, if it does ([`Study::max_failures`]).
+    pub fn fails_fast(&self, failed: u64, done: u64) -> Option<String> {
+        match self.max_failures {
+            Some(0) => None,
+            Some(max) if failed >= max => Some(format!("{failed} trials failed ([budget] max_failures = {max})")),
+            Some(_) => None,
+            None if failed >= FAIL_FAST_DEFAULT && done == 0 => Some(format!(
+                "its first {failed} trials failed and none succeeded (set [budget] max_failures = 0 to run on \
+                 whatever fails)"
+            )),
+            None => None,
+        }
+    }
+
     /// How many of its trials an agent may hold ahead per slot while its
     /// slots are busy: none with `lookahead = 0`; one for a search that
     /// learns from each result (`tpe`, `gp`: a trial held ahead is asked

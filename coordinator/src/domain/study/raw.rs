@@ -130,6 +130,7 @@ pub(super) struct RawObjective {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawBudget {
     pub(super) trials: Spanned<i64>,
+    pub(super) max_failures: Option<Spanned<i64>>,
 }
 
 /// `[strategy] kind` as written; with the seed beside it, the check makes

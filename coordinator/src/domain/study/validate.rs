@@ -72,6 +72,12 @@ impl FileCheck<'_> {
         let gpus = self.gpus(raw.gpus.as_ref())?;
         let objective = self.objective(&raw.objective)?;
         let budget = self.budget(&raw.budget, repeats)?;
+        let max_failures = match &raw.budget.max_failures {
+            None => None,
+            Some(v) => Some(u64::try_from(*v.get_ref()).map_err(|_| {
+                self.at(v.span(), format!("budget.max_failures: must be 0 (never stop) or more (got {})", v.get_ref()))
+            })?),
+        };
         let strategy = self.strategy(&raw.strategy)?;
         let selector = match raw.selector {
             None => Selector::default(),
@@ -120,6 +126,7 @@ impl FileCheck<'_> {
             gpus,
             objective,
             budget,
+            max_failures,
             strategy,
             selector,
             hyper,

@@ -49,6 +49,8 @@ pub struct Summary {
     /// Trials in flight at each ask of its search (gp, tpe); `None` when
     /// it never read them.
     pub ask_depth: Option<crate::domain::search::AskDepth>,
+    /// Why this run stopped it early for its failures ([`Study::fails_fast`]), if it did.
+    pub failed_fast: Option<String>,
 }
 
 pub(super) struct ActiveStudy {
@@ -67,8 +69,15 @@ pub(super) struct ActiveStudy {
     pub(super) runs: HashMap<String, Vec<u64>>,
     /// What every trial of a pipelined study probes (computed once).
     pub(super) probe: Option<ProbePlan>,
-    /// Cancelled from the control socket: no more trials.
+    /// Cancelled from the control socket, or for its failures: no more trials.
     pub(super) cancelled: bool,
+    /// Failed and done trials when this run started it: its failures to
+    /// stop on are this run's own, so a fixed study goes on when resumed.
+    pub(super) at_start: (u64, u64),
+    /// Why it was stopped for its failures, if it was.
+    pub(super) failed_fast: Option<String>,
+    /// Why no online agent can run it, as last said ([`Scheduler::why_waiting`]).
+    pub(super) waits: Option<String>,
     /// Attempts whose first window was decided on (once each).
     pub(super) decided: HashSet<(u64, u32)>,
     /// Trials running a reused configuration: it, and the time relative
@@ -102,6 +111,9 @@ impl ActiveStudy {
             runs: HashMap::new(),
             probe,
             cancelled: false,
+            at_start: (0, 0),
+            failed_fast: None,
+            waits: None,
             decided: Default::default(),
             reused: HashMap::new(),
             standings: Standings::new(study_dir),

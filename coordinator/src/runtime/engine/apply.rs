@@ -116,6 +116,10 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             guarded(cx, &name, AgentTopic::Status, None, |cx| on_will(cx, agent, &will, now))
         }
         Gated::Messages { agent, msgs } => {
+            if cx.sessions.heard(&agent, now) {
+                let name = agent.clone();
+                aside(cx, "last seen", |cx| Ok(cx.batch.agent_heard(&name, now)?))?;
+            }
             for (kind, msg) in msgs {
                 // Requests and sync answers change the scheduler and memory only:
                 // no savepoint (two statements a message) to guard them.

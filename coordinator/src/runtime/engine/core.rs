@@ -249,6 +249,7 @@ impl Core {
             done: c.done + c.failed + c.stopped,
         };
         let mut active = ActiveStudy::new(study, search, plans);
+        active.at_start = (c.failed, c.done);
         for (trial, value, agent) in values {
             active.record_value(trial, value, &agent);
         }
@@ -512,6 +513,49 @@ impl Core {
             stats: self.stats.clone(),
             agents_seen: self.agents_seen.len(),
             ask_depth: active.map(|a| a.search.ask_depth().clone()).filter(|d| d.asks() > 0),
+            failed_fast: active.and_then(|a| a.failed_fast.clone()),
+        }
+    }
+}
+
+/// Says (once each time it changes) why a study with nothing running
+/// waits while agents are online that cannot run it: the GPUs, arch, tags,
+/// energy, cores or memory it asks for against what each agent offers.
+fn say_why_waiting(sched: &Scheduler, studies: &mut HashMap<String, ActiveStudy>) {
+    for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
+        let idle = sched.counts(name).is_some_and(|c| !c.finished() && c.running == 0);
+        let why = if idle { sched.why_waiting(name) } else { None };
+        if why != active.waits {
+            match &why {
+                Some(w) => tracing::warn!(study = %name, "study waits: {w}"),
+                None if active.waits.is_some() => {
+                    tracing::info!(study = %name, "study no longer waits for a fitting agent")
+                }
+                None => {}
+            }
+            active.waits = why;
+        }
+    }
+}
+
+/// Stops each study whose failures in this run reach what it allows
+/// ([`crate::domain::study::Study::fails_fast`]), as a cancel does: no more
+/// trials, the running ones cancelled on their agents.
+fn fail_fast(sched: &mut Scheduler, studies: &mut HashMap<String, ActiveStudy>, effects: &mut Vec<Effect>) {
+    let tripped: Vec<(String, String)> = studies
+        .iter()
+        .filter(|(_, a)| !a.cancelled)
+        .filter_map(|(name, a)| {
+            let c = sched.counts(name)?;
+            let (failed, done) = (c.failed.saturating_sub(a.at_start.0), c.done.saturating_sub(a.at_start.1));
+            Some((name.clone(), a.study.fails_fast(failed, done)?))
+        })
+        .collect();
+    for (name, why) in tripped {
+        tracing::error!(study = %name, %why, "study stopped for its failures: fix the cause and run it again to go on");
+        let _ = cancel(sched, studies, &name, effects);
+        if let Some(a) = studies.get_mut(&name) {
+            a.failed_fast = Some(why);
         }
     }
 }
@@ -614,7 +658,9 @@ struct Turn<'a, 'b> {
 /// The end of a turn: new trials where agents have room, assignments, and
 /// every effect applied to the store.
 fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<(), EngineError> {
+    fail_fast(t.sched, t.studies, &mut effects);
     top_up(t.sched, t.batch, t.studies)?;
+    say_why_waiting(t.sched, t.studies);
     effects.extend(t.sched.assign(now.engine_ms));
     for effect in effects {
         apply(t, effect, now)?;
