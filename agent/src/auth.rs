@@ -97,6 +97,8 @@ pub struct AgentAuth {
     hello_seq: u64,
     /// Hash of the current connection's Last Will secret.
     will_hash: Digest,
+    /// A coordinator welcomed this process at least once.
+    welcomed: bool,
 }
 
 impl std::fmt::Debug for AgentAuth {
@@ -158,11 +160,17 @@ impl AgentAuth {
             session: None,
             hello_seq: 0,
             will_hash: [0; 32],
+            welcomed: false,
         })
     }
 
     pub fn public_key(&self) -> PublicKey {
         self.identity.public()
+    }
+
+    /// Whether a coordinator welcomed this process at least once.
+    pub fn ever_welcomed(&self) -> bool {
+        self.welcomed
     }
 
     /// This agent's key, for the transport's logins by identity.
@@ -251,6 +259,7 @@ impl AgentAuth {
             return Err(AuthError::OtherHello);
         }
         self.session = Some(pending.finish(&self.name, &key, signed)?);
+        self.welcomed = true;
         Ok(())
     }
 

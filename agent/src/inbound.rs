@@ -25,6 +25,8 @@ pub(crate) struct Refused {
     pub(crate) hello: Option<tunefleet_common::auth::RefusalKind>,
     /// A refusal that saying Hello again cannot help: the agent stops.
     pub(crate) fatal: Option<String>,
+    /// What the coordinator said last when it refused a Hello.
+    pub(crate) last_refusal: Option<String>,
     /// Notices from the coordinator (logged at a bounded rate).
     pub(crate) notices: u64,
 }
@@ -65,11 +67,12 @@ pub(crate) fn on_inbound(
                 Ok(Some(notice)) => {
                     if notice.kind.fatal() {
                         tracing::error!(reason = ?notice.kind, "the coordinator refused this agent: {}", notice.message);
-                        refused.fatal = Some(notice.message);
+                        refused.fatal = Some(notice.message.clone());
                     } else if refused.hello != Some(notice.kind) {
                         tracing::warn!(reason = ?notice.kind, "the coordinator refused this agent for now (asking again): {}", notice.message);
                     }
                     refused.hello = Some(notice.kind);
+                    refused.last_refusal = Some(notice.message);
                 }
                 Ok(None) => {}
                 Err(e) => {

@@ -594,6 +594,13 @@ impl<'c> Agent<'c> {
                 _ = ticks.telemetry.tick() => self.sample_telemetry(),
                 () = tokio::time::sleep_until(idle_at), if idle => {
                     tracing::info!("idle for the --exit-when-idle period");
+                    // A job that never got in failed: its exit status says so.
+                    if !self.exec.auth.ever_welcomed() {
+                        let why = self.refused.last_refusal.take();
+                        return Err(AgentError::Refused(why.unwrap_or_else(|| {
+                            "no coordinator welcomed this agent before --exit-when-idle ran out".into()
+                        })));
+                    }
                     return Ok(());
                 }
             }

@@ -228,6 +228,7 @@ fn the_aws_batch_job_definitions_command_joins_over_tls_with_its_secrets() {
         // What Batch sets in an array child.
         env.push(("AWS_BATCH_JOB_ID".into(), format!("6f0e2c1a-9d3b-4e5f-8a7b-1c2d3e4f5a6b:{index}")));
         env.push(("AWS_BATCH_JOB_ARRAY_INDEX".into(), index.into()));
+        env.push(("AWS_BATCH_JOB_ATTEMPT".into(), "1".into()));
         let tmp = dir.path().join(format!("child-{index}"));
         std::fs::create_dir_all(&tmp).expect("the container's /tmp");
         containers.push((container(&argv, &env, &tmp), tmp.join("tunefleet")));
@@ -236,7 +237,7 @@ fn the_aws_batch_job_definitions_command_joins_over_tls_with_its_secrets() {
     study_ends_and_containers_drain(coord, containers, &store);
     let agents = query(&store, "SELECT name FROM agents ORDER BY name", |r| r.get::<_, String>(0));
     let parent = "batch-6f0e2c1a-9d3b-4e5f-8a7b-1c2d3e4f5a6b";
-    assert_eq!(agents, [format!("{parent}-0"), format!("{parent}-1")], "one name per array child");
+    assert_eq!(agents, [format!("{parent}-0-1"), format!("{parent}-1-1")], "one name per array child and attempt");
 }
 
 #[test]

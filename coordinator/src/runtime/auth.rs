@@ -143,6 +143,18 @@ struct Live {
 /// How often an agent's `last seen` is written while it keeps talking.
 pub const SEEN_EVERY_MS: u64 = 5_000;
 
+/// Whether `hello`, a new key under `agent`'s pinned name, may replace the
+/// pinned key: it carries the launch token that enrolled the name (made for
+/// that name alone by `--launcher`), not revoked or expired. A container
+/// restarted with empty state (Kubernetes' `restartPolicy`, AWS Batch's
+/// retries) comes back so with the same token and a new key; a token that
+/// did not enrol the name, or one made for any name, re-keys nothing.
+fn rekeys(agent: &str, hello: &Hello, known: &Known, token: Option<&TokenState>, now_ms: u64) -> bool {
+    let (Some(e), Some(t)) = (&hello.enrol, token) else { return false };
+    let enrolled_by = known.via.as_deref() == Some(&format!("token {}", crate::store::token_id(&e.token)));
+    enrolled_by && t.names.iter().any(|n| n == agent) && !t.revoked && t.expires_ms.is_none_or(|x| now_ms < x)
+}
+
 /// A token bucket.
 #[derive(Debug)]
 struct Bucket {
@@ -238,6 +250,10 @@ pub enum Admission {
     Token(auth::PublicKey),
     /// A new key, admitted by open enrolment.
     Open,
+    /// A new key for a name whose key is pinned, admitted by the launch
+    /// token that enrolled the name (a launched container restarted with
+    /// empty state): the old key is replaced.
+    Rekey(auth::PublicKey),
 }
 
 impl std::fmt::Debug for Sessions {
@@ -321,7 +337,9 @@ impl Sessions {
         now: Instant,
         now_ms: u64,
     ) -> Result<Admission, HelloRefusal> {
-        if let Some((last_instance, last_seq)) = known.last {
+        // Replays are of the pinned key's Hellos; a new key starts its own count.
+        let same_key = known.pin.is_none_or(|k| k == hello.key);
+        if let Some((last_instance, last_seq)) = known.last.filter(|_| same_key) {
             let (instance, seq) = (hello.info.instance, hello.seq);
             if instance < last_instance || (instance == last_instance && seq <= last_seq) {
                 return Err(HelloRefusal::Replay { instance, seq, last_instance, last_seq });
@@ -329,6 +347,9 @@ impl Sessions {
         }
         let admission = match known.pin {
             Some(k) if k == hello.key => Admission::Known,
+            Some(_) if rekeys(agent, hello, known, token, now_ms) => {
+                Admission::Rekey(hello.enrol.as_ref().map_or([0; 32], |e| e.token))
+            }
             Some(k) => {
                 return Err(HelloRefusal::KeyChanged {
                     agent: agent.to_string(),
@@ -417,7 +438,7 @@ impl Sessions {
     /// admitted by a join token, the token's proof.
     pub fn verify(&self, hello: &Hello, signed: &Signed, admission: &Admission) -> Result<Digest, HelloRefusal> {
         auth::verify_hello(hello, signed)?;
-        if let (Admission::Token(_), Some(e)) = (admission, &hello.enrol) {
+        if let (Admission::Token(_) | Admission::Rekey(_), Some(e)) = (admission, &hello.enrol) {
             auth::verify_enrolment(e, &hello.key, &hello.info.agent, &self.identity.public())?;
         }
         Ok(auth::sha256(&[&signed.body]))
@@ -646,7 +667,8 @@ mod tests {
         let mut s = sessions();
         let agent = Identity::generate().expect("key").0;
         let first = hello_of(&agent, "a", 100, 1, None);
-        let known = |instance, seq| Known { pin: Some(agent.public()), last: Some((instance, seq)), pinned: 0 };
+        let known =
+            |instance, seq| Known { pin: Some(agent.public()), last: Some((instance, seq)), ..Known::default() };
         assert_eq!(admit(&mut s, &first, &known(99, 7), None), Ok(Admission::Known));
         // 40 restarts later (the store keeps only the last instance and seq),
         // the first process's Hello is still a replay.

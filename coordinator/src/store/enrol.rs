@@ -22,6 +22,8 @@ pub struct Known {
     pub last: Option<(u64, u64)>,
     /// How many names are pinned (for the bound), when `pin` is `None`.
     pub pinned: u64,
+    /// How its key was enrolled (`token ID`, `open enrolment`), when it is known.
+    pub via: Option<String>,
 }
 
 /// A join token as the store keeps it.
@@ -141,19 +143,22 @@ impl Batch<'_> {
     pub fn known(&mut self, agent: &str) -> Result<Known> {
         let pin = self.agent_key(agent)?;
         let context = || format!("reading the enrolment of {agent}");
-        let last: Option<(Option<i64>, Option<i64>)> = self
+        let row: Option<(Option<i64>, Option<i64>, Option<String>)> = self
             .tx
-            .prepare_cached("SELECT last_instance, last_seq FROM agent_enrolment WHERE name = ?1")
+            .prepare_cached("SELECT last_instance, last_seq, via FROM agent_enrolment WHERE name = ?1")
             .ctx(context)?
-            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .optional()
             .ctx(context)?;
-        let last = match last {
-            Some((Some(i), Some(s))) => Some((u64::try_from(i).unwrap_or(0), u64::try_from(s).unwrap_or(0))),
-            _ => None,
+        let (last, via) = match row {
+            Some((Some(i), Some(s), via)) => {
+                (Some((u64::try_from(i).unwrap_or(0), u64::try_from(s).unwrap_or(0))), via)
+            }
+            Some((_, _, via)) => (None, via),
+            None => (None, None),
         };
         let pinned = if pin.is_none() { self.pinned_agents()? } else { 0 };
-        Ok(Known { pin, last, pinned })
+        Ok(Known { pin, last, pinned, via })
     }
 
     /// The join token whose public half is `public`, if this store has it.
@@ -411,10 +416,11 @@ mod tests {
         let t = b.token(&public).expect("read").expect("kept");
         assert_eq!((t.expires_ms, t.uses_left, t.revoked), (Some(1_000), Some(2), false));
         assert_eq!(b.token(&[8; 32]).expect("read"), None);
-        assert_eq!(b.known("a").expect("known"), Known { pin: None, last: None, pinned: 0 });
+        assert_eq!(b.known("a").expect("known"), Known { pin: None, last: None, pinned: 0, via: None });
         b.enrol("a", &[1; 32], Some(&public), 6).expect("enrol");
         b.record_hello("a", 10, 3).expect("hello");
-        assert_eq!(b.known("a").expect("known"), Known { pin: Some([1; 32]), last: Some((10, 3)), pinned: 0 });
+        let via = Some(format!("token {}", token_id(&public)));
+        assert_eq!(b.known("a").expect("known"), Known { pin: Some([1; 32]), last: Some((10, 3)), pinned: 0, via });
         assert_eq!(b.granted("a").expect("granted"), (tags, grant), "the token's tags and grant are the agent's");
         assert_eq!(b.granted("z").expect("granted"), (BTreeMap::new(), Grant::default()));
         b.add_lost_held("a", 3).expect("lost");

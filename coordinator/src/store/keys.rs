@@ -88,15 +88,12 @@ impl Batch<'_> {
     }
 }
 
-impl Store {
-    /// Pins `key` for `agent`, replacing any earlier key (a re-installed
-    /// agent, or a fleet registered ahead of time). Returns the old key.
-    pub fn trust_agent(&mut self, agent: &str, key: &PublicKey, at_ms: u64) -> Result<Option<PublicKey>> {
-        let mut batch = self.batch()?;
-        let old = batch.agent_key(agent)?;
+impl Batch<'_> {
+    /// Pins `key` for `agent`, replacing any earlier key. Returns the old key.
+    pub fn replace_agent_key(&mut self, agent: &str, key: &PublicKey, at_ms: u64) -> Result<Option<PublicKey>> {
+        let old = self.agent_key(agent)?;
         let context = || format!("pinning the key of {agent}");
-        batch
-            .tx
+        self.tx
             .prepare_cached(
                 "INSERT INTO agent_keys (name, key, pinned_ms) VALUES (?1, ?2, ?3)
                  ON CONFLICT (name) DO UPDATE SET key = excluded.key, pinned_ms = excluded.pinned_ms, will_hash = NULL",
@@ -104,6 +101,16 @@ impl Store {
             .ctx(context)?
             .execute(params![agent, key.as_slice(), to_i64("time", at_ms)?])
             .ctx(context)?;
+        Ok(old)
+    }
+}
+
+impl Store {
+    /// Pins `key` for `agent`, replacing any earlier key (a re-installed
+    /// agent, or a fleet registered ahead of time). Returns the old key.
+    pub fn trust_agent(&mut self, agent: &str, key: &PublicKey, at_ms: u64) -> Result<Option<PublicKey>> {
+        let mut batch = self.batch()?;
+        let old = batch.replace_agent_key(agent, key, at_ms)?;
         batch.commit()?;
         Ok(old)
     }

@@ -33,6 +33,8 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     let known = cx.batch.known(&agent)?;
     let token = match (&known.pin, &hello.enrol) {
         (None, Some(e)) => cx.batch.token(&e.token)?,
+        // A new key under a pinned name: its token may re-key the name.
+        (Some(k), Some(e)) if *k != hello.key => cx.batch.token(&e.token)?,
         _ => None,
     };
     let admitted = cx.sessions.admit(&agent, &hello, &known, token.as_ref(), cx.now.instant, now);
@@ -55,6 +57,17 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
         Admission::Token(public) => {
             cx.batch.enrol(&agent, &hello.key, Some(public), now)?;
             tracing::info!(agent = %agent, key = %auth::short_key(&hello.key), token = %crate::store::token_id(public), "new agent enrolled with a join token: its key is pinned from now on");
+        }
+        Admission::Rekey(public) => {
+            let old = cx.batch.replace_agent_key(&agent, &hello.key, now)?;
+            cx.sessions.end(&agent);
+            tracing::warn!(
+                agent = %agent,
+                old_key = %old.map(|k| auth::short_key(&k)).unwrap_or_default(),
+                new_key = %auth::short_key(&hello.key),
+                token = %crate::store::token_id(public),
+                "agent re-keyed by the launch token that enrolled it (a restarted container): the old key is revoked"
+            );
         }
         Admission::Open => {
             cx.batch.enrol(&agent, &hello.key, None, now)?;
