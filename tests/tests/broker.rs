@@ -403,7 +403,7 @@ fn strangers_members_and_operators_reach_only_what_they_were_granted() {
     let users = dir.path().join("users");
     let watched = format!("{root}/v2/up/{victim}/+");
     std::fs::write(&users, format!("watch:watch-pw:{watched}\nfleet:{FLEET_PASSWORD}\n")).expect("users");
-    let study = sleep_study(dir.path(), "acl", 8, 0.3);
+    let study = sleep_study(dir.path(), "acl", 8, 1.0);
     let (mut coord, url) = start_coordinator(&study, &store, &root, &["--broker-users", &users.to_string_lossy()]);
     let port = port_of(&url);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
@@ -449,6 +449,19 @@ fn strangers_members_and_operators_reach_only_what_they_were_granted() {
         rt.block_on(imp.publish(format!("{root}/v2/up/{victim}/{kind}"), marker.clone(), kind == "status"))
             .expect("queued");
     }
+    // What the broker refused and denied, counted where an operator looks.
+    let s = store.to_str().expect("utf-8");
+    let counted = |key: &str| -> u64 {
+        let (_, out, _) = tunefleet(&["status", "--json", "--store", s]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v[0]["broker"][key].as_u64().unwrap_or(0)
+    };
+    let shown = || tunefleet(&["status", "--json", "--store", s]).1;
+    wait_for("the denials in status --json", Duration::from_secs(20), || counted("denied_total") >= 6);
+    eprintln!("status --json: {}", shown());
+    assert!(counted("refused_login_total") >= 3, "the three refused logins");
+    let (_, out, _) = tunefleet(&["status", "--store", s]);
+    assert!(out.contains("broker: ") && out.contains("stranger"), "{out}");
     assert!(coord.wait_exit(Duration::from_secs(120)).success(), "the study finished");
     let mut seen = 0;
     while let Ok((topic, payload)) = rt.block_on(watch.next_message(Duration::from_millis(300))) {

@@ -274,8 +274,9 @@ fn agent_unit_outlasts_the_drain_and_its_flags_are_real() {
     assert_eq!(unit_value(&text, "KillMode"), Some("mixed"), "SIGTERM goes to the agent alone, which drains");
 
     // The ExecStart flags, given to the real agent: with a broker nobody
-    // listens on and a short idle exit it must start and stop cleanly (a
-    // flag it does not know would exit with the usage status 2).
+    // listens on and a short idle exit it must start and stop (never
+    // welcomed, with status 1; a flag it does not know would exit with the
+    // usage status 2).
     let dir = tempfile::tempdir().expect("tempdir");
     let state_dir = unit_value(&text, "StateDirectory").map(|d| format!("/var/lib/{d}")).expect("StateDirectory");
     let mut cmd = Command::new(bin("tunefleet-agent"));
@@ -292,7 +293,7 @@ fn agent_unit_outlasts_the_drain_and_its_flags_are_real() {
     cmd.env("TUNEFLEET_JOIN", create_join_token(&dir.path().join("c.db"), &[]));
     let mut agent = Proc::spawn("unit-flags", cmd);
     let status = agent.wait_exit(Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0), "the agent accepts the unit's flags");
+    assert_eq!(status.code(), Some(1), "the agent accepts the unit's flags, and says it never got in");
 }
 
 #[test]

@@ -189,6 +189,23 @@ pub fn status(rows: &[StudyStatus]) -> String {
             let _ = writeln!(out, "  run the same command (or `tunefleet serve` on this store) to resume it");
         }
     }
+    if let Some(b) = rows.first().and_then(|s| s.broker.as_ref()) {
+        let n = |k: &str| b.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        let logins = b.get("logins").and_then(serde_json::Value::as_object);
+        let by_kind: Vec<String> = logins
+            .map(|l| l.iter().filter(|(_, v)| v.as_u64() != Some(0)).map(|(k, v)| format!("{v} {k}")).collect())
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "broker: {} connections ({}), {} logins refused, {} denied, {} dropped, {} slow subscribers closed",
+            n("connections"),
+            if by_kind.is_empty() { "none".to_string() } else { by_kind.join(", ") },
+            n("refused_login_total"),
+            n("denied_total"),
+            n("dropped_total"),
+            n("slow_closed_total") + n("stalled_total"),
+        );
+    }
     let floor = crate::runtime::space::DEFAULT_MIN_FREE_MIB * 1024 * 1024;
     if let Some(free) = rows.first().and_then(|s| s.store_free_bytes).filter(|f| *f < floor) {
         let _ = writeln!(
@@ -315,6 +332,7 @@ mod tests {
             live_agents: 2,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
+            broker: None,
             failures: Vec::new(),
             per_minute: Some(20.0),
             eta_s: Some(240.0),

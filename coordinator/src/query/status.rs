@@ -40,6 +40,10 @@ pub struct StudyStatus {
     pub per_minute: Option<f64>,
     /// Seconds left at that pace.
     pub eta_s: Option<f64>,
+    /// The running coordinator's embedded broker, at its last heartbeat:
+    /// connections by kind of login, refusals, denials, dropped copies,
+    /// queued and retained bytes (the names of its `/metrics`).
+    pub broker: Option<serde_json::Value>,
 }
 
 impl StudyStatus {
@@ -68,9 +72,15 @@ pub fn planned(store: &Store, row: &crate::store::StudyRow) -> Result<u64, Store
 /// (Unix ms: to judge the coordinator's heartbeat).
 pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<StudyStatus>, StoreError> {
     let beat = store.heartbeat()?;
-    let coordinator_running = beat.is_some_and(|b| b.stopped_ms.is_none() && now_ms.saturating_sub(b.at_ms) < STALE_MS);
-    let paused = coordinator_running && beat.is_some_and(|b| b.paused);
-    let coordinator_seen_s = beat.map(|b| now_ms.saturating_sub(b.at_ms) as f64 / 1000.0);
+    let coordinator_running =
+        beat.as_ref().is_some_and(|b| b.stopped_ms.is_none() && now_ms.saturating_sub(b.at_ms) < STALE_MS);
+    let paused = coordinator_running && beat.as_ref().is_some_and(|b| b.paused);
+    let coordinator_seen_s = beat.as_ref().map(|b| now_ms.saturating_sub(b.at_ms) as f64 / 1000.0);
+    let broker: Option<serde_json::Value> = beat
+        .as_ref()
+        .filter(|_| coordinator_running)
+        .and_then(|b| b.broker.as_deref())
+        .and_then(|j| serde_json::from_str(j).ok());
     let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
     let store_free_bytes = crate::runtime::space::free_bytes(std::path::Path::new(store.path()));
     let mut out = Vec::new();
@@ -111,6 +121,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             failures,
             per_minute: None,
             eta_s: None,
+            broker: broker.clone(),
         });
     }
     Ok(out)
@@ -209,6 +220,7 @@ mod tests {
             failures: Vec::new(),
             per_minute: None,
             eta_s: None,
+            broker: None,
         }
     }
 

@@ -183,6 +183,7 @@ mod tests {
             live_agents: 1,
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
+            broker: None,
             failures: vec![("exit 1, `boom`".into(), 1)],
             per_minute: None,
             eta_s: None,

@@ -119,16 +119,17 @@ impl Batch<'_> {
     /// The coordinator (process `pid`) is alive at `at_ms`, and `paused`
     /// or not (for room on the store's disk): `status` tells a running
     /// study from a paused one and from one whose coordinator is gone.
-    pub fn beat(&mut self, pid: u32, at_ms: u64, paused: bool) -> Result<()> {
+    /// `broker`: the embedded broker's counters (JSON), when it runs one.
+    pub fn beat(&mut self, pid: u32, at_ms: u64, paused: bool, broker: Option<&str>) -> Result<()> {
         let context = || "recording the coordinator's heartbeat".to_string();
         self.tx
             .prepare_cached(
-                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms, paused) VALUES (1, ?1, ?2, NULL, ?3)
+                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms, paused, broker) VALUES (1, ?1, ?2, NULL, ?3, ?4)
                  ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, beat_ms = excluded.beat_ms, stopped_ms = NULL,
-                     paused = excluded.paused",
+                     paused = excluded.paused, broker = excluded.broker",
             )
             .ctx(context)?
-            .execute(params![pid, to_i64("time", at_ms)?, paused])
+            .execute(params![pid, to_i64("time", at_ms)?, paused, broker])
             .ctx(context)?;
         Ok(())
     }

@@ -378,13 +378,14 @@ impl Store {
     pub fn heartbeat(&self) -> Result<Option<Heartbeat>> {
         let context = || "reading the coordinator's heartbeat".to_string();
         self.conn
-            .prepare_cached("SELECT beat_ms, stopped_ms, paused FROM heartbeat WHERE id = 1")
+            .prepare_cached("SELECT beat_ms, stopped_ms, paused, broker FROM heartbeat WHERE id = 1")
             .ctx(context)?
             .query_row([], |r| {
                 Ok(Heartbeat {
                     at_ms: get_u64(r, 0)?,
                     stopped_ms: r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()),
                     paused: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
+                    broker: r.get::<_, Option<String>>(3)?,
                 })
             })
             .optional()
@@ -614,7 +615,7 @@ fn result_row(row: &Row<'_>) -> rusqlite::Result<ResultRow> {
 }
 
 /// The coordinator's last heartbeat, as `status` reads it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
     /// When it last beat (Unix ms).
     pub at_ms: u64,
@@ -622,4 +623,6 @@ pub struct Heartbeat {
     pub stopped_ms: Option<u64>,
     /// Paused for room on the store's disk at that beat.
     pub paused: bool,
+    /// Its embedded broker's counters at that beat (JSON), when it ran one.
+    pub broker: Option<String>,
 }

@@ -174,12 +174,15 @@ const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
-/// The heartbeat's `paused` column, added to a store made before it.
-fn add_heartbeat_paused(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let present: i64 =
-        tx.query_row("SELECT COUNT(*) FROM pragma_table_info('heartbeat') WHERE name = 'paused'", [], |r| r.get(0))?;
-    if present == 0 {
-        tx.execute_batch("ALTER TABLE heartbeat ADD COLUMN paused INTEGER NOT NULL DEFAULT 0;")?;
+/// The heartbeat's `paused` and `broker` (the embedded broker's counters,
+/// JSON) columns, added to a store made before them.
+fn add_heartbeat_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+    for (name, column) in [("paused", "paused INTEGER NOT NULL DEFAULT 0"), ("broker", "broker TEXT")] {
+        let present: i64 =
+            tx.query_row("SELECT COUNT(*) FROM pragma_table_info('heartbeat') WHERE name = ?1", [name], |r| r.get(0))?;
+        if present == 0 {
+            tx.execute_batch(&format!("ALTER TABLE heartbeat ADD COLUMN {column};"))?;
+        }
     }
     Ok(())
 }
@@ -302,7 +305,7 @@ impl Store {
             found => return Err(StoreError::SchemaVersion { path, found }),
         }
         tx.execute_batch(STUDY_IDS).ctx(|| format!("{path}: creating the study ids table"))?;
-        add_heartbeat_paused(&tx).ctx(|| format!("{path}: adding the heartbeat's pause"))?;
+        add_heartbeat_columns(&tx).ctx(|| format!("{path}: adding the heartbeat's columns"))?;
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;

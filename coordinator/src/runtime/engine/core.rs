@@ -330,7 +330,7 @@ impl Core {
         }
         let mut batch = self.store.batch()?;
         if now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS) {
-            batch.beat(std::process::id(), now.unix_ms, false)?;
+            batch.beat(std::process::id(), now.unix_ms, false, broker_counters().as_deref())?;
             self.beat_ms = now.unix_ms;
         }
         let mut effects = Vec::new();
@@ -411,7 +411,7 @@ impl Core {
             return Ok(());
         }
         let mut batch = self.store.batch()?;
-        batch.beat(std::process::id(), unix_ms, true)?;
+        batch.beat(std::process::id(), unix_ms, true, broker_counters().as_deref())?;
         batch.commit()?;
         self.beat_ms = unix_ms;
         Ok(())
@@ -536,6 +536,18 @@ fn say_why_waiting(sched: &Scheduler, studies: &mut HashMap<String, ActiveStudy>
             active.waits = why;
         }
     }
+}
+
+/// The embedded broker's counters now, as JSON (`None` without one): what
+/// `tunefleet status --json` shows of it.
+fn broker_counters() -> Option<String> {
+    let c = crate::runtime::broker::running_counters()?;
+    let mut all: serde_json::Map<String, serde_json::Value> =
+        c.snapshot().into_iter().map(|(name, _, _, v)| (name.to_string(), v.into())).collect();
+    let logins: serde_json::Map<String, serde_json::Value> =
+        c.by_kind().into_iter().map(|(k, n)| (k.to_string(), n.into())).collect();
+    all.insert("logins".into(), logins.into());
+    serde_json::to_string(&all).ok()
 }
 
 /// Stops each study whose failures in this run reach what it allows
