@@ -32,17 +32,13 @@ case "${1:-}" in
   *) echo "test.sh: unknown argument $1 (scripts/test.sh [--install-only | --quick])" >&2; exit 2 ;;
 esac
 
-# The integration tests of the quick tier: each under about 10 s here, on
-# the embedded broker alone.
-QUICK_TESTS="broker campaign capacity cli_errors comeasure failures gpus groups launch layout lifecycle pipeline reuse search serve"
+# The quick tier is plain `cargo test --workspace`: the test files and
+# tests that need installs or minutes are marked in code (the tests
+# crate's `full` feature: `#![cfg(feature = "full")]` on a file,
+# `#[cfg_attr(not(feature = "full"), ignore)]` on a test), so a new test
+# file lands in the quick tier unless it says otherwise.
 if [ $quick = 1 ]; then
-  cargo build --workspace --bins --quiet
-  # Units and the engine's turn (the coordinator's lib tests), and each
-  # crate's own integration tests.
-  cargo test -p tunefleet-common -p tunefleet-broker -p tunefleet-agent -p tunefleet-coordinator --tests --quiet
-  args=()
-  for t in $QUICK_TESTS; do args+=(--test "$t"); done
-  cargo test -p tunefleet-tests --lib "${args[@]}" --quiet
+  cargo test --workspace --quiet
   exit 0
 fi
 
@@ -55,10 +51,10 @@ needs mosquitto ejabberd victoria-metrics systemd-analyze systemd-nspawn chromiu
 export PATH="$PATH:/usr/sbin"
 
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy --workspace --all-targets --features tunefleet-tests/full --quiet -- -D warnings
 # Integration tests run the real binaries: build them all first.
 cargo build --workspace --bins --quiet
 # The static aarch64 agent the qemu test runs (about 2 minutes from scratch
 # on 2 cores, seconds when up to date).
 cross/build.sh aarch64-unknown-linux-musl
-cargo test --workspace
+cargo test --workspace --features tunefleet-tests/full

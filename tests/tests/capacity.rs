@@ -229,6 +229,7 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
 /// the coordinator's status topic to the coordinator:
 /// `strangers_members_and_operators_reach_only_what_they_were_granted`).
 #[test]
+#[cfg_attr(not(feature = "full"), ignore = "needs Mosquitto: the full tier (scripts/test.sh)")]
 fn regression_an_overwritten_retained_status_is_put_back_at_once() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("s.db");

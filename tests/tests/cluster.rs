@@ -20,6 +20,10 @@
 //! study primes that topic on the agents' node before the coordinator starts
 //! (docs/CLUSTER-BROKER.md).
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -7,6 +7,10 @@
 //! `aarch64-unknown-linux-musl` and `systemd-analyze`: `scripts/test.sh`
 //! installs them and builds the aarch64 agent before the tests run.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -4,6 +4,10 @@
 //! every result is stored once. The state directory is a real tmpfs of
 //! 1 MiB, filled by the test (mounting needs root, as CI runs).
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;

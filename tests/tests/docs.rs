@@ -35,6 +35,10 @@
 //! clone, build: cargo built these binaries) and 4 (a second machine), and
 //! the fixes in TROUBLESHOOTING.md that need root, systemd or another machine.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};

@@ -4,6 +4,10 @@
 //! port the OS chose, with its own storage directory, stops it, restarts it, and
 //! checks that every point arrived once with the value the store holds.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::process::Command;
 use std::time::Duration;
 

@@ -3,6 +3,10 @@
 //! CPU; the coordinator finds it overloaded and moves its trial, or takes a
 //! disturbed measurement again elsewhere.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};

@@ -3,6 +3,10 @@
 //! `agents --json` give; a screenshot kept as an artifact; beyond loopback
 //! only with a token.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,6 +4,10 @@
 //! agent changes the workload's thread count between epochs over the
 //! control channel, and keeps the faster configuration.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -7,6 +7,10 @@
 //! the platform provides is the test's: the broker's address, the secrets'
 //! values, the container's /tmp.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

@@ -4,6 +4,10 @@
 //! it with no console message, finds every chart, and takes a screenshot
 //! kept as a test artifact.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;

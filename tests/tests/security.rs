@@ -3,6 +3,10 @@
 //! topic while a study runs. Certificates come from scripts/fleet-certs.sh,
 //! the same script the docs give users.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -6,6 +6,10 @@
 //! queue that does not move is reported and not answered with more jobs.
 //! Root only (slurmd runs the jobs as their user): skipped otherwise.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -10,6 +10,10 @@
 //! refused at check, with the reason (executor settings are read when
 //! spark-submit starts).
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};

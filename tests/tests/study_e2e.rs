@@ -2,6 +2,10 @@
 //! the OS chose, or Debian's mosquitto), agent processes, the real training
 //! workload, and the SQLite store read back with plain SQL.
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -9,6 +9,10 @@
 //! drains). Root only (CI runs as root); needs systemd-container
 //! (`scripts/needs.sh systemd-nspawn`).
 
+// The full tier: this file needs installs (scripts/needs.sh) or minutes;
+// `cargo test --workspace` leaves it out, scripts/test.sh runs it.
+#![cfg(feature = "full")]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
