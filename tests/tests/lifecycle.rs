@@ -241,3 +241,54 @@ fn last_seen_follows_what_a_busy_agent_says() {
     assert!(coord.wait_exit(Duration::from_secs(60)).success());
     assert_agents_spools_empty(&[&name]);
 }
+
+/// A study over `x` in [`low`, `high`] scoring `-(x - 0.3)^2`, with `strategy`
+/// and `extra` lines (a `[warm_start]`).
+fn parabola(dir: &Path, name: &str, strategy: &str, low: f64, high: f64, trials: u32, extra: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    // TOML literal strings: awk reads the backslashes; `{{` is a literal brace to the template.
+    let command = r#"command = ['awk', '-v', 'x={x}', 'BEGIN {{ printf "{{\"event\":\"final\",\"v\":%f}}\n", -(x - 0.3) ^ 2 }}']"#;
+    let text = format!(
+        "name = \"{name}\"\n{command}\ntimeout = 30\n[objective]\nmetric = \"v\"\ndirection = \"maximize\"\n\
+         [budget]\ntrials = {trials}\n[strategy]\n{strategy}\n{extra}\n[hyper.x]\nkind = \"float\"\nlow = {low:?}\nhigh = {high:?}\n"
+    );
+    std::fs::write(&p, text).expect("study");
+    p
+}
+
+/// Before, a study whose range had to change could only start again cold.
+/// Now `[warm_start]` tells its search the earlier study's results that lie
+/// in its space: its first ask is near the earlier best where the same
+/// study started cold asks elsewhere.
+#[test]
+fn a_study_with_a_narrowed_range_starts_warm_from_the_earlier_results() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let first = parabola(dir.path(), "first", "kind = \"random\"\nseed = 1", 0.0, 1.0, 16, "");
+    let (code, out, log) = run_study(dir.path(), &first, &store, "warm-1");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    let inside: Vec<i64> = query(
+        &store,
+        "SELECT COUNT(*) FROM trials WHERE study = 'first' AND json_extract(params, '$.x') BETWEEN 0.1 AND 0.6",
+        |r| r.get(0),
+    );
+    let gp = "kind = \"gp\"\nseed = 3";
+    let warm = parabola(dir.path(), "warm", gp, 0.1, 0.6, 1, "[warm_start]\nstudies = [\"first\"]");
+    let (code, out, log) = run_study(dir.path(), &warm, &store, "warm-2");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    assert!(log.contains(&format!("told={}", inside[0])), "the results inside the new range told: {log}");
+    let cold = parabola(dir.path(), "cold", gp, 0.1, 0.6, 1, "");
+    let (code, out, log) = run_study(dir.path(), &cold, &store, "warm-3");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    let x0 = |study: &str| -> f64 {
+        let v: Vec<f64> = query(
+            &store,
+            &format!("SELECT json_extract(params, '$.x') FROM trials WHERE study = '{study}' AND trial = 0"),
+            |r| r.get(0),
+        );
+        v[0]
+    };
+    let (w, c) = (x0("warm"), x0("cold"));
+    assert!((w - 0.3).abs() < 0.08, "the warm study's first trial, x = {w}, is near the earlier best 0.3");
+    assert!((w - c).abs() > 1e-9, "the cold one's first, x = {c}, is another");
+}

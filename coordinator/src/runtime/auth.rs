@@ -96,6 +96,11 @@ pub enum HelloRefusal {
          tunefleet agents trust {agent} {got}, and this coordinator's --store)"
     )]
     KeyChanged { agent: String, got: String, pinned: String },
+    #[error(
+        "agent {agent:?} is online with its pinned key; another machine (key {got}) tried to join under its \
+         name: give each agent its own --name"
+    )]
+    NameInUse { agent: String, got: String },
     #[error("the coordinator already pins {max} agents (--max-agents): new agent {agent:?} refused")]
     TooManyAgents { agent: String, max: u64 },
 }
@@ -109,7 +114,7 @@ impl HelloRefusal {
         match self {
             HelloRefusal::NotEnrolled { .. } => Some(RefusalKind::NotEnrolled),
             HelloRefusal::BadToken { kind, .. } => Some(*kind),
-            HelloRefusal::KeyChanged { .. } => Some(RefusalKind::NameTaken),
+            HelloRefusal::KeyChanged { .. } | HelloRefusal::NameInUse { .. } => Some(RefusalKind::NameTaken),
             HelloRefusal::TooManyAgents { .. } => Some(RefusalKind::FleetFull),
             HelloRefusal::Invalid(_) => Some(RefusalKind::Invalid),
             HelloRefusal::RateLimited(_)
@@ -227,8 +232,12 @@ pub struct Sessions {
     fresh_pace: HelloPace,
     /// When each agent was last told its session is stale.
     stale_sent: HashMap<String, Instant>,
-    /// When each name was last told why its Hello was refused.
-    refused_sent: HashMap<String, Instant>,
+    /// When each name and key was last told why its Hello was refused:
+    /// another key's Hellos under a name never use up its holder's.
+    refused_sent: HashMap<(String, auth::PublicKey), Instant>,
+    /// When each live agent was last told that another machine tried its
+    /// name: at most one a minute, apart from every other notice's budget.
+    holder_told: HashMap<String, Instant>,
     /// Budget of stale-session notices (each costs a signature).
     stale_budget: Bucket,
     /// Bound on pinned agents.
@@ -275,6 +284,7 @@ impl Sessions {
             fresh_pace: HelloPace::fresh(),
             stale_sent: HashMap::new(),
             refused_sent: HashMap::new(),
+            holder_told: HashMap::new(),
             stale_budget: Bucket { level: STALE_BURST, at: Instant::now() },
             max_agents: DEFAULT_MAX_AGENTS,
             max_slots: DEFAULT_MAX_SLOTS,
@@ -349,6 +359,10 @@ impl Sessions {
             Some(k) if k == hello.key => Admission::Known,
             Some(_) if rekeys(agent, hello, known, token, now_ms) => {
                 Admission::Rekey(hello.enrol.as_ref().map_or([0; 32], |e| e.token))
+            }
+            // Its holder is online: this is another machine, not the agent re-installed.
+            Some(_) if self.live.contains_key(agent) => {
+                return Err(HelloRefusal::NameInUse { agent: agent.to_string(), got: auth::hex(&hello.key) })
             }
             Some(k) => {
                 return Err(HelloRefusal::KeyChanged {
@@ -490,7 +504,8 @@ impl Sessions {
     ) -> Option<Vec<u8>> {
         let kind = refusal.kind()?;
         let agent = hello.info.agent.as_str();
-        if self.refused_sent.get(agent).is_some_and(|at| now.saturating_duration_since(*at) < STALE_EVERY) {
+        let told = (agent.to_string(), hello.key);
+        if self.refused_sent.get(&told).is_some_and(|at| now.saturating_duration_since(*at) < STALE_EVERY) {
             return None;
         }
         if !self.stale_budget.take(now, STALE_RATE, STALE_BURST) {
@@ -500,7 +515,7 @@ impl Sessions {
         if self.refused_sent.len() >= 100_000 {
             self.refused_sent.retain(|_, at| now.saturating_duration_since(*at) < STALE_EVERY);
         }
-        self.refused_sent.insert(agent.to_string(), now);
+        self.refused_sent.insert(told, now);
         let notice = auth::HelloRefused {
             agent: agent.to_string(),
             hello: auth::sha256(&[&signed.body]),
@@ -510,6 +525,22 @@ impl Sessions {
         };
         let signed = auth::sign_refused(&self.identity, &notice).ok()?;
         encode(&tunefleet_common::auth::DownFrame::Refused(signed)).ok()
+    }
+
+    /// Whether `agent`, live, may be told now that another machine tried its
+    /// name (one a minute each; a bounded table).
+    pub fn tell_holder(&mut self, agent: &str, now: Instant) -> bool {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+        if !self.live.contains_key(agent)
+            || self.holder_told.get(agent).is_some_and(|at| now.saturating_duration_since(*at) < EVERY)
+        {
+            return false;
+        }
+        if self.holder_told.len() >= 100_000 {
+            self.holder_told.retain(|_, at| now.saturating_duration_since(*at) < EVERY);
+        }
+        self.holder_told.insert(agent.to_string(), now);
+        true
     }
 
     /// Opens a sealed frame from `agent` that came on a `kind` topic.
@@ -754,7 +785,13 @@ mod tests {
         assert_eq!((told.agent.as_str(), told.kind, told.key), ("a", RefusalKind::NotEnrolled, agent.public()));
         assert_eq!(told.hello, auth::sha256(&[&signed.body]), "it names the Hello it answers");
         assert!(told.message.contains("tunefleet token create"), "{}", told.message);
-        assert_eq!(s.refusal_notice(&hello, &signed, &refusal, now), None, "one per name every 2 s");
+        assert_eq!(s.refusal_notice(&hello, &signed, &refusal, now), None, "one per name and key every 2 s");
+        // Another key's Hellos under the name are told apart: they use up nothing of the first's.
+        let other = Identity::generate().expect("key").0;
+        let signed2 = hello_of(&other, "a", 1, 1, None);
+        let hello2 = s.peek_hello("a", &signed2).expect("peek");
+        let r2 = s.admit("a", &hello2, &Known::default(), None, now, 0).expect_err("not enrolled");
+        assert!(s.refusal_notice(&hello2, &signed2, &r2, now).is_some(), "another key under the name");
         // A Hello whose signature does not hold is told nothing.
         let forged = Signed { signature: vec![0; 64], ..hello_of(&agent, "b", 1, 1, None) };
         let fh = s.peek_hello("b", &forged).expect("peek");

@@ -44,6 +44,7 @@ pub mod gp;
 mod linalg;
 mod sampler;
 pub mod tpe;
+pub mod warm;
 
 pub use depth::AskDepth;
 pub use draw::sample;
@@ -584,6 +585,24 @@ high = 2
 
     fn f(v: &ParamValue) -> f64 {
         v.as_f64().expect("numeric")
+    }
+
+    #[test]
+    fn a_warm_started_search_asks_near_the_best_it_was_told_where_a_cold_one_draws() {
+        // `a` minimises (x - 0.3)^2 on [0, 1]: twelve earlier results, spread.
+        let space = "[hyper.a]\nkind = \"float\"\nlow = 0.0\nhigh = 1.0\n";
+        let s = study(space, "kind = \"gp\"\nseed = 7", 20, 1);
+        let first = |search: &mut Search| f(&search.next_trials().expect("a trial")[0].params["a"]);
+        let cold = first(&mut Search::new(&s));
+        let mut warm = Search::new(&s);
+        for i in 0..12u64 {
+            let x = (i as f64 + 0.5) / 12.0;
+            let params: Params = [("a".to_string(), ParamValue::Float(x))].into();
+            warm.tell(warm::WARM_ID_BASE + i, &params, (x - 0.3).powi(2), &[]);
+        }
+        let warm = first(&mut warm);
+        assert!((warm - 0.3).abs() < 0.08, "the warm search's first ask, {warm}, is near 0.3");
+        assert!((cold - warm).abs() > 1e-9, "a cold one with the same seed draws another ({cold})");
     }
 
     #[test]

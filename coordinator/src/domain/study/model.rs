@@ -405,6 +405,10 @@ pub struct Study {
     /// (but the one that runs the trial) measure their machines over each
     /// trial ([`crate::domain::comeasure`]); `None`: only the trial's agent.
     pub measure_nodes: Option<BTreeMap<String, String>>,
+    /// `[warm_start] studies`: studies in the same store whose results (of
+    /// the same objective, inside this study's space) its search is told
+    /// before its first ask (tpe and gp).
+    pub warm_start: Vec<String>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.

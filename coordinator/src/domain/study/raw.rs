@@ -34,6 +34,13 @@ pub(super) struct RawStudy {
     pub(super) reuse: Option<Spanned<RawReuse>>,
     pub(super) group: Option<Vec<Spanned<RawGroup>>>,
     pub(super) measure: Option<RawMeasure>,
+    pub(super) warm_start: Option<Spanned<RawWarmStart>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawWarmStart {
+    pub(super) studies: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

@@ -79,6 +79,7 @@ impl FileCheck<'_> {
             })?),
         };
         let strategy = self.strategy(&raw.strategy)?;
+        let warm_start = self.warm_start(raw.warm_start.as_ref(), name, strategy)?;
         let selector = match raw.selector {
             None => Selector::default(),
             Some(s) => self.selector(s, "selector")?,
@@ -137,6 +138,7 @@ impl FileCheck<'_> {
             reuse,
             groups,
             measure_nodes: raw.measure.and_then(|m| m.nodes).map(|n| n.tags),
+            warm_start,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
@@ -234,6 +236,32 @@ impl FileCheck<'_> {
             RawStrategyKind::Tpe => Strategy::Tpe { seed },
             RawStrategyKind::Gp => Strategy::Gp { seed },
         })
+    }
+
+    /// `[warm_start] studies`: valid study names, not the study's own, for
+    /// a strategy that learns from results.
+    fn warm_start(
+        &self,
+        raw: Option<&Spanned<RawWarmStart>>,
+        name: &str,
+        strategy: Strategy,
+    ) -> Result<Vec<String>, StudyError> {
+        let Some(raw) = raw else { return Ok(Vec::new()) };
+        if !strategy.learns_from_results() {
+            return Err(self.at(raw.span(), "warm_start: only the tpe and gp strategies learn from earlier results"));
+        }
+        let mut out = Vec::new();
+        for s in &raw.get_ref().studies {
+            let other = s.get_ref();
+            if !valid_study_name(other) || other == name {
+                let why = if other == name { "is this study" } else { "is no valid study name" };
+                return Err(self.at(s.span(), format!("warm_start.studies: {other:?} {why}")));
+            }
+            if !out.contains(other) {
+                out.push(other.clone());
+            }
+        }
+        Ok(out)
     }
 
     /// `[[group]]`: each a study of its own (`NAME-GROUP`), with the study's

@@ -230,6 +230,7 @@ impl Core {
                 values.push((row.trial, value, agent));
             }
         }
+        warm_start(&self.store, &study, &mut search)?;
         let policy = StudyPolicy {
             name: study.name.clone(),
             id,
@@ -536,6 +537,35 @@ fn say_why_waiting(sched: &Scheduler, studies: &mut HashMap<String, ActiveStudy>
             active.waits = why;
         }
     }
+}
+
+/// Tells `search` the results of the studies `study` warm-starts from
+/// (`[warm_start]`): those of the same objective, each inside its space.
+fn warm_start(store: &crate::store::Store, study: &Study, search: &mut Search) -> Result<(), EngineError> {
+    use crate::domain::search::warm::{in_space, WARM_ID_BASE};
+    let space = study.searched();
+    let mut told = 0u64;
+    for name in &study.warm_start {
+        let Some(other) = store.stored_study(name)? else {
+            tracing::warn!(study = %study.name, from = %name, "warm start: no such study in the store");
+            continue;
+        };
+        if (&other.objective.metric, other.objective.direction) != (&study.objective.metric, study.objective.direction)
+        {
+            tracing::warn!(study = %study.name, from = %name, "warm start: another objective, nothing told");
+            continue;
+        }
+        for row in store.trials(name)? {
+            let (Some(value), Some(params)) = (row.objective, in_space(&space, &row.params)) else { continue };
+            let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
+            search.tell(WARM_ID_BASE + told, &params, value, &also);
+            told += 1;
+        }
+    }
+    if !study.warm_start.is_empty() {
+        tracing::info!(study = %study.name, told, from = ?study.warm_start, "warm start: earlier results told to the search");
+    }
+    Ok(())
 }
 
 /// The embedded broker's counters now, as JSON (`None` without one): what

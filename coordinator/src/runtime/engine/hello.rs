@@ -126,22 +126,24 @@ fn refuse(cx: &mut Ctx<'_, '_>, agent: &str, signed: &Signed, e: HelloRefusal, h
     if loud(cx.stats.refused_hellos) {
         tracing::error!(agent = %agent, refused = cx.stats.refused_hellos, "Hello refused: {e}");
     }
-    // The agent hears why, signed, where it can act on it; and the agent
-    // that holds the name, when another machine tried to take it.
+    // The agent hears why, signed, where it can act on it (per name and
+    // key: another key's Hellos never use up the holder's notices).
     if let Some(notice) = hello.and_then(|h| cx.sessions.refusal_notice(h, signed, &e, cx.now.instant)) {
         cx.welcomes.push((agent.to_string(), notice));
         // Kept for the live page (bounded, at the notices' own rate).
         if let Err(err) = cx.batch.record_refusal(agent, &e.to_string(), now) {
             tracing::warn!(agent = %agent, error = %err, "cannot record a refused Hello");
         }
-        if let HelloRefusal::KeyChanged { got, .. } = &e {
-            if cx.sessions.is_live(agent) {
-                let text = format!(
-                    "another machine tried to join under this agent's name {agent:?} with key {got} and was \
-                     refused: give each agent its own --name"
-                );
-                cx.out.push((agent.to_string(), tunefleet_common::message::CoordinatorMessage::Notice(text)));
-            }
+    }
+    // The agent that holds the name hears that another machine tried it,
+    // on a budget of its own (one a minute).
+    if let HelloRefusal::NameInUse { got, .. } = &e {
+        if cx.sessions.tell_holder(agent, cx.now.instant) {
+            let text = format!(
+                "another machine tried to join under this agent's name {agent:?} with key {got} and was refused: \
+                 give each agent its own --name"
+            );
+            cx.out.push((agent.to_string(), tunefleet_common::message::CoordinatorMessage::Notice(text)));
         }
     }
 }
