@@ -33,6 +33,10 @@
 #                        Java (the Spark test runs a standalone master and worker
 #                        from it); installed with pip from PyPI, with Debian's
 #                        python3-venv and OpenJDK 17
+#   optuna               a virtual environment ($OPTUNA_VENV, default target/optuna-venv
+#                        of the repository) whose python imports Optuna 5 and opens
+#                        a journal file (the Optuna export test loads one); pip from
+#                        PyPI, with Debian's python3-venv
 #   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
 #                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
 #                        which the kernel hands to qemu through binfmt_misc (the
@@ -50,6 +54,8 @@
 
 # The Spark test's virtual environment.
 needs_spark_venv=${SPARK_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/spark-venv}
+# The Optuna export test's (and the Optuna comparisons').
+needs_optuna_venv=${OPTUNA_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/optuna-venv}
 
 needs_as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
@@ -111,6 +117,19 @@ needs_check() {
       [ $status = 0 ] && [ -s "$dir/munge.key" ] || status=1
       rm -rf "$dir"
       return $status
+      ;;
+    optuna)
+      dir=$(mktemp -d)
+      needs_output=$("$needs_optuna_venv/bin/python" -c '
+import sys, optuna
+from optuna.storages import JournalStorage
+from optuna.storages.journal import JournalFileBackend
+assert optuna.__version__.startswith("5."), optuna.__version__
+s = optuna.create_study(study_name="probe", storage=JournalStorage(JournalFileBackend(sys.argv[1])))
+s.add_trial(optuna.trial.create_trial(value=1.0))
+print("optuna", optuna.__version__, len(s.trials))' "$dir/probe.log" 2>&1) || status=$?
+      rm -rf "$dir"
+      [ $status = 0 ] && grep -q ' 1$' <<<"$needs_output"
       ;;
     spark)
       needs_output=$("$needs_spark_venv/bin/python" -c 'import numpy, pyspark; print("pyspark", pyspark.__version__)' 2>&1 \
@@ -193,6 +212,7 @@ needs_packages() {
     slurm) echo slurmctld slurmd slurm-client munge ;;
     man) echo man-db groff-base ;;
     spark) echo python3-venv openjdk-17-jre-headless ;;
+    optuna) echo python3-venv ;;
     chromium) echo chromium ;;
     cc:*)
       var=CC_${1#cc:}
@@ -269,6 +289,11 @@ needs() {
       echo "needs: pip install pyspark==4.3.0 numpy into $needs_spark_venv" >&2
       { python3 -m venv "$needs_spark_venv" \
         && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark==4.3.0 numpy; } >&2 || true
+    fi
+    if [ "$need" = optuna ]; then
+      echo "needs: pip install 'optuna>=5,<6' into $needs_optuna_venv" >&2
+      { python3 -m venv "$needs_optuna_venv" \
+        && "$needs_optuna_venv/bin/pip" install --quiet --disable-pip-version-check 'optuna>=5,<6'; } >&2 || true
     fi
     if ! needs_check "$need"; then
       echo "needs: $need still fails its check${needs_output:+: $needs_output}" >&2

@@ -191,7 +191,7 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
         ("revoked", vec!["--join", &revoked], "was revoked", true),
         ("used up", vec!["--join", &once], "has no uses left", true),
         // Another machine under a name that is taken (its own key).
-        ("name taken", vec!["--join", &fleet_token], "another machine may use the name", false),
+        ("name taken", vec!["--join", &fleet_token], "give each agent its own --name", false),
     ];
     for (i, (what, args, says, stops)) in cases.iter().enumerate() {
         let name = if *what == "name taken" { format!("{root}-one") } else { format!("{root}-r{i}") };

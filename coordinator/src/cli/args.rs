@@ -303,6 +303,9 @@ pub struct KeyArg {
 pub enum Format {
     Csv,
     Json,
+    /// An Optuna journal file: `optuna.load_study(storage=JournalStorage(JournalFileBackend(FILE)))`
+    /// and optuna-dashboard open it.
+    Optuna,
 }
 
 #[derive(Debug, Args)]

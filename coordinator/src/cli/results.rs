@@ -189,6 +189,7 @@ pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>)
     let format = match format {
         Format::Csv => ExportFormat::Csv,
         Format::Json => ExportFormat::Json,
+        Format::Optuna => ExportFormat::Optuna,
     };
     match output {
         Some(path) => {

@@ -4,5 +4,6 @@
 
 pub mod best;
 pub mod export;
+pub mod optuna;
 pub mod profiles;
 pub mod status;

@@ -41,6 +41,7 @@
 mod class;
 mod data;
 mod html;
+pub use html::utc;
 pub mod live;
 mod sample;
 mod svg;

@@ -81,6 +81,32 @@ pub struct ExportRow {
     pub rank: Option<(u64, f64, u32)>,
 }
 
+/// When each attempt was assigned and ended (Unix ms), by (trial, attempt).
+pub type AttemptTimes = std::collections::HashMap<(u64, u32), (u64, Option<u64>)>;
+
+impl Store {
+    /// When each attempt of `study` was assigned and ended.
+    pub fn attempt_times(&self, study: &str) -> Result<AttemptTimes> {
+        let context = || format!("reading the attempt times of {study}");
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT trial, attempt, assigned_ms, ended_ms FROM attempts WHERE study = ?1")
+            .ctx(context)?;
+        let rows = stmt
+            .query_map([study], |r| {
+                let n = |v: i64| u64::try_from(v).unwrap_or(0);
+                Ok((
+                    (n(r.get(0)?), u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0)),
+                    (n(r.get(2)?), r.get::<_, Option<i64>>(3)?.map(n)),
+                ))
+            })
+            .ctx(context)?
+            .collect::<rusqlite::Result<_>>()
+            .ctx(context)?;
+        Ok(rows)
+    }
+}
+
 impl ExportRow {
     /// Its accepted result's energy as stored; none without a result.
     pub fn energy(&self) -> EnergyFigure {

@@ -49,7 +49,7 @@ mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenState};
-pub use export::ExportRow;
+pub use export::{AttemptTimes, ExportRow};
 pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
