@@ -89,9 +89,40 @@ pub fn dump_dom_url(url: &str, timeout: Duration) -> Run {
     run_url(url, &["--enable-logging=stderr".into(), "--v=0".into(), "--dump-dom".into()], timeout)
 }
 
+/// Loads `page` and prints its DOM once its scripts ran `virtual_ms` of
+/// virtual time (Chromium's `--virtual-time-budget`: timers fire at once).
+pub fn dump_dom_after(page: &Path, virtual_ms: u64, timeout: Duration) -> Run {
+    let args = [
+        "--enable-logging=stderr".to_string(),
+        "--v=0".to_string(),
+        format!("--virtual-time-budget={virtual_ms}"),
+        "--dump-dom".to_string(),
+    ];
+    run_url(&file_url(page), &args, timeout)
+}
+
 /// Loads `page` in a `width` x `height` window and saves a PNG of it at `png`.
 pub fn screenshot(page: &Path, png: &Path, size: (u32, u32), timeout: Duration) -> Run {
     screenshot_url(&file_url(page), png, size, timeout)
+}
+
+/// [`screenshot`] once its scripts ran `virtual_ms` of virtual time.
+pub fn screenshot_after(
+    page: &Path,
+    png: &Path,
+    (width, height): (u32, u32),
+    virtual_ms: u64,
+    timeout: Duration,
+) -> Run {
+    let args = [
+        "--enable-logging=stderr".to_string(),
+        "--v=0".to_string(),
+        "--hide-scrollbars".to_string(),
+        format!("--virtual-time-budget={virtual_ms}"),
+        format!("--window-size={width},{height}"),
+        format!("--screenshot={}", png.display()),
+    ];
+    run_url(&file_url(page), &args, timeout)
 }
 
 /// Loads `url` in a `width` x `height` window and saves a PNG of it at `png`.

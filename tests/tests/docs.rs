@@ -1172,6 +1172,7 @@ fn parser_keys(minimal: &str) -> Vec<(String, BTreeSet<String>)> {
             "stability" => format!("{minimal}[stability]\nspread = 0.1\n{unknown}"),
             "group" => format!("{minimal}[[group]]\nname = \"g\"\n{unknown}"),
             "measure" => format!("{minimal}[measure]\n{unknown}"),
+            "warm_start" => format!("{minimal}[warm_start]\n{unknown}"),
             other => panic!("the parser takes a new table `{other}`: document it in {STUDY} and add it here"),
         };
         out.push((key.clone(), accepted_keys(&probe)));

@@ -149,8 +149,24 @@ fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
     assert!(bytes.len() > 10_000, "a page of tables, not a blank one: {} bytes", bytes.len());
     eprintln!("live page screenshot: {} ({} bytes)", png.display(), bytes.len());
 
+    // The page as a browser holds it, then the service stops: the page
+    // says so, with the time of its last update, instead of going on
+    // showing the fleet as it was (before, the failed fetch was swallowed).
+    let (code, held) = get(&addr, "/");
+    assert_eq!(code, 200);
+    assert!(held.contains("id=\"updated\""), "a last-updated time");
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
+    let page = dir.path().join("held.html");
+    std::fs::write(&page, &held).expect("page");
+    let dom = chromium::dump_dom_after(&page, 5_000, Duration::from_secs(60));
+    assert!(dom.success, "chromium failed:\n{}", dom.stderr);
+    let at = dom.stdout.find("id=\"stale\"").expect("the banner");
+    let banner = &dom.stdout[at..at + dom.stdout[at..].find("</p>").expect("banner end")];
+    assert!(!banner.contains("hidden") && banner.contains("Not updated since"), "{banner}");
+    let png = artifacts().join("live-page-stale.png");
+    let shot = chromium::screenshot_after(&page, &png, (1280, 600), 5_000, Duration::from_secs(60));
+    assert!(shot.success, "chromium failed:\n{}", shot.stderr);
     assert_agents_spools_empty(&agents);
 }
 

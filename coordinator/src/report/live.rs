@@ -150,14 +150,25 @@ pub fn page_html(data: &LiveData, query: &str) -> String {
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tunefleet: fleet and studies</title>\
          <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}table{{border-collapse:collapse;\
          margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.n{{text-align:right}}\
-         .online{{color:#1a7f37}}.offline{{color:#999}}.small{{color:#666;font-size:12px}}</style></head><body>\
-         <h1>Tunefleet</h1><p class=\"small\">Read only; updates every 2 s. The same figures as \
+         .online{{color:#1a7f37}}.offline{{color:#999}}.small{{color:#666;font-size:12px}}\
+         .stale{{background:#fde8e8;border:1px solid #d33;color:#a00;padding:6px 10px}}</style></head><body>\
+         <h1>Tunefleet</h1><p class=\"small\">Read only; updates every 2 s; last updated \
+         <span id=\"updated\">{}</span>. The same figures as \
          <code>tunefleet status --json</code> and <code>tunefleet agents --json</code> \
-         (<a href=\"/status.json{query}\">status.json</a>).</p>{}\
-         <script>setInterval(function(){{fetch(location.pathname+'main'+location.search).then(function(r){{\
-         return r.ok?r.text():null}}).then(function(t){{if(t){{document.getElementById('live').outerHTML=t}}}})\
-         .catch(function(){{}})}},2000);</script></body></html>",
-        main_html(data, query)
+         (<a href=\"/status.json{query}\">status.json</a>).</p>\
+         <p id=\"stale\" class=\"stale\" hidden></p>{}\
+         <script>var seen=new Date({at});function stale(on){{var b=document.getElementById('stale');b.hidden=!on;\
+         if(on){{b.textContent='Not updated since '+seen.toISOString().slice(0,19).replace('T',' ')+\
+         ' UTC: the coordinator does not answer (it stopped, or is out of reach); what follows is as it was \
+         then.'}}}}\
+         setInterval(function(){{fetch(location.pathname+'main'+location.search).then(function(r){{\
+         if(!r.ok){{throw r.status}}return r.text()}}).then(function(t){{document.getElementById('live').outerHTML=t;\
+         seen=new Date();document.getElementById('updated').textContent=\
+         seen.toISOString().slice(0,19).replace('T',' ')+' UTC';stale(false)}}).catch(function(){{stale(true)}})}},\
+         2000);</script></body></html>",
+        super::utc(data.at_ms),
+        main_html(data, query),
+        at = data.at_ms,
     )
 }
 
