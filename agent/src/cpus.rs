@@ -10,6 +10,20 @@ use rustix::thread::{sched_getaffinity, sched_setaffinity, CpuSet};
 
 use crate::live::{self, LiveError};
 
+/// The CPUs the agent may use: `given` (`--cpus`), warning when this
+/// process is not confined to them, or every CPU it may use.
+pub fn agent_cpus(given: Option<&Vec<u32>>) -> Vec<u32> {
+    match given {
+        Some(set) => {
+            if !allowed_cpus().iter().all(|c| set.contains(c)) {
+                tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
+            }
+            set.clone()
+        }
+        None => allowed_cpus(),
+    }
+}
+
 /// The CPUs of a `--cpus` list that the agent may not use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{} not among those this process may use ({})", cpus_are(.outside), live::format_cpu_list(.allowed))]

@@ -31,6 +31,21 @@ pub(crate) struct Refused {
     pub(crate) notices: u64,
 }
 
+impl Refused {
+    /// The coordinator refused a Hello of this agent (`kind`), saying `message`.
+    fn told(&mut self, kind: tunefleet_common::auth::RefusalKind, message: String) {
+        self.hello = Some(kind);
+        self.last_refusal = Some(message);
+    }
+
+    /// Why this agent was never admitted: what the coordinator said last, if anything.
+    pub(crate) fn why_never_admitted(&mut self) -> String {
+        self.last_refusal
+            .take()
+            .unwrap_or_else(|| "no coordinator welcomed this agent before --exit-when-idle ran out".into())
+    }
+}
+
 /// Logs the first ten of a kind of refusal, then at powers of two.
 pub(crate) fn loud(n: u64) -> bool {
     n <= 10 || n.is_power_of_two()
@@ -71,8 +86,7 @@ pub(crate) fn on_inbound(
                     } else if refused.hello != Some(notice.kind) {
                         tracing::warn!(reason = ?notice.kind, "the coordinator refused this agent for now (asking again): {}", notice.message);
                     }
-                    refused.hello = Some(notice.kind);
-                    refused.last_refusal = Some(notice.message);
+                    refused.told(notice.kind, notice.message);
                 }
                 Ok(None) => {}
                 Err(e) => {

@@ -425,7 +425,7 @@ impl<'c> Agent<'c> {
         let instance = tunefleet_common::auth::next_instance(
             config.state_dir.as_ref().map(|d| d.join(auth::INSTANCE_FILE)).as_deref(),
         )?;
-        let cpus = agent_cpus(config);
+        let cpus = cpus::agent_cpus(config.cpus.as_ref());
         let selection = energy::select(&config.energy_roots, config.energy_model);
         // The GPUs it gives trials (none where NVML is absent or not built in).
         let gpus = energy::gpu::probe(config.energy_roots.nvml_lib.as_deref()).devices();
@@ -442,14 +442,11 @@ impl<'c> Agent<'c> {
         tracing::info!(agent = %config.name, instance, slots = config.slots, gpus = info.gpus.len(), counters = ?info.counters, "agent starting");
         let trials = foreign::TrialRegistry::default();
         let runner = runner_config(config, wrapper, &selection, &cpus, &info.gpus, trials.clone());
-        let telemetry = telemetry::TelemetrySampler::new(
-            std::path::Path::new("/proc"),
-            selection.source.as_ref(),
-            config.energy_model,
-        )
-        .with_cpus(cpus.clone())
-        .with_trials(trials)
-        .with_conditions(conditions::ConditionsReader::new(config.conditions.clone()));
+        let proc_root = std::path::Path::new("/proc");
+        let telemetry = telemetry::TelemetrySampler::new(proc_root, selection.source.as_ref(), config.energy_model)
+            .with_cpus(cpus.clone())
+            .with_trials(trials)
+            .with_conditions(conditions::ConditionsReader::new(config.conditions.clone()));
         let conditions_gate = conditions::Gate::new(conditions::Policy {
             min_battery: config.conditions.min_battery,
             battery_energy: selection.source.kind() == tunefleet_common::measurement::EnergySourceKind::Battery,
@@ -596,10 +593,7 @@ impl<'c> Agent<'c> {
                     tracing::info!("idle for the --exit-when-idle period");
                     // A job that never got in failed: its exit status says so.
                     if !self.exec.auth.ever_welcomed() {
-                        let why = self.refused.last_refusal.take();
-                        return Err(AgentError::Refused(why.unwrap_or_else(|| {
-                            "no coordinator welcomed this agent before --exit-when-idle ran out".into()
-                        })));
+                        return Err(AgentError::Refused(self.refused.why_never_admitted()));
                     }
                     return Ok(());
                 }
@@ -733,20 +727,6 @@ impl<'c> Agent<'c> {
         if self.exec.transport.is_connected() {
             self.exec.publish(&AgentMessage::Telemetry(sample));
         }
-    }
-}
-
-/// The CPUs the agent may use: `--cpus`, warning when this process is not
-/// confined to them, or every CPU it may use.
-fn agent_cpus(config: &AgentConfig) -> Vec<u32> {
-    match &config.cpus {
-        Some(set) => {
-            if !cpus::allowed_cpus().iter().all(|c| set.contains(c)) {
-                tracing::warn!(cpus = %live::format_cpu_list(set), "this process is not confined to its CPUs: its unpinned trials may run outside them");
-            }
-            set.clone()
-        }
-        None => cpus::allowed_cpus(),
     }
 }
 

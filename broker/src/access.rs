@@ -36,13 +36,7 @@ impl LoginKind {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            LoginKind::Coordinator => "coordinator",
-            LoginKind::Agent => "agent",
-            LoginKind::Operator => "operator",
-            LoginKind::Stranger => "stranger",
-            LoginKind::Open => "open",
-        }
+        super::counters::KINDS[self.index()]
     }
 }
 

@@ -52,9 +52,12 @@ pub struct BrokerCounters {
     pub denied: AtomicU64,
     /// Strangers' publishes past their rate.
     pub rate_limited: AtomicU64,
-    /// Connections open now by kind of login ([`crate::LoginKind`] order).
+    /// Connections open now by kind of login ([`KINDS`] order, the order of `LoginKind`).
     pub by_kind: [AtomicU64; 5],
 }
+
+/// The kinds of login, in the order of [`BrokerCounters::by_kind`].
+pub const KINDS: [&str; 5] = ["coordinator", "agent", "operator", "stranger", "open"];
 
 impl BrokerCounters {
     /// Every counter and gauge: its name, what it counts, whether it is a
@@ -120,7 +123,7 @@ impl BrokerCounters {
 
     /// Connections open now by kind of login: (kind, count).
     pub fn by_kind(&self) -> Vec<(&'static str, u64)> {
-        crate::LoginKind::ALL.iter().map(|k| (k.as_str(), self.by_kind[*k as usize].load(Ordering::Relaxed))).collect()
+        KINDS.iter().zip(&self.by_kind).map(|(k, n)| (*k, n.load(Ordering::Relaxed))).collect()
     }
 
     /// The counters as Prometheus text, each named `tunefleet_broker_*`.

@@ -52,7 +52,7 @@ pub struct BrokerSettings {
     /// Which code serves it.
     pub engine: BrokerEngine,
     /// Decides logins and what each may do; `None`: every login may do everything.
-    pub gate: Option<Arc<dyn crate::Gatekeeper>>,
+    pub gate: Option<Arc<dyn super::access::Gatekeeper>>,
 }
 
 /// The embedded broker's TLS files (PEM).

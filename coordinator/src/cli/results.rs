@@ -186,10 +186,14 @@ pub fn report(path: &Path, study: &str, output: &Path, n: usize) -> Result<()> {
 /// `tunefleet export`: every trial of `study`, to `output` or stdout.
 pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>) -> Result<()> {
     let store = open_existing(path)?;
-    let format = match format {
-        Format::Csv => ExportFormat::Csv,
-        Format::Json => ExportFormat::Json,
-        Format::Optuna => ExportFormat::Optuna,
+    let write = |out: &mut dyn std::io::Write| -> Result<()> {
+        let mut out = out;
+        match format {
+            Format::Csv => export_study(&store, study, ExportFormat::Csv, &mut out)?,
+            Format::Json => export_study(&store, study, ExportFormat::Json, &mut out)?,
+            Format::Optuna => crate::query::optuna::export(&store, study, &mut out)?,
+        }
+        Ok(())
     };
     match output {
         Some(path) => {
@@ -202,9 +206,8 @@ pub fn export(path: &Path, study: &str, format: Format, output: Option<PathBuf>)
                 .mode(0o600)
                 .open(&path)
                 .map_err(CliError::file("creating", &path))?;
-            export_study(&store, study, format, &mut f)?;
+            write(&mut f)
         }
-        None => export_study(&store, study, format, &mut std::io::stdout().lock())?,
+        None => write(&mut std::io::stdout().lock()),
     }
-    Ok(())
 }

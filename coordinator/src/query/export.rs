@@ -14,9 +14,6 @@ pub enum ExportFormat {
     Csv,
     /// An array of objects, one per trial, with the full measurement.
     Json,
-    /// An Optuna journal ([`super::optuna`]): `optuna.load_study` and
-    /// optuna-dashboard open it.
-    Optuna,
 }
 
 /// Why an export failed.
@@ -62,7 +59,6 @@ pub fn export(store: &Store, study: &str, format: ExportFormat, out: &mut impl W
     match format {
         ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
         ExportFormat::Json => write_json(study, &rows, &nodes, out),
-        ExportFormat::Optuna => super::optuna::write(store, &super::optuna::stored(store, study)?, &rows, out),
     }
 }
 

@@ -188,9 +188,10 @@ fn trial_line(
     line
 }
 
-/// The study as the store keeps it, for [`write`].
-pub fn stored(store: &Store, name: &str) -> Result<Study, ExportError> {
-    store.stored_study(name)?.ok_or_else(|| StoreError::UnknownStudy(name.to_string()).into())
+/// Writes study `name` of `store` as an Optuna journal to `out`.
+pub fn export(store: &Store, name: &str, out: &mut impl Write) -> Result<(), ExportError> {
+    let study = store.stored_study(name)?.ok_or_else(|| StoreError::UnknownStudy(name.to_string()))?;
+    write(store, &study, &store.export_rows(name)?, out)
 }
 
 #[cfg(test)]
