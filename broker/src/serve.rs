@@ -734,33 +734,9 @@ async fn route(shared: &Arc<Shared>, mut p: Publish, from_coordinator: bool) {
     }
 }
 
-/// Runs one connection of a fresh, open broker with `bytes` as everything
-/// its client sends, reading what it answers, until the connection ends:
-/// the packet handling as a fuzz target drives it (`fuzz/`).
+/// The broker's packet handling as a fuzz target drives it (`fuzz/`).
 #[cfg(feature = "fuzzing")]
-pub fn fuzz_connection(bytes: &[u8]) {
-    use tokio::io::AsyncReadExt;
-    let Ok(runtime) = tokio::runtime::Builder::new_current_thread().enable_time().build() else { return };
-    runtime.block_on(async {
-        let shared = Shared::new(super::settings::MAX_PAYLOAD, false, STALL_FOR_FUZZING, 16);
-        let admit = Arc::new(Admission { users: None, internal: None, gate: None });
-        let (mut client, server) = tokio::io::duplex(256 * 1024);
-        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        let conn = tokio::spawn(connection(shared, server, addr, admit));
-        let (mut read, mut write) = tokio::io::split(&mut client);
-        let talk = async {
-            let _ = write.write_all(bytes).await;
-            let _ = write.shutdown().await;
-        };
-        let listen = async {
-            let mut sink = Vec::new();
-            let _ = read.read_to_end(&mut sink).await;
-        };
-        let _ = tokio::time::timeout(Duration::from_secs(2), async { tokio::join!(talk, listen) }).await;
-        let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
-    });
-}
-
-/// A subscriber's stall while fuzzing: short, so no input waits long.
+#[path = "fuzz.rs"]
+mod fuzz;
 #[cfg(feature = "fuzzing")]
-const STALL_FOR_FUZZING: Duration = Duration::from_millis(200);
+pub use fuzz::fuzz_connection;

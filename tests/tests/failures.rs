@@ -412,4 +412,9 @@ fn a_study_no_online_agent_can_run_says_what_each_lacks_within_10_s() {
     let line = said().lines().find(|l| l.contains("study waits")).map(str::to_string).unwrap_or_default();
     assert!(line.contains(&format!("{name} lacks arch riscv64 (it is {})", std::env::consts::ARCH)), "{line}");
     assert!(line.contains("1 GPU(s) a trial (it was granted 0)"), "{line}");
+    // `status` says it too, from the coordinator's heartbeat.
+    let s = store.to_str().expect("utf-8");
+    wait_for("status to say why the study waits", Duration::from_secs(10), || {
+        tunefleet(&["status", "--store", s]).1.contains("  waits: no online agent can run its trials")
+    });
 }

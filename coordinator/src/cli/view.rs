@@ -188,6 +188,9 @@ pub fn status(rows: &[StudyStatus]) -> String {
         if s.state == "interrupted" {
             let _ = writeln!(out, "  run the same command (or `tunefleet serve` on this store) to resume it");
         }
+        if let Some(why) = &s.waits {
+            let _ = writeln!(out, "  waits: {why}");
+        }
     }
     if let Some(b) = rows.first().and_then(|s| s.broker.as_ref()) {
         let n = |k: &str| b.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
@@ -333,6 +336,7 @@ mod tests {
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
             broker: None,
+            waits: None,
             failures: Vec::new(),
             per_minute: Some(20.0),
             eta_s: Some(240.0),

@@ -44,6 +44,8 @@ pub struct StudyStatus {
     /// connections by kind of login, refusals, denials, dropped copies,
     /// queued and retained bytes (the names of its `/metrics`).
     pub broker: Option<serde_json::Value>,
+    /// Why it waits with agents online that cannot run it, when it does.
+    pub waits: Option<String>,
 }
 
 impl StudyStatus {
@@ -81,6 +83,12 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         .filter(|_| coordinator_running)
         .and_then(|b| b.broker.as_deref())
         .and_then(|j| serde_json::from_str(j).ok());
+    let waits: serde_json::Map<String, serde_json::Value> = beat
+        .as_ref()
+        .filter(|_| coordinator_running)
+        .and_then(|b| b.waits.as_deref())
+        .and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_default();
     let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
     let store_free_bytes = crate::runtime::space::free_bytes(std::path::Path::new(store.path()));
     let mut out = Vec::new();
@@ -94,6 +102,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
         let total = planned(store, &s)?;
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
+        let waits = waits.get(&s.name).and_then(|w| w.as_str()).map(str::to_string);
         out.push(StudyStatus {
             study: s.name,
             state: match s.state {
@@ -122,6 +131,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             per_minute: None,
             eta_s: None,
             broker: broker.clone(),
+            waits,
         });
     }
     Ok(out)
@@ -221,6 +231,7 @@ mod tests {
             per_minute: None,
             eta_s: None,
             broker: None,
+            waits: None,
         }
     }
 

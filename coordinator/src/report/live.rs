@@ -133,6 +133,10 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
         );
     }
     out.push_str("</table>");
+    for s in data.studies.iter().filter(|s| s.waits.is_some()) {
+        let why = s.waits.as_deref().unwrap_or_default();
+        let _ = write!(out, "<p class=\"waits\" data-waits=\"{0}\">{0} waits: {1}</p>", Esc(&s.study), Esc(why));
+    }
     if let Some(free) = data.studies.first().and_then(|s| s.store_free_bytes) {
         let _ = write!(
             out,
@@ -195,6 +199,7 @@ mod tests {
             coordinator_running: true,
             coordinator_seen_s: Some(1.0),
             broker: None,
+            waits: None,
             failures: vec![("exit 1, `boom`".into(), 1)],
             per_minute: None,
             eta_s: None,

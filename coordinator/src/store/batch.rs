@@ -119,17 +119,19 @@ impl Batch<'_> {
     /// The coordinator (process `pid`) is alive at `at_ms`, and `paused`
     /// or not (for room on the store's disk): `status` tells a running
     /// study from a paused one and from one whose coordinator is gone.
-    /// `broker`: the embedded broker's counters (JSON), when it runs one.
-    pub fn beat(&mut self, pid: u32, at_ms: u64, paused: bool, broker: Option<&str>) -> Result<()> {
+    /// `broker`: the embedded broker's counters (JSON), when it runs one;
+    /// `waits`: why studies wait (JSON, study -> reason).
+    pub fn beat(&mut self, pid: u32, at_ms: u64, paused: bool, broker: Option<&str>, waits: &str) -> Result<()> {
         let context = || "recording the coordinator's heartbeat".to_string();
         self.tx
             .prepare_cached(
-                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms, paused, broker) VALUES (1, ?1, ?2, NULL, ?3, ?4)
+                "INSERT INTO heartbeat (id, pid, beat_ms, stopped_ms, paused, broker, waits)
+                 VALUES (1, ?1, ?2, NULL, ?3, ?4, ?5)
                  ON CONFLICT (id) DO UPDATE SET pid = excluded.pid, beat_ms = excluded.beat_ms, stopped_ms = NULL,
-                     paused = excluded.paused, broker = excluded.broker",
+                     paused = excluded.paused, broker = excluded.broker, waits = excluded.waits",
             )
             .ctx(context)?
-            .execute(params![pid, to_i64("time", at_ms)?, paused, broker])
+            .execute(params![pid, to_i64("time", at_ms)?, paused, broker, waits])
             .ctx(context)?;
         Ok(())
     }

@@ -378,7 +378,7 @@ impl Store {
     pub fn heartbeat(&self) -> Result<Option<Heartbeat>> {
         let context = || "reading the coordinator's heartbeat".to_string();
         self.conn
-            .prepare_cached("SELECT beat_ms, stopped_ms, paused, broker FROM heartbeat WHERE id = 1")
+            .prepare_cached("SELECT beat_ms, stopped_ms, paused, broker, waits FROM heartbeat WHERE id = 1")
             .ctx(context)?
             .query_row([], |r| {
                 Ok(Heartbeat {
@@ -386,6 +386,7 @@ impl Store {
                     stopped_ms: r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()),
                     paused: r.get::<_, Option<bool>>(2)?.unwrap_or(false),
                     broker: r.get::<_, Option<String>>(3)?,
+                    waits: r.get::<_, Option<String>>(4)?,
                 })
             })
             .optional()
@@ -625,4 +626,6 @@ pub struct Heartbeat {
     pub paused: bool,
     /// Its embedded broker's counters at that beat (JSON), when it ran one.
     pub broker: Option<String>,
+    /// Why its studies waited at that beat (JSON, study -> reason).
+    pub waits: Option<String>,
 }

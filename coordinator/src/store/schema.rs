@@ -174,10 +174,12 @@ const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
-/// The heartbeat's `paused` and `broker` (the embedded broker's counters,
-/// JSON) columns, added to a store made before them.
+/// The heartbeat's `paused`, `broker` (the embedded broker's counters,
+/// JSON) and `waits` (why studies wait, JSON) columns, added to a store
+/// made before them.
 fn add_heartbeat_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
-    for (name, column) in [("paused", "paused INTEGER NOT NULL DEFAULT 0"), ("broker", "broker TEXT")] {
+    let columns = [("paused", "paused INTEGER NOT NULL DEFAULT 0"), ("broker", "broker TEXT"), ("waits", "waits TEXT")];
+    for (name, column) in columns {
         let present: i64 =
             tx.query_row("SELECT COUNT(*) FROM pragma_table_info('heartbeat') WHERE name = ?1", [name], |r| r.get(0))?;
         if present == 0 {

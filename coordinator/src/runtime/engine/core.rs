@@ -230,7 +230,7 @@ impl Core {
                 values.push((row.trial, value, agent));
             }
         }
-        warm_start(&self.store, &study, &mut search)?;
+        super::warm::warm_start(&self.store, &study, &mut search)?;
         let policy = StudyPolicy {
             name: study.name.clone(),
             id,
@@ -329,9 +329,10 @@ impl Core {
                 }
             }
         }
+        let waits = (now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS)).then(|| self.waits());
         let mut batch = self.store.batch()?;
-        if now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS) {
-            batch.beat(std::process::id(), now.unix_ms, false, broker_counters().as_deref())?;
+        if let Some(waits) = waits {
+            batch.beat(std::process::id(), now.unix_ms, false, super::warm::broker_counters().as_deref(), &waits)?;
             self.beat_ms = now.unix_ms;
         }
         let mut effects = Vec::new();
@@ -405,14 +406,25 @@ impl Core {
         Ok(())
     }
 
+    /// Why each waiting study waits (JSON, study -> reason): what `status` shows.
+    fn waits(&self) -> String {
+        let waits: serde_json::Map<String, serde_json::Value> = self
+            .studies
+            .iter()
+            .filter_map(|(name, a)| Some((name.clone(), serde_json::Value::String(a.waits.clone()?))))
+            .collect();
+        serde_json::Value::Object(waits).to_string()
+    }
+
     /// A heartbeat while paused for room on the store's disk (one small
     /// write every [`BEAT_MS`]): `status` says paused, not interrupted.
     pub fn beat_while_paused(&mut self, unix_ms: u64) -> Result<(), EngineError> {
         if unix_ms < self.beat_ms.saturating_add(BEAT_MS) {
             return Ok(());
         }
+        let waits = self.waits();
         let mut batch = self.store.batch()?;
-        batch.beat(std::process::id(), unix_ms, true, broker_counters().as_deref())?;
+        batch.beat(std::process::id(), unix_ms, true, super::warm::broker_counters().as_deref(), &waits)?;
         batch.commit()?;
         self.beat_ms = unix_ms;
         Ok(())
@@ -537,47 +549,6 @@ fn say_why_waiting(sched: &Scheduler, studies: &mut HashMap<String, ActiveStudy>
             active.waits = why;
         }
     }
-}
-
-/// Tells `search` the results of the studies `study` warm-starts from
-/// (`[warm_start]`): those of the same objective, each inside its space.
-fn warm_start(store: &crate::store::Store, study: &Study, search: &mut Search) -> Result<(), EngineError> {
-    use crate::domain::search::warm::{in_space, WARM_ID_BASE};
-    let space = study.searched();
-    let mut told = 0u64;
-    for name in &study.warm_start {
-        let Some(other) = store.stored_study(name)? else {
-            tracing::warn!(study = %study.name, from = %name, "warm start: no such study in the store");
-            continue;
-        };
-        if (&other.objective.metric, other.objective.direction) != (&study.objective.metric, study.objective.direction)
-        {
-            tracing::warn!(study = %study.name, from = %name, "warm start: another objective, nothing told");
-            continue;
-        }
-        for row in store.trials(name)? {
-            let (Some(value), Some(params)) = (row.objective, in_space(&space, &row.params)) else { continue };
-            let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
-            search.tell(WARM_ID_BASE + told, &params, value, &also);
-            told += 1;
-        }
-    }
-    if !study.warm_start.is_empty() {
-        tracing::info!(study = %study.name, told, from = ?study.warm_start, "warm start: earlier results told to the search");
-    }
-    Ok(())
-}
-
-/// The embedded broker's counters now, as JSON (`None` without one): what
-/// `tunefleet status --json` shows of it.
-fn broker_counters() -> Option<String> {
-    let c = crate::runtime::broker::running_counters()?;
-    let mut all: serde_json::Map<String, serde_json::Value> =
-        c.snapshot().into_iter().map(|(name, _, _, v)| (name.to_string(), v.into())).collect();
-    let logins: serde_json::Map<String, serde_json::Value> =
-        c.by_kind().into_iter().map(|(k, n)| (k.to_string(), n.into())).collect();
-    all.insert("logins".into(), logins.into());
-    serde_json::to_string(&all).ok()
 }
 
 /// Stops each study whose failures in this run reach what it allows

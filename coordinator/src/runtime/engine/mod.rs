@@ -44,6 +44,7 @@ pub mod points;
 #[cfg(test)]
 mod tests;
 pub mod types;
+mod warm;
 
 pub use self::active::{Best, Summary};
 pub use self::core::{Core, Headway, Outgoing, Started, LEASE_GRACE};
