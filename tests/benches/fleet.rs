@@ -73,13 +73,6 @@ fn client(id: &str, port: u16) -> (AsyncClient, rumqttc::EventLoop) {
     (c, el)
 }
 
-/// A login proving `identity` as `name`, as the real agent makes one per attempt.
-fn key_login(identity: &auth::Identity, name: &str) -> String {
-    // Attempts of one agent are 200 ms apart or more: each proof is later than the last.
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
-    auth::login_password(identity, name, now, None)
-}
-
 /// Median and p99 of `n` QoS 1 request/reply round trips, in milliseconds.
 async fn rtt(port: u16, n: usize) -> (f64, f64) {
     let tag = format!("{}", std::process::id());
@@ -243,7 +236,7 @@ async fn sim_agent_for(
     // Authenticated like the real agent: its own key, a login proving it, a signed Hello, sealed messages.
     let identity = auth::Identity::generate().expect("key").0;
     let (c, mut el) = client(&format!("tf-agent-{name}"), port);
-    el.mqtt_options.set_credentials(name.clone(), key_login(&identity, &name));
+    el.mqtt_options.set_credentials(name.clone(), key_login(&identity, &name, None));
     // Admitted with the coordinator's join token, as the real agent is.
     let enrol = join_token_of(topics.root()).map(|t| {
         let token: auth::JoinToken = t.parse().expect("a join token");
@@ -428,7 +421,8 @@ async fn sim_agent_for(
                     eprintln!("sim: {name}: connection error: {e}");
                 }
                 errors += 1;
-                el.mqtt_options.set_credentials(name.clone(), key_login(&identity, &name));
+                // A new proof for the next attempt (attempts are 200 ms apart: each is later).
+                el.mqtt_options.set_credentials(name.clone(), key_login(&identity, &name, None));
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }

@@ -184,6 +184,18 @@ pub fn proc_kib(pid: u32, field: &str) -> u64 {
     line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
+/// A broker login proving `identity` as `name` now, as the real agent makes
+/// one per attempt, carrying `secret` (a users-file login) when given.
+pub fn key_login(identity: &tunefleet_common::auth::Identity, name: &str, secret: Option<(&str, &str)>) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+    tunefleet_common::auth::login_password(identity, name, u64::try_from(now).expect("ms"), secret)
+}
+
+/// A stranger's login: `name` with a proof of a fresh key of its own, not enrolled.
+pub fn stranger_login(name: &str, secret: Option<(&str, &str)>) -> String {
+    key_login(&tunefleet_common::auth::Identity::generate().expect("key").0, name, secret)
+}
+
 /// A unique topic root for one test, so tests sharing a broker never meet.
 pub fn unique_root(test: &str) -> String {
     format!("t-{test}-{}-{}", std::process::id(), rand_suffix())

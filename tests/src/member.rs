@@ -42,8 +42,7 @@ impl Member {
         let filters = [topics.coordinator_status(), topics.to_agent(name)];
         let identity = Identity::generate().expect("key").0;
         // Logged in as its name with a proof of its key, as the real agent is.
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
-        let login = auth::login_password(&identity, name, now as u64, None);
+        let login = crate::key_login(&identity, name, None);
         let client = rt.block_on(async {
             let id = format!("member-{name}-{:08x}", rand_u32());
             let mut client = TestClient::connect_as(port, &id, Some((name, &login))).await.expect("connects");

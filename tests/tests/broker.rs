@@ -38,13 +38,6 @@ fn connect_packet(id: &str, user: &str, password: &str) -> Vec<u8> {
     framed(0x10, &body)
 }
 
-/// A stranger's login: `name` with a proof of a key of its own, not enrolled.
-fn stranger_login(name: &str) -> String {
-    let (key, _) = tunefleet_common::auth::Identity::generate().expect("key");
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis() as u64;
-    tunefleet_common::auth::login_password(&key, name, now, None)
-}
-
 /// The users file of an attacked run: the reading tool, the silent one
 /// (granted everything: the worst an operator's tool can be), and the
 /// password the fleet's agents carry.
@@ -163,7 +156,7 @@ fn queue_fillers(
                     let name = format!("filler-{i}-{connections}");
                     let topic = format!("{root}/v2/up/{name}/hello");
                     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-                    let _ = s.write_all(&connect_packet(&name, &name, &stranger_login(&name)));
+                    let _ = s.write_all(&connect_packet(&name, &name, &stranger_login(&name, None)));
                     let _ = s.write_all(&subscribe_packet(&format!("{root}/v2/down/{name}/+")));
                     for _ in 0..mib {
                         if stop.load(Ordering::Relaxed) || s.write_all(&publish_packet(&topic, &junk)).is_err() {
@@ -345,7 +338,7 @@ fn eleven_hundred_idle_logins_under_a_soft_limit_of_1024_keep_no_agent_out() {
     for i in 0..1_100 {
         let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
         let name = format!("idle-{i}");
-        s.write_all(&connect_packet(&name, &name, &stranger_login(&name))).expect("connect packet");
+        s.write_all(&connect_packet(&name, &name, &stranger_login(&name, None))).expect("connect packet");
         idle.push(s);
     }
     // Each login answered: the broker holds them all.
@@ -422,13 +415,9 @@ fn strangers_members_and_operators_reach_only_what_they_were_granted() {
         rt.block_on(TestClient::connect_as(port, "pw", Some(("fleet", FLEET_PASSWORD)))).is_err(),
         "a bare password"
     );
-    let bare = stranger_login("mallory");
+    let bare = stranger_login("mallory", None);
     assert!(rt.block_on(TestClient::connect_as(port, "m0", Some(("mallory", &bare)))).is_err(), "no fleet password");
-    let login = |name: &str| {
-        let (key, _) = tunefleet_common::auth::Identity::generate().expect("key");
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
-        tunefleet_common::auth::login_password(&key, name, now as u64, Some(("fleet", FLEET_PASSWORD)))
-    };
+    let login = |name: &str| stranger_login(name, Some(("fleet", FLEET_PASSWORD)));
     // A stranger under a new name: its own topics only.
     let mallory = login("mallory");
     let mut m = rt.block_on(TestClient::connect_as(port, "m1", Some(("mallory", &mallory)))).expect("a stranger");

@@ -417,4 +417,5 @@ fn a_study_no_online_agent_can_run_says_what_each_lacks_within_10_s() {
     wait_for("status to say why the study waits", Duration::from_secs(10), || {
         tunefleet(&["status", "--store", s]).1.contains("  waits: no online agent can run its trials")
     });
+    assert_agents_spools_empty(&[&name]);
 }

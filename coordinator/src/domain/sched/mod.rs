@@ -232,15 +232,19 @@ impl Scheduler {
         let s = self.studies.iter().find(|s| s.policy.name == study)?;
         let mut online: Vec<(&String, &AgentInfo)> =
             self.agents.iter().filter(|(_, a)| a.online).filter_map(|(n, a)| Some((n, a.info.as_ref()?))).collect();
-        online.sort_by_key(|(n, _)| n.as_str());
-        let lacks: Vec<(&String, Vec<String>)> =
-            online.iter().map(|(n, i)| (*n, s.policy.selector.unmet(i, s.policy.gpus))).collect();
-        if lacks.is_empty() || lacks.iter().any(|(_, l)| l.is_empty()) {
+        let fits = |i: &AgentInfo| s.policy.selector.matches(i) && i.gpus.len() >= s.policy.gpus as usize;
+        if online.is_empty() || online.iter().any(|(_, i)| fits(i)) {
             return None;
         }
-        let mut parts: Vec<String> = lacks.iter().take(3).map(|(n, l)| format!("{n} lacks {}", l.join(", "))).collect();
-        if lacks.len() > 3 {
-            parts.push(format!("and {} more agent(s)", lacks.len() - 3));
+        // What three lack, in name order; the rest counted.
+        online.sort_by_key(|(n, _)| n.as_str());
+        let mut parts: Vec<String> = online
+            .iter()
+            .take(3)
+            .map(|(n, i)| format!("{n} lacks {}", s.policy.selector.unmet(i, s.policy.gpus).join(", ")))
+            .collect();
+        if online.len() > 3 {
+            parts.push(format!("and {} more agent(s)", online.len() - 3));
         }
         Some(format!("no online agent can run its trials: {}", parts.join("; ")))
     }
