@@ -311,7 +311,6 @@ where
     };
     let room = ReadRoom { budget: (!privileged).then(|| shared.read_budget.clone()), held: None };
     let rate = (grants.kind == LoginKind::Stranger).then(Rate::new);
-    let gate = admit.gate.clone();
     let mut session = Session {
         shared: &shared,
         id,
@@ -320,8 +319,9 @@ where
         qos2: HashSet::new(),
         room,
         grants,
-        gate,
+        gate: admit.gate.clone(),
         rate,
+        published: false,
         kind,
     };
     let ended = session.read_loop(&mut reader, &mut buf, keep_alive).await;
@@ -413,6 +413,9 @@ struct Session<'a> {
     gate: Option<Arc<dyn Gatekeeper>>,
     /// A stranger's publishes.
     rate: Option<Rate>,
+    /// A publish went through since the gatekeeper was last asked anew
+    /// (a stranger's Hello: what enrols it).
+    published: bool,
     /// Counts it among its kind of login while it lives.
     kind: KindCount,
 }
@@ -633,12 +636,23 @@ impl Session<'_> {
     fn allowed(&mut self, p: &Publish) -> bool {
         let c = &self.shared.counters;
         if !self.grants.may_publish(&p.topic, p.retain) {
+            // The gatekeeper (a store read) is asked anew once after each
+            // publish that went through (a Hello, which may have enrolled
+            // it), else at a stranger's rate: a flood of refused
+            // publishes costs the store one read a second, not one each.
+            let after_publish = std::mem::take(&mut self.published);
+            if !after_publish && self.rate.as_mut().is_some_and(|r| !r.take()) {
+                bump(&c.denied);
+                bump(&c.rate_limited);
+                return false;
+            }
             match self.gate.as_ref().and_then(|g| g.regrant(&self.grants)) {
                 Some(grants) if grants.may_publish(&p.topic, p.retain) => {
                     self.kind.moved(grants.kind);
                     tracing::debug!(from = %self.grants.identity, to = %grants.identity, "broker: login regranted");
                     self.rate = (grants.kind == LoginKind::Stranger).then(Rate::new);
                     self.grants = grants;
+                    return true;
                 }
                 _ => {
                     bump(&c.denied);
@@ -651,6 +665,7 @@ impl Session<'_> {
             bump(&c.rate_limited);
             return false;
         }
+        self.published = true;
         true
     }
 

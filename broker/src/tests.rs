@@ -519,3 +519,53 @@ fn passwords_compare_whole() {
     assert!(!same_secret(b"secret", b"secre"), "a prefix");
     assert!(same_secret(b"", b""));
 }
+
+/// A gatekeeper whose logins are strangers reaching `s/+`, never upgraded;
+/// it counts how often it is asked anew.
+#[derive(Debug, Default)]
+struct NeverUpgrades {
+    asked: AtomicU64,
+}
+
+impl Gatekeeper for NeverUpgrades {
+    fn login(&self, _client_id: &str, login: Option<(&str, &str)>) -> Result<Grants, Refusal> {
+        let (user, _) = login.ok_or(Refusal::NotAuthorized)?;
+        let own = vec!["s/+".to_string()];
+        let identity = format!("stranger:{user}");
+        Ok(Grants { kind: LoginKind::Stranger, identity, publish: own.clone(), read: own, retain: Vec::new() })
+    }
+
+    fn regrant(&self, _current: &Grants) -> Option<Grants> {
+        self.asked.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_strangers_refused_publishes_ask_the_gatekeeper_at_its_rate_not_each() {
+    let gate = std::sync::Arc::new(NeverUpgrades::default());
+    let b = start(&BrokerSettings { gate: Some(gate.clone()), ..settings(BrokerEngine::Native) }).expect("broker");
+    let counters = b.counters.clone().expect("counters");
+    let (stranger, mut ev) = client(b.addr, "stranger", |o| {
+        o.set_credentials("mallory", "proof");
+    });
+    connack(&mut ev).await.expect("a stranger connects");
+    let _driven = drive(ev);
+    let started = Instant::now();
+    // Retained on its own topic and anything elsewhere: refused, 2,000 times.
+    for i in 0..2_000 {
+        let (topic, retain) = if i % 2 == 0 { (format!("s/{i}"), true) } else { (format!("x/{i}/y"), false) };
+        stranger.publish(topic, QoS::AtMostOnce, retain, "junk").await.expect("queued");
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while counters.denied.load(Ordering::Relaxed) < 2_000 {
+        assert!(Instant::now() < deadline, "{} of 2,000 refused", counters.denied.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let asked = gate.asked.load(Ordering::Relaxed);
+    // Its burst of 5, then one a second.
+    let allowed = 5 + started.elapsed().as_secs() + 1;
+    assert!(asked <= allowed, "the gatekeeper was asked {asked} times for 2,000 refused publishes");
+    assert!(counters.rate_limited.load(Ordering::Relaxed) >= 2_000 - allowed);
+    assert_eq!(counters.retained.load(Ordering::Relaxed), 0, "nothing retained");
+}

@@ -37,12 +37,17 @@ impl Member {
     /// Connects to the broker at `port` as `name` on `root` and waits for
     /// the coordinator's signed status.
     pub fn connect(port: u16, root: &str, name: &str) -> Member {
+        Member::connect_with(port, root, name, None)
+    }
+
+    /// [`Member::connect`] carrying `secret`, a users-file login the broker asks of agents.
+    pub fn connect_with(port: u16, root: &str, name: &str, secret: Option<(&str, &str)>) -> Member {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let topics = Topics::new(root).expect("root");
         let filters = [topics.coordinator_status(), topics.to_agent(name)];
         let identity = Identity::generate().expect("key").0;
         // Logged in as its name with a proof of its key, as the real agent is.
-        let login = crate::key_login(&identity, name, None);
+        let login = crate::key_login(&identity, name, secret);
         let client = rt.block_on(async {
             let id = format!("member-{name}-{:08x}", rand_u32());
             let mut client = TestClient::connect_as(port, &id, Some((name, &login))).await.expect("connects");
@@ -102,6 +107,12 @@ impl Member {
                 _ => {}
             }
         }
+    }
+
+    /// A fresh broker login proving this member's key (a second connection
+    /// of its own), carrying `secret` when given.
+    pub fn login(&self, secret: Option<(&str, &str)>) -> String {
+        crate::key_login(&self.identity, &self.name, secret)
     }
 
     /// Sends `msg`, sealed in this member's session.

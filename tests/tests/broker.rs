@@ -87,6 +87,118 @@ fn publish_packet(topic: &str, payload: &[u8]) -> Vec<u8> {
     framed(0x30, &body)
 }
 
+/// A QoS 0 PUBLISH of `payload` to `topic`, to be retained.
+fn retained_packet(topic: &str, payload: &[u8]) -> Vec<u8> {
+    let mut packet = publish_packet(topic, payload);
+    packet[0] |= 0x01;
+    packet
+}
+
+/// UNSUBSCRIBE from `filter`.
+fn unsubscribe_packet(filter: &str) -> Vec<u8> {
+    let mut body = vec![0, 2];
+    body.extend_from_slice(&(filter.len() as u16).to_be_bytes());
+    body.extend_from_slice(filter.as_bytes());
+    framed(0xa2, &body)
+}
+
+/// Retained publishes a flooding connection sends before it counts as filled.
+const RETAINED_FLOOD: usize = 100_000;
+
+/// Until `stop`: a member enrolled with the fleet's own token sends
+/// [`RETAINED_FLOOD`] retained messages of 1 KiB on 20-level topics under
+/// its own name (its status topic among them), on a second connection of
+/// its own key, and holds it; connects again when the broker closes it.
+/// Counts in `filled` the floods sent; returns how many connections it made.
+fn retained_flood(
+    port: u16,
+    root: &str,
+    on_mosquitto: bool,
+    stop: Arc<AtomicBool>,
+    filled: Arc<AtomicU64>,
+) -> std::thread::JoinHandle<u64> {
+    let root = root.to_string();
+    std::thread::spawn(move || {
+        let name = format!("{root}-hoarder");
+        let login: Box<dyn Fn() -> String> = if on_mosquitto {
+            // Its own line in the password file, as every agent has.
+            Box::new(|| HOARDER_PASSWORD.to_string())
+        } else {
+            let secret = Some(("fleet", FLEET_PASSWORD));
+            let mut member = tunefleet_tests::member::Member::connect_with(port, &root, &name, secret);
+            let token = join_token_of(&root).expect("the fleet's token").parse().expect("token");
+            let info = tunefleet_common::message::AgentInfo::minimal("x", 0);
+            let welcomed = member.hello(info, Some(&token));
+            assert!(matches!(welcomed, tunefleet_tests::member::Answer::Welcome), "enrolled: {welcomed:?}");
+            // Offline, so it holds no trials: what it costs is the broker's.
+            member.go_offline();
+            member.receive(Duration::from_millis(300));
+            Box::new(move || member.login(secret))
+        };
+        let (payload, deep) = (vec![0x72; 1024], "r/".repeat(18));
+        let mut connections = 0;
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+            connections += 1;
+            let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+            let mut out = std::io::BufWriter::with_capacity(256 * 1024, &s);
+            let _ = out.write_all(&connect_packet(&format!("hoard-{connections}"), &name, &login()));
+            for i in 0..RETAINED_FLOOD {
+                let topic = match i % 1000 {
+                    0 => format!("{root}/v2/up/{name}/status"),
+                    _ => format!("{root}/v2/up/{name}/{deep}{i}"),
+                };
+                if stop.load(Ordering::Relaxed) || out.write_all(&retained_packet(&topic, &payload)).is_err() {
+                    break;
+                }
+            }
+            let _ = out.flush();
+            drop(out);
+            filled.fetch_add(1, Ordering::Relaxed);
+            hold(&s, &stop);
+        }
+        connections
+    })
+}
+
+/// Until `stop`: an operator's tool granted `#` subscribing to everything
+/// and unsubscribing again, as fast as its socket takes it, reading what
+/// comes; counts in `filled` its first hundred loops.
+fn subscribe_loop(port: u16, stop: Arc<AtomicBool>, filled: Arc<AtomicU64>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let (mut loops, mut sink) = (0u64, vec![0u8; 64 * 1024]);
+        while !stop.load(Ordering::Relaxed) {
+            let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { continue };
+            let _ = s.set_read_timeout(Some(Duration::from_millis(1)));
+            let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+            let _ = s.write_all(&connect_packet(&format!("looper-{loops}"), "silent", "silent-pw"));
+            while !stop.load(Ordering::Relaxed) {
+                let sent = s.write_all(&subscribe_packet("#")).and_then(|()| s.write_all(&unsubscribe_packet("#")));
+                if sent.is_err() || matches!(s.read(&mut sink), Ok(0)) {
+                    break;
+                }
+                loops += 1;
+                if loops == 100 {
+                    filled.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        loops
+    })
+}
+
+/// Holds `s` open, reading nothing, until the broker closes it or `stop`.
+fn hold(s: &TcpStream, stop: &AtomicBool) {
+    let mut byte = [0u8; 1];
+    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+    while !stop.load(Ordering::Relaxed) && !matches!(s.peek(&mut byte), Ok(0)) {
+        if (&*s).write(&[0xc0, 0x00]).is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Until `stop`: connects, subscribes to `#` at QoS 1, publishes enough
 /// junk to fill its own queue, then reads nothing; connects again when
 /// the broker closes it. Counts in `filled` the connections whose junk
@@ -188,12 +300,17 @@ enum Attack {
     Silent,
     /// 80 connections filling queues of their own.
     Fill,
+    /// A member's 100,000 retained messages, and a `#` subscribe loop over
+    /// whatever is retained.
+    Retained,
 }
 
 /// What one run of the marked study saw.
 struct Run {
     /// The coordinator's peak resident set (VmHWM), in MiB.
     peak_mib: u64,
+    /// Mosquitto's, when it was the broker.
+    broker_peak_mib: u64,
     secs: f64,
     /// Topics on which the marker was read in clear.
     leaked: Vec<String>,
@@ -201,17 +318,35 @@ struct Run {
     fleet_bytes: usize,
     /// Connections the silent subscriber made (0: no attack).
     silent_connections: u64,
+    /// The most retained messages the broker held, as status showed it.
+    retained: u64,
+    /// Publishes and subscriptions it denied, as status showed it last.
+    denied: u64,
 }
 
 /// Runs the marked study with two agents and a client reading everything
 /// under the study's root, under `attack`, set up before the agents join.
 fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
+    marked_run_on(dir, name, trials, attack, None)
+}
+
+/// [`marked_run`] on `mosquitto` when given (configured as SCALING.md
+/// says: a login per agent, its ACL), else on the embedded broker.
+fn marked_run_on(dir: &Path, name: &str, trials: u32, attack: Attack, mosquitto: Option<&Fleet>) -> Run {
     let store = dir.join(format!("{name}.db"));
-    let root = unique_root(name);
+    let root = mosquitto.map_or_else(|| unique_root(name), |m| m.root.clone());
     let marker = format!("tf-secret-{:08x}", std::process::id());
     let study = marked_study(dir, name, trials, &marker);
     let users = users_file(dir, name, &root);
-    let (mut coord, url) = start_coordinator(&study, &store, &root, &["--broker-users", &users.to_string_lossy()]);
+    let users = users.to_string_lossy();
+    let (mut coord, url) = match mosquitto {
+        None => start_coordinator(&study, &store, &root, &["--broker-users", &users]),
+        Some(m) => {
+            let pw = m.coordinator_password.to_string_lossy();
+            let login = ["--broker", &m.broker.url(), "--username", "coordinator", "--password-file", &pw];
+            start_coordinator(&study, &store, &root, &login)
+        }
+    };
     let port = port_of(&url);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let login = Some(("reader", "read-pw"));
@@ -223,6 +358,10 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
         Attack::None => Vec::new(),
         Attack::Silent => vec![silent_wildcard_subscriber(port, stop.clone(), filled.clone())],
         Attack::Fill => queue_fillers(port, &root, 80, 12, stop.clone(), filled.clone()),
+        Attack::Retained => vec![
+            retained_flood(port, &root, mosquitto.is_some(), stop.clone(), filled.clone()),
+            subscribe_loop(port, stop.clone(), filled.clone()),
+        ],
     };
     let want = attackers.len() as u64;
     let full = || filled.load(Ordering::Relaxed) >= want;
@@ -231,13 +370,26 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
     let with_login = |n: &String| {
         let mut agent = Command::new(bin("tunefleet-agent"));
         agent.env("TUNEFLEET_PASSWORD", FLEET_PASSWORD);
-        start_agent_with(agent, &url, n, &root, &["--slots", "2", "--username", "fleet"])
+        // On Mosquitto, each agent's own login.
+        let user = if mosquitto.is_some() { n.as_str() } else { "fleet" };
+        start_agent_with(agent, &url, n, &root, &["--slots", "2", "--username", user])
     };
     let _a: Vec<Proc> = agents.iter().map(with_login).collect();
     let started = Instant::now();
     let (mut leaked, mut fleet_bytes, mut peak_mib) = (Vec::new(), 0, 0);
+    let (mut retained, mut denied, mut looked) = (0, 0, Instant::now());
+    let mut broker_peak_mib = 0;
     while coord.child.try_wait().expect("coordinator").is_none() {
         peak_mib = peak_mib.max(proc_kib(coord.child.id(), "VmHWM") / 1024);
+        if let Some(pid) = mosquitto.and_then(|m| m.broker.pid()) {
+            broker_peak_mib = broker_peak_mib.max(proc_kib(pid, "VmHWM") / 1024);
+        }
+        if looked.elapsed() > Duration::from_secs(1) {
+            let counters = broker_counters(&store);
+            retained = retained.max(counters["retained_messages"].as_u64().unwrap_or(0));
+            denied = denied.max(counters["denied_total"].as_u64().unwrap_or(0));
+            looked = Instant::now();
+        }
         assert!(started.elapsed() < Duration::from_secs(240), "{name}: the study did not finish");
         if let Ok((topic, payload)) = rt.block_on(reader.next_message(Duration::from_millis(100))) {
             fleet_bytes += payload.len();
@@ -253,7 +405,14 @@ fn marked_run(dir: &Path, name: &str, trials: u32, attack: Attack) -> Run {
     let done: Vec<i64> = query(&store, "SELECT trial FROM results WHERE success = 1", |r| r.get(0));
     assert_eq!(done.len(), trials as usize, "{name}: every trial done");
     assert_agents_spools_empty(&agents.iter().map(String::as_str).collect::<Vec<_>>());
-    Run { peak_mib, secs, leaked, fleet_bytes, silent_connections }
+    Run { peak_mib, broker_peak_mib, secs, leaked, fleet_bytes, silent_connections, retained, denied }
+}
+
+/// The broker's counters as `tunefleet status --json` shows them now.
+fn broker_counters(store: &Path) -> serde_json::Value {
+    let (_, out, _) = tunefleet(&["status", "--json", "--store", store.to_str().expect("utf-8")]);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    v[0]["broker"].clone()
 }
 
 #[test]
@@ -461,4 +620,124 @@ fn strangers_members_and_operators_reach_only_what_they_were_granted() {
     assert_agents_spools_empty(&[&victim]);
     let done: Vec<i64> = query(&store, "SELECT trial FROM results WHERE success = 1", |r| r.get(0));
     assert_eq!(done.len(), 8);
+}
+
+#[test]
+fn a_members_retained_flood_and_a_subscribe_loop_neither_grow_nor_stall_the_coordinator() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().expect("tmp");
+    let trials = 200;
+    let quiet = marked_run(dir.path(), "still", trials, Attack::None);
+    let flooded = marked_run(dir.path(), "flooded", trials, Attack::Retained);
+    eprintln!(
+        "{trials} trials: {:.1} s and peak RSS {} MiB unattacked; {:.1} s and {} MiB beside a member's {} retained \
+         messages ({} connections) and a # subscribe loop: {:.2}x the trials/s; at most {} retained, {} denied",
+        quiet.secs,
+        quiet.peak_mib,
+        flooded.secs,
+        flooded.peak_mib,
+        RETAINED_FLOOD,
+        flooded.silent_connections,
+        quiet.secs / flooded.secs,
+        flooded.retained,
+        flooded.denied
+    );
+    // Before, 100,000 retained messages on deep topics took 1.8 GiB, kept
+    // until restart, and each SUBSCRIBE copied them all under the lock.
+    assert!(flooded.peak_mib < 512, "the coordinator grew to {} MiB", flooded.peak_mib);
+    // Retained: each agent's status, the coordinator's, the hoarder's own.
+    assert!(flooded.retained <= 8, "{} retained messages kept", flooded.retained);
+    assert!(flooded.denied >= 10_000, "the flood was denied ({} counted)", flooded.denied);
+    assert!(flooded.secs < 2.0 * quiet.secs + 5.0, "{:.1} s against {:.1} s", flooded.secs, quiet.secs);
+}
+
+/// The hoarder's password on Mosquitto.
+const HOARDER_PASSWORD: &str = "hoard-pw";
+
+/// Mosquitto configured as SCALING.md says (a login per agent, the ACL
+/// patterns), for one topic root, with the attack tests' logins.
+struct Fleet {
+    broker: tunefleet_tests::mosquitto::Mosquitto,
+    root: String,
+    coordinator_password: std::path::PathBuf,
+}
+
+impl Fleet {
+    fn start(dir: &Path) -> Fleet {
+        let root = unique_root("mq");
+        let passwd = dir.join("mosquitto.passwd");
+        let hoarder = format!("{root}-hoarder");
+        let (a1, a2) = (format!("{root}-a1"), format!("{root}-a2"));
+        let logins = [
+            ("coordinator", "coord-pw"),
+            ("reader", "read-pw"),
+            ("silent", "silent-pw"),
+            (hoarder.as_str(), HOARDER_PASSWORD),
+            (a1.as_str(), FLEET_PASSWORD),
+            (a2.as_str(), FLEET_PASSWORD),
+        ];
+        for (i, (user, pw)) in logins.iter().enumerate() {
+            let mut cmd = Command::new("mosquitto_passwd");
+            if i == 0 {
+                cmd.arg("-c");
+            }
+            let out = cmd.arg("-b").arg(&passwd).args([user, pw]).output().expect("mosquitto_passwd runs");
+            assert!(out.status.success(), "mosquitto_passwd: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let acl = dir.join("mosquitto.acl");
+        let rules = format!(
+            "pattern write {root}/v2/up/%u/#\npattern read {root}/v2/down/%u/#\npattern read {root}/v2/coordinator/status\n\
+             user coordinator\ntopic readwrite {root}/v2/#\nuser reader\ntopic read {root}/#\nuser silent\ntopic read #\n"
+        );
+        std::fs::write(&acl, rules).expect("acl");
+        let options = format!(
+            "allow_anonymous false\nmax_queued_messages 0\nmax_inflight_messages 0\nset_tcp_nodelay true\n\
+             persistence false\npassword_file {}\nacl_file {}\n",
+            passwd.display(),
+            acl.display()
+        );
+        let broker = tunefleet_tests::mosquitto::Mosquitto::start(dir, &options);
+        let coordinator_password = dir.join("coordinator.pw");
+        std::fs::write(&coordinator_password, "coord-pw\n").expect("password file");
+        Fleet { broker, root, coordinator_password }
+    }
+}
+
+/// Every attack above against the embedded broker and against Mosquitto
+/// configured as SCALING.md says, side by side (BENCHMARKS.md).
+#[test]
+#[ignore = "a measurement: cargo test -p tunefleet-tests --features full --test broker -- --ignored --nocapture"]
+fn attacks_side_by_side_with_mosquitto() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().expect("tmp");
+    let trials = 200;
+    let mut rows = Vec::new();
+    for attack in [Attack::None, Attack::Silent, Attack::Fill, Attack::Retained] {
+        for on_mosquitto in [false, true] {
+            let sub = dir.path().join(format!("{}-{on_mosquitto}", rows.len()));
+            std::fs::create_dir_all(&sub).expect("dir");
+            let fleet = on_mosquitto.then(|| Fleet::start(&sub));
+            let run = marked_run_on(&sub, "side", trials, attack, fleet.as_ref());
+            let broker = if on_mosquitto { "mosquitto" } else { "embedded" };
+            rows.push((attack, broker, run));
+        }
+    }
+    eprintln!("| attack | broker | study (s) | trials/s against unattacked | coordinator peak MiB | Mosquitto peak MiB | read in clear |");
+    for (attack, broker, run) in &rows {
+        let quiet = rows.iter().find(|(a, b, _)| *a == Attack::None && b == broker).map(|(_, _, r)| r.secs);
+        let name = match attack {
+            Attack::None => "none",
+            Attack::Silent => "silent # subscriber",
+            Attack::Fill => "80 queue fillers",
+            Attack::Retained => "retained flood + subscribe loop",
+        };
+        eprintln!(
+            "| {name} | {broker} | {:.1} | {:.2} | {} | {} | {} |",
+            run.secs,
+            quiet.unwrap_or(run.secs) / run.secs,
+            run.peak_mib,
+            run.broker_peak_mib,
+            run.leaked.len()
+        );
+    }
 }
