@@ -541,6 +541,7 @@ fn sched_policy(max_attempts: u32) -> StudyPolicy {
         ahead_per_agent: None,
         lease_ms: 65_000,
         gpus: 0,
+        store_share: u64::MAX,
     }
 }
 

@@ -9,6 +9,7 @@ pub mod mqtt;
 pub mod ports;
 pub mod slurm;
 pub mod spark;
+pub mod tmpfs;
 pub mod victoria;
 
 use std::io::{BufRead, BufReader};

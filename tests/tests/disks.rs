@@ -11,42 +11,14 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
+use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, ExitOutcome, Measurement, Metrics};
+use tunefleet_common::message::*;
+use tunefleet_tests::member::{Answer, Member};
+use tunefleet_tests::tmpfs::Tmpfs;
 use tunefleet_tests::*;
-
-/// A tmpfs of `size` mounted at `dir` for the test's life.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
-        std::fs::create_dir_all(dir).expect("mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700"), "tmpfs"])
-            .arg(dir)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Tmpfs(dir.to_path_buf())),
-            Ok(o) => {
-                eprintln!(
-                    "SKIPPED: cannot mount a tmpfs (root only; CI runs as root): {}",
-                    String::from_utf8_lossy(&o.stderr)
-                );
-                None
-            }
-            Err(e) => {
-                eprintln!("SKIPPED: cannot run mount: {e}");
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
 
 /// Fills the filesystem of `dir` with `dir/fill` until it is full.
 fn fill(dir: &Path) -> PathBuf {
@@ -168,4 +140,147 @@ fn a_coordinator_whose_store_disk_fills_pauses_and_goes_on_with_nothing_lost() {
     assert_eq!(count(&store, "SELECT COUNT(*) FROM results WHERE objective != trial + 1"), 0);
     drop(agent);
     assert_agents_spools_empty(&["patient"]);
+}
+
+/// What a hog member did: results the coordinator stored and refused, and
+/// the first refusal's reason.
+#[derive(Default)]
+struct Hogged {
+    stored: u32,
+    refused: u32,
+    why: String,
+}
+
+/// A member that takes trials as fast as it is given them and answers each
+/// with the most it may write: 1 MiB of progress and a result of about
+/// 0.75 MB. Goes offline once refused and given nothing more for a second.
+fn hog(port: u16, root: &str, stop: &AtomicBool) -> Hogged {
+    let token = join_token_of(root).expect("token").parse().expect("token");
+    let mut member = Member::connect(port, root, &format!("{root}-hog"));
+    assert!(matches!(member.hello(AgentInfo::minimal("x", 0), Some(&token)), Answer::Welcome));
+    let wide: Metrics = (0..200).map(|i| (format!("{}{i:03}", "p".repeat(200)), f64::from(i))).collect();
+    let long_name = "r".repeat(200);
+    let epochs: Vec<EpochMetrics> = (0..3_000u32)
+        .map(|epoch| EpochMetrics {
+            epoch,
+            elapsed_us: u64::from(epoch),
+            metrics: [(long_name.clone(), 1.0)].into(),
+            checkpoint: None,
+        })
+        .collect();
+    let (mut done, mut seq, mut idle_since) = (Hogged::default(), 0, None::<Instant>);
+    while !stop.load(Ordering::Relaxed) {
+        seq += 1;
+        member.send(&AgentMessage::Request(WorkRequest { seq, free: 4, ahead: 0, running: vec![], held: vec![] }));
+        let mut assigned = 0;
+        for m in member.receive(Duration::from_millis(200)) {
+            match m {
+                CoordinatorMessage::Assign(a) => {
+                    assigned += 1;
+                    for epoch in 0..24u32 {
+                        member.send(&AgentMessage::Progress(Progress {
+                            trial: a.trial.clone(),
+                            epoch,
+                            elapsed_us: u64::from(epoch),
+                            metrics: wide.clone(),
+                            checkpoint: None,
+                            profile: None,
+                        }));
+                    }
+                    let measurement = Measurement {
+                        epochs: epochs.clone(),
+                        final_metrics: [("v".to_string(), 1e6)].into(),
+                        ..Measurement::unmeasured(
+                            ExitOutcome::Exited(0),
+                            EnergyReading::none(EnergySourceKind::Estimated, ""),
+                        )
+                    };
+                    member.send(&AgentMessage::Result(TrialResult { trial: a.trial, measurement }));
+                }
+                CoordinatorMessage::Ack(ack) => match ack.outcome {
+                    AckOutcome::Refused(why) => {
+                        done.refused += 1;
+                        if done.why.is_empty() {
+                            done.why = why;
+                        }
+                    }
+                    _ => done.stored += 1,
+                },
+                _ => {}
+            }
+        }
+        if assigned > 0 || done.refused == 0 {
+            idle_since = None;
+        } else if idle_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(1) {
+            break;
+        }
+    }
+    member.go_offline();
+    member.receive(Duration::from_millis(300));
+    done
+}
+
+/// Runs a 0.1 s study of `trials` on two honest agents with the store on
+/// a tmpfs of 48 MiB (floor 8 MiB), beside a hog when `hogged`; the
+/// study's seconds, the coordinator's log and what the hog did.
+fn shared_store_run(dir: &Path, name: &str, trials: u32, hogged: bool) -> (f64, String, Hogged) {
+    let Some(mnt) = Tmpfs::mount(&dir.join(name), "48m") else { return (0.0, String::new(), Hogged::default()) };
+    let study = sleep_study(dir, name, trials, 0.1);
+    let store = mnt.0.join("s.db");
+    let root = unique_root(name);
+    let log_path = dir.join(format!("{name}.log"));
+    let limits = ["--store-min-free-mib", "8", "--store-share-mib", "4"];
+    let (mut coord, url) = start_coordinator_logged(&study, &store, &root, &limits, Some(&log_path));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let hog = hogged.then(|| {
+        let (root, stop) = (root.clone(), stop.clone());
+        let port = port_of(&url);
+        std::thread::spawn(move || hog(port, &root, &stop))
+    });
+    let names = [format!("{root}-h1"), format!("{root}-h2")];
+    let started = Instant::now();
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &["--slots", "2"])).collect();
+    let status = coord.wait_exit(Duration::from_secs(180));
+    let secs = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    // A hog whose connection the broker closed (a publish that failed) did what it could.
+    let hogged = hog.and_then(|h| h.join().ok()).unwrap_or_default();
+    let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{name}: {out}\n{log}");
+    assert_eq!(count(&store, "SELECT COUNT(*) FROM trials WHERE state = 'done'"), i64::from(trials), "{out}");
+    drop(agents);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    (secs, format!("{out}\n{log}"), hogged)
+}
+
+/// Issue 53, finding 3: a member answering every trial it is given with
+/// the most it may write filled a 400 MiB disk in 10 s, and the disk pause
+/// stopped the whole fleet. Now its share of the study's store is a grant
+/// (`--store-share-mib`): past it, its results are refused, it is told
+/// why and given nothing more, and the honest agents go on.
+#[test]
+fn regression_a_member_writing_the_most_it_may_cannot_pause_the_fleet() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().expect("tmp");
+    let trials = 80;
+    let (quiet, _, _) = shared_store_run(dir.path(), "calm", trials, false);
+    if quiet == 0.0 {
+        return;
+    }
+    let (attacked, text, hogged) = shared_store_run(dir.path(), "hogged", trials, true);
+    eprintln!(
+        "{trials} trials: {quiet:.1} s without the hog, {attacked:.1} s beside it ({:.2}x the trials/s); the hog had \
+         {} results stored and {} refused: {}",
+        quiet / attacked,
+        hogged.stored,
+        hogged.refused,
+        hogged.why
+    );
+    assert!(!text.contains("paused"), "the store's disk filled: the fleet paused\n{text}");
+    assert!(hogged.refused >= 1 && hogged.why.contains("share of the study's store"), "told why: {:?}", hogged.why);
+    // 4 MiB: about two of its results with their progress, and the one that passed it.
+    assert!(hogged.stored <= 3, "{} of its results stored", hogged.stored);
+    assert!(text.contains("results past an agent's share of the store"), "counted in the summary: {text}");
+    assert!(attacked < 2.0 * quiet + 5.0, "{attacked:.1} s against {quiet:.1} s");
 }

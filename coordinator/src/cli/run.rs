@@ -243,6 +243,7 @@ pub fn print_summary(s: &Summary, store: &Path) {
         (st.store_errors, "messages the store could not take"),
         (st.refused_checkpoints, "checkpoints outside resume_prefix"),
         (st.refused_progress, "epochs past an attempt's bound"),
+        (st.past_share, "results past an agent's share of the store"),
         (st.refused_comeasures, "co-measurements"),
         (st.unknown_results, "results for attempts never assigned"),
         (st.other_study_refs, "messages of another study of the same name"),

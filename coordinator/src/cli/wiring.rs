@@ -158,6 +158,7 @@ pub async fn run_studies(
         max_slots: args.max_slots_per_agent,
         max_gpus: args.max_gpus_per_agent,
         store_min_free: args.store_min_free_mib.saturating_mul(1024 * 1024),
+        store_share: args.store_share_mib.saturating_mul(1024 * 1024),
         open_enrolment: args.open_enrolment,
         influx: influx.config().map(|c| (c, Duration::from_secs(influx.influx_grace))),
         progress,

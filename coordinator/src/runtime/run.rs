@@ -56,6 +56,8 @@ pub struct RunConfig {
     /// Bytes the store's disk keeps free: below, the engine pauses
     /// ([`crate::runtime::space`]).
     pub store_min_free: u64,
+    /// Bytes of each study's store one agent may take ([`crate::domain::sched::StudyPolicy::store_share`]).
+    pub store_share: u64,
     /// Pin new agent keys without a join token (a lab).
     pub open_enrolment: bool,
     /// Where results' points go besides the store, and how long to keep
@@ -129,6 +131,7 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         max_slots,
         max_gpus,
         store_min_free,
+        store_share,
         open_enrolment,
         influx,
         progress,
@@ -178,7 +181,8 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         .with_influx(sink.is_some())
         .with_offload(offload)
         .with_launcher(launcher)
-        .with_space(Some(crate::runtime::space::Guard::new(store.clone(), store_min_free)));
+        .with_space(Some(crate::runtime::space::Guard::new(store.clone(), store_min_free)))
+        .with_store_share(store_share);
     let result = match control {
         None => {
             let names: Vec<String> = studies.iter().map(|s| s.name.clone()).collect();

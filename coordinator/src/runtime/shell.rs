@@ -134,6 +134,12 @@ impl Engine {
         self
     }
 
+    /// Bounds what one agent may take of each study's store (bytes).
+    pub fn with_store_share(mut self, bytes: u64) -> Self {
+        self.core = self.core.with_store_share(bytes);
+        self
+    }
+
     /// Starts agents with `launcher` while studies have work.
     pub fn with_launcher(mut self, launcher: Option<crate::runtime::launch::Launcher>) -> Self {
         self.launcher = launcher;

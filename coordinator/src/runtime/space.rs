@@ -8,6 +8,11 @@ use std::path::{Path, PathBuf};
 /// The default floor: the store's filesystem keeps at least this free.
 pub const DEFAULT_MIN_FREE_MIB: u64 = 64;
 
+/// What one agent's results and progress may take of a study's store by
+/// default (MiB): ample for honest trials (a result is at most 1 MiB, most
+/// take a few KiB), a bound on what a member can write.
+pub const DEFAULT_STORE_SHARE_MIB: u64 = 256;
+
 /// Bytes free to an unprivileged writer on the filesystem holding `path`
 /// (its directory, for a file not made yet); `None` when it cannot be read.
 pub fn free_bytes(path: &Path) -> Option<u64> {

@@ -8,6 +8,7 @@ use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 use super::queries::study_by_name;
 use super::{
     exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, SqlContext, Store, StoreError, TrialState,
+    ROW_BYTES,
 };
 use crate::domain::search::TrialPlan;
 use crate::domain::study::{self, Study};
@@ -41,7 +42,7 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .ctx(|| format!("{}: starting a write transaction", self.path))?;
-        Ok(Batch { tx })
+        Ok(Batch { tx, written: 0 })
     }
 }
 
@@ -463,6 +464,7 @@ impl Batch<'_> {
         let objective = objective.filter(|v| v.is_finite());
         let json =
             serde_json::to_string(measurement).map_err(|source| StoreError::Json { context: context(), source })?;
+        self.written += ROW_BYTES + json.len() as u64;
         // The trial's whole energy (its CPU share and its GPUs'), and the GPUs' apart.
         let energy = measurement.energy_figure();
         let joules = energy.joules.filter(|j| j.is_finite());
@@ -571,7 +573,15 @@ impl Batch<'_> {
                 progress.checkpoint
             ])
             .ctx(context)?;
+        self.written += ROW_BYTES + metrics.len() as u64 + progress.checkpoint.as_ref().map_or(0, |c| c.len() as u64);
         Ok(())
+    }
+
+    /// Bytes of results and progress this batch wrote so far: their
+    /// payloads (the measurement's and the metrics' JSON, a checkpoint) and
+    /// [`ROW_BYTES`] a row. What an agent's share of a study's store counts.
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     /// The attempt ended without a result (timeout of the agent, refusal,

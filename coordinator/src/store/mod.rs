@@ -188,8 +188,13 @@ impl fmt::Debug for Store {
 }
 
 /// A write transaction over the store; see [`Store::batch`].
+/// What a row costs beside its payload, as [`Batch::written`] counts it.
+pub const ROW_BYTES: u64 = 64;
+
 pub struct Batch<'a> {
     tx: Transaction<'a>,
+    /// Bytes of results and progress written in it so far ([`Batch::written`]).
+    written: u64,
 }
 
 impl fmt::Debug for Batch<'_> {

@@ -212,6 +212,28 @@ impl Store {
         study_by_name(&self.conn, name)
     }
 
+    /// What each agent's results and progress take of `study`'s store, as
+    /// [`Batch::written`] counts it: the shares a restarted coordinator
+    /// goes on from.
+    pub fn written_by_agent(&self, study: &str) -> Result<Vec<(String, u64)>> {
+        let context = || format!("reading what agents wrote to study {study:?}");
+        let row = super::ROW_BYTES;
+        let sql = format!(
+            "SELECT agent, SUM(n) FROM (
+                 SELECT agent, {row} + LENGTH(measurement) AS n FROM results WHERE study = ?1
+                 UNION ALL
+                 SELECT a.agent, {row} + LENGTH(p.metrics) + IFNULL(LENGTH(p.checkpoint), 0)
+                 FROM progress p JOIN attempts a
+                   ON a.study = p.study AND a.trial = p.trial AND a.attempt = p.attempt
+                 WHERE p.study = ?1)
+             GROUP BY agent"
+        );
+        let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;
+        let rows = stmt.query_map([study], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).ctx(context)?;
+        let rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        Ok(rows.into_iter().map(|(agent, n)| (agent, u64::try_from(n).unwrap_or(0))).collect())
+    }
+
     /// Every trial of `study`, by trial id.
     pub fn trials(&self, study: &str) -> Result<Vec<TrialRow>> {
         self.trial_rows(study, &format!("{TRIAL_SELECT} ORDER BY t.trial"))

@@ -149,6 +149,9 @@ impl Scheduler {
     /// fill the store with in-bounds epochs).
     pub fn take_progress(&mut self, agent: &str, trial: &TrialRef, bytes: u64) -> Result<(), &'static str> {
         let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return Err("not a live attempt") };
+        if study.past_share(agent) {
+            return Err("the agent has used its share of the study's store");
+        }
         let slot = study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX));
         let Some(State::Running(l)) = slot.map(|s| &mut s.state) else { return Err("not a live attempt") };
         if l.agent != agent || l.attempt != trial.attempt {
@@ -163,6 +166,24 @@ impl Scheduler {
         }
         l.progress = (rows + 1, total + bytes);
         Ok(())
+    }
+
+    /// Counts `bytes` of `trial`'s study's store as `agent`'s; returns the
+    /// share when this passed it (once: from then on its results and
+    /// progress are refused and it is given none of the study's trials).
+    pub fn count_written(&mut self, agent: &str, trial: &TrialRef, bytes: u64) -> Option<u64> {
+        let study = self.studies.iter_mut().find(|s| s.owns(trial))?;
+        let was = study.past_share(agent);
+        *study.written.entry(agent.to_string()).or_default() += bytes;
+        (!was && study.past_share(agent)).then_some(study.policy.store_share)
+    }
+
+    /// What each agent wrote to `study`'s store before (a restarted
+    /// coordinator's count goes on from the store's).
+    pub fn set_written(&mut self, study: &str, written: Vec<(String, u64)>) {
+        if let Some(s) = self.studies.iter_mut().find(|s| s.policy.name == study) {
+            s.written = written.into_iter().collect();
+        }
     }
 
     /// How many trials `agent` lost before they started, and how many it

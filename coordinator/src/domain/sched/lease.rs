@@ -118,9 +118,16 @@ pub(super) struct StudyLeases {
     /// More trials may still be added ([`Scheduler::add_trial`]): the study
     /// is not finished even when every trial it has is.
     pub(super) open: bool,
+    /// Bytes of the study's store each agent's results and progress took.
+    pub(super) written: HashMap<String, u64>,
 }
 
 impl StudyLeases {
+    /// Whether `agent` has used its share of this study's store.
+    pub(super) fn past_share(&self, agent: &str) -> bool {
+        self.written.get(agent).is_some_and(|w| *w >= self.policy.store_share)
+    }
+
     /// Trial `i` runs under `lease` (it was not running).
     pub(super) fn lease(&mut self, i: u64, lease: Lease) {
         let Some(slot) = usize::try_from(i).ok().and_then(|i| self.trials.get_mut(i)) else { return };

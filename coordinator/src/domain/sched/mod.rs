@@ -86,6 +86,7 @@ impl Scheduler {
             ready_credit: 0,
             restored: BTreeMap::new(),
             open: false,
+            written: HashMap::new(),
             policy,
         };
         for (i, restored) in states.into_iter().enumerate() {
@@ -233,8 +234,13 @@ impl Scheduler {
         let mut online: Vec<(&String, &AgentInfo)> =
             self.agents.iter().filter(|(_, a)| a.online).filter_map(|(n, a)| Some((n, a.info.as_ref()?))).collect();
         let fits = |i: &AgentInfo| s.policy.selector.matches(i) && i.gpus.len() >= s.policy.gpus as usize;
-        if online.is_empty() || online.iter().any(|(_, i)| fits(i)) {
+        if online.is_empty() || online.iter().any(|(n, i)| fits(i) && !s.past_share(n)) {
             return None;
+        }
+        // Those that could have used their share of its store.
+        if online.iter().any(|(_, i)| fits(i)) {
+            let n = online.iter().filter(|(n, _)| s.past_share(n)).count();
+            return Some(format!("the {n} online agent(s) that could run its trials used their share of its store"));
         }
         // What three lack, in name order; the rest counted.
         online.sort_by_key(|(n, _)| n.as_str());

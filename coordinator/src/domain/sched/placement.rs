@@ -116,6 +116,7 @@ fn place_one(
         let Some(study) = studies.get_mut(i).filter(|s| {
             s.policy.selector.matches(info)
                 && s.policy.gpus as usize <= gpus_free
+                && !s.past_share(name)
                 && (!ahead
                     || (depth_left(s, name, slots) > 0
                         && s.held.get(name).map_or(0, |h| h.len()) < fair_share(s, live)))
@@ -193,6 +194,7 @@ mod tests {
             ahead_per_agent: None,
             lease_ms: 1_000,
             gpus,
+            store_share: u64::MAX,
         };
         (policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials])
     }

@@ -55,6 +55,11 @@ impl Scheduler {
             _ => {}
         }
         let this_is_live = matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt);
+        if study.past_share(agent) && !matches!(kind, ResultKind::Retry(_)) {
+            let why = format!("the agent has used its share of the study's store ({} bytes)", study.policy.store_share);
+            let change = if this_is_live { Change::Retry(why) } else { Change::Nothing };
+            return judged(Verdict::PastShare, change);
+        }
         match kind {
             ResultKind::Interfered { reason, .. } if this_is_live && slot.remeasures < MAX_REMEASURES => {
                 judged(Verdict::Remeasured, Change::Remeasure(reason))

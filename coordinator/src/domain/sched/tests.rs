@@ -38,6 +38,7 @@ fn policy(name: &str, id: u64, max_attempts: u32, lookahead: bool) -> StudyPolic
         ahead_per_agent: None,
         lease_ms: 1_000,
         gpus: 0,
+        store_share: u64::MAX,
     }
 }
 
@@ -52,6 +53,7 @@ fn sched(trials: usize, max_attempts: u32, selector: Selector) -> Scheduler {
         ahead_per_agent: None,
         lease_ms: 1_000,
         gpus: 0,
+        store_share: u64::MAX,
     };
     s.add_study(policy, vec![Restored::Pending { last_attempt: 0, failures: 0 }; trials], 0);
     s
@@ -601,7 +603,7 @@ proptest! {
         let mut s = sched(12, 3, Selector::default());
         s.set_open("s", true);
         let gpu = Selector { tags: [("pool".to_string(), "gpu".to_string())].into(), ..Selector::default() };
-        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, ahead_per_agent: None, lease_ms: 700, gpus: 0 };
+        let policy = StudyPolicy { name: "t".into(), id: 8, selector: gpu, max_attempts: 2, ahead_per_slot: MAX_LOOKAHEAD_PER_SLOT, ahead_per_agent: None, lease_ms: 700, gpus: 0, store_share: u64::MAX };
         let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 8];
         states.extend((1..4).map(|attempt| Restored::Running { agent: "d".into(), attempt, failures: 0 }));
         s.add_study(policy, states, 0);
@@ -971,4 +973,33 @@ fn regression_a_held_trial_says_it_started_once_its_agent_runs_it() {
     assert!(matches!(&eff[..], [Effect::Started { trial, .. }] if *trial == held), "{eff:?}");
     let eff = s.request("a", &WorkRequest { seq: 4, free: 0, ahead: 1, running: vec![held.clone()], held: vec![] });
     assert!(!eff.iter().any(|e| matches!(e, Effect::Started { .. })), "once: {eff:?}");
+}
+
+/// Issue 53: an agent past its share of a study's store is refused and
+/// given none of its trials; the trial goes to another, the study waits
+/// with a reason once no agent has room left.
+#[test]
+fn an_agent_past_its_share_of_the_store_gets_no_more_trials_and_its_result_goes_elsewhere() {
+    let mut s = Scheduler::new();
+    let queue = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];
+    s.add_study(StudyPolicy { store_share: 1_000, ..policy("s", 7, 3, false) }, queue, 0);
+    s.hello(info("a", 1, "x86_64", &[]));
+    s.request("a", &req(1, 2));
+    let given = assigned(&s.assign(0));
+    assert_eq!(given.len(), 2);
+    assert_eq!(s.count_written("a", &given[0].1, 600), None, "within its share");
+    assert_eq!(s.count_written("a", &given[0].1, 600), Some(1_000), "past it: said once");
+    assert_eq!(s.count_written("a", &given[0].1, 10), None);
+    assert!(s.take_progress("a", &given[1].1, 10).is_err(), "its progress is refused");
+    let (verdict, _) = s.result("a", &given[1].1, ResultKind::Complete { success: true }, 0);
+    assert_eq!(verdict, Verdict::PastShare);
+    assert!(s.why_waiting("s").is_some_and(|w| w.contains("share of its store")), "{:?}", s.why_waiting("s"));
+    s.request("a", &req(2, 2));
+    assert!(assigned(&s.assign(0)).is_empty(), "past its share: nothing more for it");
+    // Another agent takes the trial back and the rest.
+    s.hello(info("b", 1, "x86_64", &[]));
+    s.request("b", &req(1, 2));
+    let to_b = assigned(&s.assign(0));
+    assert!(to_b.iter().any(|(_, t)| t.trial == given[1].1.trial), "the refused trial went to b: {to_b:?}");
+    assert_eq!(s.why_waiting("s"), None);
 }

@@ -32,6 +32,10 @@ pub struct StudyPolicy {
     /// GPUs each trial needs (`gpus = N`): an agent takes one of its
     /// trials only while that many of its GPUs are not leased to others.
     pub gpus: u32,
+    /// The bytes of the study's store one agent's results and progress may
+    /// take (`u64::MAX`: no bound): past it, its progress and results are
+    /// refused and it is given none of the study's trials.
+    pub store_share: u64,
 }
 
 /// A trial's state when a study is (re)loaded from the store.
@@ -86,6 +90,9 @@ pub enum Verdict {
     /// The measurement was disturbed (load from outside, the device's
     /// conditions): the trial is measured again elsewhere.
     Remeasured,
+    /// The agent has used its share of the study's store: refused, the
+    /// trial goes to another agent.
+    PastShare,
 }
 
 /// A result's verdict and what it does to its trial, from

@@ -144,6 +144,25 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
 /// Performs `decision` for `agent`: store writes first, then the scheduler
 /// and the rest of memory (see [`guarded`]), then what it sends.
 fn apply(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: u64) -> Result<(), EngineError> {
+    // What it writes of a study's store counts in its agent's share.
+    let (written, counted) = (
+        cx.batch.written(),
+        match &decision {
+            Decision::Progress { progress, .. } => Some(progress.trial.clone()),
+            Decision::Result(step) => Some(step.trial.clone()),
+            _ => None,
+        },
+    );
+    let Some(trial) = counted else { return apply_decision(cx, agent, decision, now) };
+    apply_decision(cx, agent.clone(), decision, now)?;
+    let bytes = cx.batch.written().saturating_sub(written);
+    if let Some(share) = cx.sched.count_written(&agent, &trial, bytes) {
+        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::space::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
+    }
+    Ok(())
+}
+
+fn apply_decision(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: u64) -> Result<(), EngineError> {
     match decision {
         Decision::Nothing => {}
         Decision::OtherStudy { what, trial } => other_study(cx, &agent, what, &trial),
@@ -262,6 +281,10 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
     Ok(())
 }
 
+/// Why a result of an agent past its share of a study's store is refused.
+const PAST_SHARE: &str =
+    "this agent has used its share of the study's store (the coordinator's --store-share-mib): it gets no more of its trials";
+
 /// Writes what `keep` says the store keeps of `measurement`: the answer
 /// for the agent and whether a result row was stored.
 fn write_result(
@@ -293,6 +316,11 @@ fn write_result(
             cx.stats.unknown_results += 1;
             tracing::warn!(agent = %agent, trial = %trial, reason = why, "result refused: the agent keeps it aside");
             Ok((AckOutcome::Refused(why.to_string()), false))
+        }
+        Keep::PastShare => {
+            cx.stats.past_share += 1;
+            cx.batch.end_attempt(trial, agent, PAST_SHARE, now)?;
+            Ok((AckOutcome::Refused(PAST_SHARE.to_string()), false))
         }
         Keep::Remeasured => {
             tracing::info!(agent = %agent, trial = %trial, interference = ?measurement.interference, "measurement disturbed: measured again");

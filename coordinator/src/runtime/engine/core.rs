@@ -90,6 +90,8 @@ pub struct Core {
     beat_ms: u64,
     /// Nodes measuring other agents' trials (`[measure] nodes`).
     pub(super) co: CoMeasures,
+    /// Bytes of a study's store one agent may take ([`StudyPolicy::store_share`]).
+    store_share: u64,
 }
 
 /// How long a launcher's join token admits the agents it was made for (a
@@ -135,7 +137,15 @@ impl Core {
             book: None,
             beat_ms: 0,
             co: CoMeasures::default(),
+            store_share: u64::MAX,
         }
+    }
+
+    /// Bounds what one agent's results and progress may take of each
+    /// study's store to `bytes`.
+    pub fn with_store_share(mut self, bytes: u64) -> Self {
+        self.store_share = bytes;
+        self
     }
 
     /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]),
@@ -240,8 +250,10 @@ impl Core {
             ahead_per_agent: study.ahead_per_agent(),
             lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
             gpus: study.gpus,
+            store_share: self.store_share,
         };
         self.sched.add_study(policy, states, now.engine_ms);
+        self.sched.set_written(&study.name, self.store.written_by_agent(&study.name)?);
         self.sched.set_open(&study.name, !search.exhausted());
         let c = self.sched.counts(&study.name).unwrap_or_default();
         let shown = Started {

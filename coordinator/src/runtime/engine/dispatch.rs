@@ -86,6 +86,9 @@ pub(super) enum Keep {
     Unknown { finished: bool, why: &'static str },
     /// Disturbed, to be measured again: nothing kept.
     Remeasured,
+    /// From an agent past its share of the study's store: refused, its
+    /// attempt ended (the trial goes to another agent).
+    PastShare,
     /// The attempt ended without a result (`superseded`: one the trial had
     /// moved on from, cancelled or never started).
     EndAttempt { superseded: bool },
@@ -206,6 +209,7 @@ fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, v
             },
         },
         Verdict::Remeasured => Keep::Remeasured,
+        Verdict::PastShare => Keep::PastShare,
         Verdict::Retried => Keep::EndAttempt { superseded: false },
         // An attempt the trial moved on from (moved, lease expired) that was
         // cancelled or never started: it ends; it is no result of the trial.

@@ -746,6 +746,7 @@ fn after_a_restart_duplicate_only_for_an_attempt_the_store_knows() {
         ahead_per_agent: None,
         lease_ms: 60_000,
         gpus: 0,
+        store_share: u64::MAX,
     };
     let mut states = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 4];
     states[a.trial.trial as usize] = Restored::Done;

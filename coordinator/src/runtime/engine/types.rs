@@ -79,6 +79,9 @@ pub struct EngineStats {
     pub refused_progress: u64,
     /// Checkpoints outside their study's `resume_prefix`: not kept.
     pub refused_checkpoints: u64,
+    /// Results and progress of agents past their share of a study's store:
+    /// refused (progress is counted in `refused_progress` too).
+    pub past_share: u64,
     /// Results the coordinator cannot place, answered so the agent parks them.
     pub unknown_results: u64,
     /// Results, progress, refusals and running attempts of another study of
