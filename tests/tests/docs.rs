@@ -1173,6 +1173,7 @@ fn parser_keys(minimal: &str) -> Vec<(String, BTreeSet<String>)> {
             "group" => format!("{minimal}[[group]]\nname = \"g\"\n{unknown}"),
             "measure" => format!("{minimal}[measure]\n{unknown}"),
             "warm_start" => format!("{minimal}[warm_start]\n{unknown}"),
+            "constraint" => format!("{minimal}[[constraint]]\nmetric = \"m\"\n{unknown}"),
             other => panic!("the parser takes a new table `{other}`: document it in {STUDY} and add it here"),
         };
         out.push((key.clone(), accepted_keys(&probe)));

@@ -83,7 +83,8 @@ pub enum CliError {
     Refused(String),
     /// How a run ended when it did not end with every trial a success: the
     /// exit code ([`EXIT_FAILURES`], [`EXIT_NOTHING_SUCCEEDED`],
-    /// [`EXIT_NOTHING_RANKED`], [`EXIT_INTERRUPTED`]) and what to tell the user.
+    /// [`EXIT_NOTHING_RANKED`], [`EXIT_NOTHING_FEASIBLE`],
+    /// [`EXIT_INTERRUPTED`]) and what to tell the user.
     #[error("{message}")]
     Ended { code: u8, message: String },
 }
@@ -95,6 +96,9 @@ pub const EXIT_NOTHING_SUCCEEDED: u8 = 4;
 /// `run` and `campaign`: trials succeeded, but none reported the study's
 /// objective metric: nothing could be ranked.
 pub const EXIT_NOTHING_RANKED: u8 = 5;
+/// `run` and `campaign`: trials were ranked, but none meets the study's
+/// `[[constraint]]`s: the best is the one that misses them least.
+pub const EXIT_NOTHING_FEASIBLE: u8 = 6;
 /// `run` and `campaign`: stopped (Ctrl-C, SIGTERM) before every trial was
 /// final; the same command resumes.
 pub const EXIT_INTERRUPTED: u8 = 130;

@@ -10,7 +10,7 @@ use super::error::{CliError, Result};
 use super::output::emit;
 use super::wiring::run_studies;
 use crate::domain::study::{self, Study};
-use crate::query::best::{mixed_sources, unranked_note};
+use crate::query::best::{infeasible_note, mixed_sources, unranked_note};
 use crate::runtime::engine::Summary;
 use crate::store::{BestRow, Store};
 
@@ -31,7 +31,9 @@ pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>
 /// objective (nothing ranked), or when some trials failed, in that order;
 /// the message says why and what to do.
 pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
-    use super::error::{EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_RANKED, EXIT_NOTHING_SUCCEEDED};
+    use super::error::{
+        EXIT_FAILURES, EXIT_INTERRUPTED, EXIT_NOTHING_FEASIBLE, EXIT_NOTHING_RANKED, EXIT_NOTHING_SUCCEEDED,
+    };
     if let Some((s, why)) = summaries.iter().find_map(|s| Some((s, s.failed_fast.as_ref()?))) {
         let causes = Store::open_read_only(store).and_then(|st| st.failure_causes(&s.study)).unwrap_or_default();
         let message = format!(
@@ -72,6 +74,14 @@ pub fn ended(summaries: &[Summary], store: &Path) -> Result<()> {
             s.study, s.done
         );
         return Err(CliError::Ended { code: EXIT_NOTHING_RANKED, message });
+    }
+    if let Some(s) = summaries.iter().find(|s| s.best.as_ref().is_some_and(|b| b.feasible == Some(false))) {
+        let message = format!(
+            "study {}: {} trials ranked but none meets its constraints: the best above misses them least; widen the \
+             search space or the bounds, then run again under a new name",
+            s.study, s.done
+        );
+        return Err(CliError::Ended { code: EXIT_NOTHING_FEASIBLE, message });
     }
     if let Some(s) = summaries.iter().find(|s| s.failed > 0) {
         let message = format!("study {}: finished with failures: {}", s.study, why(s));
@@ -295,7 +305,8 @@ fn print_best(best: &[BestRow]) {
     for r in best {
         let params = crate::domain::params::params_text(&r.params);
         let mean = if r.runs > 1 { format!("  (mean {:.6} of {} runs)", r.mean, r.runs) } else { String::new() };
-        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}{mean}", r.trial, r.objective, r.agent);
+        let infeasible = infeasible_note(r);
+        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}{mean}{infeasible}", r.trial, r.objective, r.agent);
     }
 }
 

@@ -102,11 +102,12 @@ fn ranked_text(
         let source = r.energy_source.as_deref().unwrap_or("no energy");
         writeln!(
             out,
-            "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}",
+            "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}{}",
             r.trial,
             r.objective,
             r.agent,
-            describe(&r.params, r.system.as_ref())
+            describe(&r.params, r.system.as_ref()),
+            crate::query::best::infeasible_note(r)
         )?;
         for d in decisions {
             writeln!(out, "            {}: {}", d.decision, d.reason)?;
@@ -163,7 +164,7 @@ pub fn status(rows: &[StudyStatus]) -> String {
         let best = s.best.map_or(String::new(), |(v, t)| match s.best_runs {
             0 | 1 => format!(", best {}={v:.6} (trial {t})", s.metric),
             n => format!(", best {}={v:.6} (mean of {n} runs, best run trial {t})", s.metric),
-        });
+        }) + if s.best_feasible == Some(false) { " infeasible: no trial meets the constraints" } else { "" };
         let pace = match (s.per_minute, s.eta_s) {
             (Some(p), Some(eta)) => format!(", {p:.1} trials/min, about {eta:.0} s left"),
             (Some(p), None) => format!(", {p:.1} trials/min"),
@@ -331,6 +332,7 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             best_runs: 1,
+            best_feasible: None,
             store_free_bytes: None,
             live_agents: 2,
             coordinator_running: true,

@@ -7,6 +7,12 @@
 //! to the lower trial). A study that never repeats a configuration ranks
 //! trials by their own value, which is the same rule with one run each.
 //!
+//! With `[[constraint]]`s, each run has a violation (0: feasible; see
+//! [`crate::domain::study::constraint`]) and a configuration the mean of
+//! its runs': feasible configurations (every run feasible) come first by
+//! the rule above, the others after them by their violation, least first
+//! (a tie by the rule above). Optuna ranks constrained trials so.
+//!
 //! [`Standings`] keeps the rule up to date one result at a time (the
 //! engine); [`rank`] applies it to a whole list at once (the store's
 //! readers). Both answer the same way for the same results.
@@ -21,6 +27,8 @@ use super::study::Direction;
 pub struct Standing {
     pub mean: f64,
     pub runs: u32,
+    /// The mean violation of its runs' constraints (0: feasible).
+    pub violation: f64,
     /// The trial of its best run (a tie to the lower trial).
     pub best_trial: u64,
     /// Its first run (the lowest trial): the last tie-breaker.
@@ -29,6 +37,9 @@ pub struct Standing {
 
 /// Which of two configurations ranks first by the rule (`Less`: `a`).
 fn compare(dir: Direction, a: &Standing, b: &Standing) -> Ordering {
+    if a.violation != b.violation && (a.violation > 0.0 || b.violation > 0.0) {
+        return a.violation.total_cmp(&b.violation);
+    }
     if dir.better(a.mean, b.mean) {
         Ordering::Less
     } else if dir.better(b.mean, a.mean) {
@@ -53,6 +64,7 @@ fn compare_runs(dir: Direction, a: (u64, f64), b: (u64, f64)) -> Ordering {
 struct Tally {
     sum: f64,
     runs: u32,
+    violation: f64,
     best: (u64, f64),
     first_trial: u64,
 }
@@ -62,6 +74,7 @@ impl Tally {
         Standing {
             mean: self.sum / f64::from(self.runs.max(1)),
             runs: self.runs,
+            violation: self.violation / f64::from(self.runs.max(1)),
             best_trial: self.best.0,
             first_trial: self.first_trial,
         }
@@ -84,9 +97,9 @@ impl Standings {
     }
 
     /// Counts the result `value` of `trial`, a run of configuration `config`
-    /// (its hyper-parameters as canonical text). Non-finite values are not
-    /// ranked.
-    pub fn record(&mut self, config: &str, trial: u64, value: f64) {
+    /// (its hyper-parameters as canonical text), missing its constraints
+    /// by `violation` (0: feasible). Non-finite values are not ranked.
+    pub fn record(&mut self, config: &str, trial: u64, value: f64, violation: f64) {
         if !value.is_finite() {
             return;
         }
@@ -94,11 +107,13 @@ impl Standings {
         let tally = self.tallies.entry(config.to_string()).or_insert(Tally {
             sum: 0.0,
             runs: 0,
+            violation: 0.0,
             best: (trial, value),
             first_trial: trial,
         });
         tally.sum += value;
         tally.runs += 1;
+        tally.violation += violation.max(0.0);
         if compare_runs(dir, (trial, value), tally.best) == Ordering::Less {
             tally.best = (trial, value);
         }
@@ -133,18 +148,18 @@ impl Standings {
     }
 }
 
-/// The results `(config, trial, value)` in the rule's order: the index of
-/// each in `results`, with where its configuration stands. Non-finite
-/// values are left out.
-pub fn rank(dir: Direction, results: &[(String, u64, f64)]) -> Vec<(usize, Standing)> {
+/// The results `(config, trial, value, violation)` in the rule's order:
+/// the index of each in `results`, with where its configuration stands.
+/// Non-finite values are left out.
+pub fn rank(dir: Direction, results: &[(String, u64, f64, f64)]) -> Vec<(usize, Standing)> {
     let mut standings = Standings::new(dir);
-    for (config, trial, value) in results {
-        standings.record(config, *trial, *value);
+    for (config, trial, value, violation) in results {
+        standings.record(config, *trial, *value, *violation);
     }
     let mut order: Vec<(usize, Standing)> = results
         .iter()
         .enumerate()
-        .filter_map(|(i, (config, _, _))| standings.of(config).map(|s| (i, s)))
+        .filter_map(|(i, (config, ..))| standings.of(config).map(|s| (i, s)))
         .filter(|(i, _)| results[*i].2.is_finite())
         .collect();
     order.sort_by(|(i, a), (j, b)| {
@@ -158,8 +173,8 @@ pub fn rank(dir: Direction, results: &[(String, u64, f64)]) -> Vec<(usize, Stand
 mod tests {
     use super::*;
 
-    fn r(config: &str, trial: u64, value: f64) -> (String, u64, f64) {
-        (config.to_string(), trial, value)
+    fn r(config: &str, trial: u64, value: f64) -> (String, u64, f64, f64) {
+        (config.to_string(), trial, value, 0.0)
     }
 
     #[test]
@@ -193,8 +208,10 @@ mod tests {
             for trial in 0..400 {
                 let config = format!("c{}", next() % 40);
                 let value = (next() % 1000) as f64 / 10.0;
-                standings.record(&config, trial, value);
-                results.push(r(&config, trial, value));
+                // Some configurations infeasible, by a violation of their own.
+                let violation = if next() % 3 == 0 { (next() % 50) as f64 / 10.0 } else { 0.0 };
+                standings.record(&config, trial, value, violation);
+                results.push((config.clone(), trial, value, violation));
                 let order = rank(dir, &results);
                 let (key, s) = standings.leader().expect("a leader");
                 assert_eq!(key, results[order[0].0].0, "trial {trial}");
@@ -218,5 +235,25 @@ mod tests {
         let trials: Vec<u64> = order.iter().map(|(i, _)| results[*i].1).collect();
         assert_eq!(trials, vec![2, 1]);
         assert_eq!(order[0].1.runs, 1);
+    }
+
+    #[test]
+    fn feasible_configurations_rank_first_and_the_others_by_their_violation() {
+        // Minimised: "a" is best by value but infeasible; "b" feasible; "c"
+        // infeasible by less than "a"; "d" feasible in one run, not the other.
+        let results = vec![
+            ("a".to_string(), 0, 1.0, 2.0),
+            ("b".to_string(), 1, 5.0, 0.0),
+            ("c".to_string(), 2, 9.0, 0.5),
+            ("d".to_string(), 3, 2.0, 0.0),
+            ("d".to_string(), 4, 2.0, 3.0),
+            ("e".to_string(), 5, 7.0, 0.0),
+        ];
+        let order = rank(Direction::Minimize, &results);
+        let configs: Vec<&str> = order.iter().map(|(i, _)| results[*i].0.as_str()).collect();
+        assert_eq!(configs, vec!["b", "e", "c", "d", "d", "a"]);
+        assert_eq!(order[0].1.violation, 0.0);
+        assert_eq!(order[2].1.violation, 0.5);
+        assert_eq!(order[3].1.violation, 1.5, "a configuration's violation is its runs' mean");
     }
 }

@@ -325,6 +325,15 @@ pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Opti
     })
 }
 
+/// `  infeasible (misses its constraints by V)` for a result whose
+/// configuration does not meet the study's constraints, else nothing.
+pub fn infeasible_note(r: &crate::store::BestRow) -> String {
+    match r.feasible() {
+        true => String::new(),
+        false => format!("  infeasible (misses its constraints by {:.6})", r.mean_violation),
+    }
+}
+
 /// What `best` left out and why, when it left anything out.
 pub fn unranked_note(u: &Unranked) -> Option<String> {
     let mut why = Vec::new();

@@ -40,7 +40,9 @@ pub enum ExportError {
 /// ranked), and for a study measured on several nodes
 /// (`[measure] nodes`) `nodes, energy_nodes_j, energy_nodes_valid`, and
 /// for a study whose trials were given GPUs `gpu_energy_j` (their part of
-/// `energy_j`, the trial's whole energy).
+/// `energy_j`, the trial's whole energy), and for a study with
+/// `[[constraint]]`s `feasible, violation` (its result meets them; how
+/// far it misses them, summed: Optuna's rule).
 /// JSON: an array of objects with the same fields, `params` as an
 /// object, the full `measurement` (or null), and `nodes`: what each
 /// other node measured of the stored attempt.
@@ -118,6 +120,11 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
     if gpus {
         header.push("gpu_energy_j".into());
     }
+    // Constrained studies only.
+    let constrained = rows.iter().any(|r| r.violation.is_some());
+    if constrained {
+        header.extend(["feasible".to_string(), "violation".into()]);
+    }
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
         let mut rec: Vec<String> = vec![r.trial.to_string(), r.repeat.to_string(), r.state.to_string()];
@@ -143,6 +150,9 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
         if gpus {
             rec.push(opt(&r.gpu_energy_j));
         }
+        if constrained {
+            rec.extend([opt(&r.violation.map(|v| v == 0.0)), opt(&r.violation)]);
+        }
         w.write_record(&rec).map_err(csv_err)?;
     }
     w.flush().map_err(|source| ExportError::Write { study: study.to_string(), source })
@@ -166,6 +176,8 @@ fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl
                 "energy_source": r.energy_source,
                 "energy_valid": r.energy_valid,
                 "gpu_energy_j": r.gpu_energy_j,
+                "feasible": r.violation.map(|v| v == 0.0),
+                "violation": r.violation,
                 "agent": r.agent,
                 "attempt": r.attempt,
                 "attempts": r.attempts,

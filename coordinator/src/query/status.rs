@@ -24,6 +24,10 @@ pub struct StudyStatus {
     pub best: Option<(f64, u64)>,
     /// How many ranked runs that mean is over.
     pub best_runs: u32,
+    /// Whether the leader meets the study's `[[constraint]]`s (`None`: it
+    /// has none, or nothing is ranked); it fails them only when no
+    /// configuration meets them.
+    pub best_feasible: Option<bool>,
     /// Bytes free on the store's disk (a coordinator pauses below its
     /// `--store-min-free-mib`).
     pub store_free_bytes: Option<u64>,
@@ -99,6 +103,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         let leader = store.best(&s.name, 1)?;
         let best = leader.first().map(|b| (b.mean, b.trial));
         let best_runs = leader.first().map_or(0, |b| b.runs);
+        let best_feasible = leader.first().filter(|b| b.violation.is_some()).map(|b| b.feasible());
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
         let total = planned(store, &s)?;
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };
@@ -123,6 +128,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             metric: s.metric,
             best,
             best_runs,
+            best_feasible,
             store_free_bytes,
             live_agents,
             coordinator_running,
@@ -223,6 +229,7 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             best_runs: 1,
+            best_feasible: None,
             store_free_bytes: None,
             live_agents: 2,
             coordinator_running: true,

@@ -100,6 +100,8 @@ mod tests {
             system: None,
             runs: 1,
             mean: objective,
+            violation: None,
+            mean_violation: 0.0,
         }
     }
 

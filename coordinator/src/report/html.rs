@@ -331,9 +331,16 @@ fn params_text(params: &Params) -> String {
 /// A ranked trial's objective, with its configuration's mean and runs
 /// where the configuration ran more than once (what it is ranked by).
 fn objective_cell(r: &BestRow) -> String {
-    match r.runs {
+    let value = match r.runs {
         0 | 1 => fmt_num(r.objective),
         n => format!("{} <span class=\"small\">mean {} of {n} runs</span>", fmt_num(r.objective), fmt_num(r.mean)),
+    };
+    match r.feasible() {
+        true => value,
+        false => format!(
+            "{value} <span class=\"small\">infeasible: misses its constraints by {}</span>",
+            fmt_num(r.mean_violation)
+        ),
     }
 }
 
@@ -605,6 +612,8 @@ mod tests {
             system: Some(SystemParams { cores: Some(2), ..SystemParams::default() }),
             runs: 1,
             mean: objective,
+            violation: None,
+            mean_violation: 0.0,
         }
     }
 

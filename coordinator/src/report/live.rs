@@ -108,11 +108,12 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
          <th>failed</th><th>stopped</th><th>best</th><th>failures by cause</th><th>report</th></tr>",
     );
     for s in &data.studies {
-        let best = match (s.best, s.best_runs) {
-            (Some((v, t)), 0 | 1) => format!("{}={v:.6} (trial {t})", Esc(&s.metric)),
-            (Some((v, t)), n) => format!("{}={v:.6} (mean of {n} runs, best run trial {t})", Esc(&s.metric)),
-            (None, _) => "-".to_string(),
-        };
+        let best =
+            match (s.best, s.best_runs) {
+                (Some((v, t)), 0 | 1) => format!("{}={v:.6} (trial {t})", Esc(&s.metric)),
+                (Some((v, t)), n) => format!("{}={v:.6} (mean of {n} runs, best run trial {t})", Esc(&s.metric)),
+                (None, _) => "-".to_string(),
+            } + if s.best_feasible == Some(false) { " (infeasible: no trial meets the constraints)" } else { "" };
         let causes = if s.failures.is_empty() {
             "-".to_string()
         } else {
@@ -194,6 +195,7 @@ mod tests {
             metric: "loss".into(),
             best: Some((0.5, 3)),
             best_runs: 2,
+            best_feasible: None,
             store_free_bytes: None,
             live_agents: 1,
             coordinator_running: true,

@@ -7,8 +7,8 @@ use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 
 use super::queries::study_by_name;
 use super::{
-    exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, SqlContext, Store, StoreError, TrialState,
-    ROW_BYTES,
+    exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, Score, SqlContext, Store, StoreError,
+    TrialState, ROW_BYTES,
 };
 use crate::domain::search::TrialPlan;
 use crate::domain::study::{self, Study};
@@ -380,7 +380,7 @@ impl Batch<'_> {
         trial: &TrialRef,
         agent: &str,
         measurement: &Measurement,
-        objective: Option<f64>,
+        score: impl Into<Score>,
         at_ms: u64,
     ) -> Result<RecordOutcome> {
         let context = || format!("recording the result of {trial} from {agent}");
@@ -416,7 +416,7 @@ impl Batch<'_> {
             self.supersede(trial, agent, &exit, at)?;
             return Ok(RecordOutcome::Superseded);
         }
-        self.accept(trial, agent, measurement, objective, at)?;
+        self.accept(trial, agent, measurement, score.into(), at)?;
         Ok(RecordOutcome::Stored)
     }
 
@@ -454,14 +454,16 @@ impl Batch<'_> {
         trial: &TrialRef,
         agent: &str,
         measurement: &Measurement,
-        objective: Option<f64>,
+        score: Score,
         at: i64,
     ) -> Result<()> {
         let context = || format!("recording the result of {trial} from {agent}");
         let id = to_i64("trial", trial.trial)?;
         let exit = exit_text(&measurement.exit);
         let success = measurement.exit.success();
-        let objective = objective.filter(|v| v.is_finite());
+        let objective = score.objective.filter(|v| v.is_finite());
+        // A violation without end (a figure missing) is kept as the largest number.
+        let violation = score.violation.map(|v| v.min(f64::MAX));
         let json =
             serde_json::to_string(measurement).map_err(|source| StoreError::Json { context: context(), source })?;
         self.written += ROW_BYTES + json.len() as u64;
@@ -472,8 +474,9 @@ impl Batch<'_> {
         self.tx
             .prepare_cached(
                 "INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
-                     max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms, gpu_energy_j)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                     max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms, gpu_energy_j,
+                     violation)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
             )
             .ctx(context)?
             .execute(params![
@@ -493,7 +496,8 @@ impl Batch<'_> {
                 energy.valid,
                 json,
                 at,
-                gpu_joules
+                gpu_joules,
+                violation
             ])
             .ctx(context)?;
         // A failed trial keeps why, in words a user can act on (its exit and last line).

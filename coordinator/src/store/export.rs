@@ -18,7 +18,7 @@ impl Store {
             .prepare_cached(
                 "SELECT t.trial, t.repeat, t.state, t.params, t.attempts,
                         r.objective, r.wall_us, r.energy_j, r.energy_source, r.energy_valid, r.gpu_energy_j,
-                        r.agent, r.attempt, r.exit, r.measurement
+                        r.agent, r.attempt, r.exit, r.measurement, r.violation
                  FROM trials t LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
                  WHERE t.study = ?1 ORDER BY t.trial",
             )
@@ -46,6 +46,7 @@ impl Store {
                     energy_source: row.get("energy_source")?,
                     energy_valid: row.get("energy_valid")?,
                     gpu_energy_j: row.get("gpu_energy_j")?,
+                    violation: row.get("violation")?,
                     agent: row.get("agent")?,
                     attempt: row.get("attempt")?,
                     exit: row.get("exit")?,
@@ -79,6 +80,9 @@ pub struct ExportRow {
     pub measurement: Option<serde_json::Value>,
     /// Its place among the ranked trials, its configuration's mean and runs.
     pub rank: Option<(u64, f64, u32)>,
+    /// How far its result misses the study's constraints (0: feasible;
+    /// `None`: no constraints, or no result).
+    pub violation: Option<f64>,
 }
 
 /// When each attempt was assigned and ended (Unix ms), by (trial, attempt).

@@ -188,6 +188,21 @@ impl fmt::Debug for Store {
 }
 
 /// A write transaction over the store; see [`Store::batch`].
+/// What a result is ranked by: its objective and, in a study with
+/// `[[constraint]]`s, its violation of them (0: feasible; `None`: the
+/// study has none). An objective alone converts into one.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Score {
+    pub objective: Option<f64>,
+    pub violation: Option<f64>,
+}
+
+impl From<Option<f64>> for Score {
+    fn from(objective: Option<f64>) -> Score {
+        Score { objective, violation: None }
+    }
+}
+
 /// What a row costs beside its payload, as [`Batch::written`] counts it.
 pub const ROW_BYTES: u64 = 64;
 

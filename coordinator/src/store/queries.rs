@@ -57,6 +57,9 @@ pub struct TrialRow {
     pub energy_j: Option<f64>,
     /// The accepted result's wall time.
     pub wall_us: Option<u64>,
+    /// How far the accepted result misses the study's constraints (0:
+    /// feasible; `None`: no constraints, or no result).
+    pub violation: Option<f64>,
 }
 
 impl TrialRow {
@@ -135,9 +138,20 @@ pub struct BestRow {
     /// ([`crate::domain::rank`]).
     pub runs: u32,
     pub mean: f64,
+    /// How far this result misses the study's constraints (0: feasible;
+    /// `None`: the study has none).
+    pub violation: Option<f64>,
+    /// Its configuration's mean violation, what it is ranked by after
+    /// feasibility (0: every run feasible).
+    pub mean_violation: f64,
 }
 
 impl BestRow {
+    /// Whether its configuration meets every constraint.
+    pub fn feasible(&self) -> bool {
+        self.mean_violation == 0.0
+    }
+
     /// Its energy as stored ([`EnergyFigure::counted`] says whether it counts).
     pub fn energy(&self) -> EnergyFigure {
         EnergyFigure { joules: self.energy_j, valid: self.energy_valid }
@@ -322,7 +336,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
-                        r.energy_source, r.energy_valid, r.system
+                        r.energy_source, r.energy_valid, r.system, r.violation
                  FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
                  WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
                  ORDER BY r.trial ASC",
@@ -348,13 +362,17 @@ impl Store {
                         .and_then(|text| serde_json::from_str::<SystemParams>(&text).ok()),
                     runs: 1,
                     mean: 0.0,
+                    violation: row.get("violation")?,
+                    mean_violation: 0.0,
                 })
             })
             .ctx(context)?;
         let mut rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
         rows.retain(|r| !energy_left_out(&row.metric, r.energy()));
-        let keyed: Vec<(String, u64, f64)> =
-            rows.iter().map(|r| (super::params_json(&r.params), r.trial, r.objective)).collect();
+        let keyed: Vec<(String, u64, f64, f64)> = rows
+            .iter()
+            .map(|r| (super::params_json(&r.params), r.trial, r.objective, r.violation.unwrap_or(0.0)))
+            .collect();
         let order = crate::domain::rank::rank(row.direction, &keyed);
         let mut slots: Vec<Option<BestRow>> = rows.into_iter().map(Some).collect();
         Ok(order
@@ -364,6 +382,7 @@ impl Store {
                 let mut r = slots.get_mut(i)?.take()?;
                 r.runs = standing.runs;
                 r.mean = standing.mean;
+                r.mean_violation = standing.violation;
                 Some(r)
             })
             .collect())
@@ -588,7 +607,8 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
            AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'
            AND COALESCE(f.outcome, '') NOT LIKE 'not started: %') AS failures,
         r.energy_j, r.energy_valid,
-        r.wall_us
+        r.wall_us,
+        CASE WHEN r.success = 1 THEN r.violation END AS violation
     FROM trials t
     LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
     LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
@@ -608,6 +628,7 @@ fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
         failures: row.get("failures")?,
         energy_j: energy_cols(row)?.counted(),
         wall_us: row.get::<_, Option<i64>>("wall_us")?.and_then(|v| u64::try_from(v).ok()),
+        violation: row.get("violation")?,
     })
 }
 

@@ -174,6 +174,18 @@ const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
+/// `results.violation` (issue 58): how far a result misses its study's
+/// `[[constraint]]`s (0: feasible, NULL: the study has none), added to a
+/// store made before it.
+fn add_results_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let present: i64 =
+        tx.query_row("SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'violation'", [], |r| r.get(0))?;
+    if present == 0 {
+        tx.execute_batch("ALTER TABLE results ADD COLUMN violation REAL;")?;
+    }
+    Ok(())
+}
+
 /// The heartbeat's `paused`, `broker` (the embedded broker's counters,
 /// JSON) and `waits` (why studies wait, JSON) columns, added to a store
 /// made before them.
@@ -308,6 +320,7 @@ impl Store {
         }
         tx.execute_batch(STUDY_IDS).ctx(|| format!("{path}: creating the study ids table"))?;
         add_heartbeat_columns(&tx).ctx(|| format!("{path}: adding the heartbeat's columns"))?;
+        add_results_columns(&tx).ctx(|| format!("{path}: adding the results' violation"))?;
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;

@@ -77,6 +77,10 @@ pub trait Proposer: Send + std::fmt::Debug {
         let _ = also;
         self.tell(trial, params, Outcome::Complete(value));
     }
+    /// How far a complete trial told before misses the study's
+    /// `[[constraint]]`s (0: feasible); ignored by proposers that do not
+    /// model feasibility.
+    fn tell_violation(&mut self, _trial: u64, _violation: f64) {}
     /// Results the proposer has learnt from (0 for one that does not learn).
     fn observations(&self) -> usize {
         0
@@ -165,6 +169,10 @@ impl<S: Sampler> Proposer for Sampled<S> {
 
     fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
         self.sampler.tell_values(trial, params, value, also);
+    }
+
+    fn tell_violation(&mut self, trial: u64, violation: f64) {
+        self.sampler.tell_violation(trial, violation);
     }
 }
 
@@ -302,6 +310,16 @@ impl Search {
     pub fn tell(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
         if value.is_finite() {
             self.proposer.tell_values(trial, params, value, also);
+        }
+    }
+
+    /// [`Search::tell`] with how far the trial misses the study's
+    /// constraints (`None`: it has none): `tpe` splits feasible trials
+    /// from the others as Optuna's constrained TPE does.
+    pub fn tell_constrained(&mut self, trial: u64, params: &Params, value: f64, also: &[f64], violation: Option<f64>) {
+        self.tell(trial, params, value, also);
+        if let (Some(v), true) = (violation, value.is_finite()) {
+            self.proposer.tell_violation(trial, v);
         }
     }
 

@@ -22,6 +22,10 @@ pub trait Sampler: Send + std::fmt::Debug {
     fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome);
     /// A complete trial's objective and the figures of `[objective] also`.
     fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]);
+    /// How far a complete trial told before misses the study's
+    /// `[[constraint]]`s (0: feasible). Samplers that do not model
+    /// feasibility ignore it.
+    fn tell_violation(&mut self, _trial: u64, _violation: f64) {}
     /// Trials told so far.
     fn observations(&self) -> usize;
 }

@@ -156,6 +156,8 @@ struct Observation {
     coords: Option<Vec<f64>>,
     /// A complete trial's figures of the study's `also` (minimised).
     also: Vec<f64>,
+    /// How far it misses the study's constraints (0: feasible).
+    violation: f64,
 }
 
 /// A told trial's result as a loss (smaller is better).
@@ -208,11 +210,19 @@ impl Tpe {
                 State::Pruned { epoch, loss } => pruned.push((trial, epoch, loss)),
             }
         }
+        // Optuna's constrained split: feasible trials first (by the
+        // objective, or by front), then the others by their violation.
+        let violation = |t: &u64| self.told.get(t).map_or(0.0, |o| o.violation);
+        let (mut feasible, mut infeasible): Split = complete.into_iter().partition(|(t, _)| violation(t) <= 0.0);
         if self.objectives > 1 {
-            complete = self.by_front(&complete, n_below);
+            feasible = self.by_front(&feasible, n_below);
         } else {
-            complete.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+            feasible.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         }
+        infeasible
+            .sort_by(|a, b| violation(&a.0).total_cmp(&violation(&b.0)).then(a.1.total_cmp(&b.1)).then(a.0.cmp(&b.0)));
+        feasible.extend(infeasible);
+        let complete = feasible;
         pruned.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.total_cmp(&b.2)).then(a.0.cmp(&b.0)));
         let mut below: Vec<u64> = Vec::new();
         let mut above: Vec<u64> = Vec::new();
@@ -312,7 +322,7 @@ impl Sampler for Tpe {
             }
         };
         let coords = self.coords(params);
-        self.told.insert(trial, Observation { state, coords, also: Vec::new() });
+        self.told.insert(trial, Observation { state, coords, also: Vec::new(), violation: 0.0 });
     }
 
     /// Trial `trial` completed with `value` (the metric's own direction; not
@@ -323,6 +333,12 @@ impl Sampler for Tpe {
         self.tell(trial, params, Outcome::Complete(value));
         if let Some(o) = self.told.get_mut(&trial) {
             o.also = also.to_vec();
+        }
+    }
+
+    fn tell_violation(&mut self, trial: u64, violation: f64) {
+        if let Some(o) = self.told.get_mut(&trial) {
+            o.violation = if violation.is_nan() { f64::INFINITY } else { violation.max(0.0) };
         }
     }
 

@@ -507,3 +507,38 @@ fn the_density_ratio_is_optuna_5s_on_recorded_histories() {
         }
     }
 }
+
+/// Issue 58: with constraints, the good trials are the feasible ones
+/// first (by loss), then the infeasible ones by violation (Optuna's
+/// constrained split), whatever their loss.
+#[test]
+fn the_constrained_split_takes_feasible_trials_first_then_the_least_violating() {
+    let space = vec![("x".to_string(), ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 })];
+    let settings = TpeSettings { gamma: 0.25, ..TpeSettings::default() };
+    let mut tpe = Tpe::new(space, Direction::Minimize, 1, settings);
+    let at = |x: f64| Params::from([("x".to_string(), ParamValue::Float(x))]);
+    // Trials 0..8 at x = 0.1 * t, loss t; the four best by loss infeasible.
+    for t in 0..8u64 {
+        tpe.tell_values(t, &at(0.1 * t as f64), t as f64, &[]);
+        if t < 4 {
+            tpe.tell_violation(t, 10.0 - t as f64);
+        }
+    }
+    let (good, _) = tpe.split(&[]);
+    // n_below = ceil(0.25 * 8) = 2: the two feasible trials of least loss (4 and 5).
+    let xs: Vec<f64> = good.iter().map(|c| c[0]).collect();
+    let spec = ParamSpec::Float { low: 0.0, high: 1.0, grid: 3 };
+    let coords = |xs: &[f64]| -> Vec<f64> {
+        xs.iter().map(|x| encode(&spec, &ParamValue::Float(*x)).expect("coords")).collect()
+    };
+    let want = coords(&[0.1 * 4.0, 0.1 * 5.0]);
+    assert_eq!(xs, want, "feasible first");
+    // Every trial infeasible: the least violating (3, then 2) are good.
+    for t in 4..8u64 {
+        tpe.tell_violation(t, 20.0);
+    }
+    let (good, _) = tpe.split(&[]);
+    let xs: Vec<f64> = good.iter().map(|c| c[0]).collect();
+    let want = coords(&[0.1 * 2.0, 0.1 * 3.0]);
+    assert_eq!(xs, want, "the least violating, in trial order");
+}

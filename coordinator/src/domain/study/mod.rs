@@ -15,6 +15,7 @@
 
 use std::path::Path;
 
+pub mod constraint;
 pub mod diff;
 mod error;
 mod gpus;
@@ -22,6 +23,7 @@ pub mod model;
 mod raw;
 mod validate;
 
+pub use constraint::{Bound, Constraint};
 pub use error::{Location, StudyError};
 pub use gpus::gpus_as_given;
 pub use model::*;

@@ -409,6 +409,8 @@ pub struct Study {
     /// the same objective, inside this study's space) its search is told
     /// before its first ask (tpe and gp).
     pub warm_start: Vec<String>,
+    /// `[[constraint]]`: bounds every trial must keep to be feasible.
+    pub constraints: Vec<super::constraint::Constraint>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
     pub origin: String,
     /// The study file exactly as it was read.
@@ -462,7 +464,7 @@ impl Study {
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.
     pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
-        let pairs: [(&'static str, bool); 21] = [
+        let pairs: [(&'static str, bool); 22] = [
             ("command", self.command != newer.command),
             ("env", self.env != newer.env),
             ("resume", self.resume != newer.resume),
@@ -484,6 +486,7 @@ impl Study {
             ("[reuse]", self.reuse != newer.reuse),
             ("[[group]]", self.groups != newer.groups),
             ("[measure]", self.measure_nodes != newer.measure_nodes),
+            ("[[constraint]]", self.constraints != newer.constraints),
         ];
         pairs.into_iter().filter(|(_, differs)| *differs).map(|(key, _)| key).collect()
     }
@@ -578,6 +581,12 @@ impl Study {
                 Secondary::WallTime => wall_us as f64 / 1e6,
             })
             .collect()
+    }
+
+    /// A successful measurement's total violation of the study's
+    /// constraints (`None`: it has none).
+    pub fn violation(&self, m: &Measurement) -> Option<f64> {
+        super::constraint::violation(&self.constraints, m)
     }
 
     /// A successful measurement's objective value, as `objective.aggregate` says.

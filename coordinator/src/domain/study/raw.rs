@@ -35,6 +35,15 @@ pub(super) struct RawStudy {
     pub(super) group: Option<Vec<Spanned<RawGroup>>>,
     pub(super) measure: Option<RawMeasure>,
     pub(super) warm_start: Option<Spanned<RawWarmStart>>,
+    pub(super) constraint: Option<Vec<Spanned<RawConstraint>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConstraint {
+    pub(super) metric: Spanned<String>,
+    pub(super) at_most: Option<f64>,
+    pub(super) at_least: Option<f64>,
 }
 
 #[derive(Deserialize)]

@@ -497,3 +497,31 @@ fn early_stopping_in_a_pipelined_study_judges_only_after_every_probe_window() {
     let plain = format!("{EXAMPLE}\n[early_stopping]\nkind = \"asha\"\ngrace = 1\n");
     assert!(parse(&plain, "s.toml").is_ok());
 }
+
+/// Issue 58: `[[constraint]]` entries, each a metric and one finite bound;
+/// changing them is a new study (they decide what is ranked first).
+#[test]
+fn constraints_take_a_metric_and_one_finite_bound() {
+    let with = |extra: &str| format!("{EXAMPLE}\n{extra}");
+    let two = with(
+        "[[constraint]]\nmetric = \"accuracy\"\nat_least = 0.97\n\n[[constraint]]\nmetric = \"energy\"\nat_most = 50.0\n",
+    );
+    let study = parse(&two, "s.toml").expect("parses");
+    assert_eq!(
+        study.constraints,
+        vec![
+            Constraint { metric: "accuracy".into(), bound: Bound::AtLeast(0.97) },
+            Constraint { metric: "energy".into(), bound: Bound::AtMost(50.0) },
+        ]
+    );
+    assert!(parse(EXAMPLE, "s.toml").expect("parses").constraints.is_empty());
+    let both = err(&with("[[constraint]]\nmetric = \"a\"\nat_most = 1.0\nat_least = 0.0\n"));
+    assert!(both.to_string().contains("one of at_most and at_least"), "{both}");
+    assert!(err(&with("[[constraint]]\nmetric = \"a\"\n")).to_string().contains("one of at_most and at_least"));
+    assert!(err(&with("[[constraint]]\nmetric = \"a\"\nat_most = nan\n")).to_string().contains("finite"));
+    assert!(err(&with("[[constraint]]\nmetric = \"a b\"\nat_most = 1.0\n")).to_string().contains("no metric name"));
+    assert!(err(&with("[[constraint]]\nmetric = \"a\"\nbelow = 1.0\n")).to_string().contains("below"));
+    let base = parse(EXAMPLE, "s.toml").expect("parses");
+    assert_eq!(base.differences(&study), vec!["[[constraint]]"]);
+    assert!(!diff::continues(&base, &study), "a study under other constraints ranks otherwise: a new study");
+}

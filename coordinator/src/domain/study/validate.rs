@@ -12,6 +12,7 @@ use tunefleet_common::measurement::EnergySourceKind;
 use tunefleet_common::message::MAX_GPUS;
 use tunefleet_common::template;
 
+use super::constraint::{Bound, Constraint};
 use super::error::{Location, StudyError};
 use super::model::*;
 use super::raw::*;
@@ -80,6 +81,7 @@ impl FileCheck<'_> {
         };
         let strategy = self.strategy(&raw.strategy)?;
         let warm_start = self.warm_start(raw.warm_start.as_ref(), name, strategy)?;
+        let constraints = self.constraints(raw.constraint.as_deref().unwrap_or_default())?;
         let selector = match raw.selector {
             None => Selector::default(),
             Some(s) => self.selector(s, "selector")?,
@@ -139,6 +141,7 @@ impl FileCheck<'_> {
             groups,
             measure_nodes: raw.measure.and_then(|m| m.nodes).map(|n| n.tags),
             warm_start,
+            constraints,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
@@ -236,6 +239,28 @@ impl FileCheck<'_> {
             RawStrategyKind::Tpe => Strategy::Tpe { seed },
             RawStrategyKind::Gp => Strategy::Gp { seed },
         })
+    }
+
+    /// `[[constraint]]`: each a metric name and one finite bound.
+    fn constraints(&self, raw: &[Spanned<RawConstraint>]) -> Result<Vec<Constraint>, StudyError> {
+        let mut out = Vec::with_capacity(raw.len());
+        for c in raw {
+            let r = c.get_ref();
+            let metric = r.metric.get_ref();
+            if !valid_param_name(metric) {
+                return Err(self.at(r.metric.span(), format!("constraint.metric: {metric:?} is no metric name")));
+            }
+            let bound = match (r.at_most, r.at_least) {
+                (Some(b), None) if b.is_finite() => Bound::AtMost(b),
+                (None, Some(b)) if b.is_finite() => Bound::AtLeast(b),
+                (None, None) | (Some(_), Some(_)) => {
+                    return Err(self.at(c.span(), "constraint: give one of at_most and at_least"));
+                }
+                _ => return Err(self.at(c.span(), "constraint: the bound must be a finite number")),
+            };
+            out.push(Constraint { metric: metric.clone(), bound });
+        }
+        Ok(out)
     }
 
     /// `[warm_start] studies`: valid study names, not the study's own, for

@@ -27,6 +27,9 @@ pub struct Best {
     pub runs: u32,
     /// Where its best run ran.
     pub agent: String,
+    /// Whether it meets the study's `[[constraint]]`s (`None`: it has none):
+    /// the leader is infeasible only when no configuration is feasible.
+    pub feasible: Option<bool>,
 }
 
 /// What a finished study looked like.
@@ -137,10 +140,11 @@ impl ActiveStudy {
 
     /// Counts `value`, the objective trial `trial` reached on `agent`, in
     /// the ranking (and for `[stability]`).
-    pub(super) fn record_value(&mut self, trial: u64, value: f64, agent: &str) {
+    pub(super) fn record_value(&mut self, trial: u64, value: f64, violation: Option<f64>, agent: &str) {
         self.values.insert(trial, value);
         if let Some(plan) = self.plans.get(trial as usize) {
-            self.standings.record(&crate::store::params_json(&plan.params), trial, value);
+            let config = crate::store::params_json(&plan.params);
+            self.standings.record(&config, trial, value, violation.unwrap_or(0.0));
             self.ran_on.insert(trial, agent.to_string());
         }
     }
@@ -149,7 +153,8 @@ impl ActiveStudy {
     pub(super) fn best(&self) -> Option<Best> {
         let (_, s) = self.standings.leader()?;
         let agent = self.ran_on.get(&s.best_trial).cloned().unwrap_or_default();
-        Some(Best { trial: s.best_trial, value: s.mean, runs: s.runs, agent })
+        let feasible = (!self.study.constraints.is_empty()).then_some(s.violation == 0.0);
+        Some(Best { trial: s.best_trial, value: s.mean, runs: s.runs, agent, feasible })
     }
 
     /// Creates `trials` in the store and the scheduler, and remembers them.

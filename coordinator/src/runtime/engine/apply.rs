@@ -18,7 +18,7 @@ use super::learn::{learn, on_profile};
 use super::types::{loud, EngineError, Inbound};
 use crate::domain::offload::Sample;
 use crate::domain::sched::Verdict;
-use crate::store::{RecordOutcome, StoreError};
+use crate::store::{RecordOutcome, Score, StoreError};
 
 /// Handles `events` in order, each in its own savepoint ([`handle`]).
 pub(super) fn handle_all(cx: &mut Ctx<'_, '_>, events: impl IntoIterator<Item = Inbound>) -> Result<(), EngineError> {
@@ -250,9 +250,9 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
 fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
     let ResultStep { trial, measurement, judgement, keep } = step;
     let verdict = judgement.verdict;
-    let objective = match &keep {
-        Keep::Result { objective, .. } => *objective,
-        _ => None,
+    let score = match &keep {
+        Keep::Result { objective, violation, .. } => Score { objective: *objective, violation: *violation },
+        _ => Score::default(),
     };
     let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, keep, now)?;
     // The nodes measuring with the attempt: its window, now that it ended
@@ -269,7 +269,7 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
     cx.out.extend(co_messages(co));
     cx.effects.extend(cx.sched.settle(judgement, cx.now.engine_ms));
     if verdict == Verdict::Accepted {
-        tell_accepted(cx, &agent, &trial, &measurement, objective)?;
+        tell_accepted(cx, &agent, &trial, &measurement, score)?;
     }
     // Only a pipelined trial's profile teaches anything (`learn` returns at once otherwise).
     let probed =
@@ -336,8 +336,9 @@ fn write_result(
             }
             Ok((AckOutcome::Stored, false))
         }
-        Keep::Result { objective, system, points, expected } => {
-            let stored = cx.batch.record_result(trial, agent, measurement, objective, now)? == RecordOutcome::Stored;
+        Keep::Result { objective, violation, system, points, expected } => {
+            let score = Score { objective, violation };
+            let stored = cx.batch.record_result(trial, agent, measurement, score, now)? == RecordOutcome::Stored;
             if stored {
                 if measurement.exit == ExitOutcome::Cancelled {
                     // Cancelled on purpose (stopped early, moved, the study
@@ -378,17 +379,17 @@ fn tell_accepted(
     agent: &str,
     trial: &TrialRef,
     measurement: &Measurement,
-    objective: Option<f64>,
+    score: Score,
 ) -> Result<(), EngineError> {
-    if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), objective) {
+    if let (Some(a), Some(v)) = (cx.studies.get_mut(&trial.study), score.objective) {
         if let Some(plan) = a.plans.get(trial.trial as usize) {
             if measurement.exit != ExitOutcome::Cancelled {
                 let energy = measurement.energy_figure().counted();
                 let also = a.study.also_figures(energy, measurement.wall_us);
-                a.search.tell(trial.trial, &plan.params, v, &also);
+                a.search.tell_constrained(trial.trial, &plan.params, v, &also, score.violation);
             }
         }
-        a.record_value(trial.trial, v, agent);
+        a.record_value(trial.trial, v, score.violation, agent);
         // A savepoint costs two statements: only where there is a repeat to judge.
         if a.study.stability.is_some() {
             aside(cx, "an extra repeat", |cx| {

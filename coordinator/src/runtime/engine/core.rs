@@ -212,7 +212,7 @@ impl Core {
         let mut search = Search::new(&study);
         search.resume(&plans);
         let mut states = Vec::with_capacity(rows.len());
-        let mut values: Vec<(u64, f64, String)> = Vec::new();
+        let mut values: Vec<(u64, f64, Option<f64>, String)> = Vec::new();
         // Trials ASHA stopped: told to the search with their last report below.
         let mut stopped: HashMap<u64, tunefleet_common::params::Params> = HashMap::new();
         for row in rows {
@@ -236,8 +236,8 @@ impl Core {
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
-                search.tell(row.trial, &row.params, value, &also);
-                values.push((row.trial, value, agent));
+                search.tell_constrained(row.trial, &row.params, value, &also, row.violation);
+                values.push((row.trial, value, row.violation, agent));
             }
         }
         super::warm::warm_start(&self.store, &study, &mut search)?;
@@ -263,8 +263,8 @@ impl Core {
         };
         let mut active = ActiveStudy::new(study, search, plans);
         active.at_start = (c.failed, c.done);
-        for (trial, value, agent) in values {
-            active.record_value(trial, value, &agent);
+        for (trial, value, violation, agent) in values {
+            active.record_value(trial, value, violation, &agent);
         }
         self.replay_progress(&mut active, &stopped)?;
         self.studies.insert(active.study.name.clone(), active);

@@ -95,7 +95,14 @@ pub(super) enum Keep {
     /// A result row with its objective, the system the trial ran under
     /// in the end and its InfluxDB points; `expected` names an objective
     /// metric the workload should have reported and did not.
-    Result { objective: Option<f64>, system: SystemParams, points: Vec<String>, expected: Option<String> },
+    /// `violation`: how far it misses the study's constraints (`None`: none).
+    Result {
+        objective: Option<f64>,
+        violation: Option<f64>,
+        system: SystemParams,
+        points: Vec<String>,
+        expected: Option<String>,
+    },
 }
 
 /// The decision on `msg` from `agent`.
@@ -219,6 +226,7 @@ fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, v
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
             let active = view.studies.get(&trial.study);
             let objective = active.and_then(|a| m.exit.success().then(|| a.study.objective_value(m)).flatten());
+            let violation = active.and_then(|a| m.exit.success().then(|| a.study.violation(m)).flatten());
             // A measured objective (energy, times) missing has its own
             // reasons, which `best` says; a workload's metric is warned of.
             let expected = active
@@ -229,7 +237,7 @@ fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, v
                 true => super::points::trial_points(trial, agent, m, objective),
                 false => Vec::new(),
             };
-            Keep::Result { objective, system: ran_under(active, trial, m), points, expected }
+            Keep::Result { objective, violation, system: ran_under(active, trial, m), points, expected }
         }
     }
 }

@@ -1,0 +1,76 @@
+//! Issue 58: `[[constraint]]` with real coordinator and agent processes:
+//! feasible trials rank first in every view (the run's summary, `best`,
+//! `status --json`, `export`), the others after by how far they miss;
+//! a study with no feasible trial says so and exits 6.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tunefleet_tests::*;
+
+/// [`sleep_study`] (v = 1..=trials, maximised) with `constraint` appended.
+fn constrained(dir: &Path, name: &str, trials: u32, constraint: &str) -> PathBuf {
+    let path = sleep_study(dir, name, trials, 0.01);
+    let text = std::fs::read_to_string(&path).expect("study");
+    std::fs::write(&path, format!("{text}\n[[constraint]]\n{constraint}\n")).expect("study");
+    path
+}
+
+fn status_json(store: &str) -> serde_json::Value {
+    let (code, out, err) = tunefleet(&["status", "--json", "--store", store]);
+    assert_eq!(code, Some(0), "{err}");
+    serde_json::from_str(&out).expect("json")
+}
+
+#[test]
+fn feasible_trials_rank_first_in_every_view_and_the_others_by_how_far_they_miss() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let s = store.to_str().expect("utf-8");
+    // Maximised v, but v <= 3: trial 2 (v = 3) is the best feasible one.
+    let study = constrained(dir.path(), "capped", 6, "metric = \"v\"\nat_most = 3.0");
+    let out = run_with_one_agent(&study, &store, "capped", &[], Duration::from_secs(120));
+    let ranked: Vec<&str> = out.lines().skip_while(|l| !l.starts_with("best trials:")).skip(1).take(3).collect();
+    assert!(ranked[0].contains("trial    2") && !ranked[0].contains("infeasible"), "{out}");
+    assert!(ranked[1].contains("trial    1"), "feasible ones before any other: {out}");
+    let (code, best, err) = tunefleet(&["best", "capped", "--store", s, "-n", "6"]);
+    assert_eq!(code, Some(0), "{err}");
+    let order: Vec<&str> = best.lines().filter(|l| l.starts_with("trial")).collect();
+    let trials: Vec<&str> = order.iter().filter_map(|l| l.split_whitespace().nth(1)).collect();
+    // Feasible by v (3, 2, 1), then by violation (v = 4 misses by 1, 5 by 2, 6 by 3).
+    assert_eq!(trials, ["2", "1", "0", "3", "4", "5"], "{best}");
+    assert!(order[3].contains("infeasible (misses its constraints by 1.000000)"), "{best}");
+    assert_eq!(status_json(s)[0]["best"][1], 2, "status: the best feasible trial");
+    assert_eq!(status_json(s)[0]["best_feasible"], true);
+    let (code, csv, err) = tunefleet(&["export", "capped", "--store", s]);
+    assert_eq!(code, Some(0), "{err}");
+    let mut rows = csv.lines();
+    let header: Vec<&str> = rows.next().expect("header").split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap_or_else(|| panic!("{name} in {header:?}"));
+    let (feasible, violation, rank) = (col("feasible"), col("violation"), col("rank"));
+    for row in rows {
+        let cells: Vec<&str> = row.split(',').collect();
+        let trial: u32 = cells[0].parse().expect("trial");
+        let miss = f64::from(trial + 1) - 3.0;
+        assert_eq!(cells[feasible], if miss <= 0.0 { "true" } else { "false" }, "{row}");
+        assert_eq!(cells[violation].parse::<f64>().expect("violation"), miss.max(0.0), "{row}");
+        let want_rank = if miss <= 0.0 { 3 - trial } else { trial + 1 };
+        assert_eq!(cells[rank], want_rank.to_string(), "{row}");
+    }
+}
+
+#[test]
+fn a_study_with_no_feasible_trial_says_so_and_exits_6() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = constrained(dir.path(), "unreachable", 4, "metric = \"v\"\nat_least = 100.0");
+    let (code, out, log) = run_study_logged(dir.path(), &study, &store, "unreachable");
+    assert_eq!(code, Some(6), "{out}\n{log}");
+    assert!(log.contains("none meets its constraints"), "{log}");
+    // The one that misses least (v = 4, by 96) leads, marked.
+    assert!(out.contains("trial    3") && out.contains("infeasible (misses its constraints by 96.000000)"), "{out}");
+    let status = status_json(store.to_str().expect("utf-8"));
+    assert_eq!(status[0]["best_feasible"], false, "{status}");
+    let (_, text, _) = tunefleet(&["status", "--store", store.to_str().expect("utf-8")]);
+    assert!(text.contains("infeasible: no trial meets the constraints"), "{text}");
+}
