@@ -74,3 +74,45 @@ fn a_study_with_no_feasible_trial_says_so_and_exits_6() {
     let (_, text, _) = tunefleet(&["status", "--store", store.to_str().expect("utf-8")]);
     assert!(text.contains("infeasible: no trial meets the constraints"), "{text}");
 }
+
+/// Issue 58: time to a target from the epochs a real agent stored: each
+/// trial's objective is its time until its accuracy first reached 6; the
+/// trial that never did ranks last, missing the target by its best gap.
+#[test]
+fn time_to_target_counts_up_to_the_first_epoch_that_reached_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = dir.path().join("target.toml");
+    // accuracy = epoch * rate: rate 3 reaches 6 at epoch 2, rate 2 at epoch 3, rate 1 never (4 at most).
+    let text = r#"name = "target"
+command = ["sh", "-c", "for e in 1 2 3 4; do sleep 0.2; echo TUNEFLEET epoch=$e accuracy=$((e * {rate})); done"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+to_target = { metric = "accuracy", at_least = 6.0 }
+[budget]
+trials = 3
+[strategy]
+kind = "grid"
+[hyper.rate]
+kind = "int"
+low = 1
+high = 3
+"#;
+    std::fs::write(&study, text).expect("study");
+    run_with_one_agent(&study, &store, "target", &["--slots", "1"], Duration::from_secs(120));
+    let s = store.to_str().expect("utf-8");
+    let (code, best, err) = tunefleet(&["best", "target", "--store", s, "-n", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    let lines: Vec<&str> = best.lines().filter(|l| l.starts_with("trial")).collect();
+    let rates: Vec<&str> = lines.iter().filter_map(|l| l.split("rate=").nth(1)?.split_whitespace().next()).collect();
+    assert_eq!(rates, ["3", "2", "1"], "{best}");
+    assert!(lines[2].contains("infeasible (misses its constraints by 2.000000)"), "{best}");
+    // Each objective is the time of the epoch that reached 6, under its whole run.
+    let rows: Vec<(f64, f64)> =
+        query(&store, "SELECT objective, wall_us / 1e6 FROM results ORDER BY trial", |r| Ok((r.get(0)?, r.get(1)?)));
+    let (slow, fast) = (rows[1], rows[2]);
+    assert!(fast.0 < slow.0 && slow.0 < slow.1 && fast.0 < fast.1, "{rows:?}");
+    assert!(fast.0 >= 0.4 && slow.0 >= 0.6, "two and three epochs of 0.2 s: {rows:?}");
+    assert!(rows[0].0 >= rows[0].1 - 1e-6, "never reached: its whole run: {rows:?}");
+}

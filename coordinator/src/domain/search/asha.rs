@@ -124,7 +124,7 @@ fn worst(direction: Direction) -> f64 {
 /// Why a study with this objective metric cannot use ASHA, if it cannot:
 /// measured objectives are known only when a trial ends, not per epoch.
 pub fn refused(metric: &str) -> Option<String> {
-    matches!(metric, "wall_time" | "cpu_time" | "energy").then(|| {
+    matches!(metric, "wall_time" | "cpu_time" | "energy" | "energy_time").then(|| {
         format!(
             "early_stopping: the objective {metric:?} is measured when a trial ends, not reported epoch by \
              epoch, so ASHA has nothing to judge at its rungs; stop early on a metric the workload reports \

@@ -19,6 +19,7 @@ pub mod constraint;
 pub mod diff;
 mod error;
 mod gpus;
+pub mod measured;
 pub mod model;
 mod raw;
 mod validate;

@@ -79,6 +79,11 @@ pub struct Objective {
     pub also: Vec<Secondary>,
     /// How a trial's value of `metric` is read.
     pub aggregate: Aggregate,
+    /// `metric = "energy_time"`: its knob and the power time is weighed at.
+    pub energy_time: Option<super::measured::EnergyTime>,
+    /// `to_target`: a measured metric counted up to the first epoch that
+    /// reached this target; trials that never did miss it as a constraint.
+    pub to_target: Option<super::measured::Target>,
 }
 
 /// How a trial's objective is read from its measurement.
@@ -586,12 +591,20 @@ impl Study {
     /// A successful measurement's total violation of the study's
     /// constraints (`None`: it has none).
     pub fn violation(&self, m: &Measurement) -> Option<f64> {
-        super::constraint::violation(&self.constraints, m)
+        let base = super::constraint::violation(&self.constraints, m);
+        match &self.objective.to_target {
+            None => base,
+            Some(t) => Some(base.unwrap_or(0.0) + super::measured::reached(m, t).err().unwrap_or(0.0)),
+        }
     }
 
     /// A successful measurement's objective value, as `objective.aggregate` says.
     pub fn objective_value(&self, m: &Measurement) -> Option<f64> {
         let metric = &self.objective.metric;
+        if self.objective.to_target.is_some() || metric == "energy_time" {
+            let until = self.objective.to_target.as_ref().and_then(|t| super::measured::reached(m, t).ok());
+            return super::measured::measured(m, metric, self.objective.energy_time, until);
+        }
         match self.objective.aggregate {
             Aggregate::Final => m.objective_value(metric),
             Aggregate::KeptMean => {

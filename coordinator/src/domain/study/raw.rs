@@ -140,6 +140,10 @@ pub(super) struct RawObjective {
     pub(super) also: Vec<Secondary>,
     #[serde(default)]
     pub(super) aggregate: Aggregate,
+    pub(super) eta: Option<Spanned<f64>>,
+    pub(super) max_power_w: Option<Spanned<f64>>,
+    /// A bound as a `[[constraint]]` has one.
+    pub(super) to_target: Option<Spanned<RawConstraint>>,
 }
 
 #[derive(Deserialize)]

@@ -87,7 +87,9 @@ fn parses_the_documented_example() {
             metric: "accuracy".into(),
             direction: Direction::Maximize,
             also: vec![],
-            aggregate: Aggregate::Final
+            aggregate: Aggregate::Final,
+            energy_time: None,
+            to_target: None,
         }
     );
     let multi = parse(
@@ -524,4 +526,31 @@ fn constraints_take_a_metric_and_one_finite_bound() {
     let base = parse(EXAMPLE, "s.toml").expect("parses");
     assert_eq!(base.differences(&study), vec!["[[constraint]]"]);
     assert!(!diff::continues(&base, &study), "a study under other constraints ranks otherwise: a new study");
+}
+
+/// Issue 58: `metric = "energy_time"` with its knob and power, and
+/// `to_target` on a measured metric; each refused where it means nothing.
+#[test]
+fn energy_time_and_to_target_are_checked() {
+    let objective = |extra: &str| edited("metric = \"accuracy\"\ndirection = \"maximize\"", extra);
+    let et = parse(
+        &objective("metric = \"energy_time\"\ndirection = \"minimize\"\neta = 0.5\nmax_power_w = 250.0"),
+        "s.toml",
+    )
+    .expect("parses");
+    assert_eq!(et.objective.energy_time, Some(measured::EnergyTime { eta: 0.5, max_power_w: 250.0 }));
+    let refused = |extra: &str, want: &str| {
+        let e = err(&objective(extra));
+        assert!(e.to_string().contains(want), "{extra}: {e}");
+    };
+    refused("metric = \"energy_time\"\ndirection = \"minimize\"\neta = 0.5", "needs eta");
+    refused("metric = \"energy_time\"\ndirection = \"minimize\"\neta = 1.5\nmax_power_w = 1.0", "0 to 1");
+    refused("metric = \"energy_time\"\ndirection = \"maximize\"\neta = 0.5\nmax_power_w = 1.0", "minimize");
+    refused("metric = \"accuracy\"\ndirection = \"maximize\"\neta = 0.5", "for metric = \"energy_time\"");
+    let target = "to_target = { metric = \"accuracy\", at_least = 0.97 }";
+    let to = parse(&objective(&format!("metric = \"energy\"\ndirection = \"minimize\"\n{target}")), "s.toml")
+        .expect("parses");
+    assert_eq!(to.objective.to_target, Some(Constraint { metric: "accuracy".into(), bound: Bound::AtLeast(0.97) }));
+    refused(&format!("metric = \"accuracy\"\ndirection = \"maximize\"\n{target}"), "direction");
+    refused(&format!("metric = \"loss\"\ndirection = \"minimize\"\n{target}"), "measured metric");
 }

@@ -14,6 +14,7 @@ use tunefleet_common::template;
 
 use super::constraint::{Bound, Constraint};
 use super::error::{Location, StudyError};
+use super::measured::{EnergyTime, Target};
 use super::model::*;
 use super::raw::*;
 
@@ -204,7 +205,59 @@ impl FileCheck<'_> {
                 ),
             ));
         }
-        Ok(Objective { metric: metric.to_string(), direction: raw.direction, also, aggregate: raw.aggregate })
+        let (energy_time, to_target) = self.measured_objective(raw, metric)?;
+        Ok(Objective {
+            metric: metric.to_string(),
+            direction: raw.direction,
+            also,
+            aggregate: raw.aggregate,
+            energy_time,
+            to_target,
+        })
+    }
+
+    /// `eta` and `max_power_w` (for `metric = "energy_time"` only, which
+    /// needs both) and `to_target` (for a measured metric, minimised).
+    fn measured_objective(
+        &self,
+        raw: &RawObjective,
+        metric: &str,
+    ) -> Result<(Option<EnergyTime>, Option<Target>), StudyError> {
+        let measured = matches!(metric, "energy" | "wall_time" | "energy_time");
+        if (metric == "energy_time" || raw.to_target.is_some()) && raw.direction != Direction::Minimize {
+            return Err(self.at(raw.metric.span(), format!("objective: {metric} is a cost: direction = \"minimize\"")));
+        }
+        let energy_time = match (metric, &raw.eta, &raw.max_power_w) {
+            ("energy_time", Some(eta), Some(power)) => {
+                if !(0.0..=1.0).contains(eta.get_ref()) {
+                    return Err(self.at(eta.span(), format!("objective.eta: 0 to 1 (got {})", eta.get_ref())));
+                }
+                if !(power.get_ref().is_finite() && *power.get_ref() > 0.0) {
+                    return Err(self.at(power.span(), "objective.max_power_w: a power above 0 W"));
+                }
+                Some(EnergyTime { eta: *eta.get_ref(), max_power_w: *power.get_ref() })
+            }
+            ("energy_time", _, _) => {
+                return Err(self.at(raw.metric.span(), "objective: energy_time needs eta (0 to 1) and max_power_w"));
+            }
+            (_, None, None) => None,
+            _ => {
+                return Err(
+                    self.at(raw.metric.span(), "objective: eta and max_power_w are for metric = \"energy_time\"")
+                )
+            }
+        };
+        let to_target = match &raw.to_target {
+            None => None,
+            Some(_) if !measured => {
+                return Err(self.at(
+                    raw.metric.span(),
+                    "objective.to_target: counts a measured metric (energy, wall_time, energy_time) up to a target",
+                ));
+            }
+            Some(t) => self.constraints(std::slice::from_ref(t))?.pop(),
+        };
+        Ok((energy_time, to_target))
     }
 
     /// `[budget] trials`: at least one run of each repeat, at most

@@ -231,7 +231,10 @@ fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, v
             // reasons, which `best` says; a workload's metric is warned of.
             let expected = active
                 .map(|a| &a.study.objective.metric)
-                .filter(|metric| objective.is_none() && !matches!(metric.as_str(), "energy" | "wall_time" | "cpu_time"))
+                .filter(|metric| {
+                    objective.is_none()
+                        && !matches!(metric.as_str(), "energy" | "wall_time" | "cpu_time" | "energy_time")
+                })
                 .cloned();
             let points = match view.influx {
                 true => super::points::trial_points(trial, agent, m, objective),
