@@ -403,3 +403,50 @@ fn regression_one_token_file_is_not_a_fleet_of_sybils() {
     drop(agent);
     assert_agents_spools_empty(&[&name]);
 }
+
+/// Issue 53, finding 2: capacity per token, not only per name. A token
+/// made with `--total-slots 4` admits many names, but together they are
+/// given 4 slots: the first name online takes them, the next ones are
+/// given what is left (none), whatever they announce; an honest agent with
+/// another token is admitted and runs the study.
+#[test]
+fn a_tokens_names_share_the_slots_it_grants_in_all() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("shared");
+    let trials = 12u32;
+    let (mut coord, url) = start_coordinator(&short_study(dir.path(), "shared", trials), &store, &root, &[]);
+    let s = store.display().to_string();
+    let (code, text, err) =
+        tunefleet(&["token", "create", "--store", &s, "--uses", "20", "--slots", "4", "--total-slots", "4"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("slots in all <= 4"), "the grant is said: {err}");
+    let token: tunefleet_common::auth::JoinToken = text.trim().parse().expect("token");
+    let announced = AgentInfo { slots: 4, lookahead: 0, ..AgentInfo::minimal("x", 0) };
+    let mut given = Vec::new();
+    let mut members = Vec::new();
+    for i in 0..3 {
+        let mut m = Member::connect(port_of(&url), &root, &format!("{root}-sybil-{i}"));
+        assert!(matches!(m.hello(announced.clone(), Some(&token)), Answer::Welcome), "name {i} admitted");
+        m.send(&AgentMessage::Request(WorkRequest { seq: 1, free: 4, ahead: 0, running: vec![], held: vec![] }));
+        let got = m.receive(Duration::from_millis(500));
+        given.push(got.iter().filter(|m| matches!(m, CoordinatorMessage::Assign(_))).count());
+        members.push(m);
+    }
+    assert_eq!(given, [4, 0, 0], "the token's 4 slots in all, taken by the first name online");
+    for m in &mut members {
+        m.go_offline();
+        m.receive(Duration::from_millis(100));
+    }
+    // An honest agent with the fleet's own token runs everything.
+    let honest = format!("{root}-honest");
+    let agent = start_agent(&url, &honest, &root, &[]);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "{out}");
+    let by_honest: Vec<i64> =
+        query(&store, &format!("SELECT COUNT(*) FROM results WHERE agent = '{honest}'"), |r| r.get(0));
+    assert_eq!(by_honest, [i64::from(trials)], "{out}");
+    drop(agent);
+    assert_agents_spools_empty(&[&honest]);
+}

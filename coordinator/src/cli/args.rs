@@ -250,6 +250,11 @@ pub enum TokenAction {
         /// (0: none) [default: the coordinator's --max-gpus-per-agent].
         #[arg(long, value_name = "N")]
         gpus: Option<u32>,
+        /// The most slots all the agents it admits hold at once, together
+        /// (a new one online is given what the others leave) [default: its
+        /// uses times its --slots].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        total_slots: Option<u32>,
         /// Write the token to this file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,

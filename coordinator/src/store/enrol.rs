@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS agent_enrolment (
 /// Columns added since the enrolment tables were first made (a store of
 /// an older program gets them on open): the capacity a token grants, the
 /// capacity an agent was granted, and the trials it lost before they started.
-const ENROL_COLUMNS: [(&str, &str, &str); 8] = [
+const ENROL_COLUMNS: [(&str, &str, &str); 9] = [
     ("join_tokens", "slots", "INTEGER"),
     ("join_tokens", "gpus", "INTEGER"),
     ("agent_enrolment", "gpus", "INTEGER"),
@@ -70,6 +70,7 @@ const ENROL_COLUMNS: [(&str, &str, &str); 8] = [
     ("agent_enrolment", "slots", "INTEGER"),
     ("agent_enrolment", "lookahead", "INTEGER"),
     ("agent_enrolment", "lost_held", "INTEGER NOT NULL DEFAULT 0"),
+    ("join_tokens", "total_slots", "INTEGER"),
 ];
 
 /// Adds the [`ENROL_COLUMNS`] a store lacks.
@@ -96,12 +97,14 @@ pub struct Grant {
     pub slots: Option<u32>,
     pub lookahead: Option<u32>,
     pub gpus: Option<u32>,
+    /// A token's: the slots all the names it admitted may hold at once.
+    pub total_slots: Option<u32>,
 }
 
 impl Grant {
     fn of(slots: Option<i64>, lookahead: Option<i64>, gpus: Option<i64>) -> Self {
         let u = |v: Option<i64>| v.map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
-        Grant { slots: u(slots), lookahead: u(lookahead), gpus: u(gpus) }
+        Grant { slots: u(slots), lookahead: u(lookahead), gpus: u(gpus), total_slots: None }
     }
 }
 
@@ -255,6 +258,42 @@ impl Batch<'_> {
     /// What the operator granted `agent`: the tags of its join token (they
     /// override what it claims) and the capacity of its token or of
     /// `agents trust`. One read, at every Hello.
+    /// The slots the token that enrolled `agent` grants all its names
+    /// together, and its other names, when that token has such a bound.
+    pub fn token_share(&mut self, agent: &str) -> Result<Option<(u32, Vec<String>)>> {
+        let context = || format!("reading the token share of {agent}");
+        let via: Option<String> = self
+            .tx
+            .prepare_cached("SELECT via FROM agent_enrolment WHERE name = ?1")
+            .ctx(context)?
+            .query_row([agent], |r| r.get(0))
+            .optional()
+            .ctx(context)?
+            .flatten();
+        let Some(id) = via.as_deref().and_then(|v| v.strip_prefix("token ")) else { return Ok(None) };
+        let bounded: Vec<(Vec<u8>, i64)> = self
+            .tx
+            .prepare_cached("SELECT public, total_slots FROM join_tokens WHERE total_slots IS NOT NULL")
+            .ctx(context)?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .ctx(context)?
+            .collect::<rusqlite::Result<_>>()
+            .ctx(context)?;
+        let Some(total) = bounded.iter().find(|(p, _)| p.get(..8).is_some_and(|p| auth::hex(p) == id)).map(|t| t.1)
+        else {
+            return Ok(None);
+        };
+        let siblings: Vec<String> = self
+            .tx
+            .prepare_cached("SELECT name FROM agent_enrolment WHERE via = ?1 AND name != ?2")
+            .ctx(context)?
+            .query_map(params![via, agent], |r| r.get(0))
+            .ctx(context)?
+            .collect::<rusqlite::Result<_>>()
+            .ctx(context)?;
+        Ok(Some((u32::try_from(total.max(0)).unwrap_or(u32::MAX), siblings)))
+    }
+
     pub fn granted(&mut self, agent: &str) -> Result<(BTreeMap<String, String>, Grant)> {
         let context = || format!("reading what was granted to {agent}");
         let row: Option<(String, Grant)> = self
@@ -284,8 +323,9 @@ impl Store {
         batch
             .tx
             .prepare_cached(
-                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead, gpus)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead, gpus,
+                     total_slots)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )
             .ctx(context)?
             .execute(params![
@@ -296,7 +336,8 @@ impl Store {
                 tags_json(tags),
                 grant.slots,
                 grant.lookahead,
-                grant.gpus
+                grant.gpus,
+                grant.total_slots
             ])
             .ctx(context)?;
         batch.commit()
@@ -356,7 +397,8 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead, gpus
+                "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead, gpus,
+                        total_slots
                  FROM join_tokens
                  ORDER BY created_ms DESC, public",
             )
@@ -372,7 +414,10 @@ impl Store {
                     used: get_u64(r, "used")?,
                     tags: tags_of(&r.get::<_, String>("tags")?),
                     revoked: r.get("revoked")?,
-                    grant: Grant::of(r.get("slots")?, r.get("lookahead")?, r.get("gpus")?),
+                    grant: Grant {
+                        total_slots: opt_u64(r.get("total_slots")?).map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
+                        ..Grant::of(r.get("slots")?, r.get("lookahead")?, r.get("gpus")?)
+                    },
                 })
             })
             .ctx(context)?
@@ -410,7 +455,7 @@ mod tests {
         let mut store = Store::open_in_memory().expect("store");
         let tags: BTreeMap<String, String> = [("pool".to_string(), "arm".to_string())].into();
         let public = [7u8; 32];
-        let grant = Grant { slots: Some(2), lookahead: Some(3), gpus: Some(1) };
+        let grant = Grant { slots: Some(2), lookahead: Some(3), gpus: Some(1), total_slots: None };
         store.create_token(&public, Some(1_000), Some(2), &tags, grant, 5).expect("create");
         let mut b = store.batch().expect("batch");
         let t = b.token(&public).expect("read").expect("kept");

@@ -284,6 +284,11 @@ impl Scheduler {
     }
 
     /// The cores `agent` announced (for the bounds of what it measures).
+    /// The slots `agent` was given, while it is online.
+    pub fn live_slots(&self, agent: &str) -> Option<u32> {
+        self.agents.get(agent).filter(|a| a.online).and_then(|a| a.info.as_ref()).map(|i| i.slots)
+    }
+
     pub fn agent_cores(&self, agent: &str) -> Option<u32> {
         self.agents.get(agent).and_then(|a| a.info.as_ref()).map(|i| i.cores)
     }

@@ -87,6 +87,7 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
         tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
     }
+    token_share(cx, &agent, &mut info)?;
     let announced_gpus = info.gpus.len();
     if crate::domain::sched::grant_gpus(&mut info, granted.gpus, cx.sessions.max_gpus) {
         tracing::info!(agent = %agent, announced_gpus, gpus = info.gpus.len(), "agent announced more GPUs than it was granted: given what it was granted");
@@ -107,6 +108,24 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     cx.welcomes.push((agent, payload));
     // What this Hello cost paces the next ones of its kind.
     cx.sessions.measured(&admission, began.elapsed());
+    Ok(())
+}
+
+/// A token's names share its `--total-slots`: `agent` is given at most
+/// what its token's other names online leave.
+fn token_share(
+    cx: &mut Ctx<'_, '_>,
+    agent: &str,
+    info: &mut tunefleet_common::message::AgentInfo,
+) -> Result<(), EngineError> {
+    if let Some((total, siblings)) = cx.batch.token_share(agent)? {
+        let held: u32 = siblings.iter().filter_map(|n| cx.sched.live_slots(n)).fold(0, u32::saturating_add);
+        let left = total.saturating_sub(held);
+        if info.slots > left {
+            tracing::warn!(agent = %agent, slots = left, token_slots = total, held_by_its_other_agents = held, "agent given what its join token's slots leave: its other agents hold the rest");
+            info.slots = left;
+        }
+    }
     Ok(())
 }
 
