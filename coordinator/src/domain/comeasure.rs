@@ -127,6 +127,11 @@ impl CoMeasures {
         self.open.is_empty()
     }
 
+    /// Trials of `starter` whose nodes measure now (started, not ended).
+    pub fn measuring_for(&self, starter: &str) -> usize {
+        self.open.values().filter(|o| o.starter == starter && o.window.is_none()).count()
+    }
+
     /// Attempts that ended whose nodes have not all answered yet (a
     /// finishing coordinator waits for them, at most [`GIVE_UP_MS`]).
     pub fn awaiting(&self) -> usize {

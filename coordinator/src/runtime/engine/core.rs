@@ -697,6 +697,14 @@ fn schedule(t: &mut Turn<'_, '_>, mut effects: Vec<Effect>, now: Now) -> Result<
 /// the tags the operator granted them) start measuring: it starts now.
 fn co_start(t: &mut Turn<'_, '_>, agent: &str, trial: &tunefleet_common::message::TrialRef, now: Now) {
     let Some(tags) = t.studies.get(&trial.study).and_then(|a| a.study.measure_nodes.as_ref()) else { return };
+    // An agent has its nodes measure at most as many of its trials at once
+    // as it has slots: a member that says it started every trial it holds
+    // does not make every node open a window for each.
+    let slots = t.sched.live_slots(agent).unwrap_or(1).max(1) as usize;
+    if t.co.measuring_for(agent) >= slots {
+        tracing::debug!(agent = %agent, trial = %trial, slots, "no co-measurement: its nodes already measure as many of its trials as it has slots");
+        return;
+    }
     let nodes = t.sched.agents_tagged(tags);
     // Until the lease the scheduler gave (longer for a trial held ahead).
     let lease_ms = t.sched.lease_left(trial, now.engine_ms).unwrap_or(0);

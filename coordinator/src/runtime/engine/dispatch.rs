@@ -135,7 +135,10 @@ pub(super) fn decide(view: &EngineView<'_>, agent: &str, msg: AgentMessage) -> D
         AgentMessage::Telemetry(t) => Decision::Telemetry(t),
         AgentMessage::Synced(n) => Decision::Synced(n),
         AgentMessage::CoMeasured(m) => {
-            let cores = view.sched.agent_cores(agent).unwrap_or(1);
+            // Its cores count at most as the slots it was given: what it
+            // claims alone cannot raise the ceiling of what it may report.
+            let granted = view.sched.live_slots(agent).unwrap_or(1).max(1);
+            let cores = view.sched.agent_cores(agent).unwrap_or(1).min(granted);
             let gpus = view.sched.agent_gpus(agent);
             Decision::CoMeasured(match view.co.check(agent, &m, cores, gpus) {
                 Ok(()) => Ok(NodeRecord {

@@ -107,7 +107,13 @@ impl Fixture {
     /// One turn of the core with `events`: what it publishes as it is
     /// (Welcomes), and the messages it seals for agents.
     fn turn(&mut self, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Messages) {
-        self.clock_ms += STEP_MS;
+        self.turn_after(STEP_MS, events)
+    }
+
+    /// [`Fixture::turn`] with the engine clock `step_ms` on (leases given
+    /// in an earlier turn still run when it is short).
+    fn turn_after(&mut self, step_ms: u64, events: Vec<Inbound>) -> (Vec<(String, Vec<u8>)>, Messages) {
+        self.clock_ms += step_ms;
         let out = self.core.turn(events, Vec::new(), true, self.now()).expect("a message never ends the run");
         (out.welcomes, out.messages)
     }
@@ -1139,8 +1145,12 @@ fn a_trial_asha_stops_is_cancelled_and_told_to_the_tpe_search() {
 impl Fixture {
     /// Another agent `name` welcomed through a real handshake; its session.
     fn welcome(&mut self, name: &str) -> Session {
+        self.welcome_as(name, AgentInfo { slots: 1, ..AgentInfo::minimal(name, 2) })
+    }
+
+    /// [`Fixture::welcome`] of an agent that says `info` of itself.
+    fn welcome_as(&mut self, name: &str, info: AgentInfo) -> Session {
         let me = Identity::generate().expect("key").0;
-        let info = AgentInfo { slots: 1, ..AgentInfo::minimal(name, 2) };
         let (signed, pending) = auth::hello(&me, info, 9, 1, [0; 32], None).expect("hello");
         let hello =
             Inbound::Agent { agent: name.into(), kind: AgentTopic::Hello, frame: Box::new(UpFrame::Hello(signed)) };
@@ -1168,6 +1178,22 @@ fn comeasures<'a>(out: &'a Messages, agent: &str) -> Vec<&'a tunefleet_common::m
             _ => None,
         })
         .collect()
+}
+
+/// A node's answer for `trial`'s window `(from, to)` (2 s): `joules`, valid.
+fn node_answer(trial: &TrialRef, (from, to): (u64, u64), joules: f64) -> tunefleet_common::message::CoMeasured {
+    let mut energy = EnergyReading::none(EnergySourceKind::Rapl, "co-measured");
+    (energy.joules, energy.valid) = (joules, true);
+    tunefleet_common::message::CoMeasured {
+        trial: trial.clone(),
+        from_unix_ms: from,
+        to_unix_ms: to,
+        energy,
+        cpu_us: 7,
+        cpus: 1,
+        covered_ms: 2_000,
+        gpus: vec![],
+    }
 }
 
 /// Issue 24, through the engine: a node of a study (`[measure] nodes`) is
@@ -1204,19 +1230,7 @@ fn a_node_measures_the_window_of_each_trial_and_forgeries_are_counted() {
     assert_eq!(window.len(), 1);
     assert_eq!(window[0].step, CoMeasureStep::Window { from_unix_ms: from, to_unix_ms: to });
 
-    let mut energy = EnergyReading::none(EnergySourceKind::Rapl, "co-measured");
-    energy.joules = 40.0;
-    energy.valid = true;
-    let answer = CoMeasured {
-        trial: trial.clone(),
-        from_unix_ms: from,
-        to_unix_ms: to,
-        energy,
-        cpu_us: 7,
-        cpus: 1,
-        covered_ms: 2_000,
-        gpus: vec![],
-    };
+    let answer = node_answer(&trial, (from, to), 40.0);
     let mut other_window = CoMeasured { to_unix_ms: to + 1, ..answer.clone() };
     other_window.energy.joules = 99.0;
     let events = vec![
@@ -1323,4 +1337,63 @@ fn the_dispatch_decides_without_changing_anything() {
         ),
         other => panic!("{other:?}"),
     }
+}
+
+/// Issue 53, finding 7: a measuring node's energy ceiling grew with the
+/// cores it claimed (12.2 MJ taken as valid for a trial that measured
+/// 4 J). Its cores now count at most as the slots it was given: a node
+/// claiming 60,000 cores on 1 slot may report 3.1 kW at most.
+#[test]
+fn regression_a_nodes_energy_ceiling_follows_its_grant_not_its_claimed_cores() {
+    let study = STUDY.replace("[hyper.x]", "[measure]\nnodes = { tags = {} }\n[hyper.x]");
+    let mut fx = Fixture::with_study(&study);
+    let mut b = fx.welcome_as("b", AgentInfo { slots: 1, cores: 60_000, ..AgentInfo::minimal("b", 2) });
+    let req =
+        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 1, ahead: 0, running: vec![], held: vec![] }));
+    let trial = assigned(fx.turn(vec![req]).1).pop().expect("work").trial;
+    let mut m = ok_measurement(3.0);
+    m.started_unix_ms = unix_ms();
+    m.wall_us = 2_000_000;
+    let (from, to) = (m.started_unix_ms, m.started_unix_ms + 2_000);
+    let result = fx.sealed(&AgentMessage::Result(TrialResult { trial: trial.clone(), measurement: m }));
+    fx.turn(vec![result]);
+    let answer = node_answer(&trial, (from, to), 12.2e6);
+    fx.turn(vec![sealed_as(&mut b, "b", &AgentMessage::CoMeasured(answer))]);
+    assert_eq!(fx.core.stats.refused_comeasures, 1, "12.2 MJ over 2 s from a node of 1 slot");
+    assert!(fx.core.store.node_measurements("s").expect("rows").iter().all(|r| r.joules.is_none()));
+}
+
+/// Issue 53, finding 8: co-measurement opened a window on every node for
+/// each trial a member said it started (~67 meter commands a second under
+/// a hoarder). Its nodes now measure at most as many of its trials at once
+/// as it has slots.
+#[test]
+fn regression_a_member_starting_every_held_trial_opens_windows_only_for_its_slots() {
+    use tunefleet_common::message::CoMeasureStep;
+    let study = STUDY.replace("[hyper.x]", "[measure]\nnodes = { tags = {} }\n[hyper.x]");
+    let mut fx = Fixture::with_study(&study);
+    let _b = fx.welcome("b");
+    let mut m = fx.welcome_as("m", AgentInfo { slots: 1, lookahead: 4, ..AgentInfo::minimal("m", 2) });
+    let req = WorkRequest { seq: 1, free: 1, ahead: 4, running: vec![], held: vec![] };
+    let work = assigned(fx.turn(vec![sealed_as(&mut m, "m", &AgentMessage::Request(req))]).1);
+    assert!(work.len() >= 2, "a trial running and some held: {work:?}");
+    let claims: Vec<Inbound> = work
+        .iter()
+        .map(|w| {
+            let p = Progress {
+                trial: w.trial.clone(),
+                epoch: 1,
+                elapsed_us: 1,
+                metrics: tunefleet_common::measurement::Metrics::new(),
+                checkpoint: None,
+                profile: None,
+            };
+            sealed_as(&mut m, "m", &AgentMessage::Progress(p))
+        })
+        .collect();
+    let (_, out) = fx.turn_after(1, claims);
+    let starts = comeasures(&out, "b").iter().filter(|c| matches!(c.step, CoMeasureStep::Start { .. })).count();
+    // The running one's window opened when it was assigned; held ones open none while it measures.
+    assert_eq!(starts, 0, "{} trials said started, one slot: {out:?}", work.len());
+    assert_eq!(fx.core.co.measuring_for("m"), 1);
 }
