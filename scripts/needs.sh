@@ -37,6 +37,12 @@
 #                        of the repository) whose python imports Optuna 5 and opens
 #                        a journal file (the Optuna export test loads one); pip from
 #                        PyPI, with Debian's python3-venv
+#   python-package       a virtual environment ($PYTHON_VENV, default target/python-venv
+#                        of the repository) whose pip builds and installs the
+#                        repository's python/ package (setuptools and wheel, no
+#                        build isolation: no network in the tests) and whose python
+#                        imports pytest and pandas (the package's own tests); pip
+#                        from PyPI, with Debian's python3-venv
 #   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
 #                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
 #                        which the kernel hands to qemu through binfmt_misc (the
@@ -54,6 +60,8 @@
 
 # The Spark test's virtual environment.
 needs_spark_venv=${SPARK_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/spark-venv}
+# The Python package's tests.
+needs_python_venv=${PYTHON_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/python-venv}
 # The Optuna export test's (and the Optuna comparisons').
 needs_optuna_venv=${OPTUNA_VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target/optuna-venv}
 
@@ -130,6 +138,17 @@ s.add_trial(optuna.trial.create_trial(value=1.0))
 print("optuna", optuna.__version__, len(s.trials))' "$dir/probe.log" 2>&1) || status=$?
       rm -rf "$dir"
       [ $status = 0 ] && grep -q ' 1$' <<<"$needs_output"
+      ;;
+    python-package)
+      # Building the package uses what the tests use: setuptools and wheel
+      # without build isolation, then pytest and pandas import.
+      dir=$(mktemp -d)
+      needs_output=$("$needs_python_venv/bin/pip" wheel --quiet --no-deps --no-build-isolation \
+        --disable-pip-version-check --wheel-dir "$dir" "$(dirname "${BASH_SOURCE[0]}")/../python" 2>&1 \
+        && "$needs_python_venv/bin/python" -c 'import pytest, pandas; print("pytest", pytest.__version__, "pandas", pandas.__version__)' 2>&1) || status=$?
+      ls "$dir"/tunefleet-*.whl >/dev/null 2>&1 || status=1
+      rm -rf "$dir"
+      [ $status = 0 ] && grep -q '^pytest ' <<<"$needs_output"
       ;;
     spark)
       needs_output=$("$needs_spark_venv/bin/python" -c 'import numpy, pyspark; print("pyspark", pyspark.__version__)' 2>&1 \
@@ -213,6 +232,7 @@ needs_packages() {
     man) echo man-db groff-base ;;
     spark) echo python3-venv openjdk-17-jre-headless ;;
     optuna) echo python3-venv ;;
+    python-package) echo python3-venv ;;
     chromium) echo chromium ;;
     cc:*)
       var=CC_${1#cc:}
@@ -289,6 +309,11 @@ needs() {
       echo "needs: pip install pyspark==4.3.0 numpy into $needs_spark_venv" >&2
       { python3 -m venv "$needs_spark_venv" \
         && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark==4.3.0 numpy; } >&2 || true
+    fi
+    if [ "$need" = python-package ]; then
+      echo "needs: pip install pytest pandas setuptools wheel into $needs_python_venv" >&2
+      { python3 -m venv "$needs_python_venv" \
+        && "$needs_python_venv/bin/pip" install --quiet --disable-pip-version-check pytest pandas setuptools wheel; } >&2 || true
     fi
     if [ "$need" = optuna ]; then
       echo "needs: pip install 'optuna>=5,<6' into $needs_optuna_venv" >&2

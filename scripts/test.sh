@@ -10,7 +10,9 @@
 # Debian's Slurm and munge (the Slurm test starts its own one-node cluster);
 # pyspark and numpy from PyPI in target/spark-venv, on Debian's OpenJDK 17
 # (the Spark test starts its own standalone master and worker); Optuna 5 from
-# PyPI in target/optuna-venv (an exported study is loaded by Optuna).
+# PyPI in target/optuna-venv (an exported study is loaded by Optuna);
+# pytest, pandas, setuptools and wheel from PyPI in target/python-venv (the
+# Python package python/ is built, installed and passes its tests).
 # Safe to run again.
 #
 #   scripts/test.sh [--install-only | --quick]
@@ -45,7 +47,7 @@ fi
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh
-needs mosquitto ejabberd victoria-metrics systemd-analyze systemd-nspawn chromium man slurm spark optuna python3 \
+needs mosquitto ejabberd victoria-metrics systemd-analyze systemd-nspawn chromium man slurm spark optuna python3 python-package \
   rust-target:aarch64-unknown-linux-musl cc:aarch64-unknown-linux-musl qemu-aarch64
 [ $install_only = 0 ] || exit 0
 # Debian installs mosquitto in /usr/sbin, which is not on every user's PATH.

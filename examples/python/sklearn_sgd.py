@@ -7,6 +7,8 @@ synthetic problem (no download). Study: examples/studies/sklearn-sgd.toml.
 """
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -14,7 +16,11 @@ from sklearn.datasets import make_classification
 from sklearn.linear_model import SGDClassifier
 from sklearn.model_selection import train_test_split
 
-import tunefleet
+try:
+    import tunefleet
+except ImportError:  # run from the repository, without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
+    import tunefleet
 
 
 def main():

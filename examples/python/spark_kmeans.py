@@ -8,13 +8,19 @@ Study: examples/studies/spark-submit.toml.
 """
 
 import argparse
+import os
+import sys
 import random
 import time
 
 from pyspark import SparkConf, SparkContext
 from pyspark.mllib.clustering import KMeans
 
-import tunefleet
+try:
+    import tunefleet
+except ImportError:  # run from the repository, without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
+    import tunefleet
 
 
 def points(part, count, dims, k, seed):

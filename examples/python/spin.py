@@ -6,10 +6,16 @@ workers (so two threads halve it), and its loss falls with the epochs.
 """
 
 import argparse
+import os
+import sys
 import threading
 import time
 
-import tunefleet
+try:
+    import tunefleet
+except ImportError:  # run from the repository, without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
+    import tunefleet
 
 
 def work(seconds, threads):

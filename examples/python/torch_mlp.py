@@ -15,12 +15,17 @@ metrics, 1 or 0).
 """
 
 import argparse
+import os
 import math
 import random
 import sys
 import time
 
-import tunefleet
+try:
+    import tunefleet
+except ImportError:  # run from the repository, without `pip install ./python`
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "src"))
+    import tunefleet
 
 
 def synthetic(samples, features, seed):

@@ -1,8 +1,10 @@
-//! Issue 23: the Python workload helper (`examples/python/tunefleet.py`)
-//! passes its own tests, and a Python workload speaking the protocol
-//! through it is probed and steered for real: a pipelined study whose
-//! agent changes the workload's thread count between epochs over the
-//! control channel, and keeps the faster configuration.
+//! Issue 23: the Python workload helper passes its own tests, and a Python
+//! workload speaking the protocol through it is probed and steered for
+//! real: a pipelined study whose agent changes the workload's thread count
+//! between epochs over the control channel, and keeps the faster
+//! configuration. Issue 57: the helper is a package (`python/`), built and
+//! installed with pip, its pytest suite passes, and it reads a real store
+//! through the real CLI as Optuna's records and DataFrame.
 
 // The full tier: this file needs installs (scripts/needs.sh) or minutes;
 // `cargo test --workspace` leaves it out, scripts/test.sh runs it.
@@ -18,16 +20,90 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
 }
 
-#[test]
-fn the_python_helper_passes_its_own_tests() {
+/// The package's virtual environment (scripts/needs.sh `python-package`).
+fn venv_python() -> PathBuf {
+    let venv = std::env::var_os("PYTHON_VENV").map_or_else(|| repo().join("target/python-venv"), PathBuf::from);
+    venv.join("bin/python")
+}
+
+/// Builds and installs `python/` into the package's virtual environment,
+/// as a user would with `pip install ./python` (no network: no build isolation).
+fn install_package() {
     let (code, out, err) = run({
-        let mut c = Command::new("python3");
-        c.args(["-m", "unittest", "discover", "-s", "examples/python", "-p", "test_*.py", "-v"]).current_dir(repo());
+        let mut c = Command::new(venv_python());
+        c.args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--force-reinstall"])
+            .args(["--disable-pip-version-check", "./python"])
+            .current_dir(repo());
+        c
+    });
+    assert_eq!(code, Some(0), "pip install ./python: {out}\n{err}");
+}
+
+#[test]
+fn the_python_package_installs_and_passes_its_own_tests() {
+    let _alone = one_at_a_time();
+    install_package();
+    // Run from elsewhere: the installed package is what is tested, not the source tree.
+    let dir = tempfile::tempdir().expect("tmp");
+    let (code, out, err) = run({
+        let mut c = Command::new(venv_python());
+        c.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+            .arg(repo().join("python/tests"))
+            .current_dir(dir.path());
         c
     });
     assert_eq!(code, Some(0), "{out}\n{err}");
-    assert!(err.contains("\nOK"), "{err}");
-    assert!(err.contains("Ran 7 tests"), "every test ran: {err}");
+    assert!(out.contains("12 passed"), "every test ran: {out}");
+    let (_, origin, _) = run({
+        let mut c = Command::new(venv_python());
+        c.args(["-c", "import tunefleet; print(tunefleet.__file__)"]).current_dir(dir.path());
+        c
+    });
+    assert!(origin.contains("site-packages"), "the installed package: {origin}");
+}
+
+/// A real study read from Python through the real CLI: every trial a
+/// record, the DataFrame in Optuna's columns, the best one the CLI's best.
+#[test]
+fn python_reads_a_real_study_as_records_and_a_dataframe() {
+    let _alone = one_at_a_time();
+    install_package();
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = sleep_study(dir.path(), "pyread", 4, 0.01);
+    run_with_one_agent(&study, &store, "pyread", &[], Duration::from_secs(120));
+    let script = r#"
+import json, sys, tunefleet
+s = tunefleet.load("pyread", store=sys.argv[1], tunefleet=sys.argv[2])
+df = s.trials_dataframe()
+print(json.dumps({
+    "numbers": [t.number for t in s.trials()],
+    "states": sorted(set(df["state"])),
+    "values": [t.value for t in s.trials()],
+    "columns": sorted(c for c in df.columns if c.startswith(("params_", "user_attrs_energy", "value"))),
+    "best": s.best().number,
+    "agent": s.trials()[0].user_attrs["agent"],
+}))
+"#;
+    let (code, out, err) = run({
+        let mut c = Command::new(venv_python());
+        c.args(["-c", script]).arg(&store).arg(bin("tunefleet")).env("XDG_STATE_HOME", state_home());
+        c
+    });
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("json");
+    assert_eq!(v["numbers"], serde_json::json!([0, 1, 2, 3]));
+    assert_eq!(v["states"], serde_json::json!(["COMPLETE"]));
+    assert_eq!(v["values"], serde_json::json!([1.0, 2.0, 3.0, 4.0]), "v = trial + 1");
+    let columns: Vec<&str> = v["columns"].as_array().expect("columns").iter().filter_map(|c| c.as_str()).collect();
+    for want in ["params_v", "user_attrs_energy_j", "user_attrs_energy_source", "value"] {
+        assert!(columns.contains(&want), "{want} in {columns:?}");
+    }
+    // The best by the CLI's rule (v maximised): trial 3, as `tunefleet best` says.
+    assert_eq!(v["best"], 3);
+    let (_, best, _) = tunefleet(&["best", "pyread", "--store", store.to_str().expect("utf-8"), "-n", "1"]);
+    assert!(best.lines().any(|l| l.starts_with("trial    3")), "{best}");
+    assert!(v["agent"].as_str().is_some_and(|a| a.ends_with("-agent")), "{v}");
 }
 
 #[test]

@@ -3,8 +3,7 @@
 A workload reports its epochs (and, when asked, its steps) on standard
 output and, in a pipelined study with ``[pipeline] control = true``, reads
 the agent's settings (a thread count) between epochs. This module does both
-as docs/PROTOCOL.md says; copy it next to your script or put this folder on
-``PYTHONPATH``::
+as docs/PROTOCOL.md says (``pip install ./python`` from the repository)::
 
     import tunefleet
 
@@ -25,6 +24,7 @@ import json
 import math
 import os
 import sys
+from typing import Any, Dict, Mapping, Optional, Set, TextIO
 
 #: Longest control line read (bytes without the newline); longer ones are ignored.
 MAX_LINE = 4096
@@ -32,7 +32,7 @@ MAX_LINE = 4096
 MAX_THREADS = 1024
 
 
-def _first_threads(env):
+def _first_threads(env: Mapping[str, str]) -> int:
     for name in ("TUNEFLEET_THREADS", "OMP_NUM_THREADS"):
         value = env.get(name, "").strip()
         if value.isdecimal() and 1 <= int(value) <= MAX_THREADS:
@@ -44,7 +44,13 @@ class Trial:
     """One trial's side of the protocol: epoch, step and final lines on
     ``out``, control lines from ``control`` (standard input by default)."""
 
-    def __init__(self, env=None, out=None, control=None, err=None):
+    def __init__(
+        self,
+        env: Optional[Mapping[str, str]] = None,
+        out: Optional[TextIO] = None,
+        control: Optional[TextIO] = None,
+        err: Optional[TextIO] = None,
+    ) -> None:
         env = os.environ if env is None else env
         self._out = sys.stdout if out is None else out
         self._control = sys.stdin if control is None else control
@@ -53,18 +59,18 @@ class Trial:
         self.steps_wanted = env.get("TUNEFLEET_STEPS") == "1"
         self.threads = _first_threads(env)
         self._step = 0
-        self._reported = set()
+        self._reported: Set[str] = set()
 
-    def _emit(self, record):
+    def _emit(self, record: Dict[str, Any]) -> None:
         self._out.write(json.dumps(record, separators=(",", ":")) + "\n")
         # Unflushed, the line would sit in a buffer while the workload waits
         # for the agent's answer to it: both sides would wait for ever.
         self._out.flush()
 
     @staticmethod
-    def _metrics(metrics):
+    def _metrics(metrics: Mapping[str, Any]) -> Dict[str, float]:
         """Finite numbers only: the agent drops anything else (and JSON has no NaN)."""
-        kept = {}
+        kept: Dict[str, float] = {}
         for name, value in metrics.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue
@@ -73,19 +79,19 @@ class Trial:
             kept[name] = value
         return kept
 
-    def step(self):
+    def step(self) -> None:
         """One training step done: a step line when the agent asked for
         them (``TUNEFLEET_STEPS=1``, probe windows counted in steps)."""
         self._step += 1
         if self.steps_wanted:
             self._emit({"event": "step", "step": self._step})
 
-    def epoch(self, epoch, last=False, checkpoint=None, **metrics):
+    def epoch(self, epoch: int, last: bool = False, checkpoint: Optional[object] = None, **metrics: float) -> int:
         """Epoch ``epoch`` done with these metrics; ``checkpoint`` names
         where its state was saved (a moved trial resumes from it). Unless
         it is the ``last`` one, the agent's next setting is read and
         applied. Returns the thread count for the next epoch."""
-        record = {"event": "epoch", "epoch": int(epoch)}
+        record: Dict[str, Any] = {"event": "epoch", "epoch": int(epoch)}
         record.update(self._metrics(metrics))
         record["threads"] = self.threads
         if checkpoint is not None:
@@ -95,19 +101,19 @@ class Trial:
             self._read_control()
         return self.threads
 
-    def final(self, **metrics):
+    def final(self, **metrics: float) -> None:
         """The trial's final metrics (else those of its last epoch count)."""
-        record = {"event": "final"}
+        record: Dict[str, Any] = {"event": "final"}
         record.update(self._metrics(metrics))
         self._emit(record)
 
-    def _report(self, key, message):
+    def _report(self, key: str, message: str) -> None:
         if key not in self._reported:
             self._reported.add(key)
             self._err.write("control: " + message + "\n")
             self._err.flush()
 
-    def _read_control(self):
+    def _read_control(self) -> None:
         try:
             line = self._control.readline(MAX_LINE + 2)
         except (OSError, ValueError) as e:

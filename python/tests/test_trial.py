@@ -1,4 +1,4 @@
-"""Tests of tunefleet.py: `python3 -m unittest discover -s examples/python`."""
+"""Tests of tunefleet.Trial, the workload protocol: `pytest python/tests`."""
 
 import io
 import json
