@@ -192,6 +192,9 @@ pub struct Search {
     exhausted: bool,
     /// Trials in flight at each ask of a strategy that reads them.
     depth: AskDepth,
+    /// `[[enqueue]]` configurations not created yet, first in line: each
+    /// overlays the proposer's ask (what it leaves out is the proposer's).
+    enqueued: std::collections::VecDeque<Params>,
 }
 
 impl Search {
@@ -222,6 +225,7 @@ impl Search {
             created: 0,
             exhausted: false,
             depth: AskDepth::default(),
+            enqueued: study.enqueue.iter().cloned().collect(),
         }
     }
 
@@ -238,6 +242,9 @@ impl Search {
             }
             self.created = self.created.max(plan.trial.saturating_add(1));
         }
+        // Enqueued configurations a trial already ran are not created again.
+        let ran = |e: &Params| existing.iter().any(|p| e.iter().all(|(k, v)| p.params.get(k) == Some(v)));
+        self.enqueued.retain(|e| !ran(e));
         if self.configs_left == 0 {
             self.exhausted = true;
         }
@@ -259,10 +266,13 @@ impl Search {
             self.exhausted = true;
             return None;
         }
-        let Some(params) = self.proposer.ask(running) else {
+        let Some(mut params) = self.proposer.ask(running) else {
             self.exhausted = true;
             return None;
         };
+        if let Some(first) = self.enqueued.pop_front() {
+            params.extend(first);
+        }
         if self.learns {
             self.depth.record(running.len());
         }
@@ -603,6 +613,46 @@ high = 2
 
     fn f(v: &ParamValue) -> f64 {
         v.as_f64().expect("numeric")
+    }
+
+    /// Issue 56: `[[enqueue]]` configurations come first, in order, each
+    /// overlaying the strategy's ask; a resumed search skips those already
+    /// run, and a study going on with more of them tries the new ones.
+    #[test]
+    fn enqueued_configurations_come_first_and_are_never_run_twice() {
+        let enqueue = "[[enqueue]]\na = \"y\"\nb = 7\nthreads = 2\n\n[[enqueue]]\nb = 4\n";
+        let s = study(&format!("{SPACE}\n{enqueue}"), "kind = \"random\"\nseed = 3", 10, 1);
+        assert_eq!(s.enqueue.len(), 2);
+        let mut search = Search::new(&s);
+        let first = search.next_trials().expect("a trial").remove(0);
+        let want: Params = [
+            ("a".to_string(), ParamValue::Text("y".into())),
+            ("b".to_string(), ParamValue::Int(7)),
+            ("threads".to_string(), ParamValue::Int(2)),
+        ]
+        .into();
+        assert_eq!(first.params, want, "the first enqueued, whole");
+        let second = search.next_trials().expect("a trial").remove(0);
+        assert_eq!(second.params["b"], ParamValue::Int(4), "the second, b as given");
+        assert!(second.params.contains_key("a") && second.params.contains_key("threads"), "the rest the strategy's");
+        // Resumed after the first: the second is next, the first not again.
+        let mut resumed = Search::new(&s);
+        resumed.resume(std::slice::from_ref(&first));
+        assert_eq!(resumed.next_trials().expect("a trial")[0].params["b"], ParamValue::Int(4));
+        // Both ran: the strategy alone from then on, and as the cold search would have.
+        let mut resumed = Search::new(&s);
+        resumed.resume(&[first, second]);
+        let third = resumed.next_trials().expect("a trial").remove(0);
+        assert_eq!(third.params, search.next_trials().expect("a trial").remove(0).params);
+        // Outside the space, or a parameter it does not search: refused.
+        for (bad, why) in [("b = 5", "outside its space"), ("c = 1", "not a parameter"), ("a = \"z\"", "outside")] {
+            let text = format!("{SPACE}\n[[enqueue]]\n{bad}\n");
+            let e = std::panic::catch_unwind(|| study(&text, "kind = \"random\"", 10, 1)).expect_err("refused");
+            let message = e.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(message.contains(why), "{bad}: {message}");
+        }
+        let more = study(&format!("{SPACE}\n{enqueue}[[enqueue]]\nb = 1\n"), "kind = \"random\"\nseed = 3", 10, 1);
+        assert!(crate::domain::study::diff::continues(&s, &more), "more enqueued: the study goes on");
     }
 
     #[test]

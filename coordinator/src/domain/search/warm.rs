@@ -4,7 +4,7 @@
 //! the results whose every parameter this study searches, inside its
 //! space, are told (a narrowed range drops what now lies outside).
 
-use tunefleet_common::params::{ParamValue, Params};
+use tunefleet_common::params::Params;
 
 use crate::domain::study::ParamSpec;
 
@@ -12,33 +12,19 @@ use crate::domain::study::ParamSpec;
 /// a study makes, so they never meet one of its own.
 pub const WARM_ID_BASE: u64 = 1 << 62;
 
-/// Whether `spec` holds `v`: one of a categorical's values, an int on its
-/// lattice, a float within its bounds.
-pub fn holds(spec: &ParamSpec, v: &ParamValue) -> bool {
-    match (spec, v) {
-        (ParamSpec::Categorical { values }, v) => values.contains(v),
-        (ParamSpec::Int { low, high, step }, ParamValue::Int(i)) => {
-            (low..=high).contains(&i) && (i - low) % (*step).max(1) == 0
-        }
-        (ParamSpec::Float { low, high, .. } | ParamSpec::LogFloat { low, high, .. }, v) => {
-            v.as_f64().is_some_and(|x| x.is_finite() && (*low..=*high).contains(&x))
-        }
-        _ => false,
-    }
-}
-
 /// `params` as a point of `space`: its value of each parameter of `space`,
 /// when it has every one and `space` holds each; `None` otherwise.
 pub fn in_space(space: &[(String, ParamSpec)], params: &Params) -> Option<Params> {
     space
         .iter()
-        .map(|(name, spec)| params.get(name).filter(|v| holds(spec, v)).map(|v| (name.clone(), v.clone())))
+        .map(|(name, spec)| params.get(name).filter(|v| spec.holds(v)).map(|v| (name.clone(), v.clone())))
         .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tunefleet_common::params::ParamValue;
 
     fn space() -> Vec<(String, ParamSpec)> {
         vec![

@@ -9,7 +9,9 @@ use super::Study;
 /// Keys a study may change and go on from where it stopped: they decide how
 /// trials are run and given out, not what a trial computes or which
 /// configurations are searched. (`[budget]` too, when it only grows.)
-pub const CONTINUES: [&str; 4] = ["timeout", "max_attempts", "lookahead", "[selector]"];
+/// (`[[enqueue]]`: configurations to try first; those already tried are not
+/// tried again.)
+pub const CONTINUES: [&str; 5] = ["timeout", "max_attempts", "lookahead", "[selector]", "[[enqueue]]"];
 
 /// Whether `old` may go on under `newer`'s file: every key that differs
 /// ([`Study::differences`]) is one of [`CONTINUES`], or a larger budget.

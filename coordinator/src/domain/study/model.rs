@@ -213,6 +213,22 @@ pub enum ParamSpec {
 }
 
 impl ParamSpec {
+    /// Whether it holds `v`: one of a categorical's values, an int on its
+    /// lattice, a float within its bounds.
+    pub fn holds(&self, v: &tunefleet_common::params::ParamValue) -> bool {
+        use tunefleet_common::params::ParamValue;
+        match (self, v) {
+            (ParamSpec::Categorical { values }, v) => values.contains(v),
+            (ParamSpec::Int { low, high, step }, ParamValue::Int(i)) => {
+                (low..=high).contains(&i) && (i - low) % (*step).max(1) == 0
+            }
+            (ParamSpec::Float { low, high, .. } | ParamSpec::LogFloat { low, high, .. }, v) => {
+                v.as_f64().is_some_and(|x| x.is_finite() && (*low..=*high).contains(&x))
+            }
+            _ => false,
+        }
+    }
+
     /// Points of the parameter's grid: every value of a categorical or an
     /// int, `grid` points of a float.
     pub fn grid_len(&self) -> u64 {
@@ -414,6 +430,10 @@ pub struct Study {
     /// the same objective, inside this study's space) its search is told
     /// before its first ask (tpe and gp).
     pub warm_start: Vec<String>,
+    /// `[[enqueue]]`: configurations the search tries first, in order, each
+    /// inside the space; a parameter one leaves out is the strategy's to
+    /// choose (Optuna's `enqueue_trial`).
+    pub enqueue: Vec<tunefleet_common::params::Params>,
     /// `[[constraint]]`: bounds every trial must keep to be feasible.
     pub constraints: Vec<super::constraint::Constraint>,
     /// Where the study was read from (a path or `<stdin>`), for messages.
@@ -469,7 +489,7 @@ impl Study {
     /// (`budget`, `hyper`, `[objective]`...), in the file's order; the name,
     /// where it was read from and its text are not compared.
     pub fn differences(&self, newer: &Study) -> Vec<&'static str> {
-        let pairs: [(&'static str, bool); 22] = [
+        let pairs: [(&'static str, bool); 23] = [
             ("command", self.command != newer.command),
             ("env", self.env != newer.env),
             ("resume", self.resume != newer.resume),
@@ -492,6 +512,7 @@ impl Study {
             ("[[group]]", self.groups != newer.groups),
             ("[measure]", self.measure_nodes != newer.measure_nodes),
             ("[[constraint]]", self.constraints != newer.constraints),
+            ("[[enqueue]]", self.enqueue != newer.enqueue),
         ];
         pairs.into_iter().filter(|(_, differs)| *differs).map(|(key, _)| key).collect()
     }

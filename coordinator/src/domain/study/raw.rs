@@ -36,7 +36,12 @@ pub(super) struct RawStudy {
     pub(super) measure: Option<RawMeasure>,
     pub(super) warm_start: Option<Spanned<RawWarmStart>>,
     pub(super) constraint: Option<Vec<Spanned<RawConstraint>>>,
+    /// `[[enqueue]]`: configurations to try first, a value by parameter name.
+    pub(super) enqueue: Option<Vec<Spanned<RawConfig>>>,
 }
+
+/// A configuration as written: a value by parameter name.
+pub(super) type RawConfig = BTreeMap<String, Spanned<toml::Value>>;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

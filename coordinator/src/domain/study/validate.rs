@@ -10,6 +10,7 @@ use std::ops::Range;
 use toml::Spanned;
 use tunefleet_common::measurement::EnergySourceKind;
 use tunefleet_common::message::MAX_GPUS;
+use tunefleet_common::params::{ParamValue, Params};
 use tunefleet_common::template;
 
 use super::constraint::{Bound, Constraint};
@@ -117,6 +118,7 @@ impl FileCheck<'_> {
             Some(st) => Some(self.stability(st, repeats)?),
         };
         let reuse = self.reuse(raw.reuse.as_ref(), &hyper, pipeline.is_some())?;
+        let enqueue = self.enqueue(raw.enqueue.as_deref().unwrap_or_default(), &hyper, &system, pipeline.is_some())?;
         Ok(Study {
             name: name.to_string(),
             command,
@@ -143,6 +145,7 @@ impl FileCheck<'_> {
             measure_nodes: raw.measure.and_then(|m| m.nodes).map(|n| n.tags),
             warm_start,
             constraints,
+            enqueue,
             origin: self.origin.to_string(),
             source: self.text.to_string(),
         })
@@ -292,6 +295,51 @@ impl FileCheck<'_> {
             RawStrategyKind::Tpe => Strategy::Tpe { seed },
             RawStrategyKind::Gp => Strategy::Gp { seed },
         })
+    }
+
+    /// `[[enqueue]]`: each a configuration of searched parameters (system
+    /// ones too, unless pipelined), every value inside its parameter's space.
+    fn enqueue(
+        &self,
+        raw: &[Spanned<RawConfig>],
+        hyper: &BTreeMap<String, ParamSpec>,
+        system: &BTreeMap<SystemParam, ParamSpec>,
+        pipelined: bool,
+    ) -> Result<Vec<Params>, StudyError> {
+        let mut out = Vec::with_capacity(raw.len());
+        for entry in raw {
+            if entry.get_ref().is_empty() {
+                return Err(self.at(entry.span(), "enqueue: a configuration names at least one parameter"));
+            }
+            let mut params = Params::new();
+            for (name, value) in entry.get_ref() {
+                let spec = hyper
+                    .get(name)
+                    .or_else(|| {
+                        (!pipelined).then(|| system.iter().find(|(p, _)| p.as_str() == name).map(|(_, s)| s)).flatten()
+                    })
+                    .ok_or_else(|| {
+                        self.at(value.span(), format!("enqueue.{name}: not a parameter this study searches"))
+                    })?;
+                let v = match (value.get_ref(), spec) {
+                    (toml::Value::Integer(i), ParamSpec::Float { .. } | ParamSpec::LogFloat { .. }) => {
+                        ParamValue::Float(*i as f64)
+                    }
+                    (toml::Value::Integer(i), _) => ParamValue::Int(*i),
+                    (toml::Value::Float(f), _) => ParamValue::Float(*f),
+                    (toml::Value::String(s), _) => ParamValue::Text(s.clone()),
+                    (other, _) => {
+                        return Err(self.at(value.span(), format!("enqueue.{name}: {other} is no parameter value")))
+                    }
+                };
+                if !spec.holds(&v) {
+                    return Err(self.at(value.span(), format!("enqueue.{name}: {v} is outside its space")));
+                }
+                params.insert(name.clone(), v);
+            }
+            out.push(params);
+        }
+        Ok(out)
     }
 
     /// `[[constraint]]`: each a metric name and one finite bound.
