@@ -154,9 +154,9 @@ struct Hogged {
 /// A member that takes trials as fast as it is given them and answers each
 /// with the most it may write: 1 MiB of progress and a result of about
 /// 0.75 MB. Goes offline once refused and given nothing more for a second.
-fn hog(port: u16, root: &str, stop: &AtomicBool) -> Hogged {
-    let token = join_token_of(root).expect("token").parse().expect("token");
-    let mut member = Member::connect(port, root, &format!("{root}-hog"));
+fn hog(port: u16, root: &str, token: &str, name: &str, stop: &AtomicBool) -> Hogged {
+    let token = token.parse().expect("token");
+    let mut member = Member::connect(port, root, name);
     assert!(matches!(member.hello(AgentInfo::minimal("x", 0), Some(&token)), Answer::Welcome));
     let wide: Metrics = (0..200).map(|i| (format!("{}{i:03}", "p".repeat(200)), f64::from(i))).collect();
     let long_name = "r".repeat(200);
@@ -223,20 +223,38 @@ fn hog(port: u16, root: &str, stop: &AtomicBool) -> Hogged {
 /// Runs a 0.1 s study of `trials` on two honest agents with the store on
 /// a tmpfs of 48 MiB (floor 8 MiB), beside a hog when `hogged`; the
 /// study's seconds, the coordinator's log and what the hog did.
-fn shared_store_run(dir: &Path, name: &str, trials: u32, hogged: bool) -> (f64, String, Hogged) {
+/// Who hogs a run's store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hogs {
+    None,
+    /// One member, each agent's share 4 MiB.
+    One,
+    /// Two members of one token whose names share 4 MiB, each agent's own share 100.
+    TwoOfOneToken,
+}
+
+fn shared_store_run(dir: &Path, name: &str, trials: u32, hogs: Hogs) -> (f64, String, Hogged) {
     let Some(mnt) = Tmpfs::mount(&dir.join(name), "48m") else { return (0.0, String::new(), Hogged::default()) };
     let study = sleep_study(dir, name, trials, 0.1);
     let store = mnt.0.join("s.db");
     let root = unique_root(name);
     let log_path = dir.join(format!("{name}.log"));
-    let limits = ["--store-min-free-mib", "8", "--store-share-mib", "4"];
+    let share = if hogs == Hogs::TwoOfOneToken { "100" } else { "4" };
+    let limits = ["--store-min-free-mib", "8", "--store-share-mib", share];
     let (mut coord, url) = start_coordinator_logged(&study, &store, &root, &limits, Some(&log_path));
     let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let hog = hogged.then(|| {
-        let (root, stop) = (root.clone(), stop.clone());
-        let port = port_of(&url);
-        std::thread::spawn(move || hog(port, &root, &stop))
-    });
+    let (members, token) = match hogs {
+        Hogs::None => (0, String::new()),
+        Hogs::One => (1, join_token_of(&root).expect("token")),
+        Hogs::TwoOfOneToken => (2, create_join_token(&store, &["--total-store-mib", "4"])),
+    };
+    let hoggers: Vec<_> = (0..members)
+        .map(|i| {
+            let (root, stop, token) = (root.clone(), stop.clone(), token.clone());
+            let port = port_of(&url);
+            std::thread::spawn(move || hog(port, &root, &token, &format!("{root}-hog{i}"), &stop))
+        })
+        .collect();
     let names = [format!("{root}-h1"), format!("{root}-h2")];
     let started = Instant::now();
     let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &["--slots", "2"])).collect();
@@ -244,7 +262,11 @@ fn shared_store_run(dir: &Path, name: &str, trials: u32, hogged: bool) -> (f64, 
     let secs = started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
     // A hog whose connection the broker closed (a publish that failed) did what it could.
-    let hogged = hog.and_then(|h| h.join().ok()).unwrap_or_default();
+    let hogged = hoggers.into_iter().filter_map(|h| h.join().ok()).fold(Hogged::default(), |all, h| Hogged {
+        stored: all.stored + h.stored,
+        refused: all.refused + h.refused,
+        why: if all.why.is_empty() { h.why } else { all.why },
+    });
     let log = std::fs::read_to_string(&log_path).unwrap_or_default();
     let out = coord.rest_of_stdout().join("\n");
     assert!(status.success(), "{name}: {out}\n{log}");
@@ -264,11 +286,11 @@ fn regression_a_member_writing_the_most_it_may_cannot_pause_the_fleet() {
     let _alone = one_at_a_time();
     let dir = tempfile::tempdir().expect("tmp");
     let trials = 80;
-    let (quiet, _, _) = shared_store_run(dir.path(), "calm", trials, false);
+    let (quiet, _, _) = shared_store_run(dir.path(), "calm", trials, Hogs::None);
     if quiet == 0.0 {
         return;
     }
-    let (attacked, text, hogged) = shared_store_run(dir.path(), "hogged", trials, true);
+    let (attacked, text, hogged) = shared_store_run(dir.path(), "hogged", trials, Hogs::One);
     eprintln!(
         "{trials} trials: {quiet:.1} s without the hog, {attacked:.1} s beside it ({:.2}x the trials/s); the hog had \
          {} results stored and {} refused: {}",
@@ -283,4 +305,22 @@ fn regression_a_member_writing_the_most_it_may_cannot_pause_the_fleet() {
     assert!(hogged.stored <= 3, "{} of its results stored", hogged.stored);
     assert!(text.contains("results past an agent's share of the store"), "counted in the summary: {text}");
     assert!(attacked < 2.0 * quiet + 5.0, "{attacked:.1} s against {quiet:.1} s");
+}
+
+/// Issue 53: store space per token as well as per name. Two members of a
+/// token made with `--total-store-mib 4`, each agent's own share 100 MiB:
+/// together they get about what one got above, then are refused.
+#[test]
+fn two_members_of_one_token_share_its_store_grant() {
+    let _alone = one_at_a_time();
+    let dir = tempfile::tempdir().expect("tmp");
+    let (secs, text, hogged) = shared_store_run(dir.path(), "pair", 80, Hogs::TwoOfOneToken);
+    if secs == 0.0 {
+        return;
+    }
+    eprintln!("two members of one token: {} results stored, {} refused, {secs:.1} s", hogged.stored, hogged.refused);
+    assert!(!text.contains("paused"), "the store's disk filled\n{text}");
+    assert!(hogged.refused >= 2, "both told: {} refused ({:?})", hogged.refused, hogged.why);
+    // 4 MiB together: about two results with their progress, and one more each that passed it.
+    assert!(hogged.stored <= 4, "{} of their results stored", hogged.stored);
 }

@@ -255,6 +255,11 @@ pub enum TokenAction {
         /// uses times its --slots].
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         total_slots: Option<u32>,
+        /// The MiB of each study's store all the agents it admits may take
+        /// together (results and progress, as `--store-share-mib` counts an
+        /// agent's) [default: each its own share only].
+        #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..))]
+        total_store_mib: Option<u64>,
         /// Write the token to this file (mode 0600) instead of printing it.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,

@@ -38,7 +38,7 @@ pub fn key(key: &KeyArg) -> Result<()> {
 pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
     let mut store = Store::open(store_path).map_err(CliError::open_store(store_path))?;
     match action {
-        TokenAction::Create { ttl, uses, tags, slots, lookahead, gpus, total_slots, out, key } => {
+        TokenAction::Create { ttl, uses, tags, slots, lookahead, gpus, total_slots, total_store_mib, out, key } => {
             if slots == Some(0) {
                 return Err(CliError::refused("--slots 0 would let its agents run nothing"));
             }
@@ -61,7 +61,7 @@ pub fn token(action: TokenAction, store_path: &Path) -> Result<()> {
                 granted.insert(k.to_string(), v.to_string());
             }
             let identity = key.load(store_path)?;
-            let grant = Grant { slots, lookahead, gpus, total_slots };
+            let grant = Grant { slots, lookahead, gpus, total_slots, total_store_mib };
             let text = new_token(&mut store, &identity, ttl_ms, Some(uses), &granted, grant)?;
             let until = if ttl_ms.is_some() { format!("for {}", ttl.trim()) } else { "never expires".to_string() };
             eprintln!(
@@ -141,7 +141,7 @@ pub fn change(action: AgentsAction, store_path: &Path) -> Result<()> {
                 _ => println!("{name}: key {} pinned", tunefleet_common::auth::hex(&key)),
             }
             if slots.is_some() || lookahead.is_some() || gpus.is_some() {
-                let grant = Grant { slots, lookahead, gpus, total_slots: None };
+                let grant = Grant { slots, lookahead, gpus, total_slots: None, total_store_mib: None };
                 store.grant_capacity(&name, grant)?;
                 println!("{name}: {}", describe_grant(&grant));
             }
@@ -233,6 +233,7 @@ fn describe_grant(g: &Grant) -> String {
         part("lookahead", g.lookahead),
         part("gpus", g.gpus),
         part("slots in all", g.total_slots),
+        g.total_store_mib.map(|m| format!("{m} MiB of each study's store in all")),
     ]
     .into_iter()
     .flatten()

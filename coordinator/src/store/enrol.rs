@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS agent_enrolment (
 /// Columns added since the enrolment tables were first made (a store of
 /// an older program gets them on open): the capacity a token grants, the
 /// capacity an agent was granted, and the trials it lost before they started.
-const ENROL_COLUMNS: [(&str, &str, &str); 9] = [
+const ENROL_COLUMNS: [(&str, &str, &str); 10] = [
     ("join_tokens", "slots", "INTEGER"),
     ("join_tokens", "gpus", "INTEGER"),
     ("agent_enrolment", "gpus", "INTEGER"),
@@ -71,6 +71,7 @@ const ENROL_COLUMNS: [(&str, &str, &str); 9] = [
     ("agent_enrolment", "lookahead", "INTEGER"),
     ("agent_enrolment", "lost_held", "INTEGER NOT NULL DEFAULT 0"),
     ("join_tokens", "total_slots", "INTEGER"),
+    ("join_tokens", "total_store_mib", "INTEGER"),
 ];
 
 /// Adds the [`ENROL_COLUMNS`] a store lacks.
@@ -99,12 +100,23 @@ pub struct Grant {
     pub gpus: Option<u32>,
     /// A token's: the slots all the names it admitted may hold at once.
     pub total_slots: Option<u32>,
+    /// A token's: the MiB of each study's store all its names may take.
+    pub total_store_mib: Option<u64>,
+}
+
+/// What the names of one join token share: its id, its bounds, its other names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenShare {
+    pub id: String,
+    pub total_slots: Option<u32>,
+    pub total_store_mib: Option<u64>,
+    pub siblings: Vec<String>,
 }
 
 impl Grant {
     fn of(slots: Option<i64>, lookahead: Option<i64>, gpus: Option<i64>) -> Self {
         let u = |v: Option<i64>| v.map(|v| u32::try_from(v.max(0)).unwrap_or(u32::MAX));
-        Grant { slots: u(slots), lookahead: u(lookahead), gpus: u(gpus), total_slots: None }
+        Grant { slots: u(slots), lookahead: u(lookahead), gpus: u(gpus), total_slots: None, total_store_mib: None }
     }
 }
 
@@ -258,9 +270,9 @@ impl Batch<'_> {
     /// What the operator granted `agent`: the tags of its join token (they
     /// override what it claims) and the capacity of its token or of
     /// `agents trust`. One read, at every Hello.
-    /// The slots the token that enrolled `agent` grants all its names
-    /// together, and its other names, when that token has such a bound.
-    pub fn token_share(&mut self, agent: &str) -> Result<Option<(u32, Vec<String>)>> {
+    /// What the names of the join token that enrolled `agent` share, when
+    /// that token bounds them together (`--total-slots`, `--total-store-mib`).
+    pub fn token_share(&mut self, agent: &str) -> Result<Option<TokenShare>> {
         let context = || format!("reading the token share of {agent}");
         let via: Option<String> = self
             .tx
@@ -271,15 +283,20 @@ impl Batch<'_> {
             .ctx(context)?
             .flatten();
         let Some(id) = via.as_deref().and_then(|v| v.strip_prefix("token ")) else { return Ok(None) };
-        let bounded: Vec<(Vec<u8>, i64)> = self
+        type Bounds = (Vec<u8>, Option<i64>, Option<i64>);
+        let bounded: Vec<Bounds> = self
             .tx
-            .prepare_cached("SELECT public, total_slots FROM join_tokens WHERE total_slots IS NOT NULL")
+            .prepare_cached(
+                "SELECT public, total_slots, total_store_mib FROM join_tokens
+                 WHERE total_slots IS NOT NULL OR total_store_mib IS NOT NULL",
+            )
             .ctx(context)?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
             .ctx(context)?
             .collect::<rusqlite::Result<_>>()
             .ctx(context)?;
-        let Some(total) = bounded.iter().find(|(p, _)| p.get(..8).is_some_and(|p| auth::hex(p) == id)).map(|t| t.1)
+        let Some((_, slots, store)) =
+            bounded.into_iter().find(|(p, ..)| p.get(..8).is_some_and(|p| auth::hex(p) == id))
         else {
             return Ok(None);
         };
@@ -291,7 +308,12 @@ impl Batch<'_> {
             .ctx(context)?
             .collect::<rusqlite::Result<_>>()
             .ctx(context)?;
-        Ok(Some((u32::try_from(total.max(0)).unwrap_or(u32::MAX), siblings)))
+        Ok(Some(TokenShare {
+            id: id.to_string(),
+            total_slots: opt_u64(slots).map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
+            total_store_mib: opt_u64(store),
+            siblings,
+        }))
     }
 
     pub fn granted(&mut self, agent: &str) -> Result<(BTreeMap<String, String>, Grant)> {
@@ -324,8 +346,8 @@ impl Store {
             .tx
             .prepare_cached(
                 "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, tags, slots, lookahead, gpus,
-                     total_slots)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                     total_slots, total_store_mib)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )
             .ctx(context)?
             .execute(params![
@@ -337,7 +359,8 @@ impl Store {
                 grant.slots,
                 grant.lookahead,
                 grant.gpus,
-                grant.total_slots
+                grant.total_slots,
+                grant.total_store_mib.map(|m| to_i64("MiB", m)).transpose()?
             ])
             .ctx(context)?;
         batch.commit()
@@ -398,7 +421,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT public, created_ms, expires_ms, uses_left, used, tags, revoked, slots, lookahead, gpus,
-                        total_slots
+                        total_slots, total_store_mib
                  FROM join_tokens
                  ORDER BY created_ms DESC, public",
             )
@@ -416,6 +439,7 @@ impl Store {
                     revoked: r.get("revoked")?,
                     grant: Grant {
                         total_slots: opt_u64(r.get("total_slots")?).map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
+                        total_store_mib: opt_u64(r.get("total_store_mib")?),
                         ..Grant::of(r.get("slots")?, r.get("lookahead")?, r.get("gpus")?)
                     },
                 })
@@ -455,7 +479,8 @@ mod tests {
         let mut store = Store::open_in_memory().expect("store");
         let tags: BTreeMap<String, String> = [("pool".to_string(), "arm".to_string())].into();
         let public = [7u8; 32];
-        let grant = Grant { slots: Some(2), lookahead: Some(3), gpus: Some(1), total_slots: None };
+        let grant =
+            Grant { slots: Some(2), lookahead: Some(3), gpus: Some(1), total_slots: None, total_store_mib: None };
         store.create_token(&public, Some(1_000), Some(2), &tags, grant, 5).expect("create");
         let mut b = store.batch().expect("batch");
         let t = b.token(&public).expect("read").expect("kept");

@@ -48,7 +48,7 @@ mod running;
 mod schema;
 
 pub use batch::{RecordOutcome, StudyOpened};
-pub use enrol::{token_id, Grant, Known, TokenRow, TokenState};
+pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
 pub use export::{AttemptTimes, ExportRow};
 pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;

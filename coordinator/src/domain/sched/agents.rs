@@ -59,6 +59,7 @@ impl Scheduler {
             window: u32::MAX,
             lost_held: 0,
             granted: Default::default(),
+            holder: None,
         });
         // What it matches may change with what it says it is.
         agent.recount(&mut self.studies, 0);
@@ -149,7 +150,7 @@ impl Scheduler {
     /// fill the store with in-bounds epochs).
     pub fn take_progress(&mut self, agent: &str, trial: &TrialRef, bytes: u64) -> Result<(), &'static str> {
         let Some(study) = self.studies.iter_mut().find(|s| s.owns(trial)) else { return Err("not a live attempt") };
-        if study.past_share(agent) {
+        if study.past_share(agent, self.agents.get(agent).and_then(|a| a.holder.as_ref())) {
             return Err("the agent has used its share of the study's store");
         }
         let slot = study.trials.get_mut(usize::try_from(trial.trial).unwrap_or(usize::MAX));
@@ -173,9 +174,27 @@ impl Scheduler {
     /// progress are refused and it is given none of the study's trials).
     pub fn count_written(&mut self, agent: &str, trial: &TrialRef, bytes: u64) -> Option<u64> {
         let study = self.studies.iter_mut().find(|s| s.owns(trial))?;
-        let was = study.past_share(agent);
+        let holder = self.agents.get(agent).and_then(|a| a.holder.as_ref());
+        let was = study.past_share(agent, holder);
+        if let Some((h, _)) = holder {
+            study.attribute(agent, h);
+            *study.written_by_holder.entry(h.clone()).or_default() += bytes;
+        }
         *study.written.entry(agent.to_string()).or_default() += bytes;
-        (!was && study.past_share(agent)).then_some(study.policy.store_share)
+        let share = holder.map_or(study.policy.store_share, |(_, cap)| study.policy.store_share.min(*cap));
+        (!was && study.past_share(agent, holder)).then_some(share)
+    }
+
+    /// `agent` is a name of join token `holder`, whose names may take
+    /// `share` bytes of each study's store together; what it wrote before
+    /// counts in the token's total.
+    pub fn set_holder(&mut self, agent: &str, holder: &str, share: u64) {
+        let Some(a) = self.agents.get_mut(agent) else { return };
+        let h: Arc<str> = Arc::from(holder);
+        for s in &mut self.studies {
+            s.attribute(agent, &h);
+        }
+        a.holder = Some((h, share));
     }
 
     /// What each agent wrote to `study`'s store before (a restarted

@@ -38,6 +38,9 @@ pub(super) struct AgentState {
     pub(super) lost_held: u64,
     /// The tags the operator granted it (what it claims is in `info`).
     pub(super) granted: std::collections::BTreeMap<String, String>,
+    /// Its join token, when the token grants its names a store share
+    /// together (`token create --total-store-mib`).
+    pub(super) holder: Option<super::lease::Holder>,
 }
 
 impl AgentState {

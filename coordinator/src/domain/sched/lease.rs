@@ -3,7 +3,8 @@
 //! lease keeps from [`StudyLeases::lease`] to [`StudyLeases::unlease`]; the
 //! expiry tick, stopping a trial, and giving up an agent's leases.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use tunefleet_common::message::TrialRef;
 
@@ -120,12 +121,31 @@ pub(super) struct StudyLeases {
     pub(super) open: bool,
     /// Bytes of the study's store each agent's results and progress took.
     pub(super) written: HashMap<String, u64>,
+    /// ... and the names of each join token with a share of its own, together.
+    pub(super) written_by_holder: HashMap<Arc<str>, u64>,
+    /// Agents whose bytes count in their token's total already.
+    pub(super) attributed: HashSet<String>,
 }
 
+/// A join token whose names share a store grant: its id, and the bytes of
+/// each study's store they may take together.
+pub(super) type Holder = (Arc<str>, u64);
+
 impl StudyLeases {
-    /// Whether `agent` has used its share of this study's store.
-    pub(super) fn past_share(&self, agent: &str) -> bool {
-        self.written.get(agent).is_some_and(|w| *w >= self.policy.store_share)
+    /// Whether `agent` (one of `holder`'s names, when its token has a
+    /// share of its own) has used its share of this study's store, or its
+    /// token has.
+    pub(super) fn past_share(&self, agent: &str, holder: Option<&Holder>) -> bool {
+        let own = self.written.get(agent).is_some_and(|w| *w >= self.policy.store_share);
+        own || holder.is_some_and(|(h, cap)| self.written_by_holder.get(h).is_some_and(|w| *w >= *cap))
+    }
+
+    /// Counts what `agent` wrote before in its token's total, once.
+    pub(super) fn attribute(&mut self, agent: &str, holder: &Arc<str>) {
+        if self.attributed.insert(agent.to_string()) {
+            let before = self.written.get(agent).copied().unwrap_or(0);
+            *self.written_by_holder.entry(holder.clone()).or_default() += before;
+        }
     }
 
     /// Trial `i` runs under `lease` (it was not running).

@@ -87,6 +87,8 @@ impl Scheduler {
             restored: BTreeMap::new(),
             open: false,
             written: HashMap::new(),
+            written_by_holder: HashMap::new(),
+            attributed: Default::default(),
             policy,
         };
         for (i, restored) in states.into_iter().enumerate() {
@@ -234,12 +236,13 @@ impl Scheduler {
         let mut online: Vec<(&String, &AgentInfo)> =
             self.agents.iter().filter(|(_, a)| a.online).filter_map(|(n, a)| Some((n, a.info.as_ref()?))).collect();
         let fits = |i: &AgentInfo| s.policy.selector.matches(i) && i.gpus.len() >= s.policy.gpus as usize;
-        if online.is_empty() || online.iter().any(|(n, i)| fits(i) && !s.past_share(n)) {
+        let past = |n: &str| s.past_share(n, self.agents.get(n).and_then(|a| a.holder.as_ref()));
+        if online.is_empty() || online.iter().any(|(n, i)| fits(i) && !past(n)) {
             return None;
         }
         // Those that could have used their share of its store.
         if online.iter().any(|(_, i)| fits(i)) {
-            let n = online.iter().filter(|(n, _)| s.past_share(n)).count();
+            let n = online.iter().filter(|(n, _)| past(n)).count();
             return Some(format!("the {n} online agent(s) that could run its trials used their share of its store"));
         }
         // What three lack, in name order; the rest counted.

@@ -116,7 +116,7 @@ fn place_one(
         let Some(study) = studies.get_mut(i).filter(|s| {
             s.policy.selector.matches(info)
                 && s.policy.gpus as usize <= gpus_free
-                && !s.past_share(name)
+                && !s.past_share(name, agent.holder.as_ref())
                 && (!ahead
                     || (depth_left(s, name, slots) > 0
                         && s.held.get(name).map_or(0, |h| h.len()) < fair_share(s, live)))

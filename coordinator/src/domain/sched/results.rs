@@ -55,7 +55,9 @@ impl Scheduler {
             _ => {}
         }
         let this_is_live = matches!(&slot.state, State::Running(l) if l.agent == agent && l.attempt == trial.attempt);
-        if study.past_share(agent) && !matches!(kind, ResultKind::Retry(_)) {
+        if study.past_share(agent, self.agents.get(agent).and_then(|a| a.holder.as_ref()))
+            && !matches!(kind, ResultKind::Retry(_))
+        {
             let why = format!("the agent has used its share of the study's store ({} bytes)", study.policy.store_share);
             let change = if this_is_live { Change::Retry(why) } else { Change::Nothing };
             return judged(Verdict::PastShare, change);

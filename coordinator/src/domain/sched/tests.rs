@@ -1003,3 +1003,31 @@ fn an_agent_past_its_share_of_the_store_gets_no_more_trials_and_its_result_goes_
     assert!(to_b.iter().any(|(_, t)| t.trial == given[1].1.trial), "the refused trial went to b: {to_b:?}");
     assert_eq!(s.why_waiting("s"), None);
 }
+
+/// Issue 53: store space per token as well as per name: the names of a
+/// token with a share of its own are past it together, whatever each
+/// wrote alone; what a name wrote before its token was known counts too.
+#[test]
+fn a_tokens_names_share_its_store_grant() {
+    let mut s = Scheduler::new();
+    let queue = vec![Restored::Pending { last_attempt: 0, failures: 0 }; 6];
+    s.add_study(StudyPolicy { store_share: 10_000, ..policy("s", 7, 3, false) }, queue, 0);
+    for name in ["a", "b", "c"] {
+        s.hello(info(name, 1, "x86_64", &[]));
+        s.request(name, &req(1, 2));
+    }
+    let given = assigned(&s.assign(0));
+    let of = |agent: &str| given.iter().find(|(a, _)| a == agent).map(|(_, t)| t.clone()).expect("a trial");
+    // `a` wrote 400 bytes before its Hello said which token it is.
+    assert_eq!(s.count_written("a", &of("a"), 400), None);
+    s.set_holder("a", "token t1", 1_000);
+    s.set_holder("b", "token t1", 1_000);
+    assert_eq!(s.count_written("b", &of("b"), 500), None, "900 of the token's 1,000");
+    assert_eq!(s.count_written("b", &of("b"), 200), Some(1_000), "1,100: past the token's share");
+    assert!(s.take_progress("a", &of("a"), 10).is_err(), "a's too, though it wrote 400 alone");
+    assert_eq!(s.count_written("c", &of("c"), 2_000), None, "another name's own share is its own");
+    s.request("a", &req(2, 2));
+    s.request("c", &req(2, 2));
+    let next = assigned(&s.assign(0));
+    assert!(next.iter().all(|(a, _)| a == "c"), "nothing more for the token's names: {next:?}");
+}

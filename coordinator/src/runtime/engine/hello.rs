@@ -87,7 +87,7 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     if crate::domain::sched::grant(&mut info, granted.slots, granted.lookahead, cx.sessions.max_slots) {
         tracing::info!(agent = %agent, announced_slots = announced.0, announced_lookahead = announced.1, slots = info.slots, lookahead = info.lookahead, "agent announced more than it was granted: given what it was granted");
     }
-    token_share(cx, &agent, &mut info)?;
+    let holder = token_share(cx, &agent, &mut info)?;
     let announced_gpus = info.gpus.len();
     if crate::domain::sched::grant_gpus(&mut info, granted.gpus, cx.sessions.max_gpus) {
         tracing::info!(agent = %agent, announced_gpus, gpus = info.gpus.len(), "agent announced more GPUs than it was granted: given what it was granted");
@@ -105,6 +105,9 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     cx.agents_seen.insert(agent.clone());
     cx.effects.extend(cx.sched.hello(info));
     cx.sched.set_granted(&agent, granted_tags);
+    if let Some((token, bytes)) = holder {
+        cx.sched.set_holder(&agent, &token, bytes);
+    }
     cx.welcomes.push((agent, payload));
     // What this Hello cost paces the next ones of its kind.
     cx.sessions.measured(&admission, began.elapsed());
@@ -112,21 +115,23 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
 }
 
 /// A token's names share its `--total-slots`: `agent` is given at most
-/// what its token's other names online leave.
+/// what its token's other names online leave. Its `--total-store-mib`: the
+/// token (`token ID`) and the bytes of each study's store its names share.
 fn token_share(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
     info: &mut tunefleet_common::message::AgentInfo,
-) -> Result<(), EngineError> {
-    if let Some((total, siblings)) = cx.batch.token_share(agent)? {
-        let held: u32 = siblings.iter().filter_map(|n| cx.sched.live_slots(n)).fold(0, u32::saturating_add);
+) -> Result<Option<(String, u64)>, EngineError> {
+    let Some(share) = cx.batch.token_share(agent)? else { return Ok(None) };
+    if let Some(total) = share.total_slots {
+        let held: u32 = share.siblings.iter().filter_map(|n| cx.sched.live_slots(n)).fold(0, u32::saturating_add);
         let left = total.saturating_sub(held);
         if info.slots > left {
             tracing::warn!(agent = %agent, slots = left, token_slots = total, held_by_its_other_agents = held, "agent given what its join token's slots leave: its other agents hold the rest");
             info.slots = left;
         }
     }
-    Ok(())
+    Ok(share.total_store_mib.map(|mib| (format!("token {}", share.id), mib.saturating_mul(1024 * 1024))))
 }
 
 /// A refused Hello: counted and logged at a bounded rate; the agent hears
