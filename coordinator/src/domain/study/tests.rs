@@ -547,6 +547,10 @@ fn energy_time_and_to_target_are_checked() {
     refused("metric = \"energy_time\"\ndirection = \"minimize\"\neta = 1.5\nmax_power_w = 1.0", "0 to 1");
     refused("metric = \"energy_time\"\ndirection = \"maximize\"\neta = 0.5\nmax_power_w = 1.0", "minimize");
     refused("metric = \"accuracy\"\ndirection = \"maximize\"\neta = 0.5", "for metric = \"energy_time\"");
+    refused(
+        "metric = \"energy_time\"\ndirection = \"minimize\"\neta = 0.5\nmax_power_w = 1.0\naggregate = \"kept_mean\"",
+        "measured once",
+    );
     let target = "to_target = { metric = \"accuracy\", at_least = 0.97 }";
     let to = parse(&objective(&format!("metric = \"energy\"\ndirection = \"minimize\"\n{target}")), "s.toml")
         .expect("parses");

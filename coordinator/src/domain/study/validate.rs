@@ -199,7 +199,8 @@ impl FileCheck<'_> {
         }
         // A measured objective is one figure for the whole trial: there are no
         // epochs of it to average over the kept configuration.
-        if raw.aggregate == Aggregate::KeptMean && matches!(metric, "wall_time" | "cpu_time" | "energy") {
+        if raw.aggregate == Aggregate::KeptMean && matches!(metric, "wall_time" | "cpu_time" | "energy" | "energy_time")
+        {
             return Err(self.at(
                 raw.metric.span(),
                 format!(
