@@ -37,10 +37,12 @@ mod apply;
 pub mod core;
 mod ctx;
 mod dispatch;
+mod effects;
 mod gate;
 mod hello;
 mod learn;
 pub mod points;
+mod start;
 #[cfg(test)]
 mod tests;
 pub mod types;

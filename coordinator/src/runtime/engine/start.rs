@@ -1,0 +1,170 @@
+//! Starting a study: created in the store or resumed from it (its search
+//! replays the trials it made, is told their results and the progress of
+//! trials stopped early), and a study file submitted to the service.
+
+use std::collections::HashMap;
+
+use super::active::ActiveStudy;
+use super::core::{Core, Started, LEASE_GRACE};
+use super::dispatch::usable_checkpoint;
+use super::learn::load_book;
+use super::types::{Answer, EngineError, Now};
+use crate::domain::sched::{Restored, StudyPolicy};
+use crate::domain::search::{Search, TrialPlan};
+use crate::domain::study::Study;
+use crate::store::TrialState;
+
+impl Core {
+    /// A study file submitted to the service: started (or resumed) beside
+    /// the others.
+    pub(super) fn submit(&mut self, text: &str, origin: &str, now: Now, shown: &mut Vec<Started>) -> Answer {
+        let file = match crate::domain::study::parse(text, origin) {
+            Ok(s) => s,
+            Err(e) => return Answer::Error { message: e.to_string() },
+        };
+        let studies = file.expand();
+        for study in &studies {
+            let name = &study.name;
+            if self.studies.get(name).is_some_and(|a| !a.cancelled)
+                && self.sched.counts(name).is_some_and(|c| !c.finished())
+            {
+                return Answer::Error { message: format!("study {name} is running already") };
+            }
+        }
+        let mut started = Vec::new();
+        for study in studies {
+            let name = study.name.clone();
+            match self.start_study(study, now) {
+                Ok(s) => shown.push(s),
+                Err(e) => return Answer::Error { message: e.to_string() },
+            }
+            let total = self.sched.counts(&name).map_or(0, |c| c.total);
+            tracing::info!(study = %name, "study submitted");
+            started.push(format!("study {name} submitted ({total} trials so far)"));
+        }
+        Answer::Ok { message: started.join("\n") }
+    }
+
+    /// Creates the study in the store, or resumes it if it is there already
+    /// with the same configuration, and starts scheduling its trials; what
+    /// the progress display starts with.
+    pub fn start_study(&mut self, study: Study, now: Now) -> Result<Started, EngineError> {
+        if self.book.is_none() {
+            self.book = Some(load_book(&self.store)?);
+        }
+        let id = {
+            let mut batch = self.store.batch()?;
+            batch.create_study(&study, &[])?;
+            // Drawn the first time the study runs, kept in the store after.
+            let id = batch.study_id(&study.name, rand::random())?;
+            batch.commit()?;
+            id
+        };
+        let rows = self.store.trials(&study.name)?;
+        let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan()).collect();
+        let mut search = Search::new(&study);
+        search.resume(&plans);
+        let mut states = Vec::with_capacity(rows.len());
+        let mut values: Vec<(u64, f64, Option<f64>, String)> = Vec::new();
+        // Trials ASHA stopped: told to the search with their last report below.
+        let mut stopped: HashMap<u64, tunefleet_common::params::Params> = HashMap::new();
+        for row in rows {
+            if row.trial != states.len() as u64 {
+                tracing::error!(study = %study.name, trial = row.trial, "trial ids in the store are not dense; later trials ignored");
+                break;
+            }
+            states.push(match row.state {
+                TrialState::Pending => Restored::Pending { last_attempt: row.attempts, failures: row.failures },
+                TrialState::Running => Restored::Running {
+                    agent: row.agent.clone().unwrap_or_default(),
+                    attempt: row.attempts,
+                    failures: row.failures,
+                },
+                TrialState::Done => Restored::Done,
+                TrialState::Failed => Restored::Failed,
+                TrialState::Stopped => {
+                    stopped.insert(row.trial, row.params.clone());
+                    Restored::Stopped
+                }
+            });
+            if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
+                let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
+                search.tell_constrained(row.trial, &row.params, value, &also, row.violation);
+                values.push((row.trial, value, row.violation, agent));
+            }
+        }
+        super::warm::warm_start(&self.store, &study, &mut search)?;
+        let policy = StudyPolicy {
+            name: study.name.clone(),
+            id,
+            selector: study.selector.clone(),
+            max_attempts: study.max_attempts,
+            ahead_per_slot: study.ahead_per_slot(),
+            ahead_per_agent: study.ahead_per_agent(),
+            lease_ms: study.timeout_ms() + LEASE_GRACE.as_millis() as u64,
+            gpus: study.gpus,
+            store_share: self.store_share,
+        };
+        self.sched.add_study(policy, states, now.engine_ms);
+        self.sched.set_written(&study.name, self.store.written_by_agent(&study.name)?);
+        self.sched.set_open(&study.name, !search.exhausted());
+        let c = self.sched.counts(&study.name).unwrap_or_default();
+        let shown = Started {
+            study: study.name.clone(),
+            total: search.planned().max(c.total),
+            done: c.done + c.failed + c.stopped,
+        };
+        let mut active = ActiveStudy::new(study, search, plans);
+        active.at_start = (c.failed, c.done);
+        for (trial, value, violation, agent) in values {
+            active.record_value(trial, value, violation, &agent);
+        }
+        self.replay_progress(&mut active, &stopped)?;
+        self.studies.insert(active.study.name.clone(), active);
+        Ok(shown)
+    }
+
+    /// What a coordinator that stopped had seen of `active`'s epochs, from
+    /// the store: early stopping's rungs, the checkpoint each trial's latest
+    /// attempt reported, and the last report of each trial ASHA `stopped`
+    /// told to the search.
+    fn replay_progress(
+        &self,
+        active: &mut ActiveStudy,
+        stopped: &HashMap<u64, tunefleet_common::params::Params>,
+    ) -> Result<(), EngineError> {
+        let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();
+        for p in self.store.study_progress(&active.study.name)? {
+            if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
+                let _ = asha.report(p.trial, p.epoch, value);
+            }
+            if let Some(&value) =
+                p.metrics.get(&active.study.objective.metric).filter(|_| stopped.contains_key(&p.trial))
+            {
+                let last = last_reports.entry(p.trial).or_insert((p.epoch, value));
+                if p.epoch >= last.0 {
+                    *last = (p.epoch, value);
+                }
+            }
+            // A checkpoint stored before the coordinator checked them (an
+            // injected option, a path outside resume_prefix) is not resumed from.
+            let usable = |c: &String| usable_checkpoint(&active.study, c).is_ok();
+            match p.checkpoint.filter(usable) {
+                Some(reference) => {
+                    active.checkpoints.insert(p.trial, (p.epoch, reference));
+                }
+                // A later attempt that started over has no checkpoint yet.
+                None if p.epoch <= 1 => {
+                    active.checkpoints.remove(&p.trial);
+                }
+                None => {}
+            }
+        }
+        for (trial, (epoch, value)) in last_reports {
+            if let Some(params) = stopped.get(&trial) {
+                active.search.tell_pruned(trial, params, epoch, value);
+            }
+        }
+        Ok(())
+    }
+}
