@@ -128,6 +128,13 @@ fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
     for a in agents {
         assert!(dom.stdout.contains(&format!("data-agent=\"{a}\"><td>{a}</td><td class=\"online\">online</td>")));
     }
+    // The study's history (issue 56): every trial a dot, the best so far a line.
+    let fig_at = dom.stdout.find("data-history=\"paged\"").expect("the study's history");
+    let fig = &dom.stdout[fig_at..fig_at + dom.stdout[fig_at..].find("</figure>").expect("figure end")];
+    assert!(fig.contains("v of 6 trials") && fig.contains("id=\"history-0\""), "{fig}");
+    let dots = fig.split("class=\"dot\" d=\"").nth(1).and_then(|d| d.split('"').next()).expect("the dots");
+    assert_eq!(dots.matches("h0").count(), 6, "a dot per trial: {dots}");
+    assert!(fig.contains("class=\"best\""), "{fig}");
     // status.json is the same snapshot.
     let (code, body) = get(&addr, "/status.json");
     assert_eq!(code, 200);

@@ -191,7 +191,8 @@ fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
     let data = match crate::query::status::snapshot(&db, None, at_ms).and_then(|studies| {
         let agents = db.agents()?;
         let refusals = db.refusals()?;
-        Ok(LiveData { studies, agents, refusals, at_ms })
+        let histories = histories(&db, &studies)?;
+        Ok(LiveData { studies, agents, refusals, at_ms, histories })
     }) {
         Ok(d) => d,
         Err(e) => return failed(&e),
@@ -206,4 +207,22 @@ fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
         },
         _ => (404, "text/plain", "not found\n".to_string()),
     }
+}
+
+/// Each study's objective by trial, for the page's history charts.
+fn histories(
+    db: &Store,
+    studies: &[crate::query::status::StudyStatus],
+) -> Result<Vec<crate::report::live::History>, crate::store::StoreError> {
+    let mut out = Vec::with_capacity(studies.len());
+    for s in studies {
+        let Some(row) = db.study(&s.study)? else { continue };
+        out.push(crate::report::live::History {
+            study: s.study.clone(),
+            metric: s.metric.clone(),
+            direction: row.direction,
+            points: db.objective_points(&s.study)?,
+        });
+    }
+    Ok(out)
 }

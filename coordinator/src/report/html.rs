@@ -44,11 +44,6 @@ th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}t
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .ok{color:#2a7a2a}.bad{color:#a33}.est{color:#666;font-style:italic}.small{font-size:12px;color:#555}
 .bar{height:10px;background:#4a7ab5}
-svg.chart{display:block;max-width:100%;height:auto;margin:6px 0;font-size:11px}
-svg text{fill:#333}svg .label{font-size:12px}svg .empty{fill:#777;font-size:14px}
-svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
-svg .dot{stroke:#4e79a7;stroke-width:5;stroke-linecap:round;stroke-opacity:.6;fill:none}
-svg .best{stroke:#e15759;stroke-width:2;fill:none}
 svg .front{stroke:#e15759;stroke-width:1.5;fill:none}svg .front-dot{fill:#e15759}
 svg .cell rect{fill:#4e79a7}svg .cell-key{stroke:#4e79a7;stroke-width:8;stroke-opacity:.6}
 svg .w{stroke:none}svg .w.warmup,svg .w.cut{opacity:.45}svg .w.cut{stroke:#333;stroke-dasharray:2 2}
@@ -64,8 +59,9 @@ pub fn page(data: &ReportData) -> String {
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
-         <link rel=\"icon\" href=\"data:,\"><title>Tunefleet report: {}</title><style>{STYLE}</style></head><body>",
-        Esc(name)
+         <link rel=\"icon\" href=\"data:,\"><title>Tunefleet report: {}</title><style>{STYLE}{}</style></head><body>",
+        Esc(name),
+        svg::CHART_STYLE
     );
     header(&mut out, data);
     objective(&mut out, data);

@@ -3,9 +3,9 @@
 //! when it was last seen, the trials it lost before they started, whether
 //! its last telemetry says it was disturbed) and the studies (progress,
 //! best by the one ranking rule, failures by cause, a link to each
-//! report), rendered here from what `status --json` and `agents --json`
-//! say, so the page and the commands agree. The page reloads its `<main>`
-//! every 2 s.
+//! report, and its objective over its trials with the best so far),
+//! rendered here from what `status --json` and `agents --json` say, so the
+//! page and the commands agree. The page reloads its `<main>` every 2 s.
 
 use std::fmt::Write as _;
 
@@ -24,6 +24,20 @@ pub struct LiveData {
     pub refusals: Vec<RefusalRow>,
     /// Unix ms the data was read at.
     pub at_ms: u64,
+    /// Each study's objective by trial, for its history chart (not in
+    /// `/status.json`: `export` has every trial).
+    #[serde(skip)]
+    pub histories: Vec<History>,
+}
+
+/// One study's objective by trial.
+#[derive(Debug, Clone)]
+pub struct History {
+    pub study: String,
+    pub metric: String,
+    pub direction: crate::domain::study::Direction,
+    /// `(trial, objective)` of its successful trials, by trial.
+    pub points: Vec<(u64, f64)>,
 }
 
 /// Seconds since `then_ms`, for reading (`4 s ago`, `3 min ago`).
@@ -138,6 +152,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
         let why = s.waits.as_deref().unwrap_or_default();
         let _ = write!(out, "<p class=\"waits\" data-waits=\"{0}\">{0} waits: {1}</p>", Esc(&s.study), Esc(why));
     }
+    histories(&mut out, &data.histories);
     if let Some(free) = data.studies.first().and_then(|s| s.store_free_bytes) {
         let _ = write!(
             out,
@@ -149,6 +164,27 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
     out
 }
 
+/// Each study's objective over its trials with the best so far (the
+/// report's chart: at most [`super::svg::MAX_DOTS`] dots, sampled beyond).
+fn histories(out: &mut String, histories: &[History]) {
+    let drawn: Vec<&History> = histories.iter().filter(|h| !h.points.is_empty()).collect();
+    if drawn.is_empty() {
+        return;
+    }
+    out.push_str("<h2>History</h2>");
+    for (i, h) in drawn.iter().enumerate() {
+        let series = super::sample::objective_series(&h.points, h.direction, super::svg::MAX_DOTS);
+        let _ = write!(
+            out,
+            "<figure data-history=\"{0}\"><figcaption>{0}: {1} of {2} trials, the best so far in red</figcaption>{3}</figure>",
+            Esc(&h.study),
+            Esc(&h.metric),
+            h.points.len(),
+            super::svg::objective_chart(&format!("history-{i}"), &series, &h.metric)
+        );
+    }
+}
+
 /// The whole page: `main` and the script that reloads it every 2 s.
 pub fn page_html(data: &LiveData, query: &str) -> String {
     format!(
@@ -156,7 +192,8 @@ pub fn page_html(data: &LiveData, query: &str) -> String {
          <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}table{{border-collapse:collapse;\
          margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.n{{text-align:right}}\
          .online{{color:#1a7f37}}.offline{{color:#999}}.small{{color:#666;font-size:12px}}\
-         .stale{{background:#fde8e8;border:1px solid #d33;color:#a00;padding:6px 10px}}</style></head><body>\
+         .stale{{background:#fde8e8;border:1px solid #d33;color:#a00;padding:6px 10px}}\
+         figure{{margin:0 0 1em;max-width:900px}}{chart}</style></head><body>\
          <h1>Tunefleet</h1><p class=\"small\">Read only; updates every 2 s; last updated \
          <span id=\"updated\">{}</span>. The same figures as \
          <code>tunefleet status --json</code> and <code>tunefleet agents --json</code> \
@@ -174,6 +211,7 @@ pub fn page_html(data: &LiveData, query: &str) -> String {
         super::utc(data.at_ms),
         main_html(data, query),
         at = data.at_ms,
+        chart = super::svg::CHART_STYLE,
     )
 }
 
@@ -207,12 +245,41 @@ mod tests {
             eta_s: None,
         };
         let refused = RefusalRow { name: "x<y>".into(), reason: "no <token>".into(), at_ms: 0, count: 2 };
-        let data = LiveData { studies: vec![study], agents: Vec::new(), refusals: vec![refused], at_ms: 0 };
+        let data = LiveData {
+            studies: vec![study],
+            agents: Vec::new(),
+            refusals: vec![refused],
+            at_ms: 0,
+            histories: Vec::new(),
+        };
         let html = page_html(&data, "?token=abc");
         assert!(html.contains("<td>s&lt;1&gt;</td>") && !html.contains("<td>s<1></td>"), "{html}");
         assert!(html.contains("href=\"/report/s&lt;1&gt;?token=abc\""));
         assert!(html.contains("loss=0.500000 (mean of 2 runs, best run trial 3)"));
         assert!(html.contains("1 &times; exit 1, `boom`"));
         assert!(html.contains("<td>x&lt;y&gt;</td><td>no &lt;token&gt;</td>"), "{html}");
+    }
+
+    #[test]
+    fn each_study_with_results_has_its_history_drawn() {
+        let history = |study: &str, points: Vec<(u64, f64)>| History {
+            study: study.into(),
+            metric: "loss".into(),
+            direction: crate::domain::study::Direction::Minimize,
+            points,
+        };
+        let data = LiveData {
+            studies: Vec::new(),
+            agents: Vec::new(),
+            refusals: Vec::new(),
+            at_ms: 0,
+            histories: vec![history("<a>", vec![(0, 3.0), (1, 1.0), (4, 2.0)]), history("none", Vec::new())],
+        };
+        let html = main_html(&data, "");
+        assert!(html.contains("<figure data-history=\"&lt;a&gt;\">"), "{html}");
+        assert!(html.contains("loss of 3 trials") && html.contains("<svg id=\"history-0\""), "{html}");
+        assert!(!html.contains("data-history=\"none\""), "nothing to draw, no chart");
+        let page = page_html(&data, "");
+        assert!(page.contains("svg .best{"), "the chart's style is on the page");
     }
 }

@@ -261,6 +261,15 @@ fn dots(out: &mut String, class: &str, points: impl Iterator<Item = (f64, f64)>)
     out.push_str(r#""/>"#);
 }
 
+/// The style of the charts drawn here (the report's and the live page's).
+pub const CHART_STYLE: &str = "
+svg.chart{display:block;max-width:100%;height:auto;margin:6px 0;font-size:11px}
+svg text{fill:#333}svg .label{font-size:12px}svg .empty{fill:#777;font-size:14px}
+svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
+svg .dot{stroke:#4e79a7;stroke-width:5;stroke-linecap:round;stroke-opacity:.6;fill:none}
+svg .best{stroke:#e15759;stroke-width:2;fill:none}
+";
+
 /// The objective of each trial (dots) and the best so far (a step line).
 pub fn objective_chart(id: &str, series: &ObjectiveSeries, metric: &str) -> String {
     if series.points.is_empty() {
