@@ -41,6 +41,14 @@ fn feasible_trials_rank_first_in_every_view_and_the_others_by_how_far_they_miss(
     assert_eq!(trials, ["2", "1", "0", "3", "4", "5"], "{best}");
     assert!(order[3].contains("infeasible (misses its constraints by 1.000000)"), "{best}");
     assert_eq!(status_json(s)[0]["best"][1], 2, "status: the best feasible trial");
+    // The report draws the 3 infeasible trials apart, and the best feasible.
+    let html = dir.path().join("capped.html");
+    let (code, _, err) = tunefleet(&["report", "capped", "--store", s, "--output", html.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    let html = std::fs::read_to_string(&html).expect("report");
+    let apart = html.split("class=\"dot infeasible\" d=\"").nth(1).and_then(|d| d.split('"').next()).expect("dots");
+    assert_eq!(apart.matches("h0").count(), 3, "{apart}");
+    assert!(html.contains("best feasible"), "the legend says what the line is");
     assert_eq!(status_json(s)[0]["best_feasible"], true);
     let (code, csv, err) = tunefleet(&["export", "capped", "--store", s]);
     assert_eq!(code, Some(0), "{err}");

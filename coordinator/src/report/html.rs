@@ -10,7 +10,7 @@ use tunefleet_common::params::Params;
 
 use super::class::summaries;
 use super::data::{ReportData, ReuseRow, CHART_IDS, MAX_FRONT, MAX_REUSE_ROWS};
-use super::sample::{objective_series, system_text, timeline, ObjectiveSeries};
+use super::sample::{objective_series_feasible, system_text, timeline, ObjectiveSeries};
 use super::svg::{self, config_colour, fmt_num, Esc};
 use crate::domain::study::Direction;
 use crate::query::best::by_class;
@@ -119,7 +119,8 @@ fn header(out: &mut String, data: &ReportData) {
 fn objective(out: &mut String, data: &ReportData) {
     let mut points: Vec<(u64, f64)> = data.ranked.iter().map(|r| (r.trial, r.objective)).collect();
     points.sort_by_key(|p| p.0);
-    let series = objective_series(&points, data.study.direction, data.options.max_points);
+    let infeasible = data.ranked.iter().filter(|r| r.violation.is_some_and(|v| v > 0.0)).map(|r| r.trial).collect();
+    let series = objective_series_feasible(&points, &infeasible, data.study.direction, data.options.max_points);
     let _ = write!(out, "<section id=\"objective\"><h2>Objective over trials</h2>");
     out.push_str(&svg::objective_chart(CHART_IDS[0], &series, &data.study.metric));
     let _ = write!(out, "<p class=\"note\">{}</p></section>", Esc(&sampling_note(&series, data.study.direction)));

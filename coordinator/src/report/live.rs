@@ -36,8 +36,8 @@ pub struct History {
     pub study: String,
     pub metric: String,
     pub direction: crate::domain::study::Direction,
-    /// `(trial, objective)` of its successful trials, by trial.
-    pub points: Vec<(u64, f64)>,
+    /// `(trial, objective, feasible)` of its successful trials, by trial.
+    pub points: Vec<(u64, f64, bool)>,
 }
 
 /// Seconds since `then_ms`, for reading (`4 s ago`, `3 min ago`).
@@ -173,7 +173,9 @@ fn histories(out: &mut String, histories: &[History]) {
     }
     out.push_str("<h2>History</h2>");
     for (i, h) in drawn.iter().enumerate() {
-        let series = super::sample::objective_series(&h.points, h.direction, super::svg::MAX_DOTS);
+        let points: Vec<(u64, f64)> = h.points.iter().map(|&(t, v, _)| (t, v)).collect();
+        let infeasible = h.points.iter().filter(|p| !p.2).map(|p| p.0).collect();
+        let series = super::sample::objective_series_feasible(&points, &infeasible, h.direction, super::svg::MAX_DOTS);
         let _ = write!(
             out,
             "<figure data-history=\"{0}\"><figcaption>{0}: {1} of {2} trials, the best so far in red</figcaption>{3}</figure>",
@@ -262,7 +264,7 @@ mod tests {
 
     #[test]
     fn each_study_with_results_has_its_history_drawn() {
-        let history = |study: &str, points: Vec<(u64, f64)>| History {
+        let history = |study: &str, points: Vec<(u64, f64, bool)>| History {
             study: study.into(),
             metric: "loss".into(),
             direction: crate::domain::study::Direction::Minimize,
@@ -273,12 +275,17 @@ mod tests {
             agents: Vec::new(),
             refusals: Vec::new(),
             at_ms: 0,
-            histories: vec![history("<a>", vec![(0, 3.0), (1, 1.0), (4, 2.0)]), history("none", Vec::new())],
+            histories: vec![
+                history("<a>", vec![(0, 3.0, true), (1, 1.0, false), (4, 2.0, true)]),
+                history("none", Vec::new()),
+            ],
         };
         let html = main_html(&data, "");
         assert!(html.contains("<figure data-history=\"&lt;a&gt;\">"), "{html}");
         assert!(html.contains("loss of 3 trials") && html.contains("<svg id=\"history-0\""), "{html}");
         assert!(!html.contains("data-history=\"none\""), "nothing to draw, no chart");
+        // Trial 1 misses its constraints: drawn apart, never the best so far.
+        assert!(html.contains("class=\"dot infeasible\"") && html.contains("best feasible"), "{html}");
         let page = page_html(&data, "");
         assert!(page.contains("svg .best{"), "the chart's style is on the page");
     }

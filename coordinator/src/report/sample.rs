@@ -25,6 +25,9 @@ pub struct ObjectiveSeries {
     pub total: usize,
     /// Improvements of the best so far among them.
     pub improvements: usize,
+    /// `(trial, objective)` of the shown points that miss the study's
+    /// constraints, drawn apart (the best so far is of the others).
+    pub infeasible: Vec<(f64, f64)>,
 }
 
 impl ObjectiveSeries {
@@ -63,12 +66,24 @@ fn stride_keep(n: usize, max: usize) -> Vec<usize> {
 /// deterministic stride over the other trials for the rest. Non-finite
 /// values are left out.
 pub fn objective_series(points: &[(u64, f64)], direction: Direction, max: usize) -> ObjectiveSeries {
+    objective_series_feasible(points, &std::collections::HashSet::new(), direction, max)
+}
+
+/// [`objective_series`] of a study with constraints: the trials in
+/// `infeasible` are shown apart and never the best so far.
+pub fn objective_series_feasible(
+    points: &[(u64, f64)],
+    infeasible: &std::collections::HashSet<u64>,
+    direction: Direction,
+    max: usize,
+) -> ObjectiveSeries {
     let finite: Vec<(f64, f64)> = points.iter().filter(|p| p.1.is_finite()).map(|&(t, v)| (t as f64, v)).collect();
+    let missed = |i: usize| infeasible.contains(&(finite[i].0 as u64));
     let mut best_so_far: Option<f64> = None;
     let mut improved = Vec::new();
     let mut others = Vec::new();
     for (i, &(_, v)) in finite.iter().enumerate() {
-        if best_so_far.is_none_or(|b| direction.better(v, b)) {
+        if !missed(i) && best_so_far.is_none_or(|b| direction.better(v, b)) {
             best_so_far = Some(v);
             improved.push(i);
         } else {
@@ -81,7 +96,8 @@ pub fn objective_series(points: &[(u64, f64)], direction: Direction, max: usize)
     shown.extend(&best);
     shown.sort_unstable();
     ObjectiveSeries {
-        points: shown.iter().map(|&i| finite[i]).collect(),
+        points: shown.iter().filter(|&&i| !missed(i)).map(|&i| finite[i]).collect(),
+        infeasible: shown.iter().filter(|&&i| missed(i)).map(|&i| finite[i]).collect(),
         best: best.iter().map(|&i| finite[i]).collect(),
         last_trial: finite.last().map_or(0.0, |p| p.0),
         total: finite.len(),

@@ -268,19 +268,24 @@ svg text{fill:#333}svg .label{font-size:12px}svg .empty{fill:#777;font-size:14px
 svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
 svg .dot{stroke:#4e79a7;stroke-width:5;stroke-linecap:round;stroke-opacity:.6;fill:none}
 svg .best{stroke:#e15759;stroke-width:2;fill:none}
+svg .dot.infeasible{stroke:#aaa}
 ";
 
 /// The objective of each trial (dots) and the best so far (a step line).
 pub fn objective_chart(id: &str, series: &ObjectiveSeries, metric: &str) -> String {
-    if series.points.is_empty() {
+    if series.points.is_empty() && series.infeasible.is_empty() {
         return empty(id, "objective over trials", "No trial with a value for the objective yet.");
     }
-    let x = Scale::over(series.points.iter().map(|p| p.0).chain([series.last_trial]), PLOT.left, PLOT.right);
-    let y = Scale::over(series.points.iter().map(|p| p.1), PLOT.bottom, PLOT.top);
+    let all = || series.points.iter().chain(&series.infeasible);
+    let x = Scale::over(all().map(|p| p.0).chain([series.last_trial]), PLOT.left, PLOT.right);
+    let y = Scale::over(all().map(|p| p.1), PLOT.bottom, PLOT.top);
     let mut out = String::with_capacity(series.points.len() * 16 + 4096);
     open(&mut out, id, &format!("{metric} over trials, with the best so far"), HEIGHT);
     axes(&mut out, PLOT, &x, Some(&y), "trial", metric);
     dots(&mut out, "dot", series.points.iter().map(|&(t, v)| (x.at(t), y.at(v))));
+    if !series.infeasible.is_empty() {
+        dots(&mut out, "dot infeasible", series.infeasible.iter().map(|&(t, v)| (x.at(t), y.at(v))));
+    }
     let mut best = series.best.iter();
     if let Some(&(t0, v0)) = best.next() {
         let _ = write!(out, r#"<path class="best" d="M{} {}"#, Px(x.at(t0)), Px(y.at(v0)));
@@ -289,7 +294,10 @@ pub fn objective_chart(id: &str, series: &ObjectiveSeries, metric: &str) -> Stri
         }
         let _ = write!(out, r#"H{}"/>"#, Px(x.at(series.last_trial)));
     }
-    legend(&mut out, &[("dot", "a trial"), ("best", "best so far")]);
+    match series.infeasible.is_empty() {
+        true => legend(&mut out, &[("dot", "a trial"), ("best", "best so far")]),
+        false => legend(&mut out, &[("dot", "feasible"), ("dot infeasible", "infeasible"), ("best", "best feasible")]),
+    }
     out.push_str("</svg>");
     out
 }
@@ -303,9 +311,9 @@ fn legend(out: &mut String, entries: &[(&str, &str)]) {
         let _ = write!(
             out,
             r#"<path class="{class}" d="M{} {}h{}"/><text x="{}" y="{}">{}</text>"#,
-            Px(x + if *class == "dot" { 9.0 } else { 0.0 }),
+            Px(x + if class.starts_with("dot") { 9.0 } else { 0.0 }),
             Px(y - 4.0),
-            if *class == "dot" { "0" } else { "18" },
+            if class.starts_with("dot") { "0" } else { "18" },
             Px(x + 24.0),
             Px(y),
             Esc(text)

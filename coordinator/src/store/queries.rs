@@ -315,18 +315,21 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 
-    /// Each successful result's objective, `(trial, value)` by trial: what a
-    /// history chart draws, without the measurements.
-    pub fn objective_points(&self, study: &str) -> Result<Vec<(u64, f64)>> {
+    /// Each successful result's objective and whether it meets the study's
+    /// constraints, `(trial, value, feasible)` by trial: what a history
+    /// chart draws, without the measurements.
+    pub fn objective_points(&self, study: &str) -> Result<Vec<(u64, f64, bool)>> {
         let context = || format!("reading the objective of study {study:?}");
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT trial, objective FROM results WHERE study = ?1 AND success = 1 AND objective IS NOT NULL
-                 ORDER BY trial",
+                "SELECT trial, objective, COALESCE(violation, 0) <= 0 FROM results
+                 WHERE study = ?1 AND success = 1 AND objective IS NOT NULL ORDER BY trial",
             )
             .ctx(context)?;
-        let rows = stmt.query_map(params![study], |r| Ok((get_u64(r, "trial")?, r.get::<_, f64>(1)?))).ctx(context)?;
+        let rows = stmt
+            .query_map(params![study], |r| Ok((get_u64(r, "trial")?, r.get::<_, f64>(1)?, r.get(2)?)))
+            .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 
