@@ -450,3 +450,34 @@ fn a_tokens_names_share_the_slots_it_grants_in_all() {
     drop(agent);
     assert_agents_spools_empty(&[&honest]);
 }
+
+/// Issue 56, finding 6: trials held ahead were counted as running (`4 of
+/// 2 slots busy`). Now `status`, `agents` and the page count them apart:
+/// an agent of 1 slot runs 1 and holds the next ones ahead.
+#[test]
+fn trials_held_ahead_are_counted_apart_from_running_ones() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let root = unique_root("held");
+    let (mut coord, url) = start_coordinator(&sleep_study(dir.path(), "held", 4, 1.5), &store, &root, &[]);
+    let name = format!("{root}-one");
+    let agent = start_agent(&url, &name, &root, &["--slots", "1"]);
+    let s = store.display().to_string();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let (_, out, _) = tunefleet(&[args, &["--store", &s]].concat());
+        serde_json::from_str(&out).unwrap_or_default()
+    };
+    wait_for("a trial running and one held ahead", Duration::from_secs(60), || {
+        let st = json(&["status", "--json"]);
+        st[0]["running"] == 1 && st[0]["held"].as_u64().unwrap_or(0) >= 1
+    });
+    let agents = json(&["agents", "--json"]);
+    let me = agents.as_array().and_then(|a| a.iter().find(|r| r["name"] == name.as_str())).expect("the agent");
+    assert_eq!(me["running"].as_array().map(Vec::len), Some(1), "{me}");
+    assert!(me["held"].as_array().is_some_and(|h| !h.is_empty()), "{me}");
+    let (_, text, _) = tunefleet(&["status", "--store", &s]);
+    assert!(text.contains("1 running, ") && text.contains(" held ahead"), "{text}");
+    assert!(coord.wait_exit(Duration::from_secs(120)).success());
+    drop(agent);
+    assert_agents_spools_empty(&[&name]);
+}

@@ -1064,11 +1064,11 @@ fn quick_start_runs_as_written() {
     let (code, status, err) = run(tf("tunefleet", qs.dir.path(), &["status", "first-1", "--store", "first.db"]));
     assert_eq!(code, Some(0), "{err}");
     assert!(
-        status.starts_with(&format!("first-1 finished: {counts} done, 0 running, 0 pending, 0 failed")),
+        status.starts_with(&format!("first-1 finished: {counts} done, 0 running, 0 held ahead, 0 pending, 0 failed")),
         "{summary}\n{status}"
     );
     let html = std::fs::read_to_string(qs.dir.path().join("first.html")).expect("the report");
-    assert!(html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 pending, 0 failed")), "{summary}");
+    assert!(html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 held ahead, 0 pending, 0 failed")), "{summary}");
 }
 
 // ---------------------------------------------------------------------------

@@ -204,7 +204,10 @@ fn agents_text(store: &Store) -> Result<String> {
             .and_then(|t| t.foreign_cpu)
             .map_or_else(|| "-".to_string(), |f| format!("{:.0} %", f * 100.0));
         let conditions = a.telemetry.as_ref().map_or_else(|| "-".to_string(), |t| describe_conditions(&t.conditions));
-        let running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
+        let mut running = if a.running.is_empty() { "-".to_string() } else { a.running.join(" ") };
+        if !a.held.is_empty() {
+            running.push_str(&format!(" (held ahead: {})", a.held.join(" ")));
+        }
         writeln!(
             out,
             "{:<24} {:<8} {:>5} {:>9.1} {:>5} {:>5} {:<10} {:<20} {:>8} {:<22} {:<28} {}",

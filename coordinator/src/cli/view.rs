@@ -180,8 +180,8 @@ pub fn status(rows: &[StudyStatus]) -> String {
         };
         let _ = writeln!(
             out,
-            "{} {}: {}/{} done, {} running, {} pending, {} failed, {} stopped, {agents}{best}{pace}",
-            s.study, s.state, s.done, s.total, s.running, s.pending, s.failed, s.stopped
+            "{} {}: {}/{} done, {} running, {} held ahead, {} pending, {} failed, {} stopped, {agents}{best}{pace}",
+            s.study, s.state, s.done, s.total, s.running, s.held, s.pending, s.failed, s.stopped
         );
         if s.failed > 0 {
             let _ = writeln!(out, "  {}", crate::domain::failure::summary(s.failed, &s.failures, 3));
@@ -326,6 +326,7 @@ mod tests {
             total: 100,
             pending: 80,
             running: 0,
+            held: 0,
             done: 20,
             failed: 0,
             stopped: 0,

@@ -14,7 +14,10 @@ pub struct StudyStatus {
     pub state: String,
     pub total: u64,
     pub pending: u64,
+    /// Trials running now on an agent's slots.
     pub running: u64,
+    /// Trials held ahead on agents whose slots are busy (not running yet).
+    pub held: u64,
     pub done: u64,
     pub failed: u64,
     pub stopped: u64,
@@ -121,7 +124,8 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             .to_string(),
             total,
             pending: s.pending,
-            running: s.running,
+            running: s.running.saturating_sub(s.held),
+            held: s.held,
             done: s.done,
             failed: s.failed,
             stopped,
@@ -223,6 +227,7 @@ mod tests {
             total: 100,
             pending: 100 - done,
             running: 0,
+            held: 0,
             done,
             failed: 0,
             stopped: 0,

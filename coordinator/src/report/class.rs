@@ -81,6 +81,7 @@ mod tests {
             online: false,
             telemetry: None,
             running: Vec::new(),
+            held: Vec::new(),
             lost_held: 0,
         }
     }

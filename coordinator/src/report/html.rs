@@ -88,7 +88,8 @@ fn header(out: &mut String, data: &ReportData) {
     let _ = write!(
         out,
         "<h1>Tunefleet report: {}</h1><p class=\"meta\">Objective <b>{}</b> ({}). Study {}, created {}{finished}. \
-         <span id=\"counts\">{}/{} done, {} running, {} pending, {} failed, {} stopped</span>; {} ranked.</p>",
+         <span id=\"counts\">{}/{} done, {} running, {} held ahead, {} pending, {} failed, {} stopped</span>; {} \
+         ranked.</p>",
         Esc(&s.name),
         Esc(&s.metric),
         s.direction,
@@ -96,7 +97,8 @@ fn header(out: &mut String, data: &ReportData) {
         utc(s.created_ms),
         s.done,
         data.planned.max(s.total),
-        s.running,
+        s.running.saturating_sub(s.held),
+        s.held,
         s.pending,
         s.failed,
         stopped,
@@ -571,6 +573,7 @@ mod tests {
             total: 0,
             pending: 0,
             running: 0,
+            held: 0,
             done: 0,
             failed: 0,
         }

@@ -73,23 +73,25 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
     let online = data.agents.iter().filter(|a| a.online).count();
     let slots: u32 = data.agents.iter().filter(|a| a.online).map(|a| a.info.slots).sum();
     let busy: usize = data.agents.iter().filter(|a| a.online).map(|a| a.running.len()).sum();
+    let held: usize = data.agents.iter().filter(|a| a.online).map(|a| a.held.len()).sum();
     let _ = write!(
         out,
         "<h2>Fleet</h2><p id=\"fleet-summary\"><span id=\"agents-online\">{online}</span> of \
          <span id=\"agents-known\">{}</span> agents online, <span id=\"slots-busy\">{busy}</span> of \
-         <span id=\"slots-online\">{slots}</span> slots busy</p>",
+         <span id=\"slots-online\">{slots}</span> slots busy, <span id=\"held-ahead\">{held}</span> trials held \
+         ahead</p>",
         data.agents.len()
     );
     out.push_str(
-        "<table id=\"agents\"><tr><th>agent</th><th>state</th><th>slots</th><th>running</th><th>last seen</th>\
-         <th>lost before start</th><th>disturbed</th></tr>",
+        "<table id=\"agents\"><tr><th>agent</th><th>state</th><th>slots</th><th>running</th><th>held ahead</th>\
+         <th>last seen</th><th>lost before start</th><th>disturbed</th></tr>",
     );
     for a in &data.agents {
         let disturbed = a.telemetry.as_ref().map(disturbance).filter(|t| !t.is_empty()).unwrap_or_else(|| "-".into());
         let _ = write!(
             out,
             "<tr data-agent=\"{0}\"><td>{0}</td><td class=\"{1}\">{1}</td><td class=\"n\">{2}</td>\
-             <td class=\"n\">{3}</td><td>{4}</td><td class=\"n\">{5}</td><td>{6}</td></tr>",
+             <td class=\"n\">{3}</td><td class=\"n\">{7}</td><td>{4}</td><td class=\"n\">{5}</td><td>{6}</td></tr>",
             Esc(&a.name),
             if a.online { "online" } else { "offline" },
             a.info.slots,
@@ -97,6 +99,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
             ago(data.at_ms, a.last_seen_ms),
             a.lost_held,
             Esc(&disturbed),
+            a.held.len(),
         );
     }
     out.push_str("</table>");
@@ -119,7 +122,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
     out.push_str("<h2>Studies</h2>");
     out.push_str(
         "<table id=\"studies\"><tr><th>study</th><th>state</th><th>done</th><th>of</th><th>running</th>\
-         <th>failed</th><th>stopped</th><th>best</th><th>failures by cause</th><th>report</th></tr>",
+         <th>held ahead</th><th>failed</th><th>stopped</th><th>best</th><th>failures by cause</th><th>report</th></tr>",
     );
     for s in &data.studies {
         let best =
@@ -136,8 +139,8 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
         let _ = write!(
             out,
             "<tr data-study=\"{0}\"><td>{0}</td><td>{1}</td><td class=\"n done\">{2}</td><td class=\"n\">{3}</td>\
-             <td class=\"n\">{4}</td><td class=\"n failed\">{5}</td><td class=\"n\">{6}</td><td class=\"best\">{best}</td>\
-             <td>{causes}</td><td><a href=\"/report/{0}{query}\">report</a></td></tr>",
+             <td class=\"n\">{4}</td><td class=\"n\">{7}</td><td class=\"n failed\">{5}</td><td class=\"n\">{6}</td>\
+             <td class=\"best\">{best}</td><td>{causes}</td><td><a href=\"/report/{0}{query}\">report</a></td></tr>",
             Esc(&s.study),
             Esc(&s.state),
             s.done,
@@ -145,6 +148,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
             s.running,
             s.failed,
             s.stopped,
+            s.held,
         );
     }
     out.push_str("</table>");
@@ -229,6 +233,7 @@ mod tests {
             total: 10,
             pending: 5,
             running: 2,
+            held: 0,
             done: 3,
             failed: 1,
             stopped: 0,

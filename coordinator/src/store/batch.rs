@@ -588,6 +588,19 @@ impl Batch<'_> {
         self.written
     }
 
+    /// Whether `trial`'s attempt waits on its agent behind busy slots (held
+    /// ahead, `true`) or runs: what `status`, `agents` and the page count
+    /// apart.
+    pub fn set_held(&mut self, trial: &TrialRef, held: bool) -> Result<()> {
+        let context = || format!("recording whether {trial} is held ahead");
+        self.tx
+            .prepare_cached("UPDATE attempts SET held = ?4 WHERE study = ?1 AND trial = ?2 AND attempt = ?3")
+            .ctx(context)?
+            .execute(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt, held])
+            .ctx(context)?;
+        Ok(())
+    }
+
     /// The attempt ended without a result (timeout of the agent, refusal,
     /// agent gone): the attempt is closed with `reason` and the trial is
     /// pending again. Returns false (and changes no trial) when the trial is

@@ -29,7 +29,10 @@ pub struct StudyRow {
     /// Trials of the study, repeats included.
     pub total: u64,
     pub pending: u64,
+    /// Trials given to an agent, held ahead included.
     pub running: u64,
+    /// Of those, the ones waiting on their agent behind busy slots.
+    pub held: u64,
     pub done: u64,
     pub failed: u64,
 }
@@ -202,8 +205,10 @@ pub struct AgentRow {
     pub online: bool,
     /// Its latest telemetry, when it sent any.
     pub telemetry: Option<tunefleet_common::measurement::Telemetry>,
-    /// Attempts it holds now, as `study/trial#attempt`.
+    /// Attempts it runs now, as `study/trial#attempt`.
     pub running: Vec<String>,
+    /// Attempts it holds ahead of its busy slots, not started yet.
+    pub held: Vec<String>,
     /// Trials it lost before they started (offline, restarted, or their
     /// lease ran out while it held them): none counted a failure, and each
     /// loss halved what it may hold at once.
@@ -553,7 +558,12 @@ impl Store {
                 "SELECT a.name, a.info, a.first_seen_ms, a.last_seen_ms, a.online, a.telemetry,
                         (SELECT group_concat(t.study || '/' || t.trial || '#' || t.attempts, ' ') FROM trials t
                          JOIN attempts x ON x.study = t.study AND x.trial = t.trial AND x.attempt = t.attempts
-                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL) AS running,
+                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL AND x.held = 0)
+                            AS running,
+                        (SELECT group_concat(t.study || '/' || t.trial || '#' || t.attempts, ' ') FROM trials t
+                         JOIN attempts x ON x.study = t.study AND x.trial = t.trial AND x.attempt = t.attempts
+                         WHERE t.state = 'running' AND x.agent = a.name AND x.ended_ms IS NULL AND x.held = 1)
+                            AS held,
                         COALESCE((SELECT e.lost_held FROM agent_enrolment e WHERE e.name = a.name), 0) AS lost_held
                  FROM agents a ORDER BY a.name",
             )
@@ -569,10 +579,8 @@ impl Store {
                     telemetry: row
                         .get::<_, Option<String>>("telemetry")?
                         .and_then(|text| serde_json::from_str(&text).ok()),
-                    running: row
-                        .get::<_, Option<String>>("running")?
-                        .map(|text| text.split(' ').map(str::to_string).collect())
-                        .unwrap_or_default(),
+                    running: words(row.get("running")?),
+                    held: words(row.get("held")?),
                     lost_held: get_u64(row, "lost_held")?,
                 })
             })
@@ -581,10 +589,18 @@ impl Store {
     }
 }
 
+/// A space-separated list, as `group_concat` makes one.
+fn words(text: Option<String>) -> Vec<String> {
+    text.map(|t| t.split(' ').map(str::to_string).collect()).unwrap_or_default()
+}
+
 const STUDY_SELECT: &str = "SELECT s.name, s.config, s.metric, s.direction, s.created_ms, s.finished_ms, s.state,
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name) AS total,
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'pending') AS pending,
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'running') AS running,
+        (SELECT COUNT(*) FROM trials t JOIN attempts x ON x.study = t.study AND x.trial = t.trial
+             AND x.attempt = t.attempts
+         WHERE t.study = s.name AND t.state = 'running' AND x.held = 1 AND x.ended_ms IS NULL) AS held,
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'done') AS done,
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'failed') AS failed
     FROM studies s";
@@ -603,6 +619,7 @@ fn study_row(row: &Row<'_>) -> rusqlite::Result<StudyRow> {
         total: get_u64(row, "total")?,
         pending: get_u64(row, "pending")?,
         running: get_u64(row, "running")?,
+        held: get_u64(row, "held")?,
         done: get_u64(row, "done")?,
         failed: get_u64(row, "failed")?,
     })

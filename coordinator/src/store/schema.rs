@@ -177,11 +177,18 @@ const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;"
 /// `results.violation` (issue 58): how far a result misses its study's
 /// `[[constraint]]`s (0: feasible, NULL: the study has none), added to a
 /// store made before it.
+/// And `attempts.held` (issue 56): 1 while an attempt waits on its agent
+/// behind busy slots (held ahead), 0 once it runs.
 fn add_results_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let present: i64 =
-        tx.query_row("SELECT COUNT(*) FROM pragma_table_info('results') WHERE name = 'violation'", [], |r| r.get(0))?;
-    if present == 0 {
-        tx.execute_batch("ALTER TABLE results ADD COLUMN violation REAL;")?;
+    let columns = [("results", "violation", "REAL"), ("attempts", "held", "INTEGER NOT NULL DEFAULT 0")];
+    for (table, name, kind) in columns {
+        let present: i64 =
+            tx.query_row(&format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"), [name], |r| {
+                r.get(0)
+            })?;
+        if present == 0 {
+            tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {kind};"))?;
+        }
     }
     Ok(())
 }

@@ -211,8 +211,9 @@ fn perform(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineE
                     t.batch.record_assignment(&trial, &agent, now.unix_ms)?;
                     t.stats.assignments += 1;
                     // A trial held ahead has its nodes started once it starts.
-                    if !ahead {
-                        co_start(t, &agent, &trial, now);
+                    match ahead {
+                        true => t.batch.set_held(&trial, true)?,
+                        false => co_start(t, &agent, &trial, now),
                     }
                     t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }
@@ -244,7 +245,10 @@ fn perform(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineE
             t.batch.requeue(&trial, &format!("moved off {from}: {reason}"))?;
             abandon(t, &trial);
         }
-        Effect::Started { agent, trial } => co_start(t, &agent, &trial, now),
+        Effect::Started { agent, trial } => {
+            t.batch.set_held(&trial, false)?;
+            co_start(t, &agent, &trial, now);
+        }
         Effect::LostHeld { agent, trials, places } => {
             t.stats.lost_held += u64::from(trials);
             tracing::warn!(agent = %agent, trials, places, lost = t.stats.lost_held, "agent lost trials it held before they started (none counts a failure): it may hold fewer at once");
