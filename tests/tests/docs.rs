@@ -1068,7 +1068,10 @@ fn quick_start_runs_as_written() {
         "{summary}\n{status}"
     );
     let html = std::fs::read_to_string(qs.dir.path().join("first.html")).expect("the report");
-    assert!(html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 held ahead, 0 pending, 0 failed")), "{summary}");
+    assert!(
+        html.contains(&format!("<span id=\"counts\">{counts} done, 0 running, 0 held ahead, 0 pending, 0 failed")),
+        "{summary}"
+    );
 }
 
 // ---------------------------------------------------------------------------

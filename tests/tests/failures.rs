@@ -53,14 +53,20 @@ fn a_crashing_workload_says_why_in_the_log_the_summary_best_and_the_exit_status(
     // `status` and the report say it too, with the same counts as the summary.
     let (code, out, err) = tunefleet(&["status", "--store", store.to_str().expect("utf-8")]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(out.starts_with("crash finished: 0/3 done, 0 running, 0 held ahead, 0 pending, 3 failed, 0 stopped"), "{out}");
+    assert!(
+        out.starts_with("crash finished: 0/3 done, 0 running, 0 held ahead, 0 pending, 3 failed, 0 stopped"),
+        "{out}"
+    );
     assert!(out.contains(&format!("3 trials failed: {cause}")), "{out}");
     let page = dir.path().join("crash.html");
     let page_arg = page.to_str().expect("utf-8");
     let (code, _, err) = tunefleet(&["report", "crash", "-o", page_arg, "--store", store.to_str().expect("utf-8")]);
     assert_eq!(code, Some(0), "{err}");
     let html = std::fs::read_to_string(&page).expect("report");
-    assert!(html.contains("<span id=\"counts\">0/3 done, 0 running, 0 held ahead, 0 pending, 3 failed, 0 stopped</span>"), "{html}");
+    assert!(
+        html.contains("<span id=\"counts\">0/3 done, 0 running, 0 held ahead, 0 pending, 3 failed, 0 stopped</span>"),
+        "{html}"
+    );
     assert!(
         html.contains("No module named &#39;tunefleet_no_such_module&#39;")
             || html.contains("No module named 'tunefleet_no_such_module'"),

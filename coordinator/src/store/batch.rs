@@ -335,6 +335,12 @@ impl Batch<'_> {
     /// Marks `trial` running as attempt `trial.attempt` on `agent`. Earlier
     /// attempts still open are closed as reassigned.
     pub fn record_assignment(&mut self, trial: &TrialRef, agent: &str, at_ms: u64) -> Result<()> {
+        self.record_assignment_held(trial, agent, at_ms, false)
+    }
+
+    /// [`Batch::record_assignment`] of an attempt `held` ahead of its
+    /// agent's busy slots (until [`Batch::set_held`] says it started).
+    pub fn record_assignment_held(&mut self, trial: &TrialRef, agent: &str, at_ms: u64, held: bool) -> Result<()> {
         let context = || format!("recording the assignment of {trial} to {agent}");
         let (state, _) = self.trial_state(trial)?;
         if state.is_final() {
@@ -357,14 +363,14 @@ impl Batch<'_> {
             .ctx(context)?;
         self.tx
             .prepare_cached(
-                "INSERT INTO attempts (study, trial, attempt, agent, assigned_ms, ended_ms, outcome, superseded)
-                 VALUES (?1, ?2, ?3, ?4, ?5, NULL, NULL, 0)
+                "INSERT INTO attempts (study, trial, attempt, agent, assigned_ms, ended_ms, outcome, superseded, held)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULL, NULL, 0, ?6)
                  ON CONFLICT (study, trial, attempt) DO UPDATE SET
                      agent = excluded.agent, assigned_ms = excluded.assigned_ms,
-                     ended_ms = NULL, outcome = NULL, superseded = 0",
+                     ended_ms = NULL, outcome = NULL, superseded = 0, held = excluded.held",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, agent, at])
+            .execute(params![trial.study, id, trial.attempt, agent, at, held])
             .ctx(context)?;
         Ok(())
     }

@@ -208,12 +208,11 @@ fn perform(t: &mut Turn<'_, '_>, effect: Effect, now: Now) -> Result<(), EngineE
             }
             match search::render_resumed(&active.study, active.probe.as_ref(), plan, &trial, checkpoint) {
                 Ok(spec) => {
-                    t.batch.record_assignment(&trial, &agent, now.unix_ms)?;
+                    t.batch.record_assignment_held(&trial, &agent, now.unix_ms, ahead)?;
                     t.stats.assignments += 1;
                     // A trial held ahead has its nodes started once it starts.
-                    match ahead {
-                        true => t.batch.set_held(&trial, true)?,
-                        false => co_start(t, &agent, &trial, now),
+                    if !ahead {
+                        co_start(t, &agent, &trial, now);
                     }
                     t.out.push((agent, CoordinatorMessage::Assign(Assignment { trial, request_seq, spec })));
                 }
