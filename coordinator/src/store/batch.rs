@@ -607,6 +607,18 @@ impl Batch<'_> {
         Ok(())
     }
 
+    /// Every open attempt of `study` counted as running, none as held: what
+    /// a coordinator taking them back from the store assumes.
+    pub fn clear_held(&mut self, study: &str) -> Result<()> {
+        let context = || format!("taking the open attempts of {study} back");
+        self.tx
+            .prepare_cached("UPDATE attempts SET held = 0 WHERE study = ?1 AND held = 1")
+            .ctx(context)?
+            .execute([study])
+            .ctx(context)?;
+        Ok(())
+    }
+
     /// The attempt ended without a result (timeout of the agent, refusal,
     /// agent gone): the attempt is closed with `reason` and the trial is
     /// pending again. Returns false (and changes no trial) when the trial is

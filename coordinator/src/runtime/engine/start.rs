@@ -57,6 +57,8 @@ impl Core {
             batch.create_study(&study, &[])?;
             // Drawn the first time the study runs, kept in the store after.
             let id = batch.study_id(&study.name, rand::random())?;
+            // The scheduler takes the open attempts back as started: so does the store.
+            batch.clear_held(&study.name)?;
             batch.commit()?;
             id
         };
