@@ -555,3 +555,40 @@ fn csv_columns_of_parameters_never_collide_with_fixed_ones() {
     assert_eq!(&rows[0][2], "pending");
     assert!(["fast", "slow"].contains(&&rows[0][3]), "{:?}", rows[0]);
 }
+
+/// Issue 56: the page's learning curves: the metric epoch by epoch of the
+/// last trials that reported epochs, each trial's latest attempt only, and
+/// epochs without the metric left out.
+#[test]
+fn learning_curves_are_the_last_trials_latest_attempts() {
+    let s = study("curves", "minimize", 4);
+    let mut store = store_with(&s);
+    let mut b = store.batch().expect("batch");
+    let report = |b: &mut tunefleet_coordinator::store::Batch<'_>,
+                  trial: u64,
+                  attempt: u32,
+                  epoch: u32,
+                  metric: &str,
+                  v: f64| {
+        let p = Progress {
+            trial: tref("curves", trial, attempt),
+            epoch,
+            elapsed_us: u64::from(epoch),
+            metrics: BTreeMap::from([(metric.to_string(), v)]),
+            checkpoint: None,
+            profile: None,
+        };
+        b.record_progress(&p).expect("progress");
+    };
+    report(&mut b, 0, 1, 1, "loss", 3.0);
+    report(&mut b, 1, 1, 1, "loss", 9.0);
+    report(&mut b, 1, 2, 1, "loss", 2.0);
+    report(&mut b, 1, 2, 2, "loss", 1.0);
+    report(&mut b, 1, 2, 3, "accuracy", 0.9);
+    report(&mut b, 3, 1, 1, "loss", 5.0);
+    b.commit().expect("commits");
+    let all = store.learning_curves("curves", "loss", 10).expect("curves");
+    assert_eq!(all, vec![(0, vec![(1.0, 3.0)]), (1, vec![(1.0, 2.0), (2.0, 1.0)]), (3, vec![(1.0, 5.0)])]);
+    let last = store.learning_curves("curves", "loss", 2).expect("curves");
+    assert_eq!(last.iter().map(|c| c.0).collect::<Vec<_>>(), [3], "trials after 3 - 2 only");
+}

@@ -209,6 +209,9 @@ fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
     }
 }
 
+/// The trials whose learning curves the page draws, the last ones.
+const CURVES: u64 = 50;
+
 /// Each study's objective by trial, for the page's history charts.
 fn histories(
     db: &Store,
@@ -222,6 +225,7 @@ fn histories(
             metric: s.metric.clone(),
             direction: row.direction,
             points: db.objective_points(&s.study)?,
+            curves: db.learning_curves(&s.study, &s.metric, CURVES)?,
         });
     }
     Ok(out)

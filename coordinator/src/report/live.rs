@@ -38,6 +38,8 @@ pub struct History {
     pub direction: crate::domain::study::Direction,
     /// `(trial, objective, feasible)` of its successful trials, by trial.
     pub points: Vec<(u64, f64, bool)>,
+    /// Its last trials' learning curves: the metric epoch by epoch.
+    pub curves: Vec<(u64, Vec<(f64, f64)>)>,
 }
 
 /// Seconds since `then_ms`, for reading (`4 s ago`, `3 min ago`).
@@ -171,7 +173,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
 /// Each study's objective over its trials with the best so far (the
 /// report's chart: at most [`super::svg::MAX_DOTS`] dots, sampled beyond).
 fn histories(out: &mut String, histories: &[History]) {
-    let drawn: Vec<&History> = histories.iter().filter(|h| !h.points.is_empty()).collect();
+    let drawn: Vec<&History> = histories.iter().filter(|h| !h.points.is_empty() || !h.curves.is_empty()).collect();
     if drawn.is_empty() {
         return;
     }
@@ -180,13 +182,19 @@ fn histories(out: &mut String, histories: &[History]) {
         let points: Vec<(u64, f64)> = h.points.iter().map(|&(t, v, _)| (t, v)).collect();
         let infeasible = h.points.iter().filter(|p| !p.2).map(|p| p.0).collect();
         let series = super::sample::objective_series_feasible(&points, &infeasible, h.direction, super::svg::MAX_DOTS);
+        let curves = match h.curves.is_empty() {
+            true => String::new(),
+            false => super::svg::curves_chart(&format!("curves-{i}"), &h.curves, &h.metric),
+        };
         let _ = write!(
             out,
-            "<figure data-history=\"{0}\"><figcaption>{0}: {1} of {2} trials, the best so far in red</figcaption>{3}</figure>",
+            "<figure data-history=\"{0}\"><figcaption>{0}: {1} of {2} trials, the best so far in red{4}</figcaption>\
+             {3}{curves}</figure>",
             Esc(&h.study),
             Esc(&h.metric),
             h.points.len(),
-            super::svg::objective_chart(&format!("history-{i}"), &series, &h.metric)
+            super::svg::objective_chart(&format!("history-{i}"), &series, &h.metric),
+            if h.curves.is_empty() { "" } else { "; the last trials' learning curves" },
         );
     }
 }
@@ -274,6 +282,7 @@ mod tests {
             metric: "loss".into(),
             direction: crate::domain::study::Direction::Minimize,
             points,
+            curves: Vec::new(),
         };
         let data = LiveData {
             studies: Vec::new(),
@@ -291,6 +300,12 @@ mod tests {
         assert!(!html.contains("data-history=\"none\""), "nothing to draw, no chart");
         // Trial 1 misses its constraints: drawn apart, never the best so far.
         assert!(html.contains("class=\"dot infeasible\"") && html.contains("best feasible"), "{html}");
+        // A study whose trials report epochs: a line a trial.
+        let mut with_epochs = history("epochs", vec![(0, 1.0, true)]);
+        with_epochs.curves = vec![(0, vec![(1.0, 2.0), (2.0, 1.5)]), (1, vec![(1.0, 3.0)])];
+        let html = main_html(&LiveData { histories: vec![with_epochs], ..data.clone() }, "");
+        assert_eq!(html.matches("class=\"curve\"").count(), 2, "{html}");
+        assert!(html.contains("<svg id=\"curves-0\""), "{html}");
         let page = page_html(&data, "");
         assert!(page.contains("svg .best{"), "the chart's style is on the page");
     }

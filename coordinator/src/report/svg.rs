@@ -269,6 +269,7 @@ svg .grid{stroke:#eee}svg .frame{fill:none;stroke:#bbb}
 svg .dot{stroke:#4e79a7;stroke-width:5;stroke-linecap:round;stroke-opacity:.6;fill:none}
 svg .best{stroke:#e15759;stroke-width:2;fill:none}
 svg .dot.infeasible{stroke:#aaa}
+svg .curve{stroke:#4e79a7;stroke-opacity:.4;stroke-width:1.2;fill:none}
 ";
 
 /// The objective of each trial (dots) and the best so far (a step line).
@@ -297,6 +298,31 @@ pub fn objective_chart(id: &str, series: &ObjectiveSeries, metric: &str) -> Stri
     match series.infeasible.is_empty() {
         true => legend(&mut out, &[("dot", "a trial"), ("best", "best so far")]),
         false => legend(&mut out, &[("dot", "feasible"), ("dot infeasible", "infeasible"), ("best", "best feasible")]),
+    }
+    out.push_str("</svg>");
+    out
+}
+
+/// Learning curves: each trial's `metric` epoch by epoch, a line a trial.
+pub fn curves_chart(id: &str, curves: &[(u64, Vec<(f64, f64)>)], metric: &str) -> String {
+    let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
+    let all = || curves.iter().flat_map(|(_, c)| c.iter().filter(finite));
+    if all().next().is_none() {
+        return empty(id, "learning curves", "No trial reported its epochs yet.");
+    }
+    let x = Scale::over(all().map(|p| p.0), PLOT.left, PLOT.right);
+    let y = Scale::over(all().map(|p| p.1), PLOT.bottom, PLOT.top);
+    let mut out = String::with_capacity(4096 + curves.len() * 256);
+    open(&mut out, id, &format!("{metric} epoch by epoch, a line a trial"), HEIGHT);
+    axes(&mut out, PLOT, &x, Some(&y), "epoch", metric);
+    for (trial, curve) in curves {
+        let mut points = curve.iter().filter(finite);
+        let Some(&(e0, v0)) = points.next() else { continue };
+        let _ = write!(out, r#"<path class="curve" data-trial="{trial}" d="M{} {}"#, Px(x.at(e0)), Px(y.at(v0)));
+        for &(e, v) in points {
+            let _ = write!(out, "L{} {}", Px(x.at(e)), Px(y.at(v)));
+        }
+        out.push_str(r#""/>"#);
     }
     out.push_str("</svg>");
     out

@@ -338,6 +338,40 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 
+    /// The learning curves of `study`'s last `last` trials that reported
+    /// epochs: `metric` epoch by epoch, of each trial's latest attempt.
+    pub fn learning_curves(&self, study: &str, metric: &str, last: u64) -> Result<Vec<Curve>> {
+        let context = || format!("reading the learning curves of study {study:?}");
+        let mut stmt = self
+            .conn
+            .prepare_cached(
+                "SELECT trial, attempt, epoch, metrics FROM progress
+                 WHERE study = ?1 AND trial > (SELECT MAX(trial) FROM progress WHERE study = ?1) - ?2
+                 ORDER BY trial, attempt, epoch",
+            )
+            .ctx(context)?;
+        let rows = stmt
+            .query_map(params![study, to_i64("trials", last)?], |r| {
+                let metrics: tunefleet_common::measurement::Metrics = json_col(r, 3)?;
+                Ok((get_u64(r, "trial")?, r.get::<_, u32>(1)?, r.get::<_, u32>(2)?, metrics.get(metric).copied()))
+            })
+            .ctx(context)?;
+        // Each trial's curve with the attempt it is of.
+        let mut curves: Vec<(u32, Curve)> = Vec::new();
+        for row in rows {
+            let (trial, attempt, epoch, value) = row.ctx(context)?;
+            let Some(v) = value else { continue };
+            let point = (f64::from(epoch), v);
+            match curves.last_mut() {
+                Some((a, c)) if c.0 == trial && *a == attempt => c.1.push(point),
+                // A later attempt of the same trial replaces the earlier one's curve.
+                Some(last) if last.1 .0 == trial => *last = (attempt, (trial, vec![point])),
+                _ => curves.push((attempt, (trial, vec![point]))),
+            }
+        }
+        Ok(curves.into_iter().map(|(_, c)| c).collect())
+    }
+
     /// Every accepted result of `study`, by trial id.
     pub fn results(&self, study: &str) -> Result<Vec<ResultRow>> {
         let context = || format!("reading results of study {study:?}");
@@ -588,6 +622,9 @@ impl Store {
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }
 }
+
+/// A trial's learning curve: its number, and `(epoch, value)` by epoch.
+pub type Curve = (u64, Vec<(f64, f64)>);
 
 /// A space-separated list, as `group_concat` makes one.
 fn words(text: Option<String>) -> Vec<String> {
