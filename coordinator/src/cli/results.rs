@@ -57,14 +57,14 @@ pub fn studies(path: &Path, action: Option<StudiesAction>, json: bool) -> Result
     if !path.exists() {
         return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
     }
-    let mut store = Store::open(path).map_err(CliError::open_store(path))?;
     let study = match &action {
         StudiesAction::Rename { old, .. } => old,
         StudiesAction::Delete { study } => study,
     };
     // A coordinator running the study holds it in memory: it would write
     // under the old name again. Every running coordinator holds the store's
-    // running lock, however long it has been stalled.
+    // running lock, however long it has been stalled; asked first, as one
+    // stalled inside a write would keep the store itself locked.
     let lock = crate::store::RunLock::alone(path).map_err(CliError::file("locking the store", path))?;
     if lock.is_none() {
         return Err(CliError::refused(format!(
@@ -73,6 +73,7 @@ pub fn studies(path: &Path, action: Option<StudiesAction>, json: bool) -> Result
             path.display()
         )));
     }
+    let mut store = Store::open(path).map_err(CliError::open_store(path))?;
     let running = crate::query::status::snapshot(&store, Some(study), unix_now_ms())?;
     if running.iter().any(|s| s.coordinator_running && s.state == "running") {
         return Err(CliError::refused(format!(
