@@ -274,32 +274,21 @@ impl Batch<'_> {
     /// that token bounds them together (`--total-slots`, `--total-store-mib`).
     pub fn token_share(&mut self, agent: &str) -> Result<Option<TokenShare>> {
         let context = || format!("reading the token share of {agent}");
-        let via: Option<String> = self
-            .tx
-            .prepare_cached("SELECT via FROM agent_enrolment WHERE name = ?1")
-            .ctx(context)?
-            .query_row([agent], |r| r.get(0))
-            .optional()
-            .ctx(context)?
-            .flatten();
-        let Some(id) = via.as_deref().and_then(|v| v.strip_prefix("token ")) else { return Ok(None) };
-        type Bounds = (Vec<u8>, Option<i64>, Option<i64>);
-        let bounded: Vec<Bounds> = self
+        // The agent's token, matched by the id its enrolment records
+        // (`token` and the first 8 bytes of the token's public half, in hex).
+        let bounded: Option<(String, Option<i64>, Option<i64>)> = self
             .tx
             .prepare_cached(
-                "SELECT public, total_slots, total_store_mib FROM join_tokens
-                 WHERE total_slots IS NOT NULL OR total_store_mib IS NOT NULL",
+                "SELECT e.via, t.total_slots, t.total_store_mib FROM agent_enrolment e
+                 JOIN join_tokens t ON e.via = 'token ' || lower(hex(substr(t.public, 1, 8)))
+                 WHERE e.name = ?1 AND (t.total_slots IS NOT NULL OR t.total_store_mib IS NOT NULL)",
             )
             .ctx(context)?
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .ctx(context)?
-            .collect::<rusqlite::Result<_>>()
+            .query_row([agent], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()
             .ctx(context)?;
-        let Some((_, slots, store)) =
-            bounded.into_iter().find(|(p, ..)| p.get(..8).is_some_and(|p| auth::hex(p) == id))
-        else {
-            return Ok(None);
-        };
+        let Some((via, slots, store)) = bounded else { return Ok(None) };
+        let id = via.trim_start_matches("token ").to_string();
         let siblings: Vec<String> = self
             .tx
             .prepare_cached("SELECT name FROM agent_enrolment WHERE via = ?1 AND name != ?2")
@@ -309,7 +298,7 @@ impl Batch<'_> {
             .collect::<rusqlite::Result<_>>()
             .ctx(context)?;
         Ok(Some(TokenShare {
-            id: id.to_string(),
+            id,
             total_slots: opt_u64(slots).map(|t| u32::try_from(t).unwrap_or(u32::MAX)),
             total_store_mib: opt_u64(store),
             siblings,

@@ -24,9 +24,6 @@ pub struct Constraint {
     pub bound: Bound,
 }
 
-/// The measured figures a constraint may name besides reported metrics.
-pub const MEASURED: [&str; 5] = ["energy", "energy_j", "wall_time", "cpu_time", "max_rss_mib"];
-
 /// A trial's value of `name`: a measured figure (energy in J, times in s,
 /// peak memory in MiB) or the metric its workload reported last.
 pub fn figure(m: &Measurement, name: &str) -> Option<f64> {
