@@ -3,7 +3,7 @@
   bench-search.py optuna SEEDS BUDGET WORKERS   one JSON line per (function, seed)
   bench-search.py table FILE...                 Markdown tables from those lines
 
-The functions are the ones coordinator/examples/bench_search.rs runs on
+The functions are the ones search/examples/bench_search.rs runs on
 Tunefleet's side, with the same spaces (same names, bounds, steps and
 choices), and the two two-objective problems (zdt1, fonseca_fleming) with
 the same reference points. Optuna's sampler is TPESampler(seed=seed) with

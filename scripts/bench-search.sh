@@ -20,7 +20,7 @@
 #   from a fixed reference, larger is better): zdt1 (5-d, convex front,
 #   reference (1.1, 11)), fonseca_fleming (3-d on [-4, 4], concave front,
 #   reference (1, 1)).
-# * Tunefleet: coordinator/examples/bench_search.rs runs the coordinator's
+# * Tunefleet: search/examples/bench_search.rs runs the coordinator's
 #   own search::gp and search::tpe (what `kind = "gp"` and `kind = "tpe"`
 #   ask; with `[objective] also` for two objectives) in-process, no agents:
 #   the sampler alone, as on Optuna's side.
@@ -73,7 +73,7 @@ mkdir -p "$out"
 # shellcheck source=scripts/optuna-venv.sh
 . scripts/optuna-venv.sh
 
-cargo build --quiet --release -p tunefleet-coordinator --example bench_search
+cargo build --quiet --release -p tunefleet-search --example bench_search
 bench=$PWD/target/release/examples/bench_search
 
 files=()

@@ -1,8 +1,8 @@
 """Optuna 5's TPE densities on recorded histories, for tpe's parity test
-(issue 37): coordinator/tests/fixtures/tpe_optuna5_replay.json, read by
-`tpe_tests.rs`'s `the_density_ratio_is_optuna_5s_on_recorded_histories`.
+(issue 37): search/tests/fixtures/tpe_optuna5_replay.json, read by
+`search/src/tpe/tests.rs`'s `the_density_ratio_is_optuna_5s_on_recorded_histories`.
 
-  target/optuna-venv/bin/python scripts/tpe-optuna-replay.py > coordinator/tests/fixtures/tpe_optuna5_replay.json
+  target/optuna-venv/bin/python scripts/tpe-optuna-replay.py > search/tests/fixtures/tpe_optuna5_replay.json
 
 Each case: a space, a history (complete trials with their values, pruned
 trials with their last report, running trials), and query points; for

@@ -10,7 +10,6 @@ pub mod failure;
 pub mod importance;
 pub mod offload;
 pub mod params;
-pub mod pareto;
 pub mod rank;
 pub mod reuse;
 pub mod sched;

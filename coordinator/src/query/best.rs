@@ -284,10 +284,10 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         .iter()
         .map(|r| std::iter::once(sign * r.objective).chain(axes.iter().map(|&a| figure(r, a))).collect())
         .collect();
-    let on_front = crate::domain::pareto::front(&points);
-    let hypervolume = crate::domain::pareto::reference_point(&points).map(|reference| {
+    let on_front = tunefleet_search::pareto::front(&points);
+    let hypervolume = tunefleet_search::pareto::reference_point(&points).map(|reference| {
         let front_points: Vec<Vec<f64>> = on_front.iter().map(|&i| points[i].clone()).collect();
-        let volume = crate::domain::pareto::hypervolume(&front_points, &reference);
+        let volume = tunefleet_search::pareto::hypervolume(&front_points, &reference);
         let mut reference = reference;
         reference[0] *= sign;
         Hypervolume { volume, reference }

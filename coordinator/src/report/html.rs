@@ -209,7 +209,7 @@ fn pareto(out: &mut String, data: &ReportData) {
 /// minimise x and `y_sign` x y.
 fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), points: &[(u64, f64, f64)], y_sign: f64) {
     let keys: Vec<Vec<f64>> = points.iter().map(|p| vec![p.1, y_sign * p.2]).collect();
-    let front_idx = crate::domain::pareto::front(&keys);
+    let front_idx = tunefleet_search::pareto::front(&keys);
     let stride = front_idx.len().div_ceil(MAX_FRONT).max(1);
     let front: Vec<(u64, f64, f64)> = front_idx.iter().step_by(stride).map(|&i| points[i]).collect();
     let cloud: Vec<(f64, f64)> = points.iter().map(|p| (p.1, p.2)).collect();
@@ -219,9 +219,9 @@ fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), po
         let drawn = if stride > 1 { format!(", every {stride}th drawn") } else { String::new() };
         let n = front_idx.len();
         // Optuna's reference point: each worst value 10 % further out.
-        let volume = crate::domain::pareto::reference_point(&keys).map(|r| {
+        let volume = tunefleet_search::pareto::reference_point(&keys).map(|r| {
             let on_front: Vec<Vec<f64>> = front_idx.iter().map(|&i| keys[i].clone()).collect();
-            (crate::domain::pareto::hypervolume(&on_front, &r), r[0], y_sign * r[1])
+            (tunefleet_search::pareto::hypervolume(&on_front, &r), r[0], y_sign * r[1])
         });
         let hv = volume.map_or(String::new(), |(v, x, y)| format!("; hypervolume {v:.4} from ({x:.4}, {y:.4})"));
         let _ = write!(out, "<p class=\"note\">Front: {n} trial{}{drawn}{hv}.</p>", if n == 1 { "" } else { "s" });

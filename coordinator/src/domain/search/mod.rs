@@ -12,11 +12,12 @@
 //!   repeats and the trials created so far. The engine asks it for the next
 //!   trials when agents have room for them ([`Search::next_trials`]) and
 //!   tells it each result ([`Search::tell`]);
-//! * [`Proposer`]: what is behind a [`Search`], proposing one configuration
-//!   at a time: [`Grid`] walks the cartesian product, [`Random`] samples
-//!   with a seed, and a [`Sampler`] proposes for the strategies that learn;
-//! * [`Sampler`] (`sampler`): a model of the objective built from the
-//!   results it is told ([`tpe::Tpe`], [`gp::Gp`]), asked with the trials
+//! * [`Proposer`] (the `tunefleet-search` crate): what is behind a
+//!   [`Search`], proposing one configuration at a time: [`Grid`] walks the
+//!   cartesian product, [`Random`] samples with a seed, and a sampler
+//!   proposes for the strategies that learn;
+//! * a sampler (`tunefleet_search::Sampler`): a model of the objective
+//!   built from the results it is told ([`tpe::Tpe`], [`gp::Gp`]), asked with the trials
 //!   still running.
 //!
 //! Trials are numbered in the order they are created.
@@ -29,26 +30,19 @@
 //! resumed study re-creates exactly the same trials: [`Search::resume`]
 //! replays the configurations already in the store.
 
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
-use tunefleet_common::message::{ProbePlan, SystemParams, TrialRef, TrialSpec};
-use tunefleet_common::params::{ParamValue, Params};
-use tunefleet_common::template::{self, TemplateError};
+use tunefleet_common::params::Params;
 
-use crate::domain::study::{ParamSpec, ProbeOrder, Strategy, Study, SystemParam};
+use crate::domain::study::{Strategy, Study};
 
-pub mod asha;
-mod depth;
-mod draw;
-pub mod gp;
-mod linalg;
-mod sampler;
-pub mod tpe;
-pub mod warm;
+mod probe;
+mod spec;
+mod stability;
 
-pub use depth::AskDepth;
-pub use draw::sample;
-pub use sampler::{Outcome, Sampler};
+pub use probe::{in_space, probe_configs, probe_plan, system_params};
+pub use spec::{render, render_resumed};
+pub use stability::spread;
+use tunefleet_search::proposer::{sampled, Grid, Proposer, Random};
+use tunefleet_search::{gp, tpe, AskDepth, Outcome};
 
 /// One trial: a configuration and which repetition of it this is.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,124 +50,6 @@ pub struct TrialPlan {
     pub trial: u64,
     pub params: Params,
     pub repeat: u32,
-}
-
-/// Proposes configurations one at a time and may learn from results.
-pub trait Proposer: Send + std::fmt::Debug {
-    /// The next configuration to try; `None` when there is nothing left.
-    /// `running`: the trials created and not yet told (trial number and
-    /// configuration), which a proposer that learns may steer away from;
-    /// the search lists them only for a strategy that learns
-    /// ([`Strategy::learns_from_results`]).
-    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params>;
-    /// What became of trial `trial` run with `params` (a complete trial's
-    /// value is finite; the metric's own direction). Proposers that do not
-    /// learn ignore it.
-    fn tell(&mut self, _trial: u64, _params: &Params, _outcome: Outcome) {}
-    /// A complete trial's objective `value` and the figures of the study's
-    /// `[objective] also` (minimised, in that order; non-finite when not
-    /// measured validly). A proposer searching one objective learns `value`.
-    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        let _ = also;
-        self.tell(trial, params, Outcome::Complete(value));
-    }
-    /// How far a complete trial told before misses the study's
-    /// `[[constraint]]`s (0: feasible); ignored by proposers that do not
-    /// model feasibility.
-    fn tell_violation(&mut self, _trial: u64, _violation: f64) {}
-    /// Results the proposer has learnt from (0 for one that does not learn).
-    fn observations(&self) -> usize {
-        0
-    }
-}
-
-/// The cartesian product of every parameter's grid, the last parameter
-/// varying fastest; the `i`-th configuration is computed, never the list.
-#[derive(Debug)]
-pub struct Grid {
-    axes: Vec<(String, ParamSpec, u64)>,
-    next: u64,
-    size: u64,
-}
-
-impl Grid {
-    pub fn new(space: &[(String, ParamSpec)]) -> Self {
-        let axes: Vec<_> = space.iter().map(|(n, s)| (n.clone(), s.clone(), grid_len(s))).collect();
-        let size = axes.iter().fold(1u64, |acc, (_, _, len)| acc.saturating_mul(*len));
-        Grid { axes, next: 0, size }
-    }
-}
-
-impl Proposer for Grid {
-    fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
-        if self.next >= self.size {
-            return None;
-        }
-        let mut rest = self.next;
-        self.next += 1;
-        let mut out = Params::new();
-        for (name, spec, len) in self.axes.iter().rev() {
-            let len = (*len).max(1);
-            out.insert(name.clone(), grid_value(spec, rest % len));
-            rest /= len;
-        }
-        Some(out)
-    }
-}
-
-/// Configurations sampled with ChaCha8 seeded by the study's seed.
-#[derive(Debug)]
-pub struct Random {
-    space: Vec<(String, ParamSpec)>,
-    rng: ChaCha8Rng,
-}
-
-impl Random {
-    pub fn new(space: &[(String, ParamSpec)], seed: u64) -> Self {
-        Random { space: space.to_vec(), rng: ChaCha8Rng::seed_from_u64(seed) }
-    }
-}
-
-impl Proposer for Random {
-    fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
-        Some(self.space.iter().map(|(name, spec)| (name.clone(), sample(spec, &mut self.rng))).collect())
-    }
-}
-
-/// A [`Sampler`] as a proposer: its asks numbered in the order they are made.
-#[derive(Debug)]
-struct Sampled<S> {
-    sampler: S,
-    index: u64,
-}
-
-/// `sampler` as a study's proposer, from its first ask.
-fn sampled(sampler: impl Sampler + 'static) -> Box<dyn Proposer> {
-    Box::new(Sampled { sampler, index: 0 })
-}
-
-impl<S: Sampler> Proposer for Sampled<S> {
-    fn ask(&mut self, running: &[(u64, &Params)]) -> Option<Params> {
-        let params = self.sampler.ask(self.index, running);
-        self.index += 1;
-        Some(params)
-    }
-
-    fn observations(&self) -> usize {
-        self.sampler.observations()
-    }
-
-    fn tell(&mut self, trial: u64, params: &Params, outcome: Outcome) {
-        self.sampler.tell(trial, params, outcome);
-    }
-
-    fn tell_values(&mut self, trial: u64, params: &Params, value: f64, also: &[f64]) {
-        self.sampler.tell_values(trial, params, value, also);
-    }
-
-    fn tell_violation(&mut self, trial: u64, violation: f64) {
-        self.sampler.tell_violation(trial, violation);
-    }
 }
 
 /// A study's search: its proposer, its budget and the trials created so far.
@@ -375,207 +251,23 @@ pub fn plan(study: &Study) -> Vec<TrialPlan> {
     out
 }
 
-/// How many values the grid strategy takes for one parameter.
-pub fn grid_len(spec: &ParamSpec) -> u64 {
-    spec.grid_len()
-}
-
-/// The `i`-th grid value of one parameter (`i < grid_len(spec)`): ints
-/// stepped from `low`, floats linear and log_floats geometric between `low`
-/// and `high` (both included), categorical values in file order.
-pub fn grid_value(spec: &ParamSpec, i: u64) -> ParamValue {
-    match spec {
-        ParamSpec::Categorical { values } => {
-            values[usize::try_from(i).unwrap_or(usize::MAX).min(values.len().saturating_sub(1))].clone()
-        }
-        ParamSpec::Int { low, high, step } => {
-            let v = i128::from(*low) + i128::from(i) * i128::from((*step).max(1));
-            // Clamped to high, so the value fits in i64.
-            ParamValue::Int(v.min(i128::from(*high)) as i64)
-        }
-        ParamSpec::Float { low, high, grid } => {
-            let n = u64::from((*grid).max(2));
-            ParamValue::Float(if i + 1 >= n { *high } else { low + (high - low) * i as f64 / (n - 1) as f64 })
-        }
-        ParamSpec::LogFloat { low, high, grid } => {
-            let n = u64::from((*grid).max(2));
-            let (a, b) = (low.ln(), high.ln());
-            ParamValue::Float(match i {
-                0 => *low,
-                i if i + 1 >= n => *high,
-                i => (a + (b - a) * i as f64 / (n - 1) as f64).exp(),
-            })
-        }
-    }
-}
-
-/// Every grid value of one parameter, in order (see [`grid_value`]).
-pub fn grid_values(spec: &ParamSpec) -> Vec<ParamValue> {
-    (0..grid_len(spec)).map(|i| grid_value(spec, i)).collect()
-}
-
 /// Number of configurations of the full grid (saturating).
 pub fn grid_size(study: &Study) -> u64 {
-    study.searched().iter().fold(1u64, |acc, (_, spec)| acc.saturating_mul(grid_len(spec)))
-}
-
-/// The concrete command, environment, system parameters and timeout of one
-/// attempt of a planned trial.
-pub fn render(study: &Study, plan: &TrialPlan, trial: &TrialRef) -> Result<TrialSpec, TemplateError> {
-    render_resumed(study, probe_plan(study).as_ref(), plan, trial, None)
-}
-
-/// [`render`] with the study's probe plan computed once by the caller
-/// ([`probe_plan`]), for an attempt that may go on from `checkpoint` (the
-/// epoch and the reference its workload reported): the study's `resume`
-/// arguments are then appended. Without a `resume` template the trial
-/// starts over.
-pub fn render_resumed(
-    study: &Study,
-    probe: Option<&ProbePlan>,
-    plan: &TrialPlan,
-    trial: &TrialRef,
-    checkpoint: Option<&(u32, String)>,
-) -> Result<TrialSpec, TemplateError> {
-    let mut values = plan.params.clone();
-    values.insert("study".into(), ParamValue::Text(study.name.clone()));
-    values.insert("trial".into(), ParamValue::Int(clamp_i64(trial.trial)));
-    values.insert("attempt".into(), ParamValue::Int(i64::from(trial.attempt)));
-    values.insert("repeat".into(), ParamValue::Int(i64::from(plan.repeat)));
-    let probe = probe.cloned();
-    if let Some(first) = probe.as_ref().and_then(|p| p.configs.first()) {
-        // The placeholders of system parameters render their default.
-        for (param, value) in [
-            (SystemParam::Cores, first.cores.map(u64::from)),
-            (SystemParam::Threads, first.threads.map(u64::from)),
-            (SystemParam::Memory, first.memory_mib),
-        ] {
-            if let Some(v) = value {
-                values.insert(param.as_str().into(), ParamValue::Int(clamp_i64(v)));
-            }
-        }
-    }
-    let mut argv = study.command.iter().map(|arg| template::render(arg, &values)).collect::<Result<Vec<_>, _>>()?;
-    if let Some((epoch, reference)) = checkpoint.filter(|_| !study.resume.is_empty()) {
-        let mut with = values.clone();
-        with.insert("checkpoint".into(), ParamValue::Text(reference.clone()));
-        with.insert("checkpoint_epoch".into(), ParamValue::Int(i64::from(*epoch)));
-        for arg in &study.resume {
-            argv.push(template::render(arg, &with)?);
-        }
-    }
-    let env = study
-        .env
-        .iter()
-        .map(|(k, v)| Ok((k.clone(), template::render(v, &values)?)))
-        .collect::<Result<Vec<_>, TemplateError>>()?;
-    let system = match probe.as_ref().and_then(|p| p.configs.first()) {
-        Some(first) => first.clone(),
-        None => system_params(&plan.params),
-    };
-    Ok(TrialSpec { argv, env, system, timeout_ms: study.timeout_ms(), probe, gpus: study.gpus })
-}
-
-/// The coefficient of variation of `values` (sample standard deviation
-/// over the absolute mean; the standard deviation itself when the mean is
-/// 0); `None` for fewer than two values.
-pub fn spread(values: &[f64]) -> Option<f64> {
-    if values.len() < 2 {
-        return None;
-    }
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    let sd = (values.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / (n - 1.0)).sqrt();
-    Some(if mean == 0.0 { sd } else { sd / mean.abs() })
-}
-
-/// The probe plan of a pipelined study's trials: the default configuration
-/// (every system parameter at its largest value: what a machine gives a job
-/// that asks for nothing) first, then the others in the study's order.
-pub fn probe_plan(study: &Study) -> Option<ProbePlan> {
-    let pipeline = study.pipeline.as_ref()?;
-    let configs = probe_configs(&study.system, pipeline.probe);
-    Some(ProbePlan {
-        configs: configs.iter().map(system_params).collect(),
-        window: pipeline.window,
-        warmup: pipeline.warmup,
-        unit: pipeline.unit,
-        select: pipeline.select,
-        control: pipeline.control,
-        from_best: pipeline.probe == crate::domain::study::ProbeOrder::OneAtATime,
-    })
-}
-
-/// The system configurations a pipelined trial probes, in order: the
-/// default (every parameter at its largest value) first.
-pub fn probe_configs(system: &std::collections::BTreeMap<SystemParam, ParamSpec>, order: ProbeOrder) -> Vec<Params> {
-    let axes: Vec<(SystemParam, Vec<ParamValue>)> = system.iter().map(|(p, spec)| (*p, grid_values(spec))).collect();
-    let default: Params = axes
-        .iter()
-        .filter_map(|(p, values)| Some((p.as_str().to_string(), values.iter().max_by_key(|v| v.as_u64())?.clone())))
-        .collect();
-    let mut configs = vec![default.clone()];
-    match order {
-        ProbeOrder::OneAtATime => {
-            for (p, values) in &axes {
-                for v in values {
-                    if default.get(p.as_str()) != Some(v) {
-                        let mut c = default.clone();
-                        c.insert(p.as_str().to_string(), v.clone());
-                        configs.push(c);
-                    }
-                }
-            }
-        }
-        ProbeOrder::Grid => {
-            let space: Vec<(String, ParamSpec)> =
-                system.iter().map(|(p, spec)| (p.as_str().to_string(), spec.clone())).collect();
-            let mut grid = Grid::new(&space);
-            while let Some(c) = grid.ask(&[]) {
-                if c != default {
-                    configs.push(c);
-                }
-            }
-        }
-    }
-    configs
-}
-
-/// The system parameters present in `params`.
-pub fn system_params(params: &Params) -> SystemParams {
-    let get = |p: SystemParam| params.get(p.as_str()).and_then(ParamValue::as_u64);
-    SystemParams {
-        cores: get(SystemParam::Cores).and_then(|v| u32::try_from(v).ok()),
-        threads: get(SystemParam::Threads).and_then(|v| u32::try_from(v).ok()),
-        memory_mib: get(SystemParam::Memory),
-    }
-}
-
-/// Whether `system` lies in `study`'s own system space: every parameter
-/// the study searches at one of its grid values, every other one unset
-/// (what a machine gives a job that asks for nothing). A configuration
-/// reused from another study must pass this.
-pub fn in_space(study: &Study, system: &SystemParams) -> bool {
-    let values = [
-        (SystemParam::Cores, system.cores.map(u64::from)),
-        (SystemParam::Threads, system.threads.map(u64::from)),
-        (SystemParam::Memory, system.memory_mib),
-    ];
-    values.iter().all(|(param, value)| match (study.system.get(param), value) {
-        (None, None) => true,
-        (None, Some(_)) | (Some(_), None) => false,
-        (Some(spec), Some(v)) => grid_values(spec).iter().any(|g| g.as_u64() == Some(*v)),
-    })
-}
-
-fn clamp_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
+    study.searched().iter().fold(1u64, |acc, (_, spec)| acc.saturating_mul(spec.grid_len()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::study;
+    use crate::domain::study::ParamSpec;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+    use tunefleet_common::message::{SystemParams, TrialRef};
+    use tunefleet_common::params::ParamValue;
+    use tunefleet_common::template::TemplateError;
+    use tunefleet_search::space::{grid_value, grid_values};
+    use tunefleet_search::{sample, warm};
 
     fn study(space: &str, strategy: &str, budget: u64, repeats: u32) -> Study {
         let text = format!(
@@ -752,7 +444,7 @@ high = 2
     #[test]
     fn huge_int_ranges_are_not_materialised() {
         let spec = ParamSpec::Int { low: i64::MIN, high: i64::MAX, step: 1 };
-        assert_eq!(grid_len(&spec), u64::MAX);
+        assert_eq!(spec.grid_len(), u64::MAX);
         assert_eq!(grid_value(&spec, 0), ParamValue::Int(i64::MIN));
         assert_eq!(grid_value(&spec, u64::MAX), ParamValue::Int(i64::MAX));
         let text = "[hyper.a]\nkind = \"int\"\nlow = -9223372036854775808\nhigh = 9223372036854775807\n";

@@ -8,7 +8,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tunefleet_common::measurement::{EnergySourceKind, Measurement, SegmentRole};
 use tunefleet_common::message::{Select, WindowUnit};
-use tunefleet_common::params::ParamValue;
+pub use tunefleet_search::space::{Direction, ParamSpec};
 
 /// Placeholders every command template may use besides the parameters.
 pub const BUILTINS: [&str; 4] = ["study", "trial", "attempt", "repeat"];
@@ -26,46 +26,6 @@ pub const DEFAULT_GRID_POINTS: u32 = 5;
 pub const MAX_BUDGET: u64 = 10_000_000;
 /// Longest study or parameter name.
 pub const MAX_NAME_LEN: usize = 64;
-
-/// Whether the objective is to be made small or large.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Direction {
-    Minimize,
-    Maximize,
-}
-
-impl Direction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::Minimize => "minimize",
-            Direction::Maximize => "maximize",
-        }
-    }
-
-    /// Parses `minimize` or `maximize`.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "minimize" => Some(Direction::Minimize),
-            "maximize" => Some(Direction::Maximize),
-            _ => None,
-        }
-    }
-
-    /// True when `a` is a better objective value than `b`.
-    pub fn better(self, a: f64, b: f64) -> bool {
-        match self {
-            Direction::Minimize => a < b,
-            Direction::Maximize => a > b,
-        }
-    }
-}
-
-impl fmt::Display for Direction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What a study optimises.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -194,52 +154,6 @@ impl Selector {
             energy: if group.energy.is_empty() { self.energy.clone() } else { group.energy },
             min_cores: group.min_cores.max(self.min_cores),
             min_memory_mib: group.min_memory_mib.max(self.min_memory_mib),
-        }
-    }
-}
-
-/// The domain of one parameter.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum ParamSpec {
-    /// One of these values (non-empty, no duplicates).
-    Categorical { values: Vec<ParamValue> },
-    /// `low, low + step, ...` up to and including `high` when on the lattice.
-    Int { low: i64, high: i64, step: i64 },
-    /// Uniform between `low` and `high`; `grid` points for the grid strategy.
-    Float { low: f64, high: f64, grid: u32 },
-    /// Log-uniform between `low > 0` and `high`; `grid` geometric points.
-    LogFloat { low: f64, high: f64, grid: u32 },
-}
-
-impl ParamSpec {
-    /// Whether it holds `v`: one of a categorical's values, an int on its
-    /// lattice, a float within its bounds.
-    pub fn holds(&self, v: &tunefleet_common::params::ParamValue) -> bool {
-        use tunefleet_common::params::ParamValue;
-        match (self, v) {
-            (ParamSpec::Categorical { values }, v) => values.contains(v),
-            (ParamSpec::Int { low, high, step }, ParamValue::Int(i)) => {
-                (low..=high).contains(&i) && (i - low) % (*step).max(1) == 0
-            }
-            (ParamSpec::Float { low, high, .. } | ParamSpec::LogFloat { low, high, .. }, v) => {
-                v.as_f64().is_some_and(|x| x.is_finite() && (*low..=*high).contains(&x))
-            }
-            _ => false,
-        }
-    }
-
-    /// Points of the parameter's grid: every value of a categorical or an
-    /// int, `grid` points of a float.
-    pub fn grid_len(&self) -> u64 {
-        match self {
-            ParamSpec::Categorical { values } => values.len() as u64,
-            ParamSpec::Int { low, high, step } => {
-                // i128: no overflow for any i64 bounds; at least 1 when low <= high.
-                let points = (i128::from(*high) - i128::from(*low)).max(-1) / i128::from((*step).max(1)) + 1;
-                u64::try_from(points).unwrap_or(u64::MAX)
-            }
-            ParamSpec::Float { grid, .. } | ParamSpec::LogFloat { grid, .. } => u64::from((*grid).max(2)),
         }
     }
 }

@@ -516,7 +516,7 @@ impl FileCheck<'_> {
         pipeline: Option<&Pipelined>,
         system: &BTreeMap<SystemParam, ParamSpec>,
     ) -> Result<EarlyStopping, StudyError> {
-        if let Some(why) = crate::domain::search::asha::refused(metric.0) {
+        if let Some(why) = tunefleet_search::asha::refused(metric.0) {
             return Err(self.at(metric.1, why));
         }
         let reduction = match &e.reduction {

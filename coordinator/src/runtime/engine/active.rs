@@ -51,7 +51,7 @@ pub struct Summary {
     pub agents_seen: usize,
     /// Trials in flight at each ask of its search (gp, tpe); `None` when
     /// it never read them.
-    pub ask_depth: Option<crate::domain::search::AskDepth>,
+    pub ask_depth: Option<tunefleet_search::AskDepth>,
     /// Why this run stopped it early for its failures ([`Study::fails_fast`]), if it did.
     pub failed_fast: Option<String>,
 }
@@ -63,7 +63,7 @@ pub(super) struct ActiveStudy {
     /// The trials created so far, by id.
     pub(super) plans: Vec<TrialPlan>,
     /// Early stopping on the epochs trials report, when the study asks for it.
-    pub(super) asha: Option<search::asha::Asha>,
+    pub(super) asha: Option<tunefleet_search::asha::Asha>,
     /// Objective values of successful trials, for `[stability]`.
     pub(super) values: HashMap<u64, f64>,
     /// The last checkpoint each trial's live attempt reported (epoch, reference).
@@ -100,8 +100,9 @@ impl ActiveStudy {
     /// already made; the objective values they reached are told with
     /// [`ActiveStudy::record_value`].
     pub(super) fn new(study: Study, search: Search, plans: Vec<TrialPlan>) -> Self {
-        let asha =
-            study.early_stopping.map(|e| search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+        let asha = study
+            .early_stopping
+            .map(|e| tunefleet_search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
         let probe = search::probe_plan(&study);
         let study_dir = study.objective.direction;
         let mut active = ActiveStudy {

@@ -96,7 +96,9 @@ pub(super) fn early_stop(cx: &mut Ctx<'_, '_>, p: &Progress) {
     let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
     let Some(asha) = active.asha.as_mut() else { return };
     let Some(&value) = p.metrics.get(&active.study.objective.metric) else { return };
-    if let search::asha::Pruning::Stop { rung, value: judged, cutoff } = asha.report(p.trial.trial, p.epoch, value) {
+    if let tunefleet_search::asha::Pruning::Stop { rung, value: judged, cutoff } =
+        asha.report(p.trial.trial, p.epoch, value)
+    {
         // The model learns where ASHA cut (Optuna's pruned trials).
         if let Some(plan) = active.plans.get(p.trial.trial as usize) {
             active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, value);

@@ -10,7 +10,7 @@ use crate::store::Store;
 /// Tells `search` the results of the studies `study` warm-starts from
 /// (`[warm_start]`): those of the same objective, each inside its space.
 pub(super) fn warm_start(store: &Store, study: &Study, search: &mut Search) -> Result<(), EngineError> {
-    use crate::domain::search::warm::{in_space, WARM_ID_BASE};
+    use tunefleet_search::warm::{in_space, WARM_ID_BASE};
     let space = study.searched();
     let mut told = 0u64;
     for name in &study.warm_start {

@@ -4,7 +4,7 @@
 use rand::Rng;
 use tunefleet_common::params::ParamValue;
 
-use crate::domain::study::ParamSpec;
+use crate::space::ParamSpec;
 
 /// One value of `spec` drawn from `rng`.
 pub fn sample(spec: &ParamSpec, rng: &mut impl Rng) -> ParamValue {

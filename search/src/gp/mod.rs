@@ -10,7 +10,7 @@
 //! # How it chooses
 //!
 //! - Until [`GpSettings::startup`] trials are told, configurations are drawn
-//!   at random ([`super::sample`]), as TPE does.
+//!   at random ([`crate::sample`]), as TPE does.
 //! - Coordinates: every parameter with more than one value is an axis of
 //!   the unit cube (a float linearly, a log_float in log space, an int by
 //!   its lattice index, always rounded to the lattice before it is scored);
@@ -55,7 +55,7 @@
 //!   [`GpSettings::batch`] for the benchmark. With nothing in flight the
 //!   rules are the same. The scheduler asks a `gp` study's trials just in
 //!   time (one held per agent,
-//!   [`crate::domain::study::Study::ahead_per_agent`]).
+//!   the study's `ahead_per_agent`).
 //! - A trial stopped early (ASHA) is told with the worse of its last report
 //!   and the median of the complete trials: it trailed where it was cut,
 //!   and its final value is unknown.
@@ -96,26 +96,23 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::Params;
 
-use super::draw::sample;
-use super::linalg::{exp_neg, nelder_mead, solve_lower, solve_upper_t};
-use super::sampler::{Outcome, Sampler};
-use super::tpe::{choices, decode, encode, int_top, standard_normal};
-use crate::domain::study::{Direction, ParamSpec};
+use crate::draw::sample;
+use crate::linalg::{exp_neg, nelder_mead, solve_lower, solve_upper_t};
+use crate::sampler::{Outcome, Sampler};
+use crate::space::{Direction, ParamSpec};
+use crate::tpe::{choices, decode, encode, int_top, standard_normal};
 
-#[path = "gp_batch.rs"]
 mod batch;
-#[path = "gp_model.rs"]
 mod model;
-#[path = "gp_refine.rs"]
 mod refine;
-#[path = "gp_score.rs"]
 mod score;
-#[path = "gp_values.rs"]
+mod settings;
 mod values;
 pub use batch::Batch;
 use model::{factorise, fit_point, log_ei_of, Model, Theta};
 pub(super) use refine::Refinement;
 use score::{Rule, SCORED_AT_ONCE};
+pub use settings::{GpSettings, Paths};
 use values::{simplex_weights, stable_subset, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
@@ -133,43 +130,6 @@ const FIT_POINTS: usize = 100;
 const LOG_LENGTH: (f64, f64) = (-4.6, 3.0);
 const LOG_SIGNAL: (f64, f64) = (-4.6, 4.6);
 const LOG_NOISE: (f64, f64) = (-16.0, 0.0);
-
-/// Settings of [`Gp`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpSettings {
-    /// Trials told before the model is used; random until then. Default 10.
-    pub startup: usize,
-    /// Random candidates scored per ask (perturbations of the best told
-    /// configurations come on top). Default 1024.
-    pub candidates: usize,
-    /// Likelihood evaluations when fitting the hyper-parameters. Default 200.
-    pub fit_evals: usize,
-    /// How an ask accounts for the trials still running ([`Batch`]). Default
-    /// [`Batch::Ucb`].
-    pub batch: Batch,
-    /// Told trials up to which the hyper-parameters are fitted at every
-    /// ask; past them, again each time a tenth more are told
-    /// ([`fit_point`]). Default 30; `usize::MAX`: at every ask.
-    pub refit_from: usize,
-    /// Most told trials the model is conditioned on (beyond, the best half
-    /// and an even spread of the rest of the first ones, chosen again each
-    /// time a tenth of this count more are told, and the trials told
-    /// since). Default 400.
-    pub model_points: usize,
-}
-
-impl Default for GpSettings {
-    fn default() -> Self {
-        GpSettings {
-            startup: 10,
-            candidates: 1024,
-            fit_evals: 200,
-            batch: Batch::Ucb,
-            refit_from: 30,
-            model_points: 400,
-        }
-    }
-}
 
 /// One axis of the unit cube.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -671,8 +631,7 @@ impl Gp {
         let n = x.len();
         let known = known.filter(|m| m.theta.same_as(theta));
         let p = known.map_or(0, |m| m.x.iter().zip(&x).take_while(|(a, b)| a == b).count());
-        #[cfg(test)]
-        let p = if tests::reference() { 0 } else { p };
+        let p = if self.settings.paths == Paths::Plain { 0 } else { p };
         let mut k = vec![0.0; n * n];
         if let Some(m) = known {
             let stride = m.x.len();
@@ -688,7 +647,7 @@ impl Gp {
             k[i * n + i] += theta.noise + 1e-9;
         }
         let (rows, stride) = known.map_or((&[][..], 0), |m| (&m.chol[..], m.x.len()));
-        let chol = factorise(&k, n, rows, stride, p)?;
+        let chol = factorise(&k, n, rows, stride, p, self.settings.paths)?;
         let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
         Some(Model { x, columns: cols, y: y.to_vec(), kernel: k, chol, alpha, theta: theta.clone() })
     }
@@ -708,7 +667,7 @@ impl Gp {
             }
             k[i * n + i] += theta.noise + 1e-9;
         }
-        let chol = factorise(&k, n, &[], 0, 0)?;
+        let chol = factorise(&k, n, &[], 0, 0, self.settings.paths)?;
         let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
         Some((chol, alpha))
     }
@@ -798,5 +757,4 @@ impl Sampler for Gp {
 }
 
 #[cfg(test)]
-#[path = "gp_tests.rs"]
 mod tests;

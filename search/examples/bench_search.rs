@@ -1,5 +1,5 @@
 //! The search benchmark's Tunefleet side (`scripts/bench-search.sh`): runs
-//! the coordinator's own TPE (`tunefleet_coordinator::domain::search::tpe`, the code
+//! Tunefleet's own TPE (`tunefleet_search::tpe`, the code
 //! a `kind = "tpe"` study asks) in-process on standard test functions and
 //! prints one JSON line per (function, seed, workers) with the regret of
 //! the best trial after 50 and after 100 trials.
@@ -16,10 +16,10 @@ use std::f64::consts::PI;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
-use tunefleet_coordinator::domain::search::gp::{Batch, Gp, GpSettings};
-use tunefleet_coordinator::domain::search::tpe::{Outcome, Tpe, TpeSettings};
-use tunefleet_coordinator::domain::search::Sampler;
-use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
+use tunefleet_search::gp::{Batch, Gp, GpSettings};
+use tunefleet_search::space::{Direction, ParamSpec};
+use tunefleet_search::tpe::{Outcome, Tpe, TpeSettings};
+use tunefleet_search::Sampler;
 
 /// A test function: its space, its value (noise-free) and its minimum.
 struct Function {

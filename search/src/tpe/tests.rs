@@ -471,7 +471,7 @@ fn the_density_ratio_is_optuna_5s_on_recorded_histories() {
     // (ramped past 25), the prior, the bandwidths, the int bins and the
     // categorical kernels give the score an ask maximises, to 1e-9.
     let fixture: serde_json::Value =
-        serde_json::from_str(include_str!("../../../tests/fixtures/tpe_optuna5_replay.json")).expect("fixture");
+        serde_json::from_str(include_str!("../../tests/fixtures/tpe_optuna5_replay.json")).expect("fixture");
     let cases = fixture["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 5);
     for (c, case) in cases.iter().enumerate() {

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::domain::study::model::Direction;
+use crate::space::Direction;
 
 /// What to do with a trial after a report.
 #[derive(Debug, Clone, Copy, PartialEq)]

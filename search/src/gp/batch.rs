@@ -7,8 +7,8 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use super::{log_ei_of, Gp, Model, Rule};
-use crate::domain::search::linalg::{cholesky, solve_lower, solve_upper_t};
-use crate::domain::search::tpe::standard_normal;
+use crate::linalg::{cholesky, solve_lower, solve_upper_t};
+use crate::tpe::standard_normal;
 
 /// Random Fourier features of a [`Batch::Pathwise`] prior draw.
 const FEATURES: usize = 512;

@@ -16,7 +16,7 @@
 //! order of the kept ones is a stable sort's: the proposal is the same.
 
 use super::{log_ei_of, Gp, Model, Refinement};
-use crate::domain::search::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
+use crate::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
 
 /// Candidates scored in one batch (the kernel columns of a batch solved at once).
 pub(super) const SCORED_AT_ONCE: usize = 256;
@@ -195,8 +195,7 @@ impl Gp {
         candidates: Vec<Vec<f64>>,
         incumbent: &[f64],
     ) -> Option<Vec<f64>> {
-        #[cfg(test)]
-        if super::tests::unpruned() {
+        if self.settings.paths != super::Paths::Fast {
             return self.maximise(model, candidates, own_start(rule, incumbent), &|us| {
                 model.predict_many(self, us).into_iter().map(|(mu, var)| rule.score(mu, var)).collect()
             });

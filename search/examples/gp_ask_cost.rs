@@ -15,9 +15,9 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
-use tunefleet_coordinator::domain::search::gp::{Gp, GpSettings};
-use tunefleet_coordinator::domain::search::{Outcome, Sampler};
-use tunefleet_coordinator::domain::study::{Direction, ParamSpec};
+use tunefleet_search::gp::{Gp, GpSettings};
+use tunefleet_search::space::{Direction, ParamSpec};
+use tunefleet_search::{Outcome, Sampler};
 
 fn main() {
     let asks: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(20);

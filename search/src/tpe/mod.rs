@@ -7,7 +7,7 @@
 //! # How it chooses
 //!
 //! While fewer than [`TpeSettings::startup`] trials were told (complete or
-//! pruned), a configuration is drawn at random with [`super::sample`]. After
+//! pruned), a configuration is drawn at random with [`crate::sample`]. After
 //! that the told trials are split (Optuna's `_split_trials`):
 //!
 //! - `n_below = min(ceil(gamma * n), GAMMA_CAP)` of the `n` told trials are
@@ -96,11 +96,11 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
 
-use super::draw::sample;
-pub use super::sampler::Outcome;
-use super::sampler::Sampler;
-use crate::domain::pareto;
-use crate::domain::study::{Direction, ParamSpec};
+use crate::draw::sample;
+use crate::pareto;
+pub use crate::sampler::Outcome;
+use crate::sampler::Sampler;
+use crate::space::{Direction, ParamSpec};
 
 /// Most trials counted as "good", whatever `gamma` says (Optuna's 25).
 pub const GAMMA_CAP: usize = 25;
@@ -717,5 +717,4 @@ fn log_gauss_mass(a: f64, b: f64) -> f64 {
 }
 
 #[cfg(test)]
-#[path = "tpe_tests.rs"]
 mod tests;

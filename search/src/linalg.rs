@@ -22,7 +22,7 @@ const ROWS_AT_ONCE: usize = 4;
 /// so the rows past `p` cost `O((n - p) n^2)` instead of `O(n^3)`: a point
 /// added to a model costs `O(n^2)`. Every entry is the sum of the same
 /// products in the same order as the one-row-at-a-time loop
-/// (`tests::cholesky_reference`): the factor is bit for bit the same.
+/// (`tests::cholesky_plain`): the factor is bit for bit the same.
 pub fn cholesky_from(a: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {
     let mut l = vec![0.0; n * n];
     for i in 0..p.min(n) {
@@ -60,18 +60,7 @@ pub fn cholesky_from(a: &[f64], n: usize, known: &[f64], stride: usize, p: usize
         // The block's own triangle, column by column.
         for j in i0..i1 {
             for i in j..i1 {
-                let mut sum = a[i * n + j];
-                for k in 0..j {
-                    sum -= l[i * n + k] * l[j * n + k];
-                }
-                if i == j {
-                    if sum.is_nan() || sum <= 0.0 || !sum.is_finite() {
-                        return None;
-                    }
-                    l[i * n + i] = sum.sqrt();
-                } else {
-                    l[i * n + j] = sum / l[j * n + j];
-                }
+                entry(a, &mut l, n, i, j)?;
             }
         }
         i0 = i1;
@@ -295,52 +284,60 @@ pub fn exp_neg(r: f64) -> f64 {
     }
 }
 
+/// The factor one row at a time, one entry after the other: what
+/// [`cholesky_from`] must equal bit for bit.
+pub(crate) fn cholesky_plain(a: &[f64], n: usize) -> Option<Vec<f64>> {
+    let mut l = vec![0.0; n * n];
+    for i in 0..n {
+        for j in 0..=i {
+            entry(a, &mut l, n, i, j)?;
+        }
+    }
+    Some(l)
+}
+
+/// The factor's entry `(i, j)`, `j <= i`, from `a` and the entries before
+/// it in row `i` and in row `j`; `None` when the matrix is not positive
+/// definite at the diagonal.
+fn entry(a: &[f64], l: &mut [f64], n: usize, i: usize, j: usize) -> Option<()> {
+    let mut sum = a[i * n + j];
+    for k in 0..j {
+        sum -= l[i * n + k] * l[j * n + k];
+    }
+    if i == j {
+        if sum.is_nan() || sum <= 0.0 || !sum.is_finite() {
+            return None;
+        }
+        l[i * n + i] = sum.sqrt();
+    } else {
+        l[i * n + j] = sum / l[j * n + j];
+    }
+    Some(())
+}
+
+/// `L X = B` one row at a time over all the columns: what
+/// [`solve_lower_many`] must equal bit for bit.
+pub(crate) fn solve_lower_many_plain(l: &[f64], n: usize, b: &mut [f64], m: usize) {
+    for i in 0..n {
+        let (done, rest) = b.split_at_mut(i * m);
+        let row = &mut rest[..m];
+        for (k, c) in l[i * n..i * n + i].iter().enumerate() {
+            if *c != 0.0 {
+                for (r, s) in row.iter_mut().zip(&done[k * m..(k + 1) * m]) {
+                    *r -= c * s;
+                }
+            }
+        }
+        let d = l[i * n + i];
+        for r in row.iter_mut() {
+            *r /= d;
+        }
+    }
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// The factor one row at a time, one entry after the other: what
-    /// [`cholesky_from`] must equal bit for bit.
-    pub(crate) fn cholesky_reference(a: &[f64], n: usize) -> Option<Vec<f64>> {
-        let mut l = vec![0.0; n * n];
-        for i in 0..n {
-            for j in 0..=i {
-                let mut sum = a[i * n + j];
-                for k in 0..j {
-                    sum -= l[i * n + k] * l[j * n + k];
-                }
-                if i == j {
-                    if sum.is_nan() || sum <= 0.0 || !sum.is_finite() {
-                        return None;
-                    }
-                    l[i * n + i] = sum.sqrt();
-                } else {
-                    l[i * n + j] = sum / l[j * n + j];
-                }
-            }
-        }
-        Some(l)
-    }
-
-    /// `L X = B` one row at a time over all the columns: what
-    /// [`solve_lower_many`] must equal bit for bit.
-    pub(crate) fn solve_lower_many_reference(l: &[f64], n: usize, b: &mut [f64], m: usize) {
-        for i in 0..n {
-            let (done, rest) = b.split_at_mut(i * m);
-            let row = &mut rest[..m];
-            for (k, c) in l[i * n..i * n + i].iter().enumerate() {
-                if *c != 0.0 {
-                    for (r, s) in row.iter_mut().zip(&done[k * m..(k + 1) * m]) {
-                        *r -= c * s;
-                    }
-                }
-            }
-            let d = l[i * n + i];
-            for r in row.iter_mut() {
-                *r /= d;
-            }
-        }
-    }
 
     /// A kernel-like positive definite matrix of `n` points on a line.
     fn gram(n: usize) -> Vec<f64> {
@@ -358,12 +355,12 @@ pub(crate) mod tests {
     fn the_blocked_factor_and_its_continuation_equal_the_row_by_row_loop_bit_for_bit() {
         for n in [1, 2, 3, 5, 9, 30] {
             let a = gram(n);
-            let reference = cholesky_reference(&a, n).expect("positive definite");
+            let reference = cholesky_plain(&a, n).expect("positive definite");
             assert_eq!(cholesky(&a, n).as_deref(), Some(&reference[..]), "n = {n}");
             for p in 0..=n {
                 // The factor of the leading block, extended by the rest.
                 let lead: Vec<f64> = (0..p).flat_map(|i| a[i * n..i * n + p].to_vec()).collect();
-                let known = cholesky_reference(&lead, p).expect("leading block");
+                let known = cholesky_plain(&lead, p).expect("leading block");
                 assert_eq!(cholesky_from(&a, n, &known, p, p).as_deref(), Some(&reference[..]), "n = {n}, p = {p}");
                 // Or read from a larger factor of which it is the leading block.
                 assert_eq!(cholesky_from(&a, n, &reference, n, p).as_deref(), Some(&reference[..]), "n = {n}, p = {p}");
@@ -371,7 +368,7 @@ pub(crate) mod tests {
         }
         let mut bad = gram(9);
         bad[7 * 9 + 7] = -1.0;
-        assert!(cholesky(&bad, 9).is_none() && cholesky_reference(&bad, 9).is_none());
+        assert!(cholesky(&bad, 9).is_none() && cholesky_plain(&bad, 9).is_none());
     }
 
     #[test]
@@ -383,7 +380,7 @@ pub(crate) mod tests {
             let mut many = b.clone();
             solve_lower_many(&l, n, &mut many, m);
             let mut reference = b.clone();
-            solve_lower_many_reference(&l, n, &mut reference, m);
+            solve_lower_many_plain(&l, n, &mut reference, m);
             assert_eq!(many, reference, "m = {m}");
             // Stopped after `cut` rows and continued: the same, bit for bit.
             for cut in [0, 1, 7, 13, n] {

@@ -1,10 +1,8 @@
 //! The fitted Gaussian process of [`super::Gp`]: its points, factor and
 //! hyper-parameters, what it predicts, and the expected improvement.
 
-use super::super::linalg::{cholesky_from, solve_lower, solve_lower_many};
-#[cfg(test)]
-use super::tests;
-use super::Gp;
+use super::{Gp, Paths};
+use crate::linalg::{cholesky_from, cholesky_plain, solve_lower, solve_lower_many, solve_lower_many_plain};
 use std::f64::consts::{PI, SQRT_2};
 
 /// A fitted process.
@@ -70,14 +68,11 @@ impl Model {
                 *mu += a * kij;
             }
         }
-        #[cfg(test)]
-        if tests::reference() {
-            super::super::linalg::tests::solve_lower_many_reference(&self.chol, n, &mut k, m);
+        if gp.settings.paths == Paths::Plain {
+            solve_lower_many_plain(&self.chol, n, &mut k, m);
         } else {
             solve_lower_many(&self.chol, n, &mut k, m);
         }
-        #[cfg(not(test))]
-        solve_lower_many(&self.chol, n, &mut k, m);
         (k, mean)
     }
 
@@ -110,14 +105,12 @@ impl Model {
     }
 }
 
-/// [`cholesky_from`]; in tests with `tests::reference` on, the
-/// factorisation before issue 37's incremental one: every row, one at a
-/// time, whatever is known.
-pub(super) fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize) -> Option<Vec<f64>> {
-    #[cfg(test)]
-    if tests::reference() {
+/// [`cholesky_from`]; with [`Paths::Plain`], the plain factorisation:
+/// every row, one at a time, whatever is known.
+pub(super) fn factorise(k: &[f64], n: usize, known: &[f64], stride: usize, p: usize, paths: Paths) -> Option<Vec<f64>> {
+    if paths == Paths::Plain {
         let full: Vec<f64> = (0..n * n).map(|c| if c % n <= c / n { k[c] } else { k[(c % n) * n + c / n] }).collect();
-        return super::super::linalg::tests::cholesky_reference(&full, n);
+        return cholesky_plain(&full, n);
     }
     cholesky_from(k, n, known, stride, p)
 }

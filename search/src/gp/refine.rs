@@ -13,7 +13,7 @@ pub(super) const REFINED_FULL: usize = 100;
 
 /// How the best candidates of an ask are refined.
 #[derive(Debug, Clone, Copy)]
-pub(in super::super) struct Refinement {
+pub(crate) struct Refinement {
     /// Candidates refined.
     pub starts: usize,
     /// A compass search (a start's step halves only after a sweep that found

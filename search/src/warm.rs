@@ -6,7 +6,7 @@
 
 use tunefleet_common::params::Params;
 
-use crate::domain::study::ParamSpec;
+use crate::space::ParamSpec;
 
 /// Trial ids of results told from other studies: far above any trial id
 /// a study makes, so they never meet one of its own.

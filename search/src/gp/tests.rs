@@ -1,36 +1,10 @@
 use super::model::log_expected_improvement;
 use super::refine::{BOUNDED, FULL, REFINED_FULL};
 use super::*;
-use crate::domain::pareto::{front, hypervolume};
-use crate::domain::search::Proposer;
-use crate::domain::search::Random;
+use crate::pareto::{front, hypervolume};
+use crate::proposer::Proposer;
+use crate::proposer::Random;
 use tunefleet_common::params::ParamValue;
-
-thread_local! {
-    /// Whether this test thread's asks take the reference path
-    /// ([`reference`]).
-    static REFERENCE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// On: every factor computed in full, one row at a time, and candidates'
-/// columns solved all together, as before issue 37's incremental model
-/// (and every candidate's variance computed, [`unpruned`]); what the
-/// incremental path must propose alike.
-pub(super) fn reference() -> bool {
-    REFERENCE.with(std::cell::Cell::get)
-}
-
-thread_local! {
-    /// Whether this test thread's asks score every candidate in full ([`unpruned`]).
-    static UNPRUNED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// On (or with [`reference`]): every candidate's and refinement step's
-/// variance computed, as before the pruning of `gp_score.rs`; what the
-/// pruned path must propose alike.
-pub(super) fn unpruned() -> bool {
-    UNPRUNED.with(std::cell::Cell::get) || reference()
-}
 
 fn float(low: f64, high: f64) -> ParamSpec {
     ParamSpec::Float { low, high, grid: 2 }
@@ -332,18 +306,16 @@ fn the_hyper_parameters_are_refitted_on_a_schedule_and_an_ask_stays_a_function_o
 
 /// The configurations a study of `f` proposes over 45 asks with
 /// `in_flight` trials running at each (the oldest told before the next
-/// ask), the model's factors computed as [`reference`] says.
-fn proposals(reference_path: bool, seed: u64, in_flight: usize, settings: GpSettings) -> Vec<Params> {
-    REFERENCE.with(|r| r.set(reference_path));
+/// ask), with `paths`' arithmetic.
+fn proposals(paths: Paths, seed: u64, in_flight: usize, settings: GpSettings) -> Vec<Params> {
+    let settings = GpSettings { paths, ..settings };
     let space: Vec<(String, ParamSpec)> =
         ["a", "b", "c", "d"].iter().map(|n| (n.to_string(), float(0.0, 1.0))).collect();
     let f = |p: &Params| {
         ["a", "b", "c", "d"].iter().enumerate().map(|(i, k)| (x(p, k) - 0.2 * i as f64).powi(2)).sum::<f64>()
             + 0.1 * (7.0 * x(p, "a")).sin()
     };
-    let asked = study_asks(Gp::new(space, Direction::Minimize, 1, seed, settings), 45, in_flight, f);
-    REFERENCE.with(|r| r.set(false));
-    asked
+    study_asks(Gp::new(space, Direction::Minimize, 1, seed, settings), 45, in_flight, f)
 }
 
 /// What `gp` proposes over `asks` asks of a study of `f` with `in_flight`
@@ -377,8 +349,8 @@ fn the_incremental_model_proposes_what_a_full_refactorisation_does() {
     for (seed, in_flight, settings) in
         [(1, 1, GpSettings::default()), (2, 4, GpSettings::default()), (3, 1, small), (4, 4, small)]
     {
-        let incremental = proposals(false, seed, in_flight, settings);
-        let reference = proposals(true, seed, in_flight, settings);
+        let incremental = proposals(Paths::Fast, seed, in_flight, settings);
+        let reference = proposals(Paths::Plain, seed, in_flight, settings);
         assert_eq!(incremental.len(), reference.len());
         for (i, (a, b)) in incremental.iter().zip(&reference).enumerate() {
             for k in ["a", "b", "c", "d"] {
@@ -432,9 +404,8 @@ fn pruned_scoring_proposes_what_scoring_every_candidate_does() {
         let settings = GpSettings { batch, ..GpSettings::default() };
         let gp = || Gp::new(space.clone(), Direction::Minimize, 1, seed, settings);
         let pruned = study_asks(gp(), 50, in_flight, f);
-        UNPRUNED.with(|r| r.set(true));
-        let full = study_asks(gp(), 50, in_flight, f);
-        UNPRUNED.with(|r| r.set(false));
+        let unpruned = GpSettings { paths: Paths::Unpruned, ..settings };
+        let full = study_asks(Gp::new(space.clone(), Direction::Minimize, 1, seed, unpruned), 50, in_flight, f);
         for (i, (a, b)) in pruned.iter().zip(&full).enumerate() {
             assert_eq!(a, b, "seed {seed}, {in_flight} in flight, {}: ask {i}", batch.name());
         }
@@ -727,7 +698,7 @@ fn the_batch_expected_improvement_is_the_mean_gain_over_joint_draws() {
                     + if a == b { 1e-10 } else { 0.0 };
             }
         }
-        let l = crate::domain::search::linalg::cholesky(&cov, 3).expect("factored");
+        let l = crate::linalg::cholesky(&cov, 3).expect("factored");
         let draws = 200_000;
         let mut draw_rng = ChaCha8Rng::seed_from_u64(17);
         let gains: Vec<f64> = (0..draws)
