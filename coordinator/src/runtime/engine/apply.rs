@@ -12,7 +12,7 @@ use tunefleet_common::topic::AgentTopic;
 
 use super::ctx::{co_messages, early_stop, repeat_until_stable, Ctx};
 use super::dispatch::{decide, Decision, Keep, ResultStep};
-use super::gate::{gate, Gated};
+use super::gate::{gate, Gate, Gated};
 use super::hello::{on_hello, on_will};
 use super::learn::{learn, on_profile};
 use super::types::{loud, EngineError, Inbound};
@@ -105,8 +105,19 @@ fn aside(
 /// message is decided ([`decide`]) and performed in its own ([`apply`]).
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     let now = cx.now.unix_ms;
-    match gate(cx, ev)? {
+    let gated = gate(&mut Gate { stats: cx.stats, sessions: cx.sessions }, ev);
+    match gated {
         Gated::Nothing => Ok(()),
+        Gated::Stale { agent, token } => {
+            // Told signed, and only a name with a pinned key: a stranger
+            // learns nothing.
+            if cx.batch.agent_key(&agent)?.is_some() {
+                if let Some(notice) = cx.sessions.stale_notice(&agent, token, cx.now.instant) {
+                    cx.welcomes.push((agent, notice));
+                }
+            }
+            Ok(())
+        }
         Gated::Hello { agent, signed } => {
             let name = agent.clone();
             guarded(cx, &name, AgentTopic::Hello, None, |cx| on_hello(cx, agent, &signed, now))
@@ -115,7 +126,8 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
             let name = agent.clone();
             guarded(cx, &name, AgentTopic::Status, None, |cx| on_will(cx, agent, &will, now))
         }
-        Gated::Messages { agent, msgs } => {
+        Gated::Messages { agent, msgs, refused } => {
+            cx.out.extend(refused.into_iter().map(|ack| (agent.clone(), CoordinatorMessage::Ack(ack))));
             if cx.sessions.heard(&agent, now) {
                 let name = agent.clone();
                 aside(cx, "last seen", |cx| Ok(cx.batch.agent_heard(&name, now)?))?;

@@ -1,17 +1,28 @@
 //! The gate: an event from the broker made an authenticated, bounded,
 //! typed message, or refused and counted. Connection events are logged; a
-//! sealed frame is opened with its agent's session (a known agent whose
-//! session is gone is told so, signed); a bundle is taken apart; each
-//! message is checked against the bounds of [`crate::domain::bounds`] (a
-//! result out of bounds is answered `Refused`, so its agent parks it). A
-//! Hello and a Last Will pass as they are, to the handshake.
+//! sealed frame is opened with its agent's session (a frame of a session
+//! not held passes as [`Gated::Stale`], so the apply stage can tell a
+//! known agent); a bundle is taken apart; each message is checked against
+//! the bounds of [`crate::domain::bounds`] (a result out of bounds comes
+//! back as its `Refused` answer, so its agent parks it). A Hello and a
+//! Last Will pass as they are, to the handshake.
+//!
+//! The gate borrows what authentication and the counters need ([`Gate`]),
+//! nothing of the store or the scheduler, and sends nothing itself.
 
 use tunefleet_common::auth::{self, Signed, UpFrame, Will};
-use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, ResultAck};
+use tunefleet_common::message::{AckOutcome, AgentMessage, ResultAck, SessionToken};
 use tunefleet_common::topic::AgentTopic;
 
-use super::ctx::Ctx;
-use super::types::{loud, EngineError, Inbound};
+use super::types::{loud, EngineStats, Inbound};
+use crate::runtime::auth::Sessions;
+
+/// What the gate borrows: the sessions that open frames and the counters
+/// of what it refuses.
+pub(super) struct Gate<'a> {
+    pub(super) stats: &'a mut EngineStats,
+    pub(super) sessions: &'a mut Sessions,
+}
 
 /// What passed the gate.
 pub(super) enum Gated {
@@ -21,16 +32,22 @@ pub(super) enum Gated {
     Hello { agent: String, signed: Signed },
     /// A Last Will, to be matched with the agent's session.
     Will { agent: String, will: Will },
-    /// Messages of an authenticated agent, each within bounds, in order.
-    Messages { agent: String, msgs: Vec<(AgentTopic, AgentMessage)> },
+    /// A frame of a session this coordinator does not hold (it restarted,
+    /// or another Hello replaced it): refused and counted; a known agent
+    /// is to be told, so it says Hello again instead of talking into the
+    /// void.
+    Stale { agent: String, token: SessionToken },
+    /// Messages of an authenticated agent, each within bounds, in order,
+    /// and the answers to its results out of bounds.
+    Messages { agent: String, msgs: Vec<(AgentTopic, AgentMessage)>, refused: Vec<ResultAck> },
 }
 
 /// Takes `ev` through the gate.
-pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineError> {
+pub(super) fn gate(cx: &mut Gate<'_>, ev: Inbound) -> Gated {
     let (agent, kind, frame) = match ev {
         Inbound::Connected => {
             tracing::info!("connected to the broker");
-            return Ok(Gated::Nothing);
+            return Gated::Nothing;
         }
         Inbound::Disconnected(why) => {
             // Retried every few seconds while the broker is down: said loudly
@@ -41,7 +58,7 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
             } else {
                 tracing::debug!(error = %why, failures = cx.stats.broker_losses, "lost the broker; reconnecting");
             }
-            return Ok(Gated::Nothing);
+            return Gated::Nothing;
         }
         Inbound::Rejected { topic, reason } => {
             cx.stats.rejected_messages += 1;
@@ -49,13 +66,13 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
             if loud(n) {
                 tracing::warn!(topic = %topic, reason = %reason, rejected = n, "rejected a message");
             }
-            return Ok(Gated::Nothing);
+            return Gated::Nothing;
         }
         Inbound::Agent { agent, kind, frame } => (agent, kind, *frame),
     };
     let msg = match frame {
-        UpFrame::Hello(signed) => return Ok(Gated::Hello { agent, signed }),
-        UpFrame::Will(will) => return Ok(Gated::Will { agent, will }),
+        UpFrame::Hello(signed) => return Gated::Hello { agent, signed },
+        UpFrame::Will(will) => return Gated::Will { agent, will },
         UpFrame::Sealed(sealed) => match cx.sessions.open(&agent, kind, &sealed) {
             Ok(msg) => msg,
             Err(e) => {
@@ -63,18 +80,10 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
                 if loud(cx.stats.bad_tokens) {
                     tracing::warn!(agent = %agent, topic = kind.as_str(), error = %e, refused = cx.stats.bad_tokens, "unauthenticated message refused");
                 }
-                // A frame of a session this coordinator does not hold (it
-                // restarted, or another Hello replaced it): a known agent is
-                // told, signed, so it says Hello again instead of talking
-                // into the void.
-                if matches!(e, auth::AuthError::NoSession | auth::AuthError::Token { .. })
-                    && cx.batch.agent_key(&agent)?.is_some()
-                {
-                    if let Some(notice) = cx.sessions.stale_notice(&agent, sealed.token, cx.now.instant) {
-                        cx.welcomes.push((agent, notice));
-                    }
+                if matches!(e, auth::AuthError::NoSession | auth::AuthError::Token { .. }) {
+                    return Gated::Stale { agent, token: sealed.token };
                 }
-                return Ok(Gated::Nothing);
+                return Gated::Nothing;
             }
         },
     };
@@ -86,10 +95,11 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
             if loud(cx.stats.invalid_messages) {
                 tracing::warn!(agent = %agent, topic = kind.as_str(), reason = %why, invalid = cx.stats.invalid_messages, "message refused: a malformed bundle");
             }
-            return Ok(Gated::Nothing);
+            return Gated::Nothing;
         }
     };
     let mut passed = Vec::with_capacity(msgs.len());
+    let mut refused = Vec::new();
     for msg in msgs {
         let kind = AgentTopic::of_agent_message(&msg);
         match crate::domain::bounds::message(&msg) {
@@ -101,10 +111,10 @@ pub(super) fn gate(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<Gated, EngineErr
                 }
                 if let AgentMessage::Result(r) = msg {
                     let outcome = AckOutcome::Refused(format!("out of bounds: {why}"));
-                    cx.out.push((agent.clone(), CoordinatorMessage::Ack(ResultAck { trial: r.trial, outcome })));
+                    refused.push(ResultAck { trial: r.trial, outcome });
                 }
             }
         }
     }
-    Ok(Gated::Messages { agent, msgs: passed })
+    Gated::Messages { agent, msgs: passed, refused }
 }
