@@ -87,13 +87,22 @@ impl Asha {
         last
     }
 
-    /// Trial `trial` reached `value` of the objective at the end of `epoch`.
+    /// Trial `trial` reached `value` of the objective at the end of `epoch`:
+    /// [`Asha::judge`], then [`Asha::record`].
     pub fn report(&mut self, trial: u64, epoch: u32, value: f64) -> Pruning {
-        let Some(rung) = self.rung_of(epoch) else { return Pruning::Continue };
-        // Judged once per rung; a report past a rung already judged is not
-        // judged again at a lower one.
-        if !self.seen.insert((trial, rung)) {
-            return Pruning::Continue;
+        let Some(judged) = self.judge(trial, epoch, value) else { return Pruning::Continue };
+        self.record(&judged);
+        judged.pruning
+    }
+
+    /// The verdict on trial `trial` reaching `value` at the end of `epoch`,
+    /// changing nothing; `None` before the first rung, or when the trial
+    /// was judged at this rung already (a report past a rung already
+    /// judged is not judged again at a lower one).
+    pub fn judge(&self, trial: u64, epoch: u32, value: f64) -> Option<Judged> {
+        let rung = self.rung_of(epoch)?;
+        if self.seen.contains(&(trial, rung)) {
+            return None;
         }
         // NaN is the worst value there is.
         let value = match (value.is_nan(), self.direction) {
@@ -101,16 +110,33 @@ impl Asha {
             (true, Direction::Minimize) => f64::INFINITY,
             (true, Direction::Maximize) => f64::NEG_INFINITY,
         };
-        let recorded = self.rungs.entry(rung).or_default();
-        let decision = match cutoff(recorded, self.reduction, self.direction) {
+        let recorded = self.rungs.get(&rung).map_or(&[][..], Vec::as_slice);
+        let pruning = match cutoff(recorded, self.reduction, self.direction) {
             Some(cut) if self.direction.better(cut, value) || value == worst(self.direction) => {
                 Pruning::Stop { rung, value, cutoff: cut }
             }
             _ => Pruning::Continue,
         };
-        recorded.push(value);
-        decision
+        Some(Judged { trial, rung, value, pruning })
     }
+
+    /// Records a verdict of [`Asha::judge`]: its value joins its rung, and
+    /// the trial is not judged there again.
+    pub fn record(&mut self, judged: &Judged) {
+        if self.seen.insert((judged.trial, judged.rung)) {
+            self.rungs.entry(judged.rung).or_default().push(judged.value);
+        }
+    }
+}
+
+/// A trial's report judged at a rung ([`Asha::judge`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Judged {
+    pub trial: u64,
+    pub rung: u32,
+    /// The value recorded at the rung (NaN made the worst there is).
+    pub value: f64,
+    pub pruning: Pruning,
 }
 
 /// The worst value in a direction.

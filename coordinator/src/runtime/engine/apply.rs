@@ -7,17 +7,18 @@
 //! the [`Ctx`]; the shell sends once the turn commits). No I/O but the store.
 
 use tunefleet_common::measurement::{ExitOutcome, Measurement};
-use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, ResultAck, TrialRef};
+use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, Progress, ResultAck, TrialRef};
 use tunefleet_common::topic::AgentTopic;
 
-use super::ctx::{co_messages, early_stop, repeat_until_stable, Ctx};
-use super::dispatch::{decide, Decision, Keep, ResultStep};
+use super::ctx::{co_messages, Ctx};
+use super::dispatch::{decide, extra_run, Decision, EarlyStop, ExtraRun, Keep, ResultStep};
 use super::gate::{gate, Gate, Gated};
 use super::hello::{on_hello, on_will};
-use super::learn::{learn, on_profile};
+use super::learn::{apply_reuse, learn};
 use super::types::{loud, EngineError, Inbound};
 use crate::domain::offload::Sample;
 use crate::domain::sched::Verdict;
+use crate::domain::search::TrialPlan;
 use crate::store::{RecordOutcome, Score, StoreError};
 
 /// Handles `events` in order, each in its own savepoint ([`handle`]).
@@ -196,7 +197,7 @@ fn apply_decision(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: 
             }
             cx.effects.extend(cx.sched.request(&agent, &request));
         }
-        Decision::Progress { progress: p, refused_checkpoint, bytes } => {
+        Decision::Progress { progress: p, refused_checkpoint, bytes, reuse, early_stop } => {
             if let Some(why) = refused_checkpoint {
                 cx.stats.refused_checkpoints += 1;
                 if loud(cx.stats.refused_checkpoints) {
@@ -212,13 +213,15 @@ fn apply_decision(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: 
                 return Ok(());
             }
             cx.batch.record_progress(&p)?;
-            if let Some(wp) = &p.profile {
-                on_profile(cx, &agent, &p.trial, wp)?;
+            if let Some(step) = reuse {
+                apply_reuse(cx, &agent, &p.trial, step)?;
             }
             if let (Some(reference), Some(a)) = (&p.checkpoint, cx.studies.get_mut(&p.trial.study)) {
                 a.checkpoints.insert(p.trial.trial, (p.epoch, reference.clone()));
             }
-            early_stop(cx, &p);
+            if let Some(stop) = early_stop {
+                apply_early_stop(cx, &p, stop);
+            }
         }
         Decision::Refuse(r) => cx.effects.extend(cx.sched.refuse(&agent, &r.trial, &r.reason)),
         Decision::Result(step) => apply_result(cx, agent, *step, now)?,
@@ -402,13 +405,40 @@ fn tell_accepted(
             }
         }
         a.record_value(trial.trial, v, score.violation, agent);
-        // A savepoint costs two statements: only where there is a repeat to judge.
-        if a.study.stability.is_some() {
-            aside(cx, "an extra repeat", |cx| {
-                let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
-                repeat_until_stable(cx.sched, cx.batch, a, trial.trial)
-            })?;
+        // A savepoint costs two statements: only where there is a repeat to add.
+        if let Some(run) = extra_run(&cx.view(), trial) {
+            aside(cx, "an extra repeat", |cx| add_run(cx, &trial.study, run))?;
         }
     }
+    Ok(())
+}
+
+/// ASHA's verdict ([`super::dispatch::EarlyStop`]): recorded at its rung;
+/// a trial it stops is told to the search and stopped.
+fn apply_early_stop(cx: &mut Ctx<'_, '_>, p: &Progress, stop: EarlyStop) {
+    let Some(active) = cx.studies.get_mut(&p.trial.study) else { return };
+    let Some(asha) = active.asha.as_mut() else { return };
+    asha.record(&stop.judged);
+    let Some(reason) = stop.reason else { return };
+    // The model learns where ASHA cut (Optuna's pruned trials).
+    if let Some(plan) = active.plans.get(p.trial.trial as usize) {
+        active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, stop.reported);
+    }
+    tracing::info!(trial = %p.trial, %reason);
+    cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));
+}
+
+/// One more run of a configuration ([`super::dispatch::ExtraRun`]): its
+/// row first (when the store refuses it, the search has not counted it),
+/// then the search and the scheduler.
+fn add_run(cx: &mut Ctx<'_, '_>, study: &str, run: ExtraRun) -> Result<(), EngineError> {
+    let Some(a) = cx.studies.get_mut(study) else { return Ok(()) };
+    let ExtraRun { params, repeat, spread } = run;
+    let next = TrialPlan { trial: a.plans.len() as u64, params: params.clone(), repeat };
+    cx.batch.add_trials(study, std::slice::from_ref(&next))?;
+    let plan = a.search.extra_repeat(&params, repeat);
+    debug_assert_eq!(plan, next, "the search numbers trials as the study has them");
+    tracing::info!(study = %study, trial = plan.trial, spread, runs = repeat, "not stable yet: one more run");
+    a.adopt(cx.sched, vec![plan]);
     Ok(())
 }

@@ -10,6 +10,11 @@
 //! store and are left to the apply stage: whether an unknown result's
 //! attempt was given to its agent (a duplicate, or refused), and whether a
 //! result row already existed.
+//!
+//! The study's rules are decided here too: ASHA's verdict on an epoch
+//! ([`EarlyStop`]), whether a first window's profile reuses a configuration
+//! ([`ReuseStep`]), and, once a result is told, whether `[stability]` wants
+//! one more run ([`extra_run`]).
 
 use std::collections::HashMap;
 
@@ -18,9 +23,13 @@ use tunefleet_common::message::{
     AgentMessage, AgentStatus, Progress, Refusal, SystemParams, TrialRef, TrialResult, WorkRequest,
 };
 
+use tunefleet_common::params::Params;
+use tunefleet_search::asha::{Judged, Pruning};
+
 use super::active::ActiveStudy;
 use crate::domain::bounds::Why;
 use crate::domain::comeasure::{CoMeasures, NodeOutcome, NodeRecord};
+use crate::domain::reuse::{self, Book, ReuseDecision};
 use crate::domain::sched::{Judgement, ResultKind, Scheduler, Verdict};
 use crate::domain::search;
 use crate::domain::study::Study;
@@ -30,6 +39,8 @@ pub(super) struct EngineView<'a> {
     pub(super) sched: &'a Scheduler,
     pub(super) studies: &'a HashMap<String, ActiveStudy>,
     pub(super) co: &'a CoMeasures,
+    /// The profiles learnt so far, by device class.
+    pub(super) book: &'a Book,
     /// Measurements agents flag as disturbed are taken again (with offloading).
     pub(super) remeasure: bool,
     /// Stored results are queued for InfluxDB.
@@ -51,9 +62,16 @@ pub(super) enum Decision {
     /// of a running study's name (counted).
     Request { request: WorkRequest, others: Vec<TrialRef> },
     /// An epoch of a live attempt: its checkpoint already dropped when it
-    /// may not be resumed from (`refused_checkpoint` says why), and its
-    /// size for the attempt's bound.
-    Progress { progress: Progress, refused_checkpoint: Option<Why>, bytes: u64 },
+    /// may not be resumed from (`refused_checkpoint` says why), its size
+    /// for the attempt's bound, what its first window's profile decides
+    /// and ASHA's verdict on it.
+    Progress {
+        progress: Progress,
+        refused_checkpoint: Option<Why>,
+        bytes: u64,
+        reuse: Option<ReuseStep>,
+        early_stop: Option<EarlyStop>,
+    },
     /// The agent will not run an assignment.
     Refuse(Refusal),
     /// A result, judged, and what the store keeps of it.
@@ -64,6 +82,36 @@ pub(super) enum Decision {
     Synced(u64),
     /// A co-measuring node's answer: stored and taken, or refused and why.
     CoMeasured(Result<NodeRecord, (TrialRef, String)>),
+}
+
+/// What a pipelined attempt's first-window profile decides: reuse a
+/// configuration of its cluster, or probe. Decided once per attempt.
+#[derive(Debug)]
+pub(super) struct ReuseStep {
+    pub(super) class: String,
+    pub(super) decision: ReuseDecision,
+    /// The profile failed its checks (counted; it is probed).
+    pub(super) malformed: bool,
+}
+
+/// ASHA's verdict on an epoch: recorded at its rung, and when it says stop,
+/// the trial stopped with `reason`.
+#[derive(Debug)]
+pub(super) struct EarlyStop {
+    pub(super) judged: Judged,
+    /// The objective as reported (the model learns where ASHA cut).
+    pub(super) reported: f64,
+    pub(super) reason: Option<String>,
+}
+
+/// One more run of a configuration whose runs spread more than the
+/// study's `[stability]` allows ([`extra_run`]).
+#[derive(Debug)]
+pub(super) struct ExtraRun {
+    pub(super) params: Params,
+    /// Its repeat number: the runs so far.
+    pub(super) repeat: u32,
+    pub(super) spread: f64,
 }
 
 /// A result with its judgement and what the store keeps.
@@ -183,7 +231,108 @@ fn progress(view: &EngineView<'_>, agent: &str, mut p: Progress) -> Decision {
     // Bounded per attempt: rows and bytes (names, values, checkpoint).
     let bytes = p.metrics.keys().map(|k| k.len() as u64 + 16).sum::<u64>()
         + p.checkpoint.as_ref().map_or(0, |c| c.len() as u64);
-    Decision::Progress { progress: p, refused_checkpoint, bytes }
+    let reuse = p.profile.as_ref().and_then(|wp| reuse_step(view, agent, &p.trial, &wp.profile));
+    let early_stop = early_stop(view, &p);
+    Decision::Progress { progress: p, refused_checkpoint, bytes, reuse, early_stop }
+}
+
+/// ASHA's verdict on an epoch report of a study that stops early.
+fn early_stop(view: &EngineView<'_>, p: &Progress) -> Option<EarlyStop> {
+    let active = view.studies.get(&p.trial.study)?;
+    let asha = active.asha.as_ref()?;
+    let &reported = p.metrics.get(&active.study.objective.metric)?;
+    let judged = asha.judge(p.trial.trial, p.epoch, reported)?;
+    let reason = match judged.pruning {
+        Pruning::Continue => None,
+        Pruning::Stop { rung, value, cutoff } => {
+            let metric = &active.study.objective.metric;
+            let (value, cutoff) = (readable(value), readable(cutoff));
+            Some(format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}"))
+        }
+    };
+    Some(EarlyStop { judged, reported, reason })
+}
+
+/// A pipelined attempt's first-window profile: reuse a configuration of
+/// its cluster, or probe (`None`: not pipelined, decided already, or an
+/// agent of no known class).
+fn reuse_step(
+    view: &EngineView<'_>,
+    agent: &str,
+    trial: &TrialRef,
+    profile: &tunefleet_common::profile::Profile,
+) -> Option<ReuseStep> {
+    let a = view.studies.get(&trial.study)?;
+    let (probe, plan) = (a.probe.as_ref()?, a.plans.get(trial.trial as usize)?);
+    if a.decided.contains(&(trial.trial, trial.attempt)) {
+        return None;
+    }
+    let class = view.sched.agent_class(agent)?;
+    let malformed = reuse::check(profile).is_err();
+    let group = reuse::group_key(&a.study.reuse.group, &plan.params);
+    let c = view.book.classes.get(&class);
+    // Only configurations of this study's own system space may be reused:
+    // another study's jobs may have measured axes or values it does not search.
+    let records: Vec<reuse::Record> = c
+        .map_or(&[][..], |c| &c.records)
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.outcomes.retain(|o| search::in_space(&a.study, &o.system));
+            r
+        })
+        .collect();
+    let decision = reuse::decide(
+        &a.study.reuse,
+        c.and_then(|c| c.model.as_ref()),
+        &records,
+        c.map_or(&[][..], |c| &c.clusters),
+        &reuse::Job { profile, group: &group, identity: &a.study.workload() },
+        probe.select,
+    );
+    let decision = match decision {
+        ReuseDecision::Reuse { cluster, distance, threshold, .. } if !a.study.reuse.enabled => ReuseDecision::Probe {
+            cluster: Some(cluster),
+            distance: Some(distance),
+            threshold: Some(threshold),
+            reason: format!(
+                "probed: reuse is off for this study ([reuse] enabled = false); it would have {}",
+                decision.reason()
+            ),
+        },
+        d => d,
+    };
+    Some(ReuseStep { class, decision, malformed })
+}
+
+/// `[stability]`, once trial `trial`'s result is told: one more run of its
+/// configuration when every run so far has ended and their objectives
+/// spread more than the study allows (and it has runs left).
+pub(super) fn extra_run(view: &EngineView<'_>, trial: &TrialRef) -> Option<ExtraRun> {
+    let a = view.studies.get(&trial.study)?;
+    let stability = a.study.stability?;
+    let params = &a.plans.get(trial.trial as usize)?.params;
+    let runs = a.runs.get(&crate::store::params_json(params)).map_or(&[][..], Vec::as_slice);
+    let name = &a.study.name;
+    if runs.len() >= stability.max_repeats as usize || !runs.iter().all(|&t| view.sched.is_finished(name, t)) {
+        return None;
+    }
+    let values: Vec<f64> = runs.iter().filter_map(|t| a.values.get(t).copied()).collect();
+    let spread = search::spread(&values).filter(|s| *s > stability.spread)?;
+    Some(ExtraRun { params: params.clone(), repeat: runs.len() as u32, spread })
+}
+
+/// `v` for reading in a reason: at most 6 decimals, trailing zeros cut
+/// (`0.123457`, not `0.12345678901234568`).
+fn readable(v: f64) -> String {
+    if v != 0.0 && (v.abs() < 1e-3 || v.abs() >= 1e9) {
+        return format!("{v:.4e}");
+    }
+    let text = format!("{v:.6}");
+    match text.contains('.') {
+        true => text.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => text,
+    }
 }
 
 /// A result judged, and what the store keeps of it.
@@ -268,4 +417,18 @@ fn ran_under(active: Option<&ActiveStudy>, trial: &TrialRef, m: &Measurement) ->
             Some(search::system_params(&plan.params))
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::readable;
+
+    #[test]
+    fn reasons_show_numbers_for_reading() {
+        assert_eq!(readable(0.123_456_789_012_345_68), "0.123457");
+        assert_eq!(readable(2.5), "2.5");
+        assert_eq!(readable(3.0), "3");
+        assert_eq!(readable(0.000_012_345), "1.2345e-5");
+        assert_eq!(readable(0.0), "0");
+    }
 }

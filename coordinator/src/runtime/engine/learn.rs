@@ -1,6 +1,6 @@
 //! Reuse learning: the profile book loaded from the store ([`load_book`]),
 //! a pipelined trial's first window decided on (reuse a configuration of
-//! its cluster, or probe: [`on_profile`]), and a finished trial's profile
+//! its cluster, or probe: [`apply_reuse`] performs what the dispatch decided), and a finished trial's profile
 //! learnt, with the class's k-means model refitted as its records grow
 //! ([`learn`]).
 //!
@@ -14,6 +14,7 @@
 use tunefleet_common::message::{CoordinatorMessage, TrialRef};
 
 use super::ctx::Ctx;
+use super::dispatch::ReuseStep;
 use super::types::EngineError;
 use crate::store::Store;
 
@@ -34,55 +35,18 @@ pub(super) fn load_book(store: &Store) -> Result<crate::domain::reuse::Book, Eng
     Ok(book)
 }
 
-/// A pipelined trial's first window was profiled: reuse a configuration
-/// of its cluster (it stops probing), or let it probe; recorded either way.
-pub(super) fn on_profile(
+/// What a pipelined attempt's first-window profile decided
+/// ([`super::dispatch::ReuseStep`]): recorded, and a reused configuration
+/// sent to the agent (it stops probing).
+pub(super) fn apply_reuse(
     cx: &mut Ctx<'_, '_>,
     agent: &str,
     trial: &TrialRef,
-    wp: &tunefleet_common::measurement::WindowProfile,
+    step: ReuseStep,
 ) -> Result<(), EngineError> {
     use crate::domain::reuse::{self, ReuseDecision};
+    let ReuseStep { class, decision, malformed } = step;
     let Some(a) = cx.studies.get_mut(&trial.study) else { return Ok(()) };
-    let (Some(probe), Some(plan)) = (a.probe.as_ref(), a.plans.get(trial.trial as usize)) else { return Ok(()) };
-    if a.decided.contains(&(trial.trial, trial.attempt)) {
-        return Ok(());
-    }
-    let Some(class) = cx.sched.agent_class(agent) else { return Ok(()) };
-    let malformed = reuse::check(&wp.profile).is_err();
-    let group = reuse::group_key(&a.study.reuse.group, &plan.params);
-    let c = cx.book.classes.get(&class);
-    // Only configurations of this study's own system space may be reused:
-    // another study's jobs may have measured axes or values it does not search.
-    let records: Vec<reuse::Record> = c
-        .map_or(&[][..], |c| &c.records)
-        .iter()
-        .map(|r| {
-            let mut r = r.clone();
-            r.outcomes.retain(|o| crate::domain::search::in_space(&a.study, &o.system));
-            r
-        })
-        .collect();
-    let decision = reuse::decide(
-        &a.study.reuse,
-        c.and_then(|c| c.model.as_ref()),
-        &records,
-        c.map_or(&[][..], |c| &c.clusters),
-        &reuse::Job { profile: &wp.profile, group: &group, identity: &a.study.workload() },
-        probe.select,
-    );
-    let decision = match decision {
-        ReuseDecision::Reuse { cluster, distance, threshold, .. } if !a.study.reuse.enabled => ReuseDecision::Probe {
-            cluster: Some(cluster),
-            distance: Some(distance),
-            threshold: Some(threshold),
-            reason: format!(
-                "probed: reuse is off for this study ([reuse] enabled = false); it would have {}",
-                decision.reason()
-            ),
-        },
-        d => d,
-    };
     let mut row = crate::store::DecisionRow {
         study: trial.study.clone(),
         trial: trial.trial,

@@ -1281,8 +1281,11 @@ fn the_dispatch_decides_without_changing_anything() {
     use super::dispatch::{decide, Decision, EngineView, Keep};
     let (mut fx, a) = resumable_trial_running();
     let result = AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: ok_measurement(7.0) });
+    static NO_PROFILES: crate::domain::reuse::Book =
+        crate::domain::reuse::Book { classes: std::collections::BTreeMap::new() };
     fn view(core: &Core) -> EngineView<'_> {
-        EngineView { sched: &core.sched, studies: &core.studies, co: &core.co, remeasure: true, influx: true }
+        let book = core.book.as_ref().unwrap_or(&NO_PROFILES);
+        EngineView { sched: &core.sched, studies: &core.studies, co: &core.co, book, remeasure: true, influx: true }
     }
     let decided = |core: &Core, msg: AgentMessage| format!("{:?}", decide(&view(core), "a", msg));
     let first = decided(&fx.core, result.clone());
