@@ -569,7 +569,7 @@ mod tests {
         assert!(outcome.missing.iter().all(|m| !m.reason.is_empty()));
     }
 
-    /// Issue 12: the software events kept open to spare every trial the
+    /// The software events kept open to spare every trial the
     /// kernel's patching never count, whatever runs.
     #[cfg(all(target_os = "linux", any(target_arch = "x86_64", target_arch = "aarch64")))]
     #[test]

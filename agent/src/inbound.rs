@@ -6,7 +6,7 @@ use tunefleet_common::auth::DownFrame;
 use tunefleet_common::message::CoordinatorMessage;
 
 use crate::protocol::{Action, AgentState};
-use crate::transport::Inbound;
+use crate::transport::Delivery;
 use crate::{allow, auth};
 
 /// What the agent refused, by kind.
@@ -55,15 +55,15 @@ pub(crate) fn on_inbound(
     state: &mut AgentState,
     auth: &mut auth::AgentAuth,
     allow: &allow::Allow,
-    inbound: Inbound,
+    inbound: Delivery,
     refused: &mut Refused,
 ) -> Vec<Action> {
     match inbound {
-        Inbound::Connected { will_hash } => {
+        Delivery::Connected { will_hash } => {
             auth.on_connected(will_hash);
             state.on_connected()
         }
-        Inbound::Coordinator { kind: _, frame: DownFrame::Stale(signed) } => match auth.stale(&signed) {
+        Delivery::Coordinator { kind: _, frame: DownFrame::Stale(signed) } => match auth.stale(&signed) {
             Ok(true) => {
                 tracing::warn!("the coordinator holds no session with this agent any more: saying Hello again");
                 state.on_session_lost()
@@ -77,7 +77,7 @@ pub(crate) fn on_inbound(
                 Vec::new()
             }
         },
-        Inbound::Coordinator { kind: _, frame: DownFrame::Refused(signed) } => {
+        Delivery::Coordinator { kind: _, frame: DownFrame::Refused(signed) } => {
             match auth.refused(&signed) {
                 Ok(Some(notice)) => {
                     if notice.kind.fatal() {
@@ -98,7 +98,7 @@ pub(crate) fn on_inbound(
             }
             Vec::new()
         }
-        Inbound::Coordinator { kind, frame } => {
+        Delivery::Coordinator { kind, frame } => {
             let opened = match &frame {
                 DownFrame::Welcome(signed) => auth.welcome(signed).map(|()| None),
                 DownFrame::Sealed(sealed) => auth.open(kind, sealed).map(Some),
@@ -129,7 +129,7 @@ pub(crate) fn on_inbound(
                 }
             }
         }
-        Inbound::CoordinatorStatus { signed, retained } => match auth.coordinator_status(&signed) {
+        Delivery::CoordinatorStatus { signed, retained } => match auth.coordinator_status(&signed) {
             Ok(status) => {
                 tracing::info!(online = status.online, instance = status.instance, retained, "coordinator status");
                 state.on_coordinator_status(status)
@@ -142,7 +142,7 @@ pub(crate) fn on_inbound(
                 Vec::new()
             }
         },
-        Inbound::Undecodable { topic, error } => {
+        Delivery::Undecodable { topic, error } => {
             refused.undecodable += 1;
             if loud(refused.undecodable) {
                 tracing::warn!(%topic, %error, count = refused.undecodable, "ignoring a message that does not decode");

@@ -61,7 +61,7 @@ use crate::inbound::{on_inbound, Refused};
 use crate::pending::PendingResults;
 use crate::protocol::{Action, AgentState, StartTrial};
 use crate::runner::{RunnerConfig, TrialRun};
-use crate::transport::{Inbound, Transport, TransportConfig};
+use crate::transport::{Delivery, Transport, TransportConfig};
 
 /// Why the agent stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -371,7 +371,7 @@ struct Agent<'c> {
     config: &'c AgentConfig,
     state: AgentState,
     exec: Executor,
-    inbound: mpsc::Receiver<Inbound>,
+    inbound: mpsc::Receiver<Delivery>,
     done_rx: mpsc::Receiver<(TrialRef, Measurement)>,
     progress_rx: mpsc::Receiver<(TrialRef, runner::EpochReport)>,
     exited_rx: mpsc::Receiver<TrialRef>,
@@ -661,7 +661,7 @@ impl<'c> Agent<'c> {
     }
 
     /// What the state machine does with `event`, decoded by [`inbound`].
-    fn inbound_actions(&mut self, event: Inbound) -> Vec<Action> {
+    fn inbound_actions(&mut self, event: Delivery) -> Vec<Action> {
         on_inbound(&mut self.state, &mut self.exec.auth, &self.config.allow, event, &mut self.refused)
     }
 

@@ -200,7 +200,7 @@ mod tests {
         );
         let bad = parse_metric_line(&format!(r#"{{"event":"epoch","epoch":1,"checkpoint":"{}"}}"#, "x".repeat(5000)));
         assert!(matches!(bad, MetricLine::Epoch { checkpoint: None, .. }), "too long: dropped, the epoch kept");
-        // Issue 35: the coordinator refuses a leading dash; the agent drops it
+        // The coordinator refuses a leading dash; the agent drops it
         // rather than have every result of the trial refused and parked.
         let dash = parse_metric_line(r#"{"event":"epoch","epoch":1,"checkpoint":"-rf"}"#);
         assert!(matches!(dash, MetricLine::Epoch { checkpoint: None, .. }), "{dash:?}");

@@ -557,7 +557,7 @@ mod tests {
         assert_eq!(parse_tag("k=v=w").expect("ok"), ("k".into(), "v=w".into()));
     }
 
-    /// Issue 35: a world-readable join file was accepted silently.
+    /// A world-readable join file was accepted silently.
     #[test]
     fn regression_a_join_file_every_user_can_read_is_refused() {
         use std::os::unix::fs::PermissionsExt;
@@ -572,7 +572,7 @@ mod tests {
         assert!(e.to_string().contains("chmod 600"), "{e}");
     }
 
-    /// Issue 35: the unit names agents after the host, and twenty boards
+    /// The unit names agents after the host, and twenty boards
     /// imaged alike were all `raspberrypi`.
     #[test]
     fn regression_default_names_differ_between_machines_of_one_host_name() {

@@ -504,7 +504,7 @@ mod tests {
         assert_eq!(peak_rss_kib(dir.path(), &Members::Group(10)), Some(900));
     }
 
-    /// Issue 8: the `/proc` scan read every process's `stat` 10 times a
+    /// The `/proc` scan read every process's `stat` 10 times a
     /// second; now only new processes' between full scans.
     #[test]
     fn regression_tracker_reads_only_new_processes_between_full_scans() {
@@ -532,7 +532,7 @@ mod tests {
         assert_eq!(t.sample(), None);
     }
 
-    /// Issue 12: the first sample, as the trial starts, reads the leader
+    /// The first sample, as the trial starts, reads the leader
     /// alone (a scan of every process was most of a short trial's cost);
     /// the group's other members are found from the second.
     #[test]
@@ -545,7 +545,7 @@ mod tests {
         assert_eq!(t.sample(), Some(900));
     }
 
-    /// Issue 8: the `/proc` scan ran on the agent's one runtime thread, 10
+    /// The `/proc` scan ran on the agent's one runtime thread, 10
     /// times a second. The sampler needs no runtime: it runs on its own thread.
     #[test]
     fn regression_rss_sampler_runs_on_its_own_thread() {

@@ -1,10 +1,10 @@
 //! MQTT transport, the only module that knows rumqttc. It owns the event
 //! loop (polled on its own task, reconnecting with backoff forever), turns
-//! incoming publishes into [`Inbound`] frames (authenticated by
+//! incoming publishes into [`Delivery`] frames (authenticated by
 //! [`crate::auth`]) and publishes encoded frames on their topics with QoS 1.
 //!
 //! Every connection gets a Last Will of its own (a fresh secret, see
-//! [`crate::auth::will_payload`]); [`Inbound::Connected`] says which, so the
+//! [`crate::auth::will_payload`]); [`Delivery::Connected`] says which, so the
 //! Hello can commit to it. On every ConnAck it subscribes to the agent's
 //! `down/{id}/+` filter (one filter, so the broker keeps the coordinator's
 //! messages in order) and to the coordinator status; the agent announces
@@ -33,7 +33,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// What the broker delivered, decoded.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Inbound {
+pub enum Delivery {
     /// A ConnAck: subscriptions are requested. `will_hash` is the hash of
     /// this connection's Last Will secret.
     Connected { will_hash: Digest },
@@ -176,7 +176,7 @@ pub fn client_id(agent: &str, nonce: [u8; 4]) -> String {
 
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
-    pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Inbound>), TransportError> {
+    pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Delivery>), TransportError> {
         let TransportConfig { broker, agent, keepalive, topics, instance, security, identity } = config;
         let nonce = tunefleet_common::auth::random_bytes::<4>().map_err(TransportError::Random)?;
         let mut opts = MqttOptions::new(client_id(&agent, nonce), broker.host.clone(), broker.port);
@@ -260,7 +260,7 @@ struct Poller {
     topics: Topics,
     agent: String,
     instance: u64,
-    tx: mpsc::Sender<Inbound>,
+    tx: mpsc::Sender<Delivery>,
     connected: Arc<AtomicBool>,
     login: Login,
 }
@@ -300,7 +300,7 @@ impl Poller {
                     self.connected.store(true, Ordering::Relaxed);
                     tracing::info!(agent = %self.agent, "connected to the broker");
                     self.subscribe();
-                    if self.tx.send(Inbound::Connected { will_hash }).await.is_err() {
+                    if self.tx.send(Delivery::Connected { will_hash }).await.is_err() {
                         return;
                     }
                 }
@@ -355,11 +355,11 @@ impl Poller {
         }
     }
 
-    fn classify(&self, topic: &str, payload: &[u8], retained: bool) -> Inbound {
-        let bad = |error: String| Inbound::Undecodable { topic: topic.to_string(), error };
+    fn classify(&self, topic: &str, payload: &[u8], retained: bool) -> Delivery {
+        let bad = |error: String| Delivery::Undecodable { topic: topic.to_string(), error };
         match self.topics.parse(topic) {
             Ok(Topic::CoordinatorStatus) => match decode::<Signed>(payload) {
-                Ok(signed) => Inbound::CoordinatorStatus { signed, retained },
+                Ok(signed) => Delivery::CoordinatorStatus { signed, retained },
                 Err(e) => bad(e.to_string()),
             },
             Ok(Topic::Agent { agent, kind }) if agent == self.agent && AgentTopic::TO_AGENT.contains(&kind) => {
@@ -367,10 +367,10 @@ impl Poller {
                     Ok(frame @ (DownFrame::Welcome(_) | DownFrame::Stale(_) | DownFrame::Refused(_)))
                         if kind == AgentTopic::Welcome =>
                     {
-                        Inbound::Coordinator { kind, frame }
+                        Delivery::Coordinator { kind, frame }
                     }
                     Ok(frame @ DownFrame::Sealed(_)) if kind != AgentTopic::Welcome => {
-                        Inbound::Coordinator { kind, frame }
+                        Delivery::Coordinator { kind, frame }
                     }
                     Ok(_) => bad(format!("a frame that does not belong on the {} topic", kind.as_str())),
                     Err(e) => bad(e.to_string()),

@@ -276,7 +276,7 @@ fn hwmon_power(fx: &Sysfs, dev: &str, name: &str, rails: &[(&str, u64)]) {
     }
 }
 
-/// Issue 8: every hwmon power sensor was added to the total, so a rail and
+/// Every hwmon power sensor was added to the total, so a rail and
 /// the input that feeds it were counted twice.
 #[test]
 fn regression_hwmon_overlapping_rails_are_counted_once() {
@@ -368,7 +368,7 @@ fn charging_or_full_battery_makes_the_reading_invalid() {
     assert!(r.note.unwrap_or_default().contains("Full"));
 }
 
-/// Issue 8: a battery "Not charging" (plugged in, charging paused or
+/// A battery "Not charging" (plugged in, charging paused or
 /// capped) was taken as a valid reading of the machine's energy.
 #[test]
 fn regression_battery_not_charging_makes_the_reading_invalid() {
@@ -388,7 +388,7 @@ fn regression_battery_not_charging_makes_the_reading_invalid() {
     }
 }
 
-/// Issue 8: a battery whose `power_now` could not be read was reported as
+/// A battery whose `power_now` could not be read was reported as
 /// no battery at all, instead of permission denied with how to fix it.
 #[test]
 fn regression_unreadable_battery_power_now_is_permission_denied_not_absent() {

@@ -247,7 +247,7 @@ async fn output_flood_stays_bounded() {
     assert!(m.log_tail.contains("not kept"), "{}", m.log_tail);
 }
 
-/// Issue 8: the `/proc` scan for the peak RSS ran on the agent's only
+/// The `/proc` scan for the peak RSS ran on the agent's only
 /// runtime thread, which also drives MQTT: a slow `/proc` stalled both. Here
 /// reading `/proc` blocks for good (a FIFO no one writes), and the trial
 /// must still end on a current-thread runtime.
@@ -279,7 +279,7 @@ fn regression_a_blocking_proc_scan_does_not_stall_the_runtime() {
     let _ = std::fs::OpenOptions::new().write(true).custom_flags(nonblock).open(&fifo);
 }
 
-/// Issue 9: a configuration sent to a running trial (the coordinator's
+/// A configuration sent to a running trial (the coordinator's
 /// Reconfigure) re-pins it live and starts a segment of its own.
 #[tokio::test]
 async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
@@ -316,7 +316,7 @@ async fn a_reconfigured_trial_is_re_pinned_while_it_runs() {
     assert_eq!(m.segments[1].system.cores, Some(1));
 }
 
-/// Issue 10: a pipelined trial profiles its first window (counters and
+/// A pipelined trial profiles its first window (counters and
 /// `/proc`), sends the profile with the next epoch's progress and keeps it
 /// in the measurement; a configuration reused from similar jobs ends the
 /// probing in a `Reused` segment.
@@ -405,7 +405,7 @@ fn task_clock_ns(m: &Measurement) -> u64 {
     m.counters.iter().find(|c| c.event.starts_with("task-clock")).map_or(0, |c| c.value)
 }
 
-/// Issue 12: a trial without a memory limit is started directly (one exec)
+/// A trial without a memory limit is started directly (one exec)
 /// by a thread whose counters the workload inherits. They count its whole
 /// tree (here the busy loop runs in a grandchild) about as the exec
 /// wrapper's counters do, and two trials started at once count only their

@@ -1,6 +1,6 @@
 //! The embedded broker as it was up to wave 4: rumqttd on a dedicated
 //! thread, kept behind `--embedded-broker rumqttd` so the two can be
-//! measured side by side (BENCHMARKS.md, issue 39).
+//! measured side by side (BENCHMARKS.md).
 //!
 //! rumqttd's `Broker::start()` blocks forever and has no stop, so it lives on
 //! its own `std::thread` and ends with the process. Its config is built here
@@ -184,7 +184,7 @@ fn listening_at(
 ) -> Result<SocketAddr, BrokerError> {
     loop {
         match find_listener(before, want).map_err(BrokerError::Inspect)? {
-            Listener::Found(fd, local) => {
+            ListenerLook::Found(fd, local) => {
                 if set_nodelay && rustix::net::sockopt::set_tcp_nodelay(&fd, true).is_err() {
                     tracing::warn!("could not set TCP_NODELAY on the broker's listener: replies may wait for Nagle");
                     *nodelay = false;
@@ -194,7 +194,7 @@ fn listening_at(
             // A seccomp filter without @debug (a systemd unit's
             // SystemCallFilter=@system-service) refuses pidfd_getfd:
             // a known port is found by connecting to it instead.
-            Listener::Hidden if want.port() != 0 => {
+            ListenerLook::Hidden if want.port() != 0 => {
                 let dial =
                     if want.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], want.port())) } else { want };
                 if std::net::TcpStream::connect_timeout(&dial, Duration::from_millis(100)).is_ok() {
@@ -208,7 +208,7 @@ fn listening_at(
                     return Ok(want);
                 }
             }
-            Listener::Hidden | Listener::NotYet => {}
+            ListenerLook::Hidden | ListenerLook::NotYet => {}
         }
         if Instant::now() > deadline {
             return Err(BrokerError::NotListening { addr: want, waited });
@@ -227,7 +227,7 @@ fn internal_listen_addr(public: SocketAddr) -> SocketAddr {
 }
 
 /// What a look for the broker's listener found.
-enum Listener {
+enum ListenerLook {
     /// A new listening TCP socket bound to the address wanted, and its address.
     Found(OwnedFd, SocketAddr),
     /// None yet.
@@ -237,7 +237,7 @@ enum Listener {
 }
 
 /// A new listening TCP socket bound to `want` (any port when `want`'s is 0).
-fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Listener> {
+fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<ListenerLook> {
     let pidfd = pidfd_open(getpid(), PidfdFlags::empty())?;
     let mut hidden = false;
     for (fd, ino) in socket_fds() {
@@ -259,8 +259,8 @@ fn find_listener(before: &HashSet<u64>, want: SocketAddr) -> std::io::Result<Lis
         let ip_ok = local.ip() == want.ip() || want.ip().is_unspecified() && local.ip().is_unspecified();
         let port_ok = want.port() == 0 || local.port() == want.port();
         if ip_ok && port_ok {
-            return Ok(Listener::Found(dup, local));
+            return Ok(ListenerLook::Found(dup, local));
         }
     }
-    Ok(if hidden { Listener::Hidden } else { Listener::NotYet })
+    Ok(if hidden { ListenerLook::Hidden } else { ListenerLook::NotYet })
 }

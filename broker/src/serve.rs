@@ -311,7 +311,7 @@ where
     };
     let room = ReadRoom { budget: (!privileged).then(|| shared.read_budget.clone()), held: None };
     let rate = (grants.kind == LoginKind::Stranger).then(Rate::new);
-    let mut session = Session {
+    let mut session = Client {
         shared: &shared,
         id,
         peer: &peer,
@@ -399,7 +399,7 @@ enum Ended {
     Lost,
 }
 
-struct Session<'a> {
+struct Client<'a> {
     shared: &'a Arc<Shared>,
     id: ConnId,
     peer: &'a Peer,
@@ -420,7 +420,7 @@ struct Session<'a> {
     kind: KindCount,
 }
 
-impl Session<'_> {
+impl Client<'_> {
     async fn read_loop<R: AsyncRead + Unpin>(
         &mut self,
         reader: &mut R,
@@ -466,9 +466,9 @@ impl Session<'_> {
             // (A close from outside is seen by the select above: checking
             // the token here, per packet, takes its lock every time.)
             match self.handle(packet).await {
-                Step::Go => {}
-                Step::Close => return Ended::Lost,
-                Step::Disconnect => return Ended::Disconnected,
+                After::Go => {}
+                After::Close => return Ended::Lost,
+                After::Disconnect => return Ended::Disconnected,
             }
         }
     }
@@ -480,13 +480,13 @@ impl Session<'_> {
         deliver_waiting(&self.shared.clock, self.peer, packet).await
     }
 
-    async fn handle(&mut self, packet: Packet) -> Step {
+    async fn handle(&mut self, packet: Packet) -> After {
         let c = &self.shared.counters;
         match packet {
             Packet::Publish(mut p) => {
                 if check_topic(&p.topic).is_err() {
                     bump(&c.malformed);
-                    return Step::Close;
+                    return After::Close;
                 }
                 // Small payloads get their own copy: a view into the read
                 // buffer would keep the whole buffer alive while queued.
@@ -498,7 +498,7 @@ impl Session<'_> {
                     // Acknowledged and dropped, as MQTT 3.1.1 leaves it to
                     // the server: a retried copy would be refused again.
                     return match p.qos {
-                        QoS::AtMostOnce => Step::Go,
+                        QoS::AtMostOnce => After::Go,
                         QoS::AtLeastOnce => self.step(self.own(Packet::PubAck(PubAck::new(pkid))).await),
                         QoS::ExactlyOnce => self.step(self.own(Packet::PubRec(PubRec::new(pkid))).await),
                     };
@@ -506,7 +506,7 @@ impl Session<'_> {
                 match p.qos {
                     QoS::AtMostOnce => {
                         route(self.shared, p, self.peer.privileged).await;
-                        Step::Go
+                        After::Go
                     }
                     QoS::AtLeastOnce => {
                         route(self.shared, p, self.peer.privileged).await;
@@ -539,11 +539,11 @@ impl Session<'_> {
             }
             Packet::PingReq => self.step(self.own(Packet::PingResp).await),
             // Acks of what was delivered to it: nothing is kept to resend.
-            Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) => Step::Go,
-            Packet::Disconnect => Step::Disconnect,
+            Packet::PubAck(_) | Packet::PubRec(_) | Packet::PubComp(_) => After::Go,
+            Packet::Disconnect => After::Disconnect,
             Packet::Connect(_) | Packet::ConnAck(_) | Packet::SubAck(_) | Packet::UnsubAck(_) | Packet::PingResp => {
                 bump(&c.malformed);
-                Step::Close
+                After::Close
             }
         }
     }
@@ -556,7 +556,7 @@ impl Session<'_> {
     /// under the lock, so that no live message of those topics, routed from
     /// then on, can overtake its older retained copy; a retained copy that
     /// does not fit a client's queue is dropped (counted).
-    async fn subscribe(&mut self, s: rumqttc::mqttbytes::v4::Subscribe) -> Step {
+    async fn subscribe(&mut self, s: rumqttc::mqttbytes::v4::Subscribe) -> After {
         let c = &self.shared.counters;
         let limit = if self.peer.privileged { usize::MAX } else { MAX_RETAINED_PER_SUBSCRIBE };
         let mut codes = Vec::with_capacity(s.filters.len());
@@ -601,7 +601,7 @@ impl Session<'_> {
             let suback = Packet::SubAck(SubAck::new(s.pkid, codes));
             match try_offer(&self.shared.clock, self.peer, suback, true) {
                 Tried::Done(Offered::Queued) => {}
-                Tried::Done(_) => return Step::Close,
+                Tried::Done(_) => return After::Close,
                 Tried::Full(p) => later.push(p),
             }
             for packet in snapshot.into_values().map(Packet::Publish) {
@@ -612,7 +612,7 @@ impl Session<'_> {
                 match try_offer(&self.shared.clock, self.peer, packet, false) {
                     Tried::Done(Offered::Queued) => bump(&c.delivered),
                     Tried::Done(Offered::Dropped) => bump(&c.dropped),
-                    Tried::Done(Offered::Closed) => return Step::Close,
+                    Tried::Done(Offered::Closed) => return After::Close,
                     // The coordinator's own waits; a client's retained copies that do not fit are dropped.
                     Tried::Full(p) if self.peer.privileged => later.push(p),
                     Tried::Full(_) => bump(&c.dropped),
@@ -622,13 +622,13 @@ impl Session<'_> {
         for packet in later {
             let publish = matches!(packet, Packet::Publish(_));
             if !self.own(packet).await {
-                return Step::Close;
+                return After::Close;
             }
             if publish {
                 bump(&c.delivered);
             }
         }
-        Step::Go
+        After::Go
     }
 
     /// Whether its grants (asked anew once when they refuse) and, for a
@@ -669,17 +669,17 @@ impl Session<'_> {
         true
     }
 
-    fn step(&self, queued: bool) -> Step {
+    fn step(&self, queued: bool) -> After {
         if queued {
-            Step::Go
+            After::Go
         } else {
-            Step::Close
+            After::Close
         }
     }
 }
 
 /// What a reader does after a packet.
-enum Step {
+enum After {
     Go,
     Disconnect,
     Close,

@@ -594,7 +594,7 @@ mod tests {
         assert_eq!("Rapl".parse::<EnergySourceKind>(), Err(UnknownEnergySource("Rapl".into())));
     }
 
-    /// Issue 8: an invalid energy reading was ranked like a valid one.
+    /// An invalid energy reading was ranked like a valid one.
     #[test]
     fn regression_invalid_energy_reading_has_no_energy_objective() {
         let valid = EnergyReading {

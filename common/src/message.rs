@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::measurement::{EnergyReading, EnergySourceKind, Measurement, Metrics, Telemetry};
-// Kept while the coordinator still names it here (issue 21); new code
+// Kept while the coordinator still names it here; new code
 // imports it from `crate::params`.
 pub use crate::params::SystemParams;
 

@@ -51,7 +51,7 @@ fn json(args: &[&str], store: &Path) -> serde_json::Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
 
-/// Issue 8: the coordinator coloured its log even into a file or journald.
+/// The coordinator coloured its log even into a file or journald.
 #[test]
 fn regression_log_into_a_pipe_has_no_ansi_colour_codes() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -77,7 +77,7 @@ fn regression_log_into_a_pipe_has_no_ansi_colour_codes() {
     assert!(!out.stderr.contains(&0x1b), "ANSI escape in a piped log: {err:?}");
 }
 
-/// Issue 8: `tunefleet best` ranked energy readings that were invalid, and
+/// `tunefleet best` ranked energy readings that were invalid, and
 /// did not say that some trials were left out.
 #[test]
 fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
@@ -114,7 +114,7 @@ fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
     assert_eq!(v["unranked"], serde_json::json!({"invalid_energy": 2, "no_value": 0}), "{v}");
 }
 
-/// Issue 9: a multi-objective study's result is a Pareto front, and `best
+/// A multi-objective study's result is a Pareto front, and `best
 /// --pareto` shows it: the trade-offs kept, the dominated and the invalid left out.
 #[test]
 fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
@@ -161,7 +161,7 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
     assert_eq!(column(&v["front"], "wall_us"), json!([2_000_000, 1_000_000]), "{v}");
 }
 
-/// Issue 11: a study run on several kinds of device ranks each class apart.
+/// A study run on several kinds of device ranks each class apart.
 #[test]
 fn best_by_class_ranks_each_device_class_apart() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -349,7 +349,7 @@ fn man_renders_the_generated_pages_and_they_name_every_subcommand() {
     }
 }
 
-/// Issue 13: configuration from a file, the environment and flags, in that
+/// Configuration from a file, the environment and flags, in that
 /// order of precedence (flags win).
 #[test]
 fn flags_beat_the_environment_which_beats_the_configuration_file() {

@@ -172,7 +172,7 @@ fn late_result_of_a_requeued_attempt_completes_the_trial_once() {
     assert_eq!((row.agent.as_deref(), row.objective), (Some("a1"), Some(0.9)));
 }
 
-/// Issue 8: the late good result of a trial failed for want of results
+/// The late good result of a trial failed for want of results
 /// (its agent presumed dead until its attempts ran out) was kept as superseded.
 #[test]
 fn regression_late_result_completes_a_trial_failed_without_a_result_once() {
@@ -354,7 +354,7 @@ fn results_without_an_objective_are_not_ranked() {
     assert!(store.best("noobj", 1).expect("best").is_empty());
 }
 
-/// Issue 8: `best` of an `energy` study ranked trials whose energy reading
+/// `best` of an `energy` study ranked trials whose energy reading
 /// was invalid (a battery charging, a zone that vanished).
 #[test]
 fn regression_best_energy_ranks_only_valid_readings_and_counts_the_rest() {
@@ -556,7 +556,7 @@ fn csv_columns_of_parameters_never_collide_with_fixed_ones() {
     assert!(["fast", "slow"].contains(&&rows[0][3]), "{:?}", rows[0]);
 }
 
-/// Issue 56: the page's learning curves: the metric epoch by epoch of the
+/// The page's learning curves: the metric epoch by epoch of the
 /// last trials that reported epochs, each trial's latest attempt only, and
 /// epochs without the metric left out.
 #[test]

@@ -16,7 +16,7 @@ use std::f64::consts::PI;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::{ParamValue, Params};
-use tunefleet_search::gp::{Batch, Gp, GpSettings};
+use tunefleet_search::gp::{BatchRule, Gp, GpSettings};
 use tunefleet_search::space::{Direction, ParamSpec};
 use tunefleet_search::tpe::{Outcome, Tpe, TpeSettings};
 use tunefleet_search::Sampler;
@@ -95,7 +95,7 @@ fn mixed(p: &Params) -> f64 {
         + offset
 }
 
-/// Held out (issue 37): never looked at while the batch rules were written.
+/// Held out: never looked at while the batch rules were written.
 fn levy(p: &Params) -> f64 {
     let w: Vec<f64> = coords(p, 5).iter().map(|x| 1.0 + (x - 1.0) / 4.0).collect();
     let last = w[4];
@@ -235,7 +235,7 @@ fn functions() -> Vec<Function> {
             optimum: -1.031_628_453_489_877,
             noise: 0.0,
         },
-        // Held out from the width of the confidence bound (issue 37, fourth
+        // Held out from the width of the confidence bound (fourth
         // round): added after it was chosen.
         Function {
             name: "rastrigin3",
@@ -401,7 +401,7 @@ fn sampler(strategy: &str, space: &[(String, ParamSpec)], objectives: usize, see
     match strategy {
         "gp" => {
             let mut settings = GpSettings::default();
-            if let Some(batch) = std::env::var("GP_BATCH").ok().and_then(|b| Batch::from_name(&b)) {
+            if let Some(batch) = std::env::var("GP_BATCH").ok().and_then(|b| BatchRule::from_name(&b)) {
                 settings.batch = batch;
             }
             if let Some(from) = std::env::var("GP_REFIT_FROM").ok().and_then(|v| v.parse().ok()) {

@@ -1,4 +1,4 @@
-//! The cost of one `gp` ask (issue 37) at 100, 300 and 1,000 told trials,
+//! The cost of one `gp` ask at 100, 300 and 1,000 told trials,
 //! with 0 and 4 trials in flight: a study of 6 floats (hartmann6's space)
 //! told random configurations, then `ASKS` asks timed one by one, each
 //! after one more trial is told, as in a study (median, smallest and
@@ -7,7 +7,7 @@
 //! hyper-parameters costs what the median says.
 //!
 //! Usage: `gp_ask_cost [ASKS]`; `GP_REFIT_FROM=1000000` fits the
-//! hyper-parameters at every ask, as before issue 37; `GP_ASK_TOLD=1000`
+//! hyper-parameters at every ask, as the first gp did; `GP_ASK_TOLD=1000`
 //! times only that count (comma-separated counts).
 
 use std::time::Instant;

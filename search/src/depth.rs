@@ -1,6 +1,6 @@
 //! How many of a study's trials were in flight (created and not told:
 //! running, held ahead on an agent or queued) each time its search was
-//! asked for the next one (issue 37): the deeper, the more of the study a
+//! asked for the next one: the deeper, the more of the study a
 //! model-based search chose without the results it waits for. Counted, not
 //! assumed, so a study's summary can say what its asks saw.
 

@@ -243,7 +243,7 @@ pub fn nelder_mead(mut f: impl FnMut(&[f64]) -> f64, x0: &[f64], step: f64, max_
 /// `e^-r` for `r >= 0` (0 past 700), within an ulp or two of `(-r).exp()`
 /// and written in plain arithmetic so that a loop of them runs in vector
 /// registers (the kernel's exponential was a third of an ask's time at 1,000
-/// told, issue 37): `-r = k ln 2 + f` with `k` whole and `|f| <= ln 2 / 2`,
+/// told): `-r = k ln 2 + f` with `k` whole and `|f| <= ln 2 / 2`,
 /// `e^f` by its Taylor series to the 13th power (truncation below 1e-17),
 /// times `2^k` built from its bits.
 pub fn exp_neg(r: f64) -> f64 {

@@ -651,7 +651,7 @@ fn sched_expiry_offline(trials: u64) -> (f64, f64) {
         let released = effects.iter().filter(|e| matches!(e, Effect::Requeued { .. })).count();
         assert!(released >= 1, "the held leases are released: {effects:?}");
         s.request("a", &sched_request(i + 2, 10));
-        // An agent that lost held trials gets fewer back at once (issue 35).
+        // An agent that lost held trials gets fewer back at once.
         assert!(!s.assign(0).is_empty());
     }
     (tick, offline.as_secs_f64() * 1e6 / rounds as f64)

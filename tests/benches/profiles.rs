@@ -1,4 +1,4 @@
-//! Issue 10's figures, from a store a real campaign wrote
+//! Figures, from a store a real campaign wrote
 //! (`scripts/bench-profiles.sh` runs it and then this):
 //!
 //! * `accuracy STORE [SVG]`: k-means over every profile of the store's
@@ -117,7 +117,11 @@ fn accuracy(store: &str, svg: Option<&str>) -> anyhow::Result<()> {
             Some(&model),
             &rest,
             &placed,
-            &reuse::Job { profile: &records[i].profile, group: &records[i].group, identity: &records[i].identity },
+            &reuse::ProfiledJob {
+                profile: &records[i].profile,
+                group: &records[i].group,
+                identity: &records[i].identity,
+            },
             tunefleet_common::message::Select::Time,
         );
         match d {
@@ -164,7 +168,7 @@ fn reuses(
         Some(&model),
         &rest,
         &placed,
-        &reuse::Job { profile: &job.profile, group: &job.group, identity: &job.identity },
+        &reuse::ProfiledJob { profile: &job.profile, group: &job.group, identity: &job.identity },
         tunefleet_common::message::Select::Time,
     );
     Ok(matches!(d, reuse::ReuseDecision::Reuse { .. }))

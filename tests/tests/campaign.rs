@@ -1,4 +1,4 @@
-//! Issue 10: a campaign runs its workloads as studies of their own, side by
+//! A campaign runs its workloads as studies of their own, side by
 //! side on one fleet, reports each and the whole, and resumes after the
 //! coordinator is killed.
 

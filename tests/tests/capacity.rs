@@ -1,4 +1,4 @@
-//! Issue 35: what a fleet member may take is what the operator granted,
+//! What a fleet member may take is what the operator granted,
 //! and a refused agent hears why. Real coordinator and agent processes on
 //! the embedded broker; the member is a protocol client written here
 //! ([`tunefleet_tests::member`]), as a stolen phone would be.
@@ -222,7 +222,7 @@ fn regression_a_refused_agent_says_why_on_its_own_side_and_stops() {
     assert_agents_spools_empty(&[&format!("{root}-one"), &format!("{root}-two")]);
 }
 
-/// Issue 35: anyone on the broker could overwrite the retained coordinator
+/// Anyone on the broker could overwrite the retained coordinator
 /// status; a restarting agent then ignored it (its signature fails) and
 /// waited for the next refresh, about 27 s. The coordinator now puts its
 /// own back at once. On an open external broker (the embedded one keeps
@@ -404,7 +404,7 @@ fn regression_one_token_file_is_not_a_fleet_of_sybils() {
     assert_agents_spools_empty(&[&name]);
 }
 
-/// Issue 53, finding 2: capacity per token, not only per name. A token
+/// Capacity per token, not only per name. A token
 /// made with `--total-slots 4` admits many names, but together they are
 /// given 4 slots: the first name online takes them, the next ones are
 /// given what is left (none), whatever they announce; an honest agent with
@@ -451,7 +451,7 @@ fn a_tokens_names_share_the_slots_it_grants_in_all() {
     assert_agents_spools_empty(&[&honest]);
 }
 
-/// Issue 56, finding 6: trials held ahead were counted as running (`4 of
+/// Trials held ahead were counted as running (`4 of
 /// 2 slots busy`). Now `status`, `agents` and the page count them apart:
 /// an agent of 1 slot runs 1 and holds the next ones ahead.
 #[test]

@@ -1,4 +1,4 @@
-//! Issue 24: the energy of a trial that spans nodes. A study names the
+//! The energy of a trial that spans nodes. A study names the
 //! agents that measure with its trials (`[measure] nodes`); each measures
 //! its machine over the trial's window, and the result carries one entry
 //! per node with its source and validity, and their sum. Three real agent
@@ -97,7 +97,7 @@ nodes = { tags = { role = "worker" } }
         ]
     };
     // A node measures others' trials only with the tag its token granted
-    // (issue 35): the operator makes the workers' token so.
+    //: the operator makes the workers' token so.
     let worker_token = create_join_token(&store, &["--tag", "role=worker"]);
     let worker_args = |r: &[String]| {
         let mut a = vec!["--join".to_string(), worker_token.clone(), "--cpus".into(), "1".into()];
@@ -109,7 +109,7 @@ nodes = { tags = { role = "worker" } }
     let _est = start_agent(&url, &est, &root, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let args = worker_args(&r);
     let _metered = start_agent(&url, &metered, &root, &args.iter().map(String::as_str).collect::<Vec<_>>());
-    // Issue 35, finding 4: a member claiming the workers' tag that its token
+    // A member claiming the workers' tag that its token
     // never granted measures no one's trial.
     let claimer = format!("{root}-claims");
     let args: Vec<String> =

@@ -1,4 +1,4 @@
-//! Issue 58: `[[constraint]]` with real coordinator and agent processes:
+//! `[[constraint]]` with real coordinator and agent processes:
 //! feasible trials rank first in every view (the run's summary, `best`,
 //! `status --json`, `export`), the others after by how far they miss;
 //! a study with no feasible trial says so and exits 6.
@@ -83,7 +83,7 @@ fn a_study_with_no_feasible_trial_says_so_and_exits_6() {
     assert!(text.contains("infeasible: no trial meets the constraints"), "{text}");
 }
 
-/// Issue 58: time to a target from the epochs a real agent stored: each
+/// Time to a target from the epochs a real agent stored: each
 /// trial's objective is its time until its accuracy first reached 6; the
 /// trial that never did ranks last, missing the target by its best gap.
 #[test]

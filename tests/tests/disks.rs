@@ -1,4 +1,4 @@
-//! Issue 40, finding 8: full disks. An agent whose state directory fills up
+//! Full disks. An agent whose state directory fills up
 //! mid-study stops taking trials (a result it cannot keep would be lost with
 //! the link or a crash), keeps what it has, and goes on once space returns;
 //! every result is stored once. The state directory is a real tmpfs of
@@ -276,7 +276,7 @@ fn shared_store_run(dir: &Path, name: &str, trials: u32, hogs: Hogs) -> (f64, St
     (secs, format!("{out}\n{log}"), hogged)
 }
 
-/// Issue 53, finding 3: a member answering every trial it is given with
+/// A member answering every trial it is given with
 /// the most it may write filled a 400 MiB disk in 10 s, and the disk pause
 /// stopped the whole fleet. Now its share of the study's store is a grant
 /// (`--store-share-mib`): past it, its results are refused, it is told
@@ -307,7 +307,7 @@ fn regression_a_member_writing_the_most_it_may_cannot_pause_the_fleet() {
     assert!(attacked < 2.0 * quiet + 5.0, "{attacked:.1} s against {quiet:.1} s");
 }
 
-/// Issue 53: store space per token as well as per name. Two members of a
+/// Store space per token as well as per name. Two members of a
 /// token made with `--total-store-mib 4`, each agent's own share 100 MiB:
 /// together they get about what one got above, then are refused.
 #[test]

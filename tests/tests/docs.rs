@@ -1478,7 +1478,7 @@ fn a_pinned_key_changed() {
     assert_eq!(code, Some(0), "{err}");
     let tokenless = agent("node-10", &d.join("fresh"), &["bare", "--coordinator-key", coordinator_key.trim()]);
     wait_for_log(&log, "does not know");
-    // The agent hears why on its own side (issue 35).
+    // The agent hears why on its own side.
     wait_for_log(&d.join("node-10.log"), "refused this agent");
     output.extend(log_lines(&d.join("node-10.log")));
     drop(tokenless);
@@ -1681,7 +1681,7 @@ fn failed_and_unranked_trials() {
     let status = coord.wait_exit(LONG);
     output.extend(coord.rest_of_stdout());
     output.extend(lines(&std::fs::read_to_string(&acc_log).expect("log")));
-    assert_eq!(status.code(), Some(5), "nothing ranked (issue 40): {output:?}");
+    assert_eq!(status.code(), Some(5), "nothing ranked: {output:?}");
     // A parameter nothing uses.
     let unused = failing_study(d, "crash-unused", r#"["true"]"#, "lr", 2);
     let (code, out, err) = run(tf("tunefleet", d, &["check", unused.to_str().expect("utf-8")]));

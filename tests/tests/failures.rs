@@ -1,4 +1,4 @@
-//! Issue 26: a failed trial says why wherever a user looks (the
+//! A failed trial says why wherever a user looks (the
 //! coordinator's log, the summary, `best`, the exit status), a trial
 //! without the objective names the metric expected and the metrics seen,
 //! and `check` warns about parameters nothing uses. Real coordinator and
@@ -86,7 +86,7 @@ fn some_failures_and_nothing_ranked_exit_5_and_a_missing_objective_names_what_wa
     let command = r#"["sh", "-c", "if [ {x} = 2 ]; then echo 'out of memory' >&2; exit 3; fi; echo 'TUNEFLEET final acc=0.{x}'"]"#;
     let study = study(dir.path(), "mixed", command, "score", 3);
     let (code, out, log) = run_study(dir.path(), &study, &store, "mixed");
-    // Nothing is ranked (issue 40): that is what a script must hear first.
+    // Nothing is ranked: that is what a script must hear first.
     assert_eq!(code, Some(5), "nothing ranked\n{out}\n{log}");
     assert!(out.contains("2/3 trials done, 1 failed"), "{out}");
     assert!(out.contains("1 trial failed: exit 3, `out of memory`"), "{out}");
@@ -344,7 +344,7 @@ fn on_a_terminal_log_lines_print_above_the_bar_and_an_interrupted_bar_stays_wher
     assert_agents_spools_empty(&[&name]);
 }
 
-/// Issue 40, finding 4: `run` exited 0 when no trial reported the
+/// `run` exited 0 when no trial reported the
 /// objective, while "every trial crashed" exits 4: a script could not tell
 /// either from success.
 #[test]

@@ -400,7 +400,7 @@ fn results_of(store: &Path, study: &str) -> Vec<(i64, f64, String, i64)> {
         .collect()
 }
 
-/// Issue 20, finding 8: a result of study `exp` from store A, delivered to
+/// A result of study `exp` from store A, delivered to
 /// a coordinator running ANOTHER study named `exp` on store B (same root,
 /// same address) once B had finished that trial, was acknowledged as a
 /// `Duplicate` (the trial number was finished) and deleted by the agent:

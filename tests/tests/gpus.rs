@@ -1,4 +1,4 @@
-//! Issue 38: GPUs as a resource. Real coordinator and agent processes on
+//! GPUs as a resource. Real coordinator and agent processes on
 //! the embedded broker; the agent loads a stand-in NVML built here from
 //! `agent/tests/nvml/standin.c` (two GPUs: one with an energy counter
 //! that advances at 300 W, one without, drawing 150 W), through the same

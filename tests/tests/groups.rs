@@ -1,4 +1,4 @@
-//! Issue 11: one study file tunes the same workload on several device
+//! One study file tunes the same workload on several device
 //! groups at once, each with its own selector and budget, reported apart.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Issue 12: the coordinator launches its own agents (`--launcher`), here
+//! The coordinator launches its own agents (`--launcher`), here
 //! local `tunefleet-agent` processes standing in for AWS Batch, Kubernetes
 //! or Slurm jobs: at most `--launch-max` at once, trusting only this
 //! coordinator's key, exiting when idle once the study is done.
@@ -61,7 +61,7 @@ fn launched_agents_run_the_study_within_the_bound_and_exit_when_idle() {
     assert!(!names.is_empty() && names.len() <= 2, "{names:?}");
     assert!(names.iter().all(|n| n.starts_with("launched-")), "the launcher named them: {names:?}");
     // Each joined with its batch's token (from the environment, not the
-    // command line), made for its name alone (issue 35).
+    // command line), made for its name alone.
     let bound: Vec<String> = db
         .prepare("SELECT names FROM join_tokens WHERE names IS NOT NULL")
         .expect("query")

@@ -1,4 +1,4 @@
-//! The crates' layout stays as the house wants it (issue 21): no import
+//! The crates' layout stays as the house wants it: no import
 //! circle between the modules of a crate, and no source file over
 //! [`MAX_LINES`] lines before its tests.
 //!
@@ -21,7 +21,7 @@
 //!
 //! No function of the product code of `common`, `agent` and `coordinator`
 //! has more than [`MAX_FN_LINES`] lines unless its doc comment says why in a
-//! line with `Long because` (issue 36; test code does not count).
+//! line with `Long because` (test code does not count).
 //!
 //! The coordinator is being restructured while these checks are new; its
 //! remaining circles, oversized files and long functions are listed in
@@ -697,7 +697,7 @@ fn no_import_circle_and_no_oversized_file() {
     found_circles.sort();
     oversized.sort();
     println!(
-        "To do (issue 21): {} circles and {} oversized files allowed for now",
+        "To do: {} circles and {} oversized files allowed for now",
         ALLOWED_CIRCLES.len(),
         ALLOWED_OVERSIZED.len()
     );
@@ -729,7 +729,7 @@ const LAYERS: [&str; 5] = ["domain/", "store/", "runtime/", "query/ report/", "c
 
 /// The engine decides and stores; the transport, the control socket and
 /// the InfluxDB sink are I/O around it and import the engine, never the
-/// reverse (issue 36): no file of the engine's folder uses them (its async
+/// reverse: no file of the engine's folder uses them (its async
 /// shell, which sends and takes requests, is `runtime/shell.rs`, beside it).
 const ENGINE: &str = "runtime/engine/";
 const AROUND_THE_ENGINE: [&str; 3] = ["runtime/transport.rs", "runtime/control.rs", "runtime/sink/"];
@@ -771,7 +771,7 @@ fn the_coordinators_layers_import_only_downwards() {
 /// without a line of its doc comment that starts to say why: `Long because`.
 const MAX_FN_LINES: usize = 100;
 
-/// The crates whose product code is held to [`MAX_FN_LINES`] (issue 36).
+/// The crates whose product code is held to [`MAX_FN_LINES`].
 const LONG_FN_CRATES: [&str; 5] = ["common", "broker", "search", "agent", "coordinator"];
 
 /// Functions still over [`MAX_FN_LINES`] lines without a reason, as
@@ -869,7 +869,7 @@ fn no_long_function_without_a_reason() {
     }
     found.sort();
     found.dedup_by(|a, b| a.0 == b.0);
-    println!("To do (issue 36): {} long functions allowed for now", ALLOWED_LONG.len());
+    println!("To do: {} long functions allowed for now", ALLOWED_LONG.len());
     for f in ALLOWED_LONG {
         println!("  long: {f}");
     }

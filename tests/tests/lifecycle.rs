@@ -1,4 +1,4 @@
-//! Issue 40: one ranking in every view, and a study's life after a run
+//! One ranking in every view, and a study's life after a run
 //! (fixed and run again, renamed, deleted). Real coordinator and agent
 //! processes on the embedded broker.
 

@@ -1,4 +1,4 @@
-//! Overload offloading with real processes (issue 11): two agents confined
+//! Overload offloading with real processes: two agents confined
 //! to different CPUs; burner processes started by the test load one agent's
 //! CPU; the coordinator finds it overloaded and moves its trial, or takes a
 //! disturbed measurement again elsewhere.

@@ -1,4 +1,4 @@
-//! Issue 40: `tunefleet serve`'s live page in a real headless Chromium: the
+//! `tunefleet serve`'s live page in a real headless Chromium: the
 //! fleet and a study a real agent ran, with the numbers `status --json` and
 //! `agents --json` give; a screenshot kept as an artifact; beyond loopback
 //! only with a token.
@@ -128,7 +128,7 @@ fn the_live_page_shows_the_fleet_and_the_studies_as_status_does() {
     for a in agents {
         assert!(dom.stdout.contains(&format!("data-agent=\"{a}\"><td>{a}</td><td class=\"online\">online</td>")));
     }
-    // The study's history (issue 56): every trial a dot, the best so far a line.
+    // The study's history: every trial a dot, the best so far a line.
     let fig_at = dom.stdout.find("data-history=\"paged\"").expect("the study's history");
     let fig = &dom.stdout[fig_at..fig_at + dom.stdout[fig_at..].find("</figure>").expect("figure end")];
     assert!(fig.contains("v of 6 trials") && fig.contains("id=\"history-0\""), "{fig}");

@@ -1,8 +1,8 @@
-//! Issue 23: the Python workload helper passes its own tests, and a Python
+//! The Python workload helper passes its own tests, and a Python
 //! workload speaking the protocol through it is probed and steered for
 //! real: a pipelined study whose agent changes the workload's thread count
 //! between epochs over the control channel, and keeps the faster
-//! configuration. Issue 57: the helper is a package (`python/`), built and
+//! configuration. The helper is a package (`python/`), built and
 //! installed with pip, its pytest suite passes, and it reads a real store
 //! through the real CLI as Optuna's records and DataFrame.
 
@@ -156,7 +156,7 @@ fn a_python_workload_is_steered_through_the_helper_and_keeps_the_faster_thread_c
 #[path = "../../agent/tests/nvml/mod.rs"]
 mod nvml;
 
-/// Issue 38: the GPU example (`examples/python/torch_mlp.py`, its study
+/// The GPU example (`examples/python/torch_mlp.py`, its study
 /// `examples/studies/torch-gpu.toml` cut to three trials of two epochs) runs
 /// on an agent with one GPU (the stand-in NVML, drawing 250 W): each trial
 /// gets it, reports its epochs through the helper, and its energy is its

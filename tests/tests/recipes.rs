@@ -1,4 +1,4 @@
-//! Issue 40: the fleet recipes of docs/DEPLOY.md and docs/TROUBLESHOOTING.md
+//! The fleet recipes of docs/DEPLOY.md and docs/TROUBLESHOOTING.md
 //! run as written. The Kubernetes Job's container command and the AWS Batch
 //! job definition's are read from the docs and run as the platform would run
 //! them: their environment resolved (the pod's name, the Service's URL, the

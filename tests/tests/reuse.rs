@@ -1,4 +1,4 @@
-//! Issue 10: profiles, clusters and reuse with real processes. One store,
+//! Profiles, clusters and reuse with real processes. One store,
 //! coordinators started one after another (so every run after the first
 //! loads the clusters a previous process learned), a real agent, the real
 //! training and I/O workloads:
@@ -266,7 +266,7 @@ fn recurring_jobs_reuse_known_configurations_and_other_jobs_do_not() {
     assert!(html.contains("id=\"table-clusters\"") && html.contains("tunefleet-train x"), "and its cluster");
 }
 
-/// Issue 20, finding 9: a fleet member's profiles joined the shared reuse
+/// A fleet member's profiles joined the shared reuse
 /// model for good. `tunefleet profiles forget --agent NAME` (the real
 /// binary, on a store file) drops exactly that agent's profiles and fits
 /// the class's clusters again on the rest.

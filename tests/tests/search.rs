@@ -1,5 +1,5 @@
 //! The Gaussian-process search (`kind = "gp"`) with real processes
-//! (issue 22): `tunefleet run`, one agent, each trial an `awk` or `sh`
+//!: `tunefleet run`, one agent, each trial an `awk` or `sh`
 //! process reporting its value.
 
 use std::time::Duration;

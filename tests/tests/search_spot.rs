@@ -1,4 +1,4 @@
-//! A spot check of the search benchmark with real processes (issue 22): a
+//! A spot check of the search benchmark with real processes: a
 //! `kind = "tpe"` (or, with `SPOT_KIND=gp`, `kind = "gp"`) study of the
 //! Branin function run by `tunefleet run` and one agent, each trial an
 //! `awk` process reporting the value. Ignored by default (about 30 s a
@@ -63,7 +63,7 @@ high = 15
         assert_eq!(values.len(), budget as usize, "{out}");
         let best = values.iter().copied().fold(f64::INFINITY, f64::min);
         assert!(best.is_finite() && best >= BRANIN_MIN - 1e-9, "{best}");
-        // The summary's count of the trials in flight at each ask (issue 37).
+        // The summary's count of the trials in flight at each ask.
         let depth = out.lines().find(|l| l.starts_with("search: ")).unwrap_or("search: not printed");
         println!(
             "{{\"side\":\"tunefleet-{kind}-real\",\"fn\":\"branin\",\"seed\":{seed},\"workers\":{slots},\"regret50\":{},\"depth\":{depth:?}}}",

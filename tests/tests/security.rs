@@ -512,7 +512,7 @@ fn a_reinstalled_agent_with_a_new_key_is_refused_until_trusted() {
     assert_spools_empty(&[first, second]);
 }
 
-/// Issue 20, finding 1: a fleet member with a broker login runs a
+/// A fleet member with a broker login runs a
 /// coordinator of its own on the fleet's broker and topic root, and its
 /// signed, retained status reaches a newly installed agent first. The agent
 /// was given a join token for the real coordinator: it pins neither the
@@ -636,7 +636,7 @@ fn new_agents_join_only_with_a_valid_token_that_grants_its_tags() {
     assert_agents_spools_empty(&["member"]);
 }
 
-/// Issue 20, finding 3: an agent's Hello captured off the broker, replayed
+/// An agent's Hello captured off the broker, replayed
 /// after the agent has restarted, opened a session that replaced the real
 /// one, released its trial and had its frames refused. Now an agent process
 /// has an instance above every earlier one and the coordinator keeps the
@@ -695,7 +695,7 @@ fn regression_a_hello_replayed_after_the_agent_restarted_is_refused() {
     assert_spools_empty(&[state]);
 }
 
-/// Issue 20, finding 7: a broker user who connects with the client id an
+/// A broker user who connects with the client id an
 /// agent had (`tf-agent-{name}`) took its connection over: the broker
 /// dropped the agent, its genuine Will fired and its trials were queued
 /// again. Agent client ids now end in random hex.
@@ -877,10 +877,10 @@ fn recording_resume_study(dir: &Path, name: &str, trials: u32) -> PathBuf {
     path
 }
 
-/// Issue 20, findings 2 and 6, by a welcomed member on a real assignment.
-/// Finding 2: a result whose segment starts at 2^63 + 5 µs failed the
+/// Two attacks by a welcomed member on a real assignment.
+/// First: a result whose segment starts at 2^63 + 5 µs failed the
 /// store's conversion, the error left the engine, and the coordinator
-/// exited on every restart (the agent re-sent it). Finding 6: a checkpoint
+/// exited on every restart (the agent re-sent it). Second: a checkpoint
 /// was kept unchecked and appended to the next attempt's command, so another
 /// agent ran `--resume "--output=…\n\x1b[31mFORGED…"`. Now the result is
 /// answered `Refused` naming the field, and the study goes on; malformed
@@ -1006,7 +1006,7 @@ fn regression_a_members_unstorable_result_and_forged_checkpoints_are_refused() {
     assert_agents_spools_empty(&names);
 }
 
-/// Issue 20, finding 4: the one Hello rate limit ran before any check, so
+/// The one Hello rate limit ran before any check, so
 /// 20,000 4-byte Hellos a second (`[version, Hello, empty body, empty
 /// signature]`, each under a new name) spent it and kept a new agent out
 /// for the whole flood (68 s). Now a Hello is checked cheapest first and
@@ -1115,7 +1115,7 @@ fn store_bytes(store: &Path) -> u64 {
     [store, wal.as_path()].iter().map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0)).sum()
 }
 
-/// Issue 20, finding 5: a Hello's `AgentInfo` was stored as sent, so 400
+/// A Hello's `AgentInfo` was stored as sent, so 400
 /// Hellos with fresh keys and ~1 MB of tags took the coordinator from 13 MB
 /// to 903 MB RSS and the store to half a gigabyte, with every name pinned
 /// for good. Mallory sends 50 Hellos under new names, each with a key of

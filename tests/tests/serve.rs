@@ -1,4 +1,4 @@
-//! Issue 13: a long-running coordinator. `tunefleet serve` with two real
+//! A long-running coordinator. `tunefleet serve` with two real
 //! agents; studies submitted and cancelled from "another shell" (the CLI as
 //! a separate process, over the control socket); `status --json` read while
 //! it runs.

@@ -1,4 +1,4 @@
-//! Issue 24: the coordinator launches its agents as Slurm jobs, on a
+//! The coordinator launches its agents as Slurm jobs, on a
 //! one-node cluster the test starts itself ([`tunefleet_tests::slurm`]),
 //! with the Slurm launcher line of docs/DEPLOY.md as it is written there.
 //! Agents start as jobs, join with the coordinator's token, run the study

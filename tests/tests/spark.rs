@@ -1,4 +1,4 @@
-//! Issue 24: a real Spark job tuned by Tunefleet. The test starts a Spark
+//! A real Spark job tuned by Tunefleet. The test starts a Spark
 //! standalone cluster of its own from PyPI's pyspark
 //! ([`tunefleet_tests::spark`]: a master and a worker of 2 cores), then runs
 //! examples/studies/spark-submit.toml as it is written: MLlib k-means

@@ -193,7 +193,7 @@ fn same_study_against_an_external_mosquitto() {
     assert_agents_spools_empty(&["m-agent-1", "m-agent-2"]);
 }
 
-/// Issue 11: a configuration is measured again until its objective is stable.
+/// A configuration is measured again until its objective is stable.
 #[test]
 fn repeats_until_the_spread_is_below_the_bound() {
     let dir = tempfile::tempdir().expect("tempdir");

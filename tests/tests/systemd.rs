@@ -1,4 +1,4 @@
-//! Issue 40, finding 9: the agent's systemd unit run by a real systemd. A
+//! The agent's systemd unit run by a real systemd. A
 //! container booted with systemd as its init (`systemd-nspawn` over this
 //! machine's own /usr, read only, on a fresh tmpfs root: `--volatile=yes`;
 //! the built binaries bound at /usr/local/bin, the repository's units at

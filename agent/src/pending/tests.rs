@@ -446,7 +446,7 @@ fn replay_stops_at_what_it_cannot_read() {
     assert_eq!(replay(b"TFSPOOL9").dropped.map(|d| d.at), Some(0));
 }
 
-/// Issue 35: state files were world-readable under umask 022.
+/// State files were world-readable under umask 022.
 #[test]
 fn regression_the_state_directory_is_its_owners_alone() {
     use std::os::unix::fs::PermissionsExt;

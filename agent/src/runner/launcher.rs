@@ -39,13 +39,13 @@ pub struct Launchers {
     keep: Duration,
     /// The idle threads, each by its number and the sending half of its
     /// job channel.
-    idle: Mutex<Vec<(u64, Sender<Job>)>>,
+    idle: Mutex<Vec<(u64, Sender<Spawn>)>>,
     /// Threads started so far.
     threads: AtomicU64,
 }
 
 /// One workload to start: what the thread needs, and where it answers.
-struct Job {
+struct Spawn {
     cmd: Command,
     cpus: Vec<u32>,
     meter: Box<dyn energy::EnergyMeter>,
@@ -56,9 +56,9 @@ struct Job {
     proc_root: PathBuf,
 }
 
-impl std::fmt::Debug for Job {
+impl std::fmt::Debug for Spawn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Job").field("cmd", &self.cmd).field("cpus", &self.cpus).finish_non_exhaustive()
+        f.debug_struct("Spawn").field("cmd", &self.cmd).field("cpus", &self.cpus).finish_non_exhaustive()
     }
 }
 
@@ -80,7 +80,7 @@ impl Launchers {
     }
 
     /// Hands `job` to an idle thread of the pool, or to a new one.
-    fn dispatch(self: &Arc<Self>, mut job: Job) -> Result<(), String> {
+    fn dispatch(self: &Arc<Self>, mut job: Spawn) -> Result<(), String> {
         loop {
             let idle = self.idle.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pop();
             let Some((_, thread)) = idle else { break };
@@ -106,7 +106,7 @@ impl Launchers {
 
     /// A thread of the pool: starts the jobs it is given, one at a time,
     /// each only once the counters of the one before are closed.
-    fn serve(&self, number: u64, jobs: &Receiver<Job>, me: &Sender<Job>) {
+    fn serve(&self, number: u64, jobs: &Receiver<Spawn>, me: &Sender<Spawn>) {
         // What the thread may run on when a trial is not pinned.
         let unpinned = sched_getaffinity(None).ok();
         let mut pinned = false;
@@ -146,7 +146,7 @@ impl Launchers {
 /// Starts one workload, hands it over and waits for its top process to
 /// end; returns what tells when its counters are closed, `Some(None)` when
 /// it did not start, and `None` when this thread's CPUs could not be set.
-fn start(job: Job, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Option<Receiver<()>>> {
+fn start(job: Spawn, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Option<Receiver<()>>> {
     if let Err(e) = pin(&job.cpus, pinned, unpinned) {
         let _ = job.started.send(Err(e));
         return None;
@@ -157,8 +157,8 @@ fn start(job: Job, pinned: &mut bool, unpinned: Option<&CpuSet>) -> Option<Optio
 /// Opens the counters on this thread, starts the job's command, hands it
 /// over and waits for its top process to end; what tells when the
 /// counters are closed, or `None` when it did not start.
-fn spawn_counted(job: Job) -> Option<Receiver<()>> {
-    let Job { mut cmd, meter, started: started_tx, exit, waiter, proc_root, .. } = job;
+fn spawn_counted(job: Spawn) -> Option<Receiver<()>> {
+    let Spawn { mut cmd, meter, started: started_tx, exit, waiter, proc_root, .. } = job;
     let (release, released) = mpsc::channel();
     let counters = CounterSet::open_for_children().released_to(release);
     let started_unix_ms = unix_ms(SystemTime::now());
@@ -226,7 +226,7 @@ pub(super) fn start_direct(
 ) -> Result<Started, String> {
     let (started, started_rx) = mpsc::sync_channel(1);
     let (exit, waiter) = oneshot::channel();
-    pool.dispatch(Job { cmd, cpus, meter, started, exit, waiter, proc_root })?;
+    pool.dispatch(Spawn { cmd, cpus, meter, started, exit, waiter, proc_root })?;
     started_rx.recv().unwrap_or_else(|_| Err("the trial's thread ended before the workload started".into()))
 }
 

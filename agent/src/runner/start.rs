@@ -419,7 +419,7 @@ pub(crate) fn scrub_secrets(cmd: &mut Command) {
 mod secret_tests {
     use super::*;
 
-    /// Issue 35: `TUNEFLEET_JOIN` and `TUNEFLEET_PASSWORD` reached every trial's environment.
+    /// `TUNEFLEET_JOIN` and `TUNEFLEET_PASSWORD` reached every trial's environment.
     #[test]
     fn regression_a_workload_inherits_none_of_the_agents_secrets() {
         let mut cmd = Command::new("env");

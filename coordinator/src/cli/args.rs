@@ -382,13 +382,13 @@ pub struct BrokerArgs {
     /// Below this much room on the store's disk (MiB) the coordinator
     /// pauses, taking no message and assigning nothing (agents keep their
     /// results), and goes on once it has twice that; at start it waits for it.
-    #[arg(long, default_value_t = crate::runtime::space::DEFAULT_MIN_FREE_MIB, value_name = "MIB")]
+    #[arg(long, default_value_t = crate::runtime::disk::DEFAULT_MIN_FREE_MIB, value_name = "MIB")]
     pub store_min_free_mib: u64,
     /// Most of each study's store one agent's results and progress may take
     /// (MiB, counted as written): past it, they are refused (the agent is
     /// told why) and it is given none of the study's trials, while the
     /// others go on. What one member can add to the store's disk.
-    #[arg(long, default_value_t = crate::runtime::space::DEFAULT_STORE_SHARE_MIB, value_name = "MIB",
+    #[arg(long, default_value_t = crate::runtime::disk::DEFAULT_STORE_SHARE_MIB, value_name = "MIB",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub store_share_mib: u64,
     /// Pin the key of any new agent, without a join token: any broker user

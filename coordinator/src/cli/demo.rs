@@ -117,8 +117,8 @@ fn broker_args(broker: BrokerUrl, listen: SocketAddr, root: String) -> BrokerArg
         max_agents: crate::runtime::auth::DEFAULT_MAX_AGENTS,
         max_slots_per_agent: crate::runtime::auth::DEFAULT_MAX_SLOTS,
         max_gpus_per_agent: crate::runtime::auth::DEFAULT_MAX_GPUS,
-        store_min_free_mib: crate::runtime::space::DEFAULT_MIN_FREE_MIB,
-        store_share_mib: crate::runtime::space::DEFAULT_STORE_SHARE_MIB,
+        store_min_free_mib: crate::runtime::disk::DEFAULT_MIN_FREE_MIB,
+        store_share_mib: crate::runtime::disk::DEFAULT_STORE_SHARE_MIB,
         open_enrolment: false,
         // The demo's agents share this machine with the coordinator: their
         // trials load each other's CPUs, which is not overload.

@@ -232,7 +232,7 @@ pub fn print_summary(s: &Summary, store: &Path) {
         );
     }
     if let Some((d, median, most)) = s.ask_depth.as_ref().and_then(|d| Some((d, d.median()?, d.max()?))) {
-        // Issue 37: how much of the study its search chose without results.
+        // How much of the study its search chose without results.
         println!("search: {} asks, {median} trials in flight at the median ask, {most} at most", d.asks());
     }
     if s.failed > 0 {

@@ -210,14 +210,14 @@ pub fn status(rows: &[StudyStatus]) -> String {
             n("slow_closed_total") + n("stalled_total"),
         );
     }
-    let floor = crate::runtime::space::DEFAULT_MIN_FREE_MIB * 1024 * 1024;
+    let floor = crate::runtime::disk::DEFAULT_MIN_FREE_MIB * 1024 * 1024;
     if let Some(free) = rows.first().and_then(|s| s.store_free_bytes).filter(|f| *f < floor) {
         let _ = writeln!(
             out,
             "the store's disk is nearly full ({} free): a coordinator pauses below its --store-min-free-mib \
              (default {} MiB), taking no message and assigning nothing, until it has room",
-            crate::runtime::space::readable(free),
-            crate::runtime::space::DEFAULT_MIN_FREE_MIB
+            crate::runtime::disk::readable(free),
+            crate::runtime::disk::DEFAULT_MIN_FREE_MIB
         );
     }
     out

@@ -39,7 +39,7 @@ impl KeyArg {
 
 impl BrokerArgs {
     /// The overload policy of these flags (`None` without --offload).
-    pub fn offload(&self) -> Result<Option<crate::domain::offload::Policy>> {
+    pub fn offload(&self) -> Result<Option<crate::domain::offload::OffloadPolicy>> {
         if !self.offload {
             return Ok(None);
         }
@@ -51,11 +51,11 @@ impl BrokerArgs {
         if self.offload_window == 0 {
             return Err(CliError::refused("--offload-window must be at least 1 second"));
         }
-        Ok(Some(crate::domain::offload::Policy {
+        Ok(Some(crate::domain::offload::OffloadPolicy {
             cpu_ratio: self.offload_cpu,
             memory_ratio: self.offload_memory,
             window_ms: self.offload_window.saturating_mul(1000),
-            ..crate::domain::offload::Policy::default()
+            ..crate::domain::offload::OffloadPolicy::default()
         }))
     }
 

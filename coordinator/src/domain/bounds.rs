@@ -880,7 +880,7 @@ mod tests {
         })
     }
 
-    /// Issue 20, finding 6: a checkpoint smuggled options and forged log
+    /// A checkpoint smuggled options and forged log
     /// lines into another agent's command.
     #[test]
     fn regression_checkpoints_are_one_plain_argument() {
@@ -907,14 +907,14 @@ mod tests {
         {
             assert!(checkpoint_under(outside, prefix).is_err(), "{outside}");
         }
-        // Issue 35: a prefix without its slash holds its directory, not its namesakes.
+        // A prefix without its slash holds its directory, not its namesakes.
         let bare = Some("/shared/ckpt");
         assert_eq!(checkpoint_under("/shared/ckpt/t1.pt", bare), Ok(()));
         assert!(checkpoint_under("/shared/ckpt-other/evil.pt", bare).is_err());
         assert!(checkpoint_under("/shared/ckptevil.pt", bare).is_err());
     }
 
-    /// Issue 35: U+202E survived into logs, the summary, `status` and the report.
+    /// U+202E survived into logs, the summary, `status` and the report.
     #[test]
     fn regression_a_bidirectional_override_is_refused_like_a_control_character() {
         let e = message(&progress(|p| {
@@ -927,7 +927,7 @@ mod tests {
         assert!(message(&progress(|p| p.metrics = [("accuracy".to_string(), 1.0)].into())).is_ok());
     }
 
-    /// Issue 38: GPUs an agent offers and GPU readings a result carries.
+    /// GPUs an agent offers and GPU readings a result carries.
     #[test]
     fn regression_a_cpu_share_is_a_finite_share() {
         let with = |share: f64| {

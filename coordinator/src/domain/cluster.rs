@@ -1,7 +1,7 @@
 //! Clusters of workload profiles (k-means, linfa-clustering): what a new job
 //! is compared with to decide whether it is a job seen before.
 //!
-//! Pure: profiles in, a [`Model`] out; the store keeps models and the engine
+//! Pure: profiles in, a [`ClusterModel`] out; the store keeps models and the engine
 //! decides with them ([`crate::domain::reuse`]).
 //!
 //! * **Features.** [`WINDOW_FEATURES`]: what an agent knows at the end of
@@ -65,7 +65,7 @@ impl Default for FitOptions {
 
 /// Profiles of one device class, clustered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Model {
+pub struct ClusterModel {
     /// The profile version it was fitted on; others are not compared.
     pub version: u16,
     /// Indices into [`FEATURES`] the model uses.
@@ -95,7 +95,7 @@ pub enum FitError {
 /// order; profiles of another version are `None`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Fitted {
-    pub model: Model,
+    pub model: ClusterModel,
     pub clusters: Vec<Option<usize>>,
 }
 
@@ -125,7 +125,7 @@ fn dense_rms(a: &[f64], b: &[f64]) -> f64 {
     (sum / a.len().max(1) as f64).sqrt()
 }
 
-impl Model {
+impl ClusterModel {
     /// `profile` in the model's scaled units, feature by feature (`None`
     /// where it measured nothing); `None` for another profile version.
     pub fn scaled(&self, profile: &Profile) -> Option<Vec<Option<f64>>> {
@@ -285,7 +285,7 @@ pub fn fit(profiles: &[Profile], opts: &FitOptions) -> Result<Fitted, FitError> 
         mean.push(m);
         scale.push(sd.max(SCALE_FLOOR));
     }
-    let mut model = Model {
+    let mut model = ClusterModel {
         version: PROFILE_VERSION,
         features,
         mean,

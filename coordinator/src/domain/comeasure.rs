@@ -377,14 +377,14 @@ mod tests {
         assert!(matches!(co.answer("w2", &more_than_a_plant), Err(Refusal::OutOfRange(_))));
         let busier_than_its_cpus = CoMeasured { cpu_us: 10_000_000, ..answer(1, 2_000, 3_000, 1.0) };
         assert!(matches!(co.answer("w2", &busier_than_its_cpus), Err(Refusal::OutOfRange(_))));
-        // Issue 35: a 99 kW answer of a small node is out of range; an
+        // A 99 kW answer of a small node is out of range; an
         // honest answer a hair over its CPU bound is rounding, not a lie.
         let plant = answer(1, 2_000, 3_000, 99_000.0);
         assert!(matches!(co.check("w2", &plant, 4, 0), Err(Refusal::OutOfRange(_))));
         let rounding = CoMeasured { cpu_us: 1_000_200, cpus: 1, ..answer(1, 2_000, 3_000, 1.0) };
         assert_eq!(co.check("w2", &rounding, 4, 0), Ok(()), "0.02 % over its CPUs' time");
         assert_eq!(co.check("w2", &answer(1, 2_000, 3_000, 0.9 * node_watts(4)), 4, 0), Ok(()));
-        // Issue 38: its GPUs, no more than it announced, each within a GPU's power.
+        // Its GPUs, no more than it announced, each within a GPU's power.
         let gpu = |joules| tunefleet_common::measurement::GpuEnergy {
             index: 0,
             uuid: "GPU-a".into(),

@@ -168,7 +168,7 @@ mod tests {
         let rust = "thread 'main' panicked at src/main.rs:3:5:\nboom\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
         assert_eq!(last_line(rust).as_deref(), Some("thread 'main' panicked at src/main.rs:3:5:"));
         assert_eq!(last_line("a\nb\n").as_deref(), Some("b"));
-        // Issue 35: a bidirectional override survived into logs, summary, status and report.
+        // A bidirectional override survived into logs, summary, status and report.
         assert_eq!(last_line("error: evil\u{202E}txt.exe\n").as_deref(), Some("error: evil txt.exe"));
     }
 

@@ -1,7 +1,7 @@
 //! Overload decisions, after RoleML's decider but within seconds: plain
 //! values in, decisions out (no sockets, no clocks: time is `now_ms`).
 //!
-//! [`Telemetry`] keeps each agent's recent samples (what agents publish
+//! [`LoadHistory`] keeps each agent's recent samples (what agents publish
 //! every `--telemetry-interval`); [`decide`] looks at the last `window` of
 //! them every `interval`:
 //!
@@ -21,7 +21,7 @@ use std::collections::{HashMap, VecDeque};
 
 /// When agents count as overloaded, and how quickly that is decided.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Policy {
+pub struct OffloadPolicy {
     /// Load from outside the agent's trials, as a share of its CPUs.
     pub cpu_ratio: f64,
     /// Memory in use, as a share of the agent's memory.
@@ -34,11 +34,11 @@ pub struct Policy {
     pub recover: f64,
 }
 
-impl Default for Policy {
+impl Default for OffloadPolicy {
     /// Outside load at half the agent's CPUs or memory at 95 %, over 3 s,
     /// decided every second, well again below 80 % of that.
     fn default() -> Self {
-        Policy { cpu_ratio: 0.5, memory_ratio: 0.95, window_ms: 3_000, interval_ms: 1_000, recover: 0.8 }
+        OffloadPolicy { cpu_ratio: 0.5, memory_ratio: 0.95, window_ms: 3_000, interval_ms: 1_000, recover: 0.8 }
     }
 }
 
@@ -64,14 +64,14 @@ impl Sample {
 
 /// Each agent's recent samples.
 #[derive(Debug, Default)]
-pub struct Telemetry {
+pub struct LoadHistory {
     agents: HashMap<String, VecDeque<Sample>>,
 }
 
 /// Most samples kept per agent (a window of 1 s samples needs a handful).
 const MAX_SAMPLES: usize = 64;
 
-impl Telemetry {
+impl LoadHistory {
     pub fn observe(&mut self, agent: &str, sample: Sample) {
         let q = self.agents.entry(agent.to_string()).or_default();
         q.push_back(sample);
@@ -129,8 +129,8 @@ pub enum LoadChange {
 
 /// Decisions for every agent with telemetry, given which are overloaded now.
 pub fn decide(
-    policy: &Policy,
-    telemetry: &Telemetry,
+    policy: &OffloadPolicy,
+    telemetry: &LoadHistory,
     overloaded: impl Fn(&str) -> bool,
     now_ms: u64,
 ) -> Vec<LoadChange> {
@@ -173,7 +173,7 @@ pub fn decide(
 mod tests {
     use super::*;
 
-    fn feed(t: &mut Telemetry, agent: &str, from_ms: u64, values: &[(f64, f64)]) {
+    fn feed(t: &mut LoadHistory, agent: &str, from_ms: u64, values: &[(f64, f64)]) {
         for (i, &(cpu, mem)) in values.iter().enumerate() {
             t.observe(agent, Sample { at_ms: from_ms + 1000 * i as u64, foreign_cpu: Some(cpu), memory: mem });
         }
@@ -181,8 +181,8 @@ mod tests {
 
     #[test]
     fn outside_load_over_the_window_overloads_and_a_spike_does_not() {
-        let p = Policy::default();
-        let mut t = Telemetry::default();
+        let p = OffloadPolicy::default();
+        let mut t = LoadHistory::default();
         feed(&mut t, "busy", 0, &[(0.9, 0.3), (0.95, 0.3), (0.9, 0.3)]);
         feed(&mut t, "spike", 0, &[(0.0, 0.3), (0.0, 0.3), (1.0, 0.3)]);
         feed(&mut t, "own", 0, &[(0.05, 0.3), (0.02, 0.3), (0.04, 0.3)]);
@@ -195,8 +195,8 @@ mod tests {
 
     #[test]
     fn memory_overloads_too_and_recovery_needs_margin() {
-        let p = Policy::default();
-        let mut t = Telemetry::default();
+        let p = OffloadPolicy::default();
+        let mut t = LoadHistory::default();
         feed(&mut t, "a", 0, &[(0.0, 0.97), (0.0, 0.98), (0.0, 0.97)]);
         assert!(
             matches!(&decide(&p, &t, |_| false, 2_000)[..], [LoadChange::Overloaded { why, .. }] if why.contains("memory"))
@@ -211,8 +211,8 @@ mod tests {
 
     #[test]
     fn too_few_samples_or_none_told_apart_decide_nothing() {
-        let p = Policy::default();
-        let mut t = Telemetry::default();
+        let p = OffloadPolicy::default();
+        let mut t = LoadHistory::default();
         feed(&mut t, "a", 0, &[(1.0, 0.1)]);
         assert!(decide(&p, &t, |_| false, 500).is_empty(), "one sample is no window");
         t.observe("b", Sample { at_ms: 0, foreign_cpu: None, memory: 0.1 });

@@ -1,7 +1,7 @@
 //! Reuse of known-good system configurations for recurring jobs (PipeTune's
 //! idea, switched on and checked).
 //!
-//! Pure: records and a [`Model`] in, a [`ReuseDecision`] or a [`Promise`] out; the
+//! Pure: records and a [`ClusterModel`] in, a [`ReuseDecision`] or a [`Promise`] out; the
 //! engine keeps the records ([`Book`]), stores them and sends the decision.
 //!
 //! A pipelined trial profiles its first probe window (after its warm-up)
@@ -47,13 +47,13 @@ use tunefleet_common::message::{Select, SystemParams};
 use tunefleet_common::params::Params;
 use tunefleet_common::profile::{Profile, FEATURES, PROFILE_VERSION};
 
-use crate::domain::cluster::Model;
+use crate::domain::cluster::ClusterModel;
 use crate::domain::study::ReusePolicy;
 
 /// How one configuration ran in one trial, relative to the trial's first
 /// probe window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Outcome {
+pub struct ConfigOutcome {
     pub system: SystemParams,
     /// Time per unit / the first probe window's.
     pub rel_time: f64,
@@ -96,7 +96,7 @@ pub struct Record {
     pub group: String,
     /// The first-window profile, with the scaling signature when probed.
     pub profile: Profile,
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Vec<ConfigOutcome>,
     /// It ran a reused configuration instead of probing.
     pub reused: bool,
     /// A reuse that ran slower than its record by more than the bound.
@@ -107,7 +107,7 @@ pub struct Record {
 /// The job a decision is for: its first probe window's profile, its
 /// `[reuse] group` key and its workload identity.
 #[derive(Debug, Clone, Copy)]
-pub struct Job<'a> {
+pub struct ProfiledJob<'a> {
     pub profile: &'a Profile,
     pub group: &'a str,
     pub identity: &'a str,
@@ -181,7 +181,7 @@ fn per_unit_energy(s: &Segment) -> Option<f64> {
 /// first segment when none is a probe), averaged over its segments of each
 /// configuration (probes, the kept rest, a reused rest); `None` without a
 /// base window.
-pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
+pub fn outcomes(segments: &[Segment]) -> Option<Vec<ConfigOutcome>> {
     let base = segments.iter().position(|s| s.role == SegmentRole::Probe).or((!segments.is_empty()).then_some(0))?;
     let first = &segments[base];
     let base_t = first.typical_us_per_unit();
@@ -227,7 +227,7 @@ pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     Some(
         by.into_iter()
-            .map(|(system, ts, es, errors)| Outcome {
+            .map(|(system, ts, es, errors)| ConfigOutcome {
                 system,
                 rel_time: mean(&ts),
                 rel_energy: (!es.is_empty() && es.len() == ts.len()).then(|| mean(&es)),
@@ -240,7 +240,7 @@ pub fn outcomes(segments: &[Segment]) -> Option<Vec<Outcome>> {
 
 /// The score `select` ranks outcomes by (lower is better); energy rules
 /// use time when an outcome has no energy.
-fn score(select: Select, o: &Outcome) -> f64 {
+fn score(select: Select, o: &ConfigOutcome) -> f64 {
     match (select, o.rel_energy) {
         (Select::Energy | Select::MaxSlowdown { .. }, Some(e)) => e,
         (Select::Edp, Some(e)) => e * o.rel_time,
@@ -251,7 +251,7 @@ fn score(select: Select, o: &Outcome) -> f64 {
 /// The first-window profile with the scaling signature of `outcomes` added
 /// (how much faster the best configuration ran than the first, and its
 /// energy relative to the first's).
-pub fn with_signature(window: &WindowProfile, outcomes: &[Outcome], select: Select) -> Profile {
+pub fn with_signature(window: &WindowProfile, outcomes: &[ConfigOutcome], select: Select) -> Profile {
     let mut p = window.profile.clone();
     let best = outcomes.iter().min_by(|a, b| score(select, a).total_cmp(&score(select, b)));
     if let Some(b) = best.filter(|_| outcomes.len() > 1) {
@@ -267,7 +267,7 @@ pub fn with_signature(window: &WindowProfile, outcomes: &[Outcome], select: Sele
 /// Returns it, its mean relative time and how many probed jobs it came from.
 pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) -> Option<(SystemParams, f64, usize)> {
     // Per configuration: its outcomes, and how many probed jobs measured it.
-    let mut by: Vec<(SystemParams, Vec<Outcome>, usize)> = Vec::new();
+    let mut by: Vec<(SystemParams, Vec<ConfigOutcome>, usize)> = Vec::new();
     let members: Vec<&Record> = members.collect();
     for r in members.iter().filter(|r| !r.reused) {
         for o in &r.outcomes {
@@ -287,12 +287,12 @@ pub fn recommend<'a>(members: impl Iterator<Item = &'a Record>, select: Select) 
             }
         }
     }
-    let mean = |v: &[Outcome]| {
+    let mean = |v: &[ConfigOutcome]| {
         let t = v.iter().map(|o| o.rel_time).sum::<f64>() / v.len() as f64;
         let es: Vec<f64> = v.iter().filter_map(|o| o.rel_energy).collect();
         let e = (es.len() == v.len()).then(|| es.iter().sum::<f64>() / es.len() as f64);
         // The mean's own error is not carried: verification bounds the reused trial's windows.
-        Outcome { system: v[0].system.clone(), rel_time: t, rel_energy: e, noise: None }
+        ConfigOutcome { system: v[0].system.clone(), rel_time: t, rel_energy: e, noise: None }
     };
     by.iter()
         .filter(|(_, v, _)| !v.is_empty())
@@ -309,13 +309,13 @@ pub const MIN_PROBED_JOBS: usize = 2;
 /// and records are given (`records[i]` placed in `clusters[i]`).
 pub fn decide(
     policy: &ReusePolicy,
-    model: Option<&Model>,
+    model: Option<&ClusterModel>,
     records: &[Record],
     clusters: &[Option<usize>],
-    job: &Job<'_>,
+    job: &ProfiledJob<'_>,
     select: Select,
 ) -> ReuseDecision {
-    let Job { profile, group, identity } = *job;
+    let ProfiledJob { profile, group, identity } = *job;
     let probe =
         |cluster, distance, threshold, reason: String| ReuseDecision::Probe { cluster, distance, threshold, reason };
     if let Err(why) = check(profile) {
@@ -420,7 +420,7 @@ pub enum Promise {
 /// Checks a reused trial's `outcomes` for `system` against `expected`:
 /// slower by more than `bound` (the study's), or by default than the bound
 /// the windows' own noise gives (see the module documentation), is worse.
-pub fn verify(outcomes: &[Outcome], system: &SystemParams, expected: f64, bound: Option<f64>) -> Promise {
+pub fn verify(outcomes: &[ConfigOutcome], system: &SystemParams, expected: f64, bound: Option<f64>) -> Promise {
     let Some(o) = outcomes.iter().find(|o| o.system == *system) else { return Promise::Unverified };
     let measured = o.rel_time;
     let (bound, from) = match (bound, o.noise) {
@@ -455,7 +455,7 @@ pub struct Book {
 #[derive(Debug, Default)]
 pub struct Class {
     pub records: Vec<Record>,
-    pub model: Option<Model>,
+    pub model: Option<ClusterModel>,
     pub clusters: Vec<Option<usize>>,
     /// Records the model was fitted on.
     pub fitted_on: usize,
@@ -521,7 +521,7 @@ mod tests {
         p
     }
 
-    fn record(kind: usize, i: usize, outcomes: Vec<Outcome>, reused: bool, at_ms: u64) -> Record {
+    fn record(kind: usize, i: usize, outcomes: Vec<ConfigOutcome>, reused: bool, at_ms: u64) -> Record {
         Record {
             study: "s".into(),
             trial: i as u64,
@@ -540,17 +540,17 @@ mod tests {
     /// [`decide`] for a job of workload "w" (the records' own), by time.
     fn decide_w(
         policy: &ReusePolicy,
-        model: Option<&Model>,
+        model: Option<&ClusterModel>,
         records: &[Record],
         clusters: &[Option<usize>],
         profile: &Profile,
         group: &str,
     ) -> ReuseDecision {
-        decide(policy, model, records, clusters, &Job { profile, group, identity: "w" }, Select::Time)
+        decide(policy, model, records, clusters, &ProfiledJob { profile, group, identity: "w" }, Select::Time)
     }
 
-    fn o(threads: u32, rel_time: f64) -> Outcome {
-        Outcome { system: sys(threads), rel_time, rel_energy: None, noise: None }
+    fn o(threads: u32, rel_time: f64) -> ConfigOutcome {
+        ConfigOutcome { system: sys(threads), rel_time, rel_energy: None, noise: None }
     }
 
     #[test]
@@ -599,7 +599,7 @@ mod tests {
 
     #[test]
     fn the_verify_bound_follows_the_noise_the_windows_measured() {
-        let with_noise = |rel_time: f64, noise: Option<f64>| Outcome { noise, ..o(2, rel_time) };
+        let with_noise = |rel_time: f64, noise: Option<f64>| ConfigOutcome { noise, ..o(2, rel_time) };
         // Quiet windows (2 % error): 10 % slower than promised is worse.
         let v = verify(&[with_noise(0.55, Some(0.02))], &sys(2), 0.5, None);
         assert!(matches!(&v, Promise::Worse { why, .. } if why.contains("standard errors")), "{v:?}");
@@ -755,7 +755,7 @@ mod tests {
             Some(&model),
             &records,
             &clusters,
-            &Job { profile: &profile(0, 9), group: "{}", identity: other },
+            &ProfiledJob { profile: &profile(0, 9), group: "{}", identity: other },
             Select::Time,
         );
         assert!(
@@ -768,7 +768,7 @@ mod tests {
             Some(&model),
             &records,
             &clusters,
-            &Job { profile: &profile(0, 9), group: "{}", identity: other },
+            &ProfiledJob { profile: &profile(0, 9), group: "{}", identity: other },
             Select::Time,
         );
         assert!(matches!(&d, ReuseDecision::Reuse { system, .. } if *system == sys(2)), "{d:?}");

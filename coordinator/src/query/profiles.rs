@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use tunefleet_common::message::Select;
 
-use crate::domain::cluster::Model;
+use crate::domain::cluster::ClusterModel;
 use crate::domain::reuse::{self, Record, ReuseDecision};
 use crate::store::{Store, StoreError};
 
@@ -73,7 +73,7 @@ pub fn classes(store: &Store) -> Result<Vec<ClassView>, ProfilesError> {
     Ok(out)
 }
 
-fn class_view(class: String, model: &Model, fitted_on: usize, records: &[Record]) -> ClassView {
+fn class_view(class: String, model: &ClusterModel, fitted_on: usize, records: &[Record]) -> ClassView {
     let placed: Vec<Option<usize>> = records.iter().map(|r| model.place(&r.profile).map(|p| p.cluster)).collect();
     let clusters = (0..model.k())
         .map(|c| {
@@ -167,7 +167,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
         model.as_ref(),
         &records,
         &clusters,
-        &reuse::Job { profile: &wp.profile, group: &group, identity: &identity },
+        &reuse::ProfiledJob { profile: &wp.profile, group: &group, identity: &identity },
         Select::Time,
     );
     Ok(Classified { study: study.to_string(), trial, class, distances, decision: decision.reason() })

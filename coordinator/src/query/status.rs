@@ -97,7 +97,7 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
         .and_then(|j| serde_json::from_str(j).ok())
         .unwrap_or_default();
     let live_agents = if coordinator_running { store.agents()?.iter().filter(|a| a.online).count() } else { 0 };
-    let store_free_bytes = crate::runtime::space::free_bytes(std::path::Path::new(store.path()));
+    let store_free_bytes = crate::runtime::disk::free_bytes(std::path::Path::new(store.path()));
     let mut out = Vec::new();
     for s in store.studies()? {
         if study.is_some_and(|n| n != s.name) {
@@ -170,7 +170,7 @@ pub fn pace(before: &[StudyStatus], now: &mut [StudyStatus], seconds: f64) {
 /// follow a change of pace.
 pub const PACE_WINDOW_S: f64 = 30.0;
 
-/// The pace over a sliding window of looks (issue 40: from the previous
+/// The pace over a sliding window of looks (from the previous
 /// look alone, one second before, it flipped between a rate and 0.0 as
 /// trials ended between looks).
 #[derive(Debug, Default)]
@@ -197,7 +197,7 @@ impl Pacer {
 mod tests {
     use super::*;
 
-    /// Issue 40, finding 6: one look a second, a trial ending every 1.5 s:
+    /// One look a second, a trial ending every 1.5 s:
     /// the pace no longer flips between 60 and 0 trials a minute.
     #[test]
     fn regression_the_watched_pace_is_steady_when_trials_end_between_looks() {

@@ -782,7 +782,7 @@ mod tests {
         assert_well_formed(&page);
     }
 
-    /// Issue 38: a trial given GPUs shows its whole energy and both parts,
+    /// A trial given GPUs shows its whole energy and both parts,
     /// the GPUs' share of it, and NVML beside its CPU source.
     #[test]
     fn a_trial_given_gpus_shows_its_cpu_and_gpu_parts() {

@@ -163,7 +163,7 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
         let _ = write!(
             out,
             "<p class=\"small\" id=\"store-free\">The store's disk has {} free.</p>",
-            crate::runtime::space::readable(free)
+            crate::runtime::disk::readable(free)
         );
     }
     out.push_str("</main>");

@@ -579,7 +579,7 @@ mod tests {
         assert!(Launcher::new(&LaunchArgs { launcher: None, ..slow }, cx()).is_none());
     }
 
-    /// Issue 40, finding 5: a launch command that exited while a child kept
+    /// A launch command that exited while a child kept
     /// its output open froze the whole coordinator for 15 s (the launcher
     /// read that output to its end).
     #[test]
@@ -633,7 +633,7 @@ mod tests {
         }
     }
 
-    /// Issue 35, findings 5 and 7: launched agents' names were predictable
+    /// Launched agents' names were predictable
     /// (a member enrolled them first), and one launch token lived a day.
     #[test]
     fn regression_each_batch_gets_a_token_for_its_random_names_and_none_launches_without() {

@@ -7,6 +7,7 @@ pub mod auth;
 /// The embedded broker (its own crate: it imports nothing of the coordinator).
 pub use tunefleet_broker as broker;
 pub mod control;
+pub mod disk;
 pub mod engine;
 pub mod launch;
 pub mod logins;
@@ -14,5 +15,4 @@ pub mod progress;
 pub mod run;
 pub mod shell;
 pub mod sink;
-pub mod space;
 pub mod transport;

@@ -52,7 +52,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LogWriter {
 }
 
 #[derive(Debug)]
-struct Study {
+struct Shown {
     bar: Option<ProgressBar>,
     total: u64,
     /// Finished when this process started it, and when.
@@ -75,13 +75,13 @@ pub struct Update<'a> {
     pub best: Option<(&'a str, f64, u64)>,
 }
 
-/// Progress bars, plain lines, or nothing when disabled.
+/// The progress display: bars, plain lines, or nothing when disabled.
 #[derive(Debug, Default)]
-pub struct Progress {
+pub struct ProgressDisplay {
     enabled: bool,
     terminal: bool,
     multi: Option<MultiProgress>,
-    studies: BTreeMap<String, Study>,
+    studies: BTreeMap<String, Shown>,
 }
 
 /// `(trials per minute, seconds left)` for `finished` of `total`, of which
@@ -118,10 +118,10 @@ fn human(secs: f64) -> String {
     }
 }
 
-impl Progress {
+impl ProgressDisplay {
     pub fn new(enabled: bool) -> Self {
         let terminal = std::io::stderr().is_terminal();
-        Progress { enabled, terminal, multi: None, studies: BTreeMap::new() }
+        ProgressDisplay { enabled, terminal, multi: None, studies: BTreeMap::new() }
     }
 
     /// Starts showing `study` of `total` trials of which `done` are finished.
@@ -153,7 +153,7 @@ impl Progress {
         }
         self.studies.insert(
             study.to_string(),
-            Study { bar, total, done_at_start: done, started: Instant::now(), last_line: None },
+            Shown { bar, total, done_at_start: done, started: Instant::now(), last_line: None },
         );
     }
 
@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn a_disabled_display_shows_nothing_and_takes_any_update() {
-        let mut p = Progress::new(false);
+        let mut p = ProgressDisplay::new(false);
         p.start("s", 10, 0);
         p.update("s", Update { finished: 1, running: 0, closed_at: None, live_agents: 0, best: None });
         assert!(p.studies.is_empty());

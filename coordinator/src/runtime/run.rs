@@ -20,7 +20,7 @@ use crate::runtime::auth::Sessions;
 use crate::runtime::broker::{self, BrokerError, BrokerSettings};
 use crate::runtime::engine::{EngineError, Summary};
 use crate::runtime::logins::UserLine;
-use crate::runtime::progress::Progress;
+use crate::runtime::progress::ProgressDisplay;
 use crate::runtime::shell::Engine;
 use crate::runtime::sink::{Flusher, SinkConfig, SinkError, SinkStats};
 use crate::runtime::transport::{self, TransportConfig, TransportError};
@@ -54,7 +54,7 @@ pub struct RunConfig {
     /// Most GPUs any agent is given, whatever it announces.
     pub max_gpus: u32,
     /// Bytes the store's disk keeps free: below, the engine pauses
-    /// ([`crate::runtime::space`]).
+    /// ([`crate::runtime::disk`]).
     pub store_min_free: u64,
     /// Bytes of each study's store one agent may take ([`crate::domain::sched::StudyPolicy::store_share`]).
     pub store_share: u64,
@@ -67,7 +67,7 @@ pub struct RunConfig {
     pub progress: bool,
     /// When agents count as overloaded (their trials are then moved);
     /// `None`: never.
-    pub offload: Option<crate::domain::offload::Policy>,
+    pub offload: Option<crate::domain::offload::OffloadPolicy>,
     /// Told the URL agents use once the broker is up (`tunefleet run`
     /// prints it: scripts read it to find a port the OS chose).
     pub on_broker: Option<OnBroker>,
@@ -177,11 +177,11 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         };
         crate::runtime::launch::Launcher::new(args, cx)
     });
-    let mut engine = Engine::new(db, outbox, Progress::new(progress), sessions)
+    let mut engine = Engine::new(db, outbox, ProgressDisplay::new(progress), sessions)
         .with_influx(sink.is_some())
         .with_offload(offload)
         .with_launcher(launcher)
-        .with_space(Some(crate::runtime::space::Guard::new(store.clone(), store_min_free)))
+        .with_space(Some(crate::runtime::disk::Guard::new(store.clone(), store_min_free)))
         .with_store_share(store_share);
     let result = match control {
         None => {
@@ -246,14 +246,14 @@ async fn wait_for_room(
     min_free: u64,
     mut shutdown: Pin<&mut impl Future<Output = ()>>,
 ) -> Result<(), RunError> {
-    if crate::runtime::space::has_room(store, min_free) {
+    if crate::runtime::disk::has_room(store, min_free) {
         return Ok(());
     }
-    let free = crate::runtime::space::free_bytes(store).unwrap_or(0);
+    let free = crate::runtime::disk::free_bytes(store).unwrap_or(0);
     tracing::error!(
         store = %store.display(),
-        free = %crate::runtime::space::readable(free),
-        floor = %crate::runtime::space::readable(min_free),
+        free = %crate::runtime::disk::readable(free),
+        floor = %crate::runtime::disk::readable(min_free),
         "the store's disk is nearly full: waiting for room before starting"
     );
     loop {
@@ -261,7 +261,7 @@ async fn wait_for_room(
             () = &mut shutdown => return Err(RunError::NoRoom { path: store.to_path_buf() }),
             () = tokio::time::sleep(Duration::from_secs(2)) => {}
         }
-        if crate::runtime::space::has_room(store, min_free) {
+        if crate::runtime::disk::has_room(store, min_free) {
             tracing::warn!("the store's disk has room: starting");
             return Ok(());
         }

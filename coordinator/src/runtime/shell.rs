@@ -21,7 +21,7 @@ use crate::runtime::auth::Sessions;
 use crate::runtime::control::Request;
 use crate::runtime::engine::types::unix_ms;
 use crate::runtime::engine::{Answer, Core, EngineError, Inbound, Now, Summary};
-use crate::runtime::progress::Progress;
+use crate::runtime::progress::ProgressDisplay;
 use crate::runtime::transport::Outbox;
 use crate::store::Store;
 
@@ -48,7 +48,7 @@ pub struct Engine {
     outbox: Outbox,
     /// When the engine started: the core's clock counts from here.
     epoch: Instant,
-    progress: Progress,
+    progress: ProgressDisplay,
     /// Agents sent something other than a Sync since this was last cleared.
     sent_to: HashSet<String>,
     /// Control-socket requests waiting for the next turn.
@@ -58,13 +58,13 @@ pub struct Engine {
     /// When the status was last published again (engine clock).
     status_ms: u64,
     /// Room on the store's disk: below its floor the engine pauses.
-    space: Option<crate::runtime::space::Guard>,
+    space: Option<crate::runtime::disk::Guard>,
     /// Messages dropped while paused (their agents send them again).
     dropped_while_paused: u64,
 }
 
 impl Engine {
-    pub fn new(store: Store, outbox: Outbox, progress: Progress, sessions: Sessions) -> Self {
+    pub fn new(store: Store, outbox: Outbox, progress: ProgressDisplay, sessions: Sessions) -> Self {
         Engine {
             core: Core::new(store, sessions),
             outbox,
@@ -80,7 +80,7 @@ impl Engine {
     }
 
     /// Pauses while the store's disk has less room than `guard`'s floor.
-    pub fn with_space(mut self, guard: Option<crate::runtime::space::Guard>) -> Self {
+    pub fn with_space(mut self, guard: Option<crate::runtime::disk::Guard>) -> Self {
         self.space = guard;
         self
     }
@@ -92,7 +92,7 @@ impl Engine {
     /// session ends: each agent is told so at its next message, says Hello
     /// again and sends what it kept, as after a coordinator's restart.
     fn paused_for_space(&mut self, events: &mut Vec<Inbound>) -> bool {
-        use crate::runtime::space::{readable, Change};
+        use crate::runtime::disk::{readable, Change};
         let now = self.now();
         let Some(guard) = self.space.as_mut() else { return false };
         match guard.look(now.engine_ms) {
@@ -129,7 +129,7 @@ impl Engine {
     }
 
     /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]).
-    pub fn with_offload(mut self, policy: Option<crate::domain::offload::Policy>) -> Self {
+    pub fn with_offload(mut self, policy: Option<crate::domain::offload::OffloadPolicy>) -> Self {
         self.core = self.core.with_offload(policy);
         self
     }

@@ -6,7 +6,7 @@ use rusqlite::params;
 use serde::{Deserialize, Serialize};
 
 use super::{json_col, to_i64, Batch, Result, SqlContext, Store, StoreError};
-use crate::domain::cluster::Model;
+use crate::domain::cluster::ClusterModel;
 use crate::domain::reuse::Record;
 
 /// Created on open, like the InfluxDB outbox: older programs ignore it.
@@ -94,7 +94,7 @@ impl Batch<'_> {
     }
 
     /// Keeps the model fitted for `class` on `records` profiles.
-    pub fn record_model(&mut self, class: &str, model: &Model, records: usize, at_ms: u64) -> Result<()> {
+    pub fn record_model(&mut self, class: &str, model: &ClusterModel, records: usize, at_ms: u64) -> Result<()> {
         let context = || format!("storing the profile clusters of {class}");
         let json = serde_json::to_string(model).map_err(|source| StoreError::Json { context: context(), source })?;
         self.tx
@@ -147,7 +147,7 @@ impl Store {
         &mut self,
         agent: &str,
         now_ms: u64,
-        refit: impl Fn(&[Record]) -> Option<Model>,
+        refit: impl Fn(&[Record]) -> Option<ClusterModel>,
     ) -> Result<Vec<(String, u64)>> {
         let context = || format!("forgetting the profiles of {agent}");
         let of_agent = "EXISTS (SELECT 1 FROM results r WHERE r.study = profiles.study AND r.trial = profiles.trial
@@ -191,12 +191,12 @@ impl Store {
     }
 
     /// Every class's stored model and the number of records it was fitted on.
-    pub fn cluster_models(&self) -> Result<Vec<(String, Model, u64)>> {
+    pub fn cluster_models(&self) -> Result<Vec<(String, ClusterModel, u64)>> {
         let context = || "reading profile clusters".to_string();
         let mut stmt =
             self.conn.prepare_cached("SELECT class, model, records FROM cluster_models ORDER BY class").ctx(context)?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<Model, _>(r, 1)?, super::get_u64(r, 2)?)))
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<ClusterModel, _>(r, 1)?, super::get_u64(r, 2)?)))
             .ctx(context)?;
         rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
     }

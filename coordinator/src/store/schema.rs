@@ -168,16 +168,16 @@ const MIGRATE_2_TO_3: &str = "ALTER TABLE agents ADD COLUMN telemetry TEXT;";
 /// replays the epochs it had seen).
 const MIGRATE_3_TO_4: &str = "ALTER TABLE progress ADD COLUMN checkpoint TEXT;";
 
-/// Version 6: the joules of a result's GPUs (issue 38; a column of
+/// Version 6: the joules of a result's GPUs (a column of
 /// `results` in a new store too, added after [`SCHEMA`]); `energy_j` is the
 /// trial's whole energy, its CPU's share and its GPUs', and NULL here
 /// means it was given none.
 const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;";
 
-/// `results.violation` (issue 58): how far a result misses its study's
+/// `results.violation`: how far a result misses its study's
 /// `[[constraint]]`s (0: feasible, NULL: the study has none), added to a
 /// store made before it.
-/// And `attempts.held` (issue 56): 1 while an attempt waits on its agent
+/// And `attempts.held`: 1 while an attempt waits on its agent
 /// behind busy slots (held ahead), 0 once it runs.
 fn add_results_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
     let columns = [("results", "violation", "REAL"), ("attempts", "held", "INTEGER NOT NULL DEFAULT 0")];
@@ -548,7 +548,7 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         assert_eq!(kept, None);
     }
 
-    /// Issue 20, finding 8: a study of a store made before study ids gets
+    /// A study of a store made before study ids gets
     /// one when next run, kept from then on; another store's study of the
     /// same name has its own.
     #[test]

@@ -1,5 +1,5 @@
 //! How a Gaussian-process ask accounts for the trials still running (a
-//! fleet's parallel asks, issue 37): each rule turns the model of the told
+//! fleet's parallel asks): each rule turns the model of the told
 //! trials and the configurations in flight into a score whose maximum is
 //! the next configuration, spread away from what already runs.
 
@@ -10,27 +10,27 @@ use super::{log_ei_of, Gp, Model, Rule};
 use crate::linalg::{cholesky, solve_lower, solve_upper_t};
 use crate::tpe::standard_normal;
 
-/// Random Fourier features of a [`Batch::Pathwise`] prior draw.
+/// Random Fourier features of a [`BatchRule::Pathwise`] prior draw.
 const FEATURES: usize = 512;
-/// Fantasies averaged by [`Batch::Fantasy`].
+/// Fantasies averaged by [`BatchRule::Fantasy`].
 const FANTASIES: usize = 4;
 /// Random candidates a Thompson sample is drawn over (the local ones come
 /// on top, every second of them): a joint sample is cubic in their number.
 const THOMPSON_RANDOM: usize = 128;
-/// Width of the confidence bound of [`Batch::Ucb`], in deviations: one
-/// (issue 37 measured 0.5, 1, 1.5 and 2 at 4 and 16 in flight; the believer
+/// Width of the confidence bound of [`BatchRule::Ucb`], in deviations: one
+/// (BENCHMARKS.md measured 0.5, 1, 1.5 and 2 at 4 and 16 in flight; the believer
 /// already spreads the asks, and a wider bound spends them on exploring).
 const UCB_WIDTH: f64 = 1.0;
-/// Joint draws of the running trials' results averaged by [`Batch::QEi`]
+/// Joint draws of the running trials' results averaged by [`BatchRule::QEi`]
 /// (half of them the others negated).
 const QEI_DRAWS: usize = 128;
-/// Width of [`Batch::UcbPending`]'s bound with none in flight, in
+/// Width of [`BatchRule::UcbPending`]'s bound with none in flight, in
 /// deviations: the confidence bound's width when it was measured.
 const PENDING_BASE: f64 = 2.0;
 
 /// What stands for a running trial's unknown result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Batch {
+pub enum BatchRule {
     /// Kriging believer: its posterior mean (no uncertainty left there),
     /// then the expected improvement.
     Believer,
@@ -53,32 +53,32 @@ pub enum Batch {
     /// Thompson sampling: the minimum of one joint draw of the posterior
     /// (running trials believed) over a few hundred candidates.
     Thompson,
-    /// [`Batch::Ucb`]'s believer with a bound of two deviations with none in
+    /// [`BatchRule::Ucb`]'s believer with a bound of two deviations with none in
     /// flight that widens with their number (`pending_width`): GP-UCB's
     /// squared width grows with the log of the evaluations made, and a
     /// running trial is one made without its feedback (GP-BUCB's
     /// hallucinated steps), so more of them ask for more exploration.
-    /// Measured against [`Batch::Ucb`] (then two deviations wide) and not
+    /// Measured against [`BatchRule::Ucb`] (then two deviations wide) and not
     /// kept: worse on 4 of 10 functions at 4 in flight and 6 at 16, better
-    /// on one at 4 (BENCHMARKS.md, issue 37, "Not kept: a bound widened").
+    /// on one at 4 (BENCHMARKS.md, "Not kept: a bound widened").
     UcbPending,
-    /// [`Batch::Ucb`] inside a trust region: a box around the incumbent,
+    /// [`BatchRule::Ucb`] inside a trust region: a box around the incumbent,
     /// its sides in proportion to the length scales, that doubles after
     /// three batches in a row improve on the best and halves after
     /// `max(4, d) / q` that do not (TuRBO's rule, q the trials in flight;
     /// the batches read from the told trials in id order, so an ask stays
     /// a function of what was told), back to its first size below 0.5^7.
-    /// Measured against [`Batch::Ucb`] and not kept: 24 / 32 studies at 4
-    /// in flight, 30 / 31 at 16 (BENCHMARKS.md, issue 37, "gp's fifth round").
+    /// Measured against [`BatchRule::Ucb`] and not kept: 24 / 32 studies at 4
+    /// in flight, 30 / 31 at 16 (BENCHMARKS.md, "gp's fifth round").
     Trust,
     /// Thompson sampling from a whole sample path: a draw of the prior
     /// from random Fourier features of the Matérn kernel, conditioned on
     /// the told trials and the running ones believed (pathwise, Wilson et
     /// al. 2020), minimised as the bound is (random and local candidates,
     /// then the compass refinement): not held to a few hundred points as
-    /// [`Batch::Thompson`]'s joint draw is. Measured against
-    /// [`Batch::Ucb`] and not kept: it explores more, 14 / 42 studies at 4
-    /// in flight, 17 / 47 at 16 (BENCHMARKS.md, issue 37, "gp's fifth round").
+    /// [`BatchRule::Thompson`]'s joint draw is. Measured against
+    /// [`BatchRule::Ucb`] and not kept: it explores more, 14 / 42 studies at 4
+    /// in flight, 17 / 47 at 16 (BENCHMARKS.md, "gp's fifth round").
     Pathwise,
     /// The expected improvement of the batch: of the best of the running
     /// trials' results and the candidate's, over the incumbent, less what
@@ -88,50 +88,50 @@ pub enum Batch {
     /// for pending points, one candidate at a time). Each draw's inner
     /// expectation is exact: given the running trials' draw, the
     /// candidate's value is normal ([`QEI_DRAWS`] antithetic draws, the
-    /// same for every candidate of an ask). Measured against [`Batch::Ucb`]
+    /// same for every candidate of an ask). Measured against [`BatchRule::Ucb`]
     /// and not kept: 29 / 59 studies better / worse at 4 in flight, 24 / 67
-    /// at 16, at ten times the ask's cost (BENCHMARKS.md, issue 37, "gp's
+    /// at 16, at ten times the ask's cost (BENCHMARKS.md, "gp's
     /// sixth round").
     QEi,
 }
 
-impl Batch {
+impl BatchRule {
     /// Every rule, for benchmarks.
-    pub const ALL: [Batch; 11] = [
-        Batch::Believer,
-        Batch::LiarMax,
-        Batch::LiarMean,
-        Batch::Ucb,
-        Batch::Fantasy,
-        Batch::Penalise,
-        Batch::Thompson,
-        Batch::UcbPending,
-        Batch::Trust,
-        Batch::Pathwise,
-        Batch::QEi,
+    pub const ALL: [BatchRule; 11] = [
+        BatchRule::Believer,
+        BatchRule::LiarMax,
+        BatchRule::LiarMean,
+        BatchRule::Ucb,
+        BatchRule::Fantasy,
+        BatchRule::Penalise,
+        BatchRule::Thompson,
+        BatchRule::UcbPending,
+        BatchRule::Trust,
+        BatchRule::Pathwise,
+        BatchRule::QEi,
     ];
 
     /// Its name: `believer`, `liar_max`, `liar_mean`, `ucb`, `fantasy`,
     /// `penalise`, `thompson`, `ucb_pending`, `trust`, `pathwise`, `qei`.
     pub fn name(self) -> &'static str {
         match self {
-            Batch::Believer => "believer",
-            Batch::LiarMax => "liar_max",
-            Batch::LiarMean => "liar_mean",
-            Batch::Ucb => "ucb",
-            Batch::Fantasy => "fantasy",
-            Batch::Penalise => "penalise",
-            Batch::Thompson => "thompson",
-            Batch::UcbPending => "ucb_pending",
-            Batch::Trust => "trust",
-            Batch::Pathwise => "pathwise",
-            Batch::QEi => "qei",
+            BatchRule::Believer => "believer",
+            BatchRule::LiarMax => "liar_max",
+            BatchRule::LiarMean => "liar_mean",
+            BatchRule::Ucb => "ucb",
+            BatchRule::Fantasy => "fantasy",
+            BatchRule::Penalise => "penalise",
+            BatchRule::Thompson => "thompson",
+            BatchRule::UcbPending => "ucb_pending",
+            BatchRule::Trust => "trust",
+            BatchRule::Pathwise => "pathwise",
+            BatchRule::QEi => "qei",
         }
     }
 
-    /// The rule of that [`Batch::name`].
-    pub fn from_name(name: &str) -> Option<Batch> {
-        Batch::ALL.into_iter().find(|b| b.name() == name)
+    /// The rule of that [`BatchRule::name`].
+    pub fn from_name(name: &str) -> Option<BatchRule> {
+        BatchRule::ALL.into_iter().find(|b| b.name() == name)
     }
 }
 
@@ -148,35 +148,35 @@ pub(super) struct Pending<'a> {
     pub y: &'a [f64],
     /// Unit coordinates of the running trials (at least one).
     pub pending: Vec<Vec<f64>>,
-    /// The told values, standardised, in id order ([`Batch::Trust`]'s
+    /// The told values, standardised, in id order ([`BatchRule::Trust`]'s
     /// region is replayed from them; empty for the other rules).
     pub history: &'a [f64],
 }
 
 impl Pending<'_> {
     /// The next configuration under `rule`, from `candidates`.
-    pub fn choose(&self, rule: Batch, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
+    pub fn choose(&self, rule: BatchRule, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
         let gp = self.gp;
         match rule {
-            Batch::Believer | Batch::Ucb | Batch::UcbPending => {
+            BatchRule::Believer | BatchRule::Ucb | BatchRule::UcbPending => {
                 let model = self.believed();
                 let score = match rule {
-                    Batch::Ucb => Rule::Ucb { width: UCB_WIDTH },
-                    Batch::UcbPending => Rule::Ucb { width: pending_width(self.pending.len()) },
+                    BatchRule::Ucb => Rule::Ucb { width: UCB_WIDTH },
+                    BatchRule::UcbPending => Rule::Ucb { width: pending_width(self.pending.len()) },
                     _ => Rule::Ei { best: self.best },
                 };
                 gp.maximise_posterior(&model, score, candidates, self.incumbent)
             }
-            Batch::LiarMax | Batch::LiarMean => {
+            BatchRule::LiarMax | BatchRule::LiarMean => {
                 let n = self.y.len().max(1) as f64;
                 let lie = match rule {
-                    Batch::LiarMax => self.y.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                    BatchRule::LiarMax => self.y.iter().copied().fold(f64::NEG_INFINITY, f64::max),
                     _ => self.y.iter().sum::<f64>() / n,
                 };
                 let model = self.with_pending(&vec![lie; self.pending.len()]).unwrap_or_else(|| self.model.clone());
                 gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, self.incumbent)
             }
-            Batch::Fantasy => {
+            BatchRule::Fantasy => {
                 let draws = self.joint_draws(&self.pending, FANTASIES, rng)?;
                 let models: Vec<(Model, f64)> = draws
                     .iter()
@@ -194,7 +194,7 @@ impl Pending<'_> {
                     (0..us.len()).map(|j| log_sum_exp(&each.iter().map(|e| e[j]).collect::<Vec<f64>>()) - k).collect()
                 })
             }
-            Batch::Penalise => {
+            BatchRule::Penalise => {
                 let lipschitz = self.lipschitz(&candidates);
                 let balls: Vec<(Vec<f64>, f64, f64)> = self
                     .pending
@@ -220,15 +220,15 @@ impl Pending<'_> {
                         .collect()
                 })
             }
-            Batch::Trust => self.trust(candidates),
-            Batch::Pathwise => self.pathwise(candidates, rng),
-            Batch::QEi => match Joint::draw(self, rng) {
+            BatchRule::Trust => self.trust(candidates),
+            BatchRule::Pathwise => self.pathwise(candidates, rng),
+            BatchRule::QEi => match Joint::draw(self, rng) {
                 Some(joint) => gp.maximise(self.model, candidates, Some(self.incumbent), &|us| joint.scores(self, us)),
                 None => {
                     gp.maximise_posterior(&self.believed(), Rule::Ucb { width: UCB_WIDTH }, candidates, self.incumbent)
                 }
             },
-            Batch::Thompson => {
+            BatchRule::Thompson => {
                 let model = self.believed();
                 let random = gp.settings.candidates.max(1).min(candidates.len());
                 let points: Vec<Vec<f64>> = candidates
@@ -249,7 +249,7 @@ impl Pending<'_> {
         }
     }
 
-    /// [`Batch::Trust`]'s ask: the believer's bound over the candidates
+    /// [`BatchRule::Trust`]'s ask: the believer's bound over the candidates
     /// moved into the region, nothing outside it.
     fn trust(&self, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
         let gp = self.gp;
@@ -292,7 +292,7 @@ impl Pending<'_> {
         })
     }
 
-    /// [`Batch::Pathwise`]'s ask: the minimum of one sample path of the
+    /// [`BatchRule::Pathwise`]'s ask: the minimum of one sample path of the
     /// believer's model.
     fn pathwise(&self, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
         let gp = self.gp;
@@ -371,7 +371,7 @@ impl Pending<'_> {
     }
 }
 
-/// [`Batch::QEi`]'s joint draws of the running trials' latent values, and
+/// [`BatchRule::QEi`]'s joint draws of the running trials' latent values, and
 /// what each candidate's value is given them.
 pub(super) struct Joint {
     /// `L^-1 k(X, p)` for each running trial `p`, point-major (`n` a trial).
@@ -485,7 +485,7 @@ fn joint_posterior(gp: &Gp, model: &Model, points: &[Vec<f64>]) -> (Vec<f64>, Ve
     (mean, v, cov)
 }
 
-/// The width of [`Batch::UcbPending`]'s bound with `pending` trials in
+/// The width of [`BatchRule::UcbPending`]'s bound with `pending` trials in
 /// flight: [`PENDING_BASE`] times `sqrt(1 + ln(1 + pending))`, so 2 with
 /// none, 1.55 times that with 3 (4 in flight), 1.94 times with 15 (16 in
 /// flight): the deviation's factor grows as the square root of a
@@ -494,7 +494,7 @@ pub(super) fn pending_width(pending: usize) -> f64 {
     PENDING_BASE * (1.0 + (pending as f64).ln_1p()).sqrt()
 }
 
-/// One sample path of a model's posterior ([`Batch::Pathwise`]): a
+/// One sample path of a model's posterior ([`BatchRule::Pathwise`]): a
 /// prior draw `phi(u) . w` from random Fourier features and the update
 /// `k(u, X) v` that conditions it on the model's points.
 pub(super) struct Path {
@@ -575,7 +575,7 @@ fn embed(gp: &Gp, theta: &super::Theta, u: &[f64]) -> Vec<f64> {
     e
 }
 
-/// The side of [`Batch::Trust`]'s region (unit cube: 1 is a side as long
+/// The side of [`BatchRule::Trust`]'s region (unit cube: 1 is a side as long
 /// as the cube's), replayed from the told values in id order after the
 /// `startup` ones, `q` at a time: 0.8 at first, doubled (to at most 1.6)
 /// after three batches in a row that improve on the best by a thousandth

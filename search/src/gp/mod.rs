@@ -31,11 +31,11 @@
 //!   perturbations of the best told ones, the best few then refined one
 //!   axis at a time ([`Refinement`]: the ten best by compass search to a
 //!   step of 1e-5 while the model has at most 100 points, the three best
-//!   on a halving step beyond; issue 37 measured the ten against Optuna's
+//!   on a halving step beyond; BENCHMARKS.md measured the ten against Optuna's
 //!   `GPSampler`, whose ten local searches they follow), and the incumbent
 //!   itself refined beside them (Optuna's warm start at its best trial:
 //!   the converged studies end ten times closer on hartmann6).
-//! - Trials still running (a fleet's parallel asks, [`Batch::Ucb`]): each
+//! - Trials still running (a fleet's parallel asks, [`BatchRule::Ucb`]): each
 //!   is added to the model with its posterior mean as its value (the
 //!   "kriging believer"), which takes away the uncertainty where it runs,
 //!   and the next configuration is the one of lowest confidence bound
@@ -43,7 +43,7 @@
 //!   improvement: parallel asks spread out instead of repeating one point,
 //!   and explore a little wider than the improvement would, which pays
 //!   when the results they wait for are missing (two deviations explored
-//!   too much: issue 37's fourth round measured 0.5 to 2). Issue 37
+//!   too much: the benchmark's fourth round measured 0.5 to 2). BENCHMARKS.md
 //!   compared it with the believer and the expected improvement (the rule
 //!   before), constant liars (the worst or the mean value), fantasies
 //!   drawn from the posterior, local penalisation, Thompson sampling and
@@ -108,7 +108,7 @@ mod refine;
 mod score;
 mod settings;
 mod values;
-pub use batch::Batch;
+pub use batch::BatchRule;
 use model::{factorise, fit_point, log_ei_of, Model, Theta};
 pub(super) use refine::Refinement;
 use score::{Rule, SCORED_AT_ONCE};
@@ -300,7 +300,7 @@ impl Gp {
             // Values so far apart that their spread overflows: sample at random.
             return None;
         }
-        let history = if self.settings.batch == Batch::Trust { y.clone() } else { Vec::new() };
+        let history = if self.settings.batch == BatchRule::Trust { y.clone() } else { Vec::new() };
         let (x, y) = stable_subset(x, y, self.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
         let last = self.factored.try_borrow_mut().ok().and_then(|mut cell| cell.take());
@@ -405,7 +405,7 @@ impl Gp {
     /// The candidate of highest `score` (which scores a batch of points at
     /// once: one triangular solve for all), the best few refined, and the
     /// `incumbent` too (the told configuration of best posterior mean, where
-    /// an expected improvement is measured from: issue 37 measured it
+    /// an expected improvement is measured from: BENCHMARKS.md measured it
     /// against the best few alone, BENCHMARKS.md).
     fn maximise(
         &self,

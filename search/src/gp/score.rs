@@ -1,4 +1,4 @@
-//! Candidates scored against one posterior, pruned exactly (issue 37):
+//! Candidates scored against one posterior, pruned exactly:
 //! what [`super::Gp::maximise`] proposes with a score of the posterior mean
 //! and variance alone (the expected improvement, the confidence bound),
 //! bit for bit, without the posterior variance of most candidates.
@@ -257,7 +257,7 @@ impl Gp {
 
 /// The incumbent as a start of the refinement under `rule`: for the expected
 /// improvement, which is measured from it; a confidence bound's maximum is
-/// elsewhere (the trials in flight: issue 37 measured it neutral there).
+/// elsewhere (the trials in flight: BENCHMARKS.md measured it neutral there).
 pub(super) fn own_start(rule: Rule, incumbent: &[f64]) -> Option<&[f64]> {
     matches!(rule, Rule::Ei { .. }).then_some(incumbent)
 }

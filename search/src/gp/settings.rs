@@ -1,7 +1,7 @@
 //! What a [`super::Gp`] is built with ([`GpSettings`]) and which
 //! arithmetic its asks take ([`Paths`]).
 
-use super::batch::Batch;
+use super::batch::BatchRule;
 
 /// Settings of [`Gp`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -13,9 +13,9 @@ pub struct GpSettings {
     pub candidates: usize,
     /// Likelihood evaluations when fitting the hyper-parameters. Default 200.
     pub fit_evals: usize,
-    /// How an ask accounts for the trials still running ([`Batch`]). Default
-    /// [`Batch::Ucb`].
-    pub batch: Batch,
+    /// How an ask accounts for the trials still running ([`BatchRule`]). Default
+    /// [`BatchRule::Ucb`].
+    pub batch: BatchRule,
     /// Told trials up to which the hyper-parameters are fitted at every
     /// ask; past them, again each time a tenth more are told
     /// (`model::fit_point`). Default 30; `usize::MAX`: at every ask.
@@ -53,7 +53,7 @@ impl Default for GpSettings {
             startup: 10,
             candidates: 1024,
             fit_evals: 200,
-            batch: Batch::Ucb,
+            batch: BatchRule::Ucb,
             refit_from: 30,
             model_points: 400,
             paths: Paths::Fast,

@@ -222,7 +222,7 @@ fn without_every_objective_measured_the_first_one_is_searched() {
 
 /// Twenty told trials of the bowl, then four asks under `rule`, each while
 /// the ones before it run: the search and the asks.
-fn parallel_asks(rule: Batch, seed: u64) -> (Gp, Vec<Params>) {
+fn parallel_asks(rule: BatchRule, seed: u64) -> (Gp, Vec<Params>) {
     let settings = GpSettings { batch: rule, ..GpSettings::default() };
     let mut gp = Gp::new(box3(), Direction::Minimize, 1, seed, settings);
     for i in 0..20 {
@@ -244,8 +244,8 @@ fn distance(a: &Params, b: &Params) -> f64 {
 
 #[test]
 fn every_batch_rule_spreads_the_asks_made_while_trials_run() {
-    for rule in Batch::ALL {
-        assert_eq!(Batch::from_name(rule.name()), Some(rule));
+    for rule in BatchRule::ALL {
+        assert_eq!(BatchRule::from_name(rule.name()), Some(rule));
         // Ignoring the running trials, the four asks fall within 1e-5 of
         // one point (the refinement's last step). The believer with the
         // expected improvement, maximised precisely, asks on the rim its
@@ -268,7 +268,7 @@ fn local_penalisation_keeps_an_ask_off_the_ball_around_a_running_trial() {
     // believed gap to the best over the Lipschitz constant, next to nothing
     // at the minimum itself: the penalty keeps the ask off the point, no
     // farther (3e-4 here).
-    let settings = GpSettings { batch: Batch::Penalise, ..GpSettings::default() };
+    let settings = GpSettings { batch: BatchRule::Penalise, ..GpSettings::default() };
     let mut gp = Gp::new(box3(), Direction::Minimize, 1, 5, settings);
     for i in 0..25 {
         let p = gp.ask(i, &[]);
@@ -399,7 +399,7 @@ fn pruned_scoring_proposes_what_scoring_every_candidate_does() {
     // and refinement step's variance computed.
     let (space, f) = mixed();
     for (seed, in_flight, batch) in
-        [(1, 1, Batch::Ucb), (2, 4, Batch::Ucb), (3, 3, Batch::Believer), (4, 2, Batch::LiarMean)]
+        [(1, 1, BatchRule::Ucb), (2, 4, BatchRule::Ucb), (3, 3, BatchRule::Believer), (4, 2, BatchRule::LiarMean)]
     {
         let settings = GpSettings { batch, ..GpSettings::default() };
         let gp = || Gp::new(space.clone(), Direction::Minimize, 1, seed, settings);
@@ -425,8 +425,8 @@ fn the_bound_widened_by_the_trials_in_flight_is_the_current_search_with_none() {
     let asks = |in_flight, batch| {
         study_asks(Gp::new(space.clone(), Direction::Minimize, 1, 6, settings(batch)), 30, in_flight, f)
     };
-    assert_eq!(asks(1, Batch::UcbPending), asks(1, GpSettings::default().batch));
-    assert_ne!(asks(4, Batch::UcbPending), asks(4, Batch::Ucb));
+    assert_eq!(asks(1, BatchRule::UcbPending), asks(1, GpSettings::default().batch));
+    assert_ne!(asks(4, BatchRule::UcbPending), asks(4, BatchRule::Ucb));
 }
 
 #[test]
@@ -570,7 +570,7 @@ fn with_trials_in_flight_a_study_refines_as_the_sequential_one_does() {
     // seed by seed (floored at 1e-4): the confidence bound's width decides
     // how many of the parallel asks go on exploring. At one deviation the
     // geometric mean of the six ratios is 0.33; at two (the width before
-    // issue 37's fourth round) 3.5.
+    // the benchmark's fourth round) 3.5.
     let best = |seed, in_flight| {
         let asked =
             study_asks(Gp::new(box3(), Direction::Minimize, 1, seed, GpSettings::default()), 50, in_flight, levy3);

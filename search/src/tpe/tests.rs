@@ -508,7 +508,7 @@ fn the_density_ratio_is_optuna_5s_on_recorded_histories() {
     }
 }
 
-/// Issue 58: with constraints, the good trials are the feasible ones
+/// With constraints, the good trials are the feasible ones
 /// first (by loss), then the infeasible ones by violation (Optuna's
 /// constrained split), whatever their loss.
 #[test]

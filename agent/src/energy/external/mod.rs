@@ -196,7 +196,7 @@ pub struct Integrator {
 
 /// What one reading changed.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Step {
+pub enum Increment {
     /// The first good reading: nothing to count yet.
     First,
     /// Energy over the interval since the previous good reading.
@@ -214,7 +214,7 @@ impl Integrator {
 
     /// Adds a reading taken at `at` seconds (dates are kept in order: a
     /// reading dated before the previous one counts at the same time).
-    pub fn add(&mut self, at: f64, result: Result<Value, String>) -> Step {
+    pub fn add(&mut self, at: f64, result: Result<Value, String>) -> Increment {
         self.readings += 1;
         let value = match result {
             Ok(v) => v,
@@ -222,13 +222,13 @@ impl Integrator {
                 self.failures += 1;
                 self.failing += 1;
                 self.invalid(format!("reading failed: {e}"));
-                return Step::Nothing;
+                return Increment::Nothing;
             }
         };
         self.failing = 0;
         let Some((t0, prev)) = self.last else {
             self.last = Some((at, value));
-            return Step::First;
+            return Increment::First;
         };
         let at = at.max(t0);
         let seconds = at - t0;
@@ -241,16 +241,16 @@ impl Integrator {
                      the energy of that interval is unknown"
                 ));
                 self.last = Some((at, value));
-                return Step::Nothing;
+                return Increment::Nothing;
             }
             (a, b) => {
                 self.invalid(format!("the meter switched from {} to {}", a.unit(), b.unit()));
-                return Step::Nothing;
+                return Increment::Nothing;
             }
         };
         self.last = Some((at, value));
         self.joules += joules;
-        Step::Interval { seconds, joules }
+        Increment::Interval { seconds, joules }
     }
 
     /// Joules up to `end`: power held from the last good reading when it
@@ -317,7 +317,7 @@ impl ExternalMeter {
             }
         }
         match self.integrator.add(at, timed.result) {
-            Step::Interval { seconds, joules } if seconds > 0.0 => {
+            Increment::Interval { seconds, joules } if seconds > 0.0 => {
                 let watts = joules / seconds;
                 self.last_watts = Some(watts);
                 let elapsed_ms = (at * 1000.0) as u64;
@@ -430,9 +430,9 @@ mod tests {
     #[test]
     fn watts_integrate_as_trapezoids() {
         let mut i = Integrator::default();
-        assert_eq!(i.add(0.0, Ok(Value::Watts(10.0))), Step::First);
-        assert_eq!(i.add(2.0, Ok(Value::Watts(20.0))), Step::Interval { seconds: 2.0, joules: 30.0 });
-        assert_eq!(i.add(3.0, Ok(Value::Watts(20.0))), Step::Interval { seconds: 1.0, joules: 20.0 });
+        assert_eq!(i.add(0.0, Ok(Value::Watts(10.0))), Increment::First);
+        assert_eq!(i.add(2.0, Ok(Value::Watts(20.0))), Increment::Interval { seconds: 2.0, joules: 30.0 });
+        assert_eq!(i.add(3.0, Ok(Value::Watts(20.0))), Increment::Interval { seconds: 1.0, joules: 20.0 });
         assert_eq!(i.joules, 50.0);
         // Held from the last reading up to the end.
         assert_eq!(i.joules_until(4.5), 80.0);
@@ -443,9 +443,9 @@ mod tests {
     fn joules_are_a_counter_and_a_decrease_is_reported_not_negative() {
         let mut i = Integrator::default();
         i.add(0.0, Ok(Value::Joules(1000.0)));
-        assert_eq!(i.add(1.0, Ok(Value::Joules(1040.0))), Step::Interval { seconds: 1.0, joules: 40.0 });
-        assert_eq!(i.add(2.0, Ok(Value::Joules(5.0))), Step::Nothing, "reset: unknown, not -1035 J");
-        assert_eq!(i.add(3.0, Ok(Value::Joules(25.0))), Step::Interval { seconds: 1.0, joules: 20.0 });
+        assert_eq!(i.add(1.0, Ok(Value::Joules(1040.0))), Increment::Interval { seconds: 1.0, joules: 40.0 });
+        assert_eq!(i.add(2.0, Ok(Value::Joules(5.0))), Increment::Nothing, "reset: unknown, not -1035 J");
+        assert_eq!(i.add(3.0, Ok(Value::Joules(25.0))), Increment::Interval { seconds: 1.0, joules: 20.0 });
         assert_eq!(i.joules, 60.0);
         assert_eq!(i.joules_until(10.0), 60.0, "a counter has nothing to extrapolate");
         assert_eq!(i.reasons.len(), 1);
@@ -456,13 +456,13 @@ mod tests {
     fn failures_and_unit_switches_make_reasons() {
         let mut i = Integrator::default();
         i.add(0.0, Ok(Value::Watts(10.0)));
-        assert_eq!(i.add(1.0, Err("exit status 1".into())), Step::Nothing);
-        assert_eq!(i.add(2.0, Err("exit status 1".into())), Step::Nothing);
+        assert_eq!(i.add(1.0, Err("exit status 1".into())), Increment::Nothing);
+        assert_eq!(i.add(2.0, Err("exit status 1".into())), Increment::Nothing);
         assert_eq!(i.failing, 2);
         // The gap is bridged, but the reading stays invalid.
-        assert_eq!(i.add(3.0, Ok(Value::Watts(10.0))), Step::Interval { seconds: 3.0, joules: 30.0 });
+        assert_eq!(i.add(3.0, Ok(Value::Watts(10.0))), Increment::Interval { seconds: 3.0, joules: 30.0 });
         assert_eq!(i.failing, 0);
-        assert_eq!(i.add(4.0, Ok(Value::Joules(3.0))), Step::Nothing);
+        assert_eq!(i.add(4.0, Ok(Value::Joules(3.0))), Increment::Nothing);
         assert_eq!(i.reasons, ["reading failed: exit status 1", "the meter switched from watts to joules"]);
         assert_eq!(i.failure_summary().as_deref(), Some("2 of 5 readings failed"));
         i.add(5.0, Err("x".into()));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use tunefleet_common::message::{AgentInfo, AgentStatus, TrialRef, WorkRequest};
 
-use super::fleet::{credit, AgentState};
+use super::fleet::{credit, FleetAgent};
 use super::lease::{trial_ref, State, MAX_PROGRESS_BYTES, MAX_PROGRESS_ROWS};
 use super::{Effect, Scheduler};
 
@@ -44,7 +44,7 @@ impl Scheduler {
     pub fn hello(&mut self, info: AgentInfo) -> Vec<Effect> {
         let name = info.agent.clone();
         let instance = info.instance;
-        let agent = self.agents.entry(name.clone()).or_insert_with(|| AgentState {
+        let agent = self.agents.entry(name.clone()).or_insert_with(|| FleetAgent {
             name: Arc::from(name.as_str()),
             info: None,
             online: true,
@@ -114,7 +114,7 @@ impl Scheduler {
         let Some(a) = self.agents.get_mut(agent) else {
             return vec![Effect::LostHeld { agent: agent.to_string(), trials: n, places: 0 }];
         };
-        let full = a.info.as_ref().map_or(1, AgentState::places);
+        let full = a.info.as_ref().map_or(1, FleetAgent::places);
         a.window = (a.window.min(full) / 2).max(1);
         a.lost_held = a.lost_held.saturating_add(u64::from(n));
         let places = a.window;
@@ -209,7 +209,7 @@ impl Scheduler {
     /// may hold at once now (for `tunefleet agents` and the log).
     pub fn reliability(&self, agent: &str) -> Option<(u64, u32)> {
         let a = self.agents.get(agent)?;
-        let full = a.info.as_ref().map_or(0, AgentState::places);
+        let full = a.info.as_ref().map_or(0, FleetAgent::places);
         Some((a.lost_held, a.window.min(full)))
     }
 

@@ -1,4 +1,4 @@
-//! An agent as the scheduler sees it ([`AgentState`]): what it said it is
+//! An agent as the scheduler sees it ([`FleetAgent`]): what it said it is
 //! and asked for, and the credit a request gives it (never past its
 //! announced slots: [`credit`]). The scheduler's handling of agents is in
 //! `agents.rs`.
@@ -10,7 +10,7 @@ use tunefleet_common::message::AgentInfo;
 use super::lease::StudyLeases;
 
 #[derive(Debug)]
-pub(super) struct AgentState {
+pub(super) struct FleetAgent {
     /// Its name, shared with the fleet's indexes.
     pub(super) name: Arc<str>,
     pub(super) info: Option<AgentInfo>,
@@ -43,7 +43,7 @@ pub(super) struct AgentState {
     pub(super) holder: Option<super::lease::Holder>,
 }
 
-impl AgentState {
+impl FleetAgent {
     /// The trials an agent takes at once: its slots, and as many held
     /// ahead as it offers (never more than 4 per slot).
     pub(super) fn places(info: &AgentInfo) -> u32 {

@@ -41,7 +41,7 @@ mod results;
 mod tests;
 mod types;
 
-use fleet::AgentState;
+use fleet::FleetAgent;
 pub use fleet::{grant, grant_gpus};
 pub use lease::NOT_STARTED;
 use lease::{Lease, State, StudyLeases, TrialSlot};
@@ -53,7 +53,7 @@ pub use types::{
 #[derive(Debug, Default)]
 pub struct Scheduler {
     studies: Vec<StudyLeases>,
-    agents: BTreeMap<String, AgentState>,
+    agents: BTreeMap<String, FleetAgent>,
     /// Agents online, announced and with credit: the only ones a turn visits.
     ready: BTreeSet<Arc<str>>,
     /// Agents online and announced.

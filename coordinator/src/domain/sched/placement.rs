@@ -13,7 +13,7 @@
 use std::ops::Bound;
 use std::sync::Arc;
 
-use super::fleet::AgentState;
+use super::fleet::FleetAgent;
 use super::lease::{depth_left, leases_on, trial_ref, Lease, State, StudyLeases};
 use super::{Effect, Scheduler};
 
@@ -89,7 +89,7 @@ fn gpus_leased(studies: &[StudyLeases], name: &str) -> usize {
 /// none fits.
 fn place_one(
     studies: &mut [StudyLeases],
-    agent: &mut AgentState,
+    agent: &mut FleetAgent,
     next_study: &mut usize,
     live: usize,
     now_ms: u64,

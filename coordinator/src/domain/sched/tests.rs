@@ -345,7 +345,7 @@ fn offline_agent_trials_are_requeued_and_late_results_win_once() {
     assert_eq!(s.counts("s").map(|c| (c.done, c.finished())), Some((1, true)));
 }
 
-/// Issue 8: a good result that arrived after its trial had run out of
+/// A good result that arrived after its trial had run out of
 /// attempts was kept as superseded, and the trial stayed failed.
 #[test]
 fn regression_late_result_of_a_failed_trial_completes_it_once() {
@@ -405,7 +405,7 @@ fn forged_or_unknown_results_are_refused() {
     assert_eq!(s.result("a", &t, ResultKind::Complete { success: true }, 0).0, Verdict::Accepted);
 }
 
-/// Issue 20, finding 8: a reference with the study's name but another
+/// A reference with the study's name but another
 /// study id is of another study of that name (another store): none of
 /// this study's results, progress, refusals or running attempts.
 #[test]
@@ -547,14 +547,14 @@ fn assert_indexes_agree(s: &Scheduler) -> Result<(), proptest::test_runner::Test
             name
         );
     }
-    let live = |a: &AgentState| a.online && a.info.is_some();
+    let live = |a: &FleetAgent| a.online && a.info.is_some();
     let ready: BTreeSet<Arc<str>> =
         s.agents.values().filter(|a| live(a) && a.credit > 0).map(|a| a.name.clone()).collect();
     prop_assert_eq!(&s.ready, &ready, "agents with credit");
     prop_assert_eq!(s.live, s.agents.values().filter(|a| live(a)).count(), "live agents");
     prop_assert!(s.agents.values().all(|a| a.live == live(a)), "each agent's live flag");
     prop_assert!(s.agents.values().all(|a| a.ready == ready.contains(&a.name)), "each agent's ready flag");
-    let counted = |a: &AgentState| if live(a) { a.credit } else { 0 };
+    let counted = |a: &FleetAgent| if live(a) { a.credit } else { 0 };
     prop_assert!(s.agents.values().all(|a| a.counted == counted(a)), "each agent's counted credit");
     Ok(())
 }
@@ -784,7 +784,7 @@ fn a_study_that_learns_from_each_result_is_held_one_deep_at_most() {
     assert!(models >= 2, "the model's study got {models} of 10 places");
 }
 
-/// Issue 37: a study that learns from each result has one of its trials
+/// A study that learns from each result has one of its trials
 /// held per agent, not per slot, so its search is asked just in time.
 #[test]
 fn a_study_that_learns_from_each_result_is_held_one_per_agent() {
@@ -863,7 +863,7 @@ fn a_result_is_awaited_from_a_live_attempt_and_from_a_stopped_one_not_yet_delive
     assert!(!s.awaits_result("a", &t1), "done");
 }
 
-/// Issue 35, finding 1: a member announcing the most slots took nearly
+/// A member announcing the most slots took nearly
 /// every pending trial, and each time it went offline every trial it held
 /// (none started) counted a failed attempt.
 #[test]
@@ -909,7 +909,7 @@ fn regression_trials_lost_before_they_start_never_fail_and_the_loser_is_given_fe
     );
 }
 
-/// Issue 35: pending trials are shared among the agents that ask, one
+/// Pending trials are shared among the agents that ask, one
 /// each in turn, and an agent holds trials ahead only up to its share of
 /// what is outstanding while others are live.
 #[test]
@@ -943,7 +943,7 @@ fn regression_no_agent_drains_the_queue_while_others_wait() {
     assert_eq!(got.iter().filter(|g| g.0 == "b").count(), 2, "{got:?}");
 }
 
-/// Issue 35, finding 3: every lease a member hoarded opened a
+/// Every lease a member hoarded opened a
 /// co-measurement window on every node. A trial held ahead now says it
 /// started ([`Effect::Started`]) only once its agent runs it, and only then
 /// are its nodes started; a trial into a free slot starts at once.
@@ -975,7 +975,7 @@ fn regression_a_held_trial_says_it_started_once_its_agent_runs_it() {
     assert!(!eff.iter().any(|e| matches!(e, Effect::Started { .. })), "once: {eff:?}");
 }
 
-/// Issue 53: an agent past its share of a study's store is refused and
+/// An agent past its share of a study's store is refused and
 /// given none of its trials; the trial goes to another, the study waits
 /// with a reason once no agent has room left.
 #[test]
@@ -1004,7 +1004,7 @@ fn an_agent_past_its_share_of_the_store_gets_no_more_trials_and_its_result_goes_
     assert_eq!(s.why_waiting("s"), None);
 }
 
-/// Issue 53: store space per token as well as per name: the names of a
+/// Store space per token as well as per name: the names of a
 /// token with a share of its own are past it together, whatever each
 /// wrote alone; what a name wrote before its token was known counts too.
 #[test]

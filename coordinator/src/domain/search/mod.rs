@@ -307,7 +307,7 @@ high = 2
         v.as_f64().expect("numeric")
     }
 
-    /// Issue 56: `[[enqueue]]` configurations come first, in order, each
+    /// `[[enqueue]]` configurations come first, in order, each
     /// overlaying the strategy's ask; a resumed search skips those already
     /// run, and a study going on with more of them tries the new ones.
     #[test]
@@ -654,7 +654,7 @@ control = true
         assert_eq!(probe_plan(&s), None);
     }
 
-    /// Issue 36: "learns from results" was decided in three places; now the
+    /// "learns from results" was decided in three places; now the
     /// strategy says it, and what the search is built as agrees.
     #[test]
     fn whether_a_strategy_learns_is_one_fact_the_search_agrees_with() {

@@ -392,7 +392,7 @@ impl Study {
 
     /// How many of its trials an agent may hold ahead in all, whatever its
     /// slots: one for a search that learns from each result (`tpe`, `gp`;
-    /// issue 37: a trial is asked when a slot is about to start it, the
+    /// a trial is asked when a slot is about to start it, the
     /// one held hiding the round trip, not one per slot asked blind many
     /// results ahead); no bound for the others.
     pub fn ahead_per_agent(&self) -> Option<u32> {

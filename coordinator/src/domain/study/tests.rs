@@ -500,7 +500,7 @@ fn early_stopping_in_a_pipelined_study_judges_only_after_every_probe_window() {
     assert!(parse(&plain, "s.toml").is_ok());
 }
 
-/// Issue 58: `[[constraint]]` entries, each a metric and one finite bound;
+/// `[[constraint]]` entries, each a metric and one finite bound;
 /// changing them is a new study (they decide what is ranked first).
 #[test]
 fn constraints_take_a_metric_and_one_finite_bound() {
@@ -528,7 +528,7 @@ fn constraints_take_a_metric_and_one_finite_bound() {
     assert!(!diff::continues(&base, &study), "a study under other constraints ranks otherwise: a new study");
 }
 
-/// Issue 58: `metric = "energy_time"` with its knob and power, and
+/// `metric = "energy_time"` with its knob and power, and
 /// `to_target` on a measured metric; each refused where it means nothing.
 #[test]
 fn energy_time_and_to_target_are_checked() {

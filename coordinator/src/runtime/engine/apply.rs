@@ -12,7 +12,7 @@ use tunefleet_common::topic::AgentTopic;
 
 use super::ctx::{co_messages, Ctx};
 use super::dispatch::{decide, extra_run, Decision, EarlyStop, ExtraRun, Keep, ResultStep};
-use super::gate::{gate, Gate, Gated};
+use super::gate::{gate, Gated, Gatekeeping};
 use super::hello::{on_hello, on_will};
 use super::learn::{apply_reuse, learn};
 use super::types::{loud, EngineError, Inbound};
@@ -106,7 +106,7 @@ fn aside(
 /// message is decided ([`decide`]) and performed in its own ([`apply`]).
 fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
     let now = cx.now.unix_ms;
-    let gated = gate(&mut Gate { stats: cx.stats, sessions: cx.sessions }, ev);
+    let gated = gate(&mut Gatekeeping { stats: cx.stats, sessions: cx.sessions }, ev);
     match gated {
         Gated::Nothing => Ok(()),
         Gated::Stale { agent, token } => {
@@ -170,7 +170,7 @@ fn apply(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: u64) -> R
     apply_decision(cx, agent.clone(), decision, now)?;
     let bytes = cx.batch.written().saturating_sub(written);
     if let Some(share) = cx.sched.count_written(&agent, &trial, bytes) {
-        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::space::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
+        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::disk::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
     }
     Ok(())
 }

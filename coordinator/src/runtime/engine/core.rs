@@ -21,7 +21,7 @@ use super::effects::{cancel, offload, schedule, Turn};
 use super::types::{Answer, Ask, Inbound};
 pub use super::types::{EngineError, EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
-use crate::domain::offload::{Policy, Telemetry};
+use crate::domain::offload::{LoadHistory, OffloadPolicy};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Scheduler, StudyCounts};
 use crate::runtime::auth::Sessions;
@@ -77,8 +77,8 @@ pub struct Core {
     /// Agents asked to confirm delivery ([`CoordinatorMessage::Sync`]) that have not yet.
     pub(super) unsynced: HashMap<String, u64>,
     /// Agents' recent telemetry, for the overload decider.
-    telemetry: Telemetry,
-    offload: Option<Policy>,
+    telemetry: LoadHistory,
+    offload: Option<OffloadPolicy>,
     last_decision_ms: u64,
     /// Profiles, clusters and reuse, loaded from the store with the first study.
     pub(super) book: Option<Book>,
@@ -127,7 +127,7 @@ impl Core {
             influx: false,
             sessions,
             unsynced: HashMap::new(),
-            telemetry: Telemetry::default(),
+            telemetry: LoadHistory::default(),
             offload: None,
             last_decision_ms: 0,
             book: None,
@@ -146,7 +146,7 @@ impl Core {
 
     /// Moves trials off agents the decider finds overloaded ([`crate::domain::offload`]),
     /// and measures again what agents flag as disturbed.
-    pub fn with_offload(mut self, policy: Option<Policy>) -> Self {
+    pub fn with_offload(mut self, policy: Option<OffloadPolicy>) -> Self {
         self.offload = policy;
         self
     }

@@ -8,7 +8,7 @@ use tunefleet_common::message::CoordinatorMessage;
 use super::active::ActiveStudy;
 use super::types::{EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
-use crate::domain::offload::Telemetry;
+use crate::domain::offload::LoadHistory;
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Effect, Scheduler};
 use crate::runtime::auth::Sessions;
@@ -28,7 +28,7 @@ pub(super) struct Ctx<'a, 'b> {
     pub(super) influx: bool,
     pub(super) sessions: &'a mut Sessions,
     pub(super) unsynced: &'a mut HashMap<String, u64>,
-    pub(super) telemetry: &'a mut Telemetry,
+    pub(super) telemetry: &'a mut LoadHistory,
     /// The turn's clocks: the engine's for the scheduler, the wall clock
     /// for the store, the monotonic instant for the session limits.
     pub(super) now: Now,

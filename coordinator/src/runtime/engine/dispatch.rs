@@ -287,7 +287,7 @@ fn reuse_step(
         c.and_then(|c| c.model.as_ref()),
         &records,
         c.map_or(&[][..], |c| &c.clusters),
-        &reuse::Job { profile, group: &group, identity: &a.study.workload() },
+        &reuse::ProfiledJob { profile, group: &group, identity: &a.study.workload() },
         probe.select,
     );
     let decision = match decision {

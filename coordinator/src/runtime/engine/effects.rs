@@ -12,7 +12,7 @@ use super::active::ActiveStudy;
 use super::ctx::co_messages;
 use super::types::{Answer, EngineError, EngineStats, Now};
 use crate::domain::comeasure::CoMeasures;
-use crate::domain::offload::{LoadChange, Policy, Telemetry};
+use crate::domain::offload::{LoadChange, LoadHistory, OffloadPolicy};
 use crate::domain::sched::{Effect, Scheduler};
 use crate::domain::search;
 use crate::store::Batch;
@@ -61,7 +61,7 @@ fn fail_fast(sched: &mut Scheduler, studies: &mut HashMap<String, ActiveStudy>, 
 
 /// The decider's verdicts, applied: overloaded agents get no trials and
 /// their running ones move.
-pub(super) fn offload(sched: &mut Scheduler, telemetry: &Telemetry, policy: &Policy, now: u64) -> Vec<Effect> {
+pub(super) fn offload(sched: &mut Scheduler, telemetry: &LoadHistory, policy: &OffloadPolicy, now: u64) -> Vec<Effect> {
     let mut effects = Vec::new();
     for decision in crate::domain::offload::decide(policy, telemetry, |a| sched.overloaded(a).is_some(), now) {
         match decision {

@@ -7,7 +7,7 @@
 //! back as its `Refused` answer, so its agent parks it). A Hello and a
 //! Last Will pass as they are, to the handshake.
 //!
-//! The gate borrows what authentication and the counters need ([`Gate`]),
+//! The gate borrows what authentication and the counters need ([`Gatekeeping`]),
 //! nothing of the store or the scheduler, and sends nothing itself.
 
 use tunefleet_common::auth::{self, Signed, UpFrame, Will};
@@ -19,7 +19,7 @@ use crate::runtime::auth::Sessions;
 
 /// What the gate borrows: the sessions that open frames and the counters
 /// of what it refuses.
-pub(super) struct Gate<'a> {
+pub(super) struct Gatekeeping<'a> {
     pub(super) stats: &'a mut EngineStats,
     pub(super) sessions: &'a mut Sessions,
 }
@@ -43,7 +43,7 @@ pub(super) enum Gated {
 }
 
 /// Takes `ev` through the gate.
-pub(super) fn gate(cx: &mut Gate<'_>, ev: Inbound) -> Gated {
+pub(super) fn gate(cx: &mut Gatekeeping<'_>, ev: Inbound) -> Gated {
     let (agent, kind, frame) = match ev {
         Inbound::Connected => {
             tracing::info!("connected to the broker");

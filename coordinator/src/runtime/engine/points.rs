@@ -62,7 +62,7 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
     let common = tags(energy.source.as_str(), energy.counted().is_some());
     let mut out = Vec::with_capacity(1 + energy.domains.len() + m.gpus.len() + energy.series.len());
 
-    let mut summary = Point::new(TRIAL, &tags(energy.source.as_str(), whole.counted().is_some()), end)
+    let mut summary = LinePoint::new(TRIAL, &tags(energy.source.as_str(), whole.counted().is_some()), end)
         .tag("exit", exit_kind(&m.exit))
         .float("wall_s", m.wall_us as f64 / 1e6)
         .float("user_s", m.user_us as f64 / 1e6)
@@ -86,14 +86,14 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
     out.extend(summary.line());
 
     for d in &energy.domains {
-        let p = Point::new(ENERGY, &common, end)
+        let p = LinePoint::new(ENERGY, &common, end)
             .tag("domain", &d.domain)
             .tag("in_total", if d.in_total { "true" } else { "false" })
             .float("joules", d.joules);
         out.extend(p.line());
     }
     for g in &m.gpus {
-        let p = Point::new(ENERGY, &tags("nvml", g.figure().counted().is_some()), end)
+        let p = LinePoint::new(ENERGY, &tags("nvml", g.figure().counted().is_some()), end)
             .tag("domain", &format!("gpu-{}", g.index))
             .tag("gpu", &g.uuid)
             .tag("method", g.method.as_str())
@@ -103,7 +103,7 @@ pub fn trial_points(trial: &TrialRef, agent: &str, m: &Measurement, objective: O
     }
     for s in &energy.series {
         let at = start.saturating_add(i64::try_from(s.elapsed_ms).unwrap_or(i64::MAX));
-        out.extend(Point::new(POWER, &common, at).tag("domain", "total").float("watts", s.watts).line());
+        out.extend(LinePoint::new(POWER, &common, at).tag("domain", "total").float("watts", s.watts).line());
     }
     out
 }
@@ -126,13 +126,13 @@ pub fn clean_tag(value: &str) -> String {
 }
 
 /// A point under construction; skips what line protocol cannot hold.
-struct Point {
+struct LinePoint {
     builder: influxdb2::models::data_point::DataPointBuilder,
 }
 
-impl Point {
+impl LinePoint {
     fn new(measurement: &str, tags: &[(&str, String)], at_ms: i64) -> Self {
-        let p = Point { builder: DataPoint::builder(measurement).timestamp(at_ms) };
+        let p = LinePoint { builder: DataPoint::builder(measurement).timestamp(at_ms) };
         tags.iter().fold(p, |p, (k, v)| p.tag(k, v))
     }
 

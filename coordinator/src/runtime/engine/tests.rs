@@ -85,8 +85,9 @@ impl Fixture {
         sessions.open_enrolment = true;
         let coordinator_key = sessions.public_key();
         // Disturbed measurements are measured again; every stored result's points are queued.
-        let core =
-            Core::new(store, sessions).with_influx(true).with_offload(Some(crate::domain::offload::Policy::default()));
+        let core = Core::new(store, sessions)
+            .with_influx(true)
+            .with_offload(Some(crate::domain::offload::OffloadPolicy::default()));
         let mut fx = Fixture { core, agent: None, clock_ms: 0 };
         fx.core.start_study(study, fx.now()).expect("the study starts");
         let me = Identity::generate().expect("key").0;
@@ -535,7 +536,7 @@ fn spliced() -> BoxedStrategy<Measurement> {
             let mut m = full_measurement(v);
             match field {
                 // One field of a good segment, its numbers out of range
-                // (the crash of issue 20, finding 2).
+                // (a crash found by an attack: a segment past i64::MAX).
                 19 => {
                     let s = &mut m.segments[0];
                     match sub {
@@ -680,7 +681,7 @@ fn answer(fx: &mut Fixture, trial: &TrialRef, v: f64) -> AckOutcome {
     }
 }
 
-/// Issue 20, finding 8: references of another study of the same name
+/// References of another study of the same name
 /// (another study id: another store) are none of this study's. Its
 /// result is refused (the agent parks it; never `Duplicate`, which the
 /// agent deletes), its progress and refusal are ignored, and it never
@@ -806,7 +807,7 @@ fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
     assert_eq!(fx.core.sched.counts("s").expect("study").done, 1);
 }
 
-/// Issue 20, finding 2: a segment starting past i64::MAX left
+/// A segment starting past i64::MAX left
 /// `engine::turn` with a store error and ended the process; nothing was
 /// acknowledged, so the agent sent it again after every restart.
 #[test]
@@ -907,7 +908,7 @@ fn resumable_trial_running() -> (Fixture, Assignment) {
     (fx, a)
 }
 
-/// Issue 20, finding 6: a checkpoint became options of another agent's
+/// A checkpoint became options of another agent's
 /// command. Checkpoints outside `resume_prefix` are not kept, malformed
 /// ones are refused with their message, and a kept one is one argument.
 #[test]
@@ -1067,7 +1068,7 @@ fn random_and_mutated_frames_never_stop_the_engine() {
     assert_eq!(fx.core.store.trials("s").expect("trials").len(), 4);
 }
 
-/// Issue 23: a trial reconfigured to a reused configuration ran under it;
+/// A trial reconfigured to a reused configuration ran under it;
 /// its result records that configuration (it was NULL: no probe selected
 /// one, and the plan of a pipelined trial names none).
 #[test]
@@ -1101,7 +1102,7 @@ fn a_reconfigured_trial_records_the_configuration_it_ran() {
     assert_eq!(fx.consistent(), Ok(()));
 }
 
-/// Issue 22: a trial ASHA stops is told to a TPE search (Optuna's pruned
+/// A trial ASHA stops is told to a TPE search (Optuna's pruned
 /// trials), through the engine: an epoch report behind the rung's cut stops
 /// the trial, cancels its attempt on its agent, and the model has learnt it.
 #[test]
@@ -1196,7 +1197,7 @@ fn node_answer(trial: &TrialRef, (from, to): (u64, u64), joules: f64) -> tunefle
     }
 }
 
-/// Issue 24, through the engine: a node of a study (`[measure] nodes`) is
+/// A node of a study (`[measure] nodes`) is
 /// told to start when a trial is assigned to another agent and the
 /// trial's window when its result is stored; its answer for that window
 /// is stored, while an answer from an agent not asked, for another window
@@ -1342,7 +1343,7 @@ fn the_dispatch_decides_without_changing_anything() {
     }
 }
 
-/// Issue 53, finding 7: a measuring node's energy ceiling grew with the
+/// A measuring node's energy ceiling grew with the
 /// cores it claimed (12.2 MJ taken as valid for a trial that measured
 /// 4 J). Its cores now count at most as the slots it was given: a node
 /// claiming 60,000 cores on 1 slot may report 3.1 kW at most.
@@ -1366,7 +1367,7 @@ fn regression_a_nodes_energy_ceiling_follows_its_grant_not_its_claimed_cores() {
     assert!(fx.core.store.node_measurements("s").expect("rows").iter().all(|r| r.joules.is_none()));
 }
 
-/// Issue 53, finding 8: co-measurement opened a window on every node for
+/// Co-measurement opened a window on every node for
 /// each trial a member said it started (~67 meter commands a second under
 /// a hoarder). Its nodes now measure at most as many of its trials at once
 /// as it has slots.
