@@ -945,6 +945,25 @@ fn no_test_switch_inside_a_product_function() {
     assert!(found.is_empty(), "test switches inside product functions: {found:?}");
 }
 
+/// The store's queries are written once, against its seam
+/// (`store/sql/`): no product file of the coordinator outside that folder
+/// names a database library, so a backend is a file there, not a copy of
+/// the store.
+#[test]
+fn only_the_stores_seam_names_a_database_library() {
+    let src = workspace().join("coordinator/src");
+    let tree = read_tree(&src);
+    let tests = test_only(&tree);
+    let naming: Vec<&String> = tree
+        .iter()
+        .filter(|(f, _)| !tests.contains(*f) && !f.starts_with("store/sql/"))
+        .filter(|(_, text)| text.lines().take(lines_before_tests(text)).any(|l| l.contains("rusqlite")))
+        .map(|(f, _)| f)
+        .collect();
+    assert!(tree.contains_key("store/sql/mod.rs"), "the seam is where this test looks");
+    assert!(naming.is_empty(), "files outside store/sql/ name rusqlite: {naming:?}");
+}
+
 /// Every file or folder that docs/ARCHITECTURE.md names in backquotes
 /// (`engine/gate.rs`, `sink/`) is one of the workspace's: the page says
 /// where things are, and a test holds it to it.

@@ -1,7 +1,7 @@
 //! The write batch: creating studies, recording assignments, results,
 //! progress, requeues and failures, and the agents seen.
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use super::sql::{params, Optional};
 use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 
@@ -38,10 +38,7 @@ impl Store {
     /// Starts a write transaction. Dropping the batch without
     /// [`Batch::commit`] rolls everything in it back.
     pub fn batch(&mut self) -> Result<Batch<'_>> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .ctx(|| format!("{}: starting a write transaction", self.path))?;
+        let tx = self.conn.begin().ctx(|| format!("{}: starting a write transaction", self.path))?;
         Ok(Batch { tx, written: 0 })
     }
 }
@@ -66,14 +63,14 @@ impl Batch<'_> {
     /// Savepoints nest; `name` is one of the engine's fixed names, never input.
     pub fn savepoint(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("opening savepoint {name}");
-        self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.execute([]).ctx(context)?;
+        self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.execute(()).ctx(context)?;
         Ok(())
     }
 
     /// Keeps what was written since savepoint `name` (it is part of the batch again).
     pub fn release(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("releasing savepoint {name}");
-        self.tx.prepare_cached(&format!("RELEASE {name}")).ctx(context)?.execute([]).ctx(context)?;
+        self.tx.prepare_cached(&format!("RELEASE {name}")).ctx(context)?.execute(()).ctx(context)?;
         Ok(())
     }
 

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use rusqlite::{params, OptionalExtension};
+use super::sql::{self, params, Conn, Optional};
 use serde::Serialize;
 use tunefleet_common::auth::{self, PublicKey};
 
@@ -75,7 +75,7 @@ const ENROL_COLUMNS: [(&str, &str, &str); 10] = [
 ];
 
 /// Adds the [`ENROL_COLUMNS`] a store lacks.
-pub(super) fn add_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+pub(super) fn add_columns(tx: &Conn) -> sql::Result<()> {
     for (table, column, kind) in ENROL_COLUMNS {
         let present: i64 = tx.query_row(
             &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
@@ -295,7 +295,7 @@ impl Batch<'_> {
             .ctx(context)?
             .query_map(params![via, agent], |r| r.get(0))
             .ctx(context)?
-            .collect::<rusqlite::Result<_>>()
+            .collect::<sql::Result<_>>()
             .ctx(context)?;
         Ok(Some(TokenShare {
             id,
@@ -416,7 +416,7 @@ impl Store {
             )
             .ctx(context)?;
         let rows = stmt
-            .query_map([], |r| {
+            .query_map((), |r| {
                 let public: Vec<u8> = r.get("public")?;
                 Ok(TokenRow {
                     id: auth::hex(public.get(..8).unwrap_or_default()),
@@ -434,7 +434,7 @@ impl Store {
                 })
             })
             .ctx(context)?
-            .collect::<rusqlite::Result<Vec<_>>>()
+            .collect::<sql::Result<Vec<_>>>()
             .ctx(context)?;
         Ok(rows)
     }

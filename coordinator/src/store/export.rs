@@ -2,10 +2,10 @@
 //! accepted result, if any (`crate::query::export` writes them as CSV or
 //! JSON).
 
-use rusqlite::types::Type;
 use tunefleet_common::measurement::EnergyFigure;
 use tunefleet_common::params::Params;
 
+use super::sql::{self};
 use super::{at, get_opt_u64, trial_cols, trial_state, Result, SqlContext, Store, TrialState};
 
 impl Store {
@@ -29,7 +29,7 @@ impl Store {
                 let measurement = match measurement {
                     Some(text) => Some(serde_json::from_str::<serde_json::Value>(&text).map_err(|e| {
                         let i = at(row, "measurement").unwrap_or(0);
-                        rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e))
+                        sql::Error::conversion(i, e)
                     })?),
                     None => None,
                 };
@@ -55,7 +55,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 }
 
@@ -105,7 +105,7 @@ impl Store {
                 ))
             })
             .ctx(context)?
-            .collect::<rusqlite::Result<_>>()
+            .collect::<sql::Result<_>>()
             .ctx(context)?;
         Ok(rows)
     }

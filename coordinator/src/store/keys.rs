@@ -4,7 +4,7 @@
 //! coordinator that restarted can still tell the agent's real will from a
 //! forged or replayed one.
 
-use rusqlite::{params, OptionalExtension};
+use super::sql::{self, params, Conn, Optional};
 use tunefleet_common::auth::{Digest, PublicKey};
 
 use super::{to_i64, Batch, Result, SqlContext, Store};
@@ -24,7 +24,7 @@ fn blob32(v: Option<Vec<u8>>) -> Option<[u8; 32]> {
 }
 
 /// The key pinned for `agent` in `conn`, if any.
-fn key_of(conn: &rusqlite::Connection, agent: &str) -> Result<Option<PublicKey>> {
+fn key_of(conn: &Conn, agent: &str) -> Result<Option<PublicKey>> {
     let context = || format!("reading the pinned key of {agent}");
     let key: Option<Vec<u8>> = conn
         .prepare_cached("SELECT key FROM agent_keys WHERE name = ?1")
@@ -47,7 +47,7 @@ impl Batch<'_> {
             .tx
             .prepare_cached("SELECT COUNT(*) FROM agent_keys")
             .ctx(|| "counting pinned agents".into())?
-            .query_row([], |r| r.get(0))
+            .query_row((), |r| r.get(0))
             .ctx(|| "counting pinned agents".into())?;
         Ok(n.max(0) as u64)
     }
@@ -139,9 +139,9 @@ impl Store {
         let context = || "listing pinned keys".to_string();
         let mut stmt = self.conn.prepare_cached("SELECT name, key FROM agent_keys ORDER BY name").ctx(context)?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_map((), |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))
             .ctx(context)?
-            .collect::<rusqlite::Result<Vec<_>>>()
+            .collect::<sql::Result<Vec<_>>>()
             .ctx(context)?;
         Ok(rows.into_iter().filter_map(|(n, k)| blob32(Some(k)).map(|k| (n, k))).collect())
     }

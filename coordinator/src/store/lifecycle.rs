@@ -2,7 +2,7 @@
 //! stored file is parsed again), renamed (what ran stays readable under its
 //! new name, and the old name is free for a fixed file) and deleted.
 
-use rusqlite::{params, OptionalExtension};
+use super::sql::{params, Conn, Optional};
 
 use super::{Batch, Result, SqlContext, Store, StoreError};
 use crate::domain::study::{self, Study};
@@ -60,7 +60,7 @@ impl Store {
 }
 
 /// The name `name`'s study has in its stored file.
-pub(super) fn in_file_name(conn: &rusqlite::Connection, name: &str) -> Result<String> {
+pub(super) fn in_file_name(conn: &Conn, name: &str) -> Result<String> {
     let context = || format!("reading the file name of study {name:?}");
     let found: Option<String> = conn
         .prepare_cached("SELECT in_file FROM study_names WHERE name = ?1")

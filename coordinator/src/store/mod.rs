@@ -23,10 +23,9 @@
 
 use std::fmt;
 
-use rusqlite::types::Type;
-use rusqlite::{Connection, Row, RowIndex, Transaction};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use sql::{ColumnIndex, Conn, Row, Tx};
 use tunefleet_common::measurement::ExitOutcome;
 use tunefleet_common::params::Params;
 
@@ -46,6 +45,7 @@ mod refusals;
 mod report;
 mod running;
 mod schema;
+pub(crate) mod sql;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
@@ -64,7 +64,7 @@ pub use schema::SCHEMA_VERSION;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("{context}: {source}")]
-    Sqlite { context: String, source: rusqlite::Error },
+    Sql { context: String, source: sql::Error },
     #[error("{context}: {source}")]
     Json { context: String, source: serde_json::Error },
     #[error(
@@ -90,14 +90,14 @@ pub enum StoreError {
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// Adds what the store was doing to a SQLite error.
+/// Adds what the store was doing to a database error.
 trait SqlContext<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;
 }
 
-impl<T> SqlContext<T> for rusqlite::Result<T> {
+impl<T> SqlContext<T> for sql::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| StoreError::Sqlite { context: context(), source })
+        self.map_err(|source| StoreError::Sql { context: context(), source })
     }
 }
 
@@ -175,9 +175,9 @@ impl fmt::Display for StudyState {
     }
 }
 
-/// The SQLite study store.
+/// The study store.
 pub struct Store {
-    conn: Connection,
+    conn: Conn,
     path: String,
 }
 
@@ -207,7 +207,7 @@ impl From<Option<f64>> for Score {
 pub const ROW_BYTES: u64 = 64;
 
 pub struct Batch<'a> {
-    tx: Transaction<'a>,
+    tx: Tx<'a>,
     /// Bytes of results and progress written in it so far ([`Batch::written`]).
     written: u64,
 }
@@ -248,54 +248,53 @@ fn to_i64(what: &'static str, value: u64) -> Result<i64> {
 // lookup of two or three columns into a tuple reads by position.
 
 /// Where column `idx` (a name or a position) is in `row`.
-fn at<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<usize> {
-    idx.idx(row.as_ref())
+fn at<I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<usize> {
+    idx.index(row)
 }
 
-fn get_u64<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<u64> {
+fn get_u64<I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<u64> {
     let i = at(row, idx)?;
     let v: i64 = row.get(i)?;
-    u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Integer, Box::new(e)))
+    u64::try_from(v).map_err(|e| sql::Error::conversion(i, e))
 }
 
-fn get_opt_u64<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<Option<u64>> {
+fn get_opt_u64<I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<Option<u64>> {
     let i = at(row, idx)?;
     let v: Option<i64> = row.get(i)?;
-    v.map(|v| u64::try_from(v).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Integer, Box::new(e))))
-        .transpose()
+    v.map(|v| u64::try_from(v).map_err(|e| sql::Error::conversion(i, e))).transpose()
 }
 
-fn json_col<T: DeserializeOwned, I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<T> {
+fn json_col<T: DeserializeOwned, I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<T> {
     let i = at(row, idx)?;
     let text: String = row.get(i)?;
-    serde_json::from_str(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
+    serde_json::from_str(&text).map_err(|e| sql::Error::conversion(i, e))
 }
 
-fn params_col<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<Params> {
+fn params_col<I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<Params> {
     let i = at(row, idx)?;
     let text: String = row.get(i)?;
-    params_from_json(&text).map_err(|e| rusqlite::Error::FromSqlConversionFailure(i, Type::Text, Box::new(e)))
+    params_from_json(&text).map_err(|e| sql::Error::conversion(i, e))
 }
 
-fn bad_text<I: RowIndex>(row: &Row<'_>, idx: I, what: &str, value: &str) -> rusqlite::Error {
+fn bad_text<I: ColumnIndex>(row: &Row<'_>, idx: I, what: &str, value: &str) -> sql::Error {
     let i = at(row, idx).unwrap_or(0);
-    rusqlite::Error::FromSqlConversionFailure(i, Type::Text, format!("unknown {what} {value:?}").into())
+    sql::Error::conversion(i, format!("unknown {what} {value:?}"))
 }
 
-fn trial_state<I: RowIndex>(row: &Row<'_>, idx: I) -> rusqlite::Result<TrialState> {
+fn trial_state<I: ColumnIndex>(row: &Row<'_>, idx: I) -> sql::Result<TrialState> {
     let text: String = row.get(idx)?;
     TrialState::parse(&text).ok_or_else(|| bad_text(row, idx, "trial state", &text))
 }
 
 /// A trial's identity as the `trials` table keeps it: the columns
 /// `trial`, `repeat` and `params` of a row joined with it.
-fn trial_cols(row: &Row<'_>) -> rusqlite::Result<(u64, u32, Params)> {
+fn trial_cols(row: &Row<'_>) -> sql::Result<(u64, u32, Params)> {
     Ok((get_u64(row, "trial")?, row.get("repeat")?, params_col(row, "params")?))
 }
 
 /// A result's energy as the `results` table keeps it: the columns
 /// `energy_j` and `energy_valid` (NULL read as not valid).
-fn energy_cols(row: &Row<'_>) -> rusqlite::Result<tunefleet_common::measurement::EnergyFigure> {
+fn energy_cols(row: &Row<'_>) -> sql::Result<tunefleet_common::measurement::EnergyFigure> {
     Ok(tunefleet_common::measurement::EnergyFigure {
         joules: row.get("energy_j")?,
         valid: row.get::<_, Option<bool>>("energy_valid")?.unwrap_or(false),

@@ -1,7 +1,7 @@
 //! What the other nodes of a trial measured ([`crate::domain::comeasure`]):
 //! one row per node and attempt, measured or missing with why.
 
-use rusqlite::params;
+use super::sql::{self, params};
 use serde::Serialize;
 
 use super::{get_opt_u64, get_u64, to_i64, Batch, Result, SqlContext, Store};
@@ -145,6 +145,6 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 }

@@ -1,7 +1,7 @@
 //! The InfluxDB outbox: points queued in the same batch as what they
 //! describe, read, delivered and parked by the sink.
 
-use rusqlite::{params, TransactionBehavior};
+use super::sql::{self, params};
 use serde::Serialize;
 
 use super::{get_u64, to_i64, Batch, Result, SqlContext, Store};
@@ -49,13 +49,13 @@ impl Store {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows =
             stmt.query_map([limit], |row| Ok(OutboxRow { id: row.get("id")?, line: row.get("line")? })).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Removes delivered points; returns how many rows went.
     pub fn outbox_delete(&mut self, ids: &[i64]) -> Result<u64> {
         let context = || format!("removing {} delivered points from the InfluxDB outbox", ids.len());
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate).ctx(context)?;
+        let tx = self.conn.begin().ctx(context)?;
         let mut n = 0;
         {
             let mut stmt = tx.prepare_cached("DELETE FROM influx_outbox WHERE id = ?1").ctx(context)?;
@@ -89,7 +89,7 @@ impl Store {
                  FROM influx_outbox",
             )
             .ctx(context)?
-            .query_row([], |r| Ok(OutboxCounts { waiting: get_u64(r, 0)?, parked: get_u64(r, 1)? }))
+            .query_row((), |r| Ok(OutboxCounts { waiting: get_u64(r, 0)?, parked: get_u64(r, 1)? }))
             .ctx(context)
     }
 }

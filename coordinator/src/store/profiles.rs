@@ -2,7 +2,7 @@
 //! ([`crate::domain::reuse`]): what the coordinator learned about jobs, kept so a
 //! restart (and the next study, and the next campaign) starts from it.
 
-use rusqlite::params;
+use super::sql::{self, params};
 use serde::{Deserialize, Serialize};
 
 use super::{json_col, to_i64, Batch, Result, SqlContext, Store, StoreError};
@@ -156,12 +156,12 @@ impl Store {
         let counts = {
             let mut stmt = batch
                 .tx
-                .prepare(&format!(
+                .prepare_cached(&format!(
                     "SELECT class, COUNT(*) FROM profiles WHERE {of_agent} GROUP BY class ORDER BY class"
                 ))
                 .ctx(context)?;
             let rows = stmt.query_map([agent], |r| Ok((r.get::<_, String>(0)?, super::get_u64(r, 1)?))).ctx(context)?;
-            rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?
+            rows.collect::<sql::Result<Vec<_>>>().ctx(context)?
         };
         batch.tx.execute(&format!("DELETE FROM profiles WHERE {of_agent}"), [agent]).ctx(context)?;
         for (class, _) in &counts {
@@ -169,7 +169,7 @@ impl Store {
                 let mut stmt =
                     batch.tx.prepare_cached("SELECT record FROM profiles WHERE class = ?1 ORDER BY id").ctx(context)?;
                 let rows = stmt.query_map([class], |r| json_col::<Record, _>(r, 0)).ctx(context)?;
-                rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?
+                rows.collect::<sql::Result<Vec<_>>>().ctx(context)?
             };
             match refit(&records) {
                 Some(model) => batch.record_model(class, &model, records.len(), now_ms)?,
@@ -186,8 +186,8 @@ impl Store {
     pub fn profile_records(&self) -> Result<Vec<Record>> {
         let context = || "reading profiles".to_string();
         let mut stmt = self.conn.prepare_cached("SELECT record FROM profiles ORDER BY class, id").ctx(context)?;
-        let rows = stmt.query_map([], |r| json_col::<Record, _>(r, 0)).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        let rows = stmt.query_map((), |r| json_col::<Record, _>(r, 0)).ctx(context)?;
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Every class's stored model and the number of records it was fitted on.
@@ -196,9 +196,9 @@ impl Store {
         let mut stmt =
             self.conn.prepare_cached("SELECT class, model, records FROM cluster_models ORDER BY class").ctx(context)?;
         let rows = stmt
-            .query_map([], |r| Ok((r.get::<_, String>(0)?, json_col::<ClusterModel, _>(r, 1)?, super::get_u64(r, 2)?)))
+            .query_map((), |r| Ok((r.get::<_, String>(0)?, json_col::<ClusterModel, _>(r, 1)?, super::get_u64(r, 2)?)))
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// The decisions about `study`'s trials (every study's when `None`), in order.
@@ -229,6 +229,6 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 }

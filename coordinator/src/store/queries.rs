@@ -1,7 +1,7 @@
 //! Read queries over a store: studies, trials, attempts, results, the best
 //! and unranked results, progress and agents.
 
-use rusqlite::{params, Connection, OptionalExtension, Row};
+use super::sql::{self, params, Conn, Optional, Row};
 use serde::Serialize;
 use tunefleet_common::measurement::{EnergyFigure, Measurement};
 use tunefleet_common::message::SystemParams;
@@ -222,8 +222,8 @@ impl Store {
             .conn
             .prepare_cached(&format!("{STUDY_SELECT} ORDER BY s.created_ms, s.name"))
             .ctx(|| "listing studies".into())?;
-        let rows = stmt.query_map([], study_row).ctx(|| "listing studies".into())?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(|| "listing studies".into())
+        let rows = stmt.query_map((), study_row).ctx(|| "listing studies".into())?;
+        rows.collect::<sql::Result<Vec<_>>>().ctx(|| "listing studies".into())
     }
 
     /// One study, if it exists.
@@ -249,7 +249,7 @@ impl Store {
         );
         let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;
         let rows = stmt.query_map([study], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))).ctx(context)?;
-        let rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        let rows = rows.collect::<sql::Result<Vec<_>>>().ctx(context)?;
         Ok(rows.into_iter().map(|(agent, n)| (agent, u64::try_from(n).unwrap_or(0))).collect())
     }
 
@@ -269,7 +269,7 @@ impl Store {
         let context = || format!("reading trials of study {study:?}");
         let mut stmt = self.conn.prepare_cached(sql).ctx(context)?;
         let rows = stmt.query_map([study], trial_row).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// How many trials of `study` are in each state.
@@ -279,11 +279,11 @@ impl Store {
             .conn
             .prepare_cached("SELECT state, COUNT(*) FROM trials WHERE study = ?1 GROUP BY state")
             .ctx(context)?;
-        let mut rows = stmt.query([study]).ctx(context)?;
+        let rows = stmt.query_map([study], |row| Ok((trial_state(row, 0)?, get_u64(row, 1)?))).ctx(context)?;
         let mut counts = TrialCounts::default();
-        while let Some(row) = rows.next().ctx(context)? {
-            let n = get_u64(row, 1).ctx(context)?;
-            match trial_state(row, 0).ctx(context)? {
+        for row in rows {
+            let (state, n) = row.ctx(context)?;
+            match state {
                 TrialState::Pending => counts.pending = n,
                 TrialState::Running => counts.running = n,
                 TrialState::Done => counts.done = n,
@@ -317,7 +317,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Each successful result's objective and whether it meets the study's
@@ -335,7 +335,7 @@ impl Store {
         let rows = stmt
             .query_map(params![study], |r| Ok((get_u64(r, "trial")?, r.get::<_, f64>(1)?, r.get(2)?)))
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// The learning curves of `study`'s last `last` trials that reported
@@ -377,7 +377,7 @@ impl Store {
         let context = || format!("reading results of study {study:?}");
         let mut stmt = self.conn.prepare_cached(&format!("{RESULT_SELECT} ORDER BY r.trial")).ctx(context)?;
         let rows = stmt.query_map(params![study], result_row).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// The `n` best successful results with an objective, by the one
@@ -424,7 +424,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        let mut rows = rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?;
+        let mut rows = rows.collect::<sql::Result<Vec<_>>>().ctx(context)?;
         rows.retain(|r| !energy_left_out(&row.metric, r.energy()));
         let keyed: Vec<(String, u64, f64, f64)> = rows
             .iter()
@@ -478,7 +478,7 @@ impl Store {
         self.conn
             .prepare_cached("SELECT beat_ms, stopped_ms, paused, broker, waits FROM heartbeat WHERE id = 1")
             .ctx(context)?
-            .query_row([], |r| {
+            .query_row((), |r| {
                 Ok(Heartbeat {
                     at_ms: get_u64(r, 0)?,
                     stopped_ms: r.get::<_, Option<i64>>(1)?.and_then(|v| u64::try_from(v).ok()),
@@ -500,7 +500,7 @@ impl Store {
             .prepare_cached("SELECT at_ms, change FROM study_changes WHERE study = ?1 ORDER BY at_ms, rowid")
             .ctx(context)?;
         let rows = stmt.query_map([study], |r| Ok((get_u64(r, 0)?, r.get(1)?))).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// The failed trials of `study` grouped by why they failed (the
@@ -513,7 +513,7 @@ impl Store {
             .prepare_cached("SELECT reason, COUNT(*) FROM trials WHERE study = ?1 AND state = 'failed' GROUP BY reason")
             .ctx(context)?;
         let rows = stmt.query_map([study], |r| Ok((r.get::<_, Option<String>>(0)?, get_u64(r, 1)?))).ctx(context)?;
-        Ok(crate::domain::failure::group(rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)?))
+        Ok(crate::domain::failure::group(rows.collect::<sql::Result<Vec<_>>>().ctx(context)?))
     }
 
     /// The metrics that successful trials of `study` without a value for
@@ -554,7 +554,7 @@ impl Store {
                 Ok((row.get(0)?, get_u64(row, 1)?, json_col(row, 2)?))
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Every epoch report of `study`: `(trial, attempt, epoch, metrics,
@@ -580,7 +580,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Every agent seen, by name.
@@ -603,7 +603,7 @@ impl Store {
             )
             .ctx(context)?;
         let rows = stmt
-            .query_map([], |row| {
+            .query_map((), |row| {
                 Ok(AgentRow {
                     name: row.get("name")?,
                     info: json_col(row, "info")?,
@@ -619,7 +619,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 }
 
@@ -642,7 +642,7 @@ const STUDY_SELECT: &str = "SELECT s.name, s.config, s.metric, s.direction, s.cr
         (SELECT COUNT(*) FROM trials t WHERE t.study = s.name AND t.state = 'failed') AS failed
     FROM studies s";
 
-fn study_row(row: &Row<'_>) -> rusqlite::Result<StudyRow> {
+fn study_row(row: &Row<'_>) -> sql::Result<StudyRow> {
     let direction: String = row.get("direction")?;
     let state: String = row.get("state")?;
     Ok(StudyRow {
@@ -662,7 +662,7 @@ fn study_row(row: &Row<'_>) -> rusqlite::Result<StudyRow> {
     })
 }
 
-pub(super) fn study_by_name(conn: &Connection, name: &str) -> Result<Option<StudyRow>> {
+pub(super) fn study_by_name(conn: &Conn, name: &str) -> Result<Option<StudyRow>> {
     let context = || format!("reading study {name:?}");
     conn.prepare_cached(&format!("{STUDY_SELECT} WHERE s.name = ?1"))
         .ctx(context)?
@@ -686,7 +686,7 @@ const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attem
     LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
     WHERE t.study = ?1";
 
-fn trial_row(row: &Row<'_>) -> rusqlite::Result<TrialRow> {
+fn trial_row(row: &Row<'_>) -> sql::Result<TrialRow> {
     let (trial, repeat, params) = trial_cols(row)?;
     Ok(TrialRow {
         trial,
@@ -709,7 +709,7 @@ const RESULT_SELECT: &str = "SELECT r.trial, t.repeat, t.params, r.attempt, r.ag
     FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
     WHERE r.study = ?1";
 
-fn result_row(row: &Row<'_>) -> rusqlite::Result<ResultRow> {
+fn result_row(row: &Row<'_>) -> sql::Result<ResultRow> {
     let (trial, repeat, params) = trial_cols(row)?;
     Ok(ResultRow {
         trial,

@@ -3,7 +3,7 @@
 //! (the oldest go first: names are the sender's choice), for the live page
 //! and `status --json`.
 
-use rusqlite::params;
+use super::sql::{self, params};
 use serde::Serialize;
 
 use super::{get_u64, to_i64, Batch, Result, SqlContext, Store};
@@ -78,7 +78,7 @@ impl Store {
             .prepare_cached("SELECT name, reason, at_ms, count FROM hello_refusals ORDER BY at_ms DESC, name")
             .ctx(context)?;
         let rows = stmt
-            .query_map([], |r| {
+            .query_map((), |r| {
                 Ok(RefusalRow {
                     name: r.get("name")?,
                     reason: r.get("reason")?,
@@ -87,7 +87,7 @@ impl Store {
                 })
             })
             .ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 }
 

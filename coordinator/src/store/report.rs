@@ -2,7 +2,7 @@
 //! of each agent's most recent trials, and the measurement provenance of a
 //! few chosen results. Read-only.
 
-use rusqlite::{params, OptionalExtension, Row};
+use super::sql::{self, params, Optional, Row};
 use tunefleet_common::measurement::{CounterKind, EnergySourceKind, Measurement, SegmentRole};
 use tunefleet_common::message::SystemParams;
 
@@ -100,7 +100,7 @@ impl Store {
             .ctx(context)?;
         let limit = i64::try_from(per_agent).unwrap_or(i64::MAX);
         let rows = stmt.query_map(params![study, limit], window_row).ctx(context)?;
-        rows.collect::<rusqlite::Result<Vec<_>>>().ctx(context)
+        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
     /// Where the figures of each of `trials` came from (the measurement
@@ -129,8 +129,8 @@ fn parse_role(text: &str) -> Option<SegmentRole> {
     serde_json::from_value(serde_json::Value::String(name)).ok()
 }
 
-fn window_row(row: &Row<'_>) -> rusqlite::Result<WindowRow> {
-    let system = |name: &str| -> rusqlite::Result<Option<SystemParams>> {
+fn window_row(row: &Row<'_>) -> sql::Result<WindowRow> {
+    let system = |name: &str| -> sql::Result<Option<SystemParams>> {
         Ok(row.get::<_, Option<String>>(name)?.and_then(|text| serde_json::from_str(&text).ok()))
     };
     let role = match row.get::<_, Option<String>>("role")? {

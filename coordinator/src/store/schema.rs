@@ -2,18 +2,13 @@
 //! creates it.
 
 use std::path::Path;
-use std::time::Duration;
-
-use rusqlite::{Connection, OpenFlags, TransactionBehavior};
 
 use super::outbox::OUTBOX_SCHEMA;
+use super::sql::{self, Conn, OpenMode};
 use super::{enrol, keys, nodes, profiles, Result, SqlContext, Store, StoreError};
 
 /// Version of the schema below, kept in `PRAGMA user_version`.
 pub const SCHEMA_VERSION: i64 = 6;
-
-/// How long a writer waits for another connection's lock.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The trials table (its `state` check changed in version 2, and its form
 /// in version 5: a chain of comparisons, where a list of more than two
@@ -179,14 +174,10 @@ const MIGRATE_5_TO_6: &str = "ALTER TABLE results ADD COLUMN gpu_energy_j REAL;"
 /// store made before it.
 /// And `attempts.held`: 1 while an attempt waits on its agent
 /// behind busy slots (held ahead), 0 once it runs.
-fn add_results_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+fn add_results_columns(tx: &Conn) -> sql::Result<()> {
     let columns = [("results", "violation", "REAL"), ("attempts", "held", "INTEGER NOT NULL DEFAULT 0")];
     for (table, name, kind) in columns {
-        let present: i64 =
-            tx.query_row(&format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"), [name], |r| {
-                r.get(0)
-            })?;
-        if present == 0 {
+        if !tx.has_column(table, name)? {
             tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {kind};"))?;
         }
     }
@@ -196,12 +187,10 @@ fn add_results_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
 /// The heartbeat's `paused`, `broker` (the embedded broker's counters,
 /// JSON) and `waits` (why studies wait, JSON) columns, added to a store
 /// made before them.
-fn add_heartbeat_columns(tx: &rusqlite::Connection) -> rusqlite::Result<()> {
+fn add_heartbeat_columns(tx: &Conn) -> sql::Result<()> {
     let columns = [("paused", "paused INTEGER NOT NULL DEFAULT 0"), ("broker", "broker TEXT"), ("waits", "waits TEXT")];
     for (name, column) in columns {
-        let present: i64 =
-            tx.query_row("SELECT COUNT(*) FROM pragma_table_info('heartbeat') WHERE name = ?1", [name], |r| r.get(0))?;
-        if present == 0 {
+        if !tx.has_column("heartbeat", name)? {
             tx.execute_batch(&format!("ALTER TABLE heartbeat ADD COLUMN {column};"))?;
         }
     }
@@ -242,37 +231,28 @@ impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
         make_private(path).map_err(|source| StoreError::Private { path: shown.clone(), source })?;
-        let conn = Connection::open(path).ctx(|| format!("{shown}: cannot open store"))?;
-        conn.busy_timeout(BUSY_TIMEOUT).ctx(|| format!("{shown}: setting busy_timeout"))?;
-        conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0))
-            .ctx(|| format!("{shown}: switching to WAL"))?;
+        let conn = Conn::open_sqlite(path, OpenMode::ReadWrite).ctx(|| format!("{shown}: cannot open store"))?;
         Self::prepare(conn, shown)
     }
 
     /// Opens an existing store for queries only.
     pub fn open_read_only(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
-        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI;
-        let conn = Connection::open_with_flags(path, flags).ctx(|| format!("{shown}: cannot open store"))?;
-        conn.busy_timeout(BUSY_TIMEOUT).ctx(|| format!("{shown}: setting busy_timeout"))?;
-        let found: i64 =
-            conn.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{shown}: reading schema"))?;
+        let conn = Conn::open_sqlite(path, OpenMode::ReadOnly).ctx(|| format!("{shown}: cannot open store"))?;
+        let found = conn.schema_version().ctx(|| format!("{shown}: reading schema"))?;
         if found != SCHEMA_VERSION {
             return Err(StoreError::SchemaVersion { path: shown, found });
         }
-        conn.set_prepared_statement_cache_capacity(32);
         Ok(Store { conn, path: shown })
     }
 
     /// A store in memory, for tests and dry runs.
     pub fn open_in_memory() -> Result<Self> {
-        let conn = Connection::open_in_memory().ctx(|| "opening an in-memory store".to_string())?;
+        let conn = Conn::open_sqlite_in_memory().ctx(|| "opening an in-memory store".to_string())?;
         Self::prepare(conn, ":memory:".to_string())
     }
 
-    fn prepare(conn: Connection, path: String) -> Result<Self> {
-        conn.pragma_update(None, "synchronous", "NORMAL").ctx(|| format!("{path}: setting synchronous"))?;
-        conn.set_prepared_statement_cache_capacity(32);
+    fn prepare(conn: Conn, path: String) -> Result<Self> {
         let mut store = Store { conn, path };
         store.migrate()?;
         Ok(store)
@@ -281,19 +261,14 @@ impl Store {
     /// Creates the schema in a fresh file; refuses a file from a newer version.
     fn migrate(&mut self) -> Result<()> {
         let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .ctx(|| format!("{path}: starting schema transaction"))?;
-        let found: i64 =
-            tx.pragma_query_value(None, "user_version", |r| r.get(0)).ctx(|| format!("{path}: reading schema"))?;
+        let tx = self.conn.begin().ctx(|| format!("{path}: starting schema transaction"))?;
+        let found = tx.schema_version().ctx(|| format!("{path}: reading schema"))?;
         match found {
             0 => {
                 for sql in [SCHEMA, TRIALS, SEGMENTS, MIGRATE_5_TO_6] {
                     tx.execute_batch(sql).ctx(|| format!("{path}: creating schema"))?;
                 }
-                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                    .ctx(|| format!("{path}: setting schema version"))?;
+                tx.set_schema_version(SCHEMA_VERSION).ctx(|| format!("{path}: setting schema version"))?;
             }
             1..=4 => {
                 // The trials table of versions 1 to 4 is made again (its
@@ -314,13 +289,11 @@ impl Store {
                 }
                 tx.execute_batch(MIGRATE_5_TO_6)
                     .ctx(|| format!("{path}: migrating the schema from version {found}"))?;
-                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                    .ctx(|| format!("{path}: setting schema version"))?;
+                tx.set_schema_version(SCHEMA_VERSION).ctx(|| format!("{path}: setting schema version"))?;
             }
             5 => {
                 tx.execute_batch(MIGRATE_5_TO_6).ctx(|| format!("{path}: migrating the schema from version 5"))?;
-                tx.pragma_update(None, "user_version", SCHEMA_VERSION)
-                    .ctx(|| format!("{path}: setting schema version"))?;
+                tx.set_schema_version(SCHEMA_VERSION).ctx(|| format!("{path}: setting schema version"))?;
             }
             SCHEMA_VERSION => {}
             found => return Err(StoreError::SchemaVersion { path, found }),
@@ -376,6 +349,7 @@ mod private_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::Connection;
 
     /// The trials table of versions 2 to 4.
     const TRIALS_V4: &str = r#"
@@ -397,7 +371,7 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
             .conn
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'trials_by_state'",
-                [],
+                (),
                 |r| r.get(0),
             )
             .expect("index");
@@ -407,7 +381,7 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
     /// The opcodes SQLite runs for `sql`.
     fn opcodes(conn: &Connection, sql: &str) -> Vec<String> {
         let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).expect("explain");
-        let rows = stmt.query_map([], |r| r.get::<_, String>(1)).expect("rows");
+        let rows = stmt.query_map((), |r| r.get::<_, String>(1)).expect("rows");
         rows.map(|r| r.expect("opcode")).collect()
     }
 
@@ -435,10 +409,10 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         let migrated = Store::open(&path).expect("migrates");
         let fresh = Store::open_in_memory().expect("fresh");
         for store in [&migrated, &fresh] {
-            let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+            let v: i64 = store.conn.sqlite().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
             assert_eq!(v, SCHEMA_VERSION);
             for sql in [update, insert] {
-                let ops = opcodes(&store.conn, sql);
+                let ops = opcodes(store.conn.sqlite(), sql);
                 assert!(!ops.iter().any(|o| o == "OpenEphemeral"), "{sql}: {ops:?}");
             }
             for state in ["pending", "running", "done", "failed", "stopped"] {
@@ -447,11 +421,11 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
                     .execute("INSERT OR REPLACE INTO trials (study, trial, params, repeat, state) VALUES ('c', 0, '{}', 0, ?1)", [state])
                     .expect("a state of the five");
             }
-            assert!(store.conn.execute("UPDATE trials SET state = 'gone' WHERE study = 'c'", []).is_err());
+            assert!(store.conn.execute("UPDATE trials SET state = 'gone' WHERE study = 'c'", ()).is_err());
         }
         let kept: (String, u32) = migrated
             .conn
-            .query_row("SELECT state, attempts FROM trials WHERE study = 's' AND trial = 0", [], |r| {
+            .query_row("SELECT state, attempts FROM trials WHERE study = 's' AND trial = 0", (), |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .expect("the row is kept");
@@ -483,13 +457,13 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
             assert!(conn.execute("UPDATE trials SET state = 'stopped'", []).is_err(), "v1 refuses 'stopped'");
         }
         let store = Store::open(&path).expect("migrates");
-        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        let v: i64 = store.conn.sqlite().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
         assert_eq!(v, SCHEMA_VERSION);
         assert_eq!(store.trials("s").expect("trials").len(), 1);
-        store.conn.execute("UPDATE trials SET state = 'stopped'", []).expect("v2 takes 'stopped'");
-        store.conn.execute("SELECT system FROM results", []).ok();
+        store.conn.execute("UPDATE trials SET state = 'stopped'", ()).expect("v2 takes 'stopped'");
+        store.conn.execute("SELECT system FROM results", ()).ok();
         assert_keeps_state_index(&store);
-        let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", [], |r| r.get(0)).expect("segments table");
+        let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", (), |r| r.get(0)).expect("segments table");
         assert_eq!(n, 0);
     }
 
@@ -510,11 +484,11 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
             .expect("a v5 result");
         }
         let store = Store::open(&path).expect("migrates");
-        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        let v: i64 = store.conn.sqlite().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
         assert_eq!(v, SCHEMA_VERSION);
         let (energy, gpu): (f64, Option<f64>) = store
             .conn
-            .query_row("SELECT energy_j, gpu_energy_j FROM results WHERE study = 's'", [], |r| {
+            .query_row("SELECT energy_j, gpu_energy_j FROM results WHERE study = 's'", (), |r| {
                 Ok((r.get(0)?, r.get(1)?))
             })
             .expect("the result is kept");
@@ -522,7 +496,7 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         drop(store);
         Store::open(&path).expect("opens again, nothing left to migrate");
         let fresh = Store::open_in_memory().expect("fresh");
-        fresh.conn.execute("SELECT gpu_energy_j FROM results", []).expect("a new store has it");
+        fresh.conn.execute("SELECT gpu_energy_j FROM results", ()).expect("a new store has it");
     }
 
     #[test]
@@ -541,10 +515,10 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
             .expect("a v3 progress row");
         }
         let store = Store::open(&path).expect("migrates");
-        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        let v: i64 = store.conn.sqlite().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
         assert_eq!(v, SCHEMA_VERSION);
         let kept: Option<String> =
-            store.conn.query_row("SELECT checkpoint FROM progress", [], |r| r.get(0)).expect("the row is kept");
+            store.conn.query_row("SELECT checkpoint FROM progress", (), |r| r.get(0)).expect("the row is kept");
         assert_eq!(kept, None);
     }
 
@@ -578,11 +552,11 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         let path = dir.path().join("s.db");
         drop(Store::open(&path).expect("creates"));
         let store = Store::open(&path).expect("reopens");
-        let v: i64 = store.conn.pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
+        let v: i64 = store.conn.sqlite().pragma_query_value(None, "user_version", |r| r.get(0)).expect("version");
         assert_eq!(v, SCHEMA_VERSION);
-        let mode: String = store.conn.pragma_query_value(None, "journal_mode", |r| r.get(0)).expect("mode");
+        let mode: String = store.conn.sqlite().pragma_query_value(None, "journal_mode", |r| r.get(0)).expect("mode");
         assert_eq!(mode.to_lowercase(), "wal");
-        store.conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).expect("bump");
+        store.conn.sqlite().pragma_update(None, "user_version", SCHEMA_VERSION + 1).expect("bump");
         drop(store);
         let e = Store::open(&path).expect_err("newer schema refused");
         assert!(matches!(e, StoreError::SchemaVersion { found, .. } if found == SCHEMA_VERSION + 1), "{e}");

@@ -1,0 +1,267 @@
+//! The store's one seam to its database: a connection ([`Conn`]), its
+//! statements ([`Stmt`]) and rows ([`Row`]), values bound in and read out
+//! through [`ToSql`] and [`FromSql`], and one write transaction at a time
+//! ([`Tx`]). The store's queries are written once against it; each backend
+//! is a file of this folder (`sqlite.rs`), and nothing of a database
+//! library is named outside it.
+//!
+//! The store's SQL keeps to what its backends share: `?N` placeholders,
+//! `INTEGER`, `REAL`, `TEXT` and `BLOB` columns (booleans as integers),
+//! `ON CONFLICT` clauses, savepoints. What differs (opening, the schema's
+//! version, whether a column exists) is a method of [`Conn`].
+
+use std::fmt;
+use std::path::Path;
+
+mod sqlite;
+mod value;
+
+pub(crate) use sqlite::OpenMode;
+pub use value::{Error, FromSql, Params, Result, ToSql};
+
+/// Parameters of mixed types: `params![study, trial]`.
+macro_rules! params {
+    ($($value:expr),* $(,)?) => {
+        &[$(&$value as &dyn $crate::store::sql::ToSql),*] as &[&dyn $crate::store::sql::ToSql]
+    };
+}
+pub(crate) use params;
+
+/// Which column of a row: its position or its name.
+pub trait ColumnIndex: Copy {
+    fn index(self, row: &Row<'_>) -> Result<usize>;
+}
+
+impl ColumnIndex for usize {
+    fn index(self, _row: &Row<'_>) -> Result<usize> {
+        Ok(self)
+    }
+}
+
+impl ColumnIndex for &str {
+    fn index(self, row: &Row<'_>) -> Result<usize> {
+        row.column_index(self)
+    }
+}
+
+/// One row of a query's answer.
+pub struct Row<'a>(RowInner<'a>);
+
+enum RowInner<'a> {
+    Sqlite(&'a rusqlite::Row<'a>),
+}
+
+impl Row<'_> {
+    /// Column `idx` read as a `T`.
+    pub fn get<I: ColumnIndex, T: FromSql>(&self, idx: I) -> Result<T> {
+        let i = idx.index(self)?;
+        let value = match &self.0 {
+            RowInner::Sqlite(row) => sqlite::value(row, i)?,
+        };
+        T::from_sql(value).map_err(|why| Error::conversion(i, why))
+    }
+
+    /// Where the column named `name` is.
+    pub fn column_index(&self, name: &str) -> Result<usize> {
+        match &self.0 {
+            RowInner::Sqlite(row) => row.as_ref().column_index(name).map_err(|_| Error::NoColumn(name.to_string())),
+        }
+    }
+}
+
+/// A connection to the store's database.
+pub struct Conn(ConnInner);
+
+enum ConnInner {
+    Sqlite(rusqlite::Connection),
+}
+
+impl fmt::Debug for Conn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            ConnInner::Sqlite(_) => "Conn(sqlite)",
+        })
+    }
+}
+
+/// A prepared statement.
+pub struct Stmt<'c>(StmtInner<'c>);
+
+enum StmtInner<'c> {
+    Sqlite(rusqlite::CachedStatement<'c>),
+}
+
+impl Conn {
+    /// `sql` prepared, from the connection's cache when it was before.
+    pub fn prepare_cached(&self, sql: &str) -> Result<Stmt<'_>> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(Stmt(StmtInner::Sqlite(c.prepare_cached(sql)?))),
+        }
+    }
+
+    /// Runs one statement; the rows it changed.
+    pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    /// Runs statements separated by `;`, with no parameters.
+    pub fn execute_batch(&self, sql: &str) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+        }
+    }
+
+    /// The first row of `sql`'s answer mapped by `f`; [`Error::NoRows`]
+    /// when there is none.
+    pub fn query_row<T, P: Params>(&self, sql: &str, params: P, f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+
+    /// Starts the one write transaction, holding the database's write
+    /// lock from its first statement. Dropped without [`Tx::commit`], it
+    /// is rolled back.
+    pub fn begin(&mut self) -> Result<Tx<'_>> {
+        self.execute_batch("BEGIN IMMEDIATE")?;
+        Ok(Tx { conn: self, open: true })
+    }
+
+    /// Whether a transaction is open (a failed commit may have ended it).
+    fn in_transaction(&self) -> bool {
+        match &self.0 {
+            ConnInner::Sqlite(c) => !c.is_autocommit(),
+        }
+    }
+
+    /// The schema version the database says it holds (0: none yet).
+    pub fn schema_version(&self) -> Result<i64> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(c.pragma_query_value(None, "user_version", |r| r.get(0))?),
+        }
+    }
+
+    /// Records the schema version the database now holds.
+    pub fn set_schema_version(&self, version: i64) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(c.pragma_update(None, "user_version", version)?),
+        }
+    }
+
+    /// Whether `table` has a column named `column`.
+    pub fn has_column(&self, table: &str, column: &str) -> Result<bool> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => {
+                let sql = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1");
+                Ok(c.query_row(&sql, [column], |r| r.get::<_, i64>(0))? > 0)
+            }
+        }
+    }
+
+    /// Opens the SQLite file at `path` as `mode` says.
+    pub fn open_sqlite(path: &Path, mode: OpenMode) -> Result<Conn> {
+        Ok(Conn(ConnInner::Sqlite(sqlite::open(path, mode)?)))
+    }
+
+    /// A SQLite database in memory, gone with the connection.
+    pub fn open_sqlite_in_memory() -> Result<Conn> {
+        Ok(Conn(ConnInner::Sqlite(sqlite::open_in_memory()?)))
+    }
+
+    /// The SQLite connection underneath, for tests that look at the file
+    /// as SQLite sees it.
+    #[cfg(test)]
+    pub fn sqlite(&self) -> &rusqlite::Connection {
+        match &self.0 {
+            ConnInner::Sqlite(c) => c,
+        }
+    }
+}
+
+impl Stmt<'_> {
+    /// Runs the statement; the rows it changed.
+    pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => Ok(s.execute(sqlite::binds(&params.list())?)?),
+        }
+    }
+
+    /// Every row of the answer mapped by `f`, in order.
+    pub fn query_map<T, P: Params>(
+        &mut self,
+        params: P,
+        mut f: impl FnMut(&Row<'_>) -> Result<T>,
+    ) -> Result<std::vec::IntoIter<Result<T>>> {
+        let mut out = Vec::new();
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => {
+                let mut rows = s.query(sqlite::binds(&params.list())?)?;
+                while let Some(row) = rows.next()? {
+                    out.push(f(&Row(RowInner::Sqlite(row))));
+                }
+            }
+        }
+        Ok(out.into_iter())
+    }
+
+    /// The first row of the answer mapped by `f`; [`Error::NoRows`] when
+    /// there is none.
+    pub fn query_row<T, P: Params>(&mut self, params: P, f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => {
+                let mut rows = s.query(sqlite::binds(&params.list())?)?;
+                match rows.next()? {
+                    Some(row) => f(&Row(RowInner::Sqlite(row))),
+                    None => Err(Error::NoRows),
+                }
+            }
+        }
+    }
+}
+
+/// A write transaction; derefs to its connection.
+pub struct Tx<'c> {
+    conn: &'c mut Conn,
+    open: bool,
+}
+
+impl Tx<'_> {
+    /// Makes everything written in the transaction durable. When that
+    /// fails, the transaction is rolled back as it is dropped.
+    pub fn commit(mut self) -> Result<()> {
+        self.conn.execute_batch("COMMIT")?;
+        self.open = false;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for Tx<'_> {
+    type Target = Conn;
+    fn deref(&self) -> &Conn {
+        self.conn
+    }
+}
+
+impl Drop for Tx<'_> {
+    fn drop(&mut self) {
+        if self.open && self.conn.in_transaction() {
+            if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+                tracing::warn!(error = %e, "rolling back a store transaction");
+            }
+        }
+    }
+}
+
+/// A query that may find nothing.
+pub trait Optional<T> {
+    /// `None` for [`Error::NoRows`].
+    fn optional(self) -> Result<Option<T>>;
+}
+
+impl<T> Optional<T> for Result<T> {
+    fn optional(self) -> Result<Option<T>> {
+        match self {
+            Ok(v) => Ok(Some(v)),
+            Err(Error::NoRows) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}

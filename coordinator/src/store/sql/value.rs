@@ -1,0 +1,198 @@
+//! What crosses the seam: values bound in ([`ToSql`]) and read out
+//! ([`FromSql`]) as the databases hold them ([`ValueRef`]), a statement's
+//! parameters ([`Params`]), and what goes wrong ([`Error`]).
+
+use std::fmt;
+
+/// What went wrong talking to the database.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("Query returned no rows")]
+    NoRows,
+    #[error("column {column}: {why}")]
+    Conversion { column: usize, why: String },
+    #[error("no column named {0:?}")]
+    NoColumn(String),
+    #[error("parameter {index}: {why}")]
+    Parameter { index: usize, why: String },
+}
+
+impl Error {
+    /// Column `column` holds what its reader cannot take: `why`.
+    pub fn conversion(column: usize, why: impl fmt::Display) -> Self {
+        Error::Conversion { column, why: why.to_string() }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A value as the database holds it, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ValueRef<'a> {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(&'a str),
+    Blob(&'a [u8]),
+}
+
+impl ValueRef<'_> {
+    fn kind(&self) -> &'static str {
+        match self {
+            ValueRef::Null => "NULL",
+            ValueRef::Integer(_) => "an integer",
+            ValueRef::Real(_) => "a real",
+            ValueRef::Text(_) => "text",
+            ValueRef::Blob(_) => "a blob",
+        }
+    }
+}
+
+/// A value bound to a statement's parameter.
+pub trait ToSql {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String>;
+}
+
+/// A value read from a row's column.
+pub trait FromSql: Sized {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String>;
+}
+
+impl<T: ToSql + ?Sized> ToSql for &T {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        (**self).to_sql()
+    }
+}
+
+impl<T: ToSql> ToSql for Option<T> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        self.as_ref().map_or(Ok(ValueRef::Null), ToSql::to_sql)
+    }
+}
+
+impl ToSql for str {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Text(self))
+    }
+}
+
+impl ToSql for String {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Text(self))
+    }
+}
+
+impl ToSql for [u8] {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+
+impl ToSql for Vec<u8> {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Blob(self))
+    }
+}
+
+impl ToSql for f64 {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Real(*self))
+    }
+}
+
+impl ToSql for bool {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(ValueRef::Integer(i64::from(*self)))
+    }
+}
+
+macro_rules! integer_to_sql {
+    ($($t:ty),*) => {$(
+        impl ToSql for $t {
+            fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+                i64::try_from(*self).map(ValueRef::Integer).map_err(|_| format!("{self} is out of range"))
+            }
+        }
+        impl FromSql for $t {
+            fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+                match value {
+                    ValueRef::Integer(i) => <$t>::try_from(i).map_err(|_| format!("{i} is out of range")),
+                    other => Err(format!("{} where an integer belongs", other.kind())),
+                }
+            }
+        }
+    )*};
+}
+
+integer_to_sql!(i64, i32, u64, u32, u16, u8, usize);
+
+impl FromSql for f64 {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Real(x) => Ok(x),
+            ValueRef::Integer(i) => Ok(i as f64),
+            other => Err(format!("{} where a real belongs", other.kind())),
+        }
+    }
+}
+
+impl FromSql for bool {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Integer(i) => Ok(i != 0),
+            other => Err(format!("{} where a boolean belongs", other.kind())),
+        }
+    }
+}
+
+impl FromSql for String {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Text(t) => Ok(t.to_string()),
+            other => Err(format!("{} where text belongs", other.kind())),
+        }
+    }
+}
+
+impl FromSql for Vec<u8> {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Blob(b) => Ok(b.to_vec()),
+            other => Err(format!("{} where a blob belongs", other.kind())),
+        }
+    }
+}
+
+impl<T: FromSql> FromSql for Option<T> {
+    fn from_sql(value: ValueRef<'_>) -> Result<Self, String> {
+        match value {
+            ValueRef::Null => Ok(None),
+            v => T::from_sql(v).map(Some),
+        }
+    }
+}
+
+/// A statement's parameters, in order.
+pub trait Params {
+    fn list(&self) -> Vec<&dyn ToSql>;
+}
+
+impl Params for () {
+    fn list(&self) -> Vec<&dyn ToSql> {
+        Vec::new()
+    }
+}
+
+impl Params for &[&dyn ToSql] {
+    fn list(&self) -> Vec<&dyn ToSql> {
+        self.to_vec()
+    }
+}
+
+impl<T: ToSql, const N: usize> Params for [T; N] {
+    fn list(&self) -> Vec<&dyn ToSql> {
+        self.iter().map(|v| v as &dyn ToSql).collect()
+    }
+}
