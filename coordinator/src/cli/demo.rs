@@ -35,8 +35,17 @@ pub async fn demo(args: DemoArgs, shutdown: impl std::future::Future<Output = ()
             agent_exe.display()
         )));
     }
+    if crate::store::is_remote(&args.store) {
+        // A database server's store is shared: only the demo's own study goes.
+        let mut store = Store::open(&args.store).map_err(CliError::open_store(&args.store))?;
+        let mut batch = store.batch()?;
+        match batch.delete_study("demo") {
+            Ok(_) | Err(crate::store::LifecycleError::Unknown(_)) => batch.commit()?,
+            Err(e) => return Err(CliError::refused(format!("removing the old demo study: {e}"))),
+        }
+    }
     for f in [args.store.clone(), args.store.with_extension("db-wal"), args.store.with_extension("db-shm")] {
-        if f.exists() {
+        if !crate::store::is_remote(&f) && f.exists() {
             std::fs::remove_file(&f).map_err(CliError::file("removing the old demo store", &f))?;
         }
     }

@@ -29,7 +29,7 @@ pub fn emit_json(value: &impl serde::Serialize) -> Result<()> {
 
 /// The store at `path`, read-only; an error when there is none.
 pub fn open_existing(path: &Path) -> Result<Store> {
-    if !path.exists() {
+    if !crate::store::exists(path) {
         return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
     }
     Ok(Store::open_read_only(path)?)

@@ -54,7 +54,7 @@ pub async fn status(
 /// `tunefleet studies`: the studies in the store.
 pub fn studies(path: &Path, action: Option<StudiesAction>, json: bool) -> Result<()> {
     let Some(action) = action else { return list_studies(path, json) };
-    if !path.exists() {
+    if !crate::store::exists(path) {
         return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
     }
     let study = match &action {
@@ -155,7 +155,7 @@ pub fn profiles(path: &Path, action: Option<ProfilesAction>, json: bool) -> Resu
             }
         }
         Some(ProfilesAction::Forget { agent }) => {
-            if !path.exists() {
+            if !crate::store::exists(path) {
                 return Err(CliError::refused(format!("no store at {} (give --store PATH)", path.display())));
             }
             let mut store = Store::open(path).map_err(CliError::open_store(path))?;

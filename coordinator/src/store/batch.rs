@@ -303,9 +303,13 @@ impl Batch<'_> {
         let mut insert = self
             .tx
             .prepare_cached(
-                "INSERT OR REPLACE INTO segments (study, trial, idx, role, system, cpus, first_epoch, last_epoch,
+                "INSERT INTO segments (study, trial, idx, role, system, cpus, first_epoch, last_epoch,
                      start_us, wall_us, energy_j, cpu_us)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+                 ON CONFLICT (study, trial, idx) DO UPDATE SET role = excluded.role, system = excluded.system,
+                     cpus = excluded.cpus, first_epoch = excluded.first_epoch, last_epoch = excluded.last_epoch,
+                     start_us = excluded.start_us, wall_us = excluded.wall_us, energy_j = excluded.energy_j,
+                     cpu_us = excluded.cpu_us",
             )
             .ctx(context)?;
         for (i, s) in measurement.segments.iter().enumerate() {

@@ -77,12 +77,7 @@ const ENROL_COLUMNS: [(&str, &str, &str); 10] = [
 /// Adds the [`ENROL_COLUMNS`] a store lacks.
 pub(super) fn add_columns(tx: &Conn) -> sql::Result<()> {
     for (table, column, kind) in ENROL_COLUMNS {
-        let present: i64 = tx.query_row(
-            &format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
-            [column],
-            |r| r.get(0),
-        )?;
-        if present == 0 {
+        if !tx.has_column(table, column)? {
             tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {kind};"))?;
         }
     }

@@ -218,6 +218,18 @@ impl fmt::Debug for Batch<'_> {
     }
 }
 
+/// Whether `store` names a store on a database server (`postgres://`)
+/// rather than a file.
+pub fn is_remote(store: &std::path::Path) -> bool {
+    store.to_str().is_some_and(sql::is_postgres)
+}
+
+/// Whether there is a store at `store`: a file, or any store on a
+/// database server (connecting says whether the server answers).
+pub fn exists(store: &std::path::Path) -> bool {
+    is_remote(store) || store.exists()
+}
+
 /// How the workload ended, as readable text.
 pub fn exit_text(exit: &ExitOutcome) -> String {
     match exit {

@@ -208,7 +208,7 @@ impl Store {
             .conn
             .prepare_cached(
                 "SELECT study, trial, attempt, class, decision, cluster, distance, threshold, system, expected, reason, at_ms
-                 FROM reuse_decisions WHERE ?1 IS NULL OR study = ?1 ORDER BY study, trial, attempt, at_ms",
+                 FROM reuse_decisions WHERE CAST(?1 AS TEXT) IS NULL OR study = ?1 ORDER BY study, trial, attempt, at_ms",
             )
             .ctx(context)?;
         let rows = stmt

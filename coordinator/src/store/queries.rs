@@ -244,7 +244,7 @@ impl Store {
                  SELECT a.agent, {row} + LENGTH(p.metrics) + IFNULL(LENGTH(p.checkpoint), 0)
                  FROM progress p JOIN attempts a
                    ON a.study = p.study AND a.trial = p.trial AND a.attempt = p.attempt
-                 WHERE p.study = ?1)
+                 WHERE p.study = ?1) AS written
              GROUP BY agent"
         );
         let mut stmt = self.conn.prepare_cached(&sql).ctx(context)?;

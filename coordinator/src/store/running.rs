@@ -14,7 +14,7 @@ use rustix::fs::{flock, FlockOperation};
 /// A lock on a store's running file, held while this value lives.
 #[derive(Debug)]
 pub struct RunLock {
-    _file: File,
+    _file: Option<File>,
 }
 
 /// The file beside `store` that running coordinators lock.
@@ -33,17 +33,26 @@ impl RunLock {
     /// What a running coordinator holds: shared, so several coordinators
     /// (a `serve` and a `run` of another study) may run on one store. It
     /// waits only while a rename or delete holds the lock alone.
+    ///
+    /// A store on a database server has no file beside it: nothing is held
+    /// (the server's own locks keep its writes apart).
     pub fn running(store: &Path) -> std::io::Result<RunLock> {
+        if super::is_remote(store) {
+            return Ok(RunLock { _file: None });
+        }
         let file = open(store)?;
         flock(&file, FlockOperation::LockShared)?;
-        Ok(RunLock { _file: file })
+        Ok(RunLock { _file: Some(file) })
     }
 
     /// The lock alone, or `None` while any coordinator runs on `store`.
     pub fn alone(store: &Path) -> std::io::Result<Option<RunLock>> {
+        if super::is_remote(store) {
+            return Ok(Some(RunLock { _file: None }));
+        }
         let file = open(store)?;
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Some(RunLock { _file: file })),
+            Ok(()) => Ok(Some(RunLock { _file: Some(file) })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(e.into()),
         }

@@ -228,8 +228,14 @@ impl Store {
     /// store holds every study's env (secrets, often): it and its WAL and
     /// shared-memory files are its owner's alone (0600), whatever the
     /// umask (SQLite gives the files it adds the database's mode).
+    ///
+    /// A `postgres://` location is a store on a PostgreSQL server instead
+    /// (see `store/sql/postgres.rs`).
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
+        if sql::is_postgres(&shown) {
+            return Self::open_postgres(&shown);
+        }
         make_private(path).map_err(|source| StoreError::Private { path: shown.clone(), source })?;
         let conn = Conn::open_sqlite(path, OpenMode::ReadWrite).ctx(|| format!("{shown}: cannot open store"))?;
         Self::prepare(conn, shown)
@@ -238,12 +244,26 @@ impl Store {
     /// Opens an existing store for queries only.
     pub fn open_read_only(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
+        if sql::is_postgres(&shown) {
+            return Self::open_postgres(&shown);
+        }
         let conn = Conn::open_sqlite(path, OpenMode::ReadOnly).ctx(|| format!("{shown}: cannot open store"))?;
         let found = conn.schema_version().ctx(|| format!("{shown}: reading schema"))?;
         if found != SCHEMA_VERSION {
             return Err(StoreError::SchemaVersion { path: shown, found });
         }
         Ok(Store { conn, path: shown })
+    }
+
+    /// The store on the PostgreSQL server `location` names, its schema
+    /// created or migrated as a file's is.
+    fn open_postgres(location: &str) -> Result<Self> {
+        let target = sql::parse_target(location).map_err(|why| StoreError::Sql {
+            context: format!("{location}: cannot open store"),
+            source: sql::Error::Closed(why),
+        })?;
+        let conn = Conn::open_postgres(&target).ctx(|| format!("{location}: cannot open store"))?;
+        Self::prepare(conn, location.to_string())
     }
 
     /// A store in memory, for tests and dry runs.

@@ -13,9 +13,12 @@
 use std::fmt;
 use std::path::Path;
 
+mod dialect;
+mod postgres;
 mod sqlite;
 mod value;
 
+pub use postgres::{is_postgres, parse_target, PgTarget};
 pub(crate) use sqlite::OpenMode;
 pub use value::{Error, FromSql, Params, Result, ToSql};
 
@@ -49,6 +52,7 @@ pub struct Row<'a>(RowInner<'a>);
 
 enum RowInner<'a> {
     Sqlite(&'a rusqlite::Row<'a>),
+    Pg { values: &'a [postgres::Owned], columns: &'a [String] },
 }
 
 impl Row<'_> {
@@ -57,6 +61,9 @@ impl Row<'_> {
         let i = idx.index(self)?;
         let value = match &self.0 {
             RowInner::Sqlite(row) => sqlite::value(row, i)?,
+            RowInner::Pg { values, .. } => {
+                values.get(i).map(postgres::Owned::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))?
+            }
         };
         T::from_sql(value).map_err(|why| Error::conversion(i, why))
     }
@@ -65,6 +72,9 @@ impl Row<'_> {
     pub fn column_index(&self, name: &str) -> Result<usize> {
         match &self.0 {
             RowInner::Sqlite(row) => row.as_ref().column_index(name).map_err(|_| Error::NoColumn(name.to_string())),
+            RowInner::Pg { columns, .. } => {
+                columns.iter().position(|c| c == name).ok_or_else(|| Error::NoColumn(name.to_string()))
+            }
         }
     }
 }
@@ -74,12 +84,14 @@ pub struct Conn(ConnInner);
 
 enum ConnInner {
     Sqlite(rusqlite::Connection),
+    Pg(postgres::PgConn),
 }
 
 impl fmt::Debug for Conn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.0 {
             ConnInner::Sqlite(_) => "Conn(sqlite)",
+            ConnInner::Pg(_) => "Conn(postgres)",
         })
     }
 }
@@ -89,6 +101,7 @@ pub struct Stmt<'c>(StmtInner<'c>);
 
 enum StmtInner<'c> {
     Sqlite(rusqlite::CachedStatement<'c>),
+    Pg { conn: &'c postgres::PgConn, id: usize, columns: std::sync::Arc<Vec<String>> },
 }
 
 impl Conn {
@@ -96,6 +109,10 @@ impl Conn {
     pub fn prepare_cached(&self, sql: &str) -> Result<Stmt<'_>> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(Stmt(StmtInner::Sqlite(c.prepare_cached(sql)?))),
+            ConnInner::Pg(c) => {
+                let (id, columns) = c.prepare(sql)?;
+                Ok(Stmt(StmtInner::Pg { conn: c, id, columns }))
+            }
         }
     }
 
@@ -108,6 +125,7 @@ impl Conn {
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            ConnInner::Pg(c) => c.batch(sql),
         }
     }
 
@@ -129,6 +147,9 @@ impl Conn {
     fn in_transaction(&self) -> bool {
         match &self.0 {
             ConnInner::Sqlite(c) => !c.is_autocommit(),
+            // The server ends a transaction whose commit failed; a rollback
+            // then only warns.
+            ConnInner::Pg(_) => true,
         }
     }
 
@@ -136,6 +157,15 @@ impl Conn {
     pub fn schema_version(&self) -> Result<i64> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.pragma_query_value(None, "user_version", |r| r.get(0))?),
+            ConnInner::Pg(_) => {
+                self.execute_batch(
+                    "CREATE TABLE IF NOT EXISTS tunefleet_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)",
+                )?;
+                let found = self
+                    .query_row("SELECT version FROM tunefleet_schema WHERE id = 1", (), |r| r.get::<_, i64>(0))
+                    .optional()?;
+                Ok(found.unwrap_or(0))
+            }
         }
     }
 
@@ -143,6 +173,13 @@ impl Conn {
     pub fn set_schema_version(&self, version: i64) -> Result<()> {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.pragma_update(None, "user_version", version)?),
+            ConnInner::Pg(_) => {
+                self.execute(
+                    "INSERT INTO tunefleet_schema (id, version) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+                    [version],
+                )?;
+                Ok(())
+            }
         }
     }
 
@@ -152,6 +189,11 @@ impl Conn {
             ConnInner::Sqlite(c) => {
                 let sql = format!("SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?1");
                 Ok(c.query_row(&sql, [column], |r| r.get::<_, i64>(0))? > 0)
+            }
+            ConnInner::Pg(_) => {
+                let sql = "SELECT COUNT(*) FROM information_schema.columns
+                           WHERE table_schema = current_schema() AND table_name = ?1 AND column_name = ?2";
+                Ok(self.query_row(sql, [table, column], |r| r.get::<_, i64>(0))? > 0)
             }
         }
     }
@@ -166,12 +208,18 @@ impl Conn {
         Ok(Conn(ConnInner::Sqlite(sqlite::open_in_memory()?)))
     }
 
+    /// Connects to the PostgreSQL store `target`.
+    pub fn open_postgres(target: &PgTarget) -> Result<Conn> {
+        Ok(Conn(ConnInner::Pg(postgres::PgConn::connect(target)?)))
+    }
+
     /// The SQLite connection underneath, for tests that look at the file
     /// as SQLite sees it.
     #[cfg(test)]
     pub fn sqlite(&self) -> &rusqlite::Connection {
         match &self.0 {
             ConnInner::Sqlite(c) => c,
+            ConnInner::Pg(_) => panic!("a test asked a PostgreSQL store for its SQLite connection"),
         }
     }
 }
@@ -181,6 +229,7 @@ impl Stmt<'_> {
     pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
         match &mut self.0 {
             StmtInner::Sqlite(s) => Ok(s.execute(sqlite::binds(&params.list())?)?),
+            StmtInner::Pg { conn, id, .. } => conn.execute(*id, &params.list()),
         }
     }
 
@@ -198,6 +247,11 @@ impl Stmt<'_> {
                     out.push(f(&Row(RowInner::Sqlite(row))));
                 }
             }
+            StmtInner::Pg { conn, id, columns } => {
+                for values in conn.query(*id, &params.list())? {
+                    out.push(f(&Row(RowInner::Pg { values: &values, columns })));
+                }
+            }
         }
         Ok(out.into_iter())
     }
@@ -213,6 +267,10 @@ impl Stmt<'_> {
                     None => Err(Error::NoRows),
                 }
             }
+            StmtInner::Pg { conn, id, columns } => match conn.query(*id, &params.list())?.first() {
+                Some(values) => f(&Row(RowInner::Pg { values, columns })),
+                None => Err(Error::NoRows),
+            },
         }
     }
 }

@@ -9,6 +9,11 @@ use std::fmt;
 pub enum Error {
     #[error(transparent)]
     Sqlite(#[from] rusqlite::Error),
+    #[error("{}", postgres_text(.0))]
+    Postgres(#[from] postgres::Error),
+    /// The connection cannot be used (it broke, or never opened).
+    #[error("{0}")]
+    Closed(String),
     #[error("Query returned no rows")]
     NoRows,
     #[error("column {column}: {why}")]
@@ -27,6 +32,20 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the server said, with its detail and hint, or the client's error.
+fn postgres_text(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => {
+            let mut text = format!("{}: {}", db.severity(), db.message());
+            for extra in [db.detail(), db.hint()].into_iter().flatten() {
+                text.push_str(&format!(" ({extra})"));
+            }
+            text
+        }
+        None => e.to_string(),
+    }
+}
 
 /// A value as the database holds it, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq)]

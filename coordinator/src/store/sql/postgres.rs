@@ -1,0 +1,406 @@
+//! PostgreSQL, the shared backend: `postgres://USER@HOST:PORT/DB`, the
+//! password from the environment or a file, never the command line; a
+//! schema per fleet (`?schema=NAME`, default `tunefleet`), so independent
+//! fleets share one server.
+//!
+//! The client is synchronous and runs on a thread of its own (a client
+//! that blocks cannot run on the coordinator's async threads): each call
+//! is a request to that thread and waits for its answer. Statements are
+//! translated once from the store's SQL ([`translate`]) and kept
+//! prepared.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
+
+use super::dialect::translate;
+use super::value::{self, Error, Result, ValueRef};
+
+/// The schema a store's tables live in when the URL names none.
+pub const DEFAULT_SCHEMA: &str = "tunefleet";
+
+/// Where a PostgreSQL store is, as its URL says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTarget {
+    /// The URL without the store's own options, for the client.
+    pub url: String,
+    /// The schema of the store's tables.
+    pub schema: String,
+}
+
+/// Whether `location` names a PostgreSQL store.
+pub fn is_postgres(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// Parses a store URL: refuses a password in it (it would show in `ps`
+/// and shell history) and a schema name that is not a plain identifier.
+pub fn parse_target(location: &str) -> std::result::Result<PgTarget, String> {
+    let url = url::Url::parse(location).map_err(|e| format!("not a PostgreSQL URL: {e}"))?;
+    if url.password().is_some() {
+        return Err("the store URL holds a password: give it in TUNEFLEET_STORE_PASSWORD or a file named by \
+                    TUNEFLEET_STORE_PASSWORD_FILE, never on the command line"
+            .into());
+    }
+    let mut schema = DEFAULT_SCHEMA.to_string();
+    let mut kept = url.clone();
+    kept.query_pairs_mut().clear();
+    let mut any = false;
+    for (key, value) in url.query_pairs() {
+        if key == "schema" {
+            schema = value.into_owned();
+        } else {
+            kept.query_pairs_mut().append_pair(&key, &value);
+            any = true;
+        }
+    }
+    if !any {
+        kept.set_query(None);
+    }
+    let plain = !schema.is_empty()
+        && schema.len() <= 63
+        && schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        && !schema.starts_with(|c: char| c.is_ascii_digit());
+    if !plain {
+        return Err(format!("schema {schema:?}: lower-case letters, digits and '_', at most 63, not a digit first"));
+    }
+    Ok(PgTarget { url: kept.to_string(), schema })
+}
+
+/// The store's password: `TUNEFLEET_STORE_PASSWORD`, else the first line
+/// of the file `TUNEFLEET_STORE_PASSWORD_FILE` names, else none (the
+/// server may trust the connection, or `PGPASSFILE`'s rules apply).
+fn password() -> std::result::Result<Option<String>, String> {
+    if let Ok(p) = std::env::var("TUNEFLEET_STORE_PASSWORD") {
+        return Ok(Some(p));
+    }
+    let Ok(file) = std::env::var("TUNEFLEET_STORE_PASSWORD_FILE") else { return Ok(None) };
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("{file}: cannot read the store's password: {e}"))?;
+    Ok(Some(text.lines().next().unwrap_or_default().to_string()))
+}
+
+/// A value as it crosses to and from the client thread.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Owned {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Owned {
+    fn of(v: ValueRef<'_>) -> Owned {
+        match v {
+            ValueRef::Null => Owned::Null,
+            ValueRef::Integer(i) => Owned::Integer(i),
+            ValueRef::Real(x) => Owned::Real(x),
+            ValueRef::Text(t) => Owned::Text(t.to_string()),
+            ValueRef::Blob(b) => Owned::Blob(b.to_vec()),
+        }
+    }
+
+    pub(super) fn as_ref(&self) -> ValueRef<'_> {
+        match self {
+            Owned::Null => ValueRef::Null,
+            Owned::Integer(i) => ValueRef::Integer(*i),
+            Owned::Real(x) => ValueRef::Real(*x),
+            Owned::Text(t) => ValueRef::Text(t),
+            Owned::Blob(b) => ValueRef::Blob(b),
+        }
+    }
+}
+
+type BoxError = Box<dyn StdError + Sync + Send>;
+
+/// Text the server takes for a parameter of a text type.
+fn is_text(ty: &Type) -> bool {
+    matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN)
+}
+
+impl PgToSql for Owned {
+    fn to_sql(&self, ty: &Type, out: &mut postgres::types::private::BytesMut) -> std::result::Result<IsNull, BoxError> {
+        match self {
+            Owned::Null => Ok(IsNull::Yes),
+            Owned::Integer(i) => match *ty {
+                Type::INT8 => i.to_sql(ty, out),
+                Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
+                Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
+                Type::FLOAT8 => (*i as f64).to_sql(ty, out),
+                Type::FLOAT4 => (*i as f32).to_sql(ty, out),
+                Type::BOOL => (*i != 0).to_sql(ty, out),
+                _ if is_text(ty) => i.to_string().as_str().to_sql(ty, out),
+                _ => Err(format!("an integer for a parameter of type {ty}").into()),
+            },
+            Owned::Real(x) => match *ty {
+                Type::FLOAT8 => x.to_sql(ty, out),
+                Type::FLOAT4 => (*x as f32).to_sql(ty, out),
+                _ if is_text(ty) => x.to_string().as_str().to_sql(ty, out),
+                _ => Err(format!("a real for a parameter of type {ty}").into()),
+            },
+            Owned::Text(t) => match *ty {
+                _ if is_text(ty) => t.as_str().to_sql(ty, out),
+                Type::BYTEA => t.as_bytes().to_sql(ty, out),
+                _ => Err(format!("text for a parameter of type {ty}").into()),
+            },
+            Owned::Blob(b) => b.as_slice().to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_ty: &Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+impl<'a> PgFromSql<'a> for Owned {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, BoxError> {
+        Ok(match *ty {
+            Type::INT8 => Owned::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Owned::Integer(i64::from(i32::from_sql(ty, raw)?)),
+            Type::INT2 => Owned::Integer(i64::from(i16::from_sql(ty, raw)?)),
+            Type::OID => Owned::Integer(i64::from(u32::from_sql(ty, raw)?)),
+            Type::BOOL => Owned::Integer(i64::from(bool::from_sql(ty, raw)?)),
+            Type::FLOAT8 => Owned::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Owned::Real(f64::from(f32::from_sql(ty, raw)?)),
+            Type::NUMERIC => numeric(raw)?,
+            Type::BYTEA => Owned::Blob(raw.to_vec()),
+            _ if is_text(ty) => Owned::Text(String::from_sql(ty, raw)?),
+            _ => return Err(format!("a column of type {ty}, which the store does not read").into()),
+        })
+    }
+
+    fn from_sql_null(_ty: &Type) -> std::result::Result<Self, BoxError> {
+        Ok(Owned::Null)
+    }
+
+    fn accepts(_ty: &Type) -> bool {
+        true
+    }
+}
+
+/// A NUMERIC in PostgreSQL's binary form (what `SUM` of integers gives):
+/// an integer when it has no fraction and fits, else a real.
+fn numeric(raw: &[u8]) -> std::result::Result<Owned, BoxError> {
+    let word = |i: usize| -> std::result::Result<u16, BoxError> {
+        raw.get(i..i + 2).map(|b| u16::from_be_bytes([b[0], b[1]])).ok_or_else(|| "a short NUMERIC".into())
+    };
+    let (ndigits, weight, sign, scale) = (word(0)?, word(2)? as i16, word(4)?, word(6)?);
+    if sign == 0xC000 {
+        return Ok(Owned::Real(f64::NAN));
+    }
+    let mut int: i128 = 0;
+    let mut real = 0.0f64;
+    let mut whole = true;
+    for d in 0..ndigits {
+        let digit = word(8 + 2 * d as usize)?;
+        let power = i32::from(weight) - i32::from(d as i16);
+        real += f64::from(digit) * 10_000f64.powi(power);
+        if power >= 0 && whole {
+            int = int.checked_mul(10_000).and_then(|v| v.checked_add(i128::from(digit))).unwrap_or(i128::MAX);
+        } else if digit != 0 {
+            whole = false;
+        }
+    }
+    // Trailing zero groups the binary form leaves out.
+    let last = i32::from(weight) - i32::from(ndigits as i16) + 1;
+    for _ in 0..last.max(0) {
+        int = int.checked_mul(10_000).unwrap_or(i128::MAX);
+    }
+    let negative = sign == 0x4000;
+    match (whole && scale == 0, i64::try_from(int)) {
+        (true, Ok(v)) => Ok(Owned::Integer(if negative { -v } else { v })),
+        _ => Ok(Owned::Real(if negative { -real } else { real })),
+    }
+}
+
+/// A request to the client thread.
+enum Request {
+    Prepare { sql: String, reply: mpsc::Sender<Result<(usize, Arc<Vec<String>>)>> },
+    Query { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<Vec<Vec<Owned>>>> },
+    Execute { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<u64>> },
+    Batch { sql: String, reply: mpsc::Sender<Result<()>> },
+}
+
+/// A connection: the channel to the thread that owns the client.
+pub(super) struct PgConn {
+    requests: mpsc::Sender<Request>,
+    pub(super) target: PgTarget,
+}
+
+impl std::fmt::Debug for PgConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConn").field("schema", &self.target.schema).finish_non_exhaustive()
+    }
+}
+
+/// The client thread has gone (its connection broke and it ended).
+fn gone() -> Error {
+    Error::Closed("the PostgreSQL client thread ended".into())
+}
+
+impl PgConn {
+    /// Connects to `target`, creating its schema when missing and
+    /// working in it.
+    pub(super) fn connect(target: &PgTarget) -> Result<PgConn> {
+        let mut config: postgres::Config = target.url.parse()?;
+        if let Some(p) = password().map_err(Error::Closed)? {
+            config.password(p);
+        }
+        config.application_name("tunefleet");
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
+        let (requests, rx) = mpsc::channel::<Request>();
+        let schema = target.schema.clone();
+        std::thread::Builder::new()
+            .name("tunefleet-pg".into())
+            .spawn(move || {
+                let client = config.connect(postgres::NoTls).map_err(Error::from).and_then(|mut c| {
+                    c.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"))?;
+                    Ok(c)
+                });
+                match client {
+                    Ok(c) => {
+                        let _ = ready_tx.send(Ok(()));
+                        serve(c, rx);
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| Error::Closed(format!("cannot start the PostgreSQL client thread: {e}")))?;
+        ready_rx.recv().map_err(|_| gone())??;
+        Ok(PgConn { requests, target: target.clone() })
+    }
+
+    fn ask<T>(&self, make: impl FnOnce(mpsc::Sender<Result<T>>) -> Request) -> Result<T> {
+        let (reply, answer) = mpsc::channel();
+        self.requests.send(make(reply)).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+
+    /// `sql` translated and prepared (once per text): its id and columns.
+    pub(super) fn prepare(&self, sql: &str) -> Result<(usize, Arc<Vec<String>>)> {
+        self.ask(|reply| Request::Prepare { sql: sql.to_string(), reply })
+    }
+
+    pub(super) fn query(&self, id: usize, params: &[&dyn value::ToSql]) -> Result<Vec<Vec<Owned>>> {
+        let params = owned(params)?;
+        self.ask(|reply| Request::Query { id, params, reply })
+    }
+
+    pub(super) fn execute(&self, id: usize, params: &[&dyn value::ToSql]) -> Result<usize> {
+        let params = owned(params)?;
+        let n = self.ask(|reply| Request::Execute { id, params, reply })?;
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
+    pub(super) fn batch(&self, sql: &str) -> Result<()> {
+        self.ask(|reply| Request::Batch { sql: sql.to_string(), reply })
+    }
+}
+
+fn owned(params: &[&dyn value::ToSql]) -> Result<Vec<Owned>> {
+    params
+        .iter()
+        .enumerate()
+        .map(|(index, p)| {
+            value::ToSql::to_sql(*p).map(Owned::of).map_err(|why| Error::Parameter { index: index + 1, why })
+        })
+        .collect()
+}
+
+/// The client thread: answers requests in order until the connection's
+/// owner goes.
+fn serve(mut client: postgres::Client, requests: mpsc::Receiver<Request>) {
+    let mut prepared: Vec<postgres::Statement> = Vec::new();
+    let mut by_text: HashMap<String, (usize, Arc<Vec<String>>)> = HashMap::new();
+    for request in requests {
+        match request {
+            Request::Prepare { sql, reply } => {
+                let answer = match by_text.get(&sql) {
+                    Some(known) => Ok(known.clone()),
+                    None => client.prepare(&translate(&sql)).map_err(Error::from).map(|stmt| {
+                        let columns: Arc<Vec<String>> =
+                            Arc::new(stmt.columns().iter().map(|c| c.name().to_string()).collect());
+                        prepared.push(stmt);
+                        let known = (prepared.len() - 1, columns);
+                        by_text.insert(sql, known.clone());
+                        known
+                    }),
+                };
+                let _ = reply.send(answer);
+            }
+            Request::Query { id, params, reply } => {
+                let answer = statement(&prepared, id).and_then(|stmt| {
+                    let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
+                    let rows = client.query(stmt, &refs)?;
+                    rows.iter()
+                        .map(|row| (0..row.len()).map(|i| row.try_get::<_, Owned>(i).map_err(Error::from)).collect())
+                        .collect()
+                });
+                let _ = reply.send(answer);
+            }
+            Request::Execute { id, params, reply } => {
+                let answer = statement(&prepared, id).and_then(|stmt| {
+                    let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
+                    Ok(client.execute(stmt, &refs)?)
+                });
+                let _ = reply.send(answer);
+            }
+            Request::Batch { sql, reply } => {
+                let _ = reply.send(client.batch_execute(&translate(&sql)).map_err(Error::from));
+            }
+        }
+    }
+}
+
+fn statement(prepared: &[postgres::Statement], id: usize) -> Result<&postgres::Statement> {
+    prepared.get(id).ok_or_else(|| Error::Closed(format!("no prepared statement {id}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_url_keeps_its_schema_and_never_a_password() {
+        let t = parse_target("postgres://fleet@db.example:5433/tune?schema=lab_a&sslmode=disable").expect("url");
+        assert_eq!(t.schema, "lab_a");
+        assert_eq!(t.url, "postgres://fleet@db.example:5433/tune?sslmode=disable");
+        assert_eq!(parse_target("postgres://fleet@h/db").expect("url").schema, DEFAULT_SCHEMA);
+        let err = parse_target("postgres://fleet:secret@h/db").expect_err("a password");
+        assert!(err.contains("TUNEFLEET_STORE_PASSWORD"), "{err}");
+        assert!(parse_target("postgres://f@h/db?schema=Drop;Table").is_err(), "a schema is an identifier");
+        assert!(is_postgres("postgresql://h/db") && !is_postgres("/var/lib/tunefleet/store.db"));
+    }
+
+    /// NUMERIC's binary form: 4 words of header, then base-10000 digits.
+    fn numeric_bytes(ndigits: u16, weight: i16, sign: u16, scale: u16, digits: &[u16]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for w in [ndigits, weight as u16, sign, scale] {
+            out.extend(w.to_be_bytes());
+        }
+        for d in digits {
+            out.extend(d.to_be_bytes());
+        }
+        out
+    }
+
+    #[test]
+    fn numerics_read_as_integers_when_whole_and_reals_otherwise() {
+        // 123456789 = 1 2345 6789 (weight 2).
+        assert_eq!(numeric(&numeric_bytes(3, 2, 0, 0, &[1, 2345, 6789])).expect("n"), Owned::Integer(123_456_789));
+        // 20000 = 2 with weight 1, the trailing group left out.
+        assert_eq!(numeric(&numeric_bytes(1, 1, 0, 0, &[2])).expect("n"), Owned::Integer(20_000));
+        assert_eq!(numeric(&numeric_bytes(1, 0, 0x4000, 0, &[7])).expect("n"), Owned::Integer(-7));
+        assert_eq!(numeric(&numeric_bytes(0, 0, 0, 0, &[])).expect("n"), Owned::Integer(0));
+        // 1.5 = 1 . 5000 (weight 0), scale 1.
+        assert_eq!(numeric(&numeric_bytes(2, 0, 0, 1, &[1, 5000])).expect("n"), Owned::Real(1.5));
+        assert!(numeric(&[0, 1]).is_err(), "a short one is refused");
+    }
+}
