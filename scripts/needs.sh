@@ -7,6 +7,9 @@
 # NEED is one of:
 #   mosquitto            `mosquitto -h` starts (the external-broker tests)
 #   victoria-metrics     `victoria-metrics -version` starts (the InfluxDB sink tests)
+#   postgresql           Debian's PostgreSQL server makes a cluster with `initdb`
+#                        (as the `postgres` user under root) and `psql` runs (the
+#                        PostgreSQL store tests start their own server)
 #   ejabberd             Erlang loads Debian's ejabberd application, and epmd
 #                        exists (the two-node cluster test runs both itself)
 #   systemd-analyze      `systemd-analyze --version` starts (the systemd unit tests)
@@ -93,6 +96,20 @@ needs_check() {
       grep -q '^mosquitto version' <<<"$needs_output"
       ;;
     victoria-metrics) needs_output=$(victoria-metrics -version 2>&1) ;;
+    postgresql)
+      local bin
+      bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+      [ -n "$bin" ] && [ -x "$bin/initdb" ] || return 1
+      dir=$(mktemp -d)
+      if [ "$(id -u)" = 0 ]; then
+        chown postgres "$dir" && needs_output=$(runuser -u postgres -- "$bin/initdb" -D "$dir/data" -A trust --no-sync 2>&1)
+      else
+        needs_output=$("$bin/initdb" -D "$dir/data" -A trust --no-sync 2>&1)
+      fi
+      status=$?
+      rm -rf "$dir"
+      [ $status = 0 ] && psql --version >/dev/null 2>&1
+      ;;
     python3)
       # The workload helper's tests and the Python workloads: 3.7 or newer,
       # with the standard library's json, threading and unittest.
@@ -224,6 +241,7 @@ needs_packages() {
   case "$1" in
     mosquitto) echo mosquitto ;;
     victoria-metrics) echo victoria-metrics ;;
+    postgresql) echo postgresql postgresql-client ;;
     python3) echo python3 ;;
     ejabberd) echo ejabberd ;;
     systemd-analyze) echo systemd ;;

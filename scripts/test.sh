@@ -2,7 +2,8 @@
 # Runs every Tunefleet test. First checks, by using each one, what the tests
 # need, and installs what fails its check (scripts/needs.sh): Debian's
 # mosquitto (the external-broker tests), ejabberd (the two-node cluster
-# test) and victoria-metrics (the InfluxDB sink tests start their own);
+# test), victoria-metrics (the InfluxDB sink tests start their own) and
+# PostgreSQL (the PostgreSQL store tests start their own server);
 # chromium (the HTML report is loaded in it); for the deployment tests
 # the aarch64 Rust target, the aarch64 cross gcc with its C library (ring's
 # C code), qemu-user-static registered with binfmt_misc, and
@@ -47,7 +48,7 @@ fi
 
 # shellcheck source=scripts/needs.sh
 . scripts/needs.sh
-needs mosquitto ejabberd victoria-metrics systemd-analyze systemd-nspawn chromium man slurm spark optuna python3 python-package \
+needs mosquitto ejabberd victoria-metrics postgresql systemd-analyze systemd-nspawn chromium man slurm spark optuna python3 python-package \
   rust-target:aarch64-unknown-linux-musl cc:aarch64-unknown-linux-musl qemu-aarch64
 [ $install_only = 0 ] || exit 0
 # Debian installs mosquitto in /usr/sbin, which is not on every user's PATH.

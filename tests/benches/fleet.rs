@@ -27,7 +27,9 @@
 //!   coordinator's CPU seconds for the welcome and for the study, its peak
 //!   memory, Mosquitto's, the simulator's own CPU, the attempts given
 //!   again (leases that expired) and the simulated agents' connection
-//!   errors (each one a reconnect).
+//!   errors (each one a reconnect). `FLEET_STORE_PG=postgres://USER@HOST:PORT/DB`
+//!   runs the coordinator on that PostgreSQL server instead of a SQLite
+//!   file (a schema per run).
 //! * `restart` (not in the default set): `support/fleet_restart.rs`, a fleet
 //!   reconnecting after the coordinator is killed and started again.
 //! * `flat`: the coordinator's CPU per trial at 1,000, 10,000 and 100,000
@@ -38,7 +40,7 @@ mod fleet_restart;
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -866,10 +868,43 @@ fn fleet_brokers() -> Vec<FleetBroker> {
         .collect()
 }
 
+/// The store a fleet run writes: `FLEET_STORE_PG` (a PostgreSQL URL
+/// without `?schema=`) gives each run a schema of its own there; else a
+/// SQLite file in `dir`. With the schema, when on PostgreSQL.
+fn fleet_store(dir: &Path, root: &str) -> (PathBuf, Option<(String, String)>) {
+    match std::env::var("FLEET_STORE_PG") {
+        Ok(base) => {
+            let schema = root.replace('-', "_").to_lowercase();
+            (PathBuf::from(format!("{base}?schema={schema}")), Some((base, schema)))
+        }
+        Err(_) => (dir.join("s.db"), None),
+    }
+}
+
+/// One row of numbers from a run's store (SQLite or PostgreSQL).
+fn store_numbers(store: &Path, pg: Option<&(String, String)>, sql: &str) -> Vec<i64> {
+    match pg {
+        Some((base, schema)) => {
+            let out = std::process::Command::new("psql")
+                .args([base.as_str(), "-At", "-c", &format!("SET search_path TO {schema}; {sql}")])
+                .output()
+                .expect("psql");
+            let text = String::from_utf8_lossy(&out.stdout);
+            let line = text.lines().last().unwrap_or_default();
+            line.split('|').map(|v| v.trim().parse().unwrap_or(0)).collect()
+        }
+        None => {
+            let db = rusqlite::Connection::open(store).expect("store");
+            let n = sql.matches("(SELECT").count().max(1);
+            db.query_row(sql, [], |r| (0..n).map(|i| r.get::<_, i64>(i)).collect::<Result<Vec<_>, _>>()).expect("query")
+        }
+    }
+}
+
 async fn fleet_run(agents: usize, duration: Duration, trials: u64, which: FleetBroker) -> FleetOutcome {
     let dir = tempfile::tempdir().expect("tmp");
-    let store = dir.path().join("s.db");
     let root = unique_root("fleet");
+    let (store, pg) = fleet_store(dir.path(), &root);
     let broker = (which == FleetBroker::Mosquitto).then(|| Mosquitto::start(dir.path(), FLEET_OPTIONS));
     let mut extra: Vec<String> = broker.iter().flat_map(|m| ["--broker".to_string(), m.url()]).collect();
     if which == FleetBroker::Rumqttd {
@@ -920,14 +955,14 @@ async fn fleet_run(agents: usize, duration: Duration, trials: u64, which: FleetB
     steady.sort_by(f64::total_cmp);
     let fleet_cpu_s = cpu_s("self") - fleet_cpu;
     lat.sort_by(f64::total_cmp);
-    let db = rusqlite::Connection::open(&store).expect("store");
-    let (n, attempts, first_assign, last_assign, last_result): (i64, i64, i64, i64, i64) = db
-        .query_row(
-            "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM attempts), (SELECT MIN(assigned_ms) FROM attempts), (SELECT MAX(assigned_ms) FROM attempts), (SELECT MAX(received_ms) FROM results)",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )
-        .expect("query");
+    let numbers = store_numbers(
+        &store,
+        pg.as_ref(),
+        "SELECT (SELECT COUNT(*) FROM results), (SELECT COUNT(*) FROM attempts), (SELECT MIN(assigned_ms) FROM attempts), (SELECT MAX(assigned_ms) FROM attempts), (SELECT MAX(received_ms) FROM results)",
+    );
+    let [n, attempts, first_assign, last_assign, last_result] = numbers[..] else {
+        panic!("store numbers: {numbers:?}")
+    };
     assert_eq!(n as u64, trials, "every trial has its result");
     let study_s = (last_result - first_assign).max(1) as f64 / 1e3;
     let (broker_cpu_s, broker_hwm_kib) = match (broker_sampler, broker) {

@@ -7,6 +7,7 @@ pub mod member;
 pub mod mosquitto;
 pub mod mqtt;
 pub mod ports;
+pub mod postgres;
 pub mod slurm;
 pub mod spark;
 pub mod tmpfs;

@@ -105,6 +105,11 @@ pub enum Command {
         #[command(flatten)]
         key: KeyArg,
     },
+    /// Move a store between backends: `copy FROM TO` (a SQLite file, a postgres:// URL).
+    Store {
+        #[command(subcommand)]
+        action: StoreAction,
+    },
     /// List the studies in the store; `rename` and `delete` one.
     Studies {
         #[command(subcommand)]
@@ -318,9 +323,25 @@ pub enum Format {
     Optuna,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum StoreAction {
+    /// Copy every row of store FROM into the empty store TO (created when
+    /// missing), and show each table's rows and digest on both sides.
+    Copy {
+        /// The store to read: a SQLite file or postgres://USER@HOST:PORT/DB.
+        from: PathBuf,
+        /// The store to fill: a SQLite file or postgres://USER@HOST:PORT/DB.
+        to: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 #[derive(Debug, Args)]
 pub struct StoreArg {
-    /// The local store (SQLite).
+    /// The store: a SQLite file, or postgres://USER@HOST:PORT/DB[?schema=NAME] (the password from
+    /// TUNEFLEET_STORE_PASSWORD or the file TUNEFLEET_STORE_PASSWORD_FILE names).
     #[arg(long, env = "TUNEFLEET_STORE", default_value = "tunefleet.db", global = true)]
     pub store: PathBuf,
 }

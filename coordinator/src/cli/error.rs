@@ -39,7 +39,7 @@ pub enum CliError {
     #[error(transparent)]
     Export(#[from] crate::query::export::ExportError),
     /// The store at `path` could not be opened (`what`: "opening the store").
-    #[error("{what} {}", path.display())]
+    #[error("{what} {}", crate::store::shown(path))]
     OpenStore { what: &'static str, path: PathBuf, source: Box<StoreError> },
     #[error(transparent)]
     Run(#[from] RunError),

@@ -23,12 +23,13 @@ mod output;
 mod page;
 mod results;
 mod run;
+mod store;
 mod view;
 mod wiring;
 
 pub use args::{
     AgentsAction, BrokerArgs, Cli, Command, ControlArg, DemoArgs, Format, InfluxArgs, KeyArg, ProfilesAction, RunArgs,
-    ServeArgs, StoreArg, TokenAction,
+    ServeArgs, StoreAction, StoreArg, TokenAction,
 };
 pub use demo::DEMO_STUDY;
 pub use docs::Program;
@@ -54,6 +55,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
             results::status(&store.store, study.as_deref(), watch, json, shutdown).await
         }
         Command::Studies { action, json, store } => results::studies(&store.store, action, json),
+        Command::Store { action: StoreAction::Copy { from, to, json } } => store::copy(&from, &to, json),
         Command::Best { study, n, pareto, by_class, json, store } => {
             let ask = match (pareto, by_class) {
                 (true, _) => crate::query::best::BestAsk::Pareto,

@@ -23,7 +23,7 @@ use crate::runtime::engine::types::unix_ms;
 use crate::runtime::engine::{Answer, Core, EngineError, Inbound, Now, Summary};
 use crate::runtime::progress::ProgressDisplay;
 use crate::runtime::transport::Outbox;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;
@@ -61,6 +61,9 @@ pub struct Engine {
     space: Option<crate::runtime::disk::Guard>,
     /// Messages dropped while paused (their agents send them again).
     dropped_while_paused: u64,
+    /// The store's database could not be reached at the start of a turn:
+    /// paused until it answers again ([`Shell::paused_for_database`]).
+    database_lost: bool,
 }
 
 impl Engine {
@@ -76,6 +79,7 @@ impl Engine {
             status_ms: 0,
             space: None,
             dropped_while_paused: 0,
+            database_lost: false,
         }
     }
 
@@ -83,6 +87,30 @@ impl Engine {
     pub fn with_space(mut self, guard: Option<crate::runtime::disk::Guard>) -> Self {
         self.space = guard;
         self
+    }
+
+    /// Whether the engine is paused for its store's database, which could
+    /// not be reached when a turn began; looked at again each tick. Paused
+    /// and resumed as for room on the disk ([`Shell::paused_for_space`]).
+    fn paused_for_database(&mut self, events: &mut Vec<Inbound>, tick: bool) -> bool {
+        if !self.database_lost {
+            return false;
+        }
+        if tick && self.core.store_reachable() {
+            tracing::warn!(
+                dropped = self.dropped_while_paused,
+                "the store's database answers again: going on (agents say Hello again and send what they kept)"
+            );
+            self.database_lost = false;
+            self.core.end_sessions();
+            return false;
+        }
+        self.dropped_while_paused += events.len() as u64;
+        events.clear();
+        for r in self.requests.drain(..) {
+            let _ = r.reply.send(Answer::Error { message: "the store's database is unreachable: paused".into() });
+        }
+        true
     }
 
     /// Whether the engine is paused for room on the store's disk, after a
@@ -263,7 +291,7 @@ impl Engine {
                 },
                 _ = ticker.tick() => tick = true,
             }
-            if self.paused_for_space(&mut events) {
+            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick) {
                 continue;
             }
             self.turn(&mut events, tick).await?;
@@ -406,7 +434,21 @@ impl Engine {
         let now = self.now();
         let (asks, replies): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.requests).into_iter().map(|r| (r.ask, r.reply)).unzip();
-        let out = self.core.turn(events.drain(..), asks, tick, now)?;
+        let out = match self.core.turn(events.drain(..), asks, tick, now) {
+            Ok(out) => out,
+            // Nothing of the turn was done (its transaction never began):
+            // paused as for a full disk, until the database answers.
+            Err(EngineError::Store(StoreError::Unreachable { path, cause })) => {
+                tracing::error!(store = %path, error = %cause, "the store's database is unreachable: paused (no message taken, no trial assigned; agents keep their results) until it answers");
+                self.database_lost = true;
+                for reply in replies {
+                    let _ =
+                        reply.send(Answer::Error { message: format!("the store's database is unreachable: {cause}") });
+                }
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         for (reply, answer) in replies.into_iter().zip(out.answers) {
             let _ = reply.send(answer);
         }

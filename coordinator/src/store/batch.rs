@@ -37,9 +37,21 @@ pub enum RecordOutcome {
 impl Store {
     /// Starts a write transaction. Dropping the batch without
     /// [`Batch::commit`] rolls everything in it back.
+    ///
+    /// A database that cannot be reached is [`StoreError::Unreachable`]:
+    /// nothing was done, and the batch may be asked for again.
     pub fn batch(&mut self) -> Result<Batch<'_>> {
-        let tx = self.conn.begin().ctx(|| format!("{}: starting a write transaction", self.path))?;
+        let path = self.path.clone();
+        let tx = self.conn.begin().map_err(|cause| match cause.is_unreachable() {
+            true => StoreError::Unreachable { path: path.clone(), cause },
+            false => StoreError::Sql { context: format!("{path}: starting a write transaction"), cause },
+        })?;
         Ok(Batch { tx, written: 0 })
+    }
+
+    /// Whether the store's database answers now (a file always does).
+    pub fn reachable(&self) -> bool {
+        self.conn.query_row("SELECT 1", (), |r| r.get::<_, i64>(0)).is_ok()
     }
 }
 

@@ -46,6 +46,7 @@ mod report;
 mod running;
 mod schema;
 pub(crate) mod sql;
+mod transfer;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
@@ -59,12 +60,15 @@ pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
 pub use running::RunLock;
 pub use schema::SCHEMA_VERSION;
+pub use transfer::{copy, TableCopy};
 
 /// What went wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{context}: {source}")]
-    Sql { context: String, source: sql::Error },
+    /// The database's error is part of the message (`cause`, not a
+    /// `source`, so a printed chain does not say it twice).
+    #[error("{context}: {cause}")]
+    Sql { context: String, cause: sql::Error },
     #[error("{context}: {source}")]
     Json { context: String, source: serde_json::Error },
     #[error(
@@ -84,6 +88,10 @@ pub enum StoreError {
     SchemaVersion { path: String, found: i64 },
     #[error("{what} {value} is too large for the store")]
     OutOfRange { what: &'static str, value: u64 },
+    #[error("{path}: the database is unreachable: {cause}")]
+    Unreachable { path: String, cause: sql::Error },
+    #[error("{path} already holds rows ({rows} in table {table}): a copy goes into an empty store, never merges")]
+    NotEmpty { path: String, table: String, rows: i64 },
     #[error("{path}: cannot make the store private to its owner: {source}")]
     Private { path: String, source: std::io::Error },
 }
@@ -97,7 +105,7 @@ trait SqlContext<T> {
 
 impl<T> SqlContext<T> for sql::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|source| StoreError::Sql { context: context(), source })
+        self.map_err(|cause| StoreError::Sql { context: context(), cause })
     }
 }
 
@@ -222,6 +230,16 @@ impl fmt::Debug for Batch<'_> {
 /// rather than a file.
 pub fn is_remote(store: &std::path::Path) -> bool {
     store.to_str().is_some_and(sql::is_postgres)
+}
+
+/// `store` as it may be shown (a password in a URL replaced by `***`).
+pub fn shown(store: &std::path::Path) -> String {
+    let text = store.display().to_string();
+    if is_remote(store) {
+        sql::redacted(&text)
+    } else {
+        text
+    }
 }
 
 /// Whether there is a store at `store`: a file, or any store on a

@@ -259,11 +259,12 @@ impl Store {
     /// created or migrated as a file's is.
     fn open_postgres(location: &str) -> Result<Self> {
         let target = sql::parse_target(location).map_err(|why| StoreError::Sql {
-            context: format!("{location}: cannot open store"),
-            source: sql::Error::Closed(why),
+            context: format!("{}: cannot open store", sql::redacted(location)),
+            cause: sql::Error::Closed(why),
         })?;
-        let conn = Conn::open_postgres(&target).ctx(|| format!("{location}: cannot open store"))?;
-        Self::prepare(conn, location.to_string())
+        let shown = sql::redacted(location);
+        let conn = Conn::open_postgres(&target).ctx(|| format!("{shown}: cannot open store"))?;
+        Self::prepare(conn, shown)
     }
 
     /// A store in memory, for tests and dry runs.

@@ -325,6 +325,11 @@ impl Core {
         &mut self.sessions
     }
 
+    /// Whether the store's database answers now.
+    pub fn store_reachable(&self) -> bool {
+        self.store.reachable()
+    }
+
     /// Ends every session: each agent is told so at its next message and
     /// says Hello again (after a pause for room on the store's disk).
     pub fn end_sessions(&mut self) {

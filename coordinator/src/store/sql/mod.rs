@@ -18,9 +18,9 @@ mod postgres;
 mod sqlite;
 mod value;
 
-pub use postgres::{is_postgres, parse_target, PgTarget};
+pub use postgres::{is_postgres, parse_target, redacted, PgTarget};
 pub(crate) use sqlite::OpenMode;
-pub use value::{Error, FromSql, Params, Result, ToSql};
+pub use value::{Error, FromSql, Params, Result, ToSql, Value, ValueRef};
 
 /// Parameters of mixed types: `params![study, trial]`.
 macro_rules! params {
@@ -66,6 +66,16 @@ impl Row<'_> {
             }
         };
         T::from_sql(value).map_err(|why| Error::conversion(i, why))
+    }
+
+    /// Column `i` as the database holds it.
+    pub fn value(&self, i: usize) -> Result<ValueRef<'_>> {
+        match &self.0 {
+            RowInner::Sqlite(row) => sqlite::value(row, i),
+            RowInner::Pg { values, .. } => {
+                values.get(i).map(postgres::Owned::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))
+            }
+        }
     }
 
     /// Where the column named `name` is.
@@ -208,6 +218,37 @@ impl Conn {
         Ok(Conn(ConnInner::Sqlite(sqlite::open_in_memory()?)))
     }
 
+    /// The store's tables, by name (not the schema's own bookkeeping).
+    pub fn tables(&self) -> Result<Vec<String>> {
+        let sql = match &self.0 {
+            ConnInner::Sqlite(_) => {
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+            }
+            ConnInner::Pg(_) => {
+                "SELECT table_name FROM information_schema.tables
+                 WHERE table_schema = current_schema() AND table_name <> 'tunefleet_schema' ORDER BY table_name"
+            }
+        };
+        self.prepare_cached(sql)?.query_map((), |r| r.get::<_, String>(0))?.collect()
+    }
+
+    /// After rows were written with their own ids into `table`: the ids
+    /// the database hands out next come after them (PostgreSQL's
+    /// sequences do not follow explicit ids; SQLite's rowids do).
+    pub fn ids_follow(&self, table: &str) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(_) => Ok(()),
+            ConnInner::Pg(_) => {
+                if self.has_column(table, "id")? {
+                    self.execute_batch(&format!(
+                        "SELECT setval(pg_get_serial_sequence('{table}', 'id'), COALESCE(MAX(id), 0) + 1, false) FROM {table}"
+                    ))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Connects to the PostgreSQL store `target`.
     pub fn open_postgres(target: &PgTarget) -> Result<Conn> {
         Ok(Conn(ConnInner::Pg(postgres::PgConn::connect(target)?)))
@@ -225,6 +266,14 @@ impl Conn {
 }
 
 impl Stmt<'_> {
+    /// The names of the columns its rows have.
+    pub fn column_names(&self) -> Vec<String> {
+        match &self.0 {
+            StmtInner::Sqlite(s) => s.column_names().map(str::to_string).collect(),
+            StmtInner::Pg { columns, .. } => columns.to_vec(),
+        }
+    }
+
     /// Runs the statement; the rows it changed.
     pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
         match &mut self.0 {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
 use super::dialect::translate;
-use super::value::{self, Error, Result, ValueRef};
+use super::value::{self, Error, Result};
 
 /// The schema a store's tables live in when the URL names none.
 pub const DEFAULT_SCHEMA: &str = "tunefleet";
@@ -34,6 +34,18 @@ pub struct PgTarget {
 /// Whether `location` names a PostgreSQL store.
 pub fn is_postgres(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+/// `location` as it may be shown: a password in it replaced by `***`.
+pub fn redacted(location: &str) -> String {
+    match url::Url::parse(location) {
+        Ok(mut url) if url.password().is_some() => {
+            let _ = url.set_password(Some("***"));
+            url.to_string()
+        }
+        Ok(_) => location.to_string(),
+        Err(_) => "a store URL that does not parse".to_string(),
+    }
 }
 
 /// Parses a store URL: refuses a password in it (it would show in `ps`
@@ -83,36 +95,7 @@ fn password() -> std::result::Result<Option<String>, String> {
 }
 
 /// A value as it crosses to and from the client thread.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Owned {
-    Null,
-    Integer(i64),
-    Real(f64),
-    Text(String),
-    Blob(Vec<u8>),
-}
-
-impl Owned {
-    fn of(v: ValueRef<'_>) -> Owned {
-        match v {
-            ValueRef::Null => Owned::Null,
-            ValueRef::Integer(i) => Owned::Integer(i),
-            ValueRef::Real(x) => Owned::Real(x),
-            ValueRef::Text(t) => Owned::Text(t.to_string()),
-            ValueRef::Blob(b) => Owned::Blob(b.to_vec()),
-        }
-    }
-
-    pub(super) fn as_ref(&self) -> ValueRef<'_> {
-        match self {
-            Owned::Null => ValueRef::Null,
-            Owned::Integer(i) => ValueRef::Integer(*i),
-            Owned::Real(x) => ValueRef::Real(*x),
-            Owned::Text(t) => ValueRef::Text(t),
-            Owned::Blob(b) => ValueRef::Blob(b),
-        }
-    }
-}
+pub(super) use super::value::Value as Owned;
 
 type BoxError = Box<dyn StdError + Sync + Send>;
 
@@ -218,9 +201,13 @@ fn numeric(raw: &[u8]) -> std::result::Result<Owned, BoxError> {
     }
 }
 
+/// A prepared statement as callers name it: its id on the client thread
+/// and its columns.
+type Prepared = (usize, Arc<Vec<String>>);
+
 /// A request to the client thread.
 enum Request {
-    Prepare { sql: String, reply: mpsc::Sender<Result<(usize, Arc<Vec<String>>)>> },
+    Prepare { sql: String, reply: mpsc::Sender<Result<Prepared>> },
     Query { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<Vec<Vec<Owned>>>> },
     Execute { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<u64>> },
     Batch { sql: String, reply: mpsc::Sender<Result<()>> },
@@ -230,6 +217,9 @@ enum Request {
 pub(super) struct PgConn {
     requests: mpsc::Sender<Request>,
     pub(super) target: PgTarget,
+    /// What the client thread answered to each text prepared before: a
+    /// statement asked again costs no round trip.
+    prepared: std::cell::RefCell<HashMap<String, Prepared>>,
 }
 
 impl std::fmt::Debug for PgConn {
@@ -257,24 +247,27 @@ impl PgConn {
         let schema = target.schema.clone();
         std::thread::Builder::new()
             .name("tunefleet-pg".into())
-            .spawn(move || {
-                let client = config.connect(postgres::NoTls).map_err(Error::from).and_then(|mut c| {
-                    c.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"))?;
-                    Ok(c)
-                });
-                match client {
-                    Ok(c) => {
-                        let _ = ready_tx.send(Ok(()));
-                        serve(c, rx);
+            .spawn(move || match open_client(&config, &schema) {
+                Ok(c) => {
+                    let _ = ready_tx.send(Ok(()));
+                    Server {
+                        client: c,
+                        config,
+                        schema,
+                        prepared: Vec::new(),
+                        by_text: HashMap::new(),
+                        in_transaction: false,
+                        lost_transaction: false,
                     }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                    }
+                    .serve(rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
                 }
             })
             .map_err(|e| Error::Closed(format!("cannot start the PostgreSQL client thread: {e}")))?;
         ready_rx.recv().map_err(|_| gone())??;
-        Ok(PgConn { requests, target: target.clone() })
+        Ok(PgConn { requests, target: target.clone(), prepared: Default::default() })
     }
 
     fn ask<T>(&self, make: impl FnOnce(mpsc::Sender<Result<T>>) -> Request) -> Result<T> {
@@ -284,8 +277,13 @@ impl PgConn {
     }
 
     /// `sql` translated and prepared (once per text): its id and columns.
-    pub(super) fn prepare(&self, sql: &str) -> Result<(usize, Arc<Vec<String>>)> {
-        self.ask(|reply| Request::Prepare { sql: sql.to_string(), reply })
+    pub(super) fn prepare(&self, sql: &str) -> Result<Prepared> {
+        if let Some(known) = self.prepared.borrow().get(sql) {
+            return Ok(known.clone());
+        }
+        let known = self.ask(|reply| Request::Prepare { sql: sql.to_string(), reply })?;
+        self.prepared.borrow_mut().insert(sql.to_string(), known.clone());
+        Ok(known)
     }
 
     pub(super) fn query(&self, id: usize, params: &[&dyn value::ToSql]) -> Result<Vec<Vec<Owned>>> {
@@ -314,31 +312,96 @@ fn owned(params: &[&dyn value::ToSql]) -> Result<Vec<Owned>> {
         .collect()
 }
 
-/// The client thread: answers requests in order until the connection's
-/// owner goes.
-fn serve(mut client: postgres::Client, requests: mpsc::Receiver<Request>) {
-    let mut prepared: Vec<postgres::Statement> = Vec::new();
-    let mut by_text: HashMap<String, (usize, Arc<Vec<String>>)> = HashMap::new();
-    for request in requests {
+/// A client connected and working in `schema`, created when missing.
+fn open_client(config: &postgres::Config, schema: &str) -> Result<postgres::Client> {
+    let mut client = config.connect(postgres::NoTls)?;
+    client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"))?;
+    Ok(client)
+}
+
+/// The client thread's state: its client, how to connect it again, and
+/// the statements prepared on it (by id; prepared again after a
+/// reconnect, when first used).
+struct Server {
+    client: postgres::Client,
+    config: postgres::Config,
+    schema: String,
+    prepared: Vec<(String, Option<postgres::Statement>)>,
+    by_text: HashMap<String, Prepared>,
+    /// A write transaction is open (`BEGIN` seen, no `COMMIT` or
+    /// `ROLLBACK` yet).
+    in_transaction: bool,
+    /// The connection was lost inside a transaction: everything but its
+    /// `ROLLBACK` (or a new `BEGIN`) is refused, so no statement of it
+    /// runs outside a transaction on the new connection.
+    lost_transaction: bool,
+}
+
+impl Server {
+    /// Answers requests in order until the connection's owner goes.
+    fn serve(mut self, requests: mpsc::Receiver<Request>) {
+        for request in requests {
+            // A connection the server closed (it restarted, or the network
+            // broke) is made again before the next request: a write
+            // transaction it held is gone, and the store says so.
+            if self.client.is_closed() {
+                match open_client(&self.config, &self.schema) {
+                    Ok(c) => {
+                        tracing::warn!(lost_transaction = self.in_transaction, "connected to PostgreSQL again");
+                        self.client = c;
+                        for (_, stmt) in &mut self.prepared {
+                            *stmt = None;
+                        }
+                        self.lost_transaction = self.in_transaction;
+                    }
+                    Err(e) => {
+                        refuse(request, &Error::Closed(format!("the database is unreachable: {e}")));
+                        continue;
+                    }
+                }
+            }
+            if self.lost_transaction {
+                match &request {
+                    Request::Batch { sql, .. } if sql.trim() == "ROLLBACK" => {
+                        self.lost_transaction = false;
+                        self.in_transaction = false;
+                        refuse(request, &Error::Closed("the transaction was lost with its connection".into()));
+                        continue;
+                    }
+                    Request::Batch { sql, .. } if sql.trim_start().starts_with("BEGIN") => {
+                        self.lost_transaction = false;
+                        self.in_transaction = false;
+                    }
+                    _ => {
+                        refuse(request, &Error::Closed("the connection was lost inside this transaction".into()));
+                        continue;
+                    }
+                }
+            }
+            self.answer(request);
+        }
+    }
+
+    fn answer(&mut self, request: Request) {
         match request {
             Request::Prepare { sql, reply } => {
-                let answer = match by_text.get(&sql) {
+                let answer = match self.by_text.get(&sql) {
                     Some(known) => Ok(known.clone()),
-                    None => client.prepare(&translate(&sql)).map_err(Error::from).map(|stmt| {
+                    None => self.client.prepare(&translate(&sql)).map_err(Error::from).map(|stmt| {
                         let columns: Arc<Vec<String>> =
                             Arc::new(stmt.columns().iter().map(|c| c.name().to_string()).collect());
-                        prepared.push(stmt);
-                        let known = (prepared.len() - 1, columns);
-                        by_text.insert(sql, known.clone());
+                        self.prepared.push((sql.clone(), Some(stmt)));
+                        let known = (self.prepared.len() - 1, columns);
+                        self.by_text.insert(sql, known.clone());
                         known
                     }),
                 };
                 let _ = reply.send(answer);
             }
             Request::Query { id, params, reply } => {
-                let answer = statement(&prepared, id).and_then(|stmt| {
+                let answer = self.statement(id).and_then(|stmt| {
                     let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
-                    let rows = client.query(stmt, &refs)?;
+                    let rows = self.client.query(&stmt, &refs)?;
                     rows.iter()
                         .map(|row| (0..row.len()).map(|i| row.try_get::<_, Owned>(i).map_err(Error::from)).collect())
                         .collect()
@@ -346,21 +409,46 @@ fn serve(mut client: postgres::Client, requests: mpsc::Receiver<Request>) {
                 let _ = reply.send(answer);
             }
             Request::Execute { id, params, reply } => {
-                let answer = statement(&prepared, id).and_then(|stmt| {
+                let answer = self.statement(id).and_then(|stmt| {
                     let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
-                    Ok(client.execute(stmt, &refs)?)
+                    Ok(self.client.execute(&stmt, &refs)?)
                 });
                 let _ = reply.send(answer);
             }
             Request::Batch { sql, reply } => {
-                let _ = reply.send(client.batch_execute(&translate(&sql)).map_err(Error::from));
+                let answer = self.client.batch_execute(&translate(&sql)).map_err(Error::from);
+                match sql.trim() {
+                    s if s.starts_with("BEGIN") => self.in_transaction = answer.is_ok(),
+                    "COMMIT" | "ROLLBACK" => self.in_transaction = false,
+                    _ => {}
+                }
+                let _ = reply.send(answer);
             }
         }
     }
+
+    /// Statement `id`, prepared on the current connection.
+    fn statement(&mut self, id: usize) -> Result<postgres::Statement> {
+        let (sql, stmt) =
+            self.prepared.get_mut(id).ok_or_else(|| Error::Closed(format!("no prepared statement {id}")))?;
+        if let Some(s) = stmt {
+            return Ok(s.clone());
+        }
+        let fresh = self.client.prepare(&translate(sql))?;
+        *stmt = Some(fresh.clone());
+        Ok(fresh)
+    }
 }
 
-fn statement(prepared: &[postgres::Statement], id: usize) -> Result<&postgres::Statement> {
-    prepared.get(id).ok_or_else(|| Error::Closed(format!("no prepared statement {id}")))
+/// Answers `request` with `error`.
+fn refuse(request: Request, error: &Error) {
+    let e = || Error::Closed(error.to_string());
+    match request {
+        Request::Prepare { reply, .. } => drop(reply.send(Err(e()))),
+        Request::Query { reply, .. } => drop(reply.send(Err(e()))),
+        Request::Execute { reply, .. } => drop(reply.send(Err(e()))),
+        Request::Batch { reply, .. } => drop(reply.send(Err(e()))),
+    }
 }
 
 #[cfg(test)]

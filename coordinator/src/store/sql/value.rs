@@ -8,7 +8,7 @@ use std::fmt;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Sqlite(#[from] rusqlite::Error),
+    Sqlite(Box<rusqlite::Error>),
     #[error("{}", postgres_text(.0))]
     Postgres(#[from] postgres::Error),
     /// The connection cannot be used (it broke, or never opened).
@@ -24,7 +24,30 @@ pub enum Error {
     Parameter { index: usize, why: String },
 }
 
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::Sqlite(Box::new(e))
+    }
+}
+
 impl Error {
+    /// Whether the database could not be reached (the connection closed,
+    /// the server shut down), rather than refusing what was asked.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            Error::Closed(_) => true,
+            Error::Postgres(e) => {
+                e.is_closed()
+                    || match e.code() {
+                        // Class 08, connection exceptions; 57P0x, the server shutting down.
+                        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P0"),
+                        None => e.as_db_error().is_none(),
+                    }
+            }
+            _ => false,
+        }
+    }
+
     /// Column `column` holds what its reader cannot take: `why`.
     pub fn conversion(column: usize, why: impl fmt::Display) -> Self {
         Error::Conversion { column, why: why.to_string() }
@@ -43,7 +66,10 @@ fn postgres_text(e: &postgres::Error) -> String {
             }
             text
         }
-        None => e.to_string(),
+        None => match std::error::Error::source(e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 
@@ -66,6 +92,45 @@ impl ValueRef<'_> {
             ValueRef::Text(_) => "text",
             ValueRef::Blob(_) => "a blob",
         }
+    }
+}
+
+/// A value as the database holds it, owned (to carry across threads or
+/// from one store to another).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Value {
+    pub fn of(v: ValueRef<'_>) -> Value {
+        match v {
+            ValueRef::Null => Value::Null,
+            ValueRef::Integer(i) => Value::Integer(i),
+            ValueRef::Real(x) => Value::Real(x),
+            ValueRef::Text(t) => Value::Text(t.to_string()),
+            ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+        }
+    }
+
+    pub fn as_ref(&self) -> ValueRef<'_> {
+        match self {
+            Value::Null => ValueRef::Null,
+            Value::Integer(i) => ValueRef::Integer(*i),
+            Value::Real(x) => ValueRef::Real(*x),
+            Value::Text(t) => ValueRef::Text(t),
+            Value::Blob(b) => ValueRef::Blob(b),
+        }
+    }
+}
+
+impl ToSql for Value {
+    fn to_sql(&self) -> Result<ValueRef<'_>, String> {
+        Ok(self.as_ref())
     }
 }
 

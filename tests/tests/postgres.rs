@@ -1,0 +1,211 @@
+//! The store on a real PostgreSQL server (Debian's, a cluster of the
+//! test's own): a study run by real coordinator and agent processes ends
+//! as it does on SQLite and every view reads it, a store copied SQLite ->
+//! PostgreSQL -> SQLite is equal table by table, the server restarted mid
+//! study loses nothing, and a password on the command line is refused.
+#![cfg(feature = "full")]
+
+use std::path::Path;
+use std::time::Duration;
+
+use tunefleet_tests::postgres::Postgres;
+use tunefleet_tests::*;
+
+/// Runs `study` into `store` with two agents; the coordinator's output.
+fn run_two_agents(study: &Path, store: &str, test: &str) -> String {
+    let root = unique_root(test);
+    let (mut coord, url) = start_coordinator(study, Path::new(store), &root, &[]);
+    let names = [format!("{root}-a"), format!("{root}-b")];
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&url, n, &root, &[])).collect();
+    let status = coord.wait_exit(Duration::from_secs(180));
+    let out = coord.rest_of_stdout().join("\n");
+    assert!(status.success(), "coordinator failed: {status:?}\n{out}");
+    drop(agents);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    out
+}
+
+/// The CSV export without what differs between two runs of one study
+/// (times, agents, energy): trial, repeat, state, v, objective.
+fn stable_columns(csv: &str) -> Vec<String> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().expect("header").split(',').collect();
+    let keep: Vec<usize> = ["trial", "repeat", "state", "v", "objective"]
+        .iter()
+        .map(|c| header.iter().position(|h| h == c).unwrap_or_else(|| panic!("no column {c} in {header:?}")))
+        .collect();
+    lines.map(|l| keep.iter().map(|&i| l.split(',').nth(i).unwrap_or("")).collect::<Vec<_>>().join(",")).collect()
+}
+
+/// Every value under an `objective` key in `json`, in order.
+fn objectives_in(json: &serde_json::Value, out: &mut Vec<String>) {
+    match json {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                if k == "objective" {
+                    out.push(v.to_string());
+                } else {
+                    objectives_in(v, out);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| objectives_in(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn a_study_on_postgresql_ends_as_on_sqlite_and_every_view_reads_it() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study(dir.path(), "pgrid", 12, 0.1);
+    let url = pg.store("lab_a");
+    let out = run_two_agents(&study, &url, "pg-run");
+    assert!(out.contains("12/12 trials done, 0 failed"), "{out}");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM lab_a.results"), "12", "the results are in the server's schema");
+    let sqlite = dir.path().join("same.db");
+    let sqlite_s = sqlite.to_str().expect("utf-8").to_string();
+    run_two_agents(&study, &sqlite_s, "pg-sqlite");
+
+    let on = |store: &str, args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(["--store", store]);
+        let (code, out, err) = tunefleet(&all);
+        assert_eq!(code, Some(0), "tunefleet {all:?}: {err}");
+        out
+    };
+    let csv_pg = on(&url, &["export", "pgrid", "--format", "csv"]);
+    let csv_lite = on(&sqlite_s, &["export", "pgrid", "--format", "csv"]);
+    assert_eq!(stable_columns(&csv_pg), stable_columns(&csv_lite), "the same trials, states and objectives");
+    assert_eq!(stable_columns(&csv_pg).len(), 12);
+    let best = |store: &str| {
+        let json: serde_json::Value =
+            serde_json::from_str(&on(store, &["best", "pgrid", "-n", "3", "--json"])).expect("best json");
+        let mut objectives = Vec::new();
+        objectives_in(&json, &mut objectives);
+        objectives
+    };
+    let ranked = best(&url);
+    assert_eq!(ranked.len(), 3, "three best: {ranked:?}");
+    assert_eq!(ranked, best(&sqlite_s), "best reads the same ranking");
+    let status = on(&url, &["status", "pgrid"]);
+    assert!(status.contains("12/12 done"), "{status}");
+    assert!(on(&url, &["studies"]).contains("pgrid"));
+    assert!(on(&url, &["agents"]).contains("-a "), "the agents are listed");
+    let report = dir.path().join("r.html");
+    on(&url, &["report", "pgrid", "-o", report.to_str().expect("utf-8")]);
+    assert!(std::fs::read_to_string(&report).expect("report").contains("pgrid"));
+    // Another fleet's schema on the same server sees none of it.
+    let other = on(&pg.store("lab_b"), &["studies"]);
+    assert!(!other.contains("pgrid"), "{other}");
+}
+
+#[test]
+fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = dir.path().join("first.db");
+    let back = dir.path().join("back.db");
+    let first_s = first.to_str().expect("utf-8").to_string();
+    // The demo: energy estimates, epochs, a join token, enrolled agents.
+    let (code, _, err) = tunefleet(&["demo", "--store", &first_s]);
+    assert_eq!(code, Some(0), "demo: {err}");
+    let url = pg.store("copied");
+    let copy = |from: &str, to: &str| {
+        let (code, out, err) = tunefleet(&["store", "copy", from, to, "--json"]);
+        assert_eq!(code, Some(0), "store copy {from} {to}: {err}");
+        let tables: serde_json::Value = serde_json::from_str(&out).expect("json");
+        tables.as_array().expect("tables").clone()
+    };
+    let there = copy(&first_s, &url);
+    let back_again = copy(&url, back.to_str().expect("utf-8"));
+    assert_eq!(there, back_again, "the same rows and digests both ways");
+    let rows = |t: &[serde_json::Value], table: &str| {
+        t.iter().find(|c| c["table"] == table).map(|c| c["rows"].as_u64().unwrap_or(0)).unwrap_or(0)
+    };
+    assert_eq!(rows(&there, "results"), 12, "{there:?}");
+    assert!(rows(&there, "progress") > 0 && rows(&there, "agent_keys") == 2, "{there:?}");
+    assert!(there.iter().all(|c| c["digest_from"] == c["digest_to"]), "{there:?}");
+    // What a user sees of the copies is what they saw of the original.
+    let csv = |store: &str| tunefleet(&["export", "demo", "--format", "csv", "--store", store]).1;
+    assert_eq!(csv(&url), csv(&first_s));
+    assert_eq!(csv(back.to_str().expect("utf-8")), csv(&first_s));
+    // A copy never merges into a store with rows.
+    let (code, _, err) = tunefleet(&["store", "copy", &first_s, &url]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("already holds rows"), "{err}");
+}
+
+/// The server killed and started again mid-study. A coordinator that
+/// finds the database gone when a turn begins pauses until it answers; one
+/// that loses it inside a turn exits (its transaction is gone) and is
+/// started again, as systemd's `Restart=on-failure` would, resuming from
+/// the store's last commit. Either way: every trial done once, 0 failed.
+#[test]
+fn the_server_restarted_mid_study_loses_nothing() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study(dir.path(), "restarted", 30, 0.3);
+    let url = pg.store("restart");
+    let root = unique_root("pg-restart");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("coordinator.log");
+    let start = || start_coordinator_logged(&study, Path::new(&url), &root, &["--listen", &listen], Some(&log));
+    let (mut coord, broker) = start();
+    let names = [format!("{root}-a"), format!("{root}-b")];
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &[])).collect();
+    wait_for("a third of the trials stored", Duration::from_secs(120), || {
+        pg.query("SELECT COUNT(*) FROM restart.results").parse::<u32>().unwrap_or(0) >= 10
+    });
+    pg.restart();
+    let mut restarts = 0;
+    let out = loop {
+        let status = coord.wait_exit(Duration::from_secs(240));
+        let out = coord.rest_of_stdout().join("\n");
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if status.success() {
+            break out;
+        }
+        assert!(
+            text.contains("unreachable") || text.contains("connection"),
+            "the coordinator failed for another reason: {status:?}\n{out}\n{text}"
+        );
+        restarts += 1;
+        assert!(restarts <= 3, "restarted {restarts} times: {text}\n{}", pg.log());
+        coord = start().0;
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    eprintln!(
+        "the coordinator paused {} time(s) and was restarted {restarts} time(s)",
+        text.matches("the store's database is unreachable: paused").count()
+    );
+    assert!(out.contains("30/30 trials done, 0 failed"), "{out}\n{text}");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM restart.results"), "30", "one result per trial");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM restart.trials WHERE state = 'done'"), "30");
+    drop(agents);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_password_in_the_store_url_is_refused_and_the_environment_gives_it() {
+    let (code, _, err) = tunefleet(&["studies", "--store", "postgres://tunefleet:hunter2@127.0.0.1:1/postgres"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("TUNEFLEET_STORE_PASSWORD") && !err.contains("hunter2"), "{err}");
+    let pg = Postgres::start_with(Some("s3cret-pw"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = pg.store("secured");
+    let studies = |env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(bin("tunefleet"));
+        c.args(["studies", "--store", &url]).env_remove("TUNEFLEET_STORE_PASSWORD").envs(env.iter().copied());
+        c.output().expect("tunefleet")
+    };
+    let refused = studies(&[]);
+    assert!(!refused.status.success(), "no password, no store");
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(said.contains("password"), "the server's refusal is told: {said}");
+    assert!(studies(&[("TUNEFLEET_STORE_PASSWORD", "s3cret-pw")]).status.success(), "from the environment");
+    let file = dir.path().join("pw");
+    std::fs::write(&file, "s3cret-pw\n").expect("write");
+    let from_file = studies(&[("TUNEFLEET_STORE_PASSWORD_FILE", file.to_str().expect("utf-8"))]);
+    assert!(from_file.status.success(), "from a file: {}", String::from_utf8_lossy(&from_file.stderr));
+}
