@@ -186,6 +186,33 @@ fn the_server_restarted_mid_study_loses_nothing() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// A coordinator running on a server's store holds the store's running
+/// lock there (an advisory lock of its own connection): a rename waits
+/// for it to stop, and goes through once it has.
+#[test]
+fn a_study_is_not_renamed_under_a_coordinator_running_on_the_server() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study(dir.path(), "held", 4, 0.1);
+    let url = pg.store("locked");
+    let root = unique_root("pg-lock");
+    let (coord, _broker) = start_coordinator(&study, Path::new(&url), &root, &[]);
+    wait_for("the study in the store", Duration::from_secs(30), || {
+        tunefleet(&["studies", "--store", &url]).1.contains("held")
+    });
+    let (code, _, err) = tunefleet(&["studies", "rename", "held", "held-1", "--store", &url]);
+    assert_ne!(code, Some(0), "renamed under a running coordinator");
+    assert!(err.contains("a coordinator is running"), "{err}");
+    drop(coord);
+    let mut renamed = false;
+    wait_for("the rename once the coordinator is gone", Duration::from_secs(30), || {
+        let (code, _, _) = tunefleet(&["studies", "rename", "held", "held-1", "--store", &url]);
+        renamed = code == Some(0);
+        renamed
+    });
+    assert!(tunefleet(&["studies", "--store", &url]).1.contains("held-1"));
+}
+
 #[test]
 fn a_password_in_the_store_url_is_refused_and_the_environment_gives_it() {
     let (code, _, err) = tunefleet(&["studies", "--store", "postgres://tunefleet:hunter2@127.0.0.1:1/postgres"]);

@@ -5,6 +5,10 @@
 //! process, so a coordinator that stalled (stopped, swapped out, on a
 //! paused VM) still holds it, and one that died holds nothing: no
 //! heartbeat's age decides.
+//!
+//! A store on a PostgreSQL server has no file beside it: the same lock is
+//! an advisory lock of the server, held by a connection of its own for as
+//! long as this value lives (the server drops it with the connection).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -15,6 +19,25 @@ use rustix::fs::{flock, FlockOperation};
 #[derive(Debug)]
 pub struct RunLock {
     _file: Option<File>,
+    _conn: Option<super::sql::Conn>,
+}
+
+/// The advisory lock's key on a server: one per schema, so fleets sharing
+/// a server do not wait for each other.
+fn advisory_key(schema: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in format!("tunefleet running {schema}").bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    i64::from_ne_bytes(h.to_ne_bytes())
+}
+
+/// A connection of its own to the server `store` names, and its key.
+fn server_lock(store: &Path) -> std::io::Result<(super::sql::Conn, i64)> {
+    let location = store.to_str().unwrap_or_default();
+    let target = super::sql::parse_target(location).map_err(std::io::Error::other)?;
+    let conn = super::sql::Conn::open_postgres(&target).map_err(std::io::Error::other)?;
+    Ok((conn, advisory_key(&target.schema)))
 }
 
 /// The file beside `store` that running coordinators lock.
@@ -33,26 +56,29 @@ impl RunLock {
     /// What a running coordinator holds: shared, so several coordinators
     /// (a `serve` and a `run` of another study) may run on one store. It
     /// waits only while a rename or delete holds the lock alone.
-    ///
-    /// A store on a database server has no file beside it: nothing is held
-    /// (the server's own locks keep its writes apart).
     pub fn running(store: &Path) -> std::io::Result<RunLock> {
         if super::is_remote(store) {
-            return Ok(RunLock { _file: None });
+            let (conn, key) = server_lock(store)?;
+            conn.execute("SELECT pg_advisory_lock_shared(?1)", [key]).map_err(std::io::Error::other)?;
+            return Ok(RunLock { _file: None, _conn: Some(conn) });
         }
         let file = open(store)?;
         flock(&file, FlockOperation::LockShared)?;
-        Ok(RunLock { _file: Some(file) })
+        Ok(RunLock { _file: Some(file), _conn: None })
     }
 
     /// The lock alone, or `None` while any coordinator runs on `store`.
     pub fn alone(store: &Path) -> std::io::Result<Option<RunLock>> {
         if super::is_remote(store) {
-            return Ok(Some(RunLock { _file: None }));
+            let (conn, key) = server_lock(store)?;
+            let held: bool = conn
+                .query_row("SELECT pg_try_advisory_lock(?1)", [key], |r| r.get(0))
+                .map_err(std::io::Error::other)?;
+            return Ok(held.then_some(RunLock { _file: None, _conn: Some(conn) }));
         }
         let file = open(store)?;
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(Some(RunLock { _file: Some(file) })),
+            Ok(()) => Ok(Some(RunLock { _file: Some(file), _conn: None })),
             Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
             Err(e) => Err(e.into()),
         }
