@@ -226,6 +226,19 @@ impl fmt::Debug for Batch<'_> {
     }
 }
 
+/// FNV-1a's offset basis, where a hash starts ([`fnv`]).
+const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// FNV-1a of `bytes`, going on from `h`: a stable hash (the same in every
+/// build), for digests and lock keys.
+fn fnv(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 /// Whether `store` names a store on a database server (`postgres://`)
 /// rather than a file.
 pub fn is_remote(store: &std::path::Path) -> bool {

@@ -25,10 +25,7 @@ pub struct RunLock {
 /// The advisory lock's key on a server: one per schema, so fleets sharing
 /// a server do not wait for each other.
 fn advisory_key(schema: &str) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in format!("tunefleet running {schema}").bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = super::fnv(format!("tunefleet running {schema}").as_bytes(), super::FNV_START);
     i64::from_ne_bytes(h.to_ne_bytes())
 }
 

@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::sql::{Conn, Value, ValueRef};
-use super::{Result, SqlContext, Store, StoreError};
+use super::{fnv, Result, SqlContext, Store, StoreError, FNV_START};
 
 /// One table as copied: its rows, and the digest of its rows on each
 /// side (equal when the copy holds what the original did).
@@ -17,42 +17,47 @@ pub struct TableCopy {
     pub digest_to: String,
 }
 
-/// FNV-1a over bytes.
-fn fnv(bytes: &[u8], mut h: u64) -> u64 {
-    for b in bytes {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 /// A table's rows and their digest: each row's values, typed, hashed and
 /// summed, so the order rows come back in does not matter.
 fn digest(conn: &Conn, table: &str, columns: &[String]) -> Result<(u64, String)> {
     let context = || format!("reading table {table}");
     let list = columns.join(", ");
     let mut stmt = conn.prepare_cached(&format!("SELECT {list} FROM {table}")).ctx(context)?;
-    let mut sum = 0u64;
-    let mut rows = 0u64;
-    for h in stmt.query_map((), |r| row_hash(r, columns.len())).ctx(context)? {
-        sum = sum.wrapping_add(h.ctx(context)?);
-        rows += 1;
+    let hashes = stmt.query_map((), |r| (0..columns.len()).try_fold(FNV_START, |h, i| Ok(hash_value(h, r.value(i)?))));
+    let mut sum = Sum::default();
+    for h in hashes.ctx(context)? {
+        sum.add(h.ctx(context)?);
     }
-    Ok((rows, format!("{sum:016x}")))
+    Ok((sum.rows, sum.text()))
 }
 
-fn row_hash(r: &super::sql::Row<'_>, n: usize) -> super::sql::Result<u64> {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for i in 0..n {
-        h = match r.value(i)? {
-            ValueRef::Null => fnv(b"n;", h),
-            ValueRef::Integer(v) => fnv(format!("i{v};").as_bytes(), h),
-            ValueRef::Real(v) => fnv(format!("r{:x};", v.to_bits()).as_bytes(), h),
-            ValueRef::Text(t) => fnv(format!("t{}:{t};", t.len()).as_bytes(), h),
-            ValueRef::Blob(b) => fnv(&[b"b".as_slice(), b, b";"].concat(), h),
-        };
+/// The row hashes of a table, summed, and how many.
+#[derive(Default)]
+struct Sum {
+    rows: u64,
+    total: u64,
+}
+
+impl Sum {
+    fn add(&mut self, h: u64) {
+        self.total = self.total.wrapping_add(h);
+        self.rows += 1;
     }
-    Ok(h)
+
+    fn text(&self) -> String {
+        format!("{:016x}", self.total)
+    }
+}
+
+/// `h` followed by one value, with its type, in the row's hash.
+fn hash_value(h: u64, v: ValueRef<'_>) -> u64 {
+    match v {
+        ValueRef::Null => fnv(b"n;", h),
+        ValueRef::Integer(v) => fnv(format!("i{v};").as_bytes(), h),
+        ValueRef::Real(v) => fnv(format!("r{:x};", v.to_bits()).as_bytes(), h),
+        ValueRef::Text(t) => fnv(format!("t{}:{t};", t.len()).as_bytes(), h),
+        ValueRef::Blob(b) => fnv(&[b"b".as_slice(), b, b";"].concat(), h),
+    }
 }
 
 /// Copies every row of every table of `from` into `to`, in one
@@ -81,16 +86,17 @@ pub fn copy(from: &Store, to: &mut Store) -> Result<Vec<TableCopy>> {
         let rows =
             read.query_map((), |r| (0..columns.len()).map(|i| r.value(i).map(Value::of)).collect()).ctx(context)?;
         let mut write = batch.tx.prepare_cached(&insert).ctx(context)?;
+        // The original's digest from the rows as they are copied, read once.
+        let mut from_sum = Sum::default();
         for row in rows {
             let row: Vec<Value> = row.ctx(context)?;
-            let params: Vec<&dyn super::sql::ToSql> = row.iter().map(|v| v as &dyn super::sql::ToSql).collect();
-            write.execute(params.as_slice()).ctx(context)?;
+            from_sum.add(row.iter().map(Value::as_ref).fold(FNV_START, hash_value));
+            write.execute(row.as_slice()).ctx(context)?;
         }
         drop(write);
         batch.tx.ids_follow(table).ctx(context)?;
-        let (_, digest_from) = digest(&from.conn, table, &columns)?;
         let (rows, digest_to) = digest(&batch.tx, table, &columns)?;
-        copies.push(TableCopy { table: table.clone(), rows, digest_from, digest_to });
+        copies.push(TableCopy { table: table.clone(), rows, digest_from: from_sum.text(), digest_to });
     }
     batch.commit()?;
     Ok(copies)

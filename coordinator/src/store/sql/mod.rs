@@ -52,7 +52,7 @@ pub struct Row<'a>(RowInner<'a>);
 
 enum RowInner<'a> {
     Sqlite(&'a rusqlite::Row<'a>),
-    Pg { values: &'a [postgres::Owned], columns: &'a [String] },
+    Pg { values: &'a [Value], columns: &'a [String] },
 }
 
 impl Row<'_> {
@@ -62,7 +62,7 @@ impl Row<'_> {
         let value = match &self.0 {
             RowInner::Sqlite(row) => sqlite::value(row, i)?,
             RowInner::Pg { values, .. } => {
-                values.get(i).map(postgres::Owned::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))?
+                values.get(i).map(Value::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))?
             }
         };
         T::from_sql(value).map_err(|why| Error::conversion(i, why))
@@ -73,7 +73,7 @@ impl Row<'_> {
         match &self.0 {
             RowInner::Sqlite(row) => sqlite::value(row, i),
             RowInner::Pg { values, .. } => {
-                values.get(i).map(postgres::Owned::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))
+                values.get(i).map(Value::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))
             }
         }
     }
@@ -277,8 +277,8 @@ impl Stmt<'_> {
     /// Runs the statement; the rows it changed.
     pub fn execute<P: Params>(&mut self, params: P) -> Result<usize> {
         match &mut self.0 {
-            StmtInner::Sqlite(s) => Ok(s.execute(sqlite::binds(&params.list())?)?),
-            StmtInner::Pg { conn, id, .. } => conn.execute(*id, &params.list()),
+            StmtInner::Sqlite(s) => Ok(s.execute(sqlite::binds(&params)?)?),
+            StmtInner::Pg { conn, id, .. } => conn.execute(*id, &params),
         }
     }
 
@@ -291,13 +291,13 @@ impl Stmt<'_> {
         let mut out = Vec::new();
         match &mut self.0 {
             StmtInner::Sqlite(s) => {
-                let mut rows = s.query(sqlite::binds(&params.list())?)?;
+                let mut rows = s.query(sqlite::binds(&params)?)?;
                 while let Some(row) = rows.next()? {
                     out.push(f(&Row(RowInner::Sqlite(row))));
                 }
             }
             StmtInner::Pg { conn, id, columns } => {
-                for values in conn.query(*id, &params.list())? {
+                for values in conn.query(*id, &params)? {
                     out.push(f(&Row(RowInner::Pg { values: &values, columns })));
                 }
             }
@@ -310,13 +310,13 @@ impl Stmt<'_> {
     pub fn query_row<T, P: Params>(&mut self, params: P, f: impl FnOnce(&Row<'_>) -> Result<T>) -> Result<T> {
         match &mut self.0 {
             StmtInner::Sqlite(s) => {
-                let mut rows = s.query(sqlite::binds(&params.list())?)?;
+                let mut rows = s.query(sqlite::binds(&params)?)?;
                 match rows.next()? {
                     Some(row) => f(&Row(RowInner::Sqlite(row))),
                     None => Err(Error::NoRows),
                 }
             }
-            StmtInner::Pg { conn, id, columns } => match conn.query(*id, &params.list())?.first() {
+            StmtInner::Pg { conn, id, columns } => match conn.query(*id, &params)?.first() {
                 Some(values) => f(&Row(RowInner::Pg { values, columns })),
                 None => Err(Error::NoRows),
             },

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
 use super::dialect::translate;
-use super::value::{self, Error, Result};
+use super::value::{Error, Params, Result, Value};
 
 /// The schema a store's tables live in when the URL names none.
 pub const DEFAULT_SCHEMA: &str = "tunefleet";
@@ -94,9 +94,6 @@ fn password() -> std::result::Result<Option<String>, String> {
     Ok(Some(text.lines().next().unwrap_or_default().to_string()))
 }
 
-/// A value as it crosses to and from the client thread.
-pub(super) use super::value::Value as Owned;
-
 type BoxError = Box<dyn StdError + Sync + Send>;
 
 /// Text the server takes for a parameter of a text type.
@@ -104,11 +101,11 @@ fn is_text(ty: &Type) -> bool {
     matches!(*ty, Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN)
 }
 
-impl PgToSql for Owned {
+impl PgToSql for Value {
     fn to_sql(&self, ty: &Type, out: &mut postgres::types::private::BytesMut) -> std::result::Result<IsNull, BoxError> {
         match self {
-            Owned::Null => Ok(IsNull::Yes),
-            Owned::Integer(i) => match *ty {
+            Value::Null => Ok(IsNull::Yes),
+            Value::Integer(i) => match *ty {
                 Type::INT8 => i.to_sql(ty, out),
                 Type::INT4 => i32::try_from(*i)?.to_sql(ty, out),
                 Type::INT2 => i16::try_from(*i)?.to_sql(ty, out),
@@ -118,18 +115,18 @@ impl PgToSql for Owned {
                 _ if is_text(ty) => i.to_string().as_str().to_sql(ty, out),
                 _ => Err(format!("an integer for a parameter of type {ty}").into()),
             },
-            Owned::Real(x) => match *ty {
+            Value::Real(x) => match *ty {
                 Type::FLOAT8 => x.to_sql(ty, out),
                 Type::FLOAT4 => (*x as f32).to_sql(ty, out),
                 _ if is_text(ty) => x.to_string().as_str().to_sql(ty, out),
                 _ => Err(format!("a real for a parameter of type {ty}").into()),
             },
-            Owned::Text(t) => match *ty {
+            Value::Text(t) => match *ty {
                 _ if is_text(ty) => t.as_str().to_sql(ty, out),
                 Type::BYTEA => t.as_bytes().to_sql(ty, out),
                 _ => Err(format!("text for a parameter of type {ty}").into()),
             },
-            Owned::Blob(b) => b.as_slice().to_sql(ty, out),
+            Value::Blob(b) => b.as_slice().to_sql(ty, out),
         }
     }
 
@@ -140,25 +137,25 @@ impl PgToSql for Owned {
     postgres::types::to_sql_checked!();
 }
 
-impl<'a> PgFromSql<'a> for Owned {
+impl<'a> PgFromSql<'a> for Value {
     fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<Self, BoxError> {
         Ok(match *ty {
-            Type::INT8 => Owned::Integer(i64::from_sql(ty, raw)?),
-            Type::INT4 => Owned::Integer(i64::from(i32::from_sql(ty, raw)?)),
-            Type::INT2 => Owned::Integer(i64::from(i16::from_sql(ty, raw)?)),
-            Type::OID => Owned::Integer(i64::from(u32::from_sql(ty, raw)?)),
-            Type::BOOL => Owned::Integer(i64::from(bool::from_sql(ty, raw)?)),
-            Type::FLOAT8 => Owned::Real(f64::from_sql(ty, raw)?),
-            Type::FLOAT4 => Owned::Real(f64::from(f32::from_sql(ty, raw)?)),
+            Type::INT8 => Value::Integer(i64::from_sql(ty, raw)?),
+            Type::INT4 => Value::Integer(i64::from(i32::from_sql(ty, raw)?)),
+            Type::INT2 => Value::Integer(i64::from(i16::from_sql(ty, raw)?)),
+            Type::OID => Value::Integer(i64::from(u32::from_sql(ty, raw)?)),
+            Type::BOOL => Value::Integer(i64::from(bool::from_sql(ty, raw)?)),
+            Type::FLOAT8 => Value::Real(f64::from_sql(ty, raw)?),
+            Type::FLOAT4 => Value::Real(f64::from(f32::from_sql(ty, raw)?)),
             Type::NUMERIC => numeric(raw)?,
-            Type::BYTEA => Owned::Blob(raw.to_vec()),
-            _ if is_text(ty) => Owned::Text(String::from_sql(ty, raw)?),
+            Type::BYTEA => Value::Blob(raw.to_vec()),
+            _ if is_text(ty) => Value::Text(String::from_sql(ty, raw)?),
             _ => return Err(format!("a column of type {ty}, which the store does not read").into()),
         })
     }
 
     fn from_sql_null(_ty: &Type) -> std::result::Result<Self, BoxError> {
-        Ok(Owned::Null)
+        Ok(Value::Null)
     }
 
     fn accepts(_ty: &Type) -> bool {
@@ -168,13 +165,13 @@ impl<'a> PgFromSql<'a> for Owned {
 
 /// A NUMERIC in PostgreSQL's binary form (what `SUM` of integers gives):
 /// an integer when it has no fraction and fits, else a real.
-fn numeric(raw: &[u8]) -> std::result::Result<Owned, BoxError> {
+fn numeric(raw: &[u8]) -> std::result::Result<Value, BoxError> {
     let word = |i: usize| -> std::result::Result<u16, BoxError> {
         raw.get(i..i + 2).map(|b| u16::from_be_bytes([b[0], b[1]])).ok_or_else(|| "a short NUMERIC".into())
     };
     let (ndigits, weight, sign, scale) = (word(0)?, word(2)? as i16, word(4)?, word(6)?);
     if sign == 0xC000 {
-        return Ok(Owned::Real(f64::NAN));
+        return Ok(Value::Real(f64::NAN));
     }
     let mut int: i128 = 0;
     let mut real = 0.0f64;
@@ -196,8 +193,8 @@ fn numeric(raw: &[u8]) -> std::result::Result<Owned, BoxError> {
     }
     let negative = sign == 0x4000;
     match (whole && scale == 0, i64::try_from(int)) {
-        (true, Ok(v)) => Ok(Owned::Integer(if negative { -v } else { v })),
-        _ => Ok(Owned::Real(if negative { -real } else { real })),
+        (true, Ok(v)) => Ok(Value::Integer(if negative { -v } else { v })),
+        _ => Ok(Value::Real(if negative { -real } else { real })),
     }
 }
 
@@ -208,8 +205,8 @@ type Prepared = (usize, Arc<Vec<String>>);
 /// A request to the client thread.
 enum Request {
     Prepare { sql: String, reply: mpsc::Sender<Result<Prepared>> },
-    Query { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<Vec<Vec<Owned>>>> },
-    Execute { id: usize, params: Vec<Owned>, reply: mpsc::Sender<Result<u64>> },
+    Query { id: usize, params: Vec<Value>, reply: mpsc::Sender<Result<Vec<Vec<Value>>>> },
+    Execute { id: usize, params: Vec<Value>, reply: mpsc::Sender<Result<u64>> },
     Batch { sql: String, reply: mpsc::Sender<Result<()>> },
 }
 
@@ -286,12 +283,12 @@ impl PgConn {
         Ok(known)
     }
 
-    pub(super) fn query(&self, id: usize, params: &[&dyn value::ToSql]) -> Result<Vec<Vec<Owned>>> {
+    pub(super) fn query<P: Params>(&self, id: usize, params: &P) -> Result<Vec<Vec<Value>>> {
         let params = owned(params)?;
         self.ask(|reply| Request::Query { id, params, reply })
     }
 
-    pub(super) fn execute(&self, id: usize, params: &[&dyn value::ToSql]) -> Result<usize> {
+    pub(super) fn execute<P: Params>(&self, id: usize, params: &P) -> Result<usize> {
         let params = owned(params)?;
         let n = self.ask(|reply| Request::Execute { id, params, reply })?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
@@ -302,13 +299,11 @@ impl PgConn {
     }
 }
 
-fn owned(params: &[&dyn value::ToSql]) -> Result<Vec<Owned>> {
+fn owned<P: Params>(params: &P) -> Result<Vec<Value>> {
     params
-        .iter()
+        .values()
         .enumerate()
-        .map(|(index, p)| {
-            value::ToSql::to_sql(*p).map(Owned::of).map_err(|why| Error::Parameter { index: index + 1, why })
-        })
+        .map(|(index, p)| p.to_sql().map(Value::of).map_err(|why| Error::Parameter { index: index + 1, why }))
         .collect()
 }
 
@@ -403,7 +398,7 @@ impl Server {
                     let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
                     let rows = self.client.query(&stmt, &refs)?;
                     rows.iter()
-                        .map(|row| (0..row.len()).map(|i| row.try_get::<_, Owned>(i).map_err(Error::from)).collect())
+                        .map(|row| (0..row.len()).map(|i| row.try_get::<_, Value>(i).map_err(Error::from)).collect())
                         .collect()
                 });
                 let _ = reply.send(answer);
@@ -482,13 +477,13 @@ mod tests {
     #[test]
     fn numerics_read_as_integers_when_whole_and_reals_otherwise() {
         // 123456789 = 1 2345 6789 (weight 2).
-        assert_eq!(numeric(&numeric_bytes(3, 2, 0, 0, &[1, 2345, 6789])).expect("n"), Owned::Integer(123_456_789));
+        assert_eq!(numeric(&numeric_bytes(3, 2, 0, 0, &[1, 2345, 6789])).expect("n"), Value::Integer(123_456_789));
         // 20000 = 2 with weight 1, the trailing group left out.
-        assert_eq!(numeric(&numeric_bytes(1, 1, 0, 0, &[2])).expect("n"), Owned::Integer(20_000));
-        assert_eq!(numeric(&numeric_bytes(1, 0, 0x4000, 0, &[7])).expect("n"), Owned::Integer(-7));
-        assert_eq!(numeric(&numeric_bytes(0, 0, 0, 0, &[])).expect("n"), Owned::Integer(0));
+        assert_eq!(numeric(&numeric_bytes(1, 1, 0, 0, &[2])).expect("n"), Value::Integer(20_000));
+        assert_eq!(numeric(&numeric_bytes(1, 0, 0x4000, 0, &[7])).expect("n"), Value::Integer(-7));
+        assert_eq!(numeric(&numeric_bytes(0, 0, 0, 0, &[])).expect("n"), Value::Integer(0));
         // 1.5 = 1 . 5000 (weight 0), scale 1.
-        assert_eq!(numeric(&numeric_bytes(2, 0, 0, 1, &[1, 5000])).expect("n"), Owned::Real(1.5));
+        assert_eq!(numeric(&numeric_bytes(2, 0, 0, 1, &[1, 5000])).expect("n"), Value::Real(1.5));
         assert!(numeric(&[0, 1]).is_err(), "a short one is refused");
     }
 }

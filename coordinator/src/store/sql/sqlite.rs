@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::types::{ToSqlOutput, ValueRef as LiteValue};
 use rusqlite::{Connection, OpenFlags};
 
-use super::value::{Error, Result, ToSql, ValueRef};
+use super::value::{Error, Params, Result, ValueRef};
 
 /// How long a writer waits for another connection's lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,11 +77,11 @@ impl rusqlite::ToSql for Bind<'_> {
 }
 
 /// `params` as SQLite binds them.
-pub(super) fn binds<'a>(params: &[&'a dyn ToSql]) -> Result<rusqlite::ParamsFromIter<Vec<Bind<'a>>>> {
+pub(super) fn binds<P: Params>(params: &P) -> Result<rusqlite::ParamsFromIter<Vec<Bind<'_>>>> {
     let values = params
-        .iter()
+        .values()
         .enumerate()
-        .map(|(index, p)| ToSql::to_sql(*p).map(Bind).map_err(|why| Error::Parameter { index: index + 1, why }))
+        .map(|(index, p)| p.to_sql().map(Bind).map_err(|why| Error::Parameter { index: index + 1, why }))
         .collect::<Result<Vec<_>>>()?;
     Ok(rusqlite::params_from_iter(values))
 }

@@ -260,23 +260,23 @@ impl<T: FromSql> FromSql for Option<T> {
 
 /// A statement's parameters, in order.
 pub trait Params {
-    fn list(&self) -> Vec<&dyn ToSql>;
+    fn values(&self) -> impl Iterator<Item = &dyn ToSql> + '_;
 }
 
 impl Params for () {
-    fn list(&self) -> Vec<&dyn ToSql> {
-        Vec::new()
+    fn values(&self) -> impl Iterator<Item = &dyn ToSql> + '_ {
+        std::iter::empty()
     }
 }
 
-impl Params for &[&dyn ToSql] {
-    fn list(&self) -> Vec<&dyn ToSql> {
-        self.to_vec()
+impl<T: ToSql> Params for &[T] {
+    fn values(&self) -> impl Iterator<Item = &dyn ToSql> + '_ {
+        self.iter().map(|v| v as &dyn ToSql)
     }
 }
 
 impl<T: ToSql, const N: usize> Params for [T; N] {
-    fn list(&self) -> Vec<&dyn ToSql> {
-        self.iter().map(|v| v as &dyn ToSql).collect()
+    fn values(&self) -> impl Iterator<Item = &dyn ToSql> + '_ {
+        self.iter().map(|v| v as &dyn ToSql)
     }
 }
