@@ -6,7 +6,10 @@
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use super::{log_ei_of, Gp, Model, Rule};
+use super::cube::{Axis, Cube, Theta};
+use super::model::{log_ei_of, Model};
+use super::score::Rule;
+use super::settings::BatchRule;
 use crate::linalg::{cholesky, solve_lower, solve_upper_t};
 use crate::tpe::standard_normal;
 
@@ -28,116 +31,9 @@ const QEI_DRAWS: usize = 128;
 /// deviations: the confidence bound's width when it was measured.
 const PENDING_BASE: f64 = 2.0;
 
-/// What stands for a running trial's unknown result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchRule {
-    /// Kriging believer: its posterior mean (no uncertainty left there),
-    /// then the expected improvement.
-    Believer,
-    /// Constant liar: the worst told value, then the expected improvement.
-    LiarMax,
-    /// Constant liar: the mean told value.
-    LiarMean,
-    /// Believer, scored by a lower confidence bound (mean less one
-    /// deviation, [`UCB_WIDTH`]) instead of the expected improvement.
-    /// The default ([`super::GpSettings`]).
-    Ucb,
-    /// The expected improvement averaged over a few joint draws of the
-    /// running trials' results from the posterior (fantasies).
-    Fantasy,
-    /// Local penalisation: the expected improvement of the told trials'
-    /// model times, for each running trial, the probability that a point
-    /// lies outside the ball its posterior puts around the minimum
-    /// (the model's Lipschitz constant estimated on the candidates).
-    Penalise,
-    /// Thompson sampling: the minimum of one joint draw of the posterior
-    /// (running trials believed) over a few hundred candidates.
-    Thompson,
-    /// [`BatchRule::Ucb`]'s believer with a bound of two deviations with none in
-    /// flight that widens with their number (`pending_width`): GP-UCB's
-    /// squared width grows with the log of the evaluations made, and a
-    /// running trial is one made without its feedback (GP-BUCB's
-    /// hallucinated steps), so more of them ask for more exploration.
-    /// Measured against [`BatchRule::Ucb`] (then two deviations wide) and not
-    /// kept: worse on 4 of 10 functions at 4 in flight and 6 at 16, better
-    /// on one at 4 (BENCHMARKS.md, "Not kept: a bound widened").
-    UcbPending,
-    /// [`BatchRule::Ucb`] inside a trust region: a box around the incumbent,
-    /// its sides in proportion to the length scales, that doubles after
-    /// three batches in a row improve on the best and halves after
-    /// `max(4, d) / q` that do not (TuRBO's rule, q the trials in flight;
-    /// the batches read from the told trials in id order, so an ask stays
-    /// a function of what was told), back to its first size below 0.5^7.
-    /// Measured against [`BatchRule::Ucb`] and not kept: 24 / 32 studies at 4
-    /// in flight, 30 / 31 at 16 (BENCHMARKS.md, "gp's fifth round").
-    Trust,
-    /// Thompson sampling from a whole sample path: a draw of the prior
-    /// from random Fourier features of the Matérn kernel, conditioned on
-    /// the told trials and the running ones believed (pathwise, Wilson et
-    /// al. 2020), minimised as the bound is (random and local candidates,
-    /// then the compass refinement): not held to a few hundred points as
-    /// [`BatchRule::Thompson`]'s joint draw is. Measured against
-    /// [`BatchRule::Ucb`] and not kept: it explores more, 14 / 42 studies at 4
-    /// in flight, 17 / 47 at 16 (BENCHMARKS.md, "gp's fifth round").
-    Pathwise,
-    /// The expected improvement of the batch: of the best of the running
-    /// trials' results and the candidate's, over the incumbent, less what
-    /// the running trials bring alone, averaged over joint draws of the
-    /// running trials' results from the told trials' posterior (the
-    /// q-batch expected improvement Optuna's `GPSampler` and BoTorch use
-    /// for pending points, one candidate at a time). Each draw's inner
-    /// expectation is exact: given the running trials' draw, the
-    /// candidate's value is normal ([`QEI_DRAWS`] antithetic draws, the
-    /// same for every candidate of an ask). Measured against [`BatchRule::Ucb`]
-    /// and not kept: 29 / 59 studies better / worse at 4 in flight, 24 / 67
-    /// at 16, at ten times the ask's cost (BENCHMARKS.md, "gp's
-    /// sixth round").
-    QEi,
-}
-
-impl BatchRule {
-    /// Every rule, for benchmarks.
-    pub const ALL: [BatchRule; 11] = [
-        BatchRule::Believer,
-        BatchRule::LiarMax,
-        BatchRule::LiarMean,
-        BatchRule::Ucb,
-        BatchRule::Fantasy,
-        BatchRule::Penalise,
-        BatchRule::Thompson,
-        BatchRule::UcbPending,
-        BatchRule::Trust,
-        BatchRule::Pathwise,
-        BatchRule::QEi,
-    ];
-
-    /// Its name: `believer`, `liar_max`, `liar_mean`, `ucb`, `fantasy`,
-    /// `penalise`, `thompson`, `ucb_pending`, `trust`, `pathwise`, `qei`.
-    pub fn name(self) -> &'static str {
-        match self {
-            BatchRule::Believer => "believer",
-            BatchRule::LiarMax => "liar_max",
-            BatchRule::LiarMean => "liar_mean",
-            BatchRule::Ucb => "ucb",
-            BatchRule::Fantasy => "fantasy",
-            BatchRule::Penalise => "penalise",
-            BatchRule::Thompson => "thompson",
-            BatchRule::UcbPending => "ucb_pending",
-            BatchRule::Trust => "trust",
-            BatchRule::Pathwise => "pathwise",
-            BatchRule::QEi => "qei",
-        }
-    }
-
-    /// The rule of that [`BatchRule::name`].
-    pub fn from_name(name: &str) -> Option<BatchRule> {
-        BatchRule::ALL.into_iter().find(|b| b.name() == name)
-    }
-}
-
 /// An ask with trials in flight.
 pub(super) struct Pending<'a> {
-    pub gp: &'a Gp,
+    pub cube: &'a Cube,
     /// The model of the told trials alone.
     pub model: &'a Model,
     /// The incumbent: the best posterior mean at a told configuration ...
@@ -156,7 +52,7 @@ pub(super) struct Pending<'a> {
 impl Pending<'_> {
     /// The next configuration under `rule`, from `candidates`.
     pub fn choose(&self, rule: BatchRule, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
-        let gp = self.gp;
+        let cube = self.cube;
         match rule {
             BatchRule::Believer | BatchRule::Ucb | BatchRule::UcbPending => {
                 let model = self.believed();
@@ -165,7 +61,7 @@ impl Pending<'_> {
                     BatchRule::UcbPending => Rule::Ucb { width: pending_width(self.pending.len()) },
                     _ => Rule::Ei { best: self.best },
                 };
-                gp.maximise_posterior(&model, score, candidates, self.incumbent)
+                cube.maximise_posterior(&model, score, candidates, self.incumbent)
             }
             BatchRule::LiarMax | BatchRule::LiarMean => {
                 let n = self.y.len().max(1) as f64;
@@ -174,7 +70,7 @@ impl Pending<'_> {
                     _ => self.y.iter().sum::<f64>() / n,
                 };
                 let model = self.with_pending(&vec![lie; self.pending.len()]).unwrap_or_else(|| self.model.clone());
-                gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, self.incumbent)
+                self.expected(&model, candidates)
             }
             BatchRule::Fantasy => {
                 let draws = self.joint_draws(&self.pending, FANTASIES, rng)?;
@@ -186,11 +82,11 @@ impl Pending<'_> {
                     })
                     .collect();
                 if models.is_empty() {
-                    return gp.maximise_posterior(self.model, Rule::Ei { best: self.best }, candidates, self.incumbent);
+                    return self.expected(self.model, candidates);
                 }
                 let k = (models.len() as f64).ln();
-                gp.maximise(self.model, candidates, Some(self.incumbent), &|us| {
-                    let each: Vec<Vec<f64>> = models.iter().map(|(m, b)| gp.log_ei(m, *b, us)).collect();
+                cube.maximise(self.model, candidates, Some(self.incumbent), &|us| {
+                    let each: Vec<Vec<f64>> = models.iter().map(|(m, b)| cube.log_ei(m, *b, us)).collect();
                     (0..us.len()).map(|j| log_sum_exp(&each.iter().map(|e| e[j]).collect::<Vec<f64>>()) - k).collect()
                 })
             }
@@ -200,19 +96,19 @@ impl Pending<'_> {
                     .pending
                     .iter()
                     .map(|u| {
-                        let (mu, var) = self.model.predict(gp, u);
+                        let (mu, var) = self.model.predict(cube, u);
                         (u.clone(), mu, (var + self.model.theta.noise).sqrt())
                     })
                     .collect();
-                gp.maximise(self.model, candidates, Some(self.incumbent), &|us| {
-                    let ei = gp.log_ei(self.model, self.best, us);
+                cube.maximise(self.model, candidates, Some(self.incumbent), &|us| {
+                    let ei = cube.log_ei(self.model, self.best, us);
                     us.iter()
                         .zip(ei)
                         .map(|(u, ei)| {
                             let penalty: f64 = balls
                                 .iter()
                                 .map(|(c, mu, sd)| {
-                                    log_normal_cdf((lipschitz * gp.unit_distance(u, c) + self.best - mu) / sd)
+                                    log_normal_cdf((lipschitz * cube.unit_distance(u, c) + self.best - mu) / sd)
                                 })
                                 .sum();
                             ei + penalty
@@ -223,14 +119,19 @@ impl Pending<'_> {
             BatchRule::Trust => self.trust(candidates),
             BatchRule::Pathwise => self.pathwise(candidates, rng),
             BatchRule::QEi => match Joint::draw(self, rng) {
-                Some(joint) => gp.maximise(self.model, candidates, Some(self.incumbent), &|us| joint.scores(self, us)),
-                None => {
-                    gp.maximise_posterior(&self.believed(), Rule::Ucb { width: UCB_WIDTH }, candidates, self.incumbent)
+                Some(joint) => {
+                    cube.maximise(self.model, candidates, Some(self.incumbent), &|us| joint.scores(self, us))
                 }
+                None => cube.maximise_posterior(
+                    &self.believed(),
+                    Rule::Ucb { width: UCB_WIDTH },
+                    candidates,
+                    self.incumbent,
+                ),
             },
             BatchRule::Thompson => {
                 let model = self.believed();
-                let random = gp.settings.candidates.max(1).min(candidates.len());
+                let random = cube.settings.candidates.max(1).min(candidates.len());
                 let points: Vec<Vec<f64>> = candidates
                     .iter()
                     .take(random.min(THOMPSON_RANDOM))
@@ -243,33 +144,39 @@ impl Pending<'_> {
                         let at = (0..points.len()).min_by(|&a, &b| draw[a].total_cmp(&draw[b]))?;
                         points.into_iter().nth(at)
                     }
-                    None => gp.maximise_posterior(&model, Rule::Ei { best: self.best }, candidates, self.incumbent),
+                    None => self.expected(&model, candidates),
                 }
             }
         }
     }
 
+    /// The candidate of highest expected improvement of `model` over the
+    /// incumbent.
+    fn expected(&self, model: &Model, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
+        self.cube.maximise_posterior(model, Rule::Ei { best: self.best }, candidates, self.incumbent)
+    }
+
     /// [`BatchRule::Trust`]'s ask: the believer's bound over the candidates
     /// moved into the region, nothing outside it.
     fn trust(&self, candidates: Vec<Vec<f64>>) -> Option<Vec<f64>> {
-        let gp = self.gp;
+        let cube = self.cube;
         let model = self.believed();
-        let numeric: Vec<usize> = gp.numeric_axes().collect();
-        let side = trust_side(self.history, gp.settings.startup, self.pending.len() + 1, numeric.len());
+        let numeric: Vec<usize> = cube.numeric_axes().collect();
+        let side = trust_side(self.history, cube.settings.startup, self.pending.len() + 1, numeric.len());
         let length = &self.model.theta.length;
         let mean_log = numeric.iter().map(|&d| length[d].max(1e-12).ln()).sum::<f64>() / numeric.len().max(1) as f64;
         let mut lo = vec![0.0; self.incumbent.len()];
         let mut hi = vec![1.0; self.incumbent.len()];
         for &d in &numeric {
-            let step = match gp.axes[d] {
-                super::Axis::Numeric { lattice, .. } if lattice > 0.0 => 1.0 / lattice,
+            let step = match cube.axes[d] {
+                Axis::Numeric { lattice, .. } if lattice > 0.0 => 1.0 / lattice,
                 _ => 0.0,
             };
             let half = (0.5 * side * (length[d].max(1e-12).ln() - mean_log).exp()).max(step);
             lo[d] = (self.incumbent[d] - half).max(0.0);
             hi[d] = (self.incumbent[d] + half).min(1.0);
         }
-        let random = gp.settings.candidates.max(1).min(candidates.len());
+        let random = cube.settings.candidates.max(1).min(candidates.len());
         let inside: Vec<Vec<f64>> = candidates
             .into_iter()
             .enumerate()
@@ -277,14 +184,14 @@ impl Pending<'_> {
                 for &d in &numeric {
                     u[d] = if i < random { lo[d] + u[d] * (hi[d] - lo[d]) } else { u[d].clamp(lo[d], hi[d]) };
                 }
-                gp.snap(u)
+                cube.snap(u)
             })
             .collect();
         let within = |u: &[f64]| numeric.iter().all(|&d| u[d] >= lo[d] - 1e-12 && u[d] <= hi[d] + 1e-12);
         let rule = Rule::Ucb { width: UCB_WIDTH };
-        gp.maximise(&model, inside, Some(self.incumbent), &|us| {
+        cube.maximise(&model, inside, Some(self.incumbent), &|us| {
             model
-                .predict_many(gp, us)
+                .predict_many(cube, us)
                 .into_iter()
                 .zip(us)
                 .map(|((mu, var), u)| if within(u) { rule.score(mu, var) } else { f64::NEG_INFINITY })
@@ -295,17 +202,17 @@ impl Pending<'_> {
     /// [`BatchRule::Pathwise`]'s ask: the minimum of one sample path of the
     /// believer's model.
     fn pathwise(&self, candidates: Vec<Vec<f64>>, rng: &mut ChaCha8Rng) -> Option<Vec<f64>> {
-        let gp = self.gp;
+        let cube = self.cube;
         let model = self.believed();
-        let path = Path::draw(gp, &model, rng)?;
-        gp.maximise(&model, candidates, Some(self.incumbent), &|us| {
-            us.iter().map(|u| -path.at(gp, &model, u)).collect()
+        let path = Path::draw(cube, &model, rng)?;
+        cube.maximise(&model, candidates, Some(self.incumbent), &|us| {
+            us.iter().map(|u| -path.at(cube, &model, u)).collect()
         })
     }
 
     fn shallow(&self) -> Pending<'_> {
         Pending {
-            gp: self.gp,
+            cube: self.cube,
             model: self.model,
             best: self.best,
             incumbent: self.incumbent,
@@ -318,7 +225,7 @@ impl Pending<'_> {
     /// The kriging believer's model: the running trials told their
     /// posterior means (the told trials' model where that cannot factor).
     fn believed(&self) -> Model {
-        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(self.gp, u).0).collect();
+        let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(self.cube, u).0).collect();
         self.with_pending(&lies).unwrap_or_else(|| self.model.clone())
     }
 
@@ -329,7 +236,7 @@ impl Pending<'_> {
         xs.extend(self.pending.iter().cloned());
         let mut ys = model.y.clone();
         ys.extend_from_slice(values);
-        self.gp.model(xs, &ys, &model.theta, Some(model))
+        self.cube.model(xs, &ys, &model.theta, Some(model))
     }
 
     /// `count` joint draws of the posterior (latent, plus the noise) at
@@ -338,7 +245,7 @@ impl Pending<'_> {
     fn joint_draws(&self, points: &[Vec<f64>], count: usize, rng: &mut ChaCha8Rng) -> Option<Vec<Vec<f64>>> {
         let model = self.model;
         let m = points.len();
-        let (mean, _, cov) = joint_posterior(self.gp, model, points);
+        let (mean, _, cov) = joint_posterior(self.cube, model, points);
         let l = jittered_cholesky(&cov, m, model.theta.noise.max(1e-8 * model.theta.signal), 4)?;
         Some(
             (0..count)
@@ -353,16 +260,16 @@ impl Pending<'_> {
     /// The largest slope of the model's mean over the first candidates
     /// (finite differences along the numeric axes), at least a small floor.
     fn lipschitz(&self, candidates: &[Vec<f64>]) -> f64 {
-        let (gp, model) = (self.gp, self.model);
+        let (cube, model) = (self.cube, self.model);
         let h = 1e-4;
         let mut most: f64 = 1e-7;
         for u in candidates.iter().take(200) {
-            let mu = model.predict_mean(gp, u);
+            let mu = model.predict_mean(cube, u);
             let mut g2 = 0.0;
-            for d in gp.numeric_axes() {
+            for d in cube.numeric_axes() {
                 let mut v = u.clone();
                 v[d] = if u[d] + h <= 1.0 { u[d] + h } else { u[d] - h };
-                let slope = (model.predict_mean(gp, &v) - mu) / (v[d] - u[d]);
+                let slope = (model.predict_mean(cube, &v) - mu) / (v[d] - u[d]);
                 g2 += slope * slope;
             }
             most = most.max(g2.sqrt());
@@ -392,7 +299,7 @@ impl Joint {
     pub(super) fn draw(at: &Pending<'_>, rng: &mut ChaCha8Rng) -> Option<Joint> {
         let model = at.model;
         let p = at.pending.len();
-        let (mean, solved, cov) = joint_posterior(at.gp, model, &at.pending);
+        let (mean, solved, cov) = joint_posterior(at.cube, model, &at.pending);
         let solved = solved.concat();
         // Up to a tenth of the signal: 1e-9, 1e-7, ... 1e-1 of it.
         let chol = jittered_cholesky(&cov, p, 1e-9 * model.theta.signal, 5)?;
@@ -408,9 +315,9 @@ impl Joint {
 
     /// The log of the batch's expected improvement with each of `us` added.
     pub(super) fn scores(&self, at: &Pending<'_>, us: &[Vec<f64>]) -> Vec<f64> {
-        let (gp, model) = (at.gp, at.model);
+        let (cube, model) = (at.cube, at.model);
         let (n, m, p) = (model.x.len(), us.len(), at.pending.len());
-        let (k, mean) = model.solved_many(gp, us);
+        let (k, mean) = model.solved_many(cube, us);
         let ln_draws = (self.z.len() as f64).ln();
         let mut each = vec![0.0; self.z.len()];
         (0..m)
@@ -420,7 +327,7 @@ impl Joint {
                 let c: Vec<f64> = (0..p)
                     .map(|i| {
                         let solved = &self.solved[i * n..(i + 1) * n];
-                        gp.kernel(&us[j], &at.pending[i], &model.theta)
+                        cube.kernel(&us[j], &at.pending[i], &model.theta)
                             - (0..n).map(|r| column(r) * solved[r]).sum::<f64>()
                     })
                     .collect();
@@ -463,20 +370,20 @@ fn correlated(mean: &[f64], l: &[f64], z: &[f64]) -> Vec<f64> {
 /// `model`'s posterior jointly at `points`: the means, each point's kernel
 /// column solved against the factor (`L^-1 k(X, u)`), and the covariance
 /// (row-major).
-fn joint_posterior(gp: &Gp, model: &Model, points: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>) {
+fn joint_posterior(cube: &Cube, model: &Model, points: &[Vec<f64>]) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>) {
     let n = model.x.len();
     let m = points.len();
     let mut mean = Vec::with_capacity(m);
     let mut v = Vec::with_capacity(m);
     for u in points {
-        let k: Vec<f64> = model.x.iter().map(|x| gp.kernel(x, u, &model.theta)).collect();
+        let k: Vec<f64> = model.x.iter().map(|x| cube.kernel(x, u, &model.theta)).collect();
         mean.push(k.iter().zip(&model.alpha).map(|(a, b)| a * b).sum::<f64>());
         v.push(solve_lower(&model.chol, n, &k));
     }
     let mut cov = vec![0.0; m * m];
     for a in 0..m {
         for b in 0..=a {
-            let c = gp.kernel(&points[a], &points[b], &model.theta)
+            let c = cube.kernel(&points[a], &points[b], &model.theta)
                 - v[a].iter().zip(&v[b]).map(|(p, q)| p * q).sum::<f64>();
             cov[a * m + b] = c;
             cov[b * m + a] = c;
@@ -509,9 +416,9 @@ pub(super) struct Path {
 
 impl Path {
     /// A draw for `model`; `None` when its kernel has no usable scale.
-    pub(super) fn draw(gp: &Gp, model: &Model, rng: &mut ChaCha8Rng) -> Option<Path> {
+    pub(super) fn draw(cube: &Cube, model: &Model, rng: &mut ChaCha8Rng) -> Option<Path> {
         let theta = &model.theta;
-        let dims = embed(gp, theta, &model.x.first()?.clone()).len();
+        let dims = embed(cube, theta, &model.x.first()?.clone()).len();
         // Matérn 5/2's spectral density: a Student t with 5 degrees of
         // freedom over the length-scaled coordinates.
         let omega: Vec<Vec<f64>> = (0..FEATURES)
@@ -534,7 +441,7 @@ impl Path {
             .x
             .iter()
             .zip(&model.y)
-            .map(|(x, y)| y - path.prior(&embed(gp, theta, x)) - noise * standard_normal(rng))
+            .map(|(x, y)| y - path.prior(&embed(cube, theta, x)) - noise * standard_normal(rng))
             .collect();
         path.update = solve_upper_t(&model.chol, n, &solve_lower(&model.chol, n, &rhs));
         Some(path)
@@ -550,10 +457,10 @@ impl Path {
     }
 
     /// The path's value at `u`.
-    pub(super) fn at(&self, gp: &Gp, model: &Model, u: &[f64]) -> f64 {
+    pub(super) fn at(&self, cube: &Cube, model: &Model, u: &[f64]) -> f64 {
         let mut row = Vec::with_capacity(model.x.len());
-        gp.kernel_row(&model.columns, model.x.len(), u, &model.theta, &mut row);
-        self.prior(&embed(gp, &model.theta, u)) + row.iter().zip(&self.update).map(|(k, v)| k * v).sum::<f64>()
+        cube.kernel_row(&model.columns, model.x.len(), u, &model.theta, &mut row);
+        self.prior(&embed(cube, &model.theta, u)) + row.iter().zip(&self.update).map(|(k, v)| k * v).sum::<f64>()
     }
 }
 
@@ -561,12 +468,12 @@ impl Path {
 /// coordinate over its length scale, a categorical one one-hot over its
 /// length scale times the root of two (two one-hot vectors that differ are
 /// the root of two apart).
-fn embed(gp: &Gp, theta: &super::Theta, u: &[f64]) -> Vec<f64> {
+fn embed(cube: &Cube, theta: &Theta, u: &[f64]) -> Vec<f64> {
     let mut e = Vec::with_capacity(u.len());
-    for (d, axis) in gp.axes.iter().enumerate() {
+    for (d, axis) in cube.axes.iter().enumerate() {
         match *axis {
-            super::Axis::Numeric { .. } => e.push(u[d] / theta.length[d]),
-            super::Axis::Categorical { values, .. } => {
+            Axis::Numeric { .. } => e.push(u[d] / theta.length[d]),
+            Axis::Categorical { values, .. } => {
                 let scale = 1.0 / (theta.length[d] * std::f64::consts::SQRT_2);
                 e.extend((0..values).map(|v| if v as f64 == u[d] { scale } else { 0.0 }));
             }

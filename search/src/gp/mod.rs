@@ -29,7 +29,7 @@
 //!   over the best posterior mean at a told configuration (robust to
 //!   noise), over [`GpSettings::candidates`] random points and
 //!   perturbations of the best told ones, the best few then refined one
-//!   axis at a time ([`Refinement`]: the ten best by compass search to a
+//!   axis at a time ([`refine::Refinement`]: the ten best by compass search to a
 //!   step of 1e-5 while the model has at most 100 points, the three best
 //!   on a halving step beyond; BENCHMARKS.md measured the ten against Optuna's
 //!   `GPSampler`, whose ten local searches they follow), and the incumbent
@@ -97,22 +97,21 @@ use rand_chacha::ChaCha8Rng;
 use tunefleet_common::params::Params;
 
 use crate::draw::sample;
-use crate::linalg::{exp_neg, nelder_mead, solve_lower, solve_upper_t};
 use crate::sampler::{Outcome, Sampler};
 use crate::space::{Direction, ParamSpec};
 use crate::tpe::{choices, decode, encode, int_top, standard_normal};
 
 mod batch;
+mod cube;
 mod model;
 mod refine;
 mod score;
 mod settings;
 mod values;
-pub use batch::BatchRule;
-use model::{factorise, fit_point, log_ei_of, Model, Theta};
-pub(super) use refine::Refinement;
-use score::{Rule, SCORED_AT_ONCE};
-pub use settings::{GpSettings, Paths};
+use cube::{Axis, Cube, Theta};
+use model::{fit_point, Model};
+use score::Rule;
+pub use settings::{BatchRule, GpSettings, Paths};
 use values::{simplex_weights, stable_subset, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
@@ -125,22 +124,6 @@ const LOCAL_DRAWS: usize = 64;
 /// evaluation is cubic in them); beyond, the best half and an even spread
 /// of the rest (`values::subset`).
 const FIT_POINTS: usize = 100;
-/// Bounds of the hyper-parameters, in natural log: length scales, signal
-/// variance, noise variance (the values are standardised).
-const LOG_LENGTH: (f64, f64) = (-4.6, 3.0);
-const LOG_SIGNAL: (f64, f64) = (-4.6, 4.6);
-const LOG_NOISE: (f64, f64) = (-16.0, 0.0);
-
-/// One axis of the unit cube.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Axis {
-    /// `index` into the space; the model coordinate `e` of [`encode`] maps
-    /// to `(e - lo) / (hi - lo)`; `lattice`: the largest lattice index of an
-    /// int (values are rounded to it), 0 for floats.
-    Numeric { index: usize, lo: f64, hi: f64, lattice: f64 },
-    /// `index` into the space; the coordinate is the value's index.
-    Categorical { index: usize, values: usize },
-}
 
 /// What a told trial was, in model terms.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,12 +138,11 @@ enum Told {
 #[derive(Debug, Clone)]
 pub struct Gp {
     space: Vec<(String, ParamSpec)>,
-    axes: Vec<Axis>,
+    cube: Cube,
     direction: Direction,
     /// Objectives of the study: 1, or 1 + `also`.
     objectives: usize,
     seed: u64,
-    settings: GpSettings,
     told: BTreeMap<u64, (Option<Vec<f64>>, Told)>,
     /// The hyper-parameters last fitted and the told trials (id, value
     /// bits) they were fitted on ([`Gp::hyper_parameters`]).
@@ -202,11 +184,10 @@ impl Gp {
             .collect();
         Gp {
             space,
-            axes,
+            cube: Cube { axes, settings },
             direction,
             objectives: objectives.max(1),
             seed,
-            settings,
             told: BTreeMap::new(),
             fitted: RefCell::new(None),
             factored: RefCell::new(None),
@@ -300,28 +281,29 @@ impl Gp {
             // Values so far apart that their spread overflows: sample at random.
             return None;
         }
-        let history = if self.settings.batch == BatchRule::Trust { y.clone() } else { Vec::new() };
-        let (x, y) = stable_subset(x, y, self.settings.model_points.max(2));
+        let history = if self.cube.settings.batch == BatchRule::Trust { y.clone() } else { Vec::new() };
+        let (x, y) = stable_subset(x, y, self.cube.settings.model_points.max(2));
         let theta = self.hyper_parameters(rng, &x, &y);
         let last = self.factored.try_borrow_mut().ok().and_then(|mut cell| cell.take());
-        let model = Arc::new(self.model(x.clone(), &y, &theta, last.as_deref())?);
+        let model = Arc::new(self.cube.model(x.clone(), &y, &theta, last.as_deref())?);
         if let Ok(mut cell) = self.factored.try_borrow_mut() {
             *cell = Some(Arc::clone(&model));
         }
         // Best posterior mean at a told configuration: the incumbent, which
         // every ask's refinement starts from too (Optuna's `GPSampler` starts
         // a local search at its best trial).
-        let means = model.told_means(self);
+        let means = model.told_means(&self.cube);
         let at = (0..means.len()).min_by(|&a, &b| means[a].total_cmp(&means[b]))?;
         let (best, incumbent) = (means[at], &model.x[at]);
         let pending: Vec<Vec<f64>> =
             running.iter().filter(|(t, _)| !self.told.contains_key(t)).filter_map(|(_, p)| self.unit(p)).collect();
         let candidates = self.candidates(rng, &x, &y, &theta);
         if pending.is_empty() {
-            return self.maximise_posterior(&model, Rule::Ei { best }, candidates, incumbent);
+            return self.cube.maximise_posterior(&model, Rule::Ei { best }, candidates, incumbent);
         }
-        let batch = batch::Pending { gp: self, model: &model, best, incumbent, y: &y, pending, history: &history };
-        batch.choose(self.settings.batch, candidates, rng)
+        let batch =
+            batch::Pending { cube: &self.cube, model: &model, best, incumbent, y: &y, pending, history: &history };
+        batch.choose(self.cube.settings.batch, candidates, rng)
     }
 
     /// The hyper-parameters of an ask whose training set is `x`, `y`: fitted
@@ -332,10 +314,10 @@ impl Gp {
     /// function of what was told, and most asks fit nothing.
     fn hyper_parameters(&self, rng: &mut ChaCha8Rng, x: &[Vec<f64>], y: &[f64]) -> Theta {
         let n = self.told.len();
-        let m = fit_point(n, self.settings.refit_from);
+        let m = fit_point(n, self.cube.settings.refit_from);
         if self.objectives > 1 || m >= n {
             let (fit_x, fit_y) = subset(x.to_vec(), y.to_vec(), FIT_POINTS);
-            return self.fit(&fit_x, &fit_y);
+            return self.cube.fit(&fit_x, &fit_y);
         }
         let key: FitKey = self
             .told
@@ -358,10 +340,10 @@ impl Gp {
         let fy = standardise(&warp(&fy));
         let theta = if fx.len() >= 2 && fy.iter().all(|v| v.is_finite()) {
             let (fit_x, fit_y) = subset(fx, fy, FIT_POINTS);
-            self.fit(&fit_x, &fit_y)
+            self.cube.fit(&fit_x, &fit_y)
         } else {
             let (fit_x, fit_y) = subset(x.to_vec(), y.to_vec(), FIT_POINTS);
-            self.fit(&fit_x, &fit_y)
+            self.cube.fit(&fit_x, &fit_y)
         };
         if let Ok(mut cell) = self.fitted.try_borrow_mut() {
             *cell = Some((key, theta.clone()));
@@ -369,132 +351,39 @@ impl Gp {
         theta
     }
 
-    /// The log expected improvement over `best` of `model` at each of `us`
-    /// (minus infinity where it cannot be computed).
-    fn log_ei(&self, model: &Model, best: f64, us: &[Vec<f64>]) -> Vec<f64> {
-        model.predict_many(self, us).into_iter().map(|(mu, var)| log_ei_of(best, mu, var)).collect()
-    }
-
     /// The candidates of an ask: [`GpSettings::candidates`] random points,
     /// then perturbations of the best told configurations (`x` by `y`).
     fn candidates(&self, rng: &mut ChaCha8Rng, x: &[Vec<f64>], y: &[f64], theta: &Theta) -> Vec<Vec<f64>> {
-        let mut out: Vec<Vec<f64>> = (0..self.settings.candidates.max(1))
-            .map(|_| self.snap(self.axes.iter().map(|a| self.random_coordinate(a, rng)).collect()))
+        let mut out: Vec<Vec<f64>> = (0..self.cube.settings.candidates.max(1))
+            .map(|_| self.cube.snap(self.cube.axes.iter().map(|a| self.cube.random_coordinate(a, rng)).collect()))
             .collect();
         let mut centres: Vec<usize> = (0..x.len()).collect();
         centres.sort_by(|&a, &b| y[a].total_cmp(&y[b]));
         for &c in centres.iter().take(LOCAL_CENTRES) {
             for _ in 0..LOCAL_DRAWS {
                 let u = self
+                    .cube
                     .axes
                     .iter()
                     .zip(&x[c])
                     .zip(&theta.length)
                     .map(|((a, v), l)| match a {
                         Axis::Numeric { .. } => (v + 0.25 * l.min(1.0) * standard_normal(rng)).clamp(0.0, 1.0),
-                        Axis::Categorical { .. } if rng.random::<f64>() < 0.2 => self.random_coordinate(a, rng),
+                        Axis::Categorical { .. } if rng.random::<f64>() < 0.2 => self.cube.random_coordinate(a, rng),
                         Axis::Categorical { .. } => *v,
                     })
                     .collect();
-                out.push(self.snap(u));
+                out.push(self.cube.snap(u));
             }
         }
         out
     }
 
-    /// The candidate of highest `score` (which scores a batch of points at
-    /// once: one triangular solve for all), the best few refined, and the
-    /// `incumbent` too (the told configuration of best posterior mean, where
-    /// an expected improvement is measured from: BENCHMARKS.md measured it
-    /// against the best few alone, BENCHMARKS.md).
-    fn maximise(
-        &self,
-        model: &Model,
-        candidates: Vec<Vec<f64>>,
-        incumbent: Option<&[f64]>,
-        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
-    ) -> Option<Vec<f64>> {
-        let scores = candidates.chunks(SCORED_AT_ONCE).flat_map(score);
-        let mut scored: Vec<(f64, Vec<f64>)> = scores.zip(candidates.iter().cloned()).collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let plan = Refinement::of(model.x.len());
-        scored.truncate(plan.starts);
-        if let Some(u) = incumbent {
-            let own = score(&[u.to_vec()]);
-            scored.push((own.first().copied().unwrap_or(f64::NEG_INFINITY), u.to_vec()));
-        }
-        self.refine(scored, plan, score)
-    }
-
-    /// One axis at a time from each start (a numeric axis tries a step
-    /// either way, a categorical every other value), the step as `plan`
-    /// says, until it is below [`refine::MIN_STEP`] or after its sweeps. The best
-    /// point found.
-    fn refine(
-        &self,
-        mut starts: Vec<(f64, Vec<f64>)>,
-        plan: Refinement,
-        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
-    ) -> Option<Vec<f64>> {
-        plan.run(&mut starts, self.axes.len(), |starts, alive, steps, d, moved| {
-            for &c in alive {
-                let tried = self.tries(&starts[c].1, d, steps[c]);
-                let scores = score(&tried);
-                for (v, s) in tried.into_iter().zip(scores) {
-                    if s > starts[c].0 {
-                        starts[c] = (s, v);
-                        moved[c] = true;
-                    }
-                }
-            }
-        });
-        starts.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
-    }
-
-    /// The points a refinement step from `u` along axis `d` scores: a step
-    /// of `step` either way on a numeric axis (at least one lattice step of
-    /// an int), every value of a categorical.
-    fn tries(&self, u: &[f64], d: usize, step: f64) -> Vec<Vec<f64>> {
-        let values: Vec<f64> = match self.axes[d] {
-            Axis::Numeric { lattice, .. } => {
-                let s = if lattice > 0.0 { step.max(1.0 / lattice) } else { step };
-                vec![(u[d] - s).max(0.0), (u[d] + s).min(1.0)]
-            }
-            Axis::Categorical { values, .. } => (0..values).map(|i| i as f64).collect(),
-        };
-        values
-            .into_iter()
-            .map(|t| {
-                let mut v = u.to_vec();
-                v[d] = t;
-                self.snap(v)
-            })
-            .collect()
-    }
-
-    fn random_coordinate(&self, axis: &Axis, rng: &mut ChaCha8Rng) -> f64 {
-        match axis {
-            Axis::Numeric { .. } => rng.random(),
-            Axis::Categorical { values, .. } => rng.random_range(0..(*values).max(1)) as f64,
-        }
-    }
-
-    /// Ints rounded to their lattice.
-    fn snap(&self, mut u: Vec<f64>) -> Vec<f64> {
-        for (v, a) in u.iter_mut().zip(&self.axes) {
-            if let Axis::Numeric { lattice, .. } = a {
-                if *lattice > 0.0 {
-                    *v = (*v * lattice).round() / lattice;
-                }
-            }
-        }
-        u
-    }
-
     /// Unit coordinates of a configuration; `None` when it lacks a modelled
     /// parameter or has one outside its domain.
     fn unit(&self, params: &Params) -> Option<Vec<f64>> {
-        self.axes
+        self.cube
+            .axes
             .iter()
             .map(|a| match a {
                 Axis::Numeric { index, lo, hi, .. } => {
@@ -513,11 +402,11 @@ impl Gp {
     fn decode(&self, u: &[f64]) -> Params {
         let mut out = Params::new();
         for (i, (name, spec)) in self.space.iter().enumerate() {
-            let axis = self.axes.iter().position(|a| match a {
+            let axis = self.cube.axes.iter().position(|a| match a {
                 Axis::Numeric { index, .. } | Axis::Categorical { index, .. } => *index == i,
             });
             let value = match axis {
-                Some(d) => match self.axes[d] {
+                Some(d) => match self.cube.axes[d] {
                     Axis::Numeric { lo, hi, .. } => decode(spec, lo + u[d] * (hi - lo)),
                     Axis::Categorical { .. } => decode(spec, u[d]),
                 },
@@ -529,177 +418,6 @@ impl Gp {
         }
         out
     }
-
-    /// Euclidean distance in unit coordinates (a categorical axis counts 1
-    /// when the values differ).
-    fn unit_distance(&self, a: &[f64], b: &[f64]) -> f64 {
-        let mut r2 = 0.0;
-        for (d, axis) in self.axes.iter().enumerate() {
-            r2 += match axis {
-                Axis::Numeric { .. } => (a[d] - b[d]).powi(2),
-                Axis::Categorical { .. } => f64::from(u8::from(a[d] != b[d])),
-            };
-        }
-        r2.sqrt()
-    }
-
-    /// The coordinates of `points` axis by axis, a column of one value a
-    /// point, a numeric axis's divided by its length scale of `theta` (as
-    /// [`Gp::distance2`] divides them), for [`Gp::kernel_row`].
-    fn columns(&self, points: &[Vec<f64>], theta: &Theta) -> Vec<Vec<f64>> {
-        let scaled = |d: usize, v: f64| match self.axes[d] {
-            Axis::Numeric { .. } => v * (1.0 / theta.length[d]),
-            Axis::Categorical { .. } => v,
-        };
-        (0..self.axes.len()).map(|d| points.iter().map(|p| scaled(d, p[d])).collect()).collect()
-    }
-
-    /// The indices of the numeric axes.
-    fn numeric_axes(&self) -> impl Iterator<Item = usize> + '_ {
-        self.axes.iter().enumerate().filter(|(_, a)| matches!(a, Axis::Numeric { .. })).map(|(d, _)| d)
-    }
-
-    /// Squared scaled distance of the kernel.
-    fn distance2(&self, a: &[f64], b: &[f64], length: &[f64]) -> f64 {
-        let mut r2 = 0.0;
-        for (d, axis) in self.axes.iter().enumerate() {
-            let l = length[d];
-            match axis {
-                Axis::Numeric { .. } => {
-                    let inv = 1.0 / l;
-                    let z = a[d] * inv - b[d] * inv;
-                    r2 += z * z;
-                }
-                Axis::Categorical { .. } => {
-                    if a[d] != b[d] {
-                        r2 += 1.0 / (l * l);
-                    }
-                }
-            }
-        }
-        r2
-    }
-
-    fn kernel(&self, a: &[f64], b: &[f64], theta: &Theta) -> f64 {
-        let r = (5.0 * self.distance2(a, b, &theta.length)).sqrt();
-        theta.signal * (1.0 + r + r * r / 3.0) * exp_neg(r)
-    }
-
-    /// [`Gp::kernel`] between each of the first `count` points of
-    /// `columns` (their coordinates axis by axis, each numeric one already
-    /// divided by its length scale, [`Gp::columns`]) and `u`, in `out`: bit
-    /// for bit the same values (the same operations for each point in the
-    /// same order, the kernel being symmetric bit for bit), one axis at a
-    /// time over all the points, which the compiler turns into vector
-    /// operations, the exponential included ([`exp_neg`]).
-    fn kernel_row(&self, columns: &[Vec<f64>], count: usize, u: &[f64], theta: &Theta, out: &mut Vec<f64>) {
-        out.clear();
-        out.resize(count, 0.0);
-        for (d, axis) in self.axes.iter().enumerate() {
-            let (column, l) = (&columns[d][..count], theta.length[d]);
-            match axis {
-                Axis::Numeric { .. } => {
-                    let at = u[d] * (1.0 / l);
-                    for (r2, x) in out.iter_mut().zip(column) {
-                        let z = x - at;
-                        *r2 += z * z;
-                    }
-                }
-                Axis::Categorical { .. } => {
-                    let (apart, at) = (1.0 / (l * l), u[d]);
-                    for (r2, x) in out.iter_mut().zip(column) {
-                        if *x != at {
-                            *r2 += apart;
-                        }
-                    }
-                }
-            }
-        }
-        for k in out.iter_mut() {
-            let r = (5.0 * *k).sqrt();
-            *k = theta.signal * (1.0 + r + r * r / 3.0) * exp_neg(r);
-        }
-    }
-
-    /// The process conditioned on `x`, `y`. `known`: a model with the same
-    /// hyper-parameters whose points `x` begins with, as far as they agree
-    /// (the last ask's, or the told trials' when the running ones are added):
-    /// the factor's rows of those points are its own (bit for bit what a
-    /// full factorisation gives, [`cholesky_from`]), and only the rows of
-    /// the others are computed, `O(n^2)` each.
-    fn model(&self, x: Vec<Vec<f64>>, y: &[f64], theta: &Theta, known: Option<&Model>) -> Option<Model> {
-        let n = x.len();
-        let known = known.filter(|m| m.theta.same_as(theta));
-        let p = known.map_or(0, |m| m.x.iter().zip(&x).take_while(|(a, b)| a == b).count());
-        let p = if self.settings.paths == Paths::Plain { 0 } else { p };
-        let mut k = vec![0.0; n * n];
-        if let Some(m) = known {
-            let stride = m.x.len();
-            for i in 0..p {
-                k[i * n..i * n + i + 1].copy_from_slice(&m.kernel[i * stride..i * stride + i + 1]);
-            }
-        }
-        let cols = self.columns(&x, theta);
-        let mut row = Vec::with_capacity(n);
-        for i in p..n {
-            self.kernel_row(&cols, i + 1, &x[i], theta, &mut row);
-            k[i * n..i * n + i + 1].copy_from_slice(&row);
-            k[i * n + i] += theta.noise + 1e-9;
-        }
-        let (rows, stride) = known.map_or((&[][..], 0), |m| (&m.chol[..], m.x.len()));
-        let chol = factorise(&k, n, rows, stride, p, self.settings.paths)?;
-        let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
-        Some(Model { x, columns: cols, y: y.to_vec(), kernel: k, chol, alpha, theta: theta.clone() })
-    }
-
-    /// The Cholesky factor of the kernel matrix over `x` (noise on its
-    /// diagonal) and `alpha = K^-1 y`; `None` when not positive definite.
-    fn factor(&self, x: &[Vec<f64>], y: &[f64], theta: &Theta) -> Option<(Vec<f64>, Vec<f64>)> {
-        let n = x.len();
-        let mut k = vec![0.0; n * n];
-        let cols = self.columns(x, theta);
-        let mut row = Vec::with_capacity(n);
-        for i in 0..n {
-            self.kernel_row(&cols, i + 1, &x[i], theta, &mut row);
-            for (j, v) in row.iter().enumerate() {
-                k[i * n + j] = *v;
-                k[j * n + i] = *v;
-            }
-            k[i * n + i] += theta.noise + 1e-9;
-        }
-        let chol = factorise(&k, n, &[], 0, 0, self.settings.paths)?;
-        let alpha = solve_upper_t(&chol, n, &solve_lower(&chol, n, y));
-        Some((chol, alpha))
-    }
-
-    /// Hyper-parameters maximising the marginal likelihood with their priors.
-    fn fit(&self, x: &[Vec<f64>], y: &[f64]) -> Theta {
-        let d = self.axes.len();
-        let theta_of = |p: &[f64]| Theta {
-            length: p[..d].iter().map(|v| v.clamp(LOG_LENGTH.0, LOG_LENGTH.1).exp()).collect(),
-            signal: p[d].clamp(LOG_SIGNAL.0, LOG_SIGNAL.1).exp(),
-            noise: p[d + 1].clamp(LOG_NOISE.0, LOG_NOISE.1).exp(),
-        };
-        let objective = |p: &[f64]| {
-            let theta = theta_of(p);
-            // Factored in place: the points are not copied per evaluation.
-            let Some((chol, alpha)) = self.factor(x, y, &theta) else { return f64::INFINITY };
-            let n = x.len();
-            let fit: f64 = 0.5 * y.iter().zip(&alpha).map(|(a, b)| a * b).sum::<f64>();
-            let det: f64 = (0..n).map(|i| chol[i * n + i].ln()).sum();
-            // Weak log-normal priors: length scales around 0.5, signal
-            // around 1, noise small but learnable.
-            let prior = p[..d].iter().map(|v| 0.5 * (v - 0.5f64.ln()).powi(2)).sum::<f64>()
-                + 0.5 * p[d].powi(2)
-                + 0.5 * ((p[d + 1] - 1e-4f64.ln()) / 4.0).powi(2);
-            fit + det + prior
-        };
-        let mut start = vec![0.5f64.ln(); d];
-        start.push(0.0);
-        start.push(1e-4f64.ln());
-        let (best, _) = nelder_mead(objective, &start, 1.0, self.settings.fit_evals.max(d + 2));
-        theta_of(&best)
-    }
 }
 
 impl Sampler for Gp {
@@ -708,7 +426,7 @@ impl Sampler for Gp {
     fn ask(&self, index: u64, running: &[(u64, &Params)]) -> Params {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         rng.set_stream(index);
-        let chosen = if self.told.len() < self.settings.startup || self.axes.is_empty() {
+        let chosen = if self.told.len() < self.cube.settings.startup || self.cube.axes.is_empty() {
             None
         } else {
             self.choose(&mut rng, running)

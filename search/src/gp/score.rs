@@ -15,7 +15,10 @@
 //! kernel column each), the scores computed are the unpruned ones, and the
 //! order of the kept ones is a stable sort's: the proposal is the same.
 
-use super::{log_ei_of, Gp, Model, Refinement};
+use super::cube::Cube;
+use super::model::{log_ei_of, Model};
+use super::refine::Refinement;
+use super::settings::Paths;
 use crate::linalg::{solve_lower_block, Block, COLUMNS_AT_ONCE};
 
 /// Candidates scored in one batch (the kernel columns of a batch solved at once).
@@ -80,14 +83,14 @@ struct Points<'a> {
 impl<'a> Points<'a> {
     /// The kernel columns and posterior means of `us` (the means summed in
     /// the order of [`Model::predict_many`]: the same values).
-    fn new(gp: &Gp, model: &'a Model, us: &[Vec<f64>]) -> Self {
+    fn new(cube: &Cube, model: &'a Model, us: &[Vec<f64>]) -> Self {
         let n = model.x.len();
         let mut cols = SCRATCH.with(|pool| pool.borrow_mut().pop()).unwrap_or_default();
         cols.clear();
         let mut mean = Vec::with_capacity(us.len());
         let mut row = Vec::with_capacity(n);
         for u in us {
-            gp.kernel_row(&model.columns, n, u, &model.theta, &mut row);
+            cube.kernel_row(&model.columns, n, u, &model.theta, &mut row);
             let mut mu = 0.0;
             for (a, k) in model.alpha.iter().zip(&row) {
                 mu += a * k;
@@ -184,8 +187,57 @@ impl Drop for Points<'_> {
     }
 }
 
-impl Gp {
-    /// [`Gp::maximise`] with the score `rule` of `model`'s posterior: the
+impl Cube {
+    /// The candidate of highest `score` (which scores a batch of points at
+    /// once: one triangular solve for all), the best few refined, and the
+    /// `incumbent` too (the told configuration of best posterior mean, where
+    /// an expected improvement is measured from: BENCHMARKS.md measured it
+    /// against the best few alone, BENCHMARKS.md).
+    pub(super) fn maximise(
+        &self,
+        model: &Model,
+        candidates: Vec<Vec<f64>>,
+        incumbent: Option<&[f64]>,
+        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
+    ) -> Option<Vec<f64>> {
+        let scores = candidates.chunks(SCORED_AT_ONCE).flat_map(score);
+        let mut scored: Vec<(f64, Vec<f64>)> = scores.zip(candidates.iter().cloned()).collect();
+        scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let plan = Refinement::of(model.x.len());
+        scored.truncate(plan.starts);
+        if let Some(u) = incumbent {
+            let own = score(&[u.to_vec()]);
+            scored.push((own.first().copied().unwrap_or(f64::NEG_INFINITY), u.to_vec()));
+        }
+        self.refine(scored, plan, score)
+    }
+
+    /// One axis at a time from each start (a numeric axis tries a step
+    /// either way, a categorical every other value), the step as `plan`
+    /// says, until it is below [`refine::MIN_STEP`] or after its sweeps. The best
+    /// point found.
+    pub(super) fn refine(
+        &self,
+        mut starts: Vec<(f64, Vec<f64>)>,
+        plan: Refinement,
+        score: &impl Fn(&[Vec<f64>]) -> Vec<f64>,
+    ) -> Option<Vec<f64>> {
+        plan.run(&mut starts, self.axes.len(), |starts, alive, steps, d, moved| {
+            for &c in alive {
+                let tried = self.tries(&starts[c].1, d, steps[c]);
+                let scores = score(&tried);
+                for (v, s) in tried.into_iter().zip(scores) {
+                    if s > starts[c].0 {
+                        starts[c] = (s, v);
+                        moved[c] = true;
+                    }
+                }
+            }
+        });
+        starts.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
+    }
+
+    /// [`Cube::maximise`] with the score `rule` of `model`'s posterior: the
     /// same proposal, the variance of most candidates and refinement steps
     /// never computed (the module documentation says why it is the same).
     pub(super) fn maximise_posterior(
@@ -195,7 +247,7 @@ impl Gp {
         candidates: Vec<Vec<f64>>,
         incumbent: &[f64],
     ) -> Option<Vec<f64>> {
-        if self.settings.paths != super::Paths::Fast {
+        if self.settings.paths != Paths::Fast {
             return self.maximise(model, candidates, own_start(rule, incumbent), &|us| {
                 model.predict_many(self, us).into_iter().map(|(mu, var)| rule.score(mu, var)).collect()
             });
@@ -213,7 +265,7 @@ impl Gp {
         refined.into_iter().max_by(|a, b| a.0.total_cmp(&b.0)).map(|(_, u)| u)
     }
 
-    /// [`Gp::refine`] (a compass search) of every start, the starts side by side (each step of
+    /// [`Cube::refine`] (a compass search) of every start, the starts side by side (each step of
     /// all of them scored together): each start's steps and result as
     /// refined alone. A step's variance is computed only where its bound
     /// beats the best score of its start so far (a step is taken only when

@@ -1,6 +1,7 @@
 use super::model::log_expected_improvement;
-use super::refine::{BOUNDED, FULL, REFINED_FULL};
+use super::refine::{Refinement, BOUNDED, FULL, REFINED_FULL};
 use super::*;
+use crate::linalg::solve_lower;
 use crate::pareto::{front, hypervolume};
 use crate::proposer::Proposer;
 use crate::proposer::Random;
@@ -459,17 +460,18 @@ fn a_row_of_the_kernel_is_the_kernel_of_each_point_bit_for_bit() {
     let (space, _) = mixed();
     let gp = Gp::new(space, Direction::Minimize, 1, 0, GpSettings::default());
     let mut rng = ChaCha8Rng::seed_from_u64(4);
-    let mut points: Vec<Vec<f64>> =
-        (0..40).map(|_| gp.snap(gp.axes.iter().map(|a| gp.random_coordinate(a, &mut rng)).collect())).collect();
+    let mut points: Vec<Vec<f64>> = (0..40)
+        .map(|_| gp.cube.snap(gp.cube.axes.iter().map(|a| gp.cube.random_coordinate(a, &mut rng)).collect()))
+        .collect();
     points.push(points[3].clone());
     let theta = Theta { length: vec![0.3, 1.7, 0.05, 0.9, 0.4], signal: 1.3, noise: 1e-4 };
-    let cols = gp.columns(&points, &theta);
+    let cols = gp.cube.columns(&points, &theta);
     let mut row = Vec::new();
     for u in &points[..5] {
-        gp.kernel_row(&cols, points.len(), u, &theta, &mut row);
+        gp.cube.kernel_row(&cols, points.len(), u, &theta, &mut row);
         for (x, k) in points.iter().zip(&row) {
-            assert_eq!(k.to_bits(), gp.kernel(x, u, &theta).to_bits(), "{x:?} {u:?}");
-            assert_eq!(k.to_bits(), gp.kernel(u, x, &theta).to_bits(), "{u:?} {x:?}");
+            assert_eq!(k.to_bits(), gp.cube.kernel(x, u, &theta).to_bits(), "{x:?} {u:?}");
+            assert_eq!(k.to_bits(), gp.cube.kernel(u, x, &theta).to_bits(), "{u:?} {x:?}");
         }
     }
 }
@@ -517,9 +519,9 @@ fn the_refinement_walks_to_a_far_maximum_and_settles_on_it() {
     let start = vec![0.8, 0.2, 0.5];
     let s0 = score(std::slice::from_ref(&start))[0];
     let far = |u: &[f64]| u.iter().zip(&c).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-    let full = gp.refine(vec![(s0, start.clone())], FULL, &score).expect("a point");
+    let full = gp.cube.refine(vec![(s0, start.clone())], FULL, &score).expect("a point");
     assert!(far(&full) < 1e-4, "the compass search ends at {full:?}, not at {c:?}");
-    let bounded = gp.refine(vec![(s0, start)], BOUNDED, &score).expect("a point");
+    let bounded = gp.cube.refine(vec![(s0, start)], BOUNDED, &score).expect("a point");
     assert!(far(&bounded) > 0.2, "the bounded refinement reached {bounded:?}");
     // Asks of a model of at most REFINED_FULL points are refined in full.
     assert!(Refinement::of(REFINED_FULL).compass && !Refinement::of(REFINED_FULL + 1).compass);
@@ -543,11 +545,11 @@ fn an_expected_improvement_is_refined_from_the_incumbent_too() {
     let x: Vec<Vec<f64>> = (0..5).map(|i| vec![0.1 * i as f64, 0.5, 0.5]).collect();
     let y: Vec<f64> = (0..5).map(|i| i as f64).collect();
     let theta = Theta { length: vec![0.3; 3], signal: 1.0, noise: 1e-4 };
-    let model = gp.model(x, &y, &theta, None).expect("a model");
+    let model = gp.cube.model(x, &y, &theta, None).expect("a model");
     let incumbent = [0.23, 0.28, 0.43];
-    let with = gp.maximise(&model, candidates.clone(), Some(&incumbent), &score).expect("a point");
+    let with = gp.cube.maximise(&model, candidates.clone(), Some(&incumbent), &score).expect("a point");
     assert!(d2(&with, &peak) < 1e-6, "refined from the incumbent too, it ends at {with:?}, not at the peak");
-    let without = gp.maximise(&model, candidates, None, &score).expect("a point");
+    let without = gp.cube.maximise(&model, candidates, None, &score).expect("a point");
     assert!(d2(&without, &hill) < 1e-4, "from the candidates alone it ends on the hill, at {without:?}");
     // The pruned path starts from the incumbent under the expected
     // improvement alone.
@@ -604,17 +606,17 @@ fn paths_match_the_posterior(space: Vec<(String, ParamSpec)>, x: Vec<Vec<f64>>, 
     let gp = Gp::new(space, Direction::Minimize, 1, 1, GpSettings::default());
     let y: Vec<f64> = (0..x.len()).map(|i| ((i as f64) * 1.3).sin()).collect();
     let theta = Theta { length, signal: 1.0, noise: 1e-4 };
-    let model = gp.model(x, &y, &theta, None).expect("a model");
+    let model = gp.cube.model(x, &y, &theta, None).expect("a model");
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let draws = 2000;
     let values: Vec<Vec<f64>> = (0..draws)
         .map(|_| {
-            let path = batch::Path::draw(&gp, &model, &mut rng).expect("a path");
-            at.iter().map(|u| path.at(&gp, &model, u)).collect()
+            let path = batch::Path::draw(&gp.cube, &model, &mut rng).expect("a path");
+            at.iter().map(|u| path.at(&gp.cube, &model, u)).collect()
         })
         .collect();
     for (j, u) in at.iter().enumerate() {
-        let (mu, var) = model.predict(&gp, u);
+        let (mu, var) = model.predict(&gp.cube, u);
         let mean = values.iter().map(|v| v[j]).sum::<f64>() / draws as f64;
         let spread = values.iter().map(|v| (v[j] - mean).powi(2)).sum::<f64>() / (draws - 1) as f64;
         assert!((mean - mu).abs() < 4.0 * (var / draws as f64).sqrt() + 1e-3, "at {u:?}: mean {mean} against {mu}");
@@ -623,12 +625,15 @@ fn paths_match_the_posterior(space: Vec<(String, ParamSpec)>, x: Vec<Vec<f64>>, 
     let n = model.x.len();
     let solved: Vec<Vec<f64>> = at[..2]
         .iter()
-        .map(|u| solve_lower(&model.chol, n, &model.x.iter().map(|x| gp.kernel(x, u, &theta)).collect::<Vec<f64>>()))
+        .map(|u| {
+            solve_lower(&model.chol, n, &model.x.iter().map(|x| gp.cube.kernel(x, u, &theta)).collect::<Vec<f64>>())
+        })
         .collect();
-    let cov = gp.kernel(&at[0], &at[1], &theta) - solved[0].iter().zip(&solved[1]).map(|(a, b)| a * b).sum::<f64>();
+    let cov =
+        gp.cube.kernel(&at[0], &at[1], &theta) - solved[0].iter().zip(&solved[1]).map(|(a, b)| a * b).sum::<f64>();
     let m: Vec<f64> = (0..2).map(|j| values.iter().map(|v| v[j]).sum::<f64>() / draws as f64).collect();
     let seen = values.iter().map(|v| (v[0] - m[0]) * (v[1] - m[1])).sum::<f64>() / (draws - 1) as f64;
-    let scale = (model.predict(&gp, &at[0]).1 * model.predict(&gp, &at[1]).1).sqrt();
+    let scale = (model.predict(&gp.cube, &at[0]).1 * model.predict(&gp.cube, &at[1]).1).sqrt();
     assert!((seen - cov).abs() < 0.1 * scale, "covariance {seen} against {cov} (scale {scale})");
 }
 
@@ -663,12 +668,12 @@ fn the_batch_expected_improvement_is_the_mean_gain_over_joint_draws() {
     let x: Vec<Vec<f64>> = (0..6).map(|i| vec![0.15 * i as f64, 0.5, 0.3 + 0.05 * i as f64]).collect();
     let y: Vec<f64> = (0..6).map(|i| ((i as f64) * 1.3).sin()).collect();
     let theta = Theta { length: vec![0.3; 3], signal: 1.0, noise: 1e-4 };
-    let model = gp.model(x, &y, &theta, None).expect("a model");
-    let means = model.told_means(&gp);
+    let model = gp.cube.model(x, &y, &theta, None).expect("a model");
+    let means = model.told_means(&gp.cube);
     let at = (0..means.len()).min_by(|&a, &b| means[a].total_cmp(&means[b])).expect("points");
     let pending = vec![vec![0.5, 0.6, 0.5], vec![0.3, 0.4, 0.35]];
     let state = batch::Pending {
-        gp: &gp,
+        cube: &gp.cube,
         model: &model,
         best: means[at],
         incumbent: &model.x[at],
@@ -686,14 +691,14 @@ fn the_batch_expected_improvement_is_the_mean_gain_over_joint_draws() {
         let solved: Vec<Vec<f64>> = points
             .iter()
             .map(|p| {
-                solve_lower(&model.chol, n, &model.x.iter().map(|x| gp.kernel(x, p, &theta)).collect::<Vec<f64>>())
+                solve_lower(&model.chol, n, &model.x.iter().map(|x| gp.cube.kernel(x, p, &theta)).collect::<Vec<f64>>())
             })
             .collect();
-        let mean: Vec<f64> = points.iter().map(|p| model.predict_mean(&gp, p)).collect();
+        let mean: Vec<f64> = points.iter().map(|p| model.predict_mean(&gp.cube, p)).collect();
         let mut cov = vec![0.0; 9];
         for a in 0..3 {
             for b in 0..3 {
-                cov[a * 3 + b] = gp.kernel(points[a], points[b], &theta)
+                cov[a * 3 + b] = gp.cube.kernel(points[a], points[b], &theta)
                     - solved[a].iter().zip(&solved[b]).map(|(p, q)| p * q).sum::<f64>()
                     + if a == b { 1e-10 } else { 0.0 };
             }
