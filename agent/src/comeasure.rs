@@ -24,14 +24,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tunefleet_common::measurement::EnergyReading;
 use tunefleet_common::message::{CoMeasure, CoMeasureStep, CoMeasured, GpuDevice, TrialRef};
 
 use crate::energy::gpu::TrialGpus;
-use crate::energy::{start_or_estimate, EnergyMeter, EnergySource, EstimateModel, Usage};
+use crate::energy::{EnergyMeter, Registry, Usage};
 use crate::telemetry::{cpus_between, parse_proc_stat, CpuTimes};
 
 /// Most windows open at once (every attempt leased in the fleet, held
@@ -120,16 +119,15 @@ struct Open {
 
 /// The co-measurements of this agent.
 pub struct CoMeter {
-    source: Arc<dyn EnergySource>,
-    model: EstimateModel,
+    /// The sources a window is measured with.
+    energy: Registry,
     proc_root: PathBuf,
     cpus: Vec<u32>,
     interval: Duration,
     open: HashMap<TrialRef, Open>,
     answers: VecDeque<CoMeasured>,
-    /// The machine's GPUs, measured over every window, and NVML's library.
+    /// The machine's GPUs, measured over every window.
     gpus: Vec<GpuDevice>,
-    nvml_lib: Option<PathBuf>,
     /// Starts refused because [`MAX_OPEN`] windows were open.
     pub refused: u64,
 }
@@ -141,33 +139,24 @@ impl std::fmt::Debug for CoMeter {
 }
 
 impl CoMeter {
-    /// Co-measures with `source` (its model for the estimate) on `cpus`,
-    /// reading `/proc/stat` under `proc_root`, sampling every `interval`.
-    pub fn new(
-        source: Arc<dyn EnergySource>,
-        model: EstimateModel,
-        proc_root: PathBuf,
-        cpus: Vec<u32>,
-        interval: Duration,
-    ) -> Self {
+    /// Co-measures with `energy` on `cpus`, reading `/proc/stat` under
+    /// `proc_root`, sampling every `interval`.
+    pub fn new(energy: Registry, proc_root: PathBuf, cpus: Vec<u32>, interval: Duration) -> Self {
         CoMeter {
-            source,
-            model,
+            energy,
             proc_root,
             cpus,
             interval,
             open: HashMap::new(),
             answers: VecDeque::new(),
             gpus: Vec::new(),
-            nvml_lib: None,
             refused: 0,
         }
     }
 
-    /// Measures `gpus` too over every window (through NVML at `nvml_lib`).
-    pub fn with_gpus(mut self, gpus: Vec<GpuDevice>, nvml_lib: Option<PathBuf>) -> Self {
+    /// Measures `gpus` too over every window (through the registry's NVML).
+    pub fn with_gpus(mut self, gpus: Vec<GpuDevice>) -> Self {
         self.gpus = gpus;
-        self.nvml_lib = nvml_lib;
         self
     }
 
@@ -239,11 +228,11 @@ impl CoMeter {
                     tracing::warn!(trial = %c.trial, open = MAX_OPEN, refused = self.refused, "co-measurement refused: too many open");
                     return None;
                 }
-                let meter = start_or_estimate(self.source.as_ref(), self.model);
+                let meter = self.energy.start_machine();
                 let busy = self.busy_us();
                 let started = Instant::now();
                 let until = started + Duration::from_millis(within_ms) + LATE;
-                let gpus = TrialGpus::start(self.nvml_lib.as_deref(), &self.gpus);
+                let gpus = self.energy.start_gpus(&self.gpus);
                 let mut open = Open {
                     meter,
                     started,
@@ -279,7 +268,7 @@ impl CoMeter {
                         from_unix_ms,
                         to_unix_ms,
                         energy: EnergyReading::none(
-                            self.source.kind(),
+                            self.energy.kind(),
                             "this agent was not measuring this attempt (it restarted, the start was lost, or it was refused: too many windows open)",
                         ),
                         cpu_us: 0,
@@ -397,8 +386,7 @@ mod tests {
 
     #[test]
     fn a_window_is_answered_once_measured_and_again_the_same() {
-        let source: Arc<dyn EnergySource> = Arc::new(crate::energy::Estimate::default());
-        let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10));
+        let mut co = CoMeter::new(Registry::default(), "/proc".into(), vec![0], Duration::from_millis(10));
         assert!(co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start { within_ms: 60_000 } }).is_none());
         assert!(!co.is_idle());
         let from = unix_ms();
@@ -412,7 +400,7 @@ mod tests {
         assert_eq!((a.from_unix_ms, a.to_unix_ms), (from, to));
         assert!(a.energy.valid, "{:?}", a.energy.note);
         // At least the model's idle watts for the window's length.
-        let idle = EstimateModel::default().idle_watts_per_core * (to - from) as f64 / 1000.0;
+        let idle = crate::energy::EstimateModel::default().idle_watts_per_core * (to - from) as f64 / 1000.0;
         assert!(a.energy.joules >= idle * 0.9, "{} J for {} ms", a.energy.joules, to - from);
         assert_eq!(co.on(window).as_ref(), Some(&a), "asked again: the same answer");
         let unknown =
@@ -424,8 +412,7 @@ mod tests {
 
     #[test]
     fn abandoned_windows_are_forgotten() {
-        let source: Arc<dyn EnergySource> = Arc::new(crate::energy::Estimate::default());
-        let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10));
+        let mut co = CoMeter::new(Registry::default(), "/proc".into(), vec![0], Duration::from_millis(10));
         co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Start { within_ms: 60_000 } });
         co.on(CoMeasure { trial: tref(1), step: CoMeasureStep::Abandon });
         assert!(co.is_idle());

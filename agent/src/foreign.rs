@@ -37,11 +37,9 @@
 //! without a cgroup (about 1 ms per 100 processes), one `cgroup.procs` read
 //! per trial with one.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-use tunefleet_common::message::TrialRef;
 
 use crate::procfs::{self, Members};
 
@@ -260,28 +258,6 @@ impl ForeignMeter {
     }
 }
 
-/// The largest foreign load seen in a sample taken while each trial ran.
-#[derive(Debug, Default)]
-pub struct ForeignPeaks {
-    peaks: HashMap<TrialRef, f64>,
-}
-
-impl ForeignPeaks {
-    /// A telemetry sample: `foreign` (none: unknown) while `running` ran.
-    pub fn observe<'a>(&mut self, running: impl IntoIterator<Item = &'a TrialRef>, foreign: Option<f64>) {
-        let Some(f) = foreign else { return };
-        for trial in running {
-            let peak = self.peaks.entry(trial.clone()).or_insert(f);
-            *peak = peak.max(f);
-        }
-    }
-
-    /// The trial ended: its peak, forgotten here.
-    pub fn take(&mut self, trial: &TrialRef) -> Option<f64> {
-        self.peaks.remove(trial)
-    }
-}
-
 /// Why a measurement may not represent its configuration, when the largest
 /// foreign load seen while it ran exceeded `threshold`.
 pub fn interference_reason(peak: Option<f64>, threshold: f64) -> Option<String> {
@@ -329,22 +305,6 @@ mod tests {
         assert_eq!(interference_reason(Some(0.25), 0.25), None, "at the threshold: not exceeded");
         assert_eq!(interference_reason(Some(0.1), 0.25), None);
         assert_eq!(interference_reason(None, 0.25), None, "no sample while it ran");
-    }
-
-    #[test]
-    fn peaks_per_trial_while_it_ran() {
-        let trial = |n| TrialRef { study: "s".into(), study_id: 7, trial: n, attempt: 1 };
-        let (a, b) = (trial(1), trial(2));
-        let mut peaks = ForeignPeaks::default();
-        peaks.observe([&a], Some(0.1));
-        peaks.observe([&a, &b], Some(0.6));
-        peaks.observe([&a, &b], None);
-        peaks.observe([&b], Some(0.2));
-        assert_eq!(peaks.take(&a), Some(0.6));
-        assert_eq!(peaks.take(&a), None, "forgotten once taken");
-        assert_eq!(peaks.take(&b), Some(0.6));
-        peaks.observe([&b], Some(0.05));
-        assert_eq!(peaks.take(&b), Some(0.05));
     }
 
     use crate::procfs::fixture::stat as process;

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
-use tunefleet_common::measurement::{ExitOutcome, Measurement, SegmentRole};
+use tunefleet_common::measurement::{Measurement, SegmentRole};
 use tunefleet_common::message::{frames, AgentMessage, TrialRef, TrialResult};
 
 pub use crate::config::AgentConfig;
@@ -345,14 +345,6 @@ impl Executor {
     }
 }
 
-/// SIGTERM's number (Linux, and every platform the agent runs on).
-const SIGTERM: i32 = 15;
-
-/// How long after a trial killed by SIGTERM the agent's own stop may come
-/// for the trial to count as stopped with the agent (a batch scheduler
-/// signals the processes of a job one after the other).
-const STOPPED_WITH_AGENT: Duration = Duration::from_millis(500);
-
 /// Runs the agent until `shutdown` completes (or `max_trials` / idle exit),
 /// then drains within the grace period: running trials are cancelled and
 /// their results published, the retained status goes offline, and the
@@ -377,7 +369,9 @@ struct Agent<'c> {
     exited_rx: mpsc::Receiver<TrialRef>,
     telemetry: telemetry::TelemetrySampler,
     conditions_gate: conditions::Gate,
-    foreign_peaks: foreign::ForeignPeaks,
+    /// Told when the agent stops, for the runner: a trial stopped with it
+    /// is cancelled, not failed.
+    stopping: tokio::sync::watch::Sender<bool>,
     refused: Refused,
     /// The state machine's clock starts here.
     clock: Instant,
@@ -441,7 +435,11 @@ impl<'c> Agent<'c> {
         });
         tracing::info!(agent = %config.name, instance, slots = config.slots, gpus = info.gpus.len(), counters = ?info.counters, "agent starting");
         let trials = foreign::TrialRegistry::default();
-        let runner = runner_config(config, wrapper, &selection, &cpus, &info.gpus, trials.clone());
+        let registry = energy::Registry::new(Arc::clone(&selection.source), config.energy_model)
+            .with_nvml(config.energy_roots.nvml_lib.clone());
+        let (stopping, stopping_rx) = tokio::sync::watch::channel(false);
+        let mut runner = runner_config(config, wrapper, registry.clone(), &cpus, &info.gpus, trials.clone());
+        runner.agent_stopping = Some(stopping_rx);
         let proc_root = std::path::Path::new("/proc");
         let telemetry = telemetry::TelemetrySampler::new(proc_root, selection.source.as_ref(), config.energy_model)
             .with_cpus(cpus.clone())
@@ -486,19 +484,12 @@ impl<'c> Agent<'c> {
             progress_tx,
             exited_tx,
             publish_failures: 0,
-            co: comeasure::CoMeter::new(
-                Arc::clone(&selection.source),
-                config.energy_model,
-                PathBuf::from("/proc"),
-                cpus,
-                config.sample_interval,
-            )
-            .with_gpus(gpus, config.energy_roots.nvml_lib.clone()),
+            co: comeasure::CoMeter::new(registry, PathBuf::from("/proc"), cpus, config.sample_interval).with_gpus(gpus),
             unsaved: Vec::new(),
             spool_problem: None,
             spool_changed: false,
         };
-        let (foreign_peaks, refused) = Default::default();
+        let refused = Refused::default();
         Ok(Agent {
             config,
             state,
@@ -509,7 +500,7 @@ impl<'c> Agent<'c> {
             exited_rx,
             telemetry,
             conditions_gate,
-            foreign_peaks,
+            stopping,
             refused,
             clock,
         })
@@ -549,22 +540,10 @@ impl<'c> Agent<'c> {
                     }
                     None => return Err(AgentError::TransportClosed),
                 },
-                Some((trial, measurement)) = self.done_rx.recv() => {
-                    // A batch scheduler stopping the job (Slurm's scancel, a time
-                    // limit) sends SIGTERM to every process in it: a trial killed
-                    // by SIGTERM just before the agent's own SIGTERM was stopped
-                    // with the agent, and is cancelled (run again elsewhere), not
-                    // a failure of the workload.
-                    let stopped_with_agent = measurement.exit == ExitOutcome::Signaled(SIGTERM)
-                        && tokio::time::timeout(STOPPED_WITH_AGENT, &mut shutdown).await.is_ok();
+                Some(first) = self.done_rx.recv() => {
                     self.state.set_clock(self.micros());
-                    self.on_trial_done((trial, measurement), stopped_with_agent);
+                    self.on_trial_done(first);
                     idle_since = Instant::now();
-                    if stopped_with_agent {
-                        // `shutdown` has completed: it is not polled again.
-                        tracing::info!("shutdown requested");
-                        return Ok(());
-                    }
                     if self.state.max_trials_done() {
                         tracing::info!("--max-trials reached");
                         return Ok(());
@@ -607,6 +586,8 @@ impl<'c> Agent<'c> {
     /// connection closed. `transport_open`: the loop did not stop on an error.
     async fn drain(mut self, mut transport_open: bool) {
         let deadline = Instant::now() + self.config.grace;
+        // A trial the SIGTERM that stops the agent stopped too is cancelled.
+        self.stopping.send_replace(true);
         self.exec.apply(self.state.begin_drain());
         while self.state.running().next().is_some()
             || (self.state.unacked_count() > 0 && self.exec.transport.is_connected())
@@ -620,8 +601,7 @@ impl<'c> Agent<'c> {
                     );
                     break;
                 }
-                // Draining: the SIGTERM that stopped the agent stopped these trials too.
-                Some(first) = self.done_rx.recv() => self.on_trial_done(first, true),
+                Some(first) = self.done_rx.recv() => self.on_trial_done(first),
                 event = self.inbound.recv(), if transport_open => match event {
                     Some(event) => {
                         let actions = self.inbound_actions(event);
@@ -671,32 +651,20 @@ impl<'c> Agent<'c> {
 
     /// A trial ended, in the main loop or in the drain alike, and with it
     /// every other trial whose end is already queued: their progress still
-    /// queued is published first (it was sent before the end), each
-    /// measurement is flagged when load from outside disturbed it, their
-    /// handles go, and the state machine takes the results, carried out
-    /// together so that they are kept on disk with one sync (group commit)
-    /// before any is published.
-    fn on_trial_done(&mut self, first: (TrialRef, Measurement), stopped_with_agent: bool) {
+    /// queued is published first (it was sent before the end), their
+    /// handles go, and the state machine takes the results (complete as
+    /// the runner assembled them), carried out together so that they are
+    /// kept on disk with one sync (group commit) before any is published.
+    fn on_trial_done(&mut self, first: (TrialRef, Measurement)) {
         let mut done = vec![first];
         while let Ok(more) = self.done_rx.try_recv() {
             done.push(more);
-        }
-        if stopped_with_agent {
-            // The SIGTERM that stops the agent stopped these trials too: they
-            // are cancelled (run again elsewhere), not failures of the workload.
-            for (_, measurement) in &mut done {
-                if measurement.exit == ExitOutcome::Signaled(SIGTERM) {
-                    measurement.exit = ExitOutcome::Cancelled;
-                }
-            }
         }
         while let Ok((trial, epoch)) = self.progress_rx.try_recv() {
             self.on_progress(trial, epoch);
         }
         let mut actions = Vec::new();
-        for (trial, mut measurement) in done {
-            let peak = self.foreign_peaks.take(&trial);
-            measurement.interference.extend(foreign::interference_reason(peak, self.config.interference_threshold));
+        for (trial, measurement) in done {
             self.exec.trials.remove(&trial);
             actions.extend(self.state.on_finished(trial, measurement));
         }
@@ -716,12 +684,27 @@ impl<'c> Agent<'c> {
         }
     }
 
-    /// One telemetry sample: the load from outside the trials noted, the
-    /// device's conditions judged, the sample published.
+    /// Tells every running trial `control`.
+    fn tell_running(&self, control: &runner::Control) {
+        for trial in self.state.running() {
+            if let Some(handle) = self.exec.trials.get(trial) {
+                handle.send(control.clone());
+            }
+        }
+    }
+
+    /// One telemetry sample: the load from outside the trials and the
+    /// device's bad conditions told to each running trial (its measurement
+    /// says so), the conditions judged, the sample published.
     fn sample_telemetry(&mut self) {
         let sample = self.telemetry.sample(u32::try_from(self.state.running().count()).unwrap_or(u32::MAX));
-        self.foreign_peaks.observe(self.state.running(), sample.foreign_cpu);
+        if let Some(f) = sample.foreign_cpu {
+            self.tell_running(&runner::Control::ForeignLoad(f));
+        }
         if let Some(reasons) = self.conditions_gate.check(&sample.conditions) {
+            if !reasons.is_empty() {
+                self.tell_running(&runner::Control::Conditions(reasons.clone()));
+            }
             self.exec.apply(self.state.on_conditions(reasons));
         }
         if self.exec.transport.is_connected() {
@@ -735,21 +718,20 @@ impl<'c> Agent<'c> {
 fn runner_config(
     config: &AgentConfig,
     wrapper: PathBuf,
-    selection: &energy::Selection,
+    energy: energy::Registry,
     cpus: &[u32],
     gpus: &[tunefleet_common::message::GpuDevice],
     trials: foreign::TrialRegistry,
 ) -> RunnerConfig {
     let mut runner = RunnerConfig::new(wrapper);
     runner.cgroup = cgroup::CgroupV2::detect(&config.cgroup_root);
-    runner.energy = Arc::clone(&selection.source);
-    runner.energy_model = config.energy_model;
+    runner.energy = energy;
     runner.sample_interval = config.sample_interval;
     runner.machine_cpus = u32::try_from(cpus.len()).unwrap_or(u32::MAX).max(1);
     runner.trials = trials;
-    runner.nvml_lib = config.energy_roots.nvml_lib.clone();
     runner.gpus_offered = !gpus.is_empty();
     runner.shared_machine = config.slots > 1;
+    runner.interference_threshold = config.interference_threshold;
     runner
 }
 

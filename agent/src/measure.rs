@@ -37,8 +37,7 @@ pub struct MeasureConfig {
 pub async fn measure(cfg: &MeasureConfig, control: ControlInput) -> Measurement {
     let selection = energy::select(&cfg.energy_roots, cfg.model);
     let mut runner = RunnerConfig::new(cfg.wrapper.clone());
-    runner.energy = selection.source;
-    runner.energy_model = cfg.model;
+    runner.energy = energy::Registry::new(selection.source, cfg.model);
     runner.sample_interval = cfg.interval;
     runner.inherit_output = true;
     let run = TrialRun {

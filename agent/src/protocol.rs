@@ -102,8 +102,6 @@ pub struct AgentState {
     /// Why results cannot be made durable in the state directory (full,
     /// failing); `None`: they can. No trial is taken meanwhile.
     spool: Option<String>,
-    /// The condition reasons each running trial ran through.
-    flagged: BTreeMap<TrialRef, Vec<String>>,
     /// With an automatic lookahead: the places held ahead for trials longer
     /// than a round trip (`info.lookahead` for shorter ones).
     auto_ahead: Option<u32>,
@@ -156,7 +154,6 @@ impl AgentState {
             finished: 0,
             conditions: Vec::new(),
             spool: None,
-            flagged: BTreeMap::new(),
             auto_ahead: None,
             now_us: 0,
             sent: VecDeque::new(),
@@ -550,18 +547,11 @@ impl AgentState {
     }
 
     /// The device's conditions changed (see [`crate::conditions::Gate`]):
-    /// `reasons` why they are bad for measuring, empty when good. Running
-    /// trials are flagged with them; when the agent stops or resumes
-    /// taking trials, a Request says how many slots it now offers.
+    /// `reasons` why they are bad for measuring, empty when good (the
+    /// running trials' measurements are flagged by their runners); when
+    /// the agent stops or resumes taking trials, a Request says how many
+    /// slots it now offers.
     pub fn on_conditions(&mut self, reasons: Vec<String>) -> Vec<Action> {
-        for trial in self.running.keys() {
-            let flags = self.flagged.entry(trial.clone()).or_default();
-            for reason in &reasons {
-                if !flags.contains(reason) {
-                    flags.push(reason.clone());
-                }
-            }
-        }
         let changed = self.conditions.is_empty() != reasons.is_empty();
         let mut out = Vec::new();
         if !reasons.is_empty() && !self.held.is_empty() {
@@ -620,18 +610,13 @@ impl AgentState {
     }
 
     /// A trial ended: publish its result, keep it until acked, ask for more.
-    pub fn on_finished(&mut self, trial: TrialRef, mut measurement: Measurement) -> Vec<Action> {
+    pub fn on_finished(&mut self, trial: TrialRef, measurement: Measurement) -> Vec<Action> {
         self.exited.remove(&trial);
         self.gpus.remove(&trial);
         if self.running.remove(&trial).is_some() {
             self.finished += 1;
             if !matches!(measurement.exit, ExitOutcome::SpawnFailed(_)) {
                 remember(&mut self.walls, measurement.wall_us);
-            }
-        }
-        for reason in self.flagged.remove(&trial).unwrap_or_default() {
-            if !measurement.interference.contains(&reason) {
-                measurement.interference.push(reason);
             }
         }
         self.cancelling.remove(&trial);
@@ -1152,7 +1137,7 @@ mod tests {
     }
 
     #[test]
-    fn no_slots_while_conditions_are_bad_and_running_trials_flagged() {
+    fn no_slots_while_conditions_are_bad() {
         let mut st = AgentState::new(info(2), vec![0, 1], None);
         welcome(&mut st);
         st.on_assign(assign(1, None));
@@ -1166,18 +1151,15 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Worse, still bad: no new request; the running trial gets the new reason too.
+        // Worse, still bad: no new request.
         let worse = vec!["device charging".to_string(), "CPU throttled".to_string()];
         assert!(st.on_conditions(worse).is_empty());
         assert_eq!(kinds(&st.on_finished(tref(1), measurement())), ["keep", "result"], "no request while bad");
-        let flagged = st.unacked.get(&tref(1)).map(|r| r.measurement.interference.clone());
-        assert_eq!(flagged, Some(vec!["device charging".to_string(), "CPU throttled".to_string()]));
         // Good again: slots offered, and trials taken.
         let good = st.on_conditions(Vec::new());
         assert_eq!(request_of(&good).map(|r| r.free), Some(2));
         assert_eq!(kinds(&st.on_assign(assign(3, None))), ["start"]);
         let done = st.on_finished(tref(3), measurement());
-        assert!(st.unacked.get(&tref(3)).is_some_and(|r| r.measurement.interference.is_empty()), "a clean run");
         assert_eq!(request_of(&done).map(|r| r.free), Some(2));
     }
 

@@ -131,19 +131,17 @@ fn no_library_or_no_driver_is_said_plainly() {
 /// a stand-in GPU drawing 100 W all along gives 100 W times the window.
 #[test]
 fn a_co_measured_window_counts_the_nodes_gpus() {
-    use std::sync::Arc;
     use std::time::{SystemTime, UNIX_EPOCH};
     use tunefleet_agent::comeasure::CoMeter;
-    use tunefleet_agent::energy::{EnergySource, Estimate, EstimateModel};
+    use tunefleet_agent::energy::Registry;
     use tunefleet_common::message::{CoMeasure, CoMeasureStep, GpuDevice, TrialRef};
     let unix_ms = || SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let dir = tempfile::tempdir().expect("tmp");
     let lib = standin(dir.path());
     fixture(&lib, "H200 GPU-aaaa rate:100000 100000\n");
-    let source: Arc<dyn EnergySource> = Arc::new(Estimate::default());
     let gpu = GpuDevice { index: 0, uuid: "GPU-aaaa".into(), name: "H200".into() };
-    let mut co = CoMeter::new(source, EstimateModel::default(), "/proc".into(), vec![0], Duration::from_millis(10))
-        .with_gpus(vec![gpu], Some(lib));
+    let energy = Registry::default().with_nvml(Some(lib));
+    let mut co = CoMeter::new(energy, "/proc".into(), vec![0], Duration::from_millis(10)).with_gpus(vec![gpu]);
     let trial = TrialRef { study: "s".into(), study_id: 1, trial: 1, attempt: 1 };
     co.on(CoMeasure { trial: trial.clone(), step: CoMeasureStep::Start { within_ms: 60_000 } });
     std::thread::sleep(Duration::from_millis(50));

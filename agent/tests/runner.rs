@@ -151,6 +151,48 @@ async fn cancel_stops_the_trial() {
 }
 
 #[tokio::test]
+async fn a_trial_sigtermed_as_its_agent_stops_is_cancelled_and_one_sigtermed_alone_fails() {
+    for agent_stops in [true, false] {
+        let (stopping, rx) = tokio::sync::watch::channel(false);
+        let mut cfg = config();
+        cfg.agent_stopping = Some(rx);
+        let run = TrialRun { spec: sh("kill -TERM $$"), cpus: vec![], label: "t".into(), gpus: vec![] };
+        // The agent's own SIGTERM comes a moment after its trial's (a batch
+        // scheduler signals a job's processes one after the other).
+        let agent = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if agent_stops {
+                stopping.send_replace(true);
+            }
+            stopping
+        });
+        let m = run_trial(&cfg, &run, None, TrialHandle::new().1).await;
+        let expected = if agent_stops { ExitOutcome::Cancelled } else { ExitOutcome::Signaled(15) };
+        assert_eq!(m.exit, expected, "agent stops: {agent_stops}");
+        drop(agent.await);
+    }
+}
+
+#[tokio::test]
+async fn what_the_agent_says_disturbed_a_trial_is_in_its_measurement() {
+    use tunefleet_agent::runner::Control;
+    let (handle, control) = TrialHandle::new();
+    let mut cfg = config();
+    cfg.interference_threshold = 0.25;
+    handle.send(Control::ForeignLoad(0.1));
+    handle.send(Control::ForeignLoad(0.7));
+    handle.send(Control::Conditions(vec!["device charging".into()]));
+    let run = TrialRun { spec: sh("sleep 0.2"), cpus: vec![], label: "i".into(), gpus: vec![] };
+    let m = run_trial(&cfg, &run, None, control).await;
+    assert_eq!(m.exit, ExitOutcome::Exited(0));
+    assert_eq!(m.interference.len(), 2, "{:?}", m.interference);
+    assert!(m.interference[0].contains("reached 0.70"), "{:?}", m.interference);
+    assert_eq!(m.interference[1], "device charging");
+    let (_, quiet) = TrialHandle::new();
+    assert!(run_trial(&cfg, &run, None, quiet).await.interference.is_empty(), "nothing said: nothing flagged");
+}
+
+#[tokio::test]
 async fn dropping_the_handle_leaves_the_trial_running() {
     let (handle, control) = TrialHandle::new();
     drop(handle);

@@ -5,6 +5,9 @@
 //! exited. The [`EnergyReading`] says where every joule came from: source,
 //! domains, interval, and a validity flag with its reason.
 //!
+//! A trial's meters come from one [`Registry`]: the source [`select`]
+//! chose and NVML for its GPUs, started together and stopped together.
+//!
 //! Sources, tried in this order by [`select`]:
 //!
 //! * [`external`]: a meter read through a command or an HTTP endpoint (a
@@ -28,6 +31,7 @@ pub mod gpu;
 pub mod hwmon;
 mod metered;
 pub mod rapl;
+mod registry;
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +43,7 @@ use tunefleet_common::message::EnergySourceInfo;
 
 pub use estimate::{Estimate, EstimateModel, ESTIMATE_DOMAIN};
 pub use metered::{Channel, ChannelRead, MeteredSource};
+pub use registry::{start_or_estimate, Registry, TrialMeters};
 pub use source::{
     grant_hint, read_i64, read_text, sampling_interval, skipped_note, EnergyError, EnergyMeter, EnergySource, RealFs,
     SysfsRead, Usage, GRANT_HINT,
@@ -208,18 +213,5 @@ impl EnergyMeter for AnnotatedMeter {
             None => self.note,
         });
         reading
-    }
-}
-
-/// Starts `source`; when it fails now (a zone vanished since discovery, a
-/// permission changed), measures with the estimate instead and says why.
-pub fn start_or_estimate(source: &dyn EnergySource, model: EstimateModel) -> Box<dyn EnergyMeter> {
-    match source.start() {
-        Ok(meter) => meter,
-        Err(e) => {
-            tracing::warn!(source = %source.kind(), error = %e, "energy source failed to start; using the estimate");
-            let estimate = Estimate { model, skipped: vec![format!("{}: {e}", source.kind())] };
-            estimate.meter()
-        }
     }
 }

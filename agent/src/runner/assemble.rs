@@ -10,9 +10,11 @@ use tunefleet_common::measurement::{AppliedLimits, ExitOutcome, Measurement, Mis
 use tunefleet_common::profile::Profile;
 
 use super::child::Exited;
+use super::control::Disturbed;
 use super::output::{micros, Collected, MAX_EPOCHS};
+use super::start::RunnerConfig;
 use crate::counters::CounterSet;
-use crate::energy::{EnergyMeter, Usage};
+use crate::energy::{TrialMeters, Usage};
 use crate::exec::EXIT_EXEC_FAILED;
 use crate::pipeline::{Boundary, Pipeline};
 use crate::procfs;
@@ -23,6 +25,8 @@ pub(super) struct Monitored {
     pub(super) stopped: Option<ExitOutcome>,
     pub(super) collected: Collected,
     pub(super) peak_rss: Option<u64>,
+    /// What it was told disturbed it while it ran.
+    pub(super) disturbed: Disturbed,
 }
 
 /// What a trial that ran leaves for its measurement, once its output
@@ -32,8 +36,7 @@ pub(super) struct Ended {
     pub(super) start: Instant,
     pub(super) limits: AppliedLimits,
     pub(super) counters: CounterSet,
-    pub(super) meter: Box<dyn EnergyMeter>,
-    pub(super) gpus: Option<crate::energy::gpu::TrialGpus>,
+    pub(super) meters: TrialMeters,
     /// The machine's busy CPU time at the start and at the exit, where its
     /// energy reading is shared with other trials.
     pub(super) machine_busy_us: (Option<u64>, Option<u64>),
@@ -43,23 +46,24 @@ pub(super) struct Ended {
     pub(super) monitored: Monitored,
 }
 
-/// The measurement of a trial that ran. `machine_cpus` are the cores of a
-/// trial not pinned (`pinned` empty), for the energy estimate.
-pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measurement {
+/// The measurement of a trial that ran, complete: `cfg.machine_cpus` are
+/// the cores of a trial not pinned (`pinned` empty), for the energy
+/// estimate; what disturbed it is flagged past `cfg.interference_threshold`.
+pub(super) fn assemble(cfg: &RunnerConfig, pinned: &[u32], ended: Ended) -> Measurement {
+    let machine_cpus = cfg.machine_cpus;
     let Ended {
         started_unix_ms,
         start,
         limits,
         counters,
-        meter,
-        gpus,
+        meters,
         machine_busy_us,
         pipeline,
         last_boundary,
         window_profile,
         monitored,
     } = ended;
-    let Monitored { exited, stopped, mut collected, peak_rss } = monitored;
+    let Monitored { exited, stopped, mut collected, peak_rss, disturbed } = monitored;
     let ticks = rustix::param::clock_ticks_per_second();
     let (wall, user_us, sys_us, status) = match &exited {
         Some(Ok(e)) => {
@@ -95,12 +99,11 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
     let end = last_boundary.unwrap_or_else(|| Boundary {
         at_us: micros(wall),
         epoch: 0,
-        joules: meter.so_far(&usage),
+        joules: meters.so_far(&usage),
         cpu_us: Some(user_us + sys_us),
     });
     let (segments, selected) = pipeline.finish(end);
-    let energy = meter.stop(wall, &usage);
-    let gpus = gpus.map(|g| g.stop(wall)).unwrap_or_default();
+    let (energy, gpus) = meters.stop(wall, &usage);
     if collected.epochs_dropped > 0 {
         let note =
             format!("[tunefleet: {} epoch lines beyond the first {MAX_EPOCHS} not kept]", collected.epochs_dropped);
@@ -131,10 +134,19 @@ pub(super) fn assemble(machine_cpus: u32, pinned: &[u32], ended: Ended) -> Measu
         segments,
         selected,
         window_profile,
-        interference: Vec::new(),
+        interference: interference(disturbed, cfg.interference_threshold),
         gpus,
         cpu_share: cpu_share(user_us + sys_us, machine_busy_us),
     }
+}
+
+/// Why a measurement may not represent its configuration: load from
+/// outside past `threshold` first, then the device's bad conditions.
+fn interference(disturbed: Disturbed, threshold: f64) -> Vec<String> {
+    let mut out: Vec<String> =
+        crate::foreign::interference_reason(disturbed.foreign_peak, threshold).into_iter().collect();
+    out.extend(disturbed.conditions);
+    out
 }
 
 /// A trial's share of a whole-machine energy reading: its CPU time over
@@ -159,6 +171,7 @@ mod tests {
     use super::*;
     use crate::energy::{Estimate, EstimateModel};
     use crate::procfs::StatFields;
+    use crate::runner::control::Control;
 
     const STAT: StatFields = StatFields { ppid: 1, pgrp: 7, utime: 30, stime: 10, cutime: 20, cstime: 5 };
 
@@ -169,13 +182,15 @@ mod tests {
             start: Instant::now(),
             limits: AppliedLimits { cpus: vec![0], threads: Some(2), memory: MemoryLimit::None },
             counters: CounterSet::all_missing("no perf here"),
-            meter: Estimate { model: EstimateModel::default(), skipped: Vec::new() }.meter(),
-            gpus: None,
+            meters: TrialMeters {
+                machine: Estimate { model: EstimateModel::default(), skipped: Vec::new() }.meter(),
+                gpus: None,
+            },
             machine_busy_us: (None, None),
             pipeline: Pipeline::new(None, SystemParams::default(), vec![0]),
             last_boundary: None,
             window_profile: None,
-            monitored: Monitored { exited, stopped, collected, peak_rss: Some(4096) },
+            monitored: Monitored { exited, stopped, collected, peak_rss: Some(4096), disturbed: Disturbed::default() },
         }
     }
 
@@ -196,7 +211,49 @@ mod tests {
     ) -> Measurement {
         let mut e = ended(None, stopped, collected);
         e.monitored.exited = exited(e.start);
-        assemble(8, &[0], e)
+        assemble(&eight_cpus(), &[0], e)
+    }
+
+    /// A runner of eight CPUs, flagging load from outside past 0.25.
+    fn eight_cpus() -> RunnerConfig {
+        let mut cfg = RunnerConfig::new("/bin/true".into());
+        cfg.machine_cpus = 8;
+        cfg.interference_threshold = 0.25;
+        cfg
+    }
+
+    #[test]
+    fn what_disturbed_a_trial_is_in_its_measurement_when_assembled() {
+        let disturbed = |foreign_peak, conditions: &[&str]| {
+            let mut e = ended(exit_after_two_seconds(0)(Instant::now()), None, Collected::default());
+            e.monitored.disturbed =
+                Disturbed { foreign_peak, conditions: conditions.iter().map(|c| c.to_string()).collect() };
+            assemble(&eight_cpus(), &[0], e).interference
+        };
+        let both = disturbed(Some(0.6), &["device charging", "CPU throttled"]);
+        assert_eq!(both.len(), 3, "{both:?}");
+        assert!(both[0].starts_with("load from outside the trial reached 0.60"), "{both:?}");
+        assert_eq!(both[1..], ["device charging", "CPU throttled"]);
+        assert_eq!(disturbed(Some(0.1), &["device charging"]), ["device charging"], "below the threshold");
+        assert!(disturbed(None, &[]).is_empty(), "a clean run");
+    }
+
+    #[test]
+    fn a_trial_notes_the_largest_load_and_each_condition_once() {
+        let mut d = Disturbed::default();
+        for c in [
+            Control::ForeignLoad(0.1),
+            Control::ForeignLoad(0.6),
+            Control::ForeignLoad(f64::NAN),
+            Control::ForeignLoad(0.2),
+            Control::Conditions(vec!["device charging".into()]),
+            Control::Conditions(vec!["device charging".into(), "CPU throttled".into()]),
+        ] {
+            assert!(d.note(&c), "{c:?}");
+        }
+        assert!(!d.note(&Control::Cancel), "a cancel is not a disturbance");
+        assert_eq!(d.foreign_peak, Some(0.6));
+        assert_eq!(d.conditions, ["device charging", "CPU throttled"]);
     }
 
     fn missing_reasons(m: &Measurement) -> BTreeSet<String> {
@@ -301,7 +358,7 @@ mod tests {
         let run = |pinned: &[u32]| {
             let mut e = ended(None, None, Collected::default());
             e.monitored.exited = exit_after_two_seconds(0)(e.start);
-            assemble(8, pinned, e).energy.joules
+            assemble(&eight_cpus(), pinned, e).energy.joules
         };
         let (one, unpinned) = (run(&[0]), run(&[]));
         assert!(unpinned > one, "unpinned {unpinned} J on 8 CPUs, pinned {one} J on 1");
@@ -316,7 +373,7 @@ mod tests {
         assert_eq!(cpu_share(9_000_000, (Some(1_000_000), Some(3_000_000))), Some(1.0), "never more than all of it");
         let mut e = ended(None, None, Collected::default());
         e.machine_busy_us = (Some(0), Some(4_000_000));
-        let m = assemble(8, &[0], e);
+        let m = assemble(&eight_cpus(), &[0], e);
         assert_eq!(m.cpu_share, Some((m.user_us + m.sys_us) as f64 / 4e6));
     }
 }

@@ -19,13 +19,52 @@ use crate::pipeline::{Boundary, Step};
 use crate::procfs;
 
 /// What the agent can tell a running trial through its [`TrialHandle`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Control {
     /// Stop it: SIGTERM to its process group, SIGKILL after the grace; the
     /// measurement says `Cancelled`.
     Cancel,
     /// Run under this system configuration from now on (a new segment).
     Apply(SystemParams, SegmentRole),
+    /// A telemetry sample taken while it ran saw this load from outside it
+    /// (a share of the agent's CPUs): the largest one flags its measurement
+    /// past the agent's threshold.
+    ForeignLoad(f64),
+    /// The device's conditions turned bad for measuring while it ran
+    /// (charging, throttled...): its measurement is flagged with them.
+    Conditions(Vec<String>),
+}
+
+/// What disturbed a trial while it ran, as it was told: known when its
+/// measurement is assembled, so the measurement is complete then.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(super) struct Disturbed {
+    /// The largest load from outside it a sample saw.
+    pub(super) foreign_peak: Option<f64>,
+    /// Bad device conditions, each once, in the order they came.
+    pub(super) conditions: Vec<String>,
+}
+
+impl Disturbed {
+    /// Notes `control` when it says what disturbed the trial; false for
+    /// any other control.
+    pub(super) fn note(&mut self, control: &Control) -> bool {
+        match control {
+            Control::ForeignLoad(f) if f.is_finite() => {
+                self.foreign_peak = Some(self.foreign_peak.map_or(*f, |p| p.max(*f)));
+            }
+            Control::ForeignLoad(_) => {}
+            Control::Conditions(reasons) => {
+                for reason in reasons {
+                    if !self.conditions.contains(reason) {
+                        self.conditions.push(reason.clone());
+                    }
+                }
+            }
+            Control::Cancel | Control::Apply(..) => return false,
+        }
+        true
+    }
 }
 
 /// The agent's handle on one running trial: the sending side of its
@@ -60,6 +99,16 @@ impl TrialHandle {
 }
 
 impl ControlInput {
+    /// What is queued now, without waiting (what was said about a trial
+    /// after its monitor stopped listening).
+    pub(super) fn queued(&mut self) -> Vec<Control> {
+        let mut out = Vec::new();
+        while let Ok(c) = self.rx.try_recv() {
+            out.push(c);
+        }
+        out
+    }
+
     /// The next control; pending forever once every handle is gone.
     pub(super) async fn next(&mut self) -> Control {
         if self.open {
@@ -120,7 +169,7 @@ pub(super) fn boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u
         Some(at_exit) => at_exit,
         None => {
             let now = t.start.elapsed();
-            t.meter.sample(now);
+            t.meters.machine.sample(now);
             t.counters.sample(now);
             now
         }
@@ -132,7 +181,7 @@ pub(super) fn boundary(cfg: &RunnerConfig, t: &mut Spawned, epoch: u32, at_us: u
         None => cfg.machine_cpus,
     };
     let usage = Usage { wall: now, cpu: Duration::from_micros(cpu_us.unwrap_or(0)), cores };
-    Boundary { at_us, epoch, joules: t.meter.so_far(&usage), cpu_us }
+    Boundary { at_us, epoch, joules: t.meters.so_far(&usage), cpu_us }
 }
 
 /// An epoch line: the pipeline may end a window and switch configuration;

@@ -59,6 +59,7 @@ mod launcher;
 mod output;
 mod start;
 
+use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
@@ -68,7 +69,7 @@ use tunefleet_common::message::TrialSpec;
 
 use assemble::{assemble, Ended, Monitored};
 use child::{signal_group, Exited};
-use control::{apply_step, boundary, on_epoch_boundary, on_step_boundary, profile_first_window};
+use control::{apply_step, boundary, on_epoch_boundary, on_step_boundary, profile_first_window, Disturbed};
 use output::{micros, Collected, OutputEvent};
 use start::{spawn, Spawned};
 
@@ -76,6 +77,11 @@ pub use control::{Control, ControlInput, TrialHandle};
 pub use launcher::{Launchers, IDLE_KEEP};
 pub use output::{EpochReport, MAX_EPOCHS};
 pub use start::{RunnerConfig, TrialRun, CONTROL_VAR, RSS_SAMPLE_INTERVAL, STEPS_VAR, THREAD_VARS};
+
+/// How long after a trial killed by SIGTERM the agent may say it is
+/// stopping for the trial to count as stopped with it (a batch scheduler
+/// signals the processes of a job one after the other).
+const STOPPED_WITH_AGENT: Duration = Duration::from_millis(500);
 
 /// Runs `run` to completion (or timeout, or [`Control::Cancel`] from its
 /// [`TrialHandle`]) and measures it: `spawn`, `monitor`, `assemble`.
@@ -119,7 +125,7 @@ impl Launched {
         match self.0 {
             Ok(mut spawned) => {
                 let monitored = monitor(cfg, &run.spec, &mut spawned, progress, control, exited).await;
-                assemble(cfg.machine_cpus, &run.cpus, ended(spawned, monitored))
+                assemble(cfg, &run.cpus, ended(spawned, monitored))
             }
             Err(not_started) => *not_started,
         }
@@ -146,7 +152,13 @@ async fn monitor(
     let far = tokio::time::Instant::now() + Duration::from_secs(365 * 86_400);
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut output_deadline: Option<tokio::time::Instant> = None;
-    let mut m = Monitored { exited: None, stopped: None, collected: Collected::default(), peak_rss: None };
+    let mut m = Monitored {
+        exited: None,
+        stopped: None,
+        collected: Collected::default(),
+        peak_rss: None,
+        disturbed: Disturbed::default(),
+    };
     let mut readers_open = true;
     let rss_thread_at = tokio::time::Instant::now() + RSS_SAMPLE_INTERVAL;
     let (pid, pgid) = (t.pid, t.pid.as_raw_nonzero().get());
@@ -175,7 +187,10 @@ async fn monitor(
                 tracing::info!(pgid, "trial timed out; stopping its process group");
                 kill_at = Some(stop(cfg, pid, &mut m, ExitOutcome::TimedOut));
             }
-            c = control.next(), if m.stopped.is_none() && m.exited.is_none() => match c {
+            c = control.next() => match c {
+                // What disturbed it is noted until the end; a cancel or a
+                // new configuration is moot once it stops.
+                c if m.disturbed.note(&c) || m.stopped.is_some() || m.exited.is_some() => {}
                 Control::Cancel => {
                     tracing::info!(pgid, "trial cancelled; stopping its process group");
                     kill_at = Some(stop(cfg, pid, &mut m, ExitOutcome::Cancelled));
@@ -189,6 +204,7 @@ async fn monitor(
                     // Thread counts change when the workload next listens.
                     t.pending_line.extend(line);
                 }
+                Control::ForeignLoad(_) | Control::Conditions(_) => {}
             },
             _ = tokio::time::sleep_until(kill_at.unwrap_or(far)), if kill_at.is_some() && m.exited.is_none() => {
                 signal_group(pid, Signal::KILL);
@@ -199,10 +215,7 @@ async fn monitor(
             }
             _ = measure_tick.tick(), if m.exited.is_none() => {
                 let elapsed = t.start.elapsed();
-                t.meter.sample(elapsed);
-                if let Some(g) = &mut t.gpus {
-                    g.sample(elapsed);
-                }
+                t.meters.sample(elapsed);
                 t.counters.sample(elapsed);
             }
             _ = tokio::time::sleep_until(output_deadline.unwrap_or(far)), if output_deadline.is_some() && readers_open => {
@@ -211,7 +224,28 @@ async fn monitor(
             }
         }
     }
+    for c in control.queued() {
+        m.disturbed.note(&c);
+    }
+    if stopped_with_agent(cfg, &m).await {
+        m.stopped = Some(ExitOutcome::Cancelled);
+    }
     m
+}
+
+/// Whether a workload ended by a SIGTERM it was not sent by its monitor
+/// was stopped with the agent: a batch scheduler stopping the job
+/// (Slurm's scancel, a time limit) or systemd stopping the unit signals
+/// every process in it, the workload's just before the agent's own, so
+/// the agent says it is stopping within [`STOPPED_WITH_AGENT`]. Such a
+/// trial is cancelled (run again elsewhere), not a failure of the
+/// workload.
+async fn stopped_with_agent(cfg: &RunnerConfig, m: &Monitored) -> bool {
+    let by_sigterm = matches!(&m.exited, Some(Ok(e)) if e.status.signal() == Some(Signal::TERM.as_raw()));
+    let Some(mut stopping) = cfg.agent_stopping.clone().filter(|_| by_sigterm && m.stopped.is_none()) else {
+        return false;
+    };
+    tokio::time::timeout(STOPPED_WITH_AGENT, stopping.wait_for(|s| *s)).await.is_ok_and(|r| r.is_ok())
 }
 
 /// The workload's top process exited (`m.exited` says how): its peak RSS
@@ -232,10 +266,7 @@ fn on_exit(cfg: &RunnerConfig, t: &mut Spawned, m: &mut Monitored) {
     if t.machine_busy_us.0.is_some() {
         t.machine_busy_us.1 = crate::telemetry::machine_busy_us(&cfg.proc_root);
     }
-    t.meter.sample(at_exit);
-    if let Some(g) = &mut t.gpus {
-        g.sample(at_exit);
-    }
+    t.meters.sample(at_exit);
     t.counters.sample(at_exit);
 }
 
@@ -283,8 +314,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
     let Spawned {
         prepared,
         counters,
-        meter,
-        gpus,
+        meters,
         machine_busy_us,
         started_unix_ms,
         start,
@@ -310,8 +340,7 @@ fn ended(t: Spawned, m: Monitored) -> Ended {
         start,
         limits: prepared.limits,
         counters,
-        meter,
-        gpus,
+        meters,
         machine_busy_us,
         pipeline,
         last_boundary,

@@ -25,7 +25,7 @@ use super::child::{child_pid, unix_ms, wait_exit, Exited, Started};
 use super::output::{spawn_reader, OutputEvent};
 use crate::cgroup::{CgroupV2, TrialCgroup};
 use crate::counters::CounterSet;
-use crate::energy::{self, EnergySource, Estimate, EstimateModel, Usage};
+use crate::energy;
 use crate::exec::ExecPlan;
 use crate::pipeline::{Boundary, Pipeline};
 use crate::procfs;
@@ -56,9 +56,9 @@ pub struct RunnerConfig {
     pub kill_grace: Duration,
     /// How long output may still be read after the workload exited.
     pub output_grace: Duration,
-    pub energy: Arc<dyn EnergySource>,
-    /// The model used when `energy` fails to start.
-    pub energy_model: EstimateModel,
+    /// Every source a trial's energy is measured with: the machine's and
+    /// NVML for its GPUs.
+    pub energy: energy::Registry,
     /// Interval between energy and counter samples while a trial runs.
     pub sample_interval: Duration,
     /// CPUs the agent may use (the "cores" of an unpinned trial).
@@ -74,11 +74,14 @@ pub struct RunnerConfig {
     pub always_wrap: bool,
     /// The threads that start workloads directly ([`super::launcher`]).
     pub launchers: Arc<super::launcher::Launchers>,
-    /// NVML, to measure a trial's GPUs ([`crate::energy::gpu`]); `None`:
-    /// where the driver installs it.
-    pub nvml_lib: Option<PathBuf>,
     /// This agent offers GPUs: a trial given none is shown none.
     pub gpus_offered: bool,
+    /// A measurement is flagged when load from outside its trial exceeded
+    /// this share of the agent's CPUs ([`crate::foreign::interference_reason`]).
+    pub interference_threshold: f64,
+    /// Says when the agent is stopping, so that a trial it stopped with is
+    /// cancelled rather than failed; `None`: never (`measure`).
+    pub agent_stopping: Option<tokio::sync::watch::Receiver<bool>>,
     /// Trials run beside each other (several slots): a whole-machine
     /// reading is shared among them by CPU time ([`Measurement::cpu_share`]).
     pub shared_machine: bool,
@@ -104,17 +107,17 @@ impl RunnerConfig {
             proc_root: PathBuf::from("/proc"),
             kill_grace: Duration::from_millis(500),
             output_grace: Duration::from_secs(2),
-            energy: Arc::new(Estimate::default()),
-            energy_model: EstimateModel::default(),
+            energy: energy::Registry::default(),
             sample_interval: crate::counters::DEFAULT_SAMPLE_INTERVAL,
             machine_cpus: u32::try_from(crate::cpus::allowed_cpus().len()).unwrap_or(u32::MAX).max(1),
             inherit_output: false,
             trials: crate::foreign::TrialRegistry::default(),
             always_wrap: false,
             launchers: Arc::default(),
-            nvml_lib: None,
             gpus_offered: false,
             shared_machine: false,
+            interference_threshold: crate::foreign::DEFAULT_THRESHOLD,
+            agent_stopping: None,
         }
     }
 }
@@ -164,18 +167,21 @@ fn prepare_limits(cfg: &RunnerConfig, run: &TrialRun) -> Prepared {
 }
 
 /// A measurement of a trial that never ran.
-fn not_started(started_unix_ms: u64, limits: AppliedLimits, reason: String, energy: &dyn EnergySource) -> Measurement {
-    let usage = Usage { wall: Duration::ZERO, cpu: Duration::ZERO, cores: 0 };
+fn not_started(
+    started_unix_ms: u64,
+    limits: AppliedLimits,
+    reason: String,
+    run: &TrialRun,
+    energy: &energy::Registry,
+) -> Measurement {
     let counters_missing = CounterSet::all_missing("the workload did not start").finish(Duration::ZERO).missing;
-    let model = EstimateModel::default();
+    let (machine, gpus) = energy.never_ran(&run.gpus, "the workload did not start");
     Measurement {
         started_unix_ms,
         counters_missing,
         limits,
-        ..Measurement::unmeasured(
-            ExitOutcome::SpawnFailed(reason),
-            energy::start_or_estimate(energy, model).stop(Duration::ZERO, &usage),
-        )
+        gpus,
+        ..Measurement::unmeasured(ExitOutcome::SpawnFailed(reason), machine)
     }
 }
 
@@ -191,9 +197,8 @@ pub(super) struct Spawned {
     pub(super) pid: Pid,
     pub(super) prepared: Prepared,
     pub(super) counters: CounterSet,
-    pub(super) meter: Box<dyn energy::EnergyMeter>,
-    /// The trial's GPUs being measured, when it was given some.
-    pub(super) gpus: Option<energy::gpu::TrialGpus>,
+    /// The machine's meter and the meters of the GPUs the trial was given.
+    pub(super) meters: energy::TrialMeters,
     /// The machine's busy CPU time when the workload started and when it
     /// exited, on an agent whose trials share the machine.
     pub(super) machine_busy_us: (Option<u64>, Option<u64>),
@@ -247,7 +252,7 @@ fn start_wrapped(cfg: &RunnerConfig, mut cmd: Command, prepared: &Prepared) -> R
         }
     }
     let counters = CounterSet::open_for_exec(pid.as_raw_nonzero().get());
-    let meter = energy::start_or_estimate(cfg.energy.as_ref(), cfg.energy_model);
+    let meter = cfg.energy.start_machine();
     let started_unix_ms = unix_ms(SystemTime::now());
     let start = Instant::now();
     let mut stdin = child.stdin.take();
@@ -269,8 +274,8 @@ fn start_wrapped(cfg: &RunnerConfig, mut cmd: Command, prepared: &Prepared) -> R
 pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<Measurement>> {
     let spec = &run.spec;
     let prepared = prepare_limits(cfg, run);
-    let energy = cfg.energy.as_ref();
-    let refused = |limits, reason| Box::new(not_started(unix_ms(SystemTime::now()), limits, reason, energy));
+    let energy = &cfg.energy;
+    let refused = |limits, reason| Box::new(not_started(unix_ms(SystemTime::now()), limits, reason, run, energy));
     if spec.argv.is_empty() {
         return Err(refused(prepared.limits, "empty argv".into()));
     }
@@ -280,12 +285,12 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
     // exec); otherwise through the exec wrapper, held until "go".
     let direct = prepared.cgroup.is_none() && prepared.rlimit_as.is_none() && !cfg.always_wrap;
     let cmd = command(cfg, run, &prepared, control, direct);
-    let interval = energy::sampling_interval(cfg.sample_interval, energy);
+    let interval = energy.sampling_interval(cfg.sample_interval);
     // The trial's GPUs metered from before the workload goes: loading NVML
     // takes a while, and the start of the run must not be missed.
-    let gpus = energy::gpu::TrialGpus::start(cfg.nvml_lib.as_deref(), &run.gpus);
+    let gpus = energy.start_gpus(&run.gpus);
     let started = if direct {
-        let meter = energy::start_or_estimate(energy, cfg.energy_model);
+        let meter = energy.start_machine();
         match super::launcher::start_direct(&cfg.launchers, cmd, run.cpus.clone(), cfg.proc_root.clone(), meter) {
             Ok(started) => started,
             Err(reason) => return Err(refused(prepared.limits, reason)),
@@ -329,8 +334,7 @@ pub(super) fn spawn(cfg: &RunnerConfig, run: &TrialRun) -> Result<Spawned, Box<M
         pid,
         prepared,
         counters,
-        meter,
-        gpus,
+        meters: energy::TrialMeters { machine: meter, gpus },
         machine_busy_us,
         interval,
         started_unix_ms,

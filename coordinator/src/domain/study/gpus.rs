@@ -1,76 +1,37 @@
-//! A result's GPU readings held to the GPUs its trial was given: the
-//! agent says which GPUs it measured, the study says how many the trial
-//! had. Pure.
+//! A result's GPU readings against the GPUs its trial was given: the
+//! agent's measurement holds one reading per GPU given (valid or saying
+//! why not), so a result with another count is not believed. Pure.
 
-use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+use tunefleet_common::measurement::GpuEnergy;
 
-/// Makes `readings` say what was measured of the `given` GPUs of a trial
-/// (its study's `gpus = N`): a GPU it reported nothing of gets a reading
-/// that does not count (its energy was not measured, so the trial's whole
-/// energy does not count either, as with a GPU read that failed), and a
-/// reading beyond the `given` ones is not believed (a trial given one GPU
-/// that reports two, or a CPU trial that reports any). The joules
-/// reported stay as they came, for the record.
-pub fn gpus_as_given(given: u32, readings: &mut Vec<GpuEnergy>) {
-    let given = given as usize;
-    let reported = readings.len();
-    for r in readings.iter_mut().skip(given) {
-        r.valid = false;
-        r.note = Some(format!("not believed: the trial was given {given} GPUs and its agent reported {reported}"));
-    }
-    let mut next = readings.iter().map(|r| r.index).max().map_or(0, |i| i.saturating_add(1));
-    while readings.len() < given {
-        readings.push(GpuEnergy {
-            index: next,
-            uuid: String::new(),
-            joules: 0.0,
-            method: GpuMethod::Counter,
-            valid: false,
-            note: Some(format!("not measured: the trial was given {given} GPUs and its agent reported {reported}")),
-        });
-        next = next.saturating_add(1);
+/// `Err(why)` when `readings` are not one per GPU of the `given` ones of a
+/// trial (its study's `gpus = N`): a result that says it measured more
+/// GPUs than its trial had, or fewer, cannot be told apart from a forged
+/// one, so its trial runs again rather than keep an energy it may not
+/// have used.
+pub fn readings_of_given_gpus(given: u32, readings: &[GpuEnergy]) -> Result<(), String> {
+    match readings.len() {
+        n if n == given as usize => Ok(()),
+        n => Err(format!("not believed: {n} GPU readings for a trial given {given} GPUs")),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tunefleet_common::measurement::GpuMethod;
 
-    fn reading(index: u32) -> GpuEnergy {
-        GpuEnergy {
-            index,
-            uuid: format!("GPU-{index}"),
-            joules: 100.0,
-            method: GpuMethod::Counter,
-            valid: true,
-            note: None,
-        }
+    fn reading(index: u32, valid: bool) -> GpuEnergy {
+        GpuEnergy { index, uuid: format!("GPU-{index}"), joules: 100.0, method: GpuMethod::Counter, valid, note: None }
     }
 
     #[test]
-    fn readings_are_held_to_the_gpus_the_trial_was_given() {
-        let mut exact = vec![reading(0), reading(3)];
-        gpus_as_given(2, &mut exact);
-        assert_eq!(exact, vec![reading(0), reading(3)], "as many as given: as reported");
-
-        let mut missing = vec![reading(2)];
-        gpus_as_given(2, &mut missing);
-        assert_eq!(missing.len(), 2);
-        assert!(missing[0].valid);
-        assert!(!missing[1].valid && missing[1].joules == 0.0, "{missing:?}");
-        assert!(missing[1].note.as_deref().is_some_and(|n| n.contains("given 2 GPUs and its agent reported 1")));
-
-        let mut extra = vec![reading(0), reading(1)];
-        gpus_as_given(1, &mut extra);
-        assert!(extra[0].valid && !extra[1].valid, "{extra:?}");
-        assert_eq!(extra[1].joules, 100.0, "kept for the record");
-
-        let mut cpu_trial = vec![reading(0)];
-        gpus_as_given(0, &mut cpu_trial);
-        assert!(!cpu_trial[0].valid, "a trial given no GPU has no GPU energy to count");
-
-        let mut none = Vec::new();
-        gpus_as_given(0, &mut none);
-        assert!(none.is_empty());
+    fn a_result_has_one_reading_per_gpu_its_trial_was_given() {
+        assert_eq!(readings_of_given_gpus(2, &[reading(0, true), reading(3, false)]), Ok(()), "one unreadable: kept");
+        assert_eq!(readings_of_given_gpus(0, &[]), Ok(()));
+        let missing = readings_of_given_gpus(2, &[reading(2, true)]);
+        assert_eq!(missing, Err("not believed: 1 GPU readings for a trial given 2 GPUs".into()));
+        assert!(readings_of_given_gpus(1, &[reading(0, true), reading(1, true)]).is_err(), "an extra one");
+        assert!(readings_of_given_gpus(0, &[reading(0, true)]).is_err(), "a CPU trial reporting a GPU");
     }
 }

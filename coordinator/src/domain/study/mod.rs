@@ -26,7 +26,7 @@ mod validate;
 
 pub use constraint::{Bound, Constraint};
 pub use error::{Location, StudyError};
-pub use gpus::gpus_as_given;
+pub use gpus::readings_of_given_gpus;
 pub use model::*;
 pub use validate::{valid_param_name, valid_study_name};
 

@@ -32,7 +32,7 @@ use crate::domain::comeasure::{CoMeasures, NodeOutcome, NodeRecord};
 use crate::domain::reuse::{self, Book, ReuseDecision};
 use crate::domain::sched::{Judgement, ResultKind, Scheduler, Verdict};
 use crate::domain::search;
-use crate::domain::study::Study;
+use crate::domain::study::{readings_of_given_gpus, Study};
 
 /// What the dispatch reads: the engine's state, shared.
 pub(super) struct EngineView<'a> {
@@ -337,13 +337,13 @@ fn readable(v: f64) -> String {
 
 /// A result judged, and what the store keeps of it.
 fn result(view: &EngineView<'_>, agent: &str, result: TrialResult) -> ResultStep {
-    let TrialResult { trial, mut measurement } = result;
-    if let Some(a) = view.studies.get(&trial.study) {
-        crate::domain::study::gpus_as_given(a.study.gpus, &mut measurement.gpus);
-    }
-    let kind = match &measurement.exit {
-        ExitOutcome::SpawnFailed(why) => ResultKind::Retry(format!("could not start: {why}")),
-        ExitOutcome::Cancelled => ResultKind::Retry("cancelled".into()),
+    let TrialResult { trial, measurement } = result;
+    let gpus =
+        view.studies.get(&trial.study).map_or(Ok(()), |a| readings_of_given_gpus(a.study.gpus, &measurement.gpus));
+    let kind = match (&measurement.exit, gpus) {
+        (ExitOutcome::SpawnFailed(why), _) => ResultKind::Retry(format!("could not start: {why}")),
+        (ExitOutcome::Cancelled, _) => ResultKind::Retry("cancelled".into()),
+        (_, Err(why)) => ResultKind::Retry(why),
         // A disturbed measurement is taken again only when the coordinator moves work.
         _ if view.remeasure && !measurement.interference.is_empty() => {
             ResultKind::Interfered { success: measurement.exit.success(), reason: measurement.interference.join("; ") }

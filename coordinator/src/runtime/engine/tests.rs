@@ -807,6 +807,35 @@ fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
     assert_eq!(fx.core.sched.counts("s").expect("study").done, 1);
 }
 
+/// What the fixture's agent is given for its request `seq` of one free slot.
+fn one_slot_free(fx: &mut Fixture, seq: u64) -> Vec<Assignment> {
+    let request = WorkRequest { seq, free: 1, ahead: 0, running: vec![], held: vec![] };
+    let msg = fx.sealed(&AgentMessage::Request(request));
+    assigned(fx.turn(vec![msg]).1)
+}
+
+/// A result is one GPU reading per GPU its trial was given (the agent
+/// assembles it so): one of a CPU trial that says it measured a GPU is not
+/// believed, and the trial runs again; the honest one after it completes.
+#[test]
+fn a_result_with_readings_of_gpus_its_trial_was_not_given_is_run_again() {
+    use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+    let mut fx = Fixture::new();
+    let a = one_slot_free(&mut fx, 1).into_iter().next().expect("work");
+    let gpu =
+        GpuEnergy { index: 0, uuid: "GPU-0".into(), joules: 9.0, method: GpuMethod::Counter, valid: true, note: None };
+    let forged = Measurement { gpus: vec![gpu], ..ok_measurement(1.0) };
+    let msg = fx.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: forged }));
+    fx.turn(vec![msg]);
+    let counts = fx.core.sched.counts("s").expect("study");
+    assert_eq!((counts.done, counts.failed), (0, 0), "not taken, not failed: run again");
+    let again = one_slot_free(&mut fx, 2);
+    assert!(again.iter().any(|b| b.trial.trial == a.trial.trial && b.trial.attempt > a.trial.attempt), "{again:?}");
+    let retried = again.iter().find(|b| b.trial.trial == a.trial.trial).expect("retried").trial.clone();
+    assert_eq!(answer(&mut fx, &retried, 1.0), AckOutcome::Stored);
+    assert_eq!(fx.core.sched.counts("s").expect("study").done, 1);
+}
+
 /// A segment starting past i64::MAX left
 /// `engine::turn` with a store error and ended the process; nothing was
 /// acknowledged, so the agent sent it again after every restart.
