@@ -503,6 +503,11 @@ pub struct ServeArgs {
     pub store: StoreArg,
     #[command(flatten)]
     pub control: ControlArg,
+    /// On a PostgreSQL store: how long this service's lease runs without a
+    /// renewal (it renews every third of it) before a standby serving the
+    /// same store takes over; at least 3.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    pub lease_seconds: u64,
 }
 
 #[derive(Debug, Args)]

@@ -99,6 +99,10 @@ pub const EXIT_NOTHING_RANKED: u8 = 5;
 /// `run` and `campaign`: trials were ranked, but none meets the study's
 /// `[[constraint]]`s: the best is the one that misses them least.
 pub const EXIT_NOTHING_FEASIBLE: u8 = 6;
+/// `serve` on a server's store: another coordinator took the lease over
+/// (this one stalled or lost the server); it wrote nothing after the
+/// takeover. Started again (systemd does), it waits as a standby.
+pub const EXIT_STEPPED_DOWN: u8 = 7;
 /// `run` and `campaign`: stopped (Ctrl-C, SIGTERM) before every trial was
 /// final; the same command resumes.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -119,11 +123,16 @@ impl CliError {
     }
 
     /// The process's exit code for this error: 2 for a usage error, the
-    /// code of how a run ended ([`CliError::Ended`]), 1 otherwise.
+    /// code of how a run ended ([`CliError::Ended`]), [`EXIT_STEPPED_DOWN`]
+    /// for a lost lease, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
+        use crate::runtime::engine::EngineError;
+        use crate::runtime::run::RunError;
         match self {
             CliError::Ended { code, .. } => *code,
             e if e.is_usage() => 2,
+            CliError::Run(RunError::SteppedDown(_))
+            | CliError::Run(RunError::Engine(EngineError::Store(StoreError::SteppedDown { .. }))) => EXIT_STEPPED_DOWN,
             _ => 1,
         }
     }

@@ -122,8 +122,10 @@ pub async fn serve(args: &ServeArgs, shutdown: impl std::future::Future<Output =
         token_file: args.page_token_file.clone(),
     };
     let page = super::page::start(&page, &args.store.store).await?;
+    let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
+    let service = super::wiring::Service { control, lease };
     let summaries =
-        run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(control), shutdown).await;
+        run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(service), shutdown).await;
     if let Some(page) = page {
         page.abort();
     }

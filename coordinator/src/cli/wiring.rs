@@ -130,6 +130,14 @@ pub async fn run_study(
     summaries.pop().ok_or_else(|| CliError::refused("the run ended without a summary"))
 }
 
+/// A service's control socket, and how long its lease runs unrenewed
+/// before a standby on the same server's store takes over.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub control: PathBuf,
+    pub lease: Duration,
+}
+
 /// Runs `studies` side by side (a campaign), or as a service taking
 /// studies on the `control` socket until `shutdown` (`tunefleet serve`);
 /// see [`run_study`].
@@ -139,7 +147,7 @@ pub async fn run_studies(
     influx: &InfluxArgs,
     store_path: &Path,
     progress: bool,
-    control: Option<PathBuf>,
+    service: Option<Service>,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<Vec<Summary>> {
     for study in &studies {
@@ -166,7 +174,8 @@ pub async fn run_studies(
         // Scripts and tests read this line to find a broker on a port the OS chose.
         on_broker: Some(Box::new(|url| println!("broker: {url}"))),
         launch: Some(args.launch.clone()),
-        control,
+        control: service.as_ref().map(|s| s.control.clone()),
+        lease: service.map(|s| s.lease),
     };
     let outcome = crate::runtime::run::run(config, shutdown).await?;
     if let Some(stats) = outcome.influx {

@@ -9,6 +9,7 @@ pub use tunefleet_broker as broker;
 pub mod control;
 pub mod disk;
 pub mod engine;
+pub mod failover;
 pub mod launch;
 pub mod logins;
 pub mod progress;

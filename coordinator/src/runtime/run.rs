@@ -19,6 +19,7 @@ use crate::domain::study::Study;
 use crate::runtime::auth::Sessions;
 use crate::runtime::broker::{self, BrokerError, BrokerSettings};
 use crate::runtime::engine::{EngineError, Summary};
+use crate::runtime::failover;
 use crate::runtime::logins::UserLine;
 use crate::runtime::progress::ProgressDisplay;
 use crate::runtime::shell::Engine;
@@ -77,6 +78,10 @@ pub struct RunConfig {
     /// socket ([`crate::runtime::control`]), resume the store's unfinished ones, and
     /// run until `shutdown` instead of until `studies` finish.
     pub control: Option<PathBuf>,
+    /// A service on a server's store: how long its lease runs unrenewed
+    /// before a standby takes over (`store/lease.rs`); `None`: no lease
+    /// (a run, a campaign, a store in a file).
+    pub lease: Option<Duration>,
 }
 
 /// A callback given the broker URL agents use.
@@ -116,6 +121,8 @@ pub enum RunError {
     NoRoom { path: PathBuf },
     #[error("study {name} in the store no longer parses: {why}")]
     StoredStudy { name: String, why: String },
+    #[error(transparent)]
+    SteppedDown(#[from] crate::store::Lost),
 }
 
 /// Runs `config.studies` to the end (or until `shutdown`).
@@ -139,22 +146,38 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         on_broker,
         launch,
         control,
+        lease,
     } = config;
     if let Some(path) = &control {
         // Before the broker and the store: a second service on the same store says so.
         crate::runtime::control::ensure_free(path).await?;
     }
+    tokio::pin!(shutdown);
+    // A service among others on a server's store: a standby until active,
+    // before the broker (agents meet the active one) and the store.
+    let lease = lease.filter(|_| control.is_some() && crate::store::is_remote(&store));
+    let held = match lease {
+        Some(lease) => match active(&store, &key_path, lease, shutdown.as_mut()).await? {
+            Some(held) => Some(held),
+            None => return Ok(RunOutcome { summaries: Vec::new(), influx: None }),
+        },
+        None => None,
+    };
     let (public, connect, security) = meet_on(broker, &topics, &store)?;
     if let Some(tell) = on_broker {
         tell(&public);
     }
-    tokio::pin!(shutdown);
     wait_for_room(&store, store_min_free, shutdown.as_mut()).await?;
     let db = Store::open(&store).map_err(|source| RunError::Store { path: store.clone(), source })?;
     // Held until the run ends: no rename or delete under a running coordinator.
     let _running =
         crate::store::RunLock::running(&store).map_err(|source| RunError::Locking { path: store.clone(), source })?;
-    let sessions = sessions(&key_path, max_agents, (max_slots, max_gpus), open_enrolment)?;
+    let instance = held.as_ref().map(|h| h.instance);
+    if let Some(h) = &held {
+        db.fence(h.epoch);
+    }
+    let renewals = failover::Renewals::of(held, lease);
+    let sessions = sessions(&key_path, instance, max_agents, (max_slots, max_gpus), open_enrolment)?;
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {
         url: connect,
@@ -189,29 +212,61 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
             for study in studies {
                 engine.start_study(study)?;
             }
-            engine.run_studies(&names, inbound, shutdown).await
+            engine.run_studies(&names, inbound, shutdown).await.map_err(RunError::from)
         }
-        Some(path) => {
-            for study in unfinished(&store)? {
-                tracing::info!(study = %study.name, "resuming an unfinished study");
-                engine.start_study(study)?;
-            }
-            for study in studies {
-                engine.start_study(study)?;
-            }
-            let (tx, rx) = tokio::sync::mpsc::channel(64);
-            let listener = crate::runtime::control::listen(&path, tx).await?;
-            let result = engine.serve(inbound, rx, shutdown).await;
-            listener.abort();
-            let _ = std::fs::remove_file(&path);
-            result
-        }
+        Some(path) => serve(engine, &store, &path, studies, inbound, shutdown, renewals).await,
     };
     let influx = match (sink, influx) {
         (Some(sink), Some((_, grace))) => Some(sink.drain(grace).await?),
         _ => None,
     };
     Ok(RunOutcome { summaries: result?, influx })
+}
+
+/// A service (`tunefleet serve`): the store's unfinished studies resumed
+/// and `studies` started, then studies taken on the control socket at
+/// `path` until `shutdown`, or until its lease (when it holds one) is lost:
+/// that ends it where it is, with nothing more written or sent (the fence
+/// refuses a write that raced it).
+async fn serve(
+    mut engine: Engine,
+    store: &Path,
+    path: &Path,
+    studies: Vec<Study>,
+    inbound: tokio::sync::mpsc::Receiver<crate::runtime::engine::Inbound>,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    mut renewals: failover::Renewals,
+) -> Result<Vec<Summary>, RunError> {
+    for study in unfinished(store)?.into_iter().chain(studies) {
+        engine.start_study(study)?;
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let listener = crate::runtime::control::listen(path, tx).await?;
+    let result = tokio::select! {
+        r = engine.serve(inbound, rx, shutdown) => r.map_err(RunError::from),
+        l = renewals.lost() => Err(RunError::SteppedDown(l)),
+    };
+    listener.abort();
+    let _ = std::fs::remove_file(path);
+    match result {
+        Err(e @ RunError::Engine(_)) => Err(renewals.why_it_ended(e).await),
+        r => r,
+    }
+}
+
+/// Waits as a standby until this service holds the lease of the
+/// coordinators on the server's `store` (`None`: `shutdown` came first),
+/// announcing an instance above this key's and every one the store saw.
+async fn active(
+    store: &Path,
+    key_path: &Path,
+    lease: Duration,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Result<Option<crate::store::Lease>, RunError> {
+    let holder = crate::store::name_this_process();
+    let min_instance = auth::next_instance(Some(&key_path.with_extension("instance")))?;
+    let waited = failover::wait_to_be_active(store, &holder, lease, min_instance, shutdown).await;
+    waited.map_err(|source| RunError::Store { path: store.to_path_buf(), source })
 }
 
 /// Where the fleet meets: the broker URL agents use, the one the
@@ -272,6 +327,7 @@ async fn wait_for_room(
 /// at `key_path`), this start's instance, and the bounds on the fleet.
 fn sessions(
     key_path: &Path,
+    instance: Option<u64>,
     max_agents: u64,
     (max_slots, max_gpus): (u32, u32),
     open_enrolment: bool,
@@ -282,7 +338,12 @@ fn sessions(
     }
     // Grows with every start of this coordinator key (agents take an older
     // instance's status for a replay), whatever the clock says.
-    let instance = auth::next_instance(Some(&key_path.with_extension("instance")))?;
+    // The lease's when there is one: above every instance the store's
+    // coordinators announced.
+    let instance = match instance {
+        Some(i) => i,
+        None => auth::next_instance(Some(&key_path.with_extension("instance")))?,
+    };
     let started =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
     let mut sessions = Sessions::new(identity, instance, started);
@@ -307,7 +368,10 @@ fn unfinished(store: &Path) -> Result<Vec<Study>, RunError> {
     let mut studies = Vec::new();
     for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
         match db.stored_study(&row.name) {
-            Ok(Some(study)) => studies.push(study),
+            Ok(Some(study)) => {
+                tracing::info!(study = %study.name, "resuming an unfinished study");
+                studies.push(study);
+            }
             // Not readable by this program: the parse error says why.
             _ => {
                 let origin = format!("{} (stored)", row.name);

@@ -1,7 +1,7 @@
 //! The write batch: creating studies, recording assignments, results,
 //! progress, requeues and failures, and the agents seen.
 
-use super::sql::{params, Optional};
+use super::sql::{self, params, Optional};
 use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 
@@ -42,9 +42,10 @@ impl Store {
     /// nothing was done, and the batch may be asked for again.
     pub fn batch(&mut self) -> Result<Batch<'_>> {
         let path = self.path.clone();
-        let tx = self.conn.begin().map_err(|cause| match cause.is_unreachable() {
-            true => StoreError::Unreachable { path: path.clone(), cause },
-            false => StoreError::Sql { context: format!("{path}: starting a write transaction"), cause },
+        let tx = self.conn.begin().map_err(|cause| match cause {
+            sql::Error::Fenced { .. } => StoreError::SteppedDown { path: path.clone(), cause },
+            cause if cause.is_unreachable() => StoreError::Unreachable { path: path.clone(), cause },
+            cause => StoreError::Sql { context: format!("{path}: starting a write transaction"), cause },
         })?;
         Ok(Batch { tx, written: 0 })
     }

@@ -36,6 +36,7 @@ mod batch;
 mod enrol;
 mod export;
 mod keys;
+mod lease;
 mod lifecycle;
 mod nodes;
 mod outbox;
@@ -51,6 +52,7 @@ mod transfer;
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
 pub use export::{AttemptTimes, ExportRow};
+pub use lease::{name_this_process, Candidate, Lease, Lost, Try as LeaseTry};
 pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
@@ -94,6 +96,9 @@ pub enum StoreError {
     NotEmpty { path: String, table: String, rows: i64 },
     #[error("{path}: cannot make the store private to its owner: {source}")]
     Private { path: String, source: std::io::Error },
+    /// Another coordinator took the lease over: nothing more is written.
+    #[error("{path}: {cause}")]
+    SteppedDown { path: String, cause: sql::Error },
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -105,7 +110,10 @@ trait SqlContext<T> {
 
 impl<T> SqlContext<T> for sql::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
-        self.map_err(|cause| StoreError::Sql { context: context(), cause })
+        self.map_err(|cause| match cause {
+            sql::Error::Fenced { .. } => StoreError::SteppedDown { path: context(), cause },
+            cause => StoreError::Sql { context: context(), cause },
+        })
     }
 }
 

@@ -18,7 +18,12 @@ mod postgres;
 mod sqlite;
 mod value;
 
-pub use postgres::{is_postgres, parse_target, redacted, PgTarget};
+pub use postgres::{application_name, is_postgres, parse_target, redacted, set_application_name, PgTarget, CREATING};
+
+/// The table of the lease that says which of the coordinators sharing a
+/// server's store is active (`store/lease.rs`); every write transaction
+/// of the active one checks its epoch first ([`Conn::set_fence`]).
+pub const LEASE_TABLE: &str = "coordinator_lease";
 pub(crate) use sqlite::OpenMode;
 pub use value::{Error, FromSql, Params, Result, ToSql, Value, ValueRef};
 
@@ -150,7 +155,36 @@ impl Conn {
     /// is rolled back.
     pub fn begin(&mut self) -> Result<Tx<'_>> {
         self.execute_batch("BEGIN IMMEDIATE")?;
-        Ok(Tx { conn: self, open: true })
+        let tx = Tx { conn: self, open: true };
+        // Refused (and rolled back as it is dropped) once fenced off.
+        tx.conn.check_fence()?;
+        Ok(tx)
+    }
+
+    /// From now on every write transaction on a server first holds the
+    /// lease's row as it is (shared) and goes on only while its epoch is
+    /// `epoch` ([`LEASE_TABLE`]): a coordinator whose lease was taken over
+    /// commits nothing after the takeover, and the takeover waits for a
+    /// transaction it let begin. A file has no lease.
+    pub fn set_fence(&self, epoch: i64) {
+        if let ConnInner::Pg(c) = &self.0 {
+            c.fence.set(Some(epoch));
+        }
+    }
+
+    fn check_fence(&self) -> Result<()> {
+        let ConnInner::Pg(c) = &self.0 else { return Ok(()) };
+        let Some(mine) = c.fence.get() else { return Ok(()) };
+        let sql = format!("SELECT epoch FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE");
+        let now = match self.query_row(&sql, (), |r| r.get::<_, i64>(0)) {
+            Ok(epoch) => Some(epoch),
+            Err(Error::NoRows) => None,
+            Err(e) => return Err(e),
+        };
+        match now == Some(mine) {
+            true => Ok(()),
+            false => Err(Error::Fenced { mine, now }),
+        }
     }
 
     /// Whether a transaction is open (a failed commit may have ended it).
@@ -224,9 +258,12 @@ impl Conn {
             ConnInner::Sqlite(_) => {
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
             }
+            // Neither the schema's version nor the coordinators' lease is
+            // the store's content.
             ConnInner::Pg(_) => {
                 "SELECT table_name FROM information_schema.tables
-                 WHERE table_schema = current_schema() AND table_name <> 'tunefleet_schema' ORDER BY table_name"
+                 WHERE table_schema = current_schema() AND table_name <> 'tunefleet_schema'
+                 AND table_name <> 'coordinator_lease' ORDER BY table_name"
             }
         };
         self.prepare_cached(sql)?.query_map((), |r| r.get::<_, String>(0))?.collect()

@@ -31,6 +31,21 @@ pub struct PgTarget {
     pub schema: String,
 }
 
+/// What this process's connections call themselves on the server.
+static APPLICATION_NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Names this process's connections opened from now on `name` (at most
+/// 63 bytes: the server's limit), so that another coordinator can end
+/// them when this one stalled past its lease. Once per process.
+pub fn set_application_name(name: &str) {
+    let _ = APPLICATION_NAME.set(name.chars().take(63).collect());
+}
+
+/// This process's connections' name: `tunefleet` unless set.
+pub fn application_name() -> &'static str {
+    APPLICATION_NAME.get().map_or("tunefleet", String::as_str)
+}
+
 /// Whether `location` names a PostgreSQL store.
 pub fn is_postgres(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
@@ -217,6 +232,9 @@ pub(super) struct PgConn {
     /// What the client thread answered to each text prepared before: a
     /// statement asked again costs no round trip.
     prepared: std::cell::RefCell<HashMap<String, Prepared>>,
+    /// The lease epoch every write transaction checks first, once set
+    /// ([`super::Conn::set_fence`]).
+    pub(super) fence: std::cell::Cell<Option<i64>>,
 }
 
 impl std::fmt::Debug for PgConn {
@@ -238,7 +256,7 @@ impl PgConn {
         if let Some(p) = password().map_err(Error::Closed)? {
             config.password(p);
         }
-        config.application_name("tunefleet");
+        config.application_name(application_name());
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let (requests, rx) = mpsc::channel::<Request>();
         let schema = target.schema.clone();
@@ -264,7 +282,7 @@ impl PgConn {
             })
             .map_err(|e| Error::Closed(format!("cannot start the PostgreSQL client thread: {e}")))?;
         ready_rx.recv().map_err(|_| gone())??;
-        Ok(PgConn { requests, target: target.clone(), prepared: Default::default() })
+        Ok(PgConn { requests, target: target.clone(), prepared: Default::default(), fence: Default::default() })
     }
 
     fn ask<T>(&self, make: impl FnOnce(mpsc::Sender<Result<T>>) -> Request) -> Result<T> {
@@ -308,9 +326,18 @@ fn owned<P: Params>(params: &P) -> Result<Vec<Value>> {
 }
 
 /// A client connected and working in `schema`, created when missing.
+/// The advisory lock held while a schema or a table of the store's own is
+/// created (`CREATE ... IF NOT EXISTS` races with itself).
+pub const CREATING: i64 = 0x7475_6e65_666c_6565;
+
 fn open_client(config: &postgres::Config, schema: &str) -> Result<postgres::Client> {
     let mut client = config.connect(postgres::NoTls)?;
-    client.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET search_path TO {schema}"))?;
+    // Two coordinators starting at once would both create it: the server
+    // refuses the second (a duplicate key), so one waits for the other.
+    client.batch_execute(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock({CREATING}); CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT; SET \
+         search_path TO {schema}"
+    ))?;
     Ok(client)
 }
 

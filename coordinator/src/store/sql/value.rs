@@ -22,6 +22,12 @@ pub enum Error {
     NoColumn(String),
     #[error("parameter {index}: {why}")]
     Parameter { index: usize, why: String },
+    /// A write refused: another coordinator holds the lease now.
+    #[error(
+        "this coordinator's lease (epoch {mine}) was taken over ({}): it steps down and writes nothing more",
+        now.map_or("no lease is held".to_string(), |e| format!("epoch {e} now"))
+    )]
+    Fenced { mine: i64, now: Option<i64> },
 }
 
 impl From<rusqlite::Error> for Error {

@@ -1,0 +1,249 @@
+//! Coordinators that fail over: two `tunefleet serve` processes on one
+//! PostgreSQL store (a cluster of the test's own) and one Mosquitto
+//! broker, real agents. One is active, the other waits as a standby; the
+//! active killed, the standby takes over and the study ends with every
+//! trial once; the active stopped past its lease, the standby takes over,
+//! and the stopped one, resumed, writes nothing and steps down (exit 7).
+#![cfg(feature = "full")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
+use tunefleet_tests::postgres::Postgres;
+use tunefleet_tests::*;
+
+/// `tunefleet serve` on `store` and the broker at `broker`, its control
+/// socket in `dir/NAME/`, its log in `dir/NAME.log`; the lease `lease`
+/// seconds.
+fn serve(dir: &Path, name: &str, store: &str, broker: &str, root: &str, lease: u32) -> (Proc, PathBuf) {
+    let log = dir.join(format!("{name}.log"));
+    let control = dir.join(name).join("control.sock");
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["serve", "--broker", broker, "--root", root, "--page", "off", "--store", store])
+        .arg("--control")
+        .arg(&control)
+        .args(["--lease-seconds", &lease.to_string()])
+        .env("XDG_STATE_HOME", state_home())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    (Proc::spawn(name, cmd), log)
+}
+
+fn text(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Whether the service logging to `log` holds the lease.
+fn active(log: &Path) -> bool {
+    text(log).contains("active: this coordinator holds the lease")
+}
+
+/// Submits `study` to the service whose control socket is `dir/NAME/`.
+fn submit(dir: &Path, name: &str, store: &str, study: &Path) {
+    let control = dir.join(name).join("control.sock");
+    wait_for("the control socket", Duration::from_secs(30), || control.exists());
+    let mut c = Command::new(bin("tunefleet"));
+    c.arg("submit").arg(study).args(["--store", store]).arg("--control").arg(&control);
+    c.env("XDG_STATE_HOME", state_home());
+    let (code, out, err) = run(c);
+    assert_eq!(code, Some(0), "{out}\n{err}");
+}
+
+fn count(pg: &Postgres, sql: &str) -> u64 {
+    pg.query(sql).parse().unwrap_or(0)
+}
+
+/// Two agents of four slots on `broker`, with state directories in `dir`.
+fn agents(broker: &str, root: &str) -> (Vec<Proc>, Vec<String>) {
+    let names = vec![format!("{root}-a"), format!("{root}-b")];
+    let procs = names.iter().map(|n| start_agent(broker, n, root, &["--slots", "4"])).collect();
+    (procs, names)
+}
+
+/// A PostgreSQL server, a Mosquitto broker and a store on them (schema
+/// `schema`), agents on `root` joining with a token for it; the first
+/// service started on it and active, the second a standby, both with
+/// leases of `lease` seconds.
+struct Pair {
+    pg: Postgres,
+    dir: tempfile::TempDir,
+    _mosquitto: Mosquitto,
+    broker: String,
+    store: String,
+    root: String,
+    first: (Proc, PathBuf),
+    second: (Proc, PathBuf),
+}
+
+fn pair(schema: &str, lease: u32) -> Pair {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mosquitto = Mosquitto::start(dir.path(), FLEET_OPTIONS);
+    let broker = mosquitto.url();
+    let store = pg.store(schema);
+    let root = unique_root(&format!("failover-{schema}"));
+    join_root(&root, Path::new(&store));
+    let mut first = serve(dir.path(), "first", &store, &broker, &root, lease);
+    first.0.wait_line(Duration::from_secs(60), |l| l.starts_with("broker: "));
+    assert!(active(&first.1), "{}", text(&first.1));
+    let second = serve(dir.path(), "second", &store, &broker, &root, lease);
+    wait_for("the second service waiting as a standby", Duration::from_secs(30), || {
+        text(&second.1).contains("standby: another coordinator is active")
+    });
+    Pair { pg, dir, _mosquitto: mosquitto, broker, store, root, first, second }
+}
+
+#[test]
+fn the_active_killed_mid_study_the_standby_takes_over_and_every_trial_runs_once() {
+    let Pair { pg, dir, broker, store, root, first, second, _mosquitto } = pair("killed", 15);
+    let ((first, _), (mut second, second_log)) = (first, second);
+    let study = sleep_study(dir.path(), "killed", 300, 0.2);
+    submit(dir.path(), "first", &store, &study);
+    let (procs, names) = agents(&broker, &root);
+    wait_for("a third of the trials stored", Duration::from_secs(180), || {
+        count(&pg, "SELECT COUNT(*) FROM killed.results") >= 100
+    });
+    assert!(!active(&second_log), "one active at a time");
+    first.signal("KILL");
+    let killed = Instant::now();
+    let before = count(&pg, "SELECT COUNT(*) FROM killed.results");
+    wait_for("the standby to take over", Duration::from_secs(30), || active(&second_log));
+    let took_over = killed.elapsed();
+    wait_for("a result stored by the new active", Duration::from_secs(60), || {
+        count(&pg, "SELECT COUNT(*) FROM killed.results") > before
+    });
+    let flowing = killed.elapsed();
+    wait_for("every trial done", Duration::from_secs(300), || {
+        count(&pg, "SELECT COUNT(*) FROM killed.trials WHERE state = 'done'") == 300
+    });
+    eprintln!(
+        "takeover: active {:.2} s after the kill, results flowing again {:.2} s after it",
+        took_over.as_secs_f64(),
+        flowing.as_secs_f64()
+    );
+    assert!(took_over < Duration::from_secs(15), "the standby took {took_over:?}");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM killed.results"), 300, "one result per trial");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM killed.trials WHERE state = 'failed'"), 0);
+    assert_eq!(count(&pg, "SELECT epoch FROM killed.coordinator_lease"), 2, "one takeover");
+    second.signal("TERM");
+    let status = second.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "{status:?}\n{}", text(&second_log));
+    drop(procs);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_active_stopped_past_its_lease_writes_nothing_after_the_takeover_and_steps_down() {
+    let Pair { pg, dir, broker, store, root, first, second, _mosquitto } = pair("stalled", 3);
+    let ((mut first, first_log), (mut second, second_log)) = (first, second);
+    let study = sleep_study(dir.path(), "stalled", 80, 0.3);
+    submit(dir.path(), "first", &store, &study);
+    // Every statement that writes a study's rows notes who wrote it, under
+    // which lease epoch (the trigger runs inside the writer's transaction).
+    wait_for("the store's tables", Duration::from_secs(30), || {
+        count(
+            &pg,
+            "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'stalled' AND table_name = 'results'",
+        ) == 1
+    });
+    pg.query(
+        "CREATE TABLE stalled.writers (app TEXT, epoch BIGINT);
+         CREATE FUNCTION stalled.note_writer() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+           INSERT INTO stalled.writers SELECT current_setting('application_name'), (SELECT epoch FROM stalled.coordinator_lease WHERE id = 1);
+           RETURN NULL; END $$;
+         CREATE TRIGGER w_results AFTER INSERT OR UPDATE OR DELETE ON stalled.results FOR EACH STATEMENT EXECUTE FUNCTION stalled.note_writer();
+         CREATE TRIGGER w_trials AFTER INSERT OR UPDATE OR DELETE ON stalled.trials FOR EACH STATEMENT EXECUTE FUNCTION stalled.note_writer();
+         CREATE TRIGGER w_attempts AFTER INSERT OR UPDATE OR DELETE ON stalled.attempts FOR EACH STATEMENT EXECUTE FUNCTION stalled.note_writer();",
+    );
+    let (procs, names) = agents(&broker, &root);
+    wait_for("some trials stored", Duration::from_secs(120), || {
+        count(&pg, "SELECT COUNT(*) FROM stalled.results") >= 10
+    });
+    let first_app = format!(":{}:", first.child.id());
+    first.signal("STOP");
+    wait_for("the standby to take over the stopped active", Duration::from_secs(60), || active(&second_log));
+    assert!(text(&second_log).contains("lease expired"), "{}", text(&second_log));
+    let writes_before = count(&pg, &format!("SELECT COUNT(*) FROM stalled.writers WHERE app LIKE '%{first_app}%'"));
+    assert!(writes_before > 0, "the first service's writes are noted");
+    first.signal("CONT");
+    let status = first.wait_exit(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(7), "it steps down: {status:?}\n{}", text(&first_log));
+    assert!(text(&first_log).contains("steps down"), "{}", text(&first_log));
+    wait_for("every trial done", Duration::from_secs(300), || {
+        count(&pg, "SELECT COUNT(*) FROM stalled.trials WHERE state = 'done'") == 80
+    });
+    let late =
+        count(&pg, &format!("SELECT COUNT(*) FROM stalled.writers WHERE app LIKE '%{first_app}%' AND epoch <> 1"));
+    assert_eq!(late, 0, "a write of the stepped-down service landed after the takeover");
+    let after = count(&pg, &format!("SELECT COUNT(*) FROM stalled.writers WHERE app LIKE '%{first_app}%'"));
+    assert_eq!(after, writes_before, "nothing it wrote after it was resumed landed");
+    assert!(count(&pg, "SELECT COUNT(*) FROM stalled.writers WHERE epoch = 2") > 0, "the new active wrote");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM stalled.results"), 80, "one result per trial");
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(60)).success(), "{}", text(&second_log));
+    drop(procs);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// The fence itself, on the store's own connection: a write transaction
+/// begun after the lease's epoch moved on is refused (nothing it would
+/// write can land), and one begun before holds the takeover back until
+/// it ends.
+#[test]
+fn a_write_begun_after_a_takeover_is_refused_and_one_begun_before_holds_it_back() {
+    use tunefleet_coordinator::store::{Candidate, LeaseTry, Store, StoreError};
+    let pg = Postgres::start();
+    let url = pg.store("fenced");
+    let path = Path::new(&url);
+    let mut store = Store::open(path).expect("store");
+    let lease = match Candidate::connect(path).and_then(|c| c.try_acquire("tunefleet fence-test", 60_000, 1)) {
+        Ok(LeaseTry::Active(lease)) => lease,
+        other => panic!("not active: {other:?}"),
+    };
+    store.fence(lease.epoch);
+    let takeover = "UPDATE fenced.coordinator_lease SET epoch = epoch + 1, holder = 'another'";
+    std::thread::scope(|s| {
+        let batch = store.batch().expect("a write while the epoch is this one's");
+        let other = s.spawn(|| pg.query(takeover));
+        wait_for("the takeover waiting for the open transaction", Duration::from_secs(30), || {
+            count(&pg, "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'") == 1
+        });
+        batch.commit().expect("it commits: it began before the takeover");
+        other.join().expect("the takeover");
+    });
+    assert_eq!(count(&pg, "SELECT epoch FROM fenced.coordinator_lease"), lease.epoch as u64 + 1);
+    match store.batch() {
+        Err(e @ StoreError::SteppedDown { .. }) => assert!(e.to_string().contains("steps down"), "{e}"),
+        Err(e) => panic!("another error: {e}"),
+        Ok(_) => panic!("a write began after the takeover"),
+    };
+}
+
+#[test]
+fn two_services_started_at_once_one_is_active() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mosquitto = Mosquitto::start(dir.path(), FLEET_OPTIONS);
+    let broker = mosquitto.url();
+    let store = pg.store("twins");
+    let root = unique_root("failover-twins");
+    let (mut one, one_log) = serve(dir.path(), "one", &store, &broker, &root, 15);
+    let (mut two, two_log) = serve(dir.path(), "two", &store, &broker, &root, 15);
+    let settled = || {
+        let (a, b) = (text(&one_log), text(&two_log));
+        (a.contains("active: this") || b.contains("active: this"))
+            && (a.contains("standby: ") || b.contains("standby: "))
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !settled() {
+        assert!(Instant::now() < deadline, "not settled in 60 s:\n{}\n{}", text(&one_log), text(&two_log));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(active(&one_log) != active(&two_log), "exactly one active:\n{}\n{}", text(&one_log), text(&two_log));
+    assert_eq!(count(&pg, "SELECT epoch FROM twins.coordinator_lease"), 1);
+    one.signal("TERM");
+    two.signal("TERM");
+    assert!(one.wait_exit(Duration::from_secs(60)).success(), "{}", text(&one_log));
+    assert!(two.wait_exit(Duration::from_secs(60)).success(), "{}", text(&two_log));
+}
