@@ -14,6 +14,10 @@ use crate::{cgroup, conditions, counters, foreign};
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub broker: BrokerUrl,
+    /// Brokers tried in turn after `broker` when it cannot be reached
+    /// (coordinators that fail over, each with its embedded broker: only
+    /// the active one's listens).
+    pub more_brokers: Vec<BrokerUrl>,
     /// Agent id, valid per `tunefleet_common::topic::validate_agent_id`.
     pub name: String,
     pub tags: BTreeMap<String, String>,
@@ -71,6 +75,7 @@ impl AgentConfig {
     pub fn new(broker: BrokerUrl, name: String, topics: Topics) -> Self {
         AgentConfig {
             broker,
+            more_brokers: Vec::new(),
             name,
             tags: BTreeMap::new(),
             slots: 1,

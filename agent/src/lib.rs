@@ -463,6 +463,7 @@ impl<'c> Agent<'c> {
         }
         let (transport, inbound) = Transport::start(TransportConfig {
             broker: config.broker.clone(),
+            more_brokers: config.more_brokers.clone(),
             agent: config.name.clone(),
             keepalive: config.keepalive,
             topics: config.topics.clone(),

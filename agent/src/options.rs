@@ -124,6 +124,8 @@ pub enum ConfigError {
     Tag(String),
     #[error("--slots must be at least 1")]
     Slots,
+    #[error("--broker: a list of brokers is all mqtt:// or all mqtts://, one set of TLS files for all")]
+    MixedBrokers,
     #[error("--lookahead {lookahead}: at most {most} trials are held ahead ({per} per slot, --slots {slots})")]
     Lookahead { lookahead: u32, slots: u32, per: u32, most: u32 },
     #[error("--name: {0}")]
@@ -289,7 +291,12 @@ pub fn into_mode(cli: Cli) -> Result<Mode, ConfigError> {
 /// Validates the options of the agent mode.
 pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     let broker_text = cli.broker.ok_or(ConfigError::NoBroker)?;
-    let broker: BrokerUrl = broker_text.parse()?;
+    let mut brokers = broker_text.split(',').map(|b| b.trim().parse::<BrokerUrl>());
+    let broker: BrokerUrl = brokers.next().ok_or(ConfigError::NoBroker)??;
+    let more_brokers: Vec<BrokerUrl> = brokers.collect::<Result<_, _>>()?;
+    if more_brokers.iter().any(|b| b.tls != broker.tls) {
+        return Err(ConfigError::MixedBrokers);
+    }
     let password = std::env::var(tunefleet_common::security::PASSWORD_ENV).ok();
     let security = cli.security.resolve(&broker, password)?;
     let name = match cli.name {
@@ -322,6 +329,7 @@ pub fn into_config(cli: Cli) -> Result<AgentConfig, ConfigError> {
     }
     let name_for_state = name.clone();
     let mut config = AgentConfig::new(broker, name, topics);
+    config.more_brokers = more_brokers;
     config.tags = tags;
     config.slots = cli.slots;
     config.lookahead = match cli.lookahead {
@@ -454,6 +462,17 @@ mod tests {
         assert!(
             err(&["--broker", "mqtt://x", "--name", "a", "--cpus", "4096"]).contains("--cpus 4096: CPU 4096 is not")
         );
+    }
+
+    #[test]
+    fn several_brokers_are_tried_in_turn_all_of_one_kind() {
+        let c = config(&["--broker", "mqtt://a:1, mqtt://b:2", "--name", "n"]).expect("valid");
+        assert_eq!((c.broker.host.as_str(), c.broker.port), ("a", 1));
+        let more: Vec<(String, u16)> = c.more_brokers.iter().map(|b| (b.host.clone(), b.port)).collect();
+        assert_eq!(more, [("b".to_string(), 2)]);
+        let err = config(&["--broker", "mqtt://a:1,mqtts://b:2", "--name", "n"]).expect_err("mixed");
+        assert!(err.to_string().contains("all mqtt:// or all mqtts://"), "{err}");
+        assert!(config(&["--broker", "mqtt://a:1,", "--name", "n"]).is_err(), "an empty one");
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub enum TransportError {
 #[derive(Debug, Clone)]
 pub struct TransportConfig {
     pub broker: BrokerUrl,
+    /// Tried in turn after `broker`, each after a failed connection.
+    pub more_brokers: Vec<BrokerUrl>,
     pub agent: String,
     pub keepalive: Duration,
     pub topics: Topics,
@@ -159,6 +161,25 @@ pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
     base.mul_f64(0.5 + 0.5 * jitter.clamp(0.0, 1.0))
 }
 
+/// The MQTT options of a connection to `broker` as client `id`.
+fn mqtt_options(
+    broker: &BrokerUrl,
+    id: &str,
+    keepalive: Duration,
+    security: &tunefleet_common::security::ClientSecurity,
+) -> Result<MqttOptions, TransportError> {
+    let mut opts = MqttOptions::new(id, broker.host.clone(), broker.port);
+    opts.set_keep_alive(keepalive)
+        .set_clean_session(true)
+        .set_max_packet_size(MAX_MESSAGE_BYTES + 64 * 1024, MAX_MESSAGE_BYTES + 64 * 1024)
+        .set_inflight(INFLIGHT);
+    if let Some(files) = &security.tls {
+        let tls = tunefleet_common::security::client_config(files).map_err(TransportError::Security)?;
+        opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls)));
+    }
+    Ok(opts)
+}
+
 /// Longest client id this agent uses: MQTT 3.1.1 promises only 23 bytes,
 /// and brokers that accept more (Mosquitto, rumqttd) take 64 without fuss.
 pub const MAX_CLIENT_ID: usize = 64;
@@ -177,22 +198,21 @@ pub fn client_id(agent: &str, nonce: [u8; 4]) -> String {
 impl Transport {
     /// Starts connecting; returns at once. Events arrive on the receiver.
     pub fn start(config: TransportConfig) -> Result<(Transport, mpsc::Receiver<Delivery>), TransportError> {
-        let TransportConfig { broker, agent, keepalive, topics, instance, security, identity } = config;
+        let TransportConfig { broker, more_brokers, agent, keepalive, topics, instance, security, identity } = config;
         let nonce = tunefleet_common::auth::random_bytes::<4>().map_err(TransportError::Random)?;
-        let mut opts = MqttOptions::new(client_id(&agent, nonce), broker.host.clone(), broker.port);
-        opts.set_keep_alive(keepalive)
-            .set_clean_session(true)
-            .set_max_packet_size(MAX_MESSAGE_BYTES + 64 * 1024, MAX_MESSAGE_BYTES + 64 * 1024)
-            .set_inflight(INFLIGHT);
+        let id = client_id(&agent, nonce);
+        let mut opts = mqtt_options(&broker, &id, keepalive, &security)?;
         let mut login = Login { identity, plain: security.credentials.clone(), use_plain: false, last_ms: 0 };
         if let Some((user, pass)) = login.next(&agent) {
             opts.set_credentials(user, pass);
         }
-        if let Some(files) = &security.tls {
-            let tls = tunefleet_common::security::client_config(files).map_err(TransportError::Security)?;
-            opts.set_transport(rumqttc::Transport::tls_with_config(rumqttc::TlsConfiguration::Rustls(tls)));
-        }
         let (client, mut eventloop) = AsyncClient::new(opts, REQUEST_CAPACITY);
+        // Each broker's options made now: a bad TLS file is refused at the start.
+        let mut brokers = Vec::with_capacity(1 + more_brokers.len());
+        for b in std::iter::once(broker.clone()).chain(more_brokers) {
+            let options = mqtt_options(&b, &id, keepalive, &security)?;
+            brokers.push((b, options));
+        }
         let mut net = NetworkOptions::new();
         // Without TCP_NODELAY, Nagle's algorithm delays small request/reply exchanges by ~40 ms.
         net.set_tcp_nodelay(true);
@@ -203,6 +223,8 @@ impl Transport {
         let connected = Arc::new(AtomicBool::new(false));
         let poller = Poller {
             broker: broker.clone(),
+            brokers,
+            at: 0,
             client: client.clone(),
             topics: topics.clone(),
             agent: agent.clone(),
@@ -256,6 +278,10 @@ impl Transport {
 struct Poller {
     /// Where it connects, for messages.
     broker: BrokerUrl,
+    /// Every broker it may connect to, with its options, and which one
+    /// it tries now: after a failed connection, the next in turn.
+    brokers: Vec<(BrokerUrl, MqttOptions)>,
+    at: usize,
     client: AsyncClient,
     topics: Topics,
     agent: String,
@@ -266,6 +292,19 @@ struct Poller {
 }
 
 impl Poller {
+    /// With several brokers, the next connection goes to the next one in
+    /// turn (its Last Will and login are set after).
+    fn next_broker(&mut self, eventloop: &mut EventLoop) {
+        if self.brokers.len() < 2 {
+            return;
+        }
+        self.at = (self.at + 1) % self.brokers.len();
+        let (broker, options) = &self.brokers[self.at];
+        tracing::debug!(%broker, "trying the next broker");
+        self.broker = broker.clone();
+        eventloop.mqtt_options = options.clone();
+    }
+
     /// Gives the next connection a Last Will of its own; returns its hash.
     fn new_will(&self, eventloop: &mut EventLoop) -> Digest {
         match crate::auth::will_payload(self.instance) {
@@ -315,6 +354,7 @@ impl Poller {
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     self.connected.store(false, Ordering::Relaxed);
+                    self.next_broker(&mut eventloop);
                     will_hash = self.new_will(&mut eventloop);
                     if matches!(
                         e,

@@ -41,7 +41,9 @@ pub const DEFAULT_INTERFERENCE_THRESHOLD: f64 = 0.25;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Broker URL, mqtt://HOST:PORT (required to run as an agent)
+    /// Broker URL, mqtt://HOST:PORT (required to run as an agent); several,
+    /// separated by commas, are tried in turn (coordinators that fail over,
+    /// each with its embedded broker)
     #[arg(long, env = "TUNEFLEET_BROKER", value_name = "URL")]
     pub broker: Option<String>,
     /// Agent name (default: the host name, sanitised, and 6 hex digits of

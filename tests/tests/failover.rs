@@ -14,14 +14,16 @@ use tunefleet_tests::mosquitto::{Mosquitto, FLEET_OPTIONS};
 use tunefleet_tests::postgres::Postgres;
 use tunefleet_tests::*;
 
-/// `tunefleet serve` on `store` and the broker at `broker`, its control
-/// socket in `dir/NAME/`, its log in `dir/NAME.log`; the lease `lease`
-/// seconds.
-fn serve(dir: &Path, name: &str, store: &str, broker: &str, root: &str, lease: u32) -> (Proc, PathBuf) {
+/// `tunefleet serve` on `store` meeting agents as `meet` says (`--broker
+/// URL`, or `--listen ADDR` for its embedded broker), its control socket
+/// in `dir/NAME/`, its log in `dir/NAME.log`; the lease `lease` seconds.
+fn serve(dir: &Path, name: &str, store: &str, meet: &[&str], root: &str, lease: u32) -> (Proc, PathBuf) {
     let log = dir.join(format!("{name}.log"));
     let control = dir.join(name).join("control.sock");
     let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["serve", "--broker", broker, "--root", root, "--page", "off", "--store", store])
+    cmd.arg("serve")
+        .args(meet)
+        .args(["--root", root, "--page", "off", "--store", store])
         .arg("--control")
         .arg(&control)
         .args(["--lease-seconds", &lease.to_string()])
@@ -54,7 +56,7 @@ fn count(pg: &Postgres, sql: &str) -> u64 {
     pg.query(sql).parse().unwrap_or(0)
 }
 
-/// Two agents of four slots on `broker`, with state directories in `dir`.
+/// Two agents of four slots on `broker` (a list: tried in turn).
 fn agents(broker: &str, root: &str) -> (Vec<Proc>, Vec<String>) {
     let names = vec![format!("{root}-a"), format!("{root}-b")];
     let procs = names.iter().map(|n| start_agent(broker, n, root, &["--slots", "4"])).collect();
@@ -84,10 +86,10 @@ fn pair(schema: &str, lease: u32) -> Pair {
     let store = pg.store(schema);
     let root = unique_root(&format!("failover-{schema}"));
     join_root(&root, Path::new(&store));
-    let mut first = serve(dir.path(), "first", &store, &broker, &root, lease);
+    let mut first = serve(dir.path(), "first", &store, &["--broker", &broker], &root, lease);
     first.0.wait_line(Duration::from_secs(60), |l| l.starts_with("broker: "));
     assert!(active(&first.1), "{}", text(&first.1));
-    let second = serve(dir.path(), "second", &store, &broker, &root, lease);
+    let second = serve(dir.path(), "second", &store, &["--broker", &broker], &root, lease);
     wait_for("the second service waiting as a standby", Duration::from_secs(30), || {
         text(&second.1).contains("standby: another coordinator is active")
     });
@@ -186,6 +188,42 @@ fn an_active_stopped_past_its_lease_writes_nothing_after_the_takeover_and_steps_
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// Each service with its embedded broker (the standby's listens only
+/// once it is active): agents given both brokers follow the active one.
+#[test]
+fn with_embedded_brokers_agents_follow_the_active_through_their_broker_list() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = pg.store("embedded");
+    let root = unique_root("failover-embedded");
+    join_root(&root, Path::new(&store));
+    let (a, b) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let (mut first, _) = serve(dir.path(), "first", &store, &["--listen", &a], &root, 15);
+    first.wait_line(Duration::from_secs(60), |l| l.starts_with("broker: "));
+    let (mut second, second_log) = serve(dir.path(), "second", &store, &["--listen", &b], &root, 15);
+    wait_for("the second service waiting as a standby", Duration::from_secs(30), || {
+        text(&second_log).contains("standby: another coordinator is active")
+    });
+    let study = sleep_study(dir.path(), "embedded", 120, 0.3);
+    submit(dir.path(), "first", &store, &study);
+    let (procs, names) = agents(&format!("mqtt://{a},mqtt://{b}"), &root);
+    wait_for("some trials stored", Duration::from_secs(120), || {
+        count(&pg, "SELECT COUNT(*) FROM embedded.results") >= 10
+    });
+    first.signal("KILL");
+    let before = count(&pg, "SELECT COUNT(*) FROM embedded.results");
+    assert!(before < 120, "the study ended before the kill");
+    wait_for("every trial done on the new active", Duration::from_secs(180), || {
+        count(&pg, "SELECT COUNT(*) FROM embedded.trials WHERE state = 'done'") == 120
+    });
+    assert!(active(&second_log), "{}", text(&second_log));
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM embedded.results"), 120, "one result per trial");
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(60)).success(), "{}", text(&second_log));
+    drop(procs);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 /// The fence itself, on the store's own connection: a write transaction
 /// begun after the lease's epoch moved on is refused (nothing it would
 /// write can land), and one begun before holds the takeover back until
@@ -228,8 +266,8 @@ fn two_services_started_at_once_one_is_active() {
     let broker = mosquitto.url();
     let store = pg.store("twins");
     let root = unique_root("failover-twins");
-    let (mut one, one_log) = serve(dir.path(), "one", &store, &broker, &root, 15);
-    let (mut two, two_log) = serve(dir.path(), "two", &store, &broker, &root, 15);
+    let (mut one, one_log) = serve(dir.path(), "one", &store, &["--broker", &broker], &root, 15);
+    let (mut two, two_log) = serve(dir.path(), "two", &store, &["--broker", &broker], &root, 15);
     let settled = || {
         let (a, b) = (text(&one_log), text(&two_log));
         (a.contains("active: this") || b.contains("active: this"))
