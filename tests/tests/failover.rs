@@ -128,6 +128,13 @@ fn the_active_killed_mid_study_the_standby_takes_over_and_every_trial_runs_once(
     assert_eq!(count(&pg, "SELECT COUNT(*) FROM killed.results"), 300, "one result per trial");
     assert_eq!(count(&pg, "SELECT COUNT(*) FROM killed.trials WHERE state = 'failed'"), 0);
     assert_eq!(count(&pg, "SELECT epoch FROM killed.coordinator_lease"), 2, "one takeover");
+    // The dead service's socket answers no more: `submit` reaches the
+    // active one through the store.
+    let after = sleep_study(dir.path(), "after", 6, 0.1);
+    submit(dir.path(), "first", &store, &after);
+    wait_for("the study submitted after the takeover done", Duration::from_secs(120), || {
+        count(&pg, "SELECT COUNT(*) FROM killed.trials WHERE study = 'after' AND state = 'done'") == 6
+    });
     second.signal("TERM");
     let status = second.wait_exit(Duration::from_secs(60));
     assert!(status.success(), "{status:?}\n{}", text(&second_log));

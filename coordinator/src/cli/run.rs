@@ -142,13 +142,29 @@ pub async fn submit(study: &PathBuf, control: &ControlArg, store: &StoreArg) -> 
     // Checked here too, so a mistake is reported with its line before anything is sent.
     study::parse(&text, &study.display().to_string())?;
     let ask = crate::runtime::control::Ask::Submit { study: text, origin: study.display().to_string() };
-    answer(crate::runtime::control::ask(&control.resolve(&store.store), &ask).await?)
+    answer(ask_service(control, store, &ask).await?)
+}
+
+/// `ask` of the service on `control`'s socket; on a server's store with no
+/// service listening on this machine, of the active one through the store.
+async fn ask_service(
+    control: &ControlArg,
+    store: &StoreArg,
+    ask: &crate::runtime::control::Ask,
+) -> Result<crate::runtime::control::Answer> {
+    use crate::runtime::control::{self, ControlError};
+    match control::ask(&control.resolve(&store.store), ask).await {
+        Err(ControlError::NotRunning { .. }) if crate::store::is_remote(&store.store) => {
+            Ok(control::ask_through_store(&store.store, ask).await?)
+        }
+        r => Ok(r?),
+    }
 }
 
 /// `tunefleet cancel`: a study of a running service.
 pub async fn cancel(study: String, control: &ControlArg, store: &StoreArg) -> Result<()> {
     let ask = crate::runtime::control::Ask::Cancel { study };
-    answer(crate::runtime::control::ask(&control.resolve(&store.store), &ask).await?)
+    answer(ask_service(control, store, &ask).await?)
 }
 
 /// Prints a service's answer; an error answer is an error.

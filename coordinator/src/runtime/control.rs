@@ -185,6 +185,79 @@ pub async fn ask(path: &Path, ask: &Ask) -> Result<Answer, ControlError> {
     })
 }
 
+/// How often the active coordinator looks for requests in a server's
+/// store, and a command for its answer.
+const RELAYED_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+/// How long a command waits for the active coordinator's answer.
+const RELAYED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// On a server's store: the requests written there (by `submit` and
+/// `cancel` on a machine where no service listens) taken to the engine as
+/// the socket's are, and answered there, until aborted.
+pub fn relay(store: &Path, requests: mpsc::Sender<Request>) -> tokio::task::JoinHandle<()> {
+    let store = store.to_path_buf();
+    tokio::spawn(async move {
+        let mut table = None;
+        loop {
+            tokio::time::sleep(RELAYED_EVERY).await;
+            if table.is_none() {
+                table = crate::store::Requests::connect(&store)
+                    .map_err(|e| tracing::warn!(error = %e, "requests through the store: not read now"))
+                    .ok();
+            }
+            let pending = match table.as_ref().map(|t| t.unanswered(16)) {
+                Some(Ok(p)) => p,
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "requests through the store: not read now");
+                    table = None;
+                    continue;
+                }
+                None => continue,
+            };
+            for (id, text) in pending {
+                let answer = match serde_json::from_str::<Ask>(&text) {
+                    Ok(ask) => relayed(ask, &requests).await,
+                    Err(e) => Answer::Error { message: format!("an unreadable request: {e}") },
+                };
+                let json = serde_json::to_string(&answer).unwrap_or_default();
+                if let Some(Err(e)) = table.as_ref().map(|t| t.answer(id, &json)) {
+                    tracing::warn!(error = %e, request = id, "a request through the store was not answered");
+                }
+            }
+        }
+    })
+}
+
+async fn relayed(ask: Ask, requests: &mpsc::Sender<Request>) -> Answer {
+    let (reply, answer) = oneshot::channel();
+    if requests.send(Request { ask, reply }).await.is_err() {
+        return Answer::Error { message: "the service is stopping".into() };
+    }
+    answer.await.unwrap_or(Answer::Error { message: "the service stopped before it answered".into() })
+}
+
+/// `ask` of the active coordinator of the server's `store`, through the
+/// store: written there, its answer read back (within a minute).
+pub async fn ask_through_store(store: &Path, ask: &Ask) -> Result<Answer, ControlError> {
+    let failed = |what: String| ControlError::Protocol { path: store.to_path_buf(), what };
+    let text = serde_json::to_string(ask).map_err(|e| failed(e.to_string()))?;
+    let table = crate::store::Requests::connect(store).map_err(|e| failed(e.to_string()))?;
+    let id = table.send(&text).map_err(|e| failed(e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + RELAYED_WAIT;
+    loop {
+        if let Some(answer) = table.answer_of(id).map_err(|e| failed(e.to_string()))? {
+            return serde_json::from_str(&answer).map_err(|e| failed(format!("unreadable answer {answer:?}: {e}")));
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(failed(format!(
+                "no coordinator answered request {id} within {} s: is one active on this store?",
+                RELAYED_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(RELAYED_EVERY).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -241,12 +241,18 @@ async fn serve(
         engine.start_study(study)?;
     }
     let (tx, rx) = tokio::sync::mpsc::channel(64);
+    // On a server's store, requests written there by another machine's
+    // `submit` and `cancel` too.
+    let relay = crate::store::is_remote(store).then(|| crate::runtime::control::relay(store, tx.clone()));
     let listener = crate::runtime::control::listen(path, tx).await?;
     let result = tokio::select! {
         r = engine.serve(inbound, rx, shutdown) => r.map_err(RunError::from),
         l = renewals.lost() => Err(RunError::SteppedDown(l)),
     };
     listener.abort();
+    if let Some(r) = relay {
+        r.abort();
+    }
     let _ = std::fs::remove_file(path);
     match result {
         Err(e @ RunError::Engine(_)) => Err(renewals.why_it_ended(e).await),

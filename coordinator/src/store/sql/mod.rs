@@ -24,6 +24,10 @@ pub use postgres::{application_name, is_postgres, parse_target, redacted, set_ap
 /// server's store is active (`store/lease.rs`); every write transaction
 /// of the active one checks its epoch first ([`Conn::set_fence`]).
 pub const LEASE_TABLE: &str = "coordinator_lease";
+
+/// The table of `submit` and `cancel` requests to the active coordinator
+/// through a server's store (`store/requests.rs`).
+pub const REQUESTS_TABLE: &str = "control_requests";
 pub(crate) use sqlite::OpenMode;
 pub use value::{Error, FromSql, Params, Result, ToSql, Value, ValueRef};
 
@@ -258,12 +262,12 @@ impl Conn {
             ConnInner::Sqlite(_) => {
                 "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
             }
-            // Neither the schema's version nor the coordinators' lease is
-            // the store's content.
+            // Neither the schema's version, the coordinators' lease nor the
+            // requests to the active one are the store's content.
             ConnInner::Pg(_) => {
                 "SELECT table_name FROM information_schema.tables
                  WHERE table_schema = current_schema() AND table_name <> 'tunefleet_schema'
-                 AND table_name <> 'coordinator_lease' ORDER BY table_name"
+                 AND table_name NOT IN ('coordinator_lease', 'control_requests') ORDER BY table_name"
             }
         };
         self.prepare_cached(sql)?.query_map((), |r| r.get::<_, String>(0))?.collect()
