@@ -8,6 +8,7 @@ pub mod mosquitto;
 pub mod mqtt;
 pub mod ports;
 pub mod postgres;
+pub mod proxy;
 pub mod slurm;
 pub mod spark;
 pub mod tmpfs;

@@ -186,6 +186,50 @@ fn the_server_restarted_mid_study_loses_nothing() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// The coordinator's connections to the server cut twice mid-study (a
+/// proxy the test controls ends every connection it carries): it pauses
+/// or exits on the lost connection, is started again when it exits (as
+/// systemd does), and the study ends with every trial once.
+#[test]
+fn the_coordinators_connections_cut_mid_study_lose_nothing() {
+    let pg = Postgres::start();
+    let proxy = tunefleet_tests::proxy::Proxy::start(pg.port);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study(dir.path(), "cut", 30, 0.3);
+    let url = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=cut", proxy.port);
+    let root = unique_root("pg-cut");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let log = dir.path().join("coordinator.log");
+    let start = || start_coordinator_logged(&study, Path::new(&url), &root, &["--listen", &listen], Some(&log));
+    let (mut coord, broker) = start();
+    let names = [format!("{root}-a"), format!("{root}-b")];
+    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &[])).collect();
+    let stored = || pg.query("SELECT COUNT(*) FROM cut.results").parse::<u32>().unwrap_or(0);
+    let mut cuts = 0;
+    for at in [8, 16] {
+        wait_for("results stored before the cut", Duration::from_secs(120), || stored() >= at);
+        cuts += proxy.cut();
+    }
+    assert!(cuts >= 2, "connections were carried and cut: {cuts}");
+    let mut restarts = 0;
+    let out = loop {
+        let status = coord.wait_exit(Duration::from_secs(240));
+        let out = coord.rest_of_stdout().join("\n");
+        if status.success() {
+            break out;
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(restarts < 3, "restarted {restarts} times: {status:?}\n{out}\n{text}");
+        restarts += 1;
+        coord = start().0;
+    };
+    eprintln!("{cuts} connections cut; the coordinator was started again {restarts} time(s)");
+    assert!(out.contains("30/30 trials done, 0 failed"), "{out}");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM cut.results"), "30", "one result per trial");
+    drop(agents);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 /// A coordinator running on a server's store holds the store's running
 /// lock there (an advisory lock of its own connection): a rename waits
 /// for it to stop, and goes through once it has.
