@@ -141,19 +141,47 @@ fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
 /// that loses it inside a turn exits (its transaction is gone) and is
 /// started again, as systemd's `Restart=on-failure` would, resuming from
 /// the store's last commit. Either way: every trial done once, 0 failed.
+/// A 30-trial study on the store at `url`, whose coordinator is started
+/// (and started again) the same way each time, its log kept.
+struct Interrupted {
+    study: std::path::PathBuf,
+    url: String,
+    root: String,
+    listen: String,
+    log: std::path::PathBuf,
+}
+
+impl Interrupted {
+    fn new(dir: &Path, name: &str, url: String) -> Interrupted {
+        Interrupted {
+            study: sleep_study(dir, name, 30, 0.3),
+            url,
+            root: unique_root(&format!("pg-{name}")),
+            listen: format!("127.0.0.1:{}", free_port()),
+            log: dir.join("coordinator.log"),
+        }
+    }
+
+    fn start(&self) -> (Proc, String) {
+        let args = ["--listen", self.listen.as_str()];
+        start_coordinator_logged(&self.study, Path::new(&self.url), &self.root, &args, Some(&self.log))
+    }
+}
+
+/// Two agents on `broker`, and their names.
+fn two_agents(broker: &str, root: &str) -> (Vec<Proc>, [String; 2]) {
+    let names = [format!("{root}-a"), format!("{root}-b")];
+    (names.iter().map(|n| start_agent(broker, n, root, &[])).collect(), names)
+}
+
 #[test]
 fn the_server_restarted_mid_study_loses_nothing() {
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = sleep_study(dir.path(), "restarted", 30, 0.3);
-    let url = pg.store("restart");
-    let root = unique_root("pg-restart");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let log = dir.path().join("coordinator.log");
-    let start = || start_coordinator_logged(&study, Path::new(&url), &root, &["--listen", &listen], Some(&log));
+    let run = Interrupted::new(dir.path(), "restarted", pg.store("restart"));
+    let (log, start) = (&run.log, || run.start());
     let (mut coord, broker) = start();
-    let names = [format!("{root}-a"), format!("{root}-b")];
-    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &[])).collect();
+    let (agents, names) = two_agents(&broker, &run.root);
     wait_for("a third of the trials stored", Duration::from_secs(120), || {
         pg.query("SELECT COUNT(*) FROM restart.results").parse::<u32>().unwrap_or(0) >= 10
     });
@@ -162,7 +190,7 @@ fn the_server_restarted_mid_study_loses_nothing() {
     let out = loop {
         let status = coord.wait_exit(Duration::from_secs(240));
         let out = coord.rest_of_stdout().join("\n");
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
         if status.success() {
             break out;
         }
@@ -174,7 +202,7 @@ fn the_server_restarted_mid_study_loses_nothing() {
         assert!(restarts <= 3, "restarted {restarts} times: {text}\n{}", pg.log());
         coord = start().0;
     };
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
     eprintln!(
         "the coordinator paused {} time(s) and was restarted {restarts} time(s)",
         text.matches("the store's database is unreachable: paused").count()
@@ -195,15 +223,11 @@ fn the_coordinators_connections_cut_mid_study_lose_nothing() {
     let pg = Postgres::start();
     let proxy = tunefleet_tests::proxy::Proxy::start(pg.port);
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = sleep_study(dir.path(), "cut", 30, 0.3);
     let url = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=cut", proxy.port);
-    let root = unique_root("pg-cut");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let log = dir.path().join("coordinator.log");
-    let start = || start_coordinator_logged(&study, Path::new(&url), &root, &["--listen", &listen], Some(&log));
+    let run = Interrupted::new(dir.path(), "cut", url);
+    let (log, start) = (&run.log, || run.start());
     let (mut coord, broker) = start();
-    let names = [format!("{root}-a"), format!("{root}-b")];
-    let agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &[])).collect();
+    let (agents, names) = two_agents(&broker, &run.root);
     let stored = || pg.query("SELECT COUNT(*) FROM cut.results").parse::<u32>().unwrap_or(0);
     let mut cuts = 0;
     for at in [8, 16] {
@@ -218,7 +242,7 @@ fn the_coordinators_connections_cut_mid_study_lose_nothing() {
         if status.success() {
             break out;
         }
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let text = std::fs::read_to_string(log).unwrap_or_default();
         assert!(restarts < 3, "restarted {restarts} times: {status:?}\n{out}\n{text}");
         restarts += 1;
         coord = start().0;
