@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""The whole path on each store, and Optuna on the same server.
+
+Side by side in one run, alternating, on one machine: a study of TRIALS
+trials of `true` (random search over one float, objective wall_time) run by
+`tunefleet run` with AGENTS real agents of SLOTS slots each, into a SQLite
+file and into a PostgreSQL store (a cluster this script starts on a free
+port); and Optuna 5 with AGENTS x SLOTS worker processes on the same
+PostgreSQL server (RDBStorage, RandomSampler), each running `true` per
+trial. Prints one JSON line per run and the medians with their spread.
+
+Usage: scripts/bench-store.py [--trials N] [--agents N] [--slots N]
+       [--pairs N] [--bin DIR] [--python PY]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+OPTUNA_WORKER = r"""
+import subprocess, sys, time, optuna
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+url, name, n, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+study = optuna.load_study(study_name=name, storage=url, sampler=optuna.samplers.RandomSampler(seed=seed))
+def objective(trial):
+    trial.suggest_float("x", 0.0, 1.0)
+    t = time.monotonic()
+    subprocess.run(["true"], check=True)
+    return time.monotonic() - t
+study.optimize(objective, n_trials=n)
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_bin():
+    versions = sorted(os.listdir("/usr/lib/postgresql"))
+    return f"/usr/lib/postgresql/{versions[-1]}/bin"
+
+
+def as_postgres(cmd):
+    return ["runuser", "-u", "postgres", "--"] + cmd if os.geteuid() == 0 else cmd
+
+
+def start_postgres(dir):
+    data = os.path.join(dir, "data")
+    os.makedirs(data)
+    if os.geteuid() == 0:
+        shutil.chown(dir, "postgres")
+        shutil.chown(data, "postgres")
+    b = pg_bin()
+    subprocess.run(as_postgres([f"{b}/initdb", "-D", data, "-A", "trust", "-U", "tunefleet"]),
+                   check=True, stdout=subprocess.DEVNULL)
+    port = free_port()
+    opts = f"-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    subprocess.run(as_postgres([f"{b}/pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(dir, "log"), "-w", "start"]),
+                   check=True, stdout=subprocess.DEVNULL)
+    return port, lambda: subprocess.run(as_postgres([f"{b}/pg_ctl", "-D", data, "-m", "fast", "stop"]),
+                                        stdout=subprocess.DEVNULL)
+
+
+def study_file(dir, name, trials):
+    path = os.path.join(dir, f"{name}.toml")
+    with open(path, "w") as f:
+        f.write(f'''name = "{name}"
+command = ["true", "{{x}}"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+[budget]
+trials = {trials}
+[strategy]
+kind = "random"
+seed = 1
+[hyper.x]
+kind = "float"
+low = 0.0
+high = 1.0
+''')
+    return path
+
+
+def tunefleet(bin, dir, store, name, a):
+    study = study_file(dir, name, a.trials)
+    env = dict(os.environ, XDG_STATE_HOME=os.path.join(dir, "state"))
+    start = time.monotonic()
+    coord = subprocess.Popen([f"{bin}/tunefleet", "run", study, "--store", store, "--listen", "127.0.0.1:0",
+                              "--quiet", "--open-enrolment", "--root", name],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    url = None
+    for line in coord.stdout:
+        if line.startswith("broker: "):
+            url = line.split(" ", 1)[1].strip()
+            break
+    agents = [subprocess.Popen([f"{bin}/tunefleet-agent", "--broker", url, "--name", f"{name}-{i}", "--root", name,
+                                "--slots", str(a.slots), "--trust-first-coordinator", "--exit-when-idle=2s",
+                                "--state-dir", os.path.join(dir, f"{name}-{i}")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+              for i in range(a.agents)]
+    out = coord.stdout.read()
+    code = coord.wait()
+    wall = time.monotonic() - start
+    for p in agents:
+        p.wait(timeout=60)
+    done = f"{a.trials}/{a.trials} trials done" in out
+    return {"side": name.split("-")[0], "trials": a.trials, "wall_s": wall, "trials_per_s": a.trials / wall,
+            "exit": code, "all_done": done}
+
+
+def optuna_side(py, url, name, a):
+    subprocess.run([py, "-c", f"import optuna; optuna.create_study(study_name='{name}', storage='{url}')"],
+                   check=True)
+    workers = a.agents * a.slots
+    per = [a.trials // workers + (1 if i < a.trials % workers else 0) for i in range(workers)]
+    start = time.monotonic()
+    procs = [subprocess.Popen([py, "-c", OPTUNA_WORKER, url, name, str(n), str(i)]) for i, n in enumerate(per)]
+    codes = [p.wait() for p in procs]
+    wall = time.monotonic() - start
+    done = subprocess.run([py, "-c", f"import optuna; print(len(optuna.load_study(study_name='{name}', "
+                           f"storage='{url}').trials))"], capture_output=True, text=True).stdout.strip()
+    return {"side": "optuna", "trials": a.trials, "wall_s": wall, "trials_per_s": a.trials / wall,
+            "exit": max(codes), "all_done": done == str(a.trials)}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--trials", type=int, default=400)
+    p.add_argument("--agents", type=int, default=2)
+    p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--bin", default="target/release")
+    p.add_argument("--python", default="target/optuna-venv/bin/python")
+    a = p.parse_args()
+    runs = []
+    with tempfile.TemporaryDirectory() as dir:
+        os.chmod(dir, 0o755)  # the server's user walks into it
+        port, stop = start_postgres(os.path.join(dir, "pg"))
+        try:
+            for k in range(a.pairs):
+                pg = f"postgres://tunefleet@127.0.0.1:{port}/postgres?schema=bench{k}"
+                for side in (["sqlite", "postgres", "optuna"] if k % 2 == 0 else ["optuna", "postgres", "sqlite"]):
+                    if side == "sqlite":
+                        r = tunefleet(a.bin, dir, os.path.join(dir, f"s{k}.db"), f"sqlite-{k}", a)
+                    elif side == "postgres":
+                        r = tunefleet(a.bin, dir, pg, f"postgres-{k}", a)
+                    else:
+                        url = f"postgresql+psycopg2://tunefleet@127.0.0.1:{port}/postgres"
+                        r = optuna_side(a.python, url, f"optuna-{k}", a)
+                    print(json.dumps(r), flush=True)
+                    runs.append(r)
+        finally:
+            stop()
+    by = {s: [r["trials_per_s"] for r in runs if r["side"] == s] for s in ("sqlite", "postgres", "optuna")}
+    med = {s: statistics.median(v) for s, v in by.items() if v}
+    for s, v in by.items():
+        print(f"{s}: median {med[s]:.1f} trials/s over {len(v)} runs (min {min(v):.1f}, max {max(v):.1f})")
+    print(f"postgres / sqlite: {med['postgres'] / med['sqlite']:.3f}x; tunefleet on postgres / optuna on postgres: "
+          f"{med['postgres'] / med['optuna']:.2f}x")
+    if not all(r["all_done"] for r in runs):
+        sys.exit("a run did not finish every trial")
+
+
+if __name__ == "__main__":
+    main()
