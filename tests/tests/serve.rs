@@ -219,3 +219,74 @@ fn a_study_no_agent_took_yet_survives_a_restart_of_the_service() {
     assert!(service.wait_exit(Duration::from_secs(30)).success());
     assert_agents_spools_empty(&[&agent]);
 }
+
+/// `tunefleet enqueue` into a study a service runs: the configuration is
+/// the next trial created, checked as a `[[enqueue]]` entry (an unknown
+/// parameter is refused with the reason), and kept in the stored file.
+#[test]
+fn a_configuration_enqueued_into_a_running_study_is_the_next_one_created() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("enqueue.db");
+    let root = unique_root("serve-enqueue");
+    let (mut service, url) = serve(&store, &root);
+    let study = dir.path().join("random.toml");
+    std::fs::write(
+        &study,
+        r#"name = "random"
+command = ["sh", "-c", "sleep 0.2; echo TUNEFLEET final v={x}"]
+lookahead = 0
+[objective]
+metric = "v"
+direction = "maximize"
+[budget]
+trials = 12
+[strategy]
+kind = "random"
+seed = 5
+[hyper.x]
+kind = "float"
+low = 0.0
+high = 1.0
+[hyper.opt]
+kind = "categorical"
+values = ["adam", "sgd"]
+"#,
+    )
+    .expect("write");
+    let (code, _, err) = cli(&store, &["submit", study.to_str().expect("path")]);
+    assert_eq!(code, Some(0), "{err}");
+    let agent = format!("{root}-agent");
+    let _a = start_agent(&url, &agent, &root, &["--slots", "1"]);
+    let created = || -> i64 {
+        let db = Connection::open(&store).expect("store");
+        db.query_row("SELECT COUNT(*) FROM trials WHERE study = 'random'", [], |r| r.get(0)).expect("count")
+    };
+    wait_for("a few trials created", Duration::from_secs(60), || created() >= 3);
+    let (code, _, err) = cli(&store, &["enqueue", "random", "depth=3"]);
+    assert_ne!(code, Some(0), "an unknown parameter is refused");
+    assert!(err.contains("not a parameter this study searches"), "{err}");
+    let (code, out, err) = cli(&store, &["enqueue", "random", "x=0.123456", "opt=sgd"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("enqueued"), "{out}");
+    let before = created();
+    wait_for("the study finished", Duration::from_secs(90), || {
+        study_state(&status(&store), "random").is_some_and(|r| r["state"] == "finished" && r["done"] == 12)
+    });
+    let db = Connection::open(&store).expect("store");
+    let (trial, params): (i64, String) = db
+        .query_row(
+            "SELECT trial, params FROM trials WHERE study = 'random' AND params LIKE '%0.123456%' ORDER BY trial",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the enqueued configuration ran");
+    assert!(params.contains("sgd"), "{params}");
+    // Trials are created as the one slot frees: the next one made after the answer.
+    assert!(trial <= before, "trial {trial}, {before} created when it was enqueued");
+    let config: String =
+        db.query_row("SELECT config FROM studies WHERE name = 'random'", [], |r| r.get(0)).expect("config");
+    assert!(config.contains("[[enqueue]]") && config.contains("x = 0.123456"), "{config}");
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert_agents_spools_empty(&[&agent]);
+}

@@ -48,6 +48,22 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
+    /// Put a configuration first in a study running on `tunefleet serve`
+    /// (Optuna's `enqueue_trial`): tried before any trial not created yet,
+    /// checked as an `[[enqueue]]` entry of its file, kept in the stored
+    /// file. Values as in TOML; a word that is not a number or a boolean is
+    /// taken as a string (`optimizer=adam lr=0.01 layers=3`).
+    Enqueue {
+        study: String,
+        /// PARAMETER=VALUE, one or more.
+        #[arg(required = true, value_name = "PARAMETER=VALUE")]
+        params: Vec<String>,
+        #[command(flatten)]
+        control: ControlArg,
+        /// The service's store (its socket is beside it unless --control says).
+        #[command(flatten)]
+        store: StoreArg,
+    },
     /// Cancel a study on a running `tunefleet serve`: no more trials, and
     /// its running attempts are stopped on their agents.
     Cancel {

@@ -45,6 +45,7 @@ pub async fn execute(cli: Cli, shutdown: impl std::future::Future<Output = ()>) 
         Command::Serve(args) => run::serve(&args, shutdown).await,
         Command::Submit { study, control, store } => run::submit(&study, &control, &store).await,
         Command::Cancel { study, control, store } => run::cancel(study, &control, &store).await,
+        Command::Enqueue { study, params, control, store } => run::enqueue(study, &params, &control, &store).await,
         Command::Check { study } => run::check(&study),
         Command::Demo(args) => demo::demo(args, shutdown).await,
         Command::Key { key } => fleet::key(&key),

@@ -161,6 +161,32 @@ async fn ask_service(
     }
 }
 
+/// `tunefleet enqueue`: a configuration first in a study of a running
+/// service.
+pub async fn enqueue(study: String, params: &[String], control: &ControlArg, store: &StoreArg) -> Result<()> {
+    let params = params.iter().map(|p| enqueued_value(p)).collect::<Result<Vec<_>>>()?;
+    let ask = crate::runtime::control::Ask::Enqueue { study, params };
+    answer(ask_service(control, store, &ask).await?)
+}
+
+/// `PARAMETER=VALUE` as a TOML key and value: a number, a boolean, a quoted
+/// string or an array as written; any other word quoted.
+fn enqueued_value(entry: &str) -> Result<(String, String)> {
+    let Some((key, value)) = entry.split_once('=').filter(|(k, _)| !k.trim().is_empty()) else {
+        return Err(CliError::refused(format!("{entry:?}: expected PARAMETER=VALUE")));
+    };
+    let (key, value) = (key.trim(), value.trim());
+    if !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') || value.contains('\n') {
+        return Err(CliError::refused(format!("{entry:?}: a parameter's name and one line for its value")));
+    }
+    let literal = value.parse::<f64>().is_ok()
+        || matches!(value, "true" | "false")
+        || value.starts_with('"')
+        || value.starts_with('[');
+    let value = if literal { value.to_string() } else { format!("{value:?}") };
+    Ok((key.to_string(), value))
+}
+
 /// `tunefleet cancel`: a study of a running service.
 pub async fn cancel(study: String, control: &ControlArg, store: &StoreArg) -> Result<()> {
     let ask = crate::runtime::control::Ask::Cancel { study };
@@ -335,4 +361,22 @@ pub fn missing_objective_note(store: &Path, study: &str) -> Option<String> {
     let metric = st.study(study).ok()??.metric;
     let seen = st.metrics_without_objective(study).ok()?;
     Some(crate::domain::failure::missing_objective(&metric, &seen))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enqueued_value_is_toml_and_one_line() {
+        let v = |e: &str| enqueued_value(e).map_err(|e| e.to_string());
+        assert_eq!(v("lr=0.01"), Ok(("lr".into(), "0.01".into())));
+        assert_eq!(v("opt=adam"), Ok(("opt".into(), "\"adam\"".into())), "a word is a string");
+        assert_eq!(v("deep=true"), Ok(("deep".into(), "true".into())));
+        assert_eq!(v(" n = 3 "), Ok(("n".into(), "3".into())));
+        assert!(v("noequals").is_err());
+        assert!(v("=3").is_err());
+        assert!(v("a.b=3").is_err(), "a dotted key would reach into another table");
+        assert!(v("x=[1,\n[hyper.y]]").is_err(), "one line");
+    }
 }

@@ -105,6 +105,17 @@ impl Search {
         }
     }
 
+    /// `params` tried before anything else not created yet (`tunefleet
+    /// enqueue` into a running study), overlaying the proposer's ask.
+    pub fn enqueue_first(&mut self, params: Params) {
+        self.enqueued.push_front(params);
+    }
+
+    /// Configurations still to create (the budget left, in configurations).
+    pub fn configs_left(&self) -> u64 {
+        self.configs_left
+    }
+
     /// Replays the trials a study created before (in trial order, as read
     /// from the store), so the next trial continues where they ended.
     /// Values are told separately ([`Search::tell`]).

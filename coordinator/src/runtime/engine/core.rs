@@ -182,6 +182,7 @@ impl Core {
                     cancels.push((answers.len(), study));
                     answers.push(None);
                 }
+                Ask::Enqueue { study, params } => answers.push(Some(self.enqueue(&study, &params))),
             }
         }
         let waits = (now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS)).then(|| self.waits());

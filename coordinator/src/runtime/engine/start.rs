@@ -45,6 +45,42 @@ impl Core {
         Answer::Ok { message: started.join("\n") }
     }
 
+    /// `params` (name, value as TOML) tried first among the trials of the
+    /// running study `name` not created yet: checked as a `[[enqueue]]`
+    /// entry of its file is, kept in the stored file (so a restart keeps
+    /// it, and the change is recorded), then put first in its search.
+    pub(super) fn enqueue(&mut self, name: &str, params: &[(String, String)]) -> Answer {
+        let error = |message: String| Answer::Error { message };
+        let Some(active) = self.studies.get(name).filter(|a| !a.cancelled) else {
+            return error(format!(
+                "study {name} is not running on this service: add an [[enqueue]] entry to its file instead"
+            ));
+        };
+        if active.search.configs_left() == 0 {
+            return error(format!("study {name} has created all its trials: give it a larger [budget] first"));
+        }
+        let mut text = format!("{}\n[[enqueue]]\n", active.study.source.trim_end());
+        for (key, value) in params {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        let parsed = crate::domain::study::parse(&text, &active.study.origin).map(|f| f.expand());
+        let study = match parsed {
+            Ok(mut studies) if studies.len() == 1 && studies[0].name == name => studies.remove(0),
+            Ok(_) => return error(format!("study {name}'s file holds several studies: enqueue in the file")),
+            Err(e) => return error(e.to_string()),
+        };
+        let Some(entry) = study.enqueue.last().cloned() else { return error("nothing to enqueue".into()) };
+        let stored = self.store.batch().and_then(|mut b| b.create_study(&study, &[]).and_then(|_| b.commit()));
+        if let Err(e) = stored {
+            return error(e.to_string());
+        }
+        let Some(active) = self.studies.get_mut(name) else { return error(format!("study {name} ended")) };
+        active.search.enqueue_first(entry.clone());
+        active.study = study;
+        tracing::info!(study = %name, params = ?entry, "configuration enqueued");
+        Answer::Ok { message: format!("enqueued in study {name}: tried before any trial not created yet") }
+    }
+
     /// Creates the study in the store, or resumes it if it is there already
     /// with the same configuration, and starts scheduling its trials; what
     /// the progress display starts with.

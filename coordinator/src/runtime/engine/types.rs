@@ -36,6 +36,9 @@ pub enum Ask {
     Submit { study: String, origin: String },
     /// Stop this study: no more trials, running attempts cancelled on their agents.
     Cancel { study: String },
+    /// Try this configuration (parameter, value as written in TOML) of a
+    /// running study before anything else not created yet.
+    Enqueue { study: String, params: Vec<(String, String)> },
 }
 
 /// The service's answer.
