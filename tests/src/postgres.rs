@@ -109,6 +109,30 @@ impl Postgres {
         });
     }
 
+    /// From now on the server speaks TLS with `cert` and `key` (PEM) and
+    /// refuses any connection without it; restarted to take it.
+    pub fn require_tls(&self, cert: &Path, key: &Path) {
+        let data = self.dir.path().join("data");
+        for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+            std::fs::copy(from, data.join(to)).expect("copy a TLS file");
+            if as_root() {
+                let status = Command::new("chown").arg("postgres").arg(data.join(to)).status().expect("chown");
+                assert!(status.success());
+            }
+        }
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(data.join("server.key"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let conf = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).expect("postgresql.conf");
+        let hba = data.join("pg_hba.conf");
+        let text = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        let text = text.replace("\nhost ", "\nhostssl ") + "hostnossl all all 0.0.0.0/0 reject\n";
+        std::fs::write(&hba, text).expect("pg_hba.conf");
+        self.restart();
+    }
+
     /// Stops the server at once (as a crash would) and starts it again.
     pub fn restart(&self) {
         self.stop();

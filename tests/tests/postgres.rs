@@ -254,6 +254,36 @@ fn the_coordinators_connections_cut_mid_study_lose_nothing() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// The store over TLS: a server that refuses plain connections, a study
+/// run on it with its certificate verified against the fleet's CA, and a
+/// CA that did not sign it refused.
+#[test]
+fn a_store_over_tls_is_verified_and_another_ca_is_refused() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/fleet-certs.sh");
+    let (certs, other) = (dir.path().join("certs"), dir.path().join("other"));
+    for d in [&certs, &other] {
+        let out = std::process::Command::new("bash").arg(&script).arg(d).arg("127.0.0.1").output().expect("certs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    pg.require_tls(&certs.join("broker.pem"), &certs.join("broker.key"));
+    let tls = |ca: &Path| format!("{}&sslmode=verify-full&sslrootcert={}", pg.store("tls"), ca.display());
+    let (code, _, err) = tunefleet(&["status", "--store", &pg.store("tls")]);
+    assert_ne!(code, Some(0), "the server takes no plain connection");
+    assert!(err.contains("no encryption") || err.contains("pg_hba"), "{err}");
+    let (code, _, err) = tunefleet(&["status", "--store", &tls(&other.join("ca.pem"))]);
+    assert_ne!(code, Some(0), "another CA");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    let study = sleep_study(dir.path(), "tls", 6, 0.1);
+    let out =
+        run_with_one_agent(&study, Path::new(&tls(&certs.join("ca.pem"))), "pg-tls", &[], Duration::from_secs(120));
+    assert!(out.contains("6/6 trials done, 0 failed"), "{out}");
+    let ssl = pg.query("SELECT COUNT(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE s.ssl AND a.usename = 'tunefleet'");
+    assert!(ssl.parse::<u32>().unwrap_or(0) >= 1, "this query itself comes over TLS: {ssl}");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM tls.results"), "6");
+}
+
 /// A coordinator running on a server's store holds the store's running
 /// lock there (an advisory lock of its own connection): a rename waits
 /// for it to stop, and goes through once it has.

@@ -29,6 +29,10 @@ pub struct PgTarget {
     pub url: String,
     /// The schema of the store's tables.
     pub schema: String,
+    /// With `sslmode=require`, `verify-ca` or `verify-full`: the CA file
+    /// (`sslrootcert`) the server's certificate and name are verified
+    /// against, always (Tunefleet never takes an unverified certificate).
+    pub ca: Option<std::path::PathBuf>,
 }
 
 /// What this process's connections call themselves on the server.
@@ -73,17 +77,34 @@ pub fn parse_target(location: &str) -> std::result::Result<PgTarget, String> {
             .into());
     }
     let mut schema = DEFAULT_SCHEMA.to_string();
+    let (mut mode, mut ca) = (None, None);
     let mut kept = url.clone();
     kept.query_pairs_mut().clear();
     let mut any = false;
     for (key, value) in url.query_pairs() {
-        if key == "schema" {
-            schema = value.into_owned();
-        } else {
-            kept.query_pairs_mut().append_pair(&key, &value);
-            any = true;
+        match &*key {
+            "schema" => schema = value.into_owned(),
+            "sslmode" => mode = Some(value.into_owned()),
+            "sslrootcert" => ca = Some(std::path::PathBuf::from(&*value)),
+            _ => {
+                kept.query_pairs_mut().append_pair(&key, &value);
+                any = true;
+            }
         }
     }
+    let ca = match (mode.as_deref(), ca) {
+        (None | Some("disable" | "allow" | "prefer"), None) => None,
+        (Some("require" | "verify-ca" | "verify-full"), Some(ca)) => Some(ca),
+        (Some("require" | "verify-ca" | "verify-full"), None) => {
+            return Err("sslmode: give the CA that signed the server's certificate as sslrootcert=FILE (the \
+                        certificate and the server's name are always verified)"
+                .into())
+        }
+        (Some(m), _) if !matches!(m, "disable" | "allow" | "prefer") => {
+            return Err(format!("sslmode={m}: disable, require, verify-ca or verify-full"))
+        }
+        _ => return Err("sslrootcert without sslmode=verify-full (or require)".into()),
+    };
     if !any {
         kept.set_query(None);
     }
@@ -94,7 +115,7 @@ pub fn parse_target(location: &str) -> std::result::Result<PgTarget, String> {
     if !plain {
         return Err(format!("schema {schema:?}: lower-case letters, digits and '_', at most 63, not a digit first"));
     }
-    Ok(PgTarget { url: kept.to_string(), schema })
+    Ok(PgTarget { url: kept.to_string(), schema, ca })
 }
 
 /// The store's password: `TUNEFLEET_STORE_PASSWORD`, else the first line
@@ -257,17 +278,28 @@ impl PgConn {
             config.password(p);
         }
         config.application_name(application_name());
+        let tls = match &target.ca {
+            Some(ca) => {
+                config.ssl_mode(postgres::config::SslMode::Require);
+                let files = tunefleet_common::security::TlsFiles { ca: ca.clone(), identity: None };
+                let client = tunefleet_common::security::client_config(&files)
+                    .map_err(|e| Error::Closed(format!("sslrootcert: {e}")))?;
+                Some(tokio_postgres_rustls::MakeRustlsConnect::new((*client).clone()))
+            }
+            None => None,
+        };
         let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
         let (requests, rx) = mpsc::channel::<Request>();
         let schema = target.schema.clone();
         std::thread::Builder::new()
             .name("tunefleet-pg".into())
-            .spawn(move || match open_client(&config, &schema) {
+            .spawn(move || match open_client(&config, &schema, tls.as_ref()) {
                 Ok(c) => {
                     let _ = ready_tx.send(Ok(()));
                     Server {
                         client: c,
                         config,
+                        tls,
                         schema,
                         prepared: Vec::new(),
                         by_text: HashMap::new(),
@@ -326,12 +358,18 @@ fn owned<P: Params>(params: &P) -> Result<Vec<Value>> {
 }
 
 /// A client connected and working in `schema`, created when missing.
+/// TLS to the server with rustls, the server's certificate verified.
+type Tls = tokio_postgres_rustls::MakeRustlsConnect;
+
 /// The advisory lock held while a schema or a table of the store's own is
 /// created (`CREATE ... IF NOT EXISTS` races with itself).
 pub const CREATING: i64 = 0x7475_6e65_666c_6565;
 
-fn open_client(config: &postgres::Config, schema: &str) -> Result<postgres::Client> {
-    let mut client = config.connect(postgres::NoTls)?;
+fn open_client(config: &postgres::Config, schema: &str, tls: Option<&Tls>) -> Result<postgres::Client> {
+    let mut client = match tls {
+        Some(tls) => config.connect(tls.clone())?,
+        None => config.connect(postgres::NoTls)?,
+    };
     // Two coordinators starting at once would both create it: the server
     // refuses the second (a duplicate key), so one waits for the other.
     client.batch_execute(&format!(
@@ -347,6 +385,8 @@ fn open_client(config: &postgres::Config, schema: &str) -> Result<postgres::Clie
 struct Server {
     client: postgres::Client,
     config: postgres::Config,
+    /// TLS to the server, when the URL asks for it.
+    tls: Option<Tls>,
     schema: String,
     prepared: Vec<(String, Option<postgres::Statement>)>,
     by_text: HashMap<String, Prepared>,
@@ -367,7 +407,7 @@ impl Server {
             // broke) is made again before the next request: a write
             // transaction it held is gone, and the store says so.
             if self.client.is_closed() {
-                match open_client(&self.config, &self.schema) {
+                match open_client(&self.config, &self.schema, self.tls.as_ref()) {
                     Ok(c) => {
                         tracing::warn!(lost_transaction = self.in_transaction, "connected to PostgreSQL again");
                         self.client = c;
@@ -479,14 +519,25 @@ mod tests {
 
     #[test]
     fn a_store_url_keeps_its_schema_and_never_a_password() {
-        let t = parse_target("postgres://fleet@db.example:5433/tune?schema=lab_a&sslmode=disable").expect("url");
+        let url = "postgres://fleet@db.example:5433/tune?schema=lab_a&sslmode=disable&connect_timeout=5";
+        let t = parse_target(url).expect("url");
         assert_eq!(t.schema, "lab_a");
-        assert_eq!(t.url, "postgres://fleet@db.example:5433/tune?sslmode=disable");
+        assert_eq!(t.url, "postgres://fleet@db.example:5433/tune?connect_timeout=5");
         assert_eq!(parse_target("postgres://fleet@h/db").expect("url").schema, DEFAULT_SCHEMA);
         let err = parse_target("postgres://fleet:secret@h/db").expect_err("a password");
         assert!(err.contains("TUNEFLEET_STORE_PASSWORD"), "{err}");
         assert!(parse_target("postgres://f@h/db?schema=Drop;Table").is_err(), "a schema is an identifier");
         assert!(is_postgres("postgresql://h/db") && !is_postgres("/var/lib/tunefleet/store.db"));
+    }
+
+    #[test]
+    fn tls_to_the_server_always_verifies_against_a_given_ca() {
+        let t = parse_target("postgres://f@h/db?sslmode=verify-full&sslrootcert=/etc/ca.pem").expect("url");
+        assert_eq!((t.url.as_str(), t.ca.as_deref()), ("postgres://f@h/db", Some(std::path::Path::new("/etc/ca.pem"))));
+        assert!(parse_target("postgres://f@h/db?sslmode=require").expect_err("no CA").contains("sslrootcert"));
+        assert!(parse_target("postgres://f@h/db?sslmode=sometimes").is_err());
+        assert!(parse_target("postgres://f@h/db?sslrootcert=/ca.pem").is_err(), "a CA without TLS");
+        assert_eq!(parse_target("postgres://f@h/db?sslmode=disable").expect("url").ca, None);
     }
 
     /// NUMERIC's binary form: 4 words of header, then base-10000 digits.
