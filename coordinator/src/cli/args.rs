@@ -48,8 +48,9 @@ pub enum Command {
         #[command(flatten)]
         store: StoreArg,
     },
-    /// Put a configuration first in a study running on `tunefleet serve`
-    /// (Optuna's `enqueue_trial`): tried before any trial not created yet,
+    /// Put a configuration first in a study a service runs.
+    ///
+    /// Optuna's `enqueue_trial`: tried before any trial not created yet,
     /// checked as an `[[enqueue]]` entry of its file, kept in the stored
     /// file. Values as in TOML; a word that is not a number or a boolean is
     /// taken as a string (`optimizer=adam lr=0.01 layers=3`).
