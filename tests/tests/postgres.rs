@@ -100,6 +100,28 @@ fn a_study_on_postgresql_ends_as_on_sqlite_and_every_view_reads_it() {
     assert!(!other.contains("pgrid"), "{other}");
 }
 
+/// A pipelined training study of `trials` trials over the rates `lrs`,
+/// threads probed epoch by epoch, reuse on or off.
+fn train_study(dir: &Path, name: &str, lrs: &str, trials: u32, reuse: bool) -> std::path::PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+timeout = 120
+lookahead = 0
+command = ["tunefleet-train", "--lr", "{{lr}}", "--epochs", "6", "--passes", "4", "--hidden", "256", "--threads", "{{threads}}"]
+objective = {{ metric = "accuracy", direction = "maximize" }}
+hyper.lr = {{ kind = "categorical", values = [{lrs}] }}
+reuse = {{ enabled = {reuse} }}
+system.threads = {{ kind = "int", low = 1, high = 2 }}
+budget = {{ trials = {trials} }}
+strategy = {{ kind = "grid" }}
+{PIPELINE_EPOCH_WINDOWS}control = true
+"#
+    );
+    let study = dir.join(format!("{name}.toml"));
+    std::fs::write(&study, text).expect("study");
+    study
+}
+
 #[test]
 fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
     let pg = Postgres::start();
@@ -110,6 +132,13 @@ fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
     // The demo: energy estimates, epochs, a join token, enrolled agents.
     let (code, _, err) = tunefleet(&["demo", "--store", &first_s]);
     assert_eq!(code, Some(0), "demo: {err}");
+    // Pipelined windows, profiles, a cluster model and reuse decisions: a
+    // training job that teaches, then a recurring one with reuse on.
+    for (name, lrs, trials, reuse) in [("learn", "0.05, 0.1", 2, false), ("recur", "0.2", 1, true)] {
+        let study = train_study(dir.path(), name, lrs, trials, reuse);
+        let out = run_with_one_agent(&study, &first, "pg-copy", &["--slots", "1"], Duration::from_secs(240));
+        assert!(out.contains(&format!("{trials}/{trials} trials done")), "{out}");
+    }
     let url = pg.store("copied");
     let copy = |from: &str, to: &str| {
         let (code, out, err) = tunefleet(&["store", "copy", from, to, "--json"]);
@@ -123,8 +152,11 @@ fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
     let rows = |t: &[serde_json::Value], table: &str| {
         t.iter().find(|c| c["table"] == table).map(|c| c["rows"].as_u64().unwrap_or(0)).unwrap_or(0)
     };
-    assert_eq!(rows(&there, "results"), 12, "{there:?}");
-    assert!(rows(&there, "progress") > 0 && rows(&there, "agent_keys") == 2, "{there:?}");
+    assert_eq!(rows(&there, "results"), 15, "the demo's 12 and the training jobs' 3: {there:?}");
+    assert!(rows(&there, "progress") > 0 && rows(&there, "agent_keys") > 0, "{there:?}");
+    for table in ["segments", "profiles", "cluster_models", "reuse_decisions"] {
+        assert!(rows(&there, table) > 0, "{table}: {there:?}");
+    }
     assert!(there.iter().all(|c| c["digest_from"] == c["digest_to"]), "{there:?}");
     // What a user sees of the copies is what they saw of the original.
     let csv = |store: &str| tunefleet(&["export", "demo", "--format", "csv", "--store", store]).1;
