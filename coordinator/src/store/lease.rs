@@ -83,6 +83,10 @@ pub struct Lease {
     /// The coordinator instance this start announces.
     pub instance: u64,
     lease_ms: i64,
+    /// The lock is to be taken again before the next renewal: a failed
+    /// statement may mean a new connection, which holds no lock (taken
+    /// only then: each take of a held lock counts once more).
+    relock: std::cell::Cell<bool>,
 }
 
 /// The server's clock, in Unix milliseconds.
@@ -168,7 +172,8 @@ fn try_acquire(conn: Conn, key: i64, holder: &str, lease_ms: i64, min_instance: 
         .query_row(&sql, params![holder, min_instance, lease_ms], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
         .map_err(sql_err("taking over"))?;
     let instance = u64::try_from(instance).unwrap_or(0);
-    Ok(Try::Active(Lease { conn, key, holder: holder.to_string(), epoch, instance, lease_ms }))
+    let relock = std::cell::Cell::new(false);
+    Ok(Try::Active(Lease { conn, key, holder: holder.to_string(), epoch, instance, lease_ms, relock }))
 }
 
 impl Lease {
@@ -178,22 +183,29 @@ impl Lease {
     /// row is still this coordinator's).
     pub fn renew(&self) -> Result<bool, Lost> {
         let lost = |(holder, epoch)| Lost { holder, epoch };
-        let held = self.conn.query_row("SELECT pg_try_advisory_lock(?1)", [self.key], |r| r.get::<_, bool>(0));
         let row = || {
             let sql = format!("SELECT holder, epoch FROM {LEASE_TABLE} WHERE id = 1");
             self.conn.query_row(&sql, (), |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
         };
-        match held {
-            Ok(true) => {}
-            Ok(false) => return Err(lost(row().unwrap_or_else(|_| ("another coordinator".into(), self.epoch + 1)))),
-            Err(_) => return Ok(false),
+        let unreachable = || {
+            self.relock.set(true);
+            Ok(false)
+        };
+        if self.relock.get() {
+            match self.conn.query_row("SELECT pg_try_advisory_lock(?1)", [self.key], |r| r.get::<_, bool>(0)) {
+                Ok(true) => self.relock.set(false),
+                Ok(false) => {
+                    return Err(lost(row().unwrap_or_else(|_| ("another coordinator".into(), self.epoch + 1))))
+                }
+                Err(_) => return unreachable(),
+            }
         }
         let sql =
             format!("UPDATE {LEASE_TABLE} SET expires_ms = {NOW_MS} + ?1 WHERE id = 1 AND holder = ?2 AND epoch = ?3");
         match self.conn.execute(&sql, params![self.lease_ms, self.holder, self.epoch]) {
             Ok(1) => Ok(true),
             Ok(_) => Err(lost(row().unwrap_or_else(|_| ("another coordinator".into(), self.epoch + 1)))),
-            Err(_) => Ok(false),
+            Err(_) => unreachable(),
         }
     }
 }
