@@ -10,7 +10,9 @@ PostgreSQL server (RDBStorage, RandomSampler), each running `true` per
 trial. Prints one JSON line per run and the medians with their spread.
 
 Usage: scripts/bench-store.py [--trials N] [--agents N] [--slots N]
-       [--pairs N] [--bin DIR] [--python PY]
+       [--pairs N] [--bin DIR] [--python PY] [--sides sqlite,postgres,optuna]
+The Optuna side needs psycopg2 in its virtual environment
+(target/optuna-venv/bin/pip install psycopg2-binary).
 """
 
 import argparse
@@ -141,6 +143,7 @@ def main():
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--bin", default="target/release")
     p.add_argument("--python", default="target/optuna-venv/bin/python")
+    p.add_argument("--sides", default="sqlite,postgres,optuna", help="which to run, comma-separated")
     a = p.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as dir:
@@ -149,7 +152,8 @@ def main():
         try:
             for k in range(a.pairs):
                 pg = f"postgres://tunefleet@127.0.0.1:{port}/postgres?schema=bench{k}"
-                for side in (["sqlite", "postgres", "optuna"] if k % 2 == 0 else ["optuna", "postgres", "sqlite"]):
+                order = ["sqlite", "postgres", "optuna"] if k % 2 == 0 else ["optuna", "postgres", "sqlite"]
+                for side in [o for o in order if o in a.sides.split(",")]:
                     if side == "sqlite":
                         r = tunefleet(a.bin, dir, os.path.join(dir, f"s{k}.db"), f"sqlite-{k}", a)
                     elif side == "postgres":
@@ -164,9 +168,12 @@ def main():
     by = {s: [r["trials_per_s"] for r in runs if r["side"] == s] for s in ("sqlite", "postgres", "optuna")}
     med = {s: statistics.median(v) for s, v in by.items() if v}
     for s, v in by.items():
-        print(f"{s}: median {med[s]:.1f} trials/s over {len(v)} runs (min {min(v):.1f}, max {max(v):.1f})")
-    print(f"postgres / sqlite: {med['postgres'] / med['sqlite']:.3f}x; tunefleet on postgres / optuna on postgres: "
-          f"{med['postgres'] / med['optuna']:.2f}x")
+        if v:
+            print(f"{s}: median {med[s]:.1f} trials/s over {len(v)} runs (min {min(v):.1f}, max {max(v):.1f})")
+    if "postgres" in med and "sqlite" in med:
+        print(f"postgres / sqlite: {med['postgres'] / med['sqlite']:.3f}x")
+    if "postgres" in med and "optuna" in med:
+        print(f"tunefleet on postgres / optuna on postgres: {med['postgres'] / med['optuna']:.2f}x")
     if not all(r["all_done"] for r in runs):
         sys.exit("a run did not finish every trial")
 

@@ -408,30 +408,28 @@ impl Batch<'_> {
         let at = to_i64("time", at_ms)?;
         let exit = exit_text(&measurement.exit);
 
-        let accepted: Option<u32> = self
+        // In one statement (one round trip on a server): the attempt whose
+        // result the trial has, if any, and whether this agent was handed
+        // this attempt; no row for an unknown trial, an error.
+        let (accepted, held): (Option<u32>, bool) = self
             .tx
-            .prepare_cached("SELECT attempt FROM results WHERE study = ?1 AND trial = ?2")
+            .prepare_cached(
+                "SELECT (SELECT attempt FROM results WHERE study = ?1 AND trial = ?2),
+                        EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)
+                 FROM trials WHERE study = ?1 AND trial = ?2",
+            )
             .ctx(context)?
-            .query_row(params![trial.study, id], |r| r.get(0))
+            .query_row(params![trial.study, id, trial.attempt, agent], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()
-            .ctx(context)?;
+            .ctx(context)?
+            .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })?;
         if accepted == Some(trial.attempt) {
             return Ok(RecordOutcome::Duplicate);
         }
-        // An unknown trial is an error.
-        self.trial_state(trial)?;
         // Any attempt really handed to this agent may complete a trial that has
         // no result yet, a trial failed because its attempts ran out included (a
         // result that arrives after its agent was presumed dead is still a good
         // result); everything after that is superseded.
-        let held: bool = self
-            .tx
-            .prepare_cached(
-                "SELECT EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)",
-            )
-            .ctx(context)?
-            .query_row(params![trial.study, id, trial.attempt, agent], |r| r.get(0))
-            .ctx(context)?;
         if accepted.is_some() || !held {
             self.supersede(trial, agent, &exit, at)?;
             return Ok(RecordOutcome::Superseded);
@@ -532,21 +530,16 @@ impl Batch<'_> {
             .ctx(context)?
             .execute(params![trial.study, id, new_state.as_str(), reason])
             .ctx(context)?;
+        // This attempt ends with its exit; another still open is cancelled:
+        // this result came first. One statement.
         self.tx
             .prepare_cached(
-                "UPDATE attempts SET ended_ms = ?4, outcome = ?5 WHERE study = ?1 AND trial = ?2 AND attempt = ?3",
+                "UPDATE attempts SET ended_ms = ?4,
+                     outcome = CASE WHEN attempt = ?3 THEN ?5 ELSE 'cancelled: attempt ' || ?3 || ' delivered first' END
+                 WHERE study = ?1 AND trial = ?2 AND (attempt = ?3 OR ended_ms IS NULL)",
             )
             .ctx(context)?
             .execute(params![trial.study, id, trial.attempt, at, exit])
-            .ctx(context)?;
-        // A newer attempt still open is cancelled: this result came first.
-        self.tx
-            .prepare_cached(
-                "UPDATE attempts SET ended_ms = ?4, outcome = 'cancelled: attempt ' || ?3 || ' delivered first'
-                 WHERE study = ?1 AND trial = ?2 AND attempt != ?3 AND ended_ms IS NULL",
-            )
-            .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, at])
             .ctx(context)?;
         Ok(())
     }
