@@ -94,7 +94,7 @@ impl Renewals {
         lost(&mut self.lost).await
     }
 
-    /// `error`, or the lost lease when the renewals say so within the lease.
+    /// `error`, or the lost lease when the renewals say so within two leases.
     pub async fn why_it_ended<E: From<Lost>>(&mut self, error: E) -> E {
         why_it_ended(error, &mut self.lost, self.lease).await
     }
@@ -142,12 +142,14 @@ async fn lost(lost: &mut Option<oneshot::Receiver<Lost>>) -> Lost {
 
 /// Whether a service that failed with `error` (its server went away in
 /// the middle of a turn, say) lost its lease too: the renewals say so
-/// within `lease`, and then it stepped down rather than failed.
+/// within two leases, and then it stepped down rather than failed.
 async fn why_it_ended<E: From<Lost>>(error: E, renewals: &mut Option<oneshot::Receiver<Lost>>, lease: Duration) -> E {
     if renewals.is_none() {
         return error;
     }
-    match tokio::time::timeout(lease, lost(renewals)).await {
+    // Two leases: a renewal that failed on the lost connection, then one
+    // on a new connection that finds the lock taken.
+    match tokio::time::timeout(lease * 2, lost(renewals)).await {
         Ok(lost) => E::from(lost),
         Err(_) => error,
     }
