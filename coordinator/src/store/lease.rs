@@ -119,18 +119,10 @@ impl Candidate {
 }
 
 fn connect(store: &Path) -> Result<(Conn, i64), StoreError> {
-    let location = store.to_str().unwrap_or_default();
-    let target = sql::parse_target(location)
-        .map_err(|why| StoreError::Sql { context: "the coordinators' lease".into(), cause: sql::Error::Closed(why) })?;
-    let conn = Conn::open_postgres(&target).map_err(sql_err("connecting"))?;
-    // One statement, so one transaction: the lock is held until the table is.
-    conn.execute_batch(&format!(
-        "DO $$ BEGIN PERFORM pg_advisory_xact_lock({}); CREATE TABLE IF NOT EXISTS {LEASE_TABLE} (id BIGINT PRIMARY \
-         KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL, instance BIGINT NOT NULL, expires_ms BIGINT NOT NULL); END \
-         $$",
-        sql::CREATING
-    ))
-    .map_err(sql_err("creating its table"))?;
+    let (conn, target) = Conn::open_server(store).map_err(sql_err("connecting"))?;
+    let columns = "id BIGINT PRIMARY KEY, holder TEXT NOT NULL, epoch BIGINT NOT NULL, instance BIGINT NOT NULL, \
+                   expires_ms BIGINT NOT NULL";
+    conn.create_table_once(LEASE_TABLE, columns).map_err(sql_err("creating its table"))?;
     Ok((conn, active_key(&target.schema)))
 }
 

@@ -23,16 +23,9 @@ fn sql_err(context: &str) -> impl FnOnce(sql::Error) -> StoreError + '_ {
 impl Requests {
     /// A connection to the server `store` names, and the table there.
     pub fn connect(store: &Path) -> Result<Requests, StoreError> {
-        let location = store.to_str().unwrap_or_default();
-        let target = sql::parse_target(location).map_err(|why| sql_err("the store's URL")(sql::Error::Closed(why)))?;
-        let conn = Conn::open_postgres(&target).map_err(sql_err("connecting"))?;
-        // One statement, so one transaction: the lock is held until the table is.
-        conn.execute_batch(&format!(
-            "DO $$ BEGIN PERFORM pg_advisory_xact_lock({}); CREATE TABLE IF NOT EXISTS {REQUESTS_TABLE} (id BIGSERIAL \
-             PRIMARY KEY, ask TEXT NOT NULL, answer TEXT); END $$",
-            sql::CREATING
-        ))
-        .map_err(sql_err("creating its table"))?;
+        let (conn, _) = Conn::open_server(store).map_err(sql_err("connecting"))?;
+        let columns = "id BIGSERIAL PRIMARY KEY, ask TEXT NOT NULL, answer TEXT";
+        conn.create_table_once(REQUESTS_TABLE, columns).map_err(sql_err("creating its table"))?;
         Ok(Requests { conn })
     }
 

@@ -31,9 +31,7 @@ fn advisory_key(schema: &str) -> i64 {
 
 /// A connection of its own to the server `store` names, and its key.
 fn server_lock(store: &Path) -> std::io::Result<(super::sql::Conn, i64)> {
-    let location = store.to_str().unwrap_or_default();
-    let target = super::sql::parse_target(location).map_err(std::io::Error::other)?;
-    let conn = super::sql::Conn::open_postgres(&target).map_err(std::io::Error::other)?;
+    let (conn, target) = super::sql::Conn::open_server(store).map_err(std::io::Error::other)?;
     Ok((conn, advisory_key(&target.schema)))
 }
 

@@ -25,6 +25,10 @@ pub use postgres::{application_name, is_postgres, parse_target, redacted, set_ap
 /// of the active one checks its epoch first ([`Conn::set_fence`]).
 pub const LEASE_TABLE: &str = "coordinator_lease";
 
+/// What every write transaction of the active coordinator reads first: the
+/// lease's epoch, its row held as it is until the transaction ends.
+const FENCE: &str = "SELECT epoch FROM coordinator_lease WHERE id = 1 FOR SHARE";
+
 /// The table of `submit` and `cancel` requests to the active coordinator
 /// through a server's store (`store/requests.rs`).
 pub const REQUESTS_TABLE: &str = "control_requests";
@@ -179,8 +183,7 @@ impl Conn {
     fn check_fence(&self) -> Result<()> {
         let ConnInner::Pg(c) = &self.0 else { return Ok(()) };
         let Some(mine) = c.fence.get() else { return Ok(()) };
-        let sql = format!("SELECT epoch FROM {LEASE_TABLE} WHERE id = 1 FOR SHARE");
-        let now = match self.query_row(&sql, (), |r| r.get::<_, i64>(0)) {
+        let now = match self.query_row(FENCE, (), |r| r.get::<_, i64>(0)) {
             Ok(epoch) => Some(epoch),
             Err(Error::NoRows) => None,
             Err(e) => return Err(e),
@@ -293,6 +296,23 @@ impl Conn {
     /// Connects to the PostgreSQL store `target`.
     pub fn open_postgres(target: &PgTarget) -> Result<Conn> {
         Ok(Conn(ConnInner::Pg(postgres::PgConn::connect(target)?)))
+    }
+
+    /// A connection of its own to the server the store URL `store` names
+    /// (a lock's, the lease's, the requests'), and where it points.
+    pub fn open_server(store: &Path) -> Result<(Conn, PgTarget)> {
+        let target = parse_target(store.to_str().unwrap_or_default()).map_err(Error::Closed)?;
+        Ok((Conn::open_postgres(&target)?, target))
+    }
+
+    /// Creates a table of the server's own with `columns` unless it is
+    /// there, in one statement (so one transaction) under the lock that
+    /// keeps two coordinators starting at once from racing on it.
+    pub fn create_table_once(&self, table: &str, columns: &str) -> Result<()> {
+        self.execute_batch(&format!(
+            "DO $$ BEGIN PERFORM pg_advisory_xact_lock({CREATING}); CREATE TABLE IF NOT EXISTS {table} ({columns}); \
+             END $$"
+        ))
     }
 
     /// The SQLite connection underneath, for tests that look at the file
@@ -411,5 +431,13 @@ impl<T> Optional<T> for Result<T> {
             Err(Error::NoRows) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_fence_reads_the_lease_table() {
+        assert!(super::FENCE.contains(&format!(" {} ", super::LEASE_TABLE)), "{}", super::FENCE);
     }
 }
