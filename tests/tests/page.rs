@@ -221,3 +221,139 @@ fn beyond_loopback_the_page_asks_for_its_token() {
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
 }
+
+/// A study over a float, an int and a choice, minimising a loss it reports
+/// epoch by epoch, with energy as a second objective.
+const VIEWS_STUDY: &str = r#"name = "views"
+command = ["awk", "-v", "x={x}", "-v", "n={n}", "-v", "k={kind}", 'BEGIN {{ b = (k == "slow") ? 1 : 0; for (e = 1; e <= 3; e++) printf "{{\"event\":\"epoch\",\"epoch\":%d,\"loss\":%.6f}}\n", e, (x - 0.3) ^ 2 + n / 10 + b + 1 / e; printf "{{\"event\":\"final\",\"loss\":%.6f}}\n", (x - 0.3) ^ 2 + n / 10 + b; print "trained on " k }}']
+timeout = 60
+[objective]
+metric = "loss"
+direction = "minimize"
+also = ["energy"]
+[budget]
+trials = 16
+[strategy]
+kind = "random"
+seed = 3
+[hyper.x]
+kind = "float"
+low = 0.0
+high = 1.0
+[hyper.n]
+kind = "int"
+low = 1
+high = 4
+[hyper.kind]
+kind = "categorical"
+values = ["fast", "slow"]
+"#;
+
+/// The `data-NAME="..."` attribute's value in `html` after `from`.
+fn attr<'a>(html: &'a str, from: &str, name: &str) -> &'a str {
+    let at = html.find(from).unwrap_or_else(|| panic!("no {from}"));
+    let rest = &html[at..];
+    let start = rest.find(&format!("{name}=\"")).unwrap_or_else(|| panic!("no {name} after {from}")) + name.len() + 2;
+    &rest[start..start + rest[start..].find('"').expect("attribute end")]
+}
+
+#[test]
+fn a_study_s_views_draw_export_s_numbers_in_chromium() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("views.db");
+    let root = unique_root("views");
+    let (mut service, url, broker) = serve(&store, &root, &["--page", "127.0.0.1:0"]);
+    let _agent = start_agent(&broker, "views-a", &root, &[]);
+    let study = dir.path().join("views.toml");
+    std::fs::write(&study, VIEWS_STUDY).expect("study");
+    let (code, _, err) = cli(&store, &["submit", study.to_str().expect("utf-8")]);
+    assert_eq!(code, Some(0), "{err}");
+    wait_for("the study to finish", Duration::from_secs(90), || {
+        json(&store, &["status", "--json"])[0]["done"].as_u64() == Some(16)
+    });
+    let export = json(&store, &["export", "views", "--format", "json"]);
+    let trials = export.as_array().expect("trials");
+    assert_eq!(trials.len(), 16);
+
+    let dom = chromium::dump_dom_url(&format!("{url}study/views"), Duration::from_secs(60));
+    assert!(dom.success, "chromium failed:\n{}", dom.stderr);
+    assert_eq!(dom.console_lines(), Vec::<&str>::new());
+    let html = &dom.stdout;
+    for id in ["history", "importance", "slice", "parallel", "contour", "curves", "pareto", "trials"] {
+        assert!(html.contains(&format!("<section id=\"view-{id}\">")), "view {id} missing");
+    }
+    // Every number as export has it: each trial's objective in the table,
+    // a dot or a line per trial in every plot, the best by the one rule.
+    let table = &html[html.find("<table id=\"trials\">").expect("the trial table")..];
+    for t in trials {
+        let at = table.find(&format!("<tr data-trial=\"{}\">", t["trial"])).expect("a row a trial");
+        let cell = table[at..].split("<td class=\"n objective\">").nth(1).and_then(|c| c.split('<').next());
+        assert_eq!(cell.and_then(|c| c.parse::<f64>().ok()), t["objective"].as_f64(), "trial {}", t["trial"]);
+    }
+    for (from, what) in [("data-slice=\"x\"", "x"), ("data-slice=\"kind\"", "kind"), ("id=\"contour\"", "contour")] {
+        assert_eq!(attr(html, from, "data-points"), "16", "{what}");
+    }
+    let history = &html[html.find("id=\"view-history\"").expect("history")..];
+    let dots = history.split("class=\"dot\" d=\"").nth(1).and_then(|d| d.split('"').next()).expect("dots");
+    assert_eq!(dots.matches("h0").count(), 16);
+    assert_eq!(html.matches("class=\"pc\"").count(), 16, "a line a trial");
+    assert_eq!(html.matches("class=\"curve\"").count(), 16, "a learning curve a trial");
+    assert!(html.contains("class=\"bar\" data-name=\"x\""), "x matters: it has a bar");
+    let best = trials.iter().find(|t| t["rank"] == 1).expect("a best trial");
+    assert_eq!(by_id(html, "best-value").parse::<f64>().ok(), best["objective"].as_f64());
+    // The front of loss and energy, as export's numbers make it.
+    let points: Vec<(u64, f64, f64)> = trials
+        .iter()
+        .filter(|t| t["energy_valid"] == true)
+        .map(|t| {
+            (
+                t["trial"].as_u64().expect("trial"),
+                t["energy_j"].as_f64().expect("J"),
+                t["objective"].as_f64().expect("loss"),
+            )
+        })
+        .collect();
+    let mut front: Vec<u64> = points
+        .iter()
+        .filter(|p| !points.iter().any(|q| q.1 <= p.1 && q.2 <= p.2 && (q.1 < p.1 || q.2 < p.2)))
+        .map(|p| p.0)
+        .collect();
+    let mut drawn: Vec<u64> =
+        attr(html, "data-front=\"energy\"", "data-front-trials").split(' ').filter_map(|t| t.parse().ok()).collect();
+    front.sort_unstable();
+    drawn.sort_unstable();
+    assert!(!front.is_empty());
+    assert_eq!(drawn, front);
+
+    // The best trial's detail, opened from the table.
+    let detail_url = format!("{url}study/views/trial/{}", best["trial"]);
+    assert!(table.contains(&format!("href=\"/study/views/trial/{}\"", best["trial"])));
+    let detail = chromium::dump_dom_url(&detail_url, Duration::from_secs(60));
+    assert!(detail.success, "chromium failed:\n{}", detail.stderr);
+    let d = &detail.stdout;
+    assert_eq!(by_id(d, "trial-objective").parse::<f64>().ok(), best["objective"].as_f64());
+    assert_eq!(Some(by_id(d, "energy-source")), best["energy_source"].as_str());
+    assert_eq!(by_id(d, "energy-j").parse::<f64>().ok(), best["measurement"]["energy"]["joules"].as_f64());
+    let kind = best["params"]["kind"].as_str().expect("kind");
+    assert_eq!(by_id(d, "log-tail").trim(), format!("trained on {kind}"), "{d}");
+    assert!(d.contains(&format!("<tr><th>kind</th><td>{kind}</td></tr>")), "{d}");
+
+    // Screenshots: the views at 1400 px and on a phone, a trial's detail.
+    for (name, target, size) in [
+        ("study-views-1400.png", format!("{url}study/views"), (1400, 4200)),
+        ("study-views-phone.png", format!("{url}study/views"), (390, 7000)),
+        ("study-trial.png", detail_url.clone(), (1400, 1400)),
+    ] {
+        let png = artifacts().join(name);
+        let _ = std::fs::remove_file(&png);
+        let shot = chromium::screenshot_url(&target, &png, size, Duration::from_secs(60));
+        assert!(shot.success, "chromium failed:\n{}", shot.stderr);
+        let bytes = std::fs::read(&png).expect("screenshot written");
+        assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 20_000, "{name}: {} bytes", bytes.len());
+        eprintln!("{name}: {} ({} bytes)", png.display(), bytes.len());
+    }
+    assert_eq!(get(url.trim_start_matches("http://").trim_end_matches('/'), "/study/nope").0, 404);
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert_agents_spools_empty(&["views-a"]);
+}

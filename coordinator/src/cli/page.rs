@@ -1,7 +1,8 @@
 //! `tunefleet serve`'s live page over HTTP, read only: `/` the fleet and
 //! its studies ([`crate::report::live`]), `/main` the part that updates,
 //! `/status.json` the same figures as JSON, `/report/STUDY` a study's
-//! report. On loopback by default; beyond it only with a token
+//! report, `/study/STUDY` its views ([`crate::report::views`]) and
+//! `/study/STUDY/trial/N` one trial's detail. On loopback by default; beyond it only with a token
 //! (`--page-token-file`), given once as `?token=` (then kept in an
 //! `HttpOnly` cookie, never in a link) or as `Authorization: Bearer`, and
 //! compared in constant time. `/metrics` is the embedded broker's counters
@@ -188,6 +189,9 @@ fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
         };
     }
     let at_ms = super::output::unix_now_ms();
+    if let Some(rest) = path.strip_prefix("/study/") {
+        return study(&db, rest, at_ms);
+    }
     let data = match crate::query::status::snapshot(&db, None, at_ms).and_then(|studies| {
         let agents = db.agents()?;
         let refusals = db.refusals()?;
@@ -206,6 +210,36 @@ fn read(store: &Path, path: &str) -> (u16, &'static str, String) {
             Err(e) => failed(&e),
         },
         _ => (404, "text/plain", "not found\n".to_string()),
+    }
+}
+
+/// A study's pages: `NAME` its views, `NAME/main` the part that updates,
+/// `NAME/trial/N` one trial's detail.
+fn study(db: &Store, rest: &str, at_ms: u64) -> (u16, &'static str, String) {
+    let not_found = || (404, "text/plain", "not found\n".to_string());
+    let (name, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if !crate::domain::study::valid_study_name(name) {
+        return not_found();
+    }
+    let view = match crate::report::views::load(db, name, at_ms) {
+        Ok(Some(v)) => v,
+        Ok(None) => return (404, "text/plain", format!("no study {name:?}\n")),
+        Err(e) => return (500, "text/plain", format!("cannot read the store: {e}\n")),
+    };
+    match tail.strip_prefix("trial/").map(str::parse::<u64>) {
+        _ if tail.is_empty() => (200, "text/html", crate::report::views::page_html(&view, "")),
+        _ if tail == "main" => (200, "text/html", crate::report::views::main_html(&view, "")),
+        Some(Ok(trial)) => {
+            let attempts = match db.attempts(name, trial) {
+                Ok(a) => a,
+                Err(e) => return (500, "text/plain", format!("cannot read the store: {e}\n")),
+            };
+            match crate::report::views::trial_page(&view, trial, &attempts, "") {
+                Some(page) => (200, "text/html", page),
+                None => not_found(),
+            }
+        }
+        _ => not_found(),
     }
 }
 

@@ -50,6 +50,18 @@ pub fn export(store: &Store, study: &str, format: ExportFormat, out: &mut impl W
     if store.study(study)?.is_none() {
         return Err(StoreError::UnknownStudy(study.to_string()).into());
     }
+    let rows = ranked_rows(store, study)?;
+    let nodes = store.node_measurements(study)?;
+    match format {
+        ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
+        ExportFormat::Json => write_json(study, &rows, &nodes, out),
+    }
+}
+
+/// Every trial of `study` with its accepted result and its place by the
+/// one ranking rule: the rows `export` writes (the live page's study views
+/// draw them too).
+pub fn ranked_rows(store: &Store, study: &str) -> Result<Vec<ExportRow>, StoreError> {
     let mut rows = store.export_rows(study)?;
     let ranked = store.best(study, usize::MAX)?;
     let places: std::collections::HashMap<u64, (u64, f64, u32)> =
@@ -57,11 +69,7 @@ pub fn export(store: &Store, study: &str, format: ExportFormat, out: &mut impl W
     for r in &mut rows {
         r.rank = places.get(&r.trial).copied();
     }
-    let nodes = store.node_measurements(study)?;
-    match format {
-        ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
-        ExportFormat::Json => write_json(study, &rows, &nodes, out),
-    }
+    Ok(rows)
 }
 
 const FIXED_COLUMNS: [&str; 15] = [

@@ -142,7 +142,8 @@ pub fn main_html(data: &LiveData, query: &str) -> String {
             out,
             "<tr data-study=\"{0}\"><td>{0}</td><td>{1}</td><td class=\"n done\">{2}</td><td class=\"n\">{3}</td>\
              <td class=\"n\">{4}</td><td class=\"n\">{7}</td><td class=\"n failed\">{5}</td><td class=\"n\">{6}</td>\
-             <td class=\"best\">{best}</td><td>{causes}</td><td><a href=\"/report/{0}{query}\">report</a></td></tr>",
+             <td class=\"best\">{best}</td><td>{causes}</td><td><a href=\"/study/{0}{query}\">views</a> \
+             <a href=\"/report/{0}{query}\">report</a></td></tr>",
             Esc(&s.study),
             Esc(&s.state),
             s.done,
@@ -201,30 +202,61 @@ fn histories(out: &mut String, histories: &[History]) {
 
 /// The whole page: `main` and the script that reloads it every 2 s.
 pub fn page_html(data: &LiveData, query: &str) -> String {
+    shell(
+        "Tunefleet: fleet and studies",
+        &format!(
+            "The same figures as <code>tunefleet status --json</code> and <code>tunefleet agents --json</code> \
+             (<a href=\"/status.json{query}\">status.json</a>)."
+        ),
+        &main_html(data, query),
+        data.at_ms,
+        Some("/main"),
+    )
+}
+
+/// The style of every page of the live page: readable at 1400 px and on a phone.
+const PAGE_STYLE: &str = "body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;\
+margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}td.n{text-align:right}\
+.online{color:#1a7f37}.offline{color:#999}.small{color:#666;font-size:12px}\
+.stale{background:#fde8e8;border:1px solid #d33;color:#a00;padding:6px 10px}\
+figure{margin:0 0 1em;max-width:960px}section{max-width:1400px}nav.views a{margin-right:1em}\
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px}.grid figure{margin:0}\
+.scroll{overflow-x:auto;max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto;white-space:pre-wrap}\
+svg .pc{fill:none;stroke-width:1.2;stroke-opacity:.75}svg .bar{fill:#4e79a7}\
+svg .dot.contour-dot{stroke:#e15759;stroke-opacity:.9;stroke-width:4}svg .front{stroke:#e15759;stroke-width:2;fill:none}\
+svg .front-dot{fill:#e15759}\
+@media (max-width:700px){body{margin:.5em;font-size:13px}td,th{padding:2px 4px}.scroll>svg.chart{min-width:600px}}";
+
+/// A page of the live page: `title`, a line that says when it was read
+/// and `intro`, then `main`; with `main_path`, a script reloads `main`
+/// from it every 2 s and, when the service stops answering, says so with
+/// the time of the last update instead of going on showing the past as now.
+pub fn shell(title: &str, intro: &str, main: &str, at_ms: u64, main_path: Option<&str>) -> String {
+    let script = match main_path {
+        Some(path) => format!(
+            "<script>var seen=new Date({at_ms});function stale(on){{var b=document.getElementById('stale');b.hidden=!on;\
+             if(on){{b.textContent='Not updated since '+seen.toISOString().slice(0,19).replace('T',' ')+\
+             ' UTC: the coordinator does not answer (it stopped, or is out of reach); what follows is as it was \
+             then.'}}}}\
+             setInterval(function(){{fetch({}+location.search).then(function(r){{\
+             if(!r.ok){{throw r.status}}return r.text()}}).then(function(t){{document.getElementById('live').outerHTML=t;\
+             seen=new Date();document.getElementById('updated').textContent=\
+             seen.toISOString().slice(0,19).replace('T',' ')+' UTC';stale(false)}}).catch(function(){{stale(true)}})}},\
+             2000);</script>",
+            serde_json::Value::from(path)
+        ),
+        None => String::new(),
+    };
     format!(
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Tunefleet: fleet and studies</title>\
-         <style>body{{font:14px system-ui,sans-serif;margin:1.5em;color:#222}}table{{border-collapse:collapse;\
-         margin-bottom:1.5em}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left}}td.n{{text-align:right}}\
-         .online{{color:#1a7f37}}.offline{{color:#999}}.small{{color:#666;font-size:12px}}\
-         .stale{{background:#fde8e8;border:1px solid #d33;color:#a00;padding:6px 10px}}\
-         figure{{margin:0 0 1em;max-width:900px}}{chart}</style></head><body>\
-         <h1>Tunefleet</h1><p class=\"small\">Read only; updates every 2 s; last updated \
-         <span id=\"updated\">{}</span>. The same figures as \
-         <code>tunefleet status --json</code> and <code>tunefleet agents --json</code> \
-         (<a href=\"/status.json{query}\">status.json</a>).</p>\
-         <p id=\"stale\" class=\"stale\" hidden></p>{}\
-         <script>var seen=new Date({at});function stale(on){{var b=document.getElementById('stale');b.hidden=!on;\
-         if(on){{b.textContent='Not updated since '+seen.toISOString().slice(0,19).replace('T',' ')+\
-         ' UTC: the coordinator does not answer (it stopped, or is out of reach); what follows is as it was \
-         then.'}}}}\
-         setInterval(function(){{fetch(location.pathname+'main'+location.search).then(function(r){{\
-         if(!r.ok){{throw r.status}}return r.text()}}).then(function(t){{document.getElementById('live').outerHTML=t;\
-         seen=new Date();document.getElementById('updated').textContent=\
-         seen.toISOString().slice(0,19).replace('T',' ')+' UTC';stale(false)}}).catch(function(){{stale(true)}})}},\
-         2000);</script></body></html>",
-        super::utc(data.at_ms),
-        main_html(data, query),
-        at = data.at_ms,
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width,initial-scale=1\"><title>{}</title>\
+         <style>{PAGE_STYLE}{chart}</style></head><body>\
+         <h1>{}</h1><p class=\"small\">Read only; {}last updated <span id=\"updated\">{}</span>. {intro}</p>\
+         <p id=\"stale\" class=\"stale\" hidden></p>{main}{script}</body></html>",
+        Esc(title),
+        Esc(title),
+        if main_path.is_some() { "updates every 2 s; " } else { "" },
+        super::utc(at_ms),
         chart = super::svg::CHART_STYLE,
     )
 }

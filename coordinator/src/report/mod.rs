@@ -43,8 +43,10 @@ mod data;
 mod html;
 pub use html::utc;
 pub mod live;
+mod plots;
 mod sample;
 mod svg;
+pub mod views;
 
 use std::path::{Path, PathBuf};
 

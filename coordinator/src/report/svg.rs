@@ -96,7 +96,7 @@ fn trim_zeros(s: String) -> String {
 }
 
 /// A tick label: as many decimals as the step between ticks needs.
-fn tick_label(v: f64, step: f64) -> String {
+pub(super) fn tick_label(v: f64, step: f64) -> String {
     if step.abs() >= 1e6 || (step != 0.0 && step.abs() < 1e-4) {
         return format!("{v:.2e}");
     }
@@ -173,22 +173,27 @@ impl Scale {
 
 /// Where a chart draws inside its SVG.
 #[derive(Debug, Clone, Copy)]
-struct Area {
-    left: f64,
-    right: f64,
-    top: f64,
-    bottom: f64,
+pub(super) struct Area {
+    pub left: f64,
+    pub right: f64,
+    pub top: f64,
+    pub bottom: f64,
 }
 
 const PLOT: Area = Area { left: 72.0, right: WIDTH - 16.0, top: 28.0, bottom: HEIGHT - 46.0 };
 
 fn open(out: &mut String, id: &str, label: &str, height: f64) {
+    open_sized(out, id, label, WIDTH, height);
+}
+
+/// Opens a chart `width` by `height` CSS pixels (it shrinks to its box).
+pub(super) fn open_sized(out: &mut String, id: &str, label: &str, width: f64, height: f64) {
     let _ = write!(
         out,
         r#"<svg id="{}" class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="{}">"#,
         Esc(id),
         Esc(label),
-        w = Px(WIDTH),
+        w = Px(width),
         h = Px(height),
     );
 }
@@ -209,23 +214,37 @@ pub fn empty(id: &str, label: &str, message: &str) -> String {
 }
 
 /// Grid lines, ticks and labels of the x axis and, when given, the y axis.
-fn axes(out: &mut String, area: Area, x: &Scale, y: Option<&Scale>, x_label: &str, y_label: &str) {
+pub(super) fn axes(out: &mut String, area: Area, x: &Scale, y: Option<&Scale>, x_label: &str, y_label: &str) {
+    framed_axes(out, area, &numeric_ticks(x), &y.map(numeric_ticks).unwrap_or_default(), (x_label, y_label));
+}
+
+/// Pixel positions and labels of a numeric scale's ticks.
+pub(super) fn numeric_ticks(scale: &Scale) -> Vec<(f64, String)> {
+    let (ticks, step) = scale.ticks();
+    ticks.into_iter().map(|t| (scale.at(t), tick_label(t, step))).collect()
+}
+
+/// Axes of a plot: `x` and `y` ticks (pixel, label), grid lines, the frame and labels.
+pub(super) fn framed_axes(
+    out: &mut String,
+    area: Area,
+    x: &[(f64, String)],
+    y: &[(f64, String)],
+    labels: (&str, &str),
+) {
     out.push_str(r#"<g class="axes">"#);
-    let (xt, xs) = x.ticks();
-    for t in xt {
-        let px = x.at(t);
+    for (px, text) in x {
         let _ = write!(
             out,
             r#"<line class="grid" x1="{p}" x2="{p}" y1="{}" y2="{}"/><text x="{p}" y="{}" text-anchor="middle">{}</text>"#,
             Px(area.top),
             Px(area.bottom),
             Px(area.bottom + 16.0),
-            Esc(&tick_label(t, xs)),
-            p = Px(px)
+            Esc(text),
+            p = Px(*px)
         );
     }
-    let (yt, ys) = y.map_or((Vec::new(), 0.0), Scale::ticks);
-    for (t, py) in yt.into_iter().filter_map(|t| Some((t, y?.at(t)))) {
+    for (py, text) in y {
         let _ = write!(
             out,
             r#"<line class="grid" x1="{}" x2="{}" y1="{p}" y2="{p}"/><text x="{}" y="{}" text-anchor="end">{}</text>"#,
@@ -233,8 +252,8 @@ fn axes(out: &mut String, area: Area, x: &Scale, y: Option<&Scale>, x_label: &st
             Px(area.right),
             Px(area.left - 6.0),
             Px(py + 4.0),
-            Esc(&tick_label(t, ys)),
-            p = Px(py)
+            Esc(text),
+            p = Px(*py)
         );
     }
     let _ = write!(
@@ -246,14 +265,14 @@ fn axes(out: &mut String, area: Area, x: &Scale, y: Option<&Scale>, x_label: &st
         Px(area.bottom - area.top),
         Px((area.left + area.right) / 2.0),
         Px(area.bottom + 38.0),
-        Esc(x_label),
+        Esc(labels.0),
         Px((area.top + area.bottom) / 2.0),
-        Esc(y_label)
+        Esc(labels.1)
     );
 }
 
 /// Points as one path of zero-length segments (dots with round caps).
-fn dots(out: &mut String, class: &str, points: impl Iterator<Item = (f64, f64)>) {
+pub(super) fn dots(out: &mut String, class: &str, points: impl Iterator<Item = (f64, f64)>) {
     let _ = write!(out, r#"<path class="{class}" d=""#);
     for (x, y) in points.filter(|(x, y)| x.is_finite() && y.is_finite()) {
         let _ = write!(out, "M{} {}h0", Px(x), Px(y));

@@ -58,7 +58,9 @@ pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
-pub use queries::{AgentRow, AttemptRow, BestRow, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked};
+pub use queries::{
+    AgentRow, AttemptRow, BestRow, Curve, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked,
+};
 pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
 pub use requests::Requests;
