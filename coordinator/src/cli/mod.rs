@@ -11,6 +11,7 @@
 //! * `demo`: the demo's supervisor; `docs`: completions and man pages;
 //! * `error`: [`CliError`], what `main` prints and maps to an exit code.
 
+mod api;
 mod args;
 pub mod config;
 mod demo;

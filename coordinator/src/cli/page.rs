@@ -36,6 +36,9 @@ pub struct PageConfig {
     /// Whether `addr` was given (a default that is taken is skipped, not an error).
     pub explicit: bool,
     pub token_file: Option<PathBuf>,
+    /// The service's control socket: the API's writes go to it, and its
+    /// address and token are written beside it (`api.json`).
+    pub control: PathBuf,
 }
 
 /// Starts the page for `store`; prints `page: URL` once it listens.
@@ -68,15 +71,27 @@ pub async fn start(config: &PageConfig, store: &Path) -> Result<Option<tokio::ta
         Err(e) => return Err(CliError::refused(format!("--page {addr}: {e}"))),
     };
     let local = listener.local_addr().map_err(|e| CliError::refused(format!("--page {addr}: {e}")))?;
-    // Scripts and tests read this line.
-    println!("page: http://{local}/");
+    let url = format!("http://{local}/");
+    let write_token: String = (0..32).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+    let access = super::api::write_access(&config.control, &url, &write_token).map_err(|e| {
+        CliError::refused(format!("writing the API's access file beside {}: {e}", config.control.display()))
+    })?;
+    // Scripts and tests read these lines.
+    println!("page: {url}");
+    println!("api: {url}api/v1/ (token in {})", access.display());
+    let api = std::sync::Arc::new(super::api::ApiContext {
+        store: store.to_path_buf(),
+        control: config.control.clone(),
+        write_token,
+        page_token: token.clone(),
+    });
     let store = store.to_path_buf();
     Ok(Some(tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
-            let (store, token) = (store.clone(), token.clone());
+            let (store, token, api) = (store.clone(), token.clone(), api.clone());
             tokio::spawn(async move {
-                if let Err(e) = answer(stream, &store, token.as_deref()).await {
+                if let Err(e) = answer(stream, &store, token.as_deref(), &api).await {
                     tracing::debug!(error = %e, "live page request");
                 }
             });
@@ -84,31 +99,74 @@ pub async fn start(config: &PageConfig, store: &Path) -> Result<Option<tokio::ta
     })))
 }
 
-/// Reads one request and answers it.
-async fn answer(mut stream: TcpStream, store: &Path, token: Option<&str>) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(1024);
+/// The body's length a request's head declares (0 without one).
+fn content_length(head: &str) -> Option<usize> {
+    let value = head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case("content-length").then(|| v.trim())
+    });
+    match value {
+        None => Some(0),
+        Some(v) => v.parse().ok(),
+    }
+}
+
+/// Reads one request (its head, and the body an API write declares) and answers it.
+async fn answer(
+    mut stream: TcpStream,
+    store: &Path,
+    token: Option<&str>,
+    api: &super::api::ApiContext,
+) -> std::io::Result<()> {
+    let mut data = Vec::with_capacity(1024);
     let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
-        let mut buf = [0u8; 1024];
-        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST {
+        let mut buf = [0u8; 4096];
+        let end = loop {
+            if let Some(at) = data.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+            if data.len() >= MAX_REQUEST {
+                return Ok(Err(413));
+            }
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break data.len();
+            }
+            data.extend_from_slice(&buf[..n]);
+        };
+        let head = String::from_utf8_lossy(&data[..end]).into_owned();
+        let Some(length) = content_length(&head) else { return Ok(Err(400)) };
+        if length > super::api::MAX_BODY {
+            return Ok(Err(413));
+        }
+        while data.len() < end + length {
             let n = stream.read(&mut buf).await?;
             if n == 0 {
                 break;
             }
-            head.extend_from_slice(&buf[..n]);
+            data.extend_from_slice(&buf[..n]);
         }
-        Ok::<(), std::io::Error>(())
+        data.truncate(end + length);
+        Ok::<_, std::io::Error>(Ok((head, end)))
     })
     .await;
     let (status, kind, body, cookie) = match read {
-        Ok(Ok(())) => route(&String::from_utf8_lossy(&head), store, token).await,
+        Ok(Ok(Ok((head, end)))) => route(&head, &data[end..], store, token, api).await,
+        Ok(Ok(Err(413))) => (413, "text/plain", "the request is too large\n".to_string(), None),
+        Ok(Ok(Err(_))) => (400, "text/plain", "a bad Content-Length\n".to_string(), None),
         _ => (408, "text/plain", "request timed out\n".to_string(), None),
     };
     let reason = match status {
         200 => "OK",
+        400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
         405 => "Method Not Allowed",
         408 => "Request Timeout",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
         _ => "Internal Server Error",
     };
     // A token given once as `?token=` is kept in a cookie the page's
@@ -150,13 +208,24 @@ fn given_token<'a>(head: &'a str, query: &'a str) -> (Option<&'a str>, bool) {
 
 /// The answer to a request's head: status, content type, body, and the
 /// token to keep in a cookie.
-async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static str, String, Option<String>) {
+async fn route(
+    head: &str,
+    body: &[u8],
+    store: &Path,
+    token: Option<&str>,
+    api: &super::api::ApiContext,
+) -> (u16, &'static str, String, Option<String>) {
     let mut words = head.lines().next().unwrap_or_default().split_whitespace();
     let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
-    if method != "GET" {
-        return (405, "text/plain", "read only: GET\n".to_string(), None);
-    }
     let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    if path.starts_with("/api/") && method == "POST" {
+        // Writes check their own token, in a header only.
+        let (status, json) = super::api::route(method, path, head, body, api).await;
+        return (status, "application/json", json, None);
+    }
+    if method != "GET" {
+        return (405, "text/plain", "read only: GET (the API's writes: POST /api/v1/...)\n".to_string(), None);
+    }
     let (given, in_query) = given_token(head, query);
     let cookie = match token {
         Some(t) if !given.is_some_and(|g| tunefleet_broker::same_secret(g.as_bytes(), t.as_bytes())) => {
@@ -167,6 +236,10 @@ async fn route(head: &str, store: &Path, token: Option<&str>) -> (u16, &'static 
     };
     if path == "/metrics" {
         return (200, "text/plain", super::metrics::prometheus(), cookie);
+    }
+    if path.starts_with("/api/") {
+        let (status, json) = super::api::route(method, path, head, body, api).await;
+        return (status, "application/json", json, cookie);
     }
     let path = path.to_string();
     let store = store.to_path_buf();

@@ -120,6 +120,7 @@ pub async fn serve(args: &ServeArgs, shutdown: impl std::future::Future<Output =
         },
         explicit: args.page.is_some(),
         token_file: args.page_token_file.clone(),
+        control: control.clone(),
     };
     let page = super::page::start(&page, &args.store.store).await?;
     let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
@@ -196,7 +197,7 @@ pub async fn cancel(study: String, control: &ControlArg, store: &StoreArg) -> Re
 /// Prints a service's answer; an error answer is an error.
 fn answer(a: crate::runtime::control::Answer) -> Result<()> {
     match a {
-        crate::runtime::control::Answer::Ok { message } => {
+        crate::runtime::control::Answer::Ok { message } | crate::runtime::control::Answer::Created { message, .. } => {
             println!("{message}");
             Ok(())
         }

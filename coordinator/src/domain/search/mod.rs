@@ -71,6 +71,20 @@ pub struct Search {
     /// `[[enqueue]]` configurations not created yet, first in line: each
     /// overlays the proposer's ask (what it leaves out is the proposer's).
     enqueued: std::collections::VecDeque<Params>,
+    /// `kind = "external"`: only told configurations are created, and
+    /// none told yet is a wait, not the end.
+    external: bool,
+}
+
+/// The proposer of an external study: nothing of its own, each told
+/// configuration overlays its empty ask.
+#[derive(Debug)]
+struct Told;
+
+impl Proposer for Told {
+    fn ask(&mut self, _running: &[(u64, &Params)]) -> Option<Params> {
+        Some(Params::new())
+    }
 }
 
 impl Search {
@@ -87,6 +101,7 @@ impl Search {
             Strategy::Gp { seed } => {
                 sampled(gp::Gp::new(space, direction, objectives, seed, gp::GpSettings::default()))
             }
+            Strategy::External => Box::new(Told),
         };
         let repeats = study.repeats.max(1);
         let mut configs_left = study.budget / u64::from(repeats);
@@ -102,7 +117,19 @@ impl Search {
             exhausted: false,
             depth: AskDepth::default(),
             enqueued: study.enqueue.iter().cloned().collect(),
+            external: study.strategy == Strategy::External,
         }
+    }
+
+    /// A configuration an outside sampler chose (`[strategy] kind =
+    /// "external"`), created after those told before it.
+    pub fn tell_configuration(&mut self, params: Params) {
+        self.enqueued.push_back(params);
+    }
+
+    /// Whether its configurations come from outside (`kind = "external"`).
+    pub fn external(&self) -> bool {
+        self.external
     }
 
     /// `params` tried before anything else not created yet (`tunefleet
@@ -151,6 +178,10 @@ impl Search {
     pub fn next_trials_while(&mut self, running: &[(u64, &Params)]) -> Option<Vec<TrialPlan>> {
         if self.exhausted || self.configs_left == 0 {
             self.exhausted = true;
+            return None;
+        }
+        if self.external && self.enqueued.is_empty() {
+            // Waits for the outside sampler.
             return None;
         }
         let Some(mut params) = self.proposer.ask(running) else {

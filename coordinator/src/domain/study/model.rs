@@ -96,6 +96,10 @@ pub enum Strategy {
     /// objective over the whole space (best for budgets of up to a few
     /// hundred trials).
     Gp { seed: u64 },
+    /// The configurations come from outside: a sampler of the user's own
+    /// (Optuna's CMA-ES, NSGA-II...) asks and tells through `serve`'s API
+    /// (`/api/v1/studies/NAME/ask` and `/tell`); the study waits for them.
+    External,
 }
 
 impl Strategy {
@@ -106,7 +110,8 @@ impl Strategy {
     /// a new strategy must say (the match has no catch-all).
     pub fn learns_from_results(&self) -> bool {
         match self {
-            Strategy::Grid | Strategy::Random { .. } => false,
+            // An outside sampler is told through the API, not here.
+            Strategy::Grid | Strategy::Random { .. } | Strategy::External => false,
             Strategy::Tpe { .. } | Strategy::Gp { .. } => true,
         }
     }

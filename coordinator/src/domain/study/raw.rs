@@ -168,6 +168,7 @@ pub(super) enum RawStrategyKind {
     Random,
     Tpe,
     Gp,
+    External,
 }
 
 #[derive(Deserialize)]

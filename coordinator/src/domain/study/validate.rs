@@ -283,7 +283,7 @@ impl FileCheck<'_> {
     /// `[strategy]`: its kind, and a seed for those that draw.
     fn strategy(&self, raw: &RawStrategy) -> Result<Strategy, StudyError> {
         let seed = match (raw.kind, &raw.seed) {
-            (RawStrategyKind::Grid, Some(seed)) => {
+            (RawStrategyKind::Grid | RawStrategyKind::External, Some(seed)) => {
                 return Err(self.at(seed.span(), "strategy.seed: only the random, tpe and gp strategies take a seed"))
             }
             (_, None) => 0,
@@ -295,6 +295,7 @@ impl FileCheck<'_> {
             RawStrategyKind::Random => Strategy::Random { seed },
             RawStrategyKind::Tpe => Strategy::Tpe { seed },
             RawStrategyKind::Gp => Strategy::Gp { seed },
+            RawStrategyKind::External => Strategy::External,
         })
     }
 

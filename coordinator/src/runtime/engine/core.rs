@@ -183,6 +183,7 @@ impl Core {
                     answers.push(None);
                 }
                 Ask::Enqueue { study, params } => answers.push(Some(self.enqueue(&study, &params))),
+                Ask::Tell { study, params } => answers.push(Some(self.tell(&study, &params))),
             }
         }
         let waits = (now.unix_ms >= self.beat_ms.saturating_add(BEAT_MS)).then(|| self.waits());

@@ -22,8 +22,18 @@ use crate::store::Batch;
 /// energy, cores or memory it asks for against what each agent offers.
 fn say_why_waiting(sched: &Scheduler, studies: &mut HashMap<String, ActiveStudy>) {
     for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
-        let idle = sched.counts(name).is_some_and(|c| !c.finished() && c.running == 0);
-        let why = if idle { sched.why_waiting(name) } else { None };
+        let counts = sched.counts(name);
+        let idle = counts.is_some_and(|c| !c.finished() && c.running == 0);
+        // Every trial told so far is final: the outside sampler has the turn.
+        let told_all = counts.is_some_and(|c| c.done + c.failed + c.stopped == c.total);
+        let why = match (idle, active.search.external() && told_all) {
+            (true, true) => Some(format!(
+                "for its outside sampler: [strategy] kind = \"external\" runs only the configurations told through \
+                 the API (POST /api/v1/studies/{name}/tell; docs/API.md), and every one told so far is final"
+            )),
+            (true, false) => sched.why_waiting(name),
+            _ => None,
+        };
         if why != active.waits {
             match &why {
                 Some(w) => tracing::warn!(study = %name, "study waits: {w}"),

@@ -51,25 +51,10 @@ impl Core {
     /// it, and the change is recorded), then put first in its search.
     pub(super) fn enqueue(&mut self, name: &str, params: &[(String, String)]) -> Answer {
         let error = |message: String| Answer::Error { message };
-        let Some(active) = self.studies.get(name).filter(|a| !a.cancelled) else {
-            return error(format!(
-                "study {name} is not running on this service: add an [[enqueue]] entry to its file instead"
-            ));
+        let (study, entry) = match self.checked_entry(name, params) {
+            Ok(checked) => checked,
+            Err(message) => return error(message),
         };
-        if active.search.configs_left() == 0 {
-            return error(format!("study {name} has created all its trials: give it a larger [budget] first"));
-        }
-        let mut text = format!("{}\n[[enqueue]]\n", active.study.source.trim_end());
-        for (key, value) in params {
-            text.push_str(&format!("{key} = {value}\n"));
-        }
-        let parsed = crate::domain::study::parse(&text, &active.study.origin).map(|f| f.expand());
-        let study = match parsed {
-            Ok(mut studies) if studies.len() == 1 && studies[0].name == name => studies.remove(0),
-            Ok(_) => return error(format!("study {name}'s file holds several studies: enqueue in the file")),
-            Err(e) => return error(e.to_string()),
-        };
-        let Some(entry) = study.enqueue.last().cloned() else { return error("nothing to enqueue".into()) };
         let stored = self.store.batch().and_then(|mut b| b.create_study(&study, &[]).and_then(|_| b.commit()));
         if let Err(e) = stored {
             return error(e.to_string());
@@ -79,6 +64,79 @@ impl Core {
         active.study = study;
         tracing::info!(study = %name, params = ?entry, "configuration enqueued");
         Answer::Ok { message: format!("enqueued in study {name}: tried before any trial not created yet") }
+    }
+
+    /// `params` of the running study `name` checked as a `[[enqueue]]`
+    /// entry of its file: the study with the entry added, and the entry.
+    fn checked_entry(
+        &self,
+        name: &str,
+        params: &[(String, String)],
+    ) -> Result<(Study, tunefleet_common::params::Params), String> {
+        let Some(active) = self.studies.get(name).filter(|a| !a.cancelled) else {
+            return Err(format!(
+                "study {name} is not running on this service: add an [[enqueue]] entry to its file instead"
+            ));
+        };
+        if active.search.configs_left() == 0 {
+            return Err(format!("study {name} has created all its trials: give it a larger [budget] first"));
+        }
+        let mut text = format!("{}\n[[enqueue]]\n", active.study.source.trim_end());
+        for (key, value) in params {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        let parsed = crate::domain::study::parse(&text, &active.study.origin).map(|f| f.expand());
+        let study = match parsed {
+            Ok(mut studies) if studies.len() == 1 && studies[0].name == name => studies.remove(0),
+            Ok(_) => return Err(format!("study {name}'s file holds several studies: enqueue in the file")),
+            Err(e) => return Err(e.to_string()),
+        };
+        let entry = study.enqueue.last().cloned().ok_or_else(|| "nothing to enqueue".to_string())?;
+        Ok((study, entry))
+    }
+
+    /// A configuration an outside sampler chose for the external study
+    /// `name` (`[strategy] kind = "external"`): checked as an enqueued one
+    /// and complete (every searched parameter), its trials (its repeats)
+    /// created now, so the answer names them.
+    pub(super) fn tell(&mut self, name: &str, params: &[(String, String)]) -> Answer {
+        let error = |message: String| Answer::Error { message };
+        if self.studies.get(name).is_some_and(|a| !a.search.external()) {
+            return error(format!(
+                "study {name} chooses its own configurations: only a study with [strategy] kind = \"external\" is told \
+                 them (tunefleet enqueue puts one first in any study)"
+            ));
+        }
+        let (study, entry) = match self.checked_entry(name, params) {
+            Ok(checked) => checked,
+            Err(message) => return error(message),
+        };
+        let missing: Vec<String> =
+            study.searched().into_iter().map(|(n, _)| n).filter(|n| !entry.contains_key(n)).collect();
+        if !missing.is_empty() {
+            return error(format!(
+                "study {name}: a told configuration sets every parameter; missing: {}",
+                missing.join(", ")
+            ));
+        }
+        let Some(active) = self.studies.get_mut(name) else { return error(format!("study {name} ended")) };
+        active.search.tell_configuration(entry.clone());
+        let Some(trials) = active.search.next_trials_while(&[]) else {
+            return error(format!("study {name} takes no more configurations"));
+        };
+        let numbers: Vec<u64> = trials.iter().map(|t| t.trial).collect();
+        let created = self.store.batch().map_err(EngineError::from).and_then(|mut batch| {
+            active.create(&mut self.sched, &mut batch, trials)?;
+            batch.commit().map_err(EngineError::from)
+        });
+        if let Err(e) = created {
+            return error(e.to_string());
+        }
+        if active.search.exhausted() {
+            self.sched.set_open(name, false);
+        }
+        tracing::info!(study = %name, params = ?entry, trials = ?numbers, "configuration told");
+        Answer::Created { message: format!("told study {name}: trials {numbers:?}"), trials: numbers }
     }
 
     /// Creates the study in the store, or resumes it if it is there already

@@ -39,14 +39,27 @@ pub enum Ask {
     /// Try this configuration (parameter, value as written in TOML) of a
     /// running study before anything else not created yet.
     Enqueue { study: String, params: Vec<(String, String)> },
+    /// A configuration (parameter, value as TOML) an outside sampler chose
+    /// for a study with `[strategy] kind = "external"`; answered with the
+    /// trials it became.
+    Tell { study: String, params: Vec<(String, String)> },
 }
 
 /// The service's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Answer {
-    Ok { message: String },
-    Error { message: String },
+    Ok {
+        message: String,
+    },
+    Error {
+        message: String,
+    },
+    /// Done, and these trials were created.
+    Created {
+        message: String,
+        trials: Vec<u64>,
+    },
 }
 
 /// Why the engine stopped early.
