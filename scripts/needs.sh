@@ -37,14 +37,16 @@
 #                        from it); installed with pip from PyPI, with Debian's
 #                        python3-venv and OpenJDK 17
 #   optuna               a virtual environment ($OPTUNA_VENV, default target/optuna-venv
-#                        of the repository) whose python imports Optuna 5 and opens
-#                        a journal file (the Optuna export test loads one); pip from
+#                        of the repository) whose python imports Optuna 5, opens
+#                        a journal file (the Optuna export test loads one) and
+#                        imports optuna-dashboard (which serves it); pip from
 #                        PyPI, with Debian's python3-venv
 #   python-package       a virtual environment ($PYTHON_VENV, default target/python-venv
 #                        of the repository) whose pip builds and installs the
 #                        repository's python/ package (setuptools and wheel, no
 #                        build isolation: no network in the tests) and whose python
-#                        imports pytest and pandas (the package's own tests); pip
+#                        imports pytest, pandas, Optuna 5 and cmaes (the package's
+#                        own tests, the client driven by Optuna's CMA-ES); pip
 #                        from PyPI, with Debian's python3-venv
 #   qemu-aarch64         a static aarch64 program (built with aarch64-linux-gnu-gcc)
 #                        runs as `qemu-aarch64-static PROGRAM` and as `PROGRAM`,
@@ -152,6 +154,7 @@ from optuna.storages.journal import JournalFileBackend
 assert optuna.__version__.startswith("5."), optuna.__version__
 s = optuna.create_study(study_name="probe", storage=JournalStorage(JournalFileBackend(sys.argv[1])))
 s.add_trial(optuna.trial.create_trial(value=1.0))
+import optuna_dashboard
 print("optuna", optuna.__version__, len(s.trials))' "$dir/probe.log" 2>&1) || status=$?
       rm -rf "$dir"
       [ $status = 0 ] && grep -q ' 1$' <<<"$needs_output"
@@ -162,7 +165,7 @@ print("optuna", optuna.__version__, len(s.trials))' "$dir/probe.log" 2>&1) || st
       dir=$(mktemp -d)
       needs_output=$("$needs_python_venv/bin/pip" wheel --quiet --no-deps --no-build-isolation \
         --disable-pip-version-check --wheel-dir "$dir" "$(dirname "${BASH_SOURCE[0]}")/../python" 2>&1 \
-        && "$needs_python_venv/bin/python" -c 'import pytest, pandas; print("pytest", pytest.__version__, "pandas", pandas.__version__)' 2>&1) || status=$?
+        && "$needs_python_venv/bin/python" -c 'import pytest, pandas, optuna, cmaes; assert optuna.__version__.startswith("5."); print("pytest", pytest.__version__, "pandas", pandas.__version__, "optuna", optuna.__version__, "cmaes", cmaes.__version__)' 2>&1) || status=$?
       ls "$dir"/tunefleet-*.whl >/dev/null 2>&1 || status=1
       rm -rf "$dir"
       [ $status = 0 ] && grep -q '^pytest ' <<<"$needs_output"
@@ -329,14 +332,15 @@ needs() {
         && "$needs_spark_venv/bin/pip" install --quiet --disable-pip-version-check pyspark==4.3.0 numpy; } >&2 || true
     fi
     if [ "$need" = python-package ]; then
-      echo "needs: pip install pytest pandas setuptools wheel into $needs_python_venv" >&2
+      echo "needs: pip install pytest pandas setuptools wheel 'optuna>=5,<6' cmaes into $needs_python_venv" >&2
       { python3 -m venv "$needs_python_venv" \
-        && "$needs_python_venv/bin/pip" install --quiet --disable-pip-version-check pytest pandas setuptools wheel; } >&2 || true
+        && "$needs_python_venv/bin/pip" install --quiet --disable-pip-version-check pytest pandas setuptools wheel \
+          'optuna>=5,<6' cmaes; } >&2 || true
     fi
     if [ "$need" = optuna ]; then
-      echo "needs: pip install 'optuna>=5,<6' into $needs_optuna_venv" >&2
+      echo "needs: pip install 'optuna>=5,<6' optuna-dashboard into $needs_optuna_venv" >&2
       { python3 -m venv "$needs_optuna_venv" \
-        && "$needs_optuna_venv/bin/pip" install --quiet --disable-pip-version-check 'optuna>=5,<6'; } >&2 || true
+        && "$needs_optuna_venv/bin/pip" install --quiet --disable-pip-version-check 'optuna>=5,<6' optuna-dashboard; } >&2 || true
     fi
     if ! needs_check "$need"; then
       echo "needs: $need still fails its check${needs_output:+: $needs_output}" >&2

@@ -92,13 +92,18 @@ pub fn dump_dom_url(url: &str, timeout: Duration) -> Run {
 /// Loads `page` and prints its DOM once its scripts ran `virtual_ms` of
 /// virtual time (Chromium's `--virtual-time-budget`: timers fire at once).
 pub fn dump_dom_after(page: &Path, virtual_ms: u64, timeout: Duration) -> Run {
+    dump_dom_url_after(&file_url(page), virtual_ms, timeout)
+}
+
+/// [`dump_dom_after`] of a served page (`url`).
+pub fn dump_dom_url_after(url: &str, virtual_ms: u64, timeout: Duration) -> Run {
     let args = [
         "--enable-logging=stderr".to_string(),
         "--v=0".to_string(),
         format!("--virtual-time-budget={virtual_ms}"),
         "--dump-dom".to_string(),
     ];
-    run_url(&file_url(page), &args, timeout)
+    run_url(url, &args, timeout)
 }
 
 /// Loads `page` in a `width` x `height` window and saves a PNG of it at `png`.
@@ -107,8 +112,13 @@ pub fn screenshot(page: &Path, png: &Path, size: (u32, u32), timeout: Duration) 
 }
 
 /// [`screenshot`] once its scripts ran `virtual_ms` of virtual time.
-pub fn screenshot_after(
-    page: &Path,
+pub fn screenshot_after(page: &Path, png: &Path, size: (u32, u32), virtual_ms: u64, timeout: Duration) -> Run {
+    screenshot_url_after(&file_url(page), png, size, virtual_ms, timeout)
+}
+
+/// [`screenshot_after`] of a served page (`url`).
+pub fn screenshot_url_after(
+    url: &str,
     png: &Path,
     (width, height): (u32, u32),
     virtual_ms: u64,
@@ -122,7 +132,7 @@ pub fn screenshot_after(
         format!("--window-size={width},{height}"),
         format!("--screenshot={}", png.display()),
     ];
-    run_url(&file_url(page), &args, timeout)
+    run_url(url, &args, timeout)
 }
 
 /// Loads `url` in a `width` x `height` window and saves a PNG of it at `png`.

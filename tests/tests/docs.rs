@@ -11,7 +11,7 @@
 //!   knows ([`KNOWN_PROGRAMS`]), so a misspelt program fails too.
 //! * Inline `tunefleet ...` spans in README.md and docs/*.md: each flag they
 //!   name exists on the (sub)command they name.
-//! * docs/QUICKSTART.md, sections 2, 3 and 5, run as written in a scratch
+//! * docs/QUICKSTART.md, sections 2, 3, 5 and 6, run as written in a scratch
 //!   directory ([`QuickStart`]): commands that keep running (a coordinator, an
 //!   agent, `status --watch`) start in the background, as in another
 //!   terminal; the coordinator's broker gets a port the OS chooses, and the
@@ -55,7 +55,7 @@ const STUDY: &str = "docs/STUDY.md";
 /// Programs the guides may name besides Tunefleet's and the repository's scripts.
 const KNOWN_PROGRAMS: &[&str] = &[
     "apt-get", "curl", "sh", ".", "git", "cd", "cargo", "export", "echo", "chmod", "grep", "cut", "scp", "ss", "rm",
-    "find", "groupadd", "usermod",
+    "find", "groupadd", "usermod", "python3", "pip",
 ];
 
 /// Top-level study keys that are not tables (no keys of their own to ask about).
@@ -841,6 +841,15 @@ impl QuickStart {
                     let name = name.unwrap_or_else(|| panic!("{QUICKSTART}:{}: name the file on line 1", b.line));
                     std::fs::write(self.dir.path().join(name), &b.text).expect("write the study");
                 }
+                "python" => {
+                    // The first line names the file: `# follow.py: ...`.
+                    let name =
+                        b.text.lines().next().and_then(|l| l.strip_prefix("# ")).and_then(|l| l.split(':').next());
+                    let name = name
+                        .filter(|n| n.ends_with(".py"))
+                        .unwrap_or_else(|| panic!("{QUICKSTART}:{}: name the file on line 1", b.line));
+                    std::fs::write(self.dir.path().join(name), &b.text).expect("write the script");
+                }
                 _ => {}
             }
         }
@@ -865,6 +874,9 @@ impl QuickStart {
     fn execute(&mut self, cmd: &ShellCommand) {
         let words = from_program(&cmd.words);
         let place = format!("{QUICKSTART}:{}: `{}`", cmd.line, cmd.words.join(" "));
+        if self.python(words, &place) {
+            return;
+        }
         let Some(program) = words.first().and_then(|w| tunefleet_program(w)) else {
             // Section 1 put the binaries on the PATH; the test's PATH has them.
             assert!(words.first().is_some_and(|w| w == "export") && words[1].starts_with("PATH="), "{place}: not run");
@@ -890,6 +902,40 @@ impl QuickStart {
         }
     }
 
+    /// Section 6's Python: the virtual environment is the test's own
+    /// (scripts/needs.sh `python-package`, which has the extras), the
+    /// package is installed into it as `pip install ./python` does, and
+    /// `python3 ...` runs to its end with it. False for any other command.
+    fn python(&mut self, words: &[String], place: &str) -> bool {
+        let venv = std::env::var_os("PYTHON_VENV").map_or_else(|| repo().join("target/python-venv"), PathBuf::from);
+        match words.first().map(String::as_str) {
+            Some("python3") if words.get(1).is_some_and(|w| w == "-m") => {
+                assert_eq!(words.get(2).map(String::as_str), Some("venv"), "{place}: only `python3 -m venv` is known");
+            }
+            Some(".") => assert!(words.get(1).is_some_and(|w| w.ends_with("/bin/activate")), "{place}: not run"),
+            Some("pip") => {
+                assert!(words.get(2).is_some_and(|w| w.starts_with("./python")), "{place}: installs the package");
+                let mut pip = Command::new(venv.join("bin/pip"));
+                pip.args(["install", "--quiet", "--no-deps", "--no-build-isolation", "--force-reinstall"])
+                    .args(["--disable-pip-version-check", "./python"])
+                    .current_dir(repo());
+                let (code, out, err) = run(pip);
+                assert_eq!(code, Some(0), "{place}: {out}\n{err}");
+            }
+            Some("python3") => {
+                self.finish_runs();
+                let mut python = Command::new(venv.join("bin/python"));
+                python.args(&words[1..]).current_dir(self.dir.path());
+                python.env("PATH", path_with_bins()).env("XDG_STATE_HOME", state_home());
+                let log = self.log("python");
+                let t = Terminal { proc: spawn_logged("python", python, &log), kind: Kind::Run, log, seen: Vec::new() };
+                self.output.extend(t.finish());
+            }
+            _ => return false,
+        }
+        true
+    }
+
     fn command(&self, program: &str, args: &[String]) -> Command {
         let mut c = tf(program, self.dir.path(), &[]);
         c.args(args);
@@ -905,6 +951,10 @@ impl QuickStart {
         };
         args.extend(["--listen".into(), "127.0.0.1:0".into()]);
         let serve = subcommand(&args) == Some("serve");
+        if serve && !args.iter().any(|a| a == "--page") {
+            // Its page and API on a free port: api.json says which.
+            args.extend(["--page".into(), "127.0.0.1:0".into()]);
+        }
         let kind = if serve {
             Kind::Service(self.dir.path().join(flag_value(&args, "--store").unwrap_or("tunefleet.db")))
         } else {
@@ -1043,8 +1093,12 @@ fn quick_start_runs_as_written() {
     let markdown = doc(QUICKSTART);
     let sections: Vec<String> = blocks(&markdown).into_iter().map(|b| b.section).collect();
     let mut qs = QuickStart::new();
-    let run_sections =
-        ["2. The demo", "3. A study of your own, one coordinator and one agent", "5. The coordinator as a service"];
+    let run_sections = [
+        "2. The demo",
+        "3. A study of your own, one coordinator and one agent",
+        "5. The coordinator as a service",
+        "6. From Python",
+    ];
     for title in run_sections {
         assert!(sections.iter().any(|s| s == title), "{QUICKSTART}: no section {title:?}");
         qs.section(&markdown, title);

@@ -105,3 +105,64 @@ values = ["a", "b"]
         assert_eq!(t["complete"], true);
     }
 }
+
+/// optuna-dashboard (from PyPI) serves a study Tunefleet exported, and
+/// headless Chromium draws its history plot with a point a trial and the
+/// same best trial as `tunefleet best`; the screenshot is kept.
+#[test]
+fn optuna_dashboard_serves_an_exported_study_and_draws_its_history() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = sleep_study(dir.path(), "dash", 5, 0.01);
+    let (code, out, log) = run_study_logged(dir.path(), &study, &store, "dashboard");
+    assert_eq!(code, Some(0), "{out}\n{log}");
+    let s = store.to_str().expect("utf-8");
+    let journal = dir.path().join("dash.journal");
+    let (code, _, err) =
+        tunefleet(&["export", "dash", "--format", "optuna", "-o", journal.to_str().expect("utf-8"), "--store", s]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, json, err) = tunefleet(&["export", "dash", "--format", "json", "--store", s]);
+    assert_eq!(code, Some(0), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&json).expect("export json");
+    let best = rows.as_array().expect("rows").iter().find(|r| r["rank"] == 1).expect("a best trial")["trial"].clone();
+
+    let port = free_port();
+    let mut dashboard = Command::new(optuna_python().with_file_name("optuna-dashboard"));
+    dashboard.arg(&journal).args(["--port", &port.to_string(), "--host", "127.0.0.1"]);
+    let mut dashboard = Proc::spawn("optuna-dashboard", dashboard);
+    let api = format!("127.0.0.1:{port}");
+    wait_for("optuna-dashboard to serve the study", std::time::Duration::from_secs(60), || {
+        std::net::TcpStream::connect(&api).is_ok_and(|mut c| {
+            use std::io::{Read, Write};
+            let _ = write!(c, "GET /api/studies HTTP/1.0\r\n\r\n");
+            let mut text = String::new();
+            let _ = c.read_to_string(&mut text);
+            text.contains("\"study_name\": \"dash\"") || text.contains("\"study_name\":\"dash\"")
+        })
+    });
+    let url = format!("http://{api}/dashboard/studies/0");
+    let timeout = std::time::Duration::from_secs(90);
+    let dom = chromium::dump_dom_url_after(&url, 10_000, timeout);
+    assert!(dom.success, "chromium failed:\n{}", dom.stderr);
+    let html = &dom.stdout;
+    let history = html.find(">History</h6>").expect("the history plot's title");
+    let plot = &html[history..];
+    let plot = &plot[..plot[1..].find("MuiTypography-h6").map_or(plot.len(), |e| e + 1)];
+    assert!(plot.contains("js-plotly-plot"), "a Plotly chart under History");
+    assert!(
+        plot.matches("class=\"point\"").count() >= 5,
+        "a point a trial: {}",
+        plot.matches("class=\"point\"").count()
+    );
+    assert!(html.contains(&format!("Best Trial (number={best})")), "the best trial as tunefleet ranks it");
+    let png = Path::new(env!("CARGO_TARGET_TMPDIR")).join("test-artifacts").join("optuna-dashboard.png");
+    std::fs::create_dir_all(png.parent().expect("dir")).expect("artifacts");
+    let _ = std::fs::remove_file(&png);
+    let shot = chromium::screenshot_url_after(&url, &png, (1400, 1000), 10_000, timeout);
+    assert!(shot.success, "chromium failed:\n{}", shot.stderr);
+    let bytes = std::fs::read(&png).expect("screenshot written");
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 20_000, "{} bytes", bytes.len());
+    eprintln!("optuna-dashboard screenshot: {} ({} bytes)", png.display(), bytes.len());
+    dashboard.signal("TERM");
+    dashboard.wait_exit(std::time::Duration::from_secs(30));
+}

@@ -53,13 +53,52 @@ fn the_python_package_installs_and_passes_its_own_tests() {
         c
     });
     assert_eq!(code, Some(0), "{out}\n{err}");
-    assert!(out.contains("12 passed"), "every test ran: {out}");
+    assert!(out.contains("17 passed, 3 skipped"), "every test ran, the live ones skipped without a service: {out}");
     let (_, origin, _) = run({
         let mut c = Command::new(venv_python());
         c.args(["-c", "import tunefleet; print(tunefleet.__file__)"]).current_dir(dir.path());
         c
     });
     assert!(origin.contains("site-packages"), "the installed package: {origin}");
+}
+
+/// `tunefleet.Client` against a real service with real agents, from the
+/// package's own pytest suite (`python/tests/test_live.py`): a study
+/// submitted as a dict, followed, read as a DataFrame equal to `export`'s
+/// CSV; a running one cancelled; an external study driven to its budget by
+/// Optuna 5's CMA-ES sampler, every trial told once.
+#[test]
+fn the_client_drives_a_real_service_from_pytest() {
+    let _alone = one_at_a_time();
+    install_package();
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("live.db");
+    let root = unique_root("pylive");
+    join_root(&root, &store);
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--page", "127.0.0.1:0", "--root", &root]).arg("--store").arg(&store);
+    cmd.env("XDG_STATE_HOME", state_home());
+    let mut service = Proc::spawn("service", cmd);
+    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let broker = broker.trim_start_matches("broker: ").trim().to_string();
+    let control = tunefleet_coordinator::runtime::control::default_path(&store);
+    wait_for("the control socket", Duration::from_secs(30), || control.exists());
+    let names = ["pylive-a", "pylive-b"];
+    let _agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &["--slots", "2"])).collect();
+    let (code, out, err) = run({
+        let mut c = Command::new(venv_python());
+        c.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
+            .arg(repo().join("python/tests/test_live.py"))
+            .env("TUNEFLEET_LIVE_STORE", &store)
+            .env("TUNEFLEET_BIN", bin("tunefleet").parent().expect("bin dir"))
+            .current_dir(dir.path());
+        c
+    });
+    assert_eq!(code, Some(0), "{out}\n{err}");
+    assert!(out.contains("3 passed") && !out.contains("skipped"), "every live test ran: {out}");
+    service.signal("TERM");
+    assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert_agents_spools_empty(&names);
 }
 
 /// A real study read from Python through the real CLI: every trial a

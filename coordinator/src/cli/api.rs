@@ -297,15 +297,17 @@ async fn ask_trial(ctx: &ApiContext, name: &str) -> Reply {
             format!("study {name} chooses its own configurations ([strategy] kind = {})", d["strategy"]),
         );
     }
+    // `"told": true`: nothing more to ask, the sampler's loop ends.
+    let told = |message: String| reply(409, json!({ "error": message, "told": true }));
     let state = d["status"]["state"].as_str().unwrap_or_default();
     if state != "running" {
-        return error(409, format!("study {name} is {state}: it takes no configuration"));
+        return told(format!("study {name} is {state}: it takes no configuration"));
     }
     let repeats = d["repeats"].as_u64().unwrap_or(1).max(1);
     let configs = d["budget"].as_u64().unwrap_or(0) / repeats;
     let left = configs.saturating_sub(d["created"].as_u64().unwrap_or(0) / repeats);
     if left == 0 {
-        return error(409, format!("study {name} has every configuration its budget takes"));
+        return told(format!("study {name} has every configuration its budget takes"));
     }
     reply(200, json!({ "study": name, "space": d["space"], "left": left, "params": {} }))
 }

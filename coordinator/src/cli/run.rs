@@ -228,6 +228,18 @@ fn check_one(study: &Study, out: &mut String) -> Result<()> {
             study.name, study.gpus
         )?;
     }
+    if study.strategy == crate::domain::study::Strategy::External {
+        let planned = crate::domain::search::Search::new(study).planned();
+        writeln!(
+            out,
+            "{}: up to {planned} trials, each a configuration told through tunefleet serve's API by a sampler of \
+             your own (docs/API.md), objective {} ({})",
+            study.name,
+            study.objective.metric,
+            study.objective.direction.as_str()
+        )?;
+        return Ok(());
+    }
     if crate::domain::search::Search::adaptive(study) {
         let planned = crate::domain::search::Search::new(study).planned();
         writeln!(
