@@ -174,7 +174,25 @@ fn an_outside_sampler_asks_and_tells_and_the_fleet_runs_each_configuration_once(
     s.read_to_string(&mut text).expect("response");
     assert!(text.starts_with("HTTP/1.1 413 "), "{text}");
     assert_eq!(http(&api.addr, "DELETE", "/api/v1/studies/ext", &api.auth, "").0, 405);
+    // A name that points elsewhere (DNS rebinding) reads nothing of an open page.
+    let mut s = std::net::TcpStream::connect(&api.addr).expect("connect");
+    write!(s, "GET /api/v1/studies HTTP/1.1\r\nHost: rebound.example:80\r\n\r\n").expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    assert!(text.starts_with("HTTP/1.1 401 "), "{text}");
+    // A second service on the same store is refused before it writes its own api.json.
+    let access = tunefleet_coordinator::runtime::control::default_path(&store).with_file_name("api.json");
+    let before = std::fs::read_to_string(&access).expect("api.json");
+    let (code, _, err) = run({
+        let mut c = Command::new(bin("tunefleet"));
+        c.args(["serve", "--listen", "127.0.0.1:0", "--page", "127.0.0.1:0"]).arg("--store").arg(&store);
+        c.env("XDG_STATE_HOME", state_home());
+        c
+    });
+    assert_ne!(code, Some(0), "{err}");
+    assert_eq!(std::fs::read_to_string(&access).expect("api.json"), before, "the running service's address and token");
     service.signal("TERM");
     assert!(service.wait_exit(Duration::from_secs(30)).success());
+    assert!(!access.exists(), "its token ends with the service");
     assert_agents_spools_empty(&["api-a"]);
 }

@@ -53,17 +53,23 @@ fn error(status: u16, message: impl std::fmt::Display) -> Reply {
     reply(status, json!({ "error": message.to_string() }))
 }
 
+/// Where the service whose control socket is `control` writes its API's
+/// address and token: `api.json` beside the socket.
+pub fn access_path(control: &Path) -> PathBuf {
+    control.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).join("api.json")
+}
+
 /// Writes `{"url": ..., "token": ...}` to `api.json` beside the control
 /// socket (mode 0600; the directory is the socket's private one).
 pub fn write_access(control: &Path, url: &str, token: &str) -> std::io::Result<PathBuf> {
     use std::io::Write as _;
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let dir = control.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let path = access_path(control);
+    let dir = path.parent().unwrap_or(Path::new("."));
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let path = dir.join("api.json");
     let _ = std::fs::remove_file(&path);
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
     file.write_all(json!({ "url": url, "token": token }).to_string().as_bytes())?;

@@ -183,6 +183,20 @@ async fn answer(
     stream.shutdown().await
 }
 
+/// Whether the request's `Host` is a loopback name (no `Host`: an HTTP/1.0 client on this machine).
+fn loopback_host(head: &str) -> bool {
+    let host = head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case("host").then(|| v.trim())
+    });
+    let Some(host) = host else { return true };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The cookie that carries the page's token after a first `?token=`.
 const COOKIE: &str = "tunefleet_page";
 
@@ -225,6 +239,16 @@ async fn route(
     }
     if method != "GET" {
         return (405, "text/plain", "read only: GET (the API's writes: POST /api/v1/...)\n".to_string(), None);
+    }
+    if token.is_none() && !loopback_host(head) {
+        // Open on loopback only to loopback names: a page elsewhere that
+        // points its own name at 127.0.0.1 (DNS rebinding) reads nothing.
+        return (
+            401,
+            "text/plain",
+            "open on loopback only to a loopback Host (127.0.0.1, localhost, [::1])\n".into(),
+            None,
+        );
     }
     let (given, in_query) = given_token(head, query);
     let cookie = match token {
@@ -336,4 +360,23 @@ fn histories(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_names_open_the_page_without_a_token() {
+        let head = |host: &str| format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        for ok in ["127.0.0.1:8765", "localhost:8765", "LOCALHOST", "[::1]:8765", "127.3.2.1"] {
+            assert!(loopback_host(&head(ok)), "{ok}");
+        }
+        for refused in
+            ["evil.example:8765", "evil.example", "10.0.0.1:8765", "[2001:db8::1]:80", "127.0.0.1.evil.example"]
+        {
+            assert!(!loopback_host(&head(refused)), "{refused}");
+        }
+        assert!(loopback_host("GET / HTTP/1.0\r\n\r\n"), "no Host: a client on this machine");
+    }
 }

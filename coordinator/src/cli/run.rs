@@ -122,13 +122,17 @@ pub async fn serve(args: &ServeArgs, shutdown: impl std::future::Future<Output =
         token_file: args.page_token_file.clone(),
         control: control.clone(),
     };
+    // Another service on this store keeps its socket and its api.json.
+    crate::runtime::control::ensure_free(&control).await?;
     let page = super::page::start(&page, &args.store.store).await?;
     let lease = std::time::Duration::from_secs(args.lease_seconds.max(3));
-    let service = super::wiring::Service { control, lease };
+    let service = super::wiring::Service { control: control.clone(), lease };
     let summaries =
         run_studies(Vec::new(), &args.broker, &args.influx, &args.store.store, true, Some(service), shutdown).await;
     if let Some(page) = page {
         page.abort();
+        // Its token dies with it.
+        let _ = std::fs::remove_file(super::api::access_path(&control));
     }
     let summaries = summaries?;
     for s in &summaries {
