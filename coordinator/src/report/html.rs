@@ -171,6 +171,8 @@ fn pareto(out: &mut String, data: &ReportData) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let energy = |r: &BestRow| r.energy_j.unwrap_or(f64::NAN);
+    // The front is of the results that meet the study's constraints; the others are drawn apart.
+    let feasible = |r: &BestRow| !r.violation.is_some_and(|v| v > 0.0);
     let estimated = |r: &&BestRow| r.energy_source.as_deref() == Some(EnergySourceKind::Estimated.as_str());
     if !valid.is_empty() && valid.iter().all(estimated) {
         // Estimated energy is a function of CPU time: against wall time it only draws that function.
@@ -182,8 +184,8 @@ fn pareto(out: &mut String, data: &ReportData) {
             CHART_IDS[1]
         );
     } else {
-        let wall_time: Vec<(u64, f64, f64)> =
-            valid.iter().map(|r| (r.trial, r.wall_us as f64 / 1e6, energy(r))).collect();
+        let wall_time: Vec<(u64, f64, f64, bool)> =
+            valid.iter().map(|r| (r.trial, r.wall_us as f64 / 1e6, energy(r), feasible(r))).collect();
         front_chart(out, CHART_IDS[1], "Wall time against energy", ("wall time (s)", "energy (J)"), &wall_time, 1.0);
     }
     let metric = data.study.metric.as_str();
@@ -198,23 +200,34 @@ fn pareto(out: &mut String, data: &ReportData) {
             CHART_IDS[2]
         );
     } else {
-        let objective: Vec<(u64, f64, f64)> = valid.iter().map(|r| (r.trial, energy(r), r.objective)).collect();
+        let objective: Vec<(u64, f64, f64, bool)> =
+            valid.iter().map(|r| (r.trial, energy(r), r.objective, feasible(r))).collect();
         let sign = if data.study.direction == Direction::Maximize { -1.0 } else { 1.0 };
         front_chart(out, CHART_IDS[2], &format!("{metric} against energy"), ("energy (J)", metric), &objective, sign);
     }
     out.push_str("</section>");
 }
 
-/// One Pareto chart: `points` (trial, x, y) and the front of those that
-/// minimise x and `y_sign` x y.
-fn front_chart(out: &mut String, id: &str, title: &str, labels: (&str, &str), points: &[(u64, f64, f64)], y_sign: f64) {
-    let keys: Vec<Vec<f64>> = points.iter().map(|p| vec![p.1, y_sign * p.2]).collect();
+/// One Pareto chart: `points` (trial, x, y, feasible) and the front of
+/// the feasible ones (the constrained front) that minimise x and `y_sign` x y.
+fn front_chart(
+    out: &mut String,
+    id: &str,
+    title: &str,
+    labels: (&str, &str),
+    points: &[(u64, f64, f64, bool)],
+    y_sign: f64,
+) {
+    let (feasible, infeasible): (Vec<&(u64, f64, f64, bool)>, Vec<_>) = points.iter().partition(|p| p.3);
+    let keys: Vec<Vec<f64>> = feasible.iter().map(|p| vec![p.1, y_sign * p.2]).collect();
     let front_idx = tunefleet_search::pareto::front(&keys);
     let stride = front_idx.len().div_ceil(MAX_FRONT).max(1);
-    let front: Vec<(u64, f64, f64)> = front_idx.iter().step_by(stride).map(|&i| points[i]).collect();
-    let cloud: Vec<(f64, f64)> = points.iter().map(|p| (p.1, p.2)).collect();
+    let front: Vec<(u64, f64, f64)> =
+        front_idx.iter().step_by(stride).map(|&i| (feasible[i].0, feasible[i].1, feasible[i].2)).collect();
+    let cloud: Vec<(f64, f64)> = feasible.iter().map(|p| (p.1, p.2)).collect();
+    let grey: Vec<(f64, f64)> = infeasible.iter().map(|p| (p.1, p.2)).collect();
     let _ = write!(out, "<h3>{}</h3>", Esc(title));
-    out.push_str(&svg::pareto_chart(id, title, &cloud, &front, labels.0, labels.1));
+    out.push_str(&svg::pareto_chart(id, title, (&cloud, &grey), &front, labels.0, labels.1));
     if !front_idx.is_empty() {
         let drawn = if stride > 1 { format!(", every {stride}th drawn") } else { String::new() };
         let n = front_idx.len();
@@ -615,6 +628,22 @@ mod tests {
             violation: None,
             mean_violation: 0.0,
         }
+    }
+
+    /// The report's fronts are of the results that meet the constraints:
+    /// the best-accuracy trial that misses them is a grey dot, off the front.
+    #[test]
+    fn the_fronts_are_constrained_and_infeasible_trials_drawn_apart() {
+        let mut best = row(1, 0.99, Some(5.0));
+        best.violation = Some(0.2);
+        let mut ok = row(2, 0.9, Some(6.0));
+        ok.violation = Some(0.0);
+        let page = page(&data("c", vec![best, ok]));
+        let chart = page.split(&format!("id=\"{}\"", CHART_IDS[2])).nth(1).and_then(|c| c.split("</svg>").next());
+        let chart = chart.expect("the objective-energy chart");
+        assert_eq!(chart.matches("class=\"front-dot\"").count(), 1, "{chart}");
+        assert!(chart.contains("<title>trial 2:") && !chart.contains("<title>trial 1:"), "{chart}");
+        assert!(chart.contains("class=\"dot infeasible\""), "{chart}");
     }
 
     /// Every number in an SVG attribute or path parses as a finite number.

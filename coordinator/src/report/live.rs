@@ -222,7 +222,7 @@ margin-bottom:1.5em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 figure{margin:0 0 1em;max-width:960px}section{max-width:1400px}nav.views a{margin-right:1em}\
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(300px,1fr));gap:8px}.grid figure{margin:0}\
 .scroll{overflow-x:auto;max-width:100%}pre{background:#f6f6f6;padding:8px;overflow-x:auto;white-space:pre-wrap}\
-svg .pc{fill:none;stroke-width:1.2;stroke-opacity:.75}svg .bar{fill:#4e79a7}\
+svg .pc{fill:none;stroke-width:1.2;stroke-opacity:.75}svg .pc.infeasible{stroke:#aaa;stroke-dasharray:4 3}svg .bar{fill:#4e79a7}\
 svg .dot.contour-dot{stroke:#e15759;stroke-opacity:.9;stroke-width:4}svg .front{stroke:#e15759;stroke-width:2;fill:none}\
 svg .front-dot{fill:#e15759}\
 @media (max-width:700px){body{margin:.5em;font-size:13px}td,th{padding:2px 4px}.scroll>svg.chart{min-width:600px}}";

@@ -195,15 +195,16 @@ pub fn slice_chart(id: &str, param: &str, metric: &str, points: &[(&ParamValue, 
 const TALL: f64 = 400.0;
 
 /// Parallel coordinates: an axis a parameter and the objective last; a
-/// line a trial, coloured from the best (dark) to the worst (light).
-/// `trials` are (trial, its value of each parameter in `params`' order,
-/// objective).
+/// line a trial, coloured from the best (dark) to the worst (light), a
+/// trial that misses the study's constraints dashed in grey. `trials` are
+/// (trial, its value of each parameter in `params`' order, objective,
+/// feasible).
 pub fn parallel_chart(
     id: &str,
     params: &[&str],
     metric: &str,
     maximize: bool,
-    trials: &[(u64, Vec<Option<&ParamValue>>, f64)],
+    trials: &[(u64, Vec<Option<&ParamValue>>, f64, bool)],
 ) -> String {
     let label = format!("parallel coordinates of {} parameters and {metric}", params.len());
     if trials.is_empty() || params.is_empty() {
@@ -230,17 +231,29 @@ pub fn parallel_chart(
     open_sized(&mut out, id, &label, svg::WIDTH, TALL);
     // The worst first, so the best lines are drawn on top.
     let mut order: Vec<usize> = (0..trials.len()).filter(|&i| trials[i].2.is_finite()).collect();
-    order.sort_by(|&a, &b| good(trials[b].2).total_cmp(&good(trials[a].2)));
+    // Infeasible lines under the feasible ones.
+    order.sort_by(|&a, &b| {
+        (trials[a].3, good(trials[b].2))
+            .partial_cmp(&(trials[b].3, good(trials[a].2)))
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
     out.push_str(r#"<g class="lines">"#);
     for i in order {
-        let (trial, values, y) = &trials[i];
+        let (trial, values, y, feasible) = &trials[i];
         let mut d = String::new();
         for (k, ((axis, scale), value)) in axes.iter().zip(&scales).zip(values).enumerate() {
             let Some(c) = value.and_then(|v| axis.coord(v)) else { continue };
             let _ = write!(d, "{}{} {}", if d.is_empty() { "M" } else { "L" }, Px(xs[k]), Px(scale.at(c)));
         }
         let _ = write!(d, "{}{} {}", if d.is_empty() { "M" } else { "L" }, Px(xs[columns - 1]), Px(y_obj.at(*y)));
-        let _ = write!(out, r#"<path class="pc" data-trial="{trial}" stroke="{}" d="{d}"/>"#, ramp(good(*y)));
+        match feasible {
+            true => {
+                let _ = write!(out, r#"<path class="pc" data-trial="{trial}" stroke="{}" d="{d}"/>"#, ramp(good(*y)));
+            }
+            false => {
+                let _ = write!(out, r#"<path class="pc infeasible" data-trial="{trial}" d="{d}"/>"#);
+            }
+        }
     }
     out.push_str("</g>");
     let named = params.iter().map(|p| (*p, None)).chain([(metric, Some(&y_obj))]);
@@ -279,20 +292,23 @@ const CONTOUR_GRID: (usize, usize) = (48, 30);
 /// The objective over two parameters: a grid each cell of which is the
 /// inverse-distance-weighted mean of the trials (in the axes' units,
 /// scaled to the plot), coloured best (dark) to worst (light), and the
-/// trials as dots. `points` are (x value, y value, objective).
+/// trials as dots. `points` are (x value, y value, objective, feasible):
+/// where the trials nearest a cell mostly miss the study's constraints
+/// (the same weighting of feasibility below one half), the cell is
+/// hatched: the feasible region is what is left clear.
 pub fn contour_chart(
     id: &str,
     names: (&str, &str),
     metric: &str,
     maximize: bool,
-    points: &[(&ParamValue, &ParamValue, f64)],
+    points: &[(&ParamValue, &ParamValue, f64, bool)],
 ) -> String {
     let label = format!("{metric} over {} and {}", names.0, names.1);
     let ax = ParamAxis::of(points.iter().map(|p| p.0));
     let ay = ParamAxis::of(points.iter().map(|p| p.1));
-    let placed: Vec<(f64, f64, f64)> = points
+    let placed: Vec<(f64, f64, f64, bool)> = points
         .iter()
-        .filter_map(|&(a, b, v)| Some((ax.coord(a)?, ay.coord(b)?, v)))
+        .filter_map(|&(a, b, v, ok)| Some((ax.coord(a)?, ay.coord(b)?, v, ok)))
         .filter(|p| p.2.is_finite())
         .collect();
     if placed.len() < 2 {
@@ -308,11 +324,18 @@ pub fn contour_chart(
     let (cw, ch) = ((area.right - area.left) / CONTOUR_GRID.0 as f64, (area.bottom - area.top) / CONTOUR_GRID.1 as f64);
     // Distances in pixels, so both axes weigh alike whatever their units.
     let pixels: Vec<(f64, f64, f64)> = placed.iter().map(|p| (x.at(p.0), y.at(p.1), p.2)).collect();
+    let constrained = placed.iter().any(|p| !p.3);
+    let feasibility: Vec<(f64, f64, f64)> =
+        placed.iter().map(|p| (x.at(p.0), y.at(p.1), if p.3 { 1.0 } else { 0.0 })).collect();
+    let mut hatched = Vec::new();
     out.push_str(r#"<g class="cells">"#);
     for r in 0..CONTOUR_GRID.1 {
         for c in 0..CONTOUR_GRID.0 {
             let (px, py) = (area.left + (c as f64 + 0.5) * cw, area.top + (r as f64 + 0.5) * ch);
             let v = weighted(&pixels, px, py);
+            if constrained && weighted(&feasibility, px, py) < 0.5 {
+                hatched.push((area.left + c as f64 * cw, area.top + r as f64 * ch));
+            }
             let _ = write!(
                 out,
                 r#"<rect x="{}" y="{}" width="{}" height="{}" fill="{}"/>"#,
@@ -325,9 +348,30 @@ pub fn contour_chart(
         }
     }
     out.push_str("</g>");
+    if constrained {
+        let _ = write!(
+            out,
+            r##"<defs><pattern id="{id}-hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff" fill-opacity=".45"/><line x1="0" y1="0" x2="0" y2="6" stroke="#555" stroke-width="1.5"/></pattern></defs><g class="infeasible-region" data-cells="{}">"##,
+            hatched.len()
+        );
+        for (hx, hy) in &hatched {
+            let _ = write!(
+                out,
+                r#"<rect x="{}" y="{}" width="{}" height="{}" fill="url(#{id}-hatch)"/>"#,
+                Px(*hx),
+                Px(*hy),
+                Px(cw + 0.5),
+                Px(ch + 0.5)
+            );
+        }
+        out.push_str("</g>");
+    }
     framed_axes(&mut out, area, &param_ticks(&ax, &x), &param_ticks(&ay, &y), names);
     let _ = write!(out, r#"<g data-points="{}">"#, placed.len());
-    svg::dots(&mut out, "dot contour-dot", pixels.iter().map(|p| (p.0, p.1)));
+    svg::dots(&mut out, "dot contour-dot", placed.iter().filter(|p| p.3).map(|p| (x.at(p.0), y.at(p.1))));
+    if constrained {
+        svg::dots(&mut out, "dot infeasible", placed.iter().filter(|p| !p.3).map(|p| (x.at(p.0), y.at(p.1))));
+    }
     out.push_str("</g>");
     colour_key(&mut out, area, &values, maximize, metric);
     out.push_str("</svg>");
@@ -430,7 +474,7 @@ mod tests {
     fn parallel_coordinates_draw_a_line_a_trial_best_on_top() {
         let (a, b) = (ParamValue::Int(1), ParamValue::Text("adam".into()));
         let (c, d) = (ParamValue::Int(4), ParamValue::Text("sgd".into()));
-        let trials = vec![(7, vec![Some(&a), Some(&b)], 0.5), (9, vec![Some(&c), Some(&d)], 0.9)];
+        let trials = vec![(7, vec![Some(&a), Some(&b)], 0.5, true), (9, vec![Some(&c), Some(&d)], 0.9, true)];
         let chart = parallel_chart("pc", &["n", "opt"], "acc", true, &trials);
         assert_eq!(chart.matches("class=\"pc\"").count(), 2, "{chart}");
         // Maximised: trial 9 is the best, drawn last (on top) and darkest.
@@ -448,11 +492,36 @@ mod tests {
         assert!((weighted(&[(0.0, 0.0, 1.0), (10.0, 0.0, 3.0)], 5.0, 0.0) - 2.0).abs() < 1e-12);
         let (x1, x2) = (ParamValue::Float(0.0), ParamValue::Float(1.0));
         let (y1, y2) = (ParamValue::Int(1), ParamValue::Int(5));
-        let chart = contour_chart("c", ("x", "y"), "loss", false, &[(&x1, &y1, 1.0), (&x2, &y2, 2.0), (&x2, &y1, 4.0)]);
+        let points = [(&x1, &y1, 1.0, true), (&x2, &y2, 2.0, true), (&x2, &y1, 4.0, true)];
+        let chart = contour_chart("c", ("x", "y"), "loss", false, &points);
         assert!(chart.contains("data-points=\"3\""), "{chart}");
         assert_eq!(chart.matches("<rect x=").count(), CONTOUR_GRID.0 * CONTOUR_GRID.1 + 20, "cells and the key");
-        let too_few = contour_chart("c", ("x", "y"), "loss", false, &[(&x1, &y1, 1.0)]);
+        assert!(!chart.contains("infeasible-region"), "nothing to hatch");
+        let too_few = contour_chart("c", ("x", "y"), "loss", false, &[(&x1, &y1, 1.0, true)]);
         assert!(too_few.contains("Too few trials"));
+    }
+
+    /// The half of the plane nearest an infeasible trial is hatched, the
+    /// half nearest the feasible one is clear; the infeasible trial is a
+    /// grey dot and a grey dashed line.
+    #[test]
+    fn the_infeasible_region_is_hatched_and_its_trials_grey() {
+        let (lo, hi, y) = (ParamValue::Float(0.0), ParamValue::Float(1.0), ParamValue::Float(0.5));
+        let (y2, n) = (ParamValue::Float(0.6), ParamValue::Int(1));
+        let chart = contour_chart("c", ("x", "y"), "loss", false, &[(&lo, &y, 1.0, true), (&hi, &y2, 2.0, false)]);
+        let cells: usize = chart
+            .split("data-cells=\"")
+            .nth(1)
+            .and_then(|c| c.split('"').next())
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let all = CONTOUR_GRID.0 * CONTOUR_GRID.1;
+        assert!(cells > all / 3 && cells < all * 2 / 3, "about half: {cells} of {all}");
+        assert!(chart.contains("class=\"dot infeasible\""), "{chart}");
+        let trials = vec![(1, vec![Some(&n)], 2.0, false), (2, vec![Some(&n)], 1.0, true)];
+        let pc = parallel_chart("pc", &["n"], "loss", false, &trials);
+        assert!(pc.contains("class=\"pc infeasible\" data-trial=\"1\""), "{pc}");
+        assert!(pc.find("data-trial=\"1\"") < pc.find("data-trial=\"2\""), "feasible lines on top: {pc}");
     }
 
     #[test]

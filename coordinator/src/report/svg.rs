@@ -366,22 +366,28 @@ fn legend(out: &mut String, entries: &[(&str, &str)]) {
     }
 }
 
-/// A point cloud (`points`, all of them) and its Pareto front (`front`:
-/// trial, x, y, by x), both axes in the units of their labels. A cloud of
-/// more than [`MAX_DOTS`] points is drawn as a density grid.
+/// Points of a cloud: the feasible ones, and the ones that miss the study's constraints.
+pub type Cloud<'a> = (&'a [(f64, f64)], &'a [(f64, f64)]);
+
+/// A point cloud (`points`, all of them, and apart in grey the
+/// `infeasible` ones that miss the study's constraints) and its Pareto
+/// front (`front`: trial, x, y, by x: of the feasible points), both axes in
+/// the units of their labels. A cloud of more than [`MAX_DOTS`] points is
+/// drawn as a density grid.
 pub fn pareto_chart(
     id: &str,
     label: &str,
-    points: &[(f64, f64)],
+    (points, infeasible): Cloud<'_>,
     front: &[(u64, f64, f64)],
     x_label: &str,
     y_label: &str,
 ) -> String {
-    if points.is_empty() {
+    if points.is_empty() && infeasible.is_empty() {
         return empty(id, label, "No trial with a valid energy reading to draw.");
     }
-    let x = Scale::over(points.iter().map(|p| p.0), PLOT.left, PLOT.right);
-    let y = Scale::over(points.iter().map(|p| p.1), PLOT.bottom, PLOT.top);
+    let all = || points.iter().chain(infeasible);
+    let x = Scale::over(all().map(|p| p.0), PLOT.left, PLOT.right);
+    let y = Scale::over(all().map(|p| p.1), PLOT.bottom, PLOT.top);
     let mut out = String::with_capacity(points.len().min(MAX_DOTS) * 16 + front.len() * 80 + 8192);
     open(&mut out, id, label, HEIGHT);
     axes(&mut out, PLOT, &x, Some(&y), x_label, y_label);
@@ -405,6 +411,9 @@ pub fn pareto_chart(
         }
         out.push_str("</g>");
     }
+    if !infeasible.is_empty() {
+        dots(&mut out, "dot infeasible", infeasible.iter().take(MAX_DOTS).map(|&(a, b)| (x.at(a), y.at(b))));
+    }
     let mut steps = front.iter().filter(|p| p.1.is_finite() && p.2.is_finite());
     if let Some(&(_, a0, b0)) = steps.next() {
         let _ = write!(out, r#"<path class="front" d="M{} {}"#, Px(x.at(a0)), Px(y.at(b0)));
@@ -425,10 +434,13 @@ pub fn pareto_chart(
             Esc(y_label)
         );
     }
-    legend(
-        &mut out,
-        &[(if points.len() <= MAX_DOTS { "dot" } else { "cell-key" }, "trials"), ("front", "Pareto front")],
-    );
+    let cloud = if points.len() <= MAX_DOTS { "dot" } else { "cell-key" };
+    match infeasible.is_empty() {
+        true => legend(&mut out, &[(cloud, "trials"), ("front", "Pareto front")]),
+        false => {
+            legend(&mut out, &[(cloud, "feasible"), ("dot infeasible", "infeasible"), ("front", "feasible front")])
+        }
+    }
     out.push_str("</svg>");
     out
 }

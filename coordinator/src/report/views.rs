@@ -180,8 +180,8 @@ fn parallel(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)],
     let mut kept: Vec<&(&ExportRow, f64, bool)> = scored.iter().collect();
     kept.sort_by_key(|(r, _, _)| r.rank.map_or(u64::MAX, |p| p.0));
     kept.truncate(MAX_TABLE);
-    let trials: Vec<(u64, Vec<Option<&ParamValue>>, f64)> =
-        kept.iter().map(|(r, y, _)| (r.trial, names.iter().map(|n| r.params.get(*n)).collect(), *y)).collect();
+    let trials: Vec<(u64, Vec<Option<&ParamValue>>, f64, bool)> =
+        kept.iter().map(|(r, y, ok)| (r.trial, names.iter().map(|n| r.params.get(*n)).collect(), *y, *ok)).collect();
     section(out, "view-parallel", "Parallel coordinates", || {
         plots::parallel_chart("parallel", &names, &v.metric, v.maximize(), &trials)
     });
@@ -198,8 +198,8 @@ fn contour(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], 
     let names = if numeric.len() >= 2 { numeric } else { all };
     section(out, "view-contour", "Contour", || match names.as_slice() {
         [a, b, ..] => {
-            let points: Vec<(&ParamValue, &ParamValue, f64)> =
-                scored.iter().filter_map(|(r, y, _)| Some((r.params.get(*a)?, r.params.get(*b)?, *y))).collect();
+            let points: Vec<(&ParamValue, &ParamValue, f64, bool)> =
+                scored.iter().filter_map(|(r, y, ok)| Some((r.params.get(*a)?, r.params.get(*b)?, *y, *ok))).collect();
             plots::contour_chart("contour", (a, b), &v.metric, v.maximize(), &points)
         }
         _ => svg::empty("contour", "contour", "A contour needs two parameters; this study has fewer."),
@@ -221,21 +221,21 @@ fn pareto(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
             Secondary::Energy => r.energy().counted().unwrap_or(f64::NAN),
             Secondary::WallTime => r.wall_us.map_or(f64::NAN, |us| us as f64 / 1e6),
         };
-        let placed: Vec<(u64, f64, f64)> = scored
-            .iter()
-            .filter(|p| p.2)
-            .map(|(r, y, _)| (r.trial, figure(r), *y))
-            .filter(|p| p.1.is_finite())
+        let placed: Vec<(u64, f64, f64, bool)> =
+            scored.iter().map(|(r, y, ok)| (r.trial, figure(r), *y, *ok)).filter(|p| p.1.is_finite()).collect();
+        let feasible: Vec<&(u64, f64, f64, bool)> = placed.iter().filter(|p| p.3).collect();
+        let keys: Vec<Vec<f64>> = feasible.iter().map(|p| vec![p.1, sign * p.2]).collect();
+        let mut front: Vec<(u64, f64, f64)> = tunefleet_search::pareto::front(&keys)
+            .into_iter()
+            .map(|i| (feasible[i].0, feasible[i].1, feasible[i].2))
             .collect();
-        let keys: Vec<Vec<f64>> = placed.iter().map(|p| vec![p.1, sign * p.2]).collect();
-        let mut front: Vec<(u64, f64, f64)> =
-            tunefleet_search::pareto::front(&keys).into_iter().map(|i| placed[i]).collect();
         front.sort_by(|a, b| a.1.total_cmp(&b.1));
         let unit = match also {
             Secondary::Energy => "energy (J)",
             Secondary::WallTime => "wall time (s)",
         };
-        let cloud: Vec<(f64, f64)> = placed.iter().map(|p| (p.1, p.2)).collect();
+        let cloud: Vec<(f64, f64)> = feasible.iter().map(|p| (p.1, p.2)).collect();
+        let grey: Vec<(f64, f64)> = placed.iter().filter(|p| !p.3).map(|p| (p.1, p.2)).collect();
         let _ = write!(
             out,
             "<figure class=\"scroll\" data-front=\"{}\" data-front-trials=\"{}\">{}</figure>",
@@ -244,7 +244,7 @@ fn pareto(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
             svg::pareto_chart(
                 &format!("pareto-{i}"),
                 &format!("{} against {unit}", v.metric),
-                &cloud,
+                (&cloud, &grey),
                 &front,
                 unit,
                 &v.metric

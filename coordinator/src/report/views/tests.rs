@@ -146,6 +146,18 @@ fn a_study_with_two_objectives_draws_its_front() {
     let front = between(&html, "data-front=\"energy\"", ">");
     assert!(front.contains("data-front-trials=\"2 5 1\""), "{front}");
     assert_eq!(html.matches("class=\"front-dot\"").count(), 3);
+    // Trial 1 misses the study's constraints: the front is of the others
+    // (the constrained front), trial 1 a grey dot, "no" in the table.
+    for r in &mut v.rows {
+        r.violation = r.objective.map(|_| if r.trial == 1 { 0.5 } else { 0.0 });
+    }
+    let html = main_html(&v, "");
+    let front = between(&html, "data-front=\"energy\"", ">");
+    assert!(front.contains("data-front-trials=\"2 5\""), "{front}");
+    let pareto = between(&html, "id=\"view-pareto\"", "</section>");
+    assert!(pareto.contains("class=\"dot infeasible\""), "{pareto}");
+    assert!(between(&html, "<tr data-trial=\"1\">", "</tr>").contains("<td>no</td>"));
+    assert!(html.contains("class=\"pc infeasible\" data-trial=\"1\""));
 }
 
 #[test]
