@@ -224,7 +224,7 @@ impl Pending<'_> {
 
     /// The kriging believer's model: the running trials told their
     /// posterior means (the told trials' model where that cannot factor).
-    fn believed(&self) -> Model {
+    pub(super) fn believed(&self) -> Model {
         let lies: Vec<f64> = self.pending.iter().map(|u| self.model.predict(self.cube, u).0).collect();
         self.with_pending(&lies).unwrap_or_else(|| self.model.clone())
     }
@@ -529,7 +529,7 @@ fn log_sum_exp(v: &[f64]) -> f64 {
 }
 
 /// `ln Phi(z)`, with its asymptote far in the left tail.
-fn log_normal_cdf(z: f64) -> f64 {
+pub(super) fn log_normal_cdf(z: f64) -> f64 {
     if z > -37.0 {
         (0.5 * libm::erfc(-z / std::f64::consts::SQRT_2)).ln()
     } else {

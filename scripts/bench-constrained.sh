@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The constrained search benchmark: Tunefleet's gp and tpe (in-process,
+# search/examples/bench_constrained.rs) and Optuna 5's constrained TPE
+# (scripts/bench-constrained.py, in the Optuna virtual environment
+# scripts/needs.sh makes) on four constrained problems, the same seeds and
+# budget, sequentially and with WORKERS in flight; a Markdown table.
+#
+# Usage: scripts/bench-constrained.sh [SEEDS] [BUDGET] [WORKERS...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${1:-20}
+budget=${2:-40}
+shift $(( $# > 2 ? 2 : $# )) || true
+workers=("${@:-1}")
+[ $# -gt 0 ] || workers=(1 4)
+python=${OPTUNA_VENV:-target/optuna-venv}/bin/python
+out=$(mktemp -d)
+cargo build --quiet --release -p tunefleet-search --example bench_constrained
+for w in "${workers[@]}"; do
+  for strategy in gp tpe; do
+    STRATEGY=$strategy target/release/examples/bench_constrained "$seeds" "$budget" "$w" >>"$out/tunefleet.jsonl"
+  done
+  "$python" scripts/bench-constrained.py optuna "$seeds" "$budget" "$w" >>"$out/optuna.jsonl"
+done
+"$python" scripts/bench-constrained.py table "$out/tunefleet.jsonl" "$out/optuna.jsonl"
+echo "raw lines: $out" >&2
