@@ -124,3 +124,46 @@ high = 3
     assert!(fast.0 >= 0.4 && slow.0 >= 0.6, "two and three epochs of 0.2 s: {rows:?}");
     assert!(rows[0].0 >= rows[0].1 - 1e-6, "never reached: its whole run: {rows:?}");
 }
+
+/// Energy (here time) to a target with early stopping: ASHA judges the
+/// target's metric at its rungs (the objective is known only when a trial
+/// ends), so a trial trailing on the way to the target is stopped at the
+/// first rung instead of running its epochs out; the one that reached it
+/// is the best. Refused before: `[early_stopping]` with a measured objective.
+#[test]
+fn early_stopping_judges_the_target_s_metric_and_stops_a_trailing_trial() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("s.db");
+    let study = dir.path().join("early.toml");
+    // rate 3 reaches 6 at epoch 2; rate 1 reports 1 at epoch 1, behind 3: stopped there.
+    let text = r#"name = "early"
+command = ["sh", "-c", "for e in 1 2 3 4 5 6 7 8; do sleep 0.3; echo TUNEFLEET epoch=$e accuracy=$((e * {rate})); done"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+to_target = { metric = "accuracy", at_least = 6.0 }
+[early_stopping]
+kind = "asha"
+reduction = 2
+grace = 1
+[budget]
+trials = 2
+[strategy]
+kind = "grid"
+[hyper.rate]
+kind = "categorical"
+values = [3, 1]
+"#;
+    std::fs::write(&study, text).expect("study");
+    let out = run_with_one_agent(&study, &store, "early-target", &["--slots", "1"], Duration::from_secs(120));
+    assert!(out.contains("1 stopped"), "{out}");
+    let rows: Vec<(i64, String)> =
+        query(&store, "SELECT trial, state FROM trials ORDER BY trial", |r| Ok((r.get(0)?, r.get(1)?)));
+    assert_eq!(rows.iter().map(|r| r.1.as_str()).collect::<Vec<_>>(), ["done", "stopped"], "{rows:?}");
+    let epochs: i64 = query(&store, "SELECT COUNT(*) FROM progress WHERE trial = 1", |r| r.get(0))[0];
+    assert!(epochs < 8, "the trailing trial did not run its epochs out: {epochs}");
+    let s = store.to_str().expect("utf-8");
+    let (code, best, err) = tunefleet(&["best", "early", "--store", s, "-n", "1"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(best.contains("rate=3"), "{best}");
+}

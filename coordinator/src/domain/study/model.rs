@@ -528,6 +528,24 @@ impl Study {
             .collect()
     }
 
+    /// What early stopping judges at its rungs, and which way is better:
+    /// the objective; or, for an objective counted up to a target
+    /// (`to_target`: energy to accuracy), the target's metric, since the
+    /// objective is measured only when a trial ends: a trial trailing at a
+    /// rung on the way to the target is stopped before it spends more.
+    pub fn stopping_metric(&self) -> (&str, Direction) {
+        match &self.objective.to_target {
+            Some(t) => {
+                let way = match t.bound {
+                    super::constraint::Bound::AtLeast(_) => Direction::Maximize,
+                    super::constraint::Bound::AtMost(_) => Direction::Minimize,
+                };
+                (t.metric.as_str(), way)
+            }
+            None => (self.objective.metric.as_str(), self.objective.direction),
+        }
+    }
+
     /// A successful measurement's total violation of the study's
     /// constraints (`None`: it has none).
     pub fn violation(&self, m: &Measurement) -> Option<f64> {

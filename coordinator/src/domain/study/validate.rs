@@ -109,7 +109,11 @@ impl FileCheck<'_> {
         let early_stopping = match &raw.early_stopping {
             None => None,
             Some(e) => {
-                let metric = (objective.metric.as_str(), raw.objective.metric.span());
+                // Counted to a target, the rungs judge the target's metric.
+                let metric = match &objective.to_target {
+                    Some(t) => (t.metric.as_str(), raw.objective.metric.span()),
+                    None => (objective.metric.as_str(), raw.objective.metric.span()),
+                };
                 Some(self.early_stopping(e, metric, raw.pipeline.as_ref(), pipeline.as_ref(), &system)?)
             }
         };

@@ -102,7 +102,7 @@ impl ActiveStudy {
     pub(super) fn new(study: Study, search: Search, plans: Vec<TrialPlan>) -> Self {
         let asha = study
             .early_stopping
-            .map(|e| tunefleet_search::asha::Asha::new(e.reduction, e.grace, study.objective.direction));
+            .map(|e| tunefleet_search::asha::Asha::new(e.reduction, e.grace, study.stopping_metric().1));
         let probe = search::probe_plan(&study);
         let study_dir = study.objective.direction;
         let mut active = ActiveStudy {

@@ -420,9 +420,11 @@ fn apply_early_stop(cx: &mut Ctx<'_, '_>, p: &Progress, stop: EarlyStop) {
     let Some(asha) = active.asha.as_mut() else { return };
     asha.record(&stop.judged);
     let Some(reason) = stop.reason else { return };
-    // The model learns where ASHA cut (Optuna's pruned trials).
+    // The model learns where ASHA cut (Optuna's pruned trials); counted to
+    // a target, what was judged is not the objective: the worst.
     if let Some(plan) = active.plans.get(p.trial.trial as usize) {
-        active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, stop.reported);
+        let value = if active.study.objective.to_target.is_some() { f64::NAN } else { stop.reported };
+        active.search.tell_pruned(p.trial.trial, &plan.params, p.epoch, value);
     }
     tracing::info!(trial = %p.trial, %reason);
     cx.effects.extend(cx.sched.stop(&p.trial.study, p.trial.trial, &reason));

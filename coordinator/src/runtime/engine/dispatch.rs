@@ -240,12 +240,12 @@ fn progress(view: &EngineView<'_>, agent: &str, mut p: Progress) -> Decision {
 fn early_stop(view: &EngineView<'_>, p: &Progress) -> Option<EarlyStop> {
     let active = view.studies.get(&p.trial.study)?;
     let asha = active.asha.as_ref()?;
-    let &reported = p.metrics.get(&active.study.objective.metric)?;
+    let metric = active.study.stopping_metric().0;
+    let &reported = p.metrics.get(metric)?;
     let judged = asha.judge(p.trial.trial, p.epoch, reported)?;
     let reason = match judged.pruning {
         Pruning::Continue => None,
         Pruning::Stop { rung, value, cutoff } => {
-            let metric = &active.study.objective.metric;
             let (value, cutoff) = (readable(value), readable(cutoff));
             Some(format!("stopped early by ASHA: {metric} {value} at epoch {rung} is behind the cut {cutoff}"))
         }

@@ -231,11 +231,17 @@ impl Core {
     ) -> Result<(), EngineError> {
         let mut last_reports: HashMap<u64, (u32, f64)> = HashMap::new();
         for p in self.store.study_progress(&active.study.name)? {
-            if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&active.study.objective.metric)) {
+            let judged = active.study.stopping_metric().0.to_string();
+            if let (Some(asha), Some(&value)) = (active.asha.as_mut(), p.metrics.get(&judged)) {
                 let _ = asha.report(p.trial, p.epoch, value);
             }
-            if let Some(&value) =
-                p.metrics.get(&active.study.objective.metric).filter(|_| stopped.contains_key(&p.trial))
+            // Counted to a target, a stopped trial's last report is not the objective: the worst.
+            let to_target = active.study.objective.to_target.is_some();
+            if let Some(value) = p
+                .metrics
+                .get(&judged)
+                .map(|v| if to_target { f64::NAN } else { *v })
+                .filter(|_| stopped.contains_key(&p.trial))
             {
                 let last = last_reports.entry(p.trial).or_insert((p.epoch, value));
                 if p.epoch >= last.0 {
