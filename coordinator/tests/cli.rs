@@ -161,6 +161,36 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
     assert_eq!(column(&v["front"], "wall_us"), json!([2_000_000, 1_000_000]), "{v}");
 }
 
+/// In a study with constraints the front is of the results that meet them:
+/// trial 2 beats every other on both axes but misses its latency bound.
+#[test]
+fn best_pareto_is_the_front_of_the_feasible_results() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.db");
+    let text = study_text("loss").replace("direction = \"minimize\"", "direction = \"minimize\"\nalso = [\"energy\"]")
+        + "[[constraint]]\nmetric = \"latency_ms\"\nat_most = 5.0\n";
+    let s = study::parse(&text, "s.toml").expect("parses");
+    let mut store = Store::open(&path).expect("store");
+    let mut b = store.batch().expect("batch");
+    b.create_study(&s, &search::plan(&s)).expect("creates");
+    for (trial, loss, joules, latency) in [(0, 0.1, 9.0, 1.0), (1, 0.3, 2.0, 1.0), (2, 0.05, 1.0, 10.0)] {
+        let energy = EnergyReading { joules, valid: true, ..EnergyReading::none(EnergySourceKind::Estimated, "model") };
+        let m = Measurement {
+            final_metrics: [("loss".to_string(), loss), ("latency_ms".to_string(), latency)].into(),
+            ..Measurement::unmeasured(ExitOutcome::Exited(0), energy)
+        };
+        let r = TrialRef { study: "plain".into(), study_id: 7, trial, attempt: 1 };
+        b.record_assignment(&r, "a1", 10).expect("assigns");
+        let score = tunefleet_coordinator::store::Score { objective: Some(loss), violation: s.violation(&m) };
+        b.record_result(&r, "a1", &m, score, 20).expect("records");
+    }
+    b.commit().expect("commits");
+    drop(store);
+    let v = json(&["best", "plain", "--pareto"], &path);
+    assert_eq!(column(&v["front"], "trial"), json!([0, 1]), "{v}");
+    assert_eq!(v["considered"], 2, "{v}");
+}
+
 /// A study run on several kinds of device ranks each class apart.
 #[test]
 fn best_by_class_ranks_each_device_class_apart() {

@@ -262,7 +262,9 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
 
 /// The Pareto front of a study: its objective (in its direction) against
 /// the objectives of `objective.also` (energy when none), all trials with a
-/// successful result and every figure valid.
+/// successful result and every figure valid; in a study with constraints,
+/// of the results that meet them (the constrained front, as Optuna's
+/// `best_trials`: empty while none does).
 fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
     let row = store.study(study)?.ok_or_else(|| no_study(store, study))?;
     let parsed = match store.stored_study(study)? {
@@ -278,6 +280,7 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         .best(study, usize::MAX)?
         .into_iter()
         .filter(|r| !axes.contains(&Secondary::Energy) || r.energy().counted().is_some())
+        .filter(|r| !r.violation.is_some_and(|v| v > 0.0))
         .collect();
     let sign = if parsed.objective.direction == Direction::Maximize { -1.0 } else { 1.0 };
     let points: Vec<Vec<f64>> = rows
