@@ -1,13 +1,14 @@
 """The constrained search benchmark's Optuna side and its table
 (scripts/bench-constrained.sh).
 
-  bench-constrained.py optuna SEEDS BUDGET WORKERS   one JSON line per (problem, seed)
+  bench-constrained.py optuna SEEDS BUDGET WORKERS [tpe|gp]   one JSON line per (problem, seed)
   bench-constrained.py table FILE...                 a Markdown table from those lines
 
 The problems are search/examples/bench_constrained.rs's, with the same
-spaces. Optuna's sampler is TPESampler(seed=seed, constraints_func=...)
-with every other argument at Optuna 5's default; constraints_func returns
-each constraint's signed value (feasible when <= 0), as Optuna asks.
+spaces. Optuna's sampler is TPESampler(seed=seed, constraints_func=...),
+or GPSampler(seed=seed, constraints_func=...) (`gp`: needs PyTorch and
+SciPy), with every other argument at Optuna 5's default; constraints_func
+returns each constraint's signed value (feasible when <= 0), as Optuna asks.
 WORKERS = 4: four trials in flight with Optuna's ask-and-tell interface,
 the oldest told, one more asked while the other three run.
 
@@ -56,7 +57,7 @@ PROBLEMS = {
 }
 
 
-def run_optuna(seeds, budget, workers, only):
+def run_optuna(seeds, budget, workers, only, kind="tpe"):
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -65,7 +66,9 @@ def run_optuna(seeds, budget, workers, only):
             continue
         dists = {k: optuna.distributions.FloatDistribution(lo, hi) for k, (lo, hi) in bounds.items()}
         for seed in range(seeds):
-            sampler = optuna.samplers.TPESampler(seed=seed, constraints_func=lambda t: t.user_attrs["c"])
+            constraints = lambda t: t.user_attrs["c"]  # noqa: E731
+            sampler = (optuna.samplers.GPSampler(seed=seed, constraints_func=constraints) if kind == "gp"
+                       else optuna.samplers.TPESampler(seed=seed, constraints_func=constraints))
             study = optuna.create_study(sampler=sampler)
             in_flight, best, first, finished = [], None, None, 0
             while finished < budget:
@@ -79,7 +82,7 @@ def run_optuna(seeds, budget, workers, only):
                 if all(v <= 0 for v in c):
                     best = value if best is None else min(best, value)
                     first = first or finished
-            print(json.dumps({"side": "optuna-tpe", "fn": name, "seed": seed, "workers": workers,
+            print(json.dumps({"side": f"optuna-{kind}", "fn": name, "seed": seed, "workers": workers,
                               "best": best, "first_feasible": first}))
 
 
@@ -100,8 +103,9 @@ def table(paths):
     sides = sorted({r["side"] for r in rows})
     for workers in sorted({r["workers"] for r in rows}):
         print(f"\n{workers} in flight: median best feasible value (seeds with one feasible; median trials to the first)\n")
-        print("| problem | " + " | ".join(sides) + " | null: Optuna seeds 0-9 / 10-19 |")
-        print("|---|" + "---|" * (len(sides) + 1))
+        nulls = [s for s in ("optuna-tpe", "optuna-gp") if s in sides]
+        print("| problem | " + " | ".join(sides) + "".join(f" | null: {n} seeds 0-9 / 10-19" for n in nulls) + " |")
+        print("|---|" + "---|" * (len(sides) + len(nulls)))
         for fn in sorted({r["fn"] for r in rows}):
             cells = []
             for side in sides:
@@ -111,18 +115,19 @@ def table(paths):
                     continue
                 med, feasible, first = summary(mine)
                 cells.append(f"{med:.4g} ({feasible}/{len(mine)}; {first})")
-            optuna = sorted((r for r in rows if r["side"] == "optuna-tpe" and r["fn"] == fn and r["workers"] == workers),
-                            key=lambda r: r["seed"])
-            half = len(optuna) // 2
-            null = "-"
-            if half:
-                a, b = summary(optuna[:half])[0], summary(optuna[half:])[0]
-                null = f"{a:.4g} / {b:.4g}"
-            print(f"| {fn} | " + " | ".join(cells) + f" | {null} |")
+            for n in nulls:
+                optuna = sorted((r for r in rows if r["side"] == n and r["fn"] == fn and r["workers"] == workers),
+                                key=lambda r: r["seed"])
+                half = len(optuna) // 2
+                cells.append("-" if not half else
+                             f"{summary(optuna[:half])[0]:.4g} / {summary(optuna[half:])[0]:.4g}")
+            print(f"| {fn} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "optuna":
-        run_optuna(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), set(sys.argv[5:]))
+        kind = sys.argv[5] if len(sys.argv) > 5 and sys.argv[5] in ("tpe", "gp") else "tpe"
+        only = set(a for a in sys.argv[5:] if a not in ("tpe", "gp"))
+        run_optuna(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), only, kind)
     else:
         table(sys.argv[2:])
