@@ -304,7 +304,7 @@ impl Gp {
         let pending: Vec<Vec<f64>> =
             running.iter().filter(|(t, _)| !self.told.contains_key(t)).filter_map(|(_, p)| self.unit(p)).collect();
         let candidates = self.candidates(rng, &x, &y, &theta);
-        if let Some((feasibility, feasible)) = self.feasibility(&pending) {
+        if let Some((feasibility, feasible)) = self.feasibility() {
             return self.choose_feasible(&model, &feasibility, &feasible, candidates, pending, &y);
         }
         if pending.is_empty() {
@@ -317,13 +317,8 @@ impl Gp {
 
     /// The model of the told violations and the told configurations that
     /// met the constraints; `None` without constraints, or while every told
-    /// trial meets them (nothing to learn). While none does, the trials in
-    /// flight (`pending`) enter the model with the median violation told (a
-    /// constant liar): the search for a first feasible point then spreads
-    /// its parallel asks instead of sending them all to the same likeliest
-    /// point (measured: 5 of 20 seeds found one on `gardner` at 4 in flight
-    /// without it, 20 with it).
-    fn feasibility(&self, pending: &[Vec<f64>]) -> Option<(Feasibility, Vec<Vec<f64>>)> {
+    /// trial meets them (nothing to learn).
+    fn feasibility(&self) -> Option<(Feasibility, Vec<Vec<f64>>)> {
         if self.violations.is_empty() {
             return None;
         }
@@ -335,15 +330,7 @@ impl Gp {
             .collect();
         let feasible: Vec<Vec<f64>> = rows.iter().filter(|r| r.1 == 0.0).map(|r| r.0.clone()).collect();
         let (x, v): (Vec<Vec<f64>>, Vec<f64>) = rows.drain(..).unzip();
-        let (mut x, mut v) = subset(x, v, self.cube.settings.model_points.max(2));
-        if feasible.is_empty() {
-            // The median violation told: the worst pushed the asks into corners (BENCHMARKS.md).
-            let mut told: Vec<f64> = v.iter().copied().filter(|v| v.is_finite()).collect();
-            told.sort_by(f64::total_cmp);
-            let lie = told.get(told.len() / 2).copied().unwrap_or(0.0);
-            x.extend(pending.iter().cloned());
-            v.extend(pending.iter().map(|_| lie));
-        }
+        let (x, v) = subset(x, v, self.cube.settings.model_points.max(2));
         Feasibility::fit(&self.cube, x, &v).map(|f| (f, feasible))
     }
 
@@ -361,8 +348,10 @@ impl Gp {
         y: &[f64],
     ) -> Option<Vec<f64>> {
         let cube = &self.cube;
-        // While none is feasible the liar spreads the asks (`feasibility`):
-        // the probability alone is maximised.
+        // While none is feasible, the probability alone, the trials in flight
+        // or not (Optuna's GPSampler too): spreading the parallel asks (a
+        // liar on the feasibility model) found a first feasible trial later
+        // on islands of feasibility (BENCHMARKS.md).
         let pending = if feasible.is_empty() { Vec::new() } else { pending };
         let means = model.told_means(cube);
         let by_mean = |a: &usize, b: &usize| means[*a].total_cmp(&means[*b]);
