@@ -34,6 +34,9 @@ pub trait Proposer: Send + std::fmt::Debug {
     /// `[[constraint]]`s (0: feasible); ignored by proposers that do not
     /// model feasibility.
     fn tell_violation(&mut self, _trial: u64, _violation: f64) {}
+    /// Each constraint's signed value (at most 0: it holds) of a complete
+    /// trial told before; ignored by proposers that do not model them.
+    fn tell_margins(&mut self, _trial: u64, _margins: &[f64]) {}
     /// Results the proposer has learnt from (0 for one that does not learn).
     fn observations(&self) -> usize {
         0
@@ -126,5 +129,9 @@ impl<S: Sampler> Proposer for Sampled<S> {
 
     fn tell_violation(&mut self, trial: u64, violation: f64) {
         self.sampler.tell_violation(trial, violation);
+    }
+
+    fn tell_margins(&mut self, trial: u64, margins: &[f64]) {
+        self.sampler.tell_margins(trial, margins);
     }
 }

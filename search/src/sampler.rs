@@ -26,6 +26,11 @@ pub trait Sampler: Send + std::fmt::Debug {
     /// `[[constraint]]`s (0: feasible). Samplers that do not model
     /// feasibility ignore it.
     fn tell_violation(&mut self, _trial: u64, _violation: f64) {}
+    /// Each constraint's signed value for a complete trial told before
+    /// (at most 0 where it holds, how far inside; above 0 how far it
+    /// misses): what a model per constraint learns from. Samplers that do
+    /// not model constraints ignore it.
+    fn tell_margins(&mut self, _trial: u64, _margins: &[f64]) {}
     /// Trials told so far.
     fn observations(&self) -> usize;
 }

@@ -7,21 +7,36 @@
 //! `GPSampler` maximises with `constraints_func`), or the probability
 //! alone while no told trial is feasible.
 //!
-//! The total violation is zero on the whole feasible region, so unlike
-//! Optuna (which models each constraint's signed value) the model sees how
-//! far outside a point is, not how far inside: its values are compressed as
-//! `ln(1 + v / s)` (`s` the median positive violation, so a few huge ones
-//! do not flatten the boundary) and a point counts as feasible where the
-//! posterior is below half the smallest positive value told.
+//! Told each constraint's signed value (`Sampler::tell_margins`: at most 0
+//! where it holds, how far inside; above 0 how far it misses), as Optuna's
+//! `constraints_func` returns them, there is a process per constraint and
+//! the probability of feasibility is the product of each one's probability
+//! of a value at most 0 (the constraints taken as independent, as Optuna
+//! takes them). Told only the total violation (a study resumed from a
+//! store that kept no more), one process models it: zero on the whole
+//! feasible region, it sees how far outside a point is, not how far inside;
+//! its values are compressed as `ln(1 + v / s)` (`s` the median positive
+//! violation, so a few huge ones do not flatten the boundary) and a point
+//! counts as feasible where the posterior is below half the smallest
+//! positive value told.
 
 use super::batch::log_normal_cdf;
 use super::cube::Cube;
 use super::model::Model;
 
-/// The violation model and its threshold, standardised.
+/// A model of each constraint (or of the total violation) and the
+/// threshold under which it holds, standardised.
 pub(super) struct Feasibility {
-    model: Model,
-    threshold: f64,
+    models: Vec<(Model, f64)>,
+}
+
+/// `values` standardised, and where `at` falls on the same scale.
+fn standardised(values: &[f64], at: f64) -> (Vec<f64>, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let sd = if sd > 0.0 { sd } else { 1.0 };
+    (values.iter().map(|v| (v - mean) / sd).collect(), (at - mean) / sd)
 }
 
 impl Feasibility {
@@ -42,22 +57,43 @@ impl Feasibility {
         let values: Vec<f64> =
             violations.iter().map(|v| if v.is_finite() { g(*v) } else { finite_top + 1.0 }).collect();
         let smallest = positive.first().map_or(finite_top + 1.0, |v| g(*v));
-        let n = values.len() as f64;
-        let mean = values.iter().sum::<f64>() / n;
-        let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n).sqrt();
-        let sd = if sd > 0.0 { sd } else { 1.0 };
-        let y: Vec<f64> = values.iter().map(|v| (v - mean) / sd).collect();
+        let (y, threshold) = standardised(&values, 0.5 * smallest);
         let theta = cube.fit(&x, &y);
         let model = cube.model(x, &y, &theta, None)?;
-        Some(Feasibility { model, threshold: (0.5 * smallest - mean) / sd })
+        Some(Feasibility { models: vec![(model, threshold)] })
     }
 
-    /// `ln P(feasible)` at each of `us`.
+    /// A process per constraint over its signed values `margins` (one row
+    /// per point of `x`, one column per constraint); `None` when a process
+    /// cannot be fitted. A value never measured (infinite) counts as the
+    /// worst told, and one more.
+    pub(super) fn fit_margins(cube: &Cube, x: &[Vec<f64>], margins: &[Vec<f64>]) -> Option<Feasibility> {
+        let k = margins.first()?.len();
+        if x.len() < 2 || k == 0 {
+            return None;
+        }
+        let mut models = Vec::with_capacity(k);
+        for c in 0..k {
+            let column: Vec<f64> = margins.iter().map(|m| m[c]).collect();
+            let top = column.iter().copied().filter(|v| v.is_finite()).fold(f64::NEG_INFINITY, f64::max);
+            let top = if top.is_finite() { top } else { 1.0 };
+            let values: Vec<f64> =
+                column.iter().map(|v| if v.is_finite() { *v } else { top + top.abs().max(1.0) }).collect();
+            let (y, threshold) = standardised(&values, 0.0);
+            let theta = cube.fit(x, &y);
+            models.push((cube.model(x.to_vec(), &y, &theta, None)?, threshold));
+        }
+        Some(Feasibility { models })
+    }
+
+    /// `ln P(feasible)` at each of `us`: the sum over the models.
     pub(super) fn log_probability(&self, cube: &Cube, us: &[Vec<f64>]) -> Vec<f64> {
-        self.model
-            .predict_many(cube, us)
-            .into_iter()
-            .map(|(mu, var)| log_normal_cdf((self.threshold - mu) / var.sqrt()))
-            .collect()
+        let mut total = vec![0.0; us.len()];
+        for (model, threshold) in &self.models {
+            for (t, (mu, var)) in total.iter_mut().zip(model.predict_many(cube, us)) {
+                *t += log_normal_cdf((threshold - mu) / var.sqrt());
+            }
+        }
+        total
     }
 }

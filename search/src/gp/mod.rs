@@ -118,6 +118,16 @@ use values::{simplex_weights, stable_subset, standardise, subset, warp};
 
 /// Weight of the sum in the augmented Chebyshev scalarisation (ParEGO's 0.05).
 const CHEBYSHEV_RHO: f64 = 0.05;
+/// At most `max` rows of `x` and their `margins`: all when there are no
+/// more, else an even spread in their order (the feasibility models).
+fn subset_rows(x: Vec<Vec<f64>>, margins: Vec<Vec<f64>>, max: usize) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+    if x.len() <= max {
+        return (x, margins);
+    }
+    let keep: Vec<usize> = (0..max).map(|k| k * x.len() / max).collect();
+    (keep.iter().map(|&i| x[i].clone()).collect(), keep.iter().map(|&i| margins[i].clone()).collect())
+}
+
 /// Told configurations whose neighbourhoods are searched for candidates.
 const LOCAL_CENTRES: usize = 5;
 /// Perturbations drawn around each of them.
@@ -149,6 +159,8 @@ pub struct Gp {
     /// Each told trial's total violation of the study's constraints (none
     /// without constraints): [`feasible`].
     violations: BTreeMap<u64, f64>,
+    /// Each told trial's constraints' signed values, where told ([`feasible`]).
+    margins: BTreeMap<u64, Vec<f64>>,
     /// The hyper-parameters last fitted and the told trials (id, value
     /// bits) they were fitted on ([`Gp::hyper_parameters`]).
     fitted: RefCell<Option<(FitKey, Theta)>>,
@@ -195,6 +207,7 @@ impl Gp {
             seed,
             told: BTreeMap::new(),
             violations: BTreeMap::new(),
+            margins: BTreeMap::new(),
             fitted: RefCell::new(None),
             factored: RefCell::new(None),
         }
@@ -322,14 +335,31 @@ impl Gp {
         if self.violations.is_empty() {
             return None;
         }
-        let mut rows: Vec<(Vec<f64>, f64)> = self
+        let rows: Vec<(Vec<f64>, f64)> = self
             .told
             .iter()
             .filter(|(_, (_, t))| matches!(t, Told::Complete(_)))
             .filter_map(|(id, (u, _))| Some((u.clone()?, *self.violations.get(id)?)))
             .collect();
         let feasible: Vec<Vec<f64>> = rows.iter().filter(|r| r.1 == 0.0).map(|r| r.0.clone()).collect();
-        let (x, v): (Vec<Vec<f64>>, Vec<f64>) = rows.drain(..).unzip();
+        // A model per constraint when every trial told its constraints' values alike.
+        let ids: Vec<u64> = self
+            .told
+            .iter()
+            .filter(|(id, (u, t))| matches!(t, Told::Complete(_)) && u.is_some() && self.violations.contains_key(id))
+            .map(|(id, _)| *id)
+            .collect();
+        let width = ids.first().and_then(|id| self.margins.get(id)).map(Vec::len);
+        if let Some(k) = width.filter(|k| *k > 0) {
+            let margins: Option<Vec<Vec<f64>>> =
+                ids.iter().map(|id| self.margins.get(id).filter(|m| m.len() == k).cloned()).collect();
+            if let Some(margins) = margins {
+                let x: Vec<Vec<f64>> = rows.iter().map(|r| r.0.clone()).collect();
+                let (x, m) = subset_rows(x, margins, self.cube.settings.model_points.max(2));
+                return Feasibility::fit_margins(&self.cube, &x, &m).map(|f| (f, feasible));
+            }
+        }
+        let (x, v): (Vec<Vec<f64>>, Vec<f64>) = rows.into_iter().unzip();
         let (x, v) = subset(x, v, self.cube.settings.model_points.max(2));
         Feasibility::fit(&self.cube, x, &v).map(|f| (f, feasible))
     }
@@ -550,6 +580,15 @@ impl Sampler for Gp {
         if self.told.contains_key(&trial) {
             let v = if violation.is_nan() { f64::INFINITY } else { violation.max(0.0) };
             self.violations.insert(trial, v);
+        }
+    }
+
+    /// Each constraint's signed value of a complete trial told before
+    /// (NaN: never measured, as far as can be): a model per constraint.
+    fn tell_margins(&mut self, trial: u64, margins: &[f64]) {
+        if self.told.contains_key(&trial) {
+            let m = margins.iter().map(|v| if v.is_nan() { f64::INFINITY } else { *v }).collect();
+            self.margins.insert(trial, m);
         }
     }
 

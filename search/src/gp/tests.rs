@@ -791,3 +791,36 @@ fn constrained_asks_in_flight_differ_and_stray_violations_are_ignored() {
     let second = gp.ask(16, &[(15, &first)]);
     assert_ne!(first, second, "the second ask sees the first in flight");
 }
+
+/// Told each constraint's signed value, a model per constraint: on the
+/// constrained bowl it ends closer to the feasible minimum (0.32) than the
+/// model of the total violation alone, which sees nothing inside the
+/// feasible region.
+#[test]
+fn told_margins_a_model_per_constraint_ends_at_least_as_close() {
+    let space: Vec<(String, ParamSpec)> = ["a", "b"].iter().map(|k| (k.to_string(), float(0.0, 1.0))).collect();
+    let run = |seed: u64, margins: bool| {
+        let mut gp = Gp::new(space.clone(), Direction::Minimize, 1, seed, GpSettings::default());
+        let mut best = f64::INFINITY;
+        for i in 0..25 {
+            let p = gp.ask(i, &[]);
+            let (v, violation) = constrained_bowl(&p);
+            gp.tell(i, &p, Outcome::Complete(v));
+            gp.tell_violation(i, violation);
+            if margins {
+                gp.tell_margins(i, &[1.2 - x(&p, "a") - x(&p, "b")]);
+            }
+            if violation == 0.0 {
+                best = best.min(v);
+            }
+        }
+        (best, gp.margins.len())
+    };
+    for seed in 0..3 {
+        let (with, told) = run(seed, true);
+        let (without, none) = run(seed, false);
+        assert_eq!((told, none), (25, 0));
+        // Measured: 0.32005 to 0.32026 with, 0.3229 to 0.3269 without.
+        assert!(with < 0.321 && with < without, "seed {seed}: {with} with the margins, {without} without");
+    }
+}

@@ -244,10 +244,26 @@ impl Search {
     /// [`Search::tell`] with how far the trial misses the study's
     /// constraints (`None`: it has none): `tpe` splits feasible trials
     /// from the others as Optuna's constrained TPE does.
-    pub fn tell_constrained(&mut self, trial: u64, params: &Params, value: f64, also: &[f64], violation: Option<f64>) {
+    ///
+    /// `margins`: each constraint's signed value (at most 0 where it
+    /// holds, [`crate::domain::study::Study::constraint_margins`]), for `gp`'s
+    /// model per constraint; `None` where only the total is known (a study
+    /// resumed from the store).
+    pub fn tell_constrained(
+        &mut self,
+        trial: u64,
+        params: &Params,
+        value: f64,
+        also: &[f64],
+        violation: Option<f64>,
+        margins: Option<&[f64]>,
+    ) {
         self.tell(trial, params, value, also);
         if let (Some(v), true) = (violation, value.is_finite()) {
             self.proposer.tell_violation(trial, v);
+            if let Some(m) = margins {
+                self.proposer.tell_margins(trial, m);
+            }
         }
     }
 

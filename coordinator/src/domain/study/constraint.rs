@@ -45,6 +45,17 @@ impl Constraint {
         }
     }
 
+    /// `value`'s signed distance to the bound: at most 0 where it holds (how
+    /// far inside), above 0 how far it misses; a missing or non-finite
+    /// value misses without end. What the search models each constraint by.
+    pub fn margin(&self, value: Option<f64>) -> f64 {
+        let Some(v) = value.filter(|v| v.is_finite()) else { return f64::INFINITY };
+        match self.bound {
+            Bound::AtMost(b) => v - b,
+            Bound::AtLeast(b) => b - v,
+        }
+    }
+
     /// `accuracy >= 0.97`.
     pub fn describe(&self) -> String {
         match self.bound {

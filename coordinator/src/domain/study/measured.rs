@@ -74,6 +74,21 @@ fn energy_share(m: &Measurement, until_ms: u64) -> f64 {
     }
 }
 
+/// The best value of `target`'s metric the trial reported (an epoch or its
+/// final line): the highest for a lower bound, the lowest for an upper one.
+pub fn best_reported(m: &Measurement, target: &Target) -> Option<f64> {
+    let values = m
+        .epochs
+        .iter()
+        .filter_map(|e| e.metrics.get(&target.metric).copied())
+        .chain(m.final_metrics.get(&target.metric).copied())
+        .filter(|v| v.is_finite());
+    match target.bound {
+        super::constraint::Bound::AtLeast(_) => values.reduce(f64::max),
+        super::constraint::Bound::AtMost(_) => values.reduce(f64::min),
+    }
+}
+
 /// When `target` was first met (ms since the workload started), and how
 /// far the trial missed it when never: its best epoch's miss (a metric
 /// never reported misses without end).

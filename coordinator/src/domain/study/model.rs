@@ -556,6 +556,23 @@ impl Study {
         }
     }
 
+    /// A successful measurement's signed value of each constraint (at most
+    /// 0 where it holds), then of its target (`to_target`, by the best
+    /// value reported); `None` when it has neither. What the search's model
+    /// per constraint learns from ([`Study::violation`] is their positive
+    /// parts summed).
+    pub fn constraint_margins(&self, m: &Measurement) -> Option<Vec<f64>> {
+        if self.constraints.is_empty() && self.objective.to_target.is_none() {
+            return None;
+        }
+        let mut out: Vec<f64> =
+            self.constraints.iter().map(|c| c.margin(super::constraint::figure(m, &c.metric))).collect();
+        if let Some(t) = &self.objective.to_target {
+            out.push(t.margin(super::measured::best_reported(m, t)));
+        }
+        Some(out)
+    }
+
     /// A successful measurement's objective value, as `objective.aggregate` says.
     pub fn objective_value(&self, m: &Measurement) -> Option<f64> {
         let metric = &self.objective.metric;

@@ -558,3 +558,56 @@ fn energy_time_and_to_target_are_checked() {
     refused(&format!("metric = \"accuracy\"\ndirection = \"maximize\"\n{target}"), "direction");
     refused(&format!("metric = \"loss\"\ndirection = \"minimize\"\n{target}"), "measured metric");
 }
+
+/// Each constraint's signed value, then the target's by the best value
+/// reported: at most 0 where it holds; their positive parts sum to the
+/// violation; a figure never reported misses without end.
+#[test]
+fn constraint_margins_are_signed_and_sum_to_the_violation() {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, EpochMetrics, ExitOutcome, Measurement};
+    let text = r#"name = "m"
+command = ["x", "{a}"]
+[objective]
+metric = "wall_time"
+direction = "minimize"
+to_target = { metric = "accuracy", at_least = 0.9 }
+[[constraint]]
+metric = "latency_ms"
+at_most = 5.0
+[[constraint]]
+metric = "accuracy"
+at_least = 0.97
+[budget]
+trials = 2
+[strategy]
+kind = "grid"
+[hyper.a]
+kind = "int"
+low = 1
+high = 2
+"#;
+    let s = parse(text, "m.toml").expect("parses");
+    let mut m = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+    m.epochs = [0.8, 0.95, 0.93]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| EpochMetrics {
+            epoch: i as u32 + 1,
+            elapsed_us: 1,
+            metrics: [("accuracy".to_string(), *a)].into(),
+            checkpoint: None,
+        })
+        .collect();
+    m.final_metrics = [("accuracy".to_string(), 0.93), ("latency_ms".to_string(), 7.0)].into();
+    let margins = s.constraint_margins(&m).expect("constrained");
+    assert_eq!(margins.len(), 3);
+    assert!((margins[0] - 2.0).abs() < 1e-12, "latency 7 against at most 5: {margins:?}");
+    assert!((margins[1] - 0.04).abs() < 1e-12, "final accuracy 0.93 against 0.97: {margins:?}");
+    assert!((margins[2] + 0.05).abs() < 1e-12, "the best epoch 0.95 is 0.05 inside 0.9: {margins:?}");
+    let positive: f64 = margins.iter().map(|v| v.max(0.0)).sum();
+    assert!((positive - s.violation(&m).expect("violation")).abs() < 1e-12);
+    m.final_metrics.remove("latency_ms");
+    assert_eq!(s.constraint_margins(&m).expect("constrained")[0], f64::INFINITY);
+    let plain = parse(EXAMPLE, "s.toml").expect("parses");
+    assert_eq!(plain.constraint_margins(&m), None);
+}

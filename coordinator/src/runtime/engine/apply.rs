@@ -401,7 +401,8 @@ fn tell_accepted(
             if measurement.exit != ExitOutcome::Cancelled {
                 let energy = measurement.energy_figure().counted();
                 let also = a.study.also_figures(energy, measurement.wall_us);
-                a.search.tell_constrained(trial.trial, &plan.params, v, &also, score.violation);
+                let margins = a.study.constraint_margins(measurement);
+                a.search.tell_constrained(trial.trial, &plan.params, v, &also, score.violation, margins.as_deref());
             }
         }
         a.record_value(trial.trial, v, score.violation, agent);

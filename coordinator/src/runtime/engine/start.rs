@@ -185,7 +185,8 @@ impl Core {
             });
             if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
                 let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
-                search.tell_constrained(row.trial, &row.params, value, &also, row.violation);
+                // The store keeps the total violation: the search models that.
+                search.tell_constrained(row.trial, &row.params, value, &also, row.violation, None);
                 values.push((row.trial, value, row.violation, agent));
             }
         }
