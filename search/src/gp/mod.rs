@@ -335,31 +335,24 @@ impl Gp {
         if self.violations.is_empty() {
             return None;
         }
-        let rows: Vec<(Vec<f64>, f64)> = self
+        // (coordinates, violation, each constraint's value if told) of each complete trial.
+        let rows: Vec<(Vec<f64>, f64, Option<&Vec<f64>>)> = self
             .told
             .iter()
             .filter(|(_, (_, t))| matches!(t, Told::Complete(_)))
-            .filter_map(|(id, (u, _))| Some((u.clone()?, *self.violations.get(id)?)))
+            .filter_map(|(id, (u, _))| Some((u.clone()?, *self.violations.get(id)?, self.margins.get(id))))
             .collect();
         let feasible: Vec<Vec<f64>> = rows.iter().filter(|r| r.1 == 0.0).map(|r| r.0.clone()).collect();
         // A model per constraint when every trial told its constraints' values alike.
-        let ids: Vec<u64> = self
-            .told
-            .iter()
-            .filter(|(id, (u, t))| matches!(t, Told::Complete(_)) && u.is_some() && self.violations.contains_key(id))
-            .map(|(id, _)| *id)
-            .collect();
-        let width = ids.first().and_then(|id| self.margins.get(id)).map(Vec::len);
-        if let Some(k) = width.filter(|k| *k > 0) {
-            let margins: Option<Vec<Vec<f64>>> =
-                ids.iter().map(|id| self.margins.get(id).filter(|m| m.len() == k).cloned()).collect();
-            if let Some(margins) = margins {
-                let x: Vec<Vec<f64>> = rows.iter().map(|r| r.0.clone()).collect();
-                let (x, m) = subset_rows(x, margins, self.cube.settings.model_points.max(2));
-                return Feasibility::fit_margins(&self.cube, &x, &m).map(|f| (f, feasible));
-            }
+        let width = rows.first().and_then(|r| r.2).map(Vec::len).filter(|k| *k > 0);
+        let margins: Option<Vec<Vec<f64>>> =
+            width.and_then(|k| rows.iter().map(|r| r.2.filter(|m| m.len() == k).cloned()).collect());
+        if let Some(margins) = margins {
+            let x: Vec<Vec<f64>> = rows.iter().map(|r| r.0.clone()).collect();
+            let (x, m) = subset_rows(x, margins, self.cube.settings.model_points.max(2));
+            return Feasibility::fit_margins(&self.cube, &x, &m).map(|f| (f, feasible));
         }
-        let (x, v): (Vec<Vec<f64>>, Vec<f64>) = rows.into_iter().unzip();
+        let (x, v): (Vec<Vec<f64>>, Vec<f64>) = rows.into_iter().map(|r| (r.0, r.1)).unzip();
         let (x, v) = subset(x, v, self.cube.settings.model_points.max(2));
         Feasibility::fit(&self.cube, x, &v).map(|f| (f, feasible))
     }
