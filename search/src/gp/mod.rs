@@ -170,6 +170,10 @@ pub struct Gp {
     factored: RefCell<Option<Arc<Model>>>,
 }
 
+/// A complete trial as the feasibility models read it: its coordinates,
+/// its violation and, where told, each constraint's value.
+type FeasibilityRow<'a> = (Vec<f64>, f64, Option<&'a Vec<f64>>);
+
 /// The told trials a fit was made on: (trial id, its value's bits).
 type FitKey = Vec<(u64, u64)>;
 
@@ -336,7 +340,7 @@ impl Gp {
             return None;
         }
         // (coordinates, violation, each constraint's value if told) of each complete trial.
-        let rows: Vec<(Vec<f64>, f64, Option<&Vec<f64>>)> = self
+        let rows: Vec<FeasibilityRow<'_>> = self
             .told
             .iter()
             .filter(|(_, (_, t))| matches!(t, Told::Complete(_)))
