@@ -78,11 +78,7 @@ pub fn write_access(control: &Path, url: &str, token: &str) -> std::io::Result<P
 
 /// Whether `head` carries a token that opens writes.
 fn may_write(head: &str, ctx: &ApiContext) -> bool {
-    let given = head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("authorization").then(|| v.trim().strip_prefix("Bearer "))?
-    });
-    let Some(given) = given.map(str::trim) else { return false };
+    let Some(given) = super::page::bearer(head) else { return false };
     std::iter::once(ctx.write_token.as_str())
         .chain(ctx.page_token.as_deref())
         .any(|t| tunefleet_broker::same_secret(given.as_bytes(), t.as_bytes()))
@@ -133,16 +129,11 @@ fn read(store: &Path, parts: &[String]) -> Reply {
     let result = match parts {
         [] => crate::query::status::snapshot(&db, None, now).map(|s| json!(s)).map_err(|e| error(500, e)),
         [name] => describe(&db, name, now),
-        [name, t] if t == "trials" => {
-            let mut out = Vec::new();
-            match crate::query::export::export(&db, name, crate::query::export::ExportFormat::Json, &mut out) {
-                Ok(()) => serde_json::from_slice(&out).map_err(|e| error(500, e)),
-                Err(crate::query::export::ExportError::Store(crate::store::StoreError::UnknownStudy(_))) => {
-                    Err(error(404, format!("no study {name:?}")))
-                }
-                Err(e) => Err(error(500, e)),
-            }
-        }
+        [name, t] if t == "trials" => match crate::query::export::json(&db, name) {
+            Ok(rows) => Ok(Value::Array(rows)),
+            Err(crate::store::StoreError::UnknownStudy(_)) => Err(error(404, format!("no study {name:?}"))),
+            Err(e) => Err(error(500, e)),
+        },
         _ => Err(error(404, "no such endpoint: see docs/API.md")),
     };
     match result {
@@ -224,16 +215,7 @@ async fn write(parts: &[&str], body: &Value, ctx: &ApiContext) -> Reply {
         [name, "ask"] => return ask_trial(ctx, name).await,
         _ => return error(404, "no such endpoint: see docs/API.md"),
     };
-    answered(ask_service(ctx, &ask).await)
-}
-
-async fn ask_service(ctx: &ApiContext, ask: &Ask) -> Result<Answer, ControlError> {
-    match control::ask(&ctx.control, ask).await {
-        Err(ControlError::NotRunning { .. }) if crate::store::is_remote(&ctx.store) => {
-            control::ask_through_store(&ctx.store, ask).await
-        }
-        r => r,
-    }
+    answered(control::ask_active(&ctx.control, &ctx.store, &ask).await)
 }
 
 fn answered(answer: Result<Answer, ControlError>) -> Reply {

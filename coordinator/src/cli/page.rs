@@ -99,13 +99,22 @@ pub async fn start(config: &PageConfig, store: &Path) -> Result<Option<tokio::ta
     })))
 }
 
+/// The value of the header `name` (any case) in a request's head.
+pub(super) fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The token of an `Authorization: Bearer` header.
+pub(super) fn bearer(head: &str) -> Option<&str> {
+    header(head, "authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
+}
+
 /// The body's length a request's head declares (0 without one).
 fn content_length(head: &str) -> Option<usize> {
-    let value = head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("content-length").then(|| v.trim())
-    });
-    match value {
+    match header(head, "content-length") {
         None => Some(0),
         Some(v) => v.parse().ok(),
     }
@@ -185,11 +194,7 @@ async fn answer(
 
 /// Whether the request's `Host` is a loopback name (no `Host`: an HTTP/1.0 client on this machine).
 fn loopback_host(head: &str) -> bool {
-    let host = head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("host").then(|| v.trim())
-    });
-    let Some(host) = host else { return true };
+    let Some(host) = header(head, "host") else { return true };
     let name = match host.strip_prefix('[') {
         Some(v6) => v6.split(']').next().unwrap_or_default(),
         None => host.rsplit_once(':').map_or(host, |(h, _)| h),
@@ -205,16 +210,10 @@ fn given_token<'a>(head: &'a str, query: &'a str) -> (Option<&'a str>, bool) {
     if let Some(t) = query.split('&').find_map(|kv| kv.strip_prefix("token=")) {
         return (Some(t), true);
     }
-    let header = |name: &str| {
-        head.lines().skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-        })
-    };
-    if let Some(t) = header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
-        return (Some(t.trim()), false);
+    if let Some(t) = bearer(head) {
+        return (Some(t), false);
     }
-    let cookie = header("cookie").and_then(|v| {
+    let cookie = header(head, "cookie").and_then(|v| {
         v.split(';').find_map(|kv| kv.trim().strip_prefix(COOKIE).and_then(|rest| rest.strip_prefix('=')))
     });
     (cookie, false)

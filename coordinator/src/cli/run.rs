@@ -150,20 +150,14 @@ pub async fn submit(study: &PathBuf, control: &ControlArg, store: &StoreArg) -> 
     answer(ask_service(control, store, &ask).await?)
 }
 
-/// `ask` of the service on `control`'s socket; on a server's store with no
-/// service listening on this machine, of the active one through the store.
+/// `ask` of the service on `control`'s socket, or of the active one
+/// through a server's store ([`crate::runtime::control::ask_active`]).
 async fn ask_service(
     control: &ControlArg,
     store: &StoreArg,
     ask: &crate::runtime::control::Ask,
 ) -> Result<crate::runtime::control::Answer> {
-    use crate::runtime::control::{self, ControlError};
-    match control::ask(&control.resolve(&store.store), ask).await {
-        Err(ControlError::NotRunning { .. }) if crate::store::is_remote(&store.store) => {
-            Ok(control::ask_through_store(&store.store, ask).await?)
-        }
-        r => Ok(r?),
-    }
+    Ok(crate::runtime::control::ask_active(&control.resolve(&store.store), &store.store, ask).await?)
 }
 
 /// `tunefleet enqueue`: a configuration first in a study of a running

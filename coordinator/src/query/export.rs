@@ -47,15 +47,25 @@ pub enum ExportError {
 /// object, the full `measurement` (or null), and `nodes`: what each
 /// other node measured of the stored attempt.
 pub fn export(store: &Store, study: &str, format: ExportFormat, out: &mut impl Write) -> Result<(), ExportError> {
-    if store.study(study)?.is_none() {
-        return Err(StoreError::UnknownStudy(study.to_string()).into());
-    }
-    let rows = ranked_rows(store, study)?;
-    let nodes = store.node_measurements(study)?;
+    let (rows, nodes) = read(store, study)?;
     match format {
         ExportFormat::Csv => write_csv(study, &rows, &nodes, out),
-        ExportFormat::Json => write_json(study, &rows, &nodes, out),
+        ExportFormat::Json => write_json(study, &json_values(&rows, &nodes), out),
     }
+}
+
+/// The objects `export --format json` writes, as values (the page's API serves them).
+pub fn json(store: &Store, study: &str) -> Result<Vec<serde_json::Value>, StoreError> {
+    let (rows, nodes) = read(store, study)?;
+    Ok(json_values(&rows, &nodes))
+}
+
+/// The ranked rows of `study` and what other nodes measured of them.
+fn read(store: &Store, study: &str) -> Result<(Vec<ExportRow>, Vec<NodeRow>), StoreError> {
+    if store.study(study)?.is_none() {
+        return Err(StoreError::UnknownStudy(study.to_string()));
+    }
+    Ok((ranked_rows(store, study)?, store.node_measurements(study)?))
 }
 
 /// Every trial of `study` with its accepted result and its place by the
@@ -166,9 +176,8 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
     w.flush().map_err(|source| ExportError::Write { study: study.to_string(), source })
 }
 
-fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl Write) -> Result<(), ExportError> {
-    let values: Vec<serde_json::Value> = rows
-        .iter()
+fn json_values(rows: &[ExportRow], nodes: &[NodeRow]) -> Vec<serde_json::Value> {
+    rows.iter()
         .map(|r| {
             let (mine, sum, valid) = with_nodes(r, nodes);
             let params: serde_json::Map<String, serde_json::Value> =
@@ -199,8 +208,11 @@ fn write_json(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl
                 "energy_nodes_valid": valid,
             })
         })
-        .collect();
-    serde_json::to_writer_pretty(&mut *out, &values)
+        .collect()
+}
+
+fn write_json(study: &str, values: &[serde_json::Value], out: &mut impl Write) -> Result<(), ExportError> {
+    serde_json::to_writer_pretty(&mut *out, values)
         .map_err(|source| ExportError::Json { context: format!("exporting study {study:?}"), source })?;
     out.write_all(b"\n").map_err(|source| ExportError::Write { study: study.to_string(), source })
 }

@@ -236,6 +236,17 @@ async fn relayed(ask: Ask, requests: &mpsc::Sender<Request>) -> Answer {
     answer.await.unwrap_or(Answer::Error { message: "the service stopped before it answered".into() })
 }
 
+/// `ask` to the service on `control`; where none answers there and the
+/// store is a server's (PostgreSQL), through the store to whichever
+/// coordinator is active ([`ask_through_store`]). What `submit`, `cancel`
+/// and `enqueue` and the page's API send.
+pub async fn ask_active(control: &Path, store: &Path, ask: &Ask) -> Result<Answer, ControlError> {
+    match self::ask(control, ask).await {
+        Err(ControlError::NotRunning { .. }) if crate::store::is_remote(store) => ask_through_store(store, ask).await,
+        r => r,
+    }
+}
+
 /// `ask` of the active coordinator of the server's `store`, through the
 /// store: written there, its answer read back (within a minute).
 pub async fn ask_through_store(store: &Path, ask: &Ask) -> Result<Answer, ControlError> {
