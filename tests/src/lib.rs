@@ -243,6 +243,36 @@ pub fn join_token_of(root: &str) -> Option<String> {
     join.iter().find(|(r, _)| r == root).map(|(_, t)| t.clone())
 }
 
+/// Starts `tunefleet serve` on `store` with `extra` flags (its page on a
+/// free loopback port unless they give `--page`); agents that
+/// [`start_agent`] starts on `root` join it. Returns the service and its
+/// broker URL once its control socket exists (its page's URL and API token
+/// are in [`api_access`]).
+pub fn start_service(store: &Path, root: &str, extra: &[&str]) -> (Proc, String) {
+    join_root(root, store);
+    let mut cmd = Command::new(bin("tunefleet"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", root]).arg("--store").arg(store).args(extra);
+    if !extra.contains(&"--page") {
+        cmd.args(["--page", "127.0.0.1:0"]);
+    }
+    cmd.env("XDG_STATE_HOME", state_home());
+    let mut service = Proc::spawn("service", cmd);
+    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
+    let control = tunefleet_coordinator::runtime::control::default_path(store);
+    wait_for("the control socket", Duration::from_secs(30), || control.exists());
+    (service, broker.trim_start_matches("broker: ").trim().to_string())
+}
+
+/// The page's URL (`http://127.0.0.1:PORT/`) and the API's write token of
+/// the service on `store`, from the `api.json` it writes beside its socket.
+pub fn api_access(store: &Path) -> (String, String) {
+    let path = tunefleet_coordinator::runtime::control::default_path(store).with_file_name("api.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let access: serde_json::Value = serde_json::from_str(&text).expect("api.json");
+    let field = |k: &str| access[k].as_str().unwrap_or_else(|| panic!("api.json has no {k}")).to_string();
+    (field("url"), field("token"))
+}
+
 /// Starts `tunefleet run STUDY` with the embedded broker on a port the OS
 /// chooses; returns the process and the broker URL it printed. Agents that
 /// [`start_agent`] starts on `root` join with a token for it.

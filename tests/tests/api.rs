@@ -64,22 +64,13 @@ impl Api {
 
 /// `tunefleet serve` with its page on a free port: the process, its broker, and its API as `api.json` says.
 fn serve(store: &Path, root: &str) -> (Proc, String, Api) {
-    join_root(root, store);
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--page", "127.0.0.1:0", "--root", root]).arg("--store").arg(store);
-    cmd.env("XDG_STATE_HOME", state_home());
-    let mut service = Proc::spawn("service", cmd);
-    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    let control = tunefleet_coordinator::runtime::control::default_path(store);
-    wait_for("the control socket", Duration::from_secs(30), || control.exists());
-    let access = control.parent().expect("dir").join("api.json");
+    let (service, broker) = start_service(store, root, &[]);
+    let access = tunefleet_coordinator::runtime::control::default_path(store).with_file_name("api.json");
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&access).expect("api.json").permissions());
     assert_eq!(mode & 0o777, 0o600, "the token is the service user's alone");
-    let access: Value = serde_json::from_str(&std::fs::read_to_string(&access).expect("read")).expect("json");
-    let url = access["url"].as_str().expect("url");
+    let (url, token) = api_access(store);
     let addr = url.trim_start_matches("http://").trim_end_matches('/').to_string();
-    let auth = format!("Authorization: Bearer {}\r\n", access["token"].as_str().expect("token"));
-    (service, broker.trim_start_matches("broker: ").trim().to_string(), Api { addr, auth })
+    (service, broker, Api { addr, auth: format!("Authorization: Bearer {token}\r\n") })
 }
 
 #[test]

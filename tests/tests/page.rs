@@ -51,18 +51,8 @@ fn artifacts() -> PathBuf {
 
 /// `tunefleet serve` with `extra` flags: the process, its page's URL and its broker's.
 fn serve(store: &Path, root: &str, extra: &[&str]) -> (Proc, String, String) {
-    join_root(root, store);
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--root", root]).arg("--store").arg(store).args(extra);
-    cmd.env("XDG_STATE_HOME", state_home());
-    let mut service = Proc::spawn("service", cmd);
-    let page = service.wait_line(Duration::from_secs(30), |l| l.starts_with("page: "));
-    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    wait_for("the control socket", Duration::from_secs(30), || {
-        tunefleet_coordinator::runtime::control::default_path(store).exists()
-    });
-    let page = page.trim_start_matches("page: ").trim().to_string();
-    (service, page, broker.trim_start_matches("broker: ").trim().to_string())
+    let (service, broker) = start_service(store, root, extra);
+    (service, api_access(store).0, broker)
 }
 
 /// The text of the element with `id` in `dom` (its first text).

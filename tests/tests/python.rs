@@ -74,15 +74,7 @@ fn the_client_drives_a_real_service_from_pytest() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("live.db");
     let root = unique_root("pylive");
-    join_root(&root, &store);
-    let mut cmd = Command::new(bin("tunefleet"));
-    cmd.args(["serve", "--listen", "127.0.0.1:0", "--page", "127.0.0.1:0", "--root", &root]).arg("--store").arg(&store);
-    cmd.env("XDG_STATE_HOME", state_home());
-    let mut service = Proc::spawn("service", cmd);
-    let broker = service.wait_line(Duration::from_secs(30), |l| l.starts_with("broker: "));
-    let broker = broker.trim_start_matches("broker: ").trim().to_string();
-    let control = tunefleet_coordinator::runtime::control::default_path(&store);
-    wait_for("the control socket", Duration::from_secs(30), || control.exists());
+    let (mut service, broker) = start_service(&store, &root, &[]);
     let names = ["pylive-a", "pylive-b"];
     let _agents: Vec<Proc> = names.iter().map(|n| start_agent(&broker, n, &root, &["--slots", "2"])).collect();
     let (code, out, err) = run({
