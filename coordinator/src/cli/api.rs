@@ -78,7 +78,7 @@ pub fn write_access(control: &Path, url: &str, token: &str) -> std::io::Result<P
 
 /// Whether `head` carries a token that opens writes.
 fn may_write(head: &str, ctx: &ApiContext) -> bool {
-    let Some(given) = super::page::bearer(head) else { return false };
+    let Some(given) = super::http::bearer(head) else { return false };
     std::iter::once(ctx.write_token.as_str())
         .chain(ctx.page_token.as_deref())
         .any(|t| tunefleet_broker::same_secret(given.as_bytes(), t.as_bytes()))

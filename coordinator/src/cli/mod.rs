@@ -18,6 +18,7 @@ mod demo;
 mod docs;
 mod error;
 mod fleet;
+mod http;
 pub mod manual;
 mod metrics;
 mod output;

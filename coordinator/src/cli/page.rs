@@ -18,6 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::error::{CliError, Result};
+use super::http::{bearer, header};
 use crate::report::live::{main_html, page_html, LiveData};
 use crate::store::Store;
 
@@ -97,19 +98,6 @@ pub async fn start(config: &PageConfig, store: &Path) -> Result<Option<tokio::ta
             });
         }
     })))
-}
-
-/// The value of the header `name` (any case) in a request's head.
-pub(super) fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-/// The token of an `Authorization: Bearer` header.
-pub(super) fn bearer(head: &str) -> Option<&str> {
-    header(head, "authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::trim)
 }
 
 /// The body's length a request's head declares (0 without one).
