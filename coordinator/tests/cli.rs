@@ -13,6 +13,7 @@ use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome
 use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::domain::{search, study};
 use tunefleet_coordinator::store::Store;
+use tunefleet_coordinator::runtime::engine::open_study;
 
 fn study_text(metric: &str) -> String {
     format!(
@@ -86,7 +87,7 @@ fn regression_best_energy_leaves_out_invalid_readings_and_says_how_many() {
     let s = study::parse(&study_text("energy"), "s.toml").expect("parses");
     let mut store = Store::open(&path).expect("store");
     let mut b = store.batch().expect("batch");
-    b.create_study(&s, &search::plan(&s)).expect("creates");
+    open_study(&mut b, &s, &search::plan(&s)).expect("creates");
     for (trial, joules, valid) in [(0, 9.0, true), (1, 1.0, false), (2, 5.0, true), (3, 2.0, false)] {
         let energy = EnergyReading {
             joules,
@@ -126,7 +127,7 @@ fn best_pareto_shows_the_front_of_the_objective_against_energy_and_time() {
     assert_eq!(s.objective.also.len(), 2);
     let mut store = Store::open(&path).expect("store");
     let mut b = store.batch().expect("batch");
-    b.create_study(&s, &search::plan(&s)).expect("creates");
+    open_study(&mut b, &s, &search::plan(&s)).expect("creates");
     // (loss, joules, seconds, valid): 0 and 1 trade loss for energy, 2 is
     // beaten by 1 everywhere, 3 would win but its energy is invalid.
     for (trial, loss, joules, secs, valid) in
@@ -172,7 +173,7 @@ fn best_pareto_is_the_front_of_the_feasible_results() {
     let s = study::parse(&text, "s.toml").expect("parses");
     let mut store = Store::open(&path).expect("store");
     let mut b = store.batch().expect("batch");
-    b.create_study(&s, &search::plan(&s)).expect("creates");
+    open_study(&mut b, &s, &search::plan(&s)).expect("creates");
     for (trial, loss, joules, latency) in [(0, 0.1, 9.0, 1.0), (1, 0.3, 2.0, 1.0), (2, 0.05, 1.0, 10.0)] {
         let energy = EnergyReading { joules, valid: true, ..EnergyReading::none(EnergySourceKind::Estimated, "model") };
         let m = Measurement {
@@ -199,7 +200,7 @@ fn best_by_class_ranks_each_device_class_apart() {
     let s = study::parse(&study_text("loss"), "s.toml").expect("parses");
     let mut store = Store::open(&path).expect("store");
     let mut b = store.batch().expect("batch");
-    b.create_study(&s, &search::plan(&s)).expect("creates");
+    open_study(&mut b, &s, &search::plan(&s)).expect("creates");
     let mut phone = tunefleet_common::message::AgentInfo::minimal("phone", 1);
     phone.arch = "aarch64".into();
     phone.cores = 8;

@@ -14,6 +14,7 @@ use tunefleet_coordinator::domain::search;
 use tunefleet_coordinator::domain::study::{self, Study};
 use tunefleet_coordinator::query::export::{export, ExportError, ExportFormat};
 use tunefleet_coordinator::store::{RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked};
+use tunefleet_coordinator::runtime::engine::{open_study, open_study_at};
 
 fn study_text(name: &str, direction: &str, trials: u64) -> String {
     format!(
@@ -89,7 +90,7 @@ fn tref(study: &str, trial: u64, attempt: u32) -> TrialRef {
 fn store_with(s: &Study) -> Store {
     let mut store = Store::open_in_memory().expect("opens");
     let mut b = store.batch().expect("batch");
-    assert_eq!(b.create_study_at(s, &search::plan(s), 1000).expect("creates"), StudyOpened::Created);
+    assert_eq!(open_study_at(&mut b, s, &search::plan(s), 1000).expect("creates"), StudyOpened::Created);
     b.commit().expect("commits");
     store
 }
@@ -278,19 +279,19 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
 
     // Same text: resumed, rows kept.
     let mut b = store.batch().expect("batch");
-    assert_eq!(b.create_study(&s, &search::plan(&s)).expect("resumes"), StudyOpened::Resumed);
+    assert_eq!(open_study(&mut b, &s, &search::plan(&s)).expect("resumes"), StudyOpened::Resumed);
     // Same study with a comment added: still the same configuration.
     let commented = study::parse(&format!("# resumed\n{}", s.source), "other.toml").expect("parses");
-    assert_eq!(b.create_study(&commented, &search::plan(&commented)).expect("resumes"), StudyOpened::Resumed);
+    assert_eq!(open_study(&mut b, &commented, &search::plan(&commented)).expect("resumes"), StudyOpened::Resumed);
     // A smaller budget, or another direction: refused, naming the study and the keys.
     let smaller = study("res", "minimize", 4);
-    let e = b.create_study(&smaller, &search::plan(&smaller)).expect_err("refused");
+    let e = open_study(&mut b, &smaller, &search::plan(&smaller)).expect_err("refused");
     let smaller_keys = "budget.trials: 6 -> 4";
     assert!(matches!(&e, StoreError::ConfigMismatch { study, keys } if study == "res" && keys == smaller_keys), "{e}");
     assert!(e.to_string().contains("\"res\"") && e.to_string().contains("(budget.trials: 6 -> 4)"), "{e}");
     assert!(e.to_string().contains("tunefleet studies rename res res-1"), "says the way out: {e}");
     let other = study("res", "maximize", 6);
-    let e = b.create_study(&other, &search::plan(&other)).expect_err("refused");
+    let e = open_study(&mut b, &other, &search::plan(&other)).expect_err("refused");
     assert!(
         matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "objective.direction: \"minimize\" -> \"maximize\""),
         "{e}"
@@ -298,8 +299,8 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     // A larger budget alone: the study continues, the store keeps the new
     // file and records the change; the old file is then a smaller budget.
     let larger = study("res", "minimize", 8);
-    assert_eq!(b.create_study_at(&larger, &[], 2000).expect("continues"), StudyOpened::Resumed);
-    let e = b.create_study(&s, &search::plan(&s)).expect_err("now smaller");
+    assert_eq!(open_study_at(&mut b, &larger, &[], 2000).expect("continues"), StudyOpened::Resumed);
+    let e = open_study(&mut b, &s, &search::plan(&s)).expect_err("now smaller");
     assert!(matches!(&e, StoreError::ConfigMismatch { keys, .. } if keys == "budget.trials: 8 -> 6"), "{e}");
     assert_eq!(b.reset_running("res", "coordinator restarted", 5000).expect("resets"), 1);
     b.commit().expect("commits");
@@ -464,7 +465,7 @@ fn a_file_store_keeps_everything_across_reopen() {
     {
         let mut store = Store::open(&path).expect("creates");
         let mut b = store.batch().expect("batch");
-        b.create_study_at(&s, &search::plan(&s), 100).expect("creates study");
+        open_study_at(&mut b, &s, &search::plan(&s), 100).expect("creates study");
         b.upsert_agent(&agent("a1"), 100).expect("agent");
         b.upsert_agent(&agent("a2"), 150).expect("agent");
         assert!(b.set_agent_online("a2", false, 160).expect("known"));

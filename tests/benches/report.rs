@@ -28,6 +28,7 @@ use tunefleet_coordinator::domain::search::TrialPlan;
 use tunefleet_coordinator::domain::study;
 use tunefleet_coordinator::report::{self, CHART_IDS};
 use tunefleet_coordinator::store::Store;
+use tunefleet_coordinator::runtime::engine::open_study_at;
 use tunefleet_tests::chromium;
 
 const TRIALS: u64 = 100_000;
@@ -167,7 +168,7 @@ fn fill(path: &Path) -> Duration {
         .collect();
     let base_ms = 1_750_000_000_000u64;
     let mut b = store.batch().expect("batch");
-    b.create_study_at(&study, &plans, base_ms).expect("create");
+    open_study_at(&mut b, &study, &plans, base_ms).expect("create");
     let agents: Vec<AgentInfo> = (0..AGENTS).map(agent).collect();
     for a in &agents {
         b.upsert_agent(a, base_ms).expect("agent");

@@ -146,7 +146,7 @@ fn read(store: &Path, parts: &[String]) -> Reply {
 fn describe(db: &Store, name: &str, now: u64) -> Result<Value, Reply> {
     let status = crate::query::status::snapshot(db, Some(name), now).map_err(|e| error(500, e))?;
     let Some(status) = status.into_iter().next() else { return Err(error(404, format!("no study {name:?}"))) };
-    let study = db.stored_study(name).map_err(|e| error(500, e))?;
+    let study = db.stored(name).map_err(|e| error(500, e))?.and_then(|s| s.study());
     let Some(study) = study else { return Err(error(404, format!("no study {name:?}"))) };
     let created = db.trials(name).map_err(|e| error(500, e))?.len() as u64;
     Ok(json!({

@@ -267,7 +267,7 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
 /// `best_trials`: empty while none does).
 fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
     let row = store.study(study)?.ok_or_else(|| no_study(store, study))?;
-    let parsed = match store.stored_study(study)? {
+    let parsed = match store.stored(study)?.and_then(|s| s.study()) {
         Some(parsed) => parsed,
         // Not readable by this program: the parse error says why.
         None => study::parse(&row.config, &format!("study {study:?} in the store"))?,

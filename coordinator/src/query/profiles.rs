@@ -158,7 +158,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
     distances.sort_by(|a, b| a.1.total_cmp(&b.1));
     let clusters: Vec<Option<usize>> =
         records.iter().map(|r| model.as_ref().and_then(|m| m.place(&r.profile)).map(|p| p.cluster)).collect();
-    let parsed = store.stored_study(study)?;
+    let parsed = store.stored(study)?.and_then(|s| s.study());
     let policy = parsed.as_ref().map(|s| s.reuse.clone()).unwrap_or_default();
     let identity = parsed.as_ref().map(|s| s.workload()).unwrap_or_default();
     let group = reuse::group_key(&policy.group, &result.params);

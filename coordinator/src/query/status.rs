@@ -73,7 +73,7 @@ pub fn planned(store: &Store, row: &crate::store::StudyRow) -> Result<u64, Store
     if row.state == StudyState::Finished {
         return Ok(row.total);
     }
-    let study = store.stored_study(&row.name)?;
+    let study = store.stored(&row.name)?.and_then(|s| s.study());
     Ok(study.map_or(row.total, |s| crate::domain::search::Search::new(&s).planned().max(row.total)))
 }
 

@@ -105,7 +105,7 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
             .filter(|c| c.members.iter().any(|m| m.rsplit_once('/').is_some_and(|(s, _)| s == study)))
             .collect(),
         ranked,
-        asks_energy: store.stored_study(study)?.is_some_and(|s| {
+        asks_energy: store.stored(study)?.and_then(|s| s.study()).is_some_and(|s| {
             s.objective.metric == "energy" || s.objective.also.contains(&crate::domain::study::Secondary::Energy)
         }),
         study: row,

@@ -64,7 +64,7 @@ impl StudyView {
 /// Reads the page of `study`; `None` when there is no such study.
 pub fn load(store: &Store, study: &str, at_ms: u64) -> Result<Option<StudyView>, crate::store::StoreError> {
     let Some(row) = store.study(study)? else { return Ok(None) };
-    let also = store.stored_study(study)?.map(|s| s.objective.also).unwrap_or_default();
+    let also = store.stored(study)?.and_then(|s| s.study()).map(|s| s.objective.also).unwrap_or_default();
     let reasons =
         store.trials(study)?.into_iter().filter_map(|t| Some((t.trial, t.reason?))).collect::<BTreeMap<_, _>>();
     Ok(Some(StudyView {

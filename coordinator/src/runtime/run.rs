@@ -373,7 +373,7 @@ fn unfinished(store: &Path) -> Result<Vec<Study>, RunError> {
     let rows = db.studies().map_err(|source| RunError::Store { path: store.to_path_buf(), source })?;
     let mut studies = Vec::new();
     for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
-        match db.stored_study(&row.name) {
+        match db.stored(&row.name).map(|s| s.and_then(|s| s.study())) {
             Ok(Some(study)) => {
                 tracing::info!(study = %study.name, "resuming an unfinished study");
                 studies.push(study);

@@ -5,15 +5,14 @@ use super::sql::{self, params, Optional};
 use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
 
-use super::queries::study_by_name;
 use super::{
     exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, Score, SqlContext, Store, StoreError,
     TrialState, ROW_BYTES,
 };
 use crate::domain::search::TrialPlan;
-use crate::domain::study::{self, Study};
+use crate::domain::study::{Opening, Study};
 
-/// What [`Batch::create_study`] did.
+/// What [`Batch::open_study`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StudyOpened {
     /// A new study.
@@ -95,15 +94,13 @@ impl Batch<'_> {
             .ctx(|| format!("rolling back to savepoint {name}"))
     }
 
-    /// Creates `study` with the trials of `plan` (often none: see
-    /// [`Batch::add_trials`]), all pending. If a study of
-    /// that name exists with the same configuration it is kept as it is
-    /// (resume); with a different configuration it is refused.
-    ///
-    /// Configurations are the same when the file text is identical, or when
-    /// both texts parse to the same study (comments and layout may differ).
-    pub fn create_study(&mut self, study: &Study, plan: &[TrialPlan]) -> Result<StudyOpened> {
-        self.create_study_at(study, plan, unix_ms())
+    /// Opens `study` with the trials of `plan` (often none: see
+    /// [`Batch::add_trials`]), all pending, as `opening` says (the
+    /// caller's decision over [`Batch::stored`]: the store keeps study
+    /// text and never reads it): created; resumed with its rows as they
+    /// are; continued under its changed file; or refused.
+    pub fn open_study(&mut self, study: &Study, plan: &[TrialPlan], opening: &Opening) -> Result<StudyOpened> {
+        self.open_study_at(study, plan, opening, unix_ms())
     }
 
     /// Continues `study` under its changed file (`changes`, what differs):
@@ -158,32 +155,24 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// [`Batch::create_study`] with an explicit creation time.
-    pub fn create_study_at(&mut self, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened> {
-        if let Some(existing) = study_by_name(&self.tx, &study.name)? {
-            if existing.config == study.source {
+    /// [`Batch::open_study`] with an explicit time.
+    pub fn open_study_at(
+        &mut self,
+        study: &Study,
+        plan: &[TrialPlan],
+        opening: &Opening,
+        at_ms: u64,
+    ) -> Result<StudyOpened> {
+        match opening {
+            Opening::Create => {}
+            Opening::Resume => return Ok(StudyOpened::Resumed),
+            Opening::Continue { changes } => {
+                self.continue_with(study, changes, at_ms)?;
                 return Ok(StudyOpened::Resumed);
             }
-            // The stored file read back once: the keys that differ, with their values.
-            let in_file = super::lifecycle::in_file_name(&self.tx, &study.name)?;
-            let old = study::named(&existing.config, &study.origin, &in_file);
-            let Some(old) = old else {
-                let keys = "the whole file (the stored one no longer reads)".to_string();
-                return Err(StoreError::ConfigMismatch { study: study.name.clone(), keys });
-            };
-            let keys = old.differences(study);
-            if keys.is_empty() {
-                return Ok(StudyOpened::Resumed);
+            Opening::Refuse { keys } => {
+                return Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: keys.clone() })
             }
-            let changes = study::diff::value_differences(&existing.config, &study.source, &keys);
-            // How trials are run and given out, or a larger budget: the
-            // study goes on (as Optuna's `optimize` does with more trials);
-            // the store keeps the new file and records what changed.
-            if study::diff::continues(&old, study) {
-                self.continue_with(study, &changes, at_ms)?;
-                return Ok(StudyOpened::Resumed);
-            }
-            return Err(StoreError::ConfigMismatch { study: study.name.clone(), keys: changes.join("; ") });
         }
         let context = || format!("creating study {:?}", study.name);
         self.tx

@@ -1,11 +1,11 @@
-//! A study after its runs: read back as a [`Study`] (the one place the
-//! stored file is parsed again), renamed (what ran stays readable under its
+//! A study after its runs: its file's text handed back as it was kept
+//! ([`StoredStudy`]: the domain reads it), renamed (what ran stays readable under its
 //! new name, and the old name is free for a fixed file) and deleted.
 
 use super::sql::{params, Conn, Optional};
 
 use super::{Batch, Result, SqlContext, Store, StoreError};
-use crate::domain::study::{self, Study};
+use crate::domain::study::{self, StoredStudy};
 
 /// The name a renamed study has inside the file the store kept (a study
 /// never renamed has no row: its name is its file's).
@@ -45,18 +45,31 @@ pub enum LifecycleError {
 }
 
 impl Store {
-    /// The study `name` as the store kept it, parsed once here: its file
-    /// (or its group's study in that file), under the name it has in the
-    /// store now. `None` for an unknown study or a file this program no
-    /// longer reads.
-    pub fn stored_study(&self, name: &str) -> Result<Option<Study>> {
-        let Some(row) = self.study(name)? else { return Ok(None) };
-        let in_file = in_file_name(&self.conn, name)?;
-        Ok(study::named(&row.config, &format!("study {name:?} in the store"), &in_file).map(|mut s| {
-            s.name = name.to_string();
-            s
-        }))
+    /// The study `name` as the store kept it: its file's text, under the
+    /// name it has in the store now (read back by the caller:
+    /// [`StoredStudy::study`]). `None` for an unknown study.
+    pub fn stored(&self, name: &str) -> Result<Option<StoredStudy>> {
+        stored_in(&self.conn, name)
     }
+}
+
+impl Batch<'_> {
+    /// [`Store::stored`] inside the batch.
+    pub fn stored(&self, name: &str) -> Result<Option<StoredStudy>> {
+        stored_in(&self.tx, name)
+    }
+}
+
+fn stored_in(conn: &Conn, name: &str) -> Result<Option<StoredStudy>> {
+    let context = || format!("reading study {name:?}'s file");
+    let text: Option<String> = conn
+        .prepare_cached("SELECT config FROM studies WHERE name = ?1")
+        .ctx(context)?
+        .query_row(params![name], |r| r.get(0))
+        .optional()
+        .ctx(context)?;
+    let Some(text) = text else { return Ok(None) };
+    Ok(Some(StoredStudy { name: name.to_string(), text, in_file: in_file_name(conn, name)? }))
 }
 
 /// The name `name`'s study has in its stored file.
@@ -155,7 +168,7 @@ mod tests {
         let plan = crate::domain::search::plan(&s);
         {
             let mut b = store.batch().expect("batch");
-            b.create_study(&s, &plan).expect("created");
+            b.open_study(&s, &plan, &study::Opening::Create).expect("created");
             b.study_id("fit", 7).expect("id");
             b.commit().expect("commit");
         }
@@ -170,19 +183,21 @@ mod tests {
         }
         assert!(tables_naming(&store, "fit").is_empty(), "nothing is left under the old name");
         assert_eq!(tables_naming(&store, "fit-1"), before, "every row moved");
-        let back = store.stored_study("fit-1").expect("read").expect("parsed under its new name");
+        let back = store.stored("fit-1").expect("read").and_then(|s| s.study()).expect("parsed under its new name");
         assert_eq!((back.name.as_str(), back.timeout_s), ("fit-1", 60));
         // The old name takes a fixed file from the start.
         let fixed = study::parse(&study_text("fit", 120), "fit.toml").expect("study");
         let mut b = store.batch().expect("batch");
-        assert_eq!(b.create_study(&fixed, &plan).expect("created"), super::super::StudyOpened::Created);
+        // The old name is free: nothing is stored under it.
+        let opening = study::opening(b.stored("fit").expect("read").as_ref(), &fixed);
+        assert_eq!(b.open_study(&fixed, &plan, &opening).expect("created"), super::super::StudyOpened::Created);
         assert!(matches!(b.rename_study("fit", "fit-1"), Err(LifecycleError::Taken(_))));
         b.commit().expect("commit");
         let mut b = store.batch().expect("batch");
         assert_eq!(b.delete_study("fit-1").expect("deleted"), 2);
         b.commit().expect("commit");
         assert!(tables_naming(&store, "fit-1").is_empty(), "deleted everywhere");
-        assert!(store.stored_study("fit-1").expect("read").is_none());
+        assert!(store.stored("fit-1").expect("read").is_none());
         assert_eq!(store.trials("fit").expect("trials").len(), 2, "the other study is untouched");
     }
 }

@@ -206,7 +206,7 @@ high = 9
         let plans: Vec<TrialPlan> =
             (0..3).map(|trial| TrialPlan { trial, params: Default::default(), repeat: 0 }).collect();
         let mut b = store.batch().expect("batch");
-        b.create_study(&study, &plans).expect("create");
+        b.open_study(&study, &plans, &crate::domain::study::Opening::Create).expect("create");
         for (trial, at) in [(0u64, 10_000u64), (1, 20_000), (2, 30_000)] {
             let t = TrialRef { study: "w".into(), study_id: 7, trial, attempt: 1 };
             b.record_assignment(&t, "a", at - 5000).expect("assign");

@@ -114,7 +114,7 @@ mod tests {
                     [budget]\ntrials = 2\n[strategy]\nkind = \"grid\"\n[hyper.x]\nkind = \"int\"\nlow = 1\nhigh = 2\n";
         let study = crate::domain::study::parse(text, "s.toml").expect("study");
         let mut batch = from.batch().expect("batch");
-        batch.create_study(&study, &crate::domain::search::plan(&study)).expect("create");
+        batch.open_study(&study, &crate::domain::search::plan(&study), &crate::domain::study::Opening::Create).expect("create");
         batch.commit().expect("commit");
         let mut to = Store::open(&dir.path().join("b.db")).expect("open");
         let copies = copy(&from, &mut to).expect("copy");

@@ -22,12 +22,14 @@ mod gpus;
 pub mod measured;
 pub mod model;
 mod raw;
+pub mod stored;
 mod validate;
 
 pub use constraint::{Bound, Constraint};
 pub use error::{Location, StudyError};
 pub use gpus::readings_of_given_gpus;
 pub use model::*;
+pub use stored::{opening, Opening, StoredStudy};
 pub use validate::{valid_param_name, valid_study_name};
 
 /// Reads and validates the study file at `path`.

@@ -11,8 +11,22 @@ use super::learn::load_book;
 use super::types::{Answer, EngineError, Now};
 use crate::domain::sched::{Restored, StudyPolicy};
 use crate::domain::search::{Search, TrialPlan};
-use crate::domain::study::Study;
-use crate::store::TrialState;
+use crate::domain::study::{self, Study};
+use crate::store::{Batch, StoreError, StudyOpened, TrialState};
+
+/// Opens `study` in the store with the trials of `plan`: the study of its
+/// name the store holds is read back here (the store keeps study text and
+/// never reads it) to decide whether it is created, resumed, continued
+/// under its changed file or refused ([`study::opening`]).
+pub fn open_study(batch: &mut Batch<'_>, study: &Study, plan: &[TrialPlan]) -> Result<StudyOpened, StoreError> {
+    open_study_at(batch, study, plan, super::unix_ms())
+}
+
+/// [`open_study`] at `at_ms`.
+pub fn open_study_at(batch: &mut Batch<'_>, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened, StoreError> {
+    let stored = batch.stored(&study.name)?;
+    batch.open_study_at(study, plan, &study::opening(stored.as_ref(), study), at_ms)
+}
 
 impl Core {
     /// A study file submitted to the service: started (or resumed) beside
@@ -55,7 +69,7 @@ impl Core {
             Ok(checked) => checked,
             Err(message) => return error(message),
         };
-        let stored = self.store.batch().and_then(|mut b| b.create_study(&study, &[]).and_then(|_| b.commit()));
+        let stored = self.store.batch().and_then(|mut b| open_study(&mut b, &study, &[]).and_then(|_| b.commit()));
         if let Err(e) = stored {
             return error(e.to_string());
         }
@@ -148,7 +162,7 @@ impl Core {
         }
         let id = {
             let mut batch = self.store.batch()?;
-            batch.create_study(&study, &[])?;
+            open_study(&mut batch, &study, &[])?;
             // Drawn the first time the study runs, kept in the store after.
             let id = batch.study_id(&study.name, rand::random())?;
             // The scheduler takes the open attempts back as started: so does the store.

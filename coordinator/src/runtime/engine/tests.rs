@@ -77,7 +77,7 @@ impl Fixture {
         }
         let mut store = Store::open_in_memory().expect("store");
         let mut batch = store.batch().expect("batch");
-        batch.create_study(&study, &plans).expect("create");
+        super::open_study(&mut batch, &study, &plans).expect("create");
         batch.study_id("s", RIG_STUDY_ID).expect("study id");
         batch.commit().expect("commit");
         let mut sessions = Sessions::new(Identity::generate().expect("key").0, 9, 1);

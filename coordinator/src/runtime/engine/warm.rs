@@ -14,7 +14,7 @@ pub(super) fn warm_start(store: &Store, study: &Study, search: &mut Search) -> R
     let space = study.searched();
     let mut told = 0u64;
     for name in &study.warm_start {
-        let Some(other) = store.stored_study(name)? else {
+        let Some(other) = store.stored(name)?.and_then(|s| s.study()) else {
             tracing::warn!(study = %study.name, from = %name, "warm start: no such study in the store");
             continue;
         };
