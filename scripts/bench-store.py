@@ -93,6 +93,38 @@ high = 1.0
     return path
 
 
+def server_cpu_s(data):
+    """CPU seconds of the PostgreSQL server whose data directory is `data`:
+    its postmaster, with what its reaped children used (a backend that
+    served a closed connection), and its running children."""
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        with open(os.path.join(data, "postmaster.pid")) as f:
+            postmaster = int(f.readline())
+    except (OSError, ValueError):
+        return 0.0
+    total = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(pid) == postmaster:
+            total += sum(int(x) for x in rest[11:15])  # utime, stime, cutime, cstime
+        elif int(rest[1]) == postmaster:
+            total += int(rest[11]) + int(rest[12])
+    return total / tick
+
+
+def children_cpu_s():
+    import resource
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def tunefleet(bin, dir, store, name, a):
     study = study_file(dir, name, a.trials)
     env = dict(os.environ, XDG_STATE_HOME=os.path.join(dir, "state"))
@@ -149,11 +181,13 @@ def main():
     with tempfile.TemporaryDirectory() as dir:
         os.chmod(dir, 0o755)  # the server's user walks into it
         port, stop = start_postgres(os.path.join(dir, "pg"))
+        data = os.path.join(dir, "pg", "data")
         try:
             for k in range(a.pairs):
                 pg = f"postgres://tunefleet@127.0.0.1:{port}/postgres?schema=bench{k}"
                 order = ["sqlite", "postgres", "optuna"] if k % 2 == 0 else ["optuna", "postgres", "sqlite"]
                 for side in [o for o in order if o in a.sides.split(",")]:
+                    cpu = (children_cpu_s(), server_cpu_s(data))
                     if side == "sqlite":
                         r = tunefleet(a.bin, dir, os.path.join(dir, f"s{k}.db"), f"sqlite-{k}", a)
                     elif side == "postgres":
@@ -161,6 +195,11 @@ def main():
                     else:
                         url = f"postgresql+psycopg2://tunefleet@127.0.0.1:{port}/postgres"
                         r = optuna_side(a.python, url, f"optuna-{k}", a)
+                    # CPU per trial: this script's children (the coordinator,
+                    # the agents and what they ran, or Optuna's workers) and
+                    # the database server's processes.
+                    r["cpu_us_per_trial"] = round((children_cpu_s() - cpu[0]) / a.trials * 1e6)
+                    r["server_cpu_us_per_trial"] = round((server_cpu_s(data) - cpu[1]) / a.trials * 1e6)
                     print(json.dumps(r), flush=True)
                     runs.append(r)
         finally:

@@ -12,8 +12,8 @@ use serde_json::json;
 use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
 use tunefleet_common::message::TrialRef;
 use tunefleet_coordinator::domain::{search, study};
-use tunefleet_coordinator::store::Store;
 use tunefleet_coordinator::runtime::engine::open_study;
+use tunefleet_coordinator::store::Store;
 
 fn study_text(metric: &str) -> String {
     format!(

@@ -13,8 +13,8 @@ use tunefleet_common::params::ParamValue;
 use tunefleet_coordinator::domain::search;
 use tunefleet_coordinator::domain::study::{self, Study};
 use tunefleet_coordinator::query::export::{export, ExportError, ExportFormat};
-use tunefleet_coordinator::store::{RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked};
 use tunefleet_coordinator::runtime::engine::{open_study, open_study_at};
+use tunefleet_coordinator::store::{RecordOutcome, Store, StoreError, StudyOpened, StudyState, TrialState, Unranked};
 
 fn study_text(name: &str, direction: &str, trials: u64) -> String {
     format!(

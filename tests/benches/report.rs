@@ -27,8 +27,8 @@ use tunefleet_common::params::{ParamValue, Params};
 use tunefleet_coordinator::domain::search::TrialPlan;
 use tunefleet_coordinator::domain::study;
 use tunefleet_coordinator::report::{self, CHART_IDS};
-use tunefleet_coordinator::store::Store;
 use tunefleet_coordinator::runtime::engine::open_study_at;
+use tunefleet_coordinator::store::Store;
 use tunefleet_tests::chromium;
 
 const TRIALS: u64 = 100_000;

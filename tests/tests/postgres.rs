@@ -366,3 +366,45 @@ fn a_password_in_the_store_url_is_refused_and_the_environment_gives_it() {
     let from_file = studies(&[("TUNEFLEET_STORE_PASSWORD_FILE", file.to_str().expect("utf-8"))]);
     assert!(from_file.status.success(), "from a file: {}", String::from_utf8_lossy(&from_file.stderr));
 }
+
+/// On a server a transaction's writes are sent with the next statement
+/// that needs an answer, so a write's error comes late: it is still the
+/// error of the part of the batch that wrote it. A duplicate trial written
+/// inside a savepoint is refused when the batch settles, not before; the
+/// savepoint undoes it alone, and what the batch wrote before and after it
+/// is committed once.
+#[test]
+fn a_write_refused_late_is_undone_with_its_savepoint_alone() {
+    use tunefleet_coordinator::domain::search::TrialPlan;
+    use tunefleet_coordinator::runtime::engine::open_study;
+    use tunefleet_coordinator::store::Store;
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = sleep_study(dir.path(), "late", 3, 0.1);
+    let study = tunefleet_coordinator::domain::study::load(&path).expect("study");
+    let url = pg.store("late");
+    let mut store = Store::open(Path::new(&url)).expect("the store on the server");
+    let trial = |trial: u64| TrialPlan { trial, params: Default::default(), repeat: 0 };
+    let mut b = store.batch().expect("batch");
+    open_study(&mut b, &study, &[trial(0), trial(1), trial(2)]).expect("created");
+    b.savepoint("message").expect("savepoint");
+    // Trial 0 exists: the server refuses it, but nobody has asked yet.
+    b.add_trials("late", &[trial(0)]).expect("sent later, not refused now");
+    let err = b.settle().expect_err("the duplicate, once the batch settles");
+    assert!(err.to_string().contains("duplicate key"), "{err}");
+    b.rollback_to("message").expect("undone alone");
+    b.savepoint("message").expect("savepoint");
+    b.add_trials("late", &[trial(7)]).expect("a new trial");
+    b.settle().expect("written");
+    b.release("message").expect("kept");
+    b.commit().expect("committed");
+    let trials: Vec<u64> = store.trials("late").expect("trials").iter().map(|t| t.trial).collect();
+    assert_eq!(trials, [0, 1, 2, 7], "the study's trials and the new one, once each");
+    // Unsettled, a refused write fails the commit: nothing of it lands.
+    let mut b = store.batch().expect("batch");
+    b.add_trials("late", &[trial(8), trial(1)]).expect("sent later");
+    b.commit().expect_err("the duplicate fails the commit");
+    let trials = store.trials("late").expect("trials").len();
+    assert_eq!(trials, 4, "trial 8 went with the refused commit");
+}

@@ -190,7 +190,8 @@ fn trial_line(
 
 /// Writes study `name` of `store` as an Optuna journal to `out`.
 pub fn export(store: &Store, name: &str, out: &mut impl Write) -> Result<(), ExportError> {
-    let study = store.stored(name)?.and_then(|s| s.study()).ok_or_else(|| StoreError::UnknownStudy(name.to_string()))?;
+    let study =
+        store.stored(name)?.and_then(|s| s.study()).ok_or_else(|| StoreError::UnknownStudy(name.to_string()))?;
     write(store, &study, &store.export_rows(name)?, out)
 }
 

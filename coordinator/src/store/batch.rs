@@ -75,23 +75,33 @@ impl Batch<'_> {
     /// Savepoints nest; `name` is one of the engine's fixed names, never input.
     pub fn savepoint(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("opening savepoint {name}");
-        self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.execute(()).ctx(context)?;
+        self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.write(()).ctx(context)?;
         Ok(())
     }
 
     /// Keeps what was written since savepoint `name` (it is part of the batch again).
     pub fn release(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("releasing savepoint {name}");
-        self.tx.prepare_cached(&format!("RELEASE {name}")).ctx(context)?.execute(()).ctx(context)?;
+        self.tx.prepare_cached(&format!("RELEASE {name}")).ctx(context)?.write(()).ctx(context)?;
         Ok(())
     }
 
     /// Undoes what was written since savepoint `name`, and closes it; the
     /// rest of the batch is kept.
     pub fn rollback_to(&mut self, name: &'static str) -> Result<()> {
+        // Writes not sent yet go first; their errors are what is undone.
         self.tx
-            .execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
+            .execute_batch_forgiving(&format!("ROLLBACK TO {name}; RELEASE {name}"))
             .ctx(|| format!("rolling back to savepoint {name}"))
+    }
+
+    /// Waits for the writes of the batch not answered yet: on a server a
+    /// write is sent with the next statement that needs an answer, so its
+    /// error comes late. The engine settles before it changes its memory
+    /// on the strength of what it wrote (a result it counts, a key it
+    /// trusts); the first error of those writes here.
+    pub fn settle(&mut self) -> Result<()> {
+        self.tx.settle().ctx(|| "writing the batch".into())
     }
 
     /// Opens `study` with the trials of `plan` (often none: see
@@ -111,13 +121,13 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE studies SET config = ?2, state = 'running', finished_ms = NULL WHERE name = ?1")
             .ctx(context)?
-            .execute(params![study.name, study.source])
+            .write(params![study.name, study.source])
             .ctx(context)?;
         for change in changes {
             self.tx
                 .prepare_cached("INSERT INTO study_changes (study, at_ms, change) VALUES (?1, ?2, ?3)")
                 .ctx(context)?
-                .execute(params![study.name, to_i64("time", at_ms)?, change])
+                .write(params![study.name, to_i64("time", at_ms)?, change])
                 .ctx(context)?;
             tracing::info!(study = %study.name, %change, "study continues under its changed file");
         }
@@ -139,7 +149,7 @@ impl Batch<'_> {
                      paused = excluded.paused, broker = excluded.broker, waits = excluded.waits",
             )
             .ctx(context)?
-            .execute(params![pid, to_i64("time", at_ms)?, paused, broker, waits])
+            .write(params![pid, to_i64("time", at_ms)?, paused, broker, waits])
             .ctx(context)?;
         Ok(())
     }
@@ -150,7 +160,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE heartbeat SET beat_ms = ?1, stopped_ms = ?1")
             .ctx(context)?
-            .execute(params![to_i64("time", at_ms)?])
+            .write(params![to_i64("time", at_ms)?])
             .ctx(context)?;
         Ok(())
     }
@@ -181,7 +191,7 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, NULL, 'running')",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 study.name,
                 study.source,
                 study.objective.metric,
@@ -214,7 +224,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("INSERT INTO study_ids (name, id) VALUES (?1, ?2)")
             .ctx(context)?
-            .execute(params![name, i64::from_le_bytes(fresh.to_le_bytes())])
+            .write(params![name, i64::from_le_bytes(fresh.to_le_bytes())])
             .ctx(context)?;
         Ok(fresh)
     }
@@ -246,7 +256,7 @@ impl Batch<'_> {
             .ctx(context)?;
         for t in plan {
             let params = params_json(&t.params);
-            insert.execute(params![study, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
+            insert.write(params![study, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
         }
         Ok(())
     }
@@ -261,7 +271,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE agents SET telemetry = ?2 WHERE name = ?1")
             .ctx(context)?
-            .execute(params![agent, json_text(telemetry, context)?])
+            .write(params![agent, json_text(telemetry, context)?])
             .ctx(context)?;
         Ok(())
     }
@@ -274,7 +284,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE trials SET state = 'stopped', reason = ?3 WHERE study = ?1 AND trial = ?2")
             .ctx(context)?
-            .execute(params![trial.study, id, reason])
+            .write(params![trial.study, id, reason])
             .ctx(context)?;
         self.tx
             .prepare_cached(
@@ -282,7 +292,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND ended_ms IS NULL",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, format!("stopped: {reason}")])
+            .write(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, format!("stopped: {reason}")])
             .ctx(context)?;
         Ok(())
     }
@@ -300,7 +310,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE results SET system = ?3 WHERE study = ?1 AND trial = ?2")
             .ctx(context)?
-            .execute(params![trial.study, id, json_text(system, context)?])
+            .write(params![trial.study, id, json_text(system, context)?])
             .ctx(context)?;
         let mut insert = self
             .tx
@@ -316,7 +326,7 @@ impl Batch<'_> {
             .ctx(context)?;
         for (i, s) in measurement.segments.iter().enumerate() {
             insert
-                .execute(params![
+                .write(params![
                     trial.study,
                     id,
                     i as i64,
@@ -354,7 +364,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE trials SET state = 'running', attempts = ?3 WHERE study = ?1 AND trial = ?2")
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt])
+            .write(params![trial.study, id, trial.attempt])
             .ctx(context)?;
         self.tx
             .prepare_cached(
@@ -362,7 +372,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND attempt <> ?3 AND ended_ms IS NULL",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, at])
+            .write(params![trial.study, id, trial.attempt, at])
             .ctx(context)?;
         self.tx
             .prepare_cached(
@@ -373,7 +383,7 @@ impl Batch<'_> {
                      ended_ms = NULL, outcome = NULL, superseded = 0, held = excluded.held",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, agent, at, held])
+            .write(params![trial.study, id, trial.attempt, agent, at, held])
             .ctx(context)?;
         Ok(())
     }
@@ -439,7 +449,7 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, 1)",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, agent, at])
+            .write(params![trial.study, id, trial.attempt, agent, at])
             .ctx(context)?;
         self.tx
             .prepare_cached(
@@ -448,7 +458,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?6 AND superseded = 0",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, at, exit, agent])
+            .write(params![trial.study, id, trial.attempt, at, exit, agent])
             .ctx(context)?;
         Ok(())
     }
@@ -486,7 +496,7 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 trial.study,
                 id,
                 trial.attempt,
@@ -517,7 +527,7 @@ impl Batch<'_> {
                 "UPDATE trials SET state = ?3, reason = ?4 WHERE study = ?1 AND trial = ?2 AND state != 'stopped'",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, new_state.as_str(), reason])
+            .write(params![trial.study, id, new_state.as_str(), reason])
             .ctx(context)?;
         // This attempt ends with its exit; another still open is cancelled:
         // this result came first. One statement.
@@ -528,7 +538,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND (attempt = ?3 OR ended_ms IS NULL)",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, at, exit])
+            .write(params![trial.study, id, trial.attempt, at, exit])
             .ctx(context)?;
         Ok(())
     }
@@ -569,7 +579,7 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 t.study,
                 to_i64("trial", t.trial)?,
                 t.attempt,
@@ -598,7 +608,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE attempts SET held = ?4 WHERE study = ?1 AND trial = ?2 AND attempt = ?3")
             .ctx(context)?
-            .execute(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt, held])
+            .write(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt, held])
             .ctx(context)?;
         Ok(())
     }
@@ -610,7 +620,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE attempts SET held = 0 WHERE study = ?1 AND held = 1")
             .ctx(context)?
-            .execute([study])
+            .write([study])
             .ctx(context)?;
         Ok(())
     }
@@ -634,7 +644,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND attempt = ?3",
             )
             .ctx(context)?
-            .execute(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, reason])
+            .write(params![trial.study, id, trial.attempt, to_i64("time", at_ms)?, reason])
             .ctx(context)?;
         let changed = self
             .tx
@@ -668,7 +678,7 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND ended_ms IS NULL",
             )
             .ctx(context)?
-            .execute(params![study, id, to_i64("time", at_ms)?, reason])
+            .write(params![study, id, to_i64("time", at_ms)?, reason])
             .ctx(context)?;
         let changed = self
             .tx
@@ -693,7 +703,7 @@ impl Batch<'_> {
                    AND trial IN (SELECT trial FROM trials WHERE study = ?1 AND state = 'running')",
             )
             .ctx(context)?
-            .execute(params![study, to_i64("time", at_ms)?, reason])
+            .write(params![study, to_i64("time", at_ms)?, reason])
             .ctx(context)?;
         let n = self
             .tx
@@ -716,7 +726,7 @@ impl Batch<'_> {
                      online = 1",
             )
             .ctx(context)?
-            .execute(params![info.agent, json, at])
+            .write(params![info.agent, json, at])
             .ctx(context)?;
         Ok(())
     }
@@ -739,7 +749,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE agents SET last_seen_ms = MAX(last_seen_ms, ?2) WHERE name = ?1")
             .ctx(context)?
-            .execute(params![name, to_i64("time", at_ms)?])
+            .write(params![name, to_i64("time", at_ms)?])
             .ctx(context)?;
         Ok(())
     }

@@ -207,7 +207,7 @@ impl Batch<'_> {
                          WHERE public = ?1",
                     )
                     .ctx(context)?
-                    .execute([public.as_slice()])
+                    .write([public.as_slice()])
                     .ctx(context)?;
                 let granted: Option<(String, Grant)> = self
                     .tx
@@ -228,7 +228,7 @@ impl Batch<'_> {
                      slots = excluded.slots, lookahead = excluded.lookahead, gpus = excluded.gpus",
             )
             .ctx(context)?
-            .execute(params![agent, via, tags, grant.slots, grant.lookahead, grant.gpus])
+            .write(params![agent, via, tags, grant.slots, grant.lookahead, grant.gpus])
             .ctx(context)?;
         Ok(())
     }
@@ -243,7 +243,7 @@ impl Batch<'_> {
                  ON CONFLICT (name) DO UPDATE SET last_instance = excluded.last_instance, last_seq = excluded.last_seq",
             )
             .ctx(context)?
-            .execute(params![agent, to_i64("instance", instance)?, to_i64("hello seq", seq)?])
+            .write(params![agent, to_i64("instance", instance)?, to_i64("hello seq", seq)?])
             .ctx(context)?;
         Ok(())
     }
@@ -257,7 +257,7 @@ impl Batch<'_> {
                  ON CONFLICT (name) DO UPDATE SET lost_held = lost_held + excluded.lost_held",
             )
             .ctx(context)?
-            .execute(params![agent, n])
+            .write(params![agent, n])
             .ctx(context)?;
         Ok(())
     }
@@ -334,7 +334,7 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 public.as_slice(),
                 to_i64("time", at_ms)?,
                 expires_ms.map(|e| to_i64("expiry", e)).transpose()?,
@@ -363,7 +363,7 @@ impl Store {
                      gpus = excluded.gpus",
             )
             .ctx(context)?
-            .execute(params![agent, grant.slots, grant.lookahead, grant.gpus])
+            .write(params![agent, grant.slots, grant.lookahead, grant.gpus])
             .ctx(context)?;
         batch.commit()
     }
@@ -387,7 +387,7 @@ impl Store {
                 "INSERT INTO join_tokens (public, created_ms, expires_ms, uses_left, names) VALUES (?1, ?2, ?3, ?4, ?5)",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 public.as_slice(),
                 to_i64("time", at_ms)?,
                 to_i64("expiry", expires_ms)?,

@@ -58,7 +58,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("INSERT OR IGNORE INTO agent_keys (name, key, pinned_ms) VALUES (?1, ?2, ?3)")
             .ctx(context)?
-            .execute(params![agent, key.as_slice(), to_i64("time", at_ms)?])
+            .write(params![agent, key.as_slice(), to_i64("time", at_ms)?])
             .ctx(context)?;
         Ok(())
     }
@@ -69,7 +69,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("UPDATE agent_keys SET will_hash = ?2 WHERE name = ?1")
             .ctx(context)?
-            .execute(params![agent, hash.map(|h| h.as_slice())])
+            .write(params![agent, hash.map(|h| h.as_slice())])
             .ctx(context)?;
         Ok(())
     }
@@ -99,7 +99,7 @@ impl Batch<'_> {
                  ON CONFLICT (name) DO UPDATE SET key = excluded.key, pinned_ms = excluded.pinned_ms, will_hash = NULL",
             )
             .ctx(context)?
-            .execute(params![agent, key.as_slice(), to_i64("time", at_ms)?])
+            .write(params![agent, key.as_slice(), to_i64("time", at_ms)?])
             .ctx(context)?;
         Ok(old)
     }

@@ -101,13 +101,11 @@ impl Batch<'_> {
         let context = || format!("renaming study {old:?} to {new:?}");
         for (table, column) in BY_STUDY {
             self.tx
-                .execute(&format!("UPDATE {table} SET {column} = ?2 WHERE {column} = ?1"), params![old, new])
+                .write(&format!("UPDATE {table} SET {column} = ?2 WHERE {column} = ?1"), params![old, new])
                 .ctx(context)?;
         }
-        self.tx.execute("DELETE FROM study_names WHERE name = ?1", params![old]).ctx(context)?;
-        self.tx
-            .execute("INSERT INTO study_names (name, in_file) VALUES (?1, ?2)", params![new, in_file])
-            .ctx(context)?;
+        self.tx.write("DELETE FROM study_names WHERE name = ?1", params![old]).ctx(context)?;
+        self.tx.write("INSERT INTO study_names (name, in_file) VALUES (?1, ?2)", params![new, in_file]).ctx(context)?;
         Ok(())
     }
 
@@ -122,9 +120,9 @@ impl Batch<'_> {
             .query_row("SELECT COUNT(*) FROM trials WHERE study = ?1", params![name], |r| r.get(0))
             .ctx(context)?;
         for (table, column) in BY_STUDY {
-            self.tx.execute(&format!("DELETE FROM {table} WHERE {column} = ?1"), params![name]).ctx(context)?;
+            self.tx.write(&format!("DELETE FROM {table} WHERE {column} = ?1"), params![name]).ctx(context)?;
         }
-        self.tx.execute("DELETE FROM study_names WHERE name = ?1", params![name]).ctx(context)?;
+        self.tx.write("DELETE FROM study_names WHERE name = ?1", params![name]).ctx(context)?;
         Ok(u64::try_from(trials).unwrap_or(0))
     }
 

@@ -77,7 +77,7 @@ impl Batch<'_> {
                 let joules = figure.joules.filter(|j| j.is_finite());
                 let source =
                     if m.gpus.is_empty() { e.source.as_str().to_string() } else { format!("{}+nvml", e.source) };
-                stmt.execute(params![
+                stmt.write(params![
                     t.study,
                     trial,
                     attempt,
@@ -94,7 +94,7 @@ impl Batch<'_> {
                     at,
                 ])
             }
-            NodeOutcome::Missing(why) => stmt.execute(params![
+            NodeOutcome::Missing(why) => stmt.write(params![
                 t.study,
                 trial,
                 attempt,

@@ -104,7 +104,7 @@ impl Batch<'_> {
         let mut stmt =
             self.tx.prepare_cached("INSERT INTO influx_outbox (line, queued_ms) VALUES (?1, ?2)").ctx(context)?;
         for line in lines {
-            stmt.execute(params![line, at]).ctx(context)?;
+            stmt.write(params![line, at]).ctx(context)?;
         }
         Ok(())
     }

@@ -81,7 +81,7 @@ impl Batch<'_> {
                      record = excluded.record, at_ms = excluded.at_ms",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 record.class,
                 record.study,
                 to_i64("trial", record.trial)?,
@@ -104,7 +104,7 @@ impl Batch<'_> {
                      fitted_ms = excluded.fitted_ms",
             )
             .ctx(context)?
-            .execute(params![class, json, to_i64("records", records as u64)?, to_i64("time", at_ms)?])
+            .write(params![class, json, to_i64("records", records as u64)?, to_i64("time", at_ms)?])
             .ctx(context)?;
         Ok(())
     }
@@ -119,7 +119,7 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )
             .ctx(context)?
-            .execute(params![
+            .write(params![
                 d.study,
                 to_i64("trial", d.trial)?,
                 d.attempt,
@@ -163,7 +163,7 @@ impl Store {
             let rows = stmt.query_map([agent], |r| Ok((r.get::<_, String>(0)?, super::get_u64(r, 1)?))).ctx(context)?;
             rows.collect::<sql::Result<Vec<_>>>().ctx(context)?
         };
-        batch.tx.execute(&format!("DELETE FROM profiles WHERE {of_agent}"), [agent]).ctx(context)?;
+        batch.tx.write(&format!("DELETE FROM profiles WHERE {of_agent}"), [agent]).ctx(context)?;
         for (class, _) in &counts {
             let records = {
                 let mut stmt =
@@ -174,7 +174,7 @@ impl Store {
             match refit(&records) {
                 Some(model) => batch.record_model(class, &model, records.len(), now_ms)?,
                 None => {
-                    batch.tx.execute("DELETE FROM cluster_models WHERE class = ?1", [class]).ctx(context)?;
+                    batch.tx.write("DELETE FROM cluster_models WHERE class = ?1", [class]).ctx(context)?;
                 }
             }
         }

@@ -44,7 +44,7 @@ impl Batch<'_> {
                  ON CONFLICT (name) DO UPDATE SET reason = excluded.reason, at_ms = excluded.at_ms, count = count + 1",
             )
             .ctx(context)?
-            .execute(params![name, reason, to_i64("time", at_ms)?])
+            .write(params![name, reason, to_i64("time", at_ms)?])
             .ctx(context)?;
         self.tx
             .prepare_cached(
@@ -52,7 +52,7 @@ impl Batch<'_> {
                    (SELECT name FROM hello_refusals ORDER BY at_ms DESC, name LIMIT -1 OFFSET ?1)",
             )
             .ctx(context)?
-            .execute(params![to_i64("rows", MAX_ROWS)?])
+            .write(params![to_i64("rows", MAX_ROWS)?])
             .ctx(context)?;
         Ok(())
     }
@@ -63,7 +63,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached("DELETE FROM hello_refusals WHERE name = ?1")
             .ctx(context)?
-            .execute(params![name])
+            .write(params![name])
             .ctx(context)?;
         Ok(())
     }

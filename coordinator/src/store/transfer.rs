@@ -91,7 +91,7 @@ pub fn copy(from: &Store, to: &mut Store) -> Result<Vec<TableCopy>> {
         for row in rows {
             let row: Vec<Value> = row.ctx(context)?;
             from_sum.add(row.iter().map(Value::as_ref).fold(FNV_START, hash_value));
-            write.execute(row.as_slice()).ctx(context)?;
+            write.write(row.as_slice()).ctx(context)?;
         }
         drop(write);
         batch.tx.ids_follow(table).ctx(context)?;
@@ -114,7 +114,9 @@ mod tests {
                     [budget]\ntrials = 2\n[strategy]\nkind = \"grid\"\n[hyper.x]\nkind = \"int\"\nlow = 1\nhigh = 2\n";
         let study = crate::domain::study::parse(text, "s.toml").expect("study");
         let mut batch = from.batch().expect("batch");
-        batch.open_study(&study, &crate::domain::search::plan(&study), &crate::domain::study::Opening::Create).expect("create");
+        batch
+            .open_study(&study, &crate::domain::search::plan(&study), &crate::domain::study::Opening::Create)
+            .expect("create");
         batch.commit().expect("commit");
         let mut to = Store::open(&dir.path().join("b.db")).expect("open");
         let copies = copy(&from, &mut to).expect("copy");

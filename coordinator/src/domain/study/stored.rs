@@ -102,7 +102,10 @@ mod tests {
             other => panic!("another seed is another study: {other:?}"),
         }
         let unreadable = opening(Some(&stored("not = [a study")), &first);
-        assert!(matches!(unreadable, Opening::Refuse { ref keys } if keys.contains("no longer reads")), "{unreadable:?}");
+        assert!(
+            matches!(unreadable, Opening::Refuse { ref keys } if keys.contains("no longer reads")),
+            "{unreadable:?}"
+        );
     }
 
     #[test]

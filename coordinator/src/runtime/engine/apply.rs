@@ -38,7 +38,8 @@ fn in_savepoint(
     f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
 ) -> Result<Option<StoreError>, EngineError> {
     cx.batch.savepoint(name)?;
-    match f(cx) {
+    // Its writes answered before it is kept: an error of one is its own.
+    match f(cx).and_then(|()| Ok(cx.batch.settle()?)) {
         Ok(()) => {
             cx.batch.release(name)?;
             Ok(None)
@@ -213,6 +214,7 @@ fn apply_decision(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: 
                 return Ok(());
             }
             cx.batch.record_progress(&p)?;
+            cx.batch.settle()?;
             if let Some(step) = reuse {
                 apply_reuse(cx, &agent, &p.trial, step)?;
             }
@@ -238,6 +240,7 @@ fn apply_decision(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: 
         // node to be asked again (see `guarded`).
         Decision::CoMeasured(Ok(record)) => {
             cx.batch.record_node(&record, now)?;
+            cx.batch.settle()?;
             cx.co.taken(&agent, &record.trial);
         }
         Decision::CoMeasured(Err((trial, why))) => {
@@ -270,6 +273,8 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
         _ => Score::default(),
     };
     let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, keep, now)?;
+    // Stored, not only sent, before the scheduler counts it.
+    cx.batch.settle()?;
     // The nodes measuring with the attempt: its window, now that it ended
     // with a result; forgotten when it ended without one.
     let co = if stored {

@@ -94,6 +94,8 @@ pub(super) fn on_hello(cx: &mut Ctx<'_, '_>, agent: String, signed: &Signed, now
     }
     cx.batch.set_will_hash(&agent, Some(&hello.will_hash))?;
     cx.batch.upsert_agent(&info, now)?;
+    // Its key pinned in the store, not only sent, before a session trusts it.
+    cx.batch.settle()?;
     let (token, payload) = match cx.sessions.accept(&agent, &hello, digest) {
         Ok(w) => w,
         Err(e) => {

@@ -49,7 +49,7 @@ pub mod types;
 mod warm;
 
 pub use self::active::{Best, Summary};
-pub use self::start::{open_study, open_study_at};
 pub use self::core::{Core, Headway, Outgoing, Started, LEASE_GRACE};
+pub use self::start::{open_study, open_study_at};
 pub use self::types::{unix_ms, EngineError, EngineStats, Now};
 pub use self::types::{Answer, Ask, Inbound};

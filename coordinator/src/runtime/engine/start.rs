@@ -23,7 +23,12 @@ pub fn open_study(batch: &mut Batch<'_>, study: &Study, plan: &[TrialPlan]) -> R
 }
 
 /// [`open_study`] at `at_ms`.
-pub fn open_study_at(batch: &mut Batch<'_>, study: &Study, plan: &[TrialPlan], at_ms: u64) -> Result<StudyOpened, StoreError> {
+pub fn open_study_at(
+    batch: &mut Batch<'_>,
+    study: &Study,
+    plan: &[TrialPlan],
+    at_ms: u64,
+) -> Result<StudyOpened, StoreError> {
     let stored = batch.stored(&study.name)?;
     batch.open_study_at(study, plan, &study::opening(stored.as_ref(), study), at_ms)
 }

@@ -144,6 +144,11 @@ impl Conn {
         self.prepare_cached(sql)?.execute(params)
     }
 
+    /// Runs one statement whose count is not needed ([`Stmt::write`]).
+    pub fn write<P: Params>(&self, sql: &str, params: P) -> Result<()> {
+        self.prepare_cached(sql)?.write(params)
+    }
+
     /// Runs statements separated by `;`, with no parameters.
     pub fn execute_batch(&self, sql: &str) -> Result<()> {
         match &self.0 {
@@ -161,12 +166,43 @@ impl Conn {
     /// Starts the one write transaction, holding the database's write
     /// lock from its first statement. Dropped without [`Tx::commit`], it
     /// is rolled back.
+    ///
+    /// On a server, the transaction's writes are sent without waiting for
+    /// their answers ([`Stmt::write`]), together with the next statement
+    /// that needs one: its `BEGIN` with the lease's check, its last writes
+    /// with its `COMMIT`, the rest with its reads or [`Conn::settle`].
     pub fn begin(&mut self) -> Result<Tx<'_>> {
-        self.execute_batch("BEGIN IMMEDIATE")?;
+        match &self.0 {
+            // Sent with the lease's check, in one round trip.
+            ConnInner::Pg(c) if c.fence.get().is_some() => c.defer("BEGIN IMMEDIATE"),
+            _ => self.execute_batch("BEGIN IMMEDIATE")?,
+        }
         let tx = Tx { conn: self, open: true };
         // Refused (and rolled back as it is dropped) once fenced off.
         tx.conn.check_fence()?;
+        if let ConnInner::Pg(c) = &tx.conn.0 {
+            c.set_deferring(true);
+        }
         Ok(tx)
+    }
+
+    /// Sends the writes not sent yet and waits for them: the first error
+    /// among them (a file's writes are done as they are asked).
+    pub fn settle(&self) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(_) => Ok(()),
+            ConnInner::Pg(c) => c.settle(),
+        }
+    }
+
+    /// Runs `sql` (statements separated by `;`, no parameters) after the
+    /// writes not sent yet, whose errors it forgives: what rolls back to a
+    /// savepoint undoes them anyway.
+    pub fn execute_batch_forgiving(&self, sql: &str) -> Result<()> {
+        match &self.0 {
+            ConnInner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            ConnInner::Pg(c) => c.batch_forgiving(sql),
+        }
     }
 
     /// From now on every write transaction on a server first holds the
@@ -191,6 +227,13 @@ impl Conn {
         match now == Some(mine) {
             true => Ok(()),
             false => Err(Error::Fenced { mine, now }),
+        }
+    }
+
+    /// Writes run as they are asked again (the transaction ended).
+    fn stop_deferring(&self) {
+        if let ConnInner::Pg(c) = &self.0 {
+            c.set_deferring(false);
         }
     }
 
@@ -343,6 +386,17 @@ impl Stmt<'_> {
         }
     }
 
+    /// Runs the statement when its count is not needed: inside a write
+    /// transaction on a server it is sent with the next statement that
+    /// needs an answer ([`Conn::begin`]), and an error of it is that
+    /// statement's (or [`Conn::settle`]'s).
+    pub fn write<P: Params>(&mut self, params: P) -> Result<()> {
+        match &mut self.0 {
+            StmtInner::Sqlite(s) => Ok(s.execute(sqlite::binds(&params)?).map(drop)?),
+            StmtInner::Pg { conn, id, .. } => conn.write(*id, &params),
+        }
+    }
+
     /// Every row of the answer mapped by `f`, in order.
     pub fn query_map<T, P: Params>(
         &mut self,
@@ -395,7 +449,11 @@ impl Tx<'_> {
     /// Makes everything written in the transaction durable. When that
     /// fails, the transaction is rolled back as it is dropped.
     pub fn commit(mut self) -> Result<()> {
-        self.conn.execute_batch("COMMIT")?;
+        // The writes not sent yet go with the COMMIT; a failed one fails it
+        // (the server then ends the transaction without committing).
+        let committed = self.conn.execute_batch("COMMIT");
+        self.conn.stop_deferring();
+        committed?;
         self.open = false;
         Ok(())
     }
@@ -410,6 +468,8 @@ impl std::ops::Deref for Tx<'_> {
 
 impl Drop for Tx<'_> {
     fn drop(&mut self) {
+        // What was deferred and not sent is dropped with the transaction.
+        self.conn.stop_deferring();
         if self.open && self.conn.in_transaction() {
             if let Err(e) = self.conn.execute_batch("ROLLBACK") {
                 tracing::warn!(error = %e, "rolling back a store transaction");

@@ -3,21 +3,26 @@
 //! schema per fleet (`?schema=NAME`, default `tunefleet`), so independent
 //! fleets share one server.
 //!
-//! The client is synchronous and runs on a thread of its own (a client
-//! that blocks cannot run on the coordinator's async threads): each call
-//! is a request to that thread and waits for its answer. Statements are
-//! translated once from the store's SQL ([`translate`]) and kept
-//! prepared.
+//! The client runs on a thread of its own with its own runtime (the
+//! store's callers are synchronous): each call is a request to that thread
+//! and waits for its answer. Inside a write transaction a write whose
+//! count is not needed is not sent alone: it waits for the next statement
+//! that needs an answer and goes with it, every statement of the round
+//! trip sent before any answer is awaited (the extended protocol's
+//! pipelining). Statements are translated once from the store's SQL
+//! ([`translate`]) and kept prepared.
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::sync::mpsc;
-use std::sync::Arc;
 
-use postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
+use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
-use super::dialect::translate;
 use super::value::{Error, Params, Result, Value};
+
+mod thread;
+pub use thread::CREATING;
+use thread::{Envelope, Op, Prepared, Request};
 
 /// The schema a store's tables live in when the URL names none.
 pub const DEFAULT_SCHEMA: &str = "tunefleet";
@@ -138,7 +143,11 @@ fn is_text(ty: &Type) -> bool {
 }
 
 impl PgToSql for Value {
-    fn to_sql(&self, ty: &Type, out: &mut postgres::types::private::BytesMut) -> std::result::Result<IsNull, BoxError> {
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut tokio_postgres::types::private::BytesMut,
+    ) -> std::result::Result<IsNull, BoxError> {
         match self {
             Value::Null => Ok(IsNull::Yes),
             Value::Integer(i) => match *ty {
@@ -170,7 +179,7 @@ impl PgToSql for Value {
         true
     }
 
-    postgres::types::to_sql_checked!();
+    tokio_postgres::types::to_sql_checked!();
 }
 
 impl<'a> PgFromSql<'a> for Value {
@@ -234,21 +243,9 @@ fn numeric(raw: &[u8]) -> std::result::Result<Value, BoxError> {
     }
 }
 
-/// A prepared statement as callers name it: its id on the client thread
-/// and its columns.
-type Prepared = (usize, Arc<Vec<String>>);
-
-/// A request to the client thread.
-enum Request {
-    Prepare { sql: String, reply: mpsc::Sender<Result<Prepared>> },
-    Query { id: usize, params: Vec<Value>, reply: mpsc::Sender<Result<Vec<Vec<Value>>>> },
-    Execute { id: usize, params: Vec<Value>, reply: mpsc::Sender<Result<u64>> },
-    Batch { sql: String, reply: mpsc::Sender<Result<()>> },
-}
-
 /// A connection: the channel to the thread that owns the client.
 pub(super) struct PgConn {
-    requests: mpsc::Sender<Request>,
+    requests: mpsc::Sender<Envelope>,
     pub(super) target: PgTarget,
     /// What the client thread answered to each text prepared before: a
     /// statement asked again costs no round trip.
@@ -256,6 +253,10 @@ pub(super) struct PgConn {
     /// The lease epoch every write transaction checks first, once set
     /// ([`super::Conn::set_fence`]).
     pub(super) fence: std::cell::Cell<Option<i64>>,
+    /// Inside a write transaction: writes are deferred ([`PgConn::write`]).
+    deferring: std::cell::Cell<bool>,
+    /// The deferred statements, in order, not sent yet.
+    pending: std::cell::RefCell<Vec<Op>>,
 }
 
 impl std::fmt::Debug for PgConn {
@@ -273,14 +274,14 @@ impl PgConn {
     /// Connects to `target`, creating its schema when missing and
     /// working in it.
     pub(super) fn connect(target: &PgTarget) -> Result<PgConn> {
-        let mut config: postgres::Config = target.url.parse()?;
+        let mut config: tokio_postgres::Config = target.url.parse()?;
         if let Some(p) = password().map_err(Error::Closed)? {
             config.password(p);
         }
         config.application_name(application_name());
         let tls = match &target.ca {
             Some(ca) => {
-                config.ssl_mode(postgres::config::SslMode::Require);
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
                 let files = tunefleet_common::security::TlsFiles { ca: ca.clone(), identity: None };
                 let client = tunefleet_common::security::client_config(&files)
                     .map_err(|e| Error::Closed(format!("sslrootcert: {e}")))?;
@@ -288,38 +289,23 @@ impl PgConn {
             }
             None => None,
         };
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
-        let (requests, rx) = mpsc::channel::<Request>();
-        let schema = target.schema.clone();
-        std::thread::Builder::new()
-            .name("tunefleet-pg".into())
-            .spawn(move || match open_client(&config, &schema, tls.as_ref()) {
-                Ok(c) => {
-                    let _ = ready_tx.send(Ok(()));
-                    Server {
-                        client: c,
-                        config,
-                        tls,
-                        schema,
-                        prepared: Vec::new(),
-                        by_text: HashMap::new(),
-                        in_transaction: false,
-                        lost_transaction: false,
-                    }
-                    .serve(rx);
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                }
-            })
-            .map_err(|e| Error::Closed(format!("cannot start the PostgreSQL client thread: {e}")))?;
-        ready_rx.recv().map_err(|_| gone())??;
-        Ok(PgConn { requests, target: target.clone(), prepared: Default::default(), fence: Default::default() })
+        let requests = thread::spawn(config, target.schema.clone(), tls)?;
+        Ok(PgConn {
+            requests,
+            target: target.clone(),
+            prepared: Default::default(),
+            fence: Default::default(),
+            deferring: Default::default(),
+            pending: Default::default(),
+        })
     }
 
+    /// Sends `request` after the deferred statements, in one round trip,
+    /// and waits for its answer (a deferred statement's error first).
     fn ask<T>(&self, make: impl FnOnce(mpsc::Sender<Result<T>>) -> Request) -> Result<T> {
         let (reply, answer) = mpsc::channel();
-        self.requests.send(make(reply)).map_err(|_| gone())?;
+        let before = std::mem::take(&mut *self.pending.borrow_mut());
+        self.requests.send(Envelope { before, request: make(reply) }).map_err(|_| gone())?;
         answer.recv().map_err(|_| gone())?
     }
 
@@ -344,8 +330,50 @@ impl PgConn {
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
     }
 
+    /// Runs statement `id` without waiting for its answer inside a write
+    /// transaction: it is sent with the next statement that needs one (or
+    /// [`PgConn::settle`]), and its error, if any, is that statement's.
+    /// Outside one it runs at once.
+    pub(super) fn write<P: Params>(&self, id: usize, params: &P) -> Result<()> {
+        if !self.deferring.get() {
+            return self.execute(id, params).map(drop);
+        }
+        let params = owned(params)?;
+        self.pending.borrow_mut().push(Op::Write { id, params });
+        Ok(())
+    }
+
+    /// `sql` (no parameters) sent with the next statement that needs an
+    /// answer.
+    pub(super) fn defer(&self, sql: &str) {
+        self.pending.borrow_mut().push(Op::Batch(sql.to_string()));
+    }
+
+    /// Sends what was deferred and waits for it: the first error of it.
+    pub(super) fn settle(&self) -> Result<()> {
+        if self.pending.borrow().is_empty() {
+            return Ok(());
+        }
+        self.ask(|reply| Request::Settle { reply })
+    }
+
+    /// Writes are deferred from now (a write transaction began) or not
+    /// (it ended); what was deferred and not sent is dropped when not.
+    pub(super) fn set_deferring(&self, on: bool) {
+        self.deferring.set(on);
+        if !on {
+            self.pending.borrow_mut().clear();
+        }
+    }
+
     pub(super) fn batch(&self, sql: &str) -> Result<()> {
-        self.ask(|reply| Request::Batch { sql: sql.to_string(), reply })
+        self.ask(|reply| Request::Batch { sql: sql.to_string(), forgive: false, reply })
+    }
+
+    /// [`PgConn::batch`], answering for `sql` alone: an error of a
+    /// deferred statement before it is forgiven.
+    pub(super) fn batch_forgiving(&self, sql: &str) -> Result<()> {
+        self.ask(|reply| Request::Batch { sql: sql.to_string(), forgive: true, reply })
     }
 }
 
@@ -355,162 +383,6 @@ fn owned<P: Params>(params: &P) -> Result<Vec<Value>> {
         .enumerate()
         .map(|(index, p)| p.to_sql().map(Value::of).map_err(|why| Error::Parameter { index: index + 1, why }))
         .collect()
-}
-
-/// A client connected and working in `schema`, created when missing.
-/// TLS to the server with rustls, the server's certificate verified.
-type Tls = tokio_postgres_rustls::MakeRustlsConnect;
-
-/// The advisory lock held while a schema or a table of the store's own is
-/// created (`CREATE ... IF NOT EXISTS` races with itself).
-pub const CREATING: i64 = 0x7475_6e65_666c_6565;
-
-fn open_client(config: &postgres::Config, schema: &str, tls: Option<&Tls>) -> Result<postgres::Client> {
-    let mut client = match tls {
-        Some(tls) => config.connect(tls.clone())?,
-        None => config.connect(postgres::NoTls)?,
-    };
-    // Two coordinators starting at once would both create it: the server
-    // refuses the second (a duplicate key), so one waits for the other.
-    client.batch_execute(&format!(
-        "BEGIN; SELECT pg_advisory_xact_lock({CREATING}); CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT; SET \
-         search_path TO {schema}"
-    ))?;
-    Ok(client)
-}
-
-/// The client thread's state: its client, how to connect it again, and
-/// the statements prepared on it (by id; prepared again after a
-/// reconnect, when first used).
-struct Server {
-    client: postgres::Client,
-    config: postgres::Config,
-    /// TLS to the server, when the URL asks for it.
-    tls: Option<Tls>,
-    schema: String,
-    prepared: Vec<(String, Option<postgres::Statement>)>,
-    by_text: HashMap<String, Prepared>,
-    /// A write transaction is open (`BEGIN` seen, no `COMMIT` or
-    /// `ROLLBACK` yet).
-    in_transaction: bool,
-    /// The connection was lost inside a transaction: everything but its
-    /// `ROLLBACK` (or a new `BEGIN`) is refused, so no statement of it
-    /// runs outside a transaction on the new connection.
-    lost_transaction: bool,
-}
-
-impl Server {
-    /// Answers requests in order until the connection's owner goes.
-    fn serve(mut self, requests: mpsc::Receiver<Request>) {
-        for request in requests {
-            // A connection the server closed (it restarted, or the network
-            // broke) is made again before the next request: a write
-            // transaction it held is gone, and the store says so.
-            if self.client.is_closed() {
-                match open_client(&self.config, &self.schema, self.tls.as_ref()) {
-                    Ok(c) => {
-                        tracing::warn!(lost_transaction = self.in_transaction, "connected to PostgreSQL again");
-                        self.client = c;
-                        for (_, stmt) in &mut self.prepared {
-                            *stmt = None;
-                        }
-                        self.lost_transaction = self.in_transaction;
-                    }
-                    Err(e) => {
-                        refuse(request, &Error::Closed(format!("the database is unreachable: {e}")));
-                        continue;
-                    }
-                }
-            }
-            if self.lost_transaction {
-                match &request {
-                    Request::Batch { sql, .. } if sql.trim() == "ROLLBACK" => {
-                        self.lost_transaction = false;
-                        self.in_transaction = false;
-                        refuse(request, &Error::Closed("the transaction was lost with its connection".into()));
-                        continue;
-                    }
-                    Request::Batch { sql, .. } if sql.trim_start().starts_with("BEGIN") => {
-                        self.lost_transaction = false;
-                        self.in_transaction = false;
-                    }
-                    _ => {
-                        refuse(request, &Error::Closed("the connection was lost inside this transaction".into()));
-                        continue;
-                    }
-                }
-            }
-            self.answer(request);
-        }
-    }
-
-    fn answer(&mut self, request: Request) {
-        match request {
-            Request::Prepare { sql, reply } => {
-                let answer = match self.by_text.get(&sql) {
-                    Some(known) => Ok(known.clone()),
-                    None => self.client.prepare(&translate(&sql)).map_err(Error::from).map(|stmt| {
-                        let columns: Arc<Vec<String>> =
-                            Arc::new(stmt.columns().iter().map(|c| c.name().to_string()).collect());
-                        self.prepared.push((sql.clone(), Some(stmt)));
-                        let known = (self.prepared.len() - 1, columns);
-                        self.by_text.insert(sql, known.clone());
-                        known
-                    }),
-                };
-                let _ = reply.send(answer);
-            }
-            Request::Query { id, params, reply } => {
-                let answer = self.statement(id).and_then(|stmt| {
-                    let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
-                    let rows = self.client.query(&stmt, &refs)?;
-                    rows.iter()
-                        .map(|row| (0..row.len()).map(|i| row.try_get::<_, Value>(i).map_err(Error::from)).collect())
-                        .collect()
-                });
-                let _ = reply.send(answer);
-            }
-            Request::Execute { id, params, reply } => {
-                let answer = self.statement(id).and_then(|stmt| {
-                    let refs: Vec<&(dyn PgToSql + Sync)> = params.iter().map(|p| p as &(dyn PgToSql + Sync)).collect();
-                    Ok(self.client.execute(&stmt, &refs)?)
-                });
-                let _ = reply.send(answer);
-            }
-            Request::Batch { sql, reply } => {
-                let answer = self.client.batch_execute(&translate(&sql)).map_err(Error::from);
-                match sql.trim() {
-                    s if s.starts_with("BEGIN") => self.in_transaction = answer.is_ok(),
-                    "COMMIT" | "ROLLBACK" => self.in_transaction = false,
-                    _ => {}
-                }
-                let _ = reply.send(answer);
-            }
-        }
-    }
-
-    /// Statement `id`, prepared on the current connection.
-    fn statement(&mut self, id: usize) -> Result<postgres::Statement> {
-        let (sql, stmt) =
-            self.prepared.get_mut(id).ok_or_else(|| Error::Closed(format!("no prepared statement {id}")))?;
-        if let Some(s) = stmt {
-            return Ok(s.clone());
-        }
-        let fresh = self.client.prepare(&translate(sql))?;
-        *stmt = Some(fresh.clone());
-        Ok(fresh)
-    }
-}
-
-/// Answers `request` with `error`.
-fn refuse(request: Request, error: &Error) {
-    let e = || Error::Closed(error.to_string());
-    match request {
-        Request::Prepare { reply, .. } => drop(reply.send(Err(e()))),
-        Request::Query { reply, .. } => drop(reply.send(Err(e()))),
-        Request::Execute { reply, .. } => drop(reply.send(Err(e()))),
-        Request::Batch { reply, .. } => drop(reply.send(Err(e()))),
-    }
 }
 
 #[cfg(test)]

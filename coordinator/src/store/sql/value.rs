@@ -10,7 +10,7 @@ pub enum Error {
     #[error(transparent)]
     Sqlite(Box<rusqlite::Error>),
     #[error("{}", postgres_text(.0))]
-    Postgres(#[from] postgres::Error),
+    Postgres(#[from] tokio_postgres::Error),
     /// The connection cannot be used (it broke, or never opened).
     #[error("{0}")]
     Closed(String),
@@ -63,7 +63,7 @@ impl Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// What the server said, with its detail and hint, or the client's error.
-fn postgres_text(e: &postgres::Error) -> String {
+fn postgres_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
             let mut text = format!("{}: {}", db.severity(), db.message());
