@@ -182,7 +182,8 @@ fn best_pareto_is_the_front_of_the_feasible_results() {
         };
         let r = TrialRef { study: "plain".into(), study_id: 7, trial, attempt: 1 };
         b.record_assignment(&r, "a1", 10).expect("assigns");
-        let score = tunefleet_coordinator::store::Score { objective: Some(loss), violation: s.violation(&m) };
+        let score =
+            tunefleet_coordinator::store::Score { objective: Some(loss), violation: s.violation(&m), system: None };
         b.record_result(&r, "a1", &m, score, 20).expect("records");
     }
     b.commit().expect("commits");

@@ -187,8 +187,9 @@ fn fill(path: &Path) -> Duration {
             b.record_assignment(&tr, &a.agent, clock[i]).expect("assign");
             clock[i] += m.wall_us / 1000 + 5;
             let objective = m.final_metrics.get("accuracy").copied();
-            b.record_result(&tr, &a.agent, &m, objective, clock[i]).expect("result");
-            b.record_segments(&tr, &m, &system).expect("segments");
+            let score = tunefleet_coordinator::store::Score { objective, violation: None, system: Some(system) };
+            b.record_result(&tr, &a.agent, &m, score, clock[i]).expect("result");
+            b.record_segments(&tr, &m).expect("segments");
         }
         b.commit().expect("commit");
     }

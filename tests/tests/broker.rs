@@ -567,6 +567,12 @@ fn strangers_members_and_operators_reach_only_what_they_were_granted() {
     let _agent = start_agent_with(agent, &url, &victim, &root, &["--username", "fleet"]);
     // The victim is online: its traffic reaches the watching tool.
     rt.block_on(watch.next_message(Duration::from_secs(30))).expect("the victim's traffic");
+    // Its Hello taken and its key pinned (the watching tool hears the Hello
+    // before that): its name is not free to a stranger from now on.
+    wait_for("the victim's key pinned", Duration::from_secs(30), || {
+        let pinned = query(&store, "SELECT name FROM agent_keys", |r| r.get::<_, String>(0));
+        pinned.contains(&victim)
+    });
 
     // No login, a password that proves no key, a stranger without the fleet's password: refused.
     assert!(rt.block_on(TestClient::connect(port, "anon")).is_err(), "no login");

@@ -3,7 +3,7 @@
 
 use super::sql::{self, params, Optional};
 use tunefleet_common::measurement::Measurement;
-use tunefleet_common::message::{AgentInfo, Progress, SystemParams, TrialRef};
+use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 
 use super::{
     exit_text, params_json, to_i64, trial_state, unix_ms, Batch, Result, Score, SqlContext, Store, StoreError,
@@ -297,21 +297,14 @@ impl Batch<'_> {
         Ok(())
     }
 
-    /// Records a result's system configuration (the one its pipelined trial
-    /// selected, else the one it ran under) and its segments.
-    pub fn record_segments(
-        &mut self,
-        trial: &TrialRef,
-        measurement: &Measurement,
-        system: &SystemParams,
-    ) -> Result<()> {
+    /// Records the segments of a stored result (its system configuration
+    /// is stored with it: [`Score::system`]).
+    pub fn record_segments(&mut self, trial: &TrialRef, measurement: &Measurement) -> Result<()> {
+        if measurement.segments.is_empty() {
+            return Ok(());
+        }
         let context = || format!("recording the segments of {trial}");
         let id = to_i64("trial", trial.trial)?;
-        self.tx
-            .prepare_cached("UPDATE results SET system = ?3 WHERE study = ?1 AND trial = ?2")
-            .ctx(context)?
-            .write(params![trial.study, id, json_text(system, context)?])
-            .ctx(context)?;
         let mut insert = self
             .tx
             .prepare_cached(
@@ -355,17 +348,22 @@ impl Batch<'_> {
     /// agent's busy slots (until [`Batch::set_held`] says it started).
     pub fn record_assignment_held(&mut self, trial: &TrialRef, agent: &str, at_ms: u64, held: bool) -> Result<()> {
         let context = || format!("recording the assignment of {trial} to {agent}");
-        let (state, _) = self.trial_state(trial)?;
-        if state.is_final() {
-            return Err(StoreError::TrialClosed { study: trial.study.clone(), trial: trial.trial, state });
-        }
         let id = to_i64("trial", trial.trial)?;
         let at = to_i64("time", at_ms)?;
-        self.tx
-            .prepare_cached("UPDATE trials SET state = 'running', attempts = ?3 WHERE study = ?1 AND trial = ?2")
+        // One statement: a trial that ended is left as it is, and said why.
+        let running = self
+            .tx
+            .prepare_cached(
+                "UPDATE trials SET state = 'running', attempts = ?3
+                 WHERE study = ?1 AND trial = ?2 AND state NOT IN ('done', 'failed', 'stopped')",
+            )
             .ctx(context)?
-            .write(params![trial.study, id, trial.attempt])
+            .execute(params![trial.study, id, trial.attempt])
             .ctx(context)?;
+        if running == 0 {
+            let (state, _) = self.trial_state(trial)?;
+            return Err(StoreError::TrialClosed { study: trial.study.clone(), trial: trial.trial, state });
+        }
         self.tx
             .prepare_cached(
                 "UPDATE attempts SET ended_ms = ?4, outcome = 'reassigned'
@@ -488,12 +486,13 @@ impl Batch<'_> {
         let energy = measurement.energy_figure();
         let joules = energy.joules.filter(|j| j.is_finite());
         let gpu_joules = measurement.gpu_joules().filter(|j| j.is_finite());
+        let system = score.system.as_ref().map(|s| json_text(s, context)).transpose()?;
         self.tx
             .prepare_cached(
                 "INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
                      max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms, gpu_energy_j,
-                     violation)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                     violation, system)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
             )
             .ctx(context)?
             .write(params![
@@ -514,7 +513,8 @@ impl Batch<'_> {
                 json,
                 at,
                 gpu_joules,
-                violation
+                violation,
+                system
             ])
             .ctx(context)?;
         // A failed trial keeps why, in words a user can act on (its exit and last line).

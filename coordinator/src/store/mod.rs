@@ -211,15 +211,18 @@ impl fmt::Debug for Store {
 /// What a result is ranked by: its objective and, in a study with
 /// `[[constraint]]`s, its violation of them (0: feasible; `None`: the
 /// study has none). An objective alone converts into one.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Score {
     pub objective: Option<f64>,
     pub violation: Option<f64>,
+    /// The system configuration the result is ranked under: the one its
+    /// pipelined trial selected, else the one it ran under.
+    pub system: Option<tunefleet_common::message::SystemParams>,
 }
 
 impl From<Option<f64>> for Score {
     fn from(objective: Option<f64>) -> Score {
-        Score { objective, violation: None }
+        Score { objective, violation: None, system: None }
     }
 }
 

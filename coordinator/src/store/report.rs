@@ -216,8 +216,9 @@ high = 9
             if trial == 1 {
                 m.segments = vec![segment(SegmentRole::Probe, 1, 0), segment(SegmentRole::Selected, 2, 1000)];
             }
-            b.record_result(&t, "a", &m, Some(1.0), at).expect("result");
-            b.record_segments(&t, &m, &sys(2)).expect("segments");
+            let score = crate::store::Score { objective: Some(1.0), violation: None, system: Some(sys(2)) };
+            b.record_result(&t, "a", &m, score, at).expect("result");
+            b.record_segments(&t, &m).expect("segments");
         }
         b.commit().expect("commit");
 

@@ -269,7 +269,9 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
     let ResultStep { trial, measurement, judgement, keep } = step;
     let verdict = judgement.verdict;
     let score = match &keep {
-        Keep::Result { objective, violation, .. } => Score { objective: *objective, violation: *violation },
+        Keep::Result { objective, violation, .. } => {
+            Score { objective: *objective, violation: *violation, system: None }
+        }
         _ => Score::default(),
     };
     let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, keep, now)?;
@@ -357,7 +359,7 @@ fn write_result(
             Ok((AckOutcome::Stored, false))
         }
         Keep::Result { objective, violation, system, points, expected } => {
-            let score = Score { objective, violation };
+            let score = Score { objective, violation, system: Some(system) };
             let stored = cx.batch.record_result(trial, agent, measurement, score, now)? == RecordOutcome::Stored;
             if stored {
                 if measurement.exit == ExitOutcome::Cancelled {
@@ -371,7 +373,7 @@ fn write_result(
                     let seen: Vec<&str> = measurement.final_metrics.keys().map(String::as_str).collect();
                     tracing::warn!(trial = %trial, expected = %metric, reported = ?seen, "trial reported no value for the objective");
                 }
-                cx.batch.record_segments(trial, measurement, &system)?;
+                cx.batch.record_segments(trial, measurement)?;
                 if !points.is_empty() {
                     cx.batch.enqueue_points(&points, now)?;
                 }

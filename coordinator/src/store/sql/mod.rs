@@ -252,8 +252,12 @@ impl Conn {
         match &self.0 {
             ConnInner::Sqlite(c) => Ok(c.pragma_query_value(None, "user_version", |r| r.get(0))?),
             ConnInner::Pg(_) => {
-                self.execute_batch(
-                    "CREATE TABLE IF NOT EXISTS tunefleet_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)",
+                // Under the server's lock: connections opening a new store
+                // at once (the coordinator's, its broker's logins) would
+                // race on `CREATE TABLE IF NOT EXISTS`, and one would fail.
+                self.create_table_once(
+                    "tunefleet_schema",
+                    "id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL",
                 )?;
                 let found = self
                     .query_row("SELECT version FROM tunefleet_schema WHERE id = 1", (), |r| r.get::<_, i64>(0))
