@@ -60,20 +60,22 @@ impl Batch<'_> {
     }
 }
 
+/// A study's text and its name in that text, in one statement (a study
+/// never renamed has no row in `study_names`: its name is its file's).
 fn stored_in(conn: &Conn, name: &str) -> Result<Option<StoredStudy>> {
     let context = || format!("reading study {name:?}'s file");
-    let text: Option<String> = conn
-        .prepare_cached("SELECT config FROM studies WHERE name = ?1")
-        .ctx(context)?
-        .query_row(params![name], |r| r.get(0))
-        .optional()
-        .ctx(context)?;
-    let Some(text) = text else { return Ok(None) };
-    Ok(Some(StoredStudy { name: name.to_string(), text, in_file: in_file_name(conn, name)? }))
+    conn.prepare_cached(
+        "SELECT s.config, COALESCE(n.in_file, s.name) FROM studies s
+         LEFT JOIN study_names n ON n.name = s.name WHERE s.name = ?1",
+    )
+    .ctx(context)?
+    .query_row(params![name], |r| Ok(StoredStudy { name: name.to_string(), text: r.get(0)?, in_file: r.get(1)? }))
+    .optional()
+    .ctx(context)
 }
 
 /// The name `name`'s study has in its stored file.
-pub(super) fn in_file_name(conn: &Conn, name: &str) -> Result<String> {
+fn in_file_name(conn: &Conn, name: &str) -> Result<String> {
     let context = || format!("reading the file name of study {name:?}");
     let found: Option<String> = conn
         .prepare_cached("SELECT in_file FROM study_names WHERE name = ?1")

@@ -324,22 +324,13 @@ impl Server {
                     Last::Query => Work::Query(stmt, params),
                     Last::Execute => Work::Execute(stmt, params),
                 }),
-                Err(e) => {
-                    let settled = self.run(work).into_iter().find(Result::is_err).map_or(Ok(()), |a| a.map(drop));
-                    return (settled, Some(Err(e)));
-                }
+                Err(e) => return (first_error(self.run(work)), Some(Err(e))),
             }
         }
         let n_before = before.len();
         let mut answers = self.run(work);
         let last_answer = if answers.len() > n_before { answers.pop() } else { None };
-        // The first error is the one that tells: what follows it in a
-        // transaction fails only because the transaction was aborted.
-        let settled = match answers.into_iter().find(Result::is_err) {
-            Some(Err(e)) => Err(e),
-            _ => Ok(()),
-        };
-        (settled, last_answer)
+        (first_error(answers), last_answer)
     }
 
     /// The deferred statements `ops` ready to send.
@@ -401,6 +392,12 @@ impl Server {
         Ok(fresh)
     }
 }
+/// The first error among `answers`: the one that tells (what follows it in
+/// a transaction fails only because the transaction was aborted).
+fn first_error(answers: Vec<Result<Done>>) -> Result<()> {
+    answers.into_iter().find(Result::is_err).map_or(Ok(()), |a| a.map(drop))
+}
+
 /// The kind of a round trip's last statement, whose answer is waited for.
 #[derive(Debug, Clone, Copy)]
 enum Last {
