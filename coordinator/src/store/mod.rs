@@ -32,6 +32,7 @@ use tunefleet_common::params::Params;
 pub(crate) use crate::domain::params::param_value_json;
 pub use crate::domain::params::{params_from_json, params_json};
 
+mod attempts;
 mod batch;
 mod enrol;
 mod export;
