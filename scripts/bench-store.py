@@ -11,6 +11,7 @@ trial. Prints one JSON line per run and the medians with their spread.
 
 Usage: scripts/bench-store.py [--trials N] [--agents N] [--slots N]
        [--pairs N] [--bin DIR] [--python PY] [--sides sqlite,postgres,optuna]
+       [--statements]
 The Optuna side needs psycopg2 in its virtual environment
 (target/optuna-venv/bin/pip install psycopg2-binary).
 """
@@ -55,7 +56,7 @@ def as_postgres(cmd):
     return ["runuser", "-u", "postgres", "--"] + cmd if os.geteuid() == 0 else cmd
 
 
-def start_postgres(dir):
+def start_postgres(dir, statements=False):
     data = os.path.join(dir, "data")
     os.makedirs(data)
     if os.geteuid() == 0:
@@ -66,6 +67,8 @@ def start_postgres(dir):
                    check=True, stdout=subprocess.DEVNULL)
     port = free_port()
     opts = f"-p {port} -k {dir} -c listen_addresses=127.0.0.1 -c max_connections=200"
+    if statements:
+        opts += " -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
     subprocess.run(as_postgres([f"{b}/pg_ctl", "-D", data, "-o", opts, "-l", os.path.join(dir, "log"), "-w", "start"]),
                    check=True, stdout=subprocess.DEVNULL)
     return port, lambda: subprocess.run(as_postgres([f"{b}/pg_ctl", "-D", data, "-m", "fast", "stop"]),
@@ -117,6 +120,35 @@ def server_cpu_s(data):
         elif int(rest[1]) == postmaster:
             total += int(rest[11]) + int(rest[12])
     return total / tick
+
+
+def psql(port, sql):
+    return subprocess.run(["psql", "-h", "127.0.0.1", "-p", str(port), "-U", "tunefleet", "-d", "postgres",
+                           "-At", "-F", "\t", "-c", sql], check=True, capture_output=True, text=True).stdout
+
+
+def statements(port, trials):
+    """The server's statements since the last call, most time first: calls
+    and server time (execution and planning) per trial."""
+    rows = psql(port, "SELECT calls, total_exec_time + total_plan_time, regexp_replace(query, '\\s+', ' ', 'g') "
+                      "FROM pg_stat_statements "
+                      "ORDER BY 2 DESC")
+    psql(port, "SELECT pg_stat_statements_reset()")
+    out, calls, ms = [], 0, 0.0
+    for line in rows.splitlines():
+        c, t, q = line.split("\t", 2)
+        if "pg_stat_statements" in q:
+            continue
+        calls, ms = calls + int(c), ms + float(t)
+        out.append({"calls_per_trial": round(int(c) / trials, 2), "us_per_trial": round(float(t) * 1e3 / trials, 1),
+                    "query": " ".join(q.split())[:110]})
+    db = psql(port, "SELECT sum(xact_commit), sum(xact_rollback) FROM pg_stat_database").split()
+    wal = psql(port, "SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal").split()
+    psql(port, "SELECT pg_stat_reset(), pg_stat_reset_shared('wal')")
+    return {"calls_per_trial": round(calls / trials, 2), "us_per_trial": round(ms * 1e3 / trials, 1),
+            "commits_per_trial": round(int(db[0]) / trials, 2), "rollbacks": int(db[1]),
+            "wal_records_per_trial": round(int(wal[0]) / trials, 1), "wal_bytes_per_trial": round(int(wal[1]) / trials),
+            "wal_syncs_per_trial": round(int(wal[2]) / trials, 2), "top": out[:15]}
 
 
 def children_cpu_s():
@@ -176,13 +208,17 @@ def main():
     p.add_argument("--bin", default="target/release")
     p.add_argument("--python", default="target/optuna-venv/bin/python")
     p.add_argument("--sides", default="sqlite,postgres,optuna", help="which to run, comma-separated")
+    p.add_argument("--statements", action="store_true",
+                   help="print the server's statements a trial after each run (pg_stat_statements)")
     a = p.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as dir:
         os.chmod(dir, 0o755)  # the server's user walks into it
-        port, stop = start_postgres(os.path.join(dir, "pg"))
+        port, stop = start_postgres(os.path.join(dir, "pg"), a.statements)
         data = os.path.join(dir, "pg", "data")
         try:
+            if a.statements:
+                psql(port, "CREATE EXTENSION pg_stat_statements")
             for k in range(a.pairs):
                 pg = f"postgres://tunefleet@127.0.0.1:{port}/postgres?schema=bench{k}"
                 order = ["sqlite", "postgres", "optuna"] if k % 2 == 0 else ["optuna", "postgres", "sqlite"]
@@ -202,6 +238,8 @@ def main():
                     r["server_cpu_us_per_trial"] = round((server_cpu_s(data) - cpu[1]) / a.trials * 1e6)
                     print(json.dumps(r), flush=True)
                     runs.append(r)
+                    if a.statements and side != "sqlite":
+                        print(json.dumps(statements(port, a.trials), indent=1), flush=True)
         finally:
             stop()
     by = {s: [r["trials_per_s"] for r in runs if r["side"] == s] for s in ("sqlite", "postgres", "optuna")}
