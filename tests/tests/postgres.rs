@@ -440,3 +440,117 @@ fn connections_opening_a_new_store_at_once_all_open_it() {
         assert!(opened.iter().step_by(2).all(Result::is_ok), "round {round}: every writer opens it: {opened:?}");
     }
 }
+
+/// On a server an attempt's assignment and an accepted result are each one
+/// statement where a file takes three: every outcome (stored, a duplicate,
+/// superseded late or never handed out, a stopped trial's result, a
+/// failure, a reassignment, a closed or unknown trial) answers the same
+/// and leaves the same rows, digest for digest, in both.
+#[test]
+fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
+    use std::collections::BTreeMap;
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::{copy, Store};
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "same", 6, 0.1)).expect("study");
+    let file = dir.path().join("same.db").display().to_string();
+    let measured = |v: f64, exit: ExitOutcome| Measurement {
+        wall_us: 1_500_000,
+        user_us: 1_000_000,
+        final_metrics: BTreeMap::from([("v".to_string(), v)]),
+        energy: EnergyReading {
+            joules: 12.5,
+            valid: true,
+            ..EnergyReading::none(EnergySourceKind::Estimated, "model")
+        },
+        log_tail: "the last line".into(),
+        ..Measurement::unmeasured(exit, EnergyReading::none(EnergySourceKind::Estimated, ""))
+    };
+    let t = |trial: u64, attempt: u32| TrialRef { study: "same".into(), study_id: 7, trial, attempt };
+    let mut answers = Vec::new();
+    let mut digests = Vec::new();
+    for url in [file.clone(), pg.store("same")] {
+        let mut store = Store::open(Path::new(&url)).expect("the store");
+        let mut said = Vec::new();
+        let mut step = |store: &mut Store, f: &dyn Fn(&mut tunefleet_coordinator::store::Batch<'_>) -> String| {
+            let mut b = store.batch().expect("batch");
+            said.push(f(&mut b));
+            b.commit().expect("committed");
+        };
+        step(&mut store, &|b| format!("{:?}", open_study_at(b, &study, &search::plan(&study), 1000)));
+        let assign = |b: &mut tunefleet_coordinator::store::Batch<'_>, r: TrialRef, agent: &str, held: bool| {
+            let at = 2000 + 10 * r.trial + u64::from(r.attempt);
+            b.record_assignment_held(&r, agent, at, held).map_err(|e| e.to_string())
+        };
+        let result = |b: &mut tunefleet_coordinator::store::Batch<'_>, r: TrialRef, agent: &str, exit: ExitOutcome| {
+            let at = 3000 + 10 * r.trial + u64::from(r.attempt);
+            let v = 0.5 + r.trial as f64;
+            format!("{:?}", b.record_result(&r, agent, &measured(v, exit), Some(v), at).map_err(|e| e.to_string()))
+        };
+        // Stored, then the same again: a duplicate.
+        step(&mut store, &|b| {
+            format!("{:?} {}", assign(b, t(0, 1), "a1", false), result(b, t(0, 1), "a1", ExitOutcome::Exited(0)))
+        });
+        step(&mut store, &|b| result(b, t(0, 1), "a1", ExitOutcome::Exited(0)));
+        // Requeued and given again: the second attempt's result counts, the first's comes late.
+        step(&mut store, &|b| {
+            format!(
+                "{:?} {:?}",
+                assign(b, t(1, 1), "a1", true),
+                b.requeue_at(&t(1, 1), "lost", 2500).map_err(|e| e.to_string())
+            )
+        });
+        step(&mut store, &|b| {
+            format!("{:?} {}", assign(b, t(1, 2), "a2", false), result(b, t(1, 2), "a2", ExitOutcome::Exited(0)))
+        });
+        step(&mut store, &|b| result(b, t(1, 1), "a1", ExitOutcome::Exited(0)));
+        // Never handed to this agent: superseded.
+        step(&mut store, &|b| result(b, t(2, 1), "a3", ExitOutcome::Exited(0)));
+        // Stopped early: its result is kept, the trial stays stopped.
+        step(&mut store, &|b| {
+            format!(
+                "{:?} {:?} {}",
+                assign(b, t(3, 1), "a1", false),
+                b.stop_trial(&t(3, 1), "asha", 2600).map_err(|e| e.to_string()),
+                result(b, t(3, 1), "a1", ExitOutcome::Exited(0))
+            )
+        });
+        // A failure, with why.
+        step(&mut store, &|b| {
+            format!("{:?} {}", assign(b, t(4, 1), "a1", true), result(b, t(4, 1), "a1", ExitOutcome::Exited(3)))
+        });
+        // Given again while open: the first attempt is closed as reassigned.
+        step(&mut store, &|b| {
+            format!(
+                "{:?} {:?} {}",
+                assign(b, t(5, 1), "a1", false),
+                assign(b, t(5, 2), "a2", false),
+                result(b, t(5, 2), "a2", ExitOutcome::Exited(0))
+            )
+        });
+        // A trial that ended is not given again; an unknown one has no result.
+        step(&mut store, &|b| {
+            format!("{:?} {}", assign(b, t(0, 2), "a2", false), result(b, t(99, 1), "a1", ExitOutcome::Exited(0)))
+        });
+        let mut copied = Store::open(&dir.path().join(format!("copy{}.db", digests.len()))).expect("a copy");
+        let tables: Vec<String> = copy(&store, &mut copied)
+            .expect("copied")
+            .into_iter()
+            .filter(|c| ["trials", "attempts", "results"].contains(&c.table.as_str()))
+            .map(|c| format!("{} {} {}", c.table, c.rows, c.digest_from))
+            .collect();
+        assert_eq!(tables.len(), 3, "{tables:?}");
+        answers.push(said);
+        digests.push(tables);
+    }
+    assert_eq!(answers[0], answers[1], "the same answers");
+    for want in ["Ok(Stored)", "Ok(Duplicate)", "Ok(Superseded)", "cannot be assigned again", "unknown trial same/99"] {
+        assert!(answers[0].iter().any(|a| a.contains(want)), "{want} among {:#?}", answers[0]);
+    }
+    assert_eq!(digests[0], digests[1], "the same rows");
+}

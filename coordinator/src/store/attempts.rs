@@ -6,7 +6,7 @@ use tunefleet_common::message::TrialRef;
 
 use super::batch::json_text;
 use super::batch::RecordOutcome;
-use super::sql::{params, Optional};
+use super::sql::{params, Optional, ToSql};
 use super::{exit_text, to_i64, Batch, Result, Score, SqlContext, StoreError, TrialState, ROW_BYTES};
 
 impl Batch<'_> {
@@ -22,6 +22,19 @@ impl Batch<'_> {
         let context = || format!("recording the assignment of {trial} to {agent}");
         let id = to_i64("trial", trial.trial)?;
         let at = to_i64("time", at_ms)?;
+        if self.tx.on_server() {
+            let running: i64 = self
+                .tx
+                .prepare_cached(ASSIGN_ON_SERVER)
+                .ctx(context)?
+                .query_row(params![trial.study, id, trial.attempt, agent, at, held], |r| r.get(0))
+                .ctx(context)?;
+            if running == 0 {
+                let (state, _) = self.trial_state(trial)?;
+                return Err(StoreError::TrialClosed { study: trial.study.clone(), trial: trial.trial, state });
+            }
+            return Ok(());
+        }
         // One statement: a trial that ended is left as it is, and said why.
         let running = self
             .tx
@@ -73,25 +86,14 @@ impl Batch<'_> {
         at_ms: u64,
     ) -> Result<RecordOutcome> {
         let context = || format!("recording the result of {trial} from {agent}");
-        let id = to_i64("trial", trial.trial)?;
-        let at = to_i64("time", at_ms)?;
-        let exit = exit_text(&measurement.exit);
-
-        // In one statement (one round trip on a server): the attempt whose
-        // result the trial has, if any, and whether this agent was handed
-        // this attempt; no row for an unknown trial, an error.
-        let (accepted, held): (Option<u32>, bool) = self
-            .tx
-            .prepare_cached(
-                "SELECT (SELECT attempt FROM results WHERE study = ?1 AND trial = ?2),
-                        EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)
-                 FROM trials WHERE study = ?1 AND trial = ?2",
-            )
-            .ctx(context)?
-            .query_row(params![trial.study, id, trial.attempt, agent], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()
-            .ctx(context)?
-            .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })?;
+        let kept = Kept::of(trial, at_ms, measurement, &score.into(), context)?;
+        let at = kept.at;
+        // On a server, the read and the writes of an accepted result are
+        // one statement (one round trip, one plan); a file reads first.
+        let (accepted, held) = match self.tx.on_server() {
+            true => self.accept_on_server(trial, agent, &kept)?,
+            false => self.attempt_found(trial, agent)?,
+        };
         if accepted == Some(trial.attempt) {
             return Ok(RecordOutcome::Duplicate);
         }
@@ -100,11 +102,33 @@ impl Batch<'_> {
         // result that arrives after its agent was presumed dead is still a good
         // result); everything after that is superseded.
         if accepted.is_some() || !held {
-            self.supersede(trial, agent, &exit, at)?;
+            self.supersede(trial, agent, &kept.exit, at)?;
             return Ok(RecordOutcome::Superseded);
         }
-        self.accept(trial, agent, measurement, score.into(), at)?;
+        if !self.tx.on_server() {
+            self.accept(trial, agent, &kept)?;
+        }
+        self.written += ROW_BYTES + kept.measurement.len() as u64;
         Ok(RecordOutcome::Stored)
+    }
+
+    /// In one statement: the attempt whose result `trial` has, if any, and
+    /// whether `agent` was handed this attempt; an unknown trial, an error.
+    fn attempt_found(&mut self, trial: &TrialRef, agent: &str) -> Result<(Option<u32>, bool)> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        self.tx
+            .prepare_cached(
+                "SELECT (SELECT attempt FROM results WHERE study = ?1 AND trial = ?2),
+                        EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4)
+                 FROM trials WHERE study = ?1 AND trial = ?2",
+            )
+            .ctx(context)?
+            .query_row(params![trial.study, to_i64("trial", trial.trial)?, trial.attempt, agent], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .ctx(context)?
+            .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })
     }
 
     /// Keeps a result [`Batch::record_result`] does not accept on its
@@ -136,29 +160,9 @@ impl Batch<'_> {
     /// Stores the result [`Batch::record_result`] accepts: the trial is
     /// `done` or `failed` (with why), its attempt ended, any newer attempt
     /// still open cancelled.
-    fn accept(
-        &mut self,
-        trial: &TrialRef,
-        agent: &str,
-        measurement: &Measurement,
-        score: Score,
-        at: i64,
-    ) -> Result<()> {
+    fn accept(&mut self, trial: &TrialRef, agent: &str, kept: &Kept) -> Result<()> {
         let context = || format!("recording the result of {trial} from {agent}");
-        let id = to_i64("trial", trial.trial)?;
-        let exit = exit_text(&measurement.exit);
-        let success = measurement.exit.success();
-        let objective = score.objective.filter(|v| v.is_finite());
-        // A violation without end (a figure missing) is kept as the largest number.
-        let violation = score.violation.map(|v| v.min(f64::MAX));
-        let json =
-            serde_json::to_string(measurement).map_err(|source| StoreError::Json { context: context(), source })?;
-        self.written += ROW_BYTES + json.len() as u64;
-        // The trial's whole energy (its CPU share and its GPUs'), and the GPUs' apart.
-        let energy = measurement.energy_figure();
-        let joules = energy.joules.filter(|j| j.is_finite());
-        let gpu_joules = measurement.gpu_joules().filter(|j| j.is_finite());
-        let system = score.system.as_ref().map(|s| json_text(s, context)).transpose()?;
+        let (k, id, at) = (kept, kept.id, kept.at);
         self.tx
             .prepare_cached(
                 "INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
@@ -167,39 +171,15 @@ impl Batch<'_> {
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)",
             )
             .ctx(context)?
-            .write(params![
-                trial.study,
-                id,
-                trial.attempt,
-                agent,
-                success,
-                objective,
-                to_i64("wall_us", measurement.wall_us)?,
-                to_i64("user_us", measurement.user_us)?,
-                to_i64("sys_us", measurement.sys_us)?,
-                to_i64("max_rss_kib", measurement.max_rss_kib)?,
-                exit,
-                joules,
-                measurement.energy.source.as_str(),
-                energy.valid,
-                json,
-                at,
-                gpu_joules,
-                violation,
-                system
-            ])
+            .write(&k.row(trial, &agent)[..])
             .ctx(context)?;
-        // A failed trial keeps why, in words a user can act on (its exit and last line).
-        let cause = (!success).then(|| crate::domain::failure::cause(&measurement.exit, &measurement.log_tail));
-        let (new_state, reason) =
-            if success { (TrialState::Done, None) } else { (TrialState::Failed, cause.as_deref()) };
         self.tx
             // A trial stopped early stays stopped: its result is kept for the record.
             .prepare_cached(
                 "UPDATE trials SET state = ?3, reason = ?4 WHERE study = ?1 AND trial = ?2 AND state != 'stopped'",
             )
             .ctx(context)?
-            .write(params![trial.study, id, new_state.as_str(), reason])
+            .write(params![trial.study, id, k.state.as_str(), k.reason])
             .ctx(context)?;
         // This attempt ends with its exit; another still open is cancelled:
         // this result came first. One statement.
@@ -210,8 +190,156 @@ impl Batch<'_> {
                  WHERE study = ?1 AND trial = ?2 AND (attempt = ?3 OR ended_ms IS NULL)",
             )
             .ctx(context)?
-            .write(params![trial.study, id, trial.attempt, at, exit])
+            .write(params![trial.study, id, trial.attempt, at, k.exit])
             .ctx(context)?;
         Ok(())
+    }
+
+    /// [`Batch::attempt_found`] and, when it says so, [`Batch::accept`], in
+    /// one statement on a server: what the trial had before, as the read
+    /// alone answers.
+    fn accept_on_server(&mut self, trial: &TrialRef, agent: &str, kept: &Kept) -> Result<(Option<u32>, bool)> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        let k = kept;
+        self.tx
+            .prepare_cached(ACCEPT_ON_SERVER)
+            .ctx(context)?
+            .query_row(&[&k.row(trial, &agent)[..], &[&k.state.as_str(), &k.reason]].concat()[..], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
+            .ctx(context)?
+            .ok_or_else(|| StoreError::UnknownTrial { study: trial.study.clone(), trial: trial.trial })
+    }
+}
+
+/// [`Batch::record_assignment_held`]'s three statements as one of a
+/// server's: the trial running unless it ended (the count says which),
+/// and only then its earlier open attempts closed and this one recorded.
+const ASSIGN_ON_SERVER: &str = "WITH running AS (
+        UPDATE trials SET state = 'running', attempts = ?3
+        WHERE study = ?1 AND trial = ?2 AND state NOT IN ('done', 'failed', 'stopped') RETURNING 1),
+    reassigned AS (
+        UPDATE attempts SET ended_ms = ?5, outcome = 'reassigned'
+        WHERE study = ?1 AND trial = ?2 AND attempt <> ?3 AND ended_ms IS NULL AND EXISTS (SELECT 1 FROM running)),
+    given AS (
+        INSERT INTO attempts (study, trial, attempt, agent, assigned_ms, ended_ms, outcome, superseded, held)
+        SELECT ?1, ?2, ?3, ?4::TEXT, ?5, NULL, NULL, 0, ?6::INTEGER FROM running
+        ON CONFLICT (study, trial, attempt) DO UPDATE SET
+            agent = excluded.agent, assigned_ms = excluded.assigned_ms,
+            ended_ms = NULL, outcome = NULL, superseded = 0, held = excluded.held)
+    SELECT COUNT(*) FROM running";
+
+/// [`Batch::attempt_found`]'s read and [`Batch::accept`]'s three writes as
+/// one statement of a server's: the writes only where the read says the
+/// result is accepted (no result yet, the attempt this agent's), and the
+/// read's answer as the trial was before them.
+const ACCEPT_ON_SERVER: &str = "WITH found AS (
+        SELECT (SELECT attempt FROM results WHERE study = ?1 AND trial = ?2) AS accepted,
+               EXISTS(SELECT 1 FROM attempts WHERE study = ?1 AND trial = ?2 AND attempt = ?3 AND agent = ?4) AS held
+        FROM trials WHERE study = ?1 AND trial = ?2),
+    kept AS (SELECT 1 FROM found WHERE accepted IS NULL AND held),
+    result AS (
+        INSERT INTO results (study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us,
+            max_rss_kib, exit, energy_j, energy_source, energy_valid, measurement, received_ms, gpu_energy_j,
+            violation, system)
+        SELECT ?1, ?2, ?3, ?4::TEXT, ?5::INTEGER, ?6::REAL, ?7::INTEGER, ?8::INTEGER, ?9::INTEGER, ?10::INTEGER,
+            ?11::TEXT, ?12::REAL, ?13::TEXT, ?14::INTEGER, ?15::TEXT, ?16::INTEGER, ?17::REAL, ?18::REAL, ?19::TEXT
+        FROM kept),
+    done AS (
+        UPDATE trials SET state = ?20, reason = ?21
+        WHERE study = ?1 AND trial = ?2 AND state != 'stopped' AND EXISTS (SELECT 1 FROM kept)),
+    ended AS (
+        UPDATE attempts SET ended_ms = ?16,
+            outcome = CASE WHEN attempt = ?3 THEN ?11 ELSE 'cancelled: attempt ' || ?3 || ' delivered first' END
+        WHERE study = ?1 AND trial = ?2 AND (attempt = ?3 OR ended_ms IS NULL) AND EXISTS (SELECT 1 FROM kept))
+    SELECT accepted, held FROM found";
+
+/// What an accepted result writes of its measurement, worked out once
+/// for either way of writing it.
+struct Kept {
+    /// The trial's number and when the result was received, as stored.
+    id: i64,
+    at: i64,
+    success: bool,
+    /// A finite objective, or none.
+    objective: Option<f64>,
+    wall_us: i64,
+    user_us: i64,
+    sys_us: i64,
+    max_rss_kib: i64,
+    exit: String,
+    /// The trial's whole energy (its CPU share and its GPUs'), and the GPUs' apart.
+    joules: Option<f64>,
+    gpu_joules: Option<f64>,
+    source: &'static str,
+    valid: bool,
+    /// The measurement as JSON.
+    measurement: String,
+    /// A violation without end (a figure missing) is kept as the largest number.
+    violation: Option<f64>,
+    system: Option<String>,
+    /// `done`, or `failed` with why in words a user can act on (its exit and last line).
+    state: TrialState,
+    reason: Option<String>,
+}
+
+impl Kept {
+    /// The row of `results` it writes for `trial` from `agent`, in the
+    /// order of its columns.
+    fn row<'a>(&'a self, trial: &'a TrialRef, agent: &'a &'a str) -> [&'a dyn ToSql; 19] {
+        [
+            &trial.study,
+            &self.id,
+            &trial.attempt,
+            agent,
+            &self.success,
+            &self.objective,
+            &self.wall_us,
+            &self.user_us,
+            &self.sys_us,
+            &self.max_rss_kib,
+            &self.exit,
+            &self.joules,
+            &self.source,
+            &self.valid,
+            &self.measurement,
+            &self.at,
+            &self.gpu_joules,
+            &self.violation,
+            &self.system,
+        ]
+    }
+
+    fn of(
+        trial: &TrialRef,
+        at_ms: u64,
+        measurement: &Measurement,
+        score: &Score,
+        context: impl Fn() -> String,
+    ) -> Result<Kept> {
+        let success = measurement.exit.success();
+        let energy = measurement.energy_figure();
+        Ok(Kept {
+            id: to_i64("trial", trial.trial)?,
+            at: to_i64("time", at_ms)?,
+            success,
+            objective: score.objective.filter(|v| v.is_finite()),
+            wall_us: to_i64("wall_us", measurement.wall_us)?,
+            user_us: to_i64("user_us", measurement.user_us)?,
+            sys_us: to_i64("sys_us", measurement.sys_us)?,
+            max_rss_kib: to_i64("max_rss_kib", measurement.max_rss_kib)?,
+            exit: exit_text(&measurement.exit),
+            joules: energy.joules.filter(|j| j.is_finite()),
+            gpu_joules: measurement.gpu_joules().filter(|j| j.is_finite()),
+            source: measurement.energy.source.as_str(),
+            valid: energy.valid,
+            measurement: serde_json::to_string(measurement)
+                .map_err(|source| StoreError::Json { context: context(), source })?,
+            violation: score.violation.map(|v| v.min(f64::MAX)),
+            system: score.system.as_ref().map(|s| json_text(s, &context)).transpose()?,
+            state: if success { TrialState::Done } else { TrialState::Failed },
+            reason: (!success).then(|| crate::domain::failure::cause(&measurement.exit, &measurement.log_tail)),
+        })
     }
 }

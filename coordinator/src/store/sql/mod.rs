@@ -139,6 +139,12 @@ impl Conn {
         }
     }
 
+    /// Whether the database is a server's (PostgreSQL): where a statement
+    /// the file has no syntax for saves a round trip.
+    pub fn on_server(&self) -> bool {
+        matches!(self.0, ConnInner::Pg(_))
+    }
+
     /// Runs one statement; the rows it changed.
     pub fn execute<P: Params>(&self, sql: &str, params: P) -> Result<usize> {
         self.prepare_cached(sql)?.execute(params)
