@@ -554,3 +554,26 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
     }
     assert_eq!(digests[0], digests[1], "the same rows");
 }
+
+/// A writer's statements are planned once for every parameter (the
+/// server's planning was half its time a trial), a reader's each run; a
+/// plan made once while the store's tables are empty still reads a result
+/// by its primary key (no other index starts with its first column).
+#[test]
+fn a_writers_plans_made_on_empty_tables_read_results_by_their_key() {
+    use tunefleet_coordinator::store::Store;
+
+    let pg = Postgres::start();
+    let url = pg.store("plans");
+    let writer = Store::open(Path::new(&url)).expect("a writer");
+    let reader = Store::open_read_only(Path::new(&url)).expect("a reader");
+    let mode = |s: &Store| s.setting("plan_cache_mode").expect("reads the setting").expect("a server's");
+    assert_eq!(mode(&writer), "force_generic_plan");
+    assert_eq!(mode(&reader), "force_custom_plan");
+    let plan = pg.query(
+        "SET search_path TO plans; SET plan_cache_mode TO force_generic_plan; \
+         PREPARE lookup(text, bigint) AS SELECT attempt FROM results WHERE study = $1 AND trial = $2; \
+         EXPLAIN EXECUTE lookup('s', 1)",
+    );
+    assert!(plan.contains("results_pkey"), "a result read by its key: {plan}");
+}

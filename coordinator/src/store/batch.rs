@@ -48,6 +48,16 @@ impl Store {
         Ok(Batch { tx, written: 0 })
     }
 
+    /// A setting of the store's session on its server (`plan_cache_mode`):
+    /// what the operator's and the tests' checks read; none for a file.
+    pub fn setting(&self, name: &str) -> Result<Option<String>> {
+        if !self.conn.on_server() {
+            return Ok(None);
+        }
+        let context = || format!("{}: reading the setting {name}", self.path);
+        Ok(Some(self.conn.query_row("SELECT current_setting(?1)", [name], |r| r.get(0)).ctx(context)?))
+    }
+
     /// Whether the store's database answers now (a file always does).
     pub fn reachable(&self) -> bool {
         self.conn.query_row("SELECT 1", (), |r| r.get::<_, i64>(0)).is_ok()

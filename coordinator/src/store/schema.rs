@@ -92,7 +92,7 @@ CREATE TABLE IF NOT EXISTS results (
     system        TEXT,
     PRIMARY KEY (study, trial)
 );
-CREATE INDEX IF NOT EXISTS results_by_objective ON results (study, success, objective);
+CREATE INDEX IF NOT EXISTS results_by_success ON results (success, study, objective);
 CREATE TABLE IF NOT EXISTS progress (
     study      TEXT NOT NULL,
     trial      INTEGER NOT NULL,
@@ -181,6 +181,14 @@ fn add_results_columns(tx: &Conn) -> sql::Result<()> {
             tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {kind};"))?;
         }
     }
+    // The ranking's index no longer starts as the primary key does (a plan
+    // made once on empty tables took it for a lookup by key: `Plans::Once`).
+    if tx.has_index("results_by_objective")? {
+        tx.execute_batch(
+            "DROP INDEX results_by_objective;
+             CREATE INDEX IF NOT EXISTS results_by_success ON results (success, study, objective);",
+        )?;
+    }
     Ok(())
 }
 
@@ -234,7 +242,7 @@ impl Store {
     pub fn open(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
         if sql::is_postgres(&shown) {
-            return Self::open_postgres(&shown);
+            return Self::open_postgres(&shown, sql::Plans::Once);
         }
         make_private(path).map_err(|source| StoreError::Private { path: shown.clone(), source })?;
         let conn = Conn::open_sqlite(path, OpenMode::ReadWrite).ctx(|| format!("{shown}: cannot open store"))?;
@@ -245,7 +253,7 @@ impl Store {
     pub fn open_read_only(path: &Path) -> Result<Self> {
         let shown = path.display().to_string();
         if sql::is_postgres(&shown) {
-            return Self::open_postgres(&shown);
+            return Self::open_postgres(&shown, sql::Plans::EachRun);
         }
         let conn = Conn::open_sqlite(path, OpenMode::ReadOnly).ctx(|| format!("{shown}: cannot open store"))?;
         let found = conn.schema_version().ctx(|| format!("{shown}: reading schema"))?;
@@ -256,12 +264,14 @@ impl Store {
     }
 
     /// The store on the PostgreSQL server `location` names, its schema
-    /// created or migrated as a file's is.
-    fn open_postgres(location: &str) -> Result<Self> {
-        let target = sql::parse_target(location).map_err(|why| StoreError::Sql {
+    /// created or migrated as a file's is, its statements planned as
+    /// `plans` says.
+    fn open_postgres(location: &str, plans: sql::Plans) -> Result<Self> {
+        let mut target = sql::parse_target(location).map_err(|why| StoreError::Sql {
             context: format!("{}: cannot open store", sql::redacted(location)),
             cause: sql::Error::Closed(why),
         })?;
+        target.plans = plans;
         let shown = sql::redacted(location);
         let conn = Conn::open_postgres(&target).ctx(|| format!("{shown}: cannot open store"))?;
         Self::prepare(conn, shown)
@@ -486,6 +496,36 @@ CREATE INDEX IF NOT EXISTS trials_by_state ON trials (study, state);
         assert_keeps_state_index(&store);
         let n: i64 = store.conn.query_row("SELECT COUNT(*) FROM segments", (), |r| r.get(0)).expect("segments table");
         assert_eq!(n, 0);
+    }
+
+    /// A store made with the ranking's index on (study, success, objective)
+    /// gets it on (success, study, objective) instead: a plan made once
+    /// for every parameter must not take it for a lookup by key.
+    #[test]
+    fn the_ranking_index_no_longer_starts_as_the_primary_key() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.db");
+        let store = Store::open(&path).expect("opens");
+        assert!(store.conn.has_index("results_by_success").expect("reads"));
+        store
+            .conn
+            .execute_batch(
+                "DROP INDEX results_by_success;
+                 CREATE INDEX results_by_objective ON results (study, success, objective);",
+            )
+            .expect("the old index");
+        drop(store);
+        let store = Store::open(&path).expect("reopens");
+        assert!(!store.conn.has_index("results_by_objective").expect("reads"), "the old index is gone");
+        let columns: Vec<String> = store
+            .conn
+            .prepare_cached("SELECT name FROM pragma_index_info('results_by_success') ORDER BY seqno")
+            .expect("prepares")
+            .query_map((), |r| r.get(0))
+            .expect("reads")
+            .collect::<Result<_, _>>()
+            .expect("columns");
+        assert_eq!(columns, ["success", "study", "objective"]);
     }
 
     #[test]

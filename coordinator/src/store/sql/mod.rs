@@ -18,7 +18,9 @@ mod postgres;
 mod sqlite;
 mod value;
 
-pub use postgres::{application_name, is_postgres, parse_target, redacted, set_application_name, PgTarget, CREATING};
+pub use postgres::{
+    application_name, is_postgres, parse_target, redacted, set_application_name, PgTarget, Plans, CREATING,
+};
 
 /// The table of the lease that says which of the coordinators sharing a
 /// server's store is active (`store/lease.rs`); every write transaction
@@ -300,6 +302,17 @@ impl Conn {
                 Ok(self.query_row(sql, [table, column], |r| r.get::<_, i64>(0))? > 0)
             }
         }
+    }
+
+    /// Whether the store has an index named `name`.
+    pub fn has_index(&self, name: &str) -> Result<bool> {
+        let sql = match &self.0 {
+            ConnInner::Sqlite(_) => "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = ?1",
+            ConnInner::Pg(_) => {
+                "SELECT COUNT(*) FROM pg_indexes WHERE schemaname = current_schema() AND indexname = ?1"
+            }
+        };
+        Ok(self.query_row(sql, [name], |r| r.get::<_, i64>(0))? > 0)
     }
 
     /// Opens the SQLite file at `path` as `mode` says.

@@ -12,6 +12,7 @@ use tokio_postgres::types::ToSql as PgToSql;
 
 use super::super::dialect::translate;
 use super::super::value::{Error, Result, Value};
+use super::Plans;
 
 /// A prepared statement as callers name it: its id on the client thread
 /// and its columns.
@@ -65,6 +66,7 @@ pub(super) enum Request {
 pub(super) fn spawn(
     config: tokio_postgres::Config,
     schema: String,
+    plans: Plans,
     tls: Option<Tls>,
 ) -> Result<mpsc::Sender<Envelope>> {
     let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
@@ -79,7 +81,7 @@ pub(super) fn spawn(
                     return;
                 }
             };
-            match open_client(&rt, &config, &schema, tls.as_ref()) {
+            match open_client(&rt, &config, &schema, plans, tls.as_ref()) {
                 Ok(client) => {
                     let _ = ready_tx.send(Ok(()));
                     Server {
@@ -88,6 +90,7 @@ pub(super) fn spawn(
                         config,
                         tls,
                         schema,
+                        plans,
                         prepared: Vec::new(),
                         by_text: HashMap::new(),
                         in_transaction: false,
@@ -117,6 +120,7 @@ fn open_client(
     rt: &tokio::runtime::Runtime,
     config: &tokio_postgres::Config,
     schema: &str,
+    plans: Plans,
     tls: Option<&Tls>,
 ) -> Result<tokio_postgres::Client> {
     rt.block_on(async {
@@ -136,14 +140,11 @@ fn open_client(
         };
         // Two coordinators starting at once would both create it: the server
         // refuses the second (a duplicate key), so one waits for the other.
-        // Every statement planned for its own parameters: a plan kept for
-        // all of them is chosen while the store's tables are still empty,
-        // and kept as they grow (measured: a result's lookup by its primary
-        // key planned on another index, 2 ms a trial at 20,000 results).
         client
             .batch_execute(&format!(
                 "BEGIN; SELECT pg_advisory_xact_lock({CREATING}); CREATE SCHEMA IF NOT EXISTS {schema}; COMMIT; SET \
-                 search_path TO {schema}; SET plan_cache_mode TO force_custom_plan"
+                 search_path TO {schema}; SET plan_cache_mode TO {}",
+                plans.setting()
             ))
             .await?;
         Ok(client)
@@ -185,6 +186,7 @@ struct Server {
     /// TLS to the server, when the URL asks for it.
     tls: Option<Tls>,
     schema: String,
+    plans: Plans,
     prepared: Vec<(String, Option<tokio_postgres::Statement>)>,
     by_text: HashMap<String, Prepared>,
     /// A write transaction is open (`BEGIN` seen, no `COMMIT` or
@@ -209,7 +211,7 @@ impl Server {
             // broke) is made again before the next request: a write
             // transaction it held is gone, and the store says so.
             if self.client.is_closed() {
-                match open_client(&self.rt, &self.config, &self.schema, self.tls.as_ref()) {
+                match open_client(&self.rt, &self.config, &self.schema, self.plans, self.tls.as_ref()) {
                     Ok(c) => {
                         tracing::warn!(lost_transaction = self.in_transaction, "connected to PostgreSQL again");
                         self.client = c;
