@@ -21,8 +21,8 @@ use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type
 use super::value::{Error, Params, Result, Value};
 
 mod thread;
-pub use thread::CREATING;
 use thread::{Envelope, Op, Prepared, Request};
+pub use thread::{Plans, CREATING};
 
 /// The schema a store's tables live in when the URL names none.
 pub const DEFAULT_SCHEMA: &str = "tunefleet";
@@ -40,34 +40,6 @@ pub struct PgTarget {
     pub ca: Option<std::path::PathBuf>,
     /// How the server plans this connection's statements.
     pub plans: Plans,
-}
-
-/// How the server plans a connection's statements.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Plans {
-    /// Each run planned for its parameters: a reader's queries, whose
-    /// best plan may depend on them (a report's ranges and joins).
-    #[default]
-    EachRun,
-    /// Each statement planned once, for every parameter: a writer's, whose
-    /// statements reach rows by their keys. Planning each run of them was
-    /// half the server's time a trial (measured: 236 of 415 µs on the
-    /// whole path). No secondary index starts with a primary key's first
-    /// column, so a plan made while the tables are still empty finds the
-    /// primary key: `results_by_objective` did (study, success,
-    /// objective), and the lookup of a result by its key planned on it
-    /// scanned the study's results, 2 ms a trial at 20,000 of them.
-    Once,
-}
-
-impl Plans {
-    /// The setting that says so (`plan_cache_mode`).
-    pub(super) fn setting(self) -> &'static str {
-        match self {
-            Plans::EachRun => "force_custom_plan",
-            Plans::Once => "force_generic_plan",
-        }
-    }
 }
 
 /// What this process's connections call themselves on the server.
