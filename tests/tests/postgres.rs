@@ -457,7 +457,7 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "same", 6, 0.1)).expect("study");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "same", 8, 0.1)).expect("study");
     let file = dir.path().join("same.db").display().to_string();
     let measured = |v: f64, exit: ExitOutcome| Measurement {
         wall_us: 1_500_000,
@@ -497,6 +497,10 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
             format!("{:?} {}", assign(b, t(0, 1), "a1", false), result(b, t(0, 1), "a1", ExitOutcome::Exited(0)))
         });
         step(&mut store, &|b| result(b, t(0, 1), "a1", ExitOutcome::Exited(0)));
+        step(&mut store, &|b| {
+            let again = b.record_result(&t(0, 1), "a1", &measured(9.0, ExitOutcome::Exited(0)), Some(9.0), 9999);
+            format!("{:?}", again.map_err(|e| e.to_string()))
+        });
         // Requeued and given again: the second attempt's result counts, the first's comes late.
         step(&mut store, &|b| {
             format!(
@@ -533,6 +537,26 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
                 result(b, t(5, 2), "a2", ExitOutcome::Exited(0))
             )
         });
+        // Requeued and given again, the first attempt's result first: it
+        // counts, and the second attempt, still open, is cancelled.
+        step(&mut store, &|b| {
+            format!(
+                "{:?} {:?} {:?}",
+                assign(b, t(6, 1), "a1", false),
+                b.requeue_at(&t(6, 1), "lost", 2500).map_err(|e| e.to_string()),
+                assign(b, t(6, 2), "a2", false)
+            )
+        });
+        step(&mut store, &|b| result(b, t(6, 1), "a1", ExitOutcome::Exited(0)));
+        // The same attempt given twice: the second agent's.
+        step(&mut store, &|b| {
+            format!(
+                "{:?} {:?} {}",
+                assign(b, t(7, 1), "a1", true),
+                assign(b, t(7, 1), "a2", false),
+                result(b, t(7, 1), "a2", ExitOutcome::Exited(0))
+            )
+        });
         // A trial that ended is not given again; an unknown one has no result.
         step(&mut store, &|b| {
             format!("{:?} {}", assign(b, t(0, 2), "a2", false), result(b, t(99, 1), "a1", ExitOutcome::Exited(0)))
@@ -553,6 +577,12 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
         assert!(answers[0].iter().any(|a| a.contains(want)), "{want} among {:#?}", answers[0]);
     }
     assert_eq!(digests[0], digests[1], "the same rows");
+    let sql =
+        "SELECT trial || ' ' || attempt || ' ' || agent || ': ' || IFNULL(outcome, '-') FROM attempts WHERE trial >= 6";
+    let outcomes = query(Path::new(&file), sql, |r| r.get::<_, String>(0));
+    for want in ["6 2 a2: cancelled: attempt 1 delivered first", "7 1 a2: exited 0"] {
+        assert!(outcomes.iter().any(|o| o == want), "{want} among {outcomes:#?}");
+    }
 }
 
 /// A writer's statements are planned once for every parameter (the
@@ -577,6 +607,9 @@ fn a_writers_plans_made_on_empty_tables_read_results_by_their_key() {
          EXPLAIN EXECUTE lookup('s', 1)",
     );
     assert!(plan.contains("results_pkey"), "a result read by its key: {plan}");
+    // Its tables there, never analysed: still planned once.
+    let writer = Store::open(Path::new(&url)).expect("a writer");
+    assert_eq!(mode(&writer), "force_generic_plan");
     // Analysed while small, the tables' statistics would make a plan kept
     // for every parameter scan them whole as they grow: planned each run.
     pg.query("ANALYZE plans.trials, plans.results, plans.attempts");

@@ -185,7 +185,7 @@ fn add_results_columns(tx: &Conn) -> sql::Result<()> {
     // made once on empty tables took it for a lookup by key: `Plans::Once`).
     if tx.has_index("results_by_objective")? {
         tx.execute_batch(
-            "DROP INDEX results_by_objective;
+            "DROP INDEX IF EXISTS results_by_objective;
              CREATE INDEX IF NOT EXISTS results_by_success ON results (success, study, objective);",
         )?;
     }

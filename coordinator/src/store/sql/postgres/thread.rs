@@ -135,8 +135,8 @@ impl Plans {
     /// planned each run (measured, a study of 3,000 trials after an
     /// analysed one of 40: 6.0 to 6.3 s, against 6.7 to 6.9 s planned
     /// once and 3.7 s on a fresh store; the statistics stay stale until
-    /// the server analyses the tables again). Tables never analysed are
-    /// planned by their keys.
+    /// the server analyses the tables again). Tables never analysed
+    /// (`reltuples` -1, PostgreSQL 14 and later) are planned by their keys.
     fn setting(self, schema: &str) -> String {
         match self {
             Plans::EachRun => "SET plan_cache_mode TO force_custom_plan".into(),
