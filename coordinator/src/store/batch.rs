@@ -48,8 +48,9 @@ impl Store {
         Ok(Batch { tx, written: 0 })
     }
 
-    /// A setting of the store's session on its server (`plan_cache_mode`):
-    /// what the operator's and the tests' checks read; none for a file.
+    /// A setting of the store's session on its server (`plan_cache_mode`:
+    /// how a writer's and a reader's statements are planned); none for a
+    /// file.
     pub fn setting(&self, name: &str) -> Result<Option<String>> {
         if !self.conn.on_server() {
             return Ok(None);

@@ -181,15 +181,20 @@ fn add_results_columns(tx: &Conn) -> sql::Result<()> {
             tx.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {name} {kind};"))?;
         }
     }
-    // The ranking's index no longer starts as the primary key does (a plan
-    // made once on empty tables took it for a lookup by key: `Plans::Once`).
-    if tx.has_index("results_by_objective")? {
-        tx.execute_batch(
-            "DROP INDEX IF EXISTS results_by_objective;
-             CREATE INDEX IF NOT EXISTS results_by_success ON results (success, study, objective);",
-        )?;
-    }
     Ok(())
+}
+
+/// The ranking's index of a store made before it moved: it no longer
+/// starts as the results' primary key does (a plan made once on empty
+/// tables took it for a lookup by key: `Plans::Once`).
+fn move_ranking_index(tx: &Conn) -> sql::Result<()> {
+    if !tx.has_index("results_by_objective")? {
+        return Ok(());
+    }
+    tx.execute_batch(
+        "DROP INDEX IF EXISTS results_by_objective;
+         CREATE INDEX IF NOT EXISTS results_by_success ON results (success, study, objective);",
+    )
 }
 
 /// The heartbeat's `paused`, `broker` (the embedded broker's counters,
@@ -332,6 +337,7 @@ impl Store {
         tx.execute_batch(STUDY_IDS).ctx(|| format!("{path}: creating the study ids table"))?;
         add_heartbeat_columns(&tx).ctx(|| format!("{path}: adding the heartbeat's columns"))?;
         add_results_columns(&tx).ctx(|| format!("{path}: adding the results' violation"))?;
+        move_ranking_index(&tx).ctx(|| format!("{path}: moving the ranking's index"))?;
         tx.execute_batch(OUTBOX_SCHEMA).ctx(|| format!("{path}: creating the InfluxDB outbox"))?;
         tx.execute_batch(keys::KEYS_SCHEMA).ctx(|| format!("{path}: creating the agent keys table"))?;
         tx.execute_batch(enrol::ENROL_SCHEMA).ctx(|| format!("{path}: creating the enrolment tables"))?;
