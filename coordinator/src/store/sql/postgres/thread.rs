@@ -134,7 +134,7 @@ impl Plans {
     /// made each run follows its size. Such a store's statements are
     /// planned each run (measured, a study of 3,000 trials after an
     /// analysed one of 40: 6.0 to 6.3 s, against 6.7 to 6.9 s planned
-    /// once and 3.7 s on a fresh store; the statistics stay stale until
+    /// once and about 4 s on a fresh store; the statistics stay stale until
     /// the server analyses the tables again). Tables never analysed
     /// (`reltuples` -1, PostgreSQL 14 and later) are planned by their keys.
     fn setting(self, schema: &str) -> String {
