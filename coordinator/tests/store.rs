@@ -122,7 +122,7 @@ fn duplicate_result_is_stored_once() {
 
     let results = store.results("dup").expect("results");
     assert_eq!(results.len(), 1);
-    assert_eq!(results[0].objective, Some(0.5), "the first result stays");
+    assert_eq!(results[0].result.as_ref().and_then(|o| o.objective), Some(0.5), "the first result stays");
     let trials = store.trials("dup").expect("trials");
     assert_eq!(trials[0].state, TrialState::Done);
     assert_eq!(trials[0].attempts, 1);
@@ -163,14 +163,15 @@ fn late_result_of_a_requeued_attempt_completes_the_trial_once() {
 
     let results = store.results("late").expect("results");
     assert_eq!(results.len(), 1);
-    assert_eq!((results[0].attempt, results[0].agent.as_str(), results[0].objective), (1, "a1", Some(0.9)));
+    let o = results[0].result.as_ref().expect("a result");
+    assert_eq!((o.attempt, o.agent.as_str(), o.objective), (1, "a1", Some(0.9)));
     let attempts = store.attempts("late", 2).expect("attempts");
     assert_eq!(attempts.len(), 2, "{attempts:?}");
     assert!(!attempts[0].superseded && attempts[1].superseded, "{attempts:?}");
     assert_eq!(attempts[0].outcome.as_deref(), Some("exited 0"));
     let row = &store.trials("late").expect("trials")[2];
     assert_eq!((row.state, row.attempts), (TrialState::Done, 2));
-    assert_eq!((row.agent.as_deref(), row.objective), (Some("a1"), Some(0.9)));
+    assert_eq!((row.agent.as_deref(), row.objective()), (Some("a1"), Some(0.9)));
 }
 
 /// The late good result of a trial failed for want of results
@@ -209,13 +210,14 @@ fn regression_late_result_completes_a_trial_failed_without_a_result_once() {
 
     let trials = store.trials("gaveup").expect("trials");
     assert_eq!(
-        (trials[0].state, trials[0].reason.as_deref(), trials[0].objective),
+        (trials[0].state, trials[0].reason.as_deref(), trials[0].objective()),
         (TrialState::Done, None, Some(0.3))
     );
     assert_eq!((trials[1].state, trials[1].reason.as_deref()), (TrialState::Failed, Some("exit 2, `ok`")));
     let results = store.results("gaveup").expect("results");
     assert_eq!(results.len(), 2, "one result per trial");
-    assert_eq!((results[0].attempt, results[0].agent.as_str()), (1, "a1"));
+    let o = results[0].result.as_ref().expect("a result");
+    assert_eq!((o.attempt, o.agent.as_str()), (1, "a1"));
     assert_eq!(store.attempts("gaveup", 0).expect("attempts")[0].outcome.as_deref(), Some("exited 0"));
 }
 
@@ -236,7 +238,7 @@ fn end_attempt_closes_an_attempt_and_counts_as_a_failure() {
     assert_eq!(attempts[0].ended_ms, Some(11));
     let row = &store.trials("ended").expect("trials")[0];
     assert_eq!(
-        (row.state, row.failures, row.agent.as_deref(), row.objective),
+        (row.state, row.failures, row.agent.as_deref(), row.objective()),
         (TrialState::Pending, 1, Some("a1"), None)
     );
 }
@@ -312,9 +314,9 @@ fn create_study_resumes_the_same_config_and_refuses_another() {
     assert_eq!(trials[0].state, TrialState::Done);
     assert_eq!(store.study("res").expect("reads").expect("exists").created_ms, 1000);
     let pending = store.pending_trials("res").expect("pending");
-    assert_eq!(pending.iter().map(|t| t.trial).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(pending.iter().map(|t| t.plan.trial).collect::<Vec<_>>(), vec![1, 2, 3, 4, 5]);
     assert_eq!(pending[0].attempts, 1, "the next attempt of trial 1 is 2");
-    assert_eq!(pending[0].plan(), search::plan(&s)[1], "resume renders the same trial");
+    assert_eq!(pending[0].plan, search::plan(&s)[1], "resume renders the same trial");
     let attempts = store.attempts("res", 1).expect("attempts");
     assert_eq!(attempts[0].outcome.as_deref(), Some("coordinator restarted"));
     let row = store.study("res").expect("reads").expect("exists");
@@ -334,7 +336,7 @@ fn best_follows_the_direction_and_breaks_ties_by_trial() {
             run(&mut store, &tref(&name, trial, 1), loss, ExitOutcome::Exited(0));
         }
         run(&mut store, &tref(&name, 5, 1), if direction == "minimize" { 0.0 } else { 9.0 }, ExitOutcome::Exited(1));
-        let best: Vec<u64> = store.best(&name, 3).expect("best").iter().map(|r| r.trial).collect();
+        let best: Vec<u64> = store.best(&name, 3).expect("best").iter().map(|r| r.plan.trial).collect();
         assert_eq!(best, want, "{direction}");
         assert_eq!(store.best(&name, 100).expect("best").len(), 5);
     }
@@ -351,7 +353,7 @@ fn results_without_an_objective_are_not_ranked() {
     b.record_assignment(&r, "a1", 1).expect("assigns");
     b.record_result(&r, "a1", &measurement(0.1, ExitOutcome::Exited(0)), None, 2).expect("records");
     b.commit().expect("commits");
-    assert_eq!(store.results("noobj").expect("results")[0].objective, None);
+    assert_eq!(store.results("noobj").expect("results")[0].result.as_ref().map(|o| o.objective), Some(None));
     assert!(store.best("noobj", 1).expect("best").is_empty());
 }
 
@@ -382,7 +384,7 @@ fn regression_best_energy_ranks_only_valid_readings_and_counts_the_rest() {
     b.commit().expect("commits");
 
     let best: Vec<(u64, f64)> =
-        store.best("energy", 10).expect("best").iter().map(|r| (r.trial, r.objective)).collect();
+        store.best("energy", 10).expect("best").iter().map(|r| (r.plan.trial, r.objective())).collect();
     assert_eq!(best, vec![(2, 20.0), (4, 25.0), (0, 30.0)]);
     assert_eq!(store.unranked("energy").expect("counts"), Unranked { invalid_energy: 3, no_value: 0 });
     // Another objective does not care about the energy reading.
@@ -495,7 +497,9 @@ fn a_file_store_keeps_everything_across_reopen() {
     assert_eq!(row.config, s.source);
     assert_eq!(store.studies().expect("studies").len(), 1);
     assert_eq!(store.trials("file").expect("trials").len(), 4);
-    assert_eq!(store.results("file").expect("results")[0].measurement, measurement(0.8, ExitOutcome::Exited(0)));
+    let results = store.results("file").expect("results");
+    let stored = results[0].result.as_ref().and_then(|o| o.measurement()).map(|m| m.expect("readable"));
+    assert_eq!(stored, Some(measurement(0.8, ExitOutcome::Exited(0))));
     let agents = store.agents().expect("agents");
     assert_eq!(agents.iter().map(|a| (a.name.as_str(), a.online)).collect::<Vec<_>>(), [("a1", true), ("a2", false)]);
     assert_eq!(agents[0].info, agent("a1"));
@@ -517,9 +521,9 @@ fn a_file_store_keeps_everything_across_reopen() {
     assert_eq!(raw_count(&path, "SELECT COUNT(*) FROM results WHERE study = 'file'"), 1);
     assert_eq!(raw_count(&path, "SELECT COUNT(*) FROM trials WHERE state = 'pending'"), 3);
     let ro = Store::open_read_only(&path).expect("read-only open");
-    assert_eq!(ro.best("file", 1).expect("best")[0].trial, 0);
+    assert_eq!(ro.best("file", 1).expect("best")[0].plan.trial, 0);
     assert_eq!(
-        ro.best("file", 1).expect("best")[0].params.get("mode").map(ParamValue::to_string),
+        ro.best("file", 1).expect("best")[0].plan.params.get("mode").map(ParamValue::to_string),
         search::plan(&s)[0].params.get("mode").map(ParamValue::to_string)
     );
 }

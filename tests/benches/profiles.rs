@@ -321,14 +321,15 @@ fn tuning(store: &Store, study: &str) -> anyhow::Result<(f64, f64, f64, usize, f
     let results = store.results(study)?;
     let (mut wall, mut joules, mut kept, mut n, mut total) = (0.0, 0.0, 0.0, 0, 0.0);
     for r in &results {
-        let segs = &r.measurement.segments;
+        let Some(m) = r.result.as_ref().and_then(|o| o.measurement()).transpose()? else { continue };
+        let segs = &m.segments;
         let Some(last) = segs.last() else { continue };
         for s in &segs[..segs.len() - 1] {
             wall += s.wall_us as f64 / 1e6;
             joules += s.energy_j.unwrap_or(0.0);
         }
         kept += last.us_per_unit();
-        total += r.measurement.wall_us as f64 / 1e6;
+        total += m.wall_us as f64 / 1e6;
         n += 1;
     }
     Ok((wall, joules, kept / n.max(1) as f64, n, total))

@@ -399,7 +399,7 @@ fn a_write_refused_late_is_undone_with_its_savepoint_alone() {
     b.settle().expect("written");
     b.release("message").expect("kept");
     b.commit().expect("committed");
-    let trials: Vec<u64> = store.trials("late").expect("trials").iter().map(|t| t.trial).collect();
+    let trials: Vec<u64> = store.trials("late").expect("trials").iter().map(|t| t.plan.trial).collect();
     assert_eq!(trials, [0, 1, 2, 7], "the study's trials and the new one, once each");
     // Unsettled, a refused write fails the commit: nothing of it lands.
     let mut b = store.batch().expect("batch");

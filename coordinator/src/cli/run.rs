@@ -12,7 +12,7 @@ use super::wiring::run_studies;
 use crate::domain::study::{self, Study};
 use crate::query::best::{infeasible_note, mixed_sources, unranked_note};
 use crate::runtime::engine::Summary;
-use crate::store::{BestRow, Store};
+use crate::store::{Ranked, Store};
 
 /// `tunefleet run`: a study (one per `[[group]]`, side by side).
 pub async fn run(args: &RunArgs, shutdown: impl std::future::Future<Output = ()>) -> Result<()> {
@@ -352,16 +352,21 @@ pub fn print_summary(s: &Summary, store: &Path) {
     println!("store: {}", store.display());
 }
 
-fn print_best(best: &[BestRow]) {
-    if let Some(note) = mixed_sources(best.iter().map(|r| r.energy_source.as_deref())) {
+fn print_best(best: &[Ranked]) {
+    if let Some(note) = mixed_sources(best.iter().map(|r| r.result.energy.source_name())) {
         println!("{note}");
     }
     println!("best trials:");
     for r in best {
-        let params = crate::domain::params::params_text(&r.params);
+        let params = crate::domain::params::params_text(&r.plan.params);
         let mean = if r.runs > 1 { format!("  (mean {:.6} of {} runs)", r.mean, r.runs) } else { String::new() };
         let infeasible = infeasible_note(r);
-        println!("  trial {:>4}  {:>10.6}  on {:<16} {params}{mean}{infeasible}", r.trial, r.objective, r.agent);
+        println!(
+            "  trial {:>4}  {:>10.6}  on {:<16} {params}{mean}{infeasible}",
+            r.plan.trial,
+            r.objective(),
+            r.result.agent
+        );
     }
 }
 

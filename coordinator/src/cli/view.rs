@@ -66,16 +66,22 @@ pub fn best(view: &View) -> Result<String, std::fmt::Error> {
                         Secondary::WallTime => format!("{:.3} s", figure(r, a)),
                     })
                     .collect();
-                let params = describe(&r.params, r.system.as_ref());
-                writeln!(out, "trial {:>4}  {:>12.6}  {}  {params}", r.trial, r.objective, figures.join("  "))?;
+                let params = describe(&r.plan.params, r.result.system.as_ref());
+                writeln!(out, "trial {:>4}  {:>12.6}  {}  {params}", r.plan.trial, r.objective(), figures.join("  "))?;
             }
         }
         View::ByClass { classes, .. } => {
             for c in classes {
                 writeln!(out, "{}: {} ranked trials", c.class, c.ranked)?;
                 for r in &c.trials {
-                    let params = describe(&r.params, r.system.as_ref());
-                    writeln!(out, "  trial {:>4}  {:>12.6}  agent {:<16} {params}", r.trial, r.objective, r.agent)?;
+                    let params = describe(&r.plan.params, r.result.system.as_ref());
+                    writeln!(
+                        out,
+                        "  trial {:>4}  {:>12.6}  agent {:<16} {params}",
+                        r.plan.trial,
+                        r.objective(),
+                        r.result.agent
+                    )?;
                 }
             }
         }
@@ -99,14 +105,14 @@ fn ranked_text(
     }
     let disturbed = trials.iter().filter(|t| !t.interference.is_empty()).count();
     for RankedTrial { row: r, decisions, interference } in trials {
-        let source = r.energy_source.as_deref().unwrap_or("no energy");
+        let source = r.result.energy.source_name().unwrap_or("no energy");
         writeln!(
             out,
             "trial {:>4}  {:>12.6}  agent {:<16} [{source}] {}{}",
-            r.trial,
-            r.objective,
-            r.agent,
-            describe(&r.params, r.system.as_ref()),
+            r.plan.trial,
+            r.objective(),
+            r.result.agent,
+            describe(&r.plan.params, r.result.system.as_ref()),
             crate::query::best::infeasible_note(r)
         )?;
         for d in decisions {

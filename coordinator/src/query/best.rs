@@ -12,7 +12,7 @@ use tunefleet_common::message::SystemParams;
 use tunefleet_common::params::Params;
 
 use crate::domain::study::{self, Direction, Secondary, StudyError};
-use crate::store::{AgentRow, BestRow, DecisionRow, Store, StoreError, Unranked};
+use crate::store::{AgentRow, DecisionRow, Ranked, Store, StoreError, Unranked};
 
 /// Which view `best` asks for (the flags `--pareto` and `--by-class`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +54,7 @@ pub enum View {
         axes: Vec<Secondary>,
         /// Trials considered: successful, every figure valid.
         considered: usize,
-        front: Vec<BestRow>,
+        front: Vec<Ranked>,
         mixed_sources: Option<String>,
         /// The volume the front dominates up to `reference` (objective in
         /// its own direction, then the axes): Optuna's reference point, each
@@ -78,7 +78,7 @@ pub struct Hypervolume {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RankedTrial {
     #[serde(flatten)]
-    pub row: BestRow,
+    pub row: Ranked,
     pub decisions: Vec<DecisionRow>,
     /// What its agent said disturbed the measurement (other work on the
     /// machine); empty when nothing did.
@@ -105,7 +105,7 @@ pub struct ClassBest {
     /// How many trials of the class are ranked.
     pub ranked: usize,
     /// Its `n` best.
-    pub trials: Vec<BestRow>,
+    pub trials: Vec<Ranked>,
 }
 
 /// Why there is nothing to show.
@@ -128,11 +128,11 @@ pub const UNKNOWN_AGENT: &str = "unknown agent";
 
 /// `rows` grouped by the device class of their agent, by class name; each
 /// group keeps the order of `rows` (best first, as [`crate::store::Store::best`] gives them).
-pub fn by_class<'a>(rows: &'a [BestRow], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a BestRow>> {
+pub fn by_class<'a>(rows: &'a [Ranked], agents: &[AgentRow]) -> BTreeMap<String, Vec<&'a Ranked>> {
     let classes: HashMap<&str, String> = agents.iter().map(|a| (a.name.as_str(), a.info.device_class())).collect();
-    let mut groups: BTreeMap<String, Vec<&BestRow>> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Vec<&Ranked>> = BTreeMap::new();
     for r in rows {
-        let class = classes.get(r.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
+        let class = classes.get(r.result.agent.as_str()).cloned().unwrap_or_else(|| UNKNOWN_AGENT.to_string());
         groups.entry(class).or_default().push(r);
     }
     groups
@@ -183,23 +183,30 @@ fn ranked(store: &Store, study: &str, n: usize) -> Result<View, BestError> {
             None => no_success(store, study),
         });
     }
-    let mixed_sources = mixed_sources(rows.iter().map(|r| r.energy_source.as_deref()));
+    let mixed_sources = mixed_sources(rows.iter().map(|r| r.result.energy.source_name()));
     let decisions = store.decisions(Some(study))?;
-    let shown: Vec<u64> = rows.iter().map(|r| r.trial).collect();
+    let shown: Vec<u64> = rows.iter().map(|r| r.plan.trial).collect();
     let provenance = store.provenance(study, &shown)?;
     let trials = rows
         .into_iter()
         .map(|row| {
-            let decisions =
-                decisions.iter().filter(|d| d.trial == row.trial && d.attempt == row.attempt).cloned().collect();
-            let interference =
-                provenance.iter().find(|p| p.trial == row.trial).map(|p| p.interference.clone()).unwrap_or_default();
+            let decisions = decisions
+                .iter()
+                .filter(|d| d.trial == row.plan.trial && d.attempt == row.result.attempt)
+                .cloned()
+                .collect();
+            let interference = provenance
+                .iter()
+                .find(|p| p.trial == row.plan.trial)
+                .map(|p| p.interference.clone())
+                .unwrap_or_default();
             RankedTrial { row, decisions, interference }
         })
         .collect();
     let all = store.best(study, usize::MAX)?;
-    let importance =
-        crate::domain::importance::importance(&all.iter().map(|r| (r.params.clone(), r.objective)).collect::<Vec<_>>());
+    let importance = crate::domain::importance::importance(
+        &all.iter().map(|r| (r.plan.params.clone(), r.objective())).collect::<Vec<_>>(),
+    );
     Ok(View::Ranked { study: study.to_string(), trials, unranked, mixed_sources, importance, ranked: all.len() })
 }
 
@@ -236,15 +243,15 @@ fn repeated_configurations(store: &Store, study: &str, n: usize) -> Result<Optio
     let mut configurations: Vec<Configuration> = Vec::new();
     for r in rows {
         let full = configurations.len() == n;
-        match configurations.last_mut().filter(|c| c.params == r.params) {
-            Some(c) => c.runs.push((r.trial, r.objective)),
+        match configurations.last_mut().filter(|c| c.params == r.plan.params) {
+            Some(c) => c.runs.push((r.plan.trial, r.objective())),
             None if full => break,
             None => configurations.push(Configuration {
-                params: r.params,
-                system: r.system,
+                runs: vec![(r.plan.trial, r.objective())],
+                params: r.plan.params,
+                system: r.result.system,
                 mean: r.mean,
                 spread: None,
-                runs: vec![(r.trial, r.objective)],
             }),
         }
     }
@@ -280,12 +287,12 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         .best(study, usize::MAX)?
         .into_iter()
         .filter(|r| !axes.contains(&Secondary::Energy) || r.energy().counted().is_some())
-        .filter(|r| !r.violation.is_some_and(|v| v > 0.0))
+        .filter(|r| !r.result.violation.is_some_and(|v| v > 0.0))
         .collect();
     let sign = if parsed.objective.direction == Direction::Maximize { -1.0 } else { 1.0 };
     let points: Vec<Vec<f64>> = rows
         .iter()
-        .map(|r| std::iter::once(sign * r.objective).chain(axes.iter().map(|&a| figure(r, a))).collect())
+        .map(|r| std::iter::once(sign * r.objective()).chain(axes.iter().map(|&a| figure(r, a))).collect())
         .collect();
     let on_front = tunefleet_search::pareto::front(&points);
     let hypervolume = tunefleet_search::pareto::reference_point(&points).map(|reference| {
@@ -295,7 +302,7 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         reference[0] *= sign;
         Hypervolume { volume, reference }
     });
-    let front: Vec<BestRow> = on_front.into_iter().map(|i| rows[i].clone()).collect();
+    let front: Vec<Ranked> = on_front.into_iter().map(|i| rows[i].clone()).collect();
     Ok(View::Pareto {
         hypervolume,
         study: study.to_string(),
@@ -303,17 +310,17 @@ fn pareto_front(store: &Store, study: &str) -> Result<View, BestError> {
         direction: parsed.objective.direction,
         axes,
         considered: rows.len(),
-        mixed_sources: mixed_sources(front.iter().map(|r| r.energy_source.as_deref())),
+        mixed_sources: mixed_sources(front.iter().map(|r| r.result.energy.source_name())),
         front,
     })
 }
 
 /// The figure of `r` on a Pareto axis: energy in joules (NaN when it does
 /// not count), wall time in seconds.
-pub fn figure(r: &BestRow, axis: Secondary) -> f64 {
+pub fn figure(r: &Ranked, axis: Secondary) -> f64 {
     match axis {
         Secondary::Energy => r.energy().counted().unwrap_or(f64::NAN),
-        Secondary::WallTime => r.wall_us as f64 / 1e6,
+        Secondary::WallTime => r.result.wall_us as f64 / 1e6,
     }
 }
 
@@ -330,7 +337,7 @@ pub fn mixed_sources<'a>(sources: impl Iterator<Item = Option<&'a str>>) -> Opti
 
 /// `  infeasible (misses its constraints by V)` for a result whose
 /// configuration does not meet the study's constraints, else nothing.
-pub fn infeasible_note(r: &crate::store::BestRow) -> String {
+pub fn infeasible_note(r: &Ranked) -> String {
     match r.feasible() {
         true => String::new(),
         false => format!("  infeasible (misses its constraints by {:.6})", r.mean_violation),

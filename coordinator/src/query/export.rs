@@ -1,11 +1,27 @@
 //! A study's trials exported as CSV or JSON (`tunefleet export`): the
-//! store's rows ([`Store::export_rows`]), the one ranking
+//! store's trial records ([`Store::trials_measured`]), the one ranking
 //! ([`crate::domain::rank`], through [`Store::best`]) and each trial's
 //! energy over its co-measuring nodes ([`tunefleet_common::measurement::EnergyFigure::with_parts`]).
 
 use std::io::Write;
 
-use crate::store::{param_value_json, ExportRow, NodeRow, Store, StoreError};
+use crate::store::{param_value_json, NodeRow, Outcome, Store, StoreError, TrialRecord};
+
+/// A trial as `export` writes it: its record, and its place by the one
+/// ranking rule with its configuration's mean and runs (none when not
+/// ranked).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exported {
+    pub record: TrialRecord,
+    pub rank: Option<(u64, f64, u32)>,
+}
+
+impl Exported {
+    /// Its accepted result, if any.
+    pub fn result(&self) -> Option<&Outcome> {
+        self.record.result.as_ref()
+    }
+}
 
 /// Format of [`export`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +77,7 @@ pub fn json(store: &Store, study: &str) -> Result<Vec<serde_json::Value>, StoreE
 }
 
 /// The ranked rows of `study` and what other nodes measured of them.
-fn read(store: &Store, study: &str) -> Result<(Vec<ExportRow>, Vec<NodeRow>), StoreError> {
+fn read(store: &Store, study: &str) -> Result<(Vec<Exported>, Vec<NodeRow>), StoreError> {
     if store.study(study)?.is_none() {
         return Err(StoreError::UnknownStudy(study.to_string()));
     }
@@ -71,15 +87,15 @@ fn read(store: &Store, study: &str) -> Result<(Vec<ExportRow>, Vec<NodeRow>), St
 /// Every trial of `study` with its accepted result and its place by the
 /// one ranking rule: the rows `export` writes (the live page's study views
 /// draw them too).
-pub fn ranked_rows(store: &Store, study: &str) -> Result<Vec<ExportRow>, StoreError> {
-    let mut rows = store.export_rows(study)?;
+pub fn ranked_rows(store: &Store, study: &str) -> Result<Vec<Exported>, StoreError> {
     let ranked = store.best(study, usize::MAX)?;
     let places: std::collections::HashMap<u64, (u64, f64, u32)> =
-        ranked.iter().enumerate().map(|(i, r)| (r.trial, (i as u64 + 1, r.mean, r.runs))).collect();
-    for r in &mut rows {
-        r.rank = places.get(&r.trial).copied();
-    }
-    Ok(rows)
+        ranked.iter().enumerate().map(|(i, r)| (r.plan.trial, (i as u64 + 1, r.mean, r.runs))).collect();
+    Ok(store
+        .trials_measured(study)?
+        .into_iter()
+        .map(|record| Exported { rank: places.get(&record.plan.trial).copied(), record })
+        .collect())
 }
 
 const FIXED_COLUMNS: [&str; 15] = [
@@ -103,15 +119,16 @@ const FIXED_COLUMNS: [&str; 15] = [
 /// The nodes that measured the row's stored attempt, and the energy of
 /// the trial over every machine: its own agent's and theirs, valid only
 /// when every figure is (a missing node makes it invalid).
-fn with_nodes<'a>(r: &ExportRow, nodes: &'a [NodeRow]) -> (Vec<&'a NodeRow>, Option<f64>, Option<bool>) {
+fn with_nodes<'a>(r: &Exported, nodes: &'a [NodeRow]) -> (Vec<&'a NodeRow>, Option<f64>, Option<bool>) {
     // `nodes` is sorted by trial and attempt (`Store::node_measurements`).
-    let key = (r.trial, r.attempt.unwrap_or(u32::MAX));
+    let Some(result) = r.result() else { return (Vec::new(), None, None) };
+    let key = (r.record.plan.trial, result.attempt);
     let first = nodes.partition_point(|n| (n.trial, n.attempt) < key);
     let mine: Vec<&NodeRow> = nodes[first..].iter().take_while(|n| (n.trial, n.attempt) == key).collect();
     if mine.is_empty() {
         return (mine, None, None);
     }
-    let all = r.energy().with_parts(mine.iter().map(|n| n.energy()));
+    let all = result.energy.figure().with_parts(mine.iter().map(|n| n.energy()));
     (mine, all.joules, Some(all.valid))
 }
 
@@ -119,9 +136,9 @@ fn opt<T: ToString>(v: &Option<T>) -> String {
     v.as_ref().map(ToString::to_string).unwrap_or_default()
 }
 
-fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl Write) -> Result<(), ExportError> {
+fn write_csv(study: &str, rows: &[Exported], nodes: &[NodeRow], out: &mut impl Write) -> Result<(), ExportError> {
     let names: std::collections::BTreeSet<&str> =
-        rows.iter().flat_map(|r| r.params.keys().map(String::as_str)).collect();
+        rows.iter().flat_map(|r| r.record.plan.params.keys().map(String::as_str)).collect();
     let csv_err = |source| ExportError::Csv { study: study.to_string(), source };
     let mut w = csv::Writer::from_writer(out);
     let mut header: Vec<String> = vec!["trial".into(), "repeat".into(), "state".into()];
@@ -134,29 +151,30 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
         header.extend(["nodes".to_string(), "energy_nodes_j".into(), "energy_nodes_valid".into()]);
     }
     // Studies whose trials had GPUs only: their part.
-    let gpus = rows.iter().any(|r| r.gpu_energy_j.is_some());
+    let gpus = rows.iter().any(|r| r.result().is_some_and(|o| o.gpu_energy_j.is_some()));
     if gpus {
         header.push("gpu_energy_j".into());
     }
     // Constrained studies only.
-    let constrained = rows.iter().any(|r| r.violation.is_some());
+    let constrained = rows.iter().any(|r| r.result().is_some_and(|o| o.violation.is_some()));
     if constrained {
         header.extend(["feasible".to_string(), "violation".into()]);
     }
     w.write_record(&header).map_err(csv_err)?;
     for r in rows {
-        let mut rec: Vec<String> = vec![r.trial.to_string(), r.repeat.to_string(), r.state.to_string()];
-        rec.extend(names.iter().map(|n| opt(&r.params.get(*n))));
+        let (t, o) = (&r.record, r.result());
+        let mut rec: Vec<String> = vec![t.plan.trial.to_string(), t.plan.repeat.to_string(), t.state.to_string()];
+        rec.extend(names.iter().map(|n| opt(&t.plan.params.get(*n))));
         rec.extend([
-            opt(&r.objective),
-            opt(&r.wall_us),
-            opt(&r.energy_j),
-            opt(&r.energy_source),
-            opt(&r.energy_valid),
-            opt(&r.agent),
-            opt(&r.attempt),
-            r.attempts.to_string(),
-            opt(&r.exit),
+            opt(&o.and_then(|o| o.objective)),
+            opt(&o.map(|o| o.wall_us)),
+            opt(&o.and_then(|o| o.energy.joules)),
+            opt(&o.and_then(|o| o.energy.source_name())),
+            opt(&o.map(|o| o.energy.valid)),
+            opt(&o.map(|o| &o.agent)),
+            opt(&o.map(|o| o.attempt)),
+            t.attempts.to_string(),
+            opt(&o.map(|o| &o.exit)),
             opt(&r.rank.map(|p| p.0)),
             opt(&r.rank.map(|p| p.1)),
             opt(&r.rank.map(|p| p.2)),
@@ -166,43 +184,46 @@ fn write_csv(study: &str, rows: &[ExportRow], nodes: &[NodeRow], out: &mut impl 
             rec.extend([mine.len().to_string(), opt(&sum), opt(&valid)]);
         }
         if gpus {
-            rec.push(opt(&r.gpu_energy_j));
+            rec.push(opt(&o.and_then(|o| o.gpu_energy_j)));
         }
         if constrained {
-            rec.extend([opt(&r.violation.map(|v| v == 0.0)), opt(&r.violation)]);
+            let violation = o.and_then(|o| o.violation);
+            rec.extend([opt(&violation.map(|v| v == 0.0)), opt(&violation)]);
         }
         w.write_record(&rec).map_err(csv_err)?;
     }
     w.flush().map_err(|source| ExportError::Write { study: study.to_string(), source })
 }
 
-fn json_values(rows: &[ExportRow], nodes: &[NodeRow]) -> Vec<serde_json::Value> {
+fn json_values(rows: &[Exported], nodes: &[NodeRow]) -> Vec<serde_json::Value> {
     rows.iter()
         .map(|r| {
             let (mine, sum, valid) = with_nodes(r, nodes);
+            let (t, o) = (&r.record, r.result());
             let params: serde_json::Map<String, serde_json::Value> =
-                r.params.iter().map(|(k, v)| (k.clone(), param_value_json(v))).collect();
+                t.plan.params.iter().map(|(k, v)| (k.clone(), param_value_json(v))).collect();
+            let violation = o.and_then(|o| o.violation);
             serde_json::json!({
-                "trial": r.trial,
-                "repeat": r.repeat,
-                "state": r.state.as_str(),
+                "trial": t.plan.trial,
+                "repeat": t.plan.repeat,
+                "state": t.state.as_str(),
                 "params": params,
-                "objective": r.objective,
-                "wall_us": r.wall_us,
-                "energy_j": r.energy_j,
-                "energy_source": r.energy_source,
-                "energy_valid": r.energy_valid,
-                "gpu_energy_j": r.gpu_energy_j,
-                "feasible": r.violation.map(|v| v == 0.0),
-                "violation": r.violation,
-                "agent": r.agent,
-                "attempt": r.attempt,
-                "attempts": r.attempts,
-                "exit": r.exit,
+                "objective": o.and_then(|o| o.objective),
+                "wall_us": o.map(|o| o.wall_us),
+                "energy_j": o.and_then(|o| o.energy.joules),
+                "energy_source": o.and_then(|o| o.energy.source_name()),
+                "energy_valid": o.map(|o| o.energy.valid),
+                "gpu_energy_j": o.and_then(|o| o.gpu_energy_j),
+                "feasible": violation.map(|v| v == 0.0),
+                "violation": violation,
+                "agent": o.map(|o| &o.agent),
+                "attempt": o.map(|o| o.attempt),
+                "attempts": t.attempts,
+                "exit": o.map(|o| &o.exit),
                 "rank": r.rank.map(|p| p.0),
                 "config_mean": r.rank.map(|p| p.1),
                 "config_runs": r.rank.map(|p| p.2),
-                "measurement": r.measurement,
+                "measurement": o.and_then(|o| o.measurement_json.as_deref()).and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok()),
                 "nodes": mine,
                 "energy_nodes_j": sum,
                 "energy_nodes_valid": valid,

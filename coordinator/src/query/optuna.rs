@@ -20,7 +20,7 @@ use tunefleet_common::params::ParamValue;
 
 use super::export::ExportError;
 use crate::domain::study::{Direction, ParamSpec, Study};
-use crate::store::{AttemptTimes, ExportRow, ProgressRow, Store, StoreError, TrialState};
+use crate::store::{AttemptTimes, ProgressRow, Store, StoreError, TrialRecord, TrialState};
 
 /// Optuna's journal operation codes (`JournalOperation`).
 const CREATE_STUDY: u8 = 0;
@@ -82,7 +82,7 @@ fn iso(ms: u64) -> Option<String> {
 }
 
 /// Writes `study` as an Optuna journal to `out`.
-pub fn write(store: &Store, study: &Study, rows: &[ExportRow], out: &mut impl Write) -> Result<(), ExportError> {
+pub fn write(store: &Store, study: &Study, rows: &[TrialRecord], out: &mut impl Write) -> Result<(), ExportError> {
     let name = &study.name;
     let dir = |d: Direction| if d == Direction::Maximize { MAXIMIZE } else { MINIMIZE };
     let directions: Vec<u8> =
@@ -116,12 +116,15 @@ pub fn write(store: &Store, study: &Study, rows: &[ExportRow], out: &mut impl Wr
 fn trial_line(
     study: &Study,
     specs: &BTreeMap<&str, &ParamSpec>,
-    r: &ExportRow,
+    r: &TrialRecord,
     times: &AttemptTimes,
     epochs: &HashMap<(u64, u32), BTreeMap<String, f64>>,
 ) -> Value {
-    let values: Option<Vec<f64>> =
-        r.objective.map(|v| std::iter::once(v).chain(study.also_figures(r.energy_j, r.wall_us.unwrap_or(0))).collect());
+    let (o, trial) = (r.result.as_ref(), r.plan.trial);
+    let values: Option<Vec<f64>> = o.and_then(|o| {
+        let also = study.also_figures(o.energy.joules, o.wall_us);
+        o.objective.map(|v| std::iter::once(v).chain(also).collect())
+    });
     let finite = values.as_ref().is_some_and(|v| v.iter().all(|x| x.is_finite()));
     let state = match r.state {
         TrialState::Done if finite => COMPLETE,
@@ -130,11 +133,11 @@ fn trial_line(
         TrialState::Running => RUNNING,
         TrialState::Pending => WAITING,
     };
-    let attempt = r.attempt.unwrap_or(0);
-    let (start, end) = times.get(&(r.trial, attempt)).copied().map_or((None, None), |(s, e)| (Some(s), e));
+    let attempt = o.map_or(0, |o| o.attempt);
+    let (start, end) = times.get(&(trial, attempt)).copied().map_or((None, None), |(s, e)| (Some(s), e));
     let mut distributions = Map::new();
     let mut params = Map::new();
-    for (name, v) in &r.params {
+    for (name, v) in &r.plan.params {
         let Some(spec) = specs.get(name.as_str()) else { continue };
         let Some(x) = internal(spec, v) else { continue };
         distributions.insert(name.clone(), Value::String(distribution(spec).to_string()));
@@ -146,14 +149,14 @@ fn trial_line(
             user.insert(k.to_string(), v);
         }
     };
-    put("energy_j", json!(r.energy_j));
-    put("energy_source", json!(r.energy_source));
-    put("energy_valid", json!(r.energy_valid));
-    put("agent", json!(r.agent));
-    put("wall_time_s", json!(r.wall_us.map(|w| w as f64 / 1e6)));
-    put("exit", json!(r.exit));
-    put("repeat", json!(r.repeat));
-    put("tunefleet_trial", json!(r.trial));
+    put("energy_j", json!(o.and_then(|o| o.energy.joules)));
+    put("energy_source", json!(o.and_then(|o| o.energy.source_name())));
+    put("energy_valid", json!(o.map(|o| o.energy.valid)));
+    put("agent", json!(o.map(|o| &o.agent)));
+    put("wall_time_s", json!(o.map(|o| o.wall_us as f64 / 1e6)));
+    put("exit", json!(o.map(|o| &o.exit)));
+    put("repeat", json!(r.plan.repeat));
+    put("tunefleet_trial", json!(trial));
     let mut line = json!({
         "op_code": CREATE_TRIAL,
         "worker_id": WORKER,
@@ -164,7 +167,7 @@ fn trial_line(
         "params": params,
         "user_attrs": user,
         "system_attrs": {},
-        "intermediate_values": epochs.get(&(r.trial, attempt)).cloned().unwrap_or_default(),
+        "intermediate_values": epochs.get(&(trial, attempt)).cloned().unwrap_or_default(),
     });
     if let Some(obj) = line.as_object_mut() {
         match (&values, state) {
@@ -192,7 +195,7 @@ fn trial_line(
 pub fn export(store: &Store, name: &str, out: &mut impl Write) -> Result<(), ExportError> {
     let study =
         store.stored(name)?.and_then(|s| s.study()).ok_or_else(|| StoreError::UnknownStudy(name.to_string()))?;
-    write(store, &study, &store.export_rows(name)?, out)
+    write(store, &study, &store.trials(name)?, out)
 }
 
 #[cfg(test)]

@@ -128,10 +128,11 @@ pub struct Classified {
 }
 
 pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, ProfilesError> {
-    let result = store.results(study)?.into_iter().find(|r| r.trial == trial).ok_or_else(|| {
+    let record = store.results(study)?.into_iter().find(|r| r.plan.trial == trial);
+    let (params, result) = record.and_then(|r| Some((r.plan.params, r.result?))).ok_or_else(|| {
         ProfilesError::NotFound(format!("trial {trial} of {study:?} has no result in {}", store.path()))
     })?;
-    let wp = result.measurement.window_profile.clone().ok_or_else(|| {
+    let wp = result.measurement().and_then(Result::ok).and_then(|m| m.window_profile).ok_or_else(|| {
         ProfilesError::NotFound(format!(
             "trial {trial} of {study:?} has no first-window profile (only pipelined trials of protocol 6 agents have one)"
         ))
@@ -161,7 +162,7 @@ pub fn classify(store: &Store, study: &str, trial: u64) -> Result<Classified, Pr
     let parsed = store.stored(study)?.and_then(|s| s.study());
     let policy = parsed.as_ref().map(|s| s.reuse.clone()).unwrap_or_default();
     let identity = parsed.as_ref().map(|s| s.workload()).unwrap_or_default();
-    let group = reuse::group_key(&policy.group, &result.params);
+    let group = reuse::group_key(&policy.group, &params);
     let decision: ReuseDecision = reuse::decide(
         &policy,
         model.as_ref(),

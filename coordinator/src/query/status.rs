@@ -104,9 +104,9 @@ pub fn snapshot(store: &Store, study: Option<&str>, now_ms: u64) -> Result<Vec<S
             continue;
         }
         let leader = store.best(&s.name, 1)?;
-        let best = leader.first().map(|b| (b.mean, b.trial));
+        let best = leader.first().map(|b| (b.mean, b.plan.trial));
         let best_runs = leader.first().map_or(0, |b| b.runs);
-        let best_feasible = leader.first().filter(|b| b.violation.is_some()).map(|b| b.feasible());
+        let best_feasible = leader.first().filter(|b| b.result.violation.is_some()).map(|b| b.feasible());
         let stopped = s.total.saturating_sub(s.pending + s.running + s.done + s.failed);
         let total = planned(store, &s)?;
         let failures = if s.failed > 0 { store.failure_causes(&s.name)? } else { Vec::new() };

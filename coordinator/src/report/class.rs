@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::store::BestRow;
+use crate::store::Ranked;
 
 /// One device class in figures.
 #[derive(Debug, Clone, PartialEq)]
@@ -15,7 +15,7 @@ pub struct ClassSummary<'a> {
     /// Ranked results.
     pub ranked: usize,
     /// Its best result.
-    pub best: &'a BestRow,
+    pub best: &'a Ranked,
     pub median_objective: f64,
     pub mean_wall_s: f64,
     /// Mean energy of its valid readings (`None`: no valid reading).
@@ -25,22 +25,22 @@ pub struct ClassSummary<'a> {
 }
 
 /// The summary of each group of [`crate::query::best::by_class`], by class name.
-pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSummary<'a>> {
+pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a Ranked>>) -> Vec<ClassSummary<'a>> {
     groups
         .iter()
         .filter_map(|(class, rows)| {
             let best = *rows.first()?;
-            let mut objectives: Vec<f64> = rows.iter().map(|r| r.objective).collect();
+            let mut objectives: Vec<f64> = rows.iter().map(|r| r.objective()).collect();
             objectives.sort_by(f64::total_cmp);
             let mid = objectives.len() / 2;
             let median_objective =
                 if objectives.len() % 2 == 1 { objectives[mid] } else { (objectives[mid - 1] + objectives[mid]) / 2.0 };
             let energies: Vec<f64> = rows.iter().filter_map(|r| r.energy().counted()).collect();
             let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-            let walls: Vec<f64> = rows.iter().map(|r| r.wall_us as f64 / 1e6).collect();
+            let walls: Vec<f64> = rows.iter().map(|r| r.result.wall_us as f64 / 1e6).collect();
             Some(ClassSummary {
                 class: class.clone(),
-                agents: rows.iter().map(|r| r.agent.as_str()).collect::<BTreeSet<_>>().len(),
+                agents: rows.iter().map(|r| r.result.agent.as_str()).collect::<BTreeSet<_>>().len(),
                 ranked: rows.len(),
                 best,
                 median_objective,
@@ -48,7 +48,7 @@ pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSu
                 mean_energy_j: (!energies.is_empty()).then(|| mean(&energies)),
                 sources: rows
                     .iter()
-                    .map(|r| r.energy_source.clone().unwrap_or_else(|| "none".to_string()))
+                    .map(|r| r.result.energy.source_name().map(str::to_string).unwrap_or_else(|| "none".to_string()))
                     .collect::<BTreeSet<_>>()
                     .into_iter()
                     .collect(),
@@ -60,8 +60,9 @@ pub fn summaries<'a>(groups: &BTreeMap<String, Vec<&'a BestRow>>) -> Vec<ClassSu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::search::TrialPlan;
     use crate::query::best::{by_class, UNKNOWN_AGENT};
-    use crate::store::AgentRow;
+    use crate::store::{AgentRow, Outcome, StoredEnergy};
     use tunefleet_common::measurement::EnergySourceKind;
     use tunefleet_common::message::{AgentInfo, EnergySourceInfo};
 
@@ -86,22 +87,14 @@ mod tests {
         }
     }
 
-    fn row(trial: u64, agent: &str, objective: f64, energy: Option<f64>, valid: bool) -> BestRow {
-        BestRow {
-            trial,
-            repeat: 0,
-            params: Default::default(),
-            objective,
-            attempt: 1,
-            agent: agent.into(),
-            wall_us: 2_000_000,
-            energy_j: energy,
-            energy_source: energy.map(|_| "rapl".to_string()),
-            energy_valid: valid,
-            system: None,
+    fn row(trial: u64, agent: &str, objective: f64, energy: Option<f64>, valid: bool) -> Ranked {
+        let source = energy.map(|_| EnergySourceKind::Rapl);
+        let energy = StoredEnergy { joules: energy, source, valid };
+        Ranked {
+            plan: TrialPlan { trial, params: Default::default(), repeat: 0 },
+            result: Outcome::for_test(agent, Some(objective), 2_000_000, energy),
             runs: 1,
             mean: objective,
-            violation: None,
             mean_violation: 0.0,
         }
     }
@@ -123,12 +116,12 @@ mod tests {
         let groups = by_class(&rows, &agents);
         let names: Vec<&str> = groups.keys().map(String::as_str).collect();
         assert_eq!(names, ["aarch64, 4 cores, no energy", UNKNOWN_AGENT, "x86_64, 4 cores, rapl"]);
-        let x86: Vec<u64> = groups["x86_64, 4 cores, rapl"].iter().map(|r| r.trial).collect();
+        let x86: Vec<u64> = groups["x86_64, 4 cores, rapl"].iter().map(|r| r.plan.trial).collect();
         assert_eq!(x86, [3, 4, 5], "the order of the rows is kept");
 
         let s = summaries(&groups);
         let x86 = &s[2];
-        assert_eq!((x86.agents, x86.ranked, x86.best.trial), (2, 3, 3));
+        assert_eq!((x86.agents, x86.ranked, x86.best.plan.trial), (2, 3, 3));
         assert_eq!(x86.median_objective, 3.0);
         assert_eq!(x86.mean_energy_j, Some(20.0), "the invalid reading is left out");
         assert_eq!(x86.mean_wall_s, 2.0);

@@ -1,7 +1,7 @@
 //! What a report shows ([`ReportData`]), how much of it ([`Options`]), and
 //! the page's fixed limits: the data the loader reads and the page renders.
 
-use crate::store::{AgentRow, BestRow, ProvenanceRow, StudyRow, Unranked, WindowRow};
+use crate::store::{AgentRow, ProvenanceRow, Ranked, StudyRow, Unranked, WindowRow};
 
 /// The id of every chart on the page, present even when it has nothing to draw.
 pub const CHART_IDS: [&str; 4] =
@@ -54,7 +54,7 @@ pub struct ReportData {
     /// When the report was made (Unix ms).
     pub generated_ms: u64,
     /// Ranked results, best first ([`crate::store::Store::best`]).
-    pub ranked: Vec<BestRow>,
+    pub ranked: Vec<Ranked>,
     pub unranked: Unranked,
     /// The trials the study plans in all (its budget), at least those it has.
     pub planned: u64,

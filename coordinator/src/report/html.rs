@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use tunefleet_common::measurement::{EnergySourceKind, SegmentRole};
+use tunefleet_common::measurement::SegmentRole;
 use tunefleet_common::params::Params;
 
 use super::class::summaries;
@@ -14,7 +14,7 @@ use super::sample::{objective_series_feasible, system_text, timeline, ObjectiveS
 use super::svg::{self, config_colour, fmt_num, Esc};
 use crate::domain::study::Direction;
 use crate::query::best::by_class;
-use crate::store::{BestRow, ProvenanceRow};
+use crate::store::{ProvenanceRow, Ranked};
 
 /// Unix milliseconds as `YYYY-MM-DD HH:MM:SS UTC`.
 pub fn utc(ms: u64) -> String {
@@ -119,9 +119,10 @@ fn header(out: &mut String, data: &ReportData) {
 }
 
 fn objective(out: &mut String, data: &ReportData) {
-    let mut points: Vec<(u64, f64)> = data.ranked.iter().map(|r| (r.trial, r.objective)).collect();
+    let mut points: Vec<(u64, f64)> = data.ranked.iter().map(|r| (r.plan.trial, r.objective())).collect();
     points.sort_by_key(|p| p.0);
-    let infeasible = data.ranked.iter().filter(|r| r.violation.is_some_and(|v| v > 0.0)).map(|r| r.trial).collect();
+    let infeasible =
+        data.ranked.iter().filter(|r| r.result.violation.is_some_and(|v| v > 0.0)).map(|r| r.plan.trial).collect();
     let series = objective_series_feasible(&points, &infeasible, data.study.direction, data.options.max_points);
     let _ = write!(out, "<section id=\"objective\"><h2>Objective over trials</h2>");
     out.push_str(&svg::objective_chart(CHART_IDS[0], &series, &data.study.metric));
@@ -153,8 +154,8 @@ fn sampling_note(s: &ObjectiveSeries, direction: Direction) -> String {
 
 fn pareto(out: &mut String, data: &ReportData) {
     out.push_str("<section id=\"pareto\"><h2>Pareto fronts</h2>");
-    let valid: Vec<&BestRow> =
-        data.ranked.iter().filter(|r| r.energy().counted().is_some() && r.objective.is_finite()).collect();
+    let valid: Vec<&Ranked> =
+        data.ranked.iter().filter(|r| r.energy().counted().is_some() && r.objective().is_finite()).collect();
     let _ = write!(
         out,
         "<p class=\"note\">Ranked trials with a valid energy reading: {} of {}. The front holds the trials no other \
@@ -167,13 +168,13 @@ fn pareto(out: &mut String, data: &ReportData) {
             String::new()
         }
     );
-    if let Some(note) = crate::query::best::mixed_sources(valid.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::query::best::mixed_sources(valid.iter().map(|r| r.result.energy.source_name())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
-    let energy = |r: &BestRow| r.energy_j.unwrap_or(f64::NAN);
+    let energy = |r: &Ranked| r.result.energy.joules.unwrap_or(f64::NAN);
     // The front is of the results that meet the study's constraints; the others are drawn apart.
-    let feasible = |r: &BestRow| !r.violation.is_some_and(|v| v > 0.0);
-    let estimated = |r: &&BestRow| r.energy_source.as_deref() == Some(EnergySourceKind::Estimated.as_str());
+    let feasible = |r: &Ranked| !r.result.violation.is_some_and(|v| v > 0.0);
+    let estimated = |r: &&Ranked| r.result.energy.estimated();
     if !valid.is_empty() && valid.iter().all(estimated) {
         // Estimated energy is a function of CPU time: against wall time it only draws that function.
         let _ = write!(
@@ -185,7 +186,7 @@ fn pareto(out: &mut String, data: &ReportData) {
         );
     } else {
         let wall_time: Vec<(u64, f64, f64, bool)> =
-            valid.iter().map(|r| (r.trial, r.wall_us as f64 / 1e6, energy(r), feasible(r))).collect();
+            valid.iter().map(|r| (r.plan.trial, r.result.wall_us as f64 / 1e6, energy(r), feasible(r))).collect();
         front_chart(out, CHART_IDS[1], "Wall time against energy", ("wall time (s)", "energy (J)"), &wall_time, 1.0);
     }
     let metric = data.study.metric.as_str();
@@ -201,7 +202,7 @@ fn pareto(out: &mut String, data: &ReportData) {
         );
     } else {
         let objective: Vec<(u64, f64, f64, bool)> =
-            valid.iter().map(|r| (r.trial, energy(r), r.objective, feasible(r))).collect();
+            valid.iter().map(|r| (r.plan.trial, energy(r), r.objective(), feasible(r))).collect();
         let sign = if data.study.direction == Direction::Maximize { -1.0 } else { 1.0 };
         front_chart(out, CHART_IDS[2], &format!("{metric} against energy"), ("energy (J)", metric), &objective, sign);
     }
@@ -325,8 +326,8 @@ fn classes(out: &mut String, data: &ReportData) {
             Esc(&c.class),
             c.agents,
             c.ranked,
-            fmt_num(c.best.objective),
-            c.best.trial,
+            fmt_num(c.best.objective()),
+            c.best.plan.trial,
             fmt_num(c.median_objective),
             fmt_num(c.mean_wall_s),
             c.mean_energy_j.map_or_else(|| "-".to_string(), fmt_num),
@@ -342,10 +343,10 @@ fn params_text(params: &Params) -> String {
 
 /// A ranked trial's objective, with its configuration's mean and runs
 /// where the configuration ran more than once (what it is ranked by).
-fn objective_cell(r: &BestRow) -> String {
+fn objective_cell(r: &Ranked) -> String {
     let value = match r.runs {
-        0 | 1 => fmt_num(r.objective),
-        n => format!("{} <span class=\"small\">mean {} of {n} runs</span>", fmt_num(r.objective), fmt_num(r.mean)),
+        0 | 1 => fmt_num(r.objective()),
+        n => format!("{} <span class=\"small\">mean {} of {n} runs</span>", fmt_num(r.objective()), fmt_num(r.mean)),
     };
     match r.feasible() {
         true => value,
@@ -366,7 +367,7 @@ fn list_or_none(v: &[String]) -> String {
 
 fn best(out: &mut String, data: &ReportData) {
     let _ = write!(out, "<section id=\"best\"><h2>Best configurations</h2>");
-    let rows: Vec<&BestRow> = data.ranked.iter().take(data.options.best).collect();
+    let rows: Vec<&Ranked> = data.ranked.iter().take(data.options.best).collect();
     if rows.is_empty() {
         out.push_str("<p class=\"empty\" id=\"table-best\">No ranked trial yet.</p></section>");
         return;
@@ -380,11 +381,11 @@ fn best(out: &mut String, data: &ReportData) {
         rows.len(),
         data.ranked.len()
     );
-    if let Some(note) = crate::query::best::mixed_sources(rows.iter().map(|r| r.energy_source.as_deref())) {
+    if let Some(note) = crate::query::best::mixed_sources(rows.iter().map(|r| r.result.energy.source_name())) {
         let _ = write!(out, "<p class=\"note warn\">{}</p>", Esc(&note));
     }
     let disturbed =
-        rows.iter().filter(|r| provenance.get(&r.trial).is_some_and(|p| !p.interference.is_empty())).count();
+        rows.iter().filter(|r| provenance.get(&r.plan.trial).is_some_and(|p| !p.interference.is_empty())).count();
     if disturbed > 0 {
         let _ = write!(
             out,
@@ -401,9 +402,9 @@ fn best(out: &mut String, data: &ReportData) {
         Esc(&data.study.metric)
     );
     for (rank, r) in rows.iter().enumerate() {
-        let p = provenance.get(&r.trial);
-        let estimated = r.energy_source.as_deref() == Some(EnergySourceKind::Estimated.as_str());
-        let validity = match (r.energy_valid, p.and_then(|p| p.energy_note.as_deref())) {
+        let p = provenance.get(&r.plan.trial);
+        let estimated = r.result.energy.estimated();
+        let validity = match (r.result.energy.valid, p.and_then(|p| p.energy_note.as_deref())) {
             // A model of CPU time is no measurement: never "valid" beside a meter's joules.
             (true, _) if estimated => {
                 "<span class=\"est\" title=\"a model of CPU time, not a measurement\">estimate</span>".to_string()
@@ -434,19 +435,19 @@ fn best(out: &mut String, data: &ReportData) {
             },
         );
         let interference = p.map_or_else(|| "-".to_string(), |p| list_or_none(&p.interference));
-        let energy = energy_cell(r.energy_j, p.copied());
+        let energy = energy_cell(r.result.energy.joules, p.copied());
         let _ = write!(
             out,
             "<tr><td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td><td>{}</td>\
              <td class=\"n\">{}</td><td class=\"n\">{energy}</td><td>{} {validity}</td><td>{counters}</td><td>{}</td></tr>",
             rank + 1,
-            r.trial,
+            r.plan.trial,
             objective_cell(r),
-            Esc(&params_text(&r.params)),
-            Esc(&system_text(r.system.as_ref())),
-            Esc(&r.agent),
-            fmt_num(r.wall_us as f64 / 1e6),
-            Esc(&gpu_source(r.energy_source.as_deref(), p.copied())),
+            Esc(&params_text(&r.plan.params)),
+            Esc(&system_text(r.result.system.as_ref())),
+            Esc(&r.result.agent),
+            fmt_num(r.result.wall_us as f64 / 1e6),
+            Esc(&gpu_source(r.result.energy.source_name(), p.copied())),
             Esc(&interference)
         );
     }
@@ -482,7 +483,7 @@ fn gpu_source(source: Option<&str>, p: Option<&ProvenanceRow>) -> String {
 /// Which parameters mattered ([`crate::domain::importance`]), over every
 /// ranked trial: one bar per parameter.
 fn importance(out: &mut String, data: &ReportData) {
-    let trials: Vec<(Params, f64)> = data.ranked.iter().map(|r| (r.params.clone(), r.objective)).collect();
+    let trials: Vec<(Params, f64)> = data.ranked.iter().map(|r| (r.plan.params.clone(), r.objective())).collect();
     let shares = crate::domain::importance::importance(&trials);
     if shares.is_empty() {
         return;
@@ -568,8 +569,9 @@ fn reuse(out: &mut String, rows: &[ReuseRow], clusters: &[crate::query::profiles
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::search::TrialPlan;
     use crate::report::Options;
-    use crate::store::{StudyRow, StudyState, Unranked, WindowRow};
+    use crate::store::{Outcome, StoredEnergy, StudyRow, StudyState, Unranked, WindowRow};
     use tunefleet_common::measurement::{EnergySourceKind, SegmentRole};
     use tunefleet_common::message::SystemParams;
     use tunefleet_common::params::ParamValue;
@@ -592,7 +594,7 @@ mod tests {
         }
     }
 
-    fn data(name: &str, ranked: Vec<BestRow>) -> ReportData {
+    fn data(name: &str, ranked: Vec<Ranked>) -> ReportData {
         ReportData {
             study: study(name),
             generated_ms: 1_700_000_100_000,
@@ -610,22 +612,16 @@ mod tests {
         }
     }
 
-    fn row(trial: u64, objective: f64, energy: Option<f64>) -> BestRow {
-        BestRow {
-            trial,
-            repeat: 0,
-            params: Params::from([("lr".to_string(), ParamValue::Float(0.1))]),
-            objective,
-            attempt: 1,
-            agent: "agent-1".into(),
-            wall_us: 1_000_000 + trial * 1000,
-            energy_j: energy,
-            energy_source: energy.map(|_| "estimated".to_string()),
-            energy_valid: energy.is_some(),
-            system: Some(SystemParams { cores: Some(2), ..SystemParams::default() }),
+    fn row(trial: u64, objective: f64, energy: Option<f64>) -> Ranked {
+        let source = energy.map(|_| EnergySourceKind::Estimated);
+        let stored = StoredEnergy { joules: energy, source, valid: energy.is_some() };
+        let mut result = Outcome::for_test("agent-1", Some(objective), 1_000_000 + trial * 1000, stored);
+        result.system = Some(SystemParams { cores: Some(2), ..SystemParams::default() });
+        Ranked {
+            plan: TrialPlan { trial, params: Params::from([("lr".to_string(), ParamValue::Float(0.1))]), repeat: 0 },
+            result,
             runs: 1,
             mean: objective,
-            violation: None,
             mean_violation: 0.0,
         }
     }
@@ -635,9 +631,9 @@ mod tests {
     #[test]
     fn the_fronts_are_constrained_and_infeasible_trials_drawn_apart() {
         let mut best = row(1, 0.99, Some(5.0));
-        best.violation = Some(0.2);
+        best.result.violation = Some(0.2);
         let mut ok = row(2, 0.9, Some(6.0));
-        ok.violation = Some(0.0);
+        ok.result.violation = Some(0.0);
         let page = page(&data("c", vec![best, ok]));
         let chart = page.split(&format!("id=\"{}\"", CHART_IDS[2])).nth(1).and_then(|c| c.split("</svg>").next());
         let chart = chart.expect("the objective-energy chart");
@@ -674,8 +670,8 @@ mod tests {
         assert_eq!(Esc("plain").to_string(), "plain");
         let mut d = data("<script>alert('x')</script> & co", vec![row(0, 0.5, Some(2.0)), row(1, 0.7, Some(3.0))]);
         d.study.metric = "acc<&>".into();
-        d.ranked[0].agent = "<b>agent</b>".into();
-        d.ranked[0].params.insert("mode".into(), ParamValue::Text("\"<fast>\"".into()));
+        d.ranked[0].result.agent = "<b>agent</b>".into();
+        d.ranked[0].plan.params.insert("mode".into(), ParamValue::Text("\"<fast>\"".into()));
         d.windows = vec![WindowRow {
             agent: "<img src=x>".into(),
             trial: 0,
@@ -761,15 +757,15 @@ mod tests {
     #[test]
     fn the_parameters_that_mattered_are_shown_under_the_best_ones() {
         // The objective follows lr alone; batch is noise-free and irrelevant.
-        let ranked: Vec<BestRow> = (0..12u64)
+        let ranked: Vec<Ranked> = (0..12u64)
             .map(|t| {
                 let mut r = row(t, 0.0, None);
                 let lr = (t % 4) as f64 / 10.0;
-                r.params = Params::from([
+                r.plan.params = Params::from([
                     ("lr".to_string(), ParamValue::Float(lr)),
                     ("batch".to_string(), ParamValue::Int([16, 32, 64][(t / 4) as usize])),
                 ]);
-                r.objective = lr * 3.0;
+                r.result.objective = Some(lr * 3.0);
                 r
             })
             .collect();
@@ -791,7 +787,7 @@ mod tests {
 
     #[test]
     fn estimated_energy_draws_no_front_for_a_study_that_never_asked_for_energy() {
-        let rows: Vec<BestRow> = (0..6u64).map(|t| row(t, t as f64, Some(1.0 + t as f64))).collect();
+        let rows: Vec<Ranked> = (0..6u64).map(|t| row(t, t as f64, Some(1.0 + t as f64))).collect();
         let mut d = data("noenergy", rows);
         let asked = page(&d);
         assert!(!asked.contains("this study does not ask for energy"));
@@ -806,7 +802,7 @@ mod tests {
         let mut rows = vec![row(0, f64::NAN, Some(f64::INFINITY)), row(1, f64::INFINITY, Some(1.0))];
         rows.push(row(2, 1.0, Some(f64::NAN)));
         rows.push(row(3, 2.0, Some(2.0)));
-        rows[1].wall_us = u64::MAX;
+        rows[1].result.wall_us = u64::MAX;
         let page = page(&data("nan", rows));
         assert_well_formed(&page);
     }
@@ -847,7 +843,7 @@ mod tests {
 
     #[test]
     fn a_large_study_stays_small() {
-        let rows: Vec<BestRow> =
+        let rows: Vec<Ranked> =
             (0..100_000u64).map(|t| row(t, (t % 977) as f64 / 977.0, Some(1.0 + (t % 311) as f64))).collect();
         let mut d = data("large", rows);
         d.provenance = vec![ProvenanceRow {

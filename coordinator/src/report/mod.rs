@@ -76,7 +76,7 @@ pub fn load(store: &Store, study: &str, options: Options) -> Result<ReportData, 
         .study(study)?
         .ok_or_else(|| ReportError::UnknownStudy { study: study.to_string(), store: store.path().to_string() })?;
     let ranked = store.best(study, usize::MAX)?;
-    let best: Vec<u64> = ranked.iter().take(options.best).map(|r| r.trial).collect();
+    let best: Vec<u64> = ranked.iter().take(options.best).map(|r| r.plan.trial).collect();
     Ok(ReportData {
         generated_ms: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -19,7 +19,8 @@ use tunefleet_common::params::ParamValue;
 use super::plots;
 use super::svg::{self, fmt_num, Esc};
 use crate::domain::study::{Direction, Secondary};
-use crate::store::{AttemptRow, ExportRow, Store, TrialState};
+use crate::query::export::Exported;
+use crate::store::{AttemptRow, Store, TrialState};
 
 /// Most rows of the trial table (the latest trials beyond it).
 pub const MAX_TABLE: usize = 1000;
@@ -38,7 +39,7 @@ pub struct StudyView {
     /// Its further objectives (`[objective] also`).
     pub also: Vec<Secondary>,
     /// Every trial as `export` writes it, ranked by the one rule.
-    pub rows: Vec<ExportRow>,
+    pub rows: Vec<Exported>,
     /// Why each failed trial failed.
     pub reasons: BTreeMap<u64, String>,
     /// The last trials' learning curves.
@@ -49,10 +50,10 @@ pub struct StudyView {
 
 impl StudyView {
     /// The successful trials with a finite objective: (row, objective, feasible).
-    fn scored(&self) -> impl Iterator<Item = (&ExportRow, f64, bool)> {
-        self.rows.iter().filter(|r| r.state == TrialState::Done).filter_map(|r| {
-            let y = r.objective.filter(|y| y.is_finite())?;
-            Some((r, y, r.violation.is_none_or(|v| v == 0.0)))
+    fn scored(&self) -> impl Iterator<Item = (&Exported, f64, bool)> {
+        self.rows.iter().filter(|r| r.record.state == TrialState::Done).filter_map(|r| {
+            let y = r.result().and_then(|o| o.objective).filter(|y| y.is_finite())?;
+            Some((r, y, r.result().and_then(|o| o.violation).is_none_or(|v| v == 0.0)))
         })
     }
 
@@ -66,7 +67,7 @@ pub fn load(store: &Store, study: &str, at_ms: u64) -> Result<Option<StudyView>,
     let Some(row) = store.study(study)? else { return Ok(None) };
     let also = store.stored(study)?.and_then(|s| s.study()).map(|s| s.objective.also).unwrap_or_default();
     let reasons =
-        store.trials(study)?.into_iter().filter_map(|t| Some((t.trial, t.reason?))).collect::<BTreeMap<_, _>>();
+        store.trials(study)?.into_iter().filter_map(|t| Some((t.plan.trial, t.reason?))).collect::<BTreeMap<_, _>>();
     Ok(Some(StudyView {
         study: row.name.clone(),
         state: row.state.as_str().to_string(),
@@ -83,8 +84,8 @@ pub fn load(store: &Store, study: &str, at_ms: u64) -> Result<Option<StudyView>,
 /// The study's page's `<main>`, which the page reloads.
 pub fn main_html(v: &StudyView, query: &str) -> String {
     let mut out = String::from("<main id=\"live\">");
-    let scored: Vec<(&ExportRow, f64, bool)> = v.scored().collect();
-    let done = v.rows.iter().filter(|r| r.state == TrialState::Done).count();
+    let scored: Vec<(&Exported, f64, bool)> = v.scored().collect();
+    let done = v.rows.iter().filter(|r| r.record.state == TrialState::Done).count();
     let best = v.rows.iter().find(|r| r.rank.is_some_and(|p| p.0 == 1));
     let _ = write!(
         out,
@@ -101,9 +102,9 @@ pub fn main_html(v: &StudyView, query: &str) -> String {
             |b| format!(
                 "{}=<span id=\"best-value\">{}</span> (trial <a href=\"{}\">{}</a>)",
                 Esc(&v.metric),
-                b.objective.map_or_else(|| "-".into(), |y| y.to_string()),
-                trial_link(&v.study, b.trial, query),
-                b.trial
+                b.result().and_then(|o| o.objective).map_or_else(|| "-".into(), |y| y.to_string()),
+                trial_link(&v.study, b.record.plan.trial, query),
+                b.record.plan.trial
             )
         ),
     );
@@ -132,8 +133,8 @@ fn trial_link(study: &str, trial: u64, query: &str) -> String {
 }
 
 /// Each parameter's share of the variance ([`crate::domain::importance`]), largest first.
-fn importance(scored: &[(&ExportRow, f64, bool)]) -> Vec<(String, f64)> {
-    let trials: Vec<_> = scored.iter().map(|(r, y, _)| (r.params.clone(), *y)).collect();
+fn importance(scored: &[(&Exported, f64, bool)]) -> Vec<(String, f64)> {
+    let trials: Vec<_> = scored.iter().map(|(r, y, _)| (r.record.plan.params.clone(), *y)).collect();
     crate::domain::importance::importance(&trials)
 }
 
@@ -141,24 +142,24 @@ fn importance(scored: &[(&ExportRow, f64, bool)]) -> Vec<(String, f64)> {
 fn names_by_importance<'a>(v: &'a StudyView, shares: &'a [(String, f64)]) -> Vec<&'a str> {
     let mut names: Vec<&str> = shares.iter().map(|(n, _)| n.as_str()).collect();
     let all: std::collections::BTreeSet<&str> =
-        v.rows.iter().flat_map(|r| r.params.keys().map(String::as_str)).collect();
+        v.rows.iter().flat_map(|r| r.record.plan.params.keys().map(String::as_str)).collect();
     names.extend(all.into_iter().filter(|n| !shares.iter().any(|(s, _)| s == n)));
     names
 }
 
-fn history(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
-    let all: Vec<(u64, f64)> = scored.iter().map(|(r, y, _)| (r.trial, *y)).collect();
-    let infeasible = scored.iter().filter(|p| !p.2).map(|p| p.0.trial).collect();
+fn history(out: &mut String, v: &StudyView, scored: &[(&Exported, f64, bool)]) {
+    let all: Vec<(u64, f64)> = scored.iter().map(|(r, y, _)| (r.record.plan.trial, *y)).collect();
+    let infeasible = scored.iter().filter(|p| !p.2).map(|p| p.0.record.plan.trial).collect();
     let series = super::sample::objective_series_feasible(&all, &infeasible, v.direction, svg::MAX_DOTS);
     section(out, "view-history", "History", || svg::objective_chart("history", &series, &v.metric));
 }
 
-fn slices(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], shares: &[(String, f64)]) {
+fn slices(out: &mut String, v: &StudyView, scored: &[(&Exported, f64, bool)], shares: &[(String, f64)]) {
     let names = names_by_importance(v, shares);
     out.push_str("<section id=\"view-slice\"><h2>Slice</h2><div class=\"grid\">");
     for (i, name) in names.iter().take(MAX_SLICES).enumerate() {
         let points: Vec<(&ParamValue, f64, bool)> =
-            scored.iter().filter_map(|(r, y, ok)| Some((r.params.get(*name)?, *y, *ok))).collect();
+            scored.iter().filter_map(|(r, y, ok)| Some((r.record.plan.params.get(*name)?, *y, *ok))).collect();
         let _ = write!(
             out,
             "<figure data-slice=\"{}\">{}</figure>",
@@ -173,33 +174,37 @@ fn slices(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], s
     out.push_str("</section>");
 }
 
-fn parallel(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], shares: &[(String, f64)]) {
+fn parallel(out: &mut String, v: &StudyView, scored: &[(&Exported, f64, bool)], shares: &[(String, f64)]) {
     let names = names_by_importance(v, shares);
     let names: Vec<&str> = names.into_iter().take(MAX_SLICES).collect();
     // The best trials when there are too many lines to read.
-    let mut kept: Vec<&(&ExportRow, f64, bool)> = scored.iter().collect();
+    let mut kept: Vec<&(&Exported, f64, bool)> = scored.iter().collect();
     kept.sort_by_key(|(r, _, _)| r.rank.map_or(u64::MAX, |p| p.0));
     kept.truncate(MAX_TABLE);
-    let trials: Vec<(u64, Vec<Option<&ParamValue>>, f64, bool)> =
-        kept.iter().map(|(r, y, ok)| (r.trial, names.iter().map(|n| r.params.get(*n)).collect(), *y, *ok)).collect();
+    let trials: Vec<(u64, Vec<Option<&ParamValue>>, f64, bool)> = kept
+        .iter()
+        .map(|(r, y, ok)| (r.record.plan.trial, names.iter().map(|n| r.record.plan.params.get(*n)).collect(), *y, *ok))
+        .collect();
     section(out, "view-parallel", "Parallel coordinates", || {
         plots::parallel_chart("parallel", &names, &v.metric, v.maximize(), &trials)
     });
 }
 
-fn contour(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], shares: &[(String, f64)]) {
+fn contour(out: &mut String, v: &StudyView, scored: &[(&Exported, f64, bool)], shares: &[(String, f64)]) {
     // Two numbers when the study has them: a contour over categories reads poorly.
     let all = names_by_importance(v, shares);
     let numeric: Vec<&str> = all
         .iter()
         .copied()
-        .filter(|n| v.rows.iter().filter_map(|r| r.params.get(*n)).all(|p| p.as_f64().is_some()))
+        .filter(|n| v.rows.iter().filter_map(|r| r.record.plan.params.get(*n)).all(|p| p.as_f64().is_some()))
         .collect();
     let names = if numeric.len() >= 2 { numeric } else { all };
     section(out, "view-contour", "Contour", || match names.as_slice() {
         [a, b, ..] => {
-            let points: Vec<(&ParamValue, &ParamValue, f64, bool)> =
-                scored.iter().filter_map(|(r, y, ok)| Some((r.params.get(*a)?, r.params.get(*b)?, *y, *ok))).collect();
+            let points: Vec<(&ParamValue, &ParamValue, f64, bool)> = scored
+                .iter()
+                .filter_map(|(r, y, ok)| Some((r.record.plan.params.get(*a)?, r.record.plan.params.get(*b)?, *y, *ok)))
+                .collect();
             plots::contour_chart("contour", (a, b), &v.metric, v.maximize(), &points)
         }
         _ => svg::empty("contour", "contour", "A contour needs two parameters; this study has fewer."),
@@ -207,7 +212,7 @@ fn contour(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)], 
 }
 
 /// The front of the objective and each further objective, for a study with two or more.
-fn pareto(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
+fn pareto(out: &mut String, v: &StudyView, scored: &[(&Exported, f64, bool)]) {
     out.push_str("<section id=\"view-pareto\"><h2>Pareto front</h2>");
     if v.also.is_empty() {
         out.push_str(
@@ -217,12 +222,15 @@ fn pareto(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
     }
     let sign = if v.maximize() { -1.0 } else { 1.0 };
     for (i, also) in v.also.iter().enumerate() {
-        let figure = |r: &ExportRow| match also {
-            Secondary::Energy => r.energy().counted().unwrap_or(f64::NAN),
-            Secondary::WallTime => r.wall_us.map_or(f64::NAN, |us| us as f64 / 1e6),
+        let figure = |r: &Exported| match also {
+            Secondary::Energy => r.result().and_then(|o| o.energy.counted()).unwrap_or(f64::NAN),
+            Secondary::WallTime => r.result().map(|o| o.wall_us).map_or(f64::NAN, |us| us as f64 / 1e6),
         };
-        let placed: Vec<(u64, f64, f64, bool)> =
-            scored.iter().map(|(r, y, ok)| (r.trial, figure(r), *y, *ok)).filter(|p| p.1.is_finite()).collect();
+        let placed: Vec<(u64, f64, f64, bool)> = scored
+            .iter()
+            .map(|(r, y, ok)| (r.record.plan.trial, figure(r), *y, *ok))
+            .filter(|p| p.1.is_finite())
+            .collect();
         let feasible: Vec<&(u64, f64, f64, bool)> = placed.iter().filter(|p| p.3).collect();
         let keys: Vec<Vec<f64>> = feasible.iter().map(|p| vec![p.1, sign * p.2]).collect();
         let mut front: Vec<(u64, f64, f64)> = tunefleet_search::pareto::front(&keys)
@@ -256,8 +264,8 @@ fn pareto(out: &mut String, v: &StudyView, scored: &[(&ExportRow, f64, bool)]) {
 
 fn trials_table(out: &mut String, v: &StudyView, query: &str) {
     let names: std::collections::BTreeSet<&str> =
-        v.rows.iter().flat_map(|r| r.params.keys().map(String::as_str)).collect();
-    let constrained = v.rows.iter().any(|r| r.violation.is_some());
+        v.rows.iter().flat_map(|r| r.record.plan.params.keys().map(String::as_str)).collect();
+    let constrained = v.rows.iter().any(|r| r.result().and_then(|o| o.violation).is_some());
     out.push_str("<section id=\"view-trials\"><h2>Trials</h2>");
     let skipped = v.rows.len().saturating_sub(MAX_TABLE);
     if skipped > 0 {
@@ -278,30 +286,34 @@ fn trials_table(out: &mut String, v: &StudyView, query: &str) {
             out,
             "<tr data-trial=\"{0}\"><td><a href=\"{1}\">{0}</a></td><td>{2}</td><td class=\"n objective\">{3}</td>\
              <td class=\"n\">{4}</td>",
-            r.trial,
-            trial_link(&v.study, r.trial, query),
-            r.state.as_str(),
-            r.objective.map_or_else(String::new, |y| y.to_string()),
+            r.record.plan.trial,
+            trial_link(&v.study, r.record.plan.trial, query),
+            r.record.state.as_str(),
+            r.result().and_then(|o| o.objective).map_or_else(String::new, |y| y.to_string()),
             r.rank.map_or_else(String::new, |p| p.0.to_string()),
         );
         if constrained {
-            let _ = write!(out, "<td>{}</td>", r.violation.map_or("", |x| if x == 0.0 { "yes" } else { "no" }));
+            let _ = write!(
+                out,
+                "<td>{}</td>",
+                r.result().and_then(|o| o.violation).map_or("", |x| if x == 0.0 { "yes" } else { "no" })
+            );
         }
         for n in &names {
             let _ = write!(
                 out,
                 "<td>{}</td>",
-                r.params.get(*n).map_or_else(String::new, |p| Esc(&p.to_string()).to_string())
+                r.record.plan.params.get(*n).map_or_else(String::new, |p| Esc(&p.to_string()).to_string())
             );
         }
         let _ = write!(
             out,
             "<td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{}</td><td class=\"n\">{}</td></tr>",
-            Esc(r.agent.as_deref().unwrap_or("")),
-            r.wall_us.map_or_else(String::new, |us| fmt_num(us as f64 / 1e6)),
-            r.energy_j.map_or_else(String::new, fmt_num),
-            Esc(r.energy_source.as_deref().unwrap_or("")),
-            r.attempts
+            Esc(r.result().map(|o| o.agent.as_str()).unwrap_or("")),
+            r.result().map(|o| o.wall_us).map_or_else(String::new, |us| fmt_num(us as f64 / 1e6)),
+            r.result().and_then(|o| o.energy.joules).map_or_else(String::new, fmt_num),
+            Esc(r.result().and_then(|o| o.energy.source_name()).unwrap_or("")),
+            r.record.attempts
         );
     }
     out.push_str("</table></div></section>");
@@ -331,7 +343,7 @@ pub fn trial_page(v: &StudyView, trial: u64, attempts: &[AttemptRow], query: &st
 
 /// One trial's detail page's body; `None` when the study has no such trial.
 pub fn trial_html(v: &StudyView, trial: u64, attempts: &[AttemptRow], query: &str) -> Option<String> {
-    let r = v.rows.iter().find(|r| r.trial == trial)?;
+    let r = v.rows.iter().find(|r| r.record.plan.trial == trial)?;
     let mut out = String::from("<main id=\"trial\">");
     let _ = write!(
         out,
@@ -341,10 +353,10 @@ pub fn trial_html(v: &StudyView, trial: u64, attempts: &[AttemptRow], query: &st
         Esc(&v.study),
         Esc(query),
         trial,
-        if r.repeat > 0 { format!(" (repeat {})", r.repeat) } else { String::new() },
-        r.state.as_str(),
+        if r.record.plan.repeat > 0 { format!(" (repeat {})", r.record.plan.repeat) } else { String::new() },
+        r.record.state.as_str(),
         Esc(&v.metric),
-        r.objective.map_or_else(|| "-".into(), |y| y.to_string()),
+        r.result().and_then(|o| o.objective).map_or_else(|| "-".into(), |y| y.to_string()),
         r.rank.map_or_else(
             || "-".into(),
             |p| format!(
@@ -356,22 +368,22 @@ pub fn trial_html(v: &StudyView, trial: u64, attempts: &[AttemptRow], query: &st
             )
         ),
     );
-    if let Some(x) = r.violation {
+    if let Some(x) = r.result().and_then(|o| o.violation) {
         let _ =
             write!(out, "<tr><th>feasible</th><td>{} (violation {x})</td></tr>", if x == 0.0 { "yes" } else { "no" });
     }
     if let Some(reason) = v.reasons.get(&trial) {
         let _ = write!(out, "<tr><th>failed</th><td id=\"failure\">{}</td></tr>", Esc(reason));
     }
-    if let Some(exit) = &r.exit {
+    if let Some(exit) = r.result().map(|o| &o.exit) {
         let _ = write!(out, "<tr><th>exit</th><td>{}</td></tr>", Esc(exit));
     }
     out.push_str("</table><h3>Parameters</h3><table id=\"trial-params\">");
-    for (k, p) in &r.params {
+    for (k, p) in &r.record.plan.params {
         let _ = write!(out, "<tr><th>{}</th><td>{}</td></tr>", Esc(k), Esc(&p.to_string()));
     }
     out.push_str("</table>");
-    match r.measurement.clone().map(serde_json::from_value::<Measurement>) {
+    match r.result().and_then(|o| o.measurement()) {
         Some(Ok(m)) => measurement(&mut out, r, &m),
         Some(Err(_)) => out.push_str("<p class=\"small\">Its measurement is in a form this version does not read.</p>"),
         None => out.push_str("<p class=\"small\" id=\"no-result\">No result stored for this trial yet.</p>"),
@@ -393,7 +405,7 @@ pub fn trial_html(v: &StudyView, trial: u64, attempts: &[AttemptRow], query: &st
 }
 
 /// The system configuration, energy, counters and log tail of a result.
-fn measurement(out: &mut String, r: &ExportRow, m: &Measurement) {
+fn measurement(out: &mut String, r: &Exported, m: &Measurement) {
     let memory = match m.limits.memory {
         tunefleet_common::measurement::MemoryLimit::None => "no limit".to_string(),
         tunefleet_common::measurement::MemoryLimit::Cgroup { bytes } => format!("{bytes} bytes (cgroup)"),
@@ -405,7 +417,7 @@ fn measurement(out: &mut String, r: &ExportRow, m: &Measurement) {
          <tr><th>CPUs</th><td>{}</td></tr><tr><th>threads</th><td>{}</td></tr><tr><th>memory</th><td>{memory}</td></tr>\
          <tr><th>kept configuration</th><td>{}</td></tr><tr><th>wall time</th><td>{} s</td></tr>\
          <tr><th>CPU time</th><td>{} s user, {} s system</td></tr><tr><th>peak memory</th><td>{} KiB</td></tr></table>",
-        Esc(r.agent.as_deref().unwrap_or("-")),
+        Esc(r.result().map(|o| o.agent.as_str()).unwrap_or("-")),
         if m.limits.cpus.is_empty() {
             "not pinned".to_string()
         } else {

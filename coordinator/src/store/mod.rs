@@ -16,10 +16,12 @@
 //! yet (see [`crate::runtime::sink`]): the engine queues them in the same batch as the
 //! result they describe, and the sink deletes them once the server took them.
 //!
-//! One file per concern: `schema` opens and migrates, `queries` reads,
-//! `batch` writes, `outbox` queues points for InfluxDB, `export` writes CSV
-//! and JSON, `report` reads what the HTML report draws, `keys` pins agent
-//! keys. This file holds the types and column helpers they share.
+//! One file per concern: `schema` opens and migrates, `record` is the one
+//! trial record every read of trials and results answers in, `queries`
+//! reads, `batch` writes, `outbox` queues points for InfluxDB, `export`
+//! reads what an export writes, `report` reads what the HTML report draws,
+//! `keys` pins agent keys. This file holds the types and column helpers
+//! they share.
 
 use std::fmt;
 
@@ -43,6 +45,7 @@ mod nodes;
 mod outbox;
 mod profiles;
 mod queries;
+mod record;
 mod refusals;
 mod report;
 mod requests;
@@ -53,15 +56,14 @@ mod transfer;
 
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
-pub use export::{AttemptTimes, ExportRow};
+pub use export::AttemptTimes;
 pub use lease::{name_this_process, Candidate, Lease, Lost, Try as LeaseTry};
 pub use lifecycle::LifecycleError;
 pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
-pub use queries::{
-    AgentRow, AttemptRow, BestRow, Curve, ProgressRow, ResultRow, StudyRow, TrialCounts, TrialRow, Unranked,
-};
+pub use queries::{AgentRow, AttemptRow, Curve, ProgressRow, StudyRow, TrialCounts, Unranked};
+pub use record::{Measured, Outcome, Ranked, StoredEnergy, TrialRecord};
 pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
 pub use requests::Requests;
@@ -302,8 +304,8 @@ fn to_i64(what: &'static str, value: u64) -> Result<i64> {
 // Each `*Row` type is mapped in one function, which reads its columns by
 // the names its SELECT gives them (an expression carries an `AS name`),
 // never by position: a mapper and its SELECT cannot drift apart. Columns
-// several row types share are mapped in one place per table
-// ([`trial_cols`] for `trials`, [`energy_cols`] for `results`). Only a
+// several types share are mapped in one place per table ([`trial_cols`]
+// for `trials`, `record::outcome` and [`energy_cols`] for `results`). Only a
 // lookup of two or three columns into a tuple reads by position.
 
 /// Where column `idx` (a name or a position) is in `row`.

@@ -4,15 +4,13 @@
 use super::sql::{self, params, Conn, Optional, Row};
 use serde::Serialize;
 use tunefleet_common::measurement::{EnergyFigure, Measurement};
-use tunefleet_common::message::SystemParams;
 use tunefleet_common::message::{AgentInfo, TrialRef};
-use tunefleet_common::params::Params;
 
+use super::record::{outcome, outcome_cols, plan, record, record_select, Measured, Ranked, TrialRecord};
 use super::{
-    bad_text, energy_cols, get_opt_u64, get_u64, json_col, to_i64, trial_cols, trial_state, Result, SqlContext, Store,
-    StoreError, StudyState, TrialState,
+    bad_text, energy_cols, get_opt_u64, get_u64, json_col, to_i64, trial_state, Result, SqlContext, Store, StoreError,
+    StudyState, TrialState,
 };
-use crate::domain::search::TrialPlan;
 use crate::domain::study::Direction;
 
 /// A study as stored.
@@ -35,41 +33,6 @@ pub struct StudyRow {
     pub held: u64,
     pub done: u64,
     pub failed: u64,
-}
-
-/// A trial as stored.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TrialRow {
-    pub trial: u64,
-    pub repeat: u32,
-    pub params: Params,
-    pub state: TrialState,
-    /// The highest attempt number assigned so far (0: never assigned).
-    pub attempts: u32,
-    /// Why the trial failed, when it did.
-    pub reason: Option<String>,
-    /// The agent of the accepted result, else of the latest attempt.
-    pub agent: Option<String>,
-    /// The objective of the accepted result, when it succeeded and had one.
-    pub objective: Option<f64>,
-    /// Attempts that ended without becoming the trial's result (requeued,
-    /// reassigned, ended by `Batch::end_attempt`...).
-    pub failures: u32,
-    /// The accepted result's energy in joules, when it counts
-    /// ([`EnergyFigure::counted`]).
-    pub energy_j: Option<f64>,
-    /// The accepted result's wall time.
-    pub wall_us: Option<u64>,
-    /// How far the accepted result misses the study's constraints (0:
-    /// feasible; `None`: no constraints, or no result).
-    pub violation: Option<f64>,
-}
-
-impl TrialRow {
-    /// The plan this trial came from, to render it again on resume.
-    pub fn plan(&self) -> TrialPlan {
-        TrialPlan { trial: self.trial, params: self.params.clone(), repeat: self.repeat }
-    }
 }
 
 /// Counts of a study's trials by state.
@@ -98,67 +61,6 @@ pub struct AttemptRow {
     pub ended_ms: Option<u64>,
     pub outcome: Option<String>,
     pub superseded: bool,
-}
-
-/// The accepted result of a trial.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ResultRow {
-    pub trial: u64,
-    pub repeat: u32,
-    pub params: Params,
-    pub attempt: u32,
-    pub agent: String,
-    pub success: bool,
-    pub objective: Option<f64>,
-    pub wall_us: u64,
-    pub user_us: u64,
-    pub sys_us: u64,
-    pub exit: String,
-    pub energy_j: Option<f64>,
-    pub energy_source: Option<String>,
-    pub received_ms: u64,
-    pub measurement: Measurement,
-}
-
-/// One of the best results of a study (see [`Store::best`]).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct BestRow {
-    pub trial: u64,
-    pub repeat: u32,
-    pub params: Params,
-    pub objective: f64,
-    pub attempt: u32,
-    pub agent: String,
-    pub wall_us: u64,
-    pub energy_j: Option<f64>,
-    pub energy_source: Option<String>,
-    pub energy_valid: bool,
-    /// The system configuration of the result: the one its pipelined trial
-    /// selected, else the one it ran under (`None` in a store from before).
-    pub system: Option<SystemParams>,
-    /// Ranked runs of its configuration (its hyper-parameters), this one
-    /// included, and their mean objective: what it is ranked by
-    /// ([`crate::domain::rank`]).
-    pub runs: u32,
-    pub mean: f64,
-    /// How far this result misses the study's constraints (0: feasible;
-    /// `None`: the study has none).
-    pub violation: Option<f64>,
-    /// Its configuration's mean violation, what it is ranked by after
-    /// feasibility (0: every run feasible).
-    pub mean_violation: f64,
-}
-
-impl BestRow {
-    /// Whether its configuration meets every constraint.
-    pub fn feasible(&self) -> bool {
-        self.mean_violation == 0.0
-    }
-
-    /// Its energy as stored ([`EnergyFigure::counted`] says whether it counts).
-    pub fn energy(&self) -> EnergyFigure {
-        EnergyFigure { joules: self.energy_j, valid: self.energy_valid }
-    }
 }
 
 /// Whether a result of a study optimising `metric` is left out of the
@@ -253,22 +155,25 @@ impl Store {
         Ok(rows.into_iter().map(|(agent, n)| (agent, u64::try_from(n).unwrap_or(0))).collect())
     }
 
-    /// Every trial of `study`, by trial id.
-    pub fn trials(&self, study: &str) -> Result<Vec<TrialRow>> {
-        self.trial_rows(study, &format!("{TRIAL_SELECT} ORDER BY t.trial"))
+    /// Every trial of `study`, by trial id, with its accepted result's
+    /// figures (not its measurement).
+    pub fn trials(&self, study: &str) -> Result<Vec<TrialRecord>> {
+        self.records(study, Measured::Without, "ORDER BY t.trial")
     }
 
     /// Trials without a final outcome (pending or running), by trial id: what
     /// a resumed study still has to run. Running trials were interrupted;
     /// `Batch::reset_running` turns them back into pending ones.
-    pub fn pending_trials(&self, study: &str) -> Result<Vec<TrialRow>> {
-        self.trial_rows(study, &format!("{TRIAL_SELECT} AND t.state IN ('pending', 'running') ORDER BY t.trial"))
+    pub fn pending_trials(&self, study: &str) -> Result<Vec<TrialRecord>> {
+        self.records(study, Measured::Without, "AND t.state IN ('pending', 'running') ORDER BY t.trial")
     }
 
-    fn trial_rows(&self, study: &str, sql: &str) -> Result<Vec<TrialRow>> {
+    /// The records of `study` [`record_select`] reads, `rest` (conditions
+    /// and an order) after its own.
+    pub(super) fn records(&self, study: &str, measured: Measured, rest: &str) -> Result<Vec<TrialRecord>> {
         let context = || format!("reading trials of study {study:?}");
-        let mut stmt = self.conn.prepare_cached(sql).ctx(context)?;
-        let rows = stmt.query_map([study], trial_row).ctx(context)?;
+        let mut stmt = self.conn.prepare_cached(&format!("{} {rest}", record_select(measured))).ctx(context)?;
+        let rows = stmt.query_map([study], record).ctx(context)?;
         rows.collect::<sql::Result<Vec<_>>>().ctx(context)
     }
 
@@ -372,12 +277,10 @@ impl Store {
         Ok(curves.into_iter().map(|(_, c)| c).collect())
     }
 
-    /// Every accepted result of `study`, by trial id.
-    pub fn results(&self, study: &str) -> Result<Vec<ResultRow>> {
-        let context = || format!("reading results of study {study:?}");
-        let mut stmt = self.conn.prepare_cached(&format!("{RESULT_SELECT} ORDER BY r.trial")).ctx(context)?;
-        let rows = stmt.query_map(params![study], result_row).ctx(context)?;
-        rows.collect::<sql::Result<Vec<_>>>().ctx(context)
+    /// Every trial of `study` with an accepted result, by trial id, with
+    /// the result's measurement.
+    pub fn results(&self, study: &str) -> Result<Vec<TrialRecord>> {
+        self.records(study, Measured::With, "AND r.trial IS NOT NULL ORDER BY t.trial")
     }
 
     /// The `n` best successful results with an objective, by the one
@@ -386,52 +289,35 @@ impl Store {
     /// study only valid energy readings are ranked (stores written before
     /// objectives left invalid readings out hold their joules anyway);
     /// [`Store::unranked`] counts what was left out.
-    pub fn best(&self, study: &str, n: usize) -> Result<Vec<BestRow>> {
+    pub fn best(&self, study: &str, n: usize) -> Result<Vec<Ranked>> {
         let row = self.study(study)?.ok_or_else(|| StoreError::UnknownStudy(study.to_string()))?;
         let context = || format!("reading the best results of study {study:?}");
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT r.trial, t.repeat, t.params, r.objective, r.attempt, r.agent, r.wall_us, r.energy_j,
-                        r.energy_source, r.energy_valid, r.system, r.violation
+            .prepare_cached(&format!(
+                "SELECT r.trial, t.repeat, t.params, {}
                  FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
                  WHERE r.study = ?1 AND r.success = 1 AND r.objective IS NOT NULL
                  ORDER BY r.trial ASC",
-            )
+                outcome_cols(Measured::Without)
+            ))
             .ctx(context)?;
         let rows = stmt
             .query_map(params![study], |row| {
-                let (trial, repeat, params) = trial_cols(row)?;
-                let energy = energy_cols(row)?;
-                Ok(BestRow {
-                    trial,
-                    repeat,
-                    params,
-                    objective: row.get("objective")?,
-                    attempt: row.get("attempt")?,
-                    agent: row.get("agent")?,
-                    wall_us: get_u64(row, "wall_us")?,
-                    energy_j: energy.joules,
-                    energy_source: row.get("energy_source")?,
-                    energy_valid: energy.valid,
-                    system: row
-                        .get::<_, Option<String>>("system")?
-                        .and_then(|text| serde_json::from_str::<SystemParams>(&text).ok()),
-                    runs: 1,
-                    mean: 0.0,
-                    violation: row.get("violation")?,
-                    mean_violation: 0.0,
-                })
+                let result = outcome(row)?.ok_or_else(|| bad_text(row, "result_attempt", "result", "NULL"))?;
+                Ok(Ranked { plan: plan(row)?, result, runs: 1, mean: 0.0, mean_violation: 0.0 })
             })
             .ctx(context)?;
         let mut rows = rows.collect::<sql::Result<Vec<_>>>().ctx(context)?;
         rows.retain(|r| !energy_left_out(&row.metric, r.energy()));
         let keyed: Vec<(String, u64, f64, f64)> = rows
             .iter()
-            .map(|r| (super::params_json(&r.params), r.trial, r.objective, r.violation.unwrap_or(0.0)))
+            .map(|r| {
+                (super::params_json(&r.plan.params), r.plan.trial, r.objective(), r.result.violation.unwrap_or(0.0))
+            })
             .collect();
         let order = crate::domain::rank::rank(row.direction, &keyed);
-        let mut slots: Vec<Option<BestRow>> = rows.into_iter().map(Some).collect();
+        let mut slots: Vec<Option<Ranked>> = rows.into_iter().map(Some).collect();
         Ok(order
             .into_iter()
             .take(n)
@@ -669,65 +555,6 @@ pub(super) fn study_by_name(conn: &Conn, name: &str) -> Result<Option<StudyRow>>
         .query_row([name], study_row)
         .optional()
         .ctx(context)
-}
-
-const TRIAL_SELECT: &str = "SELECT t.trial, t.repeat, t.params, t.state, t.attempts, t.reason,
-        COALESCE(r.agent, a.agent) AS agent,
-        CASE WHEN r.success = 1 THEN r.objective END AS objective,
-        (SELECT COUNT(*) FROM attempts f
-         WHERE f.study = t.study AND f.trial = t.trial AND f.ended_ms IS NOT NULL AND f.attempt IS NOT r.attempt
-           AND COALESCE(f.outcome, '') NOT LIKE 'moved off %' AND COALESCE(f.outcome, '') NOT LIKE 'refused by %'
-           AND COALESCE(f.outcome, '') NOT LIKE 'not started: %') AS failures,
-        r.energy_j, r.energy_valid,
-        r.wall_us,
-        CASE WHEN r.success = 1 THEN r.violation END AS violation
-    FROM trials t
-    LEFT JOIN results r ON r.study = t.study AND r.trial = t.trial
-    LEFT JOIN attempts a ON a.study = t.study AND a.trial = t.trial AND a.attempt = t.attempts
-    WHERE t.study = ?1";
-
-fn trial_row(row: &Row<'_>) -> sql::Result<TrialRow> {
-    let (trial, repeat, params) = trial_cols(row)?;
-    Ok(TrialRow {
-        trial,
-        repeat,
-        params,
-        state: trial_state(row, "state")?,
-        attempts: row.get("attempts")?,
-        reason: row.get("reason")?,
-        agent: row.get("agent")?,
-        objective: row.get("objective")?,
-        failures: row.get("failures")?,
-        energy_j: energy_cols(row)?.counted(),
-        wall_us: row.get::<_, Option<i64>>("wall_us")?.and_then(|v| u64::try_from(v).ok()),
-        violation: row.get("violation")?,
-    })
-}
-
-const RESULT_SELECT: &str = "SELECT r.trial, t.repeat, t.params, r.attempt, r.agent, r.success, r.objective,
-        r.wall_us, r.user_us, r.sys_us, r.exit, r.energy_j, r.energy_source, r.received_ms, r.measurement
-    FROM results r JOIN trials t ON t.study = r.study AND t.trial = r.trial
-    WHERE r.study = ?1";
-
-fn result_row(row: &Row<'_>) -> sql::Result<ResultRow> {
-    let (trial, repeat, params) = trial_cols(row)?;
-    Ok(ResultRow {
-        trial,
-        repeat,
-        params,
-        attempt: row.get("attempt")?,
-        agent: row.get("agent")?,
-        success: row.get("success")?,
-        objective: row.get("objective")?,
-        wall_us: get_u64(row, "wall_us")?,
-        user_us: get_u64(row, "user_us")?,
-        sys_us: get_u64(row, "sys_us")?,
-        exit: row.get("exit")?,
-        energy_j: row.get("energy_j")?,
-        energy_source: row.get("energy_source")?,
-        received_ms: get_u64(row, "received_ms")?,
-        measurement: json_col(row, "measurement")?,
-    })
 }
 
 /// The coordinator's last heartbeat, as `status` reads it.

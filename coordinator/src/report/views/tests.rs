@@ -2,26 +2,26 @@ use tunefleet_common::counter::{CounterKind, CounterReading};
 use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
 
 use super::*;
+use crate::domain::search::TrialPlan;
+use crate::store::{Outcome, StoredEnergy, TrialRecord};
 
-fn row(trial: u64, x: f64, kind: &str, y: Option<f64>, energy: f64) -> ExportRow {
-    ExportRow {
-        trial,
-        repeat: 0,
-        state: if y.is_some() { TrialState::Done } else { TrialState::Failed },
-        params: [("x".to_string(), ParamValue::Float(x)), ("kind".to_string(), ParamValue::Text(kind.into()))].into(),
-        attempts: 1,
-        objective: y,
-        wall_us: Some(1_000_000 + trial * 1000),
-        energy_j: Some(energy),
-        energy_source: Some("rapl".into()),
-        energy_valid: Some(true),
-        gpu_energy_j: None,
-        agent: Some("a<1>".into()),
-        attempt: Some(1),
-        exit: Some("exit 0".into()),
-        measurement: None,
+fn row(trial: u64, x: f64, kind: &str, y: Option<f64>, energy: f64) -> Exported {
+    let stored = StoredEnergy { joules: Some(energy), source: Some(EnergySourceKind::Rapl), valid: true };
+    let mut result = Outcome::for_test("a<1>", y, 1_000_000 + trial * 1000, stored);
+    result.success = y.is_some();
+    result.exit = "exit 0".into();
+    let params = [("x".to_string(), ParamValue::Float(x)), ("kind".to_string(), ParamValue::Text(kind.into()))];
+    Exported {
+        record: TrialRecord {
+            plan: TrialPlan { trial, params: params.into(), repeat: 0 },
+            state: if y.is_some() { TrialState::Done } else { TrialState::Failed },
+            attempts: 1,
+            failures: 0,
+            reason: None,
+            agent: Some("a<1>".into()),
+            result: Some(result),
+        },
         rank: None,
-        violation: None,
     }
 }
 
@@ -36,10 +36,11 @@ fn view() -> StudyView {
         row(4, 0.7, "a", Some(4.0), 40.0),
         row(5, 0.2, "b", Some(1.5), 20.0),
     ];
-    let mut done: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].objective.is_some()).collect();
-    done.sort_by(|&a, &b| rows[a].objective.partial_cmp(&rows[b].objective).expect("finite"));
+    let objective = |r: &Exported| r.result().and_then(|o| o.objective);
+    let mut done: Vec<usize> = (0..rows.len()).filter(|&i| objective(&rows[i]).is_some()).collect();
+    done.sort_by(|&a, &b| objective(&rows[a]).partial_cmp(&objective(&rows[b])).expect("finite"));
     for (place, i) in done.into_iter().enumerate() {
-        rows[i].rank = Some((place as u64 + 1, rows[i].objective.unwrap_or_default(), 1));
+        rows[i].rank = Some((place as u64 + 1, objective(&rows[i]).unwrap_or_default(), 1));
     }
     StudyView {
         study: "s1".into(),
@@ -110,7 +111,8 @@ fn importance_orders_the_slices_and_the_contour() {
     let mut v = view();
     // The loss follows x alone.
     for r in &mut v.rows {
-        if let (Some(y), Some(x)) = (r.objective.as_mut(), r.params.get("x").and_then(ParamValue::as_f64)) {
+        let x = r.record.plan.params.get("x").and_then(ParamValue::as_f64);
+        if let (Some(y), Some(x)) = (r.record.result.as_mut().and_then(|o| o.objective.as_mut()), x) {
             *y = x * 10.0;
         }
     }
@@ -122,7 +124,7 @@ fn importance_orders_the_slices_and_the_contour() {
     // Two numeric parameters: the contour is theirs, though `kind` may matter more.
     let mut numeric = view();
     for r in &mut numeric.rows {
-        r.params.insert("n".into(), ParamValue::Int(i64::try_from(r.trial % 3).unwrap_or(0)));
+        r.record.plan.params.insert("n".into(), ParamValue::Int(i64::try_from(r.record.plan.trial % 3).unwrap_or(0)));
     }
     let html = main_html(&numeric, "");
     let contour = between(&html, "id=\"view-contour\"", "</section>");
@@ -131,7 +133,7 @@ fn importance_orders_the_slices_and_the_contour() {
     );
     // One parameter only: the contour says why it is not drawn.
     for r in &mut v.rows {
-        r.params.remove("kind");
+        r.record.plan.params.remove("kind");
     }
     assert!(main_html(&v, "").contains("A contour needs two parameters"));
 }
@@ -149,7 +151,10 @@ fn a_study_with_two_objectives_draws_its_front() {
     // Trial 1 misses the study's constraints: the front is of the others
     // (the constrained front), trial 1 a grey dot, "no" in the table.
     for r in &mut v.rows {
-        r.violation = r.objective.map(|_| if r.trial == 1 { 0.5 } else { 0.0 });
+        let trial = r.record.plan.trial;
+        if let Some(o) = r.record.result.as_mut() {
+            o.violation = o.objective.map(|_| if trial == 1 { 0.5 } else { 0.0 });
+        }
     }
     let html = main_html(&v, "");
     let front = between(&html, "data-front=\"energy\"", ">");
@@ -175,7 +180,9 @@ fn a_trial_opens_its_detail() {
         }],
         ..Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, "a model"))
     };
-    v.rows[1].measurement = Some(serde_json::to_value(&m).expect("json"));
+    if let Some(o) = v.rows[1].record.result.as_mut() {
+        o.measurement_json = Some(serde_json::to_string(&m).expect("json"));
+    }
     let attempts = [AttemptRow {
         trial: 1,
         attempt: 1,

@@ -176,7 +176,7 @@ impl Core {
             id
         };
         let rows = self.store.trials(&study.name)?;
-        let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan()).collect();
+        let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan.clone()).collect();
         let mut search = Search::new(&study);
         search.resume(&plans);
         let mut states = Vec::with_capacity(rows.len());
@@ -184,8 +184,8 @@ impl Core {
         // Trials ASHA stopped: told to the search with their last report below.
         let mut stopped: HashMap<u64, tunefleet_common::params::Params> = HashMap::new();
         for row in rows {
-            if row.trial != states.len() as u64 {
-                tracing::error!(study = %study.name, trial = row.trial, "trial ids in the store are not dense; later trials ignored");
+            if row.plan.trial != states.len() as u64 {
+                tracing::error!(study = %study.name, trial = row.plan.trial, "trial ids in the store are not dense; later trials ignored");
                 break;
             }
             states.push(match row.state {
@@ -198,15 +198,15 @@ impl Core {
                 TrialState::Done => Restored::Done,
                 TrialState::Failed => Restored::Failed,
                 TrialState::Stopped => {
-                    stopped.insert(row.trial, row.params.clone());
+                    stopped.insert(row.plan.trial, row.plan.params.clone());
                     Restored::Stopped
                 }
             });
-            if let (Some(value), Some(agent)) = (row.objective, row.agent.clone()) {
-                let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
+            if let (Some(value), Some(agent)) = (row.objective(), row.agent.clone()) {
+                let also = study.also_figures(row.counted_energy(), row.wall_us().unwrap_or(0));
                 // The store keeps the total violation: the search models that.
-                search.tell_constrained(row.trial, &row.params, value, &also, row.violation, None);
-                values.push((row.trial, value, row.violation, agent));
+                search.tell_constrained(row.plan.trial, &row.plan.params, value, &also, row.violation(), None);
+                values.push((row.plan.trial, value, row.violation(), agent));
             }
         }
         super::warm::warm_start(&self.store, &study, &mut search)?;

@@ -729,7 +729,7 @@ fn regression_another_study_of_the_same_name_is_refused_never_duplicate() {
     assert_eq!(answer(&mut fx, &a.trial, 1.0), AckOutcome::Duplicate, "its own attempt is");
     assert_eq!(fx.core.stats.other_study_refs, 4);
     let results = fx.core.store.results("s").expect("results");
-    assert_eq!(results.iter().map(|r| r.objective).collect::<Vec<_>>(), [Some(1.0)], "this study's result alone");
+    assert_eq!(results.iter().map(|r| r.objective()).collect::<Vec<_>>(), [Some(1.0)], "this study's result alone");
     assert_eq!(fx.consistent(), Ok(()));
 }
 
@@ -1127,7 +1127,7 @@ fn a_reconfigured_trial_records_the_configuration_it_ran() {
     let msg = fx.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: m }));
     fx.turn(vec![msg]);
     let best = fx.core.store.best("s", 1).expect("best");
-    assert_eq!(best.first().and_then(|b| b.system.clone()), Some(ran), "{best:?}");
+    assert_eq!(best.first().and_then(|b| b.result.system.clone()), Some(ran), "{best:?}");
     assert_eq!(fx.consistent(), Ok(()));
 }
 

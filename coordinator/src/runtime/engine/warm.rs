@@ -24,8 +24,8 @@ pub(super) fn warm_start(store: &Store, study: &Study, search: &mut Search) -> R
             continue;
         }
         for row in store.trials(name)? {
-            let (Some(value), Some(params)) = (row.objective, in_space(&space, &row.params)) else { continue };
-            let also = study.also_figures(row.energy_j, row.wall_us.unwrap_or(0));
+            let (Some(value), Some(params)) = (row.objective(), in_space(&space, &row.plan.params)) else { continue };
+            let also = study.also_figures(row.counted_energy(), row.wall_us().unwrap_or(0));
             search.tell(WARM_ID_BASE + told, &params, value, &also);
             told += 1;
         }
