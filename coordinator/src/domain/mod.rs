@@ -16,3 +16,4 @@ pub mod sched;
 pub mod search;
 pub mod select;
 pub mod study;
+pub mod trial;

@@ -2,9 +2,10 @@
 //! result and measurement, and when each attempt ran
 //! (`crate::query::export` writes them as CSV or JSON).
 
-use super::record::{Measured, TrialRecord};
+use super::record::Measured;
 use super::sql::{self};
 use super::{Result, SqlContext, Store};
+use crate::domain::trial::TrialRecord;
 
 impl Store {
     /// Every trial of `study` with its accepted result, if any, and the

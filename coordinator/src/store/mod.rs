@@ -54,6 +54,7 @@ mod schema;
 pub(crate) mod sql;
 mod transfer;
 
+pub use crate::domain::trial::{Outcome, Ranked, StoredEnergy, TrialRecord, TrialState};
 pub use batch::{RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
 pub use export::AttemptTimes;
@@ -63,7 +64,7 @@ pub use nodes::NodeRow;
 pub use outbox::{OutboxCounts, OutboxRow};
 pub use profiles::DecisionRow;
 pub use queries::{AgentRow, AttemptRow, Curve, ProgressRow, StudyRow, TrialCounts, Unranked};
-pub use record::{Measured, Outcome, Ranked, StoredEnergy, TrialRecord};
+pub use record::Measured;
 pub use refusals::RefusalRow;
 pub use report::{ProvenanceRow, WindowRow};
 pub use requests::Requests;
@@ -121,49 +122,6 @@ impl<T> SqlContext<T> for sql::Result<T> {
             sql::Error::Fenced { .. } => StoreError::SteppedDown { path: context(), cause },
             cause => StoreError::Sql { context: context(), cause },
         })
-    }
-}
-
-/// Where a trial is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TrialState {
-    Pending,
-    Running,
-    Done,
-    Failed,
-    /// Stopped early by the search (its epochs trailed): final, not a
-    /// failure, never retried.
-    Stopped,
-}
-
-impl TrialState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TrialState::Pending => "pending",
-            TrialState::Running => "running",
-            TrialState::Done => "done",
-            TrialState::Failed => "failed",
-            TrialState::Stopped => "stopped",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        [TrialState::Pending, TrialState::Running, TrialState::Done, TrialState::Failed, TrialState::Stopped]
-            .into_iter()
-            .find(|t| t.as_str() == s)
-    }
-
-    /// Done or failed: no more attempts are assigned (a trial failed without
-    /// a result may still take the late result of an attempt it had).
-    pub fn is_final(self) -> bool {
-        matches!(self, TrialState::Done | TrialState::Failed | TrialState::Stopped)
-    }
-}
-
-impl fmt::Display for TrialState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

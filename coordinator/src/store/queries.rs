@@ -6,12 +6,13 @@ use serde::Serialize;
 use tunefleet_common::measurement::{EnergyFigure, Measurement};
 use tunefleet_common::message::{AgentInfo, TrialRef};
 
-use super::record::{outcome, outcome_cols, plan, record, record_select, Measured, Ranked, TrialRecord};
+use super::record::{outcome, outcome_cols, plan, record, record_select, Measured};
 use super::{
     bad_text, energy_cols, get_opt_u64, get_u64, json_col, to_i64, trial_state, Result, SqlContext, Store, StoreError,
     StudyState, TrialState,
 };
 use crate::domain::study::Direction;
+use crate::domain::trial::{Ranked, TrialRecord};
 
 /// A study as stored.
 #[derive(Debug, Clone, PartialEq, Serialize)]

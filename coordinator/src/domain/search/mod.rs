@@ -34,6 +34,7 @@ use tunefleet_common::params::Params;
 
 use crate::domain::study::{Strategy, Study};
 
+mod history;
 mod probe;
 mod spec;
 mod stability;

@@ -178,7 +178,7 @@ impl Core {
         let rows = self.store.trials(&study.name)?;
         let plans: Vec<TrialPlan> = rows.iter().map(|r| r.plan.clone()).collect();
         let mut search = Search::new(&study);
-        search.resume(&plans);
+        search.restore(&study, &rows);
         let mut states = Vec::with_capacity(rows.len());
         let mut values: Vec<(u64, f64, Option<f64>, String)> = Vec::new();
         // Trials ASHA stopped: told to the search with their last report below.
@@ -203,9 +203,6 @@ impl Core {
                 }
             });
             if let (Some(value), Some(agent)) = (row.objective(), row.agent.clone()) {
-                let also = study.also_figures(row.counted_energy(), row.wall_us().unwrap_or(0));
-                // The store keeps the total violation: the search models that.
-                search.tell_constrained(row.plan.trial, &row.plan.params, value, &also, row.violation(), None);
                 values.push((row.plan.trial, value, row.violation(), agent));
             }
         }

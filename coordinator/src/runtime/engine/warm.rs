@@ -10,8 +10,7 @@ use crate::store::Store;
 /// Tells `search` the results of the studies `study` warm-starts from
 /// (`[warm_start]`): those of the same objective, each inside its space.
 pub(super) fn warm_start(store: &Store, study: &Study, search: &mut Search) -> Result<(), EngineError> {
-    use tunefleet_search::warm::{in_space, WARM_ID_BASE};
-    let space = study.searched();
+    use tunefleet_search::warm::WARM_ID_BASE;
     let mut told = 0u64;
     for name in &study.warm_start {
         let Some(other) = store.stored(name)?.and_then(|s| s.study()) else {
@@ -23,12 +22,7 @@ pub(super) fn warm_start(store: &Store, study: &Study, search: &mut Search) -> R
             tracing::warn!(study = %study.name, from = %name, "warm start: another objective, nothing told");
             continue;
         }
-        for row in store.trials(name)? {
-            let (Some(value), Some(params)) = (row.objective(), in_space(&space, &row.plan.params)) else { continue };
-            let also = study.also_figures(row.counted_energy(), row.wall_us().unwrap_or(0));
-            search.tell(WARM_ID_BASE + told, &params, value, &also);
-            told += 1;
-        }
+        told += search.warm(study, &store.trials(name)?, WARM_ID_BASE + told);
     }
     if !study.warm_start.is_empty() {
         tracing::info!(study = %study.name, told, from = ?study.warm_start, "warm start: earlier results told to the search");
