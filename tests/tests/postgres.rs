@@ -485,7 +485,8 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
         step(&mut store, &|b| format!("{:?}", open_study_at(b, &study, &search::plan(&study), 1000)));
         let assign = |b: &mut tunefleet_coordinator::store::Batch<'_>, r: TrialRef, agent: &str, held: bool| {
             let at = 2000 + 10 * r.trial + u64::from(r.attempt);
-            b.record_assignment_held(&r, agent, at, held).map_err(|e| e.to_string())
+            // A server says a trial that ended is refused when the batch settles.
+            b.record_assignment_held(&r, agent, at, held).and_then(|()| b.settle()).map_err(|e| e.to_string())
         };
         let result = |b: &mut tunefleet_coordinator::store::Batch<'_>, r: TrialRef, agent: &str, exit: ExitOutcome| {
             let at = 3000 + 10 * r.trial + u64::from(r.attempt);
@@ -561,6 +562,34 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
         step(&mut store, &|b| {
             format!("{:?} {}", assign(b, t(0, 2), "a2", false), result(b, t(99, 1), "a1", ExitOutcome::Exited(0)))
         });
+        // A trial that ended given again beside another write (prepared
+        // before: its preparing settles nothing): the batch commits nothing
+        // (a file refuses at once, a server as it commits).
+        step(&mut store, &|b| {
+            let beat = b.beat(1, 5000, false, None, "{}").and_then(|()| b.savepoint("aside"));
+            format!("{:?}", beat.and_then(|()| b.release("aside")).map_err(|e| e.to_string()))
+        });
+        let mut b = store.batch().expect("batch");
+        let given = b.record_assignment(&t(0, 3), "a3", 6000);
+        let committed = given.and_then(|()| {
+            b.beat(1, 6000, false, None, "{}")?;
+            b.commit()
+        });
+        let refused = committed.expect_err("refused").to_string();
+        assert!(refused.contains("cannot be assigned again"), "{refused}");
+        let beat = store.heartbeat().expect("heartbeat").map(|h| h.at_ms);
+        assert_eq!(beat, Some(5000), "{url}: nothing committed");
+        // Nor is the refusal forgiven by a savepoint rolled back after it.
+        let mut b = store.batch().expect("batch");
+        let given = b.record_assignment(&t(0, 3), "a3", 6000);
+        let undone = given.and_then(|()| {
+            b.savepoint("aside")?;
+            b.beat(1, 7000, false, None, "{}")?;
+            b.rollback_to("aside")
+        });
+        let refused = undone.expect_err("refused").to_string();
+        assert!(refused.contains("cannot be assigned again"), "{url}: {refused}");
+        drop(b);
         let mut copied = Store::open(&dir.path().join(format!("copy{}.db", digests.len()))).expect("a copy");
         let tables: Vec<String> = copy(&store, &mut copied)
             .expect("copied")

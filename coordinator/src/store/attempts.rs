@@ -6,7 +6,7 @@ use tunefleet_common::message::TrialRef;
 
 use super::batch::json_text;
 use super::batch::RecordOutcome;
-use super::sql::{params, Optional, ToSql};
+use super::sql::{self, params, Optional, Row, ToSql};
 use super::{exit_text, to_i64, Batch, Result, Score, SqlContext, StoreError, TrialState, ROW_BYTES};
 
 impl Batch<'_> {
@@ -22,18 +22,16 @@ impl Batch<'_> {
         let context = || format!("recording the assignment of {trial} to {agent}");
         let id = to_i64("trial", trial.trial)?;
         let at = to_i64("time", at_ms)?;
+        // On a server, one statement sent with the next that needs an
+        // answer: a trial that ended is refused when the batch settles or
+        // commits (nothing of it is written), not at once.
         if self.tx.on_server() {
-            let running: i64 = self
+            return self
                 .tx
                 .prepare_cached(ASSIGN_ON_SERVER)
                 .ctx(context)?
-                .query_row(params![trial.study, id, trial.attempt, agent, at, held], |r| r.get(0))
-                .ctx(context)?;
-            if running == 0 {
-                let (state, _) = self.trial_state(trial)?;
-                return Err(StoreError::TrialClosed { study: trial.study.clone(), trial: trial.trial, state });
-            }
-            return Ok(());
+                .write_checked(params![trial.study, id, trial.attempt, agent, at, held], assigned)
+                .ctx(context);
         }
         // One statement: a trial that ended is left as it is, and said why.
         let running = self
@@ -228,7 +226,26 @@ const ASSIGN_ON_SERVER: &str = "WITH running AS (
         ON CONFLICT (study, trial, attempt) DO UPDATE SET
             agent = excluded.agent, assigned_ms = excluded.assigned_ms,
             ended_ms = NULL, outcome = NULL, superseded = 0, held = excluded.held)
-    SELECT COUNT(*) FROM running";
+    SELECT (SELECT COUNT(*) FROM running) AS running, (SELECT state FROM trials WHERE study = ?1 AND trial = ?2) AS state,
+        ?1::TEXT AS study, ?2::BIGINT AS trial";
+
+/// Judges [`ASSIGN_ON_SERVER`]'s answer: the trial was running, else why
+/// not (in the words a file's store says it at once).
+fn assigned(r: &Row<'_>) -> sql::Result<()> {
+    if r.get::<_, i64>("running")? > 0 {
+        return Ok(());
+    }
+    let (study, trial): (String, i64) = (r.get("study")?, r.get("trial")?);
+    let why = match r.get::<_, Option<String>>("state")? {
+        Some(state) => StoreError::TrialClosed {
+            study,
+            trial: u64::try_from(trial).unwrap_or(0),
+            state: TrialState::parse(&state).unwrap_or(TrialState::Done),
+        },
+        None => StoreError::UnknownTrial { study, trial: u64::try_from(trial).unwrap_or(0) },
+    };
+    Err(sql::Error::Refused(why.to_string()))
+}
 
 /// [`Batch::attempt_found`]'s read and [`Batch::accept`]'s three writes as
 /// one statement of a server's: the writes only where the read says the

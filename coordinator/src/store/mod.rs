@@ -107,6 +107,11 @@ pub enum StoreError {
     /// Another coordinator took the lease over: nothing more is written.
     #[error("{path}: {cause}")]
     SteppedDown { path: String, cause: sql::Error },
+    /// A write the server's answer refused, said as a file's store says it
+    /// at once ([`StoreError::TrialClosed`], [`StoreError::UnknownTrial`]):
+    /// on a server, its batch settling or committing says it.
+    #[error("{0}")]
+    Refused(String),
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -120,6 +125,7 @@ impl<T> SqlContext<T> for sql::Result<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|cause| match cause {
             sql::Error::Fenced { .. } => StoreError::SteppedDown { path: context(), cause },
+            sql::Error::Refused(why) => StoreError::Refused(why),
             cause => StoreError::Sql { context: context(), cause },
         })
     }

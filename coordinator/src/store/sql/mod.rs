@@ -15,6 +15,7 @@ use std::path::Path;
 
 mod dialect;
 mod postgres;
+mod row;
 mod sqlite;
 mod value;
 
@@ -34,8 +35,10 @@ const FENCE: &str = "SELECT epoch FROM coordinator_lease WHERE id = 1 FOR SHARE"
 /// The table of `submit` and `cancel` requests to the active coordinator
 /// through a server's store (`store/requests.rs`).
 pub const REQUESTS_TABLE: &str = "control_requests";
+use row::RowInner;
+pub use row::{Check, ColumnIndex, Row};
 pub(crate) use sqlite::OpenMode;
-pub use value::{Error, FromSql, Params, Result, ToSql, Value, ValueRef};
+pub use value::{Error, Params, Result, ToSql, Value, ValueRef};
 
 /// Parameters of mixed types: `params![study, trial]`.
 macro_rules! params {
@@ -44,65 +47,6 @@ macro_rules! params {
     };
 }
 pub(crate) use params;
-
-/// Which column of a row: its position or its name.
-pub trait ColumnIndex: Copy {
-    fn index(self, row: &Row<'_>) -> Result<usize>;
-}
-
-impl ColumnIndex for usize {
-    fn index(self, _row: &Row<'_>) -> Result<usize> {
-        Ok(self)
-    }
-}
-
-impl ColumnIndex for &str {
-    fn index(self, row: &Row<'_>) -> Result<usize> {
-        row.column_index(self)
-    }
-}
-
-/// One row of a query's answer.
-pub struct Row<'a>(RowInner<'a>);
-
-enum RowInner<'a> {
-    Sqlite(&'a rusqlite::Row<'a>),
-    Pg { values: &'a [Value], columns: &'a [String] },
-}
-
-impl Row<'_> {
-    /// Column `idx` read as a `T`.
-    pub fn get<I: ColumnIndex, T: FromSql>(&self, idx: I) -> Result<T> {
-        let i = idx.index(self)?;
-        let value = match &self.0 {
-            RowInner::Sqlite(row) => sqlite::value(row, i)?,
-            RowInner::Pg { values, .. } => {
-                values.get(i).map(Value::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))?
-            }
-        };
-        T::from_sql(value).map_err(|why| Error::conversion(i, why))
-    }
-
-    /// Column `i` as the database holds it.
-    pub fn value(&self, i: usize) -> Result<ValueRef<'_>> {
-        match &self.0 {
-            RowInner::Sqlite(row) => sqlite::value(row, i),
-            RowInner::Pg { values, .. } => {
-                values.get(i).map(Value::as_ref).ok_or_else(|| Error::conversion(i, "no such column"))
-            }
-        }
-    }
-
-    /// Where the column named `name` is.
-    pub fn column_index(&self, name: &str) -> Result<usize> {
-        match &self.0 {
-            RowInner::Sqlite(row) => row.as_ref().column_index(name).map_err(|_| Error::NoColumn(name.to_string())),
-            RowInner::Pg { columns, .. } => {
-                columns.iter().position(|c| c == name).ok_or_else(|| Error::NoColumn(name.to_string()))
-            }
-        }
-    }
-}
 
 /// A connection to the store's database.
 pub struct Conn(ConnInner);
@@ -420,6 +364,19 @@ impl Stmt<'_> {
         }
     }
 
+    /// Runs the statement and judges its answer's first row with `check`:
+    /// at once in a file; on a server, inside a write transaction, sent
+    /// with the next statement that needs an answer like
+    /// [`Stmt::write`], its refusal that statement's error, or
+    /// [`Conn::settle`]'s (a commit settles what is checked first, and
+    /// commits nothing a check refused).
+    pub fn write_checked<P: Params>(&mut self, params: P, check: Check) -> Result<()> {
+        match &mut self.0 {
+            StmtInner::Sqlite(_) => self.query_row(params, check),
+            StmtInner::Pg { conn, id, columns } => conn.write_checked(*id, &params, columns.clone(), check),
+        }
+    }
+
     /// Every row of the answer mapped by `f`, in order.
     pub fn query_map<T, P: Params>(
         &mut self,
@@ -474,6 +431,12 @@ impl Tx<'_> {
     pub fn commit(mut self) -> Result<()> {
         // The writes not sent yet go with the COMMIT; a failed one fails it
         // (the server then ends the transaction without committing).
+        // What is checked is answered first: a refusal commits nothing.
+        if let ConnInner::Pg(c) = &self.conn.0 {
+            if c.checks_pending() {
+                c.settle()?;
+            }
+        }
         let committed = self.conn.execute_batch("COMMIT");
         self.conn.stop_deferring();
         committed?;

@@ -15,9 +15,11 @@
 use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::sync::mpsc;
+use std::sync::Arc;
 
 use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
+use super::row::{Check, Row, RowInner};
 use super::value::{Error, Params, Result, Value};
 
 mod thread;
@@ -343,6 +345,30 @@ impl PgConn {
         let params = owned(params)?;
         self.pending.borrow_mut().push(Op::Write { id, params });
         Ok(())
+    }
+
+    /// [`PgConn::write`] of a statement whose answer `check` judges
+    /// ([`super::Stmt::write_checked`]); `columns` name its answer's.
+    pub(super) fn write_checked<P: Params>(
+        &self,
+        id: usize,
+        params: &P,
+        columns: Arc<Vec<String>>,
+        check: Check,
+    ) -> Result<()> {
+        if !self.deferring.get() {
+            let rows = self.query(id, params)?;
+            let values = rows.first().ok_or(Error::NoRows)?;
+            return check(&Row(RowInner::Pg { values, columns: &columns }));
+        }
+        let params = owned(params)?;
+        self.pending.borrow_mut().push(Op::Check { id, params, columns, check });
+        Ok(())
+    }
+
+    /// Whether a checked write is deferred, its answer not judged yet.
+    pub(super) fn checks_pending(&self) -> bool {
+        self.pending.borrow().iter().any(|op| matches!(op, Op::Check { .. }))
     }
 
     /// `sql` (no parameters) sent with the next statement that needs an

@@ -28,6 +28,10 @@ pub enum Error {
         now.map_or("no lease is held".to_string(), |e| format!("epoch {e} now"))
     )]
     Fenced { mine: i64, now: Option<i64> },
+    /// A statement's answer refused what was asked ([`super::Check`]): a
+    /// trial that ended given again.
+    #[error("{0}")]
+    Refused(String),
 }
 
 impl From<rusqlite::Error> for Error {

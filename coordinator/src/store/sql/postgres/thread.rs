@@ -11,6 +11,7 @@ use std::sync::Arc;
 use tokio_postgres::types::ToSql as PgToSql;
 
 use super::super::dialect::translate;
+use super::super::row::{Check, Row, RowInner};
 use super::super::value::{Error, Result, Value};
 
 /// A prepared statement as callers name it: its id on the client thread
@@ -21,7 +22,17 @@ pub(super) type Prepared = (usize, Arc<Vec<String>>);
 /// [`PgConn::defer`]): sent with the next request that needs one, in the
 /// same round trip.
 pub(super) enum Op {
-    Write { id: usize, params: Vec<Value> },
+    Write {
+        id: usize,
+        params: Vec<Value>,
+    },
+    /// A write whose answer's first row `check` judges (its `columns` named).
+    Check {
+        id: usize,
+        params: Vec<Value>,
+        columns: Arc<Vec<String>>,
+        check: Check,
+    },
     Batch(String),
 }
 
@@ -314,8 +325,18 @@ impl Server {
                 before.push(Op::Batch(sql));
                 let answer = match forgive {
                     false => self.round_trip(&before, None).0,
+                    // A check's refusal is never forgiven: what it refused
+                    // was believed done, wherever its savepoint was.
                     true => match self.works(&before) {
-                        Ok(work) => self.run(work).pop().map_or(Ok(()), |a| a.map(drop)),
+                        Ok(work) => {
+                            let mut answers = self.run(work);
+                            let last = answers.pop().map_or(Ok(()), |a| a.map(drop));
+                            let refused = checked(&before, answers)
+                                .into_iter()
+                                .find(|a| matches!(a, Err(Error::Refused(_))))
+                                .map_or(Ok(()), |a| a.map(drop));
+                            refused.and(last)
+                        }
                         Err(e) => Err(e),
                     },
                 };
@@ -378,7 +399,7 @@ impl Server {
         let n_before = before.len();
         let mut answers = self.run(work);
         let last_answer = if answers.len() > n_before { answers.pop() } else { None };
-        (first_error(answers), last_answer)
+        (first_error(checked(before, answers)), last_answer)
     }
 
     /// The deferred statements `ops` ready to send.
@@ -387,6 +408,7 @@ impl Server {
         for op in ops {
             work.push(match op {
                 Op::Write { id, params } => Work::Execute(self.statement(*id)?, params.as_slice()),
+                Op::Check { id, params, .. } => Work::Query(self.statement(*id)?, params.as_slice()),
                 Op::Batch(sql) => Work::Batch(translate(sql)),
             });
         }
@@ -440,6 +462,21 @@ impl Server {
         Ok(fresh)
     }
 }
+/// `answers` of the deferred statements `ops`, each checked write's
+/// judged by its check.
+fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
+    ops.iter()
+        .zip(answers)
+        .map(|(op, answer)| match (op, answer) {
+            (Op::Check { columns, check, .. }, Ok(Done::Rows(rows))) => {
+                let values = rows.first().ok_or(Error::NoRows)?;
+                check(&Row(RowInner::Pg { values, columns })).map(|()| Done::Unit)
+            }
+            (_, answer) => answer,
+        })
+        .collect()
+}
+
 /// The first error among `answers`: the one that tells (what follows it in
 /// a transaction fails only because the transaction was aborted).
 fn first_error(answers: Vec<Result<Done>>) -> Result<()> {
