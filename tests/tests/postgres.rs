@@ -590,6 +590,13 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
         let refused = undone.expect_err("refused").to_string();
         assert!(refused.contains("cannot be assigned again"), "{url}: {refused}");
         drop(b);
+        // A savepoint opened after it answers it first: the refusal is
+        // never taken for an error of what the savepoint holds.
+        let mut b = store.batch().expect("batch");
+        let opened = b.record_assignment(&t(0, 3), "a3", 6000).and_then(|()| b.savepoint("aside"));
+        let refused = opened.expect_err("refused as the savepoint opens").to_string();
+        assert!(refused.contains("cannot be assigned again"), "{url}: {refused}");
+        drop(b);
         let mut copied = Store::open(&dir.path().join(format!("copy{}.db", digests.len()))).expect("a copy");
         let tables: Vec<String> = copy(&store, &mut copied)
             .expect("copied")

@@ -59,8 +59,10 @@ impl fmt::Display for TrialState {
 }
 
 /// A result's energy as the store keeps it: its joules (none where
-/// nothing was measured), the kind of source that measured them, and
-/// whether that source vouched for them.
+/// nothing was measured), the kind of source that measured them (none
+/// also where another build wrote a kind this one does not know), and
+/// whether that source vouched for them (a store from before validity was
+/// kept: not).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StoredEnergy {
     pub joules: Option<f64>,

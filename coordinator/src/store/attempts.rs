@@ -236,15 +236,15 @@ fn assigned(r: &Row<'_>) -> sql::Result<()> {
         return Ok(());
     }
     let (study, trial): (String, i64) = (r.get("study")?, r.get("trial")?);
+    let trial = u64::try_from(trial).unwrap_or(0);
     let why = match r.get::<_, Option<String>>("state")? {
-        Some(state) => StoreError::TrialClosed {
-            study,
-            trial: u64::try_from(trial).unwrap_or(0),
-            state: TrialState::parse(&state).unwrap_or(TrialState::Done),
+        Some(text) => match TrialState::parse(&text) {
+            Some(state) => StoreError::TrialClosed { study, trial, state }.to_string(),
+            None => format!("trial {study}/{trial} is in a state this build does not know ({text:?})"),
         },
-        None => StoreError::UnknownTrial { study, trial: u64::try_from(trial).unwrap_or(0) },
+        None => StoreError::UnknownTrial { study, trial }.to_string(),
     };
-    Err(sql::Error::Refused(why.to_string()))
+    Err(sql::Error::Refused(why))
 }
 
 /// [`Batch::attempt_found`]'s read and [`Batch::accept`]'s three writes as

@@ -83,8 +83,12 @@ impl Batch<'_> {
     /// Opens a savepoint named `name` inside the batch: what follows can be
     /// rolled back alone ([`Batch::rollback_to`]) or kept ([`Batch::release`]).
     /// Savepoints nest; `name` is one of the engine's fixed names, never input.
+    /// A checked write not answered yet (an assignment on a server) is
+    /// answered first: its refusal is never taken for an error of what the
+    /// savepoint holds, and undone with it alone.
     pub fn savepoint(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("opening savepoint {name}");
+        self.tx.settle_checks().ctx(context)?;
         self.tx.prepare_cached(&format!("SAVEPOINT {name}")).ctx(context)?.write(()).ctx(context)?;
         Ok(())
     }
@@ -109,7 +113,9 @@ impl Batch<'_> {
     /// write is sent with the next statement that needs an answer, so its
     /// error comes late. The engine settles before it changes its memory
     /// on the strength of what it wrote (a result it counts, a key it
-    /// trusts); the first error of those writes here.
+    /// trusts); the first error of those writes here. An assignment is the
+    /// exception: the engine counts and sends it before the server judged
+    /// it (with the turn's commit), as a refused one fails the whole turn.
     pub fn settle(&mut self) -> Result<()> {
         self.tx.settle().ctx(|| "writing the batch".into())
     }

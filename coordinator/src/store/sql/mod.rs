@@ -147,6 +147,15 @@ impl Conn {
         }
     }
 
+    /// Answers the checked writes not answered yet ([`Stmt::write_checked`])
+    /// with the writes before them: a refusal, or the first error of those.
+    pub fn settle_checks(&self) -> Result<()> {
+        match &self.0 {
+            ConnInner::Pg(c) if c.checks_pending() => c.settle(),
+            _ => Ok(()),
+        }
+    }
+
     /// Runs `sql` (statements separated by `;`, no parameters) after the
     /// writes not sent yet, whose errors it forgives: what rolls back to a
     /// savepoint undoes them anyway.
@@ -432,11 +441,7 @@ impl Tx<'_> {
         // The writes not sent yet go with the COMMIT; a failed one fails it
         // (the server then ends the transaction without committing).
         // What is checked is answered first: a refusal commits nothing.
-        if let ConnInner::Pg(c) = &self.conn.0 {
-            if c.checks_pending() {
-                c.settle()?;
-            }
-        }
+        self.conn.settle_checks()?;
         let committed = self.conn.execute_batch("COMMIT");
         self.conn.stop_deferring();
         committed?;

@@ -358,7 +358,7 @@ impl PgConn {
     ) -> Result<()> {
         if !self.deferring.get() {
             let rows = self.query(id, params)?;
-            let values = rows.first().ok_or(Error::NoRows)?;
+            let values = rows.first().ok_or_else(thread::no_answer)?;
             return check(&Row(RowInner::Pg { values, columns: &columns }));
         }
         let params = owned(params)?;

@@ -393,7 +393,10 @@ impl Server {
                     Last::Query => Work::Query(stmt, params),
                     Last::Execute => Work::Execute(stmt, params),
                 }),
-                Err(e) => return (first_error(self.run(work)), Some(Err(e))),
+                Err(e) => {
+                    let answers = self.run(work);
+                    return (first_error(checked(before, answers)), Some(Err(e)));
+                }
             }
         }
         let n_before = before.len();
@@ -462,6 +465,12 @@ impl Server {
         Ok(fresh)
     }
 }
+/// A checked write that answered no row: refused (never read as "no
+/// row" by a caller that expects none).
+pub(super) fn no_answer() -> Error {
+    Error::Refused("a checked write answered no row".into())
+}
+
 /// `answers` of the deferred statements `ops`, each checked write's
 /// judged by its check.
 fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
@@ -469,7 +478,7 @@ fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
         .zip(answers)
         .map(|(op, answer)| match (op, answer) {
             (Op::Check { columns, check, .. }, Ok(Done::Rows(rows))) => {
-                let values = rows.first().ok_or(Error::NoRows)?;
+                let values = rows.first().ok_or_else(no_answer)?;
                 check(&Row(RowInner::Pg { values, columns })).map(|()| Done::Unit)
             }
             (_, answer) => answer,
