@@ -305,7 +305,7 @@ fn study(db: &Store, rest: &str, at_ms: u64) -> (u16, &'static str, String) {
     if !crate::domain::study::valid_study_name(name) {
         return not_found();
     }
-    let view = match crate::report::views::load(db, name, at_ms) {
+    let mut view = match crate::report::views::load(db, name, at_ms) {
         Ok(Some(v)) => v,
         Ok(None) => return (404, "text/plain", format!("no study {name:?}\n")),
         Err(e) => return (500, "text/plain", format!("cannot read the store: {e}\n")),
@@ -314,7 +314,7 @@ fn study(db: &Store, rest: &str, at_ms: u64) -> (u16, &'static str, String) {
         _ if tail.is_empty() => (200, "text/html", crate::report::views::page_html(&view, "")),
         _ if tail == "main" => (200, "text/html", crate::report::views::main_html(&view, "")),
         Some(Ok(trial)) => {
-            let attempts = match db.attempts(name, trial) {
+            let attempts = match view.measure(db, trial).and_then(|()| db.attempts(name, trial)) {
                 Ok(a) => a,
                 Err(e) => return (500, "text/plain", format!("cannot read the store: {e}\n")),
             };

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use crate::store::{param_value_json, NodeRow, Outcome, Store, StoreError, TrialRecord};
+use crate::store::{param_value_json, Measured, NodeRow, Outcome, Store, StoreError, TrialRecord};
 
 /// A trial as `export` writes it: its record, and its place by the one
 /// ranking rule with its configuration's mean and runs (none when not
@@ -81,21 +81,22 @@ fn read(store: &Store, study: &str) -> Result<(Vec<Exported>, Vec<NodeRow>), Sto
     if store.study(study)?.is_none() {
         return Err(StoreError::UnknownStudy(study.to_string()));
     }
-    Ok((ranked_rows(store, study)?, store.node_measurements(study)?))
+    Ok((ranked_rows(store, study, Measured::With)?, store.node_measurements(study)?))
 }
 
-/// Every trial of `study` with its accepted result and its place by the
-/// one ranking rule: the rows `export` writes (the live page's study views
-/// draw them too).
-pub fn ranked_rows(store: &Store, study: &str) -> Result<Vec<Exported>, StoreError> {
+/// Every trial of `study` with its accepted result (its measurement read
+/// as `measured` says) and its place by the one ranking rule: the rows
+/// `export` writes (the live page's study views draw them too, without
+/// the measurements).
+pub fn ranked_rows(store: &Store, study: &str, measured: Measured) -> Result<Vec<Exported>, StoreError> {
     let ranked = store.best(study, usize::MAX)?;
     let places: std::collections::HashMap<u64, (u64, f64, u32)> =
         ranked.iter().enumerate().map(|(i, r)| (r.plan.trial, (i as u64 + 1, r.mean, r.runs))).collect();
-    Ok(store
-        .trials_measured(study)?
-        .into_iter()
-        .map(|record| Exported { rank: places.get(&record.plan.trial).copied(), record })
-        .collect())
+    let records = match measured {
+        Measured::With => store.trials_measured(study)?,
+        Measured::Without => store.trials(study)?,
+    };
+    Ok(records.into_iter().map(|record| Exported { rank: places.get(&record.plan.trial).copied(), record }).collect())
 }
 
 const FIXED_COLUMNS: [&str; 15] = [

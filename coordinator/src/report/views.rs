@@ -57,6 +57,19 @@ impl StudyView {
         })
     }
 
+    /// Reads the measurement of trial `trial`'s result, which its detail
+    /// page shows (the views read none: a study's thousands of
+    /// measurements at every reload).
+    pub fn measure(&mut self, store: &Store, trial: u64) -> Result<(), crate::store::StoreError> {
+        let json = store.measurement_json(&self.study, trial)?;
+        if let Some(o) =
+            self.rows.iter_mut().find(|r| r.record.plan.trial == trial).and_then(|r| r.record.result.as_mut())
+        {
+            o.measurement_json = json;
+        }
+        Ok(())
+    }
+
     fn maximize(&self) -> bool {
         self.direction == Direction::Maximize
     }
@@ -66,8 +79,8 @@ impl StudyView {
 pub fn load(store: &Store, study: &str, at_ms: u64) -> Result<Option<StudyView>, crate::store::StoreError> {
     let Some(row) = store.study(study)? else { return Ok(None) };
     let also = store.stored(study)?.and_then(|s| s.study()).map(|s| s.objective.also).unwrap_or_default();
-    let reasons =
-        store.trials(study)?.into_iter().filter_map(|t| Some((t.plan.trial, t.reason?))).collect::<BTreeMap<_, _>>();
+    let rows = crate::query::export::ranked_rows(store, study, crate::store::Measured::Without)?;
+    let reasons = rows.iter().filter_map(|r| Some((r.record.plan.trial, r.record.reason.clone()?))).collect();
     Ok(Some(StudyView {
         study: row.name.clone(),
         state: row.state.as_str().to_string(),
@@ -75,7 +88,7 @@ pub fn load(store: &Store, study: &str, at_ms: u64) -> Result<Option<StudyView>,
         metric: row.metric,
         direction: row.direction,
         also,
-        rows: crate::query::export::ranked_rows(store, study)?,
+        rows,
         reasons,
         at_ms,
     }))

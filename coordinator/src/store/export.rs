@@ -3,8 +3,8 @@
 //! (`crate::query::export` writes them as CSV or JSON).
 
 use super::record::Measured;
-use super::sql::{self};
-use super::{Result, SqlContext, Store};
+use super::sql::{self, params, Optional};
+use super::{to_i64, Result, SqlContext, Store};
 use crate::domain::trial::TrialRecord;
 
 impl Store {
@@ -12,6 +12,18 @@ impl Store {
     /// result's measurement, by trial.
     pub fn trials_measured(&self, study: &str) -> Result<Vec<TrialRecord>> {
         self.records(study, Measured::With, "ORDER BY t.trial")
+    }
+
+    /// The measurement of `study`'s trial `trial`'s accepted result, as
+    /// the agent's JSON; none without a result.
+    pub fn measurement_json(&self, study: &str, trial: u64) -> Result<Option<String>> {
+        let context = || format!("reading the measurement of {study}/{trial}");
+        self.conn
+            .prepare_cached("SELECT measurement FROM results WHERE study = ?1 AND trial = ?2")
+            .ctx(context)?
+            .query_row(params![study, to_i64("trial", trial)?], |r| r.get(0))
+            .optional()
+            .ctx(context)
     }
 }
 
