@@ -579,11 +579,10 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
         assert!(refused.contains("cannot be assigned again"), "{refused}");
         let beat = store.heartbeat().expect("heartbeat").map(|h| h.at_ms);
         assert_eq!(beat, Some(5000), "{url}: nothing committed");
-        // Nor is the refusal forgiven by a savepoint rolled back after it.
+        // Nor is the refusal forgiven when its savepoint is rolled back.
         let mut b = store.batch().expect("batch");
-        let given = b.record_assignment(&t(0, 3), "a3", 6000);
-        let undone = given.and_then(|()| {
-            b.savepoint("aside")?;
+        let undone = b.savepoint("aside").and_then(|()| {
+            b.record_assignment(&t(0, 3), "a3", 6000)?;
             b.beat(1, 7000, false, None, "{}")?;
             b.rollback_to("aside")
         });

@@ -1,5 +1,5 @@
 //! A study's trials exported as CSV or JSON (`tunefleet export`): the
-//! store's trial records ([`Store::trials_measured`]), the one ranking
+//! store's trial records ([`Store::trials_read`]), the one ranking
 //! ([`crate::domain::rank`], through [`Store::best`]) and each trial's
 //! energy over its co-measuring nodes ([`tunefleet_common::measurement::EnergyFigure::with_parts`]).
 
@@ -92,11 +92,11 @@ pub fn ranked_rows(store: &Store, study: &str, measured: Measured) -> Result<Vec
     let ranked = store.best(study, usize::MAX)?;
     let places: std::collections::HashMap<u64, (u64, f64, u32)> =
         ranked.iter().enumerate().map(|(i, r)| (r.plan.trial, (i as u64 + 1, r.mean, r.runs))).collect();
-    let records = match measured {
-        Measured::With => store.trials_measured(study)?,
-        Measured::Without => store.trials(study)?,
-    };
-    Ok(records.into_iter().map(|record| Exported { rank: places.get(&record.plan.trial).copied(), record }).collect())
+    Ok(store
+        .trials_read(study, measured)?
+        .into_iter()
+        .map(|record| Exported { rank: places.get(&record.plan.trial).copied(), record })
+        .collect())
 }
 
 const FIXED_COLUMNS: [&str; 15] = [

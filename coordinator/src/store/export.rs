@@ -8,10 +8,10 @@ use super::{to_i64, Result, SqlContext, Store};
 use crate::domain::trial::TrialRecord;
 
 impl Store {
-    /// Every trial of `study` with its accepted result, if any, and the
-    /// result's measurement, by trial.
-    pub fn trials_measured(&self, study: &str) -> Result<Vec<TrialRecord>> {
-        self.records(study, Measured::With, "ORDER BY t.trial")
+    /// Every trial of `study` with its accepted result, if any, by trial;
+    /// the result's measurement read as `measured` says.
+    pub fn trials_read(&self, study: &str, measured: Measured) -> Result<Vec<TrialRecord>> {
+        self.records(study, measured, "ORDER BY t.trial")
     }
 
     /// The measurement of `study`'s trial `trial`'s accepted result, as

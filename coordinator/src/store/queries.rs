@@ -159,7 +159,7 @@ impl Store {
     /// Every trial of `study`, by trial id, with its accepted result's
     /// figures (not its measurement).
     pub fn trials(&self, study: &str) -> Result<Vec<TrialRecord>> {
-        self.records(study, Measured::Without, "ORDER BY t.trial")
+        self.trials_read(study, Measured::Without)
     }
 
     /// Trials without a final outcome (pending or running), by trial id: what

@@ -26,14 +26,14 @@ impl Measured {
 }
 
 /// The columns of `results r` an [`Outcome`] is read from, named as
-/// [`outcome`] reads them; `{measurement}` is [`Measured::column`].
-pub(super) const OUTCOME_COLS: &str = "r.attempt AS result_attempt, r.agent AS result_agent, r.success, r.objective,
+/// [`outcome`] reads them, but its measurement ([`outcome_cols`]).
+const OUTCOME_COLS: &str = "r.attempt AS result_attempt, r.agent AS result_agent, r.success, r.objective,
         r.violation, r.wall_us, r.user_us, r.sys_us, r.exit, r.energy_j, r.energy_source, r.energy_valid,
-        r.gpu_energy_j, r.system, r.received_ms, {measurement} AS measurement";
+        r.gpu_energy_j, r.system, r.received_ms";
 
 /// A SELECT's outcome columns with the measurement read or not.
 pub(super) fn outcome_cols(measured: Measured) -> String {
-    OUTCOME_COLS.replace("{measurement}", measured.column())
+    format!("{OUTCOME_COLS}, {} AS measurement", measured.column())
 }
 
 /// The accepted result in `row` ([`OUTCOME_COLS`]), none where the trial

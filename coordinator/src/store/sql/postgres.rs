@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type};
 
-use super::row::{Check, Row, RowInner};
+use super::row::Check;
 use super::value::{Error, Params, Result, Value};
 
 mod thread;
@@ -357,9 +357,7 @@ impl PgConn {
         check: Check,
     ) -> Result<()> {
         if !self.deferring.get() {
-            let rows = self.query(id, params)?;
-            let values = rows.first().ok_or_else(thread::no_answer)?;
-            return check(&Row(RowInner::Pg { values, columns: &columns }));
+            return thread::judged(&self.query(id, params)?, &columns, check);
         }
         let params = owned(params)?;
         self.pending.borrow_mut().push(Op::Check { id, params, columns, check });

@@ -465,10 +465,12 @@ impl Server {
         Ok(fresh)
     }
 }
-/// A checked write that answered no row: refused (never read as "no
-/// row" by a caller that expects none).
-pub(super) fn no_answer() -> Error {
-    Error::Refused("a checked write answered no row".into())
+/// A checked write's answer `rows` (its `columns` named) as `check`
+/// judges its first row; no row is refused too (never read as "no row"
+/// by a caller that expects none).
+pub(super) fn judged(rows: &[Vec<Value>], columns: &[String], check: Check) -> Result<()> {
+    let values = rows.first().ok_or_else(|| Error::Refused("a checked write answered no row".into()))?;
+    check(&Row(RowInner::Pg { values, columns }))
 }
 
 /// `answers` of the deferred statements `ops`, each checked write's
@@ -478,8 +480,7 @@ fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
         .zip(answers)
         .map(|(op, answer)| match (op, answer) {
             (Op::Check { columns, check, .. }, Ok(Done::Rows(rows))) => {
-                let values = rows.first().ok_or_else(no_answer)?;
-                check(&Row(RowInner::Pg { values, columns })).map(|()| Done::Unit)
+                judged(&rows, columns, *check).map(|()| Done::Unit)
             }
             (_, answer) => answer,
         })
