@@ -627,6 +627,78 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
     }
 }
 
+/// A result the engine judged accepted is sent with the next statement
+/// that needs an answer (no round trip of its own): the store's answer is
+/// judged as the batch commits, and one that disagrees (a result stored
+/// already, an attempt never given to that agent) commits nothing, where a
+/// file refuses it at once. A result the server cannot hold (a NUL in its
+/// text) is refused at once, nothing of it sent, and the batch goes on.
+#[test]
+fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_nothing() {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::{Batch, Store, TrialState};
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "late", 4, 0.1)).expect("study");
+    let file = dir.path().join("late.db").display().to_string();
+    let measured =
+        |exit: ExitOutcome| Measurement::unmeasured(exit, EnergyReading::none(EnergySourceKind::Estimated, ""));
+    let t = |trial: u64| TrialRef { study: "late".into(), study_id: 7, trial, attempt: 1 };
+    let accept = |b: &mut Batch<'_>, trial: u64, agent: &str, exit: ExitOutcome| {
+        b.record_accepted(&t(trial), agent, &measured(exit), Some(0.5), 3000 + trial)
+    };
+    for url in [file.clone(), pg.store("late")] {
+        let server = url.starts_with("postgres");
+        let mut store = Store::open(Path::new(&url)).expect("the store");
+        let mut b = store.batch().expect("batch");
+        open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+        for trial in [0, 1] {
+            b.record_assignment(&t(trial), "a1", 2000).expect("given");
+        }
+        accept(&mut b, 0, "a1", ExitOutcome::Exited(0)).expect("the batch").expect("sent");
+        b.beat(1, 4000, false, None, "{}").expect("beat");
+        b.commit().expect("committed");
+        // Stored already, or never given to that agent: the batch commits nothing.
+        for (trial, agent, why) in [(0, "a1", "a result of the trial already"), (1, "a2", "no attempt of it given")] {
+            let mut b = store.batch().expect("batch");
+            let refused = match accept(&mut b, trial, agent, ExitOutcome::Exited(0)) {
+                Ok(sent) => {
+                    assert!(server, "{url}: a file answers at once");
+                    sent.expect("sent");
+                    b.beat(1, 5000, false, None, "{}").expect("beat");
+                    b.commit().expect_err("refused as it commits").to_string()
+                }
+                Err(e) => {
+                    assert!(!server, "{url}: a server answers as the batch commits: {e}");
+                    drop(b);
+                    e.to_string()
+                }
+            };
+            assert!(refused.contains(why) && refused.contains("disagree"), "{url}: {refused}");
+            let beat = store.heartbeat().expect("heartbeat").map(|h| h.at_ms);
+            assert_eq!(beat, Some(4000), "{url}: nothing committed");
+        }
+        let states: Vec<TrialState> = store.trials("late").expect("trials").iter().map(|r| r.state).collect();
+        assert_eq!(states[..2], [TrialState::Done, TrialState::Running], "{url}");
+        // A text the server cannot hold: refused at once, nothing sent; the batch goes on.
+        let mut b = store.batch().expect("batch");
+        let odd = accept(&mut b, 1, "a1", ExitOutcome::SpawnFailed("no\0such".into())).expect("the batch");
+        assert_eq!(odd.is_err(), server, "{url}: {odd:?}");
+        if server {
+            accept(&mut b, 1, "a1", ExitOutcome::Exited(0)).expect("the batch").expect("sent");
+        }
+        b.beat(1, 6000, false, None, "{}").expect("beat");
+        b.commit().expect("committed");
+        let results = store.results("late").expect("results").len();
+        assert_eq!(results, 2, "{url}: one result a trial");
+        assert_eq!(store.heartbeat().expect("heartbeat").map(|h| h.at_ms), Some(6000), "{url}");
+    }
+}
+
 /// A writer's statements are planned once for every parameter (the
 /// server's planning was a third of its time a trial), a reader's each
 /// run; a plan made once while the store's tables are empty still reads a

@@ -110,6 +110,48 @@ impl Batch<'_> {
         Ok(RecordOutcome::Stored)
     }
 
+    /// [`Batch::record_result`] of a result the engine judged accepted (no
+    /// result yet, the attempt its agent's), answered late on a server: its
+    /// one statement is sent with the next statement that needs an answer,
+    /// like an assignment ([`Batch::record_assignment`]), and the store's
+    /// answer is judged then; one that is not [`RecordOutcome::Stored`] is
+    /// refused there ([`StoreError::Refused`]: the engine's memory and its
+    /// store disagree), and a commit after it commits nothing.
+    ///
+    /// `Ok(Err(e))`: the result cannot be written as it is (a figure out of
+    /// range, a text the server cannot hold), and nothing of it was sent.
+    /// `Err(e)`: the batch failed. On a file the result is written and
+    /// judged at once, every error the batch's.
+    pub fn record_accepted(
+        &mut self,
+        trial: &TrialRef,
+        agent: &str,
+        measurement: &Measurement,
+        score: impl Into<Score>,
+        at_ms: u64,
+    ) -> Result<std::result::Result<(), StoreError>> {
+        let context = || format!("recording the result of {trial} from {agent}");
+        if !self.tx.on_server() {
+            return match self.record_result(trial, agent, measurement, score, at_ms)? {
+                RecordOutcome::Stored => Ok(Ok(())),
+                other => Err(StoreError::Refused(disagreeing(&trial.study, trial.trial, other))),
+            };
+        }
+        let kept = match Kept::of(trial, at_ms, measurement, &score.into(), context) {
+            Ok(kept) => kept,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut accept = self.tx.prepare_cached(ACCEPT_ON_SERVER).ctx(context)?;
+        let state = kept.state.as_str();
+        let values = [&kept.row(trial, &agent)[..], &[&state, &kept.reason]].concat();
+        // Deferred, a write fails here only on its own values, never sent.
+        if let Err(e) = accept.write_checked(&values[..], accepted_as_judged).ctx(context) {
+            return Ok(Err(e));
+        }
+        self.written += ROW_BYTES + kept.measurement.len() as u64;
+        Ok(Ok(()))
+    }
+
     /// In one statement: the attempt whose result `trial` has, if any, and
     /// whether `agent` was handed this attempt; an unknown trial, an error.
     fn attempt_found(&mut self, trial: &TrialRef, agent: &str) -> Result<(Option<u32>, bool)> {
@@ -270,7 +312,34 @@ const ACCEPT_ON_SERVER: &str = "WITH found AS (
         UPDATE attempts SET ended_ms = ?16,
             outcome = CASE WHEN attempt = ?3 THEN ?11 ELSE 'cancelled: attempt ' || ?3 || ' delivered first' END
         WHERE study = ?1 AND trial = ?2 AND (attempt = ?3 OR ended_ms IS NULL) AND EXISTS (SELECT 1 FROM kept))
-    SELECT accepted, held FROM found";
+    SELECT accepted, held, ?1::TEXT AS study, ?2::BIGINT AS trial FROM found";
+
+/// Judges [`ACCEPT_ON_SERVER`]'s answer for a result judged accepted: no
+/// result before it and the attempt its agent's, else what the store says.
+fn accepted_as_judged(r: &Row<'_>) -> sql::Result<()> {
+    let (accepted, held): (Option<u32>, bool) = (r.get("accepted")?, r.get("held")?);
+    let (study, trial): (String, i64) = (r.get("study")?, r.get("trial")?);
+    let trial = u64::try_from(trial).unwrap_or(0);
+    match (accepted, held) {
+        (None, true) => Ok(()),
+        (Some(_), _) => Err(sql::Error::Refused(disagreeing(&study, trial, RecordOutcome::Duplicate))),
+        (None, false) => Err(sql::Error::Refused(disagreeing(&study, trial, RecordOutcome::Superseded))),
+    }
+}
+
+/// Why a result the engine judged accepted is refused: the store answered
+/// `outcome` (a duplicate: it holds a result of the trial already).
+fn disagreeing(study: &str, trial: u64, outcome: RecordOutcome) -> String {
+    let holds = match outcome {
+        RecordOutcome::Stored => "it",
+        RecordOutcome::Duplicate => "a result of the trial already",
+        RecordOutcome::Superseded => "no attempt of it given to that agent",
+    };
+    format!(
+        "the result of {study}/{trial} was judged accepted, but the store holds {holds}: the coordinator's memory \
+         and its store disagree"
+    )
+}
 
 /// What an accepted result writes of its measurement, worked out once
 /// for either way of writing it.

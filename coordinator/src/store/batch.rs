@@ -120,6 +120,12 @@ impl Batch<'_> {
         self.tx.settle().ctx(|| "writing the batch".into())
     }
 
+    /// Whether writes are answered late, with the next statement that
+    /// needs an answer (a server's); a file answers each at once.
+    pub fn answers_late(&self) -> bool {
+        self.tx.on_server()
+    }
+
     /// Opens `study` with the trials of `plan` (often none: see
     /// [`Batch::add_trials`]), all pending, as `opening` says (the
     /// caller's decision over [`Batch::stored`]: the store keeps study

@@ -143,6 +143,13 @@ fn handle(cx: &mut Ctx<'_, '_>, ev: Inbound) -> Result<(), EngineError> {
                     apply(cx, agent.clone(), decision, now)?;
                     continue;
                 }
+                let decision = match decision {
+                    Decision::Result(step) if cx.batch.answers_late() && step.row_alone() => {
+                        accept_late(cx, agent.clone(), *step, now)?;
+                        continue;
+                    }
+                    decision => decision,
+                };
                 let result = match &decision {
                     Decision::Result(step) => Some(step.trial.clone()),
                     _ => None,
@@ -261,22 +268,92 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
         tracing::warn!(agent = %agent, trial = %trial, study_id = format!("{:016x}", trial.study_id), what, count = cx.stats.other_study_refs, "another study of this name (another store): ignored");
     }
 }
-/// A judged result: what the store keeps of it ([`write_result`]); its
-/// co-measuring nodes' window; then, the store having everything the
-/// result decides, the scheduler settled, the search told, a profile
-/// learnt; and the answer to the agent.
+/// A judged result: what the store keeps of it ([`write_result`]), then
+/// what follows its keeping ([`after_result`]).
 fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
     let ResultStep { trial, measurement, judgement, keep } = step;
-    let verdict = judgement.verdict;
-    let score = match &keep {
+    let score = told_score(&keep);
+    let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, judgement.verdict, keep, now)?;
+    // Stored, not only sent, before the scheduler counts it.
+    cx.batch.settle()?;
+    after_result(cx, agent, Taken { trial, measurement, judgement, score, outcome, stored }, now)
+}
+
+/// On a server, an accepted result the store keeps as its row alone
+/// ([`ResultStep::row_alone`]): its one statement goes with the turn's next
+/// answer instead of a savepoint waited for (a round trip a result). Like
+/// an assignment it is counted before the server judged it: a result the
+/// store does not take as judged fails the turn, which commits nothing and
+/// sends nothing (the agents keep their results and send them again to
+/// the coordinator started over from the store). A result that cannot be
+/// written as it is (nothing of it sent) is refused alone.
+fn accept_late(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
+    let ResultStep { trial, measurement, judgement, keep } = step;
+    let score = told_score(&keep);
+    let (written, kept) = (cx.batch.written(), kept_score(&keep));
+    if let Err(e) = cx.batch.record_accepted(&trial, &agent, &measurement, kept, now)? {
+        cx.stats.store_errors += 1;
+        if loud(cx.stats.store_errors) {
+            tracing::error!(agent = %agent, trial = %trial, error = %e, errors = cx.stats.store_errors, "result refused: the store could not take it");
+        }
+        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
+        cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+        return Ok(());
+    }
+    let bytes = cx.batch.written().saturating_sub(written);
+    if let Some(share) = cx.sched.count_written(&agent, &trial, bytes) {
+        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::disk::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
+    }
+    if let Keep::Result { expected, .. } = &keep {
+        say_kept(&trial, &agent, &measurement, expected.as_deref());
+    }
+    after_result(
+        cx,
+        agent,
+        Taken { trial, measurement, judgement, score, outcome: AckOutcome::Stored, stored: true },
+        now,
+    )
+}
+
+/// A result as the store took it: its answer for the agent, and whether
+/// a result row was stored.
+struct Taken {
+    trial: TrialRef,
+    measurement: Measurement,
+    judgement: crate::domain::sched::Judgement,
+    /// What the search is told of it.
+    score: Score,
+    outcome: AckOutcome,
+    stored: bool,
+}
+
+/// What the search is told of a result `keep` says the store keeps.
+fn told_score(keep: &Keep) -> Score {
+    match keep {
         Keep::Result { objective, violation, .. } => {
             Score { objective: *objective, violation: *violation, system: None }
         }
         _ => Score::default(),
-    };
-    let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, verdict, keep, now)?;
-    // Stored, not only sent, before the scheduler counts it.
-    cx.batch.settle()?;
+    }
+}
+
+/// What the store keeps of a result row `keep` says is kept (with the
+/// system the trial ran under in the end).
+fn kept_score(keep: &Keep) -> Score {
+    match keep {
+        Keep::Result { objective, violation, system, .. } => {
+            Score { objective: *objective, violation: *violation, system: Some(system.clone()) }
+        }
+        _ => Score::default(),
+    }
+}
+
+/// What follows a result the store took: its co-measuring nodes' window;
+/// then, the store having everything the result decides, the scheduler
+/// settled, the search told, a profile learnt; and the answer to the agent.
+fn after_result(cx: &mut Ctx<'_, '_>, agent: String, taken: Taken, now: u64) -> Result<(), EngineError> {
+    let Taken { trial, measurement, judgement, score, outcome, stored } = taken;
+    let verdict = judgement.verdict;
     // The nodes measuring with the attempt: its window, now that it ended
     // with a result; forgotten when it ended without one.
     let co = if stored {
@@ -301,6 +378,22 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
     }
     cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
     Ok(())
+}
+
+/// Logs a stored result that says something went wrong: a cancelled
+/// attempt kept for the record, a failed trial, an objective not reported.
+fn say_kept(trial: &TrialRef, agent: &str, measurement: &Measurement, expected: Option<&str>) {
+    if measurement.exit == ExitOutcome::Cancelled {
+        // Cancelled on purpose (stopped early, moved, the study
+        // cancelled): kept for the record, no failure of the trial.
+        tracing::info!(trial = %trial, agent = %agent, "the cancelled attempt's result is kept for the record");
+    } else if !measurement.exit.success() {
+        let cause = crate::domain::failure::cause(&measurement.exit, &measurement.log_tail);
+        tracing::warn!(trial = %trial, agent = %agent, %cause, "trial failed");
+    } else if let Some(metric) = expected {
+        let seen: Vec<&str> = measurement.final_metrics.keys().map(String::as_str).collect();
+        tracing::warn!(trial = %trial, expected = %metric, reported = ?seen, "trial reported no value for the objective");
+    }
 }
 
 /// Why a result of an agent past its share of a study's store is refused.
@@ -362,17 +455,7 @@ fn write_result(
             let score = Score { objective, violation, system: Some(system) };
             let stored = cx.batch.record_result(trial, agent, measurement, score, now)? == RecordOutcome::Stored;
             if stored {
-                if measurement.exit == ExitOutcome::Cancelled {
-                    // Cancelled on purpose (stopped early, moved, the study
-                    // cancelled): kept for the record, no failure of the trial.
-                    tracing::info!(trial = %trial, agent = %agent, "the cancelled attempt's result is kept for the record");
-                } else if !measurement.exit.success() {
-                    let cause = crate::domain::failure::cause(&measurement.exit, &measurement.log_tail);
-                    tracing::warn!(trial = %trial, agent = %agent, %cause, "trial failed");
-                } else if let Some(metric) = expected {
-                    let seen: Vec<&str> = measurement.final_metrics.keys().map(String::as_str).collect();
-                    tracing::warn!(trial = %trial, expected = %metric, reported = ?seen, "trial reported no value for the objective");
-                }
+                say_kept(trial, agent, measurement, expected.as_deref());
                 cx.batch.record_segments(trial, measurement)?;
                 if !points.is_empty() {
                     cx.batch.enqueue_points(&points, now)?;

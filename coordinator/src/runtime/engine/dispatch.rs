@@ -123,6 +123,16 @@ pub(super) struct ResultStep {
     pub(super) keep: Keep,
 }
 
+impl ResultStep {
+    /// Whether the store keeps of it its row alone: an accepted result
+    /// with no segments and no InfluxDB points (one statement on a server).
+    pub(super) fn row_alone(&self) -> bool {
+        self.judgement.verdict == Verdict::Accepted
+            && self.measurement.segments.is_empty()
+            && matches!(&self.keep, Keep::Result { points, .. } if points.is_empty())
+    }
+}
+
 /// What a judged result makes the store keep.
 #[derive(Debug, PartialEq)]
 pub(super) enum Keep {

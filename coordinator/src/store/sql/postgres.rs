@@ -403,11 +403,23 @@ impl PgConn {
     }
 }
 
+/// `params` as values to send. A text holding a NUL character is refused
+/// here, at once: the server cannot keep one, and its refusal would come
+/// late (with the next answer), for another statement to be blamed.
 fn owned<P: Params>(params: &P) -> Result<Vec<Value>> {
     params
         .values()
         .enumerate()
-        .map(|(index, p)| p.to_sql().map(Value::of).map_err(|why| Error::Parameter { index: index + 1, why }))
+        .map(|(index, p)| {
+            let value = p.to_sql().map(Value::of).map_err(|why| Error::Parameter { index: index + 1, why })?;
+            match &value {
+                Value::Text(t) if t.contains('\0') => Err(Error::Parameter {
+                    index: index + 1,
+                    why: "text with a NUL character, which PostgreSQL cannot keep".into(),
+                }),
+                _ => Ok(value),
+            }
+        })
         .collect()
 }
 
