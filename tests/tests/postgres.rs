@@ -699,6 +699,39 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
     }
 }
 
+/// Trials are added many to a statement (32, then fewer by halves): 71
+/// land in a file and on a server, each with its number, parameters and
+/// repeat, pending, and nothing else.
+#[test]
+fn trials_added_many_at_once_land_each_as_planned() {
+    use tunefleet_common::params::{ParamValue, Params};
+    use tunefleet_coordinator::domain::search::TrialPlan;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::{Store, TrialState};
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 2, 0.1)).expect("study");
+    let plans: Vec<TrialPlan> = (0..71u64)
+        .map(|trial| {
+            let params = Params::from([("x".to_string(), ParamValue::Int(trial as i64 * 7 - 100))]);
+            TrialPlan { trial, params, repeat: (trial % 3) as u32 }
+        })
+        .collect();
+    for url in [dir.path().join("many.db").display().to_string(), pg.store("many")] {
+        let mut store = Store::open(Path::new(&url)).expect("the store");
+        let mut b = store.batch().expect("batch");
+        open_study_at(&mut b, &study, &[], 1000).expect("opened");
+        b.add_trials("many", &plans[..1]).expect("one");
+        b.add_trials("many", &plans[1..]).expect("seventy");
+        b.commit().expect("committed");
+        let stored: Vec<(TrialPlan, TrialState)> =
+            store.trials("many").expect("trials").into_iter().map(|r| (r.plan, r.state)).collect();
+        let want: Vec<(TrialPlan, TrialState)> = plans.iter().map(|p| (p.clone(), TrialState::Pending)).collect();
+        assert_eq!(stored, want, "{url}");
+    }
+}
+
 /// A writer's statements are planned once for every parameter (the
 /// server's planning was a third of its time a trial), a reader's each
 /// run; a plan made once while the store's tables are empty still reads a

@@ -1,7 +1,7 @@
 //! The write batch: creating studies, recording assignments, results,
 //! progress, requeues and failures, and the agents seen.
 
-use super::sql::{self, params, Optional};
+use super::sql::{self, params, Optional, ToSql};
 use tunefleet_common::measurement::Measurement;
 use tunefleet_common::message::{AgentInfo, Progress, TrialRef};
 
@@ -266,19 +266,23 @@ impl Batch<'_> {
     }
 
     /// Adds trials to a study, all pending (a search creates them as the
-    /// study goes).
+    /// study goes): up to [`TRIAL_ROWS`] a statement.
     pub fn add_trials(&mut self, study: &str, plan: &[TrialPlan]) -> Result<()> {
         let context = || format!("adding trials to study {study:?}");
-        let mut insert = self
-            .tx
-            .prepare_cached(
-                "INSERT INTO trials (study, trial, params, repeat, state, attempts)
-                 VALUES (?1, ?2, ?3, ?4, 'pending', 0)",
-            )
-            .ctx(context)?;
-        for t in plan {
-            let params = params_json(&t.params);
-            insert.write(params![study, to_i64("trial", t.trial)?, params, t.repeat]).ctx(context)?;
+        let mut rest = plan;
+        while !rest.is_empty() {
+            // A power of two at a time: few texts to prepare and keep.
+            let (chunk, tail) = rest.split_at(TRIAL_ROWS.min(1 << rest.len().ilog2()));
+            rest = tail;
+            let rows = chunk
+                .iter()
+                .map(|t| Ok((to_i64("trial", t.trial)?, params_json(&t.params), t.repeat)))
+                .collect::<Result<Vec<_>>>()?;
+            let mut values: Vec<&dyn ToSql> = vec![&study];
+            for (id, params, repeat) in &rows {
+                values.extend([id as &dyn ToSql, params, repeat]);
+            }
+            self.tx.prepare_cached(&trial_rows(chunk.len())).ctx(context)?.write(&values[..]).ctx(context)?;
         }
         Ok(())
     }
@@ -602,4 +606,15 @@ impl Batch<'_> {
 /// `value` as JSON text, for a column.
 pub(super) fn json_text<T: serde::Serialize>(value: &T, context: impl Fn() -> String) -> Result<String> {
     serde_json::to_string(value).map_err(|source| StoreError::Json { context: context(), source })
+}
+
+/// Trials one statement adds at most ([`Batch::add_trials`]), a power of two.
+const TRIAL_ROWS: usize = 32;
+
+/// The statement adding `n` trials of one study, pending: `?1` the
+/// study, then each trial's number, parameters and repeat.
+fn trial_rows(n: usize) -> String {
+    let rows: Vec<String> =
+        (0..n).map(|i| format!("(?1, ?{}, ?{}, ?{}, 'pending', 0)", 3 * i + 2, 3 * i + 3, 3 * i + 4)).collect();
+    format!("INSERT INTO trials (study, trial, params, repeat, state, attempts) VALUES {}", rows.join(", "))
 }

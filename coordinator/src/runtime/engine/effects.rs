@@ -15,6 +15,7 @@ use crate::domain::comeasure::CoMeasures;
 use crate::domain::offload::{LoadChange, LoadHistory, OffloadPolicy};
 use crate::domain::sched::{Effect, Scheduler};
 use crate::domain::search;
+use crate::domain::search::TrialPlan;
 use crate::store::Batch;
 
 /// Says (once each time it changes) why a study with nothing running
@@ -98,6 +99,10 @@ fn top_up(
 ) -> Result<(), EngineError> {
     for (name, active) in studies.iter_mut().filter(|(_, a)| !a.cancelled) {
         let mut want = sched.demand(name);
+        // Written together once asked (a statement for many: one a trial
+        // was a third of a server's statements), each adopted as it comes
+        // (the next ask reads it running); a write refused fails the turn.
+        let mut made: Vec<TrialPlan> = Vec::new();
         while want > 0 {
             // TPE's constant liar: the trials created and not finished run.
             // Listed only for a strategy that reads them: it is a scan of
@@ -115,8 +120,10 @@ fn top_up(
             };
             let Some(trials) = active.search.next_trials_while(&running) else { break };
             want = want.saturating_sub(trials.len() as u64);
-            active.create(sched, batch, trials)?;
+            made.extend(trials.iter().cloned());
+            active.adopt(sched, trials);
         }
+        batch.add_trials(name, &made)?;
         if active.search.exhausted() {
             sched.set_open(name, false);
         }
