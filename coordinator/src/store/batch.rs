@@ -266,7 +266,7 @@ impl Batch<'_> {
     }
 
     /// Adds trials to a study, all pending (a search creates them as the
-    /// study goes): up to [`TRIAL_ROWS`] a statement.
+    /// study goes): up to 32 a statement.
     pub fn add_trials(&mut self, study: &str, plan: &[TrialPlan]) -> Result<()> {
         let context = || format!("adding trials to study {study:?}");
         let mut rest = plan;

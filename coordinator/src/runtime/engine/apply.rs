@@ -4,7 +4,9 @@
 //! by [`super::dispatch`] (which reads and changes nothing) and performed
 //! here in a savepoint of its own: the store writes the decision names,
 //! then the scheduler and the rest of memory, then what it sends (queued in
-//! the [`Ctx`]; the shell sends once the turn commits). No I/O but the store.
+//! the [`Ctx`]; the shell sends once the turn commits). On a server an
+//! accepted result whose row is all it writes goes without one, judged with
+//! the turn's next answer ([`accept_late`]). No I/O but the store.
 
 use tunefleet_common::measurement::{ExitOutcome, Measurement};
 use tunefleet_common::message::{AckOutcome, AgentMessage, CoordinatorMessage, Progress, ResultAck, TrialRef};
