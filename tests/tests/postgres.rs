@@ -293,6 +293,46 @@ fn the_coordinators_connections_cut_mid_study_lose_nothing() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// A result the coordinator judged accepted but the store does not take
+/// so (a trigger the test plants gives trial 5's first attempt to another
+/// name in the store alone: its memory and its store disagree): the turn
+/// fails as a whole, the result is not stored and the agent keeps it; the
+/// store mended and the coordinator started again, the study ends with
+/// every trial once and every spool empty.
+#[test]
+fn a_result_the_store_does_not_take_as_judged_fails_its_turn_and_nothing_is_lost() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = Interrupted::new(dir.path(), "disagree", pg.store("disagree"));
+    let (mut coord, broker) = run.start();
+    pg.query(
+        "CREATE FUNCTION disagree.elsewhere() RETURNS trigger AS $$ BEGIN \
+         IF NEW.trial = 5 AND NEW.attempt = 1 THEN NEW.agent := NEW.agent || '-elsewhere'; END IF; \
+         RETURN NEW; END $$ LANGUAGE plpgsql; \
+         CREATE TRIGGER elsewhere BEFORE INSERT OR UPDATE ON disagree.attempts \
+         FOR EACH ROW EXECUTE FUNCTION disagree.elsewhere()",
+    );
+    let (agents, names) = two_agents(&broker, &run.root);
+    let status = coord.wait_exit(Duration::from_secs(120));
+    let out = coord.rest_of_stdout().join("\n");
+    let text = std::fs::read_to_string(&run.log).unwrap_or_default();
+    assert!(!status.success(), "the turn failed: {out}\n{text}");
+    assert!(text.contains("disagree/5") && text.contains("memory and its store disagree"), "{status:?}\n{out}\n{text}");
+    let five = pg.query("SELECT state || ' ' || (SELECT COUNT(*) FROM disagree.results WHERE trial = 5) FROM disagree.trials WHERE trial = 5");
+    assert_eq!(five, "running 0", "nothing of the failed turn was committed");
+    // The operator mends the store; the coordinator starts over from it.
+    pg.query("DROP TRIGGER elsewhere ON disagree.attempts; UPDATE disagree.attempts SET agent = replace(agent, '-elsewhere', '') WHERE trial = 5");
+    let (mut coord, _) = run.start();
+    let status = coord.wait_exit(Duration::from_secs(240));
+    let out = coord.rest_of_stdout().join("\n");
+    let text = std::fs::read_to_string(&run.log).unwrap_or_default();
+    assert!(status.success(), "{status:?}\n{out}\n{text}");
+    assert!(out.contains("30/30 trials done, 0 failed"), "{out}\n{text}");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM disagree.results"), "30", "one result per trial");
+    drop(agents);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
 /// The store over TLS: a server that refuses plain connections, a study
 /// run on it with its certificate verified against the fleet's CA, and a
 /// CA that did not sign it refused.
@@ -645,8 +685,11 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
     let dir = tempfile::tempdir().expect("tempdir");
     let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "late", 4, 0.1)).expect("study");
     let file = dir.path().join("late.db").display().to_string();
-    let measured =
-        |exit: ExitOutcome| Measurement::unmeasured(exit, EnergyReading::none(EnergySourceKind::Estimated, ""));
+    // A workload's last line may hold anything: its NUL never reaches a text the server keeps.
+    let measured = |exit: ExitOutcome| Measurement {
+        log_tail: "ready\nboom\0bang".into(),
+        ..Measurement::unmeasured(exit, EnergyReading::none(EnergySourceKind::Estimated, ""))
+    };
     let t = |trial: u64| TrialRef { study: "late".into(), study_id: 7, trial, attempt: 1 };
     let accept = |b: &mut Batch<'_>, trial: u64, agent: &str, exit: ExitOutcome| {
         b.record_accepted(&t(trial), agent, &measured(exit), Some(0.5), 3000 + trial)
@@ -656,7 +699,7 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
         let mut store = Store::open(Path::new(&url)).expect("the store");
         let mut b = store.batch().expect("batch");
         open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
-        for trial in [0, 1] {
+        for trial in [0, 1, 2] {
             b.record_assignment(&t(trial), "a1", 2000).expect("given");
         }
         accept(&mut b, 0, "a1", ExitOutcome::Exited(0)).expect("the batch").expect("sent");
@@ -691,10 +734,13 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
         if server {
             accept(&mut b, 1, "a1", ExitOutcome::Exited(0)).expect("the batch").expect("sent");
         }
+        accept(&mut b, 2, "a1", ExitOutcome::Exited(1)).expect("the batch").expect("a failure, sent");
         b.beat(1, 6000, false, None, "{}").expect("beat");
         b.commit().expect("committed");
         let results = store.results("late").expect("results").len();
-        assert_eq!(results, 2, "{url}: one result a trial");
+        assert_eq!(results, 3, "{url}: one result a trial");
+        let failed = store.trials("late").expect("trials").swap_remove(2);
+        assert_eq!(failed.reason.as_deref(), Some("exit 1, `boom bang`"), "{url}");
         assert_eq!(store.heartbeat().expect("heartbeat").map(|h| h.at_ms), Some(6000), "{url}");
     }
 }

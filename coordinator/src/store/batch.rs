@@ -83,9 +83,10 @@ impl Batch<'_> {
     /// Opens a savepoint named `name` inside the batch: what follows can be
     /// rolled back alone ([`Batch::rollback_to`]) or kept ([`Batch::release`]).
     /// Savepoints nest; `name` is one of the engine's fixed names, never input.
-    /// A checked write not answered yet (an assignment on a server) is
-    /// answered first: its refusal is never taken for an error of what the
-    /// savepoint holds, and undone with it alone.
+    /// A checked write not answered yet (an assignment, or a result the
+    /// engine judged accepted, on a server) is answered first: its refusal
+    /// or error is the batch's, never taken for one of what the savepoint
+    /// holds.
     pub fn savepoint(&mut self, name: &'static str) -> Result<()> {
         let context = || format!("opening savepoint {name}");
         self.tx.settle_checks().ctx(context)?;
@@ -113,9 +114,11 @@ impl Batch<'_> {
     /// write is sent with the next statement that needs an answer, so its
     /// error comes late. The engine settles before it changes its memory
     /// on the strength of what it wrote (a result it counts, a key it
-    /// trusts); the first error of those writes here. An assignment is the
-    /// exception: the engine counts and sends it before the server judged
-    /// it (with the turn's commit), as a refused one fails the whole turn.
+    /// trusts); the first error of those writes here. An assignment and an
+    /// accepted result whose row is all it writes are the exceptions: the
+    /// engine counts them (and queues what it sends) before the server
+    /// judged them (with the turn's next answer, at the latest its commit),
+    /// as a refused one fails the whole turn.
     pub fn settle(&mut self) -> Result<()> {
         self.tx.settle().ctx(|| "writing the batch".into())
     }

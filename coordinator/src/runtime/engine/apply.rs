@@ -64,7 +64,9 @@ fn in_savepoint(
 /// The scheduler and the other in-memory state are not in the savepoint,
 /// so every handler validates first and writes the store before it changes
 /// them: a result is judged ([`Scheduler::judge`]) and settled only once its
-/// writes succeeded; a status, telemetry, progress or Last Will is written
+/// writes succeeded (on a server, an accepted result whose row is all it
+/// writes goes without a savepoint: [`accept_late`]); a status, telemetry,
+/// progress or Last Will is written
 /// before it is applied. What follows once a result is settled (an extra
 /// repeat, a learned profile) runs in a savepoint of its own ([`aside`]), so
 /// its failure never undoes a result the scheduler already counts.
