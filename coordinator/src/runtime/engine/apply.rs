@@ -39,6 +39,9 @@ fn in_savepoint(
     name: &'static str,
     f: impl FnOnce(&mut Ctx<'_, '_>) -> Result<(), EngineError>,
 ) -> Result<Option<StoreError>, EngineError> {
+    // Outside the match below on purpose: opening it answers the turn's
+    // checked writes (assignments, results sent late), whose refusal or
+    // error is the turn's and never this message's to undo alone.
     cx.batch.savepoint(name)?;
     // Its writes answered before it is kept: an error of one is its own.
     match f(cx).and_then(|()| Ok(cx.batch.settle()?)) {
