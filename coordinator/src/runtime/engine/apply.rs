@@ -88,10 +88,23 @@ fn guarded(
         tracing::error!(agent = %agent, topic = kind.as_str(), error = %e, errors = cx.stats.store_errors, "message refused: the store could not take it (rolled back alone)");
     }
     if let Some(trial) = result {
-        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
-        cx.out.push((agent.to_string(), CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+        refuse_result(cx, agent, trial, &e);
     }
     Ok(())
+}
+
+/// Answers a result the store could not take: refused, the agent parks it.
+fn refuse_result(cx: &mut Ctx<'_, '_>, agent: &str, trial: TrialRef, e: &StoreError) {
+    let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
+    cx.out.push((agent.to_string(), CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+}
+
+/// Counts `bytes` written for `agent`'s `trial` in its share of the
+/// study's store (and says when the share is used up).
+fn count_share(cx: &mut Ctx<'_, '_>, agent: &str, trial: &TrialRef, bytes: u64) {
+    if let Some(share) = cx.sched.count_written(agent, trial, bytes) {
+        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::disk::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
+    }
 }
 
 /// Bookkeeping after a settled result, in a savepoint of its own: a store
@@ -189,10 +202,7 @@ fn apply(cx: &mut Ctx<'_, '_>, agent: String, decision: Decision, now: u64) -> R
     );
     let Some(trial) = counted else { return apply_decision(cx, agent, decision, now) };
     apply_decision(cx, agent.clone(), decision, now)?;
-    let bytes = cx.batch.written().saturating_sub(written);
-    if let Some(share) = cx.sched.count_written(&agent, &trial, bytes) {
-        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::disk::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
-    }
+    count_share(cx, &agent, &trial, cx.batch.written().saturating_sub(written));
     Ok(())
 }
 
@@ -285,7 +295,7 @@ fn other_study(cx: &mut Ctx<'_, '_>, agent: &str, what: &str, trial: &TrialRef) 
 /// what follows its keeping ([`after_result`]).
 fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
     let ResultStep { trial, measurement, judgement, keep } = step;
-    let score = told_score(&keep);
+    let score = Score { system: None, ..kept_score(&keep) };
     let (outcome, stored) = write_result(cx, &agent, &trial, &measurement, judgement.verdict, keep, now)?;
     // Stored, not only sent, before the scheduler counts it.
     cx.batch.settle()?;
@@ -302,21 +312,17 @@ fn apply_result(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64)
 /// written as it is (nothing of it sent) is refused alone.
 fn accept_late(cx: &mut Ctx<'_, '_>, agent: String, step: ResultStep, now: u64) -> Result<(), EngineError> {
     let ResultStep { trial, measurement, judgement, keep } = step;
-    let score = told_score(&keep);
-    let (written, kept) = (cx.batch.written(), kept_score(&keep));
+    let kept = kept_score(&keep);
+    let (written, score) = (cx.batch.written(), Score { system: None, ..kept.clone() });
     if let Err(e) = cx.batch.record_accepted(&trial, &agent, &measurement, kept, now)? {
         cx.stats.store_errors += 1;
         if loud(cx.stats.store_errors) {
             tracing::error!(agent = %agent, trial = %trial, error = %e, errors = cx.stats.store_errors, "result refused: the store could not take it");
         }
-        let outcome = AckOutcome::Refused(format!("the store could not take it: {e}"));
-        cx.out.push((agent, CoordinatorMessage::Ack(ResultAck { trial, outcome })));
+        refuse_result(cx, &agent, trial, &e);
         return Ok(());
     }
-    let bytes = cx.batch.written().saturating_sub(written);
-    if let Some(share) = cx.sched.count_written(&agent, &trial, bytes) {
-        tracing::warn!(agent = %agent, study = %trial.study, share = %crate::runtime::disk::readable(share), "the agent has used its share of the study's store: its results are refused and it gets none of the study's trials (--store-share-mib)");
-    }
+    count_share(cx, &agent, &trial, cx.batch.written().saturating_sub(written));
     if let Keep::Result { expected, .. } = &keep {
         say_kept(&trial, &agent, &measurement, expected.as_deref());
     }
@@ -340,18 +346,8 @@ struct Taken {
     stored: bool,
 }
 
-/// What the search is told of a result `keep` says the store keeps.
-fn told_score(keep: &Keep) -> Score {
-    match keep {
-        Keep::Result { objective, violation, .. } => {
-            Score { objective: *objective, violation: *violation, system: None }
-        }
-        _ => Score::default(),
-    }
-}
-
 /// What the store keeps of a result row `keep` says is kept (with the
-/// system the trial ran under in the end).
+/// system the trial ran under in the end; the search is told it without).
 fn kept_score(keep: &Keep) -> Score {
     match keep {
         Keep::Result { objective, violation, system, .. } => {
