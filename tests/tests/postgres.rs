@@ -745,6 +745,114 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
     }
 }
 
+/// On a server a turn's assignments and accepted results are written many
+/// to a statement (at most 256), rows of different trials as if at once, a
+/// trial's rows in their order and never ahead of a statement asked before
+/// them; a file writes each at once. 603 trials end alike on both: a trial
+/// given twice in a turn keeps its first attempt reassigned, and a trial
+/// stopped before it is given again in the same turn refuses the turn.
+#[test]
+fn assignments_and_results_written_many_at_once_keep_their_order() {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::{Store, TrialState};
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 603, 0.1)).expect("study");
+    let t = |trial: u64, attempt: u32| TrialRef { study: "many".into(), study_id: 7, trial, attempt };
+    let done = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+    for url in [dir.path().join("many.db").display().to_string(), pg.store("many")] {
+        let server = url.starts_with("postgres");
+        let mut store = Store::open(Path::new(&url)).expect("the store");
+        let mut b = store.batch().expect("batch");
+        open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+        for trial in 0..600 {
+            b.record_assignment(&t(trial, 1), "a1", 2000 + trial).expect("given");
+        }
+        b.record_assignment(&t(599, 2), "a2", 2700).expect("given again");
+        // Its statements prepared (a statement prepared sends what waits).
+        b.stop_trial(&t(602, 1), "not needed", 2700).expect("stopped");
+        b.commit().expect("committed");
+        let mut b = store.batch().expect("batch");
+        for trial in 0..599 {
+            b.record_accepted(&t(trial, 1), "a1", &done, Some(trial as f64), 3000).expect("batch").expect("sent");
+        }
+        b.record_accepted(&t(599, 2), "a2", &done, Some(0.5), 3000).expect("batch").expect("sent");
+        b.commit().expect("committed");
+        let states: Vec<TrialState> = store.trials("many").expect("trials").iter().map(|r| r.state).collect();
+        assert_eq!(states[..600], [TrialState::Done; 600], "{url}");
+        assert_eq!(states[600..], [TrialState::Pending, TrialState::Pending, TrialState::Stopped], "{url}");
+        assert_eq!(store.results("many").expect("results").len(), 600, "{url}");
+        let twice: Vec<(u32, String, Option<String>)> = (store.attempts("many", 599).expect("attempts").into_iter())
+            .map(|a| (a.attempt, a.agent, a.outcome))
+            .collect();
+        let ended = |s: &str| Some(s.to_string());
+        assert_eq!(twice, [(1, "a1".into(), ended("reassigned")), (2, "a2".into(), ended("exited 0"))], "{url}");
+        assert_eq!(store.attempts("many", 0).expect("attempts")[0].ended_ms, Some(3000), "{url}");
+        // Given, stopped, given again in one turn: the second refused.
+        let mut b = store.batch().expect("batch");
+        b.record_assignment(&t(600, 1), "a1", 4000).expect("given");
+        b.stop_trial(&t(601, 1), "enough", 4000).expect("stopped");
+        let refused = match b.record_assignment(&t(601, 1), "a1", 4000) {
+            Ok(()) => {
+                assert!(server, "{url}: a file answers at once");
+                b.commit().expect_err("refused as it commits").to_string()
+            }
+            Err(e) => {
+                drop(b);
+                e.to_string()
+            }
+        };
+        assert!(refused.contains("stopped"), "{url}: {refused}");
+        let states: Vec<TrialState> = store.trials("many").expect("trials").iter().map(|r| r.state).collect();
+        assert_eq!(states[600..602], [TrialState::Pending; 2], "{url}: nothing of the turn committed");
+    }
+}
+
+/// The server's functions that write a turn's rows many at once reach
+/// each row by its key, however small the tables were when the server
+/// last analysed them: no scan of `trials`, `attempts` or `results`.
+#[test]
+fn rows_written_many_at_once_are_reached_by_their_keys() {
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::Store;
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "k", 40, 0.1)).expect("study");
+    let url = pg.store("keys");
+    let mut store = Store::open(Path::new(&url)).expect("the store");
+    let mut b = store.batch().expect("batch");
+    open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+    for trial in 0..20 {
+        let t = TrialRef { study: "k".into(), study_id: 1, trial, attempt: 1 };
+        b.record_assignment(&t, "a1", 2000).expect("given");
+    }
+    b.commit().expect("committed");
+    pg.query("ANALYZE keys.trials, keys.attempts, keys.results");
+    let answer = pg.query(
+        "SET search_path TO keys; BEGIN; \
+         SELECT COUNT(*) FROM tunefleet_assign_1(ARRAY['k', 'k'], ARRAY[20, 21]::BIGINT[], ARRAY[1, 1]::BIGINT[], \
+             ARRAY['a1', 'a1'], ARRAY[3000, 3000]::BIGINT[], ARRAY[0, 0]::BIGINT[]); \
+         SELECT COUNT(*) FROM tunefleet_accept_1(ARRAY['k'], ARRAY[0]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY['a1'], \
+             ARRAY[1]::BIGINT[], ARRAY[0.5]::FLOAT8[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], \
+             ARRAY[1]::BIGINT[], ARRAY['exited 0'], ARRAY[NULL]::FLOAT8[], ARRAY['estimated'], ARRAY[0]::BIGINT[], \
+             ARRAY['{}'], ARRAY[4000]::BIGINT[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::TEXT[], \
+             ARRAY['done'], ARRAY[NULL]::TEXT[]); \
+         SELECT relname || ' ' || seq_scan FROM pg_stat_xact_user_tables \
+             WHERE schemaname = 'keys' AND relname IN ('trials', 'attempts', 'results') ORDER BY relname; \
+         SELECT state FROM trials WHERE study = 'k' AND trial IN (0, 20) ORDER BY trial; ROLLBACK",
+    );
+    let lines: Vec<&str> = answer.lines().collect();
+    let taken_unscanned = ["0", "0", "attempts 0", "results 0", "trials 0", "done", "running"];
+    assert_eq!(lines[2..lines.len() - 1], taken_unscanned, "{answer}");
+}
+
 /// Trials are added many to a statement (32, then fewer by halves): 71
 /// land in a file and on a server, each with its number, parameters and
 /// repeat, pending, and nothing else.

@@ -347,6 +347,11 @@ impl Store {
         tx.execute_batch(super::refusals::REFUSALS_SCHEMA).ctx(|| format!("{path}: creating the refusals table"))?;
         tx.execute_batch(super::lifecycle::STUDY_NAMES_SCHEMA)
             .ctx(|| format!("{path}: creating the study names table"))?;
+        // Last: they name the columns the steps above add.
+        if tx.on_server() {
+            tx.execute_batch(super::attempts::GROUPED_FUNCTIONS)
+                .ctx(|| format!("{path}: creating the functions that write many rows at once"))?;
+        }
         tx.commit().ctx(|| format!("{path}: committing schema"))
     }
 

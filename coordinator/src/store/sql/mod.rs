@@ -147,7 +147,7 @@ impl Conn {
         }
     }
 
-    /// Answers the checked writes not answered yet ([`Stmt::write_checked`])
+    /// Answers the checked writes not answered yet ([`Stmt::write_grouped`])
     /// with the writes before them: a refusal, or the first error of those.
     pub fn settle_checks(&self) -> Result<()> {
         match &self.0 {
@@ -373,16 +373,20 @@ impl Stmt<'_> {
         }
     }
 
-    /// Runs the statement and judges its answer's first row with `check`:
-    /// at once in a file; on a server, inside a write transaction, sent
-    /// with the next statement that needs an answer like
-    /// [`Stmt::write`], its refusal that statement's error, or
+    /// A checked write of a statement whose every parameter is an array
+    /// (one value a row): on a server, inside a write transaction, the row
+    /// is sent with the rows of the same statement around it as one
+    /// statement (rows of one `key` in their order, rows of different keys
+    /// as if at once), with the next statement that needs an answer like
+    /// [`Stmt::write`]; each row the statement answers is one it did not
+    /// take, refused by `check`: that statement's error, or
     /// [`Conn::settle`]'s (a commit settles what is checked first, and
-    /// commits nothing a check refused).
-    pub fn write_checked<P: Params>(&mut self, params: P, check: Check) -> Result<()> {
+    /// commits nothing a check refused). Elsewhere it runs at once, the row
+    /// alone, its every answered row judged.
+    pub fn write_grouped<P: Params>(&mut self, params: P, key: String, check: Check) -> Result<()> {
         match &mut self.0 {
-            StmtInner::Sqlite(_) => self.query_row(params, check),
-            StmtInner::Pg { conn, id, columns } => conn.write_checked(*id, &params, columns.clone(), check),
+            StmtInner::Sqlite(_) => self.query_map(params, check)?.collect(),
+            StmtInner::Pg { conn, id, columns } => conn.write_grouped(*id, &params, key, columns.clone(), check),
         }
     }
 

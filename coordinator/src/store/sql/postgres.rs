@@ -23,8 +23,12 @@ use super::row::Check;
 use super::value::{Error, Params, Result, Value};
 
 mod thread;
-use thread::{Envelope, Op, Prepared, Request};
+use thread::{Envelope, Group, Op, Prepared, Request};
 pub use thread::{Plans, CREATING};
+
+/// The most rows a grouped write sends in one statement
+/// ([`PgConn::write_grouped`]).
+const GROUP_ROWS: usize = 256;
 
 /// The schema a store's tables live in when the URL names none.
 pub const DEFAULT_SCHEMA: &str = "tunefleet";
@@ -347,26 +351,52 @@ impl PgConn {
         Ok(())
     }
 
-    /// [`PgConn::write`] of a statement whose answer `check` judges
-    /// ([`super::Stmt::write_checked`]); `columns` name its answer's.
-    pub(super) fn write_checked<P: Params>(
+    /// A row of statement `id`, whose every parameter is an array (a
+    /// column of rows) whose answer `check` judges
+    /// ([`super::Stmt::write_grouped`]): each row the statement answers is
+    /// one it did not take, and `check` says why.
+    /// Inside a write transaction the row joins the rows of `id` deferred
+    /// since the last statement of another kind, unless one of them has
+    /// its `key`: rows of different keys are written as if at once, rows of
+    /// one key in their order. Outside one it runs at once, alone.
+    pub(super) fn write_grouped<P: Params>(
         &self,
         id: usize,
         params: &P,
+        key: String,
         columns: Arc<Vec<String>>,
         check: Check,
     ) -> Result<()> {
+        let row = owned(params)?;
+        let mut group = Group::new(id, row.len(), columns, check);
         if !self.deferring.get() {
-            return thread::judged(&self.query(id, params)?, &columns, check);
+            group.push(key, row)?;
+            self.pending.borrow_mut().push(Op::Group(group));
+            return self.settle();
         }
-        let params = owned(params)?;
-        self.pending.borrow_mut().push(Op::Check { id, params, columns, check });
-        Ok(())
+        let mut pending = self.pending.borrow_mut();
+        // The last run of groups: a row may join one of its statement's
+        // there when no row of that run has its key.
+        let run = pending.iter().rev().take_while(|op| matches!(op, Op::Group(_))).count();
+        let start = pending.len() - run;
+        let free = pending[start..].iter().all(|op| !matches!(op, Op::Group(g) if g.keys.contains(&key)));
+        let joins = pending[start..].iter_mut().rev().find_map(|op| match op {
+            Op::Group(g) if free && g.id == id && g.len() < GROUP_ROWS => Some(g),
+            _ => None,
+        });
+        match joins {
+            Some(g) => g.push(key, row),
+            None => {
+                group.push(key, row)?;
+                pending.push(Op::Group(group));
+                Ok(())
+            }
+        }
     }
 
     /// Whether a checked write is deferred, its answer not judged yet.
     pub(super) fn checks_pending(&self) -> bool {
-        self.pending.borrow().iter().any(|op| matches!(op, Op::Check { .. }))
+        self.pending.borrow().iter().any(|op| matches!(op, Op::Group(_)))
     }
 
     /// `sql` (no parameters) sent with the next statement that needs an

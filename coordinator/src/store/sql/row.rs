@@ -21,8 +21,8 @@ impl ColumnIndex for &str {
     }
 }
 
-/// What a checked write's answer must say ([`super::Stmt::write_checked`]),
-/// judged on its first row: [`Error::Refused`] with why when it does not.
+/// What a checked write's answer must say ([`super::Stmt::write_grouped`]),
+/// judged on each row it answers: [`Error::Refused`] with why when not.
 pub type Check = fn(&Row<'_>) -> Result<()>;
 
 /// One row of a query's answer.

@@ -26,14 +26,50 @@ pub(super) enum Op {
         id: usize,
         params: Vec<Value>,
     },
-    /// A write whose answer's first row `check` judges (its `columns` named).
-    Check {
-        id: usize,
-        params: Vec<Value>,
-        columns: Arc<Vec<String>>,
-        check: Check,
-    },
+    /// Rows of one statement whose parameters are arrays, a column each
+    /// ([`super::PgConn::write_grouped`]): one statement for them all,
+    /// answering the rows it did not take, each judged by `check`.
+    Group(Group),
     Batch(String),
+}
+
+/// The rows of a grouped write gathered so far, column by column.
+pub(super) struct Group {
+    pub(super) id: usize,
+    pub(super) columns_in: Vec<Vec<Value>>,
+    /// Each row's key: rows of one key keep their order, so a group never
+    /// holds two.
+    pub(super) keys: std::collections::HashSet<String>,
+    pub(super) columns: Arc<Vec<String>>,
+    pub(super) check: Check,
+}
+
+impl Group {
+    /// A group of statement `id` holding no row yet.
+    pub(super) fn new(id: usize, width: usize, columns: Arc<Vec<String>>, check: Check) -> Group {
+        Group { id, columns_in: vec![Vec::new(); width], keys: Default::default(), columns, check }
+    }
+
+    /// Adds `row` (one value a column) under `key`.
+    pub(super) fn push(&mut self, key: String, row: Vec<Value>) -> Result<()> {
+        if row.len() != self.columns_in.len() {
+            return Err(Error::Closed(format!(
+                "a grouped row of {} values where its statement takes {}",
+                row.len(),
+                self.columns_in.len()
+            )));
+        }
+        for (column, value) in self.columns_in.iter_mut().zip(row) {
+            column.push(value);
+        }
+        self.keys.insert(key);
+        Ok(())
+    }
+
+    /// How many rows it holds.
+    pub(super) fn len(&self) -> usize {
+        self.keys.len()
+    }
 }
 
 /// A request to the client thread, after the deferred statements `before`.
@@ -220,6 +256,8 @@ async fn drive<F: std::future::Future<Output = std::result::Result<(), tokio_pos
 enum Work<'a> {
     Execute(tokio_postgres::Statement, &'a [Value]),
     Query(tokio_postgres::Statement, &'a [Value]),
+    /// A statement whose every parameter is an array (a column of values).
+    Columns(tokio_postgres::Statement, &'a [Vec<Value>]),
     Batch(String),
 }
 
@@ -411,7 +449,7 @@ impl Server {
         for op in ops {
             work.push(match op {
                 Op::Write { id, params } => Work::Execute(self.statement(*id)?, params.as_slice()),
-                Op::Check { id, params, .. } => Work::Query(self.statement(*id)?, params.as_slice()),
+                Op::Group(g) => Work::Columns(self.statement(g.id)?, g.columns_in.as_slice()),
                 Op::Batch(sql) => Work::Batch(translate(sql)),
             });
         }
@@ -465,12 +503,10 @@ impl Server {
         Ok(fresh)
     }
 }
-/// A checked write's answer `rows` (its `columns` named) as `check`
-/// judges its first row; no row is refused too (never read as "no row"
-/// by a caller that expects none).
-pub(super) fn judged(rows: &[Vec<Value>], columns: &[String], check: Check) -> Result<()> {
-    let values = rows.first().ok_or_else(|| Error::Refused("a checked write answered no row".into()))?;
-    check(&Row(RowInner::Pg { values, columns }))
+/// A grouped write's answer `rows`: the rows it did not take, each
+/// judged by `check` (the first refusal is the answer). No row: all taken.
+fn untaken(rows: &[Vec<Value>], columns: &[String], check: Check) -> Result<()> {
+    rows.iter().try_for_each(|values| check(&Row(RowInner::Pg { values, columns })))
 }
 
 /// `answers` of the deferred statements `ops`, each checked write's
@@ -479,9 +515,7 @@ fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
     ops.iter()
         .zip(answers)
         .map(|(op, answer)| match (op, answer) {
-            (Op::Check { columns, check, .. }, Ok(Done::Rows(rows))) => {
-                judged(&rows, columns, *check).map(|()| Done::Unit)
-            }
+            (Op::Group(g), Ok(Done::Rows(rows))) => untaken(&rows, &g.columns, g.check).map(|()| Done::Unit),
             (_, answer) => answer,
         })
         .collect()
@@ -517,20 +551,30 @@ fn send<'a>(client: &'a tokio_postgres::Client, work: &'a Work<'a>) -> Pending<'
             let refs = refs(params);
             Ok(Done::Count(client.execute(stmt, &refs).await?))
         }),
-        Work::Query(stmt, params) => Box::pin(async move {
-            let refs = refs(params);
-            let rows = client.query(stmt, &refs).await?;
-            let rows = rows
-                .iter()
-                .map(|row| (0..row.len()).map(|i| row.try_get::<_, Value>(i).map_err(Error::from)).collect())
-                .collect::<Result<Vec<Vec<Value>>>>()?;
-            Ok(Done::Rows(rows))
+        Work::Query(stmt, params) => Box::pin(async move { rows(client, stmt, &refs(params)).await }),
+        Work::Columns(stmt, columns) => Box::pin(async move {
+            let refs: Vec<&(dyn PgToSql + Sync)> = columns.iter().map(|c| c as &(dyn PgToSql + Sync)).collect();
+            rows(client, stmt, &refs).await
         }),
         Work::Batch(sql) => Box::pin(async move {
             client.batch_execute(sql).await?;
             Ok(Done::Unit)
         }),
     }
+}
+
+/// `stmt`'s answer to `params`: its rows.
+async fn rows(
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    params: &[&(dyn PgToSql + Sync)],
+) -> Result<Done> {
+    let rows = client.query(stmt, params).await?;
+    let rows = rows
+        .iter()
+        .map(|row| (0..row.len()).map(|i| row.try_get::<_, Value>(i).map_err(Error::from)).collect())
+        .collect::<Result<Vec<Vec<Value>>>>()?;
+    Ok(Done::Rows(rows))
 }
 
 /// Answers `request` with `error`.
