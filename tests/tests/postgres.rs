@@ -814,7 +814,8 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
 
 /// The server's functions that write a turn's rows many at once reach
 /// each row by its key, however small the tables were when the server
-/// last analysed them: no scan of `trials`, `attempts` or `results`.
+/// last analysed them: no scan of `trials`, `attempts` or `results`, and
+/// no read of one whole through an index.
 #[test]
 fn rows_written_many_at_once_are_reached_by_their_keys() {
     use tunefleet_common::message::TrialRef;
@@ -844,13 +845,21 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
              ARRAY[1]::BIGINT[], ARRAY['exited 0'], ARRAY[NULL]::FLOAT8[], ARRAY['estimated'], ARRAY[0]::BIGINT[], \
              ARRAY['{}'], ARRAY[4000]::BIGINT[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::TEXT[], \
              ARRAY['done'], ARRAY[NULL]::TEXT[]); \
-         SELECT relname || ' ' || seq_scan FROM pg_stat_xact_user_tables \
+         SELECT relname || ' ' || seq_scan || ' ' || idx_tup_fetch FROM pg_stat_xact_user_tables \
              WHERE schemaname = 'keys' AND relname IN ('trials', 'attempts', 'results') ORDER BY relname; \
          SELECT state FROM trials WHERE study = 'k' AND trial IN (0, 20) ORDER BY trial; ROLLBACK",
     );
     let lines: Vec<&str> = answer.lines().collect();
-    let taken_unscanned = ["0", "0", "attempts 0", "results 0", "trials 0", "done", "running"];
-    assert_eq!(lines[2..lines.len() - 1], taken_unscanned, "{answer}");
+    // Every row taken; trial 0 done and trial 20 running.
+    assert_eq!([lines[2], lines[3], lines[7], lines[8]], ["0", "0", "done", "running"], "{answer}");
+    // No table scanned, and none read whole through an index: each holds
+    // 20 rows or more, and a row reached by its key is a read or two.
+    for (line, table) in lines[4..7].iter().zip(["attempts", "results", "trials"]) {
+        let read: Vec<&str> = line.split(' ').collect();
+        assert_eq!(read[..2], [table, "0"], "{table} scanned: {answer}");
+        let fetched: u32 = read[2].parse().expect("a count");
+        assert!(fetched < 10, "{table}: {fetched} rows read: {answer}");
+    }
 }
 
 /// Trials are added many to a statement (32, then fewer by halves): 71

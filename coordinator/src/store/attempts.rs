@@ -275,7 +275,9 @@ const ACCEPT_GROUPED: &str =
 /// is planned at each call to reach its rows by their keys
 /// whatever the tables' size or statistics: no scan (a plan made once
 /// while the tables were small joined the rows by scanning them, and
-/// kept doing so as they grew).
+/// kept doing so as they grew). Their reads are scalar subqueries, which
+/// the server never turns into one read of a whole table as it may an
+/// `EXISTS`.
 pub(super) const GROUPED_FUNCTIONS: &str = r#"
 DO $do$ BEGIN
 IF to_regprocedure('tunefleet_assign_1(text[], bigint[], bigint[], text[], bigint[], bigint[])') IS NULL THEN
@@ -319,9 +321,9 @@ WITH u AS MATERIALIZED (
                 state, reason)),
     found AS MATERIALIZED (
         SELECT u.*, (SELECT x.attempt FROM results x WHERE x.study = u.study AND x.trial = u.trial) AS accepted,
-            EXISTS (SELECT 1 FROM attempts x
-                WHERE x.study = u.study AND x.trial = u.trial AND x.attempt = u.attempt AND x.agent = u.agent)
-            AND EXISTS (SELECT 1 FROM trials x WHERE x.study = u.study AND x.trial = u.trial) AS held
+            COALESCE((SELECT x.agent FROM attempts x
+                WHERE x.study = u.study AND x.trial = u.trial AND x.attempt = u.attempt) = u.agent, false)
+            AND (SELECT x.state FROM trials x WHERE x.study = u.study AND x.trial = u.trial) IS NOT NULL AS held
         FROM u),
     kept AS MATERIALIZED (SELECT * FROM found WHERE found.accepted IS NULL AND found.held),
     result AS (
