@@ -283,9 +283,11 @@ DO $do$ BEGIN
 IF to_regprocedure('tunefleet_assign_1(text[], bigint[], bigint[], text[], bigint[], bigint[])') IS NULL THEN
 CREATE FUNCTION tunefleet_assign_1(s text[], t bigint[], a bigint[], ag text[], at bigint[], h bigint[])
 RETURNS TABLE (running bigint, state text, study text, trial bigint)
-LANGUAGE sql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off
 AS $f$
+#variable_conflict use_column
+BEGIN RETURN QUERY
 WITH u AS MATERIALIZED (SELECT * FROM unnest(s, t, a, ag, at, h) AS u(study, trial, attempt, agent, at, held)),
     run AS (
         UPDATE trials SET state = 'running', attempts = u.attempt FROM u
@@ -303,17 +305,19 @@ WITH u AS MATERIALIZED (SELECT * FROM unnest(s, t, a, ag, at, h) AS u(study, tri
             ended_ms = NULL, outcome = NULL, superseded = 0, held = excluded.held)
 SELECT 0::bigint, (SELECT x.state FROM trials x WHERE x.study = u.study AND x.trial = u.trial), u.study, u.trial
 FROM u WHERE (SELECT count(*) FROM run) < cardinality(s)
-    AND NOT EXISTS (SELECT 1 FROM run r WHERE r.study = u.study AND r.trial = u.trial AND r.attempt = u.attempt)
-$f$;
+    AND NOT EXISTS (SELECT 1 FROM run r WHERE r.study = u.study AND r.trial = u.trial AND r.attempt = u.attempt);
+END $f$;
 END IF;
 IF to_regprocedure('tunefleet_accept_1(text[], bigint[], bigint[], text[], bigint[], float8[], bigint[], bigint[], bigint[], bigint[], text[], float8[], text[], bigint[], text[], bigint[], float8[], float8[], text[], text[], text[])') IS NULL THEN
 CREATE FUNCTION tunefleet_accept_1(s text[], t bigint[], a bigint[], ag text[], ok bigint[], obj float8[],
     wall bigint[], usr bigint[], sys bigint[], rss bigint[], ex text[], ej float8[], es text[], ev bigint[], m text[],
     at bigint[], gj float8[], vi float8[], sy text[], st text[], why text[])
 RETURNS TABLE (accepted bigint, held boolean, study text, trial bigint)
-LANGUAGE sql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off
 AS $f$
+#variable_conflict use_column
+BEGIN RETURN QUERY
 WITH u AS MATERIALIZED (
         SELECT * FROM unnest(s, t, a, ag, ok, obj, wall, usr, sys, rss, ex, ej, es, ev, m, at, gj, vi, sy, st, why)
             AS u(study, trial, attempt, agent, success, objective, wall_us, user_us, sys_us, max_rss_kib, exit,
@@ -344,8 +348,8 @@ WITH u AS MATERIALIZED (
         FROM kept k
         WHERE attempts.study = k.study AND attempts.trial = k.trial
             AND (attempts.attempt = k.attempt OR attempts.ended_ms IS NULL))
-SELECT f.accepted, f.held, f.study, f.trial FROM found f WHERE NOT (f.accepted IS NULL AND f.held)
-$f$;
+SELECT f.accepted, f.held, f.study, f.trial FROM found f WHERE NOT (f.accepted IS NULL AND f.held);
+END $f$;
 END IF;
 END $do$"#;
 
