@@ -748,9 +748,11 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
 /// On a server a turn's assignments and accepted results are written many
 /// to a statement (at most 256), rows of different trials as if at once, a
 /// trial's rows in their order and never ahead of a statement asked before
-/// them; a file writes each at once. 603 trials end alike on both: a trial
-/// given twice in a turn keeps its first attempt reassigned, and a trial
-/// stopped before it is given again in the same turn refuses the turn.
+/// them but the other kind's rows of other trials; a file writes each at
+/// once. 604 trials end alike on both: a trial given twice in a turn keeps
+/// its first attempt reassigned, a trial given among results is running,
+/// and a trial stopped before it is given again in the same turn refuses
+/// the turn.
 #[test]
 fn assignments_and_results_written_many_at_once_keep_their_order() {
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
@@ -761,7 +763,7 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 603, 0.1)).expect("study");
+    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 604, 0.1)).expect("study");
     let t = |trial: u64, attempt: u32| TrialRef { study: "many".into(), study_id: 7, trial, attempt };
     let done = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
     for url in [dir.path().join("many.db").display().to_string(), pg.store("many")] {
@@ -774,17 +776,22 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
         }
         b.record_assignment(&t(599, 2), "a2", 2700).expect("given again");
         // Its statements prepared (a statement prepared sends what waits).
-        b.stop_trial(&t(602, 1), "not needed", 2700).expect("stopped");
+        b.stop_trial(&t(603, 1), "not needed", 2700).expect("stopped");
         b.commit().expect("committed");
         let mut b = store.batch().expect("batch");
         for trial in 0..599 {
             b.record_accepted(&t(trial, 1), "a1", &done, Some(trial as f64), 3000).expect("batch").expect("sent");
+            if trial == 300 {
+                // Results around an assignment of another trial.
+                b.record_assignment(&t(600, 1), "a2", 3000).expect("given");
+            }
         }
         b.record_accepted(&t(599, 2), "a2", &done, Some(0.5), 3000).expect("batch").expect("sent");
         b.commit().expect("committed");
         let states: Vec<TrialState> = store.trials("many").expect("trials").iter().map(|r| r.state).collect();
         assert_eq!(states[..600], [TrialState::Done; 600], "{url}");
-        assert_eq!(states[600..], [TrialState::Pending, TrialState::Pending, TrialState::Stopped], "{url}");
+        let rest = [TrialState::Running, TrialState::Pending, TrialState::Pending, TrialState::Stopped];
+        assert_eq!(states[600..], rest, "{url}");
         assert_eq!(store.results("many").expect("results").len(), 600, "{url}");
         let twice: Vec<(u32, String, Option<String>)> = (store.attempts("many", 599).expect("attempts").into_iter())
             .map(|a| (a.attempt, a.agent, a.outcome))
@@ -794,9 +801,9 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
         assert_eq!(store.attempts("many", 0).expect("attempts")[0].ended_ms, Some(3000), "{url}");
         // Given, stopped, given again in one turn: the second refused.
         let mut b = store.batch().expect("batch");
-        b.record_assignment(&t(600, 1), "a1", 4000).expect("given");
-        b.stop_trial(&t(601, 1), "enough", 4000).expect("stopped");
-        let refused = match b.record_assignment(&t(601, 1), "a1", 4000) {
+        b.record_assignment(&t(601, 1), "a1", 4000).expect("given");
+        b.stop_trial(&t(602, 1), "enough", 4000).expect("stopped");
+        let refused = match b.record_assignment(&t(602, 1), "a1", 4000) {
             Ok(()) => {
                 assert!(server, "{url}: a file answers at once");
                 b.commit().expect_err("refused as it commits").to_string()
@@ -808,16 +815,19 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
         };
         assert!(refused.contains("stopped"), "{url}: {refused}");
         let states: Vec<TrialState> = store.trials("many").expect("trials").iter().map(|r| r.state).collect();
-        assert_eq!(states[600..602], [TrialState::Pending; 2], "{url}: nothing of the turn committed");
+        assert_eq!(states[601..603], [TrialState::Pending; 2], "{url}: nothing of the turn committed");
     }
 }
 
 /// The server's functions that write a turn's rows many at once reach
 /// each row by its key, however small the tables were when the server
-/// last analysed them: no scan of `trials`, `attempts` or `results`, and
-/// no read of one whole through an index.
+/// last analysed them (their plans made each run, as the writer's then
+/// are) or with a plan made once on tables never analysed (the writer's
+/// otherwise): no scan of `trials`, `attempts` or `results`, and no read
+/// of one whole through an index.
 #[test]
 fn rows_written_many_at_once_are_reached_by_their_keys() {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
     use tunefleet_common::message::TrialRef;
     use tunefleet_coordinator::domain::search;
     use tunefleet_coordinator::runtime::engine::open_study_at;
@@ -826,39 +836,55 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "k", 40, 0.1)).expect("study");
-    let url = pg.store("keys");
-    let mut store = Store::open(Path::new(&url)).expect("the store");
-    let mut b = store.batch().expect("batch");
-    open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
-    for trial in 0..20 {
-        let t = TrialRef { study: "k".into(), study_id: 1, trial, attempt: 1 };
-        b.record_assignment(&t, "a1", 2000).expect("given");
-    }
-    b.commit().expect("committed");
-    pg.query("ANALYZE keys.trials, keys.attempts, keys.results");
-    let answer = pg.query(
-        "SET search_path TO keys; BEGIN; \
-         SELECT COUNT(*) FROM tunefleet_assign_1(ARRAY['k', 'k'], ARRAY[20, 21]::BIGINT[], ARRAY[1, 1]::BIGINT[], \
-             ARRAY['a1', 'a1'], ARRAY[3000, 3000]::BIGINT[], ARRAY[0, 0]::BIGINT[]); \
-         SELECT COUNT(*) FROM tunefleet_accept_1(ARRAY['k'], ARRAY[0]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY['a1'], \
-             ARRAY[1]::BIGINT[], ARRAY[0.5]::FLOAT8[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], \
-             ARRAY[1]::BIGINT[], ARRAY['exited 0'], ARRAY[NULL]::FLOAT8[], ARRAY['estimated'], ARRAY[0]::BIGINT[], \
-             ARRAY['{}'], ARRAY[4000]::BIGINT[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::TEXT[], \
-             ARRAY['done'], ARRAY[NULL]::TEXT[]); \
-         SELECT relname || ' ' || seq_scan || ' ' || idx_tup_fetch FROM pg_stat_xact_user_tables \
-             WHERE schemaname = 'keys' AND relname IN ('trials', 'attempts', 'results') ORDER BY relname; \
-         SELECT state FROM trials WHERE study = 'k' AND trial IN (0, 20) ORDER BY trial; ROLLBACK",
-    );
-    let lines: Vec<&str> = answer.lines().collect();
-    // Every row taken; trial 0 done and trial 20 running.
-    assert_eq!([lines[2], lines[3], lines[7], lines[8]], ["0", "0", "done", "running"], "{answer}");
-    // No table scanned, and none read whole through an index: each holds
-    // 20 rows or more, and a row reached by its key is a read or two.
-    for (line, table) in lines[4..7].iter().zip(["attempts", "results", "trials"]) {
-        let read: Vec<&str> = line.split(' ').collect();
-        assert_eq!(read[..2], [table, "0"], "{table} scanned: {answer}");
-        let fetched: u32 = read[2].parse().expect("a count");
-        assert!(fetched < 10, "{table}: {fetched} rows read: {answer}");
+    let done = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+    let t = |trial: u64| TrialRef { study: "k".into(), study_id: 1, trial, attempt: 1 };
+    for (schema, analysed) in [("keys", true), ("keys_once", false)] {
+        let mut store = Store::open(Path::new(&pg.store(schema))).expect("the store");
+        let mut b = store.batch().expect("batch");
+        open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+        for trial in 0..30 {
+            b.record_assignment(&t(trial), "a1", 2000).expect("given");
+        }
+        for trial in 10..30 {
+            b.record_accepted(&t(trial), "a1", &done, Some(0.5), 2500).expect("batch").expect("sent");
+        }
+        b.commit().expect("committed");
+        let mode = match analysed {
+            true => {
+                pg.query(&format!("ANALYZE {schema}.trials, {schema}.attempts, {schema}.results"));
+                "force_custom_plan"
+            }
+            false => "force_generic_plan",
+        };
+        let names = pg.query(&format!(
+            "SELECT proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = '{schema}' AND proname LIKE 'tunefleet\\_%' ORDER BY proname"
+        ));
+        let [accept, assign] = names.lines().collect::<Vec<_>>()[..] else { panic!("two functions: {names}") };
+        let answer = pg.query(&format!(
+            "SET search_path TO {schema}; SET plan_cache_mode TO {mode}; BEGIN; \
+             SELECT COUNT(*) FROM {assign}(ARRAY['k', 'k'], ARRAY[30, 31]::BIGINT[], ARRAY[1, 1]::BIGINT[], \
+                 ARRAY['a1', 'a1'], ARRAY[3000, 3000]::BIGINT[], ARRAY[0, 0]::BIGINT[]); \
+             SELECT COUNT(*) FROM {accept}(ARRAY['k'], ARRAY[0]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY['a1'], \
+                 ARRAY[1]::BIGINT[], ARRAY[0.5]::FLOAT8[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], ARRAY[1]::BIGINT[], \
+                 ARRAY[1]::BIGINT[], ARRAY['exited 0'], ARRAY[NULL]::FLOAT8[], ARRAY['estimated'], ARRAY[0]::BIGINT[], \
+                 ARRAY['{{}}'], ARRAY[4000]::BIGINT[], ARRAY[NULL]::FLOAT8[], ARRAY[NULL]::FLOAT8[], \
+                 ARRAY[NULL]::TEXT[], ARRAY['done'], ARRAY[NULL]::TEXT[]); \
+             SELECT relname || ' ' || seq_scan || ' ' || idx_tup_fetch FROM pg_stat_xact_user_tables \
+                 WHERE schemaname = '{schema}' AND relname IN ('trials', 'attempts', 'results') ORDER BY relname; \
+             SELECT state FROM trials WHERE study = 'k' AND trial IN (0, 30) ORDER BY trial; ROLLBACK"
+        ));
+        let lines: Vec<&str> = answer.lines().collect();
+        // Every row taken; trial 0 done and trial 30 running.
+        assert_eq!([lines[3], lines[4], lines[8], lines[9]], ["0", "0", "done", "running"], "{schema}: {answer}");
+        // No table scanned, and none read whole through an index: each
+        // holds 20 rows or more, and a row reached by its key is a read or two.
+        for (line, table) in lines[5..8].iter().zip(["attempts", "results", "trials"]) {
+            let read: Vec<&str> = line.split(' ').collect();
+            assert_eq!(read[..2], [table, "0"], "{schema}: {table} scanned: {answer}");
+            let fetched: u32 = read[2].parse().expect("a count");
+            assert!(fetched < 10, "{schema}, {table}: {fetched} rows read: {answer}");
+        }
     }
 }
 

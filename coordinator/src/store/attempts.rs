@@ -28,7 +28,7 @@ impl Batch<'_> {
         if self.tx.on_server() {
             return self
                 .tx
-                .prepare_cached(ASSIGN_GROUPED)
+                .prepare_cached(&GROUPED.assign)
                 .ctx(context)?
                 .write_grouped(params![trial.study, id, trial.attempt, agent, at, held], group_key(trial), assigned)
                 .ctx(context);
@@ -141,7 +141,7 @@ impl Batch<'_> {
             Ok(kept) => kept,
             Err(e) => return Ok(Err(e)),
         };
-        let mut accept = self.tx.prepare_cached(ACCEPT_GROUPED).ctx(context)?;
+        let mut accept = self.tx.prepare_cached(&GROUPED.accept).ctx(context)?;
         let state = kept.state.as_str();
         let values = [&kept.row(trial, &agent)[..], &[&state, &kept.reason]].concat();
         // Deferred, a write fails here only on its own values, never sent.
@@ -254,36 +254,64 @@ impl Batch<'_> {
 }
 
 /// [`Batch::record_assignment_held`]'s three statements for many
-/// assignments at once on a server ([`GROUPED_FUNCTIONS`]'s
-/// `tunefleet_assign_1`), each argument a column of them.
-const ASSIGN_GROUPED: &str = "SELECT * FROM tunefleet_assign_1(?1, ?2, ?3, ?4, ?5, ?6)";
+/// assignments at once on a server (`tunefleet_assign_{v}` of
+/// [`GROUPED_FUNCTIONS`]), each argument a column of them.
+const ASSIGN_GROUPED: &str = "SELECT * FROM tunefleet_assign_{v}(?1, ?2, ?3, ?4, ?5, ?6)";
 
 /// [`Batch::record_accepted`]'s statement for many results at once on a
-/// server (`tunefleet_accept_1`): [`ACCEPT_ON_SERVER`]'s read and writes.
+/// server (`tunefleet_accept_{v}`): [`ACCEPT_ON_SERVER`]'s read and writes.
 const ACCEPT_GROUPED: &str =
-    "SELECT * FROM tunefleet_accept_1(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
+    "SELECT * FROM tunefleet_accept_{v}(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, \
      ?19, ?20, ?21)";
 
+/// [`GROUPED_FUNCTIONS`] and the statements that call them, `{v}` in
+/// their names the digest of the functions' text: a function changed is
+/// a function of another name, created beside the one a coordinator of
+/// the build before may still call (a function found is never replaced).
+struct Grouped {
+    functions: String,
+    assign: String,
+    accept: String,
+}
+
+static GROUPED: std::sync::LazyLock<Grouped> = std::sync::LazyLock::new(|| {
+    let v = format!("{:016x}", super::fnv(GROUPED_FUNCTIONS.as_bytes(), super::FNV_START));
+    Grouped {
+        functions: GROUPED_FUNCTIONS.replace("{v}", &v),
+        assign: ASSIGN_GROUPED.replace("{v}", &v),
+        accept: ACCEPT_GROUPED.replace("{v}", &v),
+    }
+});
+
+/// What the migration runs on a server: the grouped writes' functions,
+/// created where missing ([`GROUPED_FUNCTIONS`]).
+pub(super) fn grouped_functions() -> &'static str {
+    &GROUPED.functions
+}
+
 /// What [`ASSIGN_GROUPED`] and [`ACCEPT_GROUPED`] call, created on a
-/// server with its schema and kept under a name that changes with them.
-/// Each takes its rows as arrays, a column each, and writes them in one
-/// statement: one parse, one plan and one round trip a turn where a
-/// statement a row cost the server about 130 µs of CPU each. It answers
-/// only the rows it did not take, as the statement a row answered them.
-/// Created in the migration's transaction, under the lock that keeps
-/// two coordinators starting at once from racing on the schema. Each
-/// is planned at each call to reach its rows by their keys
-/// whatever the tables' size or statistics: no scan (a plan made once
-/// while the tables were small joined the rows by scanning them, and
-/// kept doing so as they grew). Their reads are scalar subqueries, which
-/// the server never turns into one read of a whole table as it may an
-/// `EXISTS`.
-pub(super) const GROUPED_FUNCTIONS: &str = r#"
+/// server in the store's schema. Each takes its rows as arrays, a column
+/// each, and writes them in one statement: one executor start and one
+/// round trip a run of rows where a statement a row cost the server about
+/// 130 µs of CPU each. It answers only the rows it did not take, as the
+/// statement a row answered them. Created in the migration's transaction,
+/// under the lock that keeps two coordinators starting at once from racing
+/// on the schema. Their tables are the caller's (its `search_path`, the
+/// store's schema), so a schema renamed or restored under another name
+/// writes its own. Their statements' plans are kept as the writer's
+/// session keeps its own (once, or made each run where the tables were
+/// analysed while small), made with scans and hash and merge joins off:
+/// a row is reached by its key whatever the tables' size or statistics
+/// (a plan made once while the tables were small joined the rows by
+/// scanning them, and kept doing so as they grew). Their reads are scalar
+/// subqueries, which the server never turns into one read of a whole table
+/// as it may an `EXISTS`.
+const GROUPED_FUNCTIONS: &str = r#"
 DO $do$ BEGIN
-IF to_regprocedure('tunefleet_assign_1(text[], bigint[], bigint[], text[], bigint[], bigint[])') IS NULL THEN
-CREATE FUNCTION tunefleet_assign_1(s text[], t bigint[], a bigint[], ag text[], at bigint[], h bigint[])
+IF to_regprocedure('tunefleet_assign_{v}(text[], bigint[], bigint[], text[], bigint[], bigint[])') IS NULL THEN
+CREATE FUNCTION tunefleet_assign_{v}(s text[], t bigint[], a bigint[], ag text[], at bigint[], h bigint[])
 RETURNS TABLE (running bigint, state text, study text, trial bigint)
-LANGUAGE plpgsql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off
 AS $f$
 #variable_conflict use_column
@@ -308,12 +336,12 @@ FROM u WHERE (SELECT count(*) FROM run) < cardinality(s)
     AND NOT EXISTS (SELECT 1 FROM run r WHERE r.study = u.study AND r.trial = u.trial AND r.attempt = u.attempt);
 END $f$;
 END IF;
-IF to_regprocedure('tunefleet_accept_1(text[], bigint[], bigint[], text[], bigint[], float8[], bigint[], bigint[], bigint[], bigint[], text[], float8[], text[], bigint[], text[], bigint[], float8[], float8[], text[], text[], text[])') IS NULL THEN
-CREATE FUNCTION tunefleet_accept_1(s text[], t bigint[], a bigint[], ag text[], ok bigint[], obj float8[],
+IF to_regprocedure('tunefleet_accept_{v}(text[], bigint[], bigint[], text[], bigint[], float8[], bigint[], bigint[], bigint[], bigint[], text[], float8[], text[], bigint[], text[], bigint[], float8[], float8[], text[], text[], text[])') IS NULL THEN
+CREATE FUNCTION tunefleet_accept_{v}(s text[], t bigint[], a bigint[], ag text[], ok bigint[], obj float8[],
     wall bigint[], usr bigint[], sys bigint[], rss bigint[], ex text[], ej float8[], es text[], ev bigint[], m text[],
     at bigint[], gj float8[], vi float8[], sy text[], st text[], why text[])
 RETURNS TABLE (accepted bigint, held boolean, study text, trial bigint)
-LANGUAGE plpgsql SET search_path FROM CURRENT SET enable_seqscan = off SET enable_bitmapscan = off
+LANGUAGE plpgsql SET enable_seqscan = off SET enable_bitmapscan = off
     SET enable_hashjoin = off SET enable_mergejoin = off
 AS $f$
 #variable_conflict use_column

@@ -349,7 +349,7 @@ impl Store {
             .ctx(|| format!("{path}: creating the study names table"))?;
         // Last: they name the columns the steps above add.
         if tx.on_server() {
-            tx.execute_batch(super::attempts::GROUPED_FUNCTIONS)
+            tx.execute_batch(super::attempts::grouped_functions())
                 .ctx(|| format!("{path}: creating the functions that write many rows at once"))?;
         }
         tx.commit().ctx(|| format!("{path}: committing schema"))

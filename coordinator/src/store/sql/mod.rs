@@ -377,7 +377,9 @@ impl Stmt<'_> {
     /// (one value a row): on a server, inside a write transaction, the row
     /// is sent with the rows of the same statement around it as one
     /// statement (rows of one `key` in their order, rows of different keys
-    /// as if at once), with the next statement that needs an answer like
+    /// as if at once: a row goes ahead of no other statement but the
+    /// grouped rows of other keys just before it), with the next statement
+    /// that needs an answer like
     /// [`Stmt::write`]; each row the statement answers is one it did not
     /// take, refused by `check`: that statement's error, or
     /// [`Conn::settle`]'s (a commit settles what is checked first, and

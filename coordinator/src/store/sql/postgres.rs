@@ -355,10 +355,12 @@ impl PgConn {
     /// column of rows) whose answer `check` judges
     /// ([`super::Stmt::write_grouped`]): each row the statement answers is
     /// one it did not take, and `check` says why.
-    /// Inside a write transaction the row joins the rows of `id` deferred
-    /// since the last statement of another kind, unless one of them has
-    /// its `key`: rows of different keys are written as if at once, rows of
-    /// one key in their order. Outside one it runs at once, alone.
+    /// Inside a write transaction the row joins a group of `id` among the
+    /// grouped writes deferred last (no other statement after them), unless
+    /// one of those has its `key`: it goes ahead of nothing but other
+    /// groups' rows of other keys. Rows of different keys are written as
+    /// if at once, rows of one key in their order. Outside a transaction it
+    /// runs at once, alone.
     pub(super) fn write_grouped<P: Params>(
         &self,
         id: usize,
