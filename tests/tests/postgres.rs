@@ -751,8 +751,8 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
 /// them but the other kind's rows of other trials; a file writes each at
 /// once. 604 trials end alike on both: a trial given twice in a turn keeps
 /// its first attempt reassigned, a trial given among results is running,
-/// and a trial stopped before it is given again in the same turn refuses
-/// the turn.
+/// a trial stopped before it is given again in the same turn refuses the
+/// turn, and a refusal waiting is answered as the next savepoint opens.
 #[test]
 fn assignments_and_results_written_many_at_once_keep_their_order() {
     use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
@@ -816,6 +816,17 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
         assert!(refused.contains("stopped"), "{url}: {refused}");
         let states: Vec<TrialState> = store.trials("many").expect("trials").iter().map(|r| r.state).collect();
         assert_eq!(states[601..603], [TrialState::Pending; 2], "{url}: nothing of the turn committed");
+        // A refusal waiting in a group is answered by the next savepoint's
+        // opening, before the savepoint: never undone with another message.
+        let mut b = store.batch().expect("batch");
+        let refused = match b.record_assignment(&t(0, 2), "a1", 5000) {
+            Ok(()) => {
+                assert!(server, "{url}: a file answers at once");
+                b.savepoint("message").expect_err("refused as the savepoint opens").to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        assert!(refused.contains("done"), "{url}: {refused}");
     }
 }
 
