@@ -22,9 +22,10 @@ impl Batch<'_> {
         let context = || format!("recording the assignment of {trial} to {agent}");
         let id = to_i64("trial", trial.trial)?;
         let at = to_i64("time", at_ms)?;
-        // On a server, one statement sent with the next that needs an
-        // answer: a trial that ended is refused when the batch settles or
-        // commits (nothing of it is written), not at once.
+        // On a server, a row of one statement for the turn's assignments,
+        // sent with the next statement that needs an answer: a trial that
+        // ended is refused when the batch settles or commits (nothing of
+        // it is written), not at once.
         if self.tx.on_server() {
             return self
                 .tx
@@ -111,9 +112,10 @@ impl Batch<'_> {
     }
 
     /// [`Batch::record_result`] of a result the engine judged accepted (no
-    /// result yet, the attempt its agent's), answered late on a server: its
-    /// one statement is sent with the next statement that needs an answer,
-    /// like an assignment ([`Batch::record_assignment`]), and the store's
+    /// result yet, the attempt its agent's), answered late on a server: it
+    /// is a row of one statement for the turn's results, sent with the next
+    /// statement that needs an answer like an assignment
+    /// ([`Batch::record_assignment`]), and the store's
     /// answer is judged then; one that is not [`RecordOutcome::Stored`] is
     /// refused there ([`StoreError::Refused`]: the engine's memory and its
     /// store disagree), and a commit after it commits nothing.

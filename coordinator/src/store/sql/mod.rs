@@ -379,9 +379,9 @@ impl Stmt<'_> {
     /// statement (rows of one `key` in their order, rows of different keys
     /// as if at once: a row goes ahead of no other statement but the
     /// grouped rows of other keys just before it), with the next statement
-    /// that needs an answer like
-    /// [`Stmt::write`]; each row the statement answers is one it did not
-    /// take, refused by `check`: that statement's error, or
+    /// that needs an answer like [`Stmt::write`]; each row the statement
+    /// answers is one it did not take, refused by `check`: that statement's
+    /// error, or
     /// [`Conn::settle`]'s (a commit settles what is checked first, and
     /// commits nothing a check refused). Elsewhere it runs at once, the row
     /// alone, its every answered row judged.
