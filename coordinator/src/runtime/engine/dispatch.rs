@@ -360,13 +360,23 @@ fn result(view: &EngineView<'_>, agent: &str, result: TrialResult) -> ResultStep
         }
         _ => ResultKind::Complete { success: measurement.exit.success() },
     };
+    let believed = !matches!(kind, ResultKind::Retry(_));
     let judgement = view.sched.judge(agent, &trial, kind);
-    let keep = keep(view, agent, &trial, &measurement, judgement.verdict);
+    let keep = keep(view, agent, &trial, &measurement, judgement.verdict, believed);
     ResultStep { trial, measurement, judgement, keep }
 }
 
-/// What the store keeps of a result the scheduler judged `verdict`.
-fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, verdict: Verdict) -> Keep {
+/// What the store keeps of a result the scheduler judged `verdict`;
+/// `believed`: a result the trial may take (not one that could not start,
+/// was cancelled, or whose readings are not believed).
+fn keep(
+    view: &EngineView<'_>,
+    agent: &str,
+    trial: &TrialRef,
+    m: &Measurement,
+    verdict: Verdict,
+    believed: bool,
+) -> Keep {
     match verdict {
         Verdict::Unknown if of_another_study(view.sched, trial) => Keep::OtherStudy,
         Verdict::Unknown => Keep::Unknown {
@@ -381,10 +391,10 @@ fn keep(view: &EngineView<'_>, agent: &str, trial: &TrialRef, m: &Measurement, v
         Verdict::PastShare => Keep::PastShare,
         Verdict::Retried => Keep::EndAttempt { superseded: false },
         // An attempt the trial moved on from (moved, lease expired) that was
-        // cancelled or never started: it ends; it is no result of the trial.
-        Verdict::Superseded if matches!(m.exit, ExitOutcome::SpawnFailed(_) | ExitOutcome::Cancelled) => {
-            Keep::EndAttempt { superseded: true }
-        }
+        // cancelled, never started, or measured what its trial was not given
+        // (readings not believed): it ends; it is no result of the trial,
+        // which the store would otherwise take when it holds none yet.
+        Verdict::Superseded if !believed => Keep::EndAttempt { superseded: true },
         Verdict::Accepted | Verdict::Duplicate | Verdict::Superseded => {
             let active = view.studies.get(&trial.study);
             let objective = active.and_then(|a| m.exit.success().then(|| a.study.objective_value(m)).flatten());

@@ -836,6 +836,34 @@ fn a_result_with_readings_of_gpus_its_trial_was_not_given_is_run_again() {
     assert_eq!(fx.core.sched.counts("s").expect("study").done, 1);
 }
 
+/// A result not believed (GPU readings of a CPU trial) of an attempt its
+/// trial moved on from (the lease ran out, the trial queued again) was
+/// kept as the trial's result: the store made it done while the scheduler
+/// left it queued (found by `any_authenticated_message_...`). It ends its
+/// attempt, as a result of an attempt cancelled or never started does.
+#[test]
+fn regression_a_result_not_believed_of_an_attempt_moved_on_from_completes_nothing() {
+    use tunefleet_common::measurement::{GpuEnergy, GpuMethod};
+    let mut fx = Fixture::new();
+    let a = one_slot_free(&mut fx, 1).into_iter().next().expect("work");
+    // The fixture's clock passes the lease: the trial is queued again.
+    fx.turn(vec![]);
+    let gpu =
+        GpuEnergy { index: 0, uuid: "GPU-0".into(), joules: 9.0, method: GpuMethod::Counter, valid: true, note: None };
+    let forged = Measurement { gpus: vec![gpu], ..ok_measurement(1.0) };
+    let msg = fx.sealed(&AgentMessage::Result(TrialResult { trial: a.trial.clone(), measurement: forged }));
+    let (_, out) = fx.turn(vec![msg]);
+    assert_eq!(fx.consistent(), Ok(()));
+    assert_eq!(fx.core.store.trial_counts("s").expect("counts").done, 0, "no result of the trial");
+    assert!(fx.core.store.results("s").expect("results").is_empty());
+    assert_eq!(
+        acks(&out).iter().map(|a| a.outcome.clone()).collect::<Vec<_>>(),
+        [AckOutcome::Stored],
+        "the attempt ended"
+    );
+    assert_eq!(fx.core.stats.superseded_results, 1);
+}
+
 /// A segment starting past i64::MAX left
 /// `engine::turn` with a store error and ended the process; nothing was
 /// acknowledged, so the agent sent it again after every restart.
