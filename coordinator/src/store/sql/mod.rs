@@ -388,7 +388,7 @@ impl Stmt<'_> {
     pub fn write_grouped<P: Params>(&mut self, params: P, key: String, check: Check) -> Result<()> {
         match &mut self.0 {
             StmtInner::Sqlite(_) => self.query_map(params, check)?.collect(),
-            StmtInner::Pg { conn, id, columns } => conn.write_grouped(*id, &params, key, columns.clone(), check),
+            StmtInner::Pg { conn, id, columns } => conn.write_grouped(*id, &params, key, columns, check),
         }
     }
 

@@ -366,14 +366,16 @@ impl PgConn {
         id: usize,
         params: &P,
         key: String,
-        columns: Arc<Vec<String>>,
+        columns: &Arc<Vec<String>>,
         check: Check,
     ) -> Result<()> {
         let row = owned(params)?;
-        let mut group = Group::new(id, row.len(), columns, check);
+        let alone = |key, row: Vec<Value>| {
+            let mut group = Group::new(id, row.len(), columns.clone(), check);
+            group.push(key, row).map(|()| Op::Group(group))
+        };
         if !self.deferring.get() {
-            group.push(key, row)?;
-            self.pending.borrow_mut().push(Op::Group(group));
+            self.pending.borrow_mut().push(alone(key, row)?);
             return self.settle();
         }
         let mut pending = self.pending.borrow_mut();
@@ -389,8 +391,7 @@ impl PgConn {
         match joins {
             Some(g) => g.push(key, row),
             None => {
-                group.push(key, row)?;
-                pending.push(Op::Group(group));
+                pending.push(alone(key, row)?);
                 Ok(())
             }
         }
