@@ -11,6 +11,17 @@ use std::time::Duration;
 use tunefleet_tests::postgres::Postgres;
 use tunefleet_tests::*;
 
+/// A study `name` of `trials` trials of `sleep 0.1`, written in `dir` and loaded.
+fn sleep_study_in(dir: &Path, name: &str, trials: u32) -> tunefleet_coordinator::domain::study::Study {
+    tunefleet_coordinator::domain::study::load(&sleep_study(dir, name, trials, 0.1)).expect("study")
+}
+
+/// A measurement of a workload that exited 0 and measured nothing else.
+fn exited_0() -> tunefleet_common::measurement::Measurement {
+    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
+    Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
+}
+
 /// Runs `study` into `store` with two agents; the coordinator's output.
 fn run_two_agents(study: &Path, store: &str, test: &str) -> String {
     let root = unique_root(test);
@@ -504,7 +515,7 @@ fn every_outcome_of_a_result_leaves_the_same_rows_on_a_server_as_in_a_file() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "same", 8, 0.1)).expect("study");
+    let study = sleep_study_in(dir.path(), "same", 8);
     let file = dir.path().join("same.db").display().to_string();
     let measured = |v: f64, exit: ExitOutcome| Measurement {
         wall_us: 1_500_000,
@@ -683,7 +694,7 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "late", 4, 0.1)).expect("study");
+    let study = sleep_study_in(dir.path(), "late", 4);
     let file = dir.path().join("late.db").display().to_string();
     // A workload's last line may hold anything: its NUL never reaches a text the server keeps.
     let measured = |exit: ExitOutcome| Measurement {
@@ -755,7 +766,6 @@ fn a_result_judged_accepted_is_judged_with_the_commit_and_a_disagreement_lands_n
 /// turn, and a refusal waiting is answered as the next savepoint opens.
 #[test]
 fn assignments_and_results_written_many_at_once_keep_their_order() {
-    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
     use tunefleet_common::message::TrialRef;
     use tunefleet_coordinator::domain::search;
     use tunefleet_coordinator::runtime::engine::open_study_at;
@@ -763,9 +773,9 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 604, 0.1)).expect("study");
+    let study = sleep_study_in(dir.path(), "many", 604);
     let t = |trial: u64, attempt: u32| TrialRef { study: "many".into(), study_id: 7, trial, attempt };
-    let done = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+    let done = exited_0();
     for url in [dir.path().join("many.db").display().to_string(), pg.store("many")] {
         let server = url.starts_with("postgres");
         let mut store = Store::open(Path::new(&url)).expect("the store");
@@ -838,7 +848,6 @@ fn assignments_and_results_written_many_at_once_keep_their_order() {
 /// of one whole through an index.
 #[test]
 fn rows_written_many_at_once_are_reached_by_their_keys() {
-    use tunefleet_common::measurement::{EnergyReading, EnergySourceKind, ExitOutcome, Measurement};
     use tunefleet_common::message::TrialRef;
     use tunefleet_coordinator::domain::search;
     use tunefleet_coordinator::runtime::engine::open_study_at;
@@ -846,8 +855,8 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "k", 40, 0.1)).expect("study");
-    let done = Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""));
+    let study = sleep_study_in(dir.path(), "k", 40);
+    let done = exited_0();
     let t = |trial: u64| TrialRef { study: "k".into(), study_id: 1, trial, attempt: 1 };
     for (schema, analysed) in [("keys", true), ("keys_once", false)] {
         let mut store = Store::open(Path::new(&pg.store(schema))).expect("the store");
@@ -911,7 +920,7 @@ fn trials_added_many_at_once_land_each_as_planned() {
 
     let pg = Postgres::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let study = tunefleet_coordinator::domain::study::load(&sleep_study(dir.path(), "many", 2, 0.1)).expect("study");
+    let study = sleep_study_in(dir.path(), "many", 2);
     let plans: Vec<TrialPlan> = (0..71u64)
         .map(|trial| {
             let params = Params::from([("x".to_string(), ParamValue::Int(trial as i64 * 7 - 100))]);
