@@ -37,6 +37,8 @@ fn chooses_a_port_and_accepted_sockets_have_nodelay() {
         let client_port = client.local_addr().expect("addr").port();
         // The accepted socket is ours too (same process): find it and read its option.
         let pidfd = pidfd_open(getpid(), PidfdFlags::empty()).expect("pidfd");
+        // The socket exists from `accept` on, a moment before the broker sets the option:
+        // wait for the option, not only for the socket.
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             let accepted = socket_fds().into_iter().filter(|(_, i)| !before.contains(i)).find_map(|(fd, _)| {
@@ -44,14 +46,19 @@ fn chooses_a_port_and_accepted_sockets_have_nodelay() {
                 let peer = rustix::net::getpeername(&dup).ok()??;
                 (to_std(&peer)?.port() == client_port).then_some(dup)
             });
-            if let Some(sock) = accepted {
-                assert!(
-                    rustix::net::sockopt::tcp_nodelay(&sock).expect("getsockopt"),
-                    "{engine:?}: accepted socket lacks nodelay"
-                );
+            let nodelay = accepted.as_ref().map(|sock| rustix::net::sockopt::tcp_nodelay(sock).expect("getsockopt"));
+            if nodelay == Some(true) {
                 break;
             }
-            assert!(Instant::now() < deadline, "broker never accepted the connection");
+            assert!(
+                Instant::now() < deadline,
+                "{engine:?}: {}",
+                if accepted.is_some() {
+                    "accepted socket lacks nodelay"
+                } else {
+                    "broker never accepted the connection"
+                }
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
     }
