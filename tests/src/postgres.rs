@@ -169,6 +169,79 @@ impl Postgres {
     }
 }
 
+/// A session of `psql` holding a table locked in a transaction of its
+/// own ([`Postgres::lock`]) until [`Locked::release`], its drop, or its
+/// deadline: a test whose code waits on the lock for good ends.
+#[derive(Debug)]
+pub struct Locked {
+    psql: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    release: Option<std::sync::mpsc::Sender<()>>,
+    deadline: Option<std::thread::JoinHandle<bool>>,
+}
+
+impl Postgres {
+    /// Locks `table` (every mode, reads too) in a session of its own, named
+    /// `locker` on the server, for at most `at_most`; returns once the lock
+    /// is held.
+    pub fn lock(&self, table: &str, at_most: Duration) -> Locked {
+        use std::io::{BufRead, Write};
+        use std::process::Stdio;
+        let port = self.port.to_string();
+        let psql_args = ["-h", "127.0.0.1", "-p", &port, "-U", "tunefleet", "-d", "postgres", "-At"];
+        let mut psql = Command::new("psql")
+            .args(psql_args)
+            .env("PGAPPNAME", "locker")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("psql");
+        let mut stdin = psql.stdin.take().expect("stdin");
+        writeln!(stdin, "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE; SELECT 'locked';").expect("to psql");
+        let mut lines = std::io::BufReader::new(psql.stdout.take().expect("stdout")).lines();
+        let said = lines.find(|l| matches!(l.as_deref(), Ok("locked")));
+        assert!(said.is_some(), "psql did not lock {table}");
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let args: Vec<String> = psql_args.iter().map(|a| a.to_string()).collect();
+        let deadline = std::thread::spawn(move || {
+            let expired = matches!(released.recv_timeout(at_most), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
+            if expired {
+                let end = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'locker'";
+                let _ = Command::new("psql").args(&args).args(["-c", end]).output();
+            }
+            expired
+        });
+        Locked { psql, stdin: Some(stdin), release: Some(release), deadline: Some(deadline) }
+    }
+}
+
+impl Locked {
+    /// Ends the lock's transaction and the session: whether it was held
+    /// until now (its deadline had not ended it).
+    pub fn release(mut self) -> bool {
+        self.end()
+    }
+
+    fn end(&mut self) -> bool {
+        use std::io::Write;
+        if let Some(release) = self.release.take() {
+            let _ = release.send(());
+        }
+        let expired = self.deadline.take().is_some_and(|d| d.join().unwrap_or(true));
+        if let Some(mut stdin) = self.stdin.take() {
+            let _ = writeln!(stdin, "ROLLBACK;");
+        }
+        let _ = self.psql.wait();
+        !expired
+    }
+}
+
+impl Drop for Locked {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         self.stop();

@@ -231,21 +231,27 @@ fn with_embedded_brokers_agents_follow_the_active_through_their_broker_list() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// The lease of the store at `path`, taken by a test (60 s, epoch 1 on).
+fn lease_of(path: &Path) -> tunefleet_coordinator::store::Lease {
+    use tunefleet_coordinator::store::{Candidate, LeaseTry};
+    match Candidate::connect(path).and_then(|c| c.try_acquire("tunefleet fence-test", 60_000, 1)) {
+        Ok(LeaseTry::Active(lease)) => lease,
+        other => panic!("not active: {other:?}"),
+    }
+}
+
 /// The fence itself, on the store's own connection: a write transaction
 /// begun after the lease's epoch moved on is refused (nothing it would
 /// write can land), and one begun before holds the takeover back until
 /// it ends.
 #[test]
 fn a_write_begun_after_a_takeover_is_refused_and_one_begun_before_holds_it_back() {
-    use tunefleet_coordinator::store::{Candidate, LeaseTry, Store, StoreError};
+    use tunefleet_coordinator::store::{Store, StoreError};
     let pg = Postgres::start();
     let url = pg.store("fenced");
     let path = Path::new(&url);
     let mut store = Store::open(path).expect("store");
-    let lease = match Candidate::connect(path).and_then(|c| c.try_acquire("tunefleet fence-test", 60_000, 1)) {
-        Ok(LeaseTry::Active(lease)) => lease,
-        other => panic!("not active: {other:?}"),
-    };
+    let lease = lease_of(path);
     store.fence(lease.epoch);
     let takeover = "UPDATE fenced.coordinator_lease SET epoch = epoch + 1, holder = 'another'";
     std::thread::scope(|s| {
@@ -263,6 +269,64 @@ fn a_write_begun_after_a_takeover_is_refused_and_one_begun_before_holds_it_back(
         Err(e) => panic!("another error: {e}"),
         Ok(_) => panic!("a write began after the takeover"),
     };
+}
+
+/// The fence of a transaction begun while the one before commits (a
+/// table both write locked by another session): its lease check goes with
+/// its writes and is judged before its `COMMIT` is sent. The lease taken
+/// over meanwhile, it lands nothing and steps down; the one before, begun
+/// before the fence was set, lands.
+#[test]
+fn a_write_built_while_the_one_before_commits_is_fenced_before_it_lands() {
+    use tunefleet_coordinator::store::{Store, StoreError};
+    let pg = Postgres::start();
+    let url = pg.store("inflight");
+    let path = Path::new(&url);
+    let mut store = Store::open(path).expect("store");
+    let lease = lease_of(path);
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+    // A beat first: its statement is prepared before the table is locked.
+    let mut b = store.batch().expect("batch");
+    b.beat(1, 500, false, None, "{}").expect("beat");
+    b.commit().expect("committed");
+    let locked = pg.lock("inflight.heartbeat", Duration::from_secs(60));
+    let mut b = store.batch().expect("batch");
+    b.beat(1, 1000, false, None, "{}").expect("beat");
+    let mut first = b.commit_pipelined().expect("sent");
+    store.fence(lease.epoch);
+    pg.query("UPDATE inflight.coordinator_lease SET epoch = epoch + 1, holder = 'another'");
+    let mut b = store.batch().expect("begun while the first commits: its check goes with its writes");
+    b.beat(1, 2000, false, None, "{}").expect("beat");
+    let mut second = b.commit_pipelined().expect("sent");
+    assert!(locked.release(), "the second transaction waited for the first to commit");
+    rt.block_on(first.landed()).expect("the first lands: begun before the fence");
+    match rt.block_on(second.landed()) {
+        Err(e @ StoreError::SteppedDown { .. }) => assert!(e.to_string().contains("steps down"), "{e}"),
+        other => panic!("not refused for the lease: {other:?}"),
+    }
+    assert_eq!(count(&pg, "SELECT beat_ms FROM inflight.heartbeat"), 1000, "nothing of the second landed");
+    // A read of such a transaction answered with the failed check (an
+    // error its caller may put aside): the transaction is over, and its
+    // commit lands nothing.
+    let mut store = Store::open(path).expect("store");
+    let mut b = store.batch().expect("batch");
+    b.beat(1, 2500, false, None, "{}").expect("beat");
+    b.commit().expect("committed");
+    let locked = pg.lock("inflight.heartbeat", Duration::from_secs(60));
+    let mut b = store.batch().expect("batch");
+    b.beat(1, 3000, false, None, "{}").expect("beat");
+    let mut first = b.commit_pipelined().expect("sent");
+    store.fence(lease.epoch);
+    let mut b = store.batch().expect("begun while the first commits");
+    b.beat(1, 4000, false, None, "{}").expect("beat");
+    assert!(locked.release(), "the transaction waited for the one before to commit");
+    let read = b.agent_key("nobody").expect_err("the lease's check answers the read");
+    assert!(read.to_string().contains("steps down"), "{read}");
+    b.beat(1, 5000, false, None, "{}").expect("a write deferred");
+    let commit = b.commit().expect_err("the transaction ended with its check").to_string();
+    assert!(commit.contains("steps down"), "{commit}");
+    rt.block_on(first.landed()).expect("the first lands");
+    assert_eq!(count(&pg, "SELECT beat_ms FROM inflight.heartbeat"), 3000, "nothing of the fenced one landed");
 }
 
 #[test]

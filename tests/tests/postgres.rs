@@ -908,6 +908,57 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
     }
 }
 
+/// A commit sent without waiting: while it waits on the server (a table
+/// it writes locked by another session), the next transaction is begun,
+/// written and sent without waiting for it (a `BEGIN` answered at once
+/// would have waited behind it, for good). The first refused (a trial
+/// the store does not hold given), nothing of either lands, the second
+/// refused for it; once the failure is seen, a write lands again.
+#[test]
+fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_failed_one_lands() {
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::Store;
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study_in(dir.path(), "flight", 4);
+    let url = pg.store("flight");
+    let mut store = Store::open(Path::new(&url)).expect("the store");
+    let mut b = store.batch().expect("batch");
+    open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+    b.commit().expect("committed");
+    let t = |trial: u64| TrialRef { study: "flight".into(), study_id: 7, trial, attempt: 1 };
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+    let attempts = || pg.query("SELECT COUNT(*) FROM flight.attempts");
+    let locked = pg.lock("flight.attempts", Duration::from_secs(60));
+    let mut b = store.batch().expect("batch");
+    b.record_assignment(&t(0), "a1", 2000).expect("given");
+    b.record_assignment(&t(99), "a1", 2000).expect("given (refused as it commits)");
+    let mut first = b.commit_pipelined().expect("sent");
+    assert!(first.under_way(), "the server waits on the lock");
+    let mut b = store.batch().expect("begun while the first commits");
+    b.record_assignment(&t(1), "a1", 2001).expect("given");
+    let mut second = b.commit_pipelined().expect("sent");
+    assert!(second.under_way(), "behind the first");
+    // Had the second waited for the first, the lock's deadline ended it.
+    assert!(locked.release(), "the second transaction waited for the first to commit");
+    let refused = rt.block_on(first.landed()).expect_err("a trial the store does not hold").to_string();
+    assert!(refused.contains("flight/99"), "{refused}");
+    let after = rt.block_on(second.landed()).expect_err("built on the one that failed").to_string();
+    assert!(after.contains("an earlier commit"), "{after}");
+    assert_eq!(attempts(), "0", "nothing of either landed");
+    assert_eq!(
+        pg.query("SELECT string_agg(state, ' ' ORDER BY trial) FROM flight.trials"),
+        "pending pending pending pending"
+    );
+    let mut b = store.batch().expect("the failure seen, a transaction again");
+    b.record_assignment(&t(2), "a1", 2002).expect("given");
+    b.commit().expect("committed");
+    assert_eq!(attempts(), "1");
+}
+
 /// Trials are added many to a statement (32, then fewer by halves): 71
 /// land in a file and on a server, each with its number, parameters and
 /// repeat, pending, and nothing else.

@@ -80,6 +80,31 @@ impl Batch<'_> {
         self.tx.commit().ctx(|| "committing a batch".into())
     }
 
+    /// [`Batch::commit`] without waiting for a server's answer: the batch
+    /// is committed once [`Committing::landed`] says so, and nothing written
+    /// after it is kept if it fails. A file's is committed here.
+    pub fn commit_pipelined(self) -> Result<Committing> {
+        self.tx.commit_pipelined().map(Committing).ctx(|| "committing a batch".into())
+    }
+}
+
+/// A batch's commit under way ([`Batch::commit_pipelined`]).
+#[derive(Debug, Default)]
+pub struct Committing(sql::Committing);
+
+impl Committing {
+    /// Whether its answer has not come yet.
+    pub fn under_way(&self) -> bool {
+        self.0.under_way()
+    }
+
+    /// Waits for its answer: `Ok` once the batch is durable.
+    pub async fn landed(&mut self) -> Result<()> {
+        self.0.landed().await.ctx(|| "committing a batch".into())
+    }
+}
+
+impl Batch<'_> {
     /// Opens a savepoint named `name` inside the batch: what follows can be
     /// rolled back alone ([`Batch::rollback_to`]) or kept ([`Batch::release`]).
     /// Savepoints nest; `name` is one of the engine's fixed names, never input.

@@ -55,7 +55,7 @@ pub(crate) mod sql;
 mod transfer;
 
 pub use crate::domain::trial::{Outcome, Ranked, StoredEnergy, TrialRecord, TrialState};
-pub use batch::{RecordOutcome, StudyOpened};
+pub use batch::{Committing, RecordOutcome, StudyOpened};
 pub use enrol::{token_id, Grant, Known, TokenRow, TokenShare, TokenState};
 pub use export::AttemptTimes;
 pub use lease::{name_this_process, Candidate, Lease, Lost, Try as LeaseTry};

@@ -123,10 +123,16 @@ impl Conn {
     /// their answers ([`Stmt::write`]), together with the next statement
     /// that needs one: its `BEGIN` with the lease's check, its last writes
     /// with its `COMMIT`, the rest with its reads or [`Conn::settle`].
+    /// While a commit sent without waiting is under way
+    /// ([`Tx::commit_pipelined`]), the `BEGIN` and the lease's check wait
+    /// for the transaction's first answer (the check judged before its
+    /// `COMMIT` is sent): the transaction is built while the one before
+    /// commits. Otherwise they are answered here, and a database that
+    /// cannot be reached is said before anything is done.
     pub fn begin(&mut self) -> Result<Tx<'_>> {
         match &self.0 {
             // Sent with the lease's check, in one round trip.
-            ConnInner::Pg(c) if c.fence.get().is_some() => c.defer("BEGIN IMMEDIATE"),
+            ConnInner::Pg(c) if c.fence.get().is_some() || c.in_flight() => c.defer("BEGIN IMMEDIATE"),
             _ => self.execute_batch("BEGIN IMMEDIATE")?,
         }
         let tx = Tx { conn: self, open: true };
@@ -180,6 +186,10 @@ impl Conn {
     fn check_fence(&self) -> Result<()> {
         let ConnInner::Pg(c) = &self.0 else { return Ok(()) };
         let Some(mine) = c.fence.get() else { return Ok(()) };
+        if c.in_flight() {
+            c.defer_fence(FENCE, mine);
+            return Ok(());
+        }
         let now = match self.query_row(FENCE, (), |r| r.get::<_, i64>(0)) {
             Ok(epoch) => Some(epoch),
             Err(Error::NoRows) => None,
@@ -454,6 +464,68 @@ impl Tx<'_> {
         self.open = false;
         Ok(())
     }
+}
+
+impl Tx<'_> {
+    /// [`Tx::commit`] without waiting for the server: everything written
+    /// goes with the `COMMIT`, sent only once what is checked is judged
+    /// (a refusal or a failed lease's check rolls back), and the answer
+    /// comes to [`Committing::landed`]. Until a failure is seen there,
+    /// nothing sent after it runs. A file commits here.
+    pub fn commit_pipelined(mut self) -> Result<Committing> {
+        let ConnInner::Pg(c) = &self.conn.0 else {
+            return self.commit().map(|()| Committing(None));
+        };
+        let (seq, answer) = c.commit()?;
+        let flight = c.flight.clone();
+        self.conn.stop_deferring();
+        self.open = false;
+        Ok(Committing(Some(Landing { seq, answer, flight })))
+    }
+}
+
+/// A commit under way ([`Tx::commit_pipelined`]); none for one done.
+#[derive(Default)]
+pub struct Committing(Option<Landing>);
+
+struct Landing {
+    seq: u64,
+    answer: tokio::sync::oneshot::Receiver<Result<()>>,
+    flight: std::sync::Arc<postgres::Flight>,
+}
+
+impl fmt::Debug for Committing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Some(l) => write!(f, "Committing(commit {} under way)", l.seq),
+            None => f.write_str("Committing(done)"),
+        }
+    }
+}
+
+impl Committing {
+    /// Whether the commit is still under way (not answered here yet).
+    pub fn under_way(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Waits for the commit's answer: `Ok` once it is durable. A failure
+    /// is seen here: what is sent after this runs again. Cancel-safe:
+    /// dropped before its answer, it may be awaited again.
+    pub async fn landed(&mut self) -> Result<()> {
+        let Some(landing) = self.0.as_mut() else { return Ok(()) };
+        let answer = (&mut landing.answer).await.unwrap_or_else(|_| Err(gone_thread()));
+        if answer.is_err() {
+            landing.flight.seen_failing(landing.seq);
+        }
+        self.0 = None;
+        answer
+    }
+}
+
+/// The client thread ended without answering.
+fn gone_thread() -> Error {
+    Error::Closed("the PostgreSQL client thread ended".into())
 }
 
 impl std::ops::Deref for Tx<'_> {

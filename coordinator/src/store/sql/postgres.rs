@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use super::row::Check;
 use super::value::{Error, Params, Result, Value};
 
 mod thread;
+pub(super) use thread::Flight;
 use thread::{Envelope, Group, Op, Prepared, Request};
 pub use thread::{Plans, CREATING};
 
@@ -265,6 +267,8 @@ pub(super) struct PgConn {
     deferring: std::cell::Cell<bool>,
     /// The deferred statements, in order, not sent yet.
     pending: std::cell::RefCell<Vec<Op>>,
+    /// The commits sent without waiting.
+    pub(super) flight: Arc<Flight>,
 }
 
 impl std::fmt::Debug for PgConn {
@@ -297,9 +301,11 @@ impl PgConn {
             }
             None => None,
         };
-        let requests = thread::spawn(config, target.schema.clone(), target.plans, tls)?;
+        let flight = Arc::new(Flight::default());
+        let requests = thread::spawn(config, target.schema.clone(), target.plans, tls, flight.clone())?;
         Ok(PgConn {
             requests,
+            flight,
             target: target.clone(),
             prepared: Default::default(),
             fence: Default::default(),
@@ -397,9 +403,39 @@ impl PgConn {
         }
     }
 
-    /// Whether a checked write is deferred, its answer not judged yet.
+    /// Whether a checked write (or the lease's check) is deferred, its
+    /// answer not judged yet.
     pub(super) fn checks_pending(&self) -> bool {
-        self.pending.borrow().iter().any(|op| matches!(op, Op::Group(_)))
+        self.pending.borrow().iter().any(|op| matches!(op, Op::Group(_) | Op::Fence { .. }))
+    }
+
+    /// The lease's check `fence` (a statement answering the epoch) sent
+    /// with the next statement that needs an answer, judged there: the
+    /// epoch not `mine` fails that answer ([`Error::Fenced`]), and the
+    /// transaction's `COMMIT` is sent only once it is judged.
+    pub(super) fn defer_fence(&self, fence: &'static str, mine: i64) {
+        self.pending.borrow_mut().push(Op::Fence { sql: fence, mine });
+    }
+
+    /// Whether a commit sent without waiting has not ended yet.
+    pub(super) fn in_flight(&self) -> bool {
+        self.flight.sent.load(Ordering::Acquire) > self.flight.ended.load(Ordering::Acquire)
+    }
+
+    /// Sends the deferred statements and the transaction's `COMMIT`
+    /// without waiting: the client thread sends the `COMMIT` once every
+    /// check among them is judged (else it rolls back), and answers on
+    /// the receiver. Its number among the commits sent.
+    pub(super) fn commit(&self) -> Result<(u64, tokio::sync::oneshot::Receiver<Result<()>>)> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let seq = self.flight.sent.load(Ordering::Acquire) + 1;
+        let before = std::mem::take(&mut *self.pending.borrow_mut());
+        self.flight.sent.store(seq, Ordering::Release);
+        if self.requests.send(Envelope { before, request: Request::Commit { seq, reply } }).is_err() {
+            self.flight.ended.store(seq, Ordering::Release);
+            return Err(gone());
+        }
+        Ok((seq, answer))
     }
 
     /// `sql` (no parameters) sent with the next statement that needs an

@@ -5,6 +5,7 @@
 //! statement sent before any answer is awaited.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -13,6 +14,31 @@ use tokio_postgres::types::ToSql as PgToSql;
 use super::super::dialect::translate;
 use super::super::row::{Check, Row, RowInner};
 use super::super::value::{Error, Result, Value};
+
+/// The commits sent to the client thread without waiting ([`super::PgConn::commit`]),
+/// shared with it: how many were sent and ended, and the last that failed
+/// and the last failure its owner has seen. While a failure is not seen,
+/// the thread refuses everything sent after it: what a later transaction
+/// wrote was built on what the failed one did.
+#[derive(Debug, Default)]
+pub(crate) struct Flight {
+    pub(super) sent: AtomicU64,
+    pub(super) ended: AtomicU64,
+    failed: AtomicU64,
+    seen: AtomicU64,
+}
+
+impl Flight {
+    /// Whether a commit failed that its owner has not seen fail.
+    fn failure_unseen(&self) -> bool {
+        self.failed.load(Ordering::Acquire) > self.seen.load(Ordering::Acquire)
+    }
+
+    /// Commit `seq`'s failure is seen: what is sent from now on runs.
+    pub(crate) fn seen_failing(&self, seq: u64) {
+        self.seen.fetch_max(seq, Ordering::AcqRel);
+    }
+}
 
 /// A prepared statement as callers name it: its id on the client thread
 /// and its columns.
@@ -30,6 +56,13 @@ pub(super) enum Op {
     /// ([`super::PgConn::write_grouped`]): one statement for them all,
     /// answering the rows it did not take, each judged by `check`.
     Group(Group),
+    /// The lease's check: `sql` answers the lease's epoch, which must be
+    /// `mine` ([`super::PgConn::defer_fence`]). Prepared here, where the
+    /// owner's prepare would wait behind a commit under way.
+    Fence {
+        sql: &'static str,
+        mine: i64,
+    },
     Batch(String),
 }
 
@@ -105,6 +138,24 @@ pub(super) enum Request {
     Settle {
         reply: mpsc::Sender<Result<()>>,
     },
+    /// The deferred statements of a write transaction, then its `COMMIT`
+    /// once every check among them is judged, else its `ROLLBACK`; the
+    /// answer goes to a waiter that need not block ([`super::PgConn::commit`]).
+    /// `seq`: its number among the commits sent so.
+    Commit {
+        seq: u64,
+        reply: tokio::sync::oneshot::Sender<Result<()>>,
+    },
+}
+
+impl Request {
+    /// A commit's number among those sent without waiting.
+    fn commit_seq(&self) -> Option<u64> {
+        match self {
+            Request::Commit { seq, .. } => Some(*seq),
+            _ => None,
+        }
+    }
 }
 
 /// Starts the client thread connected to `config`'s server and working
@@ -114,6 +165,7 @@ pub(super) fn spawn(
     schema: String,
     plans: Plans,
     tls: Option<Tls>,
+    flight: Arc<Flight>,
 ) -> Result<mpsc::Sender<Envelope>> {
     let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
     let (requests, rx) = mpsc::channel::<Envelope>();
@@ -140,7 +192,8 @@ pub(super) fn spawn(
                         prepared: Vec::new(),
                         by_text: HashMap::new(),
                         in_transaction: false,
-                        lost_transaction: false,
+                        ended: None,
+                        flight,
                     }
                     .serve(rx);
                 }
@@ -287,10 +340,33 @@ struct Server {
     /// A write transaction is open (`BEGIN` seen, no `COMMIT` or
     /// `ROLLBACK` yet).
     in_transaction: bool,
-    /// The connection was lost inside a transaction: everything but its
-    /// `ROLLBACK` (or a new `BEGIN`) is refused, so no statement of it
-    /// runs outside a transaction on the new connection.
-    lost_transaction: bool,
+    /// The transaction under way ended on the server before its owner
+    /// ended it (its connection lost, or its lease's check failed, which
+    /// rolled it back): everything but its `ROLLBACK` (or a new `BEGIN`) is
+    /// refused, so no statement of it runs outside a transaction.
+    ended: Option<Ended>,
+    /// The commits sent without waiting, as the connection's owner and
+    /// this thread see them.
+    flight: Arc<Flight>,
+}
+
+/// Why a transaction ended on the server before its owner ended it.
+#[derive(Debug, Clone, Copy)]
+enum Ended {
+    /// Its connection was lost.
+    Lost,
+    /// The lease's check found another epoch: rolled back at once.
+    Fenced { mine: i64, now: Option<i64> },
+}
+
+impl Ended {
+    /// What a statement of the transaction sent after that is answered.
+    fn error(self) -> Error {
+        match self {
+            Ended::Lost => Error::Closed("the connection was lost inside this transaction".into()),
+            Ended::Fenced { mine, now } => Error::Fenced { mine, now },
+        }
+    }
 }
 
 /// Whether `sql` begins a transaction.
@@ -302,6 +378,14 @@ impl Server {
     /// Answers requests in order until the connection's owner goes.
     fn serve(mut self, requests: mpsc::Receiver<Envelope>) {
         for Envelope { before, request } in requests {
+            // What was sent after a commit that failed, before its owner
+            // saw it fail, was built on what that commit did: none of it runs.
+            if self.flight.failure_unseen() {
+                let why =
+                    Error::Closed("an earlier commit of this connection failed; nothing sent after it runs".into());
+                self.refuse(request, &why);
+                continue;
+            }
             // A connection the server closed (it restarted, or the network
             // broke) is made again before the next request: a write
             // transaction it held is gone, and the store says so.
@@ -313,33 +397,42 @@ impl Server {
                         for (_, stmt) in &mut self.prepared {
                             *stmt = None;
                         }
-                        self.lost_transaction = self.in_transaction;
+                        if self.in_transaction {
+                            self.ended = Some(Ended::Lost);
+                        }
                     }
                     Err(e) => {
-                        refuse(request, &Error::Closed(format!("the database is unreachable: {e}")));
+                        self.refuse(request, &Error::Closed(format!("the database is unreachable: {e}")));
                         continue;
                     }
                 }
             }
-            if self.lost_transaction {
+            if let Some(ended) = self.ended {
                 let first_begins = matches!(before.first(), Some(Op::Batch(sql)) if begins(sql));
-                match &request {
+                match request {
                     _ if first_begins => {
-                        self.lost_transaction = false;
+                        self.ended = None;
                         self.in_transaction = false;
                     }
-                    Request::Batch { sql, .. } if before.is_empty() && sql.trim() == "ROLLBACK" => {
-                        self.lost_transaction = false;
+                    Request::Batch { ref sql, .. } if before.is_empty() && sql.trim() == "ROLLBACK" => {
+                        self.ended = None;
                         self.in_transaction = false;
-                        refuse(request, &Error::Closed("the transaction was lost with its connection".into()));
+                        match (ended, request) {
+                            // Rolled back already, as asked.
+                            (Ended::Fenced { .. }, Request::Batch { reply, .. }) => drop(reply.send(Ok(()))),
+                            (_, request) => {
+                                let lost = Error::Closed("the transaction was lost with its connection".into());
+                                self.refuse(request, &lost);
+                            }
+                        }
                         continue;
                     }
-                    Request::Batch { sql, .. } if before.is_empty() && begins(sql) => {
-                        self.lost_transaction = false;
+                    Request::Batch { ref sql, .. } if before.is_empty() && begins(sql) => {
+                        self.ended = None;
                         self.in_transaction = false;
                     }
-                    _ => {
-                        refuse(request, &Error::Closed("the connection was lost inside this transaction".into()));
+                    request => {
+                        self.refuse(request, &ended.error());
                         continue;
                     }
                 }
@@ -348,7 +441,57 @@ impl Server {
         }
     }
 
+    /// Answers `request` with `error`, running nothing; a commit refused
+    /// so is one that failed.
+    fn refuse(&self, request: Request, error: &Error) {
+        if let Some(seq) = request.commit_seq() {
+            self.end_commit(seq, false);
+        }
+        refuse(request, error);
+    }
+
+    /// Commit `seq` ended (`ok`: committed), before its answer is sent.
+    fn end_commit(&self, seq: u64, ok: bool) {
+        if !ok {
+            self.flight.failed.fetch_max(seq, Ordering::AcqRel);
+        }
+        self.flight.ended.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    /// The deferred statements `before` of a write transaction, then its
+    /// `COMMIT`: in the same round trip when none of them is checked (an
+    /// error among them makes the server roll back instead), else once
+    /// their answers are judged, and a refusal rolls back.
+    fn commit(&mut self, before: Vec<Op>) -> Result<()> {
+        let checked = before.iter().any(|op| matches!(op, Op::Group(_) | Op::Fence { .. }));
+        let mut ops = before;
+        let settled = match checked {
+            true => self.round_trip(&ops, None).0,
+            false => Ok(()),
+        };
+        if checked {
+            ops.clear();
+        }
+        let ended = match settled {
+            Ok(()) => {
+                ops.push(Op::Batch("COMMIT".into()));
+                self.round_trip(&ops, None).0
+            }
+            Err(e) => Err(e),
+        };
+        if ended.is_err() && self.in_transaction {
+            let _ = self.round_trip(&[Op::Batch("ROLLBACK".into())], None);
+        }
+        ended
+    }
+
     fn answer(&mut self, before: Vec<Op>, request: Request) {
+        if let Request::Commit { seq, reply } = request {
+            let ended = self.commit(before);
+            self.end_commit(seq, ended.is_ok());
+            let _ = reply.send(ended);
+            return;
+        }
         if let Request::Prepare { sql, reply } = request {
             // Prepared after what was deferred: those are sent first.
             let settled = self.round_trip(&before, None).0;
@@ -369,9 +512,10 @@ impl Server {
                         Ok(work) => {
                             let mut answers = self.run(work);
                             let last = answers.pop().map_or(Ok(()), |a| a.map(drop));
-                            let refused = checked(&before, answers)
+                            let refused = self
+                                .judge(&before, answers)
                                 .into_iter()
-                                .find(|a| matches!(a, Err(Error::Refused(_))))
+                                .find(|a| matches!(a, Err(Error::Refused(_) | Error::Fenced { .. })))
                                 .map_or(Ok(()), |a| a.map(drop));
                             refused.and(last)
                         }
@@ -382,7 +526,7 @@ impl Server {
                 return;
             }
             Request::Settle { reply } => (None, Reply::Unit(reply)),
-            Request::Prepare { .. } => return,
+            Request::Prepare { .. } | Request::Commit { .. } => return,
         };
         let (settled, done) =
             self.round_trip(&before, last.as_ref().map(|(kind, id, params)| (*kind, *id, params.as_slice())));
@@ -433,14 +577,32 @@ impl Server {
                 }),
                 Err(e) => {
                     let answers = self.run(work);
-                    return (first_error(checked(before, answers)), Some(Err(e)));
+                    return (first_error(self.judge(before, answers)), Some(Err(e)));
                 }
             }
         }
         let n_before = before.len();
         let mut answers = self.run(work);
         let last_answer = if answers.len() > n_before { answers.pop() } else { None };
-        (first_error(checked(before, answers)), last_answer)
+        (first_error(self.judge(before, answers)), last_answer)
+    }
+
+    /// `answers` of `ops` judged ([`checked`]). A lease's check that failed
+    /// rolls the transaction back at once: nothing sent after it in the
+    /// transaction runs, its `COMMIT` least of all, whoever reads the error.
+    fn judge(&mut self, ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
+        let judged = checked(ops, answers);
+        let fenced = judged.iter().find_map(|a| match a {
+            Err(Error::Fenced { mine, now }) => Some(Ended::Fenced { mine: *mine, now: *now }),
+            _ => None,
+        });
+        if let Some(fenced) = fenced {
+            if self.in_transaction {
+                let _ = self.run(vec![Work::Batch("ROLLBACK".into())]);
+            }
+            self.ended = Some(fenced);
+        }
+        judged
     }
 
     /// The deferred statements `ops` ready to send.
@@ -450,6 +612,10 @@ impl Server {
             work.push(match op {
                 Op::Write { id, params } => Work::Execute(self.statement(*id)?, params.as_slice()),
                 Op::Group(g) => Work::Columns(self.statement(g.id)?, g.columns_in.as_slice()),
+                Op::Fence { sql, .. } => {
+                    let (id, _) = self.prepare((*sql).to_string())?;
+                    Work::Query(self.statement(id)?, &[])
+                }
                 Op::Batch(sql) => Work::Batch(translate(sql)),
             });
         }
@@ -516,6 +682,16 @@ fn checked(ops: &[Op], answers: Vec<Result<Done>>) -> Vec<Result<Done>> {
         .zip(answers)
         .map(|(op, answer)| match (op, answer) {
             (Op::Group(g), Ok(Done::Rows(rows))) => untaken(&rows, &g.columns, g.check).map(|()| Done::Unit),
+            (Op::Fence { mine, .. }, Ok(Done::Rows(rows))) => {
+                let now = rows.first().and_then(|r| r.first()).and_then(|v| match v {
+                    Value::Integer(epoch) => Some(*epoch),
+                    _ => None,
+                });
+                match now == Some(*mine) {
+                    true => Ok(Done::Unit),
+                    false => Err(Error::Fenced { mine: *mine, now }),
+                }
+            }
             (_, answer) => answer,
         })
         .collect()
@@ -577,13 +753,18 @@ async fn rows(
     Ok(Done::Rows(rows))
 }
 
-/// Answers `request` with `error`.
+/// Answers `request` with `error` (a lease's check failed as itself,
+/// anything else as a connection that cannot serve it).
 fn refuse(request: Request, error: &Error) {
-    let e = || Error::Closed(error.to_string());
+    let e = || match error {
+        Error::Fenced { mine, now } => Error::Fenced { mine: *mine, now: *now },
+        other => Error::Closed(other.to_string()),
+    };
     match request {
         Request::Prepare { reply, .. } => drop(reply.send(Err(e()))),
         Request::Query { reply, .. } => drop(reply.send(Err(e()))),
         Request::Execute { reply, .. } => drop(reply.send(Err(e()))),
         Request::Batch { reply, .. } | Request::Settle { reply } => drop(reply.send(Err(e()))),
+        Request::Commit { reply, .. } => drop(reply.send(Err(e()))),
     }
 }
