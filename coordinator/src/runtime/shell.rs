@@ -3,7 +3,9 @@
 //! the core ([`Core::turn`], no I/O but the store), and performs what the
 //! core returns: answers the requests, seals and publishes the messages,
 //! ticks the launcher, refreshes the retained status and the progress
-//! display. At the end it asks every agent to confirm delivery
+//! display. What a turn sends is published by a task of its own once the
+//! turn's commit has landed ([`publish_landed`]): on a server the next turn
+//! is built meanwhile. At the end it asks every agent to confirm delivery
 //! ([`Engine`]'s `sync`). Of the running coordinator, this is the file that
 //! joins the engine to the transport and the control socket; the engine
 //! imports neither.
@@ -12,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tunefleet_common::message::{frames, CoordinatorMessage};
 use tunefleet_common::topic::AgentTopic;
 
@@ -23,7 +25,7 @@ use crate::runtime::engine::types::unix_ms;
 use crate::runtime::engine::{Answer, Core, EngineError, Inbound, Now, Summary};
 use crate::runtime::progress::ProgressDisplay;
 use crate::runtime::transport::Outbox;
-use crate::store::{Store, StoreError};
+use crate::store::{Committing, Store, StoreError};
 
 /// Most events applied in one store transaction.
 const MAX_BATCH: usize = 2048;
@@ -64,6 +66,61 @@ pub struct Engine {
     /// The store's database could not be reached at the start of a turn:
     /// paused until it answers again ([`Shell::paused_for_database`]).
     database_lost: bool,
+    /// Publishes each turn's frames once its commit has landed; started
+    /// with the first.
+    publisher: Option<Publisher>,
+}
+
+/// How many turns may wait for their commits to land, besides the one
+/// the publisher waits for: the turn built meanwhile queues behind them.
+const TURNS_LANDING: usize = 1;
+
+/// What a turn sealed, and the answers to its control requests: published
+/// once its commit has landed ([`publish_landed`]).
+#[derive(Default)]
+struct Sending {
+    committed: Committing,
+    welcomes: Vec<(String, Vec<u8>)>,
+    frames: Vec<(String, AgentTopic, Vec<u8>)>,
+    answers: Vec<(oneshot::Sender<Answer>, Answer)>,
+    /// Told once this (and all before it) is published.
+    flushed: Option<oneshot::Sender<()>>,
+}
+
+/// The task that publishes what each turn sealed, in the turns' order.
+struct Publisher {
+    queue: mpsc::Sender<Sending>,
+    /// Where it says why it stopped: a commit that failed.
+    failed: oneshot::Receiver<StoreError>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Publishes each of `queue`'s turns once its commit has landed. A commit
+/// that fails ends it, said on `failed`: nothing of that turn or of those
+/// queued after it (built on it) is sent, and the engine stops.
+async fn publish_landed(outbox: Outbox, mut queue: mpsc::Receiver<Sending>, failed: oneshot::Sender<StoreError>) {
+    while let Some(mut sending) = queue.recv().await {
+        if let Err(e) = sending.committed.landed().await {
+            let _ = failed.send(e);
+            return;
+        }
+        for (agent, payload) in sending.welcomes {
+            if let Err(e) = outbox.send(&agent, AgentTopic::Welcome, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
+        for (agent, kind, payload) in sending.frames {
+            if let Err(e) = outbox.send(&agent, kind, payload).await {
+                tracing::warn!(agent = %agent, error = %e, "could not send");
+            }
+        }
+        for (reply, answer) in sending.answers {
+            let _ = reply.send(answer);
+        }
+        if let Some(flushed) = sending.flushed {
+            let _ = flushed.send(());
+        }
+    }
 }
 
 impl Engine {
@@ -80,6 +137,7 @@ impl Engine {
             space: None,
             dropped_while_paused: 0,
             database_lost: false,
+            publisher: None,
         }
     }
 
@@ -265,6 +323,7 @@ impl Engine {
                         names.len()
                     ));
                     if studies.is_none() {
+                        self.flush().await?;
                         self.core.finish_studies(&[s.as_str()], unix_ms())?;
                     }
                 }
@@ -300,7 +359,8 @@ impl Engine {
         // Nodes still measuring attempts stop: this coordinator records
         // nothing more of them (a window asked during the sync included).
         let abandoned = self.core.abandon_comeasures();
-        self.send(Vec::new(), abandoned).await;
+        self.send(Vec::new(), abandoned).await?;
+        self.stop_publishing().await?;
         let names: Vec<String> = match studies {
             Some(s) => s.to_vec(),
             None => {
@@ -344,7 +404,7 @@ impl Engine {
             let nonce: u64 = rand::random();
             let msgs: Vec<_> = again.iter().map(|a| (a.clone(), CoordinatorMessage::Sync(nonce))).collect();
             self.core.await_sync(again, nonce);
-            self.send(Vec::new(), msgs).await;
+            self.send(Vec::new(), msgs).await?;
             if self.core.unconfirmed().is_empty() {
                 break;
             }
@@ -367,13 +427,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Publishes Welcomes, then seals and publishes `msgs`.
-    async fn send(&mut self, welcomes: Vec<(String, Vec<u8>)>, msgs: Vec<(String, CoordinatorMessage)>) {
-        for (agent, payload) in welcomes {
-            if let Err(e) = self.outbox.send(&agent, AgentTopic::Welcome, payload).await {
-                tracing::warn!(agent = %agent, error = %e, "could not send");
-            }
-        }
+    /// Welcomes, then `msgs` sealed, published after everything queued
+    /// before (at once when nothing waits for a commit).
+    async fn send(
+        &mut self,
+        welcomes: Vec<(String, Vec<u8>)>,
+        msgs: Vec<(String, CoordinatorMessage)>,
+    ) -> Result<(), EngineError> {
+        let sending = self.sealed(Sending { welcomes, ..Sending::default() }, msgs);
+        self.queue(sending).await
+    }
+
+    /// `sending` with `msgs` sealed into its frames, each agent's in the
+    /// order sent, bundled where they fit one frame.
+    fn sealed(&mut self, mut sending: Sending, msgs: Vec<(String, CoordinatorMessage)>) -> Sending {
         // What each agent gets, in the order sent, bundled (an ack and the
         // next assignment: one frame); a bundle too large for one message
         // goes out one by one.
@@ -388,7 +455,7 @@ impl Engine {
                 if let Some(bundle) = bundle {
                     match self.seal(&agent, &bundle) {
                         Some((kind, payload)) if payload.len() <= tunefleet_common::MAX_MESSAGE_BYTES => {
-                            self.publish(&agent, kind, payload).await;
+                            sending.frames.push((agent.clone(), kind, payload));
                             continue;
                         }
                         // Too large together: one by one.
@@ -399,11 +466,60 @@ impl Engine {
                 }
                 for msg in group {
                     if let Some((kind, payload)) = self.seal(&agent, &msg) {
-                        self.publish(&agent, kind, payload).await;
+                        sending.frames.push((agent.clone(), kind, payload));
                     }
                 }
             }
         }
+        sending
+    }
+
+    /// Hands `sending` to the publisher (started with the first), waiting
+    /// while [`TURNS_LANDING`] turns wait for their commits before it. A
+    /// commit that failed before is the error.
+    async fn queue(&mut self, sending: Sending) -> Result<(), EngineError> {
+        let outbox = &self.outbox;
+        let publisher = self.publisher.get_or_insert_with(|| {
+            let (queue, jobs) = mpsc::channel(TURNS_LANDING);
+            let (said, failed) = oneshot::channel();
+            let task = tokio::spawn(publish_landed(outbox.clone(), jobs, said));
+            Publisher { queue, failed, task }
+        });
+        match publisher.queue.send(sending).await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.publishing_failed()),
+        }
+    }
+
+    /// Why the publisher stopped: the commit that failed.
+    fn publishing_failed(&mut self) -> EngineError {
+        match self.publisher.as_mut().map(|p| p.failed.try_recv()) {
+            Some(Ok(e)) => EngineError::Store(e),
+            _ => EngineError::TransportClosed,
+        }
+    }
+
+    /// Waits until everything queued is published: a commit that failed
+    /// is the error.
+    async fn flush(&mut self) -> Result<(), EngineError> {
+        let (flushed, done) = oneshot::channel();
+        self.queue(Sending { flushed: Some(flushed), ..Sending::default() }).await?;
+        match done.await {
+            Ok(()) => Ok(()),
+            Err(_) => Err(self.publishing_failed()),
+        }
+    }
+
+    /// Publishes what is queued and ends the publisher.
+    async fn stop_publishing(&mut self) -> Result<(), EngineError> {
+        self.flush().await?;
+        if let Some(Publisher { queue, task, .. }) = self.publisher.take() {
+            drop(queue);
+            if let Err(e) = task.await {
+                tracing::warn!(error = %e, "the publisher ended badly");
+            }
+        }
+        Ok(())
     }
 
     /// `msg` sealed in `agent`'s session; `None` (said why) without one.
@@ -421,24 +537,23 @@ impl Engine {
         }
     }
 
-    async fn publish(&mut self, agent: &str, kind: AgentTopic, payload: Vec<u8>) {
-        if let Err(e) = self.outbox.send(agent, kind, payload).await {
-            tracing::warn!(agent = %agent, error = %e, "could not send");
-        }
-    }
-
     /// One turn: the core applies `events` and the waiting requests in one
-    /// transaction and commits; then the answers, the messages, the
-    /// launcher, the status and the progress display.
+    /// transaction and sends its commit; the answers and the messages,
+    /// sealed, go to the publisher, which sends them once that commit has
+    /// landed; then the launcher, the status and the progress display.
     async fn turn(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<(), EngineError> {
         let now = self.now();
         let (asks, replies): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.requests).into_iter().map(|r| (r.ask, r.reply)).unzip();
         let out = match self.core.turn(events.drain(..), asks, tick, now) {
             Ok(out) => out,
-            // Nothing of the turn was done (its transaction never began):
-            // paused as for a full disk, until the database answers.
-            Err(EngineError::Store(StoreError::Unreachable { path, cause })) => {
+            // Nothing sent after a commit that failed runs: that commit's
+            // error, if one failed, is the one that tells.
+            Err(e) => {
+                self.flush().await?;
+                let EngineError::Store(StoreError::Unreachable { path, cause }) = e else { return Err(e) };
+                // Nothing of the turn was done (its transaction never began):
+                // paused as for a full disk, until the database answers.
                 tracing::error!(store = %path, error = %cause, "the store's database is unreachable: paused (no message taken, no trial assigned; agents keep their results) until it answers");
                 self.database_lost = true;
                 for reply in replies {
@@ -447,11 +562,7 @@ impl Engine {
                 }
                 return Ok(());
             }
-            Err(e) => return Err(e),
         };
-        for (reply, answer) in replies.into_iter().zip(out.answers) {
-            let _ = reply.send(answer);
-        }
         for s in &out.started {
             self.progress.start(&s.study, s.total, s.done);
         }
@@ -465,7 +576,10 @@ impl Engine {
                 });
             }
         }
-        self.send(out.welcomes, out.messages).await;
+        let answers = replies.into_iter().zip(out.answers).collect();
+        let sending = Sending { committed: out.committed, welcomes: out.welcomes, answers, ..Sending::default() };
+        let sending = self.sealed(sending, out.messages);
+        self.queue(sending).await?;
         let refresh = crate::runtime::transport::STATUS_REFRESH.as_millis() as u64;
         if tick && now.engine_ms >= self.status_ms + refresh {
             self.status_ms = now.engine_ms;

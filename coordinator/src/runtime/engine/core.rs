@@ -25,7 +25,7 @@ use crate::domain::offload::{LoadHistory, OffloadPolicy};
 use crate::domain::reuse::Book;
 use crate::domain::sched::{Scheduler, StudyCounts};
 use crate::runtime::auth::Sessions;
-use crate::store::Store;
+use crate::store::{Committing, Store};
 
 /// How often the coordinator's heartbeat is written (Unix ms), at most.
 pub const BEAT_MS: u64 = 2_000;
@@ -44,6 +44,9 @@ pub struct Outgoing {
     pub answers: Vec<Answer>,
     /// Studies started (or resumed) this turn, for the progress display.
     pub started: Vec<Started>,
+    /// The turn's commit: nothing above is sent before it has landed
+    /// (on a file it has).
+    pub committed: Committing,
 }
 
 /// A study that started: its name, the trials it plans, how many are finished.
@@ -162,7 +165,9 @@ impl Core {
     /// each in its own transaction), then in one transaction the
     /// cancellations, `events` in order, and on a `tick` the expired leases
     /// and the offloading decider's verdicts; new trials, assignments, and
-    /// every effect in the store; committed. Returns what to send now.
+    /// every effect in the store; its commit sent. Returns what to send
+    /// once that commit has landed ([`Outgoing::committed`]): on a server
+    /// the next turn may be built meanwhile, its writes after this one's.
     pub fn turn(
         &mut self,
         events: impl IntoIterator<Item = Inbound>,
@@ -244,7 +249,7 @@ impl Core {
             co: &mut self.co,
         };
         schedule(&mut turn, effects, now)?;
-        batch.commit()?;
+        out.committed = batch.commit_pipelined()?;
         Ok(out)
     }
 
