@@ -959,6 +959,50 @@ fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_faile
     assert_eq!(attempts(), "1");
 }
 
+/// On a server a trial's changes of state (given, done) are mostly
+/// heap-only: no index entry each (no index names `state`; its pages keep
+/// room). With an index on `state`, none would be.
+#[test]
+fn a_trials_changes_of_state_on_a_server_add_no_index_entries() {
+    use tunefleet_common::message::TrialRef;
+    use tunefleet_coordinator::domain::search;
+    use tunefleet_coordinator::runtime::engine::open_study_at;
+    use tunefleet_coordinator::store::Store;
+
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study_in(dir.path(), "hot", 300);
+    let url = pg.store("hot");
+    let t = |trial: u64| TrialRef { study: "hot".into(), study_id: 7, trial, attempt: 1 };
+    {
+        let mut store = Store::open(Path::new(&url)).expect("the store");
+        let mut b = store.batch().expect("batch");
+        open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+        b.commit().expect("committed");
+        // A turn gives 50 trials and takes the results of the 50 before.
+        for turn in 0..7u64 {
+            let mut b = store.batch().expect("batch");
+            for trial in (turn * 50..turn * 50 + 50).filter(|&n| n < 300) {
+                b.record_assignment(&t(trial), "a1", 2000 + turn).expect("given");
+            }
+            for trial in (turn * 50).saturating_sub(50)..turn * 50 {
+                b.record_accepted(&t(trial), "a1", &exited_0(), Some(0.5), 3000 + turn).expect("batch").expect("sent");
+            }
+            b.commit().expect("committed");
+        }
+    }
+    // The server counts a session's changes once it ends.
+    let counts = || {
+        pg.query(
+            "SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'hot.trials'::regclass",
+        )
+    };
+    wait_for("the trials' changes counted", Duration::from_secs(30), || counts().starts_with("600 "));
+    let hot: u32 = counts().split(' ').nth(1).and_then(|n| n.parse().ok()).expect("a count");
+    assert!(hot >= 300, "of 600 changes of state, {hot} heap-only");
+    assert_eq!(pg.query("SELECT COUNT(*) FROM hot.trials WHERE state = 'done'"), "300");
+}
+
 /// Trials are added many to a statement (32, then fewer by halves): 71
 /// land in a file and on a server, each with its number, parameters and
 /// repeat, pending, and nothing else.
