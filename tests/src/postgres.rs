@@ -188,7 +188,8 @@ impl Postgres {
         use std::io::{BufRead, Write};
         use std::process::Stdio;
         let port = self.port.to_string();
-        let psql_args = ["-h", "127.0.0.1", "-p", &port, "-U", "tunefleet", "-d", "postgres", "-At"];
+        let psql_args =
+            ["-h", "127.0.0.1", "-p", &port, "-U", "tunefleet", "-d", "postgres", "-At", "-v", "ON_ERROR_STOP=1"];
         let mut psql = Command::new("psql")
             .args(psql_args)
             .env("PGAPPNAME", "locker")

@@ -913,7 +913,8 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
 /// written and sent without waiting for it (a `BEGIN` answered at once
 /// would have waited behind it, for good). The first refused (a trial
 /// the store does not hold given), nothing of either lands, the second
-/// refused for it; once the failure is seen, a write lands again.
+/// refused for it, and a third begun after the failure was awaited too;
+/// once the store's owner says it starts over, a write lands again.
 #[test]
 fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_failed_one_lands() {
     use tunefleet_common::message::TrialRef;
@@ -937,22 +938,27 @@ fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_faile
     b.record_assignment(&t(0), "a1", 2000).expect("given");
     b.record_assignment(&t(99), "a1", 2000).expect("given (refused as it commits)");
     let mut first = b.commit_pipelined().expect("sent");
-    assert!(first.under_way(), "the server waits on the lock");
+    let waiting =
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND application_name <> 'locker'";
+    wait_for("the first commit waiting on the lock", Duration::from_secs(30), || pg.query(waiting) == "1");
     let mut b = store.batch().expect("begun while the first commits");
     b.record_assignment(&t(1), "a1", 2001).expect("given");
     let mut second = b.commit_pipelined().expect("sent");
-    assert!(second.under_way(), "behind the first");
     // Had the second waited for the first, the lock's deadline ended it.
     assert!(locked.release(), "the second transaction waited for the first to commit");
     let refused = rt.block_on(first.landed()).expect_err("a trial the store does not hold").to_string();
     assert!(refused.contains("flight/99"), "{refused}");
     let after = rt.block_on(second.landed()).expect_err("built on the one that failed").to_string();
     assert!(after.contains("an earlier commit"), "{after}");
+    // Whoever awaited the failure, the store's owner has not said it starts over.
+    let third = store.batch().err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(third.contains("an earlier commit"), "a batch after the failure: {third:?}");
     assert_eq!(attempts(), "0", "nothing of either landed");
     assert_eq!(
         pg.query("SELECT string_agg(state, ' ' ORDER BY trial) FROM flight.trials"),
         "pending pending pending pending"
     );
+    store.failed_commit_seen();
     let mut b = store.batch().expect("the failure seen, a transaction again");
     b.record_assignment(&t(2), "a1", 2002).expect("given");
     b.commit().expect("committed");

@@ -552,7 +552,9 @@ impl Engine {
             Err(e) => {
                 self.flush().await?;
                 let EngineError::Store(StoreError::Unreachable { path, cause }) = e else { return Err(e) };
-                // Nothing of the turn was done (its transaction never began):
+                // Nothing of the turn was done (its transaction never began;
+                // with a commit under way it begins unanswered, and a lost
+                // database fails that commit instead: the engine stops):
                 // paused as for a full disk, until the database answers.
                 tracing::error!(store = %path, error = %cause, "the store's database is unreachable: paused (no message taken, no trial assigned; agents keep their results) until it answers");
                 self.database_lost = true;
@@ -580,6 +582,8 @@ impl Engine {
         let sending = Sending { committed: out.committed, welcomes: out.welcomes, answers, ..Sending::default() };
         let sending = self.sealed(sending, out.messages);
         self.queue(sending).await?;
+        // The retained online status says nothing of any turn: it need not
+        // wait for the publisher's queue.
         let refresh = crate::runtime::transport::STATUS_REFRESH.as_millis() as u64;
         if tick && now.engine_ms >= self.status_ms + refresh {
             self.status_ms = now.engine_ms;

@@ -37,7 +37,10 @@ impl Store {
     /// [`Batch::commit`] rolls everything in it back.
     ///
     /// A database that cannot be reached is [`StoreError::Unreachable`]:
-    /// nothing was done, and the batch may be asked for again.
+    /// nothing was done, and the batch may be asked for again. While a
+    /// commit sent without waiting is under way the batch begins with
+    /// nothing sent ([`Batch::commit_pipelined`]): a database lost then
+    /// fails that commit and what follows it instead.
     pub fn batch(&mut self) -> Result<Batch<'_>> {
         let path = self.path.clone();
         let tx = self.conn.begin().map_err(|cause| match cause {
@@ -57,6 +60,13 @@ impl Store {
         }
         let context = || format!("{}: reading the setting {name}", self.path);
         Ok(Some(self.conn.query_row("SELECT current_setting(?1)", [name], |r| r.get(0)).ctx(context)?))
+    }
+
+    /// Its owner has seen every commit sent without waiting that failed
+    /// and starts over from what the store holds: writes run again
+    /// ([`Batch::commit_pipelined`]). The engine never does: it stops.
+    pub fn failed_commit_seen(&self) {
+        self.conn.failed_commit_seen();
     }
 
     /// Whether the store's database answers now (a file always does).
@@ -81,8 +91,9 @@ impl Batch<'_> {
     }
 
     /// [`Batch::commit`] without waiting for a server's answer: the batch
-    /// is committed once [`Committing::landed`] says so, and nothing written
-    /// after it is kept if it fails. A file's is committed here.
+    /// is committed once [`Committing::landed`] says so. If it fails,
+    /// nothing written after it is kept until [`Store::failed_commit_seen`].
+    /// A file's is committed here.
     pub fn commit_pipelined(self) -> Result<Committing> {
         self.tx.commit_pipelined().map(Committing).ctx(|| "committing a batch".into())
     }
@@ -93,11 +104,6 @@ impl Batch<'_> {
 pub struct Committing(sql::Committing);
 
 impl Committing {
-    /// Whether its answer has not come yet.
-    pub fn under_way(&self) -> bool {
-        self.0.under_way()
-    }
-
     /// Waits for its answer: `Ok` once the batch is durable.
     pub async fn landed(&mut self) -> Result<()> {
         self.0.landed().await.ctx(|| "committing a batch".into())

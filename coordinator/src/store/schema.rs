@@ -146,9 +146,18 @@ CREATE TABLE IF NOT EXISTS study_changes (
 /// the simulator's 1,000 agents ran 7 % more trials a second (medians of
 /// 3 runs). A file keeps its index (SQLite writes every index at every
 /// change).
+/// Done once: the catalog is read first, so opening a store done so
+/// changes nothing (a reader's role need not own the table).
 const TRIALS_ON_SERVER: &str = r#"
-ALTER TABLE trials SET (fillfactor = 70);
-DROP INDEX IF EXISTS trials_by_state;
+DO $do$ BEGIN
+IF NOT EXISTS (SELECT 1 FROM pg_class WHERE oid = to_regclass('trials')
+        AND 'fillfactor=70' = ANY(COALESCE(reloptions, '{}'))) THEN
+    ALTER TABLE trials SET (fillfactor = 70);
+END IF;
+IF to_regclass('trials_by_state') IS NOT NULL THEN
+    DROP INDEX trials_by_state;
+END IF;
+END $do$
 "#;
 
 /// The trials table set aside, to be made again by [`TRIALS`] (versions 2

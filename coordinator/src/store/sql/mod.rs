@@ -172,6 +172,15 @@ impl Conn {
         }
     }
 
+    /// The owner has seen every commit sent without waiting that failed,
+    /// and starts over from what the store holds: what it sends from now
+    /// on runs again ([`Tx::commit_pipelined`]).
+    pub fn failed_commit_seen(&self) {
+        if let ConnInner::Pg(c) = &self.0 {
+            c.flight.failures_seen();
+        }
+    }
+
     /// From now on every write transaction on a server first holds the
     /// lease's row as it is (shared) and goes on only while its epoch is
     /// `epoch` ([`LEASE_TABLE`]): a coordinator whose lease was taken over
@@ -470,17 +479,18 @@ impl Tx<'_> {
     /// [`Tx::commit`] without waiting for the server: everything written
     /// goes with the `COMMIT`, sent only once what is checked is judged
     /// (a refusal or a failed lease's check rolls back), and the answer
-    /// comes to [`Committing::landed`]. Until a failure is seen there,
-    /// nothing sent after it runs. A file commits here.
+    /// comes to [`Committing::landed`]. Once one fails, nothing sent on
+    /// the connection runs until its owner says it starts over
+    /// ([`Conn::failed_commit_seen`]): whoever awaits the answer, what the
+    /// owner builds next was built on it. A file commits here.
     pub fn commit_pipelined(mut self) -> Result<Committing> {
         let ConnInner::Pg(c) = &self.conn.0 else {
             return self.commit().map(|()| Committing(None));
         };
         let (seq, answer) = c.commit()?;
-        let flight = c.flight.clone();
         self.conn.stop_deferring();
         self.open = false;
-        Ok(Committing(Some(Landing { seq, answer, flight })))
+        Ok(Committing(Some(Landing { seq, answer })))
     }
 }
 
@@ -491,7 +501,6 @@ pub struct Committing(Option<Landing>);
 struct Landing {
     seq: u64,
     answer: tokio::sync::oneshot::Receiver<Result<()>>,
-    flight: std::sync::Arc<postgres::Flight>,
 }
 
 impl fmt::Debug for Committing {
@@ -504,20 +513,11 @@ impl fmt::Debug for Committing {
 }
 
 impl Committing {
-    /// Whether the commit is still under way (not answered here yet).
-    pub fn under_way(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// Waits for the commit's answer: `Ok` once it is durable. A failure
-    /// is seen here: what is sent after this runs again. Cancel-safe:
+    /// Waits for the commit's answer: `Ok` once it is durable. Cancel-safe:
     /// dropped before its answer, it may be awaited again.
     pub async fn landed(&mut self) -> Result<()> {
         let Some(landing) = self.0.as_mut() else { return Ok(()) };
         let answer = (&mut landing.answer).await.unwrap_or_else(|_| Err(gone_thread()));
-        if answer.is_err() {
-            landing.flight.seen_failing(landing.seq);
-        }
         self.0 = None;
         answer
     }

@@ -16,10 +16,10 @@ use super::super::row::{Check, Row, RowInner};
 use super::super::value::{Error, Result, Value};
 
 /// The commits sent to the client thread without waiting ([`super::PgConn::commit`]),
-/// shared with it: how many were sent and ended, and the last that failed
-/// and the last failure its owner has seen. While a failure is not seen,
-/// the thread refuses everything sent after it: what a later transaction
-/// wrote was built on what the failed one did.
+/// shared with it: how many were sent and ended, the last that failed and
+/// the last failure its owner said it has seen. Until then the thread
+/// refuses everything: what the owner sends was built on what the failed
+/// one did.
 #[derive(Debug, Default)]
 pub(crate) struct Flight {
     pub(super) sent: AtomicU64,
@@ -34,9 +34,9 @@ impl Flight {
         self.failed.load(Ordering::Acquire) > self.seen.load(Ordering::Acquire)
     }
 
-    /// Commit `seq`'s failure is seen: what is sent from now on runs.
-    pub(crate) fn seen_failing(&self, seq: u64) {
-        self.seen.fetch_max(seq, Ordering::AcqRel);
+    /// Every failure so far is seen: what is sent from now on runs.
+    pub(crate) fn failures_seen(&self) {
+        self.seen.fetch_max(self.failed.load(Ordering::Acquire), Ordering::AcqRel);
     }
 }
 
@@ -357,6 +357,9 @@ enum Ended {
     Lost,
     /// The lease's check found another epoch: rolled back at once.
     Fenced { mine: i64, now: Option<i64> },
+    /// Something of it was refused after a commit failed: the rest of it
+    /// would run without it.
+    Refused,
 }
 
 impl Ended {
@@ -365,6 +368,9 @@ impl Ended {
         match self {
             Ended::Lost => Error::Closed("the connection was lost inside this transaction".into()),
             Ended::Fenced { mine, now } => Error::Fenced { mine, now },
+            Ended::Refused => {
+                Error::Closed("an earlier commit of this connection failed; nothing sent after it runs".into())
+            }
         }
     }
 }
@@ -381,9 +387,14 @@ impl Server {
             // What was sent after a commit that failed, before its owner
             // saw it fail, was built on what that commit did: none of it runs.
             if self.flight.failure_unseen() {
-                let why =
-                    Error::Closed("an earlier commit of this connection failed; nothing sent after it runs".into());
-                self.refuse(request, &why);
+                // A transaction begun here is refused to its end, even once
+                // the failure is seen.
+                let begun = matches!(before.first(), Some(Op::Batch(sql)) if begins(sql))
+                    || matches!(&request, Request::Batch { sql, .. } if before.is_empty() && begins(sql));
+                if begun || self.in_transaction {
+                    self.ended = Some(Ended::Refused);
+                }
+                self.refuse(request, &Ended::Refused.error());
                 continue;
             }
             // A connection the server closed (it restarted, or the network
@@ -418,11 +429,12 @@ impl Server {
                         self.ended = None;
                         self.in_transaction = false;
                         match (ended, request) {
-                            // Rolled back already, as asked.
-                            (Ended::Fenced { .. }, Request::Batch { reply, .. }) => drop(reply.send(Ok(()))),
+                            // Rolled back already (or never begun), as asked.
+                            (Ended::Fenced { .. } | Ended::Refused, Request::Batch { reply, .. }) => {
+                                drop(reply.send(Ok(())))
+                            }
                             (_, request) => {
-                                let lost = Error::Closed("the transaction was lost with its connection".into());
-                                self.refuse(request, &lost);
+                                refuse(request, &Error::Closed("the transaction was lost with its connection".into()))
                             }
                         }
                         continue;
@@ -441,13 +453,25 @@ impl Server {
         }
     }
 
-    /// Answers `request` with `error`, running nothing; a commit refused
-    /// so is one that failed.
-    fn refuse(&self, request: Request, error: &Error) {
+    /// Answers `request` with `error`, running nothing. A commit refused
+    /// so is one that failed, and its transaction is over (rolled back if
+    /// the server holds it open).
+    fn refuse(&mut self, request: Request, error: &Error) {
         if let Some(seq) = request.commit_seq() {
+            self.end_transaction();
             self.end_commit(seq, false);
         }
         refuse(request, error);
+    }
+
+    /// The owner's transaction is over (its commit answered): rolled back
+    /// on the server if it is still open there.
+    fn end_transaction(&mut self) {
+        if self.in_transaction && !self.client.is_closed() {
+            let _ = self.run(vec![Work::Batch("ROLLBACK".into())]);
+        }
+        self.in_transaction = false;
+        self.ended = None;
     }
 
     /// Commit `seq` ended (`ok`: committed), before its answer is sent.
@@ -488,6 +512,7 @@ impl Server {
     fn answer(&mut self, before: Vec<Op>, request: Request) {
         if let Request::Commit { seq, reply } = request {
             let ended = self.commit(before);
+            self.end_transaction();
             self.end_commit(seq, ended.is_ok());
             let _ = reply.send(ended);
             return;
