@@ -384,8 +384,9 @@ impl Server {
     /// Answers requests in order until the connection's owner goes.
     fn serve(mut self, requests: mpsc::Receiver<Envelope>) {
         for Envelope { before, request } in requests {
-            // What was sent after a commit that failed, before its owner
-            // saw it fail, was built on what that commit did: none of it runs.
+            // What was sent after a commit that failed, until its owner
+            // says it starts over, was built on what that commit did: none
+            // of it runs.
             if self.flight.failure_unseen() {
                 // A transaction begun here is refused to its end, even once
                 // the failure is seen.
