@@ -22,6 +22,24 @@ fn exited_0() -> tunefleet_common::measurement::Measurement {
     Measurement::unmeasured(ExitOutcome::Exited(0), EnergyReading::none(EnergySourceKind::Estimated, ""))
 }
 
+/// A store on `pg` in schema `name` holding a study `name` of `trials`
+/// trials of `sleep 0.1`, opened and committed.
+fn store_with_sleep_study(pg: &Postgres, name: &str, trials: u32) -> tunefleet_coordinator::store::Store {
+    use tunefleet_coordinator::domain::search;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let study = sleep_study_in(dir.path(), name, trials);
+    let mut store = tunefleet_coordinator::store::Store::open(Path::new(&pg.store(name))).expect("the store");
+    let mut b = store.batch().expect("batch");
+    tunefleet_coordinator::runtime::engine::open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
+    b.commit().expect("committed");
+    store
+}
+
+/// Trial `trial`'s first attempt in study `study`.
+fn trial_ref(study: &str, trial: u64) -> tunefleet_common::message::TrialRef {
+    tunefleet_common::message::TrialRef { study: study.into(), study_id: 7, trial, attempt: 1 }
+}
+
 /// Runs `study` into `store` with two agents; the coordinator's output.
 fn run_two_agents(study: &Path, store: &str, test: &str) -> String {
     let root = unique_root(test);
@@ -917,20 +935,9 @@ fn rows_written_many_at_once_are_reached_by_their_keys() {
 /// once the store's owner says it starts over, a write lands again.
 #[test]
 fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_failed_one_lands() {
-    use tunefleet_common::message::TrialRef;
-    use tunefleet_coordinator::domain::search;
-    use tunefleet_coordinator::runtime::engine::open_study_at;
-    use tunefleet_coordinator::store::Store;
-
     let pg = Postgres::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let study = sleep_study_in(dir.path(), "flight", 4);
-    let url = pg.store("flight");
-    let mut store = Store::open(Path::new(&url)).expect("the store");
-    let mut b = store.batch().expect("batch");
-    open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
-    b.commit().expect("committed");
-    let t = |trial: u64| TrialRef { study: "flight".into(), study_id: 7, trial, attempt: 1 };
+    let mut store = store_with_sleep_study(&pg, "flight", 4);
+    let t = |trial: u64| trial_ref("flight", trial);
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
     let attempts = || pg.query("SELECT COUNT(*) FROM flight.attempts");
     let locked = pg.lock("flight.attempts", Duration::from_secs(60));
@@ -970,21 +977,10 @@ fn a_transaction_is_built_while_the_one_before_commits_and_nothing_after_a_faile
 /// room). With an index on `state`, none would be.
 #[test]
 fn a_trials_changes_of_state_on_a_server_add_no_index_entries() {
-    use tunefleet_common::message::TrialRef;
-    use tunefleet_coordinator::domain::search;
-    use tunefleet_coordinator::runtime::engine::open_study_at;
-    use tunefleet_coordinator::store::Store;
-
     let pg = Postgres::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let study = sleep_study_in(dir.path(), "hot", 300);
-    let url = pg.store("hot");
-    let t = |trial: u64| TrialRef { study: "hot".into(), study_id: 7, trial, attempt: 1 };
+    let t = |trial: u64| trial_ref("hot", trial);
     {
-        let mut store = Store::open(Path::new(&url)).expect("the store");
-        let mut b = store.batch().expect("batch");
-        open_study_at(&mut b, &study, &search::plan(&study), 1000).expect("opened");
-        b.commit().expect("committed");
+        let mut store = store_with_sleep_study(&pg, "hot", 300);
         // A turn gives 50 trials and takes the results of the 50 before.
         for turn in 0..7u64 {
             let mut b = store.batch().expect("batch");

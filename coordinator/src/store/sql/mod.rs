@@ -517,15 +517,10 @@ impl Committing {
     /// dropped before its answer, it may be awaited again.
     pub async fn landed(&mut self) -> Result<()> {
         let Some(landing) = self.0.as_mut() else { return Ok(()) };
-        let answer = (&mut landing.answer).await.unwrap_or_else(|_| Err(gone_thread()));
+        let answer = (&mut landing.answer).await.unwrap_or_else(|_| Err(postgres::gone()));
         self.0 = None;
         answer
     }
-}
-
-/// The client thread ended without answering.
-fn gone_thread() -> Error {
-    Error::Closed("the PostgreSQL client thread ended".into())
 }
 
 impl std::ops::Deref for Tx<'_> {

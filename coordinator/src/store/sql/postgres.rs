@@ -278,7 +278,7 @@ impl std::fmt::Debug for PgConn {
 }
 
 /// The client thread has gone (its connection broke and it ended).
-fn gone() -> Error {
+pub(super) fn gone() -> Error {
     Error::Closed("the PostgreSQL client thread ended".into())
 }
 
@@ -406,7 +406,7 @@ impl PgConn {
     /// Whether a checked write (or the lease's check) is deferred, its
     /// answer not judged yet.
     pub(super) fn checks_pending(&self) -> bool {
-        self.pending.borrow().iter().any(|op| matches!(op, Op::Group(_) | Op::Fence { .. }))
+        self.pending.borrow().iter().any(Op::checked)
     }
 
     /// The lease's check `fence` (a statement answering the epoch) sent

@@ -148,6 +148,14 @@ pub(super) enum Request {
     },
 }
 
+impl Op {
+    /// Whether its answer is judged (a grouped write's, the lease's check):
+    /// a `COMMIT` waits for it.
+    pub(super) fn checked(&self) -> bool {
+        matches!(self, Op::Group(_) | Op::Fence { .. })
+    }
+}
+
 impl Request {
     /// A commit's number among those sent without waiting.
     fn commit_seq(&self) -> Option<u64> {
@@ -487,27 +495,14 @@ impl Server {
     /// `COMMIT`: in the same round trip when none of them is checked (an
     /// error among them makes the server roll back instead), else once
     /// their answers are judged, and a refusal rolls back.
-    fn commit(&mut self, before: Vec<Op>) -> Result<()> {
-        let checked = before.iter().any(|op| matches!(op, Op::Group(_) | Op::Fence { .. }));
-        let mut ops = before;
-        let settled = match checked {
-            true => self.round_trip(&ops, None).0,
-            false => Ok(()),
-        };
-        if checked {
-            ops.clear();
+    /// A failure leaves the transaction to [`Server::end_transaction`].
+    fn commit(&mut self, mut before: Vec<Op>) -> Result<()> {
+        if before.iter().any(Op::checked) {
+            self.round_trip(&before, None).0?;
+            before.clear();
         }
-        let ended = match settled {
-            Ok(()) => {
-                ops.push(Op::Batch("COMMIT".into()));
-                self.round_trip(&ops, None).0
-            }
-            Err(e) => Err(e),
-        };
-        if ended.is_err() && self.in_transaction {
-            let _ = self.round_trip(&[Op::Batch("ROLLBACK".into())], None);
-        }
-        ended
+        before.push(Op::Batch("COMMIT".into()));
+        self.round_trip(&before, None).0
     }
 
     fn answer(&mut self, before: Vec<Op>, request: Request) {
