@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::error::Error as StdError;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -23,8 +22,9 @@ use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type
 use super::row::Check;
 use super::value::{Error, Params, Result, Value};
 
+mod flight;
 mod thread;
-pub(super) use thread::Flight;
+pub(super) use flight::Flight;
 use thread::{Envelope, Group, Op, Prepared, Request};
 pub use thread::{Plans, CREATING};
 
@@ -419,7 +419,7 @@ impl PgConn {
 
     /// Whether a commit sent without waiting has not ended yet.
     pub(super) fn in_flight(&self) -> bool {
-        self.flight.sent.load(Ordering::Acquire) > self.flight.ended.load(Ordering::Acquire)
+        self.flight.in_flight()
     }
 
     /// Sends the deferred statements and the transaction's `COMMIT`
@@ -428,11 +428,10 @@ impl PgConn {
     /// the receiver. Its number among the commits sent.
     pub(super) fn commit(&self) -> Result<(u64, tokio::sync::oneshot::Receiver<Result<()>>)> {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let seq = self.flight.sent.load(Ordering::Acquire) + 1;
         let before = std::mem::take(&mut *self.pending.borrow_mut());
-        self.flight.sent.store(seq, Ordering::Release);
+        let seq = self.flight.send();
         if self.requests.send(Envelope { before, request: Request::Commit { seq, reply } }).is_err() {
-            self.flight.ended.store(seq, Ordering::Release);
+            self.flight.end(seq, false);
             return Err(gone());
         }
         Ok((seq, answer))

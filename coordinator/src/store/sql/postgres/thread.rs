@@ -5,7 +5,6 @@
 //! statement sent before any answer is awaited.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 
@@ -14,31 +13,7 @@ use tokio_postgres::types::ToSql as PgToSql;
 use super::super::dialect::translate;
 use super::super::row::{Check, Row, RowInner};
 use super::super::value::{Error, Result, Value};
-
-/// The commits sent to the client thread without waiting ([`super::PgConn::commit`]),
-/// shared with it: how many were sent and ended, the last that failed and
-/// the last failure its owner said it has seen. Until then the thread
-/// refuses everything: what the owner sends was built on what the failed
-/// one did.
-#[derive(Debug, Default)]
-pub(crate) struct Flight {
-    pub(super) sent: AtomicU64,
-    pub(super) ended: AtomicU64,
-    failed: AtomicU64,
-    seen: AtomicU64,
-}
-
-impl Flight {
-    /// Whether a commit failed that its owner has not seen fail.
-    fn failure_unseen(&self) -> bool {
-        self.failed.load(Ordering::Acquire) > self.seen.load(Ordering::Acquire)
-    }
-
-    /// Every failure so far is seen: what is sent from now on runs.
-    pub(crate) fn failures_seen(&self) {
-        self.seen.fetch_max(self.failed.load(Ordering::Acquire), Ordering::AcqRel);
-    }
-}
+use super::flight::Flight;
 
 /// A prepared statement as callers name it: its id on the client thread
 /// and its columns.
@@ -485,10 +460,7 @@ impl Server {
 
     /// Commit `seq` ended (`ok`: committed), before its answer is sent.
     fn end_commit(&self, seq: u64, ok: bool) {
-        if !ok {
-            self.flight.failed.fetch_max(seq, Ordering::AcqRel);
-        }
-        self.flight.ended.fetch_max(seq, Ordering::AcqRel);
+        self.flight.end(seq, ok);
     }
 
     /// The deferred statements `before` of a write transaction, then its
