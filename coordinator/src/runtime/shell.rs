@@ -303,34 +303,7 @@ impl Engine {
         let mut events = Vec::with_capacity(MAX_BATCH);
         let mut announced = HashSet::new();
         loop {
-            let names: Vec<String> = match studies {
-                Some(s) => s.to_vec(),
-                None => self.core.study_names(),
-            };
-            let finished: Vec<&String> =
-                names.iter().filter(|s| self.core.counts(s).is_none_or(|c| c.finished())).collect();
-            for s in &finished {
-                if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
-                    let c = self.core.counts(s).unwrap_or_default();
-                    // Scripts read this line: a campaign's progress per workload.
-                    self.progress.note(&format!(
-                        "finished: {s}: {}/{} trials done, {} failed, {} stopped ({} of {} studies finished)",
-                        c.done,
-                        c.total,
-                        c.failed,
-                        c.stopped,
-                        announced.len(),
-                        names.len()
-                    ));
-                    if studies.is_none() {
-                        self.flush().await?;
-                        self.core.finish_studies(&[s.as_str()], unix_ms())?;
-                    }
-                }
-            }
-            // Done once the nodes measuring the last trials have answered
-            // (or were given up on: `comeasure::GIVE_UP_MS`).
-            if studies.is_some() && finished.len() == names.len() && self.core.awaiting_comeasures() == 0 {
+            if self.announce_finished(studies, &mut announced).await? {
                 break;
             }
             let mut tick = false;
@@ -384,6 +357,45 @@ impl Engine {
             tracing::warn!(error = %e, "closing the MQTT connection");
         }
         Ok(summaries)
+    }
+
+    /// Says which studies have finished since the last look (a run of
+    /// several, or a service, where each is also recorded finished);
+    /// whether every study of a run (`studies`) has finished and no node's
+    /// measurement of one is awaited: the run is done.
+    async fn announce_finished(
+        &mut self,
+        studies: Option<&[String]>,
+        announced: &mut HashSet<String>,
+    ) -> Result<bool, EngineError> {
+        let names: Vec<String> = match studies {
+            Some(s) => s.to_vec(),
+            None => self.core.study_names(),
+        };
+        let finished: Vec<&String> =
+            names.iter().filter(|s| self.core.counts(s).is_none_or(|c| c.finished())).collect();
+        for s in &finished {
+            if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
+                let c = self.core.counts(s).unwrap_or_default();
+                // Scripts read this line: a campaign's progress per workload.
+                self.progress.note(&format!(
+                    "finished: {s}: {}/{} trials done, {} failed, {} stopped ({} of {} studies finished)",
+                    c.done,
+                    c.total,
+                    c.failed,
+                    c.stopped,
+                    announced.len(),
+                    names.len()
+                ));
+                if studies.is_none() {
+                    self.flush().await?;
+                    self.core.finish_studies(&[s.as_str()], unix_ms())?;
+                }
+            }
+        }
+        // Done once the nodes measuring the last trials have answered
+        // (or were given up on: `comeasure::GIVE_UP_MS`).
+        Ok(studies.is_some() && finished.len() == names.len() && self.core.awaiting_comeasures() == 0)
     }
 
     /// Asks every agent with a session to confirm that all sent before has
