@@ -197,14 +197,10 @@ fn a_store_copied_sqlite_to_postgresql_and_back_is_equal() {
     assert!(err.contains("already holds rows"), "{err}");
 }
 
-/// The server killed and started again mid-study. A coordinator that
-/// finds the database gone when a turn begins pauses until it answers; one
-/// that loses it inside a turn exits (its transaction is gone) and is
-/// started again, as systemd's `Restart=on-failure` would, resuming from
-/// the store's last commit. Either way: every trial done once, 0 failed.
 /// A 30-trial study on the store at `url`, whose coordinator is started
-/// (and started again) the same way each time, its log kept.
+/// with its log kept.
 struct Interrupted {
+    schema: String,
     study: std::path::PathBuf,
     url: String,
     root: String,
@@ -215,6 +211,7 @@ struct Interrupted {
 impl Interrupted {
     fn new(dir: &Path, name: &str, url: String) -> Interrupted {
         Interrupted {
+            schema: name.to_string(),
             study: sleep_study(dir, name, 30, 0.3),
             url,
             root: unique_root(&format!("pg-{name}")),
@@ -235,91 +232,112 @@ fn two_agents(broker: &str, root: &str) -> (Vec<Proc>, [String; 2]) {
     (names.iter().map(|n| start_agent(broker, n, root, &[])).collect(), names)
 }
 
+/// A study of 30 trials, on a server of its own, in schema `schema`:
+/// its coordinator running, reaching the server through a proxy the test
+/// controls when asked, with two agents.
+struct Running {
+    pg: Postgres,
+    proxy: Option<tunefleet_tests::proxy::Proxy>,
+    run: Interrupted,
+    coord: Proc,
+    agents: (Vec<Proc>, [String; 2]),
+    _dir: tempfile::TempDir,
+}
+
+impl Running {
+    fn start(schema: &str, through_proxy: bool) -> Running {
+        let pg = Postgres::start();
+        let proxy = through_proxy.then(|| tunefleet_tests::proxy::Proxy::start(pg.port));
+        let port = proxy.as_ref().map_or(pg.port, |p| p.port);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("postgres://tunefleet@127.0.0.1:{port}/postgres?schema={schema}");
+        let run = Interrupted::new(dir.path(), schema, url);
+        let (coord, broker) = run.start();
+        let agents = two_agents(&broker, &run.root);
+        Running { pg, proxy, run, coord, agents, _dir: dir }
+    }
+
+    /// How many results the study holds.
+    fn stored(&self) -> u32 {
+        self.pg.query(&format!("SELECT COUNT(*) FROM {}.results", self.run.schema)).parse().unwrap_or(0)
+    }
+
+    /// Ends every connection the proxy carries: how many.
+    fn cut(&self) -> usize {
+        self.proxy.as_ref().expect("started through a proxy").cut()
+    }
+
+    /// Waits for the coordinator to exit, which must be a success (it
+    /// paused for its database rather than stop), with every trial done
+    /// once, 0 failed, and every agent's spool empty; its log.
+    fn every_trial_once(mut self) -> String {
+        let status = self.coord.wait_exit(Duration::from_secs(240));
+        let out = self.coord.rest_of_stdout().join("\n");
+        let text = std::fs::read_to_string(&self.run.log).unwrap_or_default();
+        assert!(status.success(), "the coordinator stopped rather than pause: {status:?}\n{out}\n{text}");
+        let paused = text.matches("the store's database is unreachable: paused").count();
+        let restored = text.matches("studies taken back from the store").count();
+        eprintln!("the coordinator paused {paused} time(s) and took its studies back {restored} time(s)");
+        assert_eq!(paused, restored, "each pause ends with the studies taken back: {text}");
+        assert!(out.contains("30/30 trials done, 0 failed"), "{out}\n{text}");
+        assert_eq!(self.stored(), 30, "one result per trial");
+        let schema = &self.run.schema;
+        assert_eq!(self.pg.query(&format!("SELECT COUNT(*) FROM {schema}.trials WHERE state = 'done'")), "30");
+        let (agents, names) = self.agents;
+        drop(agents);
+        assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+        text
+    }
+}
+
+/// The server killed and started again mid-study. A coordinator that
+/// loses its database, in a turn, under a commit or between turns, pauses
+/// until it answers, takes its studies back from the store (what it held
+/// may be ahead of what the store kept) and goes on: it never stops, and
+/// every trial is done once, 0 failed.
 #[test]
 fn the_server_restarted_mid_study_loses_nothing() {
-    let pg = Postgres::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let run = Interrupted::new(dir.path(), "restarted", pg.store("restart"));
-    let (log, start) = (&run.log, || run.start());
-    let (mut coord, broker) = start();
-    let (agents, names) = two_agents(&broker, &run.root);
-    wait_for("a third of the trials stored", Duration::from_secs(120), || {
-        pg.query("SELECT COUNT(*) FROM restart.results").parse::<u32>().unwrap_or(0) >= 10
-    });
-    pg.restart();
-    let mut restarts = 0;
-    let out = loop {
-        let status = coord.wait_exit(Duration::from_secs(240));
-        let out = coord.rest_of_stdout().join("\n");
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if status.success() {
-            break out;
-        }
-        assert!(
-            text.contains("unreachable") || text.contains("connection"),
-            "the coordinator failed for another reason: {status:?}\n{out}\n{text}"
-        );
-        restarts += 1;
-        assert!(restarts <= 3, "restarted {restarts} times: {text}\n{}", pg.log());
-        coord = start().0;
-    };
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    eprintln!(
-        "the coordinator paused {} time(s) and was restarted {restarts} time(s)",
-        text.matches("the store's database is unreachable: paused").count()
-    );
-    assert!(out.contains("30/30 trials done, 0 failed"), "{out}\n{text}");
-    assert_eq!(pg.query("SELECT COUNT(*) FROM restart.results"), "30", "one result per trial");
-    assert_eq!(pg.query("SELECT COUNT(*) FROM restart.trials WHERE state = 'done'"), "30");
-    drop(agents);
-    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    let study = Running::start("restart", false);
+    wait_for("a third of the trials stored", Duration::from_secs(120), || study.stored() >= 10);
+    study.pg.restart();
+    study.every_trial_once();
 }
 
 /// The coordinator's connections to the server cut twice mid-study (a
 /// proxy the test controls ends every connection it carries): it pauses
-/// or exits on the lost connection, is started again when it exits (as
-/// systemd does), and the study ends with every trial once.
+/// on the lost connection and goes on, never stopping, and the study ends
+/// with every trial once.
 #[test]
 fn the_coordinators_connections_cut_mid_study_lose_nothing() {
-    let pg = Postgres::start();
-    let proxy = tunefleet_tests::proxy::Proxy::start(pg.port);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let url = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=cut", proxy.port);
-    let run = Interrupted::new(dir.path(), "cut", url);
-    let (log, start) = (&run.log, || run.start());
-    let (mut coord, broker) = start();
-    let (agents, names) = two_agents(&broker, &run.root);
-    let stored = || pg.query("SELECT COUNT(*) FROM cut.results").parse::<u32>().unwrap_or(0);
-    let (mut cuts, mut restarts) = (0, 0);
+    let study = Running::start("cut", true);
+    let mut cuts = 0;
     for at in [8, 16] {
-        wait_for("results stored before the cut", Duration::from_secs(120), || {
-            // A cut inside a turn makes the coordinator exit: started again
-            // as systemd does, whichever cut it was.
-            if matches!(coord.child.try_wait(), Ok(Some(status)) if !status.success()) {
-                restarts += 1;
-                coord = start().0;
-            }
-            stored() >= at
-        });
-        cuts += proxy.cut();
+        wait_for("results stored before the cut", Duration::from_secs(120), || study.stored() >= at);
+        cuts += study.cut();
     }
     assert!(cuts >= 2, "connections were carried and cut: {cuts}");
-    let out = loop {
-        let status = coord.wait_exit(Duration::from_secs(240));
-        let out = coord.rest_of_stdout().join("\n");
-        if status.success() {
-            break out;
-        }
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        assert!(restarts < 3, "restarted {restarts} times: {status:?}\n{out}\n{text}");
-        restarts += 1;
-        coord = start().0;
-    };
-    eprintln!("{cuts} connections cut; the coordinator was started again {restarts} time(s)");
-    assert!(out.contains("30/30 trials done, 0 failed"), "{out}");
-    assert_eq!(pg.query("SELECT COUNT(*) FROM cut.results"), "30", "one result per trial");
-    drop(agents);
-    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+    study.every_trial_once();
+}
+
+/// The coordinator's connection cut while its writes wait on a lock
+/// another session holds on the results table (its commit waits for their
+/// answers): the transaction is lost with its connection, and what the
+/// coordinator holds is ahead of what the store kept. It pauses, takes its
+/// studies back from the store once the server answers, and goes on: it
+/// never stops, and the study ends with every trial once.
+#[test]
+fn a_commit_lost_with_its_connection_pauses_and_the_studies_are_taken_back() {
+    let study = Running::start("lost", true);
+    wait_for("results stored before the lock", Duration::from_secs(120), || study.stored() >= 8);
+    let locked = study.pg.lock("lost.results", Duration::from_secs(60));
+    let waiting = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND backend_type = 'client backend' AND application_name <> 'locker'";
+    wait_for("the coordinator's writes wait on the lock", Duration::from_secs(60), || study.pg.query(waiting) != "0");
+    assert!(study.cut() >= 1, "the coordinator's connection was carried and cut");
+    assert!(locked.release(), "the lock was held until the cut");
+    let text = study.every_trial_once();
+    let paused = text.lines().find(|l| l.contains("the store's database is unreachable: paused"));
+    assert!(paused.is_some_and(|l| l.contains("committing a batch")), "paused for the lost commit: {text}");
 }
 
 /// A result the coordinator judged accepted but the store does not take

@@ -63,9 +63,9 @@ pub struct Engine {
     space: Option<crate::runtime::disk::Guard>,
     /// Messages dropped while paused (their agents send them again).
     dropped_while_paused: u64,
-    /// The store's database could not be reached at the start of a turn:
-    /// paused until it answers again ([`Shell::paused_for_database`]).
-    database_lost: bool,
+    /// The store's database was lost in a turn or under a commit (why):
+    /// paused until it answers again ([`Engine::paused_for_database`]).
+    database_lost: Option<EngineError>,
     /// Publishes each turn's frames once its commit has landed; started
     /// with the first.
     publisher: Option<Publisher>,
@@ -97,10 +97,23 @@ struct Publisher {
 
 /// Publishes each of `queue`'s turns once its commit has landed. A commit
 /// that fails ends it, said on `failed`: nothing of that turn or of those
-/// queued after it (built on it) is sent, and the engine stops.
+/// queued after it (built on it) is sent, their control requests are told
+/// so, and the engine stops, or pauses for a lost database
+/// ([`Engine::pause_if_database_lost`]).
 async fn publish_landed(outbox: Outbox, mut queue: mpsc::Receiver<Sending>, failed: oneshot::Sender<StoreError>) {
     while let Some(mut sending) = queue.recv().await {
         if let Err(e) = sending.committed.landed().await {
+            // This turn's answers, and those of the turns built on it.
+            let why = format!("not done: the store did not keep it ({e})");
+            queue.close();
+            let mut unsent = vec![sending];
+            while let Ok(s) = queue.try_recv() {
+                unsent.push(s);
+            }
+            for (reply, _) in unsent.iter_mut().flat_map(|s| s.answers.drain(..)) {
+                let _ = reply.send(Answer::Error { message: why.clone() });
+            }
+            // Before the flushes waiting on `unsent` hear it ended.
             let _ = failed.send(e);
             return;
         }
@@ -136,7 +149,7 @@ impl Engine {
             status_ms: 0,
             space: None,
             dropped_while_paused: 0,
-            database_lost: false,
+            database_lost: None,
             publisher: None,
         }
     }
@@ -147,28 +160,71 @@ impl Engine {
         self
     }
 
-    /// Whether the engine is paused for its store's database, which could
-    /// not be reached when a turn began; looked at again each tick. Paused
-    /// and resumed as for room on the disk ([`Shell::paused_for_space`]).
-    fn paused_for_database(&mut self, events: &mut Vec<Inbound>, tick: bool) -> bool {
-        if !self.database_lost {
-            return false;
+    /// Whether the engine is paused for its store's database, lost in a
+    /// turn or under a commit ([`Engine::pause_if_database_lost`]); looked
+    /// at again each tick. Once it answers, the core takes every study back
+    /// from the store, as a coordinator started again would (what it held
+    /// may be ahead of what the store kept: [`Core::restore`]), and goes
+    /// on. Paused and resumed as for room on the disk
+    /// ([`Engine::paused_for_space`]).
+    fn paused_for_database(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<bool, EngineError> {
+        if self.database_lost.is_none() {
+            return Ok(false);
         }
         if tick && self.core.store_reachable() {
-            tracing::warn!(
-                dropped = self.dropped_while_paused,
-                "the store's database answers again: going on (agents say Hello again and send what they kept)"
-            );
-            self.database_lost = false;
-            self.core.end_sessions();
-            return false;
+            let now = self.now();
+            match self.core.restore(now) {
+                Ok(started) => {
+                    tracing::warn!(
+                        dropped = self.dropped_while_paused,
+                        studies = started.len(),
+                        "the store's database answers again: studies taken back from the store, going on (agents \
+                         say Hello again and send what they kept)"
+                    );
+                    for s in &started {
+                        self.progress.start(&s.study, s.total, s.done);
+                    }
+                    self.database_lost = None;
+                    return Ok(false);
+                }
+                Err(e) if e.database_lost() => {
+                    tracing::warn!(error = %e, "the store's database was lost again while the studies were taken back")
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.dropped_while_paused += events.len() as u64;
         events.clear();
         for r in self.requests.drain(..) {
             let _ = r.reply.send(Answer::Error { message: "the store's database is unreachable: paused".into() });
         }
-        true
+        Ok(true)
+    }
+
+    /// `e` ends the engine, unless it says the store's database was lost:
+    /// then nothing more is sent of the turns not yet published (none of
+    /// their commits is known to have landed), `replies` are told why, and
+    /// the engine pauses until the database answers and it has taken its
+    /// studies back from the store ([`Engine::paused_for_database`]).
+    fn pause_if_database_lost(
+        &mut self,
+        e: EngineError,
+        replies: Vec<oneshot::Sender<Answer>>,
+    ) -> Result<(), EngineError> {
+        if !e.database_lost() {
+            return Err(e);
+        }
+        tracing::error!(error = %e, "the store's database is unreachable: paused (no message taken, no trial assigned; agents keep their results) until it answers, then the studies are taken back from the store");
+        for reply in replies {
+            let _ = reply.send(Answer::Error { message: format!("the store's database is unreachable: {e}") });
+        }
+        // Ended (its commit failed) or idle (all it had was published).
+        if let Some(publisher) = self.publisher.take() {
+            publisher.task.abort();
+        }
+        self.core.failed_commit_seen();
+        self.database_lost = Some(e);
+        Ok(())
     }
 
     /// Whether the engine is paused for room on the store's disk, after a
@@ -323,10 +379,15 @@ impl Engine {
                 },
                 _ = ticker.tick() => tick = true,
             }
-            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick) {
+            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick)? {
                 continue;
             }
             self.turn(&mut events, tick).await?;
+        }
+        // Stopped while the database was lost: what the core holds is not
+        // what the store kept, and nothing of it is written or sent.
+        if let Some(e) = self.database_lost.take() {
+            return Err(e);
         }
         self.sync(&mut inbound, SYNC_GRACE).await?;
         // Nodes still measuring attempts stop: this coordinator records
@@ -372,8 +433,12 @@ impl Engine {
             Some(s) => s.to_vec(),
             None => self.core.study_names(),
         };
-        let finished: Vec<&String> =
-            names.iter().filter(|s| self.core.counts(s).is_none_or(|c| c.finished())).collect();
+        // Paused for the database, what the core holds is not what the
+        // store kept: nothing is taken for finished until it is restored.
+        let finished: Vec<&String> = match self.database_lost {
+            Some(_) => Vec::new(),
+            None => names.iter().filter(|s| self.core.counts(s).is_none_or(|c| c.finished())).collect(),
+        };
         for s in &finished {
             if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
                 let c = self.core.counts(s).unwrap_or_default();
@@ -388,8 +453,16 @@ impl Engine {
                     names.len()
                 ));
                 if studies.is_none() {
-                    self.flush().await?;
-                    self.core.finish_studies(&[s.as_str()], unix_ms())?;
+                    let recorded = match self.flush().await {
+                        Ok(()) => self.core.finish_studies(&[s.as_str()], unix_ms()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = recorded {
+                        // Recorded once the study is taken back finished.
+                        announced.remove(*s);
+                        self.pause_if_database_lost(e, Vec::new())?;
+                        break;
+                    }
                 }
             }
         }
@@ -435,6 +508,10 @@ impl Engine {
                 }
             }
             self.turn(&mut events, false).await?;
+            // Lost meanwhile: nothing more is written or sent.
+            if let Some(e) = self.database_lost.take() {
+                return Err(e);
+            }
         }
         Ok(())
     }
@@ -562,19 +639,8 @@ impl Engine {
             // Nothing sent after a commit that failed runs: that commit's
             // error, if one failed, is the one that tells.
             Err(e) => {
-                self.flush().await?;
-                let EngineError::Store(StoreError::Unreachable { path, cause }) = e else { return Err(e) };
-                // Nothing of the turn was done (its transaction never began;
-                // with a commit under way it begins unanswered, and a lost
-                // database fails that commit instead: the engine stops):
-                // paused as for a full disk, until the database answers.
-                tracing::error!(store = %path, error = %cause, "the store's database is unreachable: paused (no message taken, no trial assigned; agents keep their results) until it answers");
-                self.database_lost = true;
-                for reply in replies {
-                    let _ =
-                        reply.send(Answer::Error { message: format!("the store's database is unreachable: {cause}") });
-                }
-                return Ok(());
+                let e = self.flush().await.err().unwrap_or(e);
+                return self.pause_if_database_lost(e, replies);
             }
         };
         for s in &out.started {
@@ -593,7 +659,9 @@ impl Engine {
         let answers = replies.into_iter().zip(out.answers).collect();
         let sending = Sending { committed: out.committed, welcomes: out.welcomes, answers, ..Sending::default() };
         let sending = self.sealed(sending, out.messages);
-        self.queue(sending).await?;
+        if let Err(e) = self.queue(sending).await {
+            return self.pause_if_database_lost(e, Vec::new());
+        }
         // The retained online status says nothing of any turn: it need not
         // wait for the publisher's queue.
         let refresh = crate::runtime::transport::STATUS_REFRESH.as_millis() as u64;

@@ -64,7 +64,11 @@ impl Store {
 
     /// Its owner has seen every commit sent without waiting that failed
     /// and starts over from what the store holds: writes run again
-    /// ([`Batch::commit_pipelined`]). The engine never does: it stops.
+    /// ([`Batch::commit_pipelined`]). It first waits until everything sent
+    /// before has been answered, so nothing built on the failed commit
+    /// runs. The engine does so only when its database was lost, and takes
+    /// its studies back from the store before it writes again; otherwise
+    /// it stops.
     pub fn failed_commit_seen(&self) {
         self.conn.failed_commit_seen();
     }

@@ -116,6 +116,18 @@ pub enum StoreError {
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+impl StoreError {
+    /// Whether the store's database was lost (unreachable, its connection
+    /// closed or its server gone) rather than refusing what was asked.
+    pub fn database_lost(&self) -> bool {
+        match self {
+            StoreError::Unreachable { .. } => true,
+            StoreError::Sql { cause, .. } => cause.is_unreachable(),
+            _ => false,
+        }
+    }
+}
+
 /// Adds what the store was doing to a database error.
 trait SqlContext<T> {
     fn ctx(self, context: impl FnOnce() -> String) -> Result<T>;

@@ -91,6 +91,9 @@ pub struct Core {
     pub(super) co: CoMeasures,
     /// Bytes of a study's store one agent may take ([`StudyPolicy::store_share`]).
     pub(super) store_share: u64,
+    /// Studies taken back from the store after it was lost
+    /// ([`Core::restore`]) that have not started again yet.
+    pub(super) unrestored: Vec<crate::domain::study::Study>,
 }
 
 /// How long a launcher's join token admits the agents it was made for (a
@@ -137,6 +140,7 @@ impl Core {
             beat_ms: 0,
             co: CoMeasures::default(),
             store_share: u64::MAX,
+            unrestored: Vec::new(),
         }
     }
 
@@ -253,6 +257,37 @@ impl Core {
         Ok(out)
     }
 
+    /// After the store's database was lost inside a turn or under a commit
+    /// (what this core holds may be ahead of what the store kept): every
+    /// study it runs is taken back from the store, as a coordinator started
+    /// again takes it, and every session ends (each agent says Hello again
+    /// and sends what it kept). The store's owner starts over
+    /// ([`crate::store::Store::failed_commit_seen`]). A database lost again
+    /// meanwhile is the error; the studies not yet taken back are kept for
+    /// the next call. What the progress display starts again with.
+    pub fn restore(&mut self, now: Now) -> Result<Vec<Started>, EngineError> {
+        self.store.failed_commit_seen();
+        let mut studies = std::mem::take(&mut self.unrestored);
+        studies.extend(self.studies.drain().map(|(_, active)| active.study));
+        studies.sort_by(|a, b| a.name.cmp(&b.name));
+        studies.dedup_by(|a, b| a.name == b.name);
+        self.unrestored = studies;
+        self.sched = Scheduler::new();
+        self.unsynced.clear();
+        self.telemetry = LoadHistory::default();
+        self.last_decision_ms = 0;
+        self.book = None;
+        self.beat_ms = 0;
+        self.co = CoMeasures::default();
+        self.end_sessions();
+        let mut started = Vec::new();
+        while let Some(study) = self.unrestored.first().cloned() {
+            started.push(self.start_study(study, now)?);
+            self.unrestored.remove(0);
+        }
+        Ok(started)
+    }
+
     /// Whether any study has trials left to run (the launcher starts agents then).
     pub fn has_work(&self) -> bool {
         self.studies.keys().any(|s| self.sched.counts(s).is_some_and(|c| !c.finished()))
@@ -335,6 +370,14 @@ impl Core {
     /// Whether the store's database answers now.
     pub fn store_reachable(&self) -> bool {
         self.store.reachable()
+    }
+
+    /// The engine has seen a commit of its store fail (its database lost)
+    /// and writes nothing until it has taken its studies back
+    /// ([`Core::restore`]): what is sent to the store runs again
+    /// ([`Store::failed_commit_seen`]), so whether it answers can be asked.
+    pub fn failed_commit_seen(&self) {
+        self.store.failed_commit_seen();
     }
 
     /// Ends every session: each agent is told so at its next message and

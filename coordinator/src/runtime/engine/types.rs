@@ -71,6 +71,13 @@ pub enum EngineError {
     TransportClosed,
 }
 
+impl EngineError {
+    /// Whether the store's database was lost ([`StoreError::database_lost`]).
+    pub fn database_lost(&self) -> bool {
+        matches!(self, EngineError::Store(e) if e.database_lost())
+    }
+}
+
 /// Counters a user (or a test) can read after a run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {

@@ -177,7 +177,7 @@ impl Conn {
     /// on runs again ([`Tx::commit_pipelined`]).
     pub fn failed_commit_seen(&self) {
         if let ConnInner::Pg(c) = &self.0 {
-            c.flight.failures_seen();
+            c.failed_commit_seen();
         }
     }
 

@@ -417,6 +417,16 @@ impl PgConn {
         self.pending.borrow_mut().push(Op::Fence { sql: fence, mine });
     }
 
+    /// The owner has seen every commit that failed: once everything sent
+    /// before is answered (refused, when it was built on a failed commit),
+    /// what it sends from now on runs.
+    pub(super) fn failed_commit_seen(&self) {
+        // Nothing deferred is kept: it was built on what failed. A thread
+        // that has gone runs nothing at all.
+        self.pending.borrow_mut().clear();
+        let _ = self.ask(|reply| Request::StartOver { reply });
+    }
+
     /// Whether a commit sent without waiting has not ended yet.
     pub(super) fn in_flight(&self) -> bool {
         self.flight.in_flight()

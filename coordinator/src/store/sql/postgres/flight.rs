@@ -42,7 +42,7 @@ impl Flight {
     }
 
     /// Every failure so far is seen: what is sent from now on runs.
-    pub(crate) fn failures_seen(&self) {
+    pub(super) fn failures_seen(&self) {
         self.seen.fetch_max(self.failed.load(Ordering::Acquire), Ordering::AcqRel);
     }
 }

@@ -113,6 +113,12 @@ pub(super) enum Request {
     Settle {
         reply: mpsc::Sender<Result<()>>,
     },
+    /// Its owner has seen every commit that failed, and has no
+    /// transaction open: what was refused before is over, and what it
+    /// sends after this runs ([`super::PgConn::failed_commit_seen`]).
+    StartOver {
+        reply: mpsc::Sender<Result<()>>,
+    },
     /// The deferred statements of a write transaction, then its `COMMIT`
     /// once every check among them is judged, else its `ROLLBACK`; the
     /// answer goes to a waiter that need not block ([`super::PgConn::commit`]).
@@ -367,6 +373,16 @@ impl Server {
     /// Answers requests in order until the connection's owner goes.
     fn serve(mut self, requests: mpsc::Receiver<Envelope>) {
         for Envelope { before, request } in requests {
+            // In order: everything sent before it was answered (refused,
+            // if built on a failed commit); nothing of a transaction is
+            // open on the owner's side.
+            if let Request::StartOver { reply } = request {
+                drop(before);
+                self.flight.failures_seen();
+                self.end_transaction();
+                let _ = reply.send(Ok(()));
+                continue;
+            }
             // What was sent after a commit that failed, until its owner
             // says it starts over, was built on what that commit did: none
             // of it runs.
@@ -519,7 +535,8 @@ impl Server {
                 return;
             }
             Request::Settle { reply } => (None, Reply::Unit(reply)),
-            Request::Prepare { .. } | Request::Commit { .. } => return,
+            // Answered above; a start over in `serve`.
+            Request::Prepare { .. } | Request::Commit { .. } | Request::StartOver { .. } => return,
         };
         let (settled, done) =
             self.round_trip(&before, last.as_ref().map(|(kind, id, params)| (*kind, *id, params.as_slice())));
@@ -757,7 +774,9 @@ fn refuse(request: Request, error: &Error) {
         Request::Prepare { reply, .. } => drop(reply.send(Err(e()))),
         Request::Query { reply, .. } => drop(reply.send(Err(e()))),
         Request::Execute { reply, .. } => drop(reply.send(Err(e()))),
-        Request::Batch { reply, .. } | Request::Settle { reply } => drop(reply.send(Err(e()))),
+        Request::Batch { reply, .. } | Request::Settle { reply } | Request::StartOver { reply } => {
+            drop(reply.send(Err(e())))
+        }
         Request::Commit { reply, .. } => drop(reply.send(Err(e()))),
     }
 }
