@@ -22,11 +22,12 @@ use tokio_postgres::types::{FromSql as PgFromSql, IsNull, ToSql as PgToSql, Type
 use super::row::Check;
 use super::value::{Error, Params, Result, Value};
 
+mod connect;
 mod flight;
 mod thread;
+pub use connect::{Plans, CREATING};
 pub(super) use flight::Flight;
 use thread::{Envelope, Group, Op, Prepared, Request};
-pub use thread::{Plans, CREATING};
 
 /// The most rows a grouped write sends in one statement
 /// ([`PgConn::write_grouped`]).
