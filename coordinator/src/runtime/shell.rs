@@ -103,9 +103,14 @@ struct Publisher {
 async fn publish_landed(outbox: Outbox, mut queue: mpsc::Receiver<Sending>, failed: oneshot::Sender<StoreError>) {
     while let Some(mut sending) = queue.recv().await {
         if let Err(e) = sending.committed.landed().await {
-            // This turn's answers, and those of the turns built on it.
-            let why = format!("not done: the store did not keep it ({e})");
+            let why = format!(
+                "not known to be done: the store's commit failed ({e}); look with `tunefleet status` and ask again \
+                 if need be"
+            );
+            // Said before the queue closes: whoever finds it closed reads why.
+            let _ = failed.send(e);
             queue.close();
+            // This turn's answers, and those of the turns built on it.
             let mut unsent = vec![sending];
             while let Ok(s) = queue.try_recv() {
                 unsent.push(s);
@@ -113,8 +118,6 @@ async fn publish_landed(outbox: Outbox, mut queue: mpsc::Receiver<Sending>, fail
             for (reply, _) in unsent.iter_mut().flat_map(|s| s.answers.drain(..)) {
                 let _ = reply.send(Answer::Error { message: why.clone() });
             }
-            // Before the flushes waiting on `unsent` hear it ended.
-            let _ = failed.send(e);
             return;
         }
         for (agent, payload) in sending.welcomes {
@@ -576,7 +579,14 @@ impl Engine {
         });
         match publisher.queue.send(sending).await {
             Ok(()) => Ok(()),
-            Err(_) => Err(self.publishing_failed()),
+            Err(mpsc::error::SendError(unsent)) => {
+                let e = self.publishing_failed();
+                for (reply, _) in unsent.answers {
+                    let message = format!("not done: a commit of the store before it failed ({e})");
+                    let _ = reply.send(Answer::Error { message });
+                }
+                Err(e)
+            }
         }
     }
 

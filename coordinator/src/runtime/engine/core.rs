@@ -91,9 +91,23 @@ pub struct Core {
     pub(super) co: CoMeasures,
     /// Bytes of a study's store one agent may take ([`StudyPolicy::store_share`]).
     pub(super) store_share: u64,
-    /// Studies taken back from the store after it was lost
+    /// Studies to take back from the store after it was lost
     /// ([`Core::restore`]) that have not started again yet.
-    pub(super) unrestored: Vec<crate::domain::study::Study>,
+    unrestored: Vec<Unrestored>,
+    /// Studies this run had cancelled before it took them back from the
+    /// store: cancelled again at the next turn (what the store kept of
+    /// the cancellation may be less).
+    recancel: Vec<String>,
+}
+
+/// A study to take back from the store ([`Core::restore`]), with what this
+/// run decided of it, which stays decided.
+struct Unrestored {
+    study: crate::domain::study::Study,
+    cancelled: bool,
+    failed_fast: Option<String>,
+    at_start: (u64, u64),
+    first_assigned: Option<Instant>,
 }
 
 /// How long a launcher's join token admits the agents it was made for (a
@@ -141,6 +155,7 @@ impl Core {
             co: CoMeasures::default(),
             store_share: u64::MAX,
             unrestored: Vec::new(),
+            recancel: Vec::new(),
         }
     }
 
@@ -202,6 +217,9 @@ impl Core {
             self.beat_ms = now.unix_ms;
         }
         let mut effects = Vec::new();
+        for study in std::mem::take(&mut self.recancel) {
+            let _ = cancel(&mut self.sched, &mut self.studies, &study, &mut effects);
+        }
         for (i, study) in cancels {
             if let Some(answer) = answers.get_mut(i) {
                 *answer = Some(cancel(&mut self.sched, &mut self.studies, &study, &mut effects));
@@ -261,17 +279,25 @@ impl Core {
     /// (what this core holds may be ahead of what the store kept): every
     /// study it runs is taken back from the store, as a coordinator started
     /// again takes it, and every session ends (each agent says Hello again
-    /// and sends what it kept). The store's owner starts over
+    /// and sends what it kept). What this run decided of a study stays
+    /// decided: one it cancelled (from the control socket, or for its
+    /// failures) is cancelled again at the next turn, and its failures
+    /// still count from this run's start. The store's owner starts over
     /// ([`crate::store::Store::failed_commit_seen`]). A database lost again
     /// meanwhile is the error; the studies not yet taken back are kept for
     /// the next call. What the progress display starts again with.
     pub fn restore(&mut self, now: Now) -> Result<Vec<Started>, EngineError> {
         self.store.failed_commit_seen();
-        let mut studies = std::mem::take(&mut self.unrestored);
-        studies.extend(self.studies.drain().map(|(_, active)| active.study));
-        studies.sort_by(|a, b| a.name.cmp(&b.name));
-        studies.dedup_by(|a, b| a.name == b.name);
-        self.unrestored = studies;
+        let held = self.studies.drain().map(|(_, a)| Unrestored {
+            study: a.study,
+            cancelled: a.cancelled,
+            failed_fast: a.failed_fast,
+            at_start: a.at_start,
+            first_assigned: a.first_assigned,
+        });
+        self.unrestored.extend(held);
+        self.unrestored.sort_by(|a, b| a.study.name.cmp(&b.study.name));
+        self.unrestored.dedup_by(|a, b| a.study.name == b.study.name);
         self.sched = Scheduler::new();
         self.unsynced.clear();
         self.telemetry = LoadHistory::default();
@@ -281,9 +307,17 @@ impl Core {
         self.co = CoMeasures::default();
         self.end_sessions();
         let mut started = Vec::new();
-        while let Some(study) = self.unrestored.first().cloned() {
+        while let Some(study) = self.unrestored.first().map(|u| u.study.clone()) {
             started.push(self.start_study(study, now)?);
-            self.unrestored.remove(0);
+            let taken = self.unrestored.remove(0);
+            if let Some(active) = self.studies.get_mut(&taken.study.name) {
+                active.at_start = taken.at_start;
+                active.failed_fast = taken.failed_fast;
+                active.first_assigned = taken.first_assigned;
+            }
+            if taken.cancelled {
+                self.recancel.push(taken.study.name);
+            }
         }
         Ok(started)
     }

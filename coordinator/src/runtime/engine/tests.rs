@@ -809,7 +809,12 @@ fn a_result_that_cannot_be_stored_is_refused_and_the_study_goes_on() {
 
 /// What the fixture's agent is given for its request `seq` of one free slot.
 fn one_slot_free(fx: &mut Fixture, seq: u64) -> Vec<Assignment> {
-    let request = WorkRequest { seq, free: 1, ahead: 0, running: vec![], held: vec![] };
+    slots_free(fx, seq, 1)
+}
+
+/// The agent's request `seq` with `free` slots free: the work it is given.
+fn slots_free(fx: &mut Fixture, seq: u64, free: u32) -> Vec<Assignment> {
+    let request = WorkRequest { seq, free, ahead: 0, running: vec![], held: vec![] };
     let msg = fx.sealed(&AgentMessage::Request(request));
     assigned(fx.turn(vec![msg]).1)
 }
@@ -906,9 +911,7 @@ fn regression_a_segment_past_i64_is_refused_and_the_study_goes_on() {
 #[test]
 fn a_store_error_rolls_back_its_message_alone() {
     let mut fx = Fixture::new();
-    let req =
-        fx.sealed(&AgentMessage::Request(WorkRequest { seq: 1, free: 2, ahead: 0, running: vec![], held: vec![] }));
-    let work = assigned(fx.turn(vec![req]).1);
+    let work = slots_free(&mut fx, 1, 2);
     assert_eq!(work.len(), 2);
     let (t0, t1) = (work[0].trial.clone(), work[1].trial.clone());
     fx.core
@@ -1457,4 +1460,28 @@ fn regression_a_member_starting_every_held_trial_opens_windows_only_for_its_slot
     // The running one's window opened when it was assigned; held ones open none while it measures.
     assert_eq!(starts, 0, "{} trials said started, one slot: {out:?}", work.len());
     assert_eq!(fx.core.co.measuring_for("m"), 1);
+}
+
+/// After a lost database the core takes its studies back from the store
+/// ([`Core::restore`]) as a restart would, but what this run decided of
+/// them stays decided: a study it cancelled is cancelled again at the
+/// next turn, and its failures still count from this run's start.
+#[test]
+fn a_study_taken_back_from_the_store_stays_as_this_run_decided() {
+    let mut fx = Fixture::new();
+    let given = slots_free(&mut fx, 1, 2);
+    assert_eq!(given.len(), 2, "{given:?}");
+    assert_eq!(answer(&mut fx, &given[0].trial, 1.0), AckOutcome::Stored);
+    let at_start = fx.core.studies["s"].at_start;
+    fx.clock_ms += STEP_MS;
+    let out = fx.core.turn(Vec::new(), vec![Ask::Cancel { study: "s".into() }], false, fx.now()).expect("turn");
+    assert!(matches!(&out.answers[..], [Answer::Ok { .. }]), "{:?}", out.answers);
+    let started = fx.core.restore(fx.now()).expect("taken back");
+    assert_eq!(started.iter().map(|s| s.study.as_str()).collect::<Vec<_>>(), ["s"]);
+    assert_eq!(fx.core.studies["s"].at_start, at_start, "its failures count from this run's start");
+    assert!(fx.core.sessions().live_agents().next().is_none(), "every session ended");
+    fx.turn(Vec::new());
+    assert!(fx.core.studies["s"].cancelled, "cancelled again");
+    assert!(!fx.core.has_work());
+    fx.consistent().expect("the scheduler as the store says");
 }
