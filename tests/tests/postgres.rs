@@ -320,24 +320,35 @@ fn the_coordinators_connections_cut_mid_study_lose_nothing() {
 }
 
 /// The coordinator's connection cut while its writes wait on a lock
-/// another session holds on the results table (its commit waits for their
-/// answers): the transaction is lost with its connection, and what the
-/// coordinator holds is ahead of what the store kept. It pauses, takes its
-/// studies back from the store once the server answers, and goes on: it
-/// never stops, and the study ends with every trial once.
+/// another session holds on the results table (in its commit, or in the
+/// turn when a later message settles them): the transaction is lost with
+/// its connection, and what the coordinator holds is ahead of what the
+/// store kept. Its session on the server, still waiting, is ended as soon
+/// as the coordinator connects again (while the lock is held), so nothing
+/// of it can land later. The coordinator pauses, takes its studies back
+/// from the store once the server answers, and goes on: it never stops,
+/// and the study ends with every trial once.
 #[test]
 fn a_commit_lost_with_its_connection_pauses_and_the_studies_are_taken_back() {
     let study = Running::start("lost", true);
     wait_for("results stored before the lock", Duration::from_secs(120), || study.stored() >= 8);
     let locked = study.pg.lock("lost.results", Duration::from_secs(60));
-    let waiting = "SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+    let waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
                    AND backend_type = 'client backend' AND application_name <> 'locker'";
-    wait_for("the coordinator's writes wait on the lock", Duration::from_secs(60), || study.pg.query(waiting) != "0");
+    let mut pid = String::new();
+    wait_for("the coordinator's writes wait on the lock", Duration::from_secs(30), || {
+        pid = study.pg.query(waiting);
+        !pid.is_empty()
+    });
     assert!(study.cut() >= 1, "the coordinator's connection was carried and cut");
-    assert!(locked.release(), "the lock was held until the cut");
+    let there = format!("SELECT COUNT(*) FROM pg_stat_activity WHERE pid = {pid}");
+    wait_for("the lost session ended while the lock is held", Duration::from_secs(30), || {
+        study.pg.query(&there) == "0"
+    });
+    assert!(locked.release(), "the lock was held until the lost session ended");
     let text = study.every_trial_once();
-    let paused = text.lines().find(|l| l.contains("the store's database is unreachable: paused"));
-    assert!(paused.is_some_and(|l| l.contains("committing a batch")), "paused for the lost commit: {text}");
+    assert!(text.contains("the store's database is unreachable: paused"), "{text}");
+    assert!(text.contains("the lost connection's session was still on the server: ended"), "{text}");
 }
 
 /// A result the coordinator judged accepted but the store does not take

@@ -58,14 +58,45 @@ pub(super) type Tls = tokio_postgres_rustls::MakeRustlsConnect;
 /// created (`CREATE ... IF NOT EXISTS` races with itself).
 pub const CREATING: i64 = 0x7475_6e65_666c_6565;
 
-/// A client connected and working in `schema`, created when missing.
+/// The server's session of a connection: its process, and when it began
+/// (a process id alone may name a later session).
+#[derive(Debug, Clone)]
+pub(super) struct Backend {
+    pid: i32,
+    began: String,
+}
+
+/// How long the session of a lost connection is waited for once told to
+/// end ([`end_lost`]).
+const LOST_SESSION_WAIT_MS: i64 = 10_000;
+
+/// Ends `lost`'s session on the server if it is still there (its backend
+/// waiting on a lock, or yet to see that its client went, a `COMMIT`
+/// perhaps among what it read) and waits for its end, so that what the
+/// store holds is settled before anything is read or written again.
+/// `None`: it was gone already; else whether it ended in time.
+pub(super) fn end_lost(
+    rt: &tokio::runtime::Runtime,
+    client: &tokio_postgres::Client,
+    lost: &Backend,
+) -> Result<Option<bool>> {
+    let sql = "SELECT pg_terminate_backend(pid, $3) FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
+    let rows = rt.block_on(client.query(sql, &[&lost.pid, &lost.began, &LOST_SESSION_WAIT_MS]))?;
+    Ok(match rows.first() {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+/// A client connected and working in `schema`, created when missing, and
+/// its session on the server.
 pub(super) fn open_client(
     rt: &tokio::runtime::Runtime,
     config: &tokio_postgres::Config,
     schema: &str,
     plans: Plans,
     tls: Option<&Tls>,
-) -> Result<tokio_postgres::Client> {
+) -> Result<(tokio_postgres::Client, Backend)> {
     rt.block_on(async {
         // The connection's own task (on this thread's runtime) reads and
         // writes the socket while a request is awaited.
@@ -90,7 +121,10 @@ pub(super) fn open_client(
                 plans.setting(schema)
             ))
             .await?;
-        Ok(client)
+        let me = "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()";
+        let row = client.query_one(me, &[]).await?;
+        let backend = Backend { pid: row.try_get(0)?, began: row.try_get(1)? };
+        Ok((client, backend))
     })
 }
 

@@ -13,7 +13,7 @@ use tokio_postgres::types::ToSql as PgToSql;
 use super::super::dialect::translate;
 use super::super::row::{Check, Row, RowInner};
 use super::super::value::{Error, Result, Value};
-use super::connect::{open_client, Plans, Tls};
+use super::connect::{end_lost, open_client, Backend, Plans, Tls};
 use super::flight::Flight;
 
 /// A prepared statement as callers name it: its id on the client thread
@@ -170,11 +170,12 @@ pub(super) fn spawn(
                 }
             };
             match open_client(&rt, &config, &schema, plans, tls.as_ref()) {
-                Ok(client) => {
+                Ok((client, backend)) => {
                     let _ = ready_tx.send(Ok(()));
                     Server {
                         rt,
                         client,
+                        backend,
                         config,
                         tls,
                         schema,
@@ -222,6 +223,9 @@ struct Server {
     /// This thread's runtime: the client's requests and its connection's task.
     rt: tokio::runtime::Runtime,
     client: tokio_postgres::Client,
+    /// The client's session on the server: one lost with its connection
+    /// is ended before the next is used ([`end_lost`]).
+    backend: Backend,
     config: tokio_postgres::Config,
     /// TLS to the server, when the URL asks for it.
     tls: Option<Tls>,
@@ -305,9 +309,22 @@ impl Server {
             // transaction it held is gone, and the store says so.
             if self.client.is_closed() {
                 match open_client(&self.rt, &self.config, &self.schema, self.plans, self.tls.as_ref()) {
-                    Ok(c) => {
+                    Ok((c, backend)) => {
                         tracing::warn!(lost_transaction = self.in_transaction, "connected to PostgreSQL again");
                         self.client = c;
+                        let lost = std::mem::replace(&mut self.backend, backend);
+                        match end_lost(&self.rt, &self.client, &lost) {
+                            Ok(None) => {}
+                            Ok(Some(true)) => {
+                                tracing::warn!(session = ?lost, "the lost connection's session was still on the server: ended")
+                            }
+                            Ok(Some(false)) => {
+                                tracing::warn!(session = ?lost, "the lost connection's session was told to end and is still on the server")
+                            }
+                            Err(e) => {
+                                tracing::warn!(session = ?lost, error = %e, "cannot end the lost connection's session on the server")
+                            }
+                        }
                         for (_, stmt) in &mut self.prepared {
                             *stmt = None;
                         }
