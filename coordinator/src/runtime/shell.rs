@@ -470,8 +470,16 @@ impl Engine {
             }
         }
         // Done once the nodes measuring the last trials have answered
-        // (or were given up on: `comeasure::GIVE_UP_MS`).
-        Ok(studies.is_some() && finished.len() == names.len() && self.core.awaiting_comeasures() == 0)
+        // (or were given up on: `comeasure::GIVE_UP_MS`), and the commits
+        // that finished them have landed.
+        let done = studies.is_some() && finished.len() == names.len() && self.core.awaiting_comeasures() == 0;
+        if done {
+            if let Err(e) = self.flush().await {
+                self.pause_if_database_lost(e, Vec::new())?;
+                return Ok(false);
+            }
+        }
+        Ok(done)
     }
 
     /// Asks every agent with a session to confirm that all sent before has
