@@ -357,4 +357,21 @@ mod tests {
         }
         assert_eq!(TrialState::parse("lost"), None);
     }
+
+    /// Only a database out of reach pauses the engine (then it takes its
+    /// studies back): a refusal, a lost lease or a client thread that has
+    /// ended stop it.
+    #[test]
+    fn only_a_database_out_of_reach_is_lost() {
+        let sql = |cause| StoreError::Sql { context: "committing a batch".into(), cause };
+        let path = || "postgres://db".to_string();
+        assert!(sql(sql::Error::Closed("connection closed".into())).database_lost());
+        assert!(StoreError::Unreachable { path: path(), cause: sql::Error::Closed("refused".into()) }.database_lost());
+        assert!(!sql(sql::Error::Gone).database_lost());
+        assert!(!sql(sql::Error::Refused("trial s/1 is done".into())).database_lost());
+        assert!(!sql(sql::Error::Fenced { mine: 1, now: Some(2) }).database_lost());
+        assert!(
+            !StoreError::SteppedDown { path: path(), cause: sql::Error::Fenced { mine: 1, now: None } }.database_lost()
+        );
+    }
 }

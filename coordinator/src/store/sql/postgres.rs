@@ -278,9 +278,9 @@ impl std::fmt::Debug for PgConn {
     }
 }
 
-/// The client thread has gone (its connection broke and it ended).
+/// The client thread has ended ([`Error::Gone`]).
 pub(super) fn gone() -> Error {
-    Error::Closed("the PostgreSQL client thread ended".into())
+    Error::Gone
 }
 
 impl PgConn {

@@ -14,6 +14,10 @@ pub enum Error {
     /// The connection cannot be used (it broke, or never opened).
     #[error("{0}")]
     Closed(String),
+    /// The thread that owns the connection has ended: a fault of this
+    /// program, not a database out of reach, so nothing waits for it.
+    #[error("the PostgreSQL client thread ended")]
+    Gone,
     #[error("Query returned no rows")]
     NoRows,
     #[error("column {column}: {why}")]
