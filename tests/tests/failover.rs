@@ -231,11 +231,17 @@ fn with_embedded_brokers_agents_follow_the_active_through_their_broker_list() {
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
-/// The lease of the store at `path`, taken by a test (60 s, epoch 1 on).
-fn lease_of(path: &Path) -> tunefleet_coordinator::store::Lease {
-    use tunefleet_coordinator::store::{Candidate, LeaseTry};
-    match Candidate::connect(path).and_then(|c| c.try_acquire("tunefleet fence-test", 60_000, 1)) {
-        Ok(LeaseTry::Active(lease)) => lease,
+/// The store in schema `schema` of `pg` (its URL, opened) and its lease,
+/// taken by a test (60 s, epoch 1 on).
+fn leased(
+    pg: &Postgres,
+    schema: &str,
+) -> (String, tunefleet_coordinator::store::Store, tunefleet_coordinator::store::Lease) {
+    use tunefleet_coordinator::store::{Candidate, LeaseTry, Store};
+    let url = pg.store(schema);
+    let store = Store::open(Path::new(&url)).expect("store");
+    match Candidate::connect(Path::new(&url)).and_then(|c| c.try_acquire("tunefleet fence-test", 60_000, 1)) {
+        Ok(LeaseTry::Active(lease)) => (url, store, lease),
         other => panic!("not active: {other:?}"),
     }
 }
@@ -246,12 +252,9 @@ fn lease_of(path: &Path) -> tunefleet_coordinator::store::Lease {
 /// it ends.
 #[test]
 fn a_write_begun_after_a_takeover_is_refused_and_one_begun_before_holds_it_back() {
-    use tunefleet_coordinator::store::{Store, StoreError};
+    use tunefleet_coordinator::store::StoreError;
     let pg = Postgres::start();
-    let url = pg.store("fenced");
-    let path = Path::new(&url);
-    let mut store = Store::open(path).expect("store");
-    let lease = lease_of(path);
+    let (_, mut store, lease) = leased(&pg, "fenced");
     store.fence(lease.epoch);
     let takeover = "UPDATE fenced.coordinator_lease SET epoch = epoch + 1, holder = 'another'";
     std::thread::scope(|s| {
@@ -280,10 +283,7 @@ fn a_write_begun_after_a_takeover_is_refused_and_one_begun_before_holds_it_back(
 fn a_write_built_while_the_one_before_commits_is_fenced_before_it_lands() {
     use tunefleet_coordinator::store::{Store, StoreError};
     let pg = Postgres::start();
-    let url = pg.store("inflight");
-    let path = Path::new(&url);
-    let mut store = Store::open(path).expect("store");
-    let lease = lease_of(path);
+    let (url, mut store, lease) = leased(&pg, "inflight");
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
     // A beat first: its statement is prepared before the table is locked.
     let mut b = store.batch().expect("batch");
@@ -308,7 +308,7 @@ fn a_write_built_while_the_one_before_commits_is_fenced_before_it_lands() {
     // A read of such a transaction answered with the failed check (an
     // error its caller may put aside): the transaction is over, and its
     // commit lands nothing.
-    let mut store = Store::open(path).expect("store");
+    let mut store = Store::open(Path::new(&url)).expect("store");
     let mut b = store.batch().expect("batch");
     b.beat(1, 2500, false, None, "{}").expect("beat");
     b.commit().expect("committed");
