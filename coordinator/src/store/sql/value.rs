@@ -50,14 +50,11 @@ impl Error {
     pub fn is_unreachable(&self) -> bool {
         match self {
             Error::Closed(_) => true,
-            Error::Postgres(e) => {
-                e.is_closed()
-                    || match e.code() {
-                        // Class 08, connection exceptions; 57P0x, the server shutting down.
-                        Some(code) => code.code().starts_with("08") || code.code().starts_with("57P0"),
-                        None => e.as_db_error().is_none(),
-                    }
-            }
+            Error::Postgres(e) => match e.code() {
+                // Class 08, connection exceptions; 57P0x, the server shutting down.
+                Some(code) => code.code().starts_with("08") || code.code().starts_with("57P0"),
+                None => e.is_closed() || connection_failed(e),
+            },
             _ => false,
         }
     }
@@ -69,6 +66,29 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the driver says, without a server's SQLSTATE, when the connection
+/// failed: it could not be made, broke, timed out, or no longer follows
+/// the protocol. Making it again may mend each. The driver's other errors
+/// of its own (a value it cannot bind or read, a statement with the wrong
+/// number of parameters, a message too large to send, a setting it cannot
+/// use) are faults of this program or its configuration that a connection
+/// made again would meet again.
+const CONNECTION_FAILED: [&str; 7] = [
+    "error communicating with the server",
+    "error connecting to server",
+    "timeout waiting for server",
+    "error performing TLS handshake",
+    "unexpected message from server",
+    "error parsing response from server",
+    "connection closed",
+];
+
+/// Whether `e`, an error of the driver's own, says the connection failed
+/// ([`CONNECTION_FAILED`]). The driver names its kinds only in words.
+fn connection_failed(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_none() && CONNECTION_FAILED.contains(&e.to_string().as_str())
+}
 
 /// What the server said, with its detail and hint, or the client's error.
 fn postgres_text(e: &tokio_postgres::Error) -> String {
@@ -292,5 +312,32 @@ impl<T: ToSql> Params for &[T] {
 impl<T: ToSql, const N: usize> Params for [T; N] {
     fn values(&self) -> impl Iterator<Item = &dyn ToSql> + '_ {
         self.iter().map(|v| v as &dyn ToSql)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    /// A port nothing listens on, on loopback: one bound and let go.
+    fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    }
+
+    #[tokio::test]
+    async fn a_server_out_of_reach_is_unreachable_and_a_fault_of_ours_is_not() {
+        let refused = format!("host=127.0.0.1 port={} user=nobody connect_timeout=5", closed_port());
+        let e = tokio_postgres::connect(&refused, tokio_postgres::NoTls).await.err().expect("refused");
+        assert!(Error::Postgres(e).is_unreachable(), "a refused connection is a database out of reach");
+        let e = tokio_postgres::Error::__private_api_timeout();
+        assert!(Error::Postgres(e).is_unreachable(), "a timeout is a database out of reach");
+
+        // The driver's own errors that a connection made again meets again.
+        let e = "host=127.0.0.1 port=notanumber".parse::<tokio_postgres::Config>().expect_err("not a port");
+        assert!(e.code().is_none() && e.as_db_error().is_none(), "{e}");
+        assert!(!Error::Postgres(e).is_unreachable(), "a setting the driver cannot use is not");
+        assert!(!Error::Parameter { index: 1, why: "too large".into() }.is_unreachable());
+        assert!(Error::Closed("broke".into()).is_unreachable());
     }
 }
