@@ -167,16 +167,23 @@ impl Engine {
     /// turn or under a commit ([`Engine::pause_if_database_lost`]); looked
     /// at again each tick. Once it answers, the core takes every study back
     /// from the store, as a coordinator started again would (what it held
-    /// may be ahead of what the store kept: [`Core::restore`]), and goes
-    /// on. Paused and resumed as for room on the disk
+    /// may be ahead of what the store kept: [`Core::restore`]); a service
+    /// (`serving`) also takes the studies the store holds as running that it
+    /// does not run, as it would on starting. Then it goes on. Paused and
+    /// resumed as for room on the disk
     /// ([`Engine::paused_for_space`]).
-    fn paused_for_database(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<bool, EngineError> {
+    fn paused_for_database(
+        &mut self,
+        events: &mut Vec<Inbound>,
+        tick: bool,
+        serving: bool,
+    ) -> Result<bool, EngineError> {
         if self.database_lost.is_none() {
             return Ok(false);
         }
         if tick && self.core.store_reachable() {
             let now = self.now();
-            match self.core.restore(now) {
+            match self.core.restore(now, serving) {
                 Ok(started) => {
                     tracing::warn!(
                         dropped = self.dropped_while_paused,
@@ -382,7 +389,7 @@ impl Engine {
                 },
                 _ = ticker.tick() => tick = true,
             }
-            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick)? {
+            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick, studies.is_none())? {
                 continue;
             }
             self.turn(&mut events, tick).await?;
@@ -443,9 +450,21 @@ impl Engine {
             None => names.iter().filter(|s| self.core.counts(s).is_none_or(|c| c.finished())).collect(),
         };
         for s in &finished {
-            if (names.len() > 1 || studies.is_none()) && announced.insert((*s).clone()) {
+            if (names.len() > 1 || studies.is_none()) && !announced.contains(*s) {
+                if studies.is_none() {
+                    let recorded = match self.flush().await {
+                        Ok(()) => self.core.finish_studies(&[s.as_str()], unix_ms()),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = recorded {
+                        // Recorded, and said, once the study is taken back finished.
+                        self.pause_if_database_lost(e, Vec::new())?;
+                        break;
+                    }
+                }
+                announced.insert((*s).clone());
                 let c = self.core.counts(s).unwrap_or_default();
-                // Scripts read this line: a campaign's progress per workload.
+                // Scripts read this line, once a study: a campaign's progress per workload.
                 self.progress.note(&format!(
                     "finished: {s}: {}/{} trials done, {} failed, {} stopped ({} of {} studies finished)",
                     c.done,
@@ -455,18 +474,6 @@ impl Engine {
                     announced.len(),
                     names.len()
                 ));
-                if studies.is_none() {
-                    let recorded = match self.flush().await {
-                        Ok(()) => self.core.finish_studies(&[s.as_str()], unix_ms()),
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = recorded {
-                        // Recorded once the study is taken back finished.
-                        announced.remove(*s);
-                        self.pause_if_database_lost(e, Vec::new())?;
-                        break;
-                    }
-                }
             }
         }
         // Done once the nodes measuring the last trials have answered

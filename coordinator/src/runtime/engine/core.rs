@@ -285,8 +285,12 @@ impl Core {
     /// still count from this run's start. The store's owner starts over
     /// ([`crate::store::Store::failed_commit_seen`]). A database lost again
     /// meanwhile is the error; the studies not yet taken back are kept for
-    /// the next call. What the progress display starts again with.
-    pub fn restore(&mut self, now: Now) -> Result<Vec<Started>, EngineError> {
+    /// the next call. A service (`unfinished_too`) also takes the studies
+    /// the store holds as running that it does not run, as it would on
+    /// starting: one submitted as the database was lost, kept by the store
+    /// though the submit was answered with the error. What the progress
+    /// display starts again with.
+    pub fn restore(&mut self, now: Now, unfinished_too: bool) -> Result<Vec<Started>, EngineError> {
         self.store.failed_commit_seen();
         let held = self.studies.drain().map(|(_, a)| Unrestored {
             study: a.study,
@@ -317,6 +321,20 @@ impl Core {
             }
             if taken.cancelled {
                 self.recancel.push(taken.study.name);
+            }
+        }
+        if unfinished_too {
+            for study in super::unfinished_in(&self.store)? {
+                match study {
+                    Ok(study) if !self.studies.contains_key(&study.name) => {
+                        tracing::warn!(study = %study.name, "a study the store holds as running, not run here: taken back");
+                        started.push(self.start_study(study, now)?);
+                    }
+                    Ok(_) => {}
+                    Err(u) => {
+                        tracing::error!(study = %u.name, why = %u.why, "a study the store holds as running cannot be read: left as it is")
+                    }
+                }
             }
         }
         Ok(started)
