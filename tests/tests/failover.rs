@@ -3,7 +3,10 @@
 //! broker, real agents. One is active, the other waits as a standby; the
 //! active killed, the standby takes over and the study ends with every
 //! trial once; the active stopped past its lease, the standby takes over,
-//! and the stopped one, resumed, writes nothing and steps down (exit 7).
+//! and the stopped one, resumed, writes nothing and steps down (exit 7);
+//! the active cut off from the server by a network that loses every
+//! packet, it steps down once its lease went a term unrenewed and agents
+//! follow the standby.
 #![cfg(feature = "full")]
 
 use std::path::{Path, PathBuf};
@@ -195,28 +198,46 @@ fn an_active_stopped_past_its_lease_writes_nothing_after_the_takeover_and_steps_
     assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
 }
 
+/// Two services with embedded brokers on the store of `pg` in schema
+/// `schema`: the first reaches it at `first_store` and is active, a study
+/// of `trials` submitted to it; the second reaches it directly and waits
+/// as a standby; two agents given both brokers ran 10 of the trials.
+struct Embedded {
+    _dir: tempfile::TempDir,
+    first: (Proc, PathBuf),
+    second: (Proc, PathBuf),
+    agents: (Vec<Proc>, Vec<String>),
+}
+
+fn embedded_pair(pg: &Postgres, schema: &str, first_store: &str, trials: u32, lease: u32) -> Embedded {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = pg.store(schema);
+    let root = unique_root(&format!("failover-{schema}"));
+    join_root(&root, Path::new(&store));
+    let (a, b) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let mut first = serve(dir.path(), "first", first_store, &["--listen", &a], &root, lease);
+    first.0.wait_line(Duration::from_secs(60), |l| l.starts_with("broker: "));
+    let second = serve(dir.path(), "second", &store, &["--listen", &b], &root, lease);
+    wait_for("the second service waiting as a standby", Duration::from_secs(30), || {
+        text(&second.1).contains("standby: another coordinator is active")
+    });
+    let study = sleep_study(dir.path(), schema, trials, 0.3);
+    submit(dir.path(), "first", &store, &study);
+    let agents = agents(&format!("mqtt://{a},mqtt://{b}"), &root);
+    wait_for("some trials stored", Duration::from_secs(120), || {
+        count(pg, &format!("SELECT COUNT(*) FROM {schema}.results")) >= 10
+    });
+    Embedded { _dir: dir, first, second, agents }
+}
+
 /// Each service with its embedded broker (the standby's listens only
 /// once it is active): agents given both brokers follow the active one.
 #[test]
 fn with_embedded_brokers_agents_follow_the_active_through_their_broker_list() {
     let pg = Postgres::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = pg.store("embedded");
-    let root = unique_root("failover-embedded");
-    join_root(&root, Path::new(&store));
-    let (a, b) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
-    let (mut first, _) = serve(dir.path(), "first", &store, &["--listen", &a], &root, 15);
-    first.wait_line(Duration::from_secs(60), |l| l.starts_with("broker: "));
-    let (mut second, second_log) = serve(dir.path(), "second", &store, &["--listen", &b], &root, 15);
-    wait_for("the second service waiting as a standby", Duration::from_secs(30), || {
-        text(&second_log).contains("standby: another coordinator is active")
-    });
-    let study = sleep_study(dir.path(), "embedded", 120, 0.3);
-    submit(dir.path(), "first", &store, &study);
-    let (procs, names) = agents(&format!("mqtt://{a},mqtt://{b}"), &root);
-    wait_for("some trials stored", Duration::from_secs(120), || {
-        count(&pg, "SELECT COUNT(*) FROM embedded.results") >= 10
-    });
+    let Embedded { first, second, agents: (procs, names), _dir } =
+        embedded_pair(&pg, "embedded", &pg.store("embedded"), 120, 15);
+    let ((first, _), (mut second, second_log)) = (first, second);
     first.signal("KILL");
     let before = count(&pg, "SELECT COUNT(*) FROM embedded.results");
     assert!(before < 120, "the study ended before the kill");
@@ -225,6 +246,43 @@ fn with_embedded_brokers_agents_follow_the_active_through_their_broker_list() {
     });
     assert!(active(&second_log), "{}", text(&second_log));
     assert_eq!(count(&pg, "SELECT COUNT(*) FROM embedded.results"), 120, "one result per trial");
+    second.signal("TERM");
+    assert!(second.wait_exit(Duration::from_secs(60)).success(), "{}", text(&second_log));
+    drop(procs);
+    assert_agents_spools_empty(&names.iter().map(String::as_str).collect::<Vec<_>>());
+}
+
+/// The active cut off from the store's server by a network that loses
+/// every packet, where neither side hears of an end: its statements and
+/// renewals wait for answers that never come. Once its lease went a whole
+/// term unrenewed it steps down (exit 7), its embedded broker closing with
+/// it, so agents given both brokers go to the standby, which took over.
+#[test]
+fn an_active_cut_off_from_its_database_steps_down_and_agents_follow_the_standby() {
+    let pg = Postgres::start();
+    let proxy = tunefleet_tests::proxy::Proxy::start(pg.port);
+    let through = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=partitioned", proxy.port);
+    let Embedded { first, second, agents: (procs, names), _dir } = embedded_pair(&pg, "partitioned", &through, 80, 3);
+    let ((mut first, first_log), (mut second, second_log)) = (first, second);
+    proxy.partition();
+    let cut = Instant::now();
+    let status = first.wait_exit(Duration::from_secs(60));
+    let stepped = cut.elapsed();
+    assert_eq!(status.code(), Some(7), "it steps down: {status:?}\n{}", text(&first_log));
+    assert!(text(&first_log).contains("was not renewed for"), "{}", text(&first_log));
+    wait_for("every trial done on the new active", Duration::from_secs(300), || {
+        count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'done'") == 80
+    });
+    let done = cut.elapsed();
+    eprintln!(
+        "partition: the active stepped down {:.2} s after it, every trial done {:.2} s after it",
+        stepped.as_secs_f64(),
+        done.as_secs_f64()
+    );
+    assert!(active(&second_log), "{}", text(&second_log));
+    assert_eq!(count(&pg, "SELECT epoch FROM partitioned.coordinator_lease"), 2, "one takeover");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM partitioned.results"), 80, "one result per trial");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'failed'"), 0);
     second.signal("TERM");
     assert!(second.wait_exit(Duration::from_secs(60)).success(), "{}", text(&second_log));
     drop(procs);

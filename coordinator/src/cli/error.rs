@@ -100,9 +100,10 @@ pub const EXIT_NOTHING_RANKED: u8 = 5;
 /// `[[constraint]]`s: the best is the one that misses them least.
 pub const EXIT_NOTHING_FEASIBLE: u8 = 6;
 /// `serve` on a server's store: another coordinator took the lease over
-/// (this one stalled or lost the server); it wrote nothing after the
-/// takeover. Started again (systemd does), it waits as a standby.
-pub const EXIT_STEPPED_DOWN: u8 = 7;
+/// (this one stalled or lost the server), or it could not renew the lease
+/// for a whole term; it wrote nothing after the takeover. Started again
+/// (systemd does), it waits as a standby.
+pub use crate::runtime::failover::EXIT_STEPPED_DOWN;
 /// `run` and `campaign`: stopped (Ctrl-C, SIGTERM) before every trial was
 /// final; the same command resumes.
 pub const EXIT_INTERRUPTED: u8 = 130;

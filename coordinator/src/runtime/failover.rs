@@ -7,9 +7,11 @@
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::mpsc;
 
 use crate::store::{Candidate, Lease, LeaseTry, Lost, StoreError};
 
@@ -73,10 +75,18 @@ fn unreachable(e: &StoreError) -> bool {
     }
 }
 
+/// How a service that stepped down ends: systemd's `Restart=on-failure`
+/// brings it back as a standby.
+pub const EXIT_STEPPED_DOWN: u8 = 7;
+
+/// How long a service whose lease went a whole term unrenewed has to end
+/// by itself before its process is ended ([`watch`]).
+const STEP_DOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// The renewals of a service's lease, when it holds one.
 #[derive(Debug, Default)]
 pub struct Renewals {
-    lost: Option<oneshot::Receiver<Lost>>,
+    lost: Option<mpsc::UnboundedReceiver<Lost>>,
     lease: Duration,
 }
 
@@ -89,29 +99,49 @@ impl Renewals {
         }
     }
 
-    /// Completes when the lease was lost; never without a lease.
+    /// Completes when the lease was lost: taken over, or not renewed for a
+    /// whole lease (the server out of reach or not answering, however long
+    /// a renewal waits), after which a standby may hold it. Never without a
+    /// lease.
     pub async fn lost(&mut self) -> Lost {
         lost(&mut self.lost).await
     }
 
     /// `error`, or the lost lease when the renewals say so within two leases.
     pub async fn why_it_ended<E: From<Lost>>(&mut self, error: E) -> E {
-        why_it_ended(error, &mut self.lost, self.lease).await
+        if self.lost.is_none() {
+            return error;
+        }
+        // Two leases: a renewal that failed on the lost connection, then one
+        // on a new connection that finds the lock taken.
+        match tokio::time::timeout(self.lease * 2, lost(&mut self.lost)).await {
+            Ok(lost) => E::from(lost),
+            Err(_) => error,
+        }
     }
 }
 
-/// Renews `held` every third of `lease` on a thread of its own until the
-/// receiver is dropped; the receiver hears when the lease was lost.
-fn keep(held: Lease, lease: Duration) -> oneshot::Receiver<Lost> {
-    let (tx, rx) = oneshot::channel();
+/// Renews `held` every third of `lease` on a thread of its own, and
+/// watches on another that one renewal sent in each lease lands
+/// ([`watch`]), until the receiver is dropped; the receiver hears when the
+/// lease was lost.
+fn keep(held: Lease, lease: Duration) -> mpsc::UnboundedReceiver<Lost> {
+    let (tx, rx) = mpsc::unbounded_channel();
     let every = lease / 3;
-    let spawned = std::thread::Builder::new().name("tunefleet-lease".into()).spawn(move || loop {
+    let since = held.taken;
+    let epoch = held.epoch;
+    // When the last renewal that landed was sent (the taking first), in
+    // milliseconds after `since`.
+    let renewed_ms = Arc::new(AtomicU64::new(0));
+    let (noted, watched, told) = (Arc::clone(&renewed_ms), renewed_ms, tx.clone());
+    let renewing = std::thread::Builder::new().name("tunefleet-lease".into()).spawn(move || loop {
         std::thread::sleep(every);
         if tx.is_closed() {
             return;
         }
+        let sent = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
         match held.renew() {
-            Ok(true) => {}
+            Ok(true) => noted.store(sent, Ordering::Release),
             Ok(false) => tracing::warn!("the lease could not be renewed: the store's server does not answer"),
             Err(lost) => {
                 tracing::error!(error = %lost, "stepping down");
@@ -120,37 +150,58 @@ fn keep(held: Lease, lease: Duration) -> oneshot::Receiver<Lost> {
             }
         }
     });
-    if let Err(e) = spawned {
+    let watching = std::thread::Builder::new()
+        .name("tunefleet-lease-watch".into())
+        .spawn(move || watch(since, &watched, lease, epoch, &told));
+    for e in [renewing.err(), watching.err()].into_iter().flatten() {
         // Without renewals the lease runs out and a standby takes over: the
         // fence then stops this coordinator's writes.
-        tracing::error!(error = %e, "cannot start the thread that renews the lease");
+        tracing::error!(error = %e, "cannot start a thread that renews or watches the lease");
     }
     rx
 }
 
-/// Completes when `lost` says the lease was lost; never when its sender
-/// went without a word (the service ended first) or there is no lease.
-async fn lost(lost: &mut Option<oneshot::Receiver<Lost>>) -> Lost {
-    match lost {
-        Some(rx) => match rx.await {
-            Ok(lost) => lost,
-            Err(_) => std::future::pending().await,
-        },
-        None => std::future::pending().await,
+/// Waits until no renewal sent in the last `lease` has landed (the last
+/// that did noted in `renewed_ms` after `since`), and says so on `told`;
+/// returns once its receiver is gone. The lease runs at least `lease` from
+/// the last renewal that landed was sent, on the server's clock, so a
+/// standby takes over only after this says it. A service stuck on a
+/// connection that answers nothing (a network that loses every packet
+/// holds a statement until the system gives up on it, minutes later)
+/// cannot end by itself: after [`STEP_DOWN_GRACE`], its process ends here,
+/// as after a kill, and its embedded broker with it (agents then go to the
+/// next broker they know).
+fn watch(since: Instant, renewed_ms: &AtomicU64, lease: Duration, epoch: i64, told: &mpsc::UnboundedSender<Lost>) {
+    loop {
+        let renewed = renewed_ms.load(Ordering::Acquire);
+        let last = since + Duration::from_millis(renewed);
+        std::thread::sleep((last + lease).saturating_duration_since(Instant::now()));
+        if told.is_closed() {
+            return;
+        }
+        if renewed_ms.load(Ordering::Acquire) != renewed {
+            continue;
+        }
+        let unrenewed_ms = u64::try_from(last.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let lost = Lost::Unrenewed { epoch, unrenewed_ms };
+        tracing::error!(error = %lost, "stepping down");
+        if told.send(lost.clone()).is_err() {
+            return;
+        }
+        std::thread::sleep(STEP_DOWN_GRACE);
+        eprintln!("tunefleet: {lost}; the service did not end within {STEP_DOWN_GRACE:?}, so its process ends here");
+        std::process::exit(i32::from(EXIT_STEPPED_DOWN));
     }
 }
 
-/// Whether a service that failed with `error` (its server went away in
-/// the middle of a turn, say) lost its lease too: the renewals say so
-/// within two leases, and then it stepped down rather than failed.
-async fn why_it_ended<E: From<Lost>>(error: E, renewals: &mut Option<oneshot::Receiver<Lost>>, lease: Duration) -> E {
-    if renewals.is_none() {
-        return error;
-    }
-    // Two leases: a renewal that failed on the lost connection, then one
-    // on a new connection that finds the lock taken.
-    match tokio::time::timeout(lease * 2, lost(renewals)).await {
-        Ok(lost) => E::from(lost),
-        Err(_) => error,
+/// Completes when `lost` says the lease was lost; never when its senders
+/// went without a word (the service ended first) or there is no lease.
+async fn lost(lost: &mut Option<mpsc::UnboundedReceiver<Lost>>) -> Lost {
+    match lost {
+        Some(rx) => match rx.recv().await {
+            Some(lost) => lost,
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
     }
 }

@@ -47,12 +47,19 @@ pub fn name_this_process() -> String {
     sql::application_name().to_string()
 }
 
-/// This process held the lease and holds it no more.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("the lease was taken over by {holder} (epoch {epoch}): this coordinator steps down")]
-pub struct Lost {
-    pub holder: String,
-    pub epoch: i64,
+/// This process held the lease and holds it no more, or can no longer
+/// tell that it does.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum Lost {
+    #[error("the lease was taken over by {holder} (epoch {epoch}): this coordinator steps down")]
+    TakenOver { holder: String, epoch: i64 },
+    /// No renewal landed for a whole lease (the server out of reach, or
+    /// not answering): a standby may have taken over since.
+    #[error(
+        "the lease (epoch {epoch}) was not renewed for {unrenewed_ms} ms, its whole term: another coordinator may hold \
+         it now, so this coordinator steps down"
+    )]
+    Unrenewed { epoch: i64, unrenewed_ms: u64 },
 }
 
 /// What a try for the lease found.
@@ -82,6 +89,9 @@ pub struct Lease {
     pub epoch: i64,
     /// The coordinator instance this start announces.
     pub instance: u64,
+    /// When the statement that took it was sent: it runs at least
+    /// `lease_ms` from then, on the server's clock.
+    pub taken: std::time::Instant,
     lease_ms: i64,
     /// The lock is to be taken again before the next renewal: a failed
     /// statement may mean a new connection, which holds no lock (taken
@@ -160,12 +170,13 @@ fn try_acquire(conn: Conn, key: i64, holder: &str, lease_ms: i64, min_instance: 
          instance"
     );
     let min_instance = i64::try_from(min_instance).unwrap_or(i64::MAX);
+    let taken = std::time::Instant::now();
     let (epoch, instance) = conn
         .query_row(&sql, params![holder, min_instance, lease_ms], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
         .map_err(sql_err("taking over"))?;
     let instance = u64::try_from(instance).unwrap_or(0);
     let relock = std::cell::Cell::new(false);
-    Ok(Try::Active(Lease { conn, key, holder: holder.to_string(), epoch, instance, lease_ms, relock }))
+    Ok(Try::Active(Lease { conn, key, holder: holder.to_string(), epoch, instance, taken, lease_ms, relock }))
 }
 
 impl Lease {
@@ -174,7 +185,7 @@ impl Lease {
     /// server's restart drops the lock: it is taken again here while the
     /// row is still this coordinator's).
     pub fn renew(&self) -> Result<bool, Lost> {
-        let lost = |(holder, epoch)| Lost { holder, epoch };
+        let lost = |(holder, epoch)| Lost::TakenOver { holder, epoch };
         let row = || {
             let sql = format!("SELECT holder, epoch FROM {LEASE_TABLE} WHERE id = 1");
             self.conn.query_row(&sql, (), |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))

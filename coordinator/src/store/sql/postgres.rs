@@ -278,6 +278,51 @@ impl std::fmt::Debug for PgConn {
     }
 }
 
+/// What the driver connects to `target` with: its URL, the password (never
+/// in the URL), this process's name and [`network_defaults`].
+fn client_config(target: &PgTarget) -> Result<tokio_postgres::Config> {
+    let mut config: tokio_postgres::Config = target.url.parse()?;
+    if let Some(p) = password().map_err(Error::Closed)? {
+        config.password(p);
+    }
+    config.application_name(application_name());
+    network_defaults(&mut config);
+    Ok(config)
+}
+
+/// How long a connection waits on a network that answers nothing before
+/// it is taken for lost, and how long an idle one goes unprobed: the
+/// defaults of [`network_defaults`].
+const NETWORK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+const IDLE_PROBED_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A network lost without a word (every packet dropped, no end heard) is
+/// found within seconds rather than the system's minutes: the kernel
+/// retransmits unacknowledged data for about 15 minutes, and probes an idle
+/// connection first after 2 hours, while a coordinator waits on its store.
+/// Connecting, data sent and not acknowledged (`tcp_user_timeout`) and an
+/// idle connection (keepalive probes) each give up within
+/// [`NETWORK_PATIENCE`], where the store's URL does not set its own
+/// (`connect_timeout`, `tcp_user_timeout`, `keepalives_idle`, as libpq
+/// names them, each in seconds: libpq's `tcp_user_timeout` is in
+/// milliseconds, the driver's in seconds). The connection is then lost,
+/// and the coordinator pauses.
+fn network_defaults(config: &mut tokio_postgres::Config) {
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(NETWORK_PATIENCE);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(NETWORK_PATIENCE);
+    }
+    // The driver's own default: the system's two hours.
+    if config.get_keepalives_idle() == std::time::Duration::from_secs(2 * 3600) {
+        config
+            .keepalives_idle(IDLE_PROBED_AFTER)
+            .keepalives_interval(std::time::Duration::from_secs(2))
+            .keepalives_retries(2);
+    }
+}
+
 /// The client thread has ended ([`Error::Gone`]).
 pub(super) fn gone() -> Error {
     Error::Gone
@@ -287,11 +332,7 @@ impl PgConn {
     /// Connects to `target`, creating its schema when missing and
     /// working in it.
     pub(super) fn connect(target: &PgTarget) -> Result<PgConn> {
-        let mut config: tokio_postgres::Config = target.url.parse()?;
-        if let Some(p) = password().map_err(Error::Closed)? {
-            config.password(p);
-        }
-        config.application_name(application_name());
+        let mut config = client_config(target)?;
         let tls = match &target.ca {
             Some(ca) => {
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
@@ -517,6 +558,21 @@ mod tests {
         assert!(err.contains("TUNEFLEET_STORE_PASSWORD"), "{err}");
         assert!(parse_target("postgres://f@h/db?schema=Drop;Table").is_err(), "a schema is an identifier");
         assert!(is_postgres("postgresql://h/db") && !is_postgres("/var/lib/tunefleet/store.db"));
+    }
+
+    /// A network lost without a word is found within seconds, unless the
+    /// store's URL says otherwise.
+    #[test]
+    fn a_silent_network_is_given_up_on_within_seconds_unless_the_url_says() {
+        let config = |url: &str| client_config(&parse_target(url).expect("url")).expect("config");
+        let c = config("postgres://f@h/db");
+        assert_eq!(c.get_connect_timeout(), Some(&NETWORK_PATIENCE));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&NETWORK_PATIENCE));
+        assert!(c.get_keepalives() && c.get_keepalives_idle() == IDLE_PROBED_AFTER);
+        let c = config("postgres://f@h/db?connect_timeout=30&tcp_user_timeout=60&keepalives_idle=120");
+        assert_eq!(c.get_connect_timeout(), Some(&std::time::Duration::from_secs(30)));
+        assert_eq!(c.get_tcp_user_timeout(), Some(&std::time::Duration::from_secs(60)));
+        assert_eq!(c.get_keepalives_idle(), std::time::Duration::from_secs(120));
     }
 
     #[test]
