@@ -66,6 +66,9 @@ pub struct Engine {
     /// The store's database was lost in a turn or under a commit (why):
     /// paused until it answers again ([`Engine::paused_for_database`]).
     database_lost: Option<EngineError>,
+    /// Why the database did not answer the last time it was asked, while
+    /// paused for it: said again only when it changes.
+    still_lost: Option<String>,
     /// Publishes each turn's frames once its commit has landed; started
     /// with the first.
     publisher: Option<Publisher>,
@@ -152,6 +155,7 @@ impl Engine {
             status_ms: 0,
             space: None,
             dropped_while_paused: 0,
+            still_lost: None,
             database_lost: None,
             publisher: None,
         }
@@ -167,23 +171,16 @@ impl Engine {
     /// turn or under a commit ([`Engine::pause_if_database_lost`]); looked
     /// at again each tick. Once it answers, the core takes every study back
     /// from the store, as a coordinator started again would (what it held
-    /// may be ahead of what the store kept: [`Core::restore`]); a service
-    /// (`serving`) also takes the studies the store holds as running that it
-    /// does not run, as it would on starting. Then it goes on. Paused and
-    /// resumed as for room on the disk
+    /// may be ahead of what the store kept: [`Core::restore`]), and goes
+    /// on. Paused and resumed as for room on the disk
     /// ([`Engine::paused_for_space`]).
-    fn paused_for_database(
-        &mut self,
-        events: &mut Vec<Inbound>,
-        tick: bool,
-        serving: bool,
-    ) -> Result<bool, EngineError> {
+    fn paused_for_database(&mut self, events: &mut Vec<Inbound>, tick: bool) -> Result<bool, EngineError> {
         if self.database_lost.is_none() {
             return Ok(false);
         }
-        if tick && self.core.store_reachable() {
+        if tick && self.database_answers() {
             let now = self.now();
-            match self.core.restore(now, serving) {
+            match self.core.restore(now) {
                 Ok(started) => {
                     tracing::warn!(
                         dropped = self.dropped_while_paused,
@@ -195,6 +192,7 @@ impl Engine {
                         self.progress.start(&s.study, s.total, s.done);
                     }
                     self.database_lost = None;
+                    self.still_lost = None;
                     return Ok(false);
                 }
                 Err(e) if e.database_lost() => {
@@ -209,6 +207,23 @@ impl Engine {
             let _ = r.reply.send(Answer::Error { message: "the store's database is unreachable: paused".into() });
         }
         Ok(true)
+    }
+
+    /// Whether the store's database answers, paused for it; why not said
+    /// when it first does not, and again whenever the reason changes (the
+    /// server back up but refusing this coordinator's login, say).
+    fn database_answers(&mut self) -> bool {
+        match self.core.store_reachable() {
+            Ok(()) => true,
+            Err(e) => {
+                let why = e.to_string();
+                if self.still_lost.as_deref() != Some(why.as_str()) {
+                    tracing::warn!(error = %why, "the store's database does not answer: still paused");
+                    self.still_lost = Some(why);
+                }
+                false
+            }
+        }
     }
 
     /// `e` ends the engine, unless it says the store's database was lost:
@@ -389,7 +404,7 @@ impl Engine {
                 },
                 _ = ticker.tick() => tick = true,
             }
-            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick, studies.is_none())? {
+            if self.paused_for_space(&mut events) || self.paused_for_database(&mut events, tick)? {
                 continue;
             }
             self.turn(&mut events, tick).await?;

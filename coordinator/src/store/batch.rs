@@ -73,9 +73,10 @@ impl Store {
         self.conn.failed_commit_seen();
     }
 
-    /// Whether the store's database answers now (a file always does).
-    pub fn reachable(&self) -> bool {
-        self.conn.query_row("SELECT 1", (), |r| r.get::<_, i64>(0)).is_ok()
+    /// Whether the store's database answers now (a file always does), else
+    /// why not.
+    pub fn reachable(&self) -> Result<()> {
+        self.conn.query_row("SELECT 1", (), |r| r.get::<_, i64>(0)).map(|_| ()).ctx(|| "asking the database".into())
     }
 }
 

@@ -98,6 +98,12 @@ pub struct Core {
     /// store: cancelled again at the next turn (what the store kept of
     /// the cancellation may be less).
     recancel: Vec<String>,
+    /// Studies whose submit was answered with a lost database: the store
+    /// may have kept them (the commit that opened one landed, the read
+    /// after it failed). Taken back with the others where it did
+    /// ([`Core::restore`]); never a study the store holds for another
+    /// coordinator (a `run` beside a service on one store).
+    pub(super) submitted_when_lost: Vec<crate::domain::study::Study>,
 }
 
 /// A study to take back from the store ([`Core::restore`]), with what this
@@ -156,6 +162,7 @@ impl Core {
             store_share: u64::MAX,
             unrestored: Vec::new(),
             recancel: Vec::new(),
+            submitted_when_lost: Vec::new(),
         }
     }
 
@@ -285,12 +292,11 @@ impl Core {
     /// still count from this run's start. The store's owner starts over
     /// ([`crate::store::Store::failed_commit_seen`]). A database lost again
     /// meanwhile is the error; the studies not yet taken back are kept for
-    /// the next call. A service (`unfinished_too`) also takes the studies
-    /// the store holds as running that it does not run, as it would on
-    /// starting: one submitted as the database was lost, kept by the store
-    /// though the submit was answered with the error. What the progress
-    /// display starts again with.
-    pub fn restore(&mut self, now: Now, unfinished_too: bool) -> Result<Vec<Started>, EngineError> {
+    /// A study submitted as the database was lost is taken too where the
+    /// store kept it, though its submit was answered with the error
+    /// ([`Core::submitted_when_lost`]). What the progress display starts
+    /// again with.
+    pub fn restore(&mut self, now: Now) -> Result<Vec<Started>, EngineError> {
         self.store.failed_commit_seen();
         let held = self.studies.drain().map(|(_, a)| Unrestored {
             study: a.study,
@@ -323,19 +329,13 @@ impl Core {
                 self.recancel.push(taken.study.name);
             }
         }
-        if unfinished_too {
-            for study in super::unfinished_in(&self.store)? {
-                match study {
-                    Ok(study) if !self.studies.contains_key(&study.name) => {
-                        tracing::warn!(study = %study.name, "a study the store holds as running, not run here: taken back");
-                        started.push(self.start_study(study, now)?);
-                    }
-                    Ok(_) => {}
-                    Err(u) => {
-                        tracing::error!(study = %u.name, why = %u.why, "a study the store holds as running cannot be read: left as it is")
-                    }
-                }
+        while let Some(study) = self.submitted_when_lost.first().cloned() {
+            let kept = self.store.study(&study.name)?.is_some_and(|s| s.state == crate::store::StudyState::Running);
+            if kept && !self.studies.contains_key(&study.name) {
+                tracing::warn!(study = %study.name, "a study submitted as the database was lost, kept by the store: taken back");
+                started.push(self.start_study(study, now)?);
             }
+            self.submitted_when_lost.remove(0);
         }
         Ok(started)
     }
@@ -419,8 +419,8 @@ impl Core {
         &mut self.sessions
     }
 
-    /// Whether the store's database answers now.
-    pub fn store_reachable(&self) -> bool {
+    /// Whether the store's database answers now, else why not.
+    pub fn store_reachable(&self) -> Result<(), crate::store::StoreError> {
         self.store.reachable()
     }
 

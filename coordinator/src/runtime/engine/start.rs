@@ -81,8 +81,18 @@ impl Core {
         let mut started = Vec::new();
         for study in studies {
             let name = study.name.clone();
+            let submitted = study.clone();
             match self.start_study(study, now) {
                 Ok(s) => shown.push(s),
+                Err(e) if e.database_lost() => {
+                    self.submitted_when_lost.push(submitted);
+                    return Answer::Error {
+                        message: format!(
+                            "{e}: the store may have kept study {name}; if it did, it runs once the database answers \
+                             (look with `tunefleet status`)"
+                        ),
+                    };
+                }
                 Err(e) => return Answer::Error { message: e.to_string() },
             }
             let total = self.sched.counts(&name).map_or(0, |c| c.total);

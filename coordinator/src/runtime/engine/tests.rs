@@ -1476,7 +1476,7 @@ fn a_study_taken_back_from_the_store_stays_as_this_run_decided() {
     fx.clock_ms += STEP_MS;
     let out = fx.core.turn(Vec::new(), vec![Ask::Cancel { study: "s".into() }], false, fx.now()).expect("turn");
     assert!(matches!(&out.answers[..], [Answer::Ok { .. }]), "{:?}", out.answers);
-    let started = fx.core.restore(fx.now(), false).expect("taken back");
+    let started = fx.core.restore(fx.now()).expect("taken back");
     assert_eq!(started.iter().map(|s| s.study.as_str()).collect::<Vec<_>>(), ["s"]);
     assert_eq!(fx.core.studies["s"].at_start, at_start, "its failures count from this run's start");
     assert!(fx.core.sessions().live_agents().next().is_none(), "every session ended");
@@ -1487,27 +1487,31 @@ fn a_study_taken_back_from_the_store_stays_as_this_run_decided() {
 }
 
 /// A study submitted as the database was lost may have been kept by the
-/// store though the submit was answered with the error: a service takes it
-/// back with its own studies, as it would on starting; a run of its own
-/// studies leaves it alone.
+/// store though the submit was answered with the error: taken back with
+/// the others where the store kept it, and only then; a study the store
+/// runs for another coordinator (a `run` beside the service) is left alone.
 #[test]
-fn a_service_takes_back_a_study_the_store_kept_but_it_does_not_run() {
-    for serving in [false, true] {
-        let mut fx = Fixture::new();
-        let kept = crate::domain::study::parse(&STUDY.replace("name = \"s\"", "name = \"t\""), "t.toml")
+fn a_study_submitted_as_the_database_was_lost_is_taken_back_where_the_store_kept_it() {
+    let mut fx = Fixture::new();
+    let named = |name: &str| {
+        crate::domain::study::parse(&STUDY.replace("name = \"s\"", &format!("name = \"{name}\"")), "t.toml")
             .expect("study")
             .expand()
-            .remove(0);
-        let mut batch = fx.core.store.batch().expect("batch");
-        super::open_study(&mut batch, &kept, &[]).expect("kept by the store");
-        batch.commit().expect("commit");
-        assert!(!fx.core.studies.contains_key("t"), "not run here");
-        let started = fx.core.restore(fx.now(), serving).expect("taken back");
-        let mut names: Vec<&str> = started.iter().map(|s| s.study.as_str()).collect();
-        names.sort();
-        let want: &[&str] = if serving { &["s", "t"] } else { &["s"] };
-        assert_eq!(names, want, "serving: {serving}");
-        assert_eq!(fx.core.studies.contains_key("t"), serving);
-        fx.consistent().expect("the scheduler as the store says");
+            .remove(0)
+    };
+    let mut batch = fx.core.store.batch().expect("batch");
+    for name in ["kept", "other"] {
+        super::open_study(&mut batch, &named(name), &[]).expect("in the store");
     }
+    batch.commit().expect("commit");
+    fx.core.submitted_when_lost = vec![named("kept"), named("lost")];
+    let started = fx.core.restore(fx.now()).expect("taken back");
+    let mut names: Vec<&str> = started.iter().map(|s| s.study.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["kept", "s"]);
+    assert!(fx.core.studies.contains_key("kept"));
+    assert!(!fx.core.studies.contains_key("other"), "a study of another coordinator's");
+    assert!(!fx.core.studies.contains_key("lost"), "a study the store did not keep");
+    assert!(fx.core.submitted_when_lost.is_empty());
+    fx.consistent().expect("the scheduler as the store says");
 }
