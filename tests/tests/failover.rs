@@ -264,11 +264,20 @@ fn an_active_cut_off_from_its_database_steps_down_and_agents_follow_the_standby(
     let through = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=partitioned", proxy.port);
     let Embedded { first, second, agents: (procs, names), _dir } = embedded_pair(&pg, "partitioned", &through, 80, 3);
     let ((mut first, first_log), (mut second, second_log)) = (first, second);
+    // Renewals that land keep it active, term after term.
+    let expires = || count(&pg, "SELECT expires_ms FROM partitioned.coordinator_lease");
+    let first_expiry = expires();
+    wait_for("the lease renewed through two terms", Duration::from_secs(60), || expires() >= first_expiry + 6000);
+    assert!(first.child.try_wait().expect("its state").is_none(), "stepped down:\n{}", text(&first_log));
+    assert_eq!(count(&pg, "SELECT epoch FROM partitioned.coordinator_lease"), 1);
     proxy.partition();
     let cut = Instant::now();
     let status = first.wait_exit(Duration::from_secs(60));
     let stepped = cut.elapsed();
     assert_eq!(status.code(), Some(7), "it steps down: {status:?}\n{}", text(&first_log));
+    // Its last renewal that landed was sent at most a renewal (a third of
+    // the 3 s lease) before the partition: not sooner than the rest.
+    assert!(stepped >= Duration::from_millis(1500), "stepped down {stepped:?} after the partition");
     assert!(text(&first_log).contains("was not renewed for"), "{}", text(&first_log));
     wait_for("every trial done on the new active", Duration::from_secs(300), || {
         count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'done'") == 80

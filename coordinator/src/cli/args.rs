@@ -522,7 +522,8 @@ pub struct ServeArgs {
     pub control: ControlArg,
     /// On a PostgreSQL store: how long this service's lease runs without a
     /// renewal (it renews every third of it) before a standby serving the
-    /// same store takes over; at least 3.
+    /// same store takes over; at least 3. A service whose renewals have not
+    /// landed for that long steps down (exit 7), with or without a standby.
     #[arg(long, value_name = "SECONDS", default_value_t = 15)]
     pub lease_seconds: u64,
 }

@@ -134,19 +134,30 @@ fn keep(held: Lease, lease: Duration) -> mpsc::UnboundedReceiver<Lost> {
     // milliseconds after `since`.
     let renewed_ms = Arc::new(AtomicU64::new(0));
     let (noted, watched, told) = (Arc::clone(&renewed_ms), renewed_ms, tx.clone());
-    let renewing = std::thread::Builder::new().name("tunefleet-lease".into()).spawn(move || loop {
-        std::thread::sleep(every);
-        if tx.is_closed() {
-            return;
-        }
-        let sent = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX);
-        match held.renew() {
-            Ok(true) => noted.store(sent, Ordering::Release),
-            Ok(false) => tracing::warn!("the lease could not be renewed: the store's server does not answer"),
-            Err(lost) => {
-                tracing::error!(error = %lost, "stepping down");
-                let _ = tx.send(lost);
+    // Each renewal a third of the lease after the last one that landed was
+    // sent (however long it took), one that did not land tried again sooner.
+    let renewing = std::thread::Builder::new().name("tunefleet-lease".into()).spawn(move || {
+        let mut next = since + every;
+        loop {
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            if tx.is_closed() {
                 return;
+            }
+            let sent = Instant::now();
+            match held.renew() {
+                Ok(true) => {
+                    noted.store(u64::try_from((sent - since).as_millis()).unwrap_or(u64::MAX), Ordering::Release);
+                    next = sent + every;
+                }
+                Ok(false) => {
+                    tracing::warn!("the lease could not be renewed: the store's server does not answer");
+                    next = Instant::now() + every / 4;
+                }
+                Err(lost) => {
+                    tracing::error!(error = %lost, "stepping down");
+                    let _ = tx.send(lost);
+                    return;
+                }
             }
         }
     });
@@ -154,8 +165,9 @@ fn keep(held: Lease, lease: Duration) -> mpsc::UnboundedReceiver<Lost> {
         .name("tunefleet-lease-watch".into())
         .spawn(move || watch(since, &watched, lease, epoch, &told));
     for e in [renewing.err(), watching.err()].into_iter().flatten() {
-        // Without renewals the lease runs out and a standby takes over: the
-        // fence then stops this coordinator's writes.
+        // Without renewals the lease runs out: the watch steps this
+        // coordinator down, or (without the watch) a standby takes over and
+        // the fence stops this coordinator's writes.
         tracing::error!(error = %e, "cannot start a thread that renews or watches the lease");
     }
     rx
@@ -163,14 +175,19 @@ fn keep(held: Lease, lease: Duration) -> mpsc::UnboundedReceiver<Lost> {
 
 /// Waits until no renewal sent in the last `lease` has landed (the last
 /// that did noted in `renewed_ms` after `since`), and says so on `told`;
-/// returns once its receiver is gone. The lease runs at least `lease` from
-/// the last renewal that landed was sent, on the server's clock, so a
-/// standby takes over only after this says it. A service stuck on a
-/// connection that answers nothing (a network that loses every packet
-/// holds a statement until the system gives up on it, minutes later)
-/// cannot end by itself: after [`STEP_DOWN_GRACE`], its process ends here,
-/// as after a kill, and its embedded broker with it (agents then go to the
-/// next broker they know).
+/// returns once its receiver is gone. The lease's expiry on the server is
+/// at least `lease` after the last renewal that landed was sent, so a
+/// standby takes over for an expired lease only after this says it (one
+/// may take over sooner where this coordinator's connections closed: the
+/// fence then refuses its writes). A service stuck on a connection that
+/// answers nothing (a statement sent into a network that loses every
+/// packet waits until the connection gives up on it) may not end by
+/// itself, nor its process once it did (closing its store waits on that
+/// connection too): if the process still runs after [`STEP_DOWN_GRACE`],
+/// it ends here, as after a kill, and its embedded broker with it (agents
+/// then go to the next broker they know). Nothing is lost that way: what
+/// agents sent and was not acknowledged stays in their spools, points for
+/// InfluxDB wait in the store for the next active coordinator to send.
 fn watch(since: Instant, renewed_ms: &AtomicU64, lease: Duration, epoch: i64, told: &mpsc::UnboundedSender<Lost>) {
     loop {
         let renewed = renewed_ms.load(Ordering::Acquire);

@@ -163,6 +163,10 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
         },
         None => None,
     };
+    // Renewed from now on: what follows may take a while (a store's
+    // migration, its lock held by a rename).
+    let (instance, epoch) = (held.as_ref().map(|h| h.instance), held.as_ref().map(|h| h.epoch));
+    let renewals = failover::Renewals::of(held, lease);
     let (public, connect, security) = meet_on(broker, &topics, &store)?;
     if let Some(tell) = on_broker {
         tell(&public);
@@ -172,11 +176,9 @@ pub async fn run(config: RunConfig, shutdown: impl Future<Output = ()>) -> Resul
     // Held until the run ends: no rename or delete under a running coordinator.
     let _running =
         crate::store::RunLock::running(&store).map_err(|source| RunError::Locking { path: store.clone(), source })?;
-    let instance = held.as_ref().map(|h| h.instance);
-    if let Some(h) = &held {
-        db.fence(h.epoch);
+    if let Some(epoch) = epoch {
+        db.fence(epoch);
     }
-    let renewals = failover::Renewals::of(held, lease);
     let sessions = sessions(&key_path, instance, max_agents, (max_slots, max_gpus), open_enrolment)?;
     let root = topics.root().to_string();
     let (outbox, inbound) = transport::connect(TransportConfig {

@@ -316,10 +316,13 @@ fn network_defaults(config: &mut tokio_postgres::Config) {
     }
     // The driver's own default: the system's two hours.
     if config.get_keepalives_idle() == std::time::Duration::from_secs(2 * 3600) {
-        config
-            .keepalives_idle(IDLE_PROBED_AFTER)
-            .keepalives_interval(std::time::Duration::from_secs(2))
-            .keepalives_retries(2);
+        config.keepalives_idle(IDLE_PROBED_AFTER);
+    }
+    if config.get_keepalives_interval().is_none() {
+        config.keepalives_interval(std::time::Duration::from_secs(2));
+    }
+    if config.get_keepalives_retries().is_none() {
+        config.keepalives_retries(2);
     }
 }
 

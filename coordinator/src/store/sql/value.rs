@@ -85,9 +85,11 @@ const CONNECTION_FAILED: [&str; 7] = [
 ];
 
 /// Whether `e`, an error of the driver's own, says the connection failed
-/// ([`CONNECTION_FAILED`]). The driver names its kinds only in words.
+/// ([`CONNECTION_FAILED`]). The driver names its kinds only in words (a
+/// cause may follow them).
 fn connection_failed(e: &tokio_postgres::Error) -> bool {
-    e.as_db_error().is_none() && CONNECTION_FAILED.contains(&e.to_string().as_str())
+    let text = e.to_string();
+    CONNECTION_FAILED.iter().any(|kind| text.starts_with(kind))
 }
 
 /// What the server said, with its detail and hint, or the client's error.
