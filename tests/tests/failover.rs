@@ -262,7 +262,7 @@ fn an_active_cut_off_from_its_database_steps_down_and_agents_follow_the_standby(
     let pg = Postgres::start();
     let proxy = tunefleet_tests::proxy::Proxy::start(pg.port);
     let through = format!("postgres://tunefleet@127.0.0.1:{}/postgres?schema=partitioned", proxy.port);
-    let Embedded { first, second, agents: (procs, names), _dir } = embedded_pair(&pg, "partitioned", &through, 80, 3);
+    let Embedded { first, second, agents: (procs, names), _dir } = embedded_pair(&pg, "partitioned", &through, 300, 3);
     let ((mut first, first_log), (mut second, second_log)) = (first, second);
     // Renewals that land keep it active, term after term.
     let expires = || count(&pg, "SELECT expires_ms FROM partitioned.coordinator_lease");
@@ -272,6 +272,8 @@ fn an_active_cut_off_from_its_database_steps_down_and_agents_follow_the_standby(
     assert_eq!(count(&pg, "SELECT epoch FROM partitioned.coordinator_lease"), 1);
     proxy.partition();
     let cut = Instant::now();
+    let before = count(&pg, "SELECT COUNT(*) FROM partitioned.results");
+    assert!(before < 300, "the study ended before the partition");
     let status = first.wait_exit(Duration::from_secs(60));
     let stepped = cut.elapsed();
     assert_eq!(status.code(), Some(7), "it steps down: {status:?}\n{}", text(&first_log));
@@ -280,17 +282,18 @@ fn an_active_cut_off_from_its_database_steps_down_and_agents_follow_the_standby(
     assert!(stepped >= Duration::from_millis(1500), "stepped down {stepped:?} after the partition");
     assert!(text(&first_log).contains("was not renewed for"), "{}", text(&first_log));
     wait_for("every trial done on the new active", Duration::from_secs(300), || {
-        count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'done'") == 80
+        count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'done'") == 300
     });
     let done = cut.elapsed();
     eprintln!(
-        "partition: the active stepped down {:.2} s after it, every trial done {:.2} s after it",
+        "partition: {before} results stored; the active stepped down {:.2} s after it, every trial done {:.2} s \
+         after it",
         stepped.as_secs_f64(),
         done.as_secs_f64()
     );
     assert!(active(&second_log), "{}", text(&second_log));
     assert_eq!(count(&pg, "SELECT epoch FROM partitioned.coordinator_lease"), 2, "one takeover");
-    assert_eq!(count(&pg, "SELECT COUNT(*) FROM partitioned.results"), 80, "one result per trial");
+    assert_eq!(count(&pg, "SELECT COUNT(*) FROM partitioned.results"), 300, "one result per trial");
     assert_eq!(count(&pg, "SELECT COUNT(*) FROM partitioned.trials WHERE state = 'failed'"), 0);
     second.signal("TERM");
     assert!(second.wait_exit(Duration::from_secs(60)).success(), "{}", text(&second_log));
