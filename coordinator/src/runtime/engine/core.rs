@@ -100,9 +100,10 @@ pub struct Core {
     recancel: Vec<String>,
     /// Studies whose submit was answered with a lost database: the store
     /// may have kept them (the commit that opened one landed, the read
-    /// after it failed). Taken back with the others where it did
-    /// ([`Core::restore`]); never a study the store holds for another
-    /// coordinator (a `run` beside a service on one store).
+    /// after it failed). Taken back at the next tick, or with the others
+    /// after a pause ([`Core::restore`]), where the store holds one as
+    /// running; the store's other studies (a `run` beside a service on one
+    /// store) are never looked at.
     pub(super) submitted_when_lost: Vec<crate::domain::study::Study>,
 }
 
@@ -202,6 +203,9 @@ impl Core {
         now: Now,
     ) -> Result<Outgoing, EngineError> {
         let mut out = Outgoing::default();
+        if tick {
+            self.take_back_submitted(now, &mut out.started)?;
+        }
         let mut answers: Vec<Option<Answer>> = Vec::with_capacity(asks.len());
         let mut cancels = Vec::new();
         for ask in asks {
@@ -329,6 +333,16 @@ impl Core {
                 self.recancel.push(taken.study.name);
             }
         }
+        self.take_back_submitted(now, &mut started)?;
+        Ok(started)
+    }
+
+    /// Starts each study of [`Core::submitted_when_lost`] that the store
+    /// holds as running and this core does not run, into `started`; the
+    /// others are forgotten. Whether or not the engine paused: a read after
+    /// the commit that opened one may fail on a connection that was made
+    /// again before the turn's own commit.
+    fn take_back_submitted(&mut self, now: Now, started: &mut Vec<Started>) -> Result<(), EngineError> {
         while let Some(study) = self.submitted_when_lost.first().cloned() {
             let kept = self.store.study(&study.name)?.is_some_and(|s| s.state == crate::store::StudyState::Running);
             if kept && !self.studies.contains_key(&study.name) {
@@ -337,7 +351,7 @@ impl Core {
             }
             self.submitted_when_lost.remove(0);
         }
-        Ok(started)
+        Ok(())
     }
 
     /// Whether any study has trials left to run (the launcher starts agents then).

@@ -41,8 +41,7 @@ pub struct Unreadable {
 }
 
 /// The studies `store` holds as running, each read back from its stored
-/// file: what a service resumes as it starts, and takes back after its
-/// database was lost.
+/// file: what a service resumes as it starts.
 pub fn unfinished_in(store: &Store) -> Result<Vec<Result<Study, Unreadable>>, StoreError> {
     let mut studies = Vec::new();
     for row in store.studies()?.into_iter().filter(|s| s.state == StudyState::Running) {
@@ -88,8 +87,8 @@ impl Core {
                     self.submitted_when_lost.push(submitted);
                     return Answer::Error {
                         message: format!(
-                            "{e}: the store may have kept study {name}; if it did, it runs once the database answers \
-                             (look with `tunefleet status`)"
+                            "{e}: the store may have kept study {name}; if it did, it runs from the next tick, or once the \
+                             database answers (look with `tunefleet status`)"
                         ),
                     };
                 }

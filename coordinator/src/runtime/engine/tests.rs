@@ -1493,18 +1493,12 @@ fn a_study_taken_back_from_the_store_stays_as_this_run_decided() {
 #[test]
 fn a_study_submitted_as_the_database_was_lost_is_taken_back_where_the_store_kept_it() {
     let mut fx = Fixture::new();
-    let named = |name: &str| {
-        crate::domain::study::parse(&STUDY.replace("name = \"s\"", &format!("name = \"{name}\"")), "t.toml")
-            .expect("study")
-            .expand()
-            .remove(0)
-    };
     let mut batch = fx.core.store.batch().expect("batch");
     for name in ["kept", "other"] {
-        super::open_study(&mut batch, &named(name), &[]).expect("in the store");
+        super::open_study(&mut batch, &study_named(name), &[]).expect("in the store");
     }
     batch.commit().expect("commit");
-    fx.core.submitted_when_lost = vec![named("kept"), named("lost")];
+    fx.core.submitted_when_lost = vec![study_named("kept"), study_named("lost")];
     let started = fx.core.restore(fx.now()).expect("taken back");
     let mut names: Vec<&str> = started.iter().map(|s| s.study.as_str()).collect();
     names.sort();
@@ -1512,6 +1506,30 @@ fn a_study_submitted_as_the_database_was_lost_is_taken_back_where_the_store_kept
     assert!(fx.core.studies.contains_key("kept"));
     assert!(!fx.core.studies.contains_key("other"), "a study of another coordinator's");
     assert!(!fx.core.studies.contains_key("lost"), "a study the store did not keep");
+    assert!(fx.core.submitted_when_lost.is_empty());
+    fx.consistent().expect("the scheduler as the store says");
+}
+
+/// [`STUDY`] under another name.
+fn study_named(name: &str) -> crate::domain::study::Study {
+    crate::domain::study::parse(&STUDY.replace("name = \"s\"", &format!("name = \"{name}\"")), "t.toml")
+        .expect("study")
+        .expand()
+        .remove(0)
+}
+
+/// The read after a submit's commit may fail on a connection that is made
+/// again before the turn's own commit: no pause comes, and the study the
+/// store kept is taken back at the next tick.
+#[test]
+fn a_study_submitted_as_the_database_was_lost_is_taken_back_at_the_next_tick() {
+    let mut fx = Fixture::new();
+    let mut batch = fx.core.store.batch().expect("batch");
+    super::open_study(&mut batch, &study_named("kept"), &[]).expect("in the store");
+    batch.commit().expect("commit");
+    fx.core.submitted_when_lost = vec![study_named("kept")];
+    fx.turn(Vec::new());
+    assert!(fx.core.studies.contains_key("kept"), "taken back at the tick");
     assert!(fx.core.submitted_when_lost.is_empty());
     fx.consistent().expect("the scheduler as the store says");
 }

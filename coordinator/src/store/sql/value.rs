@@ -85,8 +85,8 @@ const CONNECTION_FAILED: [&str; 7] = [
 ];
 
 /// Whether `e`, an error of the driver's own, says the connection failed
-/// ([`CONNECTION_FAILED`]). The driver names its kinds only in words (a
-/// cause may follow them).
+/// ([`CONNECTION_FAILED`]). The driver names its kinds only in words (this
+/// version without their cause; matched by prefix should another add it).
 fn connection_failed(e: &tokio_postgres::Error) -> bool {
     let text = e.to_string();
     CONNECTION_FAILED.iter().any(|kind| text.starts_with(kind))
