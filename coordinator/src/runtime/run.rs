@@ -371,16 +371,23 @@ fn sessions(
 /// The studies a service (or a run) left unfinished in the store at
 /// `store`, as the store reads them back: they go on.
 fn unfinished(store: &Path) -> Result<Vec<Study>, RunError> {
-    let failed = |source| RunError::Store { path: store.to_path_buf(), source };
-    let db = Store::open(store).map_err(failed)?;
+    let db = Store::open(store).map_err(|source| RunError::Store { path: store.to_path_buf(), source })?;
+    let rows = db.studies().map_err(|source| RunError::Store { path: store.to_path_buf(), source })?;
     let mut studies = Vec::new();
-    for study in crate::runtime::engine::unfinished_in(&db).map_err(failed)? {
-        match study {
-            Ok(study) => {
+    for row in rows.into_iter().filter(|s| s.state == crate::store::StudyState::Running) {
+        match db.stored(&row.name).map(|s| s.and_then(|s| s.study())) {
+            Ok(Some(study)) => {
                 tracing::info!(study = %study.name, "resuming an unfinished study");
                 studies.push(study);
             }
-            Err(u) => return Err(RunError::StoredStudy { name: u.name, why: u.why }),
+            // Not readable by this program: the parse error says why.
+            _ => {
+                let origin = format!("{} (stored)", row.name);
+                let why = crate::domain::study::parse(&row.config, &origin)
+                    .err()
+                    .map_or_else(|| "not found in its stored file".to_string(), |e| e.to_string());
+                return Err(RunError::StoredStudy { name: row.name.clone(), why });
+            }
         }
     }
     Ok(studies)

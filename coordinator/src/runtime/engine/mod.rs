@@ -50,6 +50,6 @@ mod warm;
 
 pub use self::active::{Best, Summary};
 pub use self::core::{Core, Headway, Outgoing, Started, LEASE_GRACE};
-pub use self::start::{open_study, open_study_at, unfinished_in, Unreadable};
+pub use self::start::{open_study, open_study_at};
 pub use self::types::{unix_ms, EngineError, EngineStats, Now};
 pub use self::types::{Answer, Ask, Inbound};

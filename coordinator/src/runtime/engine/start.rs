@@ -12,7 +12,7 @@ use super::types::{Answer, EngineError, Now};
 use crate::domain::sched::{Restored, StudyPolicy};
 use crate::domain::search::{Search, TrialPlan};
 use crate::domain::study::{self, Study};
-use crate::store::{Batch, Store, StoreError, StudyOpened, StudyState, TrialState};
+use crate::store::{Batch, StoreError, StudyOpened, TrialState};
 
 /// Opens `study` in the store with the trials of `plan`: the study of its
 /// name the store holds is read back here (the store keeps study text and
@@ -31,33 +31,6 @@ pub fn open_study_at(
 ) -> Result<StudyOpened, StoreError> {
     let stored = batch.stored(&study.name)?;
     batch.open_study_at(study, plan, &study::opening(stored.as_ref(), study), at_ms)
-}
-
-/// A study the store holds that this program cannot read: its name and why.
-#[derive(Debug)]
-pub struct Unreadable {
-    pub name: String,
-    pub why: String,
-}
-
-/// The studies `store` holds as running, each read back from its stored
-/// file: what a service resumes as it starts.
-pub fn unfinished_in(store: &Store) -> Result<Vec<Result<Study, Unreadable>>, StoreError> {
-    let mut studies = Vec::new();
-    for row in store.studies()?.into_iter().filter(|s| s.state == StudyState::Running) {
-        studies.push(match store.stored(&row.name)?.and_then(|s| s.study()) {
-            Some(study) => Ok(study),
-            // Not readable by this program: the parse error says why.
-            None => {
-                let origin = format!("{} (stored)", row.name);
-                let why = crate::domain::study::parse(&row.config, &origin)
-                    .err()
-                    .map_or_else(|| "not found in its stored file".to_string(), |e| e.to_string());
-                Err(Unreadable { name: row.name, why })
-            }
-        });
-    }
-    Ok(studies)
 }
 
 impl Core {
