@@ -296,10 +296,10 @@ impl Core {
     /// still count from this run's start. The store's owner starts over
     /// ([`crate::store::Store::failed_commit_seen`]). A database lost again
     /// meanwhile is the error; the studies not yet taken back are kept for
-    /// A study submitted as the database was lost is taken too where the
-    /// store kept it, though its submit was answered with the error
-    /// ([`Core::submitted_when_lost`]). What the progress display starts
-    /// again with.
+    /// the next call. A study submitted as the database was lost is taken
+    /// too where the store kept it, though its submit was answered with
+    /// the error ([`Core::submitted_when_lost`]). What the progress display
+    /// starts again with.
     pub fn restore(&mut self, now: Now) -> Result<Vec<Started>, EngineError> {
         self.store.failed_commit_seen();
         let held = self.studies.drain().map(|(_, a)| Unrestored {

@@ -73,15 +73,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// of its own (a value it cannot bind or read, a statement with the wrong
 /// number of parameters, a message too large to send, a setting it cannot
 /// use) are faults of this program or its configuration that a connection
-/// made again would meet again.
-const CONNECTION_FAILED: [&str; 7] = [
+/// made again would meet again. A connection closed the driver names by
+/// its kind ([`tokio_postgres::Error::is_closed`]).
+const CONNECTION_FAILED: [&str; 6] = [
     "error communicating with the server",
     "error connecting to server",
     "timeout waiting for server",
     "error performing TLS handshake",
     "unexpected message from server",
     "error parsing response from server",
-    "connection closed",
 ];
 
 /// Whether `e`, an error of the driver's own, says the connection failed
